@@ -1,0 +1,3 @@
+//! Agent sessions (being written).
+
+pub mod events;

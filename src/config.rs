@@ -1,0 +1,376 @@
+//! Typed configuration, read once at start.
+//!
+//! Sources, later ones winning: built-in defaults, a TOML file
+//! (`--config FILE`), `CONCLAVE_*` environment variables (nested keys joined
+//! by `__`, e.g. `CONCLAVE_DEMO__CHUNK_DELAY_MS`), the providers' conventional
+//! variables (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`), and
+//! last the command-line flags. [`Config::validate`] refuses bad values with a
+//! message that names the field.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::model::{Price, ToolCallMode};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the HTTP server binds.
+    pub listen: SocketAddr,
+    /// Where the SQLite store lives.
+    pub data_dir: PathBuf,
+    /// Bearer keys; empty means loopback-only and no auth.
+    #[serde(deserialize_with = "string_or_list")]
+    pub api_keys: Vec<String>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Model used when a session names none; `None` picks `demo` unless a
+    /// provider is configured.
+    pub default_model: Option<String>,
+    pub agent: AgentConfig,
+    pub demo: DemoConfig,
+    pub openai: Option<ProviderConfig>,
+    pub anthropic: Option<ProviderConfig>,
+    /// Model aliases (`sonnet`, `qwen`, …) → provider + upstream model.
+    pub models: BTreeMap<String, ModelAlias>,
+    /// Prices per upstream model name, in USD per million tokens; they
+    /// extend and override the built-in table.
+    pub prices: BTreeMap<String, Price>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Model calls per turn when a session sets no `max_turns`.
+    pub max_turns: u32,
+    /// Bytes of a tool result kept in the conversation and in events.
+    pub max_tool_output_bytes: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DemoConfig {
+    /// Pause between streamed chunks, so tests and benchmarks can hold a
+    /// turn open.
+    pub chunk_delay_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// Model used for a session that names none, when this provider is the
+    /// default one.
+    #[serde(default)]
+    pub default_model: Option<String>,
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    #[serde(default = "default_timeout_s")]
+    pub timeout_s: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    Demo,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelAlias {
+    pub provider: ProviderKind,
+    /// The upstream model name.
+    pub model: String,
+    /// Overrides the provider's base URL for this alias.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub tool_call_mode: ToolCallMode,
+}
+
+fn default_retries() -> u32 {
+    3
+}
+
+fn default_timeout_s() -> u64 {
+    600
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("data"),
+            api_keys: Vec::new(),
+            max_body_bytes: 1024 * 1024,
+            default_model: None,
+            agent: AgentConfig::default(),
+            demo: DemoConfig::default(),
+            openai: None,
+            anthropic: None,
+            models: BTreeMap::new(),
+            prices: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            max_turns: 20,
+            max_tool_output_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        DemoConfig { chunk_delay_ms: 0 }
+    }
+}
+
+/// Values given on the command line; each one set overrides every other source.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration file {path}: {message}")]
+    File { path: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error("invalid configuration: {field}: {message}")]
+    Field { field: String, message: String },
+}
+
+impl Config {
+    /// Reads every source in order and validates the result.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::File {
+                    path: path.display().to_string(),
+                    message: "no such file".into(),
+                });
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(
+            Env::prefixed("CONCLAVE_")
+                .filter(|key| !key.as_str().starts_with("test_"))
+                .split("__"),
+        );
+        let mut config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config.apply_provider_env(|name| std::env::var(name).ok());
+        if let Some(listen) = overrides.listen {
+            config.listen = listen;
+        }
+        if let Some(dir) = &overrides.data_dir {
+            config.data_dir = dir.clone();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Fills the providers from their conventional variables when the config
+    /// does not already name them.
+    fn apply_provider_env(&mut self, var: impl Fn(&str) -> Option<String>) {
+        let openai_url = var("OPENAI_BASE_URL");
+        let openai_key = var("OPENAI_API_KEY");
+        if self.openai.is_none() && (openai_url.is_some() || openai_key.is_some()) {
+            self.openai = Some(ProviderConfig {
+                base_url: openai_url.unwrap_or_else(|| "https://api.openai.com/v1".into()),
+                api_key: openai_key,
+                default_model: var("OPENAI_MODEL"),
+                max_retries: default_retries(),
+                timeout_s: default_timeout_s(),
+            });
+        }
+        if self.anthropic.is_none()
+            && let Some(key) = var("ANTHROPIC_API_KEY")
+        {
+            self.anthropic = Some(ProviderConfig {
+                base_url: var("ANTHROPIC_BASE_URL")
+                    .unwrap_or_else(|| "https://api.anthropic.com".into()),
+                api_key: Some(key),
+                default_model: None,
+                max_retries: default_retries(),
+                timeout_s: default_timeout_s(),
+            });
+        }
+    }
+
+    /// Checks what types alone cannot; every error names its field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let field = |field: &str, message: String| ConfigError::Field {
+            field: field.into(),
+            message,
+        };
+        if self.api_keys.is_empty() && !self.listen.ip().is_loopback() {
+            return Err(field(
+                "listen",
+                format!(
+                    "{} is not a loopback address and no api_keys are configured; \
+                     set CONCLAVE_API_KEYS (or api_keys in the config file) to listen there",
+                    self.listen
+                ),
+            ));
+        }
+        if let Some(i) = self.api_keys.iter().position(|k| k.trim().len() < 8) {
+            return Err(field(
+                &format!("api_keys[{i}]"),
+                "a key must have at least 8 characters".into(),
+            ));
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(field("max_body_bytes", "must be at least 1024".into()));
+        }
+        if self.agent.max_turns == 0 {
+            return Err(field("agent.max_turns", "must be at least 1".into()));
+        }
+        for (name, provider) in [("openai", &self.openai), ("anthropic", &self.anthropic)] {
+            if let Some(p) = provider {
+                check_url(&format!("{name}.base_url"), &p.base_url)?;
+            }
+        }
+        for (alias, model) in &self.models {
+            let base = format!("models.{alias}");
+            if let Some(url) = &model.base_url {
+                check_url(&format!("{base}.base_url"), url)?;
+            }
+            let configured = match model.provider {
+                ProviderKind::Openai => self.openai.is_some() || model.base_url.is_some(),
+                ProviderKind::Anthropic => self.anthropic.is_some() || model.api_key.is_some(),
+                ProviderKind::Demo => true,
+            };
+            if !configured {
+                return Err(field(
+                    &format!("{base}.provider"),
+                    format!(
+                        "provider {:?} is not configured; give {base}.base_url or configure the provider",
+                        model.provider
+                    ),
+                ));
+            }
+        }
+        for (model, price) in &self.prices {
+            if price.input_per_mtok < 0.0 || price.output_per_mtok < 0.0 {
+                return Err(field(
+                    &format!("prices.{model}"),
+                    "prices cannot be negative".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_url(field: &str, url: &str) -> Result<(), ConfigError> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if u.scheme() == "http" || u.scheme() == "https" => Ok(()),
+        Ok(u) => Err(ConfigError::Field {
+            field: field.into(),
+            message: format!("scheme {} is not http or https", u.scheme()),
+        }),
+        Err(e) => Err(ConfigError::Field {
+            field: field.into(),
+            message: format!("'{url}' is not a URL: {e}"),
+        }),
+    }
+}
+
+/// Accepts `["a", "b"]` or `"a,b"` (the form an environment variable has).
+fn string_or_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Keys {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Keys::deserialize(deserializer)? {
+        Keys::One(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(String::from)
+            .collect(),
+        Keys::Many(v) => v,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_loopback_without_keys_is_refused_naming_listen() {
+        let config = Config {
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            ..Config::default()
+        };
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn toml_type_error_names_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[agent]\nmax_turns = \"many\"\n").unwrap();
+        let err = Config::load(Some(&path), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_turns"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "listne = \"127.0.0.1:1\"\n").unwrap();
+        let err = Config::load(Some(&path), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listne"), "{err}");
+    }
+
+    #[test]
+    fn keys_from_a_comma_separated_string() {
+        let keys: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Serialized::default("api_keys", "key-one-1, key-two-2"))
+            .extract()
+            .unwrap();
+        assert_eq!(keys.api_keys, vec!["key-one-1", "key-two-2"]);
+    }
+
+    #[test]
+    fn provider_env_fills_openai() {
+        let mut config = Config::default();
+        config.apply_provider_env(|name| match name {
+            "OPENAI_BASE_URL" => Some("http://127.0.0.1:9/v1".into()),
+            _ => None,
+        });
+        assert_eq!(
+            config.openai.as_ref().map(|p| p.base_url.as_str()),
+            Some("http://127.0.0.1:9/v1")
+        );
+        assert!(config.anthropic.is_none());
+    }
+}

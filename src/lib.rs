@@ -1,0 +1,25 @@
+//! Conclave: a streaming agent server with sandbox isolation.
+//!
+//! Layout:
+//!
+//! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
+//! - [`server`]: builds the application state and serves it on a listener until
+//!   a shutdown signal, so tests can bind `127.0.0.1:0`.
+//! - [`api`]: every axum type lives here: router, error mapping, NDJSON/SSE and
+//!   WebSocket transport, auth.
+//! - [`agent`]: sessions, the turn loop, the tool router and the wire events.
+//! - [`model`]: the streaming `ModelProvider` trait and its providers
+//!   (OpenAI-compatible, Anthropic, demo), aliases and prices.
+//! - [`store`]: the durable `Store` trait and its SQLite implementation.
+//! - [`telemetry`]: logging and the Prometheus metrics registry.
+//! - [`shutdown`]: the root cancellation token and signal handling.
+
+pub mod agent;
+pub mod api;
+pub mod config;
+pub mod model;
+pub mod server;
+pub mod shutdown;
+pub mod state;
+pub mod store;
+pub mod telemetry;

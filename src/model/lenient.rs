@@ -1,0 +1,1 @@
+//! Recovers tool calls written loosely into the content (being written).

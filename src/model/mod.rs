@@ -1,0 +1,180 @@
+//! Model providers.
+//!
+//! - [`ModelProvider`]: the trait; its required method streams
+//!   ([`ModelProvider::stream`]) and [`ModelProvider::complete`] is derived.
+//! - [`openai`]: OpenAI-compatible chat completions (vLLM, llama.cpp, Ollama,
+//!   OpenAI, LiteLLM) with tools, SSE and retries.
+//! - [`anthropic`]: the Anthropic Messages API with tools and streaming.
+//! - [`demo`]: a deterministic offline model that still drives real tools.
+//! - [`lenient`]: recovers tool calls that small models write into their text.
+//! - [`registry`]: model aliases → provider + upstream model name, and prices.
+
+pub mod anthropic;
+pub mod demo;
+pub mod lenient;
+pub mod openai;
+pub mod registry;
+
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+pub use registry::{ModelRegistry, Price, ResolvedModel};
+
+/// One message of a conversation, in a provider-neutral shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Message {
+    User {
+        content: String,
+    },
+    Assistant {
+        content: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    Tool {
+        tool_call_id: String,
+        name: String,
+        content: String,
+        #[serde(default)]
+        is_error: bool,
+    },
+}
+
+/// A complete tool call: the arguments are whole, never a fragment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub input_schema: Value,
+}
+
+/// How a provider should make a small model produce parseable tool calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallMode {
+    /// Use the API's native tool calling, and also recover calls written as
+    /// JSON in the content.
+    #[default]
+    Native,
+    /// Constrain the whole output with a JSON schema (`response_format`) that
+    /// is either a final answer or one tool call.
+    JsonSchema,
+}
+
+/// One request to a model.
+#[derive(Debug, Clone, Default)]
+pub struct ChatRequest {
+    /// The upstream model name (an alias is already resolved).
+    pub model: String,
+    pub system: Option<String>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub temperature: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub tool_call_mode: ToolCallMode,
+    /// Carried so gateways and traces can route and group per session.
+    pub session_id: Option<String>,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    EndTurn,
+    ToolUse,
+    MaxTokens,
+    Other(String),
+}
+
+/// One item of a model's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    TextDelta(String),
+    ToolCall(ToolCall),
+    Usage {
+        input_tokens: u64,
+        output_tokens: u64,
+    },
+    Done(StopReason),
+}
+
+/// A complete answer, as [`ModelProvider::complete`] collects it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatResponse {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub stop_reason: Option<StopReason>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot reach the model at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("the model answered HTTP {status}: {body}")]
+    Http { status: u16, body: String },
+    #[error("the model's stream is malformed: {0}")]
+    Protocol(String),
+    #[error("unknown model '{0}'")]
+    UnknownModel(String),
+    #[error("model error: {0}")]
+    Upstream(String),
+}
+
+impl ModelError {
+    /// A short machine-readable code for `error` events.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ModelError::Connect { .. } => "model_unreachable",
+            ModelError::Http { .. } => "model_http_error",
+            ModelError::Protocol(_) => "model_protocol_error",
+            ModelError::UnknownModel(_) => "unknown_model",
+            ModelError::Upstream(_) => "model_error",
+        }
+    }
+}
+
+pub type ModelStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, ModelError>> + Send>>;
+
+#[async_trait]
+pub trait ModelProvider: Send + Sync {
+    /// Starts one model call and streams its output. Errors before the first
+    /// byte (after retries) are returned here; errors mid-stream are items.
+    async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError>;
+
+    /// The whole answer at once, collected from [`ModelProvider::stream`].
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        let mut stream = self.stream(request).await?;
+        let mut response = ChatResponse::default();
+        while let Some(event) = stream.next().await {
+            match event? {
+                StreamEvent::TextDelta(text) => response.text.push_str(&text),
+                StreamEvent::ToolCall(call) => response.tool_calls.push(call),
+                StreamEvent::Usage {
+                    input_tokens,
+                    output_tokens,
+                } => {
+                    response.input_tokens = input_tokens;
+                    response.output_tokens = output_tokens;
+                }
+                StreamEvent::Done(reason) => response.stop_reason = Some(reason),
+            }
+        }
+        Ok(response)
+    }
+}

@@ -1,0 +1,3 @@
+//! SQLite store (being written).
+
+pub struct SqliteStore;
