@@ -1,1 +1,101 @@
-//! (being written)
+//! Builds the server from a config and runs it on a listener until the root
+//! token is cancelled, so tests bind `127.0.0.1:0` and stop it at will.
+//!
+//! Shutdown order: stop taking turns, interrupt running turns and wait for
+//! their `result` events, end follow streams, let connections finish, then
+//! close the store (which writes out everything accepted).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{SessionManager, ToolRouter};
+use crate::api;
+use crate::api::auth::Keys;
+use crate::config::Config;
+use crate::model::ModelRegistry;
+use crate::state::AppState;
+use crate::store::{SqliteStore, Store};
+use crate::telemetry::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open the store in {dir}: {message}")]
+    Store { dir: String, message: String },
+    #[error("model configuration: {0}")]
+    Model(String),
+    #[error("closing turns cut off by the last stop: {0}")]
+    Recover(String),
+}
+
+pub struct Server {
+    pub state: AppState,
+    store: Arc<dyn Store>,
+    root: CancellationToken,
+}
+
+impl Server {
+    /// Opens the store, builds the providers and closes turns a crash cut off.
+    pub async fn build(
+        config: Config,
+        tools: Arc<dyn ToolRouter>,
+        root: CancellationToken,
+    ) -> Result<Server, StartError> {
+        let path = config.data_dir.join("conclave.db");
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&path).map_err(|e| StartError::Store {
+                dir: config.data_dir.display().to_string(),
+                message: e.to_string(),
+            })?);
+        let models = Arc::new(
+            ModelRegistry::from_config(&config).map_err(|e| StartError::Model(e.to_string()))?,
+        );
+        let metrics = Arc::new(Metrics::new());
+        let sessions = Arc::new(SessionManager::new(
+            store.clone(),
+            models,
+            tools,
+            config.agent.clone(),
+            metrics.clone(),
+            root.child_token(),
+        ));
+        let recovered = sessions
+            .recover()
+            .await
+            .map_err(|e| StartError::Recover(e.to_string()))?;
+        if recovered > 0 {
+            tracing::warn!(
+                sessions = recovered,
+                "closed turns cut off by the last stop as interrupted"
+            );
+        }
+        let state = AppState {
+            keys: Arc::new(Keys::new(&config.api_keys)),
+            config: Arc::new(config),
+            sessions,
+            metrics,
+            started: Instant::now(),
+        };
+        Ok(Server { state, store, root })
+    }
+
+    /// Serves until the root token is cancelled, then shuts down in order.
+    pub async fn run(self, listener: TcpListener) -> std::io::Result<()> {
+        let router = api::router(self.state.clone());
+        let sessions = self.state.sessions.clone();
+        let root = self.root.clone();
+        let stopping = async move {
+            root.cancelled().await;
+            sessions.shutdown().await;
+        };
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(stopping)
+            .await;
+        if let Err(e) = self.store.close().await {
+            tracing::error!(error = %e, "closing the store failed");
+        }
+        served
+    }
+}

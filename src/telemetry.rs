@@ -1,1 +1,129 @@
-//! (being written)
+//! Logging set-up and the Prometheus metrics of the server.
+//!
+//! [`Metrics`] owns its own registry (no global recorder), so every server
+//! in a process, tests included, counts on its own.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second call (tests) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    pub r#type: String,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// Sessions loaded in memory.
+    pub sessions_live: Gauge,
+    pub sessions_created: Counter,
+    /// Turns running now.
+    pub turns_running: Gauge,
+    /// Turns finished, by result status.
+    pub turns_finished: Family<StatusLabel, Counter>,
+    pub events: Family<EventLabel, Counter>,
+    /// Seconds from a model call's start to its end of stream.
+    pub model_latency: Family<ModelLabel, Histogram>,
+    pub model_errors: Family<ModelLabel, Counter>,
+    pub websocket_connections: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("conclave");
+        let metrics = Metrics {
+            registry: Mutex::new(Registry::default()),
+            sessions_live: Gauge::default(),
+            sessions_created: Counter::default(),
+            turns_running: Gauge::default(),
+            turns_finished: Family::default(),
+            events: Family::default(),
+            model_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 18))
+            }),
+            model_errors: Family::default(),
+            websocket_connections: Gauge::default(),
+        };
+        registry.register(
+            "sessions_live",
+            "Sessions loaded in memory",
+            metrics.sessions_live.clone(),
+        );
+        registry.register(
+            "sessions_created",
+            "Sessions created",
+            metrics.sessions_created.clone(),
+        );
+        registry.register(
+            "turns_running",
+            "Turns running now",
+            metrics.turns_running.clone(),
+        );
+        registry.register(
+            "turns",
+            "Turns finished, by result status",
+            metrics.turns_finished.clone(),
+        );
+        registry.register("events", "Events appended, by type", metrics.events.clone());
+        registry.register(
+            "model_latency_seconds",
+            "Duration of model calls, by model",
+            metrics.model_latency.clone(),
+        );
+        registry.register(
+            "model_errors",
+            "Failed model calls, by model",
+            metrics.model_errors.clone(),
+        );
+        registry.register(
+            "websocket_connections",
+            "Open WebSocket connections",
+            metrics.websocket_connections.clone(),
+        );
+        *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        metrics
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}

@@ -1,3 +1,22 @@
-//! Agent sessions (being written).
+//! Agent sessions and their turns.
+//!
+//! - [`events`]: the wire events every stream carries.
+//! - [`options`]: session options, flat or nested, validated.
+//! - [`session`]: one live session: event hub (store first, then broadcast),
+//!   subscriptions with replay, interrupt.
+//! - [`manager`]: create/get/list/delete sessions, start turns, recover
+//!   turns a crash cut off, shut down.
+//! - [`turn`]: the agent loop.
+//! - [`tools`]: the `ToolRouter` seam to whatever executes tools.
 
 pub mod events;
+pub mod manager;
+pub mod options;
+pub mod session;
+pub mod tools;
+pub mod turn;
+
+pub use manager::{AgentError, NewSession, SessionManager, StartedTurn};
+pub use options::AgentOptions;
+pub use session::Session;
+pub use tools::{NoTools, ToolContext, ToolOutput, ToolRouter};

@@ -1,1 +1,88 @@
-//! (being written)
+//! HTTP transport. Every axum type of the server lives under this module.
+//!
+//! - [`router`]: the routes, the body limit, auth and JSON fallbacks.
+//! - [`error`]: `ApiError`, the one error every handler returns.
+//! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
+//! - [`auth`]: bearer keys and the caller identity.
+//! - [`stream`]: events as NDJSON or SSE.
+//! - [`agent`], [`ws`], [`ops`]: the handlers.
+
+pub mod agent;
+pub mod auth;
+pub mod error;
+pub mod extract;
+pub mod ops;
+pub mod stream;
+pub mod ws;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{delete, get, post};
+use utoipa::OpenApi;
+
+use crate::state::AppState;
+use error::ApiError;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Conclave", description = "Streaming agent server with sandbox isolation"),
+    paths(
+        agent::run, agent::create_session, agent::message, agent::interrupt, agent::status,
+        agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::metrics, ops::openapi
+    ),
+    components(schemas(crate::agent::events::Event, crate::agent::events::EventKind)),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+        };
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        openapi.security = Some(vec![SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/agent/run", post(agent::run))
+        .route("/agent/session", post(agent::create_session))
+        .route("/agent/session/{id}/message", post(agent::message))
+        .route("/agent/session/{id}/interrupt", post(agent::interrupt))
+        .route("/agent/session/{id}/status", get(agent::status))
+        .route("/agent/session/{id}/events", get(agent::events))
+        .route("/agent/session/{id}", delete(agent::delete))
+        .route("/agent/sessions", get(agent::list))
+        .route("/agent/ws", get(ws::upgrade))
+        .route("/health", get(ops::health))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this route",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}

@@ -1,0 +1,263 @@
+//! Session options: accepted nested under `options` or flat at the top level
+//! of a request, validated once, with errors that name the option.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+/// What a client may set on a session (seed 002's agent options).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentOptions {
+    /// A model alias (`demo`, `sonnet`, a configured alias) or an upstream name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Model calls allowed in one turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u32>,
+    /// The turn stops once its cost reaches this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_budget_usd: Option<f64>,
+    /// Only these tools are offered and allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// `false` leaves the agent without tools that execute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Stream `text_delta` events token by token as well as `thinking`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_deltas: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxOptions>,
+    /// External MCP servers by name; their tools become `mcp__{name}__{tool}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_servers: Option<BTreeMap<String, McpServerSpec>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+}
+
+/// An external MCP server: a command over stdio, or a URL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum McpServerSpec {
+    Stdio {
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    Http {
+        url: String,
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// A request field that is wrong, named by its path (`options.max_turns`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct OptionError {
+    pub field: String,
+    pub message: String,
+}
+
+impl OptionError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> OptionError {
+        OptionError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl AgentOptions {
+    /// Builds options from a request body: `options` nested, and every
+    /// top-level key not in `reserved` taken as a flat option. A key given
+    /// both ways must agree.
+    pub fn from_body(
+        body: &Map<String, Value>,
+        reserved: &[&str],
+    ) -> Result<AgentOptions, OptionError> {
+        let mut merged = match body.get("options") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(map)) => map.clone(),
+            Some(_) => return Err(OptionError::new("options", "must be an object")),
+        };
+        for (key, value) in body {
+            if key == "options" || reserved.contains(&key.as_str()) {
+                continue;
+            }
+            match merged.get(key) {
+                Some(nested) if nested != value => {
+                    return Err(OptionError::new(
+                        key.as_str(),
+                        "given both flat and under options with different values",
+                    ));
+                }
+                _ => {
+                    merged.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        let options: AgentOptions = serde_path_to_error::deserialize(Value::Object(merged))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner().to_string();
+                // serde names an unknown field in its message; keep the path
+                // pointing at the object that held it.
+                let field = if path == "." {
+                    "options".to_string()
+                } else {
+                    format!("options.{path}")
+                };
+                OptionError::new(field, inner)
+            })?;
+        options.validate()?;
+        Ok(options)
+    }
+
+    fn validate(&self) -> Result<(), OptionError> {
+        if self.max_turns == Some(0) {
+            return Err(OptionError::new("options.max_turns", "must be at least 1"));
+        }
+        if let Some(budget) = self.max_budget_usd
+            && !(budget.is_finite() && budget > 0.0)
+        {
+            return Err(OptionError::new(
+                "options.max_budget_usd",
+                "must be a positive number",
+            ));
+        }
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(OptionError::new(
+                "options.temperature",
+                "must be between 0 and 2",
+            ));
+        }
+        if let Some(tools) = &self.allowed_tools
+            && let Some(i) = tools.iter().position(|t| t.trim().is_empty())
+        {
+            return Err(OptionError::new(
+                format!("options.allowed_tools[{i}]"),
+                "must not be empty",
+            ));
+        }
+        if let Some(dir) = &self.working_dir
+            && !dir.starts_with('/')
+        {
+            return Err(OptionError::new(
+                "options.working_dir",
+                "must be an absolute path",
+            ));
+        }
+        if let Some(model) = &self.model
+            && model.trim().is_empty()
+        {
+            return Err(OptionError::new("options.model", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    pub fn sandbox_enabled(&self) -> bool {
+        self.sandbox_enabled.unwrap_or(true)
+    }
+
+    /// Whether a tool may run in this session.
+    pub fn allows(&self, tool: &str) -> bool {
+        self.allowed_tools
+            .as_ref()
+            .is_none_or(|tools| tools.iter().any(|t| t == tool))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn flat_and_nested_options_merge() {
+        let options = AgentOptions::from_body(
+            &body(json!({"prompt": "x", "max_turns": 3, "options": {"model": "demo"}})),
+            &["prompt"],
+        )
+        .unwrap();
+        assert_eq!(
+            options,
+            AgentOptions {
+                model: Some("demo".into()),
+                max_turns: Some(3),
+                ..AgentOptions::default()
+            }
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_the_option() {
+        let err = AgentOptions::from_body(&body(json!({"options": {"max_turns": "ten"}})), &[])
+            .unwrap_err();
+        assert_eq!(err.field, "options.max_turns");
+    }
+
+    #[test]
+    fn unknown_option_is_named() {
+        let err =
+            AgentOptions::from_body(&body(json!({"prompt": "x", "max_turnz": 3})), &["prompt"])
+                .unwrap_err();
+        assert!(err.message.contains("max_turnz"), "{err}");
+    }
+
+    #[test]
+    fn nested_sandbox_field_is_named() {
+        let err =
+            AgentOptions::from_body(&body(json!({"options": {"sandbox": {"cpus": "two"}}})), &[])
+                .unwrap_err();
+        assert_eq!(err.field, "options.sandbox.cpus");
+    }
+
+    #[test]
+    fn conflicting_flat_and_nested_is_refused() {
+        let err = AgentOptions::from_body(
+            &body(json!({"max_turns": 2, "options": {"max_turns": 3}})),
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "max_turns");
+    }
+
+    #[test]
+    fn zero_turns_is_refused() {
+        let err = AgentOptions::from_body(&body(json!({"max_turns": 0})), &[]).unwrap_err();
+        assert_eq!(err.field, "options.max_turns");
+    }
+}

@@ -1,0 +1,308 @@
+//! A live session: its event hub, its turn lock and its running turn.
+//!
+//! Events are appended to the store first and broadcast second, under one
+//! lock, so every subscriber sees them in `seq` order and nothing a client
+//! received can be missing after a crash.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use futures::{Stream, StreamExt};
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::events::{Event, EventKind, Usage};
+use super::options::AgentOptions;
+use crate::store::{SessionKind, SessionRecord, SessionStatus, Store, StoreError};
+use crate::telemetry::{EventLabel, Metrics};
+
+/// Slots of the live broadcast; a subscriber that falls further behind
+/// catches up from the store instead.
+const HUB_CAPACITY: usize = 64;
+/// Events read from the store per page when replaying.
+const REPLAY_PAGE: usize = 512;
+/// Events buffered per subscriber between its producer task and the client.
+const SUBSCRIBER_BUFFER: usize = 64;
+
+pub struct Session {
+    pub id: Uuid,
+    pub name: Option<String>,
+    pub kind: SessionKind,
+    /// Hash of the creating API key; `None` when auth is off.
+    pub owner: Option<String>,
+    pub ephemeral: bool,
+    pub created_at: DateTime<Utc>,
+    pub options: Arc<AgentOptions>,
+    pub(super) state: Mutex<SessionState>,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    /// Held while appending + broadcasting, so `seq` order is delivery order.
+    emitter: tokio::sync::Mutex<()>,
+    last_seq: AtomicU64,
+    hub: broadcast::Sender<Arc<Event>>,
+    /// One turn at a time; `queue: true` waits on it.
+    pub(super) turn_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Cancels the running turn (interrupt).
+    pub(super) running: Mutex<Option<CancellationToken>>,
+    /// Cancelled when the session is deleted, ending its followers.
+    pub(super) closed: CancellationToken,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct SessionState {
+    pub status: SessionStatus,
+    pub usage: Usage,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Session {
+    pub(super) fn from_record(
+        record: SessionRecord,
+        options: AgentOptions,
+        last_seq: u64,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        closed: CancellationToken,
+    ) -> Session {
+        let (hub, _) = broadcast::channel(HUB_CAPACITY);
+        Session {
+            id: record.id,
+            name: record.name,
+            kind: record.kind,
+            owner: record.owner,
+            ephemeral: record.ephemeral,
+            created_at: record.created_at,
+            options: Arc::new(options),
+            state: Mutex::new(SessionState {
+                status: record.status,
+                usage: record.usage,
+                updated_at: record.updated_at,
+            }),
+            store,
+            metrics,
+            emitter: tokio::sync::Mutex::new(()),
+            last_seq: AtomicU64::new(last_seq),
+            hub,
+            turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+            running: Mutex::new(None),
+            closed,
+        }
+    }
+
+    pub fn status(&self) -> SessionStatus {
+        self.lock_state().status
+    }
+
+    pub fn usage(&self) -> Usage {
+        self.lock_state().usage.clone()
+    }
+
+    pub fn updated_at(&self) -> DateTime<Utc> {
+        self.lock_state().updated_at
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq.load(Ordering::Acquire)
+    }
+
+    pub(super) fn lock_state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Saves status and usage, in memory and in the store.
+    pub(super) async fn set_state(
+        &self,
+        status: SessionStatus,
+        usage: Option<&Usage>,
+    ) -> Result<(), StoreError> {
+        let usage = {
+            let mut state = self.lock_state();
+            state.status = status;
+            if let Some(usage) = usage {
+                state.usage = usage.clone();
+            }
+            state.updated_at = Utc::now();
+            state.usage.clone()
+        };
+        self.store.update_session(self.id, status, &usage).await
+    }
+
+    /// Appends an event to the log, then hands it to live subscribers.
+    pub async fn emit(&self, kind: EventKind) -> Result<Arc<Event>, StoreError> {
+        let _order = self.emitter.lock().await;
+        let seq = self.last_seq.load(Ordering::Acquire) + 1;
+        let event = Event {
+            kind,
+            session_id: self.id,
+            seq,
+            ts: Utc::now(),
+        };
+        self.store.append_event(&event).await?;
+        self.last_seq.store(seq, Ordering::Release);
+        self.metrics
+            .events
+            .get_or_create(&EventLabel {
+                r#type: event_type(&event.kind).to_string(),
+            })
+            .inc();
+        let event = Arc::new(event);
+        // No receiver is fine: nobody is watching.
+        let _ = self.hub.send(event.clone());
+        Ok(event)
+    }
+
+    /// Every event with `seq > since`, then live ones as they come, until
+    /// the session is closed or the consumer goes away. With `until_result`
+    /// the stream also ends after the first `result` event.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        since: u64,
+        until_result: bool,
+    ) -> impl Stream<Item = Arc<Event>> + Send + 'static {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        // Subscribe before replaying, so nothing falls between the two.
+        let live = self.hub.subscribe();
+        let session = self.clone();
+        tokio::spawn(async move { session.feed(since, until_result, live, tx).await });
+        tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+
+    async fn feed(
+        self: Arc<Self>,
+        since: u64,
+        until_result: bool,
+        mut live: broadcast::Receiver<Arc<Event>>,
+        tx: mpsc::Sender<Arc<Event>>,
+    ) {
+        let mut last = since;
+        // Replays from the store whatever is newer than `last`; returns
+        // false once the subscriber is done (left, or its turn ended).
+        let catch_up = |last: u64| {
+            let session = self.clone();
+            let tx = tx.clone();
+            async move {
+                let mut last = last;
+                loop {
+                    let page = match session
+                        .store
+                        .events_since(session.id, last, REPLAY_PAGE)
+                        .await
+                    {
+                        Ok(page) => page,
+                        Err(e) => {
+                            tracing::error!(session = %session.id, error = %e, "replay failed");
+                            return (last, false);
+                        }
+                    };
+                    let full = page.len() == REPLAY_PAGE;
+                    for event in page {
+                        last = event.seq;
+                        let ends = until_result && event.ends_turn();
+                        if tx.send(Arc::new(event)).await.is_err() || ends {
+                            return (last, false);
+                        }
+                    }
+                    if !full {
+                        return (last, true);
+                    }
+                }
+            }
+        };
+        let (caught, go_on) = catch_up(last).await;
+        last = caught;
+        if !go_on {
+            return;
+        }
+        loop {
+            // Biased: events already broadcast are delivered before a
+            // close is noticed, so a turn's last events reach its streams.
+            let event = tokio::select! {
+                biased;
+                received = live.recv() => received,
+                _ = self.closed.cancelled() => return,
+                _ = tx.closed() => return,
+            };
+            match event {
+                Ok(event) if event.seq <= last => continue,
+                Ok(event) if event.seq == last + 1 => {
+                    last = event.seq;
+                    let ends = until_result && event.ends_turn();
+                    if tx.send(event).await.is_err() || ends {
+                        return;
+                    }
+                }
+                // A gap (after lagging) or lagging itself: read the store.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let (caught, go_on) = catch_up(last).await;
+                    last = caught;
+                    if !go_on {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    /// The events with `seq > since` that exist now, then the end.
+    pub fn replay(self: &Arc<Self>, since: u64) -> impl Stream<Item = Arc<Event>> + Send + 'static {
+        let until = self.last_seq();
+        let session = self.clone();
+        futures::stream::unfold(since, move |last| {
+            let session = session.clone();
+            async move {
+                if last >= until {
+                    return None;
+                }
+                let page = session
+                    .store
+                    .events_since(session.id, last, REPLAY_PAGE)
+                    .await
+                    .map_err(
+                        |e| tracing::error!(session = %session.id, error = %e, "replay failed"),
+                    )
+                    .ok()?;
+                let next = page.last().map(|e| e.seq)?;
+                let events: Vec<Arc<Event>> = page
+                    .into_iter()
+                    .filter(|e| e.seq <= until)
+                    .map(Arc::new)
+                    .collect();
+                Some((futures::stream::iter(events), next))
+            }
+        })
+        .flatten()
+    }
+
+    /// Asks the running turn, if any, to stop. True if one was running.
+    pub fn interrupt(&self) -> bool {
+        match &*self.running.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
+pub fn event_type(kind: &EventKind) -> &'static str {
+    match kind {
+        EventKind::Status { .. } => "status",
+        EventKind::Thinking { .. } => "thinking",
+        EventKind::TextDelta { .. } => "text_delta",
+        EventKind::ToolUse { .. } => "tool_use",
+        EventKind::ToolResult { .. } => "tool_result",
+        EventKind::Result { .. } => "result",
+        EventKind::Error { .. } => "error",
+    }
+}

@@ -1,0 +1,75 @@
+//! The seam between the turn loop and whatever executes tools.
+//!
+//! The turn loop only knows [`ToolRouter`]; the sandboxed MCP tools plug in
+//! behind it. [`NoTools`] is the router of a server that has none.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::options::AgentOptions;
+use crate::model::ToolSpec;
+
+/// Who is calling a tool.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    pub session_id: Uuid,
+    pub options: Arc<AgentOptions>,
+}
+
+/// What a tool returned, as it goes into the `tool_result` event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub output: Value,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn error(message: impl Into<String>) -> ToolOutput {
+        ToolOutput {
+            output: Value::String(message.into()),
+            is_error: true,
+        }
+    }
+}
+
+#[async_trait]
+pub trait ToolRouter: Send + Sync {
+    /// The tools this session may be offered, before `allowed_tools` filters.
+    fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec>;
+
+    /// Runs one tool call. Cancelling `cancel` must stop it promptly.
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        cancel: CancellationToken,
+    ) -> ToolOutput;
+
+    /// Frees what the session holds (its sandbox); called when it is deleted.
+    async fn release(&self, _session_id: Uuid) {}
+}
+
+/// A router without tools.
+pub struct NoTools;
+
+#[async_trait]
+impl ToolRouter for NoTools {
+    fn specs(&self, _ctx: &ToolContext) -> Vec<ToolSpec> {
+        Vec::new()
+    }
+
+    async fn call(
+        &self,
+        _ctx: &ToolContext,
+        name: &str,
+        _input: Value,
+        _cancel: CancellationToken,
+    ) -> ToolOutput {
+        ToolOutput::error(format!("unknown tool '{name}'"))
+    }
+}

@@ -1,0 +1,493 @@
+//! One turn: model call → tool calls → model call … until the model stops,
+//! `max_turns`, `max_budget_usd`, an interrupt or an error. Every turn ends
+//! with exactly one `result` event.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::events::{EventKind, ResultStatus, Usage};
+use super::manager::status_after;
+use super::session::Session;
+use super::tools::{ToolContext, ToolOutput, ToolRouter};
+use crate::config::AgentConfig;
+use crate::model::{
+    ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall,
+};
+use crate::store::{SessionStatus, Store, StoreError};
+use crate::telemetry::{Metrics, ModelLabel, StatusLabel};
+
+/// What every turn uses, shared by all sessions.
+pub struct TurnDeps {
+    pub store: Arc<dyn Store>,
+    pub models: Arc<ModelRegistry>,
+    pub tools: Arc<dyn ToolRouter>,
+    pub config: AgentConfig,
+    pub metrics: Arc<Metrics>,
+}
+
+/// How the loop ended, before it becomes a `result` event.
+struct Outcome {
+    status: ResultStatus,
+    text: Option<String>,
+}
+
+/// The turn's running totals.
+struct Tally {
+    /// The session's usage before this turn.
+    before: Usage,
+    usage: Usage,
+    cost_known: bool,
+}
+
+impl Tally {
+    fn starting(session: &Session) -> Tally {
+        Tally {
+            before: session.usage(),
+            usage: Usage::default(),
+            cost_known: true,
+        }
+    }
+
+    /// The session's usage with this turn's so far added.
+    fn session_total(&self) -> Usage {
+        let mut total = self.before.clone();
+        total.add(&self.usage);
+        total
+    }
+}
+
+/// Runs one turn to its `result`. Store failures end the turn early; they
+/// are logged, since the log itself is what failed.
+pub async fn run(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    prompt: String,
+    cancel: CancellationToken,
+) {
+    deps.metrics.turns_running.inc();
+    if let Err(e) = run_inner(deps, session, prompt, cancel).await {
+        tracing::error!(session = %session.id, error = %e, "turn aborted by a store failure");
+        let _ = session
+            .set_state(status_after(session, ResultStatus::Error), None)
+            .await;
+    }
+    deps.metrics.turns_running.dec();
+}
+
+async fn run_inner(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    prompt: String,
+    cancel: CancellationToken,
+) -> Result<(), StoreError> {
+    let started = Instant::now();
+    session.set_state(SessionStatus::Running, None).await?;
+    session
+        .emit(EventKind::Status {
+            message: "Starting agent...".into(),
+        })
+        .await?;
+    deps.store
+        .append_messages(session.id, &[Message::User { content: prompt }])
+        .await?;
+    let mut tally = Tally::starting(session);
+    let outcome = match agent_loop(deps, session, &cancel, &mut tally).await {
+        Ok(outcome) => outcome,
+        Err(LoopError::Store(e)) => return Err(e),
+        Err(LoopError::Model(e)) => {
+            deps.metrics
+                .model_errors
+                .get_or_create(&ModelLabel {
+                    model: model_name(deps, session),
+                })
+                .inc();
+            session
+                .emit(EventKind::Error {
+                    message: e.to_string(),
+                    code: e.code().into(),
+                })
+                .await?;
+            Outcome {
+                status: ResultStatus::Error,
+                text: None,
+            }
+        }
+    };
+    finish(deps, session, outcome, tally, started).await
+}
+
+async fn finish(
+    deps: &TurnDeps,
+    session: &Session,
+    outcome: Outcome,
+    tally: Tally,
+    started: Instant,
+) -> Result<(), StoreError> {
+    session
+        .set_state(
+            status_after(session, outcome.status),
+            Some(&tally.session_total()),
+        )
+        .await?;
+    session
+        .emit(EventKind::Result {
+            status: outcome.status,
+            result: outcome.text,
+            cost_usd: tally.usage.cost_usd,
+            cost_known: tally.cost_known,
+            turns: tally.usage.turns as u32,
+            usage: tally.usage,
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+        .await?;
+    deps.metrics
+        .turns_finished
+        .get_or_create(&StatusLabel {
+            status: format!("{:?}", outcome.status).to_lowercase(),
+        })
+        .inc();
+    Ok(())
+}
+
+enum LoopError {
+    Store(StoreError),
+    Model(ModelError),
+}
+
+impl From<StoreError> for LoopError {
+    fn from(e: StoreError) -> Self {
+        LoopError::Store(e)
+    }
+}
+
+fn model_name(deps: &TurnDeps, session: &Session) -> String {
+    session
+        .options
+        .model
+        .clone()
+        .unwrap_or_else(|| deps.models.default_model().to_string())
+}
+
+async fn agent_loop(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    cancel: &CancellationToken,
+    tally: &mut Tally,
+) -> Result<Outcome, LoopError> {
+    let options = &session.options;
+    let name = model_name(deps, session);
+    let model = deps.models.resolve(&name).map_err(LoopError::Model)?;
+    tally.cost_known = model.price.is_some();
+    let ctx = ToolContext {
+        session_id: session.id,
+        options: options.clone(),
+    };
+    let tools: Vec<_> = deps
+        .tools
+        .specs(&ctx)
+        .into_iter()
+        .filter(|spec| options.allows(&spec.name))
+        .collect();
+    let max_calls = options.max_turns.unwrap_or(deps.config.max_turns);
+    let mut history = deps.store.messages(session.id).await?;
+    let mut last_text = None;
+    loop {
+        if tally.usage.turns >= u64::from(max_calls) {
+            return Ok(Outcome {
+                status: ResultStatus::MaxTurns,
+                text: last_text,
+            });
+        }
+        let request = ChatRequest {
+            model: model.upstream_model.clone(),
+            system: options.system_prompt.clone(),
+            messages: history.clone(),
+            tools: tools.clone(),
+            temperature: options.temperature,
+            max_tokens: None,
+            tool_call_mode: model.tool_call_mode,
+            session_id: Some(session.id.to_string()),
+        };
+        let reply = call_model(deps, session, &model, request, cancel, tally).await?;
+        if !reply.text.is_empty() {
+            session
+                .emit(EventKind::Thinking {
+                    content: reply.text.clone(),
+                })
+                .await?;
+            last_text = Some(reply.text.clone());
+        }
+        let assistant = Message::Assistant {
+            content: reply.text.clone(),
+            tool_calls: reply.calls.clone(),
+        };
+        deps.store
+            .append_messages(session.id, std::slice::from_ref(&assistant))
+            .await?;
+        history.push(assistant);
+        session
+            .set_state(SessionStatus::Running, Some(&tally.session_total()))
+            .await?;
+        if reply.interrupted {
+            close_calls(deps, session, &reply.calls, &mut history).await?;
+            return Ok(Outcome {
+                status: ResultStatus::Interrupted,
+                text: last_text,
+            });
+        }
+        if reply.calls.is_empty() {
+            return Ok(Outcome {
+                status: ResultStatus::Success,
+                text: Some(reply.text),
+            });
+        }
+        if let Some(budget) = options.max_budget_usd
+            && tally.usage.cost_usd >= budget
+        {
+            close_calls(deps, session, &reply.calls, &mut history).await?;
+            return Ok(Outcome {
+                status: ResultStatus::BudgetExceeded,
+                text: last_text,
+            });
+        }
+        for (i, call) in reply.calls.iter().enumerate() {
+            if cancel.is_cancelled() {
+                close_calls(deps, session, &reply.calls[i..], &mut history).await?;
+                return Ok(Outcome {
+                    status: ResultStatus::Interrupted,
+                    text: last_text,
+                });
+            }
+            let message = run_tool(deps, session, &ctx, call, cancel).await?;
+            tally.usage.tool_calls += 1;
+            deps.store
+                .append_messages(session.id, std::slice::from_ref(&message))
+                .await?;
+            history.push(message);
+        }
+    }
+}
+
+/// What one model call produced.
+struct Reply {
+    text: String,
+    calls: Vec<ToolCall>,
+    interrupted: bool,
+}
+
+async fn call_model(
+    deps: &TurnDeps,
+    session: &Session,
+    model: &ResolvedModel,
+    request: ChatRequest,
+    cancel: &CancellationToken,
+    tally: &mut Tally,
+) -> Result<Reply, LoopError> {
+    let started = Instant::now();
+    let deltas = session.options.text_deltas.unwrap_or(false);
+    let mut reply = Reply {
+        text: String::new(),
+        calls: Vec::new(),
+        interrupted: false,
+    };
+    let (mut input_tokens, mut output_tokens) = (0, 0);
+    let stream = tokio::select! {
+        stream = model.provider.stream(request) => stream.map_err(LoopError::Model)?,
+        _ = cancel.cancelled() => {
+            reply.interrupted = true;
+            return Ok(reply);
+        }
+    };
+    tokio::pin!(stream);
+    loop {
+        let item = tokio::select! {
+            item = stream.next() => item,
+            _ = cancel.cancelled() => {
+                reply.interrupted = true;
+                break;
+            }
+        };
+        match item {
+            None => break,
+            Some(Err(e)) => return Err(LoopError::Model(e)),
+            Some(Ok(StreamEvent::TextDelta(text))) => {
+                if deltas {
+                    session
+                        .emit(EventKind::TextDelta {
+                            content: text.clone(),
+                        })
+                        .await?;
+                }
+                reply.text.push_str(&text);
+            }
+            Some(Ok(StreamEvent::ToolCall(call))) => reply.calls.push(call),
+            Some(Ok(StreamEvent::Usage {
+                input_tokens: input,
+                output_tokens: output,
+            })) => {
+                input_tokens = input;
+                output_tokens = output;
+            }
+            Some(Ok(StreamEvent::Done(_))) => {}
+        }
+    }
+    deps.metrics
+        .model_latency
+        .get_or_create(&ModelLabel {
+            model: model.name.clone(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    tally.usage.turns += 1;
+    tally.usage.input_tokens += input_tokens;
+    tally.usage.output_tokens += output_tokens;
+    if let Some(price) = model.price {
+        tally.usage.cost_usd += price.cost(input_tokens, output_tokens);
+    }
+    // Calls a cut-off stream had not finished are dropped with it.
+    if reply.interrupted {
+        reply.calls.clear();
+    }
+    Ok(reply)
+}
+
+async fn run_tool(
+    deps: &TurnDeps,
+    session: &Session,
+    ctx: &ToolContext,
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> Result<Message, StoreError> {
+    session
+        .emit(EventKind::ToolUse {
+            id: call.id.clone(),
+            tool: call.name.clone(),
+            input: call.arguments.clone(),
+        })
+        .await?;
+    let output = if session.options.allows(&call.name) {
+        deps.tools
+            .call(
+                ctx,
+                &call.name,
+                call.arguments.clone(),
+                cancel.child_token(),
+            )
+            .await
+    } else {
+        ToolOutput::error(format!(
+            "tool '{}' is not allowed in this session",
+            call.name
+        ))
+    };
+    let output = truncate(output, deps.config.max_tool_output_bytes);
+    let content = match &output.output {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    session
+        .emit(EventKind::ToolResult {
+            id: call.id.clone(),
+            tool: call.name.clone(),
+            output: output.output,
+            is_error: output.is_error,
+        })
+        .await?;
+    Ok(Message::Tool {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        content,
+        is_error: output.is_error,
+    })
+}
+
+/// Keeps a string output under `max` bytes, marking the cut.
+fn truncate(mut output: ToolOutput, max: usize) -> ToolOutput {
+    if let Value::String(s) = &mut output.output
+        && s.len() > max
+    {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let dropped = s.len() - cut;
+        s.truncate(cut);
+        s.push_str(&format!("\n[... truncated {dropped} bytes]"));
+    }
+    output
+}
+
+/// Answers tool calls that will not run, so the history stays valid for the
+/// next model call (every call needs its result).
+async fn close_calls(
+    deps: &TurnDeps,
+    session: &Session,
+    calls: &[ToolCall],
+    history: &mut Vec<Message>,
+) -> Result<(), StoreError> {
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let closing: Vec<Message> = calls
+        .iter()
+        .map(|call| Message::Tool {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            content: "not run: the turn was stopped".into(),
+            is_error: true,
+        })
+        .collect();
+    deps.store.append_messages(session.id, &closing).await?;
+    history.extend(closing);
+    Ok(())
+}
+
+/// Closes a turn that a crash cut off.
+pub(super) async fn close_cut_off(deps: &TurnDeps, session: &Session) -> Result<(), StoreError> {
+    let mut history = deps.store.messages(session.id).await?;
+    let pending: Vec<ToolCall> = match history.last() {
+        Some(Message::Assistant { tool_calls, .. }) => tool_calls.clone(),
+        _ => Vec::new(),
+    };
+    close_calls(deps, session, &pending, &mut history).await?;
+    session
+        .emit(EventKind::Status {
+            message: "The server restarted during this turn; it was interrupted.".into(),
+        })
+        .await?;
+    let outcome = Outcome {
+        status: ResultStatus::Interrupted,
+        text: None,
+    };
+    finish(
+        deps,
+        session,
+        outcome,
+        Tally::starting(session),
+        Instant::now(),
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_marks_the_cut_on_a_char_boundary() {
+        let out = truncate(
+            ToolOutput {
+                output: Value::String("héllo world".into()),
+                is_error: false,
+            },
+            2,
+        );
+        assert_eq!(
+            out.output,
+            Value::String("h\n[... truncated 11 bytes]".into())
+        );
+    }
+}

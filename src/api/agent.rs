@@ -1,0 +1,323 @@
+//! The agent routes of seed 002: runs, sessions, messages, interrupts,
+//! status, event replay and deletion.
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody};
+use super::extract::{ApiQuery, JsonObject};
+use super::stream::{cancel_on_hangup, events_response};
+use crate::agent::events::Usage;
+use crate::agent::{AgentOptions, NewSession};
+use crate::model::Message;
+use crate::state::AppState;
+use crate::store::{SessionKind, SessionRecord, SessionStatus};
+
+/// `POST /agent/run` and `POST /agent/session/{id}/message` bodies. Options
+/// may also be given flat at the top level.
+#[derive(Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub struct RunRequest {
+    pub prompt: String,
+    pub options: Option<AgentOptions>,
+    /// Wait for a running turn instead of answering 409.
+    pub queue: Option<bool>,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[allow(dead_code)]
+pub struct CreateSessionRequest {
+    pub session_name: Option<String>,
+    /// Only `agent` sessions are created here.
+    pub kind: Option<SessionKind>,
+    pub options: Option<AgentOptions>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct CreatedSession {
+    pub session_id: Uuid,
+    pub session_name: Option<String>,
+    pub status: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SessionSummary {
+    pub session_id: Uuid,
+    pub session_name: Option<String>,
+    pub kind: SessionKind,
+    pub status: SessionStatus,
+    pub usage: Usage,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionSummary>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SessionStatusBody {
+    pub session_id: Uuid,
+    pub session_name: Option<String>,
+    pub kind: SessionKind,
+    pub status: SessionStatus,
+    pub running: bool,
+    pub ephemeral: bool,
+    pub options: AgentOptions,
+    pub model: String,
+    pub history: Vec<Message>,
+    pub usage: Usage,
+    /// The highest event `seq`; replay with `?since=` from any point.
+    pub last_seq: u64,
+    /// The session's sandbox; `null` until it has one.
+    pub sandbox: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct InterruptBody {
+    pub session_id: Uuid,
+    /// False when no turn was running.
+    pub interrupted: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct DeletedBody {
+    pub session_id: Uuid,
+    pub status: String,
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct EventsQuery {
+    /// Only events with a greater `seq` (default 0: all).
+    pub since: Option<u64>,
+    /// Keep the stream open and send new events as they happen.
+    pub follow: Option<bool>,
+}
+
+pub fn parse_id(id: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(id).map_err(|_| ApiError::not_found(format!("session {id} not found")))
+}
+
+const RUN_FIELDS: &[&str] = &["prompt", "queue", "session_name"];
+
+/// Runs one agent task in a new ephemeral session and streams its events.
+/// The run is cancelled if the client disconnects.
+#[utoipa::path(post, path = "/agent/run", request_body = RunRequest,
+    responses(
+        (status = 200, description = "NDJSON stream of events (SSE with Accept: text/event-stream)", content_type = "application/x-ndjson", body = crate::agent::events::Event),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn run(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let options = AgentOptions::from_body(&body.0, RUN_FIELDS)
+        .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
+    let prompt = body.take_text("prompt")?;
+    let name = body.take::<String>("session_name")?;
+    body.take::<bool>("queue")?;
+    let session = state
+        .sessions
+        .create(NewSession {
+            name,
+            kind: SessionKind::Agent,
+            owner: caller.owner.clone(),
+            options,
+            ephemeral: true,
+        })
+        .await?;
+    let turn = state.sessions.start_turn(session, prompt, false).await?;
+    let events = turn.session.subscribe(turn.since, true);
+    Ok(events_response(
+        &headers,
+        cancel_on_hangup(events, turn.cancel),
+    ))
+}
+
+/// Creates a persistent session for multi-turn conversations.
+#[utoipa::path(post, path = "/agent/session", request_body = CreateSessionRequest,
+    responses((status = 201, body = CreatedSession), (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn create_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    mut body: JsonObject,
+) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
+    let options = AgentOptions::from_body(&body.0, &["session_name", "kind"])
+        .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
+    let name = body.take::<String>("session_name")?;
+    let kind = body
+        .take::<SessionKind>("kind")?
+        .unwrap_or(SessionKind::Agent);
+    if kind != SessionKind::Agent {
+        return Err(ApiError::invalid(
+            "kind",
+            format!(
+                "'{}' sessions are not created through /agent/session",
+                kind.as_str()
+            ),
+        ));
+    }
+    let session = state
+        .sessions
+        .create(NewSession {
+            name,
+            kind,
+            owner: caller.owner.clone(),
+            options,
+            ephemeral: false,
+        })
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedSession {
+            session_id: session.id,
+            session_name: session.name.clone(),
+            status: "created".into(),
+        }),
+    ))
+}
+
+/// Sends a prompt to a session and streams the turn. The turn goes on if
+/// the client disconnects; replay it from `/events`.
+#[utoipa::path(post, path = "/agent/session/{session_id}/message", request_body = RunRequest,
+    params(("session_id" = Uuid, Path)),
+    responses((status = 200, description = "NDJSON stream of the turn's events", content_type = "application/x-ndjson", body = crate::agent::events::Event),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn message(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
+    let prompt = body.take_text("prompt")?;
+    let queue = body.take::<bool>("queue")?.unwrap_or(false);
+    body.deny_rest()?;
+    let turn = state.sessions.start_turn(session, prompt, queue).await?;
+    Ok(events_response(
+        &headers,
+        turn.session.subscribe(turn.since, true),
+    ))
+}
+
+/// Stops the session's running turn; it ends with an `interrupted` result.
+#[utoipa::path(post, path = "/agent/session/{session_id}/interrupt", params(("session_id" = Uuid, Path)),
+    responses((status = 200, body = InterruptBody), (status = 404, body = ErrorBody)))]
+pub async fn interrupt(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<InterruptBody>, ApiError> {
+    let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
+    Ok(Json(InterruptBody {
+        session_id: session.id,
+        interrupted: session.interrupt(),
+    }))
+}
+
+/// Status, history, usage and sandbox of a session.
+#[utoipa::path(get, path = "/agent/session/{session_id}/status", params(("session_id" = Uuid, Path)),
+    responses((status = 200, body = SessionStatusBody), (status = 404, body = ErrorBody)))]
+pub async fn status(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionStatusBody>, ApiError> {
+    let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
+    let history = state.sessions.history(&session).await?;
+    let model = session
+        .options
+        .model
+        .clone()
+        .unwrap_or_else(|| state.sessions.models().default_model().to_string());
+    Ok(Json(SessionStatusBody {
+        session_id: session.id,
+        session_name: session.name.clone(),
+        kind: session.kind,
+        status: session.status(),
+        running: session.is_running(),
+        ephemeral: session.ephemeral,
+        options: (*session.options).clone(),
+        model,
+        history,
+        usage: session.usage(),
+        last_seq: session.last_seq(),
+        sandbox: None,
+        created_at: session.created_at,
+        updated_at: session.updated_at(),
+    }))
+}
+
+/// Replays a session's events after `since`; with `follow=true` the stream
+/// stays open for new ones.
+#[utoipa::path(get, path = "/agent/session/{session_id}/events", params(("session_id" = Uuid, Path), EventsQuery),
+    responses((status = 200, description = "NDJSON stream of events", content_type = "application/x-ndjson", body = crate::agent::events::Event),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn events(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
+    let since = query.since.unwrap_or(0);
+    Ok(if query.follow.unwrap_or(false) {
+        events_response(&headers, session.subscribe(since, false))
+    } else {
+        events_response(&headers, session.replay(since))
+    })
+}
+
+/// Deletes a session: its turn is stopped, its sandbox destroyed, its data removed.
+#[utoipa::path(delete, path = "/agent/session/{session_id}", params(("session_id" = Uuid, Path)),
+    responses((status = 200, body = DeletedBody), (status = 404, body = ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<DeletedBody>, ApiError> {
+    let id = parse_id(&id)?;
+    state.sessions.delete(id, caller.owner()).await?;
+    Ok(Json(DeletedBody {
+        session_id: id,
+        status: "deleted".into(),
+    }))
+}
+
+/// The caller's sessions, newest first.
+#[utoipa::path(get, path = "/agent/sessions", responses((status = 200, body = SessionList)))]
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sessions = state.sessions.list(caller.owner()).await?;
+    Ok(Json(SessionList {
+        sessions: sessions.into_iter().map(summary).collect(),
+    }))
+}
+
+fn summary(record: SessionRecord) -> SessionSummary {
+    SessionSummary {
+        session_id: record.id,
+        session_name: record.name,
+        kind: record.kind,
+        status: record.status,
+        usage: record.usage,
+        created_at: record.created_at,
+        updated_at: record.updated_at,
+    }
+}

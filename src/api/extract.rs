@@ -1,0 +1,92 @@
+//! Extractors whose rejections are [`ApiError`]s: malformed JSON is 400, a
+//! body over the limit 413, a field of the wrong type 422 naming the field.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+
+/// A JSON object body.
+pub struct JsonObject(pub Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for JsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        // The Content-Type is not checked: `curl -d` sends a form type for a
+        // JSON body, and the body is parsed as JSON either way.
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    "the request body is larger than the server accepts (max_body_bytes)",
+                )
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {rejection}"))
+            }
+        })?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("malformed JSON: {e}"),
+            )
+        })?;
+        match value {
+            Value::Object(map) => Ok(JsonObject(map)),
+            _ => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                "the body must be a JSON object",
+            )),
+        }
+    }
+}
+
+impl JsonObject {
+    /// Takes a field out, typed; a wrong type is a 422 naming it.
+    pub fn take<T: DeserializeOwned>(&mut self, field: &str) -> Result<Option<T>, ApiError> {
+        match self.0.remove(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => serde_json::from_value(value)
+                .map(Some)
+                .map_err(|e| ApiError::invalid(field, e)),
+        }
+    }
+
+    /// A required non-empty string field.
+    pub fn take_text(&mut self, field: &str) -> Result<String, ApiError> {
+        match self.take::<String>(field)? {
+            Some(text) if !text.trim().is_empty() => Ok(text),
+            Some(_) => Err(ApiError::invalid(field, "must not be empty")),
+            None => Err(ApiError::invalid(field, "is required")),
+        }
+    }
+
+    /// Refuses whatever fields are left.
+    pub fn deny_rest(&self) -> Result<(), ApiError> {
+        match self.0.keys().next() {
+            Some(field) => Err(ApiError::invalid(field, "unknown field")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Query parameters; a bad one is a 400 that says which.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|e| ApiError::bad_request(e.body_text()))
+    }
+}

@@ -1,0 +1,158 @@
+//! `GET /agent/ws?session_id=ID[&since=SEQ]`: the session's events out,
+//! `{"type":"message","prompt":…}` and `{"type":"interrupt"}` in.
+//!
+//! A reader loop and a writer task under `select!`; the writer forwards the
+//! session's events (replayed from `since`, then live) and the replies to
+//! client frames. Closing the socket does not stop a turn: the session goes
+//! on, and a new socket with `since` picks up where this one left off.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use utoipa::IntoParams;
+
+use super::agent::parse_id;
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody};
+use super::extract::ApiQuery;
+use crate::agent::{AgentError, Session};
+use crate::state::AppState;
+
+/// Per-connection buffers stay small: idle sockets are the common case.
+const READ_BUFFER: usize = 4 * 1024;
+const MAX_MESSAGE: usize = 1024 * 1024;
+
+#[derive(Deserialize, IntoParams)]
+pub struct WsQuery {
+    pub session_id: Option<String>,
+    /// Replay events after this `seq` first; without it only new events come.
+    pub since: Option<u64>,
+    /// The API key, for browsers that cannot set headers.
+    #[allow(dead_code)]
+    pub token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum ClientFrame {
+    Message {
+        prompt: String,
+        #[serde(default)]
+        queue: bool,
+    },
+    Interrupt,
+}
+
+#[utoipa::path(get, path = "/agent/ws", params(WsQuery),
+    responses((status = 101, description = "WebSocket of session events"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn upgrade(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiQuery(query): ApiQuery<WsQuery>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let id = query.session_id.ok_or_else(|| {
+        ApiError::bad_request("session_id is required; create one with POST /agent/session")
+    })?;
+    let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
+    let since = query.since.unwrap_or_else(|| session.last_seq());
+    Ok(ws
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(0)
+        .max_message_size(MAX_MESSAGE)
+        .on_upgrade(move |socket| serve(socket, state, session, since)))
+}
+
+async fn serve(socket: WebSocket, state: AppState, session: Arc<Session>, since: u64) {
+    state.metrics.websocket_connections.inc();
+    let (mut sink, mut incoming) = socket.split();
+    let (replies, mut reply_rx) = mpsc::channel::<Value>(16);
+    let mut events = Box::pin(session.subscribe(since, false));
+    let writer = async move {
+        loop {
+            let text = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => serde_json::to_string(&*event).unwrap_or_default(),
+                    None => break,
+                },
+                reply = reply_rx.recv() => match reply {
+                    Some(reply) => reply.to_string(),
+                    None => break,
+                },
+            };
+            if sink.send(Message::Text(text.into())).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    };
+    let reader = async {
+        while let Some(Ok(frame)) = incoming.next().await {
+            let text = match frame {
+                Message::Text(text) => text,
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            if let Some(reply) = handle_frame(&state, &session, &text).await
+                && replies.send(reply).await.is_err()
+            {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        _ = reader => {}
+    }
+    state.metrics.websocket_connections.dec();
+}
+
+/// Acts on one client frame; returns a reply frame when there is one to send.
+/// Replies are not part of the event log, so they carry no `seq`.
+async fn handle_frame(state: &AppState, session: &Arc<Session>, text: &str) -> Option<Value> {
+    let error = |code: &str, message: String| {
+        Some(json!({"type": "error", "session_id": session.id, "code": code, "message": message}))
+    };
+    let frame: ClientFrame = match serde_json::from_str(text) {
+        Ok(frame) => frame,
+        Err(e) => {
+            return error(
+                "bad_frame",
+                format!(
+                    "expected {{\"type\":\"message\",\"prompt\":…}} or {{\"type\":\"interrupt\"}}: {e}"
+                ),
+            );
+        }
+    };
+    match frame {
+        ClientFrame::Message { prompt, .. } if prompt.trim().is_empty() => {
+            error("invalid_request", "prompt: must not be empty".into())
+        }
+        ClientFrame::Message { prompt, queue } => {
+            // The turn's events reach this socket through the subscription.
+            match state
+                .sessions
+                .start_turn(session.clone(), prompt, queue)
+                .await
+            {
+                Ok(_) => None,
+                Err(e @ AgentError::Busy(_)) => error("session_busy", e.to_string()),
+                Err(e) => {
+                    let api = ApiError::from(e);
+                    error(api.code, api.message)
+                }
+            }
+        }
+        ClientFrame::Interrupt => {
+            session.interrupt();
+            None
+        }
+    }
+}

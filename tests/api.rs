@@ -1,0 +1,894 @@
+//! The agent API against a real server on 127.0.0.1:0.
+
+mod common;
+
+use common::{Lines, TestServer, long_prompt, ndjson, stable, types};
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+fn error_of(body: &Value) -> (&str, &str) {
+    (
+        body["error"]["code"].as_str().unwrap_or(""),
+        body["error"]["message"].as_str().unwrap_or(""),
+    )
+}
+
+#[tokio::test]
+async fn run_streams_ndjson_ending_in_one_result() {
+    let server = TestServer::start().await;
+    let response = server.post("/agent/run", json!({"prompt": "hello"})).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let events = ndjson(response).await;
+    let stable: Vec<Value> = events.iter().map(stable).collect();
+    assert_eq!(
+        stable,
+        vec![
+            json!({"type": "status", "message": "Starting agent...", "seq": 1}),
+            json!({"type": "thinking", "content": "You said: hello", "seq": 2}),
+            json!({"type": "result", "status": "success", "result": "You said: hello",
+                   "cost_usd": 0.0, "cost_known": true, "turns": 1,
+                   "usage": {"input_tokens": 1, "output_tokens": 3, "cost_usd": 0.0, "turns": 1, "tool_calls": 0},
+                   "seq": 3}),
+        ]
+    );
+    let id = events[0]["session_id"].as_str().unwrap();
+    assert!(
+        events
+            .iter()
+            .all(|e| e["session_id"] == id && e["ts"].is_string())
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tool_calls_go_through_the_router_and_back_to_the_model() {
+    let server = TestServer::start().await;
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": "$ echo hi"}))
+            .await,
+    )
+    .await;
+    let stable: Vec<Value> = events.iter().map(stable).collect();
+    assert_eq!(
+        stable,
+        vec![
+            json!({"type": "status", "message": "Starting agent...", "seq": 1}),
+            json!({"type": "thinking", "content": "I'll run that with 1 tool call(s).", "seq": 2}),
+            json!({"type": "tool_use", "id": "toolu_demo_1_1", "tool": "Bash", "input": {"command": "echo hi"}, "seq": 3}),
+            json!({"type": "tool_result", "id": "toolu_demo_1_1", "tool": "Bash", "output": "ran: echo hi", "is_error": false, "seq": 4}),
+            json!({"type": "thinking", "content": "The tool Bash returned: ran: echo hi", "seq": 5}),
+            json!({"type": "result", "status": "success", "result": "The tool Bash returned: ran: echo hi",
+                   "cost_usd": 0.0, "cost_known": true, "turns": 2,
+                   "usage": {"input_tokens": 16, "output_tokens": 15, "cost_usd": 0.0, "turns": 2, "tool_calls": 1},
+                   "seq": 6}),
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn options_are_accepted_flat_and_nested() {
+    let server = TestServer::start().await;
+    for body in [
+        json!({"prompt": "$ ls", "max_turns": 1}),
+        json!({"prompt": "$ ls", "options": {"max_turns": 1}}),
+    ] {
+        let events = ndjson(server.post("/agent/run", body).await).await;
+        let result = events.last().unwrap();
+        assert_eq!(result["status"], "max_turns", "{events:?}");
+        assert_eq!(result["turns"], 1);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn allowed_tools_filters_what_the_model_is_offered() {
+    let server = TestServer::start().await;
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": "$ ls", "allowed_tools": ["Read"]}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(types(&events), vec!["status", "thinking", "result"]);
+    assert_eq!(
+        events[1]["content"],
+        "I would run this with Bash, but that tool is not available in this session."
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn budget_stops_the_turn_and_unpriced_models_say_cost_is_unknown() {
+    let server = TestServer::start_with(|c| {
+        c.prices.insert(
+            "demo".into(),
+            conclave::model::Price {
+                input_per_mtok: 1_000_000.0,
+                output_per_mtok: 0.0,
+            },
+        );
+        c.models.insert(
+            "unpriced".into(),
+            conclave::config::ModelAlias {
+                provider: conclave::config::ProviderKind::Demo,
+                model: "demo-unpriced".into(),
+                base_url: None,
+                api_key: None,
+                tool_call_mode: Default::default(),
+            },
+        );
+    })
+    .await;
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": "$ ls", "max_budget_usd": 0.5}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(types(&events), vec!["status", "thinking", "result"]);
+    let result = events.last().unwrap();
+    assert_eq!(result["status"], "budget_exceeded");
+    assert_eq!(result["cost_usd"], 2.0, "two input words at $1 each");
+    assert_eq!(result["cost_known"], true);
+
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": "hi", "model": "unpriced"}))
+            .await,
+    )
+    .await;
+    let result = events.last().unwrap();
+    assert_eq!(
+        (
+            result["status"].clone(),
+            result["cost_usd"].clone(),
+            result["cost_known"].clone()
+        ),
+        (json!("success"), json!(0.0), json!(false))
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sse_when_the_client_asks_for_it() {
+    let server = TestServer::start().await;
+    let response = server
+        .http
+        .post(server.url("/agent/run"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"prompt": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let text = response.text().await.unwrap();
+    let frames: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|frame| frame.contains("data:"))
+        .map(|frame| {
+            let field = |name: &str| {
+                frame
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim().to_string())
+                    .unwrap_or_default()
+            };
+            (
+                field("event:"),
+                serde_json::from_str(&field("data:")).unwrap(),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = frames.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, vec!["status", "thinking", "result"]);
+    assert_eq!(frames[2].1["status"], "success");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn session_lifecycle_message_status_events_delete() {
+    let server = TestServer::start().await;
+    let response = server
+        .post(
+            "/agent/session",
+            json!({"session_name": "bugfix-auth-123", "options": {"system_prompt": "be brief"}}),
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+    let created: Value = response.json().await.unwrap();
+    let id = created["session_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        created,
+        json!({"session_id": id, "session_name": "bugfix-auth-123", "status": "created"})
+    );
+
+    let first = ndjson(
+        server
+            .post(
+                &format!("/agent/session/{id}/message"),
+                json!({"prompt": "one"}),
+            )
+            .await,
+    )
+    .await;
+    let second = ndjson(
+        server
+            .post(
+                &format!("/agent/session/{id}/message"),
+                json!({"prompt": "two"}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(types(&first), vec!["status", "thinking", "result"]);
+    assert_eq!(second[0]["seq"], 4, "seq continues across turns");
+
+    let status: Value = server
+        .get(&format!("/agent/session/{id}/status"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["status"], "idle");
+    assert_eq!(status["session_name"], "bugfix-auth-123");
+    assert_eq!(status["last_seq"], 6);
+    assert_eq!(status["usage"]["turns"], 2);
+    assert_eq!(
+        status["history"],
+        json!([
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "You said: one"},
+            {"role": "user", "content": "two"},
+            {"role": "assistant", "content": "You said: two"},
+        ])
+    );
+
+    let replay = ndjson(
+        server
+            .get(&format!("/agent/session/{id}/events?since=3"))
+            .await,
+    )
+    .await;
+    assert_eq!(replay, second, "replay returns exactly what was streamed");
+
+    let sessions: Value = server.get("/agent/sessions").await.json().await.unwrap();
+    assert_eq!(sessions["sessions"][0]["session_id"], id.as_str());
+
+    let deleted = server
+        .http
+        .delete(server.url(&format!("/agent/session/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(
+        deleted.json::<Value>().await.unwrap(),
+        json!({"session_id": id, "status": "deleted"})
+    );
+    let gone = server.get(&format!("/agent/session/{id}/status")).await;
+    assert_eq!(gone.status(), 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn second_message_while_running_is_409_and_interrupt_closes_the_turn() {
+    let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 20).await;
+    let id = server.create_session(json!({"text_deltas": true})).await;
+    let running = server
+        .post(
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": long_prompt(500)}),
+        )
+        .await;
+    let mut lines = Lines::new(running);
+    lines.until("text_delta").await;
+
+    let busy = server
+        .post(
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": "again"}),
+        )
+        .await;
+    assert_eq!(busy.status(), 409);
+    let body: Value = busy.json().await.unwrap();
+    assert_eq!(error_of(&body).0, "session_busy");
+
+    let interrupted: Value = server
+        .post(&format!("/agent/session/{id}/interrupt"), json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(interrupted, json!({"session_id": id, "interrupted": true}));
+    let rest = lines.until("result").await;
+    assert_eq!(rest.last().unwrap()["status"], "interrupted");
+    assert!(
+        lines.next().await.is_none(),
+        "the stream ends after the result"
+    );
+
+    let status: Value = server
+        .get(&format!("/agent/session/{id}/status"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (status["status"].clone(), status["running"].clone()),
+        (json!("interrupted"), json!(false))
+    );
+    // The session takes the next message.
+    let next = ndjson(
+        server
+            .post(
+                &format!("/agent/session/{id}/message"),
+                json!({"prompt": "go on"}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(next.last().unwrap()["status"], "success");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn queued_message_waits_for_the_running_turn() {
+    let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 5).await;
+    let id = server.create_session(json!({"text_deltas": true})).await;
+    let first = server
+        .post(
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": long_prompt(40)}),
+        )
+        .await;
+    let mut first = Lines::new(first);
+    first.until("text_delta").await;
+    let queued = server
+        .post(
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": "after", "queue": true}),
+        )
+        .await;
+    assert_eq!(queued.status(), 200);
+    let first_rest = first.until("result").await;
+    let second = ndjson(queued).await;
+    assert_eq!(first_rest.last().unwrap()["status"], "success");
+    assert_eq!(second.last().unwrap()["result"], "You said: after");
+    assert!(second[0]["seq"].as_u64() > first_rest.last().unwrap()["seq"].as_u64());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn client_leaving_an_ephemeral_run_interrupts_it() {
+    let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 20).await;
+    let response = server
+        .post(
+            "/agent/run",
+            json!({"prompt": long_prompt(500), "text_deltas": true}),
+        )
+        .await;
+    let mut lines = Lines::new(response);
+    let first = lines.next().await.unwrap();
+    let id = first["session_id"].as_str().unwrap().to_string();
+    drop(lines);
+    // Follow the session's log until the turn's result arrives.
+    let follow = server
+        .get(&format!("/agent/session/{id}/events?since=0&follow=true"))
+        .await;
+    let events = Lines::new(follow).until("result").await;
+    assert_eq!(events.last().unwrap()["status"], "interrupted");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn follow_streams_new_events_after_the_replay() {
+    let server = TestServer::start().await;
+    let id = server.create_session(json!({})).await;
+    ndjson(
+        server
+            .post(
+                &format!("/agent/session/{id}/message"),
+                json!({"prompt": "one"}),
+            )
+            .await,
+    )
+    .await;
+    let follow = server
+        .get(&format!("/agent/session/{id}/events?since=1&follow=true"))
+        .await;
+    let mut lines = Lines::new(follow);
+    let replayed = lines.until("result").await;
+    assert_eq!(types(&replayed), vec!["thinking", "result"]);
+    ndjson(
+        server
+            .post(
+                &format!("/agent/session/{id}/message"),
+                json!({"prompt": "two"}),
+            )
+            .await,
+    )
+    .await;
+    let live = lines.until("result").await;
+    let seqs: Vec<u64> = live.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, vec![4, 5, 6]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn websocket_message_interrupt_and_resume_with_since() {
+    let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 20).await;
+    let id = server.create_session(json!({"text_deltas": true})).await;
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(server.ws_url(&format!("/agent/ws?session_id={id}")))
+            .await
+            .unwrap();
+    ws.send(WsMessage::Text(
+        json!({"type": "message", "prompt": "hi there"})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    let mut events = Vec::new();
+    loop {
+        let WsMessage::Text(text) = ws.next().await.unwrap().unwrap() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(&text).unwrap();
+        let done = event["type"] == "result";
+        events.push(event);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(events.last().unwrap()["status"], "success");
+    assert_eq!(events[0]["seq"], 1);
+
+    // A long turn, interrupted over the socket.
+    ws.send(WsMessage::Text(
+        json!({"type": "message", "prompt": long_prompt(500)})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    loop {
+        let WsMessage::Text(text) = ws.next().await.unwrap().unwrap() else {
+            continue;
+        };
+        if serde_json::from_str::<Value>(&text).unwrap()["type"] == "text_delta" {
+            break;
+        }
+    }
+    ws.send(WsMessage::Text(
+        json!({"type": "message", "prompt": "meanwhile"})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    ws.send(WsMessage::Text(
+        json!({"type": "interrupt"}).to_string().into(),
+    ))
+    .await
+    .unwrap();
+    let mut saw_busy = false;
+    let last_seq = loop {
+        let WsMessage::Text(text) = ws.next().await.unwrap().unwrap() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(&text).unwrap();
+        if event["type"] == "error" && event["code"] == "session_busy" {
+            saw_busy = true;
+        }
+        if event["type"] == "result" {
+            assert_eq!(event["status"], "interrupted");
+            break event["seq"].as_u64().unwrap();
+        }
+    };
+    assert!(saw_busy, "a message during a turn is refused");
+    ws.close(None).await.unwrap();
+
+    // Resume: a new socket replays from `since`.
+    let (mut again, _) = tokio_tungstenite::connect_async(
+        server.ws_url(&format!("/agent/ws?session_id={id}&since={}", last_seq - 1)),
+    )
+    .await
+    .unwrap();
+    let WsMessage::Text(text) = again.next().await.unwrap().unwrap() else {
+        panic!("text frame")
+    };
+    let replayed: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (replayed["seq"].as_u64(), replayed["type"].as_str()),
+        (Some(last_seq), Some("result"))
+    );
+
+    // Bad frames get an error frame, not a closed socket.
+    again
+        .send(WsMessage::Text("{\"type\":\"dance\"}".into()))
+        .await
+        .unwrap();
+    let WsMessage::Text(text) = again.next().await.unwrap().unwrap() else {
+        panic!("text frame")
+    };
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["code"],
+        "bad_frame"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn websocket_for_an_unknown_session_is_404() {
+    let server = TestServer::start().await;
+    let err = tokio_tungstenite::connect_async(
+        server.ws_url(&format!("/agent/ws?session_id={}", uuid::Uuid::new_v4())),
+    )
+    .await
+    .unwrap_err();
+    match err {
+        tokio_tungstenite::tungstenite::Error::Http(response) => assert_eq!(response.status(), 404),
+        other => panic!("expected HTTP 404, got {other}"),
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors_with_the_right_status() {
+    let server = TestServer::start_with(|c| c.max_body_bytes = 4096).await;
+    let id = server.create_session(json!({})).await;
+    let raw = |path: &str, body: &'static str| {
+        server
+            .http
+            .post(server.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let cases: Vec<(reqwest::Response, u16, &str, &str)> = vec![
+        (
+            raw("/agent/run", "{\"prompt\": ").await.unwrap(),
+            400,
+            "malformed_json",
+            "malformed JSON",
+        ),
+        (
+            server
+                .post("/agent/run", json!({"prompt": "x", "max_turns": "ten"}))
+                .await,
+            422,
+            "invalid_request",
+            "options.max_turns",
+        ),
+        (
+            server
+                .post(
+                    "/agent/run",
+                    json!({"prompt": "x", "options": {"max_turnz": 1}}),
+                )
+                .await,
+            422,
+            "invalid_request",
+            "max_turnz",
+        ),
+        (
+            server
+                .post(
+                    "/agent/run",
+                    json!({"prompt": "x", "model": "no-such-model"}),
+                )
+                .await,
+            422,
+            "invalid_request",
+            "options.model",
+        ),
+        (
+            server.post("/agent/run", json!({})).await,
+            422,
+            "invalid_request",
+            "prompt: is required",
+        ),
+        (
+            server
+                .post("/agent/run", json!({"prompt": "x".repeat(5000)}))
+                .await,
+            413,
+            "body_too_large",
+            "max_body_bytes",
+        ),
+        (
+            server
+                .post(
+                    &format!("/agent/session/{id}/message"),
+                    json!({"prompt": "x", "model": "demo"}),
+                )
+                .await,
+            422,
+            "invalid_request",
+            "model: unknown field",
+        ),
+        (
+            server
+                .post(
+                    &format!("/agent/session/{}/message", uuid::Uuid::new_v4()),
+                    json!({"prompt": "x"}),
+                )
+                .await,
+            404,
+            "not_found",
+            "not found",
+        ),
+        (
+            server.get("/agent/session/not-a-uuid/status").await,
+            404,
+            "not_found",
+            "not-a-uuid",
+        ),
+        (
+            server
+                .get(&format!("/agent/session/{id}/events?since=abc"))
+                .await,
+            400,
+            "bad_request",
+            "since",
+        ),
+        (
+            server
+                .post("/agent/session", json!({"kind": "pipeline"}))
+                .await,
+            422,
+            "invalid_request",
+            "kind",
+        ),
+        (
+            server.get("/no/such/route").await,
+            404,
+            "not_found",
+            "no such route",
+        ),
+        (
+            server
+                .http
+                .put(server.url("/agent/run"))
+                .send()
+                .await
+                .unwrap(),
+            405,
+            "method_not_allowed",
+            "method",
+        ),
+    ];
+    for (response, status, code, fragment) in cases {
+        assert_eq!(response.status().as_u16(), status, "{code}");
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let body: Value = response.json().await.unwrap();
+        let (got_code, message) = error_of(&body);
+        assert_eq!(got_code, code, "{body}");
+        assert!(
+            message.contains(fragment),
+            "{message:?} should mention {fragment:?}"
+        );
+    }
+    // Nothing was lost: the session still works.
+    let ok = ndjson(
+        server
+            .post(
+                &format!("/agent/session/{id}/message"),
+                json!({"prompt": "fine"}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(ok.last().unwrap()["status"], "success");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn api_keys_guard_every_route_and_isolate_sessions() {
+    let alice = "key-alice-0001";
+    let bob = "key-bob-000002";
+    let server = TestServer::start_with(|c| c.api_keys = vec![alice.into(), bob.into()]).await;
+    let as_key = |key: &str, request: reqwest::RequestBuilder| request.bearer_auth(key.to_string());
+
+    for path in ["/agent/sessions", "/health", "/metrics", "/openapi.json"] {
+        let response = server.get(path).await;
+        assert_eq!(response.status(), 401, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(error_of(&body).0, "unauthorized");
+    }
+    let wrong = as_key(
+        "key-mallory-03",
+        server.http.get(server.url("/agent/sessions")),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(wrong.status(), 401);
+
+    let created: Value = as_key(
+        alice,
+        server
+            .http
+            .post(server.url("/agent/session"))
+            .json(&json!({})),
+    )
+    .send()
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let id = created["session_id"].as_str().unwrap().to_string();
+    for (method, path) in [
+        (reqwest::Method::GET, format!("/agent/session/{id}/status")),
+        (reqwest::Method::GET, format!("/agent/session/{id}/events")),
+        (
+            reqwest::Method::POST,
+            format!("/agent/session/{id}/interrupt"),
+        ),
+        (reqwest::Method::DELETE, format!("/agent/session/{id}")),
+    ] {
+        let response = as_key(bob, server.http.request(method.clone(), server.url(&path)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 404, "bob {method} {path}");
+    }
+    let bob_message = as_key(
+        bob,
+        server
+            .http
+            .post(server.url(&format!("/agent/session/{id}/message")))
+            .json(&json!({"prompt": "x"})),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(bob_message.status(), 404);
+    let bobs: Value = as_key(bob, server.http.get(server.url("/agent/sessions")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(bobs, json!({"sessions": []}));
+    let alices: Value = as_key(alice, server.http.get(server.url("/agent/sessions")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(alices["sessions"][0]["session_id"], id.as_str());
+
+    // WebSocket: no key → 401, bob's token → 404, alice's token → open.
+    for (query, status) in [(String::new(), 401), (format!("&token={bob}"), 404)] {
+        match tokio_tungstenite::connect_async(
+            server.ws_url(&format!("/agent/ws?session_id={id}{query}")),
+        )
+        .await
+        {
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                assert_eq!(response.status(), status)
+            }
+            other => panic!("expected HTTP {status}, got {:?}", other.map(|_| ())),
+        }
+    }
+    let (mut ws, _) = tokio_tungstenite::connect_async(
+        server.ws_url(&format!("/agent/ws?session_id={id}&token={alice}")),
+    )
+    .await
+    .unwrap();
+    ws.send(WsMessage::Text(
+        json!({"type": "message", "prompt": "hi"})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    loop {
+        let WsMessage::Text(text) = ws.next().await.unwrap().unwrap() else {
+            continue;
+        };
+        if serde_json::from_str::<Value>(&text).unwrap()["type"] == "result" {
+            break;
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_metrics_and_openapi() {
+    let server = TestServer::start().await;
+    ndjson(
+        server
+            .post("/agent/run", json!({"prompt": "count me"}))
+            .await,
+    )
+    .await;
+    let health: Value = server.get("/health").await.json().await.unwrap();
+    assert_eq!(
+        (health["status"].clone(), health["default_model"].clone()),
+        (json!("ok"), json!("demo"))
+    );
+
+    let metrics = server.get("/metrics").await.text().await.unwrap();
+    for needle in [
+        "conclave_sessions_created_total 1",
+        "conclave_turns_total{status=\"success\"} 1",
+        "conclave_events_total{type=\"result\"} 1",
+        "conclave_model_latency_seconds_count{model=\"demo\"} 1",
+        "conclave_turns_running 0",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing from\n{metrics}");
+    }
+
+    let doc: Value = server.get("/openapi.json").await.json().await.unwrap();
+    let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
+    for path in [
+        "/agent/run",
+        "/agent/session",
+        "/agent/session/{session_id}/message",
+        "/agent/session/{session_id}/interrupt",
+        "/agent/session/{session_id}/status",
+        "/agent/session/{session_id}/events",
+        "/agent/session/{session_id}",
+        "/agent/sessions",
+        "/agent/ws",
+        "/health",
+        "/metrics",
+        "/openapi.json",
+    ] {
+        assert!(
+            paths.contains(&&path.to_string()),
+            "{path} missing from {paths:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_interrupts_running_turns_and_restart_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_in(dir.path(), |c| c.demo.chunk_delay_ms = 20).await;
+    let id = server.create_session(json!({"text_deltas": true})).await;
+    let response = server
+        .post(
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": long_prompt(500)}),
+        )
+        .await;
+    let mut lines = Lines::new(response);
+    let mut streamed = lines.until("text_delta").await;
+    server.begin_stop();
+    streamed.extend(lines.until("result").await);
+    assert_eq!(streamed.last().unwrap()["status"], "interrupted");
+    server.wait_stopped().await;
+
+    let again = TestServer::start_in(dir.path(), |_| {}).await;
+    let status: Value = again
+        .get(&format!("/agent/session/{id}/status"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["status"], "interrupted");
+    let replay = ndjson(again.get(&format!("/agent/session/{id}/events")).await).await;
+    assert_eq!(
+        replay, streamed,
+        "every streamed event survived the restart"
+    );
+    again.stop().await;
+}

@@ -1,0 +1,217 @@
+//! Fixtures: a real server on 127.0.0.1:0 in this process, and clients.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use conclave::agent::{ToolContext, ToolOutput, ToolRouter};
+use conclave::config::Config;
+use conclave::model::ToolSpec;
+use conclave::server::Server;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub http: reqwest::Client,
+    pub data_dir: std::path::PathBuf,
+    root: CancellationToken,
+    handle: JoinHandle<std::io::Result<()>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// A test tool router: `Bash` answers `ran: {command}`.
+pub struct EchoTools;
+
+#[async_trait]
+impl ToolRouter for EchoTools {
+    fn specs(&self, _ctx: &ToolContext) -> Vec<ToolSpec> {
+        vec![ToolSpec {
+            name: "Bash".into(),
+            description: "Echoes the command back".into(),
+            input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+        }]
+    }
+
+    async fn call(
+        &self,
+        _ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        _cancel: CancellationToken,
+    ) -> ToolOutput {
+        match (name, input.get("command").and_then(Value::as_str)) {
+            ("Bash", Some(command)) => ToolOutput {
+                output: Value::String(format!("ran: {command}")),
+                is_error: false,
+            },
+            _ => ToolOutput::error(format!("bad call {name} {input}")),
+        }
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        TestServer::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(configure: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().to_path_buf();
+        let mut server = TestServer::start_in(&path, configure).await;
+        server._dir = Some(dir);
+        server
+    }
+
+    /// Starts on a given data directory (kept by the caller), e.g. to restart.
+    pub async fn start_in(
+        data_dir: &std::path::Path,
+        configure: impl FnOnce(&mut Config),
+    ) -> TestServer {
+        let mut config = Config {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            data_dir: data_dir.to_path_buf(),
+            ..Config::default()
+        };
+        configure(&mut config);
+        config.validate().expect("valid test config");
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let root = CancellationToken::new();
+        let server = Server::build(config, Arc::new(EchoTools), root.clone())
+            .await
+            .expect("server builds");
+        let handle = tokio::spawn(server.run(listener));
+        TestServer {
+            addr,
+            http: reqwest::Client::new(),
+            data_dir: data_dir.to_path_buf(),
+            root,
+            handle,
+            _dir: None,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn ws_url(&self, path: &str) -> String {
+        format!("ws://{}{}", self.addr, path)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.url(path)).send().await.expect("request")
+    }
+
+    pub async fn create_session(&self, body: Value) -> String {
+        let response = self.post("/agent/session", body).await;
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.expect("json");
+        body["session_id"].as_str().expect("id").to_string()
+    }
+
+    /// Signals shutdown and waits until the server has stopped.
+    pub async fn stop(self) {
+        self.root.cancel();
+        self.handle.await.expect("join").expect("served");
+    }
+
+    /// Cancels without waiting, for tests that watch the shutdown happen.
+    pub fn begin_stop(&self) {
+        self.root.cancel();
+    }
+
+    pub async fn wait_stopped(self) {
+        self.handle.await.expect("join").expect("served");
+    }
+}
+
+/// Reads a whole NDJSON body.
+pub async fn ndjson(response: reqwest::Response) -> Vec<Value> {
+    let text = response.text().await.expect("body");
+    text.lines()
+        .map(|line| serde_json::from_str(line).expect("each line is JSON"))
+        .collect()
+}
+
+/// Reads NDJSON lines as they arrive.
+pub struct Lines {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buffer: Vec<u8>,
+}
+
+impl Lines {
+    pub fn new(response: reqwest::Response) -> Lines {
+        Lines {
+            stream: response.bytes_stream().boxed(),
+            buffer: Vec::new(),
+        }
+    }
+
+    pub async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(pos) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=pos).collect();
+                return Some(serde_json::from_slice(&line).expect("JSON line"));
+            }
+            match self.stream.next().await {
+                Some(Ok(chunk)) => self.buffer.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+
+    /// Reads until an event of `kind`, returning everything read.
+    pub async fn until(&mut self, kind: &str) -> Vec<Value> {
+        let mut seen = Vec::new();
+        while let Some(event) = self.next().await {
+            let done = event["type"] == kind;
+            seen.push(event);
+            if done {
+                return seen;
+            }
+        }
+        panic!("stream ended before a {kind} event: {seen:?}");
+    }
+}
+
+pub fn types(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or("?"))
+        .collect()
+}
+
+/// An event without its varying fields (`ts`, `session_id`, `duration_ms`).
+pub fn stable(event: &Value) -> Value {
+    let mut event = event.clone();
+    if let Some(map) = event.as_object_mut() {
+        map.remove("ts");
+        map.remove("session_id");
+        map.remove("duration_ms");
+    }
+    event
+}
+
+/// A prompt the demo model takes a while to answer (with a chunk delay).
+pub fn long_prompt(words: usize) -> String {
+    (0..words)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
