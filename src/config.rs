@@ -175,9 +175,7 @@ impl Config {
                 .filter(|key| !key.as_str().starts_with("test_"))
                 .split("__"),
         );
-        let mut config: Config = figment
-            .extract()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let mut config: Config = figment.extract().map_err(describe)?;
         config.apply_provider_env(|name| std::env::var(name).ok());
         if let Some(listen) = overrides.listen {
             config.listen = listen;
@@ -280,6 +278,30 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Names the field (as a config key) and where its value came from.
+fn describe(errors: figment::Error) -> ConfigError {
+    let messages: Vec<String> = errors
+        .into_iter()
+        .map(|e| {
+            let field = e.path.join(".").to_lowercase();
+            let origin = e
+                .metadata
+                .as_ref()
+                .map(|m| match &m.source {
+                    Some(source) => format!(" (from {} {source})", m.name),
+                    None => format!(" (from {})", m.name),
+                })
+                .unwrap_or_default();
+            if field.is_empty() {
+                format!("{}{origin}", e.kind)
+            } else {
+                format!("{field}: {}{origin}", e.kind)
+            }
+        })
+        .collect();
+    ConfigError::Invalid(messages.join("; "))
 }
 
 fn check_url(field: &str, url: &str) -> Result<(), ConfigError> {

@@ -32,6 +32,9 @@ pub struct AgentOptions {
     pub system_prompt: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
+    /// Cap on tokens per model call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
     /// Stream `text_delta` events token by token as well as `thinking`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_deltas: Option<bool>,
@@ -175,6 +178,9 @@ impl AgentOptions {
                 "options.working_dir",
                 "must be an absolute path",
             ));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(OptionError::new("options.max_tokens", "must be at least 1"));
         }
         if let Some(model) = &self.model
             && model.trim().is_empty()

@@ -208,7 +208,7 @@ async fn agent_loop(
             messages: history.clone(),
             tools: tools.clone(),
             temperature: options.temperature,
-            max_tokens: None,
+            max_tokens: options.max_tokens,
             tool_call_mode: model.tool_call_mode,
             session_id: Some(session.id.to_string()),
         };

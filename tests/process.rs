@@ -1,0 +1,184 @@
+//! The real binary: a `kill -9` during a turn loses no event a client
+//! already received and the restart closes the cut-off turn as
+//! `interrupted`; SIGTERM closes running turns before exiting; a bad start
+//! is refused with a message naming the field.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{Lines, long_prompt, ndjson};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Starts the real binary on port 0 and returns it with its base URL.
+async fn spawn_server(data_dir: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .env("CONCLAVE_DEMO__CHUNK_DELAY_MS", "20")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the conclave binary starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = lines
+        .next_line()
+        .await
+        .expect("read")
+        .expect("a first line");
+    let url = first
+        .strip_prefix("conclave listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    (child, url)
+}
+
+#[tokio::test]
+async fn kill_9_mid_turn_loses_nothing_received_and_closes_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let (mut child, url) = spawn_server(dir.path()).await;
+
+    let response = http
+        .post(format!("{url}/agent/run"))
+        .json(&json!({"prompt": long_prompt(1000), "text_deltas": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut lines = Lines::new(response);
+    let mut received = Vec::new();
+    while received.len() < 20 {
+        received.push(lines.next().await.expect("events before the kill"));
+    }
+    child.kill().await.expect("SIGKILL");
+    // Whatever was already on the wire still counts as received.
+    while let Some(event) = lines.next().await {
+        received.push(event);
+    }
+    assert!(
+        received.iter().all(|e| e["type"] != "result"),
+        "the turn was still running"
+    );
+    let id = received[0]["session_id"].as_str().unwrap().to_string();
+
+    let (_restarted, url) = spawn_server(dir.path()).await;
+    let replay: Vec<Value> = ndjson(
+        http.get(format!("{url}/agent/session/{id}/events"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        replay[..received.len()],
+        received[..],
+        "every received event is replayed as it was"
+    );
+    let tail: Vec<(&str, &str)> = replay[received.len()..]
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap(),
+                e["status"].as_str().or(e["message"].as_str()).unwrap_or(""),
+            )
+        })
+        .collect();
+    let closing = &tail[tail.len() - 2..];
+    assert_eq!(
+        closing,
+        [
+            (
+                "status",
+                "The server restarted during this turn; it was interrupted."
+            ),
+            ("result", "interrupted"),
+        ]
+    );
+    let seqs: Vec<u64> = replay.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (1..=replay.len() as u64).collect::<Vec<_>>(),
+        "no gaps"
+    );
+
+    let status: Value = http
+        .get(format!("{url}/agent/session/{id}/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (status["status"].as_str(), status["running"].as_bool()),
+        (Some("closed"), Some(false))
+    );
+}
+
+#[tokio::test]
+async fn sigterm_closes_running_turns_then_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let (mut child, url) = spawn_server(dir.path()).await;
+    let response = http
+        .post(format!("{url}/agent/run"))
+        .json(&json!({"prompt": long_prompt(1000), "text_deltas": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut lines = Lines::new(response);
+    lines.until("text_delta").await;
+    let pid = child.id().expect("pid").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rest = lines.until("result").await;
+    assert_eq!(rest.last().unwrap()["status"], "interrupted");
+    let exit = child.wait().await.unwrap();
+    assert!(exit.success(), "exit status {exit}");
+}
+
+#[tokio::test]
+async fn a_bad_start_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("conclave.toml");
+    std::fs::write(&config, "[agent]\nmax_turns = \"lots\"\n").unwrap();
+    let cases: Vec<(Vec<String>, Vec<(&str, &str)>, &str)> = vec![
+        (
+            vec!["--listen".into(), "0.0.0.0:0".into()],
+            vec![],
+            "listen",
+        ),
+        (
+            vec!["--config".into(), config.display().to_string()],
+            vec![],
+            "max_turns",
+        ),
+        (
+            vec![],
+            vec![("CONCLAVE_MAX_BODY_BYTES", "many")],
+            "max_body_bytes",
+        ),
+        (vec![], vec![("CONCLAVE_API_KEYS", "short")], "api_keys[0]"),
+    ];
+    for (args, env, field) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_conclave"))
+            .arg("serve")
+            .args(["--data-dir"])
+            .arg(dir.path())
+            .args(&args)
+            .envs(env.iter().copied())
+            .output()
+            .await
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} {env:?} should fail");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(field), "{field} not named in {stderr:?}");
+    }
+}
