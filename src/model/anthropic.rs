@@ -1,34 +1,423 @@
-//! Anthropic Messages provider (skeleton; being written).
+//! The Anthropic Messages API: `POST {base_url}/v1/messages`, streamed as
+//! SSE.
+//!
+//! Text arrives as `text_delta`s and is passed on at once; a `tool_use`
+//! block's input arrives as `input_json_delta` fragments and is emitted as
+//! one [`ToolCall`] when the block stops. Retries, error bodies and the SSE
+//! pump are the ones of [`super::openai`].
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use eventsource_stream::Event;
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::{ChatRequest, ModelError, ModelProvider, ModelStream};
+use super::lenient;
+use super::openai::{SseDecoder, Transport, endpoint, malformed, secret_header, spawn_sse};
+use super::{
+    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, ToolCall,
+};
+
+const API_VERSION: &str = "2023-06-01";
+/// The API requires `max_tokens`; this is used when the request has none.
+const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 pub struct AnthropicProvider {
-    base_url: String,
+    /// `{base_url}/v1/messages`.
+    url: String,
+    transport: Transport,
 }
 
 impl AnthropicProvider {
     pub fn new(
         base_url: &str,
-        _api_key: Option<String>,
-        _max_retries: u32,
-        _timeout: Duration,
+        api_key: Option<String>,
+        max_retries: u32,
+        timeout: Duration,
     ) -> Result<AnthropicProvider, ModelError> {
+        let mut headers = HeaderMap::new();
+        headers.insert("anthropic-version", HeaderValue::from_static(API_VERSION));
+        if let Some(key) = api_key.filter(|key| !key.is_empty()) {
+            headers.insert("x-api-key", secret_header(&key)?);
+        }
         Ok(AnthropicProvider {
-            base_url: base_url.to_string(),
+            url: endpoint(base_url, "v1/messages")?,
+            transport: Transport::new(headers, max_retries, timeout)?,
         })
     }
 }
 
 #[async_trait]
 impl ModelProvider for AnthropicProvider {
-    async fn stream(&self, _request: ChatRequest) -> Result<ModelStream, ModelError> {
-        Err(ModelError::Upstream(format!(
-            "{}: not built yet",
-            self.base_url
-        )))
+    async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
+        let body = serde_json::to_vec(&wire_request(&request))
+            .map_err(|e| ModelError::Protocol(format!("cannot encode the request: {e}")))?;
+        let response = self
+            .transport
+            .post(&self.url, HeaderMap::new(), body)
+            .await?;
+        Ok(spawn_sse(response, EventDecoder::default()))
+    }
+}
+
+#[derive(Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<&'a str>,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<Metadata<'a>>,
+}
+
+#[derive(Serialize)]
+struct Metadata<'a> {
+    /// The session id: the API's handle for telling callers apart.
+    user_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Vec<Block<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        is_error: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
+    WireRequest {
+        model: &request.model,
+        max_tokens: request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        stream: true,
+        system: request.system.as_deref(),
+        messages: wire_messages(&request.messages),
+        tools: request
+            .tools
+            .iter()
+            .map(|tool| WireTool {
+                name: &tool.name,
+                description: &tool.description,
+                input_schema: &tool.input_schema,
+            })
+            .collect(),
+        temperature: request.temperature,
+        metadata: request
+            .session_id
+            .as_deref()
+            .map(|user_id| Metadata { user_id }),
+    }
+}
+
+/// Messages as content blocks. Tool results are user content, and blocks
+/// of consecutive messages of one role share a message, so the results of
+/// parallel calls arrive together as the API wants. Empty text is dropped:
+/// the API rejects empty text blocks.
+fn wire_messages(messages: &[Message]) -> Vec<WireMessage<'_>> {
+    let mut wire: Vec<WireMessage> = Vec::new();
+    for message in messages {
+        let (role, blocks): (&'static str, Vec<Block>) = match message {
+            Message::User { content } => ("user", text_block(content).into_iter().collect()),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => (
+                "assistant",
+                text_block(content)
+                    .into_iter()
+                    .chain(tool_calls.iter().map(|call| Block::ToolUse {
+                        id: &call.id,
+                        name: &call.name,
+                        input: &call.arguments,
+                    }))
+                    .collect(),
+            ),
+            Message::Tool {
+                tool_call_id,
+                content,
+                is_error,
+                ..
+            } => (
+                "user",
+                vec![Block::ToolResult {
+                    tool_use_id: tool_call_id,
+                    content,
+                    is_error: *is_error,
+                }],
+            ),
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match wire.last_mut() {
+            Some(last) if last.role == role => last.content.extend(blocks),
+            _ => wire.push(WireMessage {
+                role,
+                content: blocks,
+            }),
+        }
+    }
+    wire
+}
+
+fn text_block(text: &str) -> Option<Block<'_>> {
+    (!text.is_empty()).then_some(Block::Text { text })
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireEvent {
+    MessageStart {
+        message: StartedMessage,
+    },
+    ContentBlockStart {
+        index: u32,
+        content_block: StartedBlock,
+    },
+    ContentBlockDelta {
+        index: u32,
+        delta: BlockDelta,
+    },
+    ContentBlockStop {
+        index: u32,
+    },
+    MessageDelta {
+        delta: MessageDelta,
+        usage: Option<WireUsage>,
+    },
+    MessageStop,
+    Error {
+        error: WireError,
+    },
+    /// `ping` and whatever later API versions add.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct StartedMessage {
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum StartedBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    /// Thinking and other blocks we do not pass on.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum BlockDelta {
+    TextDelta {
+        text: String,
+    },
+    InputJsonDelta {
+        partial_json: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    stop_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Every input token, cached or not; `None` when the event has no count.
+    fn input(&self) -> Option<u64> {
+        let parts = [
+            self.input_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_read_input_tokens,
+        ];
+        parts
+            .iter()
+            .any(Option::is_some)
+            .then(|| parts.iter().flatten().sum())
+    }
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    r#type: String,
+    message: String,
+}
+
+/// A `tool_use` block whose input is still arriving.
+struct PartialToolUse {
+    id: String,
+    name: String,
+    /// The input given at the block's start, used when no fragment follows.
+    input: Value,
+    json: String,
+}
+
+/// Turns Messages API events into stream events.
+#[derive(Default)]
+struct EventDecoder {
+    tool_uses: HashMap<u32, PartialToolUse>,
+    input_tokens: u64,
+    output_tokens: u64,
+    stop: Option<StopReason>,
+}
+
+impl SseDecoder for EventDecoder {
+    fn decode(&mut self, event: &Event, out: &mut Vec<StreamEvent>) -> Result<bool, ModelError> {
+        let wire: WireEvent = serde_json::from_str(&event.data)
+            .map_err(|e| malformed("Messages event", &event.data, &e))?;
+        match wire {
+            WireEvent::MessageStart { message } => {
+                if let Some(usage) = message.usage {
+                    self.count(&usage);
+                }
+            }
+            WireEvent::ContentBlockStart {
+                index,
+                content_block,
+            } => match content_block {
+                StartedBlock::Text { text } if !text.is_empty() => {
+                    out.push(StreamEvent::TextDelta(text));
+                }
+                StartedBlock::ToolUse { id, name, input } => {
+                    self.tool_uses.insert(
+                        index,
+                        PartialToolUse {
+                            id,
+                            name,
+                            input,
+                            json: String::new(),
+                        },
+                    );
+                }
+                StartedBlock::Text { .. } | StartedBlock::Other => {}
+            },
+            WireEvent::ContentBlockDelta { index, delta } => match delta {
+                BlockDelta::TextDelta { text } if !text.is_empty() => {
+                    out.push(StreamEvent::TextDelta(text));
+                }
+                BlockDelta::InputJsonDelta { partial_json } => {
+                    let tool_use = self.tool_uses.get_mut(&index).ok_or_else(|| {
+                        ModelError::Protocol(format!("input for block {index}, not a tool_use"))
+                    })?;
+                    tool_use.json.push_str(&partial_json);
+                }
+                BlockDelta::TextDelta { .. } | BlockDelta::Other => {}
+            },
+            WireEvent::ContentBlockStop { index } => {
+                if let Some(tool_use) = self.tool_uses.remove(&index) {
+                    let arguments = if tool_use.json.trim().is_empty() {
+                        tool_use.input
+                    } else {
+                        lenient::parse_arguments(&tool_use.json)
+                    };
+                    out.push(StreamEvent::ToolCall(ToolCall {
+                        id: tool_use.id,
+                        name: tool_use.name,
+                        arguments,
+                    }));
+                }
+            }
+            WireEvent::MessageDelta { delta, usage } => {
+                if let Some(usage) = usage {
+                    self.count(&usage);
+                }
+                if let Some(reason) = delta.stop_reason {
+                    self.stop = Some(match reason.as_str() {
+                        "end_turn" | "stop_sequence" => StopReason::EndTurn,
+                        "tool_use" => StopReason::ToolUse,
+                        "max_tokens" => StopReason::MaxTokens,
+                        _ => StopReason::Other(reason),
+                    });
+                }
+            }
+            WireEvent::MessageStop => {
+                out.push(StreamEvent::Usage {
+                    input_tokens: self.input_tokens,
+                    output_tokens: self.output_tokens,
+                });
+                out.push(StreamEvent::Done(
+                    self.stop.take().unwrap_or(StopReason::EndTurn),
+                ));
+                return Ok(true);
+            }
+            WireEvent::Error { error } => {
+                return Err(ModelError::Upstream(format!(
+                    "{}: {}",
+                    error.r#type, error.message
+                )));
+            }
+            WireEvent::Other => {}
+        }
+        Ok(false)
+    }
+
+    fn finish(&mut self, _out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        Err(ModelError::Protocol(
+            "the stream ended before message_stop".into(),
+        ))
+    }
+}
+
+impl EventDecoder {
+    /// Counts are cumulative: later events replace earlier ones.
+    fn count(&mut self, usage: &WireUsage) {
+        if let Some(input) = usage.input() {
+            self.input_tokens = input;
+        }
+        if let Some(output) = usage.output_tokens {
+            self.output_tokens = output;
+        }
     }
 }

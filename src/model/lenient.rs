@@ -1,1 +1,664 @@
-//! Recovers tool calls written loosely into the content (being written).
+//! Makes the tool calls of small local models usable.
+//!
+//! - [`recover_tool_calls`]: calls a model wrote into its text instead of
+//!   calling natively: `{"name": …, "arguments": {…}}` (or `parameters` /
+//!   `input`), bare, in a ```` ```json ```` fence or in Qwen/Hermes
+//!   `<tool_call>` tags, alone or as a list.
+//! - [`parse_arguments`]: arguments that are not quite JSON, repaired where
+//!   the fix is obvious, else kept as `{"_raw": …}`.
+//! - [`answer_or_call_format`], [`json_mode_instructions`] and
+//!   [`read_answer_or_call`]: the protocol of
+//!   [`ToolCallMode::JsonSchema`](super::ToolCallMode::JsonSchema), where the
+//!   whole output is one JSON object: a final answer or one tool call.
+
+use serde_json::{Map, Value, json};
+
+use super::{ToolCall, ToolSpec};
+
+const TAG_OPEN: &str = "<tool_call>";
+const TAG_CLOSE: &str = "</tool_call>";
+const FENCE: &str = "```";
+/// Keys an object may carry beside the name and arguments and still be a
+/// tool call; any other key means it is data that merely looks like one.
+const CALL_EXTRA_KEYS: [&str; 2] = ["type", "id"];
+const ARGUMENT_KEYS: [&str; 3] = ["arguments", "parameters", "input"];
+/// The repairing parser recurses once per bracket, so text with more
+/// brackets than this is not repaired: deep nesting would overflow the stack
+/// of the task that parses it.
+const MAX_REPAIR_BRACKETS: usize = 1000;
+
+/// Tool calls found in a text, and the text without them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovered {
+    /// The text with the passages the calls came from removed.
+    pub text: String,
+    pub calls: Vec<ToolCall>,
+}
+
+/// Finds tool calls written into `text`, accepting only names in `tools`.
+/// `None` when there are none.
+pub fn recover_tool_calls(text: &str, tools: &[ToolSpec]) -> Option<Recovered> {
+    let mut calls = Vec::new();
+    let mut kept = String::new();
+    // `text[..copied]` is dealt with: copied into `kept`, or a call's source.
+    let mut copied = 0;
+    let mut pos = 0;
+    while let Some((start, opener)) = next_opener(text, pos) {
+        let (end, found) = match opener {
+            Opener::Tag => {
+                let body = start + TAG_OPEN.len();
+                match text[body..].find(TAG_CLOSE) {
+                    Some(len) => (
+                        body + len + TAG_CLOSE.len(),
+                        calls_in(&text[body..body + len], tools),
+                    ),
+                    // A model that stops right after its call often leaves
+                    // the tag open.
+                    None => (text.len(), calls_in(&text[body..], tools)),
+                }
+            }
+            Opener::Fence => {
+                let after = start + FENCE.len();
+                let body = text[after..]
+                    .find('\n')
+                    .map_or(text.len(), |line| after + line + 1);
+                match text[body..].find(FENCE) {
+                    Some(len) => (
+                        body + len + FENCE.len(),
+                        calls_in(&text[body..body + len], tools),
+                    ),
+                    None => (text.len(), calls_in(&text[body..], tools)),
+                }
+            }
+            Opener::Json => {
+                let mut values =
+                    serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
+                match values.next() {
+                    Some(Ok(value)) => (start + values.byte_offset(), interpret(value, tools)),
+                    _ => (start + 1, None),
+                }
+            }
+        };
+        if let Some(found) = found {
+            kept.push_str(&text[copied..start]);
+            copied = end;
+            calls.extend(found);
+        }
+        pos = end;
+    }
+    if calls.is_empty() {
+        return None;
+    }
+    kept.push_str(&text[copied..]);
+    Some(Recovered {
+        text: tidy(&kept),
+        calls,
+    })
+}
+
+/// Parses a tool call's arguments: JSON, JSON encoded twice, or JSON with
+/// an obvious defect (a missing closing brace, a trailing comma, single
+/// quotes). Anything else is kept whole under `_raw` so nothing is lost.
+pub fn parse_arguments(raw: &str) -> Value {
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return json!({});
+    }
+    let value = serde_json::from_str::<Value>(trimmed)
+        .ok()
+        .or_else(|| repair(trimmed));
+    match value {
+        Some(Value::Object(arguments)) => Value::Object(arguments),
+        Some(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
+            Ok(Value::Object(arguments)) => Value::Object(arguments),
+            _ => json!({ "_raw": raw }),
+        },
+        _ => json!({ "_raw": raw }),
+    }
+}
+
+/// The `response_format` that makes the output either `{"answer": …}` or
+/// `{"tool": …, "arguments": {…}}`. The arguments stay a free object: tool
+/// schemas often use features that guided-decoding backends reject.
+pub fn answer_or_call_format(tools: &[ToolSpec]) -> Value {
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    json!({
+        "type": "json_schema",
+        "json_schema": {
+            "name": "answer_or_tool_call",
+            "strict": true,
+            "schema": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"answer": {"type": "string"}},
+                        "required": ["answer"],
+                        "additionalProperties": false
+                    },
+                    {
+                        "type": "object",
+                        "properties": {
+                            "tool": {"type": "string", "enum": names},
+                            "arguments": {"type": "object"}
+                        },
+                        "required": ["tool", "arguments"],
+                        "additionalProperties": false
+                    }
+                ]
+            }
+        }
+    })
+}
+
+/// The system-prompt part that explains the protocol and lists the tools,
+/// since a request in this mode carries no `tools` of its own.
+pub fn json_mode_instructions(tools: &[ToolSpec]) -> String {
+    let mut text = String::from(
+        "Reply with exactly one JSON object and nothing else: \
+         {\"answer\": \"...\"} to give your final answer, or \
+         {\"tool\": \"<tool name>\", \"arguments\": {...}} to call one tool. \
+         After a tool call you will get its result. The tools:\n",
+    );
+    for tool in tools {
+        text.push_str(&format!(
+            "- {}: {}\n  arguments schema: {}\n",
+            tool.name, tool.description, tool.input_schema
+        ));
+    }
+    text
+}
+
+/// Reads the output of the JSON-schema protocol. A server that ignored the
+/// schema may have written a call some other way, or plain text: the first
+/// is recovered, the second kept as the answer.
+pub fn read_answer_or_call(text: &str, tools: &[ToolSpec]) -> Recovered {
+    let trimmed = text.trim();
+    let object = serde_json::from_str::<Value>(trimmed)
+        .ok()
+        .or_else(|| repair(trimmed));
+    if let Some(Value::Object(mut object)) = object {
+        if let Some(Value::String(answer)) = object.remove("answer") {
+            return Recovered {
+                text: answer,
+                calls: Vec::new(),
+            };
+        }
+        if let Some(Value::String(name)) = object.remove("tool")
+            && let Some(arguments) = arguments_of(object.remove("arguments"))
+            && offered(&name, tools)
+        {
+            return Recovered {
+                text: String::new(),
+                calls: vec![new_call(name, arguments)],
+            };
+        }
+    }
+    recover_tool_calls(text, tools).unwrap_or_else(|| Recovered {
+        text: text.to_string(),
+        calls: Vec::new(),
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Opener {
+    Tag,
+    Fence,
+    Json,
+}
+
+/// The first place at or after `pos` where a tool call may start.
+fn next_opener(text: &str, pos: usize) -> Option<(usize, Opener)> {
+    let rest = text.get(pos..)?;
+    [
+        rest.find(TAG_OPEN).map(|i| (i, Opener::Tag)),
+        rest.find(FENCE).map(|i| (i, Opener::Fence)),
+        rest.find(['{', '[']).map(|i| (i, Opener::Json)),
+    ]
+    .into_iter()
+    .flatten()
+    .min_by_key(|(i, _)| *i)
+    .map(|(i, opener)| (pos + i, opener))
+}
+
+/// The calls in a tagged or fenced passage: one JSON value, several in a
+/// row (one per line, as some models write them), or one needing repair.
+fn calls_in(passage: &str, tools: &[ToolSpec]) -> Option<Vec<ToolCall>> {
+    let passage = passage.trim();
+    let values: Vec<Value> = match serde_json::Deserializer::from_str(passage)
+        .into_iter::<Value>()
+        .collect::<Result<Vec<Value>, _>>()
+    {
+        Ok(values) if !values.is_empty() => values,
+        _ => vec![repair(passage)?],
+    };
+    let mut calls = Vec::new();
+    for value in values {
+        calls.extend(interpret(value, tools)?);
+    }
+    Some(calls)
+}
+
+/// A call or a non-empty list of calls; anything else is not a call.
+fn interpret(value: Value, tools: &[ToolSpec]) -> Option<Vec<ToolCall>> {
+    match value {
+        Value::Object(object) => Some(vec![one_call(object, tools)?]),
+        Value::Array(items) if !items.is_empty() => items
+            .into_iter()
+            .map(|item| match item {
+                Value::Object(object) => one_call(object, tools),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+fn one_call(mut object: Map<String, Value>, tools: &[ToolSpec]) -> Option<ToolCall> {
+    // The OpenAI shape: {"type": "function", "function": {"name", "arguments"}}.
+    if let Some(Value::Object(function)) = object.remove("function") {
+        return only_extra_keys(&object)
+            .then(|| one_call(function, tools))
+            .flatten();
+    }
+    let Some(Value::String(name)) = object.remove("name") else {
+        return None;
+    };
+    let arguments = ARGUMENT_KEYS.iter().find_map(|key| object.remove(*key));
+    if !only_extra_keys(&object) || !offered(&name, tools) {
+        return None;
+    }
+    Some(new_call(name, arguments_of(arguments)?))
+}
+
+fn only_extra_keys(object: &Map<String, Value>) -> bool {
+    object
+        .keys()
+        .all(|key| CALL_EXTRA_KEYS.contains(&key.as_str()))
+}
+
+/// Arguments as an object: missing means none, a string is parsed.
+fn arguments_of(arguments: Option<Value>) -> Option<Value> {
+    match arguments {
+        None => Some(json!({})),
+        Some(Value::Object(arguments)) => Some(Value::Object(arguments)),
+        Some(Value::String(raw)) => Some(parse_arguments(&raw)),
+        Some(_) => None,
+    }
+}
+
+fn offered(name: &str, tools: &[ToolSpec]) -> bool {
+    tools.iter().any(|tool| tool.name == name)
+}
+
+fn new_call(name: String, arguments: Value) -> ToolCall {
+    ToolCall {
+        id: new_call_id(),
+        name,
+        arguments,
+    }
+}
+
+/// An id for a call the model gave none, in the shape OpenAI's ids have.
+pub(super) fn new_call_id() -> String {
+    format!("call_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Repairs text that is meant to be a JSON object or array. Prose is left
+/// alone: the repairing parser would turn any text into some JSON.
+fn repair(text: &str) -> Option<Value> {
+    let brackets = text.chars().filter(|c| matches!(c, '{' | '[')).count();
+    if !text.starts_with(['{', '[']) || brackets > MAX_REPAIR_BRACKETS {
+        return None;
+    }
+    llm_json::loads(text, &llm_json::RepairOptions::default()).ok()
+}
+
+/// Trims the text left after removing calls, and closes the gaps they left.
+fn tidy(text: &str) -> String {
+    let mut text = text.trim().to_string();
+    while text.contains("\n\n\n") {
+        text = text.replace("\n\n\n", "\n\n");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(names: &[&str]) -> Vec<ToolSpec> {
+        names
+            .iter()
+            .map(|name| ToolSpec {
+                name: name.to_string(),
+                description: format!("the {name} tool"),
+                input_schema: json!({"type": "object"}),
+            })
+            .collect()
+    }
+
+    /// The calls as (name, arguments), after checking their generated ids.
+    fn named(calls: &[ToolCall]) -> Vec<(String, Value)> {
+        for call in calls {
+            assert!(call.id.starts_with("call_"), "{}", call.id);
+        }
+        let mut ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), calls.len(), "ids are unique");
+        calls
+            .iter()
+            .map(|c| (c.name.clone(), c.arguments.clone()))
+            .collect()
+    }
+
+    fn recover(text: &str, offered: &[&str]) -> Option<(String, Vec<(String, Value)>)> {
+        recover_tool_calls(text, &tools(offered)).map(|r| (r.text, named(&r.calls)))
+    }
+
+    fn bash(command: &str) -> (String, Value) {
+        ("Bash".to_string(), json!({"command": command}))
+    }
+
+    #[test]
+    fn bare_object_is_a_call() {
+        assert_eq!(
+            recover(
+                r#"{"name": "Bash", "arguments": {"command": "ls"}}"#,
+                &["Bash"]
+            ),
+            Some((String::new(), vec![bash("ls")]))
+        );
+    }
+
+    #[test]
+    fn parameters_and_input_stand_for_arguments() {
+        for key in ["parameters", "input"] {
+            let text = format!(r#"{{"name": "Bash", "{key}": {{"command": "ls"}}}}"#);
+            assert_eq!(
+                recover(&text, &["Bash"]),
+                Some((String::new(), vec![bash("ls")])),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn text_around_a_call_is_kept() {
+        assert_eq!(
+            recover(
+                "Let me look.\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\nThen I'll read it.",
+                &["Bash"]
+            ),
+            Some((
+                "Let me look.\n\nThen I'll read it.".to_string(),
+                vec![bash("ls")]
+            ))
+        );
+    }
+
+    #[test]
+    fn json_fence_is_unwrapped() {
+        let text = "I'll run it:\n```json\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"pwd\"}}\n```\n";
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some(("I'll run it:".to_string(), vec![bash("pwd")]))
+        );
+    }
+
+    #[test]
+    fn hermes_tags_with_one_call_each() {
+        let text = "<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n\
+                    <tool_call>\n{\"name\": \"Read\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call>";
+        assert_eq!(
+            recover(text, &["Bash", "Read"]),
+            Some((
+                String::new(),
+                vec![bash("ls"), ("Read".to_string(), json!({"path": "a.txt"}))]
+            ))
+        );
+    }
+
+    #[test]
+    fn unclosed_tag_runs_to_the_end() {
+        let text = "Running.<tool_call>{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}";
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some(("Running.".to_string(), vec![bash("ls")]))
+        );
+    }
+
+    #[test]
+    fn several_objects_in_one_tag() {
+        let text = "<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"a\"}}\n\
+                    {\"name\": \"Bash\", \"arguments\": {\"command\": \"b\"}}\n</tool_call>";
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some((String::new(), vec![bash("a"), bash("b")]))
+        );
+    }
+
+    #[test]
+    fn list_of_calls() {
+        let text = r#"[{"name": "Bash", "arguments": {"command": "a"}}, {"name": "Bash", "arguments": {"command": "b"}}]"#;
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some((String::new(), vec![bash("a"), bash("b")]))
+        );
+    }
+
+    #[test]
+    fn list_with_a_non_call_is_not_calls() {
+        let text = r#"[{"name": "Bash", "arguments": {"command": "a"}}, 3]"#;
+        assert_eq!(recover(text, &["Bash"]), None);
+    }
+
+    #[test]
+    fn openai_shaped_call() {
+        let text = r#"{"type": "function", "function": {"name": "Bash", "arguments": "{\"command\": \"ls\"}"}}"#;
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some((String::new(), vec![bash("ls")]))
+        );
+    }
+
+    #[test]
+    fn arguments_as_a_json_string() {
+        let text = r#"{"name": "Bash", "arguments": "{\"command\": \"ls\"}"}"#;
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some((String::new(), vec![bash("ls")]))
+        );
+    }
+
+    #[test]
+    fn missing_arguments_are_empty() {
+        assert_eq!(
+            recover(r#"{"name": "Bash"}"#, &["Bash"]),
+            Some((String::new(), vec![("Bash".to_string(), json!({}))]))
+        );
+    }
+
+    #[test]
+    fn names_not_offered_are_left_in_the_text() {
+        assert_eq!(
+            recover(r#"{"name": "rm_everything", "arguments": {}}"#, &["Bash"]),
+            None
+        );
+        assert_eq!(
+            recover(
+                "<tool_call>{\"name\": \"Write\", \"arguments\": {}}</tool_call>",
+                &["Bash"]
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn objects_with_other_keys_are_data() {
+        let text = r#"The config is {"name": "Bash", "arguments": {}, "timeout": 3}."#;
+        assert_eq!(recover(text, &["Bash"]), None);
+    }
+
+    #[test]
+    fn prose_and_code_are_not_calls() {
+        assert_eq!(recover("Nothing to call here.", &["Bash"]), None);
+        assert_eq!(
+            recover(
+                "```rust\nfn main() { let v = [1, 2]; }\n```\nand {not json} or [1]",
+                &["Bash"]
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn json_inside_a_code_fence_of_another_language_is_skipped() {
+        let text = "```python\nx = {\"name\": \"Bash\", \"arguments\": {}}\n```";
+        assert_eq!(recover(text, &["Bash"]), None);
+    }
+
+    #[test]
+    fn a_call_after_other_json_is_found() {
+        let text =
+            "Data: {\"rows\": [1, 2]}\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}";
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some(("Data: {\"rows\": [1, 2]}".to_string(), vec![bash("ls")]))
+        );
+    }
+
+    #[test]
+    fn broken_json_in_a_tag_is_repaired() {
+        let text =
+            "<tool_call>{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\",}</tool_call>";
+        assert_eq!(
+            recover(text, &["Bash"]),
+            Some((String::new(), vec![bash("ls")]))
+        );
+    }
+
+    #[test]
+    fn arguments_parse_exact_json() {
+        assert_eq!(
+            parse_arguments(r#"{"command": "ls -la", "timeout": 5}"#),
+            json!({"command": "ls -la", "timeout": 5})
+        );
+        assert_eq!(parse_arguments("  "), json!({}));
+    }
+
+    #[test]
+    fn arguments_are_repaired_where_obvious() {
+        assert_eq!(
+            parse_arguments(r#"{"command": "ls -la""#),
+            json!({"command": "ls -la"})
+        );
+        assert_eq!(parse_arguments(r#"{"a": 1,}"#), json!({"a": 1}));
+        assert_eq!(parse_arguments(r#"{'a': 'b'}"#), json!({"a": "b"}));
+        assert_eq!(
+            parse_arguments(r#""{\"a\": 1}""#),
+            json!({"a": 1}),
+            "encoded twice"
+        );
+    }
+
+    #[test]
+    fn arguments_beyond_repair_are_kept_raw() {
+        for raw in ["ls -la", "[1, 2]", "}{", "42"] {
+            assert_eq!(parse_arguments(raw), json!({"_raw": raw}), "{raw}");
+        }
+    }
+
+    #[test]
+    fn deeply_nested_arguments_are_not_repaired() {
+        let raw = "{\"a\":[".repeat(5000);
+        assert_eq!(parse_arguments(&raw), json!({"_raw": raw}));
+    }
+
+    #[test]
+    fn schema_is_an_answer_or_a_call_to_an_offered_tool() {
+        assert_eq!(
+            answer_or_call_format(&tools(&["Bash", "Read"])),
+            json!({
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "answer_or_tool_call",
+                    "strict": true,
+                    "schema": {"anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {"answer": {"type": "string"}},
+                            "required": ["answer"],
+                            "additionalProperties": false
+                        },
+                        {
+                            "type": "object",
+                            "properties": {
+                                "tool": {"type": "string", "enum": ["Bash", "Read"]},
+                                "arguments": {"type": "object"}
+                            },
+                            "required": ["tool", "arguments"],
+                            "additionalProperties": false
+                        }
+                    ]}
+                }
+            })
+        );
+    }
+
+    #[test]
+    fn instructions_list_every_tool() {
+        let text = json_mode_instructions(&tools(&["Bash", "Read"]));
+        let listed = text.split_once("The tools:\n").map(|(_, list)| list);
+        assert_eq!(
+            listed,
+            Some(
+                "- Bash: the Bash tool\n  arguments schema: {\"type\":\"object\"}\n\
+                 - Read: the Read tool\n  arguments schema: {\"type\":\"object\"}\n"
+            )
+        );
+    }
+
+    fn read(text: &str) -> (String, Vec<(String, Value)>) {
+        let r = read_answer_or_call(text, &tools(&["Bash"]));
+        (r.text, named(&r.calls))
+    }
+
+    #[test]
+    fn json_mode_answer() {
+        assert_eq!(
+            read(r#"{"answer": "It is 4."}"#),
+            ("It is 4.".to_string(), vec![])
+        );
+    }
+
+    #[test]
+    fn json_mode_call() {
+        assert_eq!(
+            read(r#"{"tool": "Bash", "arguments": {"command": "ls"}}"#),
+            (String::new(), vec![bash("ls")])
+        );
+        assert_eq!(
+            read(r#"{"tool": "Bash", "arguments": {"command": "ls"}"#),
+            (String::new(), vec![bash("ls")]),
+            "repaired"
+        );
+    }
+
+    #[test]
+    fn json_mode_unknown_tool_is_text() {
+        let text = r#"{"tool": "Nope", "arguments": {}}"#;
+        assert_eq!(read(text), (text.to_string(), vec![]));
+    }
+
+    #[test]
+    fn json_mode_ignored_by_the_server() {
+        assert_eq!(read("Just text."), ("Just text.".to_string(), vec![]));
+        assert_eq!(
+            read(
+                "<tool_call>{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}</tool_call>"
+            ),
+            (String::new(), vec![bash("ls")])
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! A scripted model server on `127.0.0.1:0`: it answers each request with
+//! the next scripted reply and records every request it got.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::Response;
+use serde_json::Value;
+
+/// One scripted answer.
+pub struct Reply {
+    status: StatusCode,
+    headers: Vec<(&'static str, String)>,
+    /// Sent as separate body frames, so SSE events arrive in pieces.
+    pieces: Vec<String>,
+}
+
+impl Reply {
+    /// A 200 SSE response with one event per item of `events`, each
+    /// already in wire form (see [`data`] and [`event`]).
+    pub fn sse(events: Vec<String>) -> Reply {
+        Reply {
+            status: StatusCode::OK,
+            headers: vec![("content-type", "text/event-stream".into())],
+            pieces: events,
+        }
+    }
+
+    pub fn status(status: u16, body: &str) -> Reply {
+        Reply {
+            status: StatusCode::from_u16(status).expect("a valid status"),
+            headers: vec![("content-type", "application/json".into())],
+            pieces: vec![body.to_string()],
+        }
+    }
+
+    pub fn header(mut self, name: &'static str, value: &str) -> Reply {
+        self.headers.push((name, value.to_string()));
+        self
+    }
+}
+
+/// An SSE event carrying `payload` as its data.
+pub fn data(payload: &Value) -> String {
+    format!("data: {payload}\n\n")
+}
+
+/// A named SSE event, as the Anthropic API sends them.
+pub fn event(name: &str, payload: &Value) -> String {
+    format!("event: {name}\ndata: {payload}\n\n")
+}
+
+/// A request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+#[derive(Default)]
+struct Script {
+    replies: Mutex<VecDeque<Reply>>,
+    recorded: Mutex<Vec<Recorded>>,
+}
+
+pub struct Upstream {
+    /// `http://127.0.0.1:{port}`.
+    pub url: String,
+    script: Arc<Script>,
+}
+
+impl Upstream {
+    pub async fn start(replies: Vec<Reply>) -> Upstream {
+        let script = Arc::new(Script {
+            replies: Mutex::new(replies.into()),
+            recorded: Mutex::default(),
+        });
+        let app = Router::new().fallback(answer).with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Upstream { url, script }
+    }
+
+    /// Every request so far, in order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.script.recorded.lock().unwrap().clone()
+    }
+}
+
+async fn answer(
+    State(script): State<Arc<Script>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    script.recorded.lock().unwrap().push(Recorded {
+        path: uri.path().to_string(),
+        headers,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    });
+    let Some(reply) = script.replies.lock().unwrap().pop_front() else {
+        return Response::builder()
+            .status(StatusCode::INTERNAL_SERVER_ERROR)
+            .body(Body::from("no reply scripted"))
+            .unwrap();
+    };
+    let mut response = Response::builder().status(reply.status);
+    for (name, value) in reply.headers {
+        response = response.header(name, value);
+    }
+    let frames = reply.pieces.into_iter().map(Ok::<_, Infallible>);
+    response
+        .body(Body::from_stream(futures::stream::iter(frames)))
+        .unwrap()
+}
