@@ -19,7 +19,7 @@ use conclave::model::{
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
-use upstream::{Reply, Upstream, data, event};
+use upstream::{Reply, Upstream, chunk_usage, content, data, delta, end, event, finish};
 
 /// Retries allowed in every test; enough for one failure before success.
 const RETRIES: u32 = 2;
@@ -118,40 +118,6 @@ fn usage(input_tokens: u64, output_tokens: u64) -> Result<StreamEvent, &'static 
 
 fn done(reason: StopReason) -> Result<StreamEvent, &'static str> {
     Ok(StreamEvent::Done(reason))
-}
-
-// OpenAI-compatible chunks.
-
-fn delta(delta: Value) -> String {
-    data(&json!({
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "model": "small-model",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": null}]
-    }))
-}
-
-fn content(text: &str) -> String {
-    delta(json!({"content": text}))
-}
-
-fn finish(reason: &str) -> String {
-    data(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
-}
-
-fn chunk_usage(prompt_tokens: u64, completion_tokens: u64) -> String {
-    data(&json!({
-        "choices": [],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens
-        }
-    }))
-}
-
-fn end() -> String {
-    "data: [DONE]\n\n".into()
 }
 
 fn hello() -> Reply {

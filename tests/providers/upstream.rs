@@ -10,7 +10,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// One scripted answer.
 pub struct Reply {
@@ -121,4 +121,38 @@ async fn answer(
     response
         .body(Body::from_stream(futures::stream::iter(frames)))
         .unwrap()
+}
+
+// OpenAI-compatible chat completion chunks.
+
+pub fn delta(delta: Value) -> String {
+    data(&json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "small-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": null}]
+    }))
+}
+
+pub fn content(text: &str) -> String {
+    delta(json!({"content": text}))
+}
+
+pub fn finish(reason: &str) -> String {
+    data(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
+}
+
+pub fn chunk_usage(prompt_tokens: u64, completion_tokens: u64) -> String {
+    data(&json!({
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens
+        }
+    }))
+}
+
+pub fn end() -> String {
+    "data: [DONE]\n\n".into()
 }
