@@ -52,7 +52,7 @@ pub struct AgentConfig {
     pub max_tool_output_bytes: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DemoConfig {
     /// Pause between streamed chunks, so tests and benchmarks can hold a
@@ -131,12 +131,6 @@ impl Default for AgentConfig {
             max_turns: 20,
             max_tool_output_bytes: 64 * 1024,
         }
-    }
-}
-
-impl Default for DemoConfig {
-    fn default() -> Self {
-        DemoConfig { chunk_delay_ms: 0 }
     }
 }
 

@@ -149,7 +149,9 @@ async fn a_bad_start_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("conclave.toml");
     std::fs::write(&config, "[agent]\nmax_turns = \"lots\"\n").unwrap();
-    let cases: Vec<(Vec<String>, Vec<(&str, &str)>, &str)> = vec![
+    // (flags, environment, the field the error must name)
+    type Case<'a> = (Vec<String>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec!["--listen".into(), "0.0.0.0:0".into()],
             vec![],

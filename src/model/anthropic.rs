@@ -15,8 +15,8 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::http::{SseDecoder, Transport, endpoint, malformed, secret_header, spawn_sse};
 use super::lenient;
-use super::openai::{SseDecoder, Transport, endpoint, malformed, secret_header, spawn_sse};
 use super::{
     ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, ToolCall,
 };

@@ -6,11 +6,13 @@
 //!   OpenAI, LiteLLM) with tools, SSE and retries.
 //! - [`anthropic`]: the Anthropic Messages API with tools and streaming.
 //! - [`demo`]: a deterministic offline model that still drives real tools.
+//! - `http`: the shared transport: retries honouring `Retry-After`, SSE.
 //! - [`lenient`]: recovers tool calls that small models write into their text.
 //! - [`registry`]: model aliases → provider + upstream model name, and prices.
 
 pub mod anthropic;
 pub mod demo;
+mod http;
 pub mod lenient;
 pub mod openai;
 pub mod registry;
