@@ -210,10 +210,14 @@ impl Session {
                 }
             }
         };
-        let (caught, go_on) = catch_up(last).await;
-        last = caught;
-        if !go_on {
-            return;
+        // Nothing to replay when the log ends at `since`: any later event
+        // is stored before its broadcast, which this receiver will get.
+        if self.last_seq() > last {
+            let (caught, go_on) = catch_up(last).await;
+            last = caught;
+            if !go_on {
+                return;
+            }
         }
         loop {
             // Biased: events already broadcast are delivered before a

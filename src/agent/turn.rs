@@ -85,15 +85,17 @@ async fn run_inner(
     cancel: CancellationToken,
 ) -> Result<(), StoreError> {
     let started = Instant::now();
+    // Running first: a crash after this point is a turn to close at restart.
     session.set_state(SessionStatus::Running, None).await?;
-    session
-        .emit(EventKind::Status {
+    let user = [Message::User { content: prompt }];
+    let (started_event, stored) = tokio::join!(
+        session.emit(EventKind::Status {
             message: "Starting agent...".into(),
-        })
-        .await?;
-    deps.store
-        .append_messages(session.id, &[Message::User { content: prompt }])
-        .await?;
+        }),
+        deps.store.append_messages(session.id, &user),
+    );
+    started_event?;
+    stored?;
     let mut tally = Tally::starting(session);
     let outcome = match agent_loop(deps, session, &cancel, &mut tally).await {
         Ok(outcome) => outcome,
