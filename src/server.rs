@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
