@@ -91,6 +91,12 @@ impl Server {
             root.cancelled().await;
             sessions.shutdown().await;
         };
+        // Events are small writes that must leave at once: no Nagle delay.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(stopping)
             .await;
