@@ -66,8 +66,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let config = Config::load(config.as_deref(), &Overrides { listen, data_dir })?;
             raise_fd_limit();
-            let listener = tokio::net::TcpListener::bind(config.listen)
-                .await
+            let listener = conclave::server::bind(config.listen)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
             let root = CancellationToken::new();
             conclave::shutdown::on_signal(root.clone());

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::serve::ListenerExt;
-use tokio::net::TcpListener;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{SessionManager, ToolRouter};
@@ -30,6 +33,23 @@ pub enum StartError {
     #[error("closing turns cut off by the last stop: {0}")]
     Recover(String),
 }
+
+/// Binds with a deep accept backlog: a burst of clients must not overflow
+/// the default 128 and wait a second for a SYN retry.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
+/// How often sessions nobody uses are dropped from memory (they stay in
+/// the store and load again on their next use).
+const EVICT_EVERY: Duration = Duration::from_secs(30);
 
 pub struct Server {
     pub state: AppState,
@@ -87,6 +107,19 @@ impl Server {
         let router = api::router(self.state.clone());
         let sessions = self.state.sessions.clone();
         let root = self.root.clone();
+        let evictor = {
+            let sessions = sessions.clone();
+            let root = root.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(EVICT_EVERY);
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => sessions.evict_unused(),
+                        _ = root.cancelled() => return,
+                    };
+                }
+            })
+        };
         let stopping = async move {
             root.cancelled().await;
             sessions.shutdown().await;
@@ -100,6 +133,7 @@ impl Server {
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(stopping)
             .await;
+        evictor.abort();
         if let Err(e) = self.store.close().await {
             tracing::error!(error = %e, "closing the store failed");
         }

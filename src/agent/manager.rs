@@ -172,6 +172,18 @@ impl SessionManager {
         Ok(session)
     }
 
+    /// Forgets sessions nobody holds (no turn, stream or socket); they load
+    /// again from the store when asked for. Returns how many went.
+    pub fn evict_unused(&self) -> usize {
+        let mut live = self.live();
+        let before = live.len();
+        // The map's own reference is the only one left: nobody can be using
+        // it, and nobody can take it while the map is locked.
+        live.retain(|_, session| Arc::strong_count(session) > 1);
+        self.deps.metrics.sessions_live.set(live.len() as i64);
+        before - live.len()
+    }
+
     pub async fn list(&self, owner: Option<&str>) -> Result<Vec<SessionRecord>, AgentError> {
         let mut records = self.store.list_sessions(owner).await?;
         // Live sessions know their latest status and usage.
@@ -288,5 +300,63 @@ pub(super) fn status_after(session: &Session, result: ResultStatus) -> SessionSt
         SessionStatus::Interrupted
     } else {
         SessionStatus::Idle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::agent::NoTools;
+    use crate::config::Config;
+    use crate::store::SqliteStore;
+
+    #[tokio::test]
+    async fn unused_sessions_are_evicted_and_load_again_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+        let config = Config::default();
+        let manager = SessionManager::new(
+            store,
+            Arc::new(ModelRegistry::from_config(&config).unwrap()),
+            Arc::new(NoTools),
+            config.agent.clone(),
+            Arc::new(Metrics::new()),
+            CancellationToken::new(),
+        );
+        let session = manager
+            .create(NewSession {
+                name: Some("kept".into()),
+                kind: SessionKind::Agent,
+                owner: None,
+                options: AgentOptions::default(),
+                ephemeral: false,
+            })
+            .await
+            .unwrap();
+        let id = session.id;
+        let turn = manager
+            .start_turn(session, "hi".into(), false)
+            .await
+            .unwrap();
+        let events: Vec<_> = turn.session.subscribe(turn.since, true).collect().await;
+        assert_eq!(events.len(), 3);
+        assert_eq!(manager.evict_unused(), 0, "the turn still holds it");
+        drop(turn);
+        // The turn task lets go of its reference once it has finished.
+        while manager.evict_unused() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let again = manager.get(id, None).await.unwrap();
+        assert_eq!(
+            (
+                again.name.as_deref(),
+                again.status(),
+                again.last_seq(),
+                again.usage().turns
+            ),
+            (Some("kept"), SessionStatus::Idle, 3, 1)
+        );
     }
 }
