@@ -342,6 +342,36 @@ async fn second_message_while_running_is_409_and_interrupt_closes_the_turn() {
 }
 
 #[tokio::test]
+async fn interrupt_during_a_tool_call_stops_the_tool_and_the_turn() {
+    let server = TestServer::start().await;
+    let id = server.create_session(json!({})).await;
+    let response = server
+        .post(
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": "$ block"}),
+        )
+        .await;
+    let mut lines = Lines::new(response);
+    lines.until("tool_use").await;
+    server
+        .post(&format!("/agent/session/{id}/interrupt"), json!({}))
+        .await;
+    let rest: Vec<Value> = lines.until("result").await.iter().map(stable).collect();
+    assert_eq!(
+        rest,
+        vec![
+            json!({"type": "tool_result", "id": "toolu_demo_1_1", "tool": "Bash",
+                   "output": "stopped: the turn was cancelled", "is_error": true, "seq": 4}),
+            json!({"type": "result", "status": "interrupted", "result": "I'll run that with 1 tool call(s).",
+                   "cost_usd": 0.0, "cost_known": true, "turns": 1,
+                   "usage": {"input_tokens": 2, "output_tokens": 8, "cost_usd": 0.0, "turns": 1, "tool_calls": 1},
+                   "seq": 5}),
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn queued_message_waits_for_the_running_turn() {
     let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 5).await;
     let id = server.create_session(json!({"text_deltas": true})).await;

@@ -198,6 +198,12 @@ async fn agent_loop(
     let mut history = deps.store.messages(session.id).await?;
     let mut last_text = None;
     loop {
+        if cancel.is_cancelled() {
+            return Ok(Outcome {
+                status: ResultStatus::Interrupted,
+                text: last_text,
+            });
+        }
         if tally.usage.turns >= u64::from(max_calls) {
             return Ok(Outcome {
                 status: ResultStatus::MaxTurns,
@@ -298,20 +304,22 @@ async fn call_model(
     };
     let (mut input_tokens, mut output_tokens) = (0, 0);
     let stream = tokio::select! {
-        stream = model.provider.stream(request) => stream.map_err(LoopError::Model)?,
+        biased;
         _ = cancel.cancelled() => {
             reply.interrupted = true;
             return Ok(reply);
         }
+        stream = model.provider.stream(request) => stream.map_err(LoopError::Model)?,
     };
     tokio::pin!(stream);
     loop {
         let item = tokio::select! {
-            item = stream.next() => item,
+            biased;
             _ = cancel.cancelled() => {
                 reply.interrupted = true;
                 break;
             }
+            item = stream.next() => item,
         };
         match item {
             None => break,

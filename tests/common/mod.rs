@@ -23,7 +23,8 @@ pub struct TestServer {
     _dir: Option<tempfile::TempDir>,
 }
 
-/// A test tool router: `Bash` answers `ran: {command}`.
+/// A test tool router: `Bash` answers `ran: {command}`, except `block`,
+/// which runs until the turn is cancelled.
 pub struct EchoTools;
 
 #[async_trait]
@@ -41,9 +42,13 @@ impl ToolRouter for EchoTools {
         _ctx: &ToolContext,
         name: &str,
         input: Value,
-        _cancel: CancellationToken,
+        cancel: CancellationToken,
     ) -> ToolOutput {
         match (name, input.get("command").and_then(Value::as_str)) {
+            ("Bash", Some("block")) => {
+                cancel.cancelled().await;
+                ToolOutput::error("stopped: the turn was cancelled")
+            }
             ("Bash", Some(command)) => ToolOutput {
                 output: Value::String(format!("ran: {command}")),
                 is_error: false,
