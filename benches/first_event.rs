@@ -1,39 +1,58 @@
-//! Time to first event of `POST /agent/run` with the `demo` model, 200 runs
-//! at once.
+//! Time to first event of `POST /agent/run` with the `demo` model under 200
+//! concurrent runs.
 //!
 //! The release server runs as a child process (`conclave serve` on
-//! `127.0.0.1:0`, store in a fresh directory under the target dir). Each
-//! round starts 200 runs together, one per client, each client holding its
-//! own keep-alive connection; a run's time to first event is from the call
-//! that sends its request to the first complete NDJSON line, and every
-//! stream is read to its `result`.
+//! `127.0.0.1:0`, store in a fresh directory under the target dir). A run's
+//! time to first event is from the call that sends its request to the first
+//! complete NDJSON line; every stream is read to its `result`, and a run that
+//! ends any other way than `success` fails the bench.
 //!
-//! Two measurements, after warm-up rounds:
-//! - connection setup excluded: every client's connection was opened by the
-//!   warm-up and is reused, so the figure is the server's answer alone;
-//! - connection setup included: every run gets a new client, so the figure
-//!   also holds a TCP connect and an HTTP/1 handshake.
+//! Headline, under load: a server with a 50 ms pause between the demo model's
+//! chunks carries 200 background runs at all times (200 clients, each running
+//! back-to-back turns that stream a `text_delta` per word of a 50-word prompt,
+//! a few seconds each). While they stream, a probe on its own thread starts
+//! new short runs at a fixed rate, each on an idle warm connection from a
+//! small pool, and times their first event.
 //!
-//! Targets (p50 ≤ 2 ms, p99 ≤ 10 ms) are reported against, not asserted:
-//! the bench fails only when a run fails.
+//! Secondary, on a second server without the pause: 200 runs released at the
+//! same instant on warm connections (a burst), and runs one at a time.
+//!
+//! Targets (p50 ≤ 2 ms, p99 ≤ 10 ms) are reported against, not asserted.
 
 use std::net::SocketAddr;
 use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::Barrier;
+use tokio::sync::{Barrier, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 
-const CONCURRENCY: usize = 200;
-const WARMUP_ROUNDS: usize = 3;
-const ROUNDS: usize = 10;
-const BODY: &str = r#"{"prompt": "hello"}"#;
+const LOAD_RUNS: usize = 200;
+const CHUNK_DELAY: Duration = Duration::from_millis(50);
+/// One `text_delta` per word, so a background run streams for about
+/// `LOAD_WORDS` × `CHUNK_DELAY`.
+const LOAD_WORDS: usize = 50;
+const PROBE_RATE_PER_S: u32 = 50;
+const PROBE_RUNS: usize = 1000;
+/// Enough that a probe never waits for a connection: each probe run lasts
+/// three chunk pauses, so about eight are in flight at 50 runs/s.
+const PROBE_CONNECTIONS: usize = 16;
+const BURST: usize = 200;
+const BURST_WARMUP_ROUNDS: usize = 3;
+const BURST_ROUNDS: usize = 10;
+const ALONE_RUNS: usize = 500;
+const SHORT_BODY: &str = r#"{"prompt": "hello"}"#;
 const TARGET_P50: Duration = Duration::from_millis(2);
 const TARGET_P99: Duration = Duration::from_millis(10);
+/// Linux reports `/proc` CPU times in USER_HZ, 100 on x86 and arm.
+const USER_HZ: u64 = 100;
 
 /// The release server as a child process, killed when dropped.
 struct ServerProcess {
@@ -43,7 +62,7 @@ struct ServerProcess {
 }
 
 impl ServerProcess {
-    async fn start() -> Result<ServerProcess, String> {
+    async fn start(chunk_delay: Duration) -> Result<ServerProcess, String> {
         let data_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .map_err(|e| format!("cannot make a data directory: {e}"))?;
         let log = std::fs::File::create(data_dir.path().join("server.log"))
@@ -51,6 +70,10 @@ impl ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir.path())
+            .env(
+                "CONCLAVE_DEMO__CHUNK_DELAY_MS",
+                chunk_delay.as_millis().to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -77,6 +100,15 @@ impl ServerProcess {
         })
     }
 
+    fn pid(&self) -> Result<String, String> {
+        let pid = self.child.id().ok_or("the server has exited")?;
+        Ok(pid.to_string())
+    }
+
+    fn url(&self) -> Arc<str> {
+        format!("http://{}/agent/run", self.addr).into()
+    }
+
     fn log_tail(&self) -> String {
         let log =
             std::fs::read_to_string(self.data_dir.path().join("server.log")).unwrap_or_default();
@@ -85,18 +117,44 @@ impl ServerProcess {
     }
 }
 
-/// CPU time used so far by every thread of a process, from the scheduler's
-/// per-thread accounting (nanoseconds, no clock-tick rounding).
-fn cpu_time(pid: &str) -> Duration {
-    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten();
-    let nanos = threads
-        .flatten()
-        .filter_map(|thread| std::fs::read_to_string(thread.path().join("schedstat")).ok())
-        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+/// User plus system CPU time of a process (`self` or a pid), threads that
+/// have exited included, from `/proc/PID/stat`.
+fn cpu_time(pid: &str) -> Result<Duration, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("reading /proc/{pid}/stat: {e}"))?;
+    // Fields after the parenthesised command name, from field 3 (`state`):
+    // utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = fields
+        .get(11..13)
+        .ok_or_else(|| format!("/proc/{pid}/stat is too short"))?
+        .iter()
+        .map(|field| field.parse::<u64>().unwrap_or(0))
         .sum();
-    Duration::from_nanos(nanos)
+    Ok(Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
+/// Busy and total CPU ticks of the whole machine, every core, from
+/// `/proc/stat`: other work on the machine shows here.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|field| field.parse().unwrap_or(0))
+        .collect();
+    let idle = ticks
+        .get(3..5)
+        .map_or(0, |idle_iowait| idle_iowait.iter().sum());
+    let total = ticks.iter().sum::<u64>();
+    (total - idle, total)
 }
 
 /// One run as its client saw it, all times from the call that sent it.
@@ -106,13 +164,19 @@ struct Sample {
     result: Duration,
 }
 
-/// Sends one run and reads its stream to the `result` event.
-async fn run_once(client: &reqwest::Client, url: &str) -> Result<Sample, String> {
+/// Sends one run and reads its stream to the `result` event, counting every
+/// event into `events` as it arrives.
+async fn run_once(
+    client: &reqwest::Client,
+    url: &str,
+    body: &str,
+    events: &AtomicU64,
+) -> Result<Sample, String> {
     let sent = Instant::now();
     let response = client
         .post(url)
         .header("content-type", "application/json")
-        .body(BODY)
+        .body(body.to_string())
         .send()
         .await
         .map_err(|e| format!("request failed: {e}"))?;
@@ -128,6 +192,7 @@ async fn run_once(client: &reqwest::Client, url: &str) -> Result<Sample, String>
         while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buffer.drain(..=end).collect();
             let first_event = *first_event.get_or_insert_with(|| sent.elapsed());
+            events.fetch_add(1, Ordering::Relaxed);
             let event: Value = serde_json::from_slice(&line)
                 .map_err(|e| format!("a line that is not JSON ({e}): {line:?}"))?;
             if event["type"] == "result" {
@@ -145,6 +210,7 @@ async fn run_once(client: &reqwest::Client, url: &str) -> Result<Sample, String>
     Err("the stream ended before a result event".into())
 }
 
+/// A client that keeps one connection: give each run in flight its own.
 fn client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .no_proxy()
@@ -153,21 +219,242 @@ fn client() -> Result<reqwest::Client, String> {
         .map_err(|e| format!("cannot build a client: {e}"))
 }
 
+/// What the background clients have done so far.
+#[derive(Default)]
+struct Load {
+    /// Background runs sent and not yet at their `result`.
+    in_flight: AtomicUsize,
+    events: AtomicU64,
+    runs: AtomicU64,
+}
+
+/// One background client: back-to-back streaming runs until `stop`, the
+/// last one read to its `result` like every other.
+async fn keep_running(
+    url: Arc<str>,
+    body: Arc<str>,
+    load: Arc<Load>,
+    stop: CancellationToken,
+) -> Result<(), String> {
+    let client = client()?;
+    while !stop.is_cancelled() {
+        load.in_flight.fetch_add(1, Ordering::Relaxed);
+        let outcome = run_once(&client, &url, &body, &load.events).await;
+        load.in_flight.fetch_sub(1, Ordering::Relaxed);
+        outcome?;
+        load.runs.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Counters read at one edge of the measurement window.
+struct Snapshot {
+    at: Instant,
+    server_cpu: Duration,
+    client_cpu: Duration,
+    machine_busy: u64,
+    machine_total: u64,
+    events: u64,
+    runs: u64,
+}
+
+impl Snapshot {
+    fn take(server: &str, load: &Load) -> Result<Snapshot, String> {
+        let (machine_busy, machine_total) = machine_ticks();
+        Ok(Snapshot {
+            at: Instant::now(),
+            server_cpu: cpu_time(server)?,
+            client_cpu: cpu_time("self")?,
+            machine_busy,
+            machine_total,
+            events: load.events.load(Ordering::Relaxed),
+            runs: load.runs.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// What the probe measured, and the load around it.
+struct Window {
+    samples: Vec<Sample>,
+    start: Snapshot,
+    end: Snapshot,
+    in_flight_min: usize,
+    in_flight_avg: f64,
+    waited_for_connection: usize,
+}
+
+/// Starts `PROBE_RUNS` short runs at `PROBE_RATE_PER_S`, each on an idle
+/// warm connection, while sampling how many background runs are in flight.
+async fn probe(url: Arc<str>, server: String, load: Arc<Load>) -> Result<Window, String> {
+    let (give_back, mut idle) = mpsc::channel(PROBE_CONNECTIONS);
+    let probe_events = Arc::new(AtomicU64::new(0));
+    for _ in 0..PROBE_CONNECTIONS {
+        let client = client()?;
+        run_once(&client, &url, SHORT_BODY, &probe_events).await?;
+        give_back
+            .send(client)
+            .await
+            .map_err(|_| "the idle pool closed")?;
+    }
+    let stop_sampling = CancellationToken::new();
+    let sampler = tokio::spawn({
+        let (load, stop) = (load.clone(), stop_sampling.clone());
+        async move {
+            let mut every = tokio::time::interval(Duration::from_millis(5));
+            let (mut min, mut sum, mut count) = (usize::MAX, 0, 0);
+            while stop.run_until_cancelled(every.tick()).await.is_some() {
+                let in_flight = load.in_flight.load(Ordering::Relaxed);
+                (min, sum, count) = (min.min(in_flight), sum + in_flight, count + 1);
+            }
+            (min, sum as f64 / count.max(1) as f64)
+        }
+    });
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / PROBE_RATE_PER_S);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut runs = JoinSet::new();
+    let mut waited_for_connection = 0;
+    let start = Snapshot::take(&server, &load)?;
+    for _ in 0..PROBE_RUNS {
+        ticks.tick().await;
+        let client = match idle.try_recv() {
+            Ok(client) => client,
+            Err(_) => {
+                waited_for_connection += 1;
+                idle.recv().await.ok_or("the idle pool closed")?
+            }
+        };
+        let (url, events, give_back) = (url.clone(), probe_events.clone(), give_back.clone());
+        runs.spawn(async move {
+            let sample = run_once(&client, &url, SHORT_BODY, &events).await;
+            let _ = give_back.send(client).await;
+            sample
+        });
+    }
+    let mut samples = Vec::with_capacity(PROBE_RUNS);
+    while let Some(run) = runs.join_next().await {
+        samples.push(run.map_err(|e| format!("a probe run panicked: {e}"))??);
+    }
+    let end = Snapshot::take(&server, &load)?;
+    stop_sampling.cancel();
+    let (in_flight_min, in_flight_avg) = sampler
+        .await
+        .map_err(|e| format!("the sampler panicked: {e}"))?;
+    Ok(Window {
+        samples,
+        start,
+        end,
+        in_flight_min,
+        in_flight_avg,
+        waited_for_connection,
+    })
+}
+
+/// The headline: first events of probe runs while 200 background runs
+/// stream. The probe has a runtime and thread of its own, so its timings
+/// do not queue behind the background clients' tasks.
+async fn measure_under_load(server: &ServerProcess) -> Result<(), String> {
+    let url = server.url();
+    let words = vec!["word"; LOAD_WORDS].join(" ");
+    let body: Arc<str> = json!({"prompt": words, "text_deltas": true})
+        .to_string()
+        .into();
+    let load = Arc::new(Load::default());
+    let stop = CancellationToken::new();
+    // Spread the starts over one run's length so the clients' chunks do not
+    // all fall on the same ticks.
+    let run_length = CHUNK_DELAY * (LOAD_WORDS as u32 + 2);
+    let mut background = JoinSet::new();
+    for _ in 0..LOAD_RUNS {
+        background.spawn(keep_running(
+            url.clone(),
+            body.clone(),
+            load.clone(),
+            stop.clone(),
+        ));
+        tokio::time::sleep(run_length / LOAD_RUNS as u32).await;
+    }
+    tokio::time::sleep(run_length).await;
+    let (done, window) = oneshot::channel();
+    std::thread::spawn({
+        let (url, pid, load) = (url.clone(), server.pid()?, load.clone());
+        move || {
+            let window = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot build the probe's runtime: {e}"))
+                .and_then(|runtime| runtime.block_on(probe(url, pid, load)));
+            let _ = done.send(window);
+        }
+    });
+    let window = window.await.map_err(|_| "the probe thread panicked");
+    stop.cancel();
+    while let Some(client) = background.join_next().await {
+        client.map_err(|e| format!("a background client panicked: {e}"))??;
+    }
+    let window = window??;
+    let (start, end) = (&window.start, &window.end);
+    let seconds = (end.at - start.at).as_secs_f64();
+    let share = |cpu: Duration| 100.0 * cpu.as_secs_f64() / seconds;
+    println!(
+        "HEADLINE, under {LOAD_RUNS} concurrent runs: {} probe runs ({{\"prompt\": \"hello\"}}) \
+         at {PROBE_RATE_PER_S}/s on {PROBE_CONNECTIONS} warm connections, over {seconds:.1} s",
+        window.samples.len(),
+    );
+    let (p50, p99) = summary(
+        "first event",
+        window.samples.iter().map(|s| s.first_event).collect(),
+    );
+    summary(
+        "headers",
+        window.samples.iter().map(|s| s.headers).collect(),
+    );
+    summary("result", window.samples.iter().map(|s| s.result).collect());
+    println!(
+        "  load           {LOAD_RUNS} background clients, back-to-back runs of {} text_delta \
+         events {} ms apart; in flight min {} avg {:.1}",
+        LOAD_WORDS + 2,
+        CHUNK_DELAY.as_millis(),
+        window.in_flight_min,
+        window.in_flight_avg,
+    );
+    println!(
+        "  background     {:.0} events/s streamed, {:.0} runs/s completed",
+        (end.events - start.events) as f64 / seconds,
+        (end.runs - start.runs) as f64 / seconds,
+    );
+    println!(
+        "  CPU            server {:.0} %, bench client {:.0} % (100 % = one core); \
+         machine {:.0} % busy of all cores",
+        share(end.server_cpu - start.server_cpu),
+        share(end.client_cpu - start.client_cpu),
+        100.0 * (end.machine_busy - start.machine_busy) as f64
+            / (end.machine_total - start.machine_total).max(1) as f64,
+    );
+    println!(
+        "  probe          {} of {} waited for an idle connection",
+        window.waited_for_connection,
+        window.samples.len()
+    );
+    print_targets(p50, p99);
+    Ok(())
+}
+
 /// Starts one run per client at the same moment. Returns the samples and
 /// the round's wall time (release to the last `result`).
-async fn round(
-    clients: Vec<reqwest::Client>,
+async fn burst(
+    clients: &[reqwest::Client],
     url: &Arc<str>,
 ) -> Result<(Vec<Sample>, Duration), String> {
     let start = Arc::new(Barrier::new(clients.len() + 1));
+    let events = Arc::new(AtomicU64::new(0));
     let runs: Vec<_> = clients
-        .into_iter()
+        .iter()
         .map(|client| {
-            let start = start.clone();
-            let url = url.clone();
+            let (client, url, start, events) =
+                (client.clone(), url.clone(), start.clone(), events.clone());
             tokio::spawn(async move {
                 start.wait().await;
-                run_once(&client, &url).await
+                run_once(&client, &url, SHORT_BODY, &events).await
             })
         })
         .collect();
@@ -203,37 +490,8 @@ fn summary(label: &str, mut times: Vec<Duration>) -> (Duration, Duration) {
     (p50, p99)
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met { "met" } else { "MISSED" }
-}
-
-/// Prints the figures of one measurement: latencies, throughput, the CPU
-/// time each run cost the server and this client, and the targets.
-fn report(
-    title: &str,
-    samples: &[Sample],
-    wall: Duration,
-    server_cpu: Duration,
-    client_cpu: Duration,
-) {
-    println!("{title}");
-    summary("headers", samples.iter().map(|s| s.headers).collect());
-    let (p50, p99) = summary(
-        "first event",
-        samples.iter().map(|s| s.first_event).collect(),
-    );
-    summary("result", samples.iter().map(|s| s.result).collect());
-    let runs = samples.len() as f64;
-    println!(
-        "  throughput     {:.0} runs/s over {:.2} s of wall time",
-        runs / wall.as_secs_f64(),
-        wall.as_secs_f64()
-    );
-    println!(
-        "  CPU per run    server {:.0} µs, client {:.0} µs",
-        server_cpu.as_secs_f64() * 1e6 / runs,
-        client_cpu.as_secs_f64() * 1e6 / runs
-    );
+fn print_targets(p50: Duration, p99: Duration) {
+    let verdict = |met: bool| if met { "met" } else { "MISSED" };
     println!(
         "  targets        p50 ≤ {} {}, p99 ≤ {} {}",
         ms(TARGET_P50),
@@ -243,108 +501,109 @@ fn report(
     );
 }
 
-/// Runs `rounds` rounds of simultaneous runs, one per client from
-/// `clients`, and reports them.
-async fn measure(
-    title: &str,
-    server: &str,
-    url: &Arc<str>,
-    rounds: usize,
-    mut clients: impl FnMut() -> Result<Vec<reqwest::Client>, String>,
-) -> Result<(), String> {
-    let mut samples = Vec::with_capacity(rounds * CONCURRENCY);
+/// Prints a secondary measurement: latencies, throughput and the CPU time
+/// each run cost the server and this client.
+fn report(title: &str, samples: &[Sample], wall: Duration, cpu: (Duration, Duration)) {
+    println!("{title}");
+    summary(
+        "first event",
+        samples.iter().map(|s| s.first_event).collect(),
+    );
+    summary("headers", samples.iter().map(|s| s.headers).collect());
+    summary("result", samples.iter().map(|s| s.result).collect());
+    let runs = samples.len() as f64;
+    println!(
+        "  throughput     {:.0} runs/s over {:.2} s of wall time",
+        runs / wall.as_secs_f64(),
+        wall.as_secs_f64()
+    );
+    println!(
+        "  CPU per run    server {:.0} µs, client {:.0} µs",
+        cpu.0.as_secs_f64() * 1e6 / runs,
+        cpu.1.as_secs_f64() * 1e6 / runs
+    );
+}
+
+/// The secondary figures, on a server without chunk pauses: a burst of
+/// `BURST` runs released together, then runs one at a time.
+async fn measure_burst_and_alone(server: &ServerProcess) -> Result<(), String> {
+    let (url, pid) = (server.url(), server.pid()?);
+    let cpu =
+        || -> Result<(Duration, Duration), String> { Ok((cpu_time(&pid)?, cpu_time("self")?)) };
+    let clients: Vec<reqwest::Client> = (0..BURST).map(|_| client()).collect::<Result<_, _>>()?;
+    for _ in 0..BURST_WARMUP_ROUNDS {
+        burst(&clients, &url).await?;
+    }
+    let mut samples = Vec::with_capacity(BURST_ROUNDS * BURST);
     let mut wall = Duration::ZERO;
-    let (mut server_cpu, mut client_cpu) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..rounds {
-        let clients = clients()?;
-        let (server_before, client_before) = (cpu_time(server), cpu_time("self"));
-        let (round_samples, round_wall) = round(clients, url).await?;
-        server_cpu += cpu_time(server) - server_before;
-        client_cpu += cpu_time("self") - client_before;
-        samples.extend(round_samples);
+    let before = cpu()?;
+    for _ in 0..BURST_ROUNDS {
+        let (round, round_wall) = burst(&clients, &url).await?;
+        samples.extend(round);
         wall += round_wall;
         // Let the last round's writes and tasks finish before the next.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let title = format!(
-        "{title}: {} runs in {rounds} rounds of {CONCURRENCY}",
-        samples.len()
+    let after = cpu()?;
+    report(
+        &format!(
+            "secondary, burst: {BURST} runs released at the same instant on warm connections, \
+             {BURST_ROUNDS} rounds (no background load, no chunk pause)"
+        ),
+        &samples,
+        wall,
+        (after.0 - before.0, after.1 - before.1),
     );
-    report(&title, &samples, wall, server_cpu, client_cpu);
-    Ok(())
-}
-
-/// Runs one at a time on one warm connection: the latency with no queue.
-async fn measure_alone(server: &str, url: &str, runs: usize) -> Result<(), String> {
-    let client = client()?;
-    run_once(&client, url).await?;
-    let mut samples = Vec::with_capacity(runs);
-    let (server_before, client_before) = (cpu_time(server), cpu_time("self"));
-    let started = Instant::now();
-    for _ in 0..runs {
-        samples.push(run_once(&client, url).await?);
-    }
-    let wall = started.elapsed();
-    let server_cpu = cpu_time(server) - server_before;
-    let client_cpu = cpu_time("self") - client_before;
-    let title = format!("reference, one run at a time (warm connection): {runs} runs");
-    report(&title, &samples, wall, server_cpu, client_cpu);
-    Ok(())
-}
-
-async fn bench(server: &ServerProcess) -> Result<(), String> {
-    let url: Arc<str> = format!("http://{}/agent/run", server.addr).into();
-    let pid = server
-        .child
-        .id()
-        .ok_or("the server has exited")?
-        .to_string();
     println!(
-        "first_event: server pid {pid} on {}, {CONCURRENCY} concurrent runs per round",
-        server.addr
+        "  (every run's work arrives at once: the last of {BURST} waits for the CPU time of \
+         those ahead of it on 2 shared cores, so this measures throughput, not idle latency)"
     );
-    let warm: Vec<reqwest::Client> = (0..CONCURRENCY)
-        .map(|_| client())
-        .collect::<Result<_, _>>()?;
-    for _ in 0..WARMUP_ROUNDS {
-        round(warm.clone(), &url).await?;
+    let events = AtomicU64::new(0);
+    let alone = &clients[0];
+    let mut samples = Vec::with_capacity(ALONE_RUNS);
+    let (before, started) = (cpu()?, Instant::now());
+    for _ in 0..ALONE_RUNS {
+        samples.push(run_once(alone, &url, SHORT_BODY, &events).await?);
     }
-    // Clones share their pool: each client keeps the connection it warmed.
-    measure(
-        "connection setup excluded (warm keep-alive connections)",
-        &pid,
-        &url,
-        ROUNDS,
-        || Ok(warm.clone()),
-    )
-    .await?;
-    measure(
-        "connection setup included (a new connection per run)",
-        &pid,
-        &url,
-        ROUNDS,
-        || (0..CONCURRENCY).map(|_| client()).collect(),
-    )
-    .await?;
-    measure_alone(&pid, &url, CONCURRENCY).await
+    let after = cpu()?;
+    report(
+        &format!("secondary, reference: {ALONE_RUNS} runs one at a time on one warm connection"),
+        &samples,
+        started.elapsed(),
+        (after.0 - before.0, after.1 - before.1),
+    );
+    Ok(())
+}
+
+/// Runs `measure` against a fresh server, adding the server's last log
+/// lines to an error.
+async fn on_server(
+    chunk_delay: Duration,
+    measure: impl AsyncFnOnce(&ServerProcess) -> Result<(), String>,
+) -> Result<(), String> {
+    let server = ServerProcess::start(chunk_delay).await?;
+    measure(&server)
+        .await
+        .map_err(|e| format!("{e}\nlast lines of the server log:\n{}", server.log_tail()))
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let server = match ServerProcess::start().await {
-        Ok(server) => server,
-        Err(e) => {
-            eprintln!("first_event: {e}");
-            return ExitCode::FAILURE;
-        }
+    println!(
+        "first_event: {} cores, load average {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim(),
+    );
+    let outcome = match on_server(CHUNK_DELAY, measure_under_load).await {
+        Ok(()) => on_server(Duration::ZERO, measure_burst_and_alone).await,
+        Err(e) => Err(e),
     };
-    match bench(&server).await {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!(
-                "first_event: {e}\nlast lines of the server log:\n{}",
-                server.log_tail()
-            );
+            eprintln!("first_event: {e}");
             ExitCode::FAILURE
         }
     }
