@@ -85,15 +85,18 @@ async fn run_inner(
     cancel: CancellationToken,
 ) -> Result<(), StoreError> {
     let started = Instant::now();
-    // Running first: a crash after this point is a turn to close at restart.
-    session.set_state(SessionStatus::Running, None).await?;
+    // One store batch: the store runs jobs in the order they were sent, so
+    // `running` is never committed after the turn's first event, and a crash
+    // after that event always leaves a turn to close at restart.
     let user = [Message::User { content: prompt }];
-    let (started_event, stored) = tokio::join!(
+    let (running, started_event, stored) = tokio::join!(
+        session.set_state(SessionStatus::Running, None),
         session.emit(EventKind::Status {
             message: "Starting agent...".into(),
         }),
         deps.store.append_messages(session.id, &user),
     );
+    running?;
     started_event?;
     stored?;
     let mut tally = Tally::starting(session);

@@ -108,6 +108,10 @@ pub enum StoreError {
     Closed,
 }
 
+/// Every backend applies calls in the order they were issued (a call's
+/// future issues it on its first poll): a call is never committed before
+/// one issued earlier. The turn loop relies on it to store a session's
+/// `running` status and its first event in one round trip.
 #[async_trait]
 pub trait Store: Send + Sync {
     async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError>;
