@@ -19,20 +19,22 @@
 //!
 //! Targets (p50 ≤ 2 ms, p99 ≤ 10 ms) are reported against, not asserted.
 
-use std::net::SocketAddr;
-use std::process::{ExitCode, Stdio};
+#[path = "common/server.rs"]
+mod server;
+
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::sync::{Barrier, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
+
+use server::ServerProcess;
 
 const LOAD_RUNS: usize = 200;
 const CHUNK_DELAY: Duration = Duration::from_millis(50);
@@ -53,69 +55,6 @@ const TARGET_P50: Duration = Duration::from_millis(2);
 const TARGET_P99: Duration = Duration::from_millis(10);
 /// Linux reports `/proc` CPU times in USER_HZ, 100 on x86 and arm.
 const USER_HZ: u64 = 100;
-
-/// The release server as a child process, killed when dropped.
-struct ServerProcess {
-    child: Child,
-    addr: SocketAddr,
-    data_dir: tempfile::TempDir,
-}
-
-impl ServerProcess {
-    async fn start(chunk_delay: Duration) -> Result<ServerProcess, String> {
-        let data_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .map_err(|e| format!("cannot make a data directory: {e}"))?;
-        let log = std::fs::File::create(data_dir.path().join("server.log"))
-            .map_err(|e| format!("cannot create the server log: {e}"))?;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir.path())
-            .env(
-                "CONCLAVE_DEMO__CHUNK_DELAY_MS",
-                chunk_delay.as_millis().to_string(),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_conclave")))?;
-        let stdout = child.stdout.take().ok_or("the server has no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .map_err(|_| "the server did not say where it listens within 30 s".to_string())?
-            .map_err(|e| format!("reading the server's stdout: {e}"))?
-            .ok_or("the server exited before listening")?;
-        let addr = first
-            .strip_prefix("conclave listening on http://")
-            .and_then(|addr| addr.trim().parse().ok())
-            .ok_or_else(|| format!("unexpected first line from the server: {first:?}"))?;
-        // Keep draining stdout so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(ServerProcess {
-            child,
-            addr,
-            data_dir,
-        })
-    }
-
-    fn pid(&self) -> Result<String, String> {
-        let pid = self.child.id().ok_or("the server has exited")?;
-        Ok(pid.to_string())
-    }
-
-    fn url(&self) -> Arc<str> {
-        format!("http://{}/agent/run", self.addr).into()
-    }
-
-    fn log_tail(&self) -> String {
-        let log =
-            std::fs::read_to_string(self.data_dir.path().join("server.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-}
 
 /// User plus system CPU time of a process (`self` or a pid), threads that
 /// have exited included, from `/proc/PID/stat`.
@@ -581,7 +520,11 @@ async fn on_server(
     chunk_delay: Duration,
     measure: impl AsyncFnOnce(&ServerProcess) -> Result<(), String>,
 ) -> Result<(), String> {
-    let server = ServerProcess::start(chunk_delay).await?;
+    let server = ServerProcess::start(&[(
+        "CONCLAVE_DEMO__CHUNK_DELAY_MS",
+        chunk_delay.as_millis().to_string(),
+    )])
+    .await?;
     measure(&server)
         .await
         .map_err(|e| format!("{e}\nlast lines of the server log:\n{}", server.log_tail()))

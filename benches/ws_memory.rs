@@ -10,17 +10,19 @@
 //! The target (≤ 300 MB resident with every socket open) is reported
 //! against, not asserted: the bench fails only when a step fails.
 
-use std::net::SocketAddr;
-use std::process::{ExitCode, Stdio};
+#[path = "common/server.rs"]
+mod server;
+
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use server::ServerProcess;
 
 const SESSIONS: usize = 10_000;
 /// Requests and handshakes in flight at once; connects stay below the
@@ -36,61 +38,11 @@ const TARGET_BYTES: u64 = 300_000_000;
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// The release server as a child process, killed when dropped.
-struct ServerProcess {
-    _child: Child,
-    pid: u32,
-    addr: SocketAddr,
-    data_dir: tempfile::TempDir,
-}
-
 impl ServerProcess {
-    async fn start() -> Result<ServerProcess, String> {
-        let data_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .map_err(|e| format!("cannot make a data directory: {e}"))?;
-        let log = std::fs::File::create(data_dir.path().join("server.log"))
-            .map_err(|e| format!("cannot create the server log: {e}"))?;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_conclave")))?;
-        let pid = child.id().ok_or("the server exited at once")?;
-        let stdout = child.stdout.take().ok_or("the server has no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .map_err(|_| "the server did not say where it listens within 30 s".to_string())?
-            .map_err(|e| format!("reading the server's stdout: {e}"))?
-            .ok_or("the server exited before listening")?;
-        let addr = first
-            .strip_prefix("conclave listening on http://")
-            .and_then(|addr| addr.trim().parse().ok())
-            .ok_or_else(|| format!("unexpected first line from the server: {first:?}"))?;
-        // Keep draining stdout so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(ServerProcess {
-            _child: child,
-            pid,
-            addr,
-            data_dir,
-        })
-    }
-
-    fn log_tail(&self) -> String {
-        let log =
-            std::fs::read_to_string(self.data_dir.path().join("server.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-
     /// `VmRSS` and `VmHWM` in bytes.
     fn memory(&self) -> Result<(u64, u64), String> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+        let pid = self.pid()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .map_err(|e| format!("cannot read the server's /proc status: {e}"))?;
         let field = |name: &str| {
             status
@@ -99,7 +51,7 @@ impl ServerProcess {
                 .and_then(|rest| rest.trim().strip_suffix("kB"))
                 .and_then(|kib| kib.trim().parse::<u64>().ok())
                 .map(|kib| kib * 1024)
-                .ok_or_else(|| format!("no {name} in /proc/{}/status", self.pid))
+                .ok_or_else(|| format!("no {name} in /proc/{pid}/status"))
         };
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
@@ -210,7 +162,8 @@ async fn bench(server: &ServerProcess) -> Result<(), String> {
         .map_err(|e| format!("cannot build a client: {e}"))?;
     println!(
         "ws_memory: server pid {} on {}, {SESSIONS} sessions",
-        server.pid, server.addr
+        server.pid()?,
+        server.addr
     );
     http.get(format!("{base}/health"))
         .send()
@@ -310,7 +263,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let server = match ServerProcess::start().await {
+    let server = match ServerProcess::start(&[]).await {
         Ok(server) => server,
         Err(e) => {
             eprintln!("ws_memory: {e}");

@@ -49,30 +49,14 @@ async fn a_malformed_stream_is_an_error_event_and_a_closed_turn() {
     let server = server_for(&upstream).await;
     let id = server.create_session(json!({"model": "scripted"})).await;
 
-    let broken = ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "hi"}),
-            )
-            .await,
-    )
-    .await;
+    let broken = server.turn(&id, "hi").await;
     assert_eq!(types(&broken), vec!["status", "error", "result"]);
     assert_eq!(broken[1]["code"], "model_protocol_error");
     assert_eq!(broken[2]["status"], "error");
 
     let health = server.get("/health").await;
     assert_eq!(health.status(), 200);
-    let next = ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "again"}),
-            )
-            .await,
-    )
-    .await;
+    let next = server.turn(&id, "again").await;
     assert_eq!(next.last().unwrap()["status"], "success");
     assert_eq!(next.last().unwrap()["result"], "fine");
     server.stop().await;

@@ -212,24 +212,8 @@ async fn session_lifecycle_message_status_events_delete() {
         json!({"session_id": id, "session_name": "bugfix-auth-123", "status": "created"})
     );
 
-    let first = ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "one"}),
-            )
-            .await,
-    )
-    .await;
-    let second = ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "two"}),
-            )
-            .await,
-    )
-    .await;
+    let first = server.turn(&id, "one").await;
+    let second = server.turn(&id, "two").await;
     assert_eq!(types(&first), vec!["status", "thinking", "result"]);
     assert_eq!(second[0]["seq"], 4, "seq continues across turns");
 
@@ -285,20 +269,12 @@ async fn second_message_while_running_is_409_and_interrupt_closes_the_turn() {
     let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 20).await;
     let id = server.create_session(json!({"text_deltas": true})).await;
     let running = server
-        .post(
-            &format!("/agent/session/{id}/message"),
-            json!({"prompt": long_prompt(500)}),
-        )
+        .message(&id, json!({"prompt": long_prompt(500)}))
         .await;
     let mut lines = Lines::new(running);
     lines.until("text_delta").await;
 
-    let busy = server
-        .post(
-            &format!("/agent/session/{id}/message"),
-            json!({"prompt": "again"}),
-        )
-        .await;
+    let busy = server.message(&id, json!({"prompt": "again"})).await;
     assert_eq!(busy.status(), 409);
     let body: Value = busy.json().await.unwrap();
     assert_eq!(error_of(&body).0, "session_busy");
@@ -328,15 +304,7 @@ async fn second_message_while_running_is_409_and_interrupt_closes_the_turn() {
         (json!("interrupted"), json!(false))
     );
     // The session takes the next message.
-    let next = ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "go on"}),
-            )
-            .await,
-    )
-    .await;
+    let next = server.turn(&id, "go on").await;
     assert_eq!(next.last().unwrap()["status"], "success");
     server.stop().await;
 }
@@ -345,12 +313,7 @@ async fn second_message_while_running_is_409_and_interrupt_closes_the_turn() {
 async fn interrupt_during_a_tool_call_stops_the_tool_and_the_turn() {
     let server = TestServer::start().await;
     let id = server.create_session(json!({})).await;
-    let response = server
-        .post(
-            &format!("/agent/session/{id}/message"),
-            json!({"prompt": "$ block"}),
-        )
-        .await;
+    let response = server.message(&id, json!({"prompt": "$ block"})).await;
     let mut lines = Lines::new(response);
     lines.until("tool_use").await;
     server
@@ -376,18 +339,12 @@ async fn queued_message_waits_for_the_running_turn() {
     let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 5).await;
     let id = server.create_session(json!({"text_deltas": true})).await;
     let first = server
-        .post(
-            &format!("/agent/session/{id}/message"),
-            json!({"prompt": long_prompt(40)}),
-        )
+        .message(&id, json!({"prompt": long_prompt(40)}))
         .await;
     let mut first = Lines::new(first);
     first.until("text_delta").await;
     let queued = server
-        .post(
-            &format!("/agent/session/{id}/message"),
-            json!({"prompt": "after", "queue": true}),
-        )
+        .message(&id, json!({"prompt": "after", "queue": true}))
         .await;
     assert_eq!(queued.status(), 200);
     let first_rest = first.until("result").await;
@@ -424,30 +381,14 @@ async fn client_leaving_an_ephemeral_run_interrupts_it() {
 async fn follow_streams_new_events_after_the_replay() {
     let server = TestServer::start().await;
     let id = server.create_session(json!({})).await;
-    ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "one"}),
-            )
-            .await,
-    )
-    .await;
+    server.turn(&id, "one").await;
     let follow = server
         .get(&format!("/agent/session/{id}/events?since=1&follow=true"))
         .await;
     let mut lines = Lines::new(follow);
     let replayed = lines.until("result").await;
     assert_eq!(types(&replayed), vec!["thinking", "result"]);
-    ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "two"}),
-            )
-            .await,
-    )
-    .await;
+    server.turn(&id, "two").await;
     let live = lines.until("result").await;
     let seqs: Vec<u64> = live.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, vec![4, 5, 6]);
@@ -639,10 +580,7 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
         ),
         (
             server
-                .post(
-                    &format!("/agent/session/{id}/message"),
-                    json!({"prompt": "x", "model": "demo"}),
-                )
+                .message(&id, json!({"prompt": "x", "model": "demo"}))
                 .await,
             422,
             "invalid_request",
@@ -711,15 +649,7 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
         );
     }
     // Nothing was lost: the session still works.
-    let ok = ndjson(
-        server
-            .post(
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "fine"}),
-            )
-            .await,
-    )
-    .await;
+    let ok = server.turn(&id, "fine").await;
     assert_eq!(ok.last().unwrap()["status"], "success");
     server.stop().await;
 }
@@ -895,10 +825,7 @@ async fn shutdown_interrupts_running_turns_and_restart_keeps_everything() {
     let server = TestServer::start_in(dir.path(), |c| c.demo.chunk_delay_ms = 20).await;
     let id = server.create_session(json!({"text_deltas": true})).await;
     let response = server
-        .post(
-            &format!("/agent/session/{id}/message"),
-            json!({"prompt": long_prompt(500)}),
-        )
+        .message(&id, json!({"prompt": long_prompt(500)}))
         .await;
     let mut lines = Lines::new(response);
     let mut streamed = lines.until("text_delta").await;

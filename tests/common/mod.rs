@@ -130,6 +130,17 @@ impl TestServer {
         body["session_id"].as_str().expect("id").to_string()
     }
 
+    /// `POST /agent/session/{id}/message` with a body.
+    pub async fn message(&self, id: &str, body: Value) -> reqwest::Response {
+        self.post(&format!("/agent/session/{id}/message"), body)
+            .await
+    }
+
+    /// Sends a prompt to a session and reads the whole turn.
+    pub async fn turn(&self, id: &str, prompt: &str) -> Vec<Value> {
+        ndjson(self.message(id, json!({"prompt": prompt})).await).await
+    }
+
     /// Signals shutdown and waits until the server has stopped.
     pub async fn stop(self) {
         self.root.cancel();
