@@ -236,11 +236,13 @@ impl SessionManager {
                 _ = session.closed.cancelled() => return Err(AgentError::NotFound(session.id)),
             }
         } else {
-            session
-                .turn_lock
-                .clone()
-                .try_lock_owned()
-                .map_err(|_| AgentError::Busy(session.id))?
+            match session.turn_lock.clone().try_lock_owned() {
+                Ok(guard) => guard,
+                // A turn that holds the lock but no longer runs has sent its
+                // result and is only writing it out: wait for it, briefly.
+                Err(_) if !session.is_running() => session.turn_lock.clone().lock_owned().await,
+                Err(_) => return Err(AgentError::Busy(session.id)),
+            }
         };
         if session.closed.is_cancelled() {
             return Err(AgentError::NotFound(session.id));
@@ -312,20 +314,21 @@ mod tests {
     use crate::config::Config;
     use crate::store::SqliteStore;
 
-    #[tokio::test]
-    async fn unused_sessions_are_evicted_and_load_again_unchanged() {
-        let dir = tempfile::tempdir().unwrap();
+    fn manager(dir: &tempfile::TempDir) -> SessionManager {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
         let config = Config::default();
-        let manager = SessionManager::new(
+        SessionManager::new(
             store,
             Arc::new(ModelRegistry::from_config(&config).unwrap()),
             Arc::new(NoTools),
             config.agent.clone(),
             Arc::new(Metrics::new()),
             CancellationToken::new(),
-        );
-        let session = manager
+        )
+    }
+
+    async fn new_session(manager: &SessionManager) -> Arc<Session> {
+        manager
             .create(NewSession {
                 name: Some("kept".into()),
                 kind: SessionKind::Agent,
@@ -334,7 +337,43 @@ mod tests {
                 ephemeral: false,
             })
             .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_cut_off_turn_whose_result_was_stored_only_gets_its_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = manager(&dir);
+        let session = new_session(&manager).await;
+        session
+            .set_state(SessionStatus::Running, None)
+            .await
             .unwrap();
+        session
+            .emit(crate::agent::events::EventKind::Result {
+                status: crate::agent::events::ResultStatus::Success,
+                result: Some("done".into()),
+                cost_usd: 0.0,
+                cost_known: true,
+                turns: 1,
+                usage: Usage::default(),
+                duration_ms: 1,
+            })
+            .unwrap();
+        session.flush().await.unwrap();
+        assert_eq!(manager.recover().await.unwrap(), 1);
+        assert_eq!(
+            (session.status(), session.last_seq()),
+            (SessionStatus::Idle, 1)
+        );
+        assert_eq!(manager.recover().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn unused_sessions_are_evicted_and_load_again_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = manager(&dir);
+        let session = new_session(&manager).await;
         let id = session.id;
         let turn = manager
             .start_turn(session, "hi".into(), false)

@@ -1,15 +1,17 @@
-//! A live session: its event hub, its turn lock and its running turn.
+//! A live session: its event log, its turn lock and its running turn.
 //!
-//! Events are appended to the store first and broadcast second, under one
-//! lock, so every subscriber sees them in `seq` order and nothing a client
-//! received can be missing after a crash.
+//! An event takes its `seq` at once and joins the session's queue; one
+//! writer task per session stores the queue in batches and broadcasts each
+//! batch only after the store has committed it. So subscribers see events
+//! in `seq` order, nothing a client received can be missing after a crash,
+//! and a streaming turn never waits for the disk between two tokens: the
+//! events it makes while one batch commits go together in the next.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -38,9 +40,10 @@ pub struct Session {
     pub(super) state: Mutex<SessionState>,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    /// Held while appending + broadcasting, so `seq` order is delivery order.
-    emitter: tokio::sync::Mutex<()>,
-    last_seq: AtomicU64,
+    /// Events given a `seq` and not yet stored.
+    log: Mutex<Log>,
+    /// How far the log is stored (and so may be sent), or why it stopped.
+    stored: watch::Sender<Stored>,
     hub: broadcast::Sender<Arc<Event>>,
     /// One turn at a time; `queue: true` waits on it.
     pub(super) turn_lock: Arc<tokio::sync::Mutex<()>>,
@@ -48,6 +51,23 @@ pub struct Session {
     pub(super) running: Mutex<Option<CancellationToken>>,
     /// Cancelled when the session is deleted, ending its followers.
     pub(super) closed: CancellationToken,
+}
+
+/// The write side of the event log.
+struct Log {
+    /// The `seq` of the next event.
+    next_seq: u64,
+    pending: Vec<Event>,
+    /// Whether a writer task is running; at most one is.
+    writing: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Stored {
+    /// The highest `seq` committed to the store.
+    seq: u64,
+    /// Set when the store refused a batch: the log takes no more events.
+    failure: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone)]
@@ -82,8 +102,15 @@ impl Session {
             }),
             store,
             metrics,
-            emitter: tokio::sync::Mutex::new(()),
-            last_seq: AtomicU64::new(last_seq),
+            log: Mutex::new(Log {
+                next_seq: last_seq + 1,
+                pending: Vec::new(),
+                writing: false,
+            }),
+            stored: watch::Sender::new(Stored {
+                seq: last_seq,
+                failure: None,
+            }),
             hub,
             turn_lock: Arc::new(tokio::sync::Mutex::new(())),
             running: Mutex::new(None),
@@ -103,8 +130,9 @@ impl Session {
         self.lock_state().updated_at
     }
 
+    /// The highest `seq` stored, and so visible to clients.
     pub fn last_seq(&self) -> u64 {
-        self.last_seq.load(Ordering::Acquire)
+        self.stored.borrow().seq
     }
 
     pub(super) fn lock_state(&self) -> std::sync::MutexGuard<'_, SessionState> {
@@ -129,28 +157,76 @@ impl Session {
         self.store.update_session(self.id, status, &usage).await
     }
 
-    /// Appends an event to the log, then hands it to live subscribers.
-    pub async fn emit(&self, kind: EventKind) -> Result<Arc<Event>, StoreError> {
-        let _order = self.emitter.lock().await;
-        let seq = self.last_seq.load(Ordering::Acquire) + 1;
-        let event = Event {
+    /// Gives the event its `seq` and queues it for the store; it reaches
+    /// subscribers once stored. Fails once the store has refused this log.
+    pub fn emit(self: &Arc<Self>, kind: EventKind) -> Result<u64, StoreError> {
+        if let Some(failure) = &self.stored.borrow().failure {
+            return Err(StoreError::Io(failure.to_string()));
+        }
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = log.next_seq;
+        log.next_seq += 1;
+        log.pending.push(Event {
             kind,
             session_id: self.id,
             seq,
             ts: Utc::now(),
-        };
-        self.store.append_event(&event).await?;
-        self.last_seq.store(seq, Ordering::Release);
-        self.metrics
-            .events
-            .get_or_create(&EventLabel {
-                r#type: event_type(&event.kind).to_string(),
-            })
-            .inc();
-        let event = Arc::new(event);
-        // No receiver is fine: nobody is watching.
-        let _ = self.hub.send(event.clone());
-        Ok(event)
+        });
+        if !log.writing {
+            log.writing = true;
+            tokio::spawn(self.clone().write_pending());
+        }
+        Ok(seq)
+    }
+
+    /// The writer task: stores what is queued, batch by batch, and
+    /// broadcasts each batch once committed.
+    async fn write_pending(self: Arc<Self>) {
+        loop {
+            let batch = {
+                let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+                if log.pending.is_empty() {
+                    log.writing = false;
+                    return;
+                }
+                std::mem::take(&mut log.pending)
+            };
+            if let Err(e) = self.store.append_events(&batch).await {
+                tracing::error!(session = %self.id, error = %e, "storing events failed; the log stops");
+                let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+                log.pending.clear();
+                log.writing = false;
+                self.stored
+                    .send_modify(|stored| stored.failure = Some(e.to_string().into()));
+                return;
+            }
+            let last = batch.last().map_or(0, |event| event.seq);
+            self.stored.send_modify(|stored| stored.seq = last);
+            for event in batch {
+                self.metrics
+                    .events
+                    .get_or_create(&EventLabel {
+                        r#type: event_type(&event.kind).to_string(),
+                    })
+                    .inc();
+                // No receiver is fine: nobody is watching.
+                let _ = self.hub.send(Arc::new(event));
+            }
+        }
+    }
+
+    /// Waits until every event emitted so far is stored.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let target = self.log.lock().unwrap_or_else(|e| e.into_inner()).next_seq - 1;
+        let mut stored = self.stored.subscribe();
+        let stored = stored
+            .wait_for(|stored| stored.seq >= target || stored.failure.is_some())
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        match &stored.failure {
+            Some(failure) => Err(StoreError::Io(failure.to_string())),
+            None => Ok(()),
+        }
     }
 
     /// Every event with `seq > since`, then live ones as they come, until

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::events::{EventKind, ResultStatus, Usage};
+use super::events::{Event, EventKind, ResultStatus, Usage};
 use super::manager::status_after;
 use super::session::Session;
 use super::tools::{ToolContext, ToolOutput, ToolRouter};
@@ -85,20 +85,15 @@ async fn run_inner(
     cancel: CancellationToken,
 ) -> Result<(), StoreError> {
     let started = Instant::now();
-    // One store batch: the store runs jobs in the order they were sent, so
-    // `running` is never committed after the turn's first event, and a crash
-    // after that event always leaves a turn to close at restart.
-    let user = [Message::User { content: prompt }];
-    let (running, started_event, stored) = tokio::join!(
-        session.set_state(SessionStatus::Running, None),
-        session.emit(EventKind::Status {
-            message: "Starting agent...".into(),
-        }),
-        deps.store.append_messages(session.id, &user),
-    );
-    running?;
-    started_event?;
-    stored?;
+    // `running` is stored before any event of the turn: a crash after the
+    // first event always leaves a turn to close at restart.
+    session.set_state(SessionStatus::Running, None).await?;
+    session.emit(EventKind::Status {
+        message: "Starting agent...".into(),
+    })?;
+    deps.store
+        .append_messages(session.id, &[Message::User { content: prompt }])
+        .await?;
     let mut tally = Tally::starting(session);
     let outcome = match agent_loop(deps, session, &cancel, &mut tally).await {
         Ok(outcome) => outcome,
@@ -110,12 +105,10 @@ async fn run_inner(
                     model: model_name(deps, session),
                 })
                 .inc();
-            session
-                .emit(EventKind::Error {
-                    message: e.to_string(),
-                    code: e.code().into(),
-                })
-                .await?;
+            session.emit(EventKind::Error {
+                message: e.to_string(),
+                code: e.code().into(),
+            })?;
             Outcome {
                 status: ResultStatus::Error,
                 text: None,
@@ -127,27 +120,31 @@ async fn run_inner(
 
 async fn finish(
     deps: &TurnDeps,
-    session: &Session,
+    session: &Arc<Session>,
     outcome: Outcome,
     tally: Tally,
     started: Instant,
 ) -> Result<(), StoreError> {
+    session.emit(EventKind::Result {
+        status: outcome.status,
+        result: outcome.text,
+        cost_usd: tally.usage.cost_usd,
+        cost_known: tally.cost_known,
+        turns: tally.usage.turns as u32,
+        usage: tally.usage.clone(),
+        duration_ms: started.elapsed().as_millis() as u64,
+    })?;
+    // Past its result the turn can no longer be interrupted, and a message
+    // that comes now waits for it instead of being refused.
+    *session.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    session.flush().await?;
+    // A crash before this line leaves `running` with a `result` stored, which
+    // the restart only has to mark as settled.
     session
         .set_state(
             status_after(session, outcome.status),
             Some(&tally.session_total()),
         )
-        .await?;
-    session
-        .emit(EventKind::Result {
-            status: outcome.status,
-            result: outcome.text,
-            cost_usd: tally.usage.cost_usd,
-            cost_known: tally.cost_known,
-            turns: tally.usage.turns as u32,
-            usage: tally.usage,
-            duration_ms: started.elapsed().as_millis() as u64,
-        })
         .await?;
     deps.metrics
         .turns_finished
@@ -225,11 +222,9 @@ async fn agent_loop(
         };
         let reply = call_model(deps, session, &model, request, cancel, tally).await?;
         if !reply.text.is_empty() {
-            session
-                .emit(EventKind::Thinking {
-                    content: reply.text.clone(),
-                })
-                .await?;
+            session.emit(EventKind::Thinking {
+                content: reply.text.clone(),
+            })?;
             last_text = Some(reply.text.clone());
         }
         let assistant = Message::Assistant {
@@ -292,7 +287,7 @@ struct Reply {
 
 async fn call_model(
     deps: &TurnDeps,
-    session: &Session,
+    session: &Arc<Session>,
     model: &ResolvedModel,
     request: ChatRequest,
     cancel: &CancellationToken,
@@ -329,11 +324,9 @@ async fn call_model(
             Some(Err(e)) => return Err(LoopError::Model(e)),
             Some(Ok(StreamEvent::TextDelta(text))) => {
                 if deltas {
-                    session
-                        .emit(EventKind::TextDelta {
-                            content: text.clone(),
-                        })
-                        .await?;
+                    session.emit(EventKind::TextDelta {
+                        content: text.clone(),
+                    })?;
                 }
                 reply.text.push_str(&text);
             }
@@ -369,18 +362,16 @@ async fn call_model(
 
 async fn run_tool(
     deps: &TurnDeps,
-    session: &Session,
+    session: &Arc<Session>,
     ctx: &ToolContext,
     call: &ToolCall,
     cancel: &CancellationToken,
 ) -> Result<Message, StoreError> {
-    session
-        .emit(EventKind::ToolUse {
-            id: call.id.clone(),
-            tool: call.name.clone(),
-            input: call.arguments.clone(),
-        })
-        .await?;
+    session.emit(EventKind::ToolUse {
+        id: call.id.clone(),
+        tool: call.name.clone(),
+        input: call.arguments.clone(),
+    })?;
     let output = if session.options.allows(&call.name) {
         deps.tools
             .call(
@@ -401,14 +392,12 @@ async fn run_tool(
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    session
-        .emit(EventKind::ToolResult {
-            id: call.id.clone(),
-            tool: call.name.clone(),
-            output: output.output,
-            is_error: output.is_error,
-        })
-        .await?;
+    session.emit(EventKind::ToolResult {
+        id: call.id.clone(),
+        tool: call.name.clone(),
+        output: output.output,
+        is_error: output.is_error,
+    })?;
     Ok(Message::Tool {
         tool_call_id: call.id.clone(),
         name: call.name.clone(),
@@ -437,7 +426,7 @@ fn truncate(mut output: ToolOutput, max: usize) -> ToolOutput {
 /// next model call (every call needs its result).
 async fn close_calls(
     deps: &TurnDeps,
-    session: &Session,
+    session: &Arc<Session>,
     calls: &[ToolCall],
     history: &mut Vec<Message>,
 ) -> Result<(), StoreError> {
@@ -458,19 +447,35 @@ async fn close_calls(
     Ok(())
 }
 
-/// Closes a turn that a crash cut off.
-pub(super) async fn close_cut_off(deps: &TurnDeps, session: &Session) -> Result<(), StoreError> {
+/// Settles a turn that a crash cut off: one whose `result` was stored only
+/// needs its status; any other gets an `interrupted` result.
+pub(super) async fn close_cut_off(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+) -> Result<(), StoreError> {
+    let last = session.last_seq();
+    let tail = deps
+        .store
+        .events_since(session.id, last.saturating_sub(1), 1)
+        .await?;
+    if let Some(Event {
+        kind: EventKind::Result { status, .. },
+        ..
+    }) = tail.last()
+    {
+        return session
+            .set_state(status_after(session, *status), None)
+            .await;
+    }
     let mut history = deps.store.messages(session.id).await?;
     let pending: Vec<ToolCall> = match history.last() {
         Some(Message::Assistant { tool_calls, .. }) => tool_calls.clone(),
         _ => Vec::new(),
     };
     close_calls(deps, session, &pending, &mut history).await?;
-    session
-        .emit(EventKind::Status {
-            message: "The server restarted during this turn; it was interrupted.".into(),
-        })
-        .await?;
+    session.emit(EventKind::Status {
+        message: "The server restarted during this turn; it was interrupted.".into(),
+    })?;
     let outcome = Outcome {
         status: ResultStatus::Interrupted,
         text: None,

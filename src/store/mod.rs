@@ -108,10 +108,6 @@ pub enum StoreError {
     Closed,
 }
 
-/// Every backend applies calls in the order they were issued (a call's
-/// future issues it on its first poll): a call is never committed before
-/// one issued earlier. The turn loop relies on it to store a session's
-/// `running` status and its first event in one round trip.
 #[async_trait]
 pub trait Store: Send + Sync {
     async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError>;
@@ -144,9 +140,9 @@ pub trait Store: Send + Sync {
 
     async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError>;
 
-    /// Appends one event. When this returns the event survives a crash of
-    /// the process, so it may be sent to clients.
-    async fn append_event(&self, event: &Event) -> Result<(), StoreError>;
+    /// Appends events, all or none. When this returns they survive a crash
+    /// of the process, so they may be sent to clients.
+    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError>;
 
     /// Events with `seq > since`, in order, at most `limit`.
     async fn events_since(

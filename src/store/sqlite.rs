@@ -5,7 +5,7 @@
 //! takes whatever else is already queued, runs the lot in one transaction
 //! and answers each caller only after the commit (group commit). With WAL
 //! and `synchronous=NORMAL` a committed transaction survives the death of
-//! the process, so an event whose `append_event` returned is never lost to
+//! the process, so an event whose `append_events` returned is never lost to
 //! a crash, and one commit per batch instead of one per event is what makes
 //! that affordable.
 //!
@@ -571,21 +571,38 @@ impl Store for SqliteStore {
         bodies.iter().map(|body| decode("message", body)).collect()
     }
 
-    async fn append_event(&self, event: &Event) -> Result<(), StoreError> {
-        let body = encode("event", event)?;
-        let kind = serde_json::from_str::<EventTag>(&body)
-            .map_err(|err| StoreError::Corrupt(format!("an event encodes without a type: {err}")))?
-            .kind
-            .into_owned();
-        let id = event.session_id.to_string();
-        let seq = event.seq;
-        let ts = encode_time(event.ts);
+    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
+        let rows = events
+            .iter()
+            .map(|event| {
+                let body = encode("event", event)?;
+                let kind = serde_json::from_str::<EventTag>(&body)
+                    .map_err(|err| {
+                        StoreError::Corrupt(format!("an event encodes without a type: {err}"))
+                    })?
+                    .kind
+                    .into_owned();
+                Ok((
+                    event.session_id.to_string(),
+                    event.seq,
+                    kind,
+                    encode_time(event.ts),
+                    body,
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
         self.call(move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO events (session_id, seq, type, ts, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![id, seq, kind, ts, body])?;
-            Ok(())
+            let insert = |conn: &Connection| -> Result<(), StoreError> {
+                let mut statement = conn.prepare_cached(
+                    "INSERT INTO events (session_id, seq, type, ts, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                for (id, seq, kind, ts, body) in &rows {
+                    statement.execute(params![id, seq, kind, ts, body])?;
+                }
+                Ok(())
+            };
+            // One row undoes itself when it fails; several need a savepoint.
+            if rows.len() == 1 { insert(conn) } else { in_savepoint(conn, insert) }
         })
         .await
     }

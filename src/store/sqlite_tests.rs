@@ -276,7 +276,10 @@ async fn events_since_pages_in_order_and_last_seq_tracks_the_end() {
     let events: Vec<Event> = (1..=10).map(|seq| event(created.id, seq)).collect();
     // Appended out of order: reads still come back by seq.
     for appended in events.iter().rev() {
-        store.append_event(appended).await.unwrap();
+        store
+            .append_events(std::slice::from_ref(appended))
+            .await
+            .unwrap();
     }
 
     assert_eq!(
@@ -315,7 +318,10 @@ async fn delete_session_cascades_to_messages_and_events() {
             .append_messages(record.id, &conversation())
             .await
             .unwrap();
-        store.append_event(&event(record.id, 1)).await.unwrap();
+        store
+            .append_events(std::slice::from_ref(&event(record.id, 1)))
+            .await
+            .unwrap();
     }
 
     assert!(store.delete_session(doomed.id).await.unwrap());
@@ -329,7 +335,13 @@ async fn delete_session_cascades_to_messages_and_events() {
     assert_eq!(store.messages(kept.id).await.unwrap(), conversation());
     // A new session with the old id starts from nothing.
     store.create_session(&doomed).await.unwrap();
-    assert_eq!(store.append_event(&event(doomed.id, 1)).await.unwrap(), ());
+    assert_eq!(
+        store
+            .append_events(std::slice::from_ref(&event(doomed.id, 1)))
+            .await
+            .unwrap(),
+        ()
+    );
 }
 
 #[tokio::test]
@@ -344,7 +356,10 @@ async fn everything_survives_close_and_reopen() {
         .await
         .unwrap();
     for appended in &events {
-        store.append_event(appended).await.unwrap();
+        store
+            .append_events(std::slice::from_ref(appended))
+            .await
+            .unwrap();
     }
     store.close().await.unwrap();
     drop(store);
@@ -369,7 +384,10 @@ async fn dropping_the_store_keeps_what_was_written() {
     let created = session(None, Utc::now());
     let store = open(&dir);
     store.create_session(&created).await.unwrap();
-    store.append_event(&event(created.id, 1)).await.unwrap();
+    store
+        .append_events(std::slice::from_ref(&event(created.id, 1)))
+        .await
+        .unwrap();
 
     drop(store);
 
@@ -401,7 +419,9 @@ async fn calls_after_close_fail_with_closed() {
         store.delete_session(created.id).await.map(drop),
         store.append_messages(created.id, &conversation()).await,
         store.messages(created.id).await.map(drop),
-        store.append_event(&event(created.id, 1)).await,
+        store
+            .append_events(std::slice::from_ref(&event(created.id, 1)))
+            .await,
         store.events_since(created.id, 0, 10).await.map(drop),
         store.last_seq(created.id).await.map(drop),
         store.close().await,
@@ -423,7 +443,7 @@ async fn close_runs_the_jobs_queued_before_it() {
         .cloned()
         .map(|appended| {
             let store = Arc::clone(&store);
-            tokio::spawn(async move { store.append_event(&appended).await })
+            tokio::spawn(async move { store.append_events(std::slice::from_ref(&appended)).await })
         })
         .collect();
     let closing = {
@@ -477,7 +497,9 @@ async fn a_failing_job_leaves_the_rest_of_its_batch_alone() {
     for appended in [good[0].clone(), orphan, good[1].clone()] {
         let appender = Arc::clone(&store);
         appends.push(tokio::spawn(async move {
-            appender.append_event(&appended).await
+            appender
+                .append_events(std::slice::from_ref(&appended))
+                .await
         }));
         wait_for_queued(&store, appends.len()).await;
     }
@@ -525,7 +547,7 @@ async fn concurrent_appends_all_land_without_gaps() {
             let events: Vec<Event> = (1..=EVENTS).map(|seq| event(record.id, seq)).collect();
             tokio::spawn(async move {
                 for appended in &events {
-                    store.append_event(appended).await?;
+                    store.append_events(std::slice::from_ref(appended)).await?;
                 }
                 Ok::<_, StoreError>(events)
             })
@@ -590,7 +612,10 @@ async fn undecodable_rows_read_as_corrupt() {
     let store = SqliteStore::open(&path).unwrap();
     let created = session(None, Utc::now());
     store.create_session(&created).await.unwrap();
-    store.append_event(&event(created.id, 1)).await.unwrap();
+    store
+        .append_events(std::slice::from_ref(&event(created.id, 1)))
+        .await
+        .unwrap();
     store
         .append_messages(created.id, &conversation())
         .await
@@ -617,4 +642,19 @@ async fn undecodable_rows_read_as_corrupt() {
         matches!(messages, Err(StoreError::Corrupt(_))),
         "{messages:?}"
     );
+}
+
+#[tokio::test]
+async fn appending_several_events_is_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    let batch = vec![event(created.id, 1), event(created.id, 2)];
+    store.append_events(&batch).await.unwrap();
+    // The second row repeats seq 2: the whole batch is refused.
+    let clashing = vec![event(created.id, 3), event(created.id, 2)];
+    assert!(store.append_events(&clashing).await.is_err());
+    assert_eq!(store.events_since(created.id, 0, 10).await.unwrap(), batch);
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
 }
