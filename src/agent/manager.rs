@@ -123,7 +123,14 @@ impl SessionManager {
             owner: new.owner,
             options: serde_json::to_value(&new.options)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            status: SessionStatus::Idle,
+            // An ephemeral session exists to run its one turn: stored as
+            // running from the start, it saves the turn a commit before
+            // its first event.
+            status: if new.ephemeral {
+                SessionStatus::Running
+            } else {
+                SessionStatus::Idle
+            },
             usage: Usage::default(),
             ephemeral: new.ephemeral,
             created_at: now,

@@ -87,7 +87,9 @@ async fn run_inner(
     let started = Instant::now();
     // `running` is stored before any event of the turn: a crash after the
     // first event always leaves a turn to close at restart.
-    session.set_state(SessionStatus::Running, None).await?;
+    if session.status() != SessionStatus::Running {
+        session.set_state(SessionStatus::Running, None).await?;
+    }
     session.emit(EventKind::Status {
         message: "Starting agent...".into(),
     })?;
