@@ -37,19 +37,24 @@ async fn spawn_server(data_dir: &std::path::Path) -> (Child, String) {
     (child, url)
 }
 
-#[tokio::test]
-async fn kill_9_mid_turn_loses_nothing_received_and_closes_the_turn() {
-    let dir = tempfile::tempdir().unwrap();
-    let http = reqwest::Client::new();
-    let (mut child, url) = spawn_server(dir.path()).await;
-
+/// Starts an ephemeral run that streams for many seconds.
+async fn long_run(http: &reqwest::Client, url: &str) -> Lines {
     let response = http
         .post(format!("{url}/agent/run"))
         .json(&json!({"prompt": long_prompt(1000), "text_deltas": true}))
         .send()
         .await
         .unwrap();
-    let mut lines = Lines::new(response);
+    Lines::new(response)
+}
+
+#[tokio::test]
+async fn kill_9_mid_turn_loses_nothing_received_and_closes_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let (mut child, url) = spawn_server(dir.path()).await;
+
+    let mut lines = long_run(&http, &url).await;
     let mut received = Vec::new();
     while received.len() < 20 {
         received.push(lines.next().await.expect("events before the kill"));
@@ -124,13 +129,7 @@ async fn sigterm_closes_running_turns_then_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let http = reqwest::Client::new();
     let (mut child, url) = spawn_server(dir.path()).await;
-    let response = http
-        .post(format!("{url}/agent/run"))
-        .json(&json!({"prompt": long_prompt(1000), "text_deltas": true}))
-        .send()
-        .await
-        .unwrap();
-    let mut lines = Lines::new(response);
+    let mut lines = long_run(&http, &url).await;
     lines.until("text_delta").await;
     let pid = child.id().expect("pid").to_string();
     let status = std::process::Command::new("kill")
