@@ -225,8 +225,9 @@ impl SessionManager {
         Ok(())
     }
 
-    /// Starts a turn. Without `queue` a running session answers `Busy`;
-    /// with it the call waits for the running turn to end.
+    /// Starts a turn. Without `queue` a running session answers `Busy`
+    /// (a turn that has already sent its result is waited for); with it
+    /// the call waits for the running turn to end.
     pub async fn start_turn(
         &self,
         session: Arc<Session>,

@@ -123,9 +123,11 @@ struct Checkpointer {
 }
 
 impl Checkpointer {
-    fn start(path: &Path) -> Result<Checkpointer, rusqlite::Error> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+    /// Errors are messages for [`SqliteStore::open`] to wrap.
+    fn start(path: &Path) -> Result<Checkpointer, String> {
+        let conn = Connection::open(path).map_err(|err| err.to_string())?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|err| err.to_string())?;
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("conclave-checkpoint".into())
@@ -140,7 +142,7 @@ impl Checkpointer {
                     }
                 }
             })
-            .map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+            .map_err(|err| format!("cannot start the checkpoint thread: {err}"))?;
         Ok(Checkpointer {
             stop: Some(stop),
             thread: Some(thread),
