@@ -10,6 +10,8 @@
 //! - [`agent`]: sessions, the turn loop, the tool router and the wire events.
 //! - [`model`]: the streaming `ModelProvider` trait and its providers
 //!   (OpenAI-compatible, Anthropic, demo), aliases and prices.
+//! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
+//!   backends, with the per-session manager and warm pool.
 //! - [`store`]: the durable `Store` trait and its SQLite implementation.
 //! - [`telemetry`]: logging and the Prometheus metrics registry.
 //! - [`shutdown`]: the root cancellation token and signal handling.
@@ -18,6 +20,7 @@ pub mod agent;
 pub mod api;
 pub mod config;
 pub mod model;
+pub mod sandbox;
 pub mod server;
 pub mod shutdown;
 pub mod state;

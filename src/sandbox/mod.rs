@@ -1,0 +1,219 @@
+//! Sandboxes: where every tool call of an agent runs.
+//!
+//! Layout:
+//!
+//! - this file: the [`SandboxBackend`] and [`Sandbox`] traits every backend
+//!   implements, the [`SandboxSpec`] a sandbox is created from, exec requests
+//!   and results, and [`SandboxError`].
+//! - [`docker`]: containers through bollard.
+//! - [`local`]: Linux namespaces, rlimits, landlock and seccomp through
+//!   hakoniwa; needs no daemon.
+//! - [`kubernetes`]: a Pod per sandbox through kube, exec over the API.
+//! - [`files`]: file reads and writes built on exec, so every backend gets
+//!   them the same way, with paths confined to the workspace.
+//! - [`manager`]: one sandbox per session, created at its first tool call,
+//!   an idle TTL, a cap on live sandboxes, the warm pool and orphan reaping.
+
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+
+/// Label every sandbox Conclave creates carries, so orphans can be found.
+pub const LABEL_MANAGED: &str = "conclave.managed";
+/// Label naming the session a sandbox belongs to (absent on warm-pool ones).
+pub const LABEL_SESSION: &str = "conclave.session";
+/// Label naming the image's pool, on sandboxes waiting in the warm pool.
+pub const LABEL_POOL: &str = "conclave.pool";
+
+/// The directory tools act in, writable in every backend.
+pub const WORKSPACE: &str = "/workspace";
+
+/// Everything a sandbox is created with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxSpec {
+    pub image: String,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub pids: u32,
+    pub disk_mb: u64,
+    /// `false`: no interface but loopback.
+    pub network: bool,
+    pub env: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One command to run in a sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecRequest {
+    /// argv; the first element is looked up in `PATH`.
+    pub command: Vec<String>,
+    /// Written to the process's stdin, which is then closed.
+    pub stdin: Option<Bytes>,
+    /// The whole process tree is killed when this passes.
+    pub timeout: Duration,
+    pub workdir: String,
+    pub env: BTreeMap<String, String>,
+}
+
+impl ExecRequest {
+    /// A shell command line run by `/bin/sh -c` in the workspace.
+    pub fn shell(command: impl Into<String>, timeout: Duration) -> ExecRequest {
+        ExecRequest {
+            command: vec!["/bin/sh".into(), "-c".into(), command.into()],
+            stdin: None,
+            timeout,
+            workdir: WORKSPACE.into(),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+/// A piece of an exec's output, as it arrives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecChunk {
+    Stdout(Bytes),
+    Stderr(Bytes),
+}
+
+/// How an exec ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecStatus {
+    /// `None` when the process was killed (timeout or cancel) before it
+    /// reported one.
+    pub exit_code: Option<i64>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub duration: Duration,
+}
+
+/// Resource use of a live sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxStats {
+    /// Percent of one CPU, averaged since the previous sample where the
+    /// backend can tell, else since the sandbox started.
+    pub cpu_percent: Option<f64>,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+/// A sandbox found by its labels (for reaping and for re-attaching).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagedSandbox {
+    pub id: String,
+    pub session: Option<String>,
+    pub pool: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("sandbox backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("sandbox image '{0}' not found; build it with sandbox-images/build.sh")]
+    ImageNotFound(String),
+    #[error("too many live sandboxes (limit {0}); try again when one is released")]
+    Capacity(usize),
+    #[error("sandbox {0} is gone")]
+    Gone(String),
+    #[error("{0}")]
+    InvalidPath(String),
+    #[error("{0}")]
+    File(String),
+    #[error("sandbox backend error: {0}")]
+    Backend(String),
+}
+
+pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
+
+/// A way of making sandboxes (docker, kubernetes, local).
+#[async_trait]
+pub trait SandboxBackend: Send + Sync {
+    /// `docker`, `kubernetes` or `local`.
+    fn name(&self) -> &'static str;
+
+    /// Creates and starts a sandbox; it is ready to exec when this returns.
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>>;
+
+    /// Finds a live sandbox by id (after a restart); `Ok(None)` if gone.
+    async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>>;
+
+    /// Every sandbox this backend holds with the `conclave.managed` label.
+    async fn list_managed(&self) -> Result<Vec<ManagedSandbox>>;
+
+    /// Destroys a sandbox by id; a missing one is not an error.
+    async fn remove(&self, id: &str) -> Result<()>;
+}
+
+/// One live sandbox.
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    fn id(&self) -> &str;
+
+    /// Runs a command, sending its output to `output` in chunks as it comes.
+    /// A timeout or `cancel` kills the whole process tree. A closed `output`
+    /// does not stop the command.
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus>;
+
+    async fn stats(&self) -> Result<SandboxStats>;
+
+    /// Destroys the sandbox and everything in it.
+    async fn destroy(&self) -> Result<()>;
+}
+
+/// The collected result of an exec, for callers that do not stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Collected {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Bytes dropped because a stream passed `limit`.
+    pub truncated: bool,
+}
+
+/// Runs `request` and collects up to `limit` bytes of each stream, passing
+/// each chunk to `on_chunk` too (for progress reports).
+pub async fn exec_collect(
+    sandbox: &dyn Sandbox,
+    request: ExecRequest,
+    limit: usize,
+    cancel: CancellationToken,
+    mut on_chunk: impl FnMut(&ExecChunk) + Send,
+) -> Result<(ExecStatus, Collected)> {
+    let (tx, mut rx) = mpsc::channel(64);
+    let run = sandbox.exec(request, tx, cancel);
+    tokio::pin!(run);
+    let mut collected = Collected::default();
+    let mut take = |chunk: ExecChunk, collected: &mut Collected| {
+        on_chunk(&chunk);
+        let (buf, data) = match &chunk {
+            ExecChunk::Stdout(d) => (&mut collected.stdout, d),
+            ExecChunk::Stderr(d) => (&mut collected.stderr, d),
+        };
+        let room = limit.saturating_sub(buf.len());
+        if data.len() > room {
+            collected.truncated = true;
+        }
+        buf.extend_from_slice(&data[..data.len().min(room)]);
+    };
+    let status = loop {
+        tokio::select! {
+            status = &mut run => break status?,
+            Some(chunk) = rx.recv() => take(chunk, &mut collected),
+        }
+    };
+    while let Ok(chunk) = rx.try_recv() {
+        take(chunk, &mut collected);
+    }
+    Ok((status, collected))
+}
