@@ -41,6 +41,84 @@ pub struct Config {
     /// Prices per upstream model name, in USD per million tokens; they
     /// extend and override the built-in table.
     pub prices: BTreeMap<String, Price>,
+    pub sandbox: SandboxConfig,
+    pub mcp: McpConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// `Host` header values `/mcp` accepts (a name matches any port); guards
+    /// against DNS rebinding. Add the server's public name when it has one.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+        }
+    }
+}
+
+/// Where tool calls run, and the limits every sandbox gets.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// `auto` picks docker when its socket answers, else local.
+    pub backend: SandboxBackendKind,
+    /// Image of sessions that name none (docker and kubernetes).
+    pub image: String,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub pids: u32,
+    /// Size of the writable workspace.
+    pub disk_mb: u64,
+    /// Largest values a session may ask for in `options.sandbox`.
+    pub max_cpus: f64,
+    pub max_memory_mb: u64,
+    /// Whether a session may ask for network access at all.
+    pub allow_network: bool,
+    /// Per-exec timeout when a call names none, and the most one may name.
+    pub exec_timeout_s: u64,
+    pub max_exec_timeout_s: u64,
+    /// A sandbox unused this long is destroyed (its session keeps working
+    /// and gets a fresh one at its next tool call).
+    pub idle_ttl_s: u64,
+    /// Live sandboxes at most, the warm pool included.
+    pub max_live: usize,
+    /// Ready sandboxes kept for new sessions of the default spec.
+    pub warm_pool: usize,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxBackendKind {
+    Auto,
+    Docker,
+    Local,
+    Kubernetes,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            backend: SandboxBackendKind::Auto,
+            image: "conclave/sandbox-python:latest".into(),
+            cpus: 1.0,
+            memory_mb: 512,
+            pids: 256,
+            disk_mb: 256,
+            max_cpus: 4.0,
+            max_memory_mb: 4096,
+            allow_network: true,
+            exec_timeout_s: 60,
+            max_exec_timeout_s: 600,
+            idle_ttl_s: 900,
+            max_live: 64,
+            warm_pool: 2,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -121,6 +199,8 @@ impl Default for Config {
             anthropic: None,
             models: BTreeMap::new(),
             prices: BTreeMap::new(),
+            sandbox: SandboxConfig::default(),
+            mcp: McpConfig::default(),
         }
     }
 }
@@ -139,6 +219,7 @@ impl Default for AgentConfig {
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub data_dir: Option<PathBuf>,
+    pub sandbox: Option<SandboxBackendKind>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -168,8 +249,16 @@ impl Config {
             Env::prefixed("CONCLAVE_")
                 // CONCLAVE_TEST_* belong to the test suite, not to the server.
                 .filter(|key| !key.as_str().to_ascii_lowercase().starts_with("test_"))
+                // CONCLAVE_SANDBOX names the backend; the section is `sandbox`.
+                .filter(|key| !key.as_str().eq_ignore_ascii_case("sandbox"))
                 .split("__"),
         );
+        if let Ok(backend) = std::env::var("CONCLAVE_SANDBOX") {
+            figment = figment.merge(Serialized::default(
+                "sandbox.backend",
+                backend.to_ascii_lowercase(),
+            ));
+        }
         let mut config: Config = figment.extract().map_err(describe)?;
         config.apply_provider_env(|name| std::env::var(name).ok());
         if let Some(listen) = overrides.listen {
@@ -177,6 +266,9 @@ impl Config {
         }
         if let Some(dir) = &overrides.data_dir {
             config.data_dir = dir.clone();
+        }
+        if let Some(backend) = overrides.sandbox {
+            config.sandbox.backend = backend;
         }
         config.validate()?;
         Ok(config)
@@ -262,6 +354,44 @@ impl Config {
                     ),
                 ));
             }
+        }
+        let sandbox = &self.sandbox;
+        if !(sandbox.cpus > 0.0 && sandbox.cpus <= sandbox.max_cpus) {
+            return Err(field(
+                "sandbox.cpus",
+                format!(
+                    "must be above 0 and at most sandbox.max_cpus ({})",
+                    sandbox.max_cpus
+                ),
+            ));
+        }
+        if sandbox.memory_mb < 32 || sandbox.memory_mb > sandbox.max_memory_mb {
+            return Err(field(
+                "sandbox.memory_mb",
+                format!(
+                    "must be 32 to sandbox.max_memory_mb ({})",
+                    sandbox.max_memory_mb
+                ),
+            ));
+        }
+        for (name, value) in [
+            ("sandbox.pids", u64::from(sandbox.pids)),
+            ("sandbox.disk_mb", sandbox.disk_mb),
+            ("sandbox.exec_timeout_s", sandbox.exec_timeout_s),
+            ("sandbox.max_live", sandbox.max_live as u64),
+        ] {
+            if value == 0 {
+                return Err(field(name, "must be at least 1".into()));
+            }
+        }
+        if sandbox.exec_timeout_s > sandbox.max_exec_timeout_s {
+            return Err(field(
+                "sandbox.exec_timeout_s",
+                "must not exceed sandbox.max_exec_timeout_s".into(),
+            ));
+        }
+        if sandbox.image.trim().is_empty() {
+            return Err(field("sandbox.image", "must not be empty".into()));
         }
         for (model, price) in &self.prices {
             if price.input_per_mtok < 0.0 || price.output_per_mtok < 0.0 {

@@ -8,6 +8,8 @@
 //! - [`api`]: every axum type lives here: router, error mapping, NDJSON/SSE and
 //!   WebSocket transport, auth.
 //! - [`agent`]: sessions, the turn loop, the tool router and the wire events.
+//! - [`mcp`]: the rmcp server of sandbox tools (`/mcp`, `conclave mcp`) and the
+//!   agent's in-process client of it.
 //! - [`model`]: the streaming `ModelProvider` trait and its providers
 //!   (OpenAI-compatible, Anthropic, demo), aliases and prices.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
@@ -19,6 +21,7 @@
 pub mod agent;
 pub mod api;
 pub mod config;
+pub mod mcp;
 pub mod model;
 pub mod sandbox;
 pub mod server;

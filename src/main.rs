@@ -3,12 +3,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use conclave::agent::NoTools;
-use conclave::config::{Config, Overrides};
-use conclave::server::Server;
+use conclave::config::{Config, Overrides, SandboxBackendKind};
+use conclave::server::{Server, Tools};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -35,6 +33,10 @@ enum Command {
         /// Directory of the store (default ./data).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Where tool calls run (default auto: docker when its socket
+        /// answers, else local namespaces).
+        #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
+        sandbox: Option<SandboxBackendKind>,
     },
 }
 
@@ -63,14 +65,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             listen,
             data_dir,
+            sandbox,
         } => {
-            let config = Config::load(config.as_deref(), &Overrides { listen, data_dir })?;
+            let config = Config::load(
+                config.as_deref(),
+                &Overrides {
+                    listen,
+                    data_dir,
+                    sandbox,
+                },
+            )?;
             raise_fd_limit();
             let listener = conclave::server::bind(config.listen)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
             let root = CancellationToken::new();
             conclave::shutdown::on_signal(root.clone());
-            let server = Server::build(config, Arc::new(NoTools), root).await?;
+            let server = Server::build(config, Tools::Sandboxed, root).await?;
             let addr = listener.local_addr()?;
             // One plain line on stdout, for people and for scripts that
             // started the server on port 0.

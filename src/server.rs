@@ -19,8 +19,11 @@ use crate::agent::{SessionManager, ToolRouter};
 use crate::api;
 use crate::api::auth::Keys;
 use crate::config::Config;
+use crate::mcp::{McpHost, SandboxTools};
 use crate::model::ModelRegistry;
+use crate::sandbox::{self, SandboxManager};
 use crate::state::AppState;
+use crate::store::SessionStatus;
 use crate::store::{SqliteStore, Store};
 use crate::telemetry::Metrics;
 
@@ -32,7 +35,23 @@ pub enum StartError {
     Model(String),
     #[error("closing turns cut off by the last stop: {0}")]
     Recover(String),
+    #[error("sandbox backend: {0}")]
+    Sandbox(String),
 }
+
+/// What runs the agent's tool calls.
+pub enum Tools {
+    /// Sandboxes of the configured backend, through the MCP server, which
+    /// is also served at `/mcp`.
+    Sandboxed,
+    /// A router of the caller's own (tests); no sandboxes, no `/mcp`.
+    Custom(Arc<dyn ToolRouter>),
+}
+
+/// Bytes of each output stream an MCP execution returns.
+const MCP_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+/// Entries a listing, glob or grep returns.
+const MCP_MAX_ENTRIES: usize = 2000;
 
 /// Binds with a deep accept backlog: a burst of clients must not overflow
 /// the default 128 and wait a second for a SYN retry.
@@ -61,7 +80,7 @@ impl Server {
     /// Opens the store, builds the providers and closes turns a crash cut off.
     pub async fn build(
         config: Config,
-        tools: Arc<dyn ToolRouter>,
+        tools: Tools,
         root: CancellationToken,
     ) -> Result<Server, StartError> {
         let path = config.data_dir.join("conclave.db");
@@ -74,6 +93,25 @@ impl Server {
             ModelRegistry::from_config(&config).map_err(|e| StartError::Model(e.to_string()))?,
         );
         let metrics = Arc::new(Metrics::new());
+        let (tools, sandboxes, mcp): (Arc<dyn ToolRouter>, _, _) = match tools {
+            Tools::Custom(router) => (router, None, None),
+            Tools::Sandboxed => {
+                let backend = sandbox::connect(&config.sandbox, &config.data_dir)
+                    .await
+                    .map_err(|e| StartError::Sandbox(e.to_string()))?;
+                let sandboxes = Arc::new(SandboxManager::new(backend, config.sandbox.clone()));
+                let host = Arc::new(McpHost {
+                    sandboxes: sandboxes.clone(),
+                    store: store.clone(),
+                    max_output_bytes: MCP_MAX_OUTPUT_BYTES,
+                    max_entries: MCP_MAX_ENTRIES,
+                });
+                let router = SandboxTools::connect(host.clone())
+                    .await
+                    .map_err(|e| StartError::Sandbox(e.to_string()))?;
+                (Arc::new(router), Some(sandboxes), Some(host))
+            }
+        };
         let sessions = Arc::new(SessionManager::new(
             store.clone(),
             models,
@@ -92,12 +130,36 @@ impl Server {
                 "closed turns cut off by the last stop as interrupted"
             );
         }
+        if let Some(sandboxes) = &sandboxes {
+            let live: std::collections::HashSet<uuid::Uuid> = store
+                .list_sessions(None)
+                .await
+                .map_err(|e| StartError::Recover(e.to_string()))?
+                .into_iter()
+                .filter(|s| s.status != SessionStatus::Closed)
+                .map(|s| s.id)
+                .collect();
+            let reaped = sandboxes
+                .reap_orphans(|id| live.contains(&id))
+                .await
+                .map_err(|e| StartError::Sandbox(format!("reaping orphans: {e}")))?;
+            if reaped > 0 {
+                tracing::warn!(
+                    sandboxes = reaped,
+                    "removed sandboxes a previous run left behind"
+                );
+            }
+            tracing::info!(backend = sandboxes.backend_name(), "sandbox backend ready");
+        }
         let state = AppState {
             keys: Arc::new(Keys::new(&config.api_keys)),
             config: Arc::new(config),
             sessions,
             metrics,
             started: Instant::now(),
+            sandboxes,
+            mcp,
+            stop: root.child_token(),
         };
         Ok(Server { state, store, root })
     }
@@ -120,6 +182,24 @@ impl Server {
                 }
             })
         };
+        let sandbox_tasks = self.state.sandboxes.clone().map(|sandboxes| {
+            let root = root.clone();
+            tokio::spawn(async move {
+                let idle_every =
+                    Duration::from_secs((sandboxes.config().idle_ttl_s / 4).clamp(1, 30));
+                let reaper = async {
+                    let mut every = tokio::time::interval(idle_every);
+                    loop {
+                        every.tick().await;
+                        sandboxes.reap_idle().await;
+                    }
+                };
+                tokio::select! {
+                    _ = sandboxes.run_pool(root.clone()) => {}
+                    _ = reaper => {}
+                }
+            })
+        });
         let stopping = async move {
             root.cancelled().await;
             sessions.shutdown().await;
@@ -134,6 +214,10 @@ impl Server {
             .with_graceful_shutdown(stopping)
             .await;
         evictor.abort();
+        // The pool task destroys its ready sandboxes once the root is cancelled.
+        if let Some(task) = sandbox_tasks {
+            let _ = task.await;
+        }
         if let Err(e) = self.store.close().await {
             tracing::error!(error = %e, "closing the store failed");
         }

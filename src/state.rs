@@ -4,8 +4,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::agent::SessionManager;
+use tokio_util::sync::CancellationToken;
+
 use crate::api::auth::Keys;
 use crate::config::Config;
+use crate::mcp::McpHost;
+use crate::sandbox::SandboxManager;
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]
@@ -15,4 +19,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub keys: Arc<Keys>,
     pub started: Instant,
+    /// Present when tools run in sandboxes (not with test tool routers).
+    pub sandboxes: Option<Arc<SandboxManager>>,
+    /// Serves `/mcp` when present.
+    pub mcp: Option<Arc<McpHost>>,
+    /// Cancelled at shutdown; ends the MCP sessions.
+    pub stop: CancellationToken,
 }

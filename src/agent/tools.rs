@@ -39,7 +39,7 @@ impl ToolOutput {
 #[async_trait]
 pub trait ToolRouter: Send + Sync {
     /// The tools this session may be offered, before `allowed_tools` filters.
-    fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec>;
+    async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec>;
 
     /// Runs one tool call. Cancelling `cancel` must stop it promptly.
     async fn call(
@@ -59,7 +59,7 @@ pub struct NoTools;
 
 #[async_trait]
 impl ToolRouter for NoTools {
-    fn specs(&self, _ctx: &ToolContext) -> Vec<ToolSpec> {
+    async fn specs(&self, _ctx: &ToolContext) -> Vec<ToolSpec> {
         Vec::new()
     }
 

@@ -75,6 +75,10 @@ pub async fn run(
             .set_state(status_after(session, ResultStatus::Error), None)
             .await;
     }
+    // An ephemeral session's one turn is over: nothing will use its sandbox.
+    if session.ephemeral {
+        deps.tools.release(session.id).await;
+    }
     deps.metrics.turns_running.dec();
 }
 
@@ -193,6 +197,7 @@ async fn agent_loop(
     let tools: Vec<_> = deps
         .tools
         .specs(&ctx)
+        .await
         .into_iter()
         .filter(|spec| options.allows(&spec.name))
         .collect();

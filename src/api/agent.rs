@@ -79,7 +79,7 @@ pub struct SessionStatusBody {
     /// The highest event `seq`; replay with `?since=` from any point.
     pub last_seq: u64,
     /// The session's sandbox; `null` until it has one.
-    pub sandbox: Option<serde_json::Value>,
+    pub sandbox: Option<crate::sandbox::SandboxInfo>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -255,7 +255,10 @@ pub async fn status(
         history,
         usage: session.usage(),
         last_seq: session.last_seq(),
-        sandbox: None,
+        sandbox: match &state.sandboxes {
+            Some(sandboxes) => sandboxes.info(session.id).await,
+            None => None,
+        },
         created_at: session.created_at,
         updated_at: session.updated_at(),
     }))

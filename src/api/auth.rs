@@ -89,6 +89,9 @@ pub async fn require_key(
     } else {
         Caller::default()
     };
+    // `/mcp` answers only about the caller's own sessions too.
+    req.extensions_mut()
+        .insert(crate::mcp::McpOwner(caller.owner().map(str::to_string)));
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
 }

@@ -57,7 +57,18 @@ impl utoipa::Modify for BearerAuth {
 
 pub fn router(state: AppState) -> Router {
     let limit = state.config.max_body_bytes;
-    Router::new()
+    let mut router = Router::new();
+    if let Some(host) = &state.mcp {
+        router = router.nest_service(
+            "/mcp",
+            crate::mcp::http_service(
+                host.clone(),
+                state.config.mcp.allowed_hosts.clone(),
+                state.stop.child_token(),
+            ),
+        );
+    }
+    router
         .route("/agent/run", post(agent::run))
         .route("/agent/session", post(agent::create_session))
         .route("/agent/session/{id}/message", post(agent::message))

@@ -14,6 +14,9 @@
 //! - [`manager`]: one sandbox per session, created at its first tool call,
 //!   an idle TTL, a cap on live sandboxes, the warm pool and orphan reaping.
 
+pub mod docker;
+pub mod files;
+pub mod manager;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +28,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
+
+pub use manager::{Lease, SandboxInfo, SandboxManager};
 
 /// Label every sandbox Conclave creates carries, so orphans can be found.
 pub const LABEL_MANAGED: &str = "conclave.managed";
@@ -132,6 +137,28 @@ pub enum SandboxError {
 
 pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 
+/// The backend the config names; `auto` takes docker when its socket
+/// answers and local namespaces otherwise, and says which.
+pub async fn connect(
+    config: &crate::config::SandboxConfig,
+    _data_dir: &std::path::Path,
+) -> Result<Arc<dyn SandboxBackend>> {
+    use crate::config::SandboxBackendKind as Kind;
+    match config.backend {
+        Kind::Docker => Ok(Arc::new(docker::DockerBackend::connect().await?)),
+        Kind::Auto => match docker::DockerBackend::connect().await {
+            Ok(docker) => {
+                tracing::info!("sandbox backend: docker (its socket answers)");
+                Ok(Arc::new(docker))
+            }
+            Err(e) => Err(e),
+        },
+        Kind::Local | Kind::Kubernetes => Err(SandboxError::Unavailable(
+            "this backend is not built yet".into(),
+        )),
+    }
+}
+
 /// A way of making sandboxes (docker, kubernetes, local).
 #[async_trait]
 pub trait SandboxBackend: Send + Sync {
@@ -155,6 +182,10 @@ pub trait SandboxBackend: Send + Sync {
 #[async_trait]
 pub trait Sandbox: Send + Sync {
     fn id(&self) -> &str;
+
+    /// Marks a warm-pool sandbox as the session's, so that after a server
+    /// restart [`SandboxBackend::list_managed`] reports it with its session.
+    async fn assign(&self, session_id: &str) -> Result<()>;
 
     /// Runs a command, sending its output to `output` in chunks as it comes.
     /// A timeout or `cancel` kills the whole process tree. A closed `output`

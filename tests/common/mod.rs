@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use conclave::agent::{ToolContext, ToolOutput, ToolRouter};
 use conclave::config::Config;
 use conclave::model::ToolSpec;
-use conclave::server::Server;
+use conclave::server::{Server, Tools};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -29,7 +29,7 @@ pub struct EchoTools;
 
 #[async_trait]
 impl ToolRouter for EchoTools {
-    fn specs(&self, _ctx: &ToolContext) -> Vec<ToolSpec> {
+    async fn specs(&self, _ctx: &ToolContext) -> Vec<ToolSpec> {
         vec![ToolSpec {
             name: "Bash".into(),
             description: "Echoes the command back".into(),
@@ -88,7 +88,7 @@ impl TestServer {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let root = CancellationToken::new();
-        let server = Server::build(config, Arc::new(EchoTools), root.clone())
+        let server = Server::build(config, Tools::Custom(Arc::new(EchoTools)), root.clone())
             .await
             .expect("server builds");
         let handle = tokio::spawn(server.run(listener));

@@ -1,0 +1,391 @@
+//! The agent's tools: Claude Code's built-ins and the sandbox MCP tools,
+//! every one a call through an in-process rmcp client to the sandbox MCP
+//! server, so the agent and an IDE run the same code path.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rmcp::model::{CallToolRequestParams, JsonObject};
+use rmcp::service::{RunningService, ServiceExt};
+use rmcp::{RoleClient, ServiceError};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::host::{Caller, McpHost};
+use super::server::SandboxServer;
+use crate::agent::{ToolContext, ToolOutput, ToolRouter};
+use crate::model::ToolSpec;
+use crate::sandbox::{WORKSPACE, files};
+
+pub struct SandboxTools {
+    client: RunningService<RoleClient, ()>,
+    host: Arc<McpHost>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("starting the in-process MCP client: {0}")]
+pub struct ConnectError(String);
+
+impl SandboxTools {
+    /// Connects a client to a fresh server instance over an in-memory pipe.
+    pub async fn connect(host: Arc<McpHost>) -> Result<SandboxTools, ConnectError> {
+        let (client_io, server_io) = tokio::io::duplex(256 * 1024);
+        let server = SandboxServer::new(host.clone(), Caller::Trusted);
+        tokio::spawn(async move {
+            match server.serve(server_io).await {
+                Ok(running) => {
+                    let _ = running.waiting().await;
+                }
+                Err(e) => tracing::error!(error = %e, "in-process MCP server failed to start"),
+            }
+        });
+        let client = ().serve(client_io).await.map_err(|e| ConnectError(e.to_string()))?;
+        Ok(SandboxTools { client, host })
+    }
+}
+
+fn schema(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": properties, "required": required})
+}
+
+fn spec(name: &str, description: &str, input_schema: Value) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema,
+    }
+}
+
+fn builtin_specs() -> Vec<ToolSpec> {
+    let path =
+        json!({"type": "string", "description": "Absolute, or relative to the working directory"});
+    vec![
+        spec(
+            "Read",
+            "Read a file of the workspace.",
+            schema(
+                json!({"file_path": path, "offset": {"type": "integer", "description": "First line, 1-based"}, "limit": {"type": "integer", "description": "Lines to return"}}),
+                &["file_path"],
+            ),
+        ),
+        spec(
+            "Write",
+            "Write a file of the workspace, replacing it.",
+            schema(
+                json!({"file_path": path, "content": {"type": "string"}}),
+                &["file_path", "content"],
+            ),
+        ),
+        spec(
+            "Edit",
+            "Replace old_string with new_string in a file (exactly once unless replace_all).",
+            schema(
+                json!({"file_path": path, "old_string": {"type": "string"}, "new_string": {"type": "string"}, "replace_all": {"type": "boolean"}}),
+                &["file_path", "old_string", "new_string"],
+            ),
+        ),
+        spec(
+            "Glob",
+            "Find files by a glob pattern such as **/*.py.",
+            schema(
+                json!({"pattern": {"type": "string"}, "path": path}),
+                &["pattern"],
+            ),
+        ),
+        spec(
+            "Grep",
+            "Search file contents with an extended regular expression.",
+            schema(
+                json!({"pattern": {"type": "string"}, "path": path, "glob": {"type": "string", "description": "Only files matching this glob"}, "-i": {"type": "boolean"}}),
+                &["pattern"],
+            ),
+        ),
+        spec(
+            "Bash",
+            "Run a shell command in the sandbox, in the working directory.",
+            schema(
+                json!({"command": {"type": "string"}, "timeout": {"type": "integer", "description": "Milliseconds"}}),
+                &["command"],
+            ),
+        ),
+        spec(
+            "mcp__sandbox__execute_code",
+            "Run code (python by default, or bash/sh) in the sandbox.",
+            schema(
+                json!({"code": {"type": "string"}, "language": {"type": "string", "enum": ["python", "bash", "sh"]}, "timeout": {"type": "integer", "description": "Seconds"}}),
+                &["code"],
+            ),
+        ),
+        spec(
+            "mcp__sandbox__execute_shell",
+            "Run a shell command in the sandbox.",
+            schema(
+                json!({"command": {"type": "string"}, "timeout": {"type": "integer", "description": "Seconds"}}),
+                &["command"],
+            ),
+        ),
+    ]
+}
+
+/// Quotes a string for `/bin/sh`.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn str_arg<'a>(input: &'a Value, key: &str) -> Result<&'a str, String> {
+    input
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("'{key}' is required and must be a string"))
+}
+
+/// Maps an agent tool call to the MCP tool and its arguments.
+fn translate(name: &str, input: &Value, workdir: &str) -> Result<(&'static str, Value), String> {
+    let path = |key: &str| -> Result<String, String> {
+        files::confine(str_arg(input, key)?, workdir).map_err(|e| e.to_string())
+    };
+    let opt_path = |key: &str| -> Result<String, String> {
+        match input.get(key).and_then(Value::as_str) {
+            Some(p) => files::confine(p, workdir).map_err(|e| e.to_string()),
+            None => Ok(workdir.to_string()),
+        }
+    };
+    let in_workdir = |command: &str| {
+        if workdir == WORKSPACE {
+            command.to_string()
+        } else {
+            let dir = quote(workdir);
+            format!("mkdir -p {dir} && cd {dir} && {command}")
+        }
+    };
+    Ok(match name {
+        "Read" => ("read_file", json!({"path": path("file_path")?})),
+        "Write" => (
+            "write_file",
+            json!({"path": path("file_path")?, "content": str_arg(input, "content")?}),
+        ),
+        "Edit" => (
+            "edit_file",
+            json!({
+                "path": path("file_path")?,
+                "old_string": str_arg(input, "old_string")?,
+                "new_string": str_arg(input, "new_string")?,
+                "replace_all": input.get("replace_all").and_then(Value::as_bool).unwrap_or(false),
+            }),
+        ),
+        "Glob" => (
+            "glob",
+            json!({"pattern": str_arg(input, "pattern")?, "path": opt_path("path")?}),
+        ),
+        "Grep" => (
+            "grep",
+            json!({
+                "pattern": str_arg(input, "pattern")?,
+                "path": opt_path("path")?,
+                "include": input.get("glob").or_else(|| input.get("include")).and_then(Value::as_str),
+                "ignore_case": input.get("-i").and_then(Value::as_bool).unwrap_or(false),
+            }),
+        ),
+        "Bash" => {
+            // Claude Code gives Bash timeouts in milliseconds.
+            let timeout = input
+                .get("timeout")
+                .and_then(Value::as_u64)
+                .map(|ms| ms.div_ceil(1000).max(1));
+            (
+                "execute_shell",
+                json!({"command": in_workdir(str_arg(input, "command")?), "timeout": timeout}),
+            )
+        }
+        "mcp__sandbox__execute_code" => {
+            let mut args = input.clone();
+            if let Some(map) = args.as_object_mut() {
+                map.remove("session_id");
+            }
+            str_arg(input, "code")?;
+            ("execute_code", args)
+        }
+        "mcp__sandbox__execute_shell" => (
+            "execute_shell",
+            json!({"command": in_workdir(str_arg(input, "command")?), "timeout": input.get("timeout")}),
+        ),
+        other => return Err(format!("unknown tool '{other}'")),
+    })
+}
+
+/// Shapes the MCP result the way the agent reads it: file text as text,
+/// everything else as the structured result.
+fn shape(agent_tool: &str, input: &Value, structured: Value) -> ToolOutput {
+    match agent_tool {
+        "Read" => {
+            let content = structured
+                .get("content")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let first = input
+                .get("offset")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .max(1) as usize;
+            let count = input
+                .get("limit")
+                .and_then(Value::as_u64)
+                .map_or(usize::MAX, |n| n as usize);
+            let mut text: String = content
+                .lines()
+                .enumerate()
+                .skip(first - 1)
+                .take(count)
+                .map(|(i, line)| format!("{:>6}\t{line}\n", i + 1))
+                .collect();
+            if structured.get("truncated") == Some(&Value::Bool(true)) {
+                text.push_str("[file truncated]\n");
+            }
+            ToolOutput {
+                output: Value::String(text),
+                is_error: false,
+            }
+        }
+        _ => {
+            let failed = structured
+                .get("status")
+                .and_then(Value::as_str)
+                .is_some_and(|s| s != "success");
+            ToolOutput {
+                output: structured,
+                is_error: failed,
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ToolRouter for SandboxTools {
+    async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec> {
+        if ctx.options.sandbox_enabled == Some(false) {
+            return Vec::new();
+        }
+        builtin_specs()
+    }
+
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        cancel: CancellationToken,
+    ) -> ToolOutput {
+        if ctx.options.sandbox_enabled == Some(false) {
+            return ToolOutput::error("this session has no sandbox (sandbox_enabled: false)");
+        }
+        let workdir = match ctx.options.working_dir.as_deref() {
+            Some(dir) => match files::confine(dir, WORKSPACE) {
+                Ok(dir) => dir,
+                Err(e) => return ToolOutput::error(format!("working_dir: {e}")),
+            },
+            None => WORKSPACE.to_string(),
+        };
+        let (tool, mut args) = match translate(name, &input, &workdir) {
+            Ok(translated) => translated,
+            Err(message) => return ToolOutput::error(message),
+        };
+        let mut arguments = match args.as_object_mut() {
+            Some(map) => std::mem::take(map),
+            None => JsonObject::new(),
+        };
+        arguments.retain(|_, v| !v.is_null());
+        arguments.insert("session_id".into(), json!(ctx.session_id.to_string()));
+        let params = CallToolRequestParams::new(tool).with_arguments(arguments);
+        // Dropping the call tells the server `notifications/cancelled`,
+        // which kills the process tree in the sandbox.
+        let result = tokio::select! {
+            result = self.client.call_tool(params) => result,
+            _ = cancel.cancelled() => return ToolOutput::error("interrupted"),
+        };
+        match result {
+            Ok(result) => {
+                let text = || {
+                    result
+                        .content
+                        .iter()
+                        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                };
+                if result.is_error == Some(true) {
+                    return ToolOutput::error(text());
+                }
+                match result.structured_content.clone() {
+                    Some(structured) => shape(name, &input, structured),
+                    None => ToolOutput {
+                        output: Value::String(text()),
+                        is_error: false,
+                    },
+                }
+            }
+            Err(ServiceError::McpError(e)) => ToolOutput::error(e.message.to_string()),
+            Err(e) => ToolOutput::error(format!("sandbox tool call failed: {e}")),
+        }
+    }
+
+    async fn release(&self, session_id: Uuid) {
+        self.host.sandboxes.release(session_id).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_tools_map_to_mcp_tools_with_confined_paths() {
+        let (tool, args) =
+            translate("Read", &json!({"file_path": "a.py"}), "/workspace/p").unwrap();
+        assert_eq!(
+            (tool, args),
+            ("read_file", json!({"path": "/workspace/p/a.py"}))
+        );
+        let err = translate(
+            "Write",
+            &json!({"file_path": "../../etc/x", "content": ""}),
+            "/workspace",
+        )
+        .unwrap_err();
+        assert!(err.contains("outside /workspace"), "{err}");
+        let (tool, args) = translate(
+            "Bash",
+            &json!({"command": "ls", "timeout": 1500}),
+            "/workspace/p",
+        )
+        .unwrap();
+        assert_eq!(tool, "execute_shell");
+        assert_eq!(
+            args["command"],
+            "mkdir -p '/workspace/p' && cd '/workspace/p' && ls"
+        );
+        assert_eq!(args["timeout"], 2);
+        assert!(translate("Nope", &json!({}), "/workspace").is_err());
+        assert!(
+            translate("Read", &json!({}), "/workspace")
+                .unwrap_err()
+                .contains("file_path")
+        );
+    }
+
+    #[test]
+    fn read_numbers_lines_and_honours_offset_and_limit() {
+        let out = shape(
+            "Read",
+            &json!({"offset": 2, "limit": 1}),
+            json!({"content": "a\nb\nc\n", "truncated": false}),
+        );
+        assert_eq!(out.output, json!("     2\tb\n"));
+        let exec = shape(
+            "Bash",
+            &json!({}),
+            json!({"status": "error", "exit_code": 1}),
+        );
+        assert!(exec.is_error);
+    }
+}

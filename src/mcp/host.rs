@@ -1,0 +1,160 @@
+//! What the MCP tools need from the server: the sandbox manager, the store
+//! (to find the session a call names, and check that the caller owns it),
+//! and the limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::RoleServer;
+use rmcp::model::ErrorData;
+use rmcp::service::RequestContext;
+use uuid::Uuid;
+
+use crate::agent::AgentOptions;
+use crate::config::SandboxConfig;
+use crate::sandbox::{Lease, SandboxError, SandboxManager, SandboxSpec};
+use crate::store::{SessionStatus, Store};
+
+/// The API key hash of an HTTP caller, put into the request's extensions by
+/// the API layer; `None` when auth is off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpOwner(pub Option<String>);
+
+/// Who a server instance answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Caller {
+    /// The agent's own client, and `conclave mcp` run by the operator:
+    /// any session.
+    Trusted,
+    /// An HTTP client: only sessions of the key in the request's
+    /// [`McpOwner`].
+    Http,
+}
+
+pub struct McpHost {
+    pub sandboxes: Arc<SandboxManager>,
+    pub store: Arc<dyn Store>,
+    /// Bytes of each output stream an execution returns.
+    pub max_output_bytes: usize,
+    /// Entries a listing, glob or grep returns.
+    pub max_entries: usize,
+}
+
+fn invalid(message: impl Into<String>) -> ErrorData {
+    ErrorData::invalid_params(message.into(), None)
+}
+
+impl McpHost {
+    fn config(&self) -> &SandboxConfig {
+        self.sandboxes.config()
+    }
+
+    /// The exec timeout a call asked for, within the configured bounds.
+    pub fn timeout(&self, asked: Option<u64>) -> Result<Duration, ErrorData> {
+        let config = self.config();
+        match asked {
+            None => Ok(Duration::from_secs(config.exec_timeout_s)),
+            Some(0) => Err(invalid("timeout must be at least 1 second")),
+            Some(s) if s > config.max_exec_timeout_s => Err(invalid(format!(
+                "timeout must be at most {} seconds",
+                config.max_exec_timeout_s
+            ))),
+            Some(s) => Ok(Duration::from_secs(s)),
+        }
+    }
+
+    /// The sandbox of the session a call names (checked against the
+    /// caller), or the connection's scratch sandbox when it names none.
+    pub async fn lease(
+        &self,
+        caller: &Caller,
+        session_id: Option<&str>,
+        scratch: Uuid,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Lease, ErrorData> {
+        let (session, spec) = match session_id {
+            None => (scratch, self.sandboxes.default_spec()),
+            Some(text) => {
+                let id = Uuid::parse_str(text)
+                    .map_err(|_| invalid(format!("session_id '{text}' is not a UUID")))?;
+                let record = self
+                    .store
+                    .get_session(id)
+                    .await
+                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                let owner = match caller {
+                    Caller::Trusted => None,
+                    Caller::Http => Some(
+                        ctx.extensions
+                            .get::<http::request::Parts>()
+                            .and_then(|parts| parts.extensions.get::<McpOwner>())
+                            .map(|o| o.0.clone())
+                            .unwrap_or_default(),
+                    ),
+                };
+                let record = record
+                    .filter(|r| owner.as_ref().is_none_or(|o| *o == r.owner))
+                    .ok_or_else(|| invalid(format!("unknown session '{text}'")))?;
+                if record.status == SessionStatus::Closed {
+                    return Err(invalid(format!("session '{text}' is closed")));
+                }
+                let options: AgentOptions = serde_json::from_value(record.options)
+                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                if options.sandbox_enabled == Some(false) {
+                    return Err(invalid(format!(
+                        "session '{text}' was created with sandbox_enabled: false"
+                    )));
+                }
+                (id, spec_for(&self.sandboxes, &options).map_err(invalid)?)
+            }
+        };
+        self.sandboxes
+            .lease(session, spec)
+            .await
+            .map_err(|e| match e {
+                SandboxError::Capacity(_) => ErrorData::internal_error(e.to_string(), None),
+                other => ErrorData::internal_error(other.to_string(), None),
+            })
+    }
+}
+
+/// The sandbox a session's options ask for, within the configured maxima;
+/// the error names the option.
+pub fn spec_for(sandboxes: &SandboxManager, options: &AgentOptions) -> Result<SandboxSpec, String> {
+    let config = sandboxes.config();
+    let mut spec = sandboxes.default_spec();
+    let Some(asked) = &options.sandbox else {
+        return Ok(spec);
+    };
+    if let Some(image) = &asked.image {
+        if image.trim().is_empty() {
+            return Err("options.sandbox.image must not be empty".into());
+        }
+        spec.image = image.clone();
+    }
+    if let Some(cpus) = asked.cpus {
+        if !(cpus > 0.0 && cpus <= config.max_cpus) {
+            return Err(format!(
+                "options.sandbox.cpus must be above 0 and at most {}",
+                config.max_cpus
+            ));
+        }
+        spec.cpus = cpus;
+    }
+    if let Some(memory) = asked.memory_mb {
+        if memory < 32 || memory > config.max_memory_mb {
+            return Err(format!(
+                "options.sandbox.memory_mb must be 32 to {}",
+                config.max_memory_mb
+            ));
+        }
+        spec.memory_mb = memory;
+    }
+    if asked.network == Some(true) {
+        if !config.allow_network {
+            return Err("options.sandbox.network: this server gives sandboxes no network".into());
+        }
+        spec.network = true;
+    }
+    Ok(spec)
+}

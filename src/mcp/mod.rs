@@ -1,0 +1,43 @@
+//! Conclave's MCP server and the agent's client of it.
+//!
+//! Layout:
+//!
+//! - [`server`]: the rmcp server of sandbox tools (`execute_code`,
+//!   `execute_shell`, `read_file`, `write_file`, `edit_file`, `list_files`,
+//!   `glob`, `grep`), served over streamable HTTP at `/mcp` and over stdio by
+//!   `conclave mcp`.
+//! - [`host`]: what the tools need from the server (sandboxes, the store
+//!   for session and owner checks, limits) and who is calling.
+//! - [`client`]: the agent's [`crate::agent::ToolRouter`]: Claude Code's
+//!   built-in tools mapped onto the server's, through an in-process client.
+
+pub mod client;
+pub mod host;
+pub mod server;
+
+use std::sync::Arc;
+
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+pub use client::SandboxTools;
+pub use host::{Caller, McpHost, McpOwner};
+pub use server::SandboxServer;
+
+/// The streamable HTTP service for `/mcp`: one server instance per MCP
+/// session, every one answering HTTP callers only about their own sessions.
+pub fn http_service(
+    host: Arc<McpHost>,
+    allowed_hosts: Vec<String>,
+    stop: CancellationToken,
+) -> StreamableHttpService<SandboxServer, LocalSessionManager> {
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(allowed_hosts)
+        .with_cancellation_token(stop);
+    StreamableHttpService::new(
+        move || Ok(SandboxServer::new(host.clone(), Caller::Http)),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}

@@ -1,0 +1,545 @@
+//! The sandbox MCP server: code, shell and file tools acting in a session's
+//! sandbox. IDEs reach it at `/mcp` or through `conclave mcp`; the agent
+//! reaches it through an in-process client ([`super::client`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::model::{
+    ErrorData, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::host::{Caller, McpHost};
+use crate::sandbox::{ExecChunk, ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
+
+/// How often a long exec reports progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecuteCode {
+    /// The program's source.
+    pub code: String,
+    /// `python` (default), `bash` or `sh`.
+    #[serde(default)]
+    pub language: Option<String>,
+    /// The agent session whose sandbox runs it; omitted, this connection's
+    /// own scratch sandbox.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Seconds before the whole process tree is killed.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecuteShell {
+    /// A command line for `/bin/sh -c`, run in the workspace.
+    pub command: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFile {
+    /// Absolute, or relative to /workspace.
+    pub path: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFile {
+    pub path: String,
+    pub content: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct EditFile {
+    pub path: String,
+    pub old_string: String,
+    pub new_string: String,
+    /// Replace every occurrence instead of exactly one.
+    #[serde(default)]
+    pub replace_all: bool,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListFiles {
+    /// Directory to list (default /workspace).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Levels to descend (default 1).
+    #[serde(default)]
+    pub depth: Option<u32>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct GlobFiles {
+    /// A glob such as `**/*.py`, relative to `path`.
+    pub pattern: String,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct GrepFiles {
+    /// An extended regular expression.
+    pub pattern: String,
+    /// File or directory to search (default /workspace).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Only files whose name matches this glob, e.g. `*.rs`.
+    #[serde(default)]
+    pub include: Option<String>,
+    #[serde(default)]
+    pub ignore_case: bool,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// What an execution returned.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct ExecResult {
+    /// `success`, `error` (non-zero exit) or `timeout`.
+    pub status: String,
+    pub stdout: String,
+    pub stderr: String,
+    /// `null` when the process was killed.
+    pub exit_code: Option<i64>,
+    pub duration_ms: u64,
+    /// Output past the limit was dropped.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct FileContent {
+    pub path: String,
+    pub content: String,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Done {
+    pub path: String,
+    /// Bytes written, or replacements made for an edit.
+    pub count: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Listing {
+    pub path: String,
+    pub entries: Vec<ListingEntry>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct ListingEntry {
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Matches {
+    pub path: String,
+    /// Matching paths (glob) or `file:line:text` lines (grep).
+    pub matches: Vec<String>,
+    pub truncated: bool,
+}
+
+/// One MCP connection's view of the sandbox tools.
+#[derive(Clone)]
+pub struct SandboxServer {
+    host: Arc<McpHost>,
+    caller: Caller,
+    /// This connection's scratch sandbox, for calls that name no session.
+    scratch: Arc<Scratch>,
+    tool_router: ToolRouter<SandboxServer>,
+}
+
+/// Releases the connection's scratch sandbox when the connection ends.
+struct Scratch {
+    id: Uuid,
+    host: Arc<McpHost>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (host, id) = (self.host.clone(), self.id);
+            runtime.spawn(async move { host.sandboxes.release(id).await });
+        }
+    }
+}
+
+fn tool_error(e: SandboxError) -> ErrorData {
+    match e {
+        SandboxError::InvalidPath(m) | SandboxError::File(m) => ErrorData::invalid_params(m, None),
+        SandboxError::Capacity(_) | SandboxError::ImageNotFound(_) => {
+            ErrorData::internal_error(e.to_string(), None)
+        }
+        other => {
+            tracing::warn!(error = %other, "sandbox tool failed");
+            ErrorData::internal_error(other.to_string(), None)
+        }
+    }
+}
+
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+#[tool_router]
+impl SandboxServer {
+    pub fn new(host: Arc<McpHost>, caller: Caller) -> SandboxServer {
+        SandboxServer {
+            scratch: Arc::new(Scratch {
+                id: Uuid::new_v4(),
+                host: host.clone(),
+            }),
+            host,
+            caller,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    async fn exec(
+        &self,
+        session_id: Option<&str>,
+        command: Vec<String>,
+        stdin: Option<Bytes>,
+        timeout: Option<u64>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ExecResult>, ErrorData> {
+        let timeout = self.host.timeout(timeout)?;
+        let lease = self
+            .host
+            .lease(&self.caller, session_id, self.scratch.id, &ctx)
+            .await?;
+        let request = ExecRequest {
+            command,
+            stdin,
+            timeout,
+            workdir: WORKSPACE.into(),
+            env: Default::default(),
+        };
+        // Progress goes out from a task of its own so a slow client never
+        // holds the output back.
+        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<u64>(1);
+        let reporter = ctx.meta.get_progress_token().map(|token| {
+            let peer = ctx.peer.clone();
+            tokio::spawn(async move {
+                let mut last = tokio::time::Instant::now();
+                while let Some(bytes) = progress_rx.recv().await {
+                    if last.elapsed() < PROGRESS_EVERY {
+                        continue;
+                    }
+                    last = tokio::time::Instant::now();
+                    let _ = peer
+                        .notify_progress(
+                            ProgressNotificationParam::new(token.clone(), bytes as f64)
+                                .with_message(format!("{bytes} bytes of output so far")),
+                        )
+                        .await;
+                }
+            })
+        });
+        let mut seen = 0u64;
+        let limit = self.host.max_output_bytes;
+        let (status, out) = exec_collect(
+            lease.sandbox.as_ref(),
+            request,
+            limit,
+            ctx.ct.clone(),
+            |chunk| {
+                let (ExecChunk::Stdout(d) | ExecChunk::Stderr(d)) = chunk;
+                seen += d.len() as u64;
+                let _ = progress_tx.try_send(seen);
+            },
+        )
+        .await
+        .map_err(tool_error)?;
+        drop(progress_tx);
+        if let Some(reporter) = reporter {
+            let _ = reporter.await;
+        }
+        let state = if status.timed_out {
+            "timeout"
+        } else if status.exit_code == Some(0) {
+            "success"
+        } else {
+            "error"
+        };
+        Ok(Json(ExecResult {
+            status: state.into(),
+            stdout: lossy(out.stdout),
+            stderr: lossy(out.stderr),
+            exit_code: status.exit_code,
+            duration_ms: status.duration.as_millis() as u64,
+            truncated: out.truncated,
+        }))
+    }
+
+    #[tool(
+        description = "Run a program (python by default, or bash/sh) in the session's sandbox and return its output and exit code."
+    )]
+    async fn execute_code(
+        &self,
+        Parameters(args): Parameters<ExecuteCode>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ExecResult>, ErrorData> {
+        let interpreter = match args.language.as_deref().unwrap_or("python") {
+            "python" | "python3" | "py" => "python3",
+            "bash" => "bash",
+            "sh" | "shell" => "sh",
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("language '{other}' is not supported; use python, bash or sh"),
+                    None,
+                ));
+            }
+        };
+        let command = vec![interpreter.to_string(), "-".to_string()];
+        let stdin = Some(Bytes::from(args.code));
+        self.exec(
+            args.session_id.as_deref(),
+            command,
+            stdin,
+            args.timeout,
+            ctx,
+        )
+        .await
+    }
+
+    #[tool(description = "Run a shell command line in the session's sandbox, in /workspace.")]
+    async fn execute_shell(
+        &self,
+        Parameters(args): Parameters<ExecuteShell>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ExecResult>, ErrorData> {
+        let command = vec!["/bin/sh".into(), "-c".into(), args.command];
+        self.exec(args.session_id.as_deref(), command, None, args.timeout, ctx)
+            .await
+    }
+
+    #[tool(description = "Read a text file of the session's workspace.")]
+    async fn read_file(
+        &self,
+        Parameters(args): Parameters<ReadFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<FileContent>, ErrorData> {
+        let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
+        let lease = self
+            .host
+            .lease(
+                &self.caller,
+                args.session_id.as_deref(),
+                self.scratch.id,
+                &ctx,
+            )
+            .await?;
+        let (bytes, truncated) = files::read(lease.sandbox.as_ref(), &path)
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(FileContent {
+            path,
+            content: lossy(bytes),
+            truncated,
+        }))
+    }
+
+    #[tool(description = "Write a file in the session's workspace, creating its directories.")]
+    async fn write_file(
+        &self,
+        Parameters(args): Parameters<WriteFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Done>, ErrorData> {
+        let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
+        let lease = self
+            .host
+            .lease(
+                &self.caller,
+                args.session_id.as_deref(),
+                self.scratch.id,
+                &ctx,
+            )
+            .await?;
+        let count = args.content.len();
+        files::write(lease.sandbox.as_ref(), &path, Bytes::from(args.content))
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(Done { path, count }))
+    }
+
+    #[tool(
+        description = "Replace old_string with new_string in a file of the workspace (exactly one occurrence unless replace_all)."
+    )]
+    async fn edit_file(
+        &self,
+        Parameters(args): Parameters<EditFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Done>, ErrorData> {
+        let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
+        let lease = self
+            .host
+            .lease(
+                &self.caller,
+                args.session_id.as_deref(),
+                self.scratch.id,
+                &ctx,
+            )
+            .await?;
+        let count = files::edit(
+            lease.sandbox.as_ref(),
+            &path,
+            &args.old_string,
+            &args.new_string,
+            args.replace_all,
+        )
+        .await
+        .map_err(tool_error)?;
+        Ok(Json(Done { path, count }))
+    }
+
+    #[tool(description = "List a directory of the workspace.")]
+    async fn list_files(
+        &self,
+        Parameters(args): Parameters<ListFiles>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Listing>, ErrorData> {
+        let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
+            .map_err(tool_error)?;
+        let lease = self
+            .host
+            .lease(
+                &self.caller,
+                args.session_id.as_deref(),
+                self.scratch.id,
+                &ctx,
+            )
+            .await?;
+        let (entries, truncated) = files::list(
+            lease.sandbox.as_ref(),
+            &path,
+            args.depth.unwrap_or(1),
+            self.host.max_entries,
+        )
+        .await
+        .map_err(tool_error)?;
+        Ok(Json(Listing {
+            path,
+            entries: entries
+                .into_iter()
+                .map(|e| ListingEntry {
+                    path: e.path,
+                    kind: e.kind.into(),
+                    size: e.size,
+                })
+                .collect(),
+            truncated,
+        }))
+    }
+
+    #[tool(description = "Find files of the workspace whose path matches a glob such as **/*.py.")]
+    async fn glob(
+        &self,
+        Parameters(args): Parameters<GlobFiles>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Matches>, ErrorData> {
+        let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
+            .map_err(tool_error)?;
+        let lease = self
+            .host
+            .lease(
+                &self.caller,
+                args.session_id.as_deref(),
+                self.scratch.id,
+                &ctx,
+            )
+            .await?;
+        let (matches, truncated) = files::glob(
+            lease.sandbox.as_ref(),
+            &path,
+            &args.pattern,
+            self.host.max_entries,
+        )
+        .await
+        .map_err(tool_error)?;
+        Ok(Json(Matches {
+            path,
+            matches,
+            truncated,
+        }))
+    }
+
+    #[tool(
+        description = "Search file contents of the workspace with an extended regular expression."
+    )]
+    async fn grep(
+        &self,
+        Parameters(args): Parameters<GrepFiles>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Matches>, ErrorData> {
+        let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
+            .map_err(tool_error)?;
+        let lease = self
+            .host
+            .lease(
+                &self.caller,
+                args.session_id.as_deref(),
+                self.scratch.id,
+                &ctx,
+            )
+            .await?;
+        let (text, truncated) = files::grep(
+            lease.sandbox.as_ref(),
+            &path,
+            &args.pattern,
+            args.include.as_deref(),
+            args.ignore_case,
+            self.host.max_output_bytes,
+        )
+        .await
+        .map_err(tool_error)?;
+        Ok(Json(Matches {
+            path,
+            matches: text.lines().map(str::to_string).collect(),
+            truncated,
+        }))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "conclave-sandbox",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "Tools that run code, shell commands and file operations in a sandbox. \
+                 Give session_id to act in an agent session's sandbox; without it each \
+                 connection gets a scratch sandbox of its own.",
+            )
+    }
+}

@@ -1,0 +1,461 @@
+//! Docker containers through bollard.
+//!
+//! A sandbox is a long-lived container running a keep-alive under
+//! `docker-init`; every command is a `docker exec` in it. The container has
+//! no network unless asked, a read-only root filesystem, tmpfs `/workspace`
+//! (sized to the disk limit) and `/tmp`, user 1000, every capability
+//! dropped, `no-new-privileges`, and pid, memory and CPU limits.
+//!
+//! Docker cannot kill an exec, so each exec carries a marker variable and a
+//! timeout or cancel runs a second exec that kills every process carrying
+//! it. When even that cannot start (a fork bomb holds every pid the limit
+//! allows), the container is restarted, which kills everything in it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::errors::Error as DockerError;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, ContainerStatsResponse, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, RenameContainerOptions,
+    RestartContainerOptions, StatsOptions,
+};
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{
+    ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
+    Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats, WORKSPACE,
+};
+
+/// Name prefix of the containers of sessions; the rest is the session id,
+/// so a claimed warm-pool container is found again after a restart.
+const SESSION_PREFIX: &str = "conclave-";
+const POOL_PREFIX: &str = "conclave-pool-";
+/// The variable that marks every process of one exec, so they can be killed.
+const EXEC_MARKER: &str = "CONCLAVE_EXEC";
+/// How long the kill exec may take before the container is restarted.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// Kills every process whose environment holds `CONCLAVE_EXEC=$1`, until
+/// none is left (a process may fork while the loop runs).
+const KILL_SCRIPT: &str = r#"m="CONCLAVE_EXEC=$1"; i=0
+while [ $i -lt 50 ]; do
+  found=
+  for d in /proc/[0-9]*; do
+    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "$m"; then
+      kill -9 "${d#/proc/}" 2>/dev/null && found=1
+    fi
+  done
+  [ -z "$found" ] && exit 0
+  i=$((i+1))
+done
+exit 1"#;
+
+pub struct DockerBackend {
+    docker: Docker,
+}
+
+impl DockerBackend {
+    /// Connects to the local socket (or `DOCKER_HOST`) and checks that the
+    /// daemon answers.
+    pub async fn connect() -> Result<DockerBackend> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|e| SandboxError::Unavailable(format!("docker: {e}")))?
+            .with_timeout(Duration::from_secs(120));
+        // The daemon may be older than bollard's default API version.
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|e| SandboxError::Unavailable(format!("docker: {e}")))?;
+        docker
+            .ping()
+            .await
+            .map_err(|e| SandboxError::Unavailable(format!("docker: {e}")))?;
+        Ok(DockerBackend { docker })
+    }
+
+    fn sandbox(&self, id: String) -> Arc<dyn Sandbox> {
+        Arc::new(DockerSandbox {
+            docker: self.docker.clone(),
+            id,
+            last_cpu: Mutex::new(None),
+        })
+    }
+}
+
+fn backend_error(e: DockerError) -> SandboxError {
+    match e {
+        DockerError::DockerResponseServerError { message, .. } => SandboxError::Backend(message),
+        other => SandboxError::Backend(other.to_string()),
+    }
+}
+
+fn is_not_found(e: &DockerError) -> bool {
+    matches!(
+        e,
+        DockerError::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+fn host_config(spec: &SandboxSpec) -> HostConfig {
+    let memory = i64::try_from(spec.memory_mb.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
+    let tmpfs = HashMap::from([
+        (
+            WORKSPACE.to_string(),
+            format!(
+                "rw,nosuid,nodev,size={}m,uid=1000,gid=1000,mode=0755",
+                spec.disk_mb
+            ),
+        ),
+        (
+            "/tmp".to_string(),
+            "rw,nosuid,nodev,size=64m,mode=1777".to_string(),
+        ),
+    ]);
+    HostConfig {
+        network_mode: Some(if spec.network { "bridge" } else { "none" }.into()),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(tmpfs),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        pids_limit: Some(i64::from(spec.pids)),
+        memory: Some(memory),
+        // Equal to `memory`: no swap on top of the limit.
+        memory_swap: Some(memory),
+        nano_cpus: Some((spec.cpus * 1e9) as i64),
+        // docker-init reaps the orphans that killed execs leave behind.
+        init: Some(true),
+        ipc_mode: Some("private".into()),
+        ..Default::default()
+    }
+}
+
+#[async_trait]
+impl SandboxBackend for DockerBackend {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        let name = match spec.labels.get(LABEL_SESSION) {
+            Some(session) => format!("{SESSION_PREFIX}{session}"),
+            None => format!("{POOL_PREFIX}{}", Uuid::new_v4().simple()),
+        };
+        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
+        labels.insert(LABEL_MANAGED.into(), "true".into());
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(vec!["sleep".into(), "infinity".into()]),
+            entrypoint: Some(Vec::new()),
+            user: Some("1000:1000".into()),
+            working_dir: Some(WORKSPACE.into()),
+            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(labels),
+            network_disabled: Some(!spec.network),
+            host_config: Some(host_config(spec)),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions {
+            name: Some(name),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| match e {
+                DockerError::DockerResponseServerError {
+                    status_code: 404, ..
+                } => SandboxError::ImageNotFound(spec.image.clone()),
+                other => backend_error(other),
+            })?;
+        if let Err(e) = self.docker.start_container(&created.id, None).await {
+            let _ = self.remove(&created.id).await;
+            return Err(backend_error(e));
+        }
+        Ok(self.sandbox(created.id))
+    }
+
+    async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {
+        match self.docker.inspect_container(id, None).await {
+            Ok(info) => {
+                let running = info.state.and_then(|s| s.running).unwrap_or(false);
+                Ok(running.then(|| self.sandbox(info.id.unwrap_or_else(|| id.to_string()))))
+            }
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(backend_error(e)),
+        }
+    }
+
+    async fn list_managed(&self) -> Result<Vec<ManagedSandbox>> {
+        let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])]);
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let containers = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(backend_error)?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let id = c.id?;
+                let labels = c.labels.unwrap_or_default();
+                let name = c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .unwrap_or_default();
+                let name = name.trim_start_matches('/');
+                // A claimed pool container carries its session in its name.
+                let session = labels.get(LABEL_SESSION).cloned().or_else(|| {
+                    name.strip_prefix(SESSION_PREFIX)
+                        .filter(|rest| Uuid::parse_str(rest).is_ok())
+                        .map(str::to_string)
+                });
+                let pool = match session {
+                    Some(_) => None,
+                    None => labels.get(LABEL_POOL).cloned(),
+                };
+                Some(ManagedSandbox { id, session, pool })
+            })
+            .collect())
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        remove_container(&self.docker, id).await
+    }
+}
+
+/// Force-removes a container and its anonymous volumes; one already gone,
+/// or already being removed by another caller, is not an error.
+async fn remove_container(docker: &Docker, id: &str) -> Result<()> {
+    let options = RemoveContainerOptions {
+        force: true,
+        v: true,
+        ..Default::default()
+    };
+    match docker.remove_container(id, Some(options)).await {
+        Ok(()) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(DockerError::DockerResponseServerError {
+            status_code: 409, ..
+        }) => Ok(()),
+        Err(e) => Err(backend_error(e)),
+    }
+}
+
+struct DockerSandbox {
+    docker: Docker,
+    id: String,
+    /// The previous CPU sample (container total, system total), so
+    /// `stats` reports use since the last call rather than since start.
+    last_cpu: Mutex<Option<(u64, u64)>>,
+}
+
+impl DockerSandbox {
+    /// Kills every process of the exec marked `marker`, restarting the
+    /// container if the kill itself cannot run.
+    async fn kill_exec(&self, marker: &str) {
+        let killed = tokio::time::timeout(KILL_GRACE, async {
+            let exec = self
+                .docker
+                .create_exec(
+                    &self.id,
+                    CreateExecOptions {
+                        cmd: Some(vec!["/bin/sh", "-c", KILL_SCRIPT, "sh", marker]),
+                        attach_stdout: Some(true),
+                        attach_stderr: Some(true),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            if let StartExecResults::Attached { mut output, .. } =
+                self.docker.start_exec(&exec.id, None).await?
+            {
+                while output.next().await.is_some() {}
+            }
+            let inspect = self.docker.inspect_exec(&exec.id).await?;
+            Ok::<_, DockerError>(inspect.exit_code == Some(0))
+        })
+        .await;
+        if !matches!(killed, Ok(Ok(true))) {
+            tracing::warn!(sandbox = %self.id, "kill exec failed; restarting the container");
+            let options = RestartContainerOptions {
+                t: Some(0),
+                ..Default::default()
+            };
+            if let Err(e) = self.docker.restart_container(&self.id, Some(options)).await {
+                tracing::error!(sandbox = %self.id, error = %e, "restart failed");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn assign(&self, session_id: &str) -> Result<()> {
+        let options = RenameContainerOptions {
+            name: format!("{SESSION_PREFIX}{session_id}"),
+        };
+        self.docker
+            .rename_container(&self.id, options)
+            .await
+            .map_err(backend_error)
+    }
+
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        let started = Instant::now();
+        let marker = Uuid::new_v4().simple().to_string();
+        let mut env: Vec<String> = request
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        env.push(format!("{EXEC_MARKER}={marker}"));
+        let exec = self
+            .docker
+            .create_exec(
+                &self.id,
+                CreateExecOptions {
+                    cmd: Some(request.command.clone()),
+                    env: Some(env),
+                    working_dir: Some(request.workdir.clone()),
+                    attach_stdin: Some(request.stdin.is_some()),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| {
+                if is_not_found(&e) {
+                    SandboxError::Gone(self.id.clone())
+                } else {
+                    backend_error(e)
+                }
+            })?;
+        let options = StartExecOptions {
+            output_capacity: Some(64 * 1024),
+            ..Default::default()
+        };
+        let StartExecResults::Attached {
+            output: mut stream,
+            mut input,
+        } = self
+            .docker
+            .start_exec(&exec.id, Some(options))
+            .await
+            .map_err(backend_error)?
+        else {
+            return Err(SandboxError::Backend("exec started detached".into()));
+        };
+        if let Some(stdin) = request.stdin {
+            // A command that exits without reading its input is not an error.
+            let _ = input.write_all(&stdin).await;
+            let _ = input.shutdown().await;
+        }
+        drop(input);
+
+        let deadline = tokio::time::sleep(request.timeout);
+        tokio::pin!(deadline);
+        let (mut timed_out, mut cancelled) = (false, false);
+        loop {
+            tokio::select! {
+                chunk = stream.next() => match chunk {
+                    Some(Ok(LogOutput::StdOut { message })) | Some(Ok(LogOutput::Console { message })) => {
+                        let _ = output.send(ExecChunk::Stdout(message)).await;
+                    }
+                    Some(Ok(LogOutput::StdErr { message })) => {
+                        let _ = output.send(ExecChunk::Stderr(message)).await;
+                    }
+                    Some(Ok(LogOutput::StdIn { .. })) => {}
+                    Some(Err(e)) => return Err(backend_error(e)),
+                    None => break,
+                },
+                _ = &mut deadline, if !timed_out && !cancelled => {
+                    timed_out = true;
+                    self.kill_exec(&marker).await;
+                }
+                _ = cancel.cancelled(), if !timed_out && !cancelled => {
+                    cancelled = true;
+                    self.kill_exec(&marker).await;
+                }
+            }
+        }
+        let exit_code = match self.docker.inspect_exec(&exec.id).await {
+            Ok(inspect) if !(timed_out || cancelled) => inspect.exit_code,
+            _ => None,
+        };
+        Ok(ExecStatus {
+            exit_code,
+            timed_out,
+            cancelled,
+            duration: started.elapsed(),
+        })
+    }
+
+    async fn stats(&self) -> Result<SandboxStats> {
+        let options = StatsOptions {
+            stream: false,
+            one_shot: true,
+        };
+        let mut stream = self.docker.stats(&self.id, Some(options));
+        let sample: ContainerStatsResponse = match stream.next().await {
+            Some(Ok(sample)) => sample,
+            Some(Err(e)) if is_not_found(&e) => return Err(SandboxError::Gone(self.id.clone())),
+            Some(Err(e)) => return Err(backend_error(e)),
+            None => return Ok(SandboxStats::default()),
+        };
+        let cpu = sample.cpu_stats.as_ref();
+        let container = cpu
+            .and_then(|c| c.cpu_usage.as_ref())
+            .and_then(|u| u.total_usage);
+        let system = cpu.and_then(|c| c.system_cpu_usage);
+        let online = cpu.and_then(|c| c.online_cpus).unwrap_or(1).max(1);
+        let cpu_percent = match (container, system) {
+            (Some(container), Some(system)) => {
+                let mut last = self.last_cpu.lock().await;
+                let previous = last.replace((container, system));
+                previous.and_then(|(pc, ps)| {
+                    let dc = container.checked_sub(pc)? as f64;
+                    let ds = system.checked_sub(ps)? as f64;
+                    (ds > 0.0).then(|| dc / ds * f64::from(online) * 100.0)
+                })
+            }
+            _ => None,
+        };
+        Ok(SandboxStats {
+            cpu_percent,
+            memory_bytes: sample.memory_stats.and_then(|m| m.usage),
+            pids: sample.pids_stats.and_then(|p| p.current),
+        })
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        remove_container(&self.docker, &self.id).await
+    }
+}

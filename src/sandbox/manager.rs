@@ -1,0 +1,373 @@
+//! One sandbox per session, created at its first tool call.
+//!
+//! The manager keeps the live sandboxes by session, destroys those idle
+//! longer than the TTL, refuses new ones past the cap, keeps a warm pool of
+//! ready sandboxes of the default spec (so a new session's first exec does
+//! not wait for a container start), and at start-up reaps what a previous
+//! run left behind: pool sandboxes, and those whose session is gone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{Notify, OnceCell, watch};
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{
+    LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, Result, Sandbox, SandboxBackend, SandboxError,
+    SandboxSpec, SandboxStats,
+};
+use crate::config::SandboxConfig;
+
+/// A session's sandbox as its status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct SandboxInfo {
+    pub backend: String,
+    pub id: String,
+    /// `running`, or `gone` when the backend no longer has it.
+    pub state: String,
+    pub image: String,
+    #[serde(flatten)]
+    pub stats: SandboxStats,
+}
+
+struct Slot {
+    spec: SandboxSpec,
+    sandbox: OnceCell<Arc<dyn Sandbox>>,
+    /// Leases held now; an idle sandbox is one with none.
+    leases: AtomicUsize,
+    last_used: Mutex<Instant>,
+}
+
+pub struct SandboxManager {
+    backend: Arc<dyn SandboxBackend>,
+    config: SandboxConfig,
+    slots: Mutex<HashMap<Uuid, Arc<Slot>>>,
+    /// Ready sandboxes of the default spec, not yet any session's.
+    pool: Mutex<Vec<Arc<dyn Sandbox>>>,
+    /// Wakes the refill task when the pool was drawn from.
+    drawn: Notify,
+    /// The pool's size, for those waiting for it to fill.
+    pool_size: watch::Sender<usize>,
+    /// Sandboxes of live sessions found at start-up, by session; taken over
+    /// at the session's next tool call.
+    found: Mutex<HashMap<Uuid, String>>,
+}
+
+/// A session's hold on its sandbox; while one is held the sandbox is not
+/// idle, and dropping it starts the idle clock again.
+pub struct Lease {
+    _hold: Hold,
+    pub sandbox: Arc<dyn Sandbox>,
+}
+
+/// Counts as a lease from before the sandbox exists, so the idle reaper
+/// never takes a sandbox being provisioned or used, even if the caller is
+/// cancelled mid-way.
+struct Hold(Arc<Slot>);
+
+impl Hold {
+    fn new(slot: Arc<Slot>) -> Hold {
+        slot.leases.fetch_add(1, Ordering::AcqRel);
+        Hold(slot)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        *lock(&self.0.last_used) = Instant::now();
+        self.0.leases.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl SandboxManager {
+    pub fn new(backend: Arc<dyn SandboxBackend>, config: SandboxConfig) -> SandboxManager {
+        SandboxManager {
+            backend,
+            config,
+            slots: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Vec::new()),
+            drawn: Notify::new(),
+            pool_size: watch::Sender::new(0),
+            found: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    /// The spec of a sandbox made with the configured defaults.
+    pub fn default_spec(&self) -> SandboxSpec {
+        SandboxSpec {
+            image: self.config.image.clone(),
+            cpus: self.config.cpus,
+            memory_mb: self.config.memory_mb,
+            pids: self.config.pids,
+            disk_mb: self.config.disk_mb,
+            network: false,
+            env: BTreeMap::new(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Removes what a previous run left: pool sandboxes, and sandboxes whose
+    /// session `is_live` denies. Those of live sessions are kept to be taken
+    /// over. Returns how many were removed.
+    pub async fn reap_orphans(&self, is_live: impl Fn(Uuid) -> bool) -> Result<usize> {
+        let mut removed = 0;
+        for managed in self.backend.list_managed().await? {
+            let session = managed
+                .session
+                .as_deref()
+                .and_then(|s| Uuid::parse_str(s).ok());
+            match session {
+                Some(session) if is_live(session) => {
+                    lock(&self.found).insert(session, managed.id);
+                }
+                _ => {
+                    self.backend.remove(&managed.id).await?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The session's sandbox, created (or taken from the pool, or taken over
+    /// from a previous run) at the first call.
+    pub async fn lease(&self, session: Uuid, spec: SandboxSpec) -> Result<Lease> {
+        let slot = {
+            let mut slots = lock(&self.slots);
+            match slots.get(&session) {
+                Some(slot) => slot.clone(),
+                None => {
+                    if slots.len() >= self.config.max_live {
+                        return Err(SandboxError::Capacity(self.config.max_live));
+                    }
+                    let slot = Arc::new(Slot {
+                        spec,
+                        sandbox: OnceCell::new(),
+                        leases: AtomicUsize::new(0),
+                        last_used: Mutex::new(Instant::now()),
+                    });
+                    slots.insert(session, slot.clone());
+                    slot
+                }
+            }
+        };
+        let hold = Hold::new(slot.clone());
+        let made = slot
+            .sandbox
+            .get_or_try_init(|| self.provision(session, &slot.spec))
+            .await;
+        match made {
+            Ok(sandbox) => Ok(Lease {
+                sandbox: sandbox.clone(),
+                _hold: hold,
+            }),
+            Err(e) => {
+                let mut slots = lock(&self.slots);
+                if slots
+                    .get(&session)
+                    .is_some_and(|s| Arc::ptr_eq(s, &slot) && !s.sandbox.initialized())
+                {
+                    slots.remove(&session);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn provision(&self, session: Uuid, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        let previous = lock(&self.found).remove(&session);
+        if let Some(id) = previous
+            && let Some(sandbox) = self.backend.attach(&id).await?
+        {
+            tracing::info!(%session, sandbox = %id, "took over the sandbox of a previous run");
+            return Ok(sandbox);
+        }
+        if *spec == self.default_spec() {
+            let pooled = {
+                let mut pool = lock(&self.pool);
+                let taken = pool.pop();
+                self.pool_size.send_replace(pool.len());
+                taken
+            };
+            if let Some(sandbox) = pooled {
+                self.drawn.notify_one();
+                match sandbox.assign(&session.to_string()).await {
+                    Ok(()) => return Ok(sandbox),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a pool sandbox could not be assigned; creating one");
+                        let _ = sandbox.destroy().await;
+                    }
+                }
+            } else {
+                self.drawn.notify_one();
+            }
+        }
+        let mut spec = spec.clone();
+        spec.labels.insert(LABEL_MANAGED.into(), "true".into());
+        spec.labels
+            .insert(LABEL_SESSION.into(), session.to_string());
+        let sandbox = self.backend.create(&spec).await?;
+        tracing::info!(%session, sandbox = sandbox.id(), backend = self.backend.name(), "sandbox created");
+        Ok(sandbox)
+    }
+
+    /// The session's sandbox and its resource use, if it has one.
+    pub async fn info(&self, session: Uuid) -> Option<SandboxInfo> {
+        let slot = lock(&self.slots).get(&session).cloned()?;
+        let sandbox = slot.sandbox.get()?.clone();
+        let (state, stats) = match sandbox.stats().await {
+            Ok(stats) => ("running", stats),
+            Err(SandboxError::Gone(_)) => ("gone", SandboxStats::default()),
+            Err(e) => {
+                tracing::debug!(error = %e, "sandbox stats");
+                ("running", SandboxStats::default())
+            }
+        };
+        Some(SandboxInfo {
+            backend: self.backend.name().into(),
+            id: sandbox.id().into(),
+            state: state.into(),
+            image: slot.spec.image.clone(),
+            stats,
+        })
+    }
+
+    /// Destroys the session's sandbox (the session was deleted or its
+    /// ephemeral run ended).
+    pub async fn release(&self, session: Uuid) {
+        let slot = lock(&self.slots).remove(&session);
+        let found = lock(&self.found).remove(&session);
+        if let Some(sandbox) = slot.as_ref().and_then(|s| s.sandbox.get())
+            && let Err(e) = sandbox.destroy().await
+        {
+            tracing::warn!(%session, error = %e, "destroying a sandbox failed");
+        }
+        if let Some(id) = found {
+            let _ = self.backend.remove(&id).await;
+        }
+    }
+
+    /// Destroys sandboxes nobody has used for the idle TTL.
+    pub async fn reap_idle(&self) -> usize {
+        let ttl = Duration::from_secs(self.config.idle_ttl_s);
+        let idle: Vec<(Uuid, Arc<Slot>)> = {
+            let mut slots = lock(&self.slots);
+            let expired: Vec<Uuid> = slots
+                .iter()
+                .filter(|(_, slot)| {
+                    slot.leases.load(Ordering::Acquire) == 0
+                        && slot.sandbox.initialized()
+                        && lock(&slot.last_used).elapsed() >= ttl
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            expired
+                .into_iter()
+                .filter_map(|id| slots.remove(&id).map(|slot| (id, slot)))
+                .collect()
+        };
+        for (session, slot) in &idle {
+            if let Some(sandbox) = slot.sandbox.get() {
+                tracing::info!(%session, sandbox = sandbox.id(), "idle sandbox destroyed");
+                let _ = sandbox.destroy().await;
+            }
+        }
+        idle.len()
+    }
+
+    /// Keeps the warm pool full until `stop`, then destroys what is in it.
+    pub async fn run_pool(&self, stop: CancellationToken) {
+        let mut failures = 0u32;
+        loop {
+            let want = {
+                let live = lock(&self.slots).len();
+                let pooled = lock(&self.pool).len();
+                let room = self.config.max_live.saturating_sub(live + pooled);
+                self.config.warm_pool.saturating_sub(pooled).min(room)
+            };
+            if want == 0 {
+                tokio::select! {
+                    _ = self.drawn.notified() => continue,
+                    _ = stop.cancelled() => break,
+                }
+            }
+            let mut spec = self.default_spec();
+            spec.labels.insert(LABEL_MANAGED.into(), "true".into());
+            spec.labels
+                .insert(LABEL_POOL.into(), pool_label(&spec.image));
+            let made = tokio::select! {
+                made = self.backend.create(&spec) => made,
+                _ = stop.cancelled() => break,
+            };
+            match made {
+                Ok(sandbox) => {
+                    failures = 0;
+                    let mut pool = lock(&self.pool);
+                    pool.push(sandbox);
+                    self.pool_size.send_replace(pool.len());
+                }
+                Err(e) => {
+                    failures += 1;
+                    let wait = Duration::from_secs(2u64.pow(failures.min(6)));
+                    tracing::warn!(error = %e, retry_in_s = wait.as_secs(), "warm pool refill failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.cancelled() => break,
+                    }
+                }
+            }
+        }
+        let pooled: Vec<_> = lock(&self.pool).drain(..).collect();
+        self.pool_size.send_replace(0);
+        for sandbox in pooled {
+            let _ = sandbox.destroy().await;
+        }
+    }
+
+    /// How many sandboxes wait in the pool (for tests and metrics).
+    pub fn pooled(&self) -> usize {
+        lock(&self.pool).len()
+    }
+
+    /// Waits until the pool holds `n` sandboxes or `within` passes.
+    pub async fn wait_pooled(&self, n: usize, within: Duration) -> bool {
+        let mut size = self.pool_size.subscribe();
+        tokio::time::timeout(within, size.wait_for(|&len| len >= n))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+/// Labels allow only `[A-Za-z0-9._-]`: the image name is made to fit.
+fn pool_label(image: &str) -> String {
+    image
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(63)
+        .collect()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
