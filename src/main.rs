@@ -38,6 +38,19 @@ enum Command {
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
         sandbox: Option<SandboxBackendKind>,
     },
+    /// Serve the sandbox MCP tools over stdio, for IDEs that start their
+    /// MCP servers as commands. Sessions named by `session_id` are those of
+    /// the server using the same data directory.
+    Mcp {
+        /// TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Directory of the store (default ./data).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
+        sandbox: Option<SandboxBackendKind>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -93,6 +106,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             server.run(listener).await?;
             tracing::info!("stopped");
+            Ok(())
+        }
+        Command::Mcp {
+            config,
+            data_dir,
+            sandbox,
+        } => {
+            let config = Config::load(
+                config.as_deref(),
+                &Overrides {
+                    listen: None,
+                    data_dir,
+                    sandbox,
+                },
+            )?;
+            conclave::mcp::serve_stdio(config).await?;
             Ok(())
         }
     }

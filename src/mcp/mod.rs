@@ -19,7 +19,12 @@ use std::sync::Arc;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServiceExt;
 use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::sandbox::{self, SandboxManager};
+use crate::store::{SqliteStore, Store};
 
 pub use client::SandboxTools;
 pub use host::{Caller, McpHost, McpOwner};
@@ -40,4 +45,26 @@ pub fn http_service(
         Arc::new(LocalSessionManager::default()),
         config,
     )
+}
+
+/// Serves the sandbox tools over stdin/stdout until the client closes them,
+/// then destroys the sandboxes this process made.
+pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&config.data_dir.join("conclave.db"))?);
+    let backend = sandbox::connect(&config.sandbox, &config.data_dir).await?;
+    tracing::info!(backend = backend.name(), "conclave mcp: serving sandbox tools on stdio");
+    let sandboxes = Arc::new(SandboxManager::new(backend, config.sandbox.clone()));
+    let host = Arc::new(McpHost {
+        sandboxes: sandboxes.clone(),
+        store: store.clone(),
+        max_output_bytes: 1024 * 1024,
+        max_entries: 2000,
+    });
+    let server = SandboxServer::new(host, Caller::Trusted);
+    let running = server.serve(rmcp::transport::stdio()).await?;
+    let ended = running.waiting().await;
+    sandboxes.release_all().await;
+    store.close().await?;
+    ended?;
+    Ok(())
 }

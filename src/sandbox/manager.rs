@@ -260,6 +260,15 @@ impl SandboxManager {
         }
     }
 
+    /// Destroys every sandbox this manager made (a `conclave mcp` process
+    /// ending; the server keeps its sessions' sandboxes across restarts).
+    pub async fn release_all(&self) {
+        let sessions: Vec<Uuid> = lock(&self.slots).keys().copied().collect();
+        for session in sessions {
+            self.release(session).await;
+        }
+    }
+
     /// Destroys sandboxes nobody has used for the idle TTL.
     pub async fn reap_idle(&self) -> usize {
         let ttl = Duration::from_secs(self.config.idle_ttl_s);
