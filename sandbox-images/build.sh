@@ -28,7 +28,8 @@ SUITE=bookworm
 PUBLIC_BASE=debian:$SUITE-slim
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR-http://deb.debian.org/debian-security}
-CACHE=${CONCLAVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/conclave}
+# lib.sh defaults CONCLAVE_CACHE to ${XDG_CACHE_HOME:-~/.cache}/conclave.
+CACHE=$CONCLAVE_CACHE
 # Bump when the way the offline root file system is made changes, so cached
 # tarballs made the old way are not reused.
 ROOTFS_RECIPE=1
