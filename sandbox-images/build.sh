@@ -74,7 +74,7 @@ label_of() { # IMAGE LABEL → the label's value, empty when absent
     docker image inspect -f "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null | sed 's/^<no value>$//' || true
 }
 
-human_size() { numfmt --to=iec --suffix=B --format='%.1f' "$1"; }
+human_size() { numfmt --to=iec-i --suffix=B --format='%.1f' "$1"; }
 
 # Unmounts everything mounted at or below DIR, deepest first.
 unmount_under() {
