@@ -1,5 +1,14 @@
 # Shared set-up for scripts/serve.sh and scripts/test.sh (sourced, not run).
 # Installs only what is missing, so a prepared machine starts at once.
+# shellcheck shell=bash
+
+# The repository root, wherever the sourcing script runs from.
+CONCLAVE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# What the scripts download and build once (dockerd's log, the sandbox
+# images' root file systems). Not exported: the server reads every CONCLAVE_*
+# variable as configuration and refuses ones it does not know.
+CONCLAVE_CACHE=${CONCLAVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/conclave}
+export -n CONCLAVE_CACHE
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -35,5 +44,39 @@ ensure_rust() {
     if ! printf '1.88.0\n%s\n' "$version" | sort -V -C; then
         die "rustc $version is too old: Conclave needs Rust 1.88 or later (rustup update stable)"
     fi
-    apt_install gcc libc6-dev
+    # libseccomp-dev: the local sandbox backend (hakoniwa) links libseccomp.
+    apt_install gcc libc6-dev libseccomp-dev
+}
+
+# Docker: Debian's docker.io when dockerd is missing, and a daemon that
+# answers `docker info`. One started here runs on after the script, in a
+# session of its own, logging to $CONCLAVE_CACHE/dockerd.log.
+ensure_docker() {
+    command -v dockerd >/dev/null || apt_install docker.io
+    docker info >/dev/null 2>&1 && return 0
+    [ "$(id -u)" = 0 ] || die "dockerd is not reachable and only root can start it here: start it (systemctl start docker) or use a user in the docker group"
+    mkdir -p "$CONCLAVE_CACHE"
+    local logfile="$CONCLAVE_CACHE/dockerd.log" pid
+    log "starting dockerd (log: $logfile)"
+    setsid nohup dockerd >"$logfile" 2>&1 </dev/null &
+    pid=$!
+    for _ in $(seq 1 120); do
+        if docker info >/dev/null 2>&1; then
+            log "dockerd is up"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || die "dockerd exited at start-up: see $logfile"
+        sleep 0.5
+    done
+    die "dockerd did not answer docker info within 60 s: see $logfile"
+}
+
+# The sandbox images conclave/sandbox-{python,shell}:latest, built by
+# sandbox-images/build.sh (a no-op when they are up to date; offline with
+# debootstrap when no base image is at hand). Needs ensure_docker first.
+ensure_sandbox_images() {
+    # Only root can run debootstrap; build.sh says so itself if it needs it.
+    [ "$(id -u)" != 0 ] || apt_install debootstrap
+    CONCLAVE_CACHE="$CONCLAVE_CACHE" "$CONCLAVE_ROOT/sandbox-images/build.sh" all \
+        || die "building the sandbox images failed (sandbox-images/build.sh, output above)"
 }

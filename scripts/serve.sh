@@ -9,4 +9,15 @@ cd "$(dirname "$0")/.."
 ensure_rust
 log "building (release)"
 cargo build --release --locked --quiet
+# Docker sandboxes when Docker and the images can be had; without them the
+# server falls back to the local sandbox backend, so failing here is a notice.
+set +e
+(
+    set -e
+    ensure_docker
+    ensure_sandbox_images
+)
+docker_status=$?
+set -e
+[ "$docker_status" = 0 ] || log "notice: no Docker sandboxes (see above); sandboxes will use the local backend"
 exec target/release/conclave serve "$@"

@@ -78,5 +78,8 @@ log "cargo fmt --check"
 cargo fmt --check || die "code is not formatted: run cargo fmt"
 log "cargo clippy"
 cargo clippy --locked --all-targets --quiet -- -D warnings
+# The docker sandbox tests need dockerd and the sandbox images.
+ensure_docker
+ensure_sandbox_images
 log "cargo test"
 cargo test --locked --lib --bins --tests
