@@ -1,0 +1,374 @@
+//! One suite, run against every backend that can run here: a real dockerd
+//! (the test command installs and starts it, and builds the images) and
+//! the local namespace backend. Nothing is skipped: a backend that cannot
+//! start fails its tests with the reason.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use conclave::config::SandboxConfig;
+use conclave::sandbox::docker::DockerBackend;
+use conclave::sandbox::{
+    Collected, ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_SESSION, Sandbox,
+    SandboxBackend, SandboxError, SandboxManager, SandboxSpec, exec_collect, files,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const IMAGE: &str = "conclave/sandbox-python:latest";
+
+async fn docker() -> Arc<dyn SandboxBackend> {
+    Arc::new(
+        DockerBackend::connect()
+            .await
+            .expect("dockerd must answer (scripts/test.sh starts it)"),
+    )
+}
+
+fn spec() -> SandboxSpec {
+    SandboxSpec {
+        image: IMAGE.into(),
+        cpus: 1.0,
+        memory_mb: 256,
+        pids: 64,
+        disk_mb: 64,
+        network: false,
+        env: BTreeMap::from([("GREETING".to_string(), "hello".to_string())]),
+        labels: BTreeMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_SESSION.to_string(), Uuid::new_v4().to_string()),
+        ]),
+    }
+}
+
+/// A sandbox destroyed when the test ends, pass or fail.
+struct Live(Arc<dyn Sandbox>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let sandbox = self.0.clone();
+        // The test's runtime is going away: destroy on a thread of its own.
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Runtime::new() {
+                let _ = rt.block_on(sandbox.destroy());
+            }
+        })
+        .join();
+    }
+}
+
+async fn create(backend: &Arc<dyn SandboxBackend>) -> Live {
+    Live(backend.create(&spec()).await.expect("sandbox starts"))
+}
+
+async fn sh(sandbox: &Live, command: &str, timeout_s: u64) -> (ExecStatus, Collected) {
+    exec_collect(
+        sandbox.0.as_ref(),
+        ExecRequest::shell(command, Duration::from_secs(timeout_s)),
+        1 << 20,
+        CancellationToken::new(),
+        |_| {},
+    )
+    .await
+    .expect("exec runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn exec_streams_output_and_exit_code(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    let (tx, mut rx) = mpsc::channel(64);
+    let request = ExecRequest::shell(
+        "echo one; sleep 0.3; echo two; echo oops >&2; echo $GREETING; id -u; exit 3",
+        Duration::from_secs(30),
+    );
+    let run = sandbox.0.exec(request, tx, CancellationToken::new());
+    let collect = async {
+        let mut chunks = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            chunks.push(chunk);
+        }
+        chunks
+    };
+    let (status, chunks) = tokio::join!(run, collect);
+    let status = status.expect("exec");
+    assert_eq!(status.exit_code, Some(3));
+    assert!(!status.timed_out);
+    let stdout: Vec<u8> = chunks
+        .iter()
+        .filter_map(|c| match c {
+            ExecChunk::Stdout(d) => Some(d.to_vec()),
+            ExecChunk::Stderr(_) => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(text(&stdout), "one\ntwo\nhello\n1000\n");
+    // "one" arrived before "two" was written: output streams, in chunks.
+    assert!(
+        matches!(&chunks[0], ExecChunk::Stdout(d) if d.as_ref() == b"one\n"),
+        "{chunks:?}"
+    );
+    assert!(chunks.contains(&ExecChunk::Stderr(Bytes::from_static(b"oops\n"))));
+
+    let (status, out) = exec_collect(
+        sandbox.0.as_ref(),
+        ExecRequest {
+            stdin: Some(Bytes::from_static(b"from stdin")),
+            ..ExecRequest::shell("cat; echo", Duration::from_secs(30))
+        },
+        1 << 20,
+        CancellationToken::new(),
+        |_| {},
+    )
+    .await
+    .expect("exec");
+    assert_eq!(status.exit_code, Some(0));
+    assert_eq!(text(&out.stdout), "from stdin\n");
+}
+
+async fn timeout_kills_the_process_tree(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    let (status, _) = sh(&sandbox, "sleep 301 & (sleep 302 &); sleep 303", 1).await;
+    assert!(status.timed_out, "{status:?}");
+    assert_eq!(status.exit_code, None);
+    assert!(status.duration < Duration::from_secs(15), "{status:?}");
+    let (_, out) = sh(
+        &sandbox,
+        "ps -eo args | grep -c '^sleep 30[123]' || true",
+        10,
+    )
+    .await;
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "0",
+        "children survived the timeout"
+    );
+
+    let (status, _) = sh(&sandbox, "while :; do :; done", 1).await;
+    assert!(status.timed_out);
+    let (status, out) = sh(&sandbox, "echo still here", 10).await;
+    assert_eq!(
+        (status.exit_code, text(&out.stdout)),
+        (Some(0), "still here\n".into())
+    );
+
+    // Cancelling stops a command like a timeout does.
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    let run = exec_collect(
+        sandbox.0.as_ref(),
+        ExecRequest::shell("echo started; sleep 300", Duration::from_secs(120)),
+        1 << 20,
+        cancel,
+        move |_| trigger.cancel(),
+    );
+    let (status, _) = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("cancel ends the exec")
+        .expect("exec");
+    assert!(status.cancelled);
+}
+
+async fn fork_bomb_is_contained(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    let (status, _) = sh(&sandbox, "bomb() { bomb | bomb & }; bomb; sleep 5", 3).await;
+    assert!(status.timed_out || status.exit_code.is_some());
+    let (status, out) = sh(&sandbox, "echo alive", 20).await;
+    assert_eq!(
+        (status.exit_code, text(&out.stdout)),
+        (Some(0), "alive\n".into())
+    );
+}
+
+async fn memory_hog_is_killed(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    let (status, _) = sh(
+        &sandbox,
+        "python3 -c 'x = bytearray(1024 * 1024 * 1024); print(len(x))'",
+        60,
+    )
+    .await;
+    assert_ne!(status.exit_code, Some(0), "1 GiB fit in a 256 MiB sandbox");
+    let (status, _) = sh(&sandbox, "true", 10).await;
+    assert_eq!(status.exit_code, Some(0));
+}
+
+async fn disk_fill_is_contained(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    let (status, out) = sh(
+        &sandbox,
+        "dd if=/dev/zero of=/workspace/fill bs=1M count=1024 2>&1",
+        60,
+    )
+    .await;
+    assert_ne!(status.exit_code, Some(0), "{}", text(&out.stdout));
+    let (_, out) = sh(&sandbox, "du -sm /workspace | cut -f1", 10).await;
+    let used: u64 = text(&out.stdout).trim().parse().expect("du prints MiB");
+    assert!(
+        used <= 70,
+        "the workspace grew to {used} MiB past its 64 MiB limit"
+    );
+    let (status, _) = sh(
+        &sandbox,
+        "rm /workspace/fill && echo ok > /workspace/small",
+        10,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0));
+}
+
+async fn no_network_but_loopback(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    let (_, out) = sh(
+        &sandbox,
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+        10,
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "lo\n");
+}
+
+async fn host_files_are_out_of_reach(backend: Arc<dyn SandboxBackend>) {
+    let marker = std::env::temp_dir().join(format!("conclave-secret-{}", Uuid::new_v4()));
+    std::fs::write(&marker, "secret").expect("write marker");
+    let sandbox = create(&backend).await;
+    let command = format!(
+        "cat {} 2>/dev/null; ls /root 2>/dev/null; echo x > /etc/x 2>/dev/null && echo wrote-etc; \
+         echo x > /usr/x 2>/dev/null && echo wrote-usr; echo done",
+        marker.display()
+    );
+    let (_, out) = sh(&sandbox, &command, 10).await;
+    let _ = std::fs::remove_file(&marker);
+    assert_eq!(text(&out.stdout), "done\n");
+}
+
+async fn files_round_trip_and_stay_confined(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    let sb = sandbox.0.as_ref();
+    let content = "line one\nline 'two' \"quoted\" $HOME\n";
+    files::write(sb, "/workspace/dir/a.txt", Bytes::from(content))
+        .await
+        .expect("write");
+    let (read, truncated) = files::read(sb, "/workspace/dir/a.txt").await.expect("read");
+    assert_eq!((text(&read), truncated), (content.to_string(), false));
+    assert_eq!(
+        files::edit(sb, "/workspace/dir/a.txt", "one", "1", false)
+            .await
+            .expect("edit"),
+        1
+    );
+    let (entries, _) = files::list(sb, "/workspace", 3, 100).await.expect("list");
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["dir", "dir/a.txt"]);
+    let (found, _) = files::glob(sb, "/workspace", "**/*.txt", 100)
+        .await
+        .expect("glob");
+    assert_eq!(found, ["dir/a.txt"]);
+    let (lines, _) = files::grep(sb, "/workspace", "line 1", None, false, 4096)
+        .await
+        .expect("grep");
+    assert_eq!(lines, "/workspace/dir/a.txt:1:line 1\n");
+    let missing = files::read(sb, "/workspace/nope").await.unwrap_err();
+    assert!(
+        matches!(&missing, SandboxError::File(m) if m.contains("does not exist")),
+        "{missing}"
+    );
+
+    // A symlink out of the workspace is refused, not followed.
+    sh(&sandbox, "ln -s /etc /workspace/etc-link", 10).await;
+    let escape = files::read(sb, "/workspace/etc-link/passwd")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&escape, SandboxError::InvalidPath(m) if m.contains("outside /workspace")),
+        "{escape}"
+    );
+    let escape = files::write(sb, "/workspace/etc-link/x", Bytes::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(escape, SandboxError::InvalidPath(_)));
+}
+
+async fn orphans_are_reaped_and_live_sessions_kept(backend: Arc<dyn SandboxBackend>) {
+    let config = SandboxConfig {
+        image: IMAGE.into(),
+        warm_pool: 0,
+        ..SandboxConfig::default()
+    };
+    let first = SandboxManager::new(backend.clone(), config.clone());
+    let (kept, orphan) = (Uuid::new_v4(), Uuid::new_v4());
+    let kept_id = first
+        .lease(kept, first.default_spec())
+        .await
+        .expect("lease")
+        .sandbox
+        .id()
+        .to_string();
+    let orphan_id = first
+        .lease(orphan, first.default_spec())
+        .await
+        .expect("lease")
+        .sandbox
+        .id()
+        .to_string();
+    // The "crash": the first manager goes away without cleaning up.
+    drop(first);
+
+    let second = SandboxManager::new(backend.clone(), config);
+    let removed = second
+        .reap_orphans(|session| session != orphan)
+        .await
+        .expect("reap");
+    assert!(removed >= 1);
+    let managed: Vec<String> = backend
+        .list_managed()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert!(!managed.contains(&orphan_id), "the orphan survived");
+    assert!(
+        managed.contains(&kept_id),
+        "a live session's sandbox was reaped"
+    );
+    // The live session takes its sandbox back.
+    let lease = second
+        .lease(kept, second.default_spec())
+        .await
+        .expect("lease");
+    assert_eq!(lease.sandbox.id(), kept_id);
+    drop(lease);
+    second.release(kept).await;
+    assert!(backend.attach(&kept_id).await.expect("attach").is_none());
+}
+
+macro_rules! suite {
+    ($backend:ident: $($test:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::$backend().await).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(docker:
+    exec_streams_output_and_exit_code,
+    timeout_kills_the_process_tree,
+    fork_bomb_is_contained,
+    memory_hog_is_killed,
+    disk_fill_is_contained,
+    no_network_but_loopback,
+    host_files_are_out_of_reach,
+    files_round_trip_and_stay_confined,
+    orphans_are_reaped_and_live_sessions_kept,
+);
