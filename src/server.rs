@@ -99,7 +99,16 @@ impl Server {
                 let backend = sandbox::connect(&config.sandbox, &config.data_dir)
                     .await
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;
-                let sandboxes = Arc::new(SandboxManager::new(backend, config.sandbox.clone()));
+                let instance =
+                    sandbox::instance_id(&config.data_dir).map_err(|e| StartError::Store {
+                        dir: config.data_dir.display().to_string(),
+                        message: format!("instance-id: {e}"),
+                    })?;
+                let sandboxes = Arc::new(SandboxManager::new(
+                    backend,
+                    config.sandbox.clone(),
+                    instance,
+                ));
                 let host = Arc::new(McpHost {
                     sandboxes: sandboxes.clone(),
                     store: store.clone(),

@@ -300,7 +300,8 @@ async fn orphans_are_reaped_and_live_sessions_kept(backend: Arc<dyn SandboxBacke
         warm_pool: 0,
         ..SandboxConfig::default()
     };
-    let first = SandboxManager::new(backend.clone(), config.clone());
+    let instance = Uuid::new_v4().simple().to_string();
+    let first = SandboxManager::new(backend.clone(), config.clone(), instance.clone());
     let (kept, orphan) = (Uuid::new_v4(), Uuid::new_v4());
     let kept_id = first
         .lease(kept, first.default_spec())
@@ -319,7 +320,7 @@ async fn orphans_are_reaped_and_live_sessions_kept(backend: Arc<dyn SandboxBacke
     // The "crash": the first manager goes away without cleaning up.
     drop(first);
 
-    let second = SandboxManager::new(backend.clone(), config);
+    let second = SandboxManager::new(backend.clone(), config, instance);
     let removed = second
         .reap_orphans(|session| session != orphan)
         .await

@@ -17,9 +17,9 @@ pub mod server;
 
 use std::sync::Arc;
 
+use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use rmcp::ServiceExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -52,8 +52,16 @@ pub fn http_service(
 pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&config.data_dir.join("conclave.db"))?);
     let backend = sandbox::connect(&config.sandbox, &config.data_dir).await?;
-    tracing::info!(backend = backend.name(), "conclave mcp: serving sandbox tools on stdio");
-    let sandboxes = Arc::new(SandboxManager::new(backend, config.sandbox.clone()));
+    tracing::info!(
+        backend = backend.name(),
+        "conclave mcp: serving sandbox tools on stdio"
+    );
+    let instance = sandbox::instance_id(&config.data_dir)?;
+    let sandboxes = Arc::new(SandboxManager::new(
+        backend,
+        config.sandbox.clone(),
+        instance,
+    ));
     let host = Arc::new(McpHost {
         sandboxes: sandboxes.clone(),
         store: store.clone(),

@@ -32,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
-    Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats, WORKSPACE,
+    ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION,
+    ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
+    WORKSPACE,
 };
 
 /// Name prefix of the containers of sessions; the rest is the session id,
@@ -231,7 +232,13 @@ impl SandboxBackend for DockerBackend {
                     Some(_) => None,
                     None => labels.get(LABEL_POOL).cloned(),
                 };
-                Some(ManagedSandbox { id, session, pool })
+                let instance = labels.get(LABEL_INSTANCE).cloned();
+                Some(ManagedSandbox {
+                    id,
+                    instance,
+                    session,
+                    pool,
+                })
             })
             .collect())
     }

@@ -88,7 +88,13 @@ async fn run(
     };
     let (status, out) =
         exec_collect(sandbox, request, limit, CancellationToken::new(), |_| {}).await?;
-    let message = || String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let message = || match String::from_utf8_lossy(&out.stderr).trim() {
+        "" => format!(
+            "the file operation failed with exit status {:?}",
+            status.exit_code
+        ),
+        stderr => stderr.to_string(),
+    };
     match status.exit_code {
         Some(0) => Ok((out.stdout, out.truncated)),
         Some(ESCAPE_STATUS) => Err(SandboxError::InvalidPath(message())),

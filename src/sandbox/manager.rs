@@ -18,8 +18,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{
-    LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, Result, Sandbox, SandboxBackend, SandboxError,
-    SandboxSpec, SandboxStats,
+    LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, Result, Sandbox, SandboxBackend,
+    SandboxError, SandboxSpec, SandboxStats,
 };
 use crate::config::SandboxConfig;
 
@@ -45,6 +45,9 @@ struct Slot {
 
 pub struct SandboxManager {
     backend: Arc<dyn SandboxBackend>,
+    /// Labels every sandbox made here; only sandboxes carrying it are
+    /// reaped, so servers sharing a daemon leave each other's alone.
+    instance: String,
     config: SandboxConfig,
     slots: Mutex<HashMap<Uuid, Arc<Slot>>>,
     /// Ready sandboxes of the default spec, not yet any session's.
@@ -85,9 +88,14 @@ impl Drop for Hold {
 }
 
 impl SandboxManager {
-    pub fn new(backend: Arc<dyn SandboxBackend>, config: SandboxConfig) -> SandboxManager {
+    pub fn new(
+        backend: Arc<dyn SandboxBackend>,
+        config: SandboxConfig,
+        instance: String,
+    ) -> SandboxManager {
         SandboxManager {
             backend,
+            instance,
             config,
             slots: Mutex::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),
@@ -124,7 +132,11 @@ impl SandboxManager {
     /// over. Returns how many were removed.
     pub async fn reap_orphans(&self, is_live: impl Fn(Uuid) -> bool) -> Result<usize> {
         let mut removed = 0;
-        for managed in self.backend.list_managed().await? {
+        let ours = self.backend.list_managed().await?;
+        for managed in ours
+            .into_iter()
+            .filter(|m| m.instance.as_deref() == Some(self.instance.as_str()))
+        {
             let session = managed
                 .session
                 .as_deref()
@@ -217,6 +229,8 @@ impl SandboxManager {
         }
         let mut spec = spec.clone();
         spec.labels.insert(LABEL_MANAGED.into(), "true".into());
+        spec.labels
+            .insert(LABEL_INSTANCE.into(), self.instance.clone());
         spec.labels
             .insert(LABEL_SESSION.into(), session.to_string());
         let sandbox = self.backend.create(&spec).await?;
@@ -315,6 +329,8 @@ impl SandboxManager {
             }
             let mut spec = self.default_spec();
             spec.labels.insert(LABEL_MANAGED.into(), "true".into());
+            spec.labels
+                .insert(LABEL_INSTANCE.into(), self.instance.clone());
             spec.labels
                 .insert(LABEL_POOL.into(), pool_label(&spec.image));
             let made = tokio::select! {

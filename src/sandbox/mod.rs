@@ -35,6 +35,9 @@ pub use manager::{Lease, SandboxInfo, SandboxManager};
 pub const LABEL_MANAGED: &str = "conclave.managed";
 /// Label naming the session a sandbox belongs to (absent on warm-pool ones).
 pub const LABEL_SESSION: &str = "conclave.session";
+/// Label naming the server instance (its data directory) that made a
+/// sandbox, so servers sharing a daemon only ever reap their own.
+pub const LABEL_INSTANCE: &str = "conclave.instance";
 /// Label naming the image's pool, on sandboxes waiting in the warm pool.
 pub const LABEL_POOL: &str = "conclave.pool";
 
@@ -113,6 +116,7 @@ pub struct SandboxStats {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ManagedSandbox {
     pub id: String,
+    pub instance: Option<String>,
     pub session: Option<String>,
     pub pool: Option<String>,
 }
@@ -156,6 +160,26 @@ pub async fn connect(
         Kind::Local | Kind::Kubernetes => Err(SandboxError::Unavailable(
             "this backend is not built yet".into(),
         )),
+    }
+}
+
+/// The id of the server instance that owns `data_dir`, made on first use
+/// and kept in `data_dir/instance-id`.
+pub fn instance_id(data_dir: &std::path::Path) -> std::io::Result<String> {
+    let path = data_dir.join("instance-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+        Ok(_) => Err(std::io::Error::other(format!(
+            "{} is empty",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(data_dir)?;
+            let id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
+            std::fs::write(&path, &id)?;
+            Ok(id)
+        }
+        Err(e) => Err(e),
     }
 }
 

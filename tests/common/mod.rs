@@ -71,9 +71,32 @@ impl TestServer {
         server
     }
 
+    /// Starts with real sandboxes (the docker backend unless `configure`
+    /// says otherwise) and `/mcp`.
+    pub async fn start_sandboxed(configure: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().to_path_buf();
+        let mut server = TestServer::start_with_tools(&path, Tools::Sandboxed, |config| {
+            config.sandbox.backend = conclave::config::SandboxBackendKind::Docker;
+            config.sandbox.warm_pool = 1;
+            configure(config);
+        })
+        .await;
+        server._dir = Some(dir);
+        server
+    }
+
     /// Starts on a given data directory (kept by the caller), e.g. to restart.
     pub async fn start_in(
         data_dir: &std::path::Path,
+        configure: impl FnOnce(&mut Config),
+    ) -> TestServer {
+        TestServer::start_with_tools(data_dir, Tools::Custom(Arc::new(EchoTools)), configure).await
+    }
+
+    pub async fn start_with_tools(
+        data_dir: &std::path::Path,
+        tools: Tools,
         configure: impl FnOnce(&mut Config),
     ) -> TestServer {
         let mut config = Config {
@@ -88,7 +111,7 @@ impl TestServer {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let root = CancellationToken::new();
-        let server = Server::build(config, Tools::Custom(Arc::new(EchoTools)), root.clone())
+        let server = Server::build(config, tools, root.clone())
             .await
             .expect("server builds");
         let handle = tokio::spawn(server.run(listener));

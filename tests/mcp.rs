@@ -1,0 +1,228 @@
+//! The MCP server through the official Python SDK (`mcp` from PyPI), over
+//! streamable HTTP at `/mcp` and over stdio from `conclave mcp`, against
+//! real docker sandboxes.
+
+mod common;
+
+use std::process::Command;
+
+use common::TestServer;
+use serde_json::{Value, json};
+
+/// The Python with the `mcp` package; scripts/test.sh sets it.
+fn python() -> String {
+    std::env::var("CONCLAVE_TEST_PYTHON").expect(
+        "CONCLAVE_TEST_PYTHON must name a python with the mcp package (scripts/test.sh sets it)",
+    )
+}
+
+fn run_client(args: &[&str]) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/client.py");
+    let output = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python starts");
+    assert!(
+        output.status.success(),
+        "client failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("client prints JSON")
+}
+
+fn check(seen: &Value) {
+    let tools: Vec<&str> = seen["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            "edit_file",
+            "execute_code",
+            "execute_shell",
+            "glob",
+            "grep",
+            "list_files",
+            "read_file",
+            "write_file"
+        ]
+    );
+    let schema = &seen["execute_code_schema"]["properties"];
+    for field in ["code", "language", "session_id", "timeout"] {
+        assert!(
+            schema.get(field).is_some(),
+            "execute_code lacks {field}: {schema}"
+        );
+    }
+    let code = &seen["execute_code"];
+    assert_eq!(code["stdout"], "42 1000\n");
+    assert_eq!(code["exit_code"], 0);
+    assert_eq!(code["status"], "success");
+    assert_eq!(code["truncated"], false);
+    assert!(code["duration_ms"].is_u64());
+    assert_eq!(seen["read_file"]["content"], "hello from mcp\n");
+    assert_eq!(
+        seen["execute_shell"]["stdout"],
+        "tick 1\ntick 2\ntick 3\ntick 4\n"
+    );
+    assert!(
+        !seen["progress"].as_array().expect("progress").is_empty(),
+        "a 2 s execution reported no progress"
+    );
+    assert_eq!(seen["sh_language"]["stdout"], "1\n");
+    let error = |key: &str| seen[key].as_str().unwrap_or_default().to_string();
+    assert!(
+        error("missing_argument").contains("code"),
+        "{}",
+        error("missing_argument")
+    );
+    assert!(!error("bad_type").is_empty());
+    assert!(
+        error("unknown_session").contains("unknown session"),
+        "{}",
+        error("unknown_session")
+    );
+    assert!(
+        error("not_a_uuid").contains("not a UUID"),
+        "{}",
+        error("not_a_uuid")
+    );
+    assert!(
+        error("escape").contains("outside /workspace"),
+        "{}",
+        error("escape")
+    );
+    assert!(
+        error("bad_language").contains("cobol"),
+        "{}",
+        error("bad_language")
+    );
+    assert!(!error("unknown_tool").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_over_streamable_http() {
+    let key = "mcp-test-key-1";
+    let server = TestServer::start_sandboxed(|config| {
+        config.api_keys = vec![key.into(), "other-key-2".into()];
+    })
+    .await;
+    let response = server
+        .http
+        .post(server.url("/agent/session"))
+        .bearer_auth(key)
+        .json(&json!({"session_name": "ide"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(response.status(), 201);
+    let session: Value = response.json().await.expect("json");
+    let id = session["session_id"].as_str().expect("id").to_string();
+
+    // Without a key, /mcp answers 401 like every route.
+    let response = server
+        .http
+        .post(server.url("/mcp"))
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 401);
+
+    let url = server.url("/mcp");
+    let seen = tokio::task::spawn_blocking(move || run_client(&["http", &url, &id, key]))
+        .await
+        .expect("client");
+    check(&seen);
+
+    // The sandbox the IDE used is the session's: its status shows it.
+    let status: Value = server
+        .http
+        .get(server.url(&format!(
+            "/agent/session/{}/status",
+            session["session_id"].as_str().expect("id")
+        )))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(status["sandbox"]["backend"], "docker");
+    assert_eq!(status["sandbox"]["state"], "running");
+    assert!(
+        status["sandbox"]["memory_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0)
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_cannot_reach_another_keys_session_over_mcp() {
+    let server = TestServer::start_sandboxed(|config| {
+        config.api_keys = vec!["owner-key-1".into(), "intruder-key-2".into()];
+    })
+    .await;
+    let session: Value = server
+        .http
+        .post(server.url("/agent/session"))
+        .bearer_auth("owner-key-1")
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    let id = session["session_id"].as_str().expect("id").to_string();
+    let url = server.url("/mcp");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/intruder.py");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .args([script, &url, &id, "intruder-key-2"])
+            .output()
+            .expect("python")
+    })
+    .await
+    .expect("join");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("unknown session"), "{stdout}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_over_stdio_from_conclave_mcp() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let id = server
+        .create_session(json!({"session_name": "stdio"}))
+        .await;
+    let data_dir = server.data_dir.display().to_string();
+    let seen = tokio::task::spawn_blocking(move || {
+        run_client(&[
+            "stdio",
+            &id,
+            env!("CARGO_BIN_EXE_conclave"),
+            "mcp",
+            "--sandbox",
+            "docker",
+            "--data-dir",
+            &data_dir,
+        ])
+    })
+    .await
+    .expect("client");
+    check(&seen);
+    server.stop().await;
+}

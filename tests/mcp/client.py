@@ -1,0 +1,121 @@
+"""Drives Conclave's MCP server with the official Python SDK and prints what
+it saw as one JSON object; tests/mcp.rs asserts on it.
+
+usage: client.py http URL SESSION_ID [API_KEY]
+       client.py stdio SESSION_ID COMMAND [ARG...]
+"""
+
+import json
+import sys
+import uuid
+
+import anyio
+import httpx2
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+
+def structured(result):
+    if result.structured_content is not None:
+        return result.structured_content
+    return json.loads(result.content[0].text)
+
+
+async def error_of(session, name, arguments):
+    """The error a call reports, as text, whether raised or returned."""
+    try:
+        result = await session.call_tool(name, arguments)
+    except Exception as e:  # the SDK raises JSON-RPC errors
+        return str(e)
+    if result.is_error:
+        return " ".join(getattr(c, "text", "") for c in result.content)
+    return None
+
+
+async def exercise(read, write, session_id):
+    seen = {}
+    async with ClientSession(read, write) as session:
+        await session.initialize()
+        tools = await session.list_tools()
+        seen["tools"] = sorted(t.name for t in tools.tools)
+        seen["execute_code_schema"] = next(
+            t.input_schema for t in tools.tools if t.name == "execute_code"
+        )
+
+        result = await session.call_tool(
+            "execute_code",
+            {"code": "import os\nprint(6 * 7, os.getuid())", "session_id": session_id},
+        )
+        seen["execute_code"] = structured(result)
+
+        result = await session.call_tool(
+            "write_file",
+            {"path": "notes/a.txt", "content": "hello from mcp\n", "session_id": session_id},
+        )
+        result = await session.call_tool(
+            "read_file", {"path": "/workspace/notes/a.txt", "session_id": session_id}
+        )
+        seen["read_file"] = structured(result)
+
+        progress = []
+
+        async def on_progress(value, total, message):
+            progress.append(message)
+
+        result = await session.call_tool(
+            "execute_shell",
+            {
+                "command": "for i in 1 2 3 4; do echo tick $i; sleep 0.6; done",
+                "session_id": session_id,
+            },
+            progress_callback=on_progress,
+        )
+        seen["execute_shell"] = structured(result)
+        seen["progress"] = progress
+
+        result = await session.call_tool(
+            "execute_code", {"code": "echo 1", "timeout": 5, "language": "sh", "session_id": session_id}
+        )
+        seen["sh_language"] = structured(result)
+
+        seen["missing_argument"] = await error_of(session, "execute_code", {"session_id": session_id})
+        seen["bad_type"] = await error_of(
+            session, "execute_shell", {"command": 5, "session_id": session_id}
+        )
+        seen["unknown_session"] = await error_of(
+            session, "execute_shell", {"command": "true", "session_id": str(uuid.uuid4())}
+        )
+        seen["not_a_uuid"] = await error_of(
+            session, "execute_shell", {"command": "true", "session_id": "nope"}
+        )
+        seen["escape"] = await error_of(
+            session, "read_file", {"path": "../etc/passwd", "session_id": session_id}
+        )
+        seen["bad_language"] = await error_of(
+            session, "execute_code", {"code": "1", "language": "cobol", "session_id": session_id}
+        )
+        seen["unknown_tool"] = await error_of(session, "no_such_tool", {})
+    return seen
+
+
+async def main():
+    mode = sys.argv[1]
+    if mode == "http":
+        url, session_id = sys.argv[2], sys.argv[3]
+        headers = {"Authorization": f"Bearer {sys.argv[4]}"} if len(sys.argv) > 4 else {}
+        timeout = httpx2.Timeout(30, read=300)
+        async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+            async with streamable_http_client(url, http_client=http) as streams:
+                seen = await exercise(streams[0], streams[1], session_id)
+    elif mode == "stdio":
+        session_id, command, args = sys.argv[2], sys.argv[3], sys.argv[4:]
+        params = StdioServerParameters(command=command, args=args, env=None)
+        async with stdio_client(params) as streams:
+            seen = await exercise(streams[0], streams[1], session_id)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print(json.dumps(seen))
+
+
+anyio.run(main)
