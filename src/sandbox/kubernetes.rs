@@ -152,8 +152,9 @@ impl KubernetesBackend {
         match polled {
             Ok(Ok(())) => Ok(()),
             Ok(Err(NotReady::Failed(e))) => Err(e),
+            // Unreachable while the backoff has no limit on retries.
             Ok(Err(NotReady::Starting(what))) => Err(SandboxError::Backend(format!(
-                "pod {name} stopped being polled while starting: {what}"
+                "pod {name} not ready: {what}"
             ))),
             Err(_) => Err(SandboxError::Backend(format!(
                 "pod {name} not ready after {} s (last seen: {last})",
@@ -182,8 +183,11 @@ impl SandboxBackend for KubernetesBackend {
             name: Some(name.clone()),
         };
         if let Err(e) = self.wait_ready(&name, &spec.image).await {
+            // The guard stays armed while this delete runs, in case the
+            // caller gives up on it too.
+            let deleted = delete_pod(&self.pods, &name).await;
             guard.name = None;
-            if let Err(delete) = delete_pod(&self.pods, &name).await {
+            if let Err(delete) = deleted {
                 tracing::warn!(pod = %name, error = %delete, "cannot delete a pod that failed to start");
             }
             return Err(e);
