@@ -89,6 +89,7 @@ pub struct SandboxConfig {
     pub max_live: usize,
     /// Ready sandboxes kept for new sessions of the default spec.
     pub warm_pool: usize,
+    pub kubernetes: crate::sandbox::kubernetes::KubernetesConfig,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
@@ -117,6 +118,7 @@ impl Default for SandboxConfig {
             idle_ttl_s: 900,
             max_live: 64,
             warm_pool: 2,
+            kubernetes: Default::default(),
         }
     }
 }

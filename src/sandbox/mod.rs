@@ -16,6 +16,7 @@
 
 pub mod docker;
 pub mod files;
+pub mod kubernetes;
 pub mod manager;
 
 use std::collections::BTreeMap;
@@ -157,8 +158,11 @@ pub async fn connect(
             }
             Err(e) => Err(e),
         },
-        Kind::Local | Kind::Kubernetes => Err(SandboxError::Unavailable(
-            "this backend is not built yet".into(),
+        Kind::Kubernetes => Ok(Arc::new(
+            kubernetes::KubernetesBackend::connect(config.kubernetes.clone()).await?,
+        )),
+        Kind::Local => Err(SandboxError::Unavailable(
+            "the local backend is not built yet".into(),
         )),
     }
 }
