@@ -161,7 +161,7 @@ async fn python_sdk_over_streamable_http() {
             .as_u64()
             .is_some_and(|b| b > 0)
     );
-    server.stop().await;
+    server.stop_and_remove_sandboxes().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,7 +199,7 @@ async fn a_key_cannot_reach_another_keys_session_over_mcp() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("unknown session"), "{stdout}");
-    server.stop().await;
+    server.stop_and_remove_sandboxes().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,5 +224,5 @@ async fn python_sdk_over_stdio_from_conclave_mcp() {
     .await
     .expect("client");
     check(&seen);
-    server.stop().await;
+    server.stop_and_remove_sandboxes().await;
 }

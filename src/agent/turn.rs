@@ -74,10 +74,9 @@ pub async fn run(
         let _ = session
             .set_state(status_after(session, ResultStatus::Error), None)
             .await;
-    }
-    // An ephemeral session's one turn is over: nothing will use its sandbox.
-    if session.ephemeral {
-        deps.tools.release(session.id).await;
+        if session.ephemeral {
+            deps.tools.release(session.id).await;
+        }
     }
     deps.metrics.turns_running.dec();
 }
@@ -131,6 +130,11 @@ async fn finish(
     tally: Tally,
     started: Instant,
 ) -> Result<(), StoreError> {
+    // An ephemeral session's one turn is over and nothing will use its
+    // sandbox again: it is gone by the time the client reads the result.
+    if session.ephemeral {
+        deps.tools.release(session.id).await;
+    }
     session.emit(EventKind::Result {
         status: outcome.status,
         result: outcome.text,

@@ -18,6 +18,9 @@ use crate::agent::{ToolContext, ToolOutput, ToolRouter};
 use crate::model::ToolSpec;
 use crate::sandbox::{WORKSPACE, files};
 
+/// How long an interrupted call may take to kill its processes.
+const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 pub struct SandboxTools {
     client: RunningService<RoleClient, ()>,
     host: Arc<McpHost>,
@@ -301,7 +304,19 @@ impl ToolRouter for SandboxTools {
         // which kills the process tree in the sandbox.
         let result = tokio::select! {
             result = self.client.call_tool(params) => result,
-            _ = cancel.cancelled() => return ToolOutput::error("interrupted"),
+            _ = cancel.cancelled() => {
+                // The server is killing the call's processes; the turn ends
+                // once it has, so the next one finds a quiet sandbox.
+                let quiet = self
+                    .host
+                    .sandboxes
+                    .wait_unused(ctx.session_id, KILL_WAIT)
+                    .await;
+                if !quiet {
+                    tracing::warn!(session = %ctx.session_id, "an interrupted tool call is still running");
+                }
+                return ToolOutput::error("interrupted");
+            }
         };
         match result {
             Ok(result) => {

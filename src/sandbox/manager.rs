@@ -40,6 +40,8 @@ struct Slot {
     sandbox: OnceCell<Arc<dyn Sandbox>>,
     /// Leases held now; an idle sandbox is one with none.
     leases: AtomicUsize,
+    /// Signalled whenever a lease ends.
+    released: Notify,
     last_used: Mutex<Instant>,
 }
 
@@ -84,6 +86,7 @@ impl Drop for Hold {
     fn drop(&mut self) {
         *lock(&self.0.last_used) = Instant::now();
         self.0.leases.fetch_sub(1, Ordering::AcqRel);
+        self.0.released.notify_waiters();
     }
 }
 
@@ -169,6 +172,7 @@ impl SandboxManager {
                         spec,
                         sandbox: OnceCell::new(),
                         leases: AtomicUsize::new(0),
+                        released: Notify::new(),
                         last_used: Mutex::new(Instant::now()),
                     });
                     slots.insert(session, slot.clone());
@@ -236,6 +240,26 @@ impl SandboxManager {
         let sandbox = self.backend.create(&spec).await?;
         tracing::info!(%session, sandbox = sandbox.id(), backend = self.backend.name(), "sandbox created");
         Ok(sandbox)
+    }
+
+    /// Waits until nothing uses the session's sandbox (an interrupted
+    /// call has finished killing its processes), or `within` passes.
+    pub async fn wait_unused(&self, session: Uuid, within: Duration) -> bool {
+        let Some(slot) = lock(&self.slots).get(&session).cloned() else {
+            return true;
+        };
+        let wait = async {
+            loop {
+                let released = slot.released.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                if slot.leases.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                released.await;
+            }
+        };
+        tokio::time::timeout(within, wait).await.is_ok()
     }
 
     /// The session's sandbox and its resource use, if it has one.

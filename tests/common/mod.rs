@@ -8,6 +8,8 @@ use async_trait::async_trait;
 use conclave::agent::{ToolContext, ToolOutput, ToolRouter};
 use conclave::config::Config;
 use conclave::model::ToolSpec;
+use conclave::sandbox::docker::DockerBackend;
+use conclave::sandbox::{ManagedSandbox, SandboxBackend};
 use conclave::server::{Server, Tools};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -164,6 +166,14 @@ impl TestServer {
         ndjson(self.message(id, json!({"prompt": prompt})).await).await
     }
 
+    /// Stops the server, then removes every sandbox of its instance (the
+    /// server keeps its sessions' sandboxes across restarts on purpose).
+    pub async fn stop_and_remove_sandboxes(self) {
+        let data_dir = self.data_dir.clone();
+        self.stop().await;
+        remove_sandboxes_of(&data_dir).await;
+    }
+
     /// Signals shutdown and waits until the server has stopped.
     pub async fn stop(self) {
         self.root.cancel();
@@ -177,6 +187,27 @@ impl TestServer {
 
     pub async fn wait_stopped(self) {
         self.handle.await.expect("join").expect("served");
+    }
+}
+
+/// The docker sandboxes of the server instance owning `data_dir`.
+pub async fn docker_sandboxes_of(data_dir: &std::path::Path) -> Vec<ManagedSandbox> {
+    let instance = conclave::sandbox::instance_id(data_dir).expect("instance id");
+    let docker = DockerBackend::connect().await.expect("dockerd answers");
+    docker
+        .list_managed()
+        .await
+        .expect("list")
+        .into_iter()
+        .filter(|m| m.instance.as_deref() == Some(instance.as_str()))
+        .collect()
+}
+
+/// Removes the docker sandboxes of the instance owning `data_dir`.
+pub async fn remove_sandboxes_of(data_dir: &std::path::Path) {
+    let docker = DockerBackend::connect().await.expect("dockerd answers");
+    for sandbox in docker_sandboxes_of(data_dir).await {
+        docker.remove(&sandbox.id).await.expect("remove");
     }
 }
 

@@ -1,0 +1,148 @@
+//! The agent's tools end to end: the demo model's tool calls go through the
+//! in-process MCP client and server into real docker sandboxes.
+
+mod common;
+
+use common::{Lines, TestServer, docker_sandboxes_of, ndjson, types};
+use serde_json::{Value, json};
+
+fn tool_results(events: &[Value]) -> Vec<&Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_executes_its_code_block_in_a_sandbox() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let prompt = "Please run:\n```python\nimport os\nprint(6 * 7, os.getuid(), os.getcwd())\n```";
+    let events = ndjson(server.post("/agent/run", json!({"prompt": prompt})).await).await;
+    assert_eq!(
+        types(&events),
+        [
+            "status",
+            "thinking",
+            "tool_use",
+            "tool_result",
+            "thinking",
+            "result"
+        ]
+    );
+    assert_eq!(events[2]["tool"], "mcp__sandbox__execute_code");
+    let output = &events[3]["output"];
+    assert_eq!(output["stdout"], "42 1000 /workspace\n", "{output}");
+    assert_eq!(output["exit_code"], 0);
+    assert_eq!(events[3]["is_error"], false);
+    assert_eq!(events[5]["status"], "success");
+    // The run's session is over, so is its sandbox.
+    let session = events[0]["session_id"].as_str().expect("id");
+    let left: Vec<_> = docker_sandboxes_of(&server.data_dir)
+        .await
+        .into_iter()
+        .filter(|s| s.session.as_deref() == Some(session))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    server.stop_and_remove_sandboxes().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_one_sandbox_until_it_is_deleted() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let id = server
+        .create_session(json!({"options": {"working_dir": "/workspace/proj"}}))
+        .await;
+    let events = server.turn(&id, "$ echo kept > note.txt && pwd").await;
+    assert_eq!(
+        tool_results(&events)[0]["output"]["stdout"],
+        "/workspace/proj\n"
+    );
+    let events = server.turn(&id, "$ cat /workspace/proj/note.txt").await;
+    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "kept\n");
+
+    let status: Value = server
+        .get(&format!("/agent/session/{id}/status"))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let sandbox = &status["sandbox"];
+    assert_eq!(sandbox["backend"], "docker");
+    assert_eq!(sandbox["state"], "running");
+    assert_eq!(sandbox["image"], "conclave/sandbox-python:latest");
+    assert!(
+        sandbox["memory_bytes"].as_u64().is_some_and(|b| b > 0),
+        "{sandbox}"
+    );
+    let container = sandbox["id"].as_str().expect("id").to_string();
+
+    let response = server
+        .http
+        .delete(server.url(&format!("/agent/session/{id}")))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(response.status(), 200);
+    let ids: Vec<String> = docker_sandboxes_of(&server.data_dir)
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        !ids.contains(&container),
+        "the deleted session's sandbox lives on"
+    );
+    server.stop_and_remove_sandboxes().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupting_a_tool_call_kills_its_process() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let id = server.create_session(json!({})).await;
+    let mut lines = Lines::new(server.message(&id, json!({"prompt": "$ sleep 300"})).await);
+    lines.until("tool_use").await;
+    let response = server
+        .post(&format!("/agent/session/{id}/interrupt"), json!({}))
+        .await;
+    assert_eq!(response.status(), 200);
+    let rest = lines.until("result").await;
+    assert_eq!(rest.last().expect("result")["status"], "interrupted");
+    let events = server
+        .turn(&id, "$ ps -eo args | grep -c '^sleep 300' || true")
+        .await;
+    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "0\n");
+    server.stop_and_remove_sandboxes().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_tools_and_sandbox_enabled_decide_what_is_offered() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let code = "```python\nprint(1)\n```";
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": code, "allowed_tools": ["Bash"]}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(types(&events), ["status", "thinking", "result"]);
+    assert!(
+        events[1]["content"]
+            .as_str()
+            .is_some_and(|t| t.contains("not available")),
+        "{events:?}"
+    );
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": "$ id", "sandbox_enabled": false}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(types(&events), ["status", "thinking", "result"]);
+    server.stop_and_remove_sandboxes().await;
+}
