@@ -51,12 +51,20 @@ pub struct McpConfig {
     /// `Host` header values `/mcp` accepts (a name matches any port); guards
     /// against DNS rebinding. Add the server's public name when it has one.
     pub allowed_hosts: Vec<String>,
+    /// Commands a session may start as a stdio MCP server
+    /// (`options.mcp_servers`). They run on this host, outside any
+    /// sandbox, so none is allowed unless listed.
+    pub stdio_commands: Vec<String>,
+    /// Whether a session may name HTTP MCP servers.
+    pub allow_http_servers: bool,
 }
 
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
             allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            stdio_commands: Vec::new(),
+            allow_http_servers: true,
         }
     }
 }

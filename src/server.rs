@@ -115,7 +115,7 @@ impl Server {
                     max_output_bytes: MCP_MAX_OUTPUT_BYTES,
                     max_entries: MCP_MAX_ENTRIES,
                 });
-                let router = SandboxTools::connect(host.clone())
+                let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;
                 (Arc::new(router), Some(sandboxes), Some(host))

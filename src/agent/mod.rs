@@ -17,6 +17,6 @@ pub mod tools;
 pub mod turn;
 
 pub use manager::{AgentError, NewSession, SessionManager, StartedTurn};
-pub use options::AgentOptions;
+pub use options::{AgentOptions, McpServerSpec};
 pub use session::Session;
 pub use tools::{NoTools, ToolContext, ToolOutput, ToolRouter};

@@ -12,9 +12,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::external::ExternalServers;
 use super::host::{Caller, McpHost};
 use super::server::SandboxServer;
 use crate::agent::{ToolContext, ToolOutput, ToolRouter};
+use crate::config::McpConfig;
 use crate::model::ToolSpec;
 use crate::sandbox::{WORKSPACE, files};
 
@@ -24,6 +26,7 @@ const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 pub struct SandboxTools {
     client: RunningService<RoleClient, ()>,
     host: Arc<McpHost>,
+    external: ExternalServers,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +35,7 @@ pub struct ConnectError(String);
 
 impl SandboxTools {
     /// Connects a client to a fresh server instance over an in-memory pipe.
-    pub async fn connect(host: Arc<McpHost>) -> Result<SandboxTools, ConnectError> {
+    pub async fn connect(host: Arc<McpHost>, mcp: McpConfig) -> Result<SandboxTools, ConnectError> {
         let (client_io, server_io) = tokio::io::duplex(256 * 1024);
         let server = SandboxServer::new(host.clone(), Caller::Trusted);
         tokio::spawn(async move {
@@ -44,7 +47,11 @@ impl SandboxTools {
             }
         });
         let client = ().serve(client_io).await.map_err(|e| ConnectError(e.to_string()))?;
-        Ok(SandboxTools { client, host })
+        Ok(SandboxTools {
+            client,
+            host,
+            external: ExternalServers::new(mcp),
+        })
     }
 }
 
@@ -217,6 +224,13 @@ fn translate(name: &str, input: &Value, workdir: &str) -> Result<(&'static str, 
     })
 }
 
+/// `mcp__{server}__{tool}` of an external server (not `mcp__sandbox__…`).
+fn external_tool(name: &str) -> Option<(&str, &str)> {
+    let rest = name.strip_prefix("mcp__")?;
+    let (server, tool) = rest.split_once("__")?;
+    (server != "sandbox" && !server.is_empty() && !tool.is_empty()).then_some((server, tool))
+}
+
 /// Shapes the MCP result the way the agent reads it: file text as text,
 /// everything else as the structured result.
 fn shape(agent_tool: &str, input: &Value, structured: Value) -> ToolOutput {
@@ -266,10 +280,15 @@ fn shape(agent_tool: &str, input: &Value, structured: Value) -> ToolOutput {
 #[async_trait]
 impl ToolRouter for SandboxTools {
     async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec> {
-        if ctx.options.sandbox_enabled == Some(false) {
-            return Vec::new();
+        let mut specs = if ctx.options.sandbox_enabled == Some(false) {
+            Vec::new()
+        } else {
+            builtin_specs()
+        };
+        if let Some(servers) = &ctx.options.mcp_servers {
+            specs.extend(self.external.specs(ctx.session_id, servers).await);
         }
-        builtin_specs()
+        specs
     }
 
     async fn call(
@@ -279,6 +298,14 @@ impl ToolRouter for SandboxTools {
         input: Value,
         cancel: CancellationToken,
     ) -> ToolOutput {
+        if let Some((server, tool)) = external_tool(name)
+            && let Some(servers) = &ctx.options.mcp_servers
+        {
+            return self
+                .external
+                .call(ctx.session_id, servers, server, tool, input, cancel)
+                .await;
+        }
         if ctx.options.sandbox_enabled == Some(false) {
             return ToolOutput::error("this session has no sandbox (sandbox_enabled: false)");
         }
@@ -345,6 +372,7 @@ impl ToolRouter for SandboxTools {
     }
 
     async fn release(&self, session_id: Uuid) {
+        self.external.release(session_id).await;
         self.host.sandboxes.release(session_id).await;
     }
 }

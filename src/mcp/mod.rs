@@ -8,10 +8,12 @@
 //!   `conclave mcp`.
 //! - [`host`]: what the tools need from the server (sandboxes, the store
 //!   for session and owner checks, limits) and who is calling.
+//! - [`external`]: a session's own MCP servers (`options.mcp_servers`).
 //! - [`client`]: the agent's [`crate::agent::ToolRouter`]: Claude Code's
 //!   built-in tools mapped onto the server's, through an in-process client.
 
 pub mod client;
+pub mod external;
 pub mod host;
 pub mod server;
 

@@ -1,0 +1,214 @@
+//! A session's external MCP servers (`options.mcp_servers`): a command over
+//! stdio or a streamable HTTP URL, their tools offered as
+//! `mcp__{server}__{tool}`.
+//!
+//! A stdio server is a process on the server's host, outside any sandbox,
+//! so only commands the operator allows (`mcp.stdio_commands`) start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::service::{RunningService, ServiceExt};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceError};
+use serde_json::Value;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::agent::{McpServerSpec, ToolOutput};
+use crate::config::McpConfig;
+use crate::model::ToolSpec;
+
+/// How long a server may take to start and list its tools.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Connected {
+    client: RunningService<RoleClient, ()>,
+    tools: Vec<Tool>,
+}
+
+/// One server of one session: connected at first use, or the reason it
+/// could not be.
+type Server = OnceCell<Result<Arc<Connected>, String>>;
+
+#[derive(Default)]
+pub struct ExternalServers {
+    config: McpConfig,
+    sessions: Mutex<HashMap<Uuid, Arc<BTreeMap<String, Server>>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl ExternalServers {
+    pub fn new(config: McpConfig) -> ExternalServers {
+        ExternalServers {
+            config,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn servers_of(
+        &self,
+        session: Uuid,
+        specs: &BTreeMap<String, McpServerSpec>,
+    ) -> Arc<BTreeMap<String, Server>> {
+        lock(&self.sessions)
+            .entry(session)
+            .or_insert_with(|| {
+                Arc::new(
+                    specs
+                        .keys()
+                        .map(|name| (name.clone(), OnceCell::new()))
+                        .collect(),
+                )
+            })
+            .clone()
+    }
+
+    async fn connected(
+        &self,
+        session: Uuid,
+        specs: &BTreeMap<String, McpServerSpec>,
+        name: &str,
+    ) -> Result<Arc<Connected>, String> {
+        let servers = self.servers_of(session, specs);
+        let (Some(cell), Some(spec)) = (servers.get(name), specs.get(name)) else {
+            return Err(format!("no MCP server named '{name}' in this session"));
+        };
+        cell.get_or_init(|| async {
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.connect(spec)).await {
+                Ok(Ok(connected)) => Ok(Arc::new(connected)),
+                Ok(Err(e)) => Err(format!("MCP server '{name}': {e}")),
+                Err(_) => Err(format!(
+                    "MCP server '{name}' did not answer within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                )),
+            }
+        })
+        .await
+        .clone()
+    }
+
+    async fn connect(&self, spec: &McpServerSpec) -> Result<Connected, String> {
+        let client = match spec {
+            McpServerSpec::Stdio { command, args, env } => {
+                if !self.config.stdio_commands.iter().any(|c| c == command) {
+                    return Err(format!(
+                        "the command '{command}' is not in mcp.stdio_commands; \
+                         stdio MCP servers run on the server's host, so the operator must allow each"
+                    ));
+                }
+                let mut cmd = tokio::process::Command::new(command);
+                cmd.args(args).envs(env).kill_on_drop(true);
+                let transport = TokioChildProcess::new(cmd).map_err(|e| e.to_string())?;
+                ().serve(transport).await.map_err(|e| e.to_string())?
+            }
+            McpServerSpec::Http { url, headers } => {
+                if !self.config.allow_http_servers {
+                    return Err("HTTP MCP servers are turned off (mcp.allow_http_servers)".into());
+                }
+                let mut custom = HashMap::new();
+                for (name, value) in headers {
+                    let name = http::HeaderName::try_from(name.as_str())
+                        .map_err(|e| format!("header '{name}': {e}"))?;
+                    let value = http::HeaderValue::try_from(value.as_str())
+                        .map_err(|e| format!("header '{name}': {e}"))?;
+                    custom.insert(name, value);
+                }
+                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(custom);
+                let transport = StreamableHttpClientTransport::from_config(config);
+                ().serve(transport).await.map_err(|e| e.to_string())?
+            }
+        };
+        let tools = client.list_all_tools().await.map_err(|e| e.to_string())?;
+        Ok(Connected { client, tools })
+    }
+
+    /// The tools of every server of the session; a server that cannot be
+    /// reached offers none (its calls say why).
+    pub async fn specs(
+        &self,
+        session: Uuid,
+        specs: &BTreeMap<String, McpServerSpec>,
+    ) -> Vec<ToolSpec> {
+        let mut offered = Vec::new();
+        for name in specs.keys() {
+            match self.connected(session, specs, name).await {
+                Ok(connected) => offered.extend(connected.tools.iter().map(|tool| ToolSpec {
+                    name: format!("mcp__{name}__{}", tool.name),
+                    description: tool.description.clone().unwrap_or_default().into(),
+                    input_schema: Value::Object((*tool.input_schema).clone()),
+                })),
+                Err(e) => tracing::warn!(%session, error = %e, "external MCP server unavailable"),
+            }
+        }
+        offered
+    }
+
+    /// Calls `mcp__{server}__{tool}`.
+    pub async fn call(
+        &self,
+        session: Uuid,
+        specs: &BTreeMap<String, McpServerSpec>,
+        server: &str,
+        tool: &str,
+        input: Value,
+        cancel: CancellationToken,
+    ) -> ToolOutput {
+        let connected = match self.connected(session, specs, server).await {
+            Ok(connected) => connected,
+            Err(e) => return ToolOutput::error(e),
+        };
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Value::Object(arguments) = input {
+            params = params.with_arguments(arguments);
+        }
+        let result = tokio::select! {
+            result = connected.client.call_tool(params) => result,
+            _ = cancel.cancelled() => return ToolOutput::error("interrupted"),
+        };
+        match result {
+            Ok(result) => {
+                let is_error = result.is_error == Some(true);
+                let output = match result.structured_content {
+                    Some(structured) if !is_error => structured,
+                    _ => Value::String(
+                        result
+                            .content
+                            .iter()
+                            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                    ),
+                };
+                ToolOutput { output, is_error }
+            }
+            Err(ServiceError::McpError(e)) => ToolOutput::error(e.message.to_string()),
+            Err(e) => ToolOutput::error(format!("MCP server '{server}': {e}")),
+        }
+    }
+
+    /// Closes the session's servers (stdio ones are killed).
+    pub async fn release(&self, session: Uuid) {
+        let servers = lock(&self.sessions).remove(&session);
+        let Some(servers) = servers.and_then(|s| Arc::try_unwrap(s).ok()) else {
+            return;
+        };
+        for (_, cell) in servers {
+            if let Some(Ok(connected)) = cell.into_inner()
+                && let Ok(connected) = Arc::try_unwrap(connected)
+            {
+                let _ = connected.client.cancel().await;
+            }
+        }
+    }
+}
