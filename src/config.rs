@@ -259,6 +259,8 @@ impl Config {
             Env::prefixed("CONCLAVE_")
                 // CONCLAVE_TEST_* belong to the test suite, not to the server.
                 .filter(|key| !key.as_str().to_ascii_lowercase().starts_with("test_"))
+                // CONCLAVE_CACHE is the scripts' download and build cache.
+                .filter(|key| !key.as_str().eq_ignore_ascii_case("cache"))
                 // CONCLAVE_SANDBOX names the backend; the section is `sandbox`.
                 .filter(|key| !key.as_str().eq_ignore_ascii_case("sandbox"))
                 .split("__"),

@@ -146,3 +146,43 @@ async fn allowed_tools_and_sandbox_enabled_decide_what_is_offered() {
     assert_eq!(types(&events), ["status", "thinking", "result"]);
     server.stop_and_remove_sandboxes().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_options_are_checked_before_the_session_exists() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    for (options, field) in [
+        (json!({"sandbox": {"cpus": 100}}), "options.sandbox.cpus"),
+        (
+            json!({"sandbox": {"memory_mb": 1}}),
+            "options.sandbox.memory_mb",
+        ),
+        (
+            json!({"sandbox": {"backend": "kubernetes"}}),
+            "options.sandbox.backend",
+        ),
+        (
+            json!({"sandbox": {"timeout_s": 0}}),
+            "options.sandbox.timeout_s",
+        ),
+    ] {
+        for path in ["/agent/session", "/agent/run"] {
+            let mut body = json!({"prompt": "$ true", "options": options});
+            if path == "/agent/session" {
+                body.as_object_mut().expect("object").remove("prompt");
+            }
+            let response = server.post(path, body).await;
+            assert_eq!(response.status(), 422, "{path} {options}");
+            let error: Value = response.json().await.expect("json");
+            let message = error["error"]["message"].as_str().expect("message");
+            assert!(message.contains(field), "{message}");
+        }
+    }
+    // A session's own exec timeout applies to its calls.
+    let id = server
+        .create_session(json!({"options": {"sandbox": {"timeout_s": 1}}}))
+        .await;
+    let events = server.turn(&id, "$ sleep 30").await;
+    let output = &tool_results(&events)[0]["output"];
+    assert_eq!(output["status"], "timeout", "{output}");
+    server.stop_and_remove_sandboxes().await;
+}

@@ -47,7 +47,10 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
         done(),
         tool_call("mcp__rogue__anything", "{}"),
         done(),
-        tool_call("mcp__self__execute_shell", "{\"command\": \"echo via-http\"}"),
+        tool_call(
+            "mcp__self__execute_shell",
+            "{\"command\": \"echo via-http\"}",
+        ),
         done(),
     ])
     .await;

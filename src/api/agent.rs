@@ -111,6 +111,16 @@ pub fn parse_id(id: &str) -> Result<Uuid, ApiError> {
 
 const RUN_FIELDS: &[&str] = &["prompt", "queue", "session_name"];
 
+/// Refuses sandbox options this server cannot honour before the session
+/// exists, naming the option.
+fn check_sandbox(state: &AppState, options: &AgentOptions) -> Result<(), ApiError> {
+    if let Some(sandboxes) = &state.sandboxes {
+        crate::mcp::host::spec_for(sandboxes, options)
+            .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
+    }
+    Ok(())
+}
+
 /// Runs one agent task in a new ephemeral session and streams its events.
 /// The run is cancelled if the client disconnects.
 #[utoipa::path(post, path = "/agent/run", request_body = RunRequest,
@@ -125,6 +135,7 @@ pub async fn run(
 ) -> Result<Response, ApiError> {
     let options = AgentOptions::from_body(&body.0, RUN_FIELDS)
         .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
+    check_sandbox(&state, &options)?;
     let prompt = body.take_text("prompt")?;
     let name = body.take::<String>("session_name")?;
     body.take::<bool>("queue")?;
@@ -156,6 +167,7 @@ pub async fn create_session(
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
     let options = AgentOptions::from_body(&body.0, &["session_name", "kind"])
         .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
+    check_sandbox(&state, &options)?;
     let name = body.take::<String>("session_name")?;
     let kind = body
         .take::<SessionKind>("kind")?

@@ -11,6 +11,7 @@ use rmcp::service::RequestContext;
 use uuid::Uuid;
 
 use crate::agent::AgentOptions;
+use crate::agent::options::OptionError;
 use crate::config::SandboxConfig;
 use crate::sandbox::{Lease, SandboxError, SandboxManager, SandboxSpec};
 use crate::store::{SessionStatus, Store};
@@ -63,6 +64,15 @@ impl McpHost {
         }
     }
 
+    /// The per-exec timeout the named session set in
+    /// `options.sandbox.timeout_s`, if any.
+    pub async fn session_timeout(&self, session_id: Option<&str>) -> Option<u64> {
+        let id = Uuid::parse_str(session_id?).ok()?;
+        let record = self.store.get_session(id).await.ok()??;
+        let options: AgentOptions = serde_json::from_value(record.options).ok()?;
+        options.sandbox?.timeout_s
+    }
+
     /// The sandbox of the session a call names (checked against the
     /// caller), or the connection's scratch sandbox when it names none.
     pub async fn lease(
@@ -105,7 +115,10 @@ impl McpHost {
                         "session '{text}' was created with sandbox_enabled: false"
                     )));
                 }
-                (id, spec_for(&self.sandboxes, &options).map_err(invalid)?)
+                (
+                    id,
+                    spec_for(&self.sandboxes, &options).map_err(|e| invalid(e.to_string()))?,
+                )
             }
         };
         self.sandboxes
@@ -120,39 +133,64 @@ impl McpHost {
 
 /// The sandbox a session's options ask for, within the configured maxima;
 /// the error names the option.
-pub fn spec_for(sandboxes: &SandboxManager, options: &AgentOptions) -> Result<SandboxSpec, String> {
+pub fn spec_for(
+    sandboxes: &SandboxManager,
+    options: &AgentOptions,
+) -> Result<SandboxSpec, OptionError> {
     let config = sandboxes.config();
     let mut spec = sandboxes.default_spec();
     let Some(asked) = &options.sandbox else {
         return Ok(spec);
     };
+    let bad = |field: &str, message: String| {
+        OptionError::new(format!("options.sandbox.{field}"), message)
+    };
+    if let Some(backend) = &asked.backend
+        && backend != sandboxes.backend_name()
+    {
+        return Err(bad(
+            "backend",
+            format!("this server runs sandboxes on {}", sandboxes.backend_name()),
+        ));
+    }
     if let Some(image) = &asked.image {
         if image.trim().is_empty() {
-            return Err("options.sandbox.image must not be empty".into());
+            return Err(bad("image", "must not be empty".into()));
         }
         spec.image = image.clone();
     }
     if let Some(cpus) = asked.cpus {
         if !(cpus > 0.0 && cpus <= config.max_cpus) {
-            return Err(format!(
-                "options.sandbox.cpus must be above 0 and at most {}",
-                config.max_cpus
+            return Err(bad(
+                "cpus",
+                format!("must be above 0 and at most {}", config.max_cpus),
             ));
         }
         spec.cpus = cpus;
     }
     if let Some(memory) = asked.memory_mb {
         if memory < 32 || memory > config.max_memory_mb {
-            return Err(format!(
-                "options.sandbox.memory_mb must be 32 to {}",
-                config.max_memory_mb
+            return Err(bad(
+                "memory_mb",
+                format!("must be 32 to {}", config.max_memory_mb),
             ));
         }
         spec.memory_mb = memory;
     }
+    if let Some(timeout) = asked.timeout_s
+        && (timeout == 0 || timeout > config.max_exec_timeout_s)
+    {
+        return Err(bad(
+            "timeout_s",
+            format!("must be 1 to {}", config.max_exec_timeout_s),
+        ));
+    }
     if asked.network == Some(true) {
         if !config.allow_network {
-            return Err("options.sandbox.network: this server gives sandboxes no network".into());
+            return Err(bad(
+                "network",
+                "this server gives sandboxes no network".into(),
+            ));
         }
         spec.network = true;
     }

@@ -230,6 +230,10 @@ impl SandboxServer {
         timeout: Option<u64>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecResult>, ErrorData> {
+        let timeout = match timeout {
+            Some(asked) => Some(asked),
+            None => self.host.session_timeout(session_id).await,
+        };
         let timeout = self.host.timeout(timeout)?;
         let lease = self
             .host
