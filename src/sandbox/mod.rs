@@ -14,6 +14,7 @@
 //! - [`manager`]: one sandbox per session, created at its first tool call,
 //!   an idle TTL, a cap on live sandboxes, the warm pool and orphan reaping.
 
+pub mod local;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

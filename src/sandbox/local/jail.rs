@@ -1,0 +1,524 @@
+//! What an exec of a local sandbox sees and may do, as a hakoniwa
+//! [`Container`]: the file system view, namespaces, identity, landlock and
+//! seccomp rules, and the rlimits that stand in for missing cgroups.
+//!
+//! The view matches a Docker container run `--read-only --tmpfs /tmp
+//! --cap-drop ALL --user <uid>` over an image made of the host's own system
+//! directories: `/usr`, `/bin`, `/lib`, `/lib64`, `/sbin` and a few files of
+//! `/etc`, read-only; `/workspace` read-write; a size-limited tmpfs on `/tmp`
+//! and `/dev/shm`; a minimal `/dev`; a new `/proc`. Nothing else of the host
+//! (its home directories, the data directory, other sandboxes) exists inside.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hakoniwa::landlock::{CompatMode, FsAccess, Resource, Ruleset};
+use hakoniwa::seccomp::{Action, Arch, ArgCmp, ArgCmpOp, Filter};
+use hakoniwa::{Command, Container, MountOptions, Namespace, Rlimit, Runctl, Stdio};
+
+use crate::sandbox::{ExecRequest, SandboxSpec, WORKSPACE};
+
+/// The uid (and gid) processes have inside a user namespace when the server
+/// is not root, as `--user 1000` gives in a container.
+pub(super) const MAPPED_UID: u32 = 1000;
+
+/// The user name the sandbox's uid has in its `/etc/passwd`.
+const USER: &str = "sandbox";
+
+/// Docker's default `PATH`.
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Host directories shared read-only (or as the symlinks they are on hosts
+/// with a merged `/usr`).
+const SYSTEM_DIRS: [&str; 5] = ["/usr", "/bin", "/lib", "/lib64", "/sbin"];
+
+/// Host files and directories of `/etc` that programs need to load
+/// libraries, resolve names, find certificates and know the time zone.
+/// `passwd`, `group` and `hosts` are written per sandbox instead, so the
+/// host's users and names do not show.
+const ETC_SHARED: [&str; 7] = [
+    "/etc/nsswitch.conf",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+    "/etc/ssl/certs",
+];
+
+/// `sh` runs every exec: it first reads one line from stdin, which the
+/// server writes only once the process is in the sandbox's cgroups, so no
+/// user code ever runs outside them; then it becomes the command, looked up
+/// in `PATH` as a container runtime would (127 when not found).
+const GATE: &str = r#"read -r _ || exit 125; exec "$@""#;
+
+/// Docker's `/dev/shm` size.
+const SHM_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Who a sandbox's processes run as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Identity {
+    /// The server is root: the processes switch to this host uid and gid,
+    /// one per sandbox, before the command starts.
+    HostUid(u32),
+    /// The server is not root: a user namespace maps the server's uid to
+    /// [`MAPPED_UID`].
+    Mapped,
+}
+
+impl Identity {
+    /// The uid processes see for themselves.
+    pub(super) fn uid(self) -> u32 {
+        match self {
+            Identity::HostUid(uid) => uid,
+            Identity::Mapped => MAPPED_UID,
+        }
+    }
+}
+
+/// Where a sandbox's files live on the host: `<root>/<id>/`.
+#[derive(Debug, Clone)]
+pub(super) struct Layout {
+    pub(super) dir: PathBuf,
+}
+
+impl Layout {
+    pub(super) fn workspace(&self) -> PathBuf {
+        self.dir.join("workspace")
+    }
+
+    /// A fresh directory name for one exec's root: empty but for mount
+    /// points, read-only inside. Each exec needs its own, as hakoniwa
+    /// creates and removes a directory of a fixed name in it while pivoting.
+    pub(super) fn exec_root(&self) -> PathBuf {
+        self.dir
+            .join("run")
+            .join(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// The generated `passwd`, `group` and `hosts`.
+    fn etc(&self) -> PathBuf {
+        self.dir.join("etc")
+    }
+
+    pub(super) fn meta(&self) -> PathBuf {
+        self.dir.join("meta.json")
+    }
+
+    /// Creates the directories and the generated `/etc` files. The
+    /// workspace belongs to the sandbox's uid so it can write there.
+    pub(super) fn prepare(&self, identity: Identity, hostname: &str) -> io::Result<()> {
+        let mut private = fs::DirBuilder::new();
+        private.mode(0o700);
+        private.create(&self.dir)?;
+        private.create(self.etc())?;
+        private.create(self.dir.join("run"))?;
+        // The sandbox's uid works in here.
+        fs::DirBuilder::new().mode(0o755).create(self.workspace())?;
+        if let Identity::HostUid(uid) = identity {
+            std::os::unix::fs::chown(self.workspace(), Some(uid), Some(uid))?;
+        }
+        let uid = identity.uid();
+        let files = [
+            (
+                "passwd",
+                format!(
+                    "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+                     nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n\
+                     {USER}:x:{uid}:{uid}:{USER}:{WORKSPACE}:/bin/sh\n"
+                ),
+            ),
+            (
+                "group",
+                format!("root:x:0:\nnogroup:x:65534:\n{USER}:x:{uid}:\n"),
+            ),
+            (
+                "hosts",
+                format!(
+                    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
+                     127.0.1.1\t{hostname}\n"
+                ),
+            ),
+        ];
+        for (name, contents) in files {
+            let path = self.etc().join(name);
+            fs::write(&path, contents)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644))?;
+        }
+        Ok(())
+    }
+}
+
+/// Which limits the host's cgroups do not cover and rlimits must.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Fallbacks {
+    /// RLIMIT_AS: a poor memory limit (it counts address space, not memory),
+    /// but the only one without a memory cgroup.
+    pub(super) memory: bool,
+    /// RLIMIT_NPROC, which counts the processes of the sandbox's uid.
+    pub(super) pids: bool,
+    /// RLIMIT_CPU per exec: the CPU seconds `cpus` would allow over the
+    /// exec's timeout. It kills rather than throttles.
+    pub(super) cpu: bool,
+}
+
+/// The container every exec of one sandbox is started in.
+#[derive(Debug, Clone)]
+pub(super) struct Jail {
+    container: Container,
+    identity: Identity,
+    /// Set when the exec thread must enter a fresh network namespace with
+    /// loopback up before forking (root only; see `sys::enter_private_network`).
+    pub(super) private_network: bool,
+    cpu_rlimit_cpus: Option<f64>,
+    env: BTreeMap<String, String>,
+}
+
+impl Jail {
+    pub(super) fn new(
+        layout: &Layout,
+        hostname: &str,
+        identity: Identity,
+        spec: &SandboxSpec,
+        landlock: bool,
+        fallbacks: Fallbacks,
+    ) -> Jail {
+        let mut c = Container::empty();
+        for namespace in [
+            Namespace::Mount,
+            Namespace::Pid,
+            Namespace::Ipc,
+            Namespace::Uts,
+        ] {
+            c.unshare(namespace);
+        }
+        c.hostname(hostname);
+        // A bind mount whose source carries locked flags (nodev, noexec …)
+        // cannot be remounted read-only with fewer flags in a user
+        // namespace; hakoniwa then retries keeping them.
+        c.runctl(Runctl::MountFallback);
+
+        let mut readable = Vec::new();
+        for dir in SYSTEM_DIRS {
+            let host = Path::new(dir);
+            if let Ok(target) = fs::read_link(host) {
+                c.symlink(&target.to_string_lossy(), dir);
+                readable.push(dir);
+            } else if host.is_dir() {
+                c.bindmount_ro(dir, dir);
+                readable.push(dir);
+            }
+        }
+        let mut etc: Vec<String> = ETC_SHARED.iter().map(|p| p.to_string()).collect();
+        // Python's per-version configuration (`/etc/python3`, `/etc/python3.11`).
+        if let Ok(entries) = fs::read_dir("/etc") {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with("python3") {
+                    etc.push(format!("/etc/{name}"));
+                }
+            }
+        }
+        if spec.network {
+            // Only useful, and only meaningful, with the host's network.
+            etc.push("/etc/resolv.conf".into());
+        }
+        for path in etc {
+            // `exists` follows symlinks: a dangling one would fail the mount.
+            if Path::new(&path).exists() {
+                c.bindmount_ro(&path, &path);
+            }
+        }
+        for name in ["passwd", "group", "hosts"] {
+            let host = layout.etc().join(name);
+            c.bindmount_ro(&host.to_string_lossy(), &format!("/etc/{name}"));
+        }
+        let workspace = layout.workspace();
+        c.bindmount_rw(&workspace.to_string_lossy(), WORKSPACE);
+        c.devfsmount("/dev");
+        c.procfsmount("/proc");
+        let tmpfs = MountOptions::NOSUID | MountOptions::NODEV;
+        let tmp_size = match spec.disk_mb {
+            0 => String::new(),
+            mb => format!(",size={mb}m"),
+        };
+        c.mount(
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            tmpfs,
+            Some(format!("mode=1777{tmp_size}")),
+        );
+        c.mount(
+            "tmpfs",
+            "/dev/shm",
+            "tmpfs",
+            tmpfs,
+            Some(format!("mode=1777,size={SHM_BYTES}")),
+        );
+
+        let private_network = match identity {
+            Identity::HostUid(_) => !spec.network,
+            Identity::Mapped => {
+                c.unshare(Namespace::User);
+                c.uidmap(MAPPED_UID).gidmap(MAPPED_UID);
+                if !spec.network {
+                    // Without root the thread cannot make the namespace
+                    // itself, so loopback stays down here.
+                    c.unshare(Namespace::Network);
+                }
+                false
+            }
+        };
+
+        if landlock {
+            c.landlock_ruleset(landlock_rules(&readable));
+        }
+        c.seccomp_filter(seccomp_filter());
+
+        // Core dumps would land in the workspace (or go to the host's
+        // handler), which no one asked for.
+        c.setrlimit(Rlimit::Core, 0, 0);
+        if spec.disk_mb > 0 {
+            // Nothing limits the workspace's total size; this at least caps
+            // each file, as a full disk would.
+            let bytes = spec.disk_mb * 1024 * 1024;
+            c.setrlimit(Rlimit::Fsize, bytes, bytes);
+        }
+        if fallbacks.memory && spec.memory_mb > 0 {
+            let bytes = spec.memory_mb * 1024 * 1024;
+            c.setrlimit(Rlimit::As, bytes, bytes);
+        }
+        if fallbacks.pids && spec.pids > 0 {
+            c.setrlimit(Rlimit::Nproc, spec.pids.into(), spec.pids.into());
+        }
+
+        let mut env = BTreeMap::from([
+            ("PATH".to_string(), PATH.to_string()),
+            ("HOME".to_string(), WORKSPACE.to_string()),
+            ("HOSTNAME".to_string(), hostname.to_string()),
+        ]);
+        env.extend(spec.env.clone());
+        Jail {
+            container: c,
+            identity,
+            private_network,
+            cpu_rlimit_cpus: (fallbacks.cpu && spec.cpus > 0.0).then_some(spec.cpus),
+            env,
+        }
+    }
+
+    /// The command for one exec in root directory `root` (see
+    /// [`Layout::exec_root`]): the gate shell running `request.command`,
+    /// with pipes for all three streams.
+    pub(super) fn command(&self, request: &ExecRequest, root: &Path) -> Result<Command, String> {
+        let mut argv: Vec<String> = ["sh", "-c", GATE, "sh"].map(String::from).into();
+        argv.extend(request.command.iter().cloned());
+        let mut env = self.env.clone();
+        env.extend(request.env.clone());
+        let mut command = self.launcher(root, request.timeout, "/bin/sh", argv, &env)?;
+        command
+            .current_dir(Path::new(WORKSPACE).join(&request.workdir))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        Ok(command)
+    }
+
+    /// The same container running `/bin/true`, to prove at start-up that the
+    /// kernel allows all of it.
+    pub(super) fn probe_command(&self, root: &Path) -> Result<Command, String> {
+        let argv = vec!["true".to_string()];
+        self.launcher(root, Duration::from_secs(10), "/bin/true", argv, &self.env)
+    }
+
+    /// A command that, once hakoniwa has set the container up, takes the
+    /// sandbox's uid (as root; hakoniwa only switches users inside a user
+    /// namespace) and execs `program`.
+    fn launcher(
+        &self,
+        root: &Path,
+        timeout: Duration,
+        program: &str,
+        argv: Vec<String>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Command, String> {
+        let mut container = self.container.clone();
+        container.rootdir(root);
+        if let Some(cpus) = self.cpu_rlimit_cpus {
+            let seconds = (timeout.as_secs_f64() * cpus).ceil().max(1.0) as u64;
+            container.setrlimit(Rlimit::Cpu, seconds, seconds);
+        }
+        let c_string = |s: String| {
+            CString::new(s)
+                .map_err(|e| format!("a NUL byte in an exec's argument or environment: {e}"))
+        };
+        let program = c_string(program.to_string())?;
+        let argv = argv
+            .into_iter()
+            .map(c_string)
+            .collect::<Result<Vec<_>, _>>()?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| c_string(format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let uid = match self.identity {
+            Identity::HostUid(uid) => Some(uid),
+            Identity::Mapped => None,
+        };
+        // SAFETY: the closure runs in the forked child, after hakoniwa's
+        // setup (mounts, rlimits, landlock, seccomp). It makes only system
+        // calls on data prepared here and one small allocation, which
+        // glibc's fork handlers make safe, and it never returns on success.
+        Ok(unsafe {
+            container.command_from_closure(move || become_sandbox(uid, &program, &argv, &envp))
+        })
+    }
+}
+
+/// In the container's init: drop root for `uid` (when given), then exec.
+/// Returns only on failure, with the exit status to report.
+fn become_sandbox(uid: Option<u32>, program: &CStr, argv: &[CString], envp: &[CString]) -> i32 {
+    let fail = |msg: &[u8], status: i32| {
+        // SAFETY: write(2) reads `msg`, which outlives the call.
+        unsafe { libc::write(libc::STDERR_FILENO, msg.as_ptr().cast(), msg.len()) };
+        status
+    };
+    if let Some(uid) = uid {
+        // SAFETY: plain system calls without pointers but setgroups' empty
+        // list. setuid from root to another uid also clears every
+        // capability, so nothing of root survives into the command.
+        let switched = unsafe {
+            libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(uid) == 0
+                && libc::setuid(uid) == 0
+        };
+        if !switched {
+            return fail(b"conclave: cannot switch to the sandbox's uid\n", 125);
+        }
+    }
+    let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
+        strings
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let (argv, envp) = (pointers(argv), pointers(envp));
+    // SAFETY: the program, argv and envp point at NUL-terminated strings in
+    // NULL-terminated arrays, all alive across the call.
+    unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    fail(b"conclave: cannot exec the sandbox's shell\n", 126)
+}
+
+/// Landlock: read everything that is mounted (the mount namespace already
+/// hides the rest of the host), execute only system and sandbox files,
+/// write only the workspace, `/tmp` and the devices and `/proc` files
+/// programs write to.
+fn landlock_rules(system_dirs: &[&str]) -> Ruleset {
+    let (r, w, x) = (FsAccess::R, FsAccess::W, FsAccess::X);
+    let mut rules = Ruleset::default();
+    rules.restrict(Resource::FS, CompatMode::Enforce);
+    rules.allow_path("/", r);
+    for dir in system_dirs {
+        rules.allow_path(dir, r | x);
+    }
+    rules.allow_path("/dev", r | w);
+    rules.allow_path("/proc", r | w);
+    rules.allow_path("/tmp", r | w | x);
+    rules.allow_path(WORKSPACE, r | w | x);
+    rules
+}
+
+/// Seccomp: allow by default and refuse, with EPERM, the system calls
+/// Docker's default profile refuses to a container without capabilities:
+/// new namespaces (a user namespace would hand the sandbox root inside it),
+/// mounts, kernel modules and keyrings, BPF, perf, userfaultfd, io_uring,
+/// clock and swap changes. Most need capabilities the sandbox lacks anyway;
+/// this keeps the kernel code behind them out of reach.
+fn seccomp_filter() -> Filter {
+    const DENIED: [&str; 48] = [
+        "acct",
+        "add_key",
+        "bpf",
+        "clock_adjtime",
+        "clock_settime",
+        "create_module",
+        "delete_module",
+        "finit_module",
+        "fsconfig",
+        "fsmount",
+        "fsopen",
+        "fspick",
+        "get_kernel_syms",
+        "init_module",
+        "io_uring_enter",
+        "io_uring_register",
+        "io_uring_setup",
+        "ioperm",
+        "iopl",
+        "kcmp",
+        "kexec_file_load",
+        "kexec_load",
+        "keyctl",
+        "lookup_dcookie",
+        "mount",
+        "mount_setattr",
+        "move_mount",
+        "name_to_handle_at",
+        "nfsservctl",
+        "open_by_handle_at",
+        "open_tree",
+        "perf_event_open",
+        "pivot_root",
+        "query_module",
+        "quotactl",
+        "reboot",
+        "request_key",
+        "setns",
+        "settimeofday",
+        "swapoff",
+        "swapon",
+        "syslog",
+        "umount2",
+        "unshare",
+        "uselib",
+        "userfaultfd",
+        "vm86",
+        "vm86old",
+    ];
+    const NAMESPACE_FLAGS: [i32; 7] = [
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+        libc::CLONE_NEWCGROUP,
+    ];
+    let eperm = Action::Errno(libc::EPERM);
+    // Only the native ABI: calls through another (int 0x80 on x86_64) hit
+    // libseccomp's bad-arch action and kill the process.
+    let mut filter = Filter::new(Action::Allow);
+    filter.add_arch(Arch::Native);
+    for name in DENIED {
+        filter.add_rule(eperm, name);
+    }
+    for flag in NAMESPACE_FLAGS {
+        let flag = flag as u64;
+        filter.add_rule_conditional(
+            eperm,
+            "clone",
+            &[ArgCmp::new(0, ArgCmpOp::MaskedEq, flag, flag)],
+        );
+    }
+    // clone3 passes its flags in memory, out of a filter's sight; ENOSYS
+    // makes libc fall back to clone, whose flags the rules above see.
+    filter.add_rule(Action::Errno(libc::ENOSYS), "clone3");
+    filter
+}

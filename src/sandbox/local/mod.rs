@@ -1,0 +1,706 @@
+//! Local sandboxes: Linux namespaces, cgroups, rlimits, landlock and seccomp
+//! through hakoniwa, on the host itself; no daemon needed.
+//!
+//! Layout:
+//!
+//! - this file: [`LocalConfig`], [`LocalBackend`] (create, attach, list and
+//!   remove sandboxes as directories) and [`LocalSandbox`] (exec, stats,
+//!   destroy).
+//! - `jail`: the container every exec runs in: file system view, identity,
+//!   namespaces, landlock, seccomp, rlimits.
+//! - `run`: one exec: the thread that starts it, stdin, streaming, kills.
+//! - `cgroup`: cgroup v1 limits and accounting.
+//! - `sys`: the few system calls made directly (pidfds, network namespace).
+//!
+//! A sandbox is a directory `<root>/<id>/` holding `workspace/` (its
+//! `/workspace`), `meta.json` (spec and labels, so that a restarted server
+//! lists, re-attaches or reaps it), `etc/` (its generated `passwd`, `group`
+//! and `hosts`) and `rootfs/` (mount points). No process lives between
+//! execs: each exec is a fresh process tree in new mount, pid, ipc, uts and
+//! network namespaces, and when its first process exits the kernel ends the
+//! rest of the tree, as a timeout or cancel does at once.
+//!
+//! Running as root, each sandbox gets a host uid of its own
+//! ([`LocalConfig::uid_base`]) and cgroup v1 directories for memory, pids and
+//! CPU. Otherwise a user namespace maps the server's uid to 1000 and only
+//! rlimits apply. `spec.network = true` shares the host's network stack, as
+//! Docker's `--network host` does: no isolation of ports or addresses.
+//! `spec.image` is recorded but unused: the host's system directories are the
+//! image.
+
+mod cgroup;
+mod jail;
+mod run;
+mod sys;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::cgroup::{Controller, Hierarchy, SandboxCgroup};
+use self::jail::{Fallbacks, Identity, Jail, Layout};
+use self::run::{KillSwitch, Launch};
+use super::{
+    ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
+    Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
+};
+
+/// Settings of the local backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    /// Where sandbox directories live. `None` lets the caller choose,
+    /// normally `<data_dir>/sandboxes`, so that one setting moves all state.
+    pub root: Option<PathBuf>,
+    /// First host uid handed to sandboxes when the server runs as root. Each
+    /// sandbox runs as a uid of its own, so its processes cannot signal or
+    /// read another sandbox's, and RLIMIT_NPROC (the pid limit where there
+    /// is no pids cgroup) counts only its own. The default lies far above
+    /// the uids of people and of the `/etc/subuid` ranges tools hand out,
+    /// and below 2^31 for tools that store uids signed. Two servers on one
+    /// host need disjoint ranges.
+    pub uid_base: u32,
+    /// How many uids from `uid_base` may be used: the most sandboxes that
+    /// can exist at once.
+    pub uid_count: u32,
+    /// Directory made under each cgroup v1 controller
+    /// (`/sys/fs/cgroup/<controller>/<cgroup_parent>/<id>`) to hold the
+    /// sandboxes' cgroups, so that they are easy to find and to delegate.
+    pub cgroup_parent: String,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            root: None,
+            uid_base: 1_000_000_000,
+            uid_count: 65_536,
+            cgroup_parent: "conclave".into(),
+        }
+    }
+}
+
+impl LocalConfig {
+    fn validate(&self) -> Result<()> {
+        let invalid = |msg: &str| {
+            Err(SandboxError::Unavailable(format!(
+                "local sandbox config: {msg}"
+            )))
+        };
+        if self.uid_base == 0 {
+            return invalid("uid_base must not be 0 (root)");
+        }
+        if self.uid_count == 0 {
+            return invalid("uid_count must be at least 1");
+        }
+        // u32::MAX is the kernel's "no uid".
+        if self.uid_base.checked_add(self.uid_count).is_none() {
+            return invalid("uid_base + uid_count must stay below 4294967295");
+        }
+        let parent = Path::new(&self.cgroup_parent);
+        if self.cgroup_parent.is_empty()
+            || parent.is_absolute()
+            || parent
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return invalid("cgroup_parent must be a relative path without '..'");
+        }
+        Ok(())
+    }
+}
+
+/// Where cgroup v1 controllers are mounted.
+const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+
+/// Every sandbox id starts with this; the rest is a simple UUID.
+const ID_PREFIX: &str = "local-";
+
+/// What the backend knows about the host, shared with its sandboxes.
+#[derive(Debug)]
+struct Host {
+    root: PathBuf,
+    config: LocalConfig,
+    /// Root: per-sandbox uids and a network namespace with loopback up.
+    is_root: bool,
+    landlock: bool,
+    cgroups: Hierarchy,
+    fallbacks: Fallbacks,
+    /// Sandboxes open in this process, so `remove` can stop their execs and
+    /// `attach` hands out the same one.
+    open: Mutex<HashMap<String, Weak<LocalSandbox>>>,
+    /// Serialises picking a free uid with writing the meta.json that takes it.
+    creating: tokio::sync::Mutex<()>,
+}
+
+/// Sandboxes in Linux namespaces on this host.
+#[derive(Debug, Clone)]
+pub struct LocalBackend {
+    host: Arc<Host>,
+}
+
+impl LocalBackend {
+    /// Opens (creating) `root`, the directory that holds the sandboxes
+    /// (`config.root` or the caller's default), and checks that this kernel
+    /// lets the server build a sandbox, by running `/bin/true` in one.
+    pub fn new(config: LocalConfig, root: PathBuf) -> Result<Self, SandboxError> {
+        config.validate()?;
+        let unavailable = |what: &str, e: io::Error| {
+            SandboxError::Unavailable(format!("{what} {}: {e}", root.display()))
+        };
+        fs::create_dir_all(&root).map_err(|e| unavailable("cannot create", e))?;
+        // Workspaces hold whatever agents write; other host users have no
+        // business there.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700))
+            .map_err(|e| unavailable("cannot restrict", e))?;
+        let is_root = sys::is_root();
+        let landlock = sys::landlock_supported();
+        let cgroups = Hierarchy::detect(Path::new(CGROUP_MOUNT), &config.cgroup_parent);
+        let fallbacks = Fallbacks {
+            memory: !cgroups.has(Controller::Memory),
+            pids: !cgroups.has(Controller::Pids),
+            cpu: !cgroups.has(Controller::Cpu),
+        };
+        let mut weaker = Vec::new();
+        if fallbacks.memory {
+            weaker.push("memory by RLIMIT_AS (address space, not memory)");
+        }
+        if fallbacks.pids {
+            weaker.push(if is_root {
+                "pids by RLIMIT_NPROC of the sandbox's uid"
+            } else {
+                "pids by RLIMIT_NPROC, per exec"
+            });
+        }
+        if fallbacks.cpu {
+            weaker.push("cpus by RLIMIT_CPU over each exec's timeout (kills, not throttles)");
+        }
+        if !cgroups.has(Controller::Cpuacct) {
+            weaker.push("no CPU figure in stats");
+        }
+        if !landlock {
+            weaker.push("no landlock (the mount namespace still hides the host)");
+        }
+        if !weaker.is_empty() {
+            tracing::warn!(
+                limits = %weaker.join("; "),
+                "local sandboxes: no writable cgroup v1 controller or landlock for some limits; falling back"
+            );
+        }
+        if !is_root {
+            tracing::warn!(
+                "local sandboxes: not running as root, so a user namespace maps the server's uid \
+                 into every sandbox and loopback stays down without network"
+            );
+        }
+        let host = Host {
+            root,
+            config,
+            is_root,
+            landlock,
+            cgroups,
+            fallbacks,
+            open: Mutex::new(HashMap::new()),
+            creating: tokio::sync::Mutex::new(()),
+        };
+        host.probe()?;
+        Ok(LocalBackend {
+            host: Arc::new(host),
+        })
+    }
+}
+
+impl Host {
+    fn layout(&self, id: &str) -> Layout {
+        Layout {
+            dir: self.root.join(id),
+        }
+    }
+
+    fn identity(&self, uid: u32) -> Identity {
+        if self.is_root {
+            Identity::HostUid(uid)
+        } else {
+            Identity::Mapped
+        }
+    }
+
+    fn jail(&self, meta: &Meta, layout: &Layout) -> Jail {
+        Jail::new(
+            layout,
+            &meta.id,
+            self.identity(meta.uid),
+            &meta.spec.clone().into(),
+            self.landlock,
+            self.fallbacks,
+        )
+    }
+
+    /// Runs `/bin/true` in a throwaway sandbox built as real ones are.
+    fn probe(&self) -> Result<()> {
+        let id = format!(".probe-{}", uuid::Uuid::new_v4().simple());
+        let layout = self.layout(&id);
+        let meta = Meta {
+            id: id.clone(),
+            uid: self.config.uid_base,
+            created_ms: 0,
+            spec: SpecRecord::default(),
+        };
+        let result = (|| {
+            layout
+                .prepare(self.identity(meta.uid), &id)
+                .map_err(|e| format!("cannot prepare {}: {e}", layout.dir.display()))?;
+            let jail = self.jail(&meta, &layout);
+            let root = layout.exec_root();
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&root)
+                .map_err(|e| format!("cannot make {}: {e}", root.display()))?;
+            // As for an exec, the forking thread must outlive the container.
+            let output = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        if jail.private_network {
+                            sys::enter_private_network()
+                                .map_err(|e| format!("cannot make a network namespace: {e}"))?;
+                        }
+                        jail.probe_command(&root)?
+                            .output()
+                            .map_err(|e| e.to_string())
+                    })
+                    .join()
+                    .map_err(|_| "the probe thread panicked".to_string())?
+            })?;
+            if output.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{}: {}",
+                    output.status.reason,
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ))
+            }
+        })();
+        let _ = fs::remove_dir_all(&layout.dir);
+        result.map_err(|e| {
+            SandboxError::Unavailable(format!(
+                "local sandboxes need mount, pid, ipc, uts and network namespaces{} \
+                 (root, or unprivileged user namespaces), seccomp and pivot_root; \
+                 a test sandbox failed: {e}",
+                if self.is_root {
+                    ""
+                } else {
+                    " inside a user namespace"
+                }
+            ))
+        })
+    }
+
+    /// Every `<root>/local-*` directory, with its meta.json where readable.
+    fn scan(&self) -> io::Result<Vec<(String, io::Result<Meta>)>> {
+        let mut found = Vec::new();
+        for entry in fs::read_dir(&self.root)? {
+            let entry = entry?;
+            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if valid_id(&id) && entry.file_type()?.is_dir() {
+                let meta = read_meta(&self.layout(&id));
+                found.push((id, meta));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The lowest uid of the range no sandbox holds.
+    fn free_uid(&self) -> Result<u32> {
+        let taken: BTreeSet<u32> = self
+            .scan()
+            .map_err(backend("listing sandboxes"))?
+            .into_iter()
+            .filter_map(|(_, meta)| meta.ok().map(|m| m.uid))
+            .collect();
+        (self.config.uid_base..self.config.uid_base + self.config.uid_count)
+            .find(|uid| !taken.contains(uid))
+            .ok_or(SandboxError::Capacity(self.config.uid_count as usize))
+    }
+
+    /// Opens sandbox `meta.id`, creating its cgroups (or, for one a previous
+    /// run made, killing what its execs left running in them first).
+    async fn open(self: &Arc<Self>, meta: Meta, fresh: bool) -> Result<Arc<LocalSandbox>> {
+        let layout = self.layout(&meta.id);
+        let cgroup = Arc::new(self.cgroups.sandbox(&meta.id));
+        if !fresh {
+            // No exec survives its server: anything still running there was
+            // orphaned by a crash and is past its timeout.
+            cgroup.kill_all().await;
+        }
+        let spec: SandboxSpec = meta.spec.clone().into();
+        cgroup
+            .create(&spec)
+            .map_err(backend("creating the sandbox's cgroups"))?;
+        let jail = self.jail(&meta, &layout);
+        // The CPU figure of the first stats covers the sandbox's life so far.
+        let since_created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_sub(Duration::from_millis(meta.created_ms));
+        let now = Instant::now();
+        let baseline = now.checked_sub(since_created).unwrap_or(now);
+        let sandbox = Arc::new(LocalSandbox {
+            id: meta.id.clone(),
+            layout,
+            host: self.clone(),
+            jail,
+            cgroup,
+            execs: Mutex::new(Execs::default()),
+            tracker: TaskTracker::new(),
+            cpu_sample: Mutex::new((baseline, 0)),
+        });
+        lock(&self.open).insert(meta.id, Arc::downgrade(&sandbox));
+        Ok(sandbox)
+    }
+
+    fn live(&self, id: &str) -> Option<Arc<LocalSandbox>> {
+        lock(&self.open).get(id).and_then(Weak::upgrade)
+    }
+
+    /// Kills whatever runs in sandbox `id`'s cgroups and deletes them and its
+    /// directory.
+    async fn purge(&self, id: &str) -> Result<()> {
+        lock(&self.open).remove(id);
+        let cgroup = self.cgroups.sandbox(id);
+        cgroup.kill_all().await;
+        let dir = self.layout(id).dir;
+        tokio::task::spawn_blocking(move || {
+            cgroup.remove();
+            match fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| SandboxError::Backend(format!("removing a sandbox: {e}")))?
+        .map_err(backend("removing the sandbox directory"))
+    }
+}
+
+#[async_trait]
+impl SandboxBackend for LocalBackend {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        let host = self.host.clone();
+        let meta = Meta {
+            id: format!("{ID_PREFIX}{}", uuid::Uuid::new_v4().simple()),
+            uid: jail::MAPPED_UID,
+            created_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64,
+            spec: spec.into(),
+        };
+        let creating = self.host.creating.lock().await;
+        let meta = tokio::task::spawn_blocking(move || {
+            let mut meta = meta;
+            if host.is_root {
+                meta.uid = host.free_uid()?;
+            }
+            let layout = host.layout(&meta.id);
+            let made = layout
+                .prepare(host.identity(meta.uid), &meta.id)
+                .and_then(|()| write_meta(&layout, &meta));
+            if let Err(e) = made {
+                let _ = fs::remove_dir_all(&layout.dir);
+                return Err(backend("creating the sandbox directory")(e));
+            }
+            Ok(meta)
+        })
+        .await
+        .map_err(|e| SandboxError::Backend(format!("creating a sandbox: {e}")))??;
+        drop(creating);
+        let id = meta.id.clone();
+        match self.host.open(meta, true).await {
+            Ok(sandbox) => Ok(sandbox),
+            Err(e) => {
+                let _ = self.host.purge(&id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {
+        if !valid_id(id) {
+            return Ok(None);
+        }
+        if let Some(sandbox) = self.host.live(id) {
+            return Ok(Some(sandbox));
+        }
+        let layout = self.host.layout(id);
+        let meta = match tokio::task::spawn_blocking(move || read_meta(&layout)).await {
+            Ok(Ok(meta)) => meta,
+            Ok(Err(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Ok(Err(e)) => return Err(backend("reading the sandbox's meta.json")(e)),
+            Err(e) => return Err(SandboxError::Backend(format!("attaching a sandbox: {e}"))),
+        };
+        Ok(Some(self.host.open(meta, false).await?))
+    }
+
+    async fn list_managed(&self) -> Result<Vec<ManagedSandbox>> {
+        let host = self.host.clone();
+        let found = tokio::task::spawn_blocking(move || host.scan())
+            .await
+            .map_err(|e| SandboxError::Backend(format!("listing sandboxes: {e}")))?
+            .map_err(backend("listing sandboxes"))?;
+        let mut managed = Vec::new();
+        for (id, meta) in found {
+            match meta {
+                Ok(meta) if meta.spec.labels.contains_key(LABEL_MANAGED) => {
+                    managed.push(ManagedSandbox {
+                        id,
+                        session: meta.spec.labels.get(LABEL_SESSION).cloned(),
+                        pool: meta.spec.labels.get(LABEL_POOL).cloned(),
+                    })
+                }
+                Ok(_) => {}
+                // A directory without a readable meta.json is a create that
+                // crashed half-way; it is ours by its name, and an orphan.
+                Err(e) => {
+                    tracing::warn!(id, error = %e, "sandbox directory without a readable meta.json");
+                    managed.push(ManagedSandbox {
+                        id,
+                        session: None,
+                        pool: None,
+                    });
+                }
+            }
+        }
+        Ok(managed)
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        if !valid_id(id) {
+            return Ok(());
+        }
+        match self.host.live(id) {
+            Some(sandbox) => sandbox.destroy().await,
+            None => self.host.purge(id).await,
+        }
+    }
+}
+
+/// One local sandbox.
+#[derive(Debug)]
+pub struct LocalSandbox {
+    id: String,
+    layout: Layout,
+    host: Arc<Host>,
+    jail: Jail,
+    cgroup: Arc<SandboxCgroup>,
+    execs: Mutex<Execs>,
+    /// Holds a token per running exec until its container has exited.
+    tracker: TaskTracker,
+    /// When the CPU usage was last sampled, and what it was.
+    cpu_sample: Mutex<(Instant, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct Execs {
+    destroyed: bool,
+    next: u64,
+    running: HashMap<u64, Arc<KillSwitch>>,
+}
+
+/// Kills an exec's tree when its future ends, however it ends (including
+/// being dropped mid-way), and forgets it. After a normal end the tree is
+/// gone already and the kill does nothing.
+struct ExecGuard<'a> {
+    sandbox: &'a LocalSandbox,
+    key: u64,
+    switch: Arc<KillSwitch>,
+}
+
+impl Drop for ExecGuard<'_> {
+    fn drop(&mut self) {
+        self.switch.kill();
+        lock(&self.sandbox.execs).running.remove(&self.key);
+    }
+}
+
+#[async_trait]
+impl Sandbox for LocalSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        if request.command.is_empty() {
+            return Err(SandboxError::Backend("an exec needs a command".into()));
+        }
+        let deadline = Instant::now() + request.timeout;
+        let switch = Arc::new(KillSwitch::default());
+        let (key, token) = {
+            let mut execs = lock(&self.execs);
+            if execs.destroyed {
+                return Err(SandboxError::Gone(self.id.clone()));
+            }
+            execs.next += 1;
+            let key = execs.next;
+            execs.running.insert(key, switch.clone());
+            (key, self.tracker.token())
+        };
+        let _guard = ExecGuard {
+            sandbox: self,
+            key,
+            switch: switch.clone(),
+        };
+        let root = self.layout.exec_root();
+        let launch = Launch {
+            command: self
+                .jail
+                .command(&request, &root)
+                .map_err(SandboxError::Backend)?,
+            root,
+            private_network: self.jail.private_network,
+            cgroup: self.cgroup.clone(),
+            switch,
+            token,
+        };
+        run::execute(launch, request.stdin, output, deadline, cancel).await
+    }
+
+    async fn stats(&self) -> Result<SandboxStats> {
+        let now = Instant::now();
+        let cpu_percent = self.cgroup.cpu_usage_ns().map(|usage| {
+            let mut last = lock(&self.cpu_sample);
+            let used = usage.saturating_sub(last.1) as f64;
+            let elapsed = now.saturating_duration_since(last.0).as_nanos().max(1) as f64;
+            *last = (now, usage);
+            used / elapsed * 100.0
+        });
+        Ok(SandboxStats {
+            cpu_percent,
+            memory_bytes: self.cgroup.memory_bytes(),
+            pids: self.cgroup.pids(),
+        })
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        let running: Vec<_> = {
+            let mut execs = lock(&self.execs);
+            execs.destroyed = true;
+            execs.running.values().cloned().collect()
+        };
+        for switch in running {
+            switch.kill();
+        }
+        self.tracker.close();
+        self.tracker.wait().await;
+        self.host.purge(&self.id).await
+    }
+}
+
+/// What meta.json holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Meta {
+    id: String,
+    /// The uid processes run as: a host uid when the server is root.
+    uid: u32,
+    /// Creation time, Unix ms: the start of the first CPU figure.
+    created_ms: u64,
+    spec: SpecRecord,
+}
+
+/// [`SandboxSpec`] as stored.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct SpecRecord {
+    image: String,
+    cpus: f64,
+    memory_mb: u64,
+    pids: u32,
+    disk_mb: u64,
+    network: bool,
+    env: BTreeMap<String, String>,
+    labels: BTreeMap<String, String>,
+}
+
+impl From<&SandboxSpec> for SpecRecord {
+    fn from(spec: &SandboxSpec) -> Self {
+        SpecRecord {
+            image: spec.image.clone(),
+            cpus: spec.cpus,
+            memory_mb: spec.memory_mb,
+            pids: spec.pids,
+            disk_mb: spec.disk_mb,
+            network: spec.network,
+            env: spec.env.clone(),
+            labels: spec.labels.clone(),
+        }
+    }
+}
+
+impl From<SpecRecord> for SandboxSpec {
+    fn from(record: SpecRecord) -> Self {
+        SandboxSpec {
+            image: record.image,
+            cpus: record.cpus,
+            memory_mb: record.memory_mb,
+            pids: record.pids,
+            disk_mb: record.disk_mb,
+            network: record.network,
+            env: record.env,
+            labels: record.labels,
+        }
+    }
+}
+
+fn read_meta(layout: &Layout) -> io::Result<Meta> {
+    let text = fs::read(layout.meta())?;
+    serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Written to a temporary file and renamed, so a crash leaves either no
+/// meta.json or a whole one.
+fn write_meta(layout: &Layout, meta: &Meta) -> io::Result<()> {
+    let json = serde_json::to_vec_pretty(meta).map_err(io::Error::other)?;
+    let partial = layout.dir.join("meta.json.partial");
+    fs::write(&partial, json)?;
+    fs::rename(&partial, layout.meta())
+}
+
+/// `local-` and 32 lowercase hex digits: anything else is not ours, and
+/// never becomes a path.
+fn valid_id(id: &str) -> bool {
+    id.strip_prefix(ID_PREFIX).is_some_and(|hex| {
+        hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+fn backend(what: &'static str) -> impl Fn(io::Error) -> SandboxError {
+    move |e| SandboxError::Backend(format!("{what}: {e}"))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
