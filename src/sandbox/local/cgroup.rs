@@ -75,7 +75,14 @@ impl Hierarchy {
         };
         for controller in Controller::ALL {
             let base = mount_root.join(controller.name()).join(parent);
-            if fs::create_dir_all(&base).is_err() || !base.join(controller.marker()).exists() {
+            // The parent may exist from a run as root while this one is not
+            // root: only making a child proves the controller usable.
+            let probe = base.join(format!(".probe-{}", uuid::Uuid::new_v4().simple()));
+            let usable = fs::create_dir_all(&base).is_ok()
+                && base.join(controller.marker()).exists()
+                && fs::create_dir(&probe).is_ok()
+                && fs::remove_dir(&probe).is_ok();
+            if !usable {
                 continue;
             }
             let Ok(base) = fs::canonicalize(&base) else {

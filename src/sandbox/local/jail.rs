@@ -5,9 +5,11 @@
 //! The view matches a Docker container run `--read-only --tmpfs /tmp
 //! --cap-drop ALL --user <uid>` over an image made of the host's own system
 //! directories: `/usr`, `/bin`, `/lib`, `/lib64`, `/sbin` and a few files of
-//! `/etc`, read-only; `/workspace` read-write; a size-limited tmpfs on `/tmp`
-//! and `/dev/shm`; a minimal `/dev`; a new `/proc`. Nothing else of the host
-//! (its home directories, the data directory, other sandboxes) exists inside.
+//! `/etc`, read-only; `/workspace` read-write; `/tmp` the sandbox's own
+//! directory, which like a container's tmpfs lasts as long as the sandbox
+//! (see [`Layout::tmp`]); a size-limited tmpfs on `/dev/shm`; a minimal
+//! `/dev`; a new `/proc`. Nothing else of the host (its home directories,
+//! the data directory, other sandboxes) exists inside.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
@@ -51,11 +53,14 @@ const ETC_SHARED: [&str; 7] = [
     "/etc/ssl/certs",
 ];
 
-/// `sh` runs every exec: it first reads one line from stdin, which the
+/// `sh` starts every exec: it first reads one line from stdin, which the
 /// server writes only once the process is in the sandbox's cgroups, so no
-/// user code ever runs outside them; then it becomes the command, looked up
-/// in `PATH` as a container runtime would (127 when not found).
-const GATE: &str = r#"read -r _ || exit 125; exec "$@""#;
+/// user code ever runs outside them. Then it runs the command, looked up in
+/// `PATH` as a container runtime would (127 when not found), and exits with
+/// its status. It stays as the pid namespace's init rather than exec'ing
+/// the command, so the command is an ordinary process, as under `docker
+/// exec`: signals it sends itself take effect, and orphans are reaped.
+const GATE: &str = r#"read -r _ || exit 125; "$@""#;
 
 /// Docker's `/dev/shm` size.
 const SHM_BYTES: u64 = 64 * 1024 * 1024;
@@ -101,6 +106,13 @@ impl Layout {
             .join(uuid::Uuid::new_v4().simple().to_string())
     }
 
+    /// The sandbox's `/tmp`, shared by its execs as a container's is. The
+    /// backend mounts a tmpfs of `disk_mb` here when it runs as root;
+    /// otherwise it is a plain directory on the host's disk.
+    pub(super) fn tmp(&self) -> PathBuf {
+        self.dir.join("tmp")
+    }
+
     /// The generated `passwd`, `group` and `hosts`.
     fn etc(&self) -> PathBuf {
         self.dir.join("etc")
@@ -120,6 +132,10 @@ impl Layout {
         private.create(self.dir.join("run"))?;
         // The sandbox's uid works in here.
         fs::DirBuilder::new().mode(0o755).create(self.workspace())?;
+        fs::DirBuilder::new().mode(0o755).create(self.tmp())?;
+        // Not through DirBuilder: the umask would take the sticky and
+        // other-write bits off.
+        fs::set_permissions(self.tmp(), fs::Permissions::from_mode(0o1777))?;
         if let Identity::HostUid(uid) = identity {
             std::os::unix::fs::chown(self.workspace(), Some(uid), Some(uid))?;
         }
@@ -242,23 +258,12 @@ impl Jail {
         c.bindmount_rw(&workspace.to_string_lossy(), WORKSPACE);
         c.devfsmount("/dev");
         c.procfsmount("/proc");
-        let tmpfs = MountOptions::NOSUID | MountOptions::NODEV;
-        let tmp_size = match spec.disk_mb {
-            0 => String::new(),
-            mb => format!(",size={mb}m"),
-        };
-        c.mount(
-            "tmpfs",
-            "/tmp",
-            "tmpfs",
-            tmpfs,
-            Some(format!("mode=1777{tmp_size}")),
-        );
+        c.bindmount_rw(&layout.tmp().to_string_lossy(), "/tmp");
         c.mount(
             "tmpfs",
             "/dev/shm",
             "tmpfs",
-            tmpfs,
+            MountOptions::NOSUID | MountOptions::NODEV,
             Some(format!("mode=1777,size={SHM_BYTES}")),
         );
 

@@ -342,18 +342,27 @@ impl Host {
     /// Opens sandbox `meta.id`, creating its cgroups (or, for one a previous
     /// run made, killing what its execs left running in them first).
     async fn open(self: &Arc<Self>, meta: Meta, fresh: bool) -> Result<Arc<LocalSandbox>> {
-        let layout = self.layout(&meta.id);
         let cgroup = Arc::new(self.cgroups.sandbox(&meta.id));
         if !fresh {
             // No exec survives its server: anything still running there was
             // orphaned by a crash and is past its timeout.
             cgroup.kill_all().await;
         }
-        let spec: SandboxSpec = meta.spec.clone().into();
-        cgroup
-            .create(&spec)
-            .map_err(backend("creating the sandbox's cgroups"))?;
-        let jail = self.jail(&meta, &layout);
+        let host = self.clone();
+        let made = cgroup.clone();
+        let (meta, layout, jail) = tokio::task::spawn_blocking(move || {
+            made.create(&meta.spec.clone().into())
+                .map_err(backend("creating the sandbox's cgroups"))?;
+            let layout = host.layout(&meta.id);
+            if host.is_root {
+                sys::mount_tmpfs(&layout.tmp(), meta.spec.disk_mb)
+                    .map_err(backend("mounting the sandbox's /tmp"))?;
+            }
+            let jail = host.jail(&meta, &layout);
+            Ok::<_, SandboxError>((meta, layout, jail))
+        })
+        .await
+        .map_err(|e| SandboxError::Backend(format!("opening a sandbox: {e}")))??;
         // The CPU figure of the first stats covers the sandbox's life so far.
         let since_created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -385,10 +394,11 @@ impl Host {
         lock(&self.open).remove(id);
         let cgroup = self.cgroups.sandbox(id);
         cgroup.kill_all().await;
-        let dir = self.layout(id).dir;
+        let layout = self.layout(id);
         tokio::task::spawn_blocking(move || {
             cgroup.remove();
-            match fs::remove_dir_all(&dir) {
+            sys::unmount(&layout.tmp())?;
+            match fs::remove_dir_all(&layout.dir) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
             }
@@ -557,6 +567,11 @@ impl Sandbox for LocalSandbox {
     ) -> Result<ExecStatus> {
         if request.command.is_empty() {
             return Err(SandboxError::Backend("an exec needs a command".into()));
+        }
+        // Removed behind this process's back (by another server on the same
+        // root, or by hand): say so rather than fail making the exec's root.
+        if !self.layout.meta().exists() {
+            return Err(SandboxError::Gone(self.id.clone()));
         }
         let deadline = Instant::now() + request.timeout;
         let switch = Arc::new(KillSwitch::default());

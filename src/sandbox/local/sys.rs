@@ -1,12 +1,17 @@
 //! The few system calls the local backend makes itself rather than through
 //! hakoniwa: pidfds, so that a kill can never reach a recycled pid; a network
-//! namespace with loopback up, as `--network none` gives a container; and
-//! the landlock and euid checks made at start-up.
+//! namespace with loopback up, as `--network none` gives a container; the
+//! tmpfs behind each sandbox's `/tmp`; and the landlock and euid checks made
+//! at start-up.
 
+use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -103,6 +108,50 @@ pub(super) fn enter_private_network() -> io::Result<()> {
         if libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) != 0 {
             return Err(io::Error::last_os_error());
         }
+    }
+    Ok(())
+}
+
+/// Mounts a tmpfs of at most `size_mb` (0: the kernel's default, half of
+/// RAM) on `dir`, unless one is there already (a sandbox reopened after a
+/// server restart keeps its `/tmp`).
+pub(super) fn mount_tmpfs(dir: &Path, size_mb: u64) -> io::Result<()> {
+    let parent = dir.parent().unwrap_or(dir);
+    if fs::metadata(dir)?.dev() != fs::metadata(parent)?.dev() {
+        return Ok(());
+    }
+    let target = CString::new(dir.as_os_str().as_bytes())?;
+    let size = match size_mb {
+        0 => String::new(),
+        mb => format!(",size={mb}m"),
+    };
+    let options = CString::new(format!("mode=1777{size}"))?;
+    // SAFETY: every pointer is a NUL-terminated string alive for the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            options.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Detaches whatever is mounted on `dir`; nothing mounted is fine.
+pub(super) fn unmount(dir: &Path) -> io::Result<()> {
+    let target = CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: the target is a NUL-terminated string alive for the call.
+    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::EINVAL | libc::ENOENT) => Ok(()),
+            _ => Err(err),
+        };
     }
     Ok(())
 }

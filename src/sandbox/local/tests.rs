@@ -26,6 +26,7 @@ impl Drop for Fixture {
         for entry in fs::read_dir(&self.root).into_iter().flatten().flatten() {
             let id = entry.file_name().to_string_lossy().into_owned();
             self.backend.host.cgroups.sandbox(&id).remove();
+            let _ = sys::unmount(&self.backend.host.layout(&id).tmp());
         }
     }
 }
@@ -311,13 +312,146 @@ async fn host_is_hidden_and_only_workspace_and_tmp_are_writable() {
 }
 
 #[tokio::test]
-async fn workspace_files_persist_between_execs() {
+async fn escapes_are_refused() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
-    let (status, _, _) = sh(&*sandbox, "mkdir -p sub && echo kept > sub/file", SHORT).await;
+    let script = "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t' ' '; \
+         unshare -U true 2>/dev/null && echo made a user namespace; \
+         python3 -c 'import os; os.setuid(0)' 2>/dev/null && echo became root; \
+         cp /bin/true /dev/shm/true && /dev/shm/true 2>/dev/null && echo ran from /dev/shm; \
+         cp /bin/true /tmp/true && /tmp/true && echo ran from /tmp";
+    let (status, stdout, stderr) = sh(&*sandbox, script, SHORT).await;
+    assert_eq!(status.exit_code, Some(0), "{stderr}");
+    let mut expected = "CapEff: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2\n".to_string();
+    if !f.backend.host.landlock {
+        // Only landlock keeps the writable, exec-allowed /dev/shm tmpfs
+        // from running programs.
+        expected.push_str("ran from /dev/shm\n");
+    }
+    expected.push_str("ran from /tmp\n");
+    assert_eq!(stdout, expected);
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn signals_reach_the_command() {
+    let f = fixture();
+    let sandbox = f.backend.create(&spec()).await.expect("create");
+    // Were the command its pid namespace's init, the kernel would drop a
+    // signal it sends itself without a handler.
+    let (status, _, _) = sh(&*sandbox, "kill -TERM $$; sleep 5", SHORT).await;
+    assert_eq!(status.exit_code, Some(128 + 15));
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn limits_reach_the_cgroups() {
+    let f = fixture();
+    let sandbox = f
+        .backend
+        .create(&SandboxSpec {
+            cpus: 0.5,
+            ..spec()
+        })
+        .await
+        .expect("create");
+    let read = |controller: &str, file: &str| {
+        let path = Path::new(CGROUP_MOUNT)
+            .join(controller)
+            .join(&f.config.cgroup_parent)
+            .join(sandbox.id())
+            .join(file);
+        fs::read_to_string(&path).map(|v| v.trim().to_string()).ok()
+    };
+    let mut expected = Vec::new();
+    let mut found = Vec::new();
+    let cgroups = &f.backend.host.cgroups;
+    if cgroups.has(Controller::Memory) {
+        expected.push(Some((256u64 << 20).to_string()));
+        found.push(read("memory", "memory.limit_in_bytes"));
+    }
+    if cgroups.has(Controller::Pids) {
+        expected.push(Some("64".into()));
+        found.push(read("pids", "pids.max"));
+    }
+    if cgroups.has(Controller::Cpu) {
+        expected.push(Some("50000".into()));
+        found.push(read("cpu", "cpu.cfs_quota_us"));
+    }
+    assert_eq!(found, expected);
+    // Every exec of the sandbox lands in them.
+    let (_, stdout, _) = sh(&*sandbox, "cat /proc/self/cgroup", SHORT).await;
+    for controller in ["memory", "pids", "cpu"] {
+        if cgroups.has(match controller {
+            "memory" => Controller::Memory,
+            "pids" => Controller::Pids,
+            _ => Controller::Cpu,
+        }) {
+            let suffix = format!("/{}/{}", f.config.cgroup_parent, sandbox.id());
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.contains(controller) && l.ends_with(&suffix)),
+                "{controller} not in {stdout}"
+            );
+        }
+    }
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn a_file_cannot_outgrow_disk_mb() {
+    let f = fixture();
+    let sandbox = f
+        .backend
+        .create(&SandboxSpec {
+            disk_mb: 8,
+            ..spec()
+        })
+        .await
+        .expect("create");
+    for path in ["/workspace/big", "/tmp/big"] {
+        let script = format!("head -c 16M /dev/zero > {path}");
+        let (status, _, _) = sh(&*sandbox, &script, SHORT).await;
+        assert_ne!(status.exit_code, Some(0), "{path}");
+        let (_, size, err) = sh(&*sandbox, &format!("stat -c %s {path}"), SHORT).await;
+        assert!(
+            size.trim().parse::<u64>().expect(&err) <= 8 << 20,
+            "{path}: {size}"
+        );
+    }
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn execs_run_side_by_side() {
+    let f = fixture();
+    let sandbox = f.backend.create(&spec()).await.expect("create");
+    let runs = (0..4).map(|i| {
+        let sandbox = &sandbox;
+        async move { sh(&**sandbox, &format!("echo {i}"), SHORT).await }
+    });
+    let outputs: Vec<String> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|(status, stdout, stderr)| {
+            assert_eq!(status.exit_code, Some(0), "{stderr}");
+            stdout
+        })
+        .collect();
+    assert_eq!(outputs, ["0\n", "1\n", "2\n", "3\n"]);
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn files_persist_between_execs() {
+    let f = fixture();
+    let sandbox = f.backend.create(&spec()).await.expect("create");
+    let script = "mkdir -p sub && echo kept > sub/file && echo also > /tmp/file";
+    let (status, _, _) = sh(&*sandbox, script, SHORT).await;
     assert_eq!(status.exit_code, Some(0));
-    let (_, stdout, _) = sh(&*sandbox, "cat /workspace/sub/file", SHORT).await;
-    assert_eq!(stdout, "kept\n");
+    let (_, stdout, _) = sh(&*sandbox, "cat /workspace/sub/file /tmp/file", SHORT).await;
+    assert_eq!(stdout, "kept\nalso\n");
     let on_host = f.root.join(sandbox.id()).join("workspace/sub/file");
     assert_eq!(fs::read_to_string(on_host).expect("file on host"), "kept\n");
     sandbox.destroy().await.expect("destroy");
