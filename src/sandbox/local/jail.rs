@@ -23,6 +23,7 @@ use hakoniwa::landlock::{CompatMode, FsAccess, Resource, Ruleset};
 use hakoniwa::seccomp::{Action, Arch, ArgCmp, ArgCmpOp, Filter};
 use hakoniwa::{Command, Container, MountOptions, Namespace, Rlimit, Runctl, Stdio};
 
+use super::sys;
 use crate::sandbox::{ExecRequest, SandboxSpec, WORKSPACE};
 
 /// The uid (and gid) processes have inside a user namespace when the server
@@ -188,9 +189,9 @@ pub(super) struct Fallbacks {
 pub(super) struct Jail {
     container: Container,
     identity: Identity,
-    /// Set when the exec thread must enter a fresh network namespace with
-    /// loopback up before forking (root only; see `sys::enter_private_network`).
-    pub(super) private_network: bool,
+    /// Whether the exec has a network namespace of its own, whose loopback
+    /// interface must be brought up.
+    private_network: bool,
     cpu_rlimit_cpus: Option<f64>,
     env: BTreeMap<String, String>,
 }
@@ -267,19 +268,13 @@ impl Jail {
             Some(format!("mode=1777,size={SHM_BYTES}")),
         );
 
-        let private_network = match identity {
-            Identity::HostUid(_) => !spec.network,
-            Identity::Mapped => {
-                c.unshare(Namespace::User);
-                c.uidmap(MAPPED_UID).gidmap(MAPPED_UID);
-                if !spec.network {
-                    // Without root the thread cannot make the namespace
-                    // itself, so loopback stays down here.
-                    c.unshare(Namespace::Network);
-                }
-                false
-            }
-        };
+        if let Identity::Mapped = identity {
+            c.unshare(Namespace::User);
+            c.uidmap(MAPPED_UID).gidmap(MAPPED_UID);
+        }
+        if !spec.network {
+            c.unshare(Namespace::Network);
+        }
 
         if landlock {
             c.landlock_ruleset(landlock_rules(&readable));
@@ -312,7 +307,7 @@ impl Jail {
         Jail {
             container: c,
             identity,
-            private_network,
+            private_network: !spec.network,
             cpu_rlimit_cpus: (fallbacks.cpu && spec.cpus > 0.0).then_some(spec.cpus),
             env,
         }
@@ -372,29 +367,46 @@ impl Jail {
             .iter()
             .map(|(k, v)| c_string(format!("{k}={v}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let uid = match self.identity {
-            Identity::HostUid(uid) => Some(uid),
-            Identity::Mapped => None,
+        let setup = Setup {
+            uid: match self.identity {
+                Identity::HostUid(uid) => Some(uid),
+                Identity::Mapped => None,
+            },
+            loopback: self.private_network,
         };
         // SAFETY: the closure runs in the forked child, after hakoniwa's
         // setup (mounts, rlimits, landlock, seccomp). It makes only system
-        // calls on data prepared here and one small allocation, which
-        // glibc's fork handlers make safe, and it never returns on success.
+        // calls on data prepared here and small allocations, which glibc's
+        // fork handlers make safe, and it never returns on success.
         Ok(unsafe {
-            container.command_from_closure(move || become_sandbox(uid, &program, &argv, &envp))
+            container.command_from_closure(move || become_sandbox(setup, &program, &argv, &envp))
         })
     }
 }
 
-/// In the container's init: drop root for `uid` (when given), then exec.
-/// Returns only on failure, with the exit status to report.
-fn become_sandbox(uid: Option<u32>, program: &CStr, argv: &[CString], envp: &[CString]) -> i32 {
+/// What the container's init does itself before exec'ing the command.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// Drop root for this uid (and gid).
+    uid: Option<u32>,
+    /// Bring up `lo` in the new network namespace, as `--network none`
+    /// leaves it; programs serve and connect on 127.0.0.1.
+    loopback: bool,
+}
+
+/// In the container's init, still privileged (root, or root of its user
+/// namespace): bring up loopback, drop root, exec. Returns only on failure,
+/// with the exit status to report.
+fn become_sandbox(setup: Setup, program: &CStr, argv: &[CString], envp: &[CString]) -> i32 {
     let fail = |msg: &[u8], status: i32| {
         // SAFETY: write(2) reads `msg`, which outlives the call.
         unsafe { libc::write(libc::STDERR_FILENO, msg.as_ptr().cast(), msg.len()) };
         status
     };
-    if let Some(uid) = uid {
+    if setup.loopback && sys::loopback_up().is_err() {
+        return fail(b"conclave: cannot bring up the loopback interface\n", 125);
+    }
+    if let Some(uid) = setup.uid {
         // SAFETY: plain system calls without pointers but setgroups' empty
         // list. setuid from root to another uid also clears every
         // capability, so nothing of root survives into the command.
@@ -423,8 +435,8 @@ fn become_sandbox(uid: Option<u32>, program: &CStr, argv: &[CString], envp: &[CS
 
 /// Landlock: read everything that is mounted (the mount namespace already
 /// hides the rest of the host), execute only system and sandbox files,
-/// write only the workspace, `/tmp` and the devices and `/proc` files
-/// programs write to.
+/// write only the workspace, `/tmp`, `/dev/shm`, the usual devices and
+/// `/proc`.
 fn landlock_rules(system_dirs: &[&str]) -> Ruleset {
     let (r, w, x) = (FsAccess::R, FsAccess::W, FsAccess::X);
     let mut rules = Ruleset::default();
@@ -433,7 +445,21 @@ fn landlock_rules(system_dirs: &[&str]) -> Ruleset {
     for dir in system_dirs {
         rules.allow_path(dir, r | x);
     }
-    rules.allow_path("/dev", r | w);
+    // The devices themselves, not `/dev`: without root the sandbox's uid
+    // owns the tmpfs hakoniwa builds `/dev` on.
+    rules.allow_path("/dev", r);
+    for device in [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+        "/dev/tty",
+        "/dev/pts",
+        "/dev/shm",
+    ] {
+        rules.allow_path(device, r | w);
+    }
     rules.allow_path("/proc", r | w);
     rules.allow_path("/tmp", r | w | x);
     rules.allow_path(WORKSPACE, r | w | x);

@@ -270,21 +270,12 @@ impl Host {
                 .mode(0o755)
                 .create(&root)
                 .map_err(|e| format!("cannot make {}: {e}", root.display()))?;
-            // As for an exec, the forking thread must outlive the container.
-            let output = std::thread::scope(|scope| {
-                scope
-                    .spawn(|| {
-                        if jail.private_network {
-                            sys::enter_private_network()
-                                .map_err(|e| format!("cannot make a network namespace: {e}"))?;
-                        }
-                        jail.probe_command(&root)?
-                            .output()
-                            .map_err(|e| e.to_string())
-                    })
-                    .join()
-                    .map_err(|_| "the probe thread panicked".to_string())?
-            })?;
+            // This thread forks the container and waits for it, so it
+            // outlives it, as hakoniwa needs.
+            let output = jail
+                .probe_command(&root)?
+                .output()
+                .map_err(|e| e.to_string())?;
             if output.status.success() {
                 Ok(())
             } else {
@@ -395,9 +386,12 @@ impl Host {
         let cgroup = self.cgroups.sandbox(id);
         cgroup.kill_all().await;
         let layout = self.layout(id);
+        let mounted_tmp = self.is_root;
         tokio::task::spawn_blocking(move || {
             cgroup.remove();
-            sys::unmount(&layout.tmp())?;
+            if mounted_tmp {
+                sys::unmount(&layout.tmp())?;
+            }
             match fs::remove_dir_all(&layout.dir) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
@@ -597,7 +591,6 @@ impl Sandbox for LocalSandbox {
                 .command(&request, &root)
                 .map_err(SandboxError::Backend)?,
             root,
-            private_network: self.jail.private_network,
             cgroup: self.cgroup.clone(),
             switch,
             token,

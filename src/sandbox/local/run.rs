@@ -71,8 +71,6 @@ pub(super) struct Launch {
     pub(super) command: hakoniwa::Command,
     /// The exec's root directory, made before and removed after it.
     pub(super) root: PathBuf,
-    /// Enter a new network namespace with loopback up before forking.
-    pub(super) private_network: bool,
     pub(super) cgroup: Arc<SandboxCgroup>,
     pub(super) switch: Arc<KillSwitch>,
     /// Held until the container has exited, so that destroying the sandbox
@@ -100,9 +98,8 @@ pub(super) async fn execute(
     let (started_tx, started_rx) = oneshot::channel();
     let (finished_tx, finished_rx) = oneshot::channel();
     // A thread of its own rather than the blocking pool: hakoniwa's monitor
-    // dies with the thread that forked it (PR_SET_PDEATHSIG) and pool
-    // threads exit when idle; the network namespace it may enter also stays
-    // with it alone.
+    // dies with the thread that forked it (PR_SET_PDEATHSIG), and pool
+    // threads exit when idle.
     thread::Builder::new()
         .name("sandbox-exec".into())
         .spawn(move || run(launch, started_tx, finished_tx))
@@ -236,7 +233,6 @@ fn run(
     let Launch {
         mut command,
         root,
-        private_network,
         cgroup,
         switch,
         token: _token,
@@ -245,11 +241,6 @@ fn run(
         .mode(0o755)
         .create(&root)
         .map_err(|e| format!("cannot make the exec's root directory: {e}"))
-        .and_then(|()| match private_network {
-            true => sys::enter_private_network()
-                .map_err(|e| format!("cannot make a network namespace: {e}")),
-            false => Ok(()),
-        })
         .and_then(|()| {
             command
                 .spawn()

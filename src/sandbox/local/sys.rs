@@ -1,13 +1,11 @@
 //! The few system calls the local backend makes itself rather than through
-//! hakoniwa: pidfds, so that a kill can never reach a recycled pid; a network
-//! namespace with loopback up, as `--network none` gives a container; the
-//! tmpfs behind each sandbox's `/tmp`; and the landlock and euid checks made
-//! at start-up.
+//! hakoniwa: pidfds, so that a kill can never reach a recycled pid; loopback
+//! up, as `--network none` gives a container; the tmpfs behind each
+//! sandbox's `/tmp`; and the landlock and euid checks made at start-up.
 
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -82,17 +80,16 @@ impl AsRawFd for PidFd {
     }
 }
 
-/// Moves the calling thread (only it: namespaces belong to a thread) into a
-/// new network namespace whose loopback interface is up. Processes it forks
-/// afterwards start there, with no way out to the host's network.
-pub(super) fn enter_private_network() -> io::Result<()> {
-    // SAFETY: unshare(2) takes flags only.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+/// Brings up `lo` in the caller's network namespace, which a new namespace
+/// has down. Needs CAP_NET_ADMIN there.
+pub(super) fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket(2) takes no pointers and returns a new descriptor or -1.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
         return Err(io::Error::last_os_error());
     }
-    // A new namespace has `lo` down; programs that serve or connect on
-    // 127.0.0.1 expect it up, as in a container.
-    let socket = UdpSocket::bind("0.0.0.0:0")?;
+    // SAFETY: the kernel just created this descriptor; nothing else owns it.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ifreq is plain old data; all zeroes is a valid value.
     let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in request.ifr_name.iter_mut().zip(b"lo\0") {

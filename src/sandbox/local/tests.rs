@@ -87,22 +87,19 @@ async fn sh(
 
 const SHORT: Duration = Duration::from_secs(30);
 
-/// Host processes whose real uid is `uid`.
-fn processes_of(uid: u32) -> Vec<u32> {
+/// Host processes whose argv is `argv`: with an unusual argument, the
+/// ones a test started, whoever runs them.
+fn processes_running(argv: &[&str]) -> Vec<u32> {
+    let expected: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
     let mut pids = Vec::new();
     for entry in fs::read_dir("/proc").expect("/proc").flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
-            continue;
-        };
-        let real_uid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|u| u.parse::<u32>().ok());
-        if real_uid == Some(uid) {
+        if fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline == expected) {
             pids.push(pid);
         }
     }
@@ -188,12 +185,12 @@ async fn stdin_is_written_then_closed() {
 async fn timeout_kills_the_whole_tree() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
-    let uid = uid_of(&*sandbox).await;
-    let (status, _, _) = sh(&*sandbox, "sleep 100 & sleep 100", Duration::from_secs(1)).await;
+    let (status, _, _) = sh(&*sandbox, "sleep 1001 & sleep 1002", Duration::from_secs(1)).await;
     assert!(status.timed_out && !status.cancelled, "{status:?}");
     assert_eq!(status.exit_code, None);
     assert!(status.duration < Duration::from_secs(10), "{status:?}");
-    assert_eq!(processes_of(uid), Vec::<u32>::new());
+    assert_eq!(processes_running(&["sleep", "1001"]), Vec::<u32>::new());
+    assert_eq!(processes_running(&["sleep", "1002"]), Vec::<u32>::new());
     sandbox.destroy().await.expect("destroy");
 }
 
@@ -201,11 +198,10 @@ async fn timeout_kills_the_whole_tree() {
 async fn cancel_kills_and_says_so() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
-    let uid = uid_of(&*sandbox).await;
     let (tx, mut rx) = mpsc::channel(16);
     let cancel = CancellationToken::new();
     let exec = sandbox.exec(
-        ExecRequest::shell("sleep 100 & echo started; wait", SHORT),
+        ExecRequest::shell("sleep 1003 & echo started; wait", SHORT),
         tx,
         cancel.clone(),
     );
@@ -220,7 +216,7 @@ async fn cancel_kills_and_says_so() {
     let status = status.expect("exec");
     assert!(status.cancelled && !status.timed_out, "{status:?}");
     assert_eq!(status.exit_code, None);
-    assert_eq!(processes_of(uid), Vec::<u32>::new());
+    assert_eq!(processes_running(&["sleep", "1003"]), Vec::<u32>::new());
     sandbox.destroy().await.expect("destroy");
 }
 
@@ -461,7 +457,6 @@ async fn files_persist_between_execs() {
 async fn fork_bomb_is_contained() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
-    let uid = uid_of(&*sandbox).await;
     let request = ExecRequest {
         command: vec!["bash".into(), "-c".into(), ":(){ :|:& };:".into()],
         ..ExecRequest::shell("", Duration::from_secs(3))
@@ -476,7 +471,10 @@ async fn fork_bomb_is_contained() {
     .await
     .expect("exec");
     assert!(status.duration < Duration::from_secs(15), "{status:?}");
-    assert_eq!(processes_of(uid), Vec::<u32>::new());
+    assert_eq!(
+        processes_running(&["bash", "-c", ":(){ :|:& };:"]),
+        Vec::<u32>::new()
+    );
     let (status, stdout, _) = sh(&*sandbox, "echo alive", SHORT).await;
     assert_eq!((status.exit_code, stdout.as_str()), (Some(0), "alive\n"));
     sandbox.destroy().await.expect("destroy");
@@ -529,9 +527,18 @@ async fn stats_come_from_the_cgroups() {
     .await;
     assert_eq!(status.exit_code, Some(0));
     let stats = sandbox.stats().await.expect("stats");
-    assert_eq!(stats.pids, Some(0));
-    assert!(stats.memory_bytes.is_some());
-    assert!(stats.cpu_percent.is_some_and(|p| p > 0.0), "{stats:?}");
+    let cgroups = &f.backend.host.cgroups;
+    // Without a controller there is no figure: no guesses.
+    assert_eq!(stats.pids, cgroups.has(Controller::Pids).then_some(0));
+    assert_eq!(
+        stats.memory_bytes.is_some(),
+        cgroups.has(Controller::Memory)
+    );
+    assert_eq!(
+        stats.cpu_percent.is_some_and(|p| p > 0.0),
+        cgroups.has(Controller::Cpuacct),
+        "{stats:?}"
+    );
     sandbox.destroy().await.expect("destroy");
 }
 
@@ -588,10 +595,9 @@ async fn list_managed_and_remove() {
 async fn remove_kills_running_execs() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
-    let uid = uid_of(&*sandbox).await;
     let (tx, mut rx) = mpsc::channel(16);
     let exec = sandbox.exec(
-        ExecRequest::shell("echo started; sleep 100", SHORT),
+        ExecRequest::shell("echo started; sleep 1004", SHORT),
         tx,
         CancellationToken::new(),
     );
@@ -606,7 +612,7 @@ async fn remove_kills_running_execs() {
     removed.expect("remove");
     let status = status.expect("exec");
     assert_eq!(status.exit_code, Some(137), "{status:?}");
-    assert_eq!(processes_of(uid), Vec::<u32>::new());
+    assert_eq!(processes_running(&["sleep", "1004"]), Vec::<u32>::new());
     assert!(!f.root.join(sandbox.id()).exists());
 }
 
