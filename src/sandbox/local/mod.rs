@@ -3,19 +3,23 @@
 //!
 //! Layout:
 //!
-//! - this file: [`LocalConfig`], [`LocalBackend`] (create, attach, list and
-//!   remove sandboxes as directories) and [`LocalSandbox`] (exec, stats,
-//!   destroy).
+//! - this file: [`LocalBackend`]: create, attach, list and remove sandboxes
+//!   as directories.
+//! - `config`: [`LocalConfig`].
+//! - `sandbox`: [`LocalSandbox`]: exec, stats, destroy.
+//! - `meta`: the `meta.json` each sandbox directory records itself in.
 //! - `jail`: the container every exec runs in: file system view, identity,
-//!   namespaces, landlock, seccomp, rlimits.
+//!   namespaces, rlimits, and the last steps its init takes itself.
+//! - `policy`: the landlock and seccomp rules.
 //! - `run`: one exec: the thread that starts it, stdin, streaming, kills.
 //! - `cgroup`: cgroup v1 limits and accounting.
-//! - `sys`: the few system calls made directly (pidfds, network namespace).
+//! - `sys`: the few system calls made directly (pidfds, loopback, mounts).
 //!
 //! A sandbox is a directory `<root>/<id>/` holding `workspace/` (its
-//! `/workspace`), `meta.json` (spec and labels, so that a restarted server
-//! lists, re-attaches or reaps it), `etc/` (its generated `passwd`, `group`
-//! and `hosts`) and `rootfs/` (mount points). No process lives between
+//! `/workspace`), `tmp/` (its `/tmp`), `meta.json` (spec and labels, so
+//! that a restarted server lists, re-attaches or reaps it), `etc/` (its
+//! generated `passwd`, `group` and `hosts`) and `run/` (each running exec's
+//! root directory, empty but for mount points). No process lives between
 //! execs: each exec is a fresh process tree in new mount, pid, ipc, uts and
 //! network namespaces, and when its first process exits the kernel ends the
 //! rest of the tree, as a timeout or cancel does at once.
@@ -29,14 +33,18 @@
 //! image.
 
 mod cgroup;
+mod config;
 mod jail;
+mod meta;
+mod policy;
 mod run;
+mod sandbox;
 mod sys;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -45,97 +53,29 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::cgroup::{Controller, Hierarchy, SandboxCgroup};
+use self::cgroup::{Controller, Hierarchy};
 use self::jail::{Fallbacks, Identity, Jail, Layout};
-use self::run::{KillSwitch, Launch};
+use self::meta::{ID_PREFIX, Meta, SpecRecord, read_meta, valid_id, write_meta};
 use super::{
-    ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
-    Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
+    LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox, SandboxBackend,
+    SandboxError, SandboxSpec,
 };
 
-/// Settings of the local backend.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LocalConfig {
-    /// Where sandbox directories live. `None` lets the caller choose,
-    /// normally `<data_dir>/sandboxes`, so that one setting moves all state.
-    pub root: Option<PathBuf>,
-    /// First host uid handed to sandboxes when the server runs as root. Each
-    /// sandbox runs as a uid of its own, so its processes cannot signal or
-    /// read another sandbox's, and RLIMIT_NPROC (the pid limit where there
-    /// is no pids cgroup) counts only its own. The default lies far above
-    /// the uids of people and of the `/etc/subuid` ranges tools hand out,
-    /// and below 2^31 for tools that store uids signed. Two servers on one
-    /// host need disjoint ranges.
-    pub uid_base: u32,
-    /// How many uids from `uid_base` may be used: the most sandboxes that
-    /// can exist at once.
-    pub uid_count: u32,
-    /// Directory made under each cgroup v1 controller
-    /// (`/sys/fs/cgroup/<controller>/<cgroup_parent>/<id>`) to hold the
-    /// sandboxes' cgroups, so that they are easy to find and to delegate.
-    pub cgroup_parent: String,
-}
-
-impl Default for LocalConfig {
-    fn default() -> Self {
-        LocalConfig {
-            root: None,
-            uid_base: 1_000_000_000,
-            uid_count: 65_536,
-            cgroup_parent: "conclave".into(),
-        }
-    }
-}
-
-impl LocalConfig {
-    fn validate(&self) -> Result<()> {
-        let invalid = |msg: &str| {
-            Err(SandboxError::Unavailable(format!(
-                "local sandbox config: {msg}"
-            )))
-        };
-        if self.uid_base == 0 {
-            return invalid("uid_base must not be 0 (root)");
-        }
-        if self.uid_count == 0 {
-            return invalid("uid_count must be at least 1");
-        }
-        // u32::MAX is the kernel's "no uid".
-        if self.uid_base.checked_add(self.uid_count).is_none() {
-            return invalid("uid_base + uid_count must stay below 4294967295");
-        }
-        let parent = Path::new(&self.cgroup_parent);
-        if self.cgroup_parent.is_empty()
-            || parent.is_absolute()
-            || parent
-                .components()
-                .any(|c| !matches!(c, std::path::Component::Normal(_)))
-        {
-            return invalid("cgroup_parent must be a relative path without '..'");
-        }
-        Ok(())
-    }
-}
+pub use self::config::LocalConfig;
+pub use self::sandbox::LocalSandbox;
 
 /// Where cgroup v1 controllers are mounted.
 const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
-
-/// Every sandbox id starts with this; the rest is a simple UUID.
-const ID_PREFIX: &str = "local-";
 
 /// What the backend knows about the host, shared with its sandboxes.
 #[derive(Debug)]
 struct Host {
     root: PathBuf,
     config: LocalConfig,
-    /// Root: per-sandbox uids and a network namespace with loopback up.
+    /// Root: per-sandbox host uids and a tmpfs for each sandbox's `/tmp`.
     is_root: bool,
     landlock: bool,
     cgroups: Hierarchy,
@@ -204,7 +144,7 @@ impl LocalBackend {
         if !is_root {
             tracing::warn!(
                 "local sandboxes: not running as root, so a user namespace maps the server's uid \
-                 into every sandbox and loopback stays down without network"
+                 to every sandbox's uid and /tmp is a directory on disk"
             );
         }
         let host = Host {
@@ -367,7 +307,7 @@ impl Host {
             host: self.clone(),
             jail,
             cgroup,
-            execs: Mutex::new(Execs::default()),
+            execs: Mutex::default(),
             tracker: TaskTracker::new(),
             cpu_sample: Mutex::new((baseline, 0)),
         });
@@ -507,202 +447,6 @@ impl SandboxBackend for LocalBackend {
             None => self.host.purge(id).await,
         }
     }
-}
-
-/// One local sandbox.
-#[derive(Debug)]
-pub struct LocalSandbox {
-    id: String,
-    layout: Layout,
-    host: Arc<Host>,
-    jail: Jail,
-    cgroup: Arc<SandboxCgroup>,
-    execs: Mutex<Execs>,
-    /// Holds a token per running exec until its container has exited.
-    tracker: TaskTracker,
-    /// When the CPU usage was last sampled, and what it was.
-    cpu_sample: Mutex<(Instant, u64)>,
-}
-
-#[derive(Debug, Default)]
-struct Execs {
-    destroyed: bool,
-    next: u64,
-    running: HashMap<u64, Arc<KillSwitch>>,
-}
-
-/// Kills an exec's tree when its future ends, however it ends (including
-/// being dropped mid-way), and forgets it. After a normal end the tree is
-/// gone already and the kill does nothing.
-struct ExecGuard<'a> {
-    sandbox: &'a LocalSandbox,
-    key: u64,
-    switch: Arc<KillSwitch>,
-}
-
-impl Drop for ExecGuard<'_> {
-    fn drop(&mut self) {
-        self.switch.kill();
-        lock(&self.sandbox.execs).running.remove(&self.key);
-    }
-}
-
-#[async_trait]
-impl Sandbox for LocalSandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    async fn exec(
-        &self,
-        request: ExecRequest,
-        output: mpsc::Sender<ExecChunk>,
-        cancel: CancellationToken,
-    ) -> Result<ExecStatus> {
-        if request.command.is_empty() {
-            return Err(SandboxError::Backend("an exec needs a command".into()));
-        }
-        // Removed behind this process's back (by another server on the same
-        // root, or by hand): say so rather than fail making the exec's root.
-        if !self.layout.meta().exists() {
-            return Err(SandboxError::Gone(self.id.clone()));
-        }
-        let deadline = Instant::now() + request.timeout;
-        let switch = Arc::new(KillSwitch::default());
-        let (key, token) = {
-            let mut execs = lock(&self.execs);
-            if execs.destroyed {
-                return Err(SandboxError::Gone(self.id.clone()));
-            }
-            execs.next += 1;
-            let key = execs.next;
-            execs.running.insert(key, switch.clone());
-            (key, self.tracker.token())
-        };
-        let _guard = ExecGuard {
-            sandbox: self,
-            key,
-            switch: switch.clone(),
-        };
-        let root = self.layout.exec_root();
-        let launch = Launch {
-            command: self
-                .jail
-                .command(&request, &root)
-                .map_err(SandboxError::Backend)?,
-            root,
-            cgroup: self.cgroup.clone(),
-            switch,
-            token,
-        };
-        run::execute(launch, request.stdin, output, deadline, cancel).await
-    }
-
-    async fn stats(&self) -> Result<SandboxStats> {
-        let now = Instant::now();
-        let cpu_percent = self.cgroup.cpu_usage_ns().map(|usage| {
-            let mut last = lock(&self.cpu_sample);
-            let used = usage.saturating_sub(last.1) as f64;
-            let elapsed = now.saturating_duration_since(last.0).as_nanos().max(1) as f64;
-            *last = (now, usage);
-            used / elapsed * 100.0
-        });
-        Ok(SandboxStats {
-            cpu_percent,
-            memory_bytes: self.cgroup.memory_bytes(),
-            pids: self.cgroup.pids(),
-        })
-    }
-
-    async fn destroy(&self) -> Result<()> {
-        let running: Vec<_> = {
-            let mut execs = lock(&self.execs);
-            execs.destroyed = true;
-            execs.running.values().cloned().collect()
-        };
-        for switch in running {
-            switch.kill();
-        }
-        self.tracker.close();
-        self.tracker.wait().await;
-        self.host.purge(&self.id).await
-    }
-}
-
-/// What meta.json holds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Meta {
-    id: String,
-    /// The uid processes run as: a host uid when the server is root.
-    uid: u32,
-    /// Creation time, Unix ms: the start of the first CPU figure.
-    created_ms: u64,
-    spec: SpecRecord,
-}
-
-/// [`SandboxSpec`] as stored.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct SpecRecord {
-    image: String,
-    cpus: f64,
-    memory_mb: u64,
-    pids: u32,
-    disk_mb: u64,
-    network: bool,
-    env: BTreeMap<String, String>,
-    labels: BTreeMap<String, String>,
-}
-
-impl From<&SandboxSpec> for SpecRecord {
-    fn from(spec: &SandboxSpec) -> Self {
-        SpecRecord {
-            image: spec.image.clone(),
-            cpus: spec.cpus,
-            memory_mb: spec.memory_mb,
-            pids: spec.pids,
-            disk_mb: spec.disk_mb,
-            network: spec.network,
-            env: spec.env.clone(),
-            labels: spec.labels.clone(),
-        }
-    }
-}
-
-impl From<SpecRecord> for SandboxSpec {
-    fn from(record: SpecRecord) -> Self {
-        SandboxSpec {
-            image: record.image,
-            cpus: record.cpus,
-            memory_mb: record.memory_mb,
-            pids: record.pids,
-            disk_mb: record.disk_mb,
-            network: record.network,
-            env: record.env,
-            labels: record.labels,
-        }
-    }
-}
-
-fn read_meta(layout: &Layout) -> io::Result<Meta> {
-    let text = fs::read(layout.meta())?;
-    serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
-/// Written to a temporary file and renamed, so a crash leaves either no
-/// meta.json or a whole one.
-fn write_meta(layout: &Layout, meta: &Meta) -> io::Result<()> {
-    let json = serde_json::to_vec_pretty(meta).map_err(io::Error::other)?;
-    let partial = layout.dir.join("meta.json.partial");
-    fs::write(&partial, json)?;
-    fs::rename(&partial, layout.meta())
-}
-
-/// `local-` and 32 lowercase hex digits: anything else is not ours, and
-/// never becomes a path.
-fn valid_id(id: &str) -> bool {
-    id.strip_prefix(ID_PREFIX).is_some_and(|hex| {
-        hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    })
 }
 
 fn backend(what: &'static str) -> impl Fn(io::Error) -> SandboxError {

@@ -4,16 +4,17 @@
 //!
 //! The process tree: hakoniwa forks a monitor process, which unshares the
 //! namespaces, builds the mounts and forks the namespace's init; that init
-//! becomes the gate shell and then the command. Killing that init makes the
-//! kernel kill everything else in its pid namespace, so it is the one handle
-//! needed on the whole tree; the monitor then reports and exits.
+//! drops to the sandbox's uid and becomes the gate shell, which runs the
+//! command. Killing that init makes the kernel kill everything else in its
+//! pid namespace, so it is the one handle needed on the whole tree; the
+//! monitor then reports and exits.
 
 use std::fs;
 use std::io::{self, PipeReader, PipeWriter};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use bytes::{Bytes, BytesMut};
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::cgroup::SandboxCgroup;
+use super::lock;
 use super::sys::{self, PidFd};
 use crate::sandbox::{ExecChunk, ExecStatus, SandboxError};
 
@@ -50,7 +52,7 @@ struct KillState {
 
 impl KillSwitch {
     pub(super) fn kill(&self) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = lock(&self.state);
         state.killed = true;
         if let Some(init) = &state.init {
             init.kill();
@@ -58,7 +60,7 @@ impl KillSwitch {
     }
 
     fn arm(&self, init: PidFd) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = lock(&self.state);
         if state.killed {
             init.kill();
         }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::sandbox::{Collected, exec_collect};
+use crate::sandbox::{Collected, ExecChunk, ExecRequest, ExecStatus, exec_collect};
 
 struct Fixture {
     backend: LocalBackend,
@@ -658,4 +658,45 @@ async fn sandboxes_of_a_previous_run_are_found_again() {
     restarted.remove(&id).await.expect("remove");
     assert_eq!(restarted.list_managed().await.expect("list"), vec![]);
     assert_eq!(fs::read_dir(&f.root).expect("root").count(), 0);
+}
+
+#[test]
+fn config_reads_with_defaults_and_names_bad_fields() {
+    let config: LocalConfig = serde_json::from_str(r#"{"uid_base": 2000000}"#).expect("config");
+    assert_eq!(
+        config,
+        LocalConfig {
+            uid_base: 2_000_000,
+            ..LocalConfig::default()
+        }
+    );
+    assert!(serde_json::from_str::<LocalConfig>(r#"{"uid_bsae": 1}"#).is_err());
+    for (bad, field) in [
+        (
+            LocalConfig {
+                uid_base: 0,
+                ..LocalConfig::default()
+            },
+            "uid_base",
+        ),
+        (
+            LocalConfig {
+                uid_count: u32::MAX,
+                ..LocalConfig::default()
+            },
+            "uid_count",
+        ),
+        (
+            LocalConfig {
+                cgroup_parent: "../escape".into(),
+                ..LocalConfig::default()
+            },
+            "cgroup_parent",
+        ),
+    ] {
+        match bad.validate() {
+            Err(SandboxError::Unavailable(msg)) => assert!(msg.contains(field), "{msg}"),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
 }
