@@ -21,8 +21,9 @@
 //! generated `passwd`, `group` and `hosts`) and `run/` (each running exec's
 //! root directory, empty but for mount points). No process lives between
 //! execs: each exec is a fresh process tree in new mount, pid, ipc, uts and
-//! network namespaces, and when its first process exits the kernel ends the
-//! rest of the tree, as a timeout or cancel does at once.
+//! (unless `spec.network`) network namespaces; when the command exits, so
+//! does the namespace's init and the kernel ends whatever the command left
+//! running, as a timeout or cancel does at once.
 //!
 //! Running as root, each sandbox gets a host uid of its own
 //! ([`LocalConfig::uid_base`]) and cgroup v1 directories for memory, pids and

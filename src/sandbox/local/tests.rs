@@ -31,8 +31,8 @@ impl Drop for Fixture {
     }
 }
 
-/// A backend of its own, with a uid range of its own, so that the tests
-/// running side by side can count their processes by uid.
+/// A backend of its own, with a uid range of its own, so that sandboxes of
+/// tests running side by side never share a uid.
 fn fixture() -> Fixture {
     static NEXT_RANGE: AtomicU32 = AtomicU32::new(0);
     let config = LocalConfig {
