@@ -98,6 +98,7 @@ pub struct SandboxConfig {
     /// Ready sandboxes kept for new sessions of the default spec.
     pub warm_pool: usize,
     pub kubernetes: crate::sandbox::kubernetes::KubernetesConfig,
+    pub local: crate::sandbox::local::LocalConfig,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
@@ -127,6 +128,7 @@ impl Default for SandboxConfig {
             max_live: 64,
             warm_pool: 2,
             kubernetes: Default::default(),
+            local: Default::default(),
         }
     }
 }

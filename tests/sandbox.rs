@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use conclave::config::SandboxConfig;
 use conclave::sandbox::docker::DockerBackend;
+use conclave::sandbox::local::{LocalBackend, LocalConfig};
 use conclave::sandbox::{
     Collected, ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_SESSION, Sandbox,
     SandboxBackend, SandboxError, SandboxManager, SandboxSpec, exec_collect, files,
@@ -19,6 +20,17 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const IMAGE: &str = "conclave/sandbox-python:latest";
+
+/// Local sandboxes live under a directory of the test's own, kept for the
+/// process's life (tests run in parallel and each makes its backend).
+async fn local() -> Arc<dyn SandboxBackend> {
+    static ROOT: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let root = ROOT.get_or_init(|| tempfile::tempdir().expect("tempdir"));
+    Arc::new(
+        LocalBackend::new(LocalConfig::default(), root.path().to_path_buf())
+            .expect("the local backend starts (namespaces must be available)"),
+    )
+}
 
 async fn docker() -> Arc<dyn SandboxBackend> {
     Arc::new(
@@ -84,7 +96,8 @@ async fn exec_streams_output_and_exit_code(backend: Arc<dyn SandboxBackend>) {
     let sandbox = create(&backend).await;
     let (tx, mut rx) = mpsc::channel(64);
     let request = ExecRequest::shell(
-        "echo one; sleep 0.3; echo two; echo oops >&2; echo $GREETING; id -u; exit 3",
+        "echo one; sleep 0.3; echo two; echo oops >&2; echo $GREETING; \
+         [ \"$(id -u)\" != 0 ] && echo not-root; exit 3",
         Duration::from_secs(30),
     );
     let run = sandbox.0.exec(request, tx, CancellationToken::new());
@@ -107,7 +120,7 @@ async fn exec_streams_output_and_exit_code(backend: Arc<dyn SandboxBackend>) {
         })
         .flatten()
         .collect();
-    assert_eq!(text(&stdout), "one\ntwo\nhello\n1000\n");
+    assert_eq!(text(&stdout), "one\ntwo\nhello\nnot-root\n");
     // "one" arrived before "two" was written: output streams, in chunks.
     assert!(
         matches!(&chunks[0], ExecChunk::Stdout(d) if d.as_ref() == b"one\n"),
@@ -363,6 +376,18 @@ macro_rules! suite {
 }
 
 suite!(docker:
+    exec_streams_output_and_exit_code,
+    timeout_kills_the_process_tree,
+    fork_bomb_is_contained,
+    memory_hog_is_killed,
+    disk_fill_is_contained,
+    no_network_but_loopback,
+    host_files_are_out_of_reach,
+    files_round_trip_and_stay_confined,
+    orphans_are_reaped_and_live_sessions_kept,
+);
+
+suite!(local:
     exec_streams_output_and_exit_code,
     timeout_kills_the_process_tree,
     fork_bomb_is_contained,

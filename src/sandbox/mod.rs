@@ -17,6 +17,7 @@
 pub mod docker;
 pub mod files;
 pub mod kubernetes;
+pub mod local;
 pub mod manager;
 
 use std::collections::BTreeMap;
@@ -146,24 +147,36 @@ pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 /// answers and local namespaces otherwise, and says which.
 pub async fn connect(
     config: &crate::config::SandboxConfig,
-    _data_dir: &std::path::Path,
+    data_dir: &std::path::Path,
 ) -> Result<Arc<dyn SandboxBackend>> {
     use crate::config::SandboxBackendKind as Kind;
+    let local = || -> Result<Arc<dyn SandboxBackend>> {
+        let root = config
+            .local
+            .root
+            .clone()
+            .unwrap_or_else(|| data_dir.join("sandboxes"));
+        Ok(Arc::new(local::LocalBackend::new(
+            config.local.clone(),
+            root,
+        )?))
+    };
     match config.backend {
         Kind::Docker => Ok(Arc::new(docker::DockerBackend::connect().await?)),
+        Kind::Local => local(),
+        Kind::Kubernetes => Ok(Arc::new(
+            kubernetes::KubernetesBackend::connect(config.kubernetes.clone()).await?,
+        )),
         Kind::Auto => match docker::DockerBackend::connect().await {
             Ok(docker) => {
                 tracing::info!("sandbox backend: docker (its socket answers)");
                 Ok(Arc::new(docker))
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                tracing::info!(reason = %e, "sandbox backend: local (docker does not answer)");
+                local()
+            }
         },
-        Kind::Kubernetes => Ok(Arc::new(
-            kubernetes::KubernetesBackend::connect(config.kubernetes.clone()).await?,
-        )),
-        Kind::Local => Err(SandboxError::Unavailable(
-            "the local backend is not built yet".into(),
-        )),
     }
 }
 

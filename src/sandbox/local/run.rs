@@ -1,0 +1,305 @@
+//! One exec: a thread of its own starts the container and waits for it,
+//! while the calling task feeds stdin, streams stdout and stderr, and kills
+//! the process tree on timeout or cancel.
+//!
+//! The process tree: hakoniwa forks a monitor process, which unshares the
+//! namespaces, builds the mounts and forks the namespace's init; that init
+//! drops to the sandbox's uid and becomes the gate shell, which runs the
+//! command. Killing that init makes the kernel kill everything else in its
+//! pid namespace, so it is the one handle needed on the whole tree; the
+//! monitor then reports and exits.
+
+use std::fs;
+use std::io::{self, PipeReader, PipeWriter};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+
+use super::cgroup::SandboxCgroup;
+use super::lock;
+use super::sys::{self, PidFd};
+use crate::sandbox::{ExecChunk, ExecStatus, SandboxError};
+
+/// hakoniwa's exit code when the container itself failed (not the command).
+const CONTAINER_FAILED: i32 = 125;
+
+/// Largest chunk read from a pipe at once.
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Kills one exec's process tree, now or, when the tree does not exist
+/// yet, as soon as it does.
+#[derive(Debug, Default)]
+pub(super) struct KillSwitch {
+    state: Mutex<KillState>,
+}
+
+#[derive(Debug, Default)]
+struct KillState {
+    killed: bool,
+    /// The pid namespace's init, once known.
+    init: Option<PidFd>,
+}
+
+impl KillSwitch {
+    pub(super) fn kill(&self) {
+        let mut state = lock(&self.state);
+        state.killed = true;
+        if let Some(init) = &state.init {
+            init.kill();
+        }
+    }
+
+    fn arm(&self, init: PidFd) {
+        let mut state = lock(&self.state);
+        if state.killed {
+            init.kill();
+        }
+        state.init = Some(init);
+    }
+}
+
+/// Everything the exec thread needs.
+pub(super) struct Launch {
+    pub(super) command: hakoniwa::Command,
+    /// The exec's root directory, made before and removed after it.
+    pub(super) root: PathBuf,
+    pub(super) cgroup: Arc<SandboxCgroup>,
+    pub(super) switch: Arc<KillSwitch>,
+    /// Held until the container has exited, so that destroying the sandbox
+    /// can wait for all of its execs to be gone.
+    pub(super) token: TaskTrackerToken,
+}
+
+struct Pipes {
+    stdin: PipeWriter,
+    stdout: PipeReader,
+    stderr: PipeReader,
+}
+
+/// Runs `launch`, writing `stdin` to it and streaming its output to
+/// `output`, until it exits or `deadline` or `cancel` kills it.
+pub(super) async fn execute(
+    launch: Launch,
+    stdin: Option<Bytes>,
+    output: mpsc::Sender<ExecChunk>,
+    deadline: Instant,
+    cancel: CancellationToken,
+) -> Result<ExecStatus, SandboxError> {
+    let started_at = Instant::now();
+    let switch = launch.switch.clone();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finished_tx, finished_rx) = oneshot::channel();
+    // A thread of its own rather than the blocking pool: hakoniwa's monitor
+    // dies with the thread that forked it (PR_SET_PDEATHSIG), and pool
+    // threads exit when idle.
+    thread::Builder::new()
+        .name("sandbox-exec".into())
+        .spawn(move || run(launch, started_tx, finished_tx))
+        .map_err(|e| SandboxError::Backend(format!("cannot start an exec thread: {e}")))?;
+
+    let io = async {
+        let pipes = started_rx.await.map_err(|_| thread_died())??;
+        let (stdin_pipe, stdout, stderr) =
+            async_pipes(pipes).map_err(|e| SandboxError::Backend(format!("exec pipes: {e}")))?;
+        tokio::join!(
+            feed(stdin_pipe, stdin),
+            pump(stdout, ExecChunk::Stdout, &output),
+            pump(stderr, ExecChunk::Stderr, &output),
+        );
+        Ok(())
+    };
+    tokio::pin!(io, finished_rx);
+
+    let mut io_result = None;
+    let mut status = None;
+    let mut timed_out = false;
+    let mut cancelled = false;
+    while io_result.is_none() || status.is_none() {
+        let killed = timed_out || cancelled;
+        tokio::select! {
+            biased;
+            finished = &mut finished_rx, if status.is_none() => {
+                status = Some(finished.map_err(|_| thread_died()).and_then(|s| s));
+            }
+            done = &mut io, if io_result.is_none() => io_result = Some(done),
+            // Once the tree has exited there is nothing left to kill: what
+            // remains is delivering its output.
+            _ = tokio::time::sleep_until(deadline), if status.is_none() && !killed => {
+                switch.kill();
+                timed_out = true;
+            }
+            _ = cancel.cancelled(), if status.is_none() && !killed => {
+                switch.kill();
+                cancelled = true;
+            }
+        }
+        if matches!(io_result, Some(Err(_))) {
+            // No pipes: the thread has killed the tree already or will find
+            // it dead; make sure of it, and only wait for it to be reaped.
+            switch.kill();
+        }
+    }
+    let duration = started_at.elapsed();
+    let (Some(io_result), Some(status)) = (io_result, status) else {
+        return Err(thread_died());
+    };
+    io_result?;
+    let status = status?;
+    let exit_code = if timed_out || cancelled {
+        None
+    } else {
+        Some(exit_code(&status)?)
+    };
+    Ok(ExecStatus {
+        exit_code,
+        timed_out,
+        cancelled,
+        duration,
+    })
+}
+
+/// The command's exit code; one killed by a signal reports 128 + the
+/// signal, as a shell and Docker do (137 for the OOM killer's SIGKILL).
+fn exit_code(status: &hakoniwa::ExitStatus) -> Result<i64, SandboxError> {
+    match status.exit_code {
+        Some(code) => Ok(code.into()),
+        None if status.code == CONTAINER_FAILED => Err(SandboxError::Backend(format!(
+            "the sandbox container failed: {}",
+            status.reason
+        ))),
+        None => Ok(status.code.into()),
+    }
+}
+
+fn thread_died() -> SandboxError {
+    SandboxError::Backend("the exec thread ended without reporting".into())
+}
+
+fn async_pipes(pipes: Pipes) -> io::Result<(pipe::Sender, pipe::Receiver, pipe::Receiver)> {
+    Ok((
+        pipe::Sender::from_owned_fd(OwnedFd::from(pipes.stdin))?,
+        pipe::Receiver::from_owned_fd(OwnedFd::from(pipes.stdout))?,
+        pipe::Receiver::from_owned_fd(OwnedFd::from(pipes.stderr))?,
+    ))
+}
+
+/// Opens the gate with its line, then writes the request's stdin; dropping
+/// the pipe closes it, so the command sees the end of its input.
+async fn feed(mut to: pipe::Sender, data: Option<Bytes>) {
+    // Errors mean the command exited or closed its stdin without reading
+    // it all, which is its business.
+    if to.write_all(b"\n").await.is_ok()
+        && let Some(data) = data
+    {
+        let _ = to.write_all(&data).await;
+    }
+}
+
+async fn pump(
+    mut from: pipe::Receiver,
+    chunk: fn(Bytes) -> ExecChunk,
+    to: &mpsc::Sender<ExecChunk>,
+) {
+    let mut buf = BytesMut::new();
+    loop {
+        buf.reserve(CHUNK_BYTES);
+        match from.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                // A receiver that went away does not stop the command: its
+                // output is still read, and dropped, so it never blocks on
+                // a full pipe.
+                let _ = to.send(chunk(buf.split().freeze())).await;
+            }
+        }
+    }
+}
+
+/// The exec thread: starts the container, confines it, hands the pipes
+/// over, and waits for it to exit.
+fn run(
+    launch: Launch,
+    started: oneshot::Sender<Result<Pipes, SandboxError>>,
+    finished: oneshot::Sender<Result<hakoniwa::ExitStatus, SandboxError>>,
+) {
+    let Launch {
+        mut command,
+        root,
+        cgroup,
+        switch,
+        token: _token,
+    } = launch;
+    let made = fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&root)
+        .map_err(|e| format!("cannot make the exec's root directory: {e}"))
+        .and_then(|()| {
+            command
+                .spawn()
+                .map_err(|e| format!("cannot start the sandbox container: {e}"))
+        });
+    let mut child = match made {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&root);
+            let _ = started.send(Err(SandboxError::Backend(e)));
+            return;
+        }
+    };
+    let pipes = match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
+        (Some(stdin), Some(stdout), Some(stderr)) => Ok(Pipes {
+            stdin,
+            stdout,
+            stderr,
+        }),
+        _ => Err(SandboxError::Backend("the container has no pipes".into())),
+    }
+    .and_then(|pipes| confine(child.id(), &cgroup, &switch).map(|()| pipes));
+    if pipes.is_err() {
+        // Dropping the pipes unblocks the gate with end of input, which
+        // makes it exit; the kill makes sure.
+        switch.kill();
+    }
+    let _ = started.send(pipes);
+    let status = child
+        .wait()
+        .map_err(|e| SandboxError::Backend(format!("waiting for the sandbox container: {e}")));
+    // Only empty mount points are left: the mounts died with the namespace.
+    if let Err(e) = fs::remove_dir_all(&root) {
+        tracing::warn!(dir = %root.display(), error = %e, "cannot remove an exec's root directory");
+    }
+    let _ = finished.send(status);
+}
+
+/// Arms the kill switch with the pid namespace's init and moves it into the
+/// sandbox's cgroups, while it still waits at the gate.
+fn confine(monitor: u32, cgroup: &SandboxCgroup, switch: &KillSwitch) -> Result<(), SandboxError> {
+    let failed = |e: io::Error| SandboxError::Backend(format!("cannot confine an exec: {e}"));
+    // hakoniwa reports the container started only after forking the init,
+    // so a monitor without a child is one whose init has already exited
+    // (a failed setup): nothing of the command ever ran.
+    let Some(&pid) = sys::children(monitor).map_err(failed)?.first() else {
+        return Ok(());
+    };
+    let Some(init) = PidFd::open(pid).map_err(failed)? else {
+        return Ok(());
+    };
+    // The pid might have been reaped and reused between listing and
+    // opening it; the monitor forks only once, so a pid still listed as
+    // its child is the init the descriptor was opened on.
+    if !sys::children(monitor).map_err(failed)?.contains(&pid) {
+        return Ok(());
+    }
+    switch.arm(init);
+    cgroup.add(pid).map_err(failed)
+}

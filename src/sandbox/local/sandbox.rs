@@ -1,0 +1,156 @@
+//! [`LocalSandbox`]: exec, stats and destroy for one sandbox.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::cgroup::SandboxCgroup;
+use super::jail::{Jail, Layout};
+use super::meta::{read_meta, write_meta};
+use super::run::{self, KillSwitch, Launch};
+use super::{Host, lock};
+use crate::sandbox::{
+    ExecChunk, ExecRequest, ExecStatus, LABEL_POOL, LABEL_SESSION, Result, Sandbox, SandboxError,
+    SandboxStats,
+};
+
+/// One local sandbox.
+#[derive(Debug)]
+pub struct LocalSandbox {
+    pub(super) id: String,
+    pub(super) layout: Layout,
+    pub(super) host: Arc<Host>,
+    pub(super) jail: Jail,
+    pub(super) cgroup: Arc<SandboxCgroup>,
+    pub(super) execs: Mutex<Execs>,
+    /// Holds a token per running exec until its container has exited.
+    pub(super) tracker: TaskTracker,
+    /// When the CPU usage was last sampled, and what it was.
+    pub(super) cpu_sample: Mutex<(Instant, u64)>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Execs {
+    destroyed: bool,
+    next: u64,
+    running: HashMap<u64, Arc<KillSwitch>>,
+}
+
+/// Kills an exec's tree when its future ends, however it ends (including
+/// being dropped mid-way), and forgets it. After a normal end the tree is
+/// gone already and the kill does nothing.
+struct ExecGuard<'a> {
+    sandbox: &'a LocalSandbox,
+    key: u64,
+    switch: Arc<KillSwitch>,
+}
+
+impl Drop for ExecGuard<'_> {
+    fn drop(&mut self) {
+        self.switch.kill();
+        lock(&self.sandbox.execs).running.remove(&self.key);
+    }
+}
+
+#[async_trait]
+impl Sandbox for LocalSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Records the session in meta.json in place of the pool label, so a
+    /// restarted server finds the sandbox as the session's.
+    async fn assign(&self, session_id: &str) -> Result<()> {
+        let layout = self.layout.clone();
+        let session = session_id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut meta = read_meta(&layout)?;
+            meta.spec.labels.remove(LABEL_POOL);
+            meta.spec.labels.insert(LABEL_SESSION.into(), session);
+            write_meta(&layout, &meta)
+        })
+        .await
+        .map_err(|e| SandboxError::Backend(format!("assigning a sandbox: {e}")))?
+        .map_err(|e| SandboxError::Backend(format!("assigning a sandbox: {e}")))
+    }
+
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        if request.command.is_empty() {
+            return Err(SandboxError::Backend("an exec needs a command".into()));
+        }
+        // Removed behind this process's back (by another server on the same
+        // root, or by hand): say so rather than fail making the exec's root.
+        if !self.layout.meta().exists() {
+            return Err(SandboxError::Gone(self.id.clone()));
+        }
+        let deadline = Instant::now() + request.timeout;
+        let switch = Arc::new(KillSwitch::default());
+        let (key, token) = {
+            let mut execs = lock(&self.execs);
+            if execs.destroyed {
+                return Err(SandboxError::Gone(self.id.clone()));
+            }
+            execs.next += 1;
+            let key = execs.next;
+            execs.running.insert(key, switch.clone());
+            (key, self.tracker.token())
+        };
+        let _guard = ExecGuard {
+            sandbox: self,
+            key,
+            switch: switch.clone(),
+        };
+        let root = self.layout.exec_root();
+        let launch = Launch {
+            command: self
+                .jail
+                .command(&request, &root)
+                .map_err(SandboxError::Backend)?,
+            root,
+            cgroup: self.cgroup.clone(),
+            switch,
+            token,
+        };
+        run::execute(launch, request.stdin, output, deadline, cancel).await
+    }
+
+    async fn stats(&self) -> Result<SandboxStats> {
+        let now = Instant::now();
+        let cpu_percent = self.cgroup.cpu_usage_ns().map(|usage| {
+            let mut last = lock(&self.cpu_sample);
+            let used = usage.saturating_sub(last.1) as f64;
+            let elapsed = now.saturating_duration_since(last.0).as_nanos().max(1) as f64;
+            *last = (now, usage);
+            used / elapsed * 100.0
+        });
+        Ok(SandboxStats {
+            cpu_percent,
+            memory_bytes: self.cgroup.memory_bytes(),
+            pids: self.cgroup.pids(),
+        })
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        let running: Vec<_> = {
+            let mut execs = lock(&self.execs);
+            execs.destroyed = true;
+            execs.running.values().cloned().collect()
+        };
+        for switch in running {
+            switch.kill();
+        }
+        self.tracker.close();
+        self.tracker.wait().await;
+        self.host.purge(&self.id).await
+    }
+}
