@@ -186,3 +186,25 @@ async fn sandbox_options_are_checked_before_the_session_exists() {
     assert_eq!(output["status"], "timeout", "{output}");
     server.stop_and_remove_sandboxes().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_stays_healthy_through_a_fork_bomb_and_a_memory_hog() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let id = server
+        .create_session(json!({"options": {"sandbox": {"timeout_s": 3, "memory_mb": 128}}}))
+        .await;
+    let events = server
+        .turn(&id, "$ bomb() { bomb | bomb & }; bomb; sleep 10")
+        .await;
+    assert_eq!(events.last().expect("result")["status"], "success");
+    assert_eq!(server.get("/health").await.status(), 200);
+    let events = server
+        .turn(&id, "$ python3 -c 'x = bytearray(1 << 30)'")
+        .await;
+    let output = &tool_results(&events)[0]["output"];
+    assert_ne!(output["exit_code"], 0, "{output}");
+    assert_eq!(server.get("/health").await.status(), 200);
+    let events = server.turn(&id, "$ echo fine").await;
+    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "fine\n");
+    server.stop_and_remove_sandboxes().await;
+}

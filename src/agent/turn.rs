@@ -419,18 +419,45 @@ async fn run_tool(
 
 /// Keeps a string output under `max` bytes, marking the cut.
 fn truncate(mut output: ToolOutput, max: usize) -> ToolOutput {
-    if let Value::String(s) = &mut output.output
-        && s.len() > max
-    {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
+    match &mut output.output {
+        Value::String(s) => cut_string(s, max),
+        // A structured result (an exec's stdout and stderr): its string
+        // fields share the budget, the longest cut first.
+        Value::Object(fields) => {
+            let mut size = Value::Object(fields.clone()).to_string().len();
+            while size > max {
+                let longest = fields
+                    .iter()
+                    .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.len())))
+                    .max_by_key(|(_, len)| *len);
+                let Some((key, len)) = longest.filter(|(_, len)| *len > 64) else {
+                    break;
+                };
+                let Some(Value::String(text)) = fields.get_mut(&key) else {
+                    break;
+                };
+                // The marker adds a few bytes back: cut a little more.
+                cut_string(text, len.saturating_sub(size - max + 48).max(32));
+                size = Value::Object(fields.clone()).to_string().len();
+            }
         }
-        let dropped = s.len() - cut;
-        s.truncate(cut);
-        s.push_str(&format!("\n[... truncated {dropped} bytes]"));
+        _ => {}
     }
     output
+}
+
+/// Cuts `s` to about `max` bytes on a character boundary, marking the cut.
+fn cut_string(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let dropped = s.len() - cut;
+    s.truncate(cut);
+    s.push_str(&format!("\n[... truncated {dropped} bytes]"));
 }
 
 /// Answers tool calls that will not run, so the history stays valid for the
@@ -518,5 +545,26 @@ mod tests {
             out.output,
             Value::String("h\n[... truncated 11 bytes]".into())
         );
+    }
+
+    #[test]
+    fn structured_outputs_are_cut_to_fit_longest_field_first() {
+        let out = truncate(
+            ToolOutput {
+                output: serde_json::json!({
+                    "stdout": "x".repeat(10_000),
+                    "stderr": "short",
+                    "exit_code": 0,
+                }),
+                is_error: false,
+            },
+            1_000,
+        );
+        let text = out.output.to_string();
+        assert!(text.len() <= 1_000, "{} bytes", text.len());
+        assert_eq!(out.output["stderr"], "short");
+        assert_eq!(out.output["exit_code"], 0);
+        let stdout = out.output["stdout"].as_str().expect("stdout");
+        assert!(stdout.contains("[... truncated"), "{stdout}");
     }
 }

@@ -1,0 +1,243 @@
+//! The manager's bookkeeping against an in-memory backend: the real
+//! backends are exercised by `tests/sandbox.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::sandbox::{ExecChunk, ExecRequest, ExecStatus, ManagedSandbox};
+
+#[derive(Default)]
+struct Memory {
+    /// Live sandboxes: id → labels.
+    live: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
+    created: AtomicUsize,
+}
+
+struct Fake {
+    id: String,
+    backend: Arc<Memory>,
+}
+
+#[async_trait]
+impl SandboxBackend for Arc<Memory> {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        let n = self.created.fetch_add(1, Ordering::SeqCst);
+        let id = format!("sb-{n}");
+        lock(&self.live).insert(id.clone(), spec.labels.clone());
+        Ok(Arc::new(Fake {
+            id,
+            backend: self.clone(),
+        }))
+    }
+
+    async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {
+        Ok(lock(&self.live).contains_key(id).then(|| {
+            Arc::new(Fake {
+                id: id.to_string(),
+                backend: self.clone(),
+            }) as Arc<dyn Sandbox>
+        }))
+    }
+
+    async fn list_managed(&self) -> Result<Vec<ManagedSandbox>> {
+        Ok(lock(&self.live)
+            .iter()
+            .map(|(id, labels)| ManagedSandbox {
+                id: id.clone(),
+                instance: labels.get(LABEL_INSTANCE).cloned(),
+                session: labels.get(LABEL_SESSION).cloned(),
+                pool: labels.get(LABEL_POOL).cloned(),
+            })
+            .collect())
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        lock(&self.live).remove(id);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Sandbox for Fake {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn assign(&self, session_id: &str) -> Result<()> {
+        let mut live = lock(&self.backend.live);
+        let labels = live
+            .get_mut(&self.id)
+            .ok_or_else(|| SandboxError::Gone(self.id.clone()))?;
+        labels.remove(LABEL_POOL);
+        labels.insert(LABEL_SESSION.into(), session_id.into());
+        Ok(())
+    }
+
+    async fn exec(
+        &self,
+        _request: ExecRequest,
+        _output: mpsc::Sender<ExecChunk>,
+        _cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        Ok(ExecStatus {
+            exit_code: Some(0),
+            timed_out: false,
+            cancelled: false,
+            duration: Duration::ZERO,
+        })
+    }
+
+    async fn stats(&self) -> Result<SandboxStats> {
+        Ok(SandboxStats::default())
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        self.backend.remove(&self.id).await
+    }
+}
+
+fn manager(configure: impl FnOnce(&mut SandboxConfig)) -> (Arc<Memory>, Arc<SandboxManager>) {
+    let memory = Arc::new(Memory::default());
+    let mut config = SandboxConfig {
+        warm_pool: 0,
+        ..SandboxConfig::default()
+    };
+    configure(&mut config);
+    let manager = SandboxManager::new(Arc::new(memory.clone()), config, "me".into());
+    (memory, Arc::new(manager))
+}
+
+#[tokio::test]
+async fn one_sandbox_per_session_until_released() {
+    let (memory, manager) = manager(|_| {});
+    let session = Uuid::new_v4();
+    let first = manager
+        .lease(session, manager.default_spec())
+        .await
+        .unwrap();
+    let again = manager
+        .lease(session, manager.default_spec())
+        .await
+        .unwrap();
+    assert_eq!(first.sandbox.id(), again.sandbox.id());
+    let labels = lock(&memory.live)[first.sandbox.id()].clone();
+    assert_eq!(labels[LABEL_SESSION], session.to_string());
+    assert_eq!(labels[LABEL_INSTANCE], "me");
+    drop((first, again));
+    manager.release(session).await;
+    assert!(lock(&memory.live).is_empty());
+}
+
+#[tokio::test]
+async fn the_cap_refuses_new_sessions_not_old_ones() {
+    let (_, manager) = manager(|c| c.max_live = 1);
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let _held = manager.lease(a, manager.default_spec()).await.unwrap();
+    let refused = manager.lease(b, manager.default_spec()).await;
+    assert!(matches!(refused, Err(SandboxError::Capacity(1))));
+    assert!(manager.lease(a, manager.default_spec()).await.is_ok());
+}
+
+#[tokio::test]
+async fn only_idle_sandboxes_are_reaped() {
+    let (memory, manager) = manager(|c| c.idle_ttl_s = 0);
+    let (busy, idle) = (Uuid::new_v4(), Uuid::new_v4());
+    let held = manager.lease(busy, manager.default_spec()).await.unwrap();
+    drop(manager.lease(idle, manager.default_spec()).await.unwrap());
+    assert_eq!(manager.reap_idle().await, 1);
+    assert_eq!(lock(&memory.live).len(), 1);
+    assert!(manager.info(busy).await.is_some());
+    assert!(manager.info(idle).await.is_none());
+    drop(held);
+    assert_eq!(manager.reap_idle().await, 1);
+    assert!(lock(&memory.live).is_empty());
+}
+
+#[tokio::test]
+async fn the_warm_pool_serves_default_sessions_and_refills() {
+    let (memory, manager) = manager(|c| c.warm_pool = 2);
+    let stop = CancellationToken::new();
+    let pool = tokio::spawn({
+        let (manager, stop) = (manager.clone(), stop.clone());
+        async move { manager.run_pool(stop).await }
+    });
+    assert!(manager.wait_pooled(2, Duration::from_secs(5)).await);
+    let session = Uuid::new_v4();
+    let lease = manager
+        .lease(session, manager.default_spec())
+        .await
+        .unwrap();
+    // Taken from the pool (no new create) and relabelled for its session.
+    assert!(lease.sandbox.id() == "sb-0" || lease.sandbox.id() == "sb-1");
+    let labels = lock(&memory.live)[lease.sandbox.id()].clone();
+    assert_eq!(labels.get(LABEL_SESSION), Some(&session.to_string()));
+    assert_eq!(labels.get(LABEL_POOL), None);
+    assert!(
+        manager.wait_pooled(2, Duration::from_secs(5)).await,
+        "refilled"
+    );
+    // A session asking for more than the default gets a sandbox of its own.
+    let mut big = manager.default_spec();
+    big.memory_mb *= 2;
+    let other = manager.lease(Uuid::new_v4(), big).await.unwrap();
+    assert_eq!(other.sandbox.id(), "sb-3");
+    stop.cancel();
+    pool.await.unwrap();
+    // Stopping empties the pool; the sessions keep theirs.
+    assert_eq!(lock(&memory.live).len(), 2);
+}
+
+#[tokio::test]
+async fn reaping_keeps_live_sessions_and_other_instances() {
+    let (memory, manager) = manager(|_| {});
+    let live = Uuid::new_v4();
+    for (id, labels) in [
+        (
+            "live",
+            vec![
+                (LABEL_INSTANCE, "me".to_string()),
+                (LABEL_SESSION, live.to_string()),
+            ],
+        ),
+        (
+            "gone",
+            vec![
+                (LABEL_INSTANCE, "me".to_string()),
+                (LABEL_SESSION, Uuid::new_v4().to_string()),
+            ],
+        ),
+        (
+            "pool",
+            vec![
+                (LABEL_INSTANCE, "me".to_string()),
+                (LABEL_POOL, "python".to_string()),
+            ],
+        ),
+        (
+            "theirs",
+            vec![
+                (LABEL_INSTANCE, "other".to_string()),
+                (LABEL_POOL, "python".to_string()),
+            ],
+        ),
+    ] {
+        let labels = labels
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        lock(&memory.live).insert(id.to_string(), labels);
+    }
+    assert_eq!(manager.reap_orphans(|s| s == live).await.unwrap(), 2);
+    let left: Vec<String> = lock(&memory.live).keys().cloned().collect();
+    assert_eq!(left, ["live", "theirs"]);
+    let lease = manager.lease(live, manager.default_spec()).await.unwrap();
+    assert_eq!(lease.sandbox.id(), "live", "taken over, not created");
+}
