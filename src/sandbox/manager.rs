@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{Notify, OnceCell, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -61,6 +62,8 @@ pub struct SandboxManager {
     /// Sandboxes of live sessions found at start-up, by session; taken over
     /// at the session's next tool call.
     found: Mutex<HashMap<Uuid, String>>,
+    /// Relabelling of claimed pool sandboxes, running in the background.
+    assigning: TaskTracker,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -105,6 +108,7 @@ impl SandboxManager {
             drawn: Notify::new(),
             pool_size: watch::Sender::new(0),
             found: Mutex::new(HashMap::new()),
+            assigning: TaskTracker::new(),
         }
     }
 
@@ -220,13 +224,15 @@ impl SandboxManager {
             };
             if let Some(sandbox) = pooled {
                 self.drawn.notify_one();
-                match sandbox.assign(&session.to_string()).await {
-                    Ok(()) => return Ok(sandbox),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a pool sandbox could not be assigned; creating one");
-                        let _ = sandbox.destroy().await;
+                // The relabel only matters to a restart finding the sandbox
+                // again, so it is kept off the first exec's path.
+                let assigned = sandbox.clone();
+                self.assigning.spawn(async move {
+                    if let Err(e) = assigned.assign(&session.to_string()).await {
+                        tracing::warn!(%session, error = %e, "a claimed pool sandbox could not be relabelled; a restart will not find it");
                     }
-                }
+                });
+                return Ok(sandbox);
             } else {
                 self.drawn.notify_one();
             }
@@ -381,9 +387,17 @@ impl SandboxManager {
         }
         let pooled: Vec<_> = lock(&self.pool).drain(..).collect();
         self.pool_size.send_replace(0);
+        self.settled().await;
         for sandbox in pooled {
             let _ = sandbox.destroy().await;
         }
+    }
+
+    /// Waits until every claimed pool sandbox carries its session.
+    pub async fn settled(&self) {
+        self.assigning.close();
+        self.assigning.wait().await;
+        self.assigning.reopen();
     }
 
     /// How many sandboxes wait in the pool (for tests and metrics).

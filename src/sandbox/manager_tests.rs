@@ -177,6 +177,7 @@ async fn the_warm_pool_serves_default_sessions_and_refills() {
         .unwrap();
     // Taken from the pool (no new create) and relabelled for its session.
     assert!(lease.sandbox.id() == "sb-0" || lease.sandbox.id() == "sb-1");
+    manager.settled().await;
     let labels = lock(&memory.live)[lease.sandbox.id()].clone();
     assert_eq!(labels.get(LABEL_SESSION), Some(&session.to_string()));
     assert_eq!(labels.get(LABEL_POOL), None);
