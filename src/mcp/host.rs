@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::agent::AgentOptions;
 use crate::agent::options::OptionError;
 use crate::config::SandboxConfig;
-use crate::sandbox::{Lease, SandboxError, SandboxManager, SandboxSpec};
+use crate::sandbox::{Lease, SandboxManager, SandboxSpec};
 use crate::store::{SessionStatus, Store};
 
 /// The API key hash of an HTTP caller, put into the request's extensions by
@@ -124,10 +124,7 @@ impl McpHost {
         self.sandboxes
             .lease(session, spec)
             .await
-            .map_err(|e| match e {
-                SandboxError::Capacity(_) => ErrorData::internal_error(e.to_string(), None),
-                other => ErrorData::internal_error(other.to_string(), None),
-            })
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }
 }
 

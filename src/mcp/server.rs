@@ -222,6 +222,18 @@ impl SandboxServer {
         }
     }
 
+    /// The sandbox a call acts in: the named session's, or this
+    /// connection's scratch one.
+    async fn lease(
+        &self,
+        session_id: Option<&str>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<crate::sandbox::Lease, ErrorData> {
+        self.host
+            .lease(&self.caller, session_id, self.scratch.id, ctx)
+            .await
+    }
+
     async fn exec(
         &self,
         session_id: Option<&str>,
@@ -235,10 +247,7 @@ impl SandboxServer {
             None => self.host.session_timeout(session_id).await,
         };
         let timeout = self.host.timeout(timeout)?;
-        let lease = self
-            .host
-            .lease(&self.caller, session_id, self.scratch.id, &ctx)
-            .await?;
+        let lease = self.lease(session_id, &ctx).await?;
         let request = ExecRequest {
             command,
             stdin,
@@ -352,15 +361,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<FileContent>, ErrorData> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
-        let lease = self
-            .host
-            .lease(
-                &self.caller,
-                args.session_id.as_deref(),
-                self.scratch.id,
-                &ctx,
-            )
-            .await?;
+        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let (bytes, truncated) = files::read(lease.sandbox.as_ref(), &path)
             .await
             .map_err(tool_error)?;
@@ -378,15 +379,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Done>, ErrorData> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
-        let lease = self
-            .host
-            .lease(
-                &self.caller,
-                args.session_id.as_deref(),
-                self.scratch.id,
-                &ctx,
-            )
-            .await?;
+        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let count = args.content.len();
         files::write(lease.sandbox.as_ref(), &path, Bytes::from(args.content))
             .await
@@ -403,15 +396,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Done>, ErrorData> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
-        let lease = self
-            .host
-            .lease(
-                &self.caller,
-                args.session_id.as_deref(),
-                self.scratch.id,
-                &ctx,
-            )
-            .await?;
+        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let count = files::edit(
             lease.sandbox.as_ref(),
             &path,
@@ -432,15 +417,7 @@ impl SandboxServer {
     ) -> Result<Json<Listing>, ErrorData> {
         let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
             .map_err(tool_error)?;
-        let lease = self
-            .host
-            .lease(
-                &self.caller,
-                args.session_id.as_deref(),
-                self.scratch.id,
-                &ctx,
-            )
-            .await?;
+        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let (entries, truncated) = files::list(
             lease.sandbox.as_ref(),
             &path,
@@ -471,15 +448,7 @@ impl SandboxServer {
     ) -> Result<Json<Matches>, ErrorData> {
         let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
             .map_err(tool_error)?;
-        let lease = self
-            .host
-            .lease(
-                &self.caller,
-                args.session_id.as_deref(),
-                self.scratch.id,
-                &ctx,
-            )
-            .await?;
+        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let (matches, truncated) = files::glob(
             lease.sandbox.as_ref(),
             &path,
@@ -505,15 +474,7 @@ impl SandboxServer {
     ) -> Result<Json<Matches>, ErrorData> {
         let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
             .map_err(tool_error)?;
-        let lease = self
-            .host
-            .lease(
-                &self.caller,
-                args.session_id.as_deref(),
-                self.scratch.id,
-                &ctx,
-            )
-            .await?;
+        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let (text, truncated) = files::grep(
             lease.sandbox.as_ref(),
             &path,
