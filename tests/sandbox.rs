@@ -88,6 +88,22 @@ async fn sh(sandbox: &Live, command: &str, timeout_s: u64) -> (ExecStatus, Colle
     .expect("exec runs")
 }
 
+/// Checks that no process whose command line matches `pattern` survived
+/// a timeout.
+async fn assert_none_left(sandbox: &Live, pattern: &str) {
+    let (_, out) = sh(
+        sandbox,
+        &format!("ps -eo args | grep -c '{pattern}' || true"),
+        10,
+    )
+    .await;
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "0",
+        "children survived the timeout"
+    );
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -150,17 +166,7 @@ async fn timeout_kills_the_process_tree(backend: Arc<dyn SandboxBackend>) {
     assert!(status.timed_out, "{status:?}");
     assert_eq!(status.exit_code, None);
     assert!(status.duration < Duration::from_secs(15), "{status:?}");
-    let (_, out) = sh(
-        &sandbox,
-        "ps -eo args | grep -c '^sleep 30[123]' || true",
-        10,
-    )
-    .await;
-    assert_eq!(
-        text(&out.stdout).trim(),
-        "0",
-        "children survived the timeout"
-    );
+    assert_none_left(&sandbox, "^sleep 30[123]").await;
 
     let (status, _) = sh(&sandbox, "while :; do :; done", 1).await;
     assert!(status.timed_out);
@@ -398,3 +404,83 @@ suite!(local:
     files_round_trip_and_stay_confined,
     orphans_are_reaped_and_live_sessions_kept,
 );
+
+/// The docker backend's exec helper: what only docker has.
+mod docker_helper {
+    use super::*;
+
+    /// The comm and pid of the process that started the exec's shell: the
+    /// helper (comm `.conclave-exec`) unless `docker exec` ran it.
+    async fn parent(sandbox: &Live) -> (String, String) {
+        let (status, out) = sh(sandbox, "cat /proc/$PPID/comm; echo $PPID", 10).await;
+        assert_eq!(status.exit_code, Some(0), "{}", text(&out.stderr));
+        let out = text(&out.stdout);
+        let mut lines = out.lines().map(str::to_string);
+        (
+            lines.next().unwrap_or_default(),
+            lines.next().unwrap_or_default(),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn execs_go_through_the_helper_and_a_new_server_reuses_it() {
+        let backend = docker().await;
+        let sandbox = create(&backend).await;
+        let (comm, pid) = parent(&sandbox).await;
+        assert_eq!(comm, ".conclave-exec");
+
+        // A program written to the workspace runs (the tmpfs is not noexec).
+        let (status, out) = sh(&sandbox, "cp /bin/echo ./e && ./e ran", 10).await;
+        assert_eq!(
+            (status.exit_code, text(&out.stdout)),
+            (Some(0), "ran\n".into())
+        );
+
+        // A server started later attaches to the same container and finds
+        // the helper running: same process, not a second one.
+        let adopted = docker()
+            .await
+            .attach(sandbox.0.id())
+            .await
+            .expect("attach")
+            .expect("running");
+        let adopted = Live(adopted);
+        assert_eq!(parent(&adopted).await, (comm, pid));
+        std::mem::forget(adopted); // `sandbox` destroys the container
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_the_helper_execs_go_through_docker_exec() {
+        // An image with no `base64`, so the helper cannot be unpacked.
+        let image = "conclave-test/no-base64:latest";
+        let dockerfile = "FROM conclave/sandbox-shell:latest\nUSER root\n\
+                          RUN rm /usr/bin/base64\nUSER 1000:1000\n";
+        let mut build = tokio::process::Command::new("docker")
+            .args(["build", "-q", "-t", image, "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("docker CLI");
+        let mut stdin = build.stdin.take().expect("stdin");
+        tokio::io::AsyncWriteExt::write_all(&mut stdin, dockerfile.as_bytes())
+            .await
+            .expect("write Dockerfile");
+        drop(stdin);
+        assert!(build.wait().await.expect("docker build").success());
+
+        let backend = docker().await;
+        let mut spec = spec();
+        spec.image = image.into();
+        let sandbox = Live(backend.create(&spec).await.expect("sandbox starts"));
+        let (comm, _) = parent(&sandbox).await;
+        assert_ne!(comm, ".conclave-exec");
+        let (status, out) = sh(&sandbox, "echo $GREETING", 10).await;
+        assert_eq!(
+            (status.exit_code, text(&out.stdout)),
+            (Some(0), "hello\n".into())
+        );
+        // The marker kill still ends a whole tree.
+        let (status, _) = sh(&sandbox, "sleep 301 & sleep 302", 1).await;
+        assert!(status.timed_out, "{status:?}");
+        assert_none_left(&sandbox, "^sleep 30[12]").await;
+    }
+}

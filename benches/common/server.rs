@@ -27,6 +27,9 @@ impl ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir.path())
+            // These benches measure the server core: no warm sandboxes
+            // starting beside them on the same two cores.
+            .env("CONCLAVE_SANDBOX__WARM_POOL", "0")
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

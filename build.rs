@@ -1,0 +1,46 @@
+//! Compiles the docker sandbox's exec helper (`src/bin/conclave-exec.rs`)
+//! as a static binary that the server embeds and sends into each container
+//! (see `src/sandbox/docker/agent.rs`). It uses std only, so rustc alone
+//! builds it; static linking makes it run in any Linux image, whatever its
+//! C library.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+const SOURCE: &str = "src/bin/conclave-exec.rs";
+
+fn main() {
+    println!("cargo::rerun-if-changed={SOURCE}");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let target = env::var("TARGET").expect("cargo sets TARGET");
+    let binary = out.join("conclave-exec");
+    let status = Command::new(&rustc)
+        .args([
+            "--edition",
+            "2024",
+            "--crate-type",
+            "bin",
+            "--crate-name",
+            "conclave_exec",
+        ])
+        .args([
+            "-C",
+            "opt-level=s",
+            "-C",
+            "panic=abort",
+            "-C",
+            "strip=symbols",
+        ])
+        .args(["-C", "target-feature=+crt-static", "--target", &target])
+        .arg("-o")
+        .arg(&binary)
+        .arg(SOURCE)
+        .status()
+        .unwrap_or_else(|err| panic!("cannot run {}: {err}", rustc.to_string_lossy()));
+    assert!(
+        status.success(),
+        "compiling {SOURCE} as a static binary failed"
+    );
+}

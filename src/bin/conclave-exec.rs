@@ -1,0 +1,367 @@
+//! `conclave-exec`: the resident exec helper of a docker sandbox.
+//!
+//! The docker backend runs it as the container's main process (under
+//! docker-init) and talks to it over the container's attached stdin and
+//! stdout. An exec then costs one line written on a connection that is
+//! already open, where a `docker exec` starts a runc process (tens of
+//! milliseconds). `build.rs` compiles this file alone, with std only and
+//! statically linked, so it runs in any Linux image; the server embeds the
+//! result and sends it to each new container (see `sandbox/docker/agent.rs`).
+//!
+//! The protocol is one message per line, fields separated by one space,
+//! every free-form field hex-encoded (nothing but `[0-9a-z -]` on the wire,
+//! so docker's detach keys never appear in it). Requests, on stdin:
+//!
+//! - `h ID`: answer `h ID` (the server checks the helper is up);
+//! - `r ID WORKDIR STDIN ARGC ARG… ENVC KEY=VALUE…`: run a command in its
+//!   own process group, `STDIN` being `-` for none;
+//! - `k ID`: kill that run's process group and every process carrying its
+//!   marker variable (some leave the group).
+//!
+//! Replies, on stdout: `o ID DATA` and `e ID DATA` (a chunk of stdout or
+//! stderr), `x ID CODE` (the run ended; 128+N after signal N, like a shell)
+//! and `f ID MESSAGE` (it could not start). Each reply is one `write` of
+//! less than `PIPE_BUF`, so replies never interleave. A line that does not
+//! parse is skipped: a connection that starts mid-line picks up at the next
+//! newline.
+//!
+//! Nothing here may panic or exit: when this process ends, so does the
+//! sandbox. Every failure becomes an `f` reply instead.
+
+use std::collections::HashMap;
+use std::ffi::c_ulong;
+use std::fs::File;
+use std::io::{self, BufRead, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+
+/// The variable that marks every process of one run.
+const MARKER: &str = "CONCLAVE_EXEC";
+/// Bytes of output per reply: hex doubles them, and the line must stay
+/// under `PIPE_BUF` (4096) to be written atomically.
+const CHUNK: usize = 1024;
+/// How often a run whose pipes stay open (a background child holds them)
+/// checks whether its command has exited.
+const POLL_MS: i32 = 50;
+/// Rounds of the marker sweep before giving up on a process that keeps
+/// forking.
+const KILL_ROUNDS: usize = 50;
+const SIGKILL: i32 = 9;
+const POLLIN: i16 = 0x1;
+
+#[repr(C)]
+struct PollFd {
+    fd: i32,
+    events: i16,
+    revents: i16,
+}
+
+unsafe extern "C" {
+    fn kill(pid: i32, signal: i32) -> i32;
+    fn poll(fds: *mut PollFd, count: c_ulong, timeout_ms: i32) -> i32;
+}
+
+/// Sends a signal; `pid` below zero names a process group.
+fn signal(pid: i32, signal: i32) -> bool {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe { kill(pid, signal) == 0 }
+}
+
+/// The replies' writer: the process's stdout, unbuffered, so each line is
+/// one `write`.
+#[derive(Clone)]
+struct Replies(Arc<Mutex<File>>);
+
+impl Replies {
+    fn send(&self, line: &str) {
+        let mut line = line.to_string();
+        line.push('\n');
+        // A server that went away is no reason to stop: a new one attaches.
+        let _ = lock(&self.0).write_all(line.as_bytes());
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs in flight: id → (process group, marker value).
+type Running = Arc<Mutex<HashMap<u64, (i32, String)>>>;
+
+fn hex(data: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(data.len() * 2);
+    for byte in data {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    text
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+        .collect()
+}
+
+fn unhex_text(text: &str) -> Option<String> {
+    String::from_utf8(unhex(text)?).ok()
+}
+
+struct Run {
+    workdir: String,
+    stdin: Option<Vec<u8>>,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Run {
+    /// Parses the fields after `r ID`.
+    fn parse(fields: &[&str]) -> Option<Run> {
+        let (workdir, rest) = fields.split_first()?;
+        let (stdin, rest) = rest.split_first()?;
+        let (argc, rest) = rest.split_first()?;
+        let argc: usize = argc.parse().ok()?;
+        let argv = rest
+            .get(..argc)?
+            .iter()
+            .map(|arg| unhex_text(arg))
+            .collect::<Option<Vec<_>>>()?;
+        let (envc, rest) = rest.get(argc..)?.split_first()?;
+        let envc: usize = envc.parse().ok()?;
+        if rest.len() != envc || argv.is_empty() {
+            return None;
+        }
+        let env = rest
+            .iter()
+            .map(|pair| {
+                let pair = unhex_text(pair)?;
+                let (key, value) = pair.split_once('=')?;
+                Some((key.to_string(), value.to_string()))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Run {
+            workdir: unhex_text(workdir)?,
+            stdin: match *stdin {
+                "-" => None,
+                data => Some(unhex(data)?),
+            },
+            argv,
+            env,
+        })
+    }
+}
+
+fn main() {
+    // SAFETY: fd 1 is this process's stdout, open for its whole life and
+    // written only through this handle from here on.
+    let replies = Replies(Arc::new(Mutex::new(unsafe { File::from_raw_fd(1) })));
+    let running: Running = Arc::default();
+    let mut input = io::stdin().lock();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match input.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let Ok(text) = std::str::from_utf8(&line) else {
+            continue;
+        };
+        let fields: Vec<&str> = text.trim_end_matches('\n').split(' ').collect();
+        let Some(id) = fields.get(1).and_then(|id| id.parse::<u64>().ok()) else {
+            continue;
+        };
+        match fields[0] {
+            "h" if fields.len() == 2 => replies.send(&format!("h {id}")),
+            "k" if fields.len() == 2 => kill_run(&running, id),
+            "r" => match Run::parse(&fields[2..]) {
+                Some(run) => start(id, run, &running, &replies),
+                None => replies.send(&format!("f {id} {}", hex(b"malformed run request"))),
+            },
+            _ => {}
+        }
+    }
+    // Stdin closed: nobody can reach this helper any more, but the sandbox
+    // stays up until the server removes it.
+    loop {
+        thread::park();
+    }
+}
+
+fn start(id: u64, run: Run, running: &Running, replies: &Replies) {
+    let fail = |message: String| replies.send(&format!("f {id} {}", hex(message.as_bytes())));
+    if lock(running).contains_key(&id) {
+        return fail(format!("run {id} is already running"));
+    }
+    let marker = format!("{}-{id}", std::process::id());
+    let mut command = Command::new(&run.argv[0]);
+    command
+        .args(&run.argv[1..])
+        .current_dir(&run.workdir)
+        .envs(run.env)
+        .env(MARKER, &marker)
+        .process_group(0)
+        .stdin(if run.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => return fail(format!("cannot run {}: {err}", run.argv[0])),
+    };
+    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    lock(running).insert(id, (pid, marker));
+    if let (Some(data), Some(mut pipe)) = (run.stdin, child.stdin.take()) {
+        // A command that exits without reading its input is not an error.
+        let fed = thread::Builder::new().spawn(move || {
+            let _ = pipe.write_all(&data);
+        });
+        if fed.is_err() {
+            kill_run(running, id);
+        }
+    }
+    let (running_here, replies_here) = (running.clone(), replies.clone());
+    let watched = thread::Builder::new().spawn(move || {
+        let code = watch(id, &mut child, &replies_here);
+        lock(&running_here).remove(&id);
+        replies_here.send(&format!("x {id} {code}"));
+    });
+    if let Err(err) = watched {
+        // The child is still in `running` (moved into the closure that
+        // never ran, so it is dropped, not waited): kill it, then say so.
+        kill_run(running, id);
+        lock(running).remove(&id);
+        fail(format!("cannot watch the run: {err}"));
+    }
+}
+
+/// Streams a run's output until its command has exited and its pipes are
+/// drained, and returns its exit code. Pipes a background child keeps open
+/// do not hold the run once the command itself has exited.
+fn watch(id: u64, child: &mut Child, replies: &Replies) -> i32 {
+    let mut pipes: Vec<(char, Box<dyn ReadFd>)> = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pipes.push(('o', Box::new(out)));
+    }
+    if let Some(err) = child.stderr.take() {
+        pipes.push(('e', Box::new(err)));
+    }
+    let mut buffer = [0u8; CHUNK];
+    let mut exited = None;
+    while !pipes.is_empty() {
+        let mut fds: Vec<PollFd> = pipes
+            .iter()
+            .map(|(_, pipe)| PollFd {
+                fd: pipe.fd(),
+                events: POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // Once the command has exited, only what is already there is read.
+        let timeout = if exited.is_some() { 0 } else { POLL_MS };
+        // SAFETY: `fds` is a live, correctly sized array of `struct pollfd`.
+        let ready = unsafe { poll(fds.as_mut_ptr(), fds.len() as c_ulong, timeout) };
+        if ready < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if ready == 0 {
+            if exited.is_some() {
+                break;
+            }
+            exited = child.try_wait().ok().flatten();
+            continue;
+        }
+        let mut closed = Vec::new();
+        for (at, fd) in fds.iter().enumerate() {
+            if fd.revents == 0 {
+                continue;
+            }
+            let (tag, pipe) = &mut pipes[at];
+            match pipe.read(&mut buffer) {
+                Ok(0) | Err(_) => closed.push(at),
+                Ok(n) => replies.send(&format!("{tag} {id} {}", hex(&buffer[..n]))),
+            }
+        }
+        for at in closed.into_iter().rev() {
+            pipes.remove(at);
+        }
+    }
+    let status = match exited {
+        Some(status) => Ok(status),
+        None => child.wait(),
+    };
+    match status {
+        Ok(status) => status
+            .code()
+            .or_else(|| status.signal().map(|signal| 128 + signal))
+            .unwrap_or(-1),
+        Err(_) => -1,
+    }
+}
+
+/// A child's pipe: readable, with a descriptor to poll.
+trait ReadFd: Read + Send {
+    fn fd(&self) -> i32;
+}
+
+impl<T: Read + AsRawFd + Send> ReadFd for T {
+    fn fd(&self) -> i32 {
+        self.as_raw_fd()
+    }
+}
+
+/// Kills a run's process group, then sweeps `/proc` for processes that
+/// still carry its marker (they left the group) until none is left. Runs
+/// on the reading thread and starts no process, so it works while a fork
+/// bomb holds every pid the sandbox may have.
+fn kill_run(running: &Running, id: u64) {
+    let Some((group, marker)) = lock(running).get(&id).cloned() else {
+        return;
+    };
+    signal(-group, SIGKILL);
+    let wanted = format!("{MARKER}={marker}");
+    for _ in 0..KILL_ROUNDS {
+        let mut found = false;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            if environ
+                .split(|byte| *byte == 0)
+                .any(|pair| pair == wanted.as_bytes())
+                && signal(pid, SIGKILL)
+            {
+                found = true;
+            }
+        }
+        if !found {
+            return;
+        }
+    }
+}

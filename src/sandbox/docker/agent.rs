@@ -1,0 +1,322 @@
+//! The server's side of `conclave-exec`, the helper that runs as a docker
+//! sandbox's main process (its protocol is documented in
+//! `src/bin/conclave-exec.rs`).
+//!
+//! A container starts with [`BOOT_SCRIPT`], which waits on stdin for the
+//! helper. [`Agent::connect`] attaches to the container, sends the helper
+//! when it is not running yet, and checks that it answers. From then on an
+//! exec is a line written on that open connection, and its output comes
+//! back as lines on the same one, told apart by the run's id.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::query_parameters::AttachContainerOptions;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::sandbox::ExecRequest;
+
+/// The helper, compiled by `build.rs` as a static binary.
+static HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/conclave-exec"));
+
+/// The container's command (run by `/bin/sh -c`): wait for the line
+/// `conclave-exec SIZE`, then take SIZE bytes of base64 as the helper and
+/// run it on the same stdin. When the helper cannot be made or run (no
+/// `head` or `base64` in the image), or ends, the container stays up and
+/// execs go through `docker exec`.
+pub(super) const BOOT_SCRIPT: &str = r#"while read -r tag size; do [ "$tag" = conclave-exec ] && break; done
+head -c "$size" | base64 -d > /tmp/.conclave-exec && chmod 0500 /tmp/.conclave-exec && /tmp/.conclave-exec
+exec sleep infinity"#;
+
+/// How long a helper that was just sent may take to answer.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an already running helper may take to answer the probe of a
+/// container this server did not start (adopted after a restart).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Replies queued per run before the connection waits for its reader.
+const RUN_QUEUE: usize = 256;
+
+/// What the container is known to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Boot {
+    /// Just (re)started: the boot script waits for the helper.
+    Fresh,
+    /// Either the helper or the boot script: probe first.
+    Unknown,
+}
+
+/// One reply of the helper for a run.
+#[derive(Debug)]
+pub(super) enum Reply {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    Exit(i32),
+    /// The run could not start; the message says why.
+    Failed(String),
+    Hello,
+}
+
+type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<Reply>>>>;
+
+/// An open connection to one container's helper.
+pub(super) struct Agent {
+    input: tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>,
+    routes: Routes,
+    next_id: AtomicU64,
+    /// Cancelled when the connection ends (the container stopped).
+    closed: CancellationToken,
+    _reader: AbortOnDropHandle<()>,
+}
+
+/// A run in flight: its replies, and its route removed when dropped.
+pub(super) struct RunHandle {
+    pub id: u64,
+    pub replies: mpsc::Receiver<Reply>,
+    routes: Routes,
+}
+
+impl Drop for RunHandle {
+    fn drop(&mut self) {
+        lock(&self.routes).remove(&self.id);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Agent {
+    /// Attaches to the container and makes sure its helper answers, sending
+    /// it first when the container is fresh, or when a probe of an unknown
+    /// one goes unanswered. Errors are messages: the caller falls back to
+    /// `docker exec`.
+    pub async fn connect(docker: &Docker, container: &str, boot: Boot) -> Result<Agent, String> {
+        let options = AttachContainerOptions {
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            stream: true,
+            logs: false,
+            detach_keys: None,
+        };
+        let attached = docker
+            .attach_container(container, Some(options))
+            .await
+            .map_err(|e| format!("attach: {e}"))?;
+        let routes = Routes::default();
+        let closed = CancellationToken::new();
+        let reader = tokio::spawn(read_replies(
+            attached.output,
+            routes.clone(),
+            closed.clone(),
+            container.to_string(),
+        ));
+        let agent = Agent {
+            input: tokio::sync::Mutex::new(attached.input),
+            routes,
+            // Ids never repeat within one helper's life, across servers too.
+            next_id: AtomicU64::new(u64::from(rand_u32()) << 32),
+            closed,
+            _reader: AbortOnDropHandle::new(reader),
+        };
+        // A server that died mid-line left half a request: end that line.
+        if boot == Boot::Unknown && agent.hello(b"\n", PROBE_TIMEOUT).await.is_ok() {
+            return Ok(agent);
+        }
+        let encoded = base64::engine::general_purpose::STANDARD.encode(HELPER);
+        let mut payload = format!("conclave-exec {}\n", encoded.len()).into_bytes();
+        payload.extend_from_slice(encoded.as_bytes());
+        agent.hello(&payload, BOOT_TIMEOUT).await?;
+        Ok(agent)
+    }
+
+    /// Writes `before`, then a hello, and waits for its answer.
+    async fn hello(&self, before: &[u8], timeout: Duration) -> Result<(), String> {
+        let mut run = self.route();
+        let mut message = before.to_vec();
+        message.extend_from_slice(format!("\nh {}\n", run.id).as_bytes());
+        // The write is timed too: a container that stopped reading its
+        // stdin (the boot script gave up) never takes all of a helper.
+        let answered = tokio::time::timeout(timeout, async {
+            self.write(&message).await?;
+            Ok::<_, String>(run.replies.recv().await)
+        });
+        match answered.await {
+            Ok(Ok(Some(Reply::Hello))) => Ok(()),
+            Ok(Ok(_)) => Err("the connection closed before the helper answered".into()),
+            Ok(Err(message)) => Err(message),
+            Err(_) => Err(format!(
+                "the helper did not answer within {} ms",
+                timeout.as_millis()
+            )),
+        }
+    }
+
+    fn route(&self) -> RunHandle {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, replies) = mpsc::channel(RUN_QUEUE);
+        lock(&self.routes).insert(id, tx);
+        RunHandle {
+            id,
+            replies,
+            routes: self.routes.clone(),
+        }
+    }
+
+    async fn write(&self, data: &[u8]) -> Result<(), String> {
+        let mut input = self.input.lock().await;
+        input
+            .write_all(data)
+            .await
+            .and(input.flush().await)
+            .map_err(|e| format!("writing to the helper: {e}"))
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// Starts a run; its output, exit or failure come on the handle.
+    pub async fn start(&self, request: &ExecRequest) -> Result<RunHandle, String> {
+        let run = self.route();
+        let mut line = format!("r {} {} ", run.id, hex::encode(&request.workdir));
+        match &request.stdin {
+            Some(data) => line.push_str(&hex::encode(data)),
+            None => line.push('-'),
+        }
+        let _ = write!(line, " {}", request.command.len());
+        for arg in &request.command {
+            let _ = write!(line, " {}", hex::encode(arg));
+        }
+        let _ = write!(line, " {}", request.env.len());
+        for (key, value) in &request.env {
+            let _ = write!(line, " {}", hex::encode(format!("{key}={value}")));
+        }
+        line.push('\n');
+        self.write(line.as_bytes()).await?;
+        Ok(run)
+    }
+
+    /// Asks the helper to kill a run's processes; its exit follows.
+    pub async fn kill(&self, id: u64) -> Result<(), String> {
+        self.write(format!("k {id}\n").as_bytes()).await
+    }
+}
+
+/// A random number without a dependency: the low bits of a v4 uuid.
+fn rand_u32() -> u32 {
+    uuid::Uuid::new_v4().as_u128() as u32
+}
+
+/// Splits the helper's stdout into lines and routes each reply to its run.
+/// What the container writes on stderr (the boot script's complaints) is
+/// logged.
+async fn read_replies(
+    mut output: Pin<
+        Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+    >,
+    routes: Routes,
+    closed: CancellationToken,
+    container: String,
+) {
+    let _closed = closed.drop_guard();
+    let mut pending: Vec<u8> = Vec::new();
+    while let Some(Ok(chunk)) = output.next().await {
+        let data = match chunk {
+            LogOutput::StdOut { message } | LogOutput::Console { message } => message,
+            LogOutput::StdErr { message } => {
+                tracing::debug!(%container, stderr = %String::from_utf8_lossy(&message), "sandbox boot");
+                continue;
+            }
+            LogOutput::StdIn { .. } => continue,
+        };
+        pending.extend_from_slice(&data);
+        let mut start = 0;
+        while let Some(end) = pending[start..].iter().position(|b| *b == b'\n') {
+            let line = &pending[start..start + end];
+            start += end + 1;
+            let Some((id, reply)) = parse_reply(line) else {
+                continue;
+            };
+            let route = lock(&routes).get(&id).cloned();
+            if let Some(route) = route {
+                // A run whose caller went away just loses its replies.
+                let _ = route.send(reply).await;
+            }
+        }
+        pending.drain(..start);
+    }
+}
+
+fn parse_reply(line: &[u8]) -> Option<(u64, Reply)> {
+    let line = std::str::from_utf8(line).ok()?;
+    let mut fields = line.split(' ');
+    let (tag, id) = (fields.next()?, fields.next()?.parse().ok()?);
+    let data = fields.next();
+    if fields.next().is_some() {
+        return None;
+    }
+    let reply = match (tag, data) {
+        ("o", Some(data)) => Reply::Stdout(hex::decode(data).ok()?.into()),
+        ("e", Some(data)) => Reply::Stderr(hex::decode(data).ok()?.into()),
+        ("x", Some(code)) => Reply::Exit(code.parse().ok()?),
+        ("f", Some(message)) => {
+            Reply::Failed(String::from_utf8_lossy(&hex::decode(message).ok()?).into_owned())
+        }
+        ("h", None) => Reply::Hello,
+        _ => return None,
+    };
+    Some((id, reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_parse_and_garbage_is_skipped() {
+        assert!(matches!(parse_reply(b"o 7 6869"), Some((7, Reply::Stdout(d))) if &d[..] == b"hi"));
+        assert!(matches!(parse_reply(b"e 7 "), Some((7, Reply::Stderr(d))) if d.is_empty()));
+        assert!(matches!(
+            parse_reply(b"x 9 137"),
+            Some((9, Reply::Exit(137)))
+        ));
+        assert!(matches!(parse_reply(b"h 3"), Some((3, Reply::Hello))));
+        assert!(matches!(parse_reply(b"f 1 6e6f"), Some((1, Reply::Failed(m))) if m == "no"));
+        for garbage in [
+            &b"6869"[..],
+            b"o x 68",
+            b"o 1 zz",
+            b"x 1",
+            b"h 1 2",
+            b"",
+            b"\xff",
+        ] {
+            assert!(parse_reply(garbage).is_none(), "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn the_helper_is_embedded_and_static() {
+        // An ELF executable with no interpreter, so any image can run it.
+        assert_eq!(&HELPER[..4], b"\x7fELF");
+        assert!(
+            !HELPER.windows(11).any(|w| w == b"ld-linux-x8"),
+            "the helper is dynamically linked"
+        );
+    }
+}
