@@ -226,3 +226,38 @@ async fn python_sdk_over_stdio_from_conclave_mcp() {
     check(&seen);
     server.stop_and_remove_sandboxes().await;
 }
+
+/// `/mcp` answers only the hosts in `mcp.allowed_hosts` (DNS rebinding):
+/// a page on another name that resolves here cannot drive the tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_refuses_a_host_outside_allowed_hosts() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "probe", "version": "1"}}
+    });
+    let post = |host: &str| {
+        server
+            .http
+            .post(server.url("/mcp"))
+            .header("host", host)
+            .header("accept", "application/json, text/event-stream")
+            .json(&initialize)
+            .send()
+    };
+    let refused = post("rebound.example").await.expect("post");
+    assert_eq!(refused.status(), 403);
+    let body: Value = refused.json().await.expect("a JSON error");
+    assert_eq!(body["error"]["code"], "host_not_allowed");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("mcp.allowed_hosts")),
+        "{body}"
+    );
+    let port = server.addr.port();
+    let allowed = post(&format!("localhost:{port}")).await.expect("post");
+    assert_eq!(allowed.status(), 200, "{:?}", allowed.text().await);
+    server.stop_and_remove_sandboxes().await;
+}

@@ -15,9 +15,13 @@ pub mod ops;
 pub mod stream;
 pub mod ws;
 
+use std::sync::Arc;
+
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use utoipa::OpenApi;
 
@@ -59,14 +63,18 @@ pub fn router(state: AppState) -> Router {
     let limit = state.config.max_body_bytes;
     let mut router = Router::new();
     if let Some(host) = &state.mcp {
-        router = router.nest_service(
-            "/mcp",
-            crate::mcp::http_service(
-                host.clone(),
-                state.config.mcp.allowed_hosts.clone(),
-                state.stop.child_token(),
-            ),
-        );
+        let allowed: Arc<[String]> = state.config.mcp.allowed_hosts.clone().into();
+        let mcp = Router::new()
+            .nest_service(
+                "/mcp",
+                crate::mcp::http_service(
+                    host.clone(),
+                    state.config.mcp.allowed_hosts.clone(),
+                    state.stop.child_token(),
+                ),
+            )
+            .layer(axum::middleware::from_fn_with_state(allowed, check_host));
+        router = router.merge(mcp);
     }
     router
         .route("/agent/run", post(agent::run))
@@ -96,4 +104,56 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Refuses `/mcp` requests whose `Host` is not in `mcp.allowed_hosts` (a
+/// name matches any port), so a web page on another name that resolves to
+/// this server (DNS rebinding) cannot drive the tools. rmcp checks the same
+/// again; this one answers in the API's JSON error format.
+async fn check_host(
+    State(allowed): State<Arc<[String]>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|value| value.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+        .unwrap_or_default()
+        .to_string();
+    let name = host_name(&host);
+    if allowed.iter().any(|a| a.eq_ignore_ascii_case(name)) {
+        return next.run(request).await;
+    }
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "host_not_allowed",
+        format!("/mcp does not answer for Host {host:?}; add the name to mcp.allowed_hosts"),
+    )
+    .into_response()
+}
+
+/// The name of a `Host` value: without its port, and without the brackets
+/// of an IPv6 address.
+fn host_name(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_name;
+
+    #[test]
+    fn host_names_lose_port_and_brackets() {
+        assert_eq!(host_name("localhost:8080"), "localhost");
+        assert_eq!(host_name("localhost"), "localhost");
+        assert_eq!(host_name("[::1]:80"), "::1");
+        assert_eq!(host_name("[::1]"), "::1");
+        assert_eq!(host_name("127.0.0.1:1"), "127.0.0.1");
+        assert_eq!(host_name(""), "");
+    }
 }
