@@ -43,9 +43,9 @@ use uuid::Uuid;
 
 use self::agent::{Agent, BOOT_SCRIPT, Boot, Reply};
 use super::{
-    ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION,
-    ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
-    WORKSPACE,
+    EXEC_MARKER, ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL,
+    LABEL_SESSION, ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
+    SandboxStats, WORKSPACE, kill_by_marker,
 };
 
 mod agent;
@@ -54,25 +54,8 @@ mod agent;
 /// so a claimed warm-pool container is found again after a restart.
 const SESSION_PREFIX: &str = "conclave-";
 const POOL_PREFIX: &str = "conclave-pool-";
-/// The variable that marks every process of one exec, so they can be killed.
-const EXEC_MARKER: &str = "CONCLAVE_EXEC";
 /// How long the kill exec may take before the container is restarted.
 const KILL_GRACE: Duration = Duration::from_secs(5);
-
-/// Kills every process whose environment holds `CONCLAVE_EXEC=$1`, until
-/// none is left (a process may fork while the loop runs).
-const KILL_SCRIPT: &str = r#"m="CONCLAVE_EXEC=$1"; i=0
-while [ $i -lt 50 ]; do
-  found=
-  for d in /proc/[0-9]*; do
-    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "$m"; then
-      kill -9 "${d#/proc/}" 2>/dev/null && found=1
-    fi
-  done
-  [ -z "$found" ] && exit 0
-  i=$((i+1))
-done
-exit 1"#;
 
 pub struct DockerBackend {
     docker: Docker,
@@ -429,7 +412,7 @@ impl DockerSandbox {
                 .create_exec(
                     &self.id,
                     CreateExecOptions {
-                        cmd: Some(vec!["/bin/sh", "-c", KILL_SCRIPT, "sh", marker]),
+                        cmd: Some(kill_by_marker(marker)),
                         attach_stdout: Some(true),
                         attach_stderr: Some(true),
                         ..Default::default()

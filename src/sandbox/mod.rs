@@ -46,6 +46,33 @@ pub const LABEL_POOL: &str = "conclave.pool";
 /// The directory tools act in, writable in every backend.
 pub const WORKSPACE: &str = "/workspace";
 
+/// The variable that marks every process of one exec where the backend
+/// cannot kill an exec itself (`docker exec` without the helper, a
+/// Kubernetes exec): every descendant inherits it.
+pub(crate) const EXEC_MARKER: &str = "CONCLAVE_EXEC";
+
+/// The argv that kills every process whose environment holds
+/// `CONCLAVE_EXEC=marker`, sweeping `/proc` until none is left (a process
+/// may fork while it runs); it exits 1 when fifty rounds did not do it.
+pub(crate) fn kill_by_marker(marker: &str) -> Vec<String> {
+    const SCRIPT: &str = r#"marker="CONCLAVE_EXEC=$1"
+round=0
+while [ "$round" -lt 50 ]; do
+  found=
+  for dir in /proc/[0-9]*; do
+    if tr '\0' '\n' < "$dir/environ" 2>/dev/null | grep -qxF "$marker"; then
+      kill -KILL "${dir#/proc/}" 2>/dev/null && found=1
+    fi
+  done
+  [ -n "$found" ] || exit 0
+  round=$((round + 1))
+done
+exit 1"#;
+    ["/bin/sh", "-c", SCRIPT, "conclave-kill", marker]
+        .map(String::from)
+        .to_vec()
+}
+
 /// Everything a sandbox is created with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxSpec {

@@ -26,10 +26,7 @@ use kube::api::AttachedProcess;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::sandbox::{ExecChunk, ExecRequest, SandboxError};
-
-/// The variable that marks every process of one exec.
-const MARKER_VAR: &str = "CONCLAVE_EXEC";
+use crate::sandbox::{EXEC_MARKER, ExecChunk, ExecRequest, SandboxError};
 
 /// `$1` workdir, `$2` how many `NAME=value` words follow, then those words,
 /// then the command. `export` takes each word whole, so values need no
@@ -38,22 +35,6 @@ const WRAPPER: &str = r#"dir=$1; n=$2; shift 2
 while [ "$n" -gt 0 ]; do export "$1" || exit 125; shift; n=$((n - 1)); done
 cd "$dir" || exit 126
 exec "$@""#;
-
-/// `$1` the marker's value. Twenty rounds outlast any fork race short of a
-/// fork bomb, which the Pod's pid limit stops anyway.
-const KILL_TREE: &str = r#"marker="CONCLAVE_EXEC=$1"
-round=0
-while [ "$round" -lt 20 ]; do
-  found=
-  for dir in /proc/[0-9]*; do
-    if tr '\0' '\n' < "$dir/environ" 2>/dev/null | grep -qxF "$marker"; then
-      kill -KILL "${dir#/proc/}" 2>/dev/null && found=1
-    fi
-  done
-  [ -n "$found" ] || exit 0
-  round=$((round + 1))
-done
-exit 1"#;
 
 /// cgroup files, v2 then v1, for memory, pids and CPU time; `grep -Hs .`
 /// prints `path:line` for each that exists and is silent about the rest.
@@ -91,7 +72,7 @@ pub(super) fn wrap(request: &ExecRequest, marker: &str) -> Result<Vec<String>, S
         "conclave-exec".into(),
         request.workdir.clone(),
         (request.env.len() + 1).to_string(),
-        format!("{MARKER_VAR}={marker}"),
+        format!("{EXEC_MARKER}={marker}"),
     ];
     argv.extend(request.env.iter().map(|(k, v)| format!("{k}={v}")));
     argv.extend(request.command.iter().cloned());
@@ -100,13 +81,7 @@ pub(super) fn wrap(request: &ExecRequest, marker: &str) -> Result<Vec<String>, S
 
 /// The argv that kills every process of the exec marked `marker`.
 pub(super) fn kill_command(marker: &str) -> Vec<String> {
-    vec![
-        "/bin/sh".into(),
-        "-c".into(),
-        KILL_TREE.into(),
-        "conclave-kill".into(),
-        marker.into(),
-    ]
+    crate::sandbox::kill_by_marker(marker)
 }
 
 /// The argv that reads the sandbox's cgroup counters.
