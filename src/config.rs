@@ -43,6 +43,8 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     pub sandbox: SandboxConfig,
     pub mcp: McpConfig,
+    /// Model pools of the OpenAI-compatible gateway.
+    pub gateway: crate::gateway::GatewayConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,6 +215,7 @@ impl Default for Config {
             prices: BTreeMap::new(),
             sandbox: SandboxConfig::default(),
             mcp: McpConfig::default(),
+            gateway: crate::gateway::GatewayConfig::default(),
         }
     }
 }
@@ -232,6 +235,9 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub data_dir: Option<PathBuf>,
     pub sandbox: Option<SandboxBackendKind>,
+    /// A LiteLLM config whose `model_list` becomes gateway pools (a pool
+    /// of the same name in the config file is replaced).
+    pub litellm_config: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -283,6 +289,15 @@ impl Config {
         }
         if let Some(backend) = overrides.sandbox {
             config.sandbox.backend = backend;
+        }
+        if let Some(path) = &overrides.litellm_config {
+            let file = |message: String| ConfigError::File {
+                path: path.display().to_string(),
+                message,
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| file(e.to_string()))?;
+            let imported = crate::gateway::litellm::import(&text).map_err(file)?;
+            config.gateway.pools.extend(imported.pools);
         }
         config.validate()?;
         Ok(config)
@@ -415,6 +430,7 @@ impl Config {
                 ));
             }
         }
+        self.gateway.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 }

@@ -21,6 +21,7 @@
 pub mod agent;
 pub mod api;
 pub mod config;
+pub mod gateway;
 pub mod mcp;
 pub mod model;
 pub mod sandbox;

@@ -37,6 +37,9 @@ enum Command {
         /// answers, else local namespaces).
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
         sandbox: Option<SandboxBackendKind>,
+        /// A LiteLLM proxy config whose `model_list` becomes gateway pools.
+        #[arg(long)]
+        litellm_config: Option<PathBuf>,
     },
     /// Serve the sandbox MCP tools over stdio, for IDEs that start their
     /// MCP servers as commands. Sessions named by `session_id` are those of
@@ -50,6 +53,58 @@ enum Command {
         data_dir: Option<PathBuf>,
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
         sandbox: Option<SandboxBackendKind>,
+    },
+    /// Gateway tools.
+    Gateway {
+        #[command(subcommand)]
+        command: GatewayCommand,
+    },
+    /// Run an OpenAI-compatible upstream simulator (for tests and
+    /// benchmarks of the gateway). `POST /sim/config` changes its settings
+    /// while it runs.
+    Sim {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        listen: SocketAddr,
+        /// Named in every answer, so a client sees which replica served it.
+        #[arg(long, default_value = "sim")]
+        id: String,
+        #[arg(long, default_value = "sim-model")]
+        model: String,
+        /// Tokens per completion.
+        #[arg(long, default_value_t = 16)]
+        tokens: u32,
+        /// Milliseconds before the first token.
+        #[arg(long, default_value_t = 0)]
+        ttft_ms: u64,
+        /// Pace of the tokens after the first (0: all at once).
+        #[arg(long, default_value_t = 0.0)]
+        tokens_per_s: f64,
+        /// Extra milliseconds before a non-streamed answer.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Share of calls that fail (0.0–1.0), answered with --failure-status.
+        #[arg(long, default_value_t = 0.0)]
+        failure_rate: f64,
+        #[arg(long, default_value_t = 500)]
+        failure_status: u16,
+        /// A tool call to make when tools are offered:
+        /// '{"name": "Bash", "arguments": {"command": "ls"}}'.
+        #[arg(long)]
+        tool_call: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum GatewayCommand {
+    /// Write the gateway's pools as a LiteLLM proxy config (YAML) on stdout.
+    ExportLitellm {
+        /// TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// A LiteLLM config to merge in first (as `serve` would).
+        #[arg(long)]
+        litellm_config: Option<PathBuf>,
     },
 }
 
@@ -79,6 +134,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             data_dir,
             sandbox,
+            litellm_config,
         } => {
             let config = Config::load(
                 config.as_deref(),
@@ -86,6 +142,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     listen,
                     data_dir,
                     sandbox,
+                    litellm_config,
                 },
             )?;
             raise_fd_limit();
@@ -119,10 +176,66 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     listen: None,
                     data_dir,
                     sandbox,
+                    litellm_config: None,
                 },
             )?;
             conclave::mcp::serve_stdio(config).await?;
             Ok(())
+        }
+        Command::Gateway {
+            command:
+                GatewayCommand::ExportLitellm {
+                    config,
+                    litellm_config,
+                },
+        } => {
+            let config = Config::load(
+                config.as_deref(),
+                &Overrides {
+                    litellm_config,
+                    ..Overrides::default()
+                },
+            )?;
+            if config.gateway.pools.is_empty() {
+                anyhow::bail!("no gateway pools are configured: nothing to export");
+            }
+            let yaml = conclave::gateway::litellm::export(&config.gateway)
+                .map_err(|e| anyhow::anyhow!(e))?;
+            print!("{yaml}");
+            Ok(())
+        }
+        Command::Sim {
+            listen,
+            id,
+            model,
+            tokens,
+            ttft_ms,
+            tokens_per_s,
+            latency_ms,
+            failure_rate,
+            failure_status,
+            tool_call,
+        } => {
+            let tool_call = tool_call
+                .map(|text| serde_json::from_str(&text))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--tool-call is not JSON: {e}"))?;
+            if !(0.0..=1.0).contains(&failure_rate) {
+                anyhow::bail!("--failure-rate must be between 0 and 1");
+            }
+            let config = conclave::gateway::sim::SimConfig {
+                id,
+                model,
+                tokens,
+                ttft_ms,
+                tokens_per_s,
+                latency_ms,
+                failure_rate,
+                failure_status,
+                healthy: true,
+                tool_call,
+            };
+            conclave::gateway::sim::serve(listen, config).await
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::agent::{SessionManager, ToolRouter};
 use crate::api;
 use crate::api::auth::Keys;
 use crate::config::Config;
+use crate::gateway::Gateway;
 use crate::mcp::{McpHost, SandboxTools};
 use crate::model::ModelRegistry;
 use crate::sandbox::{self, SandboxManager};
@@ -89,10 +90,13 @@ impl Server {
                 dir: config.data_dir.display().to_string(),
                 message: e.to_string(),
             })?);
-        let models = Arc::new(
-            ModelRegistry::from_config(&config).map_err(|e| StartError::Model(e.to_string()))?,
-        );
         let metrics = Arc::new(Metrics::new());
+        let gateway =
+            Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
+        let models = Arc::new(
+            ModelRegistry::with_gateway(&config, Some(gateway.clone()))
+                .map_err(|e| StartError::Model(e.to_string()))?,
+        );
         let (tools, sandboxes, mcp): (Arc<dyn ToolRouter>, _, _) = match tools {
             Tools::Custom(router) => (router, None, None),
             Tools::Sandboxed => {
@@ -168,6 +172,7 @@ impl Server {
             started: Instant::now(),
             sandboxes,
             mcp,
+            gateway,
             stop: root.child_token(),
         };
         Ok(Server { state, store, root })
@@ -178,6 +183,12 @@ impl Server {
         let router = api::router(self.state.clone());
         let sessions = self.state.sessions.clone();
         let root = self.root.clone();
+        let health = tokio::spawn(
+            self.state
+                .gateway
+                .clone()
+                .run_health_checks(root.child_token()),
+        );
         let evictor = {
             let sessions = sessions.clone();
             let root = root.clone();
@@ -223,6 +234,7 @@ impl Server {
             .with_graceful_shutdown(stopping)
             .await;
         evictor.abort();
+        health.abort();
         // The pool task destroys its ready sandboxes once the root is cancelled.
         if let Some(task) = sandbox_tasks {
             let _ = task.await;

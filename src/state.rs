@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::auth::Keys;
 use crate::config::Config;
+use crate::gateway::Gateway;
 use crate::mcp::McpHost;
 use crate::sandbox::SandboxManager;
 use crate::telemetry::Metrics;
@@ -23,6 +24,8 @@ pub struct AppState {
     pub sandboxes: Option<Arc<SandboxManager>>,
     /// Serves `/mcp` when present.
     pub mcp: Option<Arc<McpHost>>,
+    /// The OpenAI-compatible gateway and its pools.
+    pub gateway: Arc<Gateway>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

@@ -35,6 +35,14 @@ pub struct ModelLabel {
     pub model: String,
 }
 
+/// A gateway replica and how its call ended (`ok`, `error`, `retried`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaLabel {
+    pub pool: String,
+    pub replica: String,
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabel {
     pub r#type: String,
@@ -54,6 +62,11 @@ pub struct Metrics {
     pub model_latency: Family<ModelLabel, Histogram>,
     pub model_errors: Family<ModelLabel, Counter>,
     pub websocket_connections: Gauge,
+    /// Gateway calls by pool, replica and outcome.
+    pub gateway_calls: Family<ReplicaLabel, Counter>,
+    /// Seconds from a gateway call's start to the end of its response, by
+    /// pool and replica (outcome `ok` or `error`).
+    pub gateway_latency: Family<ReplicaLabel, Histogram>,
 }
 
 impl Default for Metrics {
@@ -77,6 +90,10 @@ impl Metrics {
             }),
             model_errors: Family::default(),
             websocket_connections: Gauge::default(),
+            gateway_calls: Family::default(),
+            gateway_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0005, 2.0, 20))
+            }),
         };
         registry.register(
             "sessions_live",
@@ -113,6 +130,16 @@ impl Metrics {
             "websocket_connections",
             "Open WebSocket connections",
             metrics.websocket_connections.clone(),
+        );
+        registry.register(
+            "gateway_calls",
+            "Gateway calls by pool, replica and outcome (ok, error, retried)",
+            metrics.gateway_calls.clone(),
+        );
+        registry.register(
+            "gateway_latency_seconds",
+            "Gateway call duration to the end of the response, by pool and replica",
+            metrics.gateway_latency.clone(),
         );
         *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         metrics

@@ -5,12 +5,13 @@
 //! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
 //! - [`auth`]: bearer keys and the caller identity.
 //! - [`stream`]: events as NDJSON or SSE.
-//! - [`agent`], [`ws`], [`ops`]: the handlers.
+//! - [`agent`], [`ws`], [`ops`], [`gateway`]: the handlers.
 
 pub mod agent;
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod gateway;
 pub mod ops;
 pub mod stream;
 pub mod ws;
@@ -86,6 +87,25 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/session/{id}", delete(agent::delete))
         .route("/agent/sessions", get(agent::list))
         .route("/agent/ws", get(ws::upgrade))
+        .route("/v1/chat/completions", post(gateway::chat))
+        .route("/v1/completions", post(gateway::completions))
+        .route("/v1/models", get(gateway::models))
+        .route("/meta/{slug}/v1/chat/completions", post(gateway::meta_chat))
+        .route(
+            "/meta/{slug}/v1/completions",
+            post(gateway::meta_completions),
+        )
+        .route("/meta/{slug}/v1/models", get(gateway::meta_models))
+        .route(
+            "/gateway/replicas",
+            get(gateway::replicas).post(gateway::add_replica),
+        )
+        .route("/gateway/replicas/{id}", delete(gateway::remove_replica))
+        .route(
+            "/gateway/replicas/{id}/{action}",
+            post(gateway::replica_action),
+        )
+        .route("/gateway/traces", get(gateway::traces))
         .route("/health", get(ops::health))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Response, StatusCode};
 use tokio::sync::mpsc;
@@ -204,10 +204,18 @@ pub(crate) trait SseDecoder: Send + 'static {
 
 /// Reads `response` as SSE in a task that feeds the returned stream. When
 /// the consumer drops the stream the task stops and the connection closes.
-pub(crate) fn spawn_sse(response: Response, mut decoder: impl SseDecoder) -> ModelStream {
+pub(crate) fn spawn_sse(response: Response, decoder: impl SseDecoder) -> ModelStream {
+    spawn_sse_bytes(response.bytes_stream(), decoder)
+}
+
+/// [`spawn_sse`] over any stream of body bytes (the gateway's, in process).
+pub(crate) fn spawn_sse_bytes(
+    body: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    mut decoder: impl SseDecoder,
+) -> ModelStream {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(async move {
-        let mut events = std::pin::pin!(response.bytes_stream().eventsource());
+        let mut events = std::pin::pin!(body.eventsource());
         loop {
             let next = tokio::select! {
                 () = tx.closed() => return,

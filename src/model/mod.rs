@@ -12,7 +12,7 @@
 
 pub mod anthropic;
 pub mod demo;
-mod http;
+pub(crate) mod http;
 pub mod lenient;
 pub mod openai;
 pub mod registry;

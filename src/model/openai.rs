@@ -68,7 +68,7 @@ impl ModelProvider for OpenAiProvider {
 }
 
 #[derive(Serialize)]
-struct WireRequest<'a> {
+pub(crate) struct WireRequest<'a> {
     model: &'a str,
     messages: Vec<WireMessage<'a>>,
     stream: bool,
@@ -139,7 +139,7 @@ struct WireFunction<'a> {
     parameters: &'a Value,
 }
 
-fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
+pub(crate) fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
     let json_mode = json_mode(request);
     let system = match (&request.system, json_mode) {
         (Some(system), false) => Some(Cow::Borrowed(system.as_str())),
@@ -283,7 +283,7 @@ struct PartialCall {
 }
 
 /// Turns chat-completion chunks into stream events.
-struct ChunkDecoder {
+pub(crate) struct ChunkDecoder {
     /// The tools offered, to recover calls written into the text.
     tools: Vec<ToolSpec>,
     json_mode: bool,
@@ -297,7 +297,7 @@ struct ChunkDecoder {
 }
 
 impl ChunkDecoder {
-    fn new(request: ChatRequest) -> ChunkDecoder {
+    pub(crate) fn new(request: ChatRequest) -> ChunkDecoder {
         ChunkDecoder {
             json_mode: json_mode(&request),
             tools: request.tools,

@@ -11,6 +11,8 @@ use super::demo::DemoProvider;
 use super::openai::OpenAiProvider;
 use super::{ModelError, ModelProvider, ToolCallMode};
 use crate::config::{Config, ModelAlias, ProviderConfig, ProviderKind};
+use crate::gateway::Gateway;
+use crate::gateway::provider::GatewayProvider;
 
 /// USD per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -65,10 +67,21 @@ pub struct ModelRegistry {
     anthropic: Option<Arc<dyn ModelProvider>>,
     prices: HashMap<String, Price>,
     default_model: String,
+    /// Pool names resolve to the gateway (checked at each resolve: pools
+    /// can be added at run time).
+    gateway: Option<(Arc<Gateway>, Arc<dyn ModelProvider>)>,
 }
 
 impl ModelRegistry {
     pub fn from_config(config: &Config) -> Result<ModelRegistry, ModelError> {
+        ModelRegistry::with_gateway(config, None)
+    }
+
+    /// As [`ModelRegistry::from_config`], with the gateway's pools as models.
+    pub fn with_gateway(
+        config: &Config,
+        gateway: Option<Arc<Gateway>>,
+    ) -> Result<ModelRegistry, ModelError> {
         let mut prices: HashMap<String, Price> = BUILTIN_PRICES
             .iter()
             .map(|(name, input, output)| {
@@ -103,6 +116,11 @@ impl ModelRegistry {
             anthropic,
             prices,
             default_model: String::new(),
+            gateway: gateway.map(|gateway| {
+                let provider: Arc<dyn ModelProvider> =
+                    Arc::new(GatewayProvider::new(gateway.clone()));
+                (gateway, provider)
+            }),
         };
         registry.insert("demo", demo, "demo", ToolCallMode::Native);
         for (alias, kind, model) in BUILTIN_ALIASES {
@@ -192,6 +210,17 @@ impl ModelRegistry {
     pub fn resolve(&self, name: &str) -> Result<ResolvedModel, ModelError> {
         if let Some(model) = self.aliases.get(name) {
             return Ok(model.clone());
+        }
+        if let Some((gateway, provider)) = &self.gateway
+            && gateway.pool(name).is_some()
+        {
+            return Ok(ResolvedModel {
+                name: name.to_string(),
+                provider: provider.clone(),
+                upstream_model: name.to_string(),
+                price: self.prices.get(name).copied(),
+                tool_call_mode: ToolCallMode::Native,
+            });
         }
         let provider = if name.starts_with("claude") && self.anthropic.is_some() {
             self.anthropic.clone()

@@ -1,0 +1,212 @@
+//! The OpenAI-compatible gateway's routes: `/v1/…` and `/meta/{slug}/v1/…`
+//! pass calls to a pool's replicas; `/gateway/replicas` and
+//! `/gateway/traces` show and steer them.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::error::ApiError;
+use super::extract::{ApiQuery, JsonObject};
+use crate::gateway::pool::ReplicaState;
+use crate::gateway::{Call, Endpoint, GatewayError, ReplicaConfig, slug};
+use crate::state::AppState;
+
+impl From<GatewayError> for ApiError {
+    fn from(error: GatewayError) -> ApiError {
+        let (status, code) = match &error {
+            GatewayError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            GatewayError::UnknownModel { .. } => (StatusCode::NOT_FOUND, "model_not_found"),
+            GatewayError::NoReplica(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_replica"),
+            GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
+            GatewayError::UnknownReplica(_) => (StatusCode::NOT_FOUND, "not_found"),
+            GatewayError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+        };
+        ApiError::new(status, code, error.to_string())
+    }
+}
+
+pub async fn chat(
+    state: State<AppState>,
+    headers: HeaderMap,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    forward(state, Endpoint::Chat, Map::new(), &headers, body).await
+}
+
+pub async fn completions(
+    state: State<AppState>,
+    headers: HeaderMap,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    forward(state, Endpoint::Completions, Map::new(), &headers, body).await
+}
+
+pub async fn meta_chat(
+    state: State<AppState>,
+    Path(slug): Path<String>,
+    headers: HeaderMap,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
+    forward(state, Endpoint::Chat, metadata, &headers, body).await
+}
+
+pub async fn meta_completions(
+    state: State<AppState>,
+    Path(slug): Path<String>,
+    headers: HeaderMap,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
+    forward(state, Endpoint::Completions, metadata, &headers, body).await
+}
+
+async fn forward(
+    State(state): State<AppState>,
+    endpoint: Endpoint,
+    metadata: Map<String, Value>,
+    headers: &HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let session_id = metadata
+        .get("session_id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| {
+            headers
+                .get("x-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        });
+    let upstream = state
+        .gateway
+        .forward(Call {
+            endpoint,
+            body,
+            metadata,
+            session_id,
+        })
+        .await?;
+    let mut response = Response::builder()
+        .status(upstream.status.as_u16())
+        .header("x-conclave-replica", upstream.replica.as_str());
+    if let Some(content_type) = upstream.content_type {
+        response = response.header(header::CONTENT_TYPE, content_type.as_bytes());
+    }
+    response
+        .body(Body::from_stream(upstream.body))
+        .map_err(ApiError::internal)
+}
+
+pub async fn models(State(state): State<AppState>) -> Json<Value> {
+    let data: Vec<Value> = state
+        .gateway
+        .pools()
+        .iter()
+        .map(|pool| {
+            json!({"id": pool.name, "object": "model", "owned_by": "conclave",
+                   "replicas": pool.replicas().len()})
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+pub async fn meta_models(
+    state: State<AppState>,
+    Path(slug): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    slug::decode(&slug).map_err(ApiError::bad_request)?;
+    Ok(models(state).await)
+}
+
+/// Every pool with its replicas' states and figures.
+pub async fn replicas(State(state): State<AppState>) -> Json<Value> {
+    let pools: Vec<Value> = state
+        .gateway
+        .pools()
+        .iter()
+        .map(|pool| {
+            let replicas: Vec<_> = pool.replicas().iter().map(|r| r.view()).collect();
+            json!({"model": pool.name, "strategy": pool.config.strategy.as_str(),
+                   "num_retries": pool.config.num_retries, "replicas": replicas})
+        })
+        .collect();
+    Json(json!({"pools": pools}))
+}
+
+/// `{model, url, id?, upstream_model?, api_key?}`: adds a replica (and its
+/// pool, with default settings, when there is none).
+pub async fn add_replica(
+    State(state): State<AppState>,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let model = body.take_text("model")?;
+    let url = body.take_text("url")?;
+    let id = body.take::<String>("id")?;
+    let upstream = body.take::<String>("upstream_model")?;
+    let api_key = body.take::<String>("api_key")?;
+    body.deny_rest()?;
+    let view = state.gateway.add_replica(
+        &model,
+        ReplicaConfig {
+            id,
+            url,
+            model: upstream,
+            api_key,
+        },
+    )?;
+    Ok((StatusCode::CREATED, Json(json!(view))).into_response())
+}
+
+pub async fn remove_replica(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    state.gateway.remove_replica(&id)?;
+    Ok(Json(json!({"id": id, "status": "removed"})))
+}
+
+/// `drain` (no new calls, removed once idle), `pause`, `resume`.
+pub async fn replica_action(
+    State(state): State<AppState>,
+    Path((id, action)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let target = match action.as_str() {
+        "drain" => ReplicaState::Draining,
+        "pause" => ReplicaState::Paused,
+        "resume" => ReplicaState::Active,
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no replica action {other:?}; use drain, pause or resume"
+            )));
+        }
+    };
+    let view = state.gateway.set_state(&id, target)?;
+    Ok(Json(json!(view)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceQuery {
+    session_id: Option<String>,
+    model: Option<String>,
+    limit: Option<usize>,
+}
+
+/// Newest first: `?session_id=`, `?model=`, `?limit=` (default 100).
+pub async fn traces(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<TraceQuery>,
+) -> Json<Value> {
+    let traces = state.gateway.traces.query(
+        query.session_id.as_deref(),
+        query.model.as_deref(),
+        query.limit.unwrap_or(100).min(10_000),
+    );
+    Json(json!({"traces": traces}))
+}

@@ -1,0 +1,693 @@
+//! The OpenAI-compatible gateway: model pools of inference replicas behind
+//! one endpoint, with strategies, retries on another replica, cooldowns,
+//! health checks, run-time membership, and a trace of every call.
+//!
+//! - [`config`]: `[gateway]` and its pools.
+//! - [`pool`]: replicas, their states and figures, the strategies.
+//! - [`trace`]: the trace log and the recorder that fills it from a
+//!   response as it streams to the client.
+//! - [`slug`]: the `/meta/{slug}/v1/…` metadata codec.
+//! - [`litellm`]: LiteLLM `model_list` import and export.
+//! - [`provider`]: the model provider agent sessions use for a pool.
+//! - [`sim`]: `conclave sim`, an OpenAI-compatible upstream for tests and
+//!   benchmarks.
+
+pub mod config;
+pub mod litellm;
+pub mod pool;
+pub mod provider;
+pub mod sim;
+pub mod slug;
+pub mod trace;
+
+use std::collections::{BTreeMap, HashSet};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::Stream;
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+
+pub use config::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
+use pool::{CallGuard, Pool, Replica, ReplicaState, ReplicaView};
+use trace::{Recorder, Trace, TraceLog};
+
+use crate::telemetry::{Metrics, ReplicaLabel};
+
+/// The parameters of OpenAI's chat and completions APIs: with
+/// `drop_params`, anything else is removed before a call.
+const OPENAI_PARAMS: &[&str] = &[
+    "model",
+    "messages",
+    "prompt",
+    "suffix",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "best_of",
+    "user",
+    "seed",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "functions",
+    "function_call",
+    "metadata",
+    "store",
+    "reasoning_effort",
+    "modalities",
+    "audio",
+    "prediction",
+    "service_tier",
+];
+
+/// Which OpenAI endpoint a call is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat/completions",
+            Endpoint::Completions => "completions",
+        }
+    }
+}
+
+/// A call for the gateway: the client's JSON body and who it is for.
+pub struct Call {
+    pub endpoint: Endpoint,
+    pub body: Map<String, Value>,
+    /// From the `/meta/{slug}` path, else empty.
+    pub metadata: Map<String, Value>,
+    /// From the metadata, else the `x-session-id` header.
+    pub session_id: Option<String>,
+}
+
+/// Why a call got no upstream response to pass on.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("no pool serves model {model:?}; known models: {known}")]
+    UnknownModel { model: String, known: String },
+    #[error("pool {0:?} has no replica that can take calls (all paused, draining or unhealthy)")]
+    NoReplica(String),
+    #[error("no replica of pool {pool:?} answered after {attempts} attempt(s): {last}")]
+    Unreachable {
+        pool: String,
+        attempts: u32,
+        last: String,
+    },
+    #[error("no replica {0:?}")]
+    UnknownReplica(String),
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// An upstream response to pass on: status, headers and a body that
+/// records the call's trace as it streams.
+pub struct Upstream {
+    pub status: StatusCode,
+    pub content_type: Option<HeaderValue>,
+    pub replica: String,
+    pub body: TracedBody,
+}
+
+/// The gateway: pools by model name, an HTTP client, the traces.
+pub struct Gateway {
+    pools: RwLock<BTreeMap<String, Arc<Pool>>>,
+    client: reqwest::Client,
+    pub traces: Arc<TraceLog>,
+    metrics: Arc<Metrics>,
+}
+
+impl Gateway {
+    pub fn new(config: &GatewayConfig, metrics: Arc<Metrics>) -> Result<Gateway, String> {
+        config.validate()?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| format!("cannot build the gateway's HTTP client: {e}"))?;
+        let pools = config
+            .pools
+            .iter()
+            .map(|(name, pool)| {
+                let replicas = pool
+                    .replicas
+                    .iter()
+                    .enumerate()
+                    .map(|(index, r)| {
+                        Arc::new(Replica::new(
+                            config::replica_id(name, index, r),
+                            &r.url,
+                            r.model.clone().unwrap_or_else(|| name.clone()),
+                            r.api_key.clone(),
+                        ))
+                    })
+                    .collect();
+                (
+                    name.clone(),
+                    Arc::new(Pool::new(name.clone(), pool.clone(), replicas)),
+                )
+            })
+            .collect();
+        Ok(Gateway {
+            pools: RwLock::new(pools),
+            client,
+            traces: Arc::new(TraceLog::new(config.trace_limit, config.trace_max_bytes)),
+            metrics,
+        })
+    }
+
+    pub fn pool(&self, model: &str) -> Option<Arc<Pool>> {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(model)
+            .cloned()
+    }
+
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// The pools as config, replicas as they are now (for export).
+    pub fn config(&self) -> GatewayConfig {
+        let pools = self
+            .pools()
+            .iter()
+            .map(|pool| {
+                let mut config = pool.config.clone();
+                config.replicas = pool
+                    .replicas()
+                    .iter()
+                    .map(|r| ReplicaConfig {
+                        id: Some(r.id.clone()),
+                        url: r.url.clone(),
+                        model: Some(r.model.clone()),
+                        api_key: r.api_key.clone(),
+                    })
+                    .collect();
+                (pool.name.clone(), config)
+            })
+            .collect();
+        GatewayConfig {
+            pools,
+            ..GatewayConfig::default()
+        }
+    }
+
+    fn find_replica(&self, id: &str) -> Option<(Arc<Pool>, Arc<Replica>)> {
+        self.pools().into_iter().find_map(|pool| {
+            let replica = pool.replicas().iter().find(|r| r.id == id).cloned()?;
+            Some((pool, replica))
+        })
+    }
+
+    /// Adds a replica to a pool, making the pool (with default settings)
+    /// when there is none of that name.
+    pub fn add_replica(
+        &self,
+        pool_name: &str,
+        replica: ReplicaConfig,
+    ) -> Result<ReplicaView, GatewayError> {
+        config::check_url(&replica.url).map_err(GatewayError::BadRequest)?;
+        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        let taken: HashSet<String> = pools
+            .values()
+            .flat_map(|p| {
+                p.replicas()
+                    .iter()
+                    .map(|r| r.id.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let pool = pools
+            .entry(pool_name.to_string())
+            .or_insert_with(|| {
+                Arc::new(Pool::new(
+                    pool_name.to_string(),
+                    PoolConfig::default(),
+                    Vec::new(),
+                ))
+            })
+            .clone();
+        let id = match replica.id {
+            Some(id) if taken.contains(&id) => {
+                return Err(GatewayError::Conflict(format!(
+                    "a replica {id:?} already exists"
+                )));
+            }
+            Some(id) => id,
+            None => (0..)
+                .map(|n| format!("{pool_name}-{n}"))
+                .find(|id| !taken.contains(id))
+                .unwrap_or_default(),
+        };
+        let added = Arc::new(Replica::new(
+            id,
+            &replica.url,
+            replica.model.unwrap_or_else(|| pool_name.to_string()),
+            replica.api_key,
+        ));
+        pool.add(added.clone());
+        tracing::info!(pool = pool_name, replica = %added.id, url = %added.url, "replica added");
+        Ok(added.view())
+    }
+
+    /// Removes a replica now; its calls in flight finish.
+    pub fn remove_replica(&self, id: &str) -> Result<(), GatewayError> {
+        let (pool, _) = self
+            .find_replica(id)
+            .ok_or_else(|| GatewayError::UnknownReplica(id.to_string()))?;
+        pool.remove(id);
+        tracing::info!(pool = %pool.name, replica = id, "replica removed");
+        Ok(())
+    }
+
+    /// Sets a replica's state; a draining one is removed once idle.
+    pub fn set_state(&self, id: &str, state: ReplicaState) -> Result<ReplicaView, GatewayError> {
+        let (pool, replica) = self
+            .find_replica(id)
+            .ok_or_else(|| GatewayError::UnknownReplica(id.to_string()))?;
+        replica.set_state(state);
+        tracing::info!(pool = %pool.name, replica = id, ?state, "replica state set");
+        let view = replica.view();
+        pool.remove_drained();
+        Ok(view)
+    }
+
+    /// Runs a call: picks a replica, retries on another after a connect
+    /// error, a 5xx or a 429 (up to the pool's `num_retries`), and returns
+    /// the first response worth passing on.
+    pub async fn forward(&self, call: Call) -> Result<Upstream, GatewayError> {
+        let Call {
+            endpoint,
+            mut body,
+            metadata,
+            session_id,
+        } = call;
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .ok_or_else(|| GatewayError::BadRequest("the request needs a \"model\" string".into()))?
+            .to_string();
+        let pool = self
+            .pool(&model)
+            .ok_or_else(|| GatewayError::UnknownModel {
+                model: model.clone(),
+                known: self
+                    .pools()
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        shape_request(&pool.config, &mut body);
+        let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let started = Instant::now();
+        let mut tried: Vec<Arc<Replica>> = Vec::new();
+        let mut last_failure: Option<Failure> = None;
+        let attempts = pool.config.num_retries + 1;
+        for attempt in 0..attempts {
+            let Some(replica) = pool.pick(session_id.as_deref(), &tried) else {
+                break;
+            };
+            tried.push(replica.clone());
+            body.insert("model".into(), Value::String(replica.model.clone()));
+            let guard = replica.start_call();
+            match self.send(&pool, &replica, endpoint, &body).await {
+                Ok(response) => {
+                    let status = response.status();
+                    let content_type = response.headers().get(CONTENT_TYPE).cloned();
+                    let trace = Trace {
+                        id: uuid::Uuid::new_v4().to_string(),
+                        ts: chrono::Utc::now(),
+                        session_id: session_id.clone(),
+                        metadata: metadata.clone(),
+                        model: model.clone(),
+                        replica: Some(replica.id.clone()),
+                        upstream_model: Some(replica.model.clone()),
+                        endpoint: endpoint.path(),
+                        request: Value::Object(body.clone()),
+                        response_text: String::new(),
+                        tool_calls: Vec::new(),
+                        usage: None,
+                        logprobs: None,
+                        latency_ms: 0.0,
+                        ttft_ms: None,
+                        status: "ok",
+                        http_status: Some(status.as_u16()),
+                        retries: attempt,
+                        error: None,
+                    };
+                    let streamed = streamed && status.is_success();
+                    return Ok(Upstream {
+                        status,
+                        content_type,
+                        replica: replica.id.clone(),
+                        body: TracedBody {
+                            inner: Box::pin(response.bytes_stream()),
+                            recorder: Some(Recorder::new(trace, started, streamed)),
+                            call: Some(guard),
+                            traces: Some(self.traces.clone()),
+                            metrics: self.metrics.clone(),
+                            pool: pool.name.clone(),
+                        },
+                    });
+                }
+                Err(failure) => {
+                    drop(guard);
+                    replica.cool_down(
+                        failure
+                            .cooldown
+                            .unwrap_or(Duration::from_secs(pool.config.cooldown_s)),
+                    );
+                    self.count(&pool.name, &replica.id, "retried");
+                    tracing::warn!(pool = %pool.name, replica = %replica.id, attempt, error = %failure.message, "gateway call failed; trying another replica");
+                    last_failure = Some(failure);
+                }
+            }
+        }
+        let Some(failure) = last_failure else {
+            return Err(GatewayError::NoReplica(pool.name.clone()));
+        };
+        // Every attempt failed: pass the last upstream answer on as it was,
+        // or say why none came.
+        let trace = Trace {
+            id: uuid::Uuid::new_v4().to_string(),
+            ts: chrono::Utc::now(),
+            session_id,
+            metadata,
+            model: model.clone(),
+            replica: tried.last().map(|r| r.id.clone()),
+            upstream_model: tried.last().map(|r| r.model.clone()),
+            endpoint: endpoint.path(),
+            request: Value::Object(body),
+            response_text: String::new(),
+            tool_calls: Vec::new(),
+            usage: None,
+            logprobs: None,
+            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+            ttft_ms: None,
+            status: "error",
+            http_status: failure
+                .response
+                .as_ref()
+                .map(|(status, _, _)| status.as_u16()),
+            retries: tried.len().saturating_sub(1) as u32,
+            error: Some(failure.message.clone()),
+        };
+        self.traces.push(trace);
+        if let Some(replica) = tried.last() {
+            self.count(&pool.name, &replica.id, "error");
+        }
+        match failure.response {
+            Some((status, content_type, body)) => Ok(Upstream {
+                status,
+                content_type,
+                replica: tried.last().map(|r| r.id.clone()).unwrap_or_default(),
+                body: TracedBody::ready(body),
+            }),
+            None => Err(GatewayError::Unreachable {
+                pool: pool.name.clone(),
+                attempts: tried.len() as u32,
+                last: failure.message,
+            }),
+        }
+    }
+
+    fn count(&self, pool: &str, replica: &str, outcome: &'static str) {
+        self.metrics
+            .gateway_calls
+            .get_or_create(&ReplicaLabel {
+                pool: pool.to_string(),
+                replica: replica.to_string(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// One attempt: a response to pass on, or a failure worth retrying.
+    async fn send(
+        &self,
+        pool: &Pool,
+        replica: &Replica,
+        endpoint: Endpoint,
+        body: &Map<String, Value>,
+    ) -> Result<reqwest::Response, Failure> {
+        let url = format!("{}/{}", replica.url, endpoint.path());
+        let mut request = self
+            .client
+            .post(&url)
+            .header(CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(body).unwrap_or_default());
+        if let Some(key) = &replica.api_key {
+            request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let timeout = Duration::from_secs(pool.config.timeout_s);
+        let response = match tokio::time::timeout(timeout, request.send()).await {
+            Err(_) => {
+                return Err(Failure::message(format!(
+                    "{url}: no response within {}s",
+                    pool.config.timeout_s
+                )));
+            }
+            Ok(Err(e)) => return Err(Failure::message(format!("{url}: {}", describe(&e)))),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        if !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS) {
+            return Ok(response);
+        }
+        let cooldown = retry_after(response.headers())
+            .map(|d| d.max(Duration::from_secs(pool.config.cooldown_s)));
+        let content_type = response.headers().get(CONTENT_TYPE).cloned();
+        let body = response.bytes().await.unwrap_or_default();
+        Err(Failure {
+            message: format!(
+                "{url} answered {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(300)])
+            ),
+            cooldown,
+            response: Some((status, content_type, body)),
+        })
+    }
+
+    /// Checks every replica of every pool with health checks enabled, one
+    /// round; the health task calls it on each pool's interval.
+    async fn check(&self, pool: &Pool) {
+        let health = &pool.config.health;
+        let replicas = pool.replicas();
+        let checks = replicas.iter().cloned().map(|replica| {
+            let url = format!("{}{}", replica.url, health.path);
+            let mut request = self.client.get(&url).timeout(Duration::from_millis(health.timeout_ms));
+            if let Some(key) = &replica.api_key {
+                request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+            }
+            async move {
+                let passed = matches!(request.send().await, Ok(r) if r.status().is_success());
+                if let Some(healthy) = replica.record_check(passed, health.failure_threshold, health.success_threshold) {
+                    if healthy {
+                        tracing::info!(pool = %pool.name, replica = %replica.id, "replica healthy again");
+                    } else {
+                        tracing::warn!(pool = %pool.name, replica = %replica.id, url, "replica unhealthy; taken out");
+                    }
+                }
+            }
+        });
+        futures::future::join_all(checks).await;
+        pool.remove_drained();
+    }
+
+    /// Runs the health checks of every pool until `stop`.
+    pub async fn run_health_checks(self: Arc<Self>, stop: CancellationToken) {
+        let mut next_due: BTreeMap<String, Instant> = BTreeMap::new();
+        loop {
+            let now = Instant::now();
+            for pool in self.pools() {
+                if !pool.config.health.enabled {
+                    continue;
+                }
+                let due = next_due.entry(pool.name.clone()).or_insert(now);
+                if *due <= now {
+                    *due = now + Duration::from_millis(pool.config.health.interval_ms);
+                    let gateway = self.clone();
+                    tokio::spawn(async move { gateway.check(&pool).await });
+                }
+            }
+            let wake = next_due
+                .values()
+                .min()
+                .copied()
+                .unwrap_or(now + Duration::from_secs(1));
+            // Pools added at run time are seen within a second.
+            let wake = wake.min(now + Duration::from_secs(1));
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+}
+
+/// A failed attempt: why, how long to cool the replica down, and the
+/// upstream answer to pass on if it was the last attempt.
+struct Failure {
+    message: String,
+    cooldown: Option<Duration>,
+    response: Option<(StatusCode, Option<HeaderValue>, Bytes)>,
+}
+
+impl Failure {
+    fn message(message: String) -> Failure {
+        Failure {
+            message,
+            cooldown: None,
+            response: None,
+        }
+    }
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// Drops and injects parameters as the pool says.
+fn shape_request(pool: &PoolConfig, body: &mut Map<String, Value>) {
+    if pool.drop_params {
+        body.retain(|key, _| OPENAI_PARAMS.contains(&key.as_str()));
+    }
+    for key in &pool.additional_drop_params {
+        body.remove(key);
+    }
+    for (key, value) in &pool.inject {
+        body.insert(key.clone(), value.clone());
+    }
+}
+
+/// An upstream body passed on to the client, recording the call's trace
+/// and figures when it ends (or when the client goes away).
+pub struct TracedBody {
+    inner: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    recorder: Option<Recorder>,
+    call: Option<CallGuard>,
+    traces: Option<Arc<TraceLog>>,
+    metrics: Arc<Metrics>,
+    pool: String,
+}
+
+impl TracedBody {
+    /// A body already read (an upstream error passed on), traced already.
+    fn ready(body: Bytes) -> TracedBody {
+        TracedBody {
+            inner: Box::pin(futures::stream::iter([Ok(body)])),
+            recorder: None,
+            call: None,
+            traces: None,
+            metrics: Arc::new(Metrics::default()),
+            pool: String::new(),
+        }
+    }
+
+    /// Records the trace and the replica's figures, once.
+    fn finish(&mut self, status: &'static str, error: Option<String>) {
+        let Some(recorder) = self.recorder.take() else {
+            return;
+        };
+        let trace = recorder.finish(status, error);
+        if let Some(call) = self.call.take() {
+            let label = ReplicaLabel {
+                pool: self.pool.clone(),
+                replica: call.replica.id.clone(),
+                outcome: if status == "error" { "error" } else { "ok" },
+            };
+            self.metrics.gateway_calls.get_or_create(&label).inc();
+            self.metrics
+                .gateway_latency
+                .get_or_create(&label)
+                .observe(trace.latency_ms / 1000.0);
+        }
+        if let Some(traces) = &self.traces {
+            traces.push(trace);
+        }
+    }
+}
+
+impl Stream for TracedBody {
+    type Item = reqwest::Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let next = self.inner.as_mut().poll_next(cx);
+        match &next {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if let Some(recorder) = self.recorder.as_mut() {
+                    recorder.feed(chunk);
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                let message = describe(e);
+                self.finish("error", Some(message));
+            }
+            Poll::Ready(None) => self.finish("ok", None),
+            Poll::Pending => {}
+        }
+        next
+    }
+}
+
+impl Drop for TracedBody {
+    fn drop(&mut self) {
+        self.finish(
+            "cancelled",
+            Some("the client went away before the end".into()),
+        );
+    }
+}

@@ -1,0 +1,414 @@
+//! `conclave sim`: an OpenAI-compatible upstream simulator for tests and
+//! benchmarks. It answers `/v1/chat/completions` and `/v1/completions`
+//! (streamed or not), `/v1/models` and `/health`, with a configurable time
+//! to first token, tokens per second, extra latency, failure rate and a
+//! scripted tool call. `POST /sim/config` changes any of it while it runs
+//! (a test can make a replica fail its health checks, then recover), and
+//! `GET /sim/stats` counts what it served.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// What the simulator does; every field can be changed at run time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimConfig {
+    /// Named in every answer (`system_fingerprint` and the text), so a
+    /// client sees which replica served it.
+    pub id: String,
+    /// The model `/v1/models` lists.
+    pub model: String,
+    /// Tokens in each completion.
+    pub tokens: u32,
+    /// Before the first token.
+    pub ttft_ms: u64,
+    /// Pace of the following tokens; 0 sends them at once.
+    pub tokens_per_s: f64,
+    /// Added before a non-streamed answer.
+    pub latency_ms: u64,
+    /// Share of calls answered with `failure_status` (0.0–1.0).
+    pub failure_rate: f64,
+    pub failure_status: u16,
+    /// When false, `/health` and `/v1/models` answer 503.
+    pub healthy: bool,
+    /// A tool call made when the request offers tools and the last message
+    /// is not a tool result: `{"name": …, "arguments": {…}}`.
+    pub tool_call: Option<Value>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            id: "sim".into(),
+            model: "sim-model".into(),
+            tokens: 16,
+            ttft_ms: 0,
+            tokens_per_s: 0.0,
+            latency_ms: 0,
+            failure_rate: 0.0,
+            failure_status: 500,
+            healthy: true,
+            tool_call: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    requests: AtomicU64,
+    failures: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Sim {
+    config: Arc<RwLock<SimConfig>>,
+    stats: Arc<Stats>,
+}
+
+impl Sim {
+    fn config(&self) -> SimConfig {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// The simulator's routes.
+pub fn router(config: SimConfig) -> Router {
+    let sim = Sim {
+        config: Arc::new(RwLock::new(config)),
+        stats: Arc::default(),
+    };
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/sim/config", get(show_config).post(set_config))
+        .route("/sim/stats", get(stats))
+        .with_state(sim)
+}
+
+/// Serves until the process ends, saying where it listens on stdout.
+pub async fn serve(listen: SocketAddr, config: SimConfig) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    println!(
+        "conclave sim listening on http://{}",
+        listener.local_addr()?
+    );
+    axum::serve(listener, router(config)).await?;
+    Ok(())
+}
+
+async fn show_config(State(sim): State<Sim>) -> Json<SimConfig> {
+    Json(sim.config())
+}
+
+/// Merges the given fields into the config.
+async fn set_config(State(sim): State<Sim>, Json(patch): Json<Value>) -> Response {
+    let mut current = serde_json::to_value(sim.config()).unwrap_or_default();
+    if let (Some(current), Some(patch)) = (current.as_object_mut(), patch.as_object()) {
+        current.extend(patch.clone());
+    }
+    match serde_json::from_value::<SimConfig>(current) {
+        Ok(config) => {
+            *sim.config.write().unwrap_or_else(|e| e.into_inner()) = config.clone();
+            Json(config).into_response()
+        }
+        Err(e) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!("bad sim config: {e}"),
+        ),
+    }
+}
+
+async fn stats(State(sim): State<Sim>) -> Json<Value> {
+    Json(json!({
+        "requests": sim.stats.requests.load(Ordering::Relaxed),
+        "failures": sim.stats.failures.load(Ordering::Relaxed),
+    }))
+}
+
+async fn health(State(sim): State<Sim>) -> Response {
+    if sim.config().healthy {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        error(StatusCode::SERVICE_UNAVAILABLE, "unhealthy (sim)")
+    }
+}
+
+async fn models(State(sim): State<Sim>) -> Response {
+    let config = sim.config();
+    if !config.healthy {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "unhealthy (sim)");
+    }
+    Json(json!({"object": "list", "data": [
+        {"id": config.model, "object": "model", "owned_by": config.id}
+    ]}))
+    .into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"message": message, "type": "sim_error", "code": status.as_u16()}})),
+    )
+        .into_response()
+}
+
+async fn chat(State(sim): State<Sim>, body: Bytes) -> Response {
+    answer(sim, body, true).await
+}
+
+async fn completions(State(sim): State<Sim>, body: Bytes) -> Response {
+    answer(sim, body, false).await
+}
+
+/// What one call asked for.
+struct Ask {
+    chat: bool,
+    stream: bool,
+    usage_in_stream: bool,
+    logprobs: bool,
+    token_ids: bool,
+    prompt_tokens: u64,
+    /// The tool call to make, if this call makes one.
+    tool_call: Option<Value>,
+    model: String,
+}
+
+async fn answer(sim: Sim, body: Bytes, chat: bool) -> Response {
+    sim.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let config = sim.config();
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(Value::Object(map)) => Value::Object(map),
+        _ => return error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
+    };
+    if config.failure_rate > 0.0 && fastrand::f64() < config.failure_rate {
+        sim.stats.failures.fetch_add(1, Ordering::Relaxed);
+        let status = StatusCode::from_u16(config.failure_status)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return error(status, "simulated failure");
+    }
+    let ask = read_ask(&request, &config, chat);
+    if ask.stream {
+        stream_answer(config, ask)
+    } else {
+        tokio::time::sleep(Duration::from_millis(config.latency_ms + config.ttft_ms)).await;
+        if config.tokens_per_s > 0.0 {
+            let seconds = f64::from(config.tokens) / config.tokens_per_s;
+            tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        }
+        Json(whole_answer(&config, &ask)).into_response()
+    }
+}
+
+fn read_ask(request: &Value, config: &SimConfig, chat: bool) -> Ask {
+    let prompt_tokens = if chat {
+        request["messages"]
+            .as_array()
+            .map(|messages| {
+                messages
+                    .iter()
+                    .map(|m| {
+                        m["content"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .split_whitespace()
+                            .count()
+                    })
+                    .sum::<usize>()
+            })
+            .unwrap_or(0)
+    } else {
+        request["prompt"]
+            .as_str()
+            .unwrap_or_default()
+            .split_whitespace()
+            .count()
+    } as u64;
+    let offers_tools = request["tools"].as_array().is_some_and(|t| !t.is_empty());
+    let after_tool = request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .is_some_and(|m| m["role"] == "tool");
+    Ask {
+        chat,
+        stream: request["stream"].as_bool().unwrap_or(false),
+        usage_in_stream: request["stream_options"]["include_usage"]
+            .as_bool()
+            .unwrap_or(false),
+        logprobs: request["logprobs"].as_bool().unwrap_or(false)
+            || request["logprobs"].as_u64().is_some(),
+        token_ids: request["return_token_ids"].as_bool().unwrap_or(false),
+        prompt_tokens,
+        tool_call: config
+            .tool_call
+            .clone()
+            .filter(|_| chat && offers_tools && !after_tool),
+        model: request["model"]
+            .as_str()
+            .unwrap_or(&config.model)
+            .to_string(),
+    }
+}
+
+/// The completion's words: the replica's id, then numbered tokens.
+fn words(config: &SimConfig) -> Vec<String> {
+    (0..config.tokens)
+        .map(|i| {
+            if i == 0 {
+                config.id.clone()
+            } else {
+                format!(" t{i}")
+            }
+        })
+        .collect()
+}
+
+fn logprob(word: &str, i: usize) -> Value {
+    json!({"token": word, "logprob": -0.25 - (i % 4) as f64 * 0.125, "bytes": word.as_bytes(), "top_logprobs": []})
+}
+
+fn usage(ask: &Ask, completion: u64) -> Value {
+    json!({"prompt_tokens": ask.prompt_tokens, "completion_tokens": completion,
+           "total_tokens": ask.prompt_tokens + completion})
+}
+
+fn tool_call_value(call: &Value) -> Value {
+    json!({"id": "call_sim_1", "type": "function", "function": {
+        "name": call["name"].as_str().unwrap_or("tool"),
+        "arguments": call.get("arguments").map(Value::to_string).unwrap_or_else(|| "{}".into()),
+    }})
+}
+
+fn whole_answer(config: &SimConfig, ask: &Ask) -> Value {
+    let id = format!("cmpl-sim-{}", uuid::Uuid::new_v4().simple());
+    let created = chrono::Utc::now().timestamp();
+    if let Some(call) = &ask.tool_call {
+        return json!({"id": id, "object": "chat.completion", "created": created, "model": ask.model,
+            "system_fingerprint": config.id,
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": null, "tool_calls": [tool_call_value(call)]}}],
+            "usage": usage(ask, 8)});
+    }
+    let words = words(config);
+    let text: String = words.concat();
+    let mut choice = if ask.chat {
+        json!({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}})
+    } else {
+        json!({"index": 0, "finish_reason": "stop", "text": text})
+    };
+    if ask.logprobs {
+        choice["logprobs"] = json!({"content": words.iter().enumerate().map(|(i, w)| logprob(w, i)).collect::<Vec<_>>()});
+    }
+    if ask.token_ids {
+        choice["token_ids"] = json!((0..words.len()).collect::<Vec<_>>());
+    }
+    json!({"id": id, "object": if ask.chat { "chat.completion" } else { "text_completion" },
+        "created": created, "model": ask.model, "system_fingerprint": config.id,
+        "choices": [choice], "usage": usage(ask, words.len() as u64)})
+}
+
+fn stream_answer(config: SimConfig, ask: Ask) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
+    tokio::spawn(async move {
+        let id = format!("cmpl-sim-{}", uuid::Uuid::new_v4().simple());
+        let created = chrono::Utc::now().timestamp();
+        let object = if ask.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let frame = |choices: Value, usage: Option<Value>| {
+            let mut chunk = json!({"id": id, "object": object, "created": created,
+                "model": ask.model, "system_fingerprint": config.id, "choices": choices});
+            if let Some(usage) = usage {
+                chunk["usage"] = usage;
+            }
+            Bytes::from(format!("data: {chunk}\n\n"))
+        };
+        tokio::time::sleep(Duration::from_millis(config.ttft_ms)).await;
+        let pause =
+            (config.tokens_per_s > 0.0).then(|| Duration::from_secs_f64(1.0 / config.tokens_per_s));
+        let mut sent = 0u64;
+        let finish;
+        if let Some(call) = &ask.tool_call {
+            // The arguments in two pieces, as real servers split them.
+            let call = tool_call_value(call);
+            let arguments = call["function"]["arguments"]
+                .as_str()
+                .unwrap_or("{}")
+                .to_string();
+            let half = arguments.len() / 2;
+            let first = json!([{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0,
+                "id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": &arguments[..half]}}]}}]);
+            let second = json!([{"index": 0, "delta": {"tool_calls": [{"index": 0,
+                "function": {"arguments": &arguments[half..]}}]}}]);
+            if tx.send(Ok(frame(first, None))).await.is_err()
+                || tx.send(Ok(frame(second, None))).await.is_err()
+            {
+                return;
+            }
+            sent = 8;
+            finish = "tool_calls";
+        } else {
+            for (i, word) in words(&config).iter().enumerate() {
+                if let (Some(pause), true) = (pause, i > 0) {
+                    tokio::time::sleep(pause).await;
+                }
+                let mut choice = if ask.chat {
+                    let mut delta = json!({"content": word});
+                    if i == 0 {
+                        delta["role"] = json!("assistant");
+                    }
+                    json!({"index": 0, "delta": delta, "finish_reason": null})
+                } else {
+                    json!({"index": 0, "text": word, "finish_reason": null})
+                };
+                if ask.logprobs {
+                    choice["logprobs"] = json!({"content": [logprob(word, i)]});
+                }
+                if ask.token_ids {
+                    choice["token_ids"] = json!([i]);
+                }
+                if tx.send(Ok(frame(json!([choice]), None))).await.is_err() {
+                    return;
+                }
+                sent += 1;
+            }
+            finish = "stop";
+        }
+        let last = if ask.chat {
+            json!([{"index": 0, "delta": {}, "finish_reason": finish}])
+        } else {
+            json!([{"index": 0, "text": "", "finish_reason": finish}])
+        };
+        let _ = tx.send(Ok(frame(last, None))).await;
+        if ask.usage_in_stream {
+            let _ = tx.send(Ok(frame(json!([]), Some(usage(&ask, sent))))).await;
+        }
+        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
