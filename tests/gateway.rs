@@ -1,0 +1,654 @@
+//! The gateway against real `conclave sim` replicas (child processes on
+//! 127.0.0.1:0): strategies, affinity, retries when a replica dies under
+//! load, health checks, drain and pause, slugs, traces, bad input.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Stdio;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::TestServer;
+use conclave::gateway::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
+use futures::future::join_all;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A `conclave sim` child process, killed when dropped.
+struct Sim {
+    child: Child,
+    url: String,
+    id: String,
+}
+
+impl Sim {
+    async fn start(id: &str, extra: &[&str]) -> Sim {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+            .args(["sim", "--listen", "127.0.0.1:0", "--id", id])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("conclave sim starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let line = BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await
+            .expect("read")
+            .expect("the sim says where it listens");
+        let base = line
+            .strip_prefix("conclave sim listening on ")
+            .expect("listening line")
+            .to_string();
+        Sim {
+            child,
+            url: format!("{base}/v1"),
+            id: id.to_string(),
+        }
+    }
+
+    fn replica(&self) -> ReplicaConfig {
+        ReplicaConfig {
+            id: Some(self.id.clone()),
+            url: self.url.clone(),
+            model: None,
+            api_key: None,
+        }
+    }
+
+    async fn configure(&self, patch: Value) {
+        let base = self.url.trim_end_matches("/v1");
+        let response = reqwest::Client::new()
+            .post(format!("{base}/sim/config"))
+            .json(&patch)
+            .send()
+            .await
+            .expect("sim config");
+        assert!(response.status().is_success());
+    }
+}
+
+fn pool(strategy: Strategy, sims: &[&Sim]) -> PoolConfig {
+    PoolConfig {
+        strategy,
+        cooldown_s: 1,
+        health: HealthConfig {
+            interval_ms: 100,
+            timeout_ms: 500,
+            failure_threshold: 2,
+            success_threshold: 2,
+            ..HealthConfig::default()
+        },
+        replicas: sims.iter().map(|s| s.replica()).collect(),
+        ..PoolConfig::default()
+    }
+}
+
+async fn gateway(pools: Vec<(&str, PoolConfig)>) -> TestServer {
+    TestServer::start_with(move |config| {
+        config.gateway = GatewayConfig {
+            pools: pools
+                .into_iter()
+                .map(|(name, pool)| (name.to_string(), pool))
+                .collect(),
+            ..GatewayConfig::default()
+        };
+    })
+    .await
+}
+
+/// One chat call: its status, replica header and body.
+async fn chat(server: &TestServer, path: &str, body: Value) -> (u16, String, Value) {
+    let response = server
+        .http
+        .post(server.url(path))
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    let status = response.status().as_u16();
+    let replica = response
+        .headers()
+        .get("x-conclave-replica")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, replica, body)
+}
+
+fn ask(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
+}
+
+/// Which replica served each of `n` calls, counted.
+async fn spread(
+    server: &TestServer,
+    n: usize,
+    session: impl Fn(usize) -> Option<String>,
+) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for i in 0..n {
+        let mut request = server
+            .http
+            .post(server.url("/v1/chat/completions"))
+            .json(&ask("m"));
+        if let Some(session) = session(i) {
+            request = request.header("x-session-id", session);
+        }
+        let response = request.send().await.expect("post");
+        assert_eq!(response.status(), 200);
+        let body: Value = response.json().await.expect("json");
+        let served = body["system_fingerprint"]
+            .as_str()
+            .expect("sim id")
+            .to_string();
+        *counts.entry(served).or_insert(0) += 1;
+    }
+    counts
+}
+
+async fn replicas(server: &TestServer) -> Value {
+    server
+        .http
+        .get(server.url("/gateway/replicas"))
+        .send()
+        .await
+        .expect("replicas")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// Polls `/gateway/replicas` until `check` holds for replica `id` (health
+/// checks run every 100 ms here); fails after 20 s.
+async fn until_replica(server: &TestServer, id: &str, check: impl Fn(&Value) -> bool) {
+    for _ in 0..400 {
+        let all = replicas(server).await;
+        let found = all["pools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["replicas"].as_array().cloned().unwrap_or_default())
+            .find(|r| r["id"] == id);
+        if check(&found.unwrap_or(Value::Null)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "replica {id} never reached the state: {}",
+        replicas(server).await
+    );
+}
+
+#[tokio::test]
+async fn round_robin_shuffle_and_least_outstanding_spread_calls() {
+    let (a, b, c) = (
+        Sim::start("a", &[]).await,
+        Sim::start("b", &[]).await,
+        Sim::start("c", &[]).await,
+    );
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&a, &b, &c]))]).await;
+    let counts = spread(&server, 30, |_| None).await;
+    assert_eq!(
+        counts,
+        HashMap::from([("a".into(), 10), ("b".into(), 10), ("c".into(), 10)])
+    );
+    drop(server);
+
+    let server = gateway(vec![("m", pool(Strategy::Shuffle, &[&a, &b, &c]))]).await;
+    let counts = spread(&server, 60, |_| None).await;
+    assert_eq!(counts.len(), 3, "shuffle left a replica out: {counts:?}");
+    drop(server);
+
+    // Least outstanding: two slow streamed calls held open on `a` (b and c
+    // paused while they start), then calls one at a time all avoid it.
+    a.configure(json!({"tokens_per_s": 5.0})).await;
+    let server = gateway(vec![("m", pool(Strategy::LeastOutstanding, &[&a, &b, &c]))]).await;
+    let act = |id: &str, action: &str| {
+        server
+            .http
+            .post(server.url(&format!("/gateway/replicas/{id}/{action}")))
+            .send()
+    };
+    for id in ["b", "c"] {
+        assert_eq!(act(id, "pause").await.unwrap().status(), 200);
+    }
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut body = ask("m");
+        body["stream"] = json!(true);
+        let response = server
+            .http
+            .post(server.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.headers()["x-conclave-replica"], "a");
+        held.push(response);
+    }
+    for id in ["b", "c"] {
+        assert_eq!(act(id, "resume").await.unwrap().status(), 200);
+    }
+    let counts = spread(&server, 10, |_| None).await;
+    assert_eq!(counts.get("a"), None, "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 10);
+    assert!(counts.len() == 2, "b and c share: {counts:?}");
+    drop(held);
+}
+
+#[tokio::test]
+async fn session_affinity_is_stable_and_survives_another_replica_leaving() {
+    let sims = [
+        Sim::start("a", &[]).await,
+        Sim::start("b", &[]).await,
+        Sim::start("c", &[]).await,
+    ];
+    let server = gateway(vec![(
+        "m",
+        pool(Strategy::SessionAffinity, &sims.iter().collect::<Vec<_>>()),
+    )])
+    .await;
+    let home = |counts: HashMap<String, usize>| -> String {
+        assert_eq!(counts.len(), 1, "a session moved: {counts:?}");
+        counts.into_keys().next().unwrap()
+    };
+    let mut homes = BTreeMap::new();
+    for session in 0..12 {
+        let name = format!("session-{session}");
+        homes.insert(
+            name.clone(),
+            home(spread(&server, 5, |_| Some(name.clone())).await),
+        );
+    }
+    let used: std::collections::HashSet<_> = homes.values().collect();
+    assert!(used.len() >= 2, "12 sessions all on one replica: {homes:?}");
+    // A replica leaves: only its sessions move.
+    let leaving = homes.values().next().unwrap().clone();
+    let response = server
+        .http
+        .delete(server.url(&format!("/gateway/replicas/{leaving}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    for (session, was) in &homes {
+        let now = home(spread(&server, 3, |_| Some(session.clone())).await);
+        if *was == leaving {
+            assert_ne!(now, leaving);
+        } else {
+            assert_eq!(&now, was, "{session} moved though its replica stayed");
+        }
+    }
+    // The same through a slug: metadata session_id routes and is traced.
+    let session = homes.keys().find(|s| homes[*s] != leaving).unwrap().clone();
+    let slug = conclave::gateway::slug::encode(
+        json!({"session_id": session, "step": 7})
+            .as_object()
+            .unwrap(),
+    );
+    let (status, replica, _) = chat(
+        &server,
+        &format!("/meta/{slug}/v1/chat/completions"),
+        ask("m"),
+    )
+    .await;
+    assert_eq!((status, replica), (200, homes[&session].clone()));
+    let traces: Value = server
+        .http
+        .get(server.url(&format!("/gateway/traces?session_id={session}&limit=1")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let trace = &traces["traces"][0];
+    assert_eq!(trace["metadata"]["step"], 7);
+    assert_eq!(trace["replica"], homes[&session].as_str());
+    assert_eq!(trace["status"], "ok");
+    assert!(
+        trace["response_text"]
+            .as_str()
+            .unwrap()
+            .starts_with(homes[&session].as_str())
+    );
+    assert!(trace["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn a_replica_killed_under_load_costs_no_client_an_error() {
+    let mut sims = vec![
+        Sim::start("a", &[]).await,
+        Sim::start("b", &[]).await,
+        Sim::start("c", &[]).await,
+    ];
+    let server = gateway(vec![(
+        "m",
+        pool(Strategy::RoundRobin, &sims.iter().collect::<Vec<_>>()),
+    )])
+    .await;
+    let server = std::sync::Arc::new(server);
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let server = server.clone();
+            let done = done_tx.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                // Not streamed: a stream cut by the kill after its first
+                // byte is past where retries apply.
+                for i in 0..40 {
+                    let body = ask("m");
+                    let response = server
+                        .http
+                        .post(server.url("/v1/chat/completions"))
+                        .json(&body)
+                        .send()
+                        .await
+                        .expect("post");
+                    statuses.push(response.status().as_u16());
+                    let text = response.text().await.expect("body");
+                    assert!(text.contains("t15"), "a cut answer: {text}");
+                    if i == 10 {
+                        let _ = done.try_send(());
+                    }
+                }
+                statuses
+            })
+        })
+        .collect();
+    // Kill a replica once the load is running.
+    done_rx.recv().await;
+    let mut killed = sims.remove(1);
+    killed.child.kill().await.expect("kill");
+    let statuses: Vec<u16> = join_all(clients)
+        .await
+        .into_iter()
+        .flat_map(|r| r.expect("client"))
+        .collect();
+    assert_eq!(statuses.len(), 320);
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "client errors: {statuses:?}"
+    );
+    let traces: Value = server
+        .http
+        .get(server.url("/gateway/traces?limit=1000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let retried = traces["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["retries"].as_u64() > Some(0))
+        .count();
+    assert!(
+        retried > 0,
+        "no call was retried, so the kill was not exercised"
+    );
+}
+
+#[tokio::test]
+async fn rate_limited_replicas_are_retried_elsewhere_and_cooled_down() {
+    let a = Sim::start("a", &["--failure-rate", "1", "--failure-status", "429"]).await;
+    let b = Sim::start("b", &[]).await;
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&a, &b]))]).await;
+    let counts = spread(&server, 10, |_| None).await;
+    assert_eq!(counts, HashMap::from([("b".into(), 10)]));
+    let all = replicas(&server).await;
+    let a_view = &all["pools"][0]["replicas"][0];
+    assert_eq!(a_view["id"], "a");
+    assert!(a_view["failures"].as_u64().unwrap() >= 1);
+    // With no retries and every replica failing, the upstream answer is
+    // passed on as it came.
+    b.configure(json!({"failure_rate": 1.0, "failure_status": 503}))
+        .await;
+    let (status, _, body) = chat(&server, "/v1/chat/completions", ask("m")).await;
+    assert!(status == 503 || status == 429, "{status} {body}");
+    assert_eq!(body["error"]["message"], "simulated failure");
+}
+
+#[tokio::test]
+async fn unhealthy_replicas_leave_and_come_back() {
+    let (a, b) = (Sim::start("a", &[]).await, Sim::start("b", &[]).await);
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&a, &b]))]).await;
+    a.configure(json!({"healthy": false})).await;
+    until_replica(&server, "a", |r| r["healthy"] == false).await;
+    assert_eq!(
+        spread(&server, 6, |_| None).await,
+        HashMap::from([("b".into(), 6)])
+    );
+    a.configure(json!({"healthy": true})).await;
+    until_replica(&server, "a", |r| r["healthy"] == true).await;
+    assert_eq!(spread(&server, 6, |_| None).await.get("a"), Some(&3));
+}
+
+#[tokio::test]
+async fn pause_resume_and_drain() {
+    let a = Sim::start("a", &["--tokens-per-s", "40"]).await;
+    let b = Sim::start("b", &[]).await;
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&a, &b]))]).await;
+    let act = |id: &str, action: &str| {
+        server
+            .http
+            .post(server.url(&format!("/gateway/replicas/{id}/{action}")))
+            .send()
+    };
+    assert_eq!(act("a", "pause").await.unwrap().status(), 200);
+    assert_eq!(
+        spread(&server, 4, |_| None).await,
+        HashMap::from([("b".into(), 4)])
+    );
+    assert_eq!(act("a", "resume").await.unwrap().status(), 200);
+    assert_eq!(spread(&server, 4, |_| None).await.get("a"), Some(&2));
+
+    // A streamed call on `a` (16 tokens at 40/s) is in flight when `a`
+    // drains: it finishes, then `a` is gone.
+    let b_pause = act("b", "pause").await.unwrap();
+    assert_eq!(b_pause.status(), 200);
+    let mut body = ask("m");
+    body["stream"] = json!(true);
+    let response = server
+        .http
+        .post(server.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-conclave-replica"], "a");
+    assert_eq!(act("b", "resume").await.unwrap().status(), 200);
+    let drained: Value = act("a", "drain").await.unwrap().json().await.unwrap();
+    assert_eq!(drained["state"], "draining");
+    assert_eq!(
+        spread(&server, 3, |_| None).await,
+        HashMap::from([("b".into(), 3)])
+    );
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains("t15") && text.contains("[DONE]"),
+        "the drained call was cut: {text}"
+    );
+    until_replica(&server, "a", |r| r.is_null()).await;
+    let unknown = act("a", "resume").await.unwrap();
+    assert_eq!(unknown.status(), 404);
+}
+
+#[tokio::test]
+async fn replicas_are_added_and_removed_at_run_time() {
+    let a = Sim::start("a", &[]).await;
+    let server = gateway(vec![]).await;
+    let add = |body: Value| {
+        server
+            .http
+            .post(server.url("/gateway/replicas"))
+            .json(&body)
+            .send()
+    };
+    let added = add(json!({"model": "m", "url": a.url, "id": "a"}))
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    assert_eq!(
+        spread(&server, 2, |_| None).await,
+        HashMap::from([("a".into(), 2)])
+    );
+    let models: Value = server
+        .http
+        .get(server.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "m");
+    // Bad input: a clear error each, nothing changed.
+    let duplicate = add(json!({"model": "m", "url": a.url, "id": "a"}))
+        .await
+        .unwrap();
+    assert_eq!(duplicate.status(), 409);
+    let bad_url = add(json!({"model": "m", "url": "ftp://x"})).await.unwrap();
+    assert_eq!(bad_url.status(), 400);
+    let missing = add(json!({"url": a.url})).await.unwrap();
+    assert_eq!(missing.status(), 422);
+    let unknown = add(json!({"model": "m", "url": a.url, "weight": 2}))
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 422);
+    let gone = server
+        .http
+        .delete(server.url("/gateway/replicas/nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    let removed = server
+        .http
+        .delete(server.url("/gateway/replicas/a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let (status, _, body) = chat(&server, "/v1/chat/completions", ask("m")).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "no_replica");
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors() {
+    let a = Sim::start("a", &[]).await;
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&a]))]).await;
+    let raw = |path: &str, body: &'static str| server.http.post(server.url(path)).body(body).send();
+    let malformed = raw("/v1/chat/completions", "{nope").await.unwrap();
+    assert_eq!(malformed.status(), 400);
+    let (status, _, body) = chat(&server, "/v1/chat/completions", json!({"messages": []})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request"))
+    );
+    let (status, _, body) = chat(&server, "/v1/chat/completions", ask("other")).await;
+    assert_eq!(status, 404);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("known models: m")
+    );
+    for slug in ["plain", "conclave1:!!!", "rllm1:W10"] {
+        let (status, _, body) = chat(
+            &server,
+            &format!("/meta/{slug}/v1/chat/completions"),
+            ask("m"),
+        )
+        .await;
+        assert_eq!(status, 400, "{slug}: {body}");
+    }
+    let padded = base64::engine::general_purpose::URL_SAFE.encode(r#"{"session_id":"s9"}"#);
+    let (status, _, _) = chat(
+        &server,
+        &format!("/meta/rllm1:{padded}/v1/completions"),
+        json!({"model": "m", "prompt": "once upon"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let traces: Value = server
+        .http
+        .get(server.url("/gateway/traces?session_id=s9"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(traces["traces"][0]["endpoint"], "completions");
+    let bad_query = server
+        .http
+        .get(server.url("/gateway/traces?limit=lots"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_query.status(), 400);
+    let metrics = server
+        .http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"conclave_gateway_calls_total{pool="m",replica="a",outcome="ok"}"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn sampling_injection_and_drop_params_shape_the_request() {
+    let a = Sim::start("a", &[]).await;
+    let mut config = pool(Strategy::RoundRobin, &[&a]);
+    config.inject = json!({"logprobs": true, "return_token_ids": true})
+        .as_object()
+        .unwrap()
+        .clone();
+    config.drop_params = true;
+    config.additional_drop_params = vec!["seed".into()];
+    let server = gateway(vec![("m", config)]).await;
+    let mut body = ask("m");
+    body["seed"] = json!(3);
+    body["mirostat"] = json!(2);
+    let (status, _, answer) = chat(&server, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200);
+    assert!(
+        answer["choices"][0]["logprobs"]["content"].is_array(),
+        "{answer}"
+    );
+    let traces: Value = server
+        .http
+        .get(server.url("/gateway/traces"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let trace = &traces["traces"][0];
+    let sent = &trace["request"];
+    assert_eq!(sent["logprobs"], true);
+    assert_eq!(sent["return_token_ids"], true);
+    assert!(
+        sent.get("seed").is_none() && sent.get("mirostat").is_none(),
+        "{sent}"
+    );
+    assert!(trace["logprobs"].as_array().is_some_and(|l| !l.is_empty()));
+}
