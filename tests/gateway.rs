@@ -652,3 +652,170 @@ async fn sampling_injection_and_drop_params_shape_the_request() {
     );
     assert!(trace["logprobs"].as_array().is_some_and(|l| !l.is_empty()));
 }
+
+/// An agent session whose model names a pool calls it through the gateway
+/// with its session id: under `session_affinity` every call of the session
+/// lands on one replica, tool calls work, and the status lists the calls.
+#[tokio::test]
+async fn agent_sessions_call_pools_through_the_gateway() {
+    let tool = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
+    let sims = [
+        Sim::start("a", &["--tool-call", tool]).await,
+        Sim::start("b", &["--tool-call", tool]).await,
+        Sim::start("c", &["--tool-call", tool]).await,
+    ];
+    let server = gateway(vec![(
+        "m",
+        pool(Strategy::SessionAffinity, &sims.iter().collect::<Vec<_>>()),
+    )])
+    .await;
+    let session = server
+        .create_session(json!({"options": {"model": "m"}}))
+        .await;
+    for prompt in ["first", "second", "third"] {
+        let events = server.turn(&session, prompt).await;
+        let kinds = common::types(&events);
+        assert!(
+            kinds.contains(&"tool_use") && kinds.contains(&"tool_result"),
+            "{kinds:?}"
+        );
+        let result = events.last().expect("a result");
+        assert_eq!(result["type"], "result");
+        assert_eq!(result["status"], "success", "{result}");
+    }
+    let status: Value = server
+        .get(&format!("/agent/session/{session}/status"))
+        .await
+        .json()
+        .await
+        .expect("status");
+    let calls = status["gateway_calls"].as_array().expect("gateway_calls");
+    // Two model calls a turn: the tool call, then the answer.
+    assert_eq!(calls.len(), 6, "{calls:?}");
+    let replicas: std::collections::HashSet<_> = calls
+        .iter()
+        .map(|c| c["replica"].as_str().unwrap())
+        .collect();
+    assert_eq!(replicas.len(), 1, "the session moved: {calls:?}");
+    assert!(calls.iter().all(|c| c["status"] == "ok"), "{calls:?}");
+    let traces: Value = server
+        .get(&format!("/gateway/traces?session_id={session}&limit=1"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let home = replicas.iter().next().unwrap().to_string();
+    assert!(
+        traces["traces"][0]["response_text"]
+            .as_str()
+            .unwrap()
+            .starts_with(&home)
+    );
+}
+
+/// The official `openai` Python SDK (from PyPI; scripts/test.sh installs
+/// it and sets CONCLAVE_TEST_PYTHON): plain, streamed, tool calls,
+/// completions, models, a slug, an error.
+#[tokio::test]
+async fn the_openai_python_sdk_works_against_the_gateway() {
+    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
+        "CONCLAVE_TEST_PYTHON must name a python with the openai package (scripts/test.sh sets it)",
+    );
+    let plain = Sim::start("a", &[]).await;
+    let tools = Sim::start(
+        "t",
+        &[
+            "--tool-call",
+            r#"{"name": "Bash", "arguments": {"command": "ls -la"}}"#,
+        ],
+    )
+    .await;
+    let server = gateway(vec![
+        ("m", pool(Strategy::RoundRobin, &[&plain])),
+        ("tools", pool(Strategy::RoundRobin, &[&tools])),
+    ])
+    .await;
+    let slug = conclave::gateway::slug::encode(json!({"session_id": "py-1"}).as_object().unwrap());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/gateway/openai_client.py"
+    );
+    let output = Command::new(python)
+        .args([
+            script,
+            &server.url("/v1"),
+            &server.url(&format!("/meta/{slug}/v1")),
+        ])
+        .output()
+        .await
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).expect("the script prints JSON");
+    let answer = "a t1 t2 t3 t4 t5 t6 t7 t8 t9 t10 t11 t12 t13 t14 t15";
+    assert_eq!(seen["plain"], answer);
+    assert_eq!(seen["plain_usage"], 16);
+    assert_eq!(seen["stream"], answer);
+    assert_eq!(
+        seen["stream_chunks"], 16,
+        "the stream was not passed chunk by chunk"
+    );
+    assert_eq!(
+        seen["tool_call"],
+        json!({"name": "Bash", "arguments": {"command": "ls -la"}})
+    );
+    assert_eq!(
+        seen["streamed_tool_arguments"],
+        json!({"command": "ls -la"})
+    );
+    assert_eq!(seen["completion"], answer);
+    assert_eq!(seen["models"], json!(["m", "tools"]));
+    assert_eq!(seen["slug"], answer);
+    assert_eq!(seen["unknown_model"], "NotFoundError");
+    let traces: Value = server
+        .get("/gateway/traces?session_id=py-1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(traces["traces"].as_array().map(Vec::len), Some(1));
+}
+
+/// A stream is passed on as the replica sends it, not gathered first: the
+/// first token reaches the client long before the last is sent.
+#[tokio::test]
+async fn streams_pass_through_chunk_by_chunk() {
+    use futures::StreamExt;
+    // 16 tokens at 10/s: about 1.5 s from the first to the last.
+    let slow = Sim::start("a", &["--tokens-per-s", "10"]).await;
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&slow]))]).await;
+    let mut body = ask("m");
+    body["stream"] = json!(true);
+    let response = server
+        .http
+        .post(server.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut stream = response.bytes_stream();
+    let first = stream.next().await.expect("a first chunk").unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("\"content\":\"a\""));
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        rest.extend_from_slice(&chunk.unwrap());
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("t15"));
+    // The rest took the replica's pace after the first chunk arrived.
+    assert!(
+        started.elapsed() > Duration::from_millis(1000),
+        "{:?}",
+        started.elapsed()
+    );
+}

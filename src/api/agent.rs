@@ -64,6 +64,9 @@ pub struct SessionList {
     pub sessions: Vec<SessionSummary>,
 }
 
+/// Gateway calls listed in a session's status.
+const STATUS_GATEWAY_CALLS: usize = 50;
+
 #[derive(Serialize, ToSchema)]
 pub struct SessionStatusBody {
     pub session_id: Uuid,
@@ -80,6 +83,11 @@ pub struct SessionStatusBody {
     pub last_seq: u64,
     /// The session's sandbox; `null` until it has one.
     pub sandbox: Option<crate::sandbox::SandboxInfo>,
+    /// The session's latest model calls through the gateway (when its
+    /// model names a pool), newest first: replica, status, latency, time to
+    /// first token, retries, usage. Full traces: `GET /gateway/traces`.
+    #[schema(value_type = Vec<Object>)]
+    pub gateway_calls: Vec<serde_json::Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -271,6 +279,18 @@ pub async fn status(
             Some(sandboxes) => sandboxes.info(session.id).await,
             None => None,
         },
+        gateway_calls: state
+            .gateway
+            .traces
+            .query(Some(&session.id.to_string()), None, STATUS_GATEWAY_CALLS)
+            .iter()
+            .map(|t| {
+                serde_json::json!({"trace_id": t.id, "ts": t.ts, "model": t.model,
+                    "replica": t.replica, "status": t.status, "http_status": t.http_status,
+                    "latency_ms": t.latency_ms, "ttft_ms": t.ttft_ms, "retries": t.retries,
+                    "usage": t.usage})
+            })
+            .collect(),
         created_at: session.created_at,
         updated_at: session.updated_at(),
     }))

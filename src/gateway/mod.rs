@@ -386,7 +386,7 @@ impl Gateway {
                             recorder: Some(Recorder::new(trace, started, streamed)),
                             call: Some(guard),
                             traces: Some(self.traces.clone()),
-                            metrics: self.metrics.clone(),
+                            metrics: Some(self.metrics.clone()),
                             pool: pool.name.clone(),
                         },
                     });
@@ -620,7 +620,7 @@ pub struct TracedBody {
     recorder: Option<Recorder>,
     call: Option<CallGuard>,
     traces: Option<Arc<TraceLog>>,
-    metrics: Arc<Metrics>,
+    metrics: Option<Arc<Metrics>>,
     pool: String,
 }
 
@@ -632,7 +632,7 @@ impl TracedBody {
             recorder: None,
             call: None,
             traces: None,
-            metrics: Arc::new(Metrics::default()),
+            metrics: None,
             pool: String::new(),
         }
     }
@@ -642,15 +642,19 @@ impl TracedBody {
         let Some(recorder) = self.recorder.take() else {
             return;
         };
+        let status = match recorder.trace.http_status {
+            Some(code) if code >= 400 && status == "ok" => "error",
+            _ => status,
+        };
         let trace = recorder.finish(status, error);
-        if let Some(call) = self.call.take() {
+        if let (Some(call), Some(metrics)) = (self.call.take(), &self.metrics) {
             let label = ReplicaLabel {
                 pool: self.pool.clone(),
                 replica: call.replica.id.clone(),
                 outcome: if status == "error" { "error" } else { "ok" },
             };
-            self.metrics.gateway_calls.get_or_create(&label).inc();
-            self.metrics
+            metrics.gateway_calls.get_or_create(&label).inc();
+            metrics
                 .gateway_latency
                 .get_or_create(&label)
                 .observe(trace.latency_ms / 1000.0);
@@ -685,9 +689,13 @@ impl Stream for TracedBody {
 
 impl Drop for TracedBody {
     fn drop(&mut self) {
-        self.finish(
-            "cancelled",
-            Some("the client went away before the end".into()),
-        );
+        if self.recorder.as_ref().is_some_and(|r| r.done) {
+            self.finish("ok", None);
+        } else {
+            self.finish(
+                "cancelled",
+                Some("the client went away before the end".into()),
+            );
+        }
     }
 }

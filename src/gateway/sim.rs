@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -109,6 +110,11 @@ pub async fn serve(listen: SocketAddr, config: SimConfig) -> anyhow::Result<()> 
         "conclave sim listening on http://{}",
         listener.local_addr()?
     );
+    // Small streamed writes go out at once (Nagle plus delayed ACKs would
+    // hold each token for 40 ms).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(config)).await?;
     Ok(())
 }

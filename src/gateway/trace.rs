@@ -116,6 +116,9 @@ pub struct Recorder {
     /// Tool call fragments of a streamed response, by index.
     tool_parts: Vec<(String, String, String)>,
     logprobs: Vec<Value>,
+    /// A `finish_reason` or `data: [DONE]` went past: a reader that stops
+    /// there got the whole answer.
+    pub done: bool,
 }
 
 /// A non-streamed body larger than this is passed on but not parsed.
@@ -130,6 +133,7 @@ impl Recorder {
             pending: Vec::new(),
             tool_parts: Vec::new(),
             logprobs: Vec::new(),
+            done: false,
         }
     }
 
@@ -163,6 +167,7 @@ impl Recorder {
         };
         let data = data.trim_ascii();
         if data == b"[DONE]" {
+            self.done = true;
             return;
         }
         let Ok(chunk) = serde_json::from_slice::<Value>(data) else {
@@ -174,6 +179,9 @@ impl Recorder {
         let Some(choice) = chunk.pointer("/choices/0") else {
             return;
         };
+        if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
+            self.done = true;
+        }
         let delta = choice.get("delta").unwrap_or(choice);
         let text = delta
             .get("content")
