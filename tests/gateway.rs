@@ -819,3 +819,135 @@ async fn streams_pass_through_chunk_by_chunk() {
         started.elapsed()
     );
 }
+
+/// `conclave serve --litellm-config` loads the config seed 001 generates
+/// as is, and `conclave gateway export-litellm` writes it back.
+#[tokio::test]
+async fn litellm_configs_load_as_is_and_export_back() {
+    let (a, b) = (Sim::start("a", &[]).await, Sim::start("b", &[]).await);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"model_list:
+  # One entry per vLLM replica
+  - model_name: Qwen/Qwen2.5-7B-Instruct
+    litellm_params:
+      model: hosted_vllm/Qwen/Qwen2.5-7B-Instruct
+      api_base: {a}
+      drop_params: true
+    model_info:
+      id: verl-replica-0
+      replica_rank: 0
+
+  - model_name: Qwen/Qwen2.5-7B-Instruct
+    litellm_params:
+      model: hosted_vllm/Qwen/Qwen2.5-7B-Instruct
+      api_base: {b}
+      drop_params: true
+    model_info:
+      id: verl-replica-1
+      replica_rank: 1
+
+litellm_settings:
+  drop_params: true
+  num_retries: 3
+  routing_strategy: simple-shuffle  # LiteLLM round-robins across entries
+"#,
+        a = a.url,
+        b = b.url
+    );
+    let file = dir.path().join("litellm_verl.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let binary = env!("CARGO_BIN_EXE_conclave");
+
+    let mut serve = Command::new(binary)
+        .args(["serve", "--listen", "127.0.0.1:0", "--litellm-config"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("CONCLAVE_SANDBOX", "local")
+        .env("CONCLAVE_SANDBOX__WARM_POOL", "0")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(serve.stdout.take().unwrap())
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .expect("the server says where it listens");
+    let base = line
+        .strip_prefix("conclave listening on ")
+        .unwrap()
+        .to_string();
+    let http = reqwest::Client::new();
+    let mut served = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let answer: Value = http
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&ask("Qwen/Qwen2.5-7B-Instruct"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        served.insert(answer["system_fingerprint"].as_str().unwrap().to_string());
+    }
+    assert_eq!(
+        served.len(),
+        2,
+        "simple-shuffle used both replicas: {served:?}"
+    );
+    let replicas: Value = http
+        .get(format!("{base}/gateway/replicas"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pool = &replicas["pools"][0];
+    assert_eq!(pool["strategy"], "shuffle");
+    assert_eq!(pool["replicas"][1]["id"], "verl-replica-1");
+    assert_eq!(pool["replicas"][1]["model"], "Qwen/Qwen2.5-7B-Instruct");
+    serve.kill().await.unwrap();
+
+    let export = Command::new(binary)
+        .args(["gateway", "export-litellm", "--litellm-config"])
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let exported = String::from_utf8(export.stdout).unwrap();
+    assert!(
+        exported.contains("hosted_vllm/Qwen/Qwen2.5-7B-Instruct"),
+        "{exported}"
+    );
+    let load = conclave::gateway::litellm::import;
+    assert_eq!(load(&exported).unwrap(), load(&yaml).unwrap());
+
+    // A broken file stops the server at start, naming the file and field.
+    std::fs::write(
+        &file,
+        "model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n",
+    )
+    .unwrap();
+    let refused = Command::new(binary)
+        .args(["serve", "--listen", "127.0.0.1:0", "--litellm-config"])
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("litellm_verl.yaml") && message.contains("api_base"),
+        "{message}"
+    );
+}

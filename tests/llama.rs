@@ -124,3 +124,60 @@ async fn a_turn_through_the_openai_provider_streams_text_and_a_result() {
     assert_eq!(result["cost_known"], false, "a local model has no price");
     server.stop().await;
 }
+
+/// Two real llama-server replicas behind the gateway both serve calls.
+#[tokio::test]
+async fn two_llama_server_replicas_behind_the_gateway_both_serve() {
+    use conclave::gateway::{GatewayConfig, PoolConfig, ReplicaConfig, Strategy};
+    let ((_one, first), (_two, second)) = tokio::join!(llama_server(), llama_server());
+    let replica = |id: &str, base: &str| ReplicaConfig {
+        id: Some(id.into()),
+        url: format!("{base}/v1"),
+        model: Some("smollm2".into()),
+        api_key: None,
+    };
+    let server = TestServer::start_with(|c| {
+        c.gateway = GatewayConfig {
+            pools: [(
+                "smol".to_string(),
+                PoolConfig {
+                    strategy: Strategy::RoundRobin,
+                    replicas: vec![replica("llama-1", &first), replica("llama-2", &second)],
+                    ..PoolConfig::default()
+                },
+            )]
+            .into(),
+            ..GatewayConfig::default()
+        };
+    })
+    .await;
+    let mut served = Vec::new();
+    for stream in [false, true, false, true] {
+        let response = server
+            .http
+            .post(server.url("/v1/chat/completions"))
+            .json(&json!({"model": "smol", "max_tokens": 8, "stream": stream,
+                          "messages": [{"role": "user", "content": "Say hello."}]}))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(response.status(), 200);
+        served.push(
+            response.headers()["x-conclave-replica"]
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+        let text = response.text().await.unwrap();
+        assert!(text.contains("choices"), "{text}");
+    }
+    assert_eq!(served, ["llama-1", "llama-2", "llama-1", "llama-2"]);
+    let traces: Value = server.get("/gateway/traces").await.json().await.unwrap();
+    for trace in traces["traces"].as_array().unwrap() {
+        assert_eq!(trace["status"], "ok", "{trace}");
+        assert!(
+            !trace["response_text"].as_str().unwrap().is_empty(),
+            "{trace}"
+        );
+    }
+}
