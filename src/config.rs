@@ -265,8 +265,12 @@ impl Config {
         }
         figment = figment.merge(
             Env::prefixed("CONCLAVE_")
-                // CONCLAVE_TEST_* belong to the test suite, not to the server.
-                .filter(|key| !key.as_str().to_ascii_lowercase().starts_with("test_"))
+                // CONCLAVE_TEST_* and CONCLAVE_BENCH_* belong to the test
+                // suite and the benchmarks, not to the server.
+                .filter(|key| {
+                    let key = key.as_str().to_ascii_lowercase();
+                    !key.starts_with("test_") && !key.starts_with("bench_")
+                })
                 // CONCLAVE_CACHE is the scripts' download and build cache.
                 .filter(|key| !key.as_str().eq_ignore_ascii_case("cache"))
                 // CONCLAVE_SANDBOX names the backend; the section is `sandbox`.

@@ -54,7 +54,12 @@ impl ServerProcess {
             .await
             .map_err(|_| "the server did not say where it listens within 30 s".to_string())?
             .map_err(|e| format!("reading the server's stdout: {e}"))?
-            .ok_or("the server exited before listening")?;
+            .ok_or_else(|| {
+                let log = std::fs::read_to_string(data_dir.path().join("server.log"))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                format!("the server exited before listening: {}", tail.join(" | "))
+            })?;
         let addr = first
             .strip_prefix("conclave listening on http://")
             .and_then(|addr| addr.trim().parse().ok())

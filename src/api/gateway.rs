@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject};
 use crate::gateway::pool::ReplicaState;
 use crate::gateway::{Call, Endpoint, GatewayError, ReplicaConfig, slug};
@@ -30,6 +30,8 @@ impl From<GatewayError> for ApiError {
     }
 }
 
+#[utoipa::path(post, path = "/v1/chat/completions", request_body(content = Object, description = "An OpenAI chat completion request; `model` names a pool"),
+    responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn chat(
     state: State<AppState>,
     headers: HeaderMap,
@@ -38,6 +40,8 @@ pub async fn chat(
     forward(state, Endpoint::Chat, Map::new(), &headers, body).await
 }
 
+#[utoipa::path(post, path = "/v1/completions", request_body(content = Object, description = "An OpenAI completion request; `model` names a pool"),
+    responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn completions(
     state: State<AppState>,
     headers: HeaderMap,
@@ -46,6 +50,8 @@ pub async fn completions(
     forward(state, Endpoint::Completions, Map::new(), &headers, body).await
 }
 
+#[utoipa::path(post, path = "/meta/{slug}/v1/chat/completions", params(("slug" = String, Path, description = "`conclave1:` or `rllm1:` + base64url JSON metadata")),
+    request_body(content = Object), responses((status = 200, description = "As /v1/chat/completions"), (status = 400, body = ErrorBody)))]
 pub async fn meta_chat(
     state: State<AppState>,
     Path(slug): Path<String>,
@@ -56,6 +62,8 @@ pub async fn meta_chat(
     forward(state, Endpoint::Chat, metadata, &headers, body).await
 }
 
+#[utoipa::path(post, path = "/meta/{slug}/v1/completions", params(("slug" = String, Path)),
+    request_body(content = Object), responses((status = 200, description = "As /v1/completions"), (status = 400, body = ErrorBody)))]
 pub async fn meta_completions(
     state: State<AppState>,
     Path(slug): Path<String>,
@@ -103,6 +111,7 @@ async fn forward(
         .map_err(ApiError::internal)
 }
 
+#[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "The pools, OpenAI list format")))]
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
     let data: Vec<Value> = state
         .gateway
@@ -116,6 +125,7 @@ pub async fn models(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
+#[utoipa::path(get, path = "/meta/{slug}/v1/models", params(("slug" = String, Path)), responses((status = 200, description = "The pools"), (status = 400, body = ErrorBody)))]
 pub async fn meta_models(
     state: State<AppState>,
     Path(slug): Path<String>,
@@ -125,6 +135,7 @@ pub async fn meta_models(
 }
 
 /// Every pool with its replicas' states and figures.
+#[utoipa::path(get, path = "/gateway/replicas", responses((status = 200, description = "Pools, strategies and per-replica state and figures")))]
 pub async fn replicas(State(state): State<AppState>) -> Json<Value> {
     let pools: Vec<Value> = state
         .gateway
@@ -141,6 +152,8 @@ pub async fn replicas(State(state): State<AppState>) -> Json<Value> {
 
 /// `{model, url, id?, upstream_model?, api_key?}`: adds a replica (and its
 /// pool, with default settings, when there is none).
+#[utoipa::path(post, path = "/gateway/replicas", request_body(content = Object, description = "{model, url, id?, upstream_model?, api_key?}"),
+    responses((status = 201, description = "The replica added"), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn add_replica(
     State(state): State<AppState>,
     mut body: JsonObject,
@@ -163,6 +176,7 @@ pub async fn add_replica(
     Ok((StatusCode::CREATED, Json(json!(view))).into_response())
 }
 
+#[utoipa::path(delete, path = "/gateway/replicas/{id}", params(("id" = String, Path)), responses((status = 200, description = "Removed"), (status = 404, body = ErrorBody)))]
 pub async fn remove_replica(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -172,6 +186,8 @@ pub async fn remove_replica(
 }
 
 /// `drain` (no new calls, removed once idle), `pause`, `resume`.
+#[utoipa::path(post, path = "/gateway/replicas/{id}/{action}", params(("id" = String, Path), ("action" = String, Path, description = "drain, pause or resume")),
+    responses((status = 200, description = "The replica's new state"), (status = 404, body = ErrorBody)))]
 pub async fn replica_action(
     State(state): State<AppState>,
     Path((id, action)): Path<(String, String)>,
@@ -190,7 +206,7 @@ pub async fn replica_action(
     Ok(Json(json!(view)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct TraceQuery {
     session_id: Option<String>,
@@ -199,6 +215,7 @@ pub struct TraceQuery {
 }
 
 /// Newest first: `?session_id=`, `?model=`, `?limit=` (default 100).
+#[utoipa::path(get, path = "/gateway/traces", params(TraceQuery), responses((status = 200, description = "Traces, newest first"), (status = 400, body = ErrorBody)))]
 pub async fn traces(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<TraceQuery>,

@@ -34,7 +34,10 @@ use error::ApiError;
     info(title = "Conclave", description = "Streaming agent server with sandbox isolation"),
     paths(
         agent::run, agent::create_session, agent::message, agent::interrupt, agent::status,
-        agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::metrics, ops::openapi
+        agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::metrics, ops::openapi,
+        gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
+        gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
+        gateway::replica_action, gateway::traces
     ),
     components(schemas(crate::agent::events::Event, crate::agent::events::EventKind)),
     modifiers(&BearerAuth)

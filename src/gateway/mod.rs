@@ -350,8 +350,9 @@ impl Gateway {
             };
             tried.push(replica.clone());
             body.insert("model".into(), Value::String(replica.model.clone()));
+            let payload = serde_json::to_string(&body).unwrap_or_default();
             let guard = replica.start_call();
-            match self.send(&pool, &replica, endpoint, &body).await {
+            match self.send(&pool, &replica, endpoint, payload.clone()).await {
                 Ok(response) => {
                     let status = response.status();
                     let content_type = response.headers().get(CONTENT_TYPE).cloned();
@@ -364,7 +365,7 @@ impl Gateway {
                         replica: Some(replica.id.clone()),
                         upstream_model: Some(replica.model.clone()),
                         endpoint: endpoint.path(),
-                        request: Value::Object(body.clone()),
+                        request: raw(payload),
                         response_text: String::new(),
                         tool_calls: Vec::new(),
                         usage: None,
@@ -418,7 +419,7 @@ impl Gateway {
             replica: tried.last().map(|r| r.id.clone()),
             upstream_model: tried.last().map(|r| r.model.clone()),
             endpoint: endpoint.path(),
-            request: Value::Object(body),
+            request: raw(serde_json::to_string(&body).unwrap_or_default()),
             response_text: String::new(),
             tool_calls: Vec::new(),
             usage: None,
@@ -469,14 +470,14 @@ impl Gateway {
         pool: &Pool,
         replica: &Replica,
         endpoint: Endpoint,
-        body: &Map<String, Value>,
+        payload: String,
     ) -> Result<reqwest::Response, Failure> {
         let url = format!("{}/{}", replica.url, endpoint.path());
         let mut request = self
             .client
             .post(&url)
             .header(CONTENT_TYPE, "application/json")
-            .body(serde_json::to_vec(body).unwrap_or_default());
+            .body(payload);
         if let Some(key) = &replica.api_key {
             request = request.header(AUTHORIZATION, format!("Bearer {key}"));
         }
@@ -598,6 +599,14 @@ fn describe(error: &reqwest::Error) -> String {
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// JSON text as a trace's raw value (it came from `serde_json`, so it is
+/// valid; `null` otherwise).
+fn raw(json: String) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(json).unwrap_or_else(|_| {
+        serde_json::value::RawValue::from_string("null".into()).unwrap_or_default()
+    })
 }
 
 /// Drops and injects parameters as the pool says.

@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// One call through the gateway.
@@ -23,8 +24,8 @@ pub struct Trace {
     pub replica: Option<String>,
     pub upstream_model: Option<String>,
     pub endpoint: &'static str,
-    /// The request as sent to the replica.
-    pub request: Value,
+    /// The request as sent to the replica (kept as its JSON text).
+    pub request: Box<RawValue>,
     pub response_text: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<Value>,
@@ -46,7 +47,7 @@ pub struct Trace {
 
 impl Trace {
     fn weight(&self) -> usize {
-        self.request.to_string().len() + self.response_text.len() + 512
+        self.request.get().len() + self.response_text.len() + 512
     }
 }
 
@@ -290,7 +291,7 @@ mod tests {
             replica: Some("r".into()),
             upstream_model: Some("m".into()),
             endpoint: "chat/completions",
-            request: json!({}),
+            request: RawValue::from_string("{}".into()).unwrap(),
             response_text: String::new(),
             tool_calls: Vec::new(),
             usage: None,
