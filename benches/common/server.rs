@@ -55,8 +55,8 @@ impl ServerProcess {
             .map_err(|_| "the server did not say where it listens within 30 s".to_string())?
             .map_err(|e| format!("reading the server's stdout: {e}"))?
             .ok_or_else(|| {
-                let log = std::fs::read_to_string(data_dir.path().join("server.log"))
-                    .unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(data_dir.path().join("server.log")).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(5).collect();
                 format!("the server exited before listening: {}", tail.join(" | "))
             })?;
