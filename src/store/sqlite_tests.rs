@@ -658,3 +658,56 @@ async fn appending_several_events_is_all_or_nothing() {
     assert_eq!(store.events_since(created.id, 0, 10).await.unwrap(), batch);
     assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
 }
+
+/// How many times the WAL has started over: the checkpoint sequence number
+/// in its header (bytes 12..16, big-endian).
+fn wal_restarts(wal: &std::path::Path) -> u32 {
+    let header = std::fs::read(wal).unwrap();
+    u32::from_be_bytes(header[12..16].try_into().unwrap())
+}
+
+/// A passive checkpoint racing a steady stream of commits never copies the
+/// last frames, and SQLite starts the log over only once it has them all:
+/// without the writer finishing each pass, this WAL grows for as long as
+/// the appenders run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
+    const APPENDERS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conclave.db");
+    let store =
+        Arc::new(SqliteStore::open_checkpointing(&path, Duration::from_millis(100)).unwrap());
+    let wal = dir.path().join("conclave.db-wal");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut appenders = Vec::new();
+    for _ in 0..APPENDERS {
+        let record = session(None, Utc::now());
+        store.create_session(&record).await.unwrap();
+        let (store, stop) = (Arc::clone(&store), stop.clone());
+        appenders.push(tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.is_cancelled() {
+                let batch: Vec<Event> = (seq + 1..=seq + 10).map(|n| event(record.id, n)).collect();
+                store.append_events(&batch).await.unwrap();
+                seq += 10;
+            }
+            (record.id, seq)
+        }));
+    }
+    let before = wal_restarts(&wal);
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while wal_restarts(&wal) < before + 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let restarts = wal_restarts(&wal) - before;
+    stop.cancel();
+    for appender in appenders {
+        let (id, seq) = appender.await.unwrap();
+        assert_eq!(store.last_seq(id).await.unwrap(), seq);
+    }
+    assert!(
+        restarts >= 3,
+        "the WAL started over {restarts} times in 20 s of commits"
+    );
+}
