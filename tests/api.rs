@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::{Lines, TestServer, long_prompt, ndjson, stable, types};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -784,15 +786,30 @@ async fn health_metrics_and_openapi() {
         (json!("ok"), json!("demo"))
     );
 
-    let metrics = server.get("/metrics").await.text().await.unwrap();
-    for needle in [
+    // The client has the result; the turn counts itself once it has also
+    // stored the session's new state, a moment later.
+    let needles = [
         "conclave_sessions_created_total 1",
         "conclave_turns_total{status=\"success\"} 1",
         "conclave_events_total{type=\"result\"} 1",
         "conclave_model_latency_seconds_count{model=\"demo\"} 1",
         "conclave_turns_running 0",
-    ] {
-        assert!(metrics.contains(needle), "{needle} missing from\n{metrics}");
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = server.get("/metrics").await.text().await.unwrap();
+        let missing: Vec<&str> = needles
+            .into_iter()
+            .filter(|needle| !metrics.contains(needle))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing:?} missing from\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
     let doc: Value = server.get("/openapi.json").await.json().await.unwrap();

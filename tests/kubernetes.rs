@@ -437,6 +437,49 @@ async fn list_managed_maps_session_and_pool_labels() {
     assert_eq!(fake.violations(), Vec::<String>::new());
 }
 
+/// A warm-pool Pod claimed by a session is relabelled with a merge patch:
+/// it gains the session's label and leaves the pool, so a restart's
+/// listing reports it as the session's.
+#[tokio::test]
+async fn assign_relabels_a_pool_pod_as_the_sessions() {
+    let (fake, backend) = setup().await;
+    let mut pooled = spec();
+    pooled.labels = BTreeMap::from([
+        (LABEL_MANAGED.into(), "true".into()),
+        (LABEL_INSTANCE.into(), "inst-1".into()),
+        (LABEL_POOL.into(), "python".into()),
+    ]);
+    let sandbox = backend.create(&pooled).await.unwrap();
+
+    sandbox.assign(SESSION).await.unwrap();
+
+    let patch = fake.wait_for(|r| matches!(r, Recorded::Patch { .. })).await;
+    assert_eq!(
+        patch,
+        Recorded::Patch {
+            name: sandbox.id().into(),
+            content_type: "application/merge-patch+json".into(),
+            body: json!({"metadata": {"labels": {LABEL_SESSION: SESSION, LABEL_POOL: null}}}),
+        }
+    );
+    assert_eq!(
+        backend.list_managed().await.unwrap(),
+        [ManagedSandbox {
+            id: sandbox.id().into(),
+            instance: Some("inst-1".into()),
+            session: Some(SESSION.into()),
+            pool: None,
+        }]
+    );
+    backend.remove(sandbox.id()).await.unwrap();
+    let err = sandbox.assign(SESSION).await.unwrap_err();
+    assert!(
+        matches!(&err, SandboxError::Gone(id) if id == sandbox.id()),
+        "{err:?}"
+    );
+    assert_eq!(fake.violations(), Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn attach_finds_only_running_managed_pods() {
     let (fake, backend) = setup().await;

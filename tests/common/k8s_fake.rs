@@ -45,6 +45,11 @@ pub enum Recorded {
         name: String,
         body: Value,
     },
+    Patch {
+        name: String,
+        content_type: String,
+        body: Value,
+    },
     Exec {
         pod: String,
         query: Vec<(String, String)>,
@@ -82,7 +87,7 @@ impl FakeApiServer {
             .route("/api/v1/namespaces/{ns}/pods", get(list).post(create))
             .route(
                 "/api/v1/namespaces/{ns}/pods/{name}",
-                get(read).delete(delete),
+                get(read).delete(delete).patch(patch),
             )
             .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(exec))
             .with_state(state.clone());
@@ -383,6 +388,67 @@ async fn delete(
     match state.pods.lock().unwrap().remove(&name) {
         Some((pod, _)) => axum::Json(pod).into_response(),
         None => not_found(&name),
+    }
+}
+
+/// A JSON merge patch (RFC 7386), the only patch type the backend sends;
+/// any other content type is refused as the API server refuses one it does
+/// not know.
+async fn patch(
+    State(state): State<Arc<FakeState>>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    state.record(Recorded::Patch {
+        name: name.clone(),
+        content_type: content_type.clone(),
+        body: body.clone(),
+    });
+    if let Some(refusal) = state.refuse_namespace(&ns) {
+        return refusal;
+    }
+    if content_type != "application/merge-patch+json" {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            &format!("the body of the request was in an unknown format: {content_type}"),
+        );
+    }
+    let mut pods = state.pods.lock().unwrap();
+    let Some((pod, reads)) = pods.get_mut(&name) else {
+        return not_found(&name);
+    };
+    merge_patch(pod, &body);
+    let mut pod = pod.clone();
+    pod["status"] = pod_status(&state, &pod, *reads);
+    axum::Json(pod).into_response()
+}
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Value::Object(into) = target else {
+        return;
+    };
+    for (key, value) in fields {
+        if value.is_null() {
+            into.remove(key);
+        } else {
+            merge_patch(into.entry(key.clone()).or_insert(Value::Null), value);
+        }
     }
 }
 
