@@ -49,7 +49,14 @@ const POLL_MS: i32 = 50;
 /// Rounds of the marker sweep before giving up on a process that keeps
 /// forking.
 const KILL_ROUNDS: usize = 50;
+/// Tries, 10 ms apart, of a run that could not start for lack of
+/// processes, once the sandbox's other processes are killed.
+const SPAWN_RETRIES: usize = 100;
 const SIGKILL: i32 = 9;
+const SIGCONT: i32 = 18;
+const SIGSTOP: i32 = 19;
+/// fork's "try again": a pid limit is reached.
+const EAGAIN: i32 = 11;
 const POLLIN: i16 = 0x1;
 
 #[repr(C)]
@@ -64,7 +71,8 @@ unsafe extern "C" {
     fn poll(fds: *mut PollFd, count: c_ulong, timeout_ms: i32) -> i32;
 }
 
-/// Sends a signal; `pid` below zero names a process group.
+/// Sends a signal; `pid` below zero names a process group, and -1 every
+/// process this one may signal but init and itself.
 fn signal(pid: i32, signal: i32) -> bool {
     // SAFETY: kill(2) takes plain integers and touches no memory of ours.
     unsafe { kill(pid, signal) == 0 }
@@ -203,12 +211,56 @@ fn start(id: u64, run: Run, running: &Running, replies: &Replies) {
     if lock(running).contains_key(&id) {
         return fail(format!("run {id} is already running"));
     }
+    let mut freed = false;
+    for attempt in 0..=SPAWN_RETRIES {
+        match launch(id, &run, running, replies) {
+            Ok(()) => return,
+            // Out of processes: what earlier runs left in the background
+            // holds every pid the sandbox may have (a fork bomb whose shell
+            // has exited), and nothing might run in it again. Kill it all,
+            // say so on the run's stderr, and try again while docker-init
+            // reaps the dead.
+            Err((_, err)) if err.raw_os_error() == Some(EAGAIN) && attempt < SPAWN_RETRIES => {
+                if !freed {
+                    kill_all_but_the_sandbox();
+                    let notice = "conclave-exec: the sandbox was out of processes; \
+                                  every process left running in it was killed\n";
+                    replies.send(&format!("e {id} {}", hex(notice.as_bytes())));
+                    freed = true;
+                }
+                thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err((what, err)) => return fail(format!("{what}: {err}")),
+        }
+    }
+}
+
+/// Starts a run: the thread that will watch it, then its command. On an
+/// error nothing of it is left running, so it may be tried again.
+fn launch(
+    id: u64,
+    run: &Run,
+    running: &Running,
+    replies: &Replies,
+) -> Result<(), (String, io::Error)> {
+    let (hand_over, handed) = std::sync::mpsc::channel::<Child>();
+    let (running_here, replies_here) = (running.clone(), replies.clone());
+    thread::Builder::new()
+        .spawn(move || {
+            // No child comes when its command could not start.
+            let Ok(mut child) = handed.recv() else {
+                return;
+            };
+            let code = watch(id, &mut child, &replies_here);
+            lock(&running_here).remove(&id);
+            replies_here.send(&format!("x {id} {code}"));
+        })
+        .map_err(|err| ("cannot watch the run".to_string(), err))?;
     let marker = format!("{}-{id}", std::process::id());
-    let mut command = Command::new(&run.argv[0]);
-    command
+    let mut child = Command::new(&run.argv[0])
         .args(&run.argv[1..])
         .current_dir(&run.workdir)
-        .envs(run.env)
+        .envs(run.env.iter().map(|(key, value)| (key, value)))
         .env(MARKER, &marker)
         .process_group(0)
         .stdin(if run.stdin.is_some() {
@@ -217,14 +269,12 @@ fn start(id: u64, run: Run, running: &Running, replies: &Replies) {
             Stdio::null()
         })
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(err) => return fail(format!("cannot run {}: {err}", run.argv[0])),
-    };
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| (format!("cannot run {}", run.argv[0]), err))?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
     lock(running).insert(id, (pid, marker));
-    if let (Some(data), Some(mut pipe)) = (run.stdin, child.stdin.take()) {
+    if let (Some(data), Some(mut pipe)) = (run.stdin.clone(), child.stdin.take()) {
         // A command that exits without reading its input is not an error.
         let fed = thread::Builder::new().spawn(move || {
             let _ = pipe.write_all(&data);
@@ -233,19 +283,32 @@ fn start(id: u64, run: Run, running: &Running, replies: &Replies) {
             kill_run(running, id);
         }
     }
-    let (running_here, replies_here) = (running.clone(), replies.clone());
-    let watched = thread::Builder::new().spawn(move || {
-        let code = watch(id, &mut child, &replies_here);
-        lock(&running_here).remove(&id);
-        replies_here.send(&format!("x {id} {code}"));
-    });
-    if let Err(err) = watched {
-        // The child is still in `running` (moved into the closure that
-        // never ran, so it is dropped, not waited): kill it, then say so.
-        kill_run(running, id);
-        lock(running).remove(&id);
-        fail(format!("cannot watch the run: {err}"));
+    // The watcher is waiting for it; it reports how the run ended.
+    let _ = hand_over.send(child);
+    Ok(())
+}
+
+/// Kills every process in the container except docker-init, the boot
+/// shell that started this helper (the container ends with it) and this
+/// helper. Everything else is stopped first, in one call the kernel makes
+/// atomic against fork, so the sweep through `/proc` cannot be outrun.
+fn kill_all_but_the_sandbox() {
+    let parent = i32::try_from(std::os::unix::process::parent_id()).unwrap_or(1);
+    let spared = [1, parent, i32::try_from(std::process::id()).unwrap_or(1)];
+    signal(-1, SIGSTOP);
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            if let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<i32>().ok())
+                .filter(|pid| !spared.contains(pid))
+            {
+                signal(pid, SIGKILL);
+            }
+        }
     }
+    signal(parent, SIGCONT);
 }
 
 /// Streams a run's output until its command has exited and its pipes are

@@ -10,9 +10,14 @@
 //! pid, memory and CPU limits, and no log (its stdout is the helper's
 //! replies).
 //!
-//! The helper kills a run's processes itself. When it cannot be started in
-//! an image (no `sh`, `head` or `base64`), commands go through `docker exec`
-//! instead: docker cannot kill an exec, so each one carries a marker
+//! The helper kills a run's processes itself. When a run cannot start
+//! because processes earlier runs left behind hold every pid the sandbox may
+//! have (a fork bomb whose shell has exited), it kills every process in the
+//! container but init, the boot shell and itself, says so on the run's
+//! stderr, and starts the run; the workspace is kept.
+//!
+//! When the helper cannot be started in an image (no `sh`, `head` or
+//! `base64`), commands go through `docker exec` instead: docker cannot kill an exec, so each one carries a marker
 //! variable and a timeout or cancel runs a second exec that kills every
 //! process carrying it. When a kill does not end a run (a fork bomb holds
 //! every pid the limit allows), the container is restarted, which kills

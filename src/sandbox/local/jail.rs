@@ -284,8 +284,8 @@ impl Jail {
         // handler), which no one asked for.
         c.setrlimit(Rlimit::Core, 0, 0);
         if spec.disk_mb > 0 {
-            // Nothing limits the workspace's total size; this at least caps
-            // each file, as a full disk would.
+            // A file bigger than the disk fails as on a full disk, also
+            // where (not root) no tmpfs caps the workspace's total size.
             let bytes = spec.disk_mb * 1024 * 1024;
             c.setrlimit(Rlimit::Fsize, bytes, bytes);
         }

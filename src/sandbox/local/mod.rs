@@ -26,9 +26,12 @@
 //! running, as a timeout or cancel does at once.
 //!
 //! Running as root, each sandbox gets a host uid of its own
-//! ([`LocalConfig::uid_base`]) and cgroup v1 directories for memory, pids and
-//! CPU. Otherwise a user namespace maps the server's uid to 1000 and only
-//! rlimits apply. `spec.network = true` shares the host's network stack, as
+//! ([`LocalConfig::uid_base`]), cgroup v1 directories for memory, pids and
+//! CPU, and tmpfs mounts of `spec.disk_mb` as its `workspace/` and `tmp/`
+//! (so the disk limit holds for the workspace as a whole, as docker's tmpfs
+//! does, and the files live as long as the host does). Otherwise a user
+//! namespace maps the server's uid to 1000, only rlimits apply, and the
+//! disk limit caps each file, not the total. `spec.network = true` shares the host's network stack, as
 //! Docker's `--network host` does: no isolation of ports or addresses.
 //! `spec.image` is recorded but unused: the host's system directories are the
 //! image.
@@ -76,7 +79,8 @@ const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 struct Host {
     root: PathBuf,
     config: LocalConfig,
-    /// Root: per-sandbox host uids and a tmpfs for each sandbox's `/tmp`.
+    /// Root: per-sandbox host uids, and tmpfs mounts of the disk limit for
+    /// each sandbox's `/workspace` and `/tmp`.
     is_root: bool,
     landlock: bool,
     cgroups: Hierarchy,
@@ -287,7 +291,19 @@ impl Host {
                 .map_err(backend("creating the sandbox's cgroups"))?;
             let layout = host.layout(&meta.id);
             if host.is_root {
-                sys::mount_tmpfs(&layout.tmp(), meta.spec.disk_mb)
+                // As docker's tmpfs mounts do, these hold the disk limit:
+                // the workspace as a whole, not only each file in it.
+                let size = match meta.spec.disk_mb {
+                    0 => String::new(),
+                    mb => format!(",size={mb}m"),
+                };
+                let uid = meta.uid;
+                sys::mount_tmpfs(
+                    &layout.workspace(),
+                    &format!("mode=0755,uid={uid},gid={uid}{size}"),
+                )
+                .map_err(backend("mounting the sandbox's /workspace"))?;
+                sys::mount_tmpfs(&layout.tmp(), &format!("mode=1777{size}"))
                     .map_err(backend("mounting the sandbox's /tmp"))?;
             }
             let jail = host.jail(&meta, &layout);
@@ -327,10 +343,11 @@ impl Host {
         let cgroup = self.cgroups.sandbox(id);
         cgroup.kill_all().await;
         let layout = self.layout(id);
-        let mounted_tmp = self.is_root;
+        let mounted = self.is_root;
         tokio::task::spawn_blocking(move || {
             cgroup.remove();
-            if mounted_tmp {
+            if mounted {
+                sys::unmount(&layout.workspace())?;
                 sys::unmount(&layout.tmp())?;
             }
             match fs::remove_dir_all(&layout.dir) {

@@ -109,20 +109,16 @@ pub(super) fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// Mounts a tmpfs of at most `size_mb` (0: the kernel's default, half of
-/// RAM) on `dir`, unless one is there already (a sandbox reopened after a
-/// server restart keeps its `/tmp`).
-pub(super) fn mount_tmpfs(dir: &Path, size_mb: u64) -> io::Result<()> {
+/// Mounts a tmpfs on `dir` with `options` (`mode=…,size=…` as mount(8)
+/// takes them), unless one is there already (a sandbox reopened after a
+/// server restart keeps its files).
+pub(super) fn mount_tmpfs(dir: &Path, options: &str) -> io::Result<()> {
     let parent = dir.parent().unwrap_or(dir);
     if fs::metadata(dir)?.dev() != fs::metadata(parent)?.dev() {
         return Ok(());
     }
     let target = CString::new(dir.as_os_str().as_bytes())?;
-    let size = match size_mb {
-        0 => String::new(),
-        mb => format!(",size={mb}m"),
-    };
-    let options = CString::new(format!("mode=1777{size}"))?;
+    let options = CString::new(options)?;
     // SAFETY: every pointer is a NUL-terminated string alive for the call.
     let rc = unsafe {
         libc::mount(

@@ -26,7 +26,9 @@ impl Drop for Fixture {
         for entry in fs::read_dir(&self.root).into_iter().flatten().flatten() {
             let id = entry.file_name().to_string_lossy().into_owned();
             self.backend.host.cgroups.sandbox(&id).remove();
-            let _ = sys::unmount(&self.backend.host.layout(&id).tmp());
+            let layout = self.backend.host.layout(&id);
+            let _ = sys::unmount(&layout.workspace());
+            let _ = sys::unmount(&layout.tmp());
         }
     }
 }
