@@ -564,6 +564,16 @@ async fn bad_requests_get_clear_errors() {
             .unwrap()
             .contains("known models: m")
     );
+    let empty = gateway(vec![]).await;
+    let (status, _, body) = chat(&empty, "/v1/chat/completions", ask("m")).await;
+    assert_eq!(status, 404);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("known models: none (add replicas with POST /gateway/replicas"),
+        "{body}"
+    );
     for slug in ["plain", "conclave1:!!!", "rllm1:W10"] {
         let (status, _, body) = chat(
             &server,

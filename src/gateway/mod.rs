@@ -331,12 +331,16 @@ impl Gateway {
             .pool(&model)
             .ok_or_else(|| GatewayError::UnknownModel {
                 model: model.clone(),
-                known: self
-                    .pools()
-                    .iter()
-                    .map(|p| p.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                known: match self.pools().as_slice() {
+                    [] => "none (add replicas with POST /gateway/replicas or \
+                           [gateway.pools] in the config)"
+                        .into(),
+                    pools => pools
+                        .iter()
+                        .map(|p| p.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                },
             })?;
         shape_request(&pool.config, &mut body);
         let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
