@@ -17,6 +17,8 @@
 
 use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -100,10 +102,6 @@ type Answer = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
 
 enum Request {
     Job(Job),
-    /// The checkpointer has copied the WAL into the database: copy what was
-    /// committed meanwhile, between two transactions, so the next one
-    /// starts the log over (see [`Checkpointer`]).
-    FinishCheckpoint,
     /// Stop taking jobs, finish the queued ones, checkpoint the WAL, answer.
     Close(oneshot::Sender<Result<(), StoreError>>),
 }
@@ -125,10 +123,13 @@ pub struct SqliteStore {
 /// committed while it ran, and SQLite starts the log over only once every
 /// frame is in the database, so under a steady load the WAL would grow
 /// without end (measured: 50 MB/s of commits gave a 550 MB WAL in 11 s).
-/// After each pass the checkpointer asks the writer to copy that small
-/// remainder itself, between two transactions (a few ms here, against
-/// tens for the whole copy), which lets its next transaction start the log
-/// over: the WAL holds about one period of writes at most.
+/// After each pass the checkpointer raises a flag, and the writer copies
+/// that small remainder itself after its next batch, between two
+/// transactions (a few ms here, against tens for the whole copy), which
+/// lets its next transaction start the log over: the WAL holds about one
+/// period of writes at most. A flag, not a message on the jobs queue: a
+/// full queue cannot turn it away, and an idle writer is not woken for it
+/// (the log starts over at the next write, which is when it matters).
 ///
 /// The file keeps its largest size and is written over in place; it is
 /// not cut back (`journal_size_limit`), because freeing and then growing
@@ -141,11 +142,11 @@ struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Errors are messages for [`SqliteStore::open`] to wrap. Holds the
-    /// writer's queue weakly, so it never keeps the writer running.
+    /// Errors are messages for [`SqliteStore::open`] to wrap. `copied` is
+    /// the flag the writer finishes a pass on.
     fn start(
         path: &Path,
-        writer: mpsc::WeakSender<Request>,
+        copied: Arc<AtomicBool>,
         every: Duration,
     ) -> Result<Checkpointer, String> {
         let conn = Connection::open(path).map_err(|err| err.to_string())?;
@@ -161,13 +162,7 @@ impl Checkpointer {
                     match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
                         row.get::<_, i64>(1)
                     }) {
-                        // A full queue asks again next period; a closed
-                        // one is a store shutting down, which checkpoints.
-                        Ok(frames) if frames > 0 => {
-                            if let Some(writer) = writer.upgrade() {
-                                let _ = writer.try_send(Request::FinishCheckpoint);
-                            }
-                        }
+                        Ok(frames) if frames > 0 => copied.store(true, Ordering::Release),
                         Ok(_) => {}
                         Err(err) => {
                             tracing::warn!(error = %err, "WAL checkpoint failed; will retry");
@@ -244,11 +239,12 @@ impl SqliteStore {
             .map_err(|err| failed(&err))?;
 
         let (jobs, queue) = mpsc::channel(QUEUE_DEPTH);
+        let copied = Arc::new(AtomicBool::new(false));
         let checkpointer =
-            Checkpointer::start(path, jobs.downgrade(), every).map_err(|err| failed(&err))?;
+            Checkpointer::start(path, copied.clone(), every).map_err(|err| failed(&err))?;
         let thread = std::thread::Builder::new()
             .name("conclave-store".into())
-            .spawn(move || write_loop(conn, queue))
+            .spawn(move || write_loop(conn, queue, &copied))
             .map_err(|err| failed(&err))?;
         Ok(SqliteStore {
             jobs,
@@ -285,16 +281,16 @@ impl SqliteStore {
 }
 
 /// The writer thread: group commit until the channel is closed and empty.
-fn write_loop(conn: Connection, mut queue: mpsc::Receiver<Request>) {
+/// After a batch, finishes the checkpointer's pass if `copied` says one
+/// was made.
+fn write_loop(conn: Connection, mut queue: mpsc::Receiver<Request>, copied: &AtomicBool) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut closers = Vec::new();
     while let Some(first) = queue.blocking_recv() {
         let mut next = Some(first);
-        let mut finish_checkpoint = false;
         while let Some(request) = next {
             match request {
                 Request::Job(job) => batch.push(job),
-                Request::FinishCheckpoint => finish_checkpoint = true,
                 Request::Close(reply) => {
                     // Jobs already queued still run; later sends fail.
                     queue.close();
@@ -308,7 +304,7 @@ fn write_loop(conn: Connection, mut queue: mpsc::Receiver<Request>) {
             };
         }
         run_batch(&conn, &mut batch);
-        if finish_checkpoint
+        if copied.swap(false, Ordering::Acquire)
             && let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
         {
             tracing::warn!(error = %err, "WAL checkpoint failed; will retry");
