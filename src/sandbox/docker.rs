@@ -50,7 +50,7 @@ use self::agent::{Agent, BOOT_SCRIPT, Boot, Reply};
 use super::{
     EXEC_MARKER, ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL,
     LABEL_SESSION, ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
-    SandboxStats, WORKSPACE, kill_by_marker,
+    SandboxStats, WORKSPACE, create_detached, kill_by_marker,
 };
 
 mod agent;
@@ -83,6 +83,56 @@ impl DockerBackend {
             .await
             .map_err(|e| SandboxError::Unavailable(format!("docker: {e}")))?;
         Ok(DockerBackend { docker })
+    }
+
+    /// Creates, starts and boots a container (see [`DockerBackend::create`],
+    /// which runs this to its end whatever its caller does).
+    async fn make(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        let name = match spec.labels.get(LABEL_SESSION) {
+            Some(session) => format!("{SESSION_PREFIX}{session}"),
+            None => format!("{POOL_PREFIX}{}", Uuid::new_v4().simple()),
+        };
+        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
+        labels.insert(LABEL_MANAGED.into(), "true".into());
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(vec!["/bin/sh".into(), "-c".into(), BOOT_SCRIPT.into()]),
+            entrypoint: Some(Vec::new()),
+            // The helper's requests come on stdin, which stays open between
+            // attaches.
+            open_stdin: Some(true),
+            stdin_once: Some(false),
+            user: Some("1000:1000".into()),
+            working_dir: Some(WORKSPACE.into()),
+            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(labels),
+            network_disabled: Some(!spec.network),
+            host_config: Some(host_config(spec)),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions {
+            name: Some(name),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| match e {
+                DockerError::DockerResponseServerError {
+                    status_code: 404, ..
+                } => SandboxError::ImageNotFound(spec.image.clone()),
+                other => backend_error(other),
+            })?;
+        if let Err(e) = self.docker.start_container(&created.id, None).await {
+            let _ = remove_container(&self.docker, &created.id).await;
+            return Err(backend_error(e));
+        }
+        let sandbox = self.sandbox(created.id, Boot::Fresh);
+        // Started here, off any exec's path (a warm pool fills in the
+        // background).
+        sandbox.agent().await;
+        Ok(Arc::new(sandbox))
     }
 
     fn sandbox(&self, id: String, boot: Boot) -> DockerSandbox {
@@ -157,51 +207,11 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
-        let name = match spec.labels.get(LABEL_SESSION) {
-            Some(session) => format!("{SESSION_PREFIX}{session}"),
-            None => format!("{POOL_PREFIX}{}", Uuid::new_v4().simple()),
+        let backend = DockerBackend {
+            docker: self.docker.clone(),
         };
-        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
-        labels.insert(LABEL_MANAGED.into(), "true".into());
-        let body = ContainerCreateBody {
-            image: Some(spec.image.clone()),
-            cmd: Some(vec!["/bin/sh".into(), "-c".into(), BOOT_SCRIPT.into()]),
-            entrypoint: Some(Vec::new()),
-            // The helper's requests come on stdin, which stays open between
-            // attaches.
-            open_stdin: Some(true),
-            stdin_once: Some(false),
-            user: Some("1000:1000".into()),
-            working_dir: Some(WORKSPACE.into()),
-            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            labels: Some(labels),
-            network_disabled: Some(!spec.network),
-            host_config: Some(host_config(spec)),
-            ..Default::default()
-        };
-        let options = CreateContainerOptions {
-            name: Some(name),
-            ..Default::default()
-        };
-        let created = self
-            .docker
-            .create_container(Some(options), body)
-            .await
-            .map_err(|e| match e {
-                DockerError::DockerResponseServerError {
-                    status_code: 404, ..
-                } => SandboxError::ImageNotFound(spec.image.clone()),
-                other => backend_error(other),
-            })?;
-        if let Err(e) = self.docker.start_container(&created.id, None).await {
-            let _ = self.remove(&created.id).await;
-            return Err(backend_error(e));
-        }
-        let sandbox = self.sandbox(created.id, Boot::Fresh);
-        // Started here, off any exec's path (a warm pool fills in the
-        // background).
-        sandbox.agent().await;
-        Ok(Arc::new(sandbox))
+        let spec = spec.clone();
+        create_detached(async move { backend.make(&spec).await }).await
     }
 
     async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {

@@ -363,16 +363,19 @@ impl SandboxManager {
                 .insert(LABEL_INSTANCE.into(), self.instance.clone());
             spec.labels
                 .insert(LABEL_POOL.into(), pool_label(&spec.image));
-            let made = tokio::select! {
-                made = self.backend.create(&spec) => made,
-                _ = stop.cancelled() => break,
-            };
-            match made {
+            // Not cut short by `stop`: an abandoned create leaves removing
+            // its container to a background task that a stopping server
+            // does not wait for. A finished one is in the pool, which is
+            // destroyed below.
+            match self.backend.create(&spec).await {
                 Ok(sandbox) => {
                     failures = 0;
                     let mut pool = lock(&self.pool);
                     pool.push(sandbox);
                     self.pool_size.send_replace(pool.len());
+                    if stop.is_cancelled() {
+                        break;
+                    }
                 }
                 Err(e) => {
                     failures += 1;

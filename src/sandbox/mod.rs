@@ -227,6 +227,46 @@ pub fn instance_id(data_dir: &std::path::Path) -> std::io::Result<String> {
     }
 }
 
+/// Runs a backend's create to its end in a task of its own and hands the
+/// sandbox over, or destroys it if the caller has given up meanwhile (its
+/// future dropped: a session's first call interrupted). Cancelling the
+/// create itself could stop it halfway, with a container already made at
+/// the daemon that nothing then knows of.
+pub(crate) async fn create_detached(
+    create: impl Future<Output = Result<Arc<dyn Sandbox>>> + Send + 'static,
+) -> Result<Arc<dyn Sandbox>> {
+    let (hand_over, handed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Err(Ok(unclaimed)) = hand_over.send(create.await) {
+            destroy_unclaimed(unclaimed).await;
+        }
+    });
+    let mut handed = Unclaimed(handed);
+    (&mut handed.0)
+        .await
+        .map_err(|_| SandboxError::Backend("creating a sandbox: its task ended early".into()))?
+}
+
+/// The receiving end of [`create_detached`]: a sandbox sent just as its
+/// caller gave up is destroyed, not dropped.
+struct Unclaimed(tokio::sync::oneshot::Receiver<Result<Arc<dyn Sandbox>>>);
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Ok(Ok(sandbox)) = self.0.try_recv()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(destroy_unclaimed(sandbox));
+        }
+    }
+}
+
+async fn destroy_unclaimed(sandbox: Arc<dyn Sandbox>) {
+    if let Err(e) = sandbox.destroy().await {
+        tracing::warn!(sandbox = sandbox.id(), error = %e, "cannot destroy an abandoned sandbox");
+    }
+}
+
 /// A way of making sandboxes (docker, kubernetes, local).
 #[async_trait]
 pub trait SandboxBackend: Send + Sync {

@@ -169,9 +169,10 @@ impl TestServer {
     /// Stops the server, then removes every sandbox of its instance (the
     /// server keeps its sessions' sandboxes across restarts on purpose).
     pub async fn stop_and_remove_sandboxes(self) {
-        let data_dir = self.data_dir.clone();
+        // Read first: the data directory goes with the server.
+        let instance = instance_of(&self.data_dir);
         self.stop().await;
-        remove_sandboxes_of(&data_dir).await;
+        remove_sandboxes_of_instance(&instance).await;
     }
 
     /// Signals shutdown and waits until the server has stopped.
@@ -190,23 +191,41 @@ impl TestServer {
     }
 }
 
+/// The instance id the server of `data_dir` labels its sandboxes with.
+/// Read, never made: a data directory already gone would otherwise get a
+/// new id that matches nothing, and its sandboxes would be left running.
+fn instance_of(data_dir: &std::path::Path) -> String {
+    let path = data_dir.join("instance-id");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("no instance id at {}: {e}", path.display()))
+        .trim()
+        .to_string()
+}
+
 /// The docker sandboxes of the server instance owning `data_dir`.
 pub async fn docker_sandboxes_of(data_dir: &std::path::Path) -> Vec<ManagedSandbox> {
-    let instance = conclave::sandbox::instance_id(data_dir).expect("instance id");
+    docker_sandboxes_of_instance(&instance_of(data_dir)).await
+}
+
+async fn docker_sandboxes_of_instance(instance: &str) -> Vec<ManagedSandbox> {
     let docker = DockerBackend::connect().await.expect("dockerd answers");
     docker
         .list_managed()
         .await
         .expect("list")
         .into_iter()
-        .filter(|m| m.instance.as_deref() == Some(instance.as_str()))
+        .filter(|m| m.instance.as_deref() == Some(instance))
         .collect()
 }
 
 /// Removes the docker sandboxes of the instance owning `data_dir`.
 pub async fn remove_sandboxes_of(data_dir: &std::path::Path) {
+    remove_sandboxes_of_instance(&instance_of(data_dir)).await;
+}
+
+async fn remove_sandboxes_of_instance(instance: &str) {
     let docker = DockerBackend::connect().await.expect("dockerd answers");
-    for sandbox in docker_sandboxes_of(data_dir).await {
+    for sandbox in docker_sandboxes_of_instance(instance).await {
         docker.remove(&sandbox.id).await.expect("remove");
     }
 }

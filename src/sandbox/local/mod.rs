@@ -65,7 +65,7 @@ use self::jail::{Fallbacks, Identity, Jail, Layout};
 use self::meta::{ID_PREFIX, Meta, SpecRecord, read_meta, valid_id, write_meta};
 use super::{
     LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox,
-    SandboxBackend, SandboxError, SandboxSpec,
+    SandboxBackend, SandboxError, SandboxSpec, create_detached,
 };
 
 pub use self::config::LocalConfig;
@@ -275,6 +275,48 @@ impl Host {
             .ok_or(SandboxError::Capacity(self.config.uid_count as usize))
     }
 
+    /// Makes a sandbox's directory, then opens it; what fails halfway is
+    /// removed.
+    async fn create(self: &Arc<Self>, spec: &SandboxSpec) -> Result<Arc<LocalSandbox>> {
+        let host = self.clone();
+        let meta = Meta {
+            id: format!("{ID_PREFIX}{}", uuid::Uuid::new_v4().simple()),
+            uid: jail::MAPPED_UID,
+            created_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64,
+            spec: spec.into(),
+        };
+        let creating = self.creating.lock().await;
+        let meta = tokio::task::spawn_blocking(move || {
+            let mut meta = meta;
+            if host.is_root {
+                meta.uid = host.free_uid()?;
+            }
+            let layout = host.layout(&meta.id);
+            let made = layout
+                .prepare(host.identity(meta.uid), &meta.id)
+                .and_then(|()| write_meta(&layout, &meta));
+            if let Err(e) = made {
+                let _ = fs::remove_dir_all(&layout.dir);
+                return Err(backend("creating the sandbox directory")(e));
+            }
+            Ok(meta)
+        })
+        .await
+        .map_err(|e| SandboxError::Backend(format!("creating a sandbox: {e}")))??;
+        drop(creating);
+        let id = meta.id.clone();
+        match self.open(meta, true).await {
+            Ok(sandbox) => Ok(sandbox),
+            Err(e) => {
+                let _ = self.purge(&id).await;
+                Err(e)
+            }
+        }
+    }
+
     /// Opens sandbox `meta.id`, creating its cgroups (or, for one a previous
     /// run made, killing what its execs left running in them first).
     async fn open(self: &Arc<Self>, meta: Meta, fresh: bool) -> Result<Arc<LocalSandbox>> {
@@ -368,43 +410,12 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
-        let host = self.host.clone();
-        let meta = Meta {
-            id: format!("{ID_PREFIX}{}", uuid::Uuid::new_v4().simple()),
-            uid: jail::MAPPED_UID,
-            created_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64,
-            spec: spec.into(),
-        };
-        let creating = self.host.creating.lock().await;
-        let meta = tokio::task::spawn_blocking(move || {
-            let mut meta = meta;
-            if host.is_root {
-                meta.uid = host.free_uid()?;
-            }
-            let layout = host.layout(&meta.id);
-            let made = layout
-                .prepare(host.identity(meta.uid), &meta.id)
-                .and_then(|()| write_meta(&layout, &meta));
-            if let Err(e) = made {
-                let _ = fs::remove_dir_all(&layout.dir);
-                return Err(backend("creating the sandbox directory")(e));
-            }
-            Ok(meta)
+        let (host, spec) = (self.host.clone(), spec.clone());
+        create_detached(async move {
+            let sandbox: Arc<dyn Sandbox> = host.create(&spec).await?;
+            Ok(sandbox)
         })
         .await
-        .map_err(|e| SandboxError::Backend(format!("creating a sandbox: {e}")))??;
-        drop(creating);
-        let id = meta.id.clone();
-        match self.host.open(meta, true).await {
-            Ok(sandbox) => Ok(sandbox),
-            Err(e) => {
-                let _ = self.host.purge(&id).await;
-                Err(e)
-            }
-        }
     }
 
     async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {
