@@ -552,3 +552,42 @@ async fn an_unpullable_image_fails_the_create_and_deletes_its_pod() {
     assert_eq!(fake.pod_names(), Vec::<String>::new());
     assert_eq!(fake.violations(), Vec::<String>::new());
 }
+
+/// A create given up while its Pod starts (the caller's future dropped: a
+/// session's first call interrupted) still ends with the Pod deleted. A
+/// create that finished before it could be given up is removed, and the
+/// round is run again on a fresh fake.
+#[tokio::test]
+async fn an_abandoned_create_deletes_its_pod() {
+    let mut abandoned = 0;
+    for _ in 0..5 {
+        let (fake, backend) = setup().await;
+        let backend = Arc::new(backend);
+        let creating = tokio::spawn({
+            let backend = backend.clone();
+            async move { backend.create(&spec()).await.map(|s| s.id().to_string()) }
+        });
+        let Recorded::Create(pod) = fake.wait_for(|r| matches!(r, Recorded::Create(_))).await
+        else {
+            unreachable!("wait_for matched a create");
+        };
+        let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+        creating.abort();
+        if let Ok(finished) = creating.await {
+            backend.remove(&finished.unwrap()).await.unwrap();
+            continue;
+        }
+        abandoned += 1;
+        let deleted =
+            fake.wait_for(|r| matches!(r, Recorded::Delete { name: n, .. } if *n == name));
+        tokio::time::timeout(Duration::from_secs(30), deleted)
+            .await
+            .expect("an abandoned create left its Pod for 30 s");
+        assert_eq!(fake.pod_names(), Vec::<String>::new());
+        assert_eq!(fake.violations(), Vec::<String>::new());
+    }
+    assert!(
+        abandoned > 0,
+        "no create was slow enough to abandon in 5 tries"
+    );
+}

@@ -17,11 +17,11 @@
 //! stderr, and starts the run; the workspace is kept.
 //!
 //! When the helper cannot be started in an image (no `sh`, `head` or
-//! `base64`), commands go through `docker exec` instead: docker cannot kill an exec, so each one carries a marker
-//! variable and a timeout or cancel runs a second exec that kills every
-//! process carrying it. When a kill does not end a run (a fork bomb holds
-//! every pid the limit allows), the container is restarted, which kills
-//! everything in it.
+//! `base64`), commands go through `docker exec` instead: docker cannot kill
+//! an exec, so each one carries a marker variable and a timeout or cancel
+//! runs a second exec that kills every process carrying it. When a kill
+//! does not end a run (a fork bomb holds every pid the limit allows), the
+//! container is restarted, which kills everything in it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -62,6 +62,7 @@ const POOL_PREFIX: &str = "conclave-pool-";
 /// How long the kill exec may take before the container is restarted.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 
+#[derive(Clone)]
 pub struct DockerBackend {
     docker: Docker,
 }
@@ -207,10 +208,7 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
-        let backend = DockerBackend {
-            docker: self.docker.clone(),
-        };
-        let spec = spec.clone();
+        let (backend, spec) = (self.clone(), spec.clone());
         create_detached(async move { backend.make(&spec).await }).await
     }
 

@@ -33,7 +33,7 @@ use self::error::{describe, kube_error, namespace_error};
 use super::{
     ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION,
     ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
-    exec_collect,
+    create_detached, exec_collect,
 };
 
 /// Backoff between polls of a starting Pod: quick for a cached image, then
@@ -75,6 +75,7 @@ impl Default for KubernetesConfig {
 }
 
 /// Makes sandboxes as Pods in one namespace.
+#[derive(Clone)]
 pub struct KubernetesBackend {
     pods: Api<Pod>,
     config: KubernetesConfig,
@@ -163,15 +164,11 @@ impl KubernetesBackend {
             ))),
         }
     }
-}
 
-#[async_trait]
-impl SandboxBackend for KubernetesBackend {
-    fn name(&self) -> &'static str {
-        "kubernetes"
-    }
-
-    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+    /// Creates a Pod and waits until it runs (see
+    /// [`KubernetesBackend::create`], which runs this to its end whatever
+    /// its caller does); a Pod that does not start is deleted.
+    async fn make(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let name = format!("conclave-sbx-{}", &id[..12]);
         let manifest = pod::manifest(&name, spec, &self.config)?;
@@ -179,21 +176,12 @@ impl SandboxBackend for KubernetesBackend {
             .create(&PostParams::default(), &manifest)
             .await
             .map_err(|e| namespace_error(e, &self.config.namespace))?;
-        let mut guard = PodGuard {
-            pods: self.pods.clone(),
-            name: Some(name.clone()),
-        };
         if let Err(e) = self.wait_ready(&name, &spec.image).await {
-            // The guard stays armed while this delete runs, in case the
-            // caller gives up on it too.
-            let deleted = delete_pod(&self.pods, &name).await;
-            guard.name = None;
-            if let Err(delete) = deleted {
+            if let Err(delete) = delete_pod(&self.pods, &name).await {
                 tracing::warn!(pod = %name, error = %delete, "cannot delete a pod that failed to start");
             }
             return Err(e);
         }
-        guard.name = None;
         tracing::info!(pod = %name, image = %spec.image, "sandbox pod ready");
         // It has just started, and a shell waiting on `sleep` uses no CPU:
         // a zero baseline makes the first stats sample a true average.
@@ -205,6 +193,18 @@ impl SandboxBackend for KubernetesBackend {
                 usage_usec: 0,
             }),
         )))
+    }
+}
+
+#[async_trait]
+impl SandboxBackend for KubernetesBackend {
+    fn name(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+        let (backend, spec) = (self.clone(), spec.clone());
+        create_detached(async move { backend.make(&spec).await }).await
     }
 
     async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {
@@ -253,29 +253,6 @@ impl SandboxBackend for KubernetesBackend {
 
     async fn remove(&self, id: &str) -> Result<()> {
         delete_pod(&self.pods, id).await
-    }
-}
-
-/// Deletes a Pod whose create was abandoned (the caller's future dropped
-/// while it started), so it does not run on unclaimed until the reaper.
-struct PodGuard {
-    pods: Api<Pod>,
-    /// `None` once the Pod is handed over or already deleted.
-    name: Option<String>,
-}
-
-impl Drop for PodGuard {
-    fn drop(&mut self) {
-        let (Some(name), Ok(runtime)) = (self.name.take(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        let pods = self.pods.clone();
-        runtime.spawn(async move {
-            if let Err(e) = delete_pod(&pods, &name).await {
-                tracing::warn!(pod = %name, error = %e, "cannot delete an abandoned sandbox pod");
-            }
-        });
     }
 }
 

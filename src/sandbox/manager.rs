@@ -363,10 +363,9 @@ impl SandboxManager {
                 .insert(LABEL_INSTANCE.into(), self.instance.clone());
             spec.labels
                 .insert(LABEL_POOL.into(), pool_label(&spec.image));
-            // Not cut short by `stop`: an abandoned create leaves removing
-            // its container to a background task that a stopping server
-            // does not wait for. A finished one is in the pool, which is
-            // destroyed below.
+            // Not cut short by `stop`: an abandoned create finishes and
+            // destroys its sandbox in a task that a stopping server does not
+            // wait for. A finished one is in the pool, destroyed below.
             match self.backend.create(&spec).await {
                 Ok(sandbox) => {
                     failures = 0;

@@ -31,8 +31,9 @@
 //! (so the disk limit holds for the workspace as a whole, as docker's tmpfs
 //! does, and the files live as long as the host does). Otherwise a user
 //! namespace maps the server's uid to 1000, only rlimits apply, and the
-//! disk limit caps each file, not the total. `spec.network = true` shares the host's network stack, as
-//! Docker's `--network host` does: no isolation of ports or addresses.
+//! disk limit caps each file, not the total. `spec.network = true` shares
+//! the host's network stack, as Docker's `--network host` does: no
+//! isolation of ports or addresses.
 //! `spec.image` is recorded but unused: the host's system directories are the
 //! image.
 
