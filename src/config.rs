@@ -6,6 +6,11 @@
 //! variables (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`), and
 //! last the command-line flags. [`Config::validate`] refuses bad values with a
 //! message that names the field.
+//!
+//! Paths are made absolute here, once, so nothing downstream depends on the
+//! working directory: a relative path in the config file is taken from that
+//! file's directory; one from the environment, a flag or a default from the
+//! working directory at start.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -13,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::model::{Price, ToolCallMode};
@@ -22,7 +28,8 @@ use crate::model::{Price, ToolCallMode};
 pub struct Config {
     /// Address the HTTP server binds.
     pub listen: SocketAddr,
-    /// Where the SQLite store lives.
+    /// Where the SQLite store, the instance id and local sandboxes live.
+    /// Always absolute once [`Config::load`] has run.
     pub data_dir: PathBuf,
     /// Bearer keys; empty means loopback-only and no auth.
     #[serde(deserialize_with = "string_or_list")]
@@ -248,11 +255,14 @@ pub enum ConfigError {
     Invalid(String),
     #[error("invalid configuration: {field}: {message}")]
     Field { field: String, message: String },
+    #[error("cannot read the working directory to resolve relative paths: {0}")]
+    WorkingDir(std::io::Error),
 }
 
 impl Config {
     /// Reads every source in order and validates the result.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let cwd = std::env::current_dir().map_err(ConfigError::WorkingDir)?;
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.is_file() {
@@ -261,7 +271,9 @@ impl Config {
                     message: "no such file".into(),
                 });
             }
-            figment = figment.merge(Toml::file_exact(path));
+            // Absolute, so that paths declared in it resolve against its
+            // directory whatever the working directory.
+            figment = figment.merge(Toml::file_exact(cwd.join(path)));
         }
         figment = figment.merge(
             Env::prefixed("CONCLAVE_")
@@ -284,6 +296,7 @@ impl Config {
             ));
         }
         let mut config: Config = figment.extract().map_err(describe)?;
+        config.resolve_declared_paths(&figment)?;
         config.apply_provider_env(|name| std::env::var(name).ok());
         if let Some(listen) = overrides.listen {
             config.listen = listen;
@@ -303,8 +316,46 @@ impl Config {
             let imported = crate::gateway::litellm::import(&text).map_err(file)?;
             config.gateway.pools.extend(imported.pools);
         }
+        config.make_paths_absolute(&cwd)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Replaces each path the config file declared relative with the same
+    /// path under that file's directory; paths from other sources stay as
+    /// they are, for [`Config::make_paths_absolute`].
+    fn resolve_declared_paths(&mut self, figment: &Figment) -> Result<(), ConfigError> {
+        let declared = |key: &str| {
+            figment
+                .extract_inner::<RelativePathBuf>(key)
+                .map(|path| path.relative())
+                .map_err(describe)
+        };
+        self.data_dir = declared("data_dir")?;
+        if self.sandbox.local.root.is_some() {
+            self.sandbox.local.root = Some(declared("sandbox.local.root")?);
+        }
+        Ok(())
+    }
+
+    /// Takes every path still relative from `cwd`, the working directory at
+    /// start, so that the store, every sandbox backend and `conclave mcp`
+    /// see one absolute path whatever directory they later work in.
+    fn make_paths_absolute(&mut self, cwd: &Path) -> Result<(), ConfigError> {
+        let mut paths = vec![("data_dir", &mut self.data_dir)];
+        if let Some(root) = self.sandbox.local.root.as_mut() {
+            paths.push(("sandbox.local.root", root));
+        }
+        for (field, path) in paths {
+            if path.as_os_str().is_empty() {
+                return Err(ConfigError::Field {
+                    field: field.into(),
+                    message: "must not be empty".into(),
+                });
+            }
+            *path = cwd.join(&*path);
+        }
+        Ok(())
     }
 
     /// Fills the providers from their conventional variables when the config
@@ -356,6 +407,19 @@ impl Config {
                 &format!("api_keys[{i}]"),
                 "a key must have at least 8 characters".into(),
             ));
+        }
+        for (name, path) in [
+            ("data_dir", Some(&self.data_dir)),
+            ("sandbox.local.root", self.sandbox.local.root.as_ref()),
+        ] {
+            if let Some(path) = path
+                && !path.is_absolute()
+            {
+                return Err(field(
+                    name,
+                    format!("{} is not an absolute path", path.display()),
+                ));
+            }
         }
         if self.max_body_bytes < 1024 {
             return Err(field("max_body_bytes", "must be at least 1024".into()));
@@ -530,6 +594,58 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("listne"), "{err}");
+    }
+
+    #[test]
+    fn paths_in_the_config_file_resolve_against_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "data_dir = \"state\"\n[sandbox.local]\nroot = \"../boxes\"\n",
+        )
+        .unwrap();
+        let config = Config::load(Some(&path), &Overrides::default()).unwrap();
+        assert_eq!(config.data_dir, dir.path().join("state"));
+        assert_eq!(config.sandbox.local.root, Some(dir.path().join("../boxes")));
+    }
+
+    #[test]
+    fn default_and_flag_paths_resolve_against_the_working_directory() {
+        let cwd = std::env::current_dir().unwrap();
+        let config = Config::load(None, &Overrides::default()).unwrap();
+        assert_eq!(config.data_dir, cwd.join("data"));
+        assert_eq!(config.sandbox.local.root, None);
+
+        let overrides = Overrides {
+            data_dir: Some(PathBuf::from("rel/dir")),
+            ..Overrides::default()
+        };
+        let config = Config::load(None, &overrides).unwrap();
+        assert_eq!(config.data_dir, cwd.join("rel/dir"));
+
+        let absolute = Overrides {
+            data_dir: Some(PathBuf::from("/var/lib/conclave")),
+            ..Overrides::default()
+        };
+        let config = Config::load(None, &absolute).unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/var/lib/conclave"));
+    }
+
+    #[test]
+    fn an_empty_or_relative_data_dir_is_refused_naming_it() {
+        let empty = Overrides {
+            data_dir: Some(PathBuf::new()),
+            ..Overrides::default()
+        };
+        let err = Config::load(None, &empty).unwrap_err().to_string();
+        assert!(err.contains("data_dir: must not be empty"), "{err}");
+        // A config built in code skips load; validate still refuses it.
+        let err = Config::default().validate().unwrap_err().to_string();
+        assert!(
+            err.contains("data_dir: data is not an absolute path"),
+            "{err}"
+        );
     }
 
     #[test]

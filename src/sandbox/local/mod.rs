@@ -105,6 +105,14 @@ impl LocalBackend {
     /// lets the server build a sandbox, by running `/bin/true` in one.
     pub fn new(config: LocalConfig, root: PathBuf) -> Result<Self, SandboxError> {
         config.validate()?;
+        // Mount sources must be absolute, and a relative root would move
+        // with the working directory: the config makes paths absolute.
+        if !root.is_absolute() {
+            return Err(SandboxError::Unavailable(format!(
+                "the local sandbox root {} is not an absolute path",
+                root.display()
+            )));
+        }
         let unavailable = |what: &str, e: io::Error| {
             SandboxError::Unavailable(format!("{what} {}: {e}", root.display()))
         };
@@ -233,16 +241,11 @@ impl Host {
             }
         })();
         let _ = fs::remove_dir_all(&layout.dir);
-        result.map_err(|e| {
+        result.map_err(|failure| {
             SandboxError::Unavailable(format!(
-                "local sandboxes need mount, pid, ipc, uts and network namespaces{} \
-                 (root, or unprivileged user namespaces), seccomp and pivot_root; \
-                 a test sandbox failed: {e}",
-                if self.is_root {
-                    ""
-                } else {
-                    " inside a user namespace"
-                }
+                "local backend: the start-up test sandbox in {} failed: {failure}; {}",
+                self.root.display(),
+                probe_hint(&failure, self.is_root)
             ))
         })
     }
@@ -487,4 +490,43 @@ fn backend(what: &'static str) -> impl Fn(io::Error) -> SandboxError {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the local backend needs, matched to what failed in the start-up
+/// test (hakoniwa names the failing call and its arguments): only a refused
+/// namespace call is reported as missing namespaces.
+fn probe_hint(failure: &str, is_root: bool) -> String {
+    let namespaces = if is_root {
+        "mount, pid, ipc, uts and network namespaces"
+    } else {
+        "a user namespace holding mount, pid, ipc, uts and network namespaces \
+         (unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1 \
+         and user.max_user_namespaces > 0, or run as root)"
+    };
+    if [
+        "unshare(",
+        "clone(",
+        "setns(",
+        "UID/GID mapping",
+        "uid_map",
+        "setgroups",
+    ]
+    .iter()
+    .any(|call| failure.contains(call))
+    {
+        format!("this host refused to make new namespaces, and local sandboxes need {namespaces}")
+    } else if failure.contains("seccomp") {
+        "local sandboxes need seccomp filters (a kernel with CONFIG_SECCOMP_FILTER)".into()
+    } else if failure.contains("pivot_root") {
+        "local sandboxes need pivot_root, which an initramfs root (ramfs) refuses: \
+         run the server on a disk-backed root file system"
+            .into()
+    } else if failure.contains("must be absolute") {
+        "mount paths must be absolute: give an absolute data_dir or sandbox.local.root".into()
+    } else {
+        format!(
+            "local sandboxes need {namespaces}, seccomp and pivot_root, and \
+             bind-mount the host's system directories read-only"
+        )
+    }
 }

@@ -705,3 +705,29 @@ fn config_reads_with_defaults_and_names_bad_fields() {
         }
     }
 }
+
+#[test]
+fn a_relative_root_is_refused_before_any_mount() {
+    let err = LocalBackend::new(LocalConfig::default(), PathBuf::from("data/sandboxes"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "sandbox backend unavailable: the local sandbox root data/sandboxes is not an absolute path"
+    );
+}
+
+#[test]
+fn the_probe_hint_names_namespaces_only_when_a_namespace_call_failed() {
+    // Failures as hakoniwa words them: the call and its arguments.
+    let refused = "unshare(CLONE_NEWNS | CLONE_NEWPID) => EPERM: Operation not permitted";
+    assert!(probe_hint(refused, true).starts_with("this host refused to make new namespaces"));
+    assert!(probe_hint(refused, false).contains("unprivileged user namespaces"));
+    let relative = "mount source path must be absolute: data/sandboxes/.probe-1/etc/group";
+    let hint = probe_hint(relative, true);
+    assert!(!hint.contains("namespace"), "{hint}");
+    assert!(hint.contains("absolute data_dir"), "{hint}");
+    let pivot = "pivot_root(\"/x\", \"/x/.oldroot\") => EINVAL: Invalid argument";
+    assert!(!probe_hint(pivot, true).contains("namespace"));
+    assert!(probe_hint("seccomp_load => EINVAL", true).starts_with("local sandboxes need seccomp"));
+}
