@@ -31,9 +31,26 @@ pub struct Config {
     /// Where the SQLite store, the instance id and local sandboxes live.
     /// Always absolute once [`Config::load`] has run.
     pub data_dir: PathBuf,
-    /// Bearer keys; empty means loopback-only and no auth.
+    /// Bearer keys; empty (with no `admin_keys`) means loopback-only and
+    /// no auth, the one local user being an admin.
     #[serde(deserialize_with = "string_or_list")]
     pub api_keys: Vec<String>,
+    /// Keys that may also administer the gateway's pools (add, remove,
+    /// drain, pause, resume replicas; read every key's traces). They are
+    /// valid API keys too.
+    #[serde(deserialize_with = "string_or_list")]
+    pub admin_keys: Vec<String>,
+    /// `Host` values the server answers (a name matches any port), against
+    /// DNS rebinding; `"*"` answers any. The `listen` address is added when
+    /// it is a specific one.
+    #[serde(deserialize_with = "string_or_list")]
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) whose pages may make state-changing
+    /// requests and open WebSockets, beyond the server's own origin.
+    #[serde(deserialize_with = "string_or_list")]
+    pub allowed_origins: Vec<String>,
+    /// Connection limits and timeouts of the HTTP listener.
+    pub http: HttpConfig,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
     /// Model used when a session names none; `None` picks `demo` unless a
@@ -54,26 +71,53 @@ pub struct Config {
     pub gateway: crate::gateway::GatewayConfig,
 }
 
+/// The HTTP listener's defences against clients that hold connections.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Open connections at most; `0` takes the open-file limit less a
+    /// reserve for the store, sandboxes and upstream calls.
+    pub max_connections: usize,
+    /// Open connections one client address may hold; `0` is half of
+    /// `max_connections`. Behind a reverse proxy every client shares the
+    /// proxy's address: raise it there.
+    pub max_connections_per_client: usize,
+    /// Seconds a client has to send a request's headers.
+    pub header_timeout_s: u64,
+    /// Seconds a client has to send a request's whole body.
+    pub body_timeout_s: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_connections: 0,
+            max_connections_per_client: 0,
+            header_timeout_s: 10,
+            body_timeout_s: 30,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct McpConfig {
-    /// `Host` header values `/mcp` accepts (a name matches any port); guards
-    /// against DNS rebinding. Add the server's public name when it has one.
-    pub allowed_hosts: Vec<String>,
     /// Commands a session may start as a stdio MCP server
     /// (`options.mcp_servers`). They run on this host, outside any
     /// sandbox, so none is allowed unless listed.
     pub stdio_commands: Vec<String>,
-    /// Whether a session may name HTTP MCP servers.
-    pub allow_http_servers: bool,
+    /// Where a session's HTTP MCP servers may be: `"public"` (any public
+    /// address), host names, addresses and CIDRs; empty turns URLs off.
+    /// Loopback, private and link-local addresses need an entry.
+    #[serde(deserialize_with = "string_or_list")]
+    pub allowed_http_servers: Vec<String>,
 }
 
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
-            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             stdio_commands: Vec::new(),
-            allow_http_servers: true,
+            allowed_http_servers: vec!["public".into()],
         }
     }
 }
@@ -91,8 +135,12 @@ pub struct SandboxConfig {
     pub pids: u32,
     /// Size of the writable workspace.
     pub disk_mb: u64,
-    /// Largest values a session may ask for in `options.sandbox`.
+    /// Smallest and largest values a session may ask for in
+    /// `options.sandbox`: a limit too small to apply (docker treats 0 CPUs
+    /// as none) cannot switch it off.
+    pub min_cpus: f64,
     pub max_cpus: f64,
+    pub min_memory_mb: u64,
     pub max_memory_mb: u64,
     /// Whether a session may ask for network access at all.
     pub allow_network: bool,
@@ -128,9 +176,11 @@ impl Default for SandboxConfig {
             memory_mb: 512,
             pids: 256,
             disk_mb: 256,
+            min_cpus: 0.1,
             max_cpus: 4.0,
+            min_memory_mb: 32,
             max_memory_mb: 4096,
-            allow_network: true,
+            allow_network: false,
             exec_timeout_s: 60,
             max_exec_timeout_s: 600,
             idle_ttl_s: 900,
@@ -212,6 +262,10 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("data"),
             api_keys: Vec::new(),
+            admin_keys: Vec::new(),
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            allowed_origins: Vec::new(),
+            http: HttpConfig::default(),
             max_body_bytes: 1024 * 1024,
             default_model: None,
             agent: AgentConfig::default(),
@@ -392,7 +446,8 @@ impl Config {
             field: field.into(),
             message,
         };
-        if self.api_keys.is_empty() && !self.listen.ip().is_loopback() {
+        if self.api_keys.is_empty() && self.admin_keys.is_empty() && !self.listen.ip().is_loopback()
+        {
             return Err(field(
                 "listen",
                 format!(
@@ -402,12 +457,52 @@ impl Config {
                 ),
             ));
         }
-        if let Some(i) = self.api_keys.iter().position(|k| k.trim().len() < 8) {
+        for (name, keys) in [
+            ("api_keys", &self.api_keys),
+            ("admin_keys", &self.admin_keys),
+        ] {
+            if let Some(i) = keys.iter().position(|k| k.trim().len() < 8) {
+                return Err(field(
+                    &format!("{name}[{i}]"),
+                    "a key must have at least 8 characters".into(),
+                ));
+            }
+        }
+        if let Some(i) = self.allowed_hosts.iter().position(|h| h.trim().is_empty()) {
             return Err(field(
-                &format!("api_keys[{i}]"),
-                "a key must have at least 8 characters".into(),
+                &format!("allowed_hosts[{i}]"),
+                "must not be empty".into(),
             ));
         }
+        for (i, origin) in self.allowed_origins.iter().enumerate() {
+            let parsed = reqwest::Url::parse(origin).ok().filter(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host().is_some()
+                    && u.path() == "/"
+                    && u.query().is_none()
+                    && !origin.ends_with('/')
+            });
+            if parsed.is_none() {
+                return Err(field(
+                    &format!("allowed_origins[{i}]"),
+                    format!(
+                        "{origin:?} is not an origin like https://app.example.com or http://localhost:3000"
+                    ),
+                ));
+            }
+        }
+        if self.http.header_timeout_s == 0 || self.http.body_timeout_s == 0 {
+            return Err(field(
+                if self.http.header_timeout_s == 0 {
+                    "http.header_timeout_s"
+                } else {
+                    "http.body_timeout_s"
+                },
+                "must be at least 1".into(),
+            ));
+        }
+        crate::egress::Rules::parse(&self.mcp.allowed_http_servers)
+            .map_err(|e| field("mcp.allowed_http_servers", e))?;
         for (name, path) in [
             ("data_dir", Some(&self.data_dir)),
             ("sandbox.local.root", self.sandbox.local.root.as_ref()),
@@ -453,21 +548,37 @@ impl Config {
             }
         }
         let sandbox = &self.sandbox;
-        if !(sandbox.cpus > 0.0 && sandbox.cpus <= sandbox.max_cpus) {
+        // The kernel's CFS quota cannot go below 1 ms per 100 ms period.
+        if !(sandbox.min_cpus >= 0.01 && sandbox.min_cpus <= sandbox.max_cpus) {
+            return Err(field(
+                "sandbox.min_cpus",
+                format!("must be 0.01 to sandbox.max_cpus ({})", sandbox.max_cpus),
+            ));
+        }
+        if !(sandbox.cpus >= sandbox.min_cpus && sandbox.cpus <= sandbox.max_cpus) {
             return Err(field(
                 "sandbox.cpus",
                 format!(
-                    "must be above 0 and at most sandbox.max_cpus ({})",
-                    sandbox.max_cpus
+                    "must be sandbox.min_cpus ({}) to sandbox.max_cpus ({})",
+                    sandbox.min_cpus, sandbox.max_cpus
                 ),
             ));
         }
-        if sandbox.memory_mb < 32 || sandbox.memory_mb > sandbox.max_memory_mb {
+        if sandbox.min_memory_mb < 16 || sandbox.min_memory_mb > sandbox.max_memory_mb {
+            return Err(field(
+                "sandbox.min_memory_mb",
+                format!(
+                    "must be 16 to sandbox.max_memory_mb ({})",
+                    sandbox.max_memory_mb
+                ),
+            ));
+        }
+        if sandbox.memory_mb < sandbox.min_memory_mb || sandbox.memory_mb > sandbox.max_memory_mb {
             return Err(field(
                 "sandbox.memory_mb",
                 format!(
-                    "must be 32 to sandbox.max_memory_mb ({})",
-                    sandbox.max_memory_mb
+                    "must be sandbox.min_memory_mb ({}) to sandbox.max_memory_mb ({})",
+                    sandbox.min_memory_mb, sandbox.max_memory_mb
                 ),
             ));
         }
@@ -499,6 +610,8 @@ impl Config {
             }
         }
         self.gateway.validate().map_err(ConfigError::Invalid)?;
+        crate::egress::Rules::parse(&self.gateway.allowed_upstreams)
+            .map_err(|e| field("gateway.allowed_upstreams", e))?;
         Ok(())
     }
 }

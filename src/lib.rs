@@ -3,6 +3,8 @@
 //! Layout:
 //!
 //! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
+//! - [`egress`]: the allow rules for connections a request can make the
+//!   server open (gateway replicas, HTTP MCP servers), checked after DNS.
 //! - [`server`]: builds the application state and serves it on a listener until
 //!   a shutdown signal, so tests can bind `127.0.0.1:0`.
 //! - [`api`]: every axum type lives here: router, error mapping, NDJSON/SSE and
@@ -21,6 +23,7 @@
 pub mod agent;
 pub mod api;
 pub mod config;
+pub mod egress;
 pub mod gateway;
 pub mod mcp;
 pub mod model;

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -165,7 +164,7 @@ impl Server {
             tracing::info!(backend = sandboxes.backend_name(), "sandbox backend ready");
         }
         let state = AppState {
-            keys: Arc::new(Keys::new(&config.api_keys)),
+            keys: Arc::new(Keys::new(&config.api_keys, &config.admin_keys)),
             config: Arc::new(config),
             sessions,
             metrics,
@@ -224,15 +223,18 @@ impl Server {
             root.cancelled().await;
             sessions.shutdown().await;
         };
-        // Events are small writes that must leave at once: no Nagle delay.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(stopping)
-            .await;
+        let open_files = rlimit::Resource::NOFILE
+            .get()
+            .map(|(soft, _)| soft)
+            .unwrap_or(1024);
+        let limits = api::serve::Limits::new(&self.state.config.http, open_files);
+        tracing::info!(
+            max_connections = limits.max_connections,
+            per_client = limits.max_connections_per_client,
+            "connection limits"
+        );
+        let overflow = api::overflow_router(self.state.clone());
+        let served = api::serve::serve(listener, router, overflow, limits, stopping).await;
         evictor.abort();
         health.abort();
         // The pool task destroys its ready sandboxes once the root is cancelled.

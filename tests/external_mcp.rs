@@ -59,6 +59,8 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
     let allowed = interpreter.clone();
     let server = TestServer::start_sandboxed(move |c| {
         c.mcp.stdio_commands = vec![allowed];
+        // The HTTP server below is this server's own /mcp, on loopback.
+        c.mcp.allowed_http_servers = vec!["127.0.0.1".into()];
         c.models.insert(
             "scripted".into(),
             ModelAlias {

@@ -10,66 +10,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::TestServer;
-use conclave::gateway::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
+use common::sim::Sim;
+use conclave::gateway::{GatewayConfig, HealthConfig, PoolConfig, Strategy};
 use futures::future::join_all;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-/// A `conclave sim` child process, killed when dropped.
-struct Sim {
-    child: Child,
-    url: String,
-    id: String,
-}
-
-impl Sim {
-    async fn start(id: &str, extra: &[&str]) -> Sim {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
-            .args(["sim", "--listen", "127.0.0.1:0", "--id", id])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("conclave sim starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let line = BufReader::new(stdout)
-            .lines()
-            .next_line()
-            .await
-            .expect("read")
-            .expect("the sim says where it listens");
-        let base = line
-            .strip_prefix("conclave sim listening on ")
-            .expect("listening line")
-            .to_string();
-        Sim {
-            child,
-            url: format!("{base}/v1"),
-            id: id.to_string(),
-        }
-    }
-
-    fn replica(&self) -> ReplicaConfig {
-        ReplicaConfig {
-            id: Some(self.id.clone()),
-            url: self.url.clone(),
-            model: None,
-            api_key: None,
-        }
-    }
-
-    async fn configure(&self, patch: Value) {
-        let base = self.url.trim_end_matches("/v1");
-        let response = reqwest::Client::new()
-            .post(format!("{base}/sim/config"))
-            .json(&patch)
-            .send()
-            .await
-            .expect("sim config");
-        assert!(response.status().is_success());
-    }
-}
+use tokio::process::Command;
 
 fn pool(strategy: Strategy, sims: &[&Sim]) -> PoolConfig {
     PoolConfig {
@@ -94,6 +40,8 @@ async fn gateway(pools: Vec<(&str, PoolConfig)>) -> TestServer {
                 .into_iter()
                 .map(|(name, pool)| (name.to_string(), pool))
                 .collect(),
+            // The sim replicas added at run time listen on loopback.
+            allowed_upstreams: vec!["127.0.0.0/8".into()],
             ..GatewayConfig::default()
         };
     })
@@ -518,7 +466,7 @@ async fn replicas_are_added_and_removed_at_run_time() {
         .unwrap();
     assert_eq!(duplicate.status(), 409);
     let bad_url = add(json!({"model": "m", "url": "ftp://x"})).await.unwrap();
-    assert_eq!(bad_url.status(), 400);
+    assert_eq!(bad_url.status(), 422);
     let missing = add(json!({"url": a.url})).await.unwrap();
     assert_eq!(missing.status(), 422);
     let unknown = add(json!({"model": "m", "url": a.url, "weight": 2}))
@@ -548,7 +496,14 @@ async fn replicas_are_added_and_removed_at_run_time() {
 async fn bad_requests_get_clear_errors() {
     let a = Sim::start("a", &[]).await;
     let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&a]))]).await;
-    let raw = |path: &str, body: &'static str| server.http.post(server.url(path)).body(body).send();
+    let raw = |path: &str, body: &'static str| {
+        server
+            .http
+            .post(server.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
     let malformed = raw("/v1/chat/completions", "{nope").await.unwrap();
     assert_eq!(malformed.status(), 400);
     let (status, _, body) = chat(&server, "/v1/chat/completions", json!({"messages": []})).await;

@@ -227,7 +227,7 @@ async fn python_sdk_over_stdio_from_conclave_mcp() {
     server.stop_and_remove_sandboxes().await;
 }
 
-/// `/mcp` answers only the hosts in `mcp.allowed_hosts` (DNS rebinding):
+/// `/mcp` answers only the hosts in `allowed_hosts` (DNS rebinding):
 /// a page on another name that resolves here cannot drive the tools.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_refuses_a_host_outside_allowed_hosts() {
@@ -253,7 +253,7 @@ async fn mcp_refuses_a_host_outside_allowed_hosts() {
     assert!(
         body["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("mcp.allowed_hosts")),
+            .is_some_and(|m| m.contains("allowed_hosts")),
         "{body}"
     );
     let port = server.addr.port();

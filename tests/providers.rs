@@ -335,6 +335,7 @@ async fn openai_request_body_and_headers() {
         max_tokens: Some(256),
         tool_call_mode: ToolCallMode::Native,
         session_id: Some("5f0c7a52-session".into()),
+        owner: None,
     };
     run(&openai(&upstream), request).await;
 
@@ -654,6 +655,7 @@ async fn anthropic_request_body_and_headers() {
         max_tokens: None,
         tool_call_mode: ToolCallMode::Native,
         session_id: Some("5f0c7a52-session".into()),
+        owner: None,
     };
     run(&anthropic(&upstream), request).await;
 

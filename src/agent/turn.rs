@@ -230,6 +230,7 @@ async fn agent_loop(
             max_tokens: options.max_tokens,
             tool_call_mode: model.tool_call_mode,
             session_id: Some(session.id.to_string()),
+            owner: session.owner.clone(),
         };
         let reply = call_model(deps, session, &model, request, cancel, tally).await?;
         if !reply.text.is_empty() {

@@ -16,7 +16,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject};
 use super::stream::{cancel_on_hangup, events_response};
 use crate::agent::events::Usage;
-use crate::agent::{AgentOptions, NewSession};
+use crate::agent::{AgentOptions, McpServerSpec, NewSession};
 use crate::model::Message;
 use crate::state::AppState;
 use crate::store::{SessionKind, SessionRecord, SessionStatus};
@@ -119,12 +119,25 @@ pub fn parse_id(id: &str) -> Result<Uuid, ApiError> {
 
 const RUN_FIELDS: &[&str] = &["prompt", "queue", "session_name"];
 
-/// Refuses sandbox options this server cannot honour before the session
-/// exists, naming the option.
-fn check_sandbox(state: &AppState, options: &AgentOptions) -> Result<(), ApiError> {
+/// Refuses options this server cannot honour before the session exists,
+/// naming the option: sandbox limits outside the configured bounds, and
+/// HTTP MCP servers outside `mcp.allowed_http_servers` (after DNS).
+async fn check_options(state: &AppState, options: &AgentOptions) -> Result<(), ApiError> {
     if let Some(sandboxes) = &state.sandboxes {
         crate::mcp::host::spec_for(sandboxes, options)
             .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
+    }
+    let rules =
+        crate::egress::Rules::parse(&state.config.mcp.allowed_http_servers).unwrap_or_default();
+    for (name, spec) in options.mcp_servers.iter().flatten() {
+        if let McpServerSpec::Http { url, .. } = spec {
+            rules.check_url(url).await.map_err(|e| {
+                ApiError::invalid(
+                    &format!("options.mcp_servers.{name}.url"),
+                    format!("{e} (mcp.allowed_http_servers)"),
+                )
+            })?;
+        }
     }
     Ok(())
 }
@@ -143,7 +156,7 @@ pub async fn run(
 ) -> Result<Response, ApiError> {
     let options = AgentOptions::from_body(&body.0, RUN_FIELDS)
         .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
-    check_sandbox(&state, &options)?;
+    check_options(&state, &options).await?;
     let prompt = body.take_text("prompt")?;
     let name = body.take::<String>("session_name")?;
     body.take::<bool>("queue")?;
@@ -175,7 +188,7 @@ pub async fn create_session(
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
     let options = AgentOptions::from_body(&body.0, &["session_name", "kind"])
         .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
-    check_sandbox(&state, &options)?;
+    check_options(&state, &options).await?;
     let name = body.take::<String>("session_name")?;
     let kind = body
         .take::<SessionKind>("kind")?
@@ -282,7 +295,12 @@ pub async fn status(
         gateway_calls: state
             .gateway
             .traces
-            .query(Some(&session.id.to_string()), None, STATUS_GATEWAY_CALLS)
+            .query(
+                crate::gateway::trace::OwnerFilter::Any,
+                Some(&session.id.to_string()),
+                None,
+                STATUS_GATEWAY_CALLS,
+            )
             .iter()
             .map(|t| {
                 serde_json::json!({"trace_id": t.id, "ts": t.ts, "model": t.model,
@@ -333,15 +351,28 @@ pub async fn delete(
     }))
 }
 
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Sessions at most, newest first: 1 to 10000 (default 1000).
+    limit: Option<i64>,
+}
+
 /// The caller's sessions, newest first.
-#[utoipa::path(get, path = "/agent/sessions", responses((status = 200, body = SessionList)))]
+#[utoipa::path(get, path = "/agent/sessions", params(ListQuery), responses((status = 200, body = SessionList), (status = 422, body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let limit = match query.limit {
+        None => 1000,
+        Some(n @ 1..=10_000) => n as usize,
+        Some(_) => return Err(ApiError::invalid("limit", "must be 1 to 10000")),
+    };
     let sessions = state.sessions.list(caller.owner()).await?;
     Ok(Json(SessionList {
-        sessions: sessions.into_iter().map(summary).collect(),
+        sessions: sessions.into_iter().take(limit).map(summary).collect(),
     }))
 }
 

@@ -3,7 +3,7 @@
 //! and a caller is identified by the hash of its key, which owns the
 //! sessions it creates.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -14,28 +14,56 @@ use super::error::ApiError;
 use crate::state::AppState;
 
 /// Who is calling; handlers read it from the request extensions.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Caller {
     /// Hash of the caller's key; `None` when auth is off.
     pub owner: Option<String>,
+    /// May administer the gateway's pools and read every key's traces:
+    /// an admin key, or the one local user when auth is off.
+    pub admin: bool,
+}
+
+impl Default for Caller {
+    /// The caller when auth is off: the one local user, an admin.
+    fn default() -> Self {
+        Caller {
+            owner: None,
+            admin: true,
+        }
+    }
 }
 
 impl Caller {
     pub fn owner(&self) -> Option<&str> {
         self.owner.as_deref()
     }
+
+    /// Refuses a caller that is not an admin, saying what it tried.
+    pub fn require_admin(&self, what: &str) -> Result<(), ApiError> {
+        if self.admin {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("{what} needs an admin key (admin_keys in the config)"),
+            ))
+        }
+    }
 }
 
-/// The accepted keys, stored only as hashes.
+/// The accepted keys, stored only as hashes, each with whether it is an
+/// admin key.
 pub struct Keys {
-    hashes: HashSet<String>,
+    hashes: HashMap<String, bool>,
 }
 
 impl Keys {
-    pub fn new(keys: &[String]) -> Keys {
-        Keys {
-            hashes: keys.iter().map(|k| hash(k.trim())).collect(),
-        }
+    pub fn new(keys: &[String], admin_keys: &[String]) -> Keys {
+        let mut hashes: HashMap<String, bool> =
+            keys.iter().map(|k| (hash(k.trim()), false)).collect();
+        hashes.extend(admin_keys.iter().map(|k| (hash(k.trim()), true)));
+        Keys { hashes }
     }
 
     pub fn enabled(&self) -> bool {
@@ -45,14 +73,26 @@ impl Keys {
     /// The caller a presented key stands for, if it is one of ours.
     fn check(&self, key: &str) -> Option<Caller> {
         let hashed = hash(key);
-        self.hashes.contains(&hashed).then_some(Caller {
+        let admin = *self.hashes.get(&hashed)?;
+        Some(Caller {
             owner: Some(hashed),
+            admin,
         })
     }
 }
 
 fn hash(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme is
+/// case-insensitive (RFC 9110).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|token| !token.is_empty())
 }
 
 /// Browsers cannot set headers on a WebSocket, so that route alone also
@@ -77,8 +117,8 @@ pub async fn require_key(
             .headers()
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|v| v.trim().to_string());
+            .and_then(bearer_token)
+            .map(str::to_string);
         let presented = header.or_else(|| query_token(&req)).ok_or_else(|| {
             ApiError::unauthorized("missing API key: send Authorization: Bearer KEY")
         })?;
@@ -94,4 +134,19 @@ pub async fn require_key(
         .insert(crate::mcp::McpOwner(caller.owner().map(str::to_string)));
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer key-1"), Some("key-1"));
+        assert_eq!(bearer_token("bearer key-1"), Some("key-1"));
+        assert_eq!(bearer_token("BEARER  key-1 "), Some("key-1"));
+        assert_eq!(bearer_token("Basic a2V5"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearerkey"), None);
+    }
 }

@@ -57,6 +57,14 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
+    pub fn body_too_large() -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "the request body is larger than the server accepts (max_body_bytes)",
+        )
+    }
+
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }

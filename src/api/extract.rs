@@ -17,15 +17,10 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        // The Content-Type is not checked: `curl -d` sends a form type for a
-        // JSON body, and the body is parsed as JSON either way.
+        // The Content-Type was checked before routing (`browser::check`).
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    "the request body is larger than the server accepts (max_body_bytes)",
-                )
+                ApiError::body_too_large()
             } else {
                 ApiError::bad_request(format!("cannot read the request body: {rejection}"))
             }

@@ -2,18 +2,23 @@
 //! pass calls to a pool's replicas; `/gateway/replicas` and
 //! `/gateway/traces` show and steer them.
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject};
 use crate::gateway::pool::ReplicaState;
+use crate::gateway::trace::OwnerFilter;
 use crate::gateway::{Call, Endpoint, GatewayError, ReplicaConfig, slug};
+
+/// Longest pool, replica or upstream model name accepted.
+const MAX_NAME_BYTES: usize = 256;
 use crate::state::AppState;
 
 impl From<GatewayError> for ApiError {
@@ -34,48 +39,69 @@ impl From<GatewayError> for ApiError {
     responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn chat(
     state: State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
-    forward(state, Endpoint::Chat, Map::new(), &headers, body).await
+    forward(state, &caller, Endpoint::Chat, Map::new(), &headers, body).await
 }
 
 #[utoipa::path(post, path = "/v1/completions", request_body(content = Object, description = "An OpenAI completion request; `model` names a pool"),
     responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn completions(
     state: State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
-    forward(state, Endpoint::Completions, Map::new(), &headers, body).await
+    forward(
+        state,
+        &caller,
+        Endpoint::Completions,
+        Map::new(),
+        &headers,
+        body,
+    )
+    .await
 }
 
 #[utoipa::path(post, path = "/meta/{slug}/v1/chat/completions", params(("slug" = String, Path, description = "`conclave1:` or `rllm1:` + base64url JSON metadata")),
     request_body(content = Object), responses((status = 200, description = "As /v1/chat/completions"), (status = 400, body = ErrorBody)))]
 pub async fn meta_chat(
     state: State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(slug): Path<String>,
     headers: HeaderMap,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
     let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
-    forward(state, Endpoint::Chat, metadata, &headers, body).await
+    forward(state, &caller, Endpoint::Chat, metadata, &headers, body).await
 }
 
 #[utoipa::path(post, path = "/meta/{slug}/v1/completions", params(("slug" = String, Path)),
     request_body(content = Object), responses((status = 200, description = "As /v1/completions"), (status = 400, body = ErrorBody)))]
 pub async fn meta_completions(
     state: State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(slug): Path<String>,
     headers: HeaderMap,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
     let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
-    forward(state, Endpoint::Completions, metadata, &headers, body).await
+    forward(
+        state,
+        &caller,
+        Endpoint::Completions,
+        metadata,
+        &headers,
+        body,
+    )
+    .await
 }
 
 async fn forward(
     State(state): State<AppState>,
+    caller: &Caller,
     endpoint: Endpoint,
     metadata: Map<String, Value>,
     headers: &HeaderMap,
@@ -98,6 +124,7 @@ async fn forward(
             body,
             metadata,
             session_id,
+            owner: caller.owner.clone(),
         })
         .await?;
     let mut response = Response::builder()
@@ -134,9 +161,14 @@ pub async fn meta_models(
     Ok(models(state).await)
 }
 
-/// Every pool with its replicas' states and figures.
-#[utoipa::path(get, path = "/gateway/replicas", responses((status = 200, description = "Pools, strategies and per-replica state and figures")))]
-pub async fn replicas(State(state): State<AppState>) -> Json<Value> {
+/// Every pool with its replicas' states and figures (admin keys only: it
+/// shows where the replicas are).
+#[utoipa::path(get, path = "/gateway/replicas", responses((status = 200, description = "Pools, strategies and per-replica state and figures"), (status = 403, body = ErrorBody)))]
+pub async fn replicas(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_admin("listing the gateway's replicas")?;
     let pools: Vec<Value> = state
         .gateway
         .pools()
@@ -147,23 +179,43 @@ pub async fn replicas(State(state): State<AppState>) -> Json<Value> {
                    "num_retries": pool.config.num_retries, "replicas": replicas})
         })
         .collect();
-    Json(json!({"pools": pools}))
+    Ok(Json(json!({"pools": pools})))
 }
 
 /// `{model, url, id?, upstream_model?, api_key?}`: adds a replica (and its
-/// pool, with default settings, when there is none).
+/// pool, with default settings, when there is none). Admin keys only; the
+/// URL must pass `gateway.allowed_upstreams`.
 #[utoipa::path(post, path = "/gateway/replicas", request_body(content = Object, description = "{model, url, id?, upstream_model?, api_key?}"),
-    responses((status = 201, description = "The replica added"), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 201, description = "The replica added"), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn add_replica(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     mut body: JsonObject,
 ) -> Result<Response, ApiError> {
+    caller.require_admin("adding a replica")?;
     let model = body.take_text("model")?;
     let url = body.take_text("url")?;
     let id = body.take::<String>("id")?;
     let upstream = body.take::<String>("upstream_model")?;
     let api_key = body.take::<String>("api_key")?;
     body.deny_rest()?;
+    for (field, value) in [
+        ("model", Some(&model)),
+        ("id", id.as_ref()),
+        ("upstream_model", upstream.as_ref()),
+    ] {
+        if value.is_some_and(|v| v.len() > MAX_NAME_BYTES) {
+            return Err(ApiError::invalid(
+                field,
+                format!("must be at most {MAX_NAME_BYTES} bytes"),
+            ));
+        }
+    }
+    state
+        .gateway
+        .check_upstream(&url)
+        .await
+        .map_err(|e| ApiError::invalid("url", format!("{e} (gateway.allowed_upstreams)")))?;
     let view = state.gateway.add_replica(
         &model,
         ReplicaConfig {
@@ -179,8 +231,10 @@ pub async fn add_replica(
 #[utoipa::path(delete, path = "/gateway/replicas/{id}", params(("id" = String, Path)), responses((status = 200, description = "Removed"), (status = 404, body = ErrorBody)))]
 pub async fn remove_replica(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require_admin("removing a replica")?;
     state.gateway.remove_replica(&id)?;
     Ok(Json(json!({"id": id, "status": "removed"})))
 }
@@ -190,8 +244,10 @@ pub async fn remove_replica(
     responses((status = 200, description = "The replica's new state"), (status = 404, body = ErrorBody)))]
 pub async fn replica_action(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((id, action)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require_admin("changing a replica's state")?;
     let target = match action.as_str() {
         "drain" => ReplicaState::Draining,
         "pause" => ReplicaState::Paused,
@@ -212,18 +268,29 @@ pub struct TraceQuery {
     session_id: Option<String>,
     model: Option<String>,
     limit: Option<usize>,
+    /// Every key's traces (admin keys only).
+    all: Option<bool>,
 }
 
-/// Newest first: `?session_id=`, `?model=`, `?limit=` (default 100).
-#[utoipa::path(get, path = "/gateway/traces", params(TraceQuery), responses((status = 200, description = "Traces, newest first"), (status = 400, body = ErrorBody)))]
+/// The caller's own traces, newest first: `?session_id=`, `?model=`,
+/// `?limit=` (default 100), `?all=true` for an admin to see every key's.
+#[utoipa::path(get, path = "/gateway/traces", params(TraceQuery), responses((status = 200, description = "Traces, newest first"), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 pub async fn traces(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<TraceQuery>,
-) -> Json<Value> {
+) -> Result<Json<Value>, ApiError> {
+    let owner = if query.all == Some(true) {
+        caller.require_admin("reading every key's traces")?;
+        OwnerFilter::Any
+    } else {
+        OwnerFilter::Only(caller.owner())
+    };
     let traces = state.gateway.traces.query(
+        owner,
         query.session_id.as_deref(),
         query.model.as_deref(),
         query.limit.unwrap_or(100).min(10_000),
     );
-    Json(json!({"traces": traces}))
+    Ok(Json(json!({"traces": traces})))
 }

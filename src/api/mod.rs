@@ -3,26 +3,33 @@
 //! - [`router`]: the routes, the body limit, auth and JSON fallbacks.
 //! - [`error`]: `ApiError`, the one error every handler returns.
 //! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
-//! - [`auth`]: bearer keys and the caller identity.
+//! - [`auth`]: bearer keys, roles and the caller identity.
+//! - [`browser`]: `Host`, `Origin` and content-type checks against web
+//!   pages driving the server.
+//! - [`mcp`]: `/mcp`, with MCP sessions bound to the key that opened them.
+//! - [`body`]: request bodies read whole within a deadline.
+//! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`]: the handlers.
 
 pub mod agent;
 pub mod auth;
+pub mod body;
+pub mod browser;
 pub mod error;
 pub mod extract;
 pub mod gateway;
+pub mod mcp;
 pub mod ops;
+pub mod serve;
 pub mod stream;
 pub mod ws;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use utoipa::OpenApi;
 
@@ -65,19 +72,9 @@ impl utoipa::Modify for BearerAuth {
 
 pub fn router(state: AppState) -> Router {
     let limit = state.config.max_body_bytes;
+    let policy = Arc::new(browser::BrowserPolicy::new(&state.config));
     let mut router = Router::new();
-    if let Some(host) = &state.mcp {
-        let allowed: Arc<[String]> = state.config.mcp.allowed_hosts.clone().into();
-        let mcp = Router::new()
-            .nest_service(
-                "/mcp",
-                crate::mcp::http_service(
-                    host.clone(),
-                    state.config.mcp.allowed_hosts.clone(),
-                    state.stop.child_token(),
-                ),
-            )
-            .layer(axum::middleware::from_fn_with_state(allowed, check_host));
+    if let Some(mcp) = mcp::routes(&state) {
         router = router.merge(mcp);
     }
     router
@@ -121,62 +118,35 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(axum::middleware::from_fn_with_state(
+            body::BodyLimits {
+                timeout: std::time::Duration::from_secs(state.config.http.body_timeout_s),
+                max_bytes: limit,
+            },
+            body::read_whole,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,
         ))
+        .layer(axum::middleware::from_fn_with_state(policy, browser::check))
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
 
-/// Refuses `/mcp` requests whose `Host` is not in `mcp.allowed_hosts` (a
-/// name matches any port), so a web page on another name that resolves to
-/// this server (DNS rebinding) cannot drive the tools. rmcp checks the same
-/// again; this one answers in the API's JSON error format.
-async fn check_host(
-    State(allowed): State<Arc<[String]>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|value| value.to_str().ok())
-        .or_else(|| request.uri().authority().map(|a| a.as_str()))
-        .unwrap_or_default()
-        .to_string();
-    let name = host_name(&host);
-    if allowed.iter().any(|a| a.eq_ignore_ascii_case(name)) {
-        return next.run(request).await;
-    }
-    ApiError::new(
-        StatusCode::FORBIDDEN,
-        "host_not_allowed",
-        format!("/mcp does not answer for Host {host:?}; add the name to mcp.allowed_hosts"),
-    )
-    .into_response()
-}
-
-/// The name of a `Host` value: without its port, and without the brackets
-/// of an IPv6 address.
-fn host_name(host: &str) -> &str {
-    match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(rest),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_name;
-
-    #[test]
-    fn host_names_lose_port_and_brackets() {
-        assert_eq!(host_name("localhost:8080"), "localhost");
-        assert_eq!(host_name("localhost"), "localhost");
-        assert_eq!(host_name("[::1]:80"), "::1");
-        assert_eq!(host_name("[::1]"), "::1");
-        assert_eq!(host_name("127.0.0.1:1"), "127.0.0.1");
-        assert_eq!(host_name(""), "");
-    }
+/// What connections past the listener's caps get: `/health`, and `503`
+/// for everything else.
+pub fn overflow_router(state: AppState) -> Router {
+    let policy = Arc::new(browser::BrowserPolicy::new(&state.config));
+    Router::new()
+        .route("/health", get(ops::health))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                "the server holds as many connections as it serves; try again shortly",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(policy, browser::check))
+        .with_state(state)
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::State;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
@@ -70,12 +70,23 @@ pub async fn upgrade(
         .on_upgrade(move |socket| serve(socket, state, session, since)))
 }
 
+/// What the reader hands the writer besides the session's events.
+enum Reply {
+    Frame(Value),
+    /// A last frame, then a close with this code.
+    Close(Value, u16),
+}
+
+/// RFC 6455: a message too big to process.
+const CLOSE_TOO_BIG: u16 = 1009;
+
 async fn serve(socket: WebSocket, state: AppState, session: Arc<Session>, since: u64) {
     state.metrics.websocket_connections.inc();
     let (mut sink, mut incoming) = socket.split();
-    let (replies, mut reply_rx) = mpsc::channel::<Value>(16);
+    let (replies, mut reply_rx) = mpsc::channel::<Reply>(16);
     let mut events = Box::pin(session.subscribe(since, false));
     let writer = async move {
+        let mut close = None;
         loop {
             let text = tokio::select! {
                 event = events.next() => match event {
@@ -83,24 +94,64 @@ async fn serve(socket: WebSocket, state: AppState, session: Arc<Session>, since:
                     None => break,
                 },
                 reply = reply_rx.recv() => match reply {
-                    Some(reply) => reply.to_string(),
+                    Some(Reply::Frame(reply)) => reply.to_string(),
+                    Some(Reply::Close(reply, code)) => {
+                        close = Some(code);
+                        reply.to_string()
+                    }
                     None => break,
                 },
             };
-            if sink.send(Message::Text(text.into())).await.is_err() {
+            if sink.send(Message::Text(text.into())).await.is_err() || close.is_some() {
                 break;
             }
         }
-        let _ = sink.close().await;
+        match close {
+            Some(code) => {
+                let frame = CloseFrame {
+                    code,
+                    reason: "message too big".into(),
+                };
+                let _ = sink.send(Message::Close(Some(frame))).await;
+            }
+            None => {
+                let _ = sink.close().await;
+            }
+        }
     };
+    let session_id = session.id;
     let reader = async {
-        while let Some(Ok(frame)) = incoming.next().await {
-            let text = match frame {
-                Message::Text(text) => text,
-                Message::Close(_) => break,
-                _ => continue,
+        while let Some(frame) = incoming.next().await {
+            let reply = match frame {
+                Ok(Message::Text(text)) => handle_frame(&state, &session, &text)
+                    .await
+                    .map(Reply::Frame),
+                Ok(Message::Binary(_)) => Some(Reply::Frame(bad_frame(
+                    session_id,
+                    "binary frames are not read; send JSON as text frames".into(),
+                ))),
+                Ok(Message::Close(_)) => break,
+                Ok(_) => None,
+                Err(e) => {
+                    // A message over the limit: say so, and close with
+                    // the code for it; any other error ends the socket.
+                    let too_big = matches!(
+                        std::error::Error::source(&e)
+                            .and_then(|s| s.downcast_ref::<tungstenite::Error>()),
+                        Some(tungstenite::Error::Capacity(_))
+                    );
+                    if too_big {
+                        let reply = bad_frame(
+                            session_id,
+                            format!("a message is at most {MAX_MESSAGE} bytes"),
+                        );
+                        let _ = replies.send(Reply::Close(reply, CLOSE_TOO_BIG)).await;
+                        std::future::pending::<()>().await;
+                    }
+                    break;
+                }
             };
-            if let Some(reply) = handle_frame(&state, &session, &text).await
+            if let Some(reply) = reply
                 && replies.send(reply).await.is_err()
             {
                 break;
@@ -112,6 +163,10 @@ async fn serve(socket: WebSocket, state: AppState, session: Arc<Session>, since:
         _ = reader => {}
     }
     state.metrics.websocket_connections.dec();
+}
+
+fn bad_frame(session_id: uuid::Uuid, message: String) -> Value {
+    json!({"type": "error", "session_id": session_id, "code": "bad_frame", "message": message})
 }
 
 /// Acts on one client frame; returns a reply frame when there is one to send.

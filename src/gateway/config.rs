@@ -16,6 +16,11 @@ pub struct GatewayConfig {
     pub trace_limit: usize,
     /// Bytes of request and response text the kept traces may hold.
     pub trace_max_bytes: usize,
+    /// Where replicas added at run time (`POST /gateway/replicas`) may
+    /// be: `"public"` (any public address), host names, addresses and
+    /// CIDRs. Loopback, private and link-local addresses need an entry;
+    /// replicas in this file are the operator's and always allowed.
+    pub allowed_upstreams: Vec<String>,
 }
 
 impl Default for GatewayConfig {
@@ -24,6 +29,7 @@ impl Default for GatewayConfig {
             pools: BTreeMap::new(),
             trace_limit: 10_000,
             trace_max_bytes: 64 * 1024 * 1024,
+            allowed_upstreams: vec!["public".into()],
         }
     }
 }

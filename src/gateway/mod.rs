@@ -102,6 +102,9 @@ pub struct Call {
     pub metadata: Map<String, Value>,
     /// From the metadata, else the `x-session-id` header.
     pub session_id: Option<String>,
+    /// The key hash of the caller, which alone reads the call's trace;
+    /// `None` when auth is off.
+    pub owner: Option<String>,
 }
 
 /// Why a call got no upstream response to pass on.
@@ -134,10 +137,15 @@ pub struct Upstream {
     pub body: TracedBody,
 }
 
-/// The gateway: pools by model name, an HTTP client, the traces.
+/// The gateway: pools by model name, HTTP clients, the traces.
 pub struct Gateway {
     pools: RwLock<BTreeMap<String, Arc<Pool>>>,
+    /// For the config file's replicas, which the operator chose.
     client: reqwest::Client,
+    /// For replicas added by requests: connects only where
+    /// `gateway.allowed_upstreams` allows, after DNS.
+    guarded_client: reqwest::Client,
+    upstreams: Arc<crate::egress::Rules>,
     pub traces: Arc<TraceLog>,
     metrics: Arc<Metrics>,
 }
@@ -145,12 +153,20 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(config: &GatewayConfig, metrics: Arc<Metrics>) -> Result<Gateway, String> {
         config.validate()?;
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build()
-            .map_err(|e| format!("cannot build the gateway's HTTP client: {e}"))?;
+        let upstreams = Arc::new(
+            crate::egress::Rules::parse(&config.allowed_upstreams)
+                .map_err(|e| format!("gateway.allowed_upstreams: {e}"))?,
+        );
+        let build = |builder: reqwest::ClientBuilder| {
+            builder
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true)
+                .pool_idle_timeout(Duration::from_secs(90))
+                .build()
+                .map_err(|e| format!("cannot build the gateway's HTTP client: {e}"))
+        };
+        let client = build(reqwest::Client::builder())?;
+        let guarded_client = build(upstreams.client())?;
         let pools = config
             .pools
             .iter()
@@ -177,6 +193,8 @@ impl Gateway {
         Ok(Gateway {
             pools: RwLock::new(pools),
             client,
+            guarded_client,
+            upstreams,
             traces: Arc::new(TraceLog::new(config.trace_limit, config.trace_max_bytes)),
             metrics,
         })
@@ -239,8 +257,26 @@ impl Gateway {
         })
     }
 
+    /// Checks a replica URL from a request against
+    /// `gateway.allowed_upstreams`, after resolving its host.
+    pub async fn check_upstream(&self, url: &str) -> Result<(), crate::egress::EgressError> {
+        self.upstreams.check_url(url).await
+    }
+
+    /// The client for a replica: the guarded one for those added by
+    /// requests.
+    fn client_for(&self, replica: &Replica) -> &reqwest::Client {
+        if replica.guarded {
+            &self.guarded_client
+        } else {
+            &self.client
+        }
+    }
+
     /// Adds a replica to a pool, making the pool (with default settings)
-    /// when there is none of that name.
+    /// when there is none of that name. Its connections pass
+    /// `gateway.allowed_upstreams`; callers check the URL first
+    /// ([`Gateway::check_upstream`]) to refuse it up front.
     pub fn add_replica(
         &self,
         pool_name: &str,
@@ -279,12 +315,14 @@ impl Gateway {
                 .find(|id| !taken.contains(id))
                 .unwrap_or_default(),
         };
-        let added = Arc::new(Replica::new(
+        let mut added = Replica::new(
             id,
             &replica.url,
             replica.model.unwrap_or_else(|| pool_name.to_string()),
             replica.api_key,
-        ));
+        );
+        added.guarded = true;
+        let added = Arc::new(added);
         pool.add(added.clone());
         tracing::info!(pool = pool_name, replica = %added.id, url = %added.url, "replica added");
         Ok(added.view())
@@ -321,6 +359,7 @@ impl Gateway {
             mut body,
             metadata,
             session_id,
+            owner,
         } = call;
         let model = body
             .get("model")
@@ -363,6 +402,7 @@ impl Gateway {
                     let trace = Trace {
                         id: uuid::Uuid::new_v4().to_string(),
                         ts: chrono::Utc::now(),
+                        owner: owner.clone(),
                         session_id: session_id.clone(),
                         metadata: metadata.clone(),
                         model: model.clone(),
@@ -417,6 +457,7 @@ impl Gateway {
         let trace = Trace {
             id: uuid::Uuid::new_v4().to_string(),
             ts: chrono::Utc::now(),
+            owner,
             session_id,
             metadata,
             model: model.clone(),
@@ -478,7 +519,7 @@ impl Gateway {
     ) -> Result<reqwest::Response, Failure> {
         let url = format!("{}/{}", replica.url, endpoint.path());
         let mut request = self
-            .client
+            .client_for(replica)
             .post(&url)
             .header(CONTENT_TYPE, "application/json")
             .body(payload);
@@ -521,7 +562,7 @@ impl Gateway {
         let replicas = pool.replicas();
         let checks = replicas.iter().cloned().map(|replica| {
             let url = format!("{}{}", replica.url, health.path);
-            let mut request = self.client.get(&url).timeout(Duration::from_millis(health.timeout_ms));
+            let mut request = self.client_for(&replica).get(&url).timeout(Duration::from_millis(health.timeout_ms));
             if let Some(key) = &replica.api_key {
                 request = request.header(AUTHORIZATION, format!("Bearer {key}"));
             }

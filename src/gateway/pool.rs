@@ -42,6 +42,9 @@ pub struct Replica {
     /// The model name sent to it.
     pub model: String,
     pub api_key: Option<String>,
+    /// Added by a request rather than the config file: its connections
+    /// pass `gateway.allowed_upstreams`.
+    pub guarded: bool,
     state: AtomicU8,
     healthy: AtomicBool,
     /// Consecutive failed and passed health checks.
@@ -79,6 +82,7 @@ impl Replica {
             url: url.trim_end_matches('/').to_string(),
             model,
             api_key,
+            guarded: false,
             state: AtomicU8::new(0),
             healthy: AtomicBool::new(true),
             check_failures: AtomicU32::new(0),

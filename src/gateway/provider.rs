@@ -40,6 +40,7 @@ impl ModelProvider for GatewayProvider {
             body,
             metadata,
             session_id: request.session_id.clone(),
+            owner: request.owner.clone(),
         };
         let upstream = self.gateway.forward(call).await.map_err(|e| match e {
             GatewayError::Unreachable { .. } | GatewayError::NoReplica(_) => ModelError::Connect {

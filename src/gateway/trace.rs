@@ -16,6 +16,9 @@ use serde_json::{Map, Value};
 pub struct Trace {
     pub id: String,
     pub ts: DateTime<Utc>,
+    /// The key hash of the caller; never shown.
+    #[serde(skip)]
+    pub owner: Option<String>,
     pub session_id: Option<String>,
     pub metadata: Map<String, Value>,
     /// The pool (the model name the client asked for).
@@ -49,6 +52,15 @@ impl Trace {
     fn weight(&self) -> usize {
         self.request.get().len() + self.response_text.len() + 512
     }
+}
+
+/// Whose traces a query returns.
+#[derive(Debug, Clone, Copy)]
+pub enum OwnerFilter<'a> {
+    /// Every key's (an admin asked).
+    Any,
+    /// Those of one key hash; `None` is the one user when auth is off.
+    Only(Option<&'a str>),
 }
 
 /// The kept traces, oldest first.
@@ -87,9 +99,11 @@ impl TraceLog {
         }
     }
 
-    /// Newest first, at most `limit`, only the session's when given.
+    /// Newest first, at most `limit`, only the owner's, and only the
+    /// session's when given.
     pub fn query(
         &self,
+        owner: OwnerFilter<'_>,
         session_id: Option<&str>,
         model: Option<&str>,
         limit: usize,
@@ -99,6 +113,10 @@ impl TraceLog {
             .iter()
             .rev()
             .map(|(_, trace)| trace)
+            .filter(|t| match owner {
+                OwnerFilter::Any => true,
+                OwnerFilter::Only(owner) => t.owner.as_deref() == owner,
+            })
             .filter(|t| session_id.is_none_or(|s| t.session_id.as_deref() == Some(s)))
             .filter(|t| model.is_none_or(|m| t.model == m))
             .take(limit)
@@ -285,6 +303,7 @@ mod tests {
         Trace {
             id: "t".into(),
             ts: Utc::now(),
+            owner: None,
             session_id: Some("s".into()),
             metadata: Map::new(),
             model: "m".into(),
@@ -350,13 +369,13 @@ mod tests {
             log.push(trace);
         }
         let all: Vec<String> = log
-            .query(None, None, 10)
+            .query(OwnerFilter::Any, None, None, 10)
             .iter()
             .map(|t| t.id.clone())
             .collect();
         assert_eq!(all, ["4", "3", "2"]);
         let even: Vec<String> = log
-            .query(Some("even"), None, 10)
+            .query(OwnerFilter::Any, Some("even"), None, 10)
             .iter()
             .map(|t| t.id.clone())
             .collect();
@@ -365,6 +384,6 @@ mod tests {
         for _ in 0..10 {
             small.push(blank());
         }
-        assert!(small.query(None, None, 100).len() < 10);
+        assert!(small.query(OwnerFilter::Any, None, None, 100).len() < 10);
     }
 }

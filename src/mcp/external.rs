@@ -3,7 +3,9 @@
 //! `mcp__{server}__{tool}`.
 //!
 //! A stdio server is a process on the server's host, outside any sandbox,
-//! so only commands the operator allows (`mcp.stdio_commands`) start.
+//! so only commands the operator allows (`mcp.stdio_commands`) start. An
+//! HTTP server is reached only where `mcp.allowed_http_servers` allows,
+//! checked on every connection after DNS ([`crate::egress`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -35,10 +37,18 @@ struct Connected {
 /// could not be.
 type Server = OnceCell<Result<Arc<Connected>, String>>;
 
-#[derive(Default)]
 pub struct ExternalServers {
     config: McpConfig,
+    /// For HTTP servers: connects only where `mcp.allowed_http_servers`
+    /// allows; `None` when the list is empty (URLs are off).
+    http: Option<reqwest::Client>,
     sessions: Mutex<HashMap<Uuid, Arc<BTreeMap<String, Server>>>>,
+}
+
+impl Default for ExternalServers {
+    fn default() -> Self {
+        ExternalServers::new(McpConfig::default())
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -49,8 +59,16 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ExternalServers {
     pub fn new(config: McpConfig) -> ExternalServers {
+        // The config was validated at load; a list that does not parse
+        // allows nothing.
+        let rules =
+            Arc::new(crate::egress::Rules::parse(&config.allowed_http_servers).unwrap_or_default());
+        let http = (!config.allowed_http_servers.is_empty())
+            .then(|| rules.client().build().ok())
+            .flatten();
         ExternalServers {
             config,
+            http,
             sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -112,9 +130,12 @@ impl ExternalServers {
                 ().serve(transport).await.map_err(|e| e.to_string())?
             }
             McpServerSpec::Http { url, headers } => {
-                if !self.config.allow_http_servers {
-                    return Err("HTTP MCP servers are turned off (mcp.allow_http_servers)".into());
-                }
+                let Some(http) = &self.http else {
+                    return Err(
+                        "HTTP MCP servers are turned off (mcp.allowed_http_servers is empty)"
+                            .into(),
+                    );
+                };
                 let mut custom = HashMap::new();
                 for (name, value) in headers {
                     let name = http::HeaderName::try_from(name.as_str())
@@ -125,7 +146,7 @@ impl ExternalServers {
                 }
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(custom);
-                let transport = StreamableHttpClientTransport::from_config(config);
+                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
                 ().serve(transport).await.map_err(|e| e.to_string())?
             }
         };

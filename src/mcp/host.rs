@@ -156,20 +156,28 @@ pub fn spec_for(
         }
         spec.image = image.clone();
     }
+    // Floors as well as ceilings: a limit too small to apply (0 CPUs
+    // reaches docker as "no limit") must not switch the limit off.
     if let Some(cpus) = asked.cpus {
-        if !(cpus > 0.0 && cpus <= config.max_cpus) {
+        if !(cpus >= config.min_cpus && cpus <= config.max_cpus) {
             return Err(bad(
                 "cpus",
-                format!("must be above 0 and at most {}", config.max_cpus),
+                format!(
+                    "must be {} to {} (sandbox.min_cpus, sandbox.max_cpus)",
+                    config.min_cpus, config.max_cpus
+                ),
             ));
         }
         spec.cpus = cpus;
     }
     if let Some(memory) = asked.memory_mb {
-        if memory < 32 || memory > config.max_memory_mb {
+        if memory < config.min_memory_mb || memory > config.max_memory_mb {
             return Err(bad(
                 "memory_mb",
-                format!("must be 32 to {}", config.max_memory_mb),
+                format!(
+                    "must be {} to {} (sandbox.min_memory_mb, sandbox.max_memory_mb)",
+                    config.min_memory_mb, config.max_memory_mb
+                ),
             ));
         }
         spec.memory_mb = memory;

@@ -34,13 +34,15 @@ pub use server::SandboxServer;
 
 /// The streamable HTTP service for `/mcp`: one server instance per MCP
 /// session, every one answering HTTP callers only about their own sessions.
+/// The API layer checks `Host` and `Origin` for every route, `/mcp`
+/// included, so rmcp's own checks are off.
 pub fn http_service(
     host: Arc<McpHost>,
-    allowed_hosts: Vec<String>,
     stop: CancellationToken,
 ) -> StreamableHttpService<SandboxServer, LocalSessionManager> {
     let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(allowed_hosts)
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
         .with_cancellation_token(stop);
     StreamableHttpService::new(
         move || Ok(SandboxServer::new(host.clone(), Caller::Http)),

@@ -91,6 +91,9 @@ pub struct ChatRequest {
     pub tool_call_mode: ToolCallMode,
     /// Carried so gateways and traces can route and group per session.
     pub session_id: Option<String>,
+    /// The key hash owning the session, so that only it reads the
+    /// gateway's traces of the call.
+    pub owner: Option<String>,
 }
 
 /// Why the model stopped.

@@ -1,0 +1,69 @@
+//! Reads a request's body whole before routing, within
+//! `http.body_timeout_s` and `max_body_bytes`: a client that stalls
+//! mid-body gets `408` and its connection back, instead of holding a
+//! handler (and a turn's resources) open. Bodies here are small JSON
+//! documents, so nothing streams a request body.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+
+/// The deadline and the size limit.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub timeout: Duration,
+    pub max_bytes: usize,
+}
+
+pub async fn read_whole(
+    State(limits): State<BodyLimits>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    ) {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, limits.max_bytes);
+    let bytes = match tokio::time::timeout(limits.timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return if too_large {
+                ApiError::body_too_large()
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {e}"))
+            }
+            .into_response();
+        }
+        Err(_) => {
+            let mut response = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the request body did not arrive within {} s (http.body_timeout_s)",
+                    limits.timeout.as_secs()
+                ),
+            )
+            .into_response();
+            // The rest of the body may never come: do not wait for it.
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            return response;
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}

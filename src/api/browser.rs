@@ -1,0 +1,222 @@
+//! Checks every request passes before routing, so that a web page the user
+//! visits cannot drive the server (a loopback server with no keys trusts
+//! whoever reaches it):
+//!
+//! - `Host` must be one the server answers for (`allowed_hosts`): a page on
+//!   another name that resolves to this server (DNS rebinding) is refused,
+//!   so it can neither read answers nor act.
+//! - A state-changing request (any method but GET, HEAD and OPTIONS) and a
+//!   WebSocket upgrade that carry an `Origin` must come from the server's
+//!   own origin or one in `allowed_origins`: browsers always send `Origin`
+//!   on these, so a cross-site form or `fetch` is refused.
+//! - A request body must be declared JSON: the types a page may send
+//!   without a CORS preflight (`text/plain`, forms) are refused, whatever
+//!   the body holds.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::config::Config;
+
+/// The hosts and origins the server answers.
+pub struct BrowserPolicy {
+    /// Lower-case names; a `*` answers any host.
+    hosts: Vec<String>,
+    /// Lower-case `scheme://host[:port]`.
+    origins: Vec<String>,
+}
+
+impl BrowserPolicy {
+    pub fn new(config: &Config) -> BrowserPolicy {
+        let mut hosts: Vec<String> = config
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect();
+        // Clients reach a server bound to one address by that address.
+        let ip = config.listen.ip();
+        if !ip.is_unspecified() {
+            hosts.push(ip.to_string());
+        }
+        BrowserPolicy {
+            hosts,
+            origins: config
+                .allowed_origins
+                .iter()
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+        }
+    }
+
+    fn allows_host(&self, host: &str) -> bool {
+        let name = host_name(host).to_ascii_lowercase();
+        self.hosts.iter().any(|h| h == "*" || *h == name)
+    }
+
+    /// Same origin: the page was served from the `Host` this request went
+    /// to (any scheme: a TLS proxy in front changes it).
+    fn allows_origin(&self, origin: &str, host: &str) -> bool {
+        let origin = origin.trim().to_ascii_lowercase();
+        let authority = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"));
+        authority.is_some_and(|a| a == host.to_ascii_lowercase()) || self.origins.contains(&origin)
+    }
+}
+
+/// The middleware; see the module docs.
+pub async fn check(
+    State(policy): State<Arc<BrowserPolicy>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match refusal(&policy, request.method(), request.headers(), &request) {
+        Some(error) => error.into_response(),
+        None => next.run(request).await,
+    }
+}
+
+fn refusal(
+    policy: &BrowserPolicy,
+    method: &Method,
+    headers: &HeaderMap,
+    request: &Request,
+) -> Option<ApiError> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+        .unwrap_or_default();
+    if !policy.allows_host(host) {
+        return Some(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "host_not_allowed",
+            format!("this server does not answer for Host {host:?}; add the name to allowed_hosts"),
+        ));
+    }
+    let safe = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let upgrade = headers.contains_key(header::UPGRADE);
+    if (!safe || upgrade)
+        && let Some(origin) = headers.get(header::ORIGIN)
+    {
+        let origin = origin.to_str().unwrap_or("?");
+        if !policy.allows_origin(origin, host) {
+            return Some(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "origin_not_allowed",
+                format!(
+                    "requests from pages of {origin} are refused; add it to allowed_origins to allow them"
+                ),
+            ));
+        }
+    }
+    if !safe {
+        let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+            || headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() != "0");
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap_or("?"));
+        let refused = match content_type {
+            Some(kind) => !is_json(kind) && (has_body || is_simple(kind)),
+            None => has_body,
+        };
+        if refused {
+            return Some(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!(
+                    "the body must be sent as Content-Type: application/json (got {})",
+                    content_type.unwrap_or("none")
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// `application/json`, or any `+json` type, with or without parameters.
+fn is_json(content_type: &str) -> bool {
+    let essence = essence(content_type);
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// The types a browser sends cross-site without a preflight.
+fn is_simple(content_type: &str) -> bool {
+    matches!(
+        essence(content_type).as_str(),
+        "text/plain" | "application/x-www-form-urlencoded" | "multipart/form-data"
+    )
+}
+
+fn essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// The name of a `Host` value: without its port, and without the brackets
+/// of an IPv6 address.
+pub fn host_name(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> BrowserPolicy {
+        BrowserPolicy::new(&Config {
+            allowed_origins: vec!["https://app.example.com".into()],
+            ..Config::default()
+        })
+    }
+
+    #[test]
+    fn host_names_lose_port_and_brackets() {
+        assert_eq!(host_name("localhost:8080"), "localhost");
+        assert_eq!(host_name("localhost"), "localhost");
+        assert_eq!(host_name("[::1]:80"), "::1");
+        assert_eq!(host_name("[::1]"), "::1");
+        assert_eq!(host_name("127.0.0.1:1"), "127.0.0.1");
+        assert_eq!(host_name(""), "");
+    }
+
+    #[test]
+    fn origins_are_same_origin_or_listed() {
+        let p = policy();
+        assert!(p.allows_origin("http://127.0.0.1:8080", "127.0.0.1:8080"));
+        assert!(p.allows_origin("HTTP://LOCALHOST:8080", "localhost:8080"));
+        assert!(!p.allows_origin("http://127.0.0.1:9999", "127.0.0.1:8080"));
+        assert!(!p.allows_origin("http://evil.example", "127.0.0.1:8080"));
+        assert!(!p.allows_origin("null", "127.0.0.1:8080"));
+        assert!(p.allows_origin("https://app.example.com", "127.0.0.1:8080"));
+        assert!(p.allows_host("LOCALHOST:1"));
+        assert!(!p.allows_host("rebound.example:8080"));
+    }
+
+    #[test]
+    fn json_types() {
+        assert!(is_json("application/json"));
+        assert!(is_json("Application/JSON; charset=utf-8"));
+        assert!(is_json("application/merge-patch+json"));
+        assert!(!is_json("text/plain"));
+        assert!(is_simple("text/plain;charset=UTF-8"));
+        assert!(is_simple("multipart/form-data; boundary=x"));
+        assert!(!is_simple("application/octet-stream"));
+    }
+}

@@ -1,0 +1,395 @@
+//! Where the server may connect on a caller's behalf: gateway replicas added
+//! at run time and a session's HTTP MCP servers. A URL from a request could
+//! otherwise point the server at itself, at services on its host or its
+//! private network, or at a cloud metadata endpoint.
+//!
+//! [`Rules`] are the operator's allow list: `public` (any public address),
+//! host names, addresses and CIDRs. Loopback, private, link-local and
+//! reserved addresses pass only by an explicit entry. A URL is checked when
+//! it is given ([`Rules::check_url`], resolving names) and again on every
+//! connection by [`Rules::client`]'s resolver, which hands the HTTP client
+//! only allowed addresses, so a name that resolves elsewhere later (DNS
+//! rebinding) connects nowhere it should not. Redirects are not followed:
+//! one to an address literal would skip the resolver.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+/// One allow entry.
+#[derive(Debug, Clone, PartialEq)]
+enum Rule {
+    /// Any address that is not loopback, private, link-local or reserved.
+    Public,
+    /// A host name, trusted whatever it resolves to.
+    Host(String),
+    Net(IpNet),
+}
+
+/// An allow list; empty allows nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rules {
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("{0:?} is not an http or https URL with a host")]
+    BadUrl(String),
+    #[error("outbound connections of this kind are turned off (the allow list is empty)")]
+    Off,
+    #[error("{host} resolves to {addr}, a {kind} address, which the allow list does not include")]
+    Refused {
+        host: String,
+        addr: IpAddr,
+        kind: &'static str,
+    },
+    #[error("{host} does not resolve: {message}")]
+    Unresolved { host: String, message: String },
+}
+
+impl Rules {
+    /// Reads entries; the error names the entry that is none of the kinds.
+    pub fn parse(entries: &[String]) -> Result<Rules, String> {
+        let rules = entries
+            .iter()
+            .map(|entry| {
+                let text = entry.trim();
+                if text.eq_ignore_ascii_case("public") {
+                    Ok(Rule::Public)
+                } else if let Ok(net) = text.parse::<IpNet>() {
+                    Ok(Rule::Net(net.trunc()))
+                } else if let Ok(addr) = text.parse::<IpAddr>() {
+                    Ok(Rule::Net(IpNet::from(addr)))
+                } else if is_host_name(text.trim_end_matches('.')) {
+                    Ok(Rule::Host(normal_name(text)))
+                } else {
+                    Err(format!(
+                        "{entry:?} is not \"public\", a host name, an address or a CIDR"
+                    ))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Rules { rules })
+    }
+
+    fn allows_name(&self, host: &str) -> bool {
+        let host = normal_name(host);
+        self.rules
+            .iter()
+            .any(|r| matches!(r, Rule::Host(h) if *h == host))
+    }
+
+    /// Whether a connection to `addr` is allowed, or the kind of address
+    /// that it is and that no entry allows.
+    fn allows_addr(&self, addr: IpAddr) -> Result<(), &'static str> {
+        let addr = canonical(addr);
+        let kind = kind_of(addr);
+        let allowed = self.rules.iter().any(|rule| match rule {
+            Rule::Public => kind == "public",
+            Rule::Net(net) => net.contains(&addr),
+            Rule::Host(_) => false,
+        });
+        if allowed { Ok(()) } else { Err(kind) }
+    }
+
+    /// Checks a URL given in a request: its scheme, and every address its
+    /// host resolves to now.
+    pub async fn check_url(&self, url: &str) -> Result<(), EgressError> {
+        let bad = || EgressError::BadUrl(url.to_string());
+        let parsed = reqwest::Url::parse(url).map_err(|_| bad())?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(bad());
+        }
+        if self.rules.is_empty() {
+            return Err(EgressError::Off);
+        }
+        let port = parsed.port_or_known_default().unwrap_or(80);
+        let addrs: Vec<IpAddr> = match parsed.host().ok_or_else(bad)? {
+            url::Host::Ipv4(addr) => vec![IpAddr::V4(addr)],
+            url::Host::Ipv6(addr) => vec![IpAddr::V6(addr)],
+            url::Host::Domain(name) if self.allows_name(name) => return Ok(()),
+            url::Host::Domain(name) => resolve(name, port).await?,
+        };
+        let host = parsed.host_str().unwrap_or_default();
+        for addr in addrs {
+            self.allows_addr(addr)
+                .map_err(|kind| EgressError::Refused {
+                    host: host.to_string(),
+                    addr,
+                    kind,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// An HTTP client builder that connects only where these rules allow
+    /// and follows no redirect.
+    pub fn client(self: &Arc<Self>) -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .dns_resolver(Arc::new(Guarded(self.clone())))
+            .redirect(reqwest::redirect::Policy::none())
+    }
+}
+
+/// The resolver of [`Rules::client`]: only allowed addresses reach the
+/// connector.
+struct Guarded(Arc<Rules>);
+
+impl Resolve for Guarded {
+    fn resolve(&self, name: Name) -> Resolving {
+        let rules = self.0.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let addrs = resolve(&host, 0).await?;
+            let trusted = rules.allows_name(&host);
+            let mut refused = None;
+            let allowed: Vec<SocketAddr> = addrs
+                .into_iter()
+                .filter(|addr| {
+                    trusted
+                        || rules
+                            .allows_addr(*addr)
+                            .map_err(|kind| refused = Some((*addr, kind)))
+                            .is_ok()
+                })
+                .map(|addr| SocketAddr::new(addr, 0))
+                .collect();
+            if allowed.is_empty() {
+                let (addr, kind) =
+                    refused.unwrap_or((IpAddr::V4(Ipv4Addr::UNSPECIFIED), "unknown"));
+                return Err(Box::new(EgressError::Refused { host, addr, kind }) as _);
+            }
+            Ok(Box::new(allowed.into_iter()) as Addrs)
+        })
+    }
+}
+
+async fn resolve(host: &str, port: u16) -> Result<Vec<IpAddr>, EgressError> {
+    let unresolved = |message: String| EgressError::Unresolved {
+        host: host.to_string(),
+        message,
+    };
+    let addrs: Vec<IpAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| unresolved(e.to_string()))?
+        .map(|a| a.ip())
+        .collect();
+    if addrs.is_empty() {
+        return Err(unresolved("no addresses".into()));
+    }
+    Ok(addrs)
+}
+
+fn normal_name(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+fn is_host_name(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 253
+        && text.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}
+
+/// An IPv4 address carried in IPv6 (mapped or NAT64) counts as itself.
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+fn net4(text: &str) -> Ipv4Net {
+    text.parse().unwrap_or_default()
+}
+
+fn net6(text: &str) -> Ipv6Net {
+    text.parse().unwrap_or_default()
+}
+
+/// What kind of address this is: `public`, or why it is not.
+fn kind_of(addr: IpAddr) -> &'static str {
+    match addr {
+        IpAddr::V4(v4) => kind_of_v4(v4),
+        IpAddr::V6(v6) => kind_of_v6(v6),
+    }
+}
+
+fn kind_of_v4(addr: Ipv4Addr) -> &'static str {
+    if addr.is_loopback() {
+        "loopback"
+    } else if addr.is_private() || net4("100.64.0.0/10").contains(&addr) {
+        "private"
+    } else if addr.is_link_local() {
+        // 169.254.169.254 is the cloud metadata service.
+        "link-local"
+    } else if addr.is_unspecified()
+        || addr.is_broadcast()
+        || addr.is_multicast()
+        || addr.is_documentation()
+        || ["0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "240.0.0.0/4"]
+            .iter()
+            .any(|net| net4(net).contains(&addr))
+    {
+        "reserved"
+    } else {
+        "public"
+    }
+}
+
+fn kind_of_v6(addr: Ipv6Addr) -> &'static str {
+    if addr.is_loopback() {
+        "loopback"
+    } else if net6("fc00::/7").contains(&addr) {
+        "private"
+    } else if net6("fe80::/10").contains(&addr) {
+        "link-local"
+    } else if addr.is_unspecified()
+        || addr.is_multicast()
+        // NAT64 and 6to4 carry IPv4 addresses that could be anything.
+        || ["64:ff9b::/96", "2002::/16", "2001:db8::/32", "fec0::/10", "::/96"]
+            .iter()
+            .any(|net| net6(net).contains(&addr))
+    {
+        "reserved"
+    } else {
+        "public"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(entries: &[&str]) -> Rules {
+        Rules::parse(&entries.iter().map(|e| e.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn addresses_are_classified() {
+        for (addr, kind) in [
+            ("127.0.0.1", "loopback"),
+            ("10.1.2.3", "private"),
+            ("172.16.0.1", "private"),
+            ("192.168.1.1", "private"),
+            ("100.64.0.1", "private"),
+            ("169.254.169.254", "link-local"),
+            ("0.0.0.0", "reserved"),
+            ("::1", "loopback"),
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:169.254.169.254", "link-local"),
+            ("fd00::1", "private"),
+            ("fe80::1", "link-local"),
+            ("64:ff9b::a00:1", "reserved"),
+            ("8.8.8.8", "public"),
+            ("2606:4700::1111", "public"),
+        ] {
+            assert_eq!(kind_of(canonical(addr.parse().unwrap())), kind, "{addr}");
+        }
+    }
+
+    #[test]
+    fn entries_allow_what_they_name() {
+        let r = rules(&["public", "10.0.0.0/8", "127.0.0.1", "Inference.Internal."]);
+        assert!(r.allows_addr("8.8.8.8".parse().unwrap()).is_ok());
+        assert!(r.allows_addr("10.9.9.9".parse().unwrap()).is_ok());
+        assert!(r.allows_addr("::ffff:127.0.0.1".parse().unwrap()).is_ok());
+        assert_eq!(r.allows_addr("127.0.0.2".parse().unwrap()), Err("loopback"));
+        assert_eq!(
+            r.allows_addr("192.168.0.1".parse().unwrap()),
+            Err("private")
+        );
+        assert!(r.allows_name("inference.internal"));
+        let private_only = rules(&["10.0.0.0/8"]);
+        assert_eq!(
+            private_only.allows_addr("8.8.8.8".parse().unwrap()),
+            Err("public")
+        );
+        let err = Rules::parse(&["http://x".into()]).unwrap_err();
+        assert!(err.contains("\"http://x\""), "{err}");
+    }
+
+    #[tokio::test]
+    async fn urls_are_checked_after_resolution() {
+        let public = rules(&["public"]);
+        let err = public
+            .check_url("http://localhost:8080/v1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EgressError::Refused {
+                    kind: "loopback",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(matches!(
+            public.check_url("http://[::ffff:10.0.0.1]/").await,
+            Err(EgressError::Refused {
+                kind: "private",
+                ..
+            })
+        ));
+        assert!(matches!(
+            public.check_url("file:///etc/passwd").await,
+            Err(EgressError::BadUrl(_))
+        ));
+        assert!(matches!(
+            Rules::default().check_url("http://8.8.8.8/").await,
+            Err(EgressError::Off)
+        ));
+        assert!(
+            rules(&["localhost"])
+                .check_url("http://localhost/")
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_client_refuses_a_name_that_resolves_to_a_refused_address() {
+        // What a rebinding name does at connection time: the resolver, not
+        // the earlier check, decides.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = Arc::new(rules(&["public"])).client().build().unwrap();
+        let err = client
+            .get(format!("http://localhost:{port}/"))
+            .send()
+            .await
+            .unwrap_err();
+        let chain = format!("{:?}", err);
+        assert!(chain.contains("loopback"), "{chain}");
+        let allowed = Arc::new(rules(&["127.0.0.0/8", "::1"]))
+            .client()
+            .build()
+            .unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+            let _ = socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .await;
+        });
+        let answer = allowed
+            .get(format!("http://localhost:{port}/"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+}
