@@ -263,7 +263,14 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let server = match ServerProcess::start(&[]).await {
+    // Every socket comes from this one address: lift the per-client
+    // connection cap (half the server's cap by default) out of the way.
+    let server = match ServerProcess::start(&[(
+        "CONCLAVE_HTTP__MAX_CONNECTIONS_PER_CLIENT",
+        (SESSIONS + 1_000).to_string(),
+    )])
+    .await
+    {
         Ok(server) => server,
         Err(e) => {
             eprintln!("ws_memory: {e}");

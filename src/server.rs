@@ -143,18 +143,9 @@ impl Server {
             );
         }
         if let Some(sandboxes) = &sandboxes {
-            let live: std::collections::HashSet<uuid::Uuid> = store
-                .list_sessions(None)
+            let reaped = reap_orphans(store.as_ref(), sandboxes)
                 .await
-                .map_err(|e| StartError::Recover(e.to_string()))?
-                .into_iter()
-                .filter(|s| s.status != SessionStatus::Closed)
-                .map(|s| s.id)
-                .collect();
-            let reaped = sandboxes
-                .reap_orphans(|id| live.contains(&id))
-                .await
-                .map_err(|e| StartError::Sandbox(format!("reaping orphans: {e}")))?;
+                .map_err(StartError::Sandbox)?;
             if reaped > 0 {
                 tracing::warn!(
                     sandboxes = reaped,
@@ -241,9 +232,36 @@ impl Server {
         if let Some(task) = sandbox_tasks {
             let _ = task.await;
         }
+        // Scratch sandboxes of MCP connections and those of sessions gone
+        // meanwhile go now, not at the next start; live sessions keep theirs.
+        if let Some(sandboxes) = &self.state.sandboxes {
+            match reap_orphans(self.store.as_ref(), sandboxes).await {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(removed, "removed sandboxes no live session owns"),
+                Err(e) => tracing::error!(error = %e, "removing sandboxes at shutdown failed"),
+            }
+        }
         if let Err(e) = self.store.close().await {
             tracing::error!(error = %e, "closing the store failed");
         }
         served
     }
+}
+
+/// Removes the sandboxes no live session owns: pool ones, MCP scratch ones,
+/// those of closed or deleted sessions. A live session's is kept (and
+/// taken over). Returns how many were removed.
+async fn reap_orphans(store: &dyn Store, sandboxes: &SandboxManager) -> Result<usize, String> {
+    let live: std::collections::HashSet<uuid::Uuid> = store
+        .list_sessions(None)
+        .await
+        .map_err(|e| format!("listing sessions: {e}"))?
+        .into_iter()
+        .filter(|s| s.status != SessionStatus::Closed)
+        .map(|s| s.id)
+        .collect();
+    sandboxes
+        .reap_orphans(|id| live.contains(&id))
+        .await
+        .map_err(|e| format!("reaping orphans: {e}"))
 }

@@ -663,12 +663,14 @@ async fn api_keys_guard_every_route_and_isolate_sessions() {
     let server = TestServer::start_with(|c| c.api_keys = vec![alice.into(), bob.into()]).await;
     let as_key = |key: &str, request: reqwest::RequestBuilder| request.bearer_auth(key.to_string());
 
-    for path in ["/agent/sessions", "/health", "/metrics", "/openapi.json"] {
+    for path in ["/agent/sessions", "/metrics", "/openapi.json"] {
         let response = server.get(path).await;
         assert_eq!(response.status(), 401, "{path}");
         let body: Value = response.json().await.unwrap();
         assert_eq!(error_of(&body).0, "unauthorized");
     }
+    // Probes carry no key: liveness answers without one.
+    assert_eq!(server.get("/health").await.status(), 200);
     let wrong = as_key(
         "key-mallory-03",
         server.http.get(server.url("/agent/sessions")),

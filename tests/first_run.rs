@@ -38,10 +38,7 @@ async fn serve_and_run_a_tool(backend: Backend, data_dir: DataDir, expected: &st
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env_remove("CONCLAVE_SANDBOX")
         .env_remove("CONCLAVE_DATA_DIR")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .env("RUST_LOG", "warn");
     match backend {
         Backend::LocalFlag => {
             command.args(["--sandbox", "local"]);
@@ -60,44 +57,16 @@ async fn serve_and_run_a_tool(backend: Backend, data_dir: DataDir, expected: &st
             command.env("CONCLAVE_DATA_DIR", dir);
         }
     }
-    let mut child = command.spawn().expect("the conclave binary starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let Some(first) = lines.next_line().await.expect("read stdout") else {
-        let output = child.wait_with_output().await.expect("exit");
-        panic!(
-            "the server exited at start ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
-    let url = first
-        .strip_prefix("conclave listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .to_string();
-
+    let (mut child, url) = serve(&mut command).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/agent/session"))
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("create")
-        .json()
-        .await
-        .expect("json");
-    let id = created["session_id"].as_str().expect("session_id");
-    let events = ndjson(
-        http.post(format!("{url}/agent/session/{id}/message"))
-            .json(&json!({"prompt": "$ echo from-a-sandbox > note.txt && cat note.txt && pwd"}))
-            .send()
-            .await
-            .expect("message"),
+    let id = create_session(&http, &url).await;
+    let result = tool_result(
+        &http,
+        &url,
+        &id,
+        "$ echo from-a-sandbox > note.txt && cat note.txt && pwd",
     )
     .await;
-    let result = events
-        .iter()
-        .find(|e| e["type"] == "tool_result")
-        .unwrap_or_else(|| panic!("no tool_result in {events:?}"));
     assert_eq!(result["is_error"], false, "{result}");
     assert_eq!(
         result["output"]["stdout"], "from-a-sandbox\n/workspace\n",
@@ -121,7 +90,86 @@ async fn serve_and_run_a_tool(backend: Backend, data_dir: DataDir, expected: &st
             state.join(file).display()
         );
     }
+    // Deleted, the session takes its sandbox (and its cgroups) with it.
+    delete_session(&http, &url, &id).await;
     stop(&mut child).await;
+    assert_eq!(sandbox_dirs(&state), Vec::<String>::new());
+}
+
+/// Spawns the server and reads where it listens; a start that fails says
+/// why.
+async fn serve(command: &mut Command) -> (tokio::process::Child, String) {
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("the conclave binary starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let Some(first) = lines.next_line().await.expect("read stdout") else {
+        let output = child.wait_with_output().await.expect("exit");
+        panic!(
+            "the server exited at start ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let url = first
+        .strip_prefix("conclave listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    (child, url)
+}
+
+async fn create_session(http: &reqwest::Client, url: &str) -> String {
+    let created: Value = http
+        .post(format!("{url}/agent/session"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    created["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string()
+}
+
+async fn delete_session(http: &reqwest::Client, url: &str, id: &str) {
+    let deleted = http
+        .delete(format!("{url}/agent/session/{id}"))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 200);
+}
+
+/// Runs `prompt` (a `$ …` line: the demo model's `Bash` call) as a turn of
+/// session `id` and returns its `tool_result` event.
+async fn tool_result(http: &reqwest::Client, url: &str, id: &str, prompt: &str) -> Value {
+    let events = ndjson(
+        http.post(format!("{url}/agent/session/{id}/message"))
+            .json(&json!({"prompt": prompt}))
+            .send()
+            .await
+            .expect("message"),
+    )
+    .await;
+    events
+        .into_iter()
+        .find(|e| e["type"] == "tool_result")
+        .expect("a tool_result event")
+}
+
+/// The sandbox directories under a data directory.
+fn sandbox_dirs(state: &std::path::Path) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(state.join("sandboxes"))
+        .expect("sandboxes")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 /// SIGTERM, so the server removes its sandboxes, then waits for the exit.
@@ -164,4 +212,86 @@ async fn auto_without_docker_with_a_relative_data_dir() {
 #[tokio::test]
 async fn local_flag_with_a_relative_data_dir_from_the_environment() {
     serve_and_run_a_tool(Backend::LocalFlag, DataDir::Env("from-env"), "from-env").await;
+}
+
+/// A normal stop removes every sandbox no live session owns (an MCP
+/// connection's scratch sandbox here) and keeps a live session's, which the
+/// next start takes over.
+#[tokio::test]
+async fn a_normal_stop_keeps_only_live_sessions_sandboxes() {
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let start = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_conclave"));
+        command
+            .current_dir(cwd.path())
+            .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
+            .env("RUST_LOG", "warn")
+            .env("CONCLAVE_SANDBOX__WARM_POOL", "0");
+        command
+    };
+    let (mut child, url) = serve(&mut start()).await;
+    let http = reqwest::Client::new();
+    let id = create_session(&http, &url).await;
+    tool_result(&http, &url, &id, "$ echo kept > kept.txt").await;
+    // An MCP connection's scratch sandbox.
+    let mcp = |session: Option<&str>, body: Value| {
+        let mut request = http
+            .post(format!("{url}/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .json(&body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        request.send()
+    };
+    let opened = mcp(
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+               "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                          "clientInfo": {"name": "scratch", "version": "1"}}}),
+    )
+    .await
+    .expect("initialize");
+    let mcp_session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let _ = opened.text().await;
+    mcp(
+        Some(&mcp_session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await
+    .expect("initialized");
+    let called = mcp(
+        Some(&mcp_session),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": "execute_shell", "arguments": {"command": "echo scratch"}}}),
+    )
+    .await
+    .expect("call")
+    .text()
+    .await
+    .expect("text");
+    assert!(called.contains("scratch"), "{called}");
+    let state = cwd.path().join("data");
+    assert_eq!(sandbox_dirs(&state).len(), 2);
+
+    stop(&mut child).await;
+    let left = sandbox_dirs(&state);
+    assert_eq!(
+        left.len(),
+        1,
+        "only the live session's sandbox stays: {left:?}"
+    );
+
+    // The next start takes it over, workspace and all; deleting the
+    // session then removes it.
+    let (mut child, url) = serve(&mut start()).await;
+    let result = tool_result(&http, &url, &id, "$ cat kept.txt").await;
+    assert_eq!(result["output"]["stdout"], "kept\n", "{result}");
+    delete_session(&http, &url, &id).await;
+    stop(&mut child).await;
+    assert_eq!(sandbox_dirs(&state), Vec::<String>::new());
 }

@@ -75,6 +75,13 @@ fn check(seen: &Value) {
         "a 2 s execution reported no progress"
     );
     assert_eq!(seen["sh_language"]["stdout"], "1\n");
+    let big = &seen["big_output"];
+    assert_eq!(big["stdout_bytes"], 600_000, "{big}");
+    assert_eq!(big["truncated"], false, "{big}");
+    assert!(
+        big["text_bytes"].as_u64().is_some_and(|n| n < 1000),
+        "the output is not copied into a text block: {big}"
+    );
     let error = |key: &str| seen[key].as_str().unwrap_or_default().to_string();
     assert!(
         error("missing_argument").contains("code"),

@@ -254,6 +254,57 @@ async fn disk_fill_is_contained(backend: Arc<dyn SandboxBackend>) {
     assert_eq!(status.exit_code, Some(0));
 }
 
+/// The limits a sandbox was given are the ones its cgroups hold, read from
+/// inside the sandbox (where a container has them).
+async fn limits_are_in_its_cgroups(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = Live(
+        backend
+            .create(&SandboxSpec {
+                cpus: 0.5,
+                memory_mb: 192,
+                pids: 48,
+                ..spec()
+            })
+            .await
+            .expect("sandbox starts"),
+    );
+    let (status, out) = sh(
+        &sandbox,
+        "cd /sys/fs/cgroup && cat cpu/cpu.cfs_quota_us cpu/cpu.cfs_period_us \
+         memory/memory.limit_in_bytes pids/pids.max; \
+         (echo -1 > cpu/cpu.cfs_quota_us) 2>/dev/null && echo raised; \
+         (echo max > pids/pids.max) 2>/dev/null && echo raised; true",
+        10,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!("50000\n100000\n{}\n48\n", 192 * 1024 * 1024)
+    );
+}
+
+/// What a call leaves running when it returns (a background job, a
+/// `setsid` daemon) is killed with it.
+async fn nothing_a_call_started_outlives_it(backend: Arc<dyn SandboxBackend>) {
+    let sandbox = create(&backend).await;
+    // Counted by the sandbox's pids cgroup, which sees every exec's
+    // processes (a local exec's own pid namespace hides the others from ps).
+    let count = "cat /sys/fs/cgroup/pids/pids.current";
+    let (_, before) = sh(&sandbox, count, 10).await;
+    let (status, out) = sh(
+        &sandbox,
+        "sleep 300 & setsid sleep 301 & nohup sleep 302 >/dev/null 2>&1 & echo started",
+        10,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "started\n");
+    let (_, after) = sh(&sandbox, count, 10).await;
+    assert_eq!(text(&after.stdout), text(&before.stdout));
+    assert_none_left(&sandbox, "[s]leep 30[012]").await;
+}
+
 async fn no_network_but_loopback(backend: Arc<dyn SandboxBackend>) {
     let sandbox = create(&backend).await;
     let (_, out) = sh(
@@ -452,6 +503,8 @@ suite!(docker:
     fork_bomb_is_contained,
     memory_hog_is_killed,
     disk_fill_is_contained,
+    limits_are_in_its_cgroups,
+    nothing_a_call_started_outlives_it,
     no_network_but_loopback,
     host_files_are_out_of_reach,
     files_round_trip_and_stay_confined,
@@ -465,6 +518,8 @@ suite!(local:
     fork_bomb_is_contained,
     memory_hog_is_killed,
     disk_fill_is_contained,
+    limits_are_in_its_cgroups,
+    nothing_a_call_started_outlives_it,
     no_network_but_loopback,
     host_files_are_out_of_reach,
     files_round_trip_and_stay_confined,

@@ -420,12 +420,23 @@ async fn run_tool(
 
 /// Keeps a string output under `max` bytes, marking the cut.
 fn truncate(mut output: ToolOutput, max: usize) -> ToolOutput {
-    match &mut output.output {
-        Value::String(s) => cut_string(s, max),
-        // A structured result (an exec's stdout and stderr): its string
-        // fields share the budget, the longest cut first.
+    cut_to_fit(&mut output.output, max);
+    output
+}
+
+/// Cuts a value to about `max` bytes of JSON, marking each cut: a string
+/// directly; an object's string fields (an exec's stdout and stderr) share
+/// the budget, the longest cut first. Whether anything was cut.
+pub fn cut_to_fit(value: &mut Value, max: usize) -> bool {
+    match value {
+        Value::String(s) => {
+            let cut = s.len() > max;
+            cut_string(s, max);
+            cut
+        }
         Value::Object(fields) => {
             let mut size = Value::Object(fields.clone()).to_string().len();
+            let mut cut = false;
             while size > max {
                 let longest = fields
                     .iter()
@@ -439,12 +450,13 @@ fn truncate(mut output: ToolOutput, max: usize) -> ToolOutput {
                 };
                 // The marker adds a few bytes back: cut a little more.
                 cut_string(text, len.saturating_sub(size - max + 48).max(32));
+                cut = true;
                 size = Value::Object(fields.clone()).to_string().len();
             }
+            cut
         }
-        _ => {}
+        _ => false,
     }
-    output
 }
 
 /// Cuts `s` to about `max` bytes on a character boundary, marking the cut.

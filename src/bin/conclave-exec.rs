@@ -16,7 +16,8 @@
 //! - `r ID WORKDIR STDIN ARGC ARG… ENVC KEY=VALUE…`: run a command in its
 //!   own process group, `STDIN` being `-` for none;
 //! - `k ID`: kill that run's process group and every process carrying its
-//!   marker variable (some leave the group).
+//!   marker variable (some leave the group). The same happens when a run's
+//!   command exits: nothing it started in the background outlives it.
 //!
 //! Replies, on stdout: `o ID DATA` and `e ID DATA` (a chunk of stdout or
 //! stderr), `x ID CODE` (the run ended; 128+N after signal N, like a shell)
@@ -252,6 +253,10 @@ fn launch(
                 return;
             };
             let code = watch(id, &mut child, &replies_here);
+            // Nothing a run started outlives it: what it left in the
+            // background (its group, and what carries its marker after
+            // leaving the group, `setsid` included) goes with it.
+            kill_run(&running_here, id);
             lock(&running_here).remove(&id);
             replies_here.send(&format!("x {id} {code}"));
         })

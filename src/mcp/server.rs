@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    ErrorData, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    CallToolResult, ContentBlock, ErrorData, Implementation, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -22,6 +24,43 @@ use crate::sandbox::{ExecChunk, ExecRequest, SandboxError, WORKSPACE, exec_colle
 
 /// How often a long exec reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// The most bytes of JSON one tool result takes, so that it fits, with the
+/// JSON-RPC envelope, in the 1 MiB the official SDKs allow an SSE event.
+const MAX_RESULT_BYTES: usize = 896 * 1024;
+/// A result this small is also put in a text block, for clients that read
+/// only text.
+const TEXT_COPY_BYTES: usize = 16 * 1024;
+
+/// A structured tool result, sent once. rmcp's own `Json` also copies the
+/// whole result into a text block, which doubles every output on the wire.
+/// Named `Json` so that rmcp's `#[tool]` still derives the output schema
+/// from it.
+pub struct Json<T>(pub T);
+
+impl<T: Serialize + JsonSchema + 'static> IntoCallToolResult for Json<T> {
+    fn into_call_tool_result(self) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let mut value = serde_json::to_value(self.0)
+            .map_err(|e| ErrorData::internal_error(format!("serializing a result: {e}"), None))?;
+        if crate::agent::turn::cut_to_fit(&mut value, MAX_RESULT_BYTES)
+            && let Some(truncated) = value.get_mut("truncated")
+        {
+            *truncated = serde_json::Value::Bool(true);
+        }
+        let text = value.to_string();
+        let note = if text.len() <= TEXT_COPY_BYTES {
+            text
+        } else {
+            format!(
+                "{} bytes of structured result (structuredContent)",
+                text.len()
+            )
+        };
+        let mut result = CallToolResult::success(vec![ContentBlock::text(note)]);
+        result.structured_content = Some(value);
+        Ok(result.into())
+    }
+}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ExecuteCode {

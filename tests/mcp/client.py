@@ -79,6 +79,18 @@ async def exercise(read, write, session_id):
         )
         seen["sh_language"] = structured(result)
 
+        # 600 kB of output: sent once, it fits the SDK's 1 MiB event limit.
+        result = await session.call_tool(
+            "execute_shell",
+            {"command": "head -c 600000 /dev/zero | tr '\\0' x", "session_id": session_id},
+        )
+        big = structured(result)
+        seen["big_output"] = {
+            "stdout_bytes": len(big["stdout"]),
+            "truncated": big["truncated"],
+            "text_bytes": sum(len(getattr(c, "text", "")) for c in result.content),
+        }
+
         seen["missing_argument"] = await error_of(session, "execute_code", {"session_id": session_id})
         seen["bad_type"] = await error_of(
             session, "execute_shell", {"command": 5, "session_id": session_id}

@@ -62,6 +62,9 @@ pub(super) struct Hierarchy {
     /// `<mount>/<parent>` of each usable controller, once per hierarchy:
     /// `cpu` and `cpuacct` are often one hierarchy mounted twice.
     bases: Vec<PathBuf>,
+    /// Each usable controller's `<mount>/<parent>`, for the views a sandbox
+    /// gets of its own cgroups.
+    by_controller: Vec<(Controller, PathBuf)>,
 }
 
 impl Hierarchy {
@@ -72,6 +75,7 @@ impl Hierarchy {
         let mut hierarchy = Hierarchy {
             controllers: Vec::new(),
             bases: Vec::new(),
+            by_controller: Vec::new(),
         };
         for controller in Controller::ALL {
             let base = mount_root.join(controller.name()).join(parent);
@@ -89,6 +93,7 @@ impl Hierarchy {
                 continue;
             };
             hierarchy.controllers.push(controller);
+            hierarchy.by_controller.push((controller, base.clone()));
             if !hierarchy.bases.contains(&base) {
                 hierarchy.bases.push(base);
             }
@@ -98,6 +103,22 @@ impl Hierarchy {
 
     pub(super) fn has(&self, controller: Controller) -> bool {
         self.controllers.contains(&controller)
+    }
+
+    /// Where sandbox `id` sees its own cgroups, read-only, as a container
+    /// does: `/sys/fs/cgroup/<controller>` → its directory on the host.
+    /// Only directories that exist (made by [`SandboxCgroup::create`]).
+    pub(super) fn views(&self, id: &str) -> Vec<(String, PathBuf)> {
+        self.by_controller
+            .iter()
+            .map(|(controller, base)| {
+                (
+                    format!("/sys/fs/cgroup/{}", controller.name()),
+                    base.join(id),
+                )
+            })
+            .filter(|(_, dir)| dir.is_dir())
+            .collect()
     }
 
     /// The cgroups of sandbox `id`, whether or not they exist yet.

@@ -203,6 +203,7 @@ impl Jail {
         spec: &SandboxSpec,
         landlock: bool,
         fallbacks: Fallbacks,
+        cgroup_views: &[(String, PathBuf)],
     ) -> Jail {
         let mut c = Container::empty();
         for namespace in [
@@ -256,6 +257,11 @@ impl Jail {
         }
         let workspace = layout.workspace();
         c.bindmount_rw(&workspace.to_string_lossy(), WORKSPACE);
+        // The sandbox's own cgroups, read-only, where a container has them:
+        // programs size themselves from the limits there.
+        for (target, dir) in cgroup_views {
+            c.bindmount_ro(&dir.to_string_lossy(), target);
+        }
         c.devfsmount("/dev");
         c.procfsmount("/proc");
         c.bindmount_rw(&layout.tmp().to_string_lossy(), "/tmp");

@@ -201,6 +201,7 @@ impl Host {
             &meta.spec.clone().into(),
             self.landlock,
             self.fallbacks,
+            &self.cgroups.views(&meta.id),
         )
     }
 

@@ -291,19 +291,21 @@ async fn host_is_hidden_and_only_workspace_and_tmp_are_writable() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
     let script = format!(
-        "for p in /root /home /work /var /sys {root} /etc/shadow; do \
+        "for p in /root /home /work /var /sys/kernel /sys/class {root} /etc/shadow; do \
              test -e $p && echo visible $p; done; \
          for p in /x /etc/x /usr/x /bin/x /proc/x /dev/x; do \
              touch $p 2>/dev/null && echo wrote $p; done; \
          touch /workspace/x /tmp/x && echo writable; \
-         ls / | tr '\\n' ' '; echo; id -un; pwd; echo $HOME",
+         ls / | tr '\\n' ' '; echo; ls /sys /sys/fs | tr '\\n' ' '; echo; \
+         id -un; pwd; echo $HOME",
         root = f.root.display()
     );
     let (status, stdout, stderr) = sh(&*sandbox, &script, SHORT).await;
     assert_eq!(status.exit_code, Some(0), "{stderr}");
     assert_eq!(
         stdout,
-        "writable\nbin dev etc lib lib64 proc sbin tmp usr workspace \nsandbox\n/workspace\n/workspace\n"
+        "writable\nbin dev etc lib lib64 proc sbin sys tmp usr workspace \n\
+         /sys: fs  /sys/fs: cgroup \nsandbox\n/workspace\n/workspace\n"
     );
     assert_ne!(uid_of(&*sandbox).await, 0);
     sandbox.destroy().await.expect("destroy");
