@@ -142,8 +142,13 @@ pub struct SandboxConfig {
     pub max_cpus: f64,
     pub min_memory_mb: u64,
     pub max_memory_mb: u64,
-    /// Whether a session may ask for network access at all.
+    /// Whether a session may ask for network access at all. A sandbox
+    /// given network reaches the internet only: not its host, nor private,
+    /// link-local (cloud metadata) or reserved addresses.
     pub allow_network: bool,
+    /// CIDRs (or addresses) a sandbox given network may reach beyond the
+    /// internet, e.g. a package mirror on the private network.
+    pub network_allow: Vec<String>,
     /// Per-exec timeout when a call names none, and the most one may name.
     pub exec_timeout_s: u64,
     pub max_exec_timeout_s: u64,
@@ -181,6 +186,7 @@ impl Default for SandboxConfig {
             min_memory_mb: 32,
             max_memory_mb: 4096,
             allow_network: false,
+            network_allow: Vec::new(),
             exec_timeout_s: 60,
             max_exec_timeout_s: 600,
             idle_ttl_s: 900,
@@ -597,6 +603,10 @@ impl Config {
                 "sandbox.exec_timeout_s",
                 "must not exceed sandbox.max_exec_timeout_s".into(),
             ));
+        }
+        for (i, net) in sandbox.network_allow.iter().enumerate() {
+            crate::sandbox::firewall::parse_net(net)
+                .map_err(|e| field(&format!("sandbox.network_allow[{i}]"), e))?;
         }
         if sandbox.image.trim().is_empty() {
             return Err(field("sandbox.image", "must not be empty".into()));

@@ -770,3 +770,119 @@ async fn websocket_binary_and_oversized_frames_are_answered() {
     assert_eq!(close_code, Some(1009));
     server.stop().await;
 }
+
+// 8. Network off unless the operator allows it, and then the internet only.
+
+/// Tries each `host:port` from inside the session's sandbox; the errno of
+/// each connect (0: connected, 111: refused by the firewall's REJECT).
+async fn connects_from_sandbox(server: &TestServer, targets: &[String]) -> Vec<i64> {
+    let id = server
+        .create_session(json!({"options": {"sandbox": {"network": true}}}))
+        .await;
+    let command = format!(
+        "$ python3 -c \"import socket,sys;[print((lambda s:(s.settimeout(5),s.connect_ex((a.rsplit(':',1)[0],int(a.rsplit(':',1)[1]))))[1])(socket.socket())) for a in sys.argv[1:]]\" {}",
+        targets.join(" ")
+    );
+    let events = server.turn(&id, &command).await;
+    let result = events
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap_or_else(|| panic!("no tool result: {events:?}"));
+    let stdout = result["output"]["stdout"].as_str().unwrap_or_default();
+    let codes: Vec<i64> = stdout
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(codes.len(), targets.len(), "{result}");
+    let deleted = server
+        .http
+        .delete(server.url(&format!("/agent/session/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    codes
+}
+
+/// This host's first non-loopback IPv4 address.
+fn host_address() -> String {
+    let out = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .expect("hostname -I");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|a| {
+            a.parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|ip| !ip.is_loopback())
+        })
+        .expect("a non-loopback address")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_given_network_reach_neither_their_host_nor_private_ranges() {
+    use conclave::config::SandboxBackendKind::{Docker, Local};
+    // A host service on every interface, as the review's attack used.
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let _ = socket.write_all(b"host service\n").await;
+        }
+    });
+    let host = format!("{}:{port}", host_address());
+    let loopback = format!("127.0.0.1:{port}");
+    // The servers share one firewall chain (the last to start writes it):
+    // one backend after the other, the allowing server first, so the
+    // default rules are what stays.
+    for backend in [Docker, Local] {
+        let targets: Vec<String> = match backend {
+            // A container's 127.0.0.1 is its own.
+            Docker => vec![host.clone()],
+            _ => vec![host.clone(), loopback.clone()],
+        };
+        let allowing = TestServer::start_sandboxed(|c| {
+            c.sandbox.backend = backend;
+            c.sandbox.warm_pool = 0;
+            c.sandbox.allow_network = true;
+            c.sandbox.network_allow = vec![host_address(), "127.0.0.1".into()];
+        })
+        .await;
+        let codes = connects_from_sandbox(&allowing, &targets).await;
+        assert!(
+            codes.iter().all(|c| *c == 0),
+            "{backend:?} allowed: {codes:?}"
+        );
+        allowing.stop_and_remove_sandboxes().await;
+
+        let server = TestServer::start_sandboxed(|c| {
+            c.sandbox.backend = backend;
+            c.sandbox.warm_pool = 0;
+            c.sandbox.allow_network = true;
+        })
+        .await;
+        let codes = connects_from_sandbox(&server, &targets).await;
+        assert!(
+            codes.iter().all(|c| *c == 111),
+            "{backend:?}: the host answered a sandbox ({codes:?} for {targets:?})"
+        );
+        server.stop_and_remove_sandboxes().await;
+    }
+    let rules = std::process::Command::new("iptables")
+        .args(["-S", "CONCLAVE-SANDBOX"])
+        .output()
+        .expect("iptables");
+    let rules = String::from_utf8_lossy(&rules.stdout);
+    for range in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+    ] {
+        assert!(
+            rules.contains(&format!("-d {range} -j REJECT")),
+            "{range} is not rejected: {rules}"
+        );
+    }
+}

@@ -86,6 +86,44 @@ impl DockerBackend {
         Ok(DockerBackend { docker })
     }
 
+    /// Makes the bridge network sandboxes given network sit on, unless it
+    /// exists: no traffic between its containers, a fixed bridge name for
+    /// the firewall's rules.
+    pub async fn ensure_network(&self, name: &str, bridge: &str) -> Result<()> {
+        if self.docker.inspect_network(name, None).await.is_ok() {
+            return Ok(());
+        }
+        let request = bollard::models::NetworkCreateRequest {
+            name: name.to_string(),
+            driver: Some("bridge".into()),
+            options: Some(HashMap::from([
+                (
+                    "com.docker.network.bridge.name".to_string(),
+                    bridge.to_string(),
+                ),
+                (
+                    "com.docker.network.bridge.enable_icc".to_string(),
+                    "false".to_string(),
+                ),
+            ])),
+            labels: Some(HashMap::from([(
+                LABEL_MANAGED.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        };
+        match self.docker.create_network(request).await {
+            Ok(_) => Ok(()),
+            // Made meanwhile by another server on this daemon.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(()),
+            Err(e) => Err(SandboxError::Unavailable(format!(
+                "docker: cannot create the network {name}: {e}"
+            ))),
+        }
+    }
+
     /// Creates, starts and boots a container (see [`DockerBackend::create`],
     /// which runs this to its end whatever its caller does).
     async fn make(&self, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
@@ -179,7 +217,16 @@ fn host_config(spec: &SandboxSpec) -> HostConfig {
         ),
     ]);
     HostConfig {
-        network_mode: Some(if spec.network { "bridge" } else { "none" }.into()),
+        // A sandbox given network sits on a bridge of its own, whose
+        // traffic the firewall holds to the internet.
+        network_mode: Some(
+            if spec.network {
+                super::firewall::DOCKER_NETWORK
+            } else {
+                "none"
+            }
+            .into(),
+        ),
         readonly_rootfs: Some(true),
         tmpfs: Some(tmpfs),
         cap_drop: Some(vec!["ALL".into()]),

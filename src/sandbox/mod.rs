@@ -16,6 +16,7 @@
 
 pub mod docker;
 pub mod files;
+pub mod firewall;
 pub mod kubernetes;
 pub mod local;
 pub mod manager;
@@ -188,23 +189,73 @@ pub async fn connect(
             root,
         )?))
     };
-    match config.backend {
-        Kind::Docker => Ok(Arc::new(docker::DockerBackend::connect().await?)),
-        Kind::Local => local(),
-        Kind::Kubernetes => Ok(Arc::new(
-            kubernetes::KubernetesBackend::connect(config.kubernetes.clone()).await?,
-        )),
+    let backend: Arc<dyn SandboxBackend> = match config.backend {
+        Kind::Docker => Arc::new(docker::DockerBackend::connect().await?),
+        Kind::Local => local()?,
+        Kind::Kubernetes => {
+            Arc::new(kubernetes::KubernetesBackend::connect(config.kubernetes.clone()).await?)
+        }
         Kind::Auto => match docker::DockerBackend::connect().await {
             Ok(docker) => {
                 tracing::info!("sandbox backend: docker (its socket answers)");
-                Ok(Arc::new(docker))
+                Arc::new(docker)
             }
             Err(e) => {
                 tracing::info!(reason = %e, "sandbox backend: local (docker does not answer)");
-                local()
+                local()?
             }
         },
+    };
+    if config.allow_network {
+        guard_network(config, backend.as_ref()).await?;
     }
+    Ok(backend)
+}
+
+/// Sets up what holds sandboxes given network to the internet
+/// ([`firewall`]); a backend that cannot be held refuses to start.
+async fn guard_network(
+    config: &crate::config::SandboxConfig,
+    backend: &dyn SandboxBackend,
+) -> Result<()> {
+    let allow: Vec<ipnet::IpNet> = config
+        .network_allow
+        .iter()
+        .filter_map(|net| firewall::parse_net(net).ok())
+        .collect();
+    let unavailable = |e: String| {
+        SandboxError::Unavailable(format!(
+            "sandbox.allow_network is on, but sandboxes' traffic cannot be filtered: {e}"
+        ))
+    };
+    let hook = match backend.name() {
+        "docker" => {
+            docker::DockerBackend::connect()
+                .await?
+                .ensure_network(firewall::DOCKER_NETWORK, firewall::DOCKER_BRIDGE)
+                .await?;
+            firewall::Hook::Bridge(firewall::DOCKER_BRIDGE.into())
+        }
+        "local" if local::is_root() => {
+            let first = config.local.uid_base;
+            firewall::Hook::Uids(first, first + (config.local.uid_count - 1))
+        }
+        "local" => {
+            return Err(unavailable(
+                "the local backend tells sandboxes apart by uid only as root; run it as root \
+                 or turn sandbox.allow_network off"
+                    .into(),
+            ));
+        }
+        // Kubernetes sandboxes: deploy/kubernetes/networkpolicy.yaml.
+        _ => return Ok(()),
+    };
+    tokio::task::spawn_blocking(move || firewall::install(&allow, &hook))
+        .await
+        .map_err(|e| unavailable(e.to_string()))?
+        .map_err(unavailable)?;
+    tracing::info!("sandboxes given network reach the internet only (sandbox.network_allow aside)");
+    Ok(())
 }
 
 /// The id of the server instance that owns `data_dir`, made on first use

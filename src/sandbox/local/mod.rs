@@ -93,6 +93,12 @@ struct Host {
     creating: tokio::sync::Mutex<()>,
 }
 
+/// Whether this process runs as root, which local sandboxes' own uids and
+/// their traffic filter need.
+pub fn is_root() -> bool {
+    sys::is_root()
+}
+
 /// Sandboxes in Linux namespaces on this host.
 #[derive(Debug, Clone)]
 pub struct LocalBackend {
