@@ -117,6 +117,7 @@ impl Server {
                     store: store.clone(),
                     max_output_bytes: MCP_MAX_OUTPUT_BYTES,
                     max_entries: MCP_MAX_ENTRIES,
+                    background: Default::default(),
                 });
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await

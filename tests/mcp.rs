@@ -47,6 +47,8 @@ fn check(seen: &Value) {
             "execute_shell",
             "glob",
             "grep",
+            "kill_background",
+            "list_background",
             "list_files",
             "read_file",
             "write_file"
@@ -83,6 +85,23 @@ fn check(seen: &Value) {
         "the output is not copied into a text block: {big}"
     );
     let error = |key: &str| seen[key].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        seen["background"],
+        json!({
+            "started": "running",
+            "listed": [[true, "running", "up\n"]],
+            // The background run alone: the plain call's `sleep 301` died
+            // with its call.
+            "alive_before_kill": "1",
+            "killed": "killed",
+            "alive_after_kill": "0",
+        })
+    );
+    assert!(
+        error("unknown_background").contains("no background run"),
+        "{}",
+        error("unknown_background")
+    );
     assert!(
         error("missing_argument").contains("code"),
         "{}",

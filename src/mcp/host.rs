@@ -39,6 +39,8 @@ pub struct McpHost {
     pub max_output_bytes: usize,
     /// Entries a listing, glob or grep returns.
     pub max_entries: usize,
+    /// Commands started with `background: true`.
+    pub background: super::background::BackgroundRuns,
 }
 
 fn invalid(message: impl Into<String>) -> ErrorData {
@@ -48,6 +50,11 @@ fn invalid(message: impl Into<String>) -> ErrorData {
 impl McpHost {
     fn config(&self) -> &SandboxConfig {
         self.sandboxes.config()
+    }
+
+    /// The longest exec timeout a call may ask for.
+    pub fn max_timeout_s(&self) -> u64 {
+        self.config().max_exec_timeout_s
     }
 
     /// The exec timeout a call asked for, within the configured bounds.

@@ -6,12 +6,15 @@
 //!   `execute_shell`, `read_file`, `write_file`, `edit_file`, `list_files`,
 //!   `glob`, `grep`), served over streamable HTTP at `/mcp` and over stdio by
 //!   `conclave mcp`.
+//! - [`background`]: commands started with `background: true`, listed and
+//!   killable.
 //! - [`host`]: what the tools need from the server (sandboxes, the store
 //!   for session and owner checks, limits) and who is calling.
 //! - [`external`]: a session's own MCP servers (`options.mcp_servers`).
 //! - [`client`]: the agent's [`crate::agent::ToolRouter`]: Claude Code's
 //!   built-in tools mapped onto the server's, through an in-process client.
 
+pub mod background;
 pub mod client;
 pub mod external;
 pub mod host;
@@ -71,6 +74,7 @@ pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
         store: store.clone(),
         max_output_bytes: 1024 * 1024,
         max_entries: 2000,
+        background: Default::default(),
     });
     let server = SandboxServer::new(host, Caller::Trusted);
     let running = server.serve(rmcp::transport::stdio()).await?;

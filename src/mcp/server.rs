@@ -19,6 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::background::{RunList, RunView};
 use super::host::{Caller, McpHost};
 use crate::sandbox::{ExecChunk, ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
 
@@ -86,6 +87,25 @@ pub struct ExecuteShell {
     pub session_id: Option<String>,
     #[serde(default)]
     pub timeout: Option<u64>,
+    /// Start it and return at once; it runs on (until killed, or the
+    /// longest timeout allowed) and shows in `list_background`. Otherwise
+    /// whatever the command leaves running is killed when it returns.
+    #[serde(default)]
+    pub background: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListBackground {
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct KillBackground {
+    /// The `background_id` `execute_shell` returned.
+    pub id: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -166,6 +186,10 @@ pub struct ExecResult {
     pub duration_ms: u64,
     /// Output past the limit was dropped.
     pub truncated: bool,
+    /// Set for a command started with `background: true` (its status is
+    /// then `running`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -348,7 +372,20 @@ impl SandboxServer {
             exit_code: status.exit_code,
             duration_ms: status.duration.as_millis() as u64,
             truncated: out.truncated,
+            background_id: None,
         }))
+    }
+
+    /// Which sandbox a call's background runs belong to.
+    fn run_owner(&self, session_id: Option<&str>) -> String {
+        match session_id {
+            // The lease checked it is a UUID; one spelling for all calls.
+            Some(id) => format!(
+                "session:{}",
+                Uuid::parse_str(id).map_or_else(|_| id.to_string(), |u| u.to_string())
+            ),
+            None => format!("scratch:{}", self.scratch.id),
+        }
     }
 
     #[tool(
@@ -382,15 +419,86 @@ impl SandboxServer {
         .await
     }
 
-    #[tool(description = "Run a shell command line in the session's sandbox, in /workspace.")]
+    #[tool(
+        description = "Run a shell command line in the session's sandbox, in /workspace. What it leaves running is killed when it returns, unless background is true: then it starts, returns a background_id at once, and runs on (see list_background, kill_background)."
+    )]
     async fn execute_shell(
         &self,
         Parameters(args): Parameters<ExecuteShell>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecResult>, ErrorData> {
-        let command = vec!["/bin/sh".into(), "-c".into(), args.command];
-        self.exec(args.session_id.as_deref(), command, None, args.timeout, ctx)
+        let command = vec!["/bin/sh".into(), "-c".into(), args.command.clone()];
+        if !args.background {
+            return self
+                .exec(args.session_id.as_deref(), command, None, args.timeout, ctx)
+                .await;
+        }
+        let timeout = self
+            .host
+            .timeout(Some(args.timeout.unwrap_or(self.host.max_timeout_s())))?;
+        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
+        let request = ExecRequest {
+            command,
+            stdin: None,
+            timeout,
+            workdir: WORKSPACE.into(),
+            env: Default::default(),
+        };
+        let run = self
+            .host
+            .background
+            .start(
+                self.run_owner(args.session_id.as_deref()),
+                args.command,
+                lease,
+                request,
+            )
+            .map_err(|e| ErrorData::invalid_params(e, None))?;
+        Ok(Json(ExecResult {
+            status: run.status,
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            duration_ms: 0,
+            truncated: false,
+            background_id: Some(run.id),
+        }))
+    }
+
+    #[tool(
+        description = "List the commands started with background: true in the session's sandbox, with their status and the tail of their output."
+    )]
+    async fn list_background(
+        &self,
+        Parameters(args): Parameters<ListBackground>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<RunList>, ErrorData> {
+        // Checks that the caller may use the sandbox.
+        self.lease(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            self.host
+                .background
+                .list(&self.run_owner(args.session_id.as_deref())),
+        ))
+    }
+
+    #[tool(
+        description = "Kill a command started with background: true, its whole process tree with it."
+    )]
+    async fn kill_background(
+        &self,
+        Parameters(args): Parameters<KillBackground>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<RunView>, ErrorData> {
+        self.lease(args.session_id.as_deref(), &ctx).await?;
+        self.host
+            .background
+            .kill(&self.run_owner(args.session_id.as_deref()), &args.id)
             .await
+            .map(Json)
+            .ok_or_else(|| {
+                ErrorData::invalid_params(format!("no background run '{}'", args.id), None)
+            })
     }
 
     #[tool(description = "Read a text file of the session's workspace.")]

@@ -91,6 +91,40 @@ async def exercise(read, write, session_id):
             "text_bytes": sum(len(getattr(c, "text", "")) for c in result.content),
         }
 
+        # A background run: listed while it runs, killed on request; a
+        # plain call's leftovers die with it.
+        started = structured(await session.call_tool(
+            "execute_shell",
+            {"command": "echo up; exec sleep 300", "background": True, "session_id": session_id},
+        ))
+        bid = started["background_id"]
+        listed = None
+        for _ in range(100):
+            listed = structured(await session.call_tool("list_background", {"session_id": session_id}))
+            if any("up" in r["stdout_tail"] for r in listed["runs"]):
+                break
+            await anyio.sleep(0.1)
+        await session.call_tool(
+            "execute_shell", {"command": "sleep 301 & echo left", "session_id": session_id}
+        )
+        alive = structured(await session.call_tool(
+            "execute_shell", {"command": "ps -eo args | grep -c '[s]leep 30[01]' || true", "session_id": session_id},
+        ))
+        killed = structured(await session.call_tool("kill_background", {"id": bid, "session_id": session_id}))
+        after = structured(await session.call_tool(
+            "execute_shell", {"command": "ps -eo args | grep -c '[s]leep 30[01]' || true", "session_id": session_id},
+        ))
+        seen["background"] = {
+            "started": started["status"],
+            "listed": [(r["id"] == bid, r["status"], r["stdout_tail"]) for r in listed["runs"]],
+            "alive_before_kill": alive["stdout"].strip(),
+            "killed": killed["status"],
+            "alive_after_kill": after["stdout"].strip(),
+        }
+        seen["unknown_background"] = await error_of(
+            session, "kill_background", {"id": "bg-nope", "session_id": session_id}
+        )
+
         seen["missing_argument"] = await error_of(session, "execute_code", {"session_id": session_id})
         seen["bad_type"] = await error_of(
             session, "execute_shell", {"command": 5, "session_id": session_id}
