@@ -886,3 +886,73 @@ async fn sandboxes_given_network_reach_neither_their_host_nor_private_ranges() {
         );
     }
 }
+
+// 5 (applied) and 7, through the API on both backends.
+
+/// Runs `$ command` in a new session with `options` and returns stdout.
+async fn shell_in_session(server: &TestServer, options: Value, command: &str) -> (String, String) {
+    let id = server.create_session(json!({"options": options})).await;
+    let events = server.turn(&id, &format!("$ {command}")).await;
+    let result = events
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap_or_else(|| panic!("no tool result: {events:?}"));
+    (
+        id,
+        result["output"]["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_and_nothing_a_call_starts_outlives_it() {
+    use conclave::config::SandboxBackendKind::{Docker, Local};
+    for backend in [Docker, Local] {
+        let server = TestServer::start_sandboxed(|c| {
+            c.sandbox.backend = backend;
+            c.sandbox.warm_pool = 0;
+        })
+        .await;
+        let (_, limits) = shell_in_session(
+            &server,
+            json!({"sandbox": {"cpus": 0.25, "memory_mb": 96}}),
+            "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/memory/memory.limit_in_bytes",
+        )
+        .await;
+        assert_eq!(
+            limits,
+            format!("25000\n{}\n", 96 * 1024 * 1024),
+            "{backend:?}"
+        );
+
+        let (id, started) = shell_in_session(
+            &server,
+            json!({}),
+            "sleep 310 & setsid sleep 311 & nohup sleep 312 >/dev/null 2>&1 & echo started",
+        )
+        .await;
+        assert_eq!(started, "started\n");
+        let events = server
+            .turn(&id, "$ cat /sys/fs/cgroup/pids/pids.current; ps -eo args | grep -c '[s]leep 31[012]' || true")
+            .await;
+        let stdout = events
+            .iter()
+            .find(|e| e["type"] == "tool_result")
+            .and_then(|e| e["output"]["stdout"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let counts: Vec<&str> = stdout.lines().collect();
+        assert_eq!(counts.get(1), Some(&"0"), "{backend:?}: {stdout}");
+        // The sandbox's processes are this call's alone: its shell, ps,
+        // grep and the helper or init around them; three sleeps would
+        // push the count past that.
+        let pids: u32 = counts[0].parse().unwrap();
+        assert!(
+            pids <= 7,
+            "{backend:?}: {pids} processes in the sandbox: {stdout}"
+        );
+        server.stop_and_remove_sandboxes().await;
+    }
+}
