@@ -8,6 +8,7 @@
 //!   `conclave mcp`.
 //! - [`background`]: commands started with `background: true`, listed and
 //!   killable.
+//! - [`schema`]: the tools' parameters and results.
 //! - [`host`]: what the tools need from the server (sandboxes, the store
 //!   for session and owner checks, limits) and who is calling.
 //! - [`external`]: a session's own MCP servers (`options.mcp_servers`).
@@ -18,6 +19,7 @@ pub mod background;
 pub mod client;
 pub mod external;
 pub mod host;
+pub mod schema;
 pub mod server;
 
 use std::sync::Arc;

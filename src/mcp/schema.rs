@@ -1,0 +1,210 @@
+//! The sandbox tools' wire types: their parameters, their results, and
+//! [`Json`], the result wrapper that sends a structured result once.
+
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::model::{CallToolResult, ContentBlock, ErrorData};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The most bytes of JSON one tool result takes, so that it fits, with the
+/// JSON-RPC envelope, in the 1 MiB the official SDKs allow an SSE event.
+const MAX_RESULT_BYTES: usize = 896 * 1024;
+/// A result this small is also put in a text block, for clients that read
+/// only text.
+const TEXT_COPY_BYTES: usize = 16 * 1024;
+
+/// A structured tool result, sent once. rmcp's own `Json` also copies the
+/// whole result into a text block, which doubles every output on the wire.
+/// Named `Json` so that rmcp's `#[tool]` still derives the output schema
+/// from it.
+pub struct Json<T>(pub T);
+
+impl<T: Serialize + JsonSchema + 'static> IntoCallToolResult for Json<T> {
+    fn into_call_tool_result(self) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let mut value = serde_json::to_value(self.0)
+            .map_err(|e| ErrorData::internal_error(format!("serializing a result: {e}"), None))?;
+        if crate::agent::turn::cut_to_fit(&mut value, MAX_RESULT_BYTES)
+            && let Some(truncated) = value.get_mut("truncated")
+        {
+            *truncated = serde_json::Value::Bool(true);
+        }
+        let text = value.to_string();
+        let note = if text.len() <= TEXT_COPY_BYTES {
+            text
+        } else {
+            format!(
+                "{} bytes of structured result (structuredContent)",
+                text.len()
+            )
+        };
+        let mut result = CallToolResult::success(vec![ContentBlock::text(note)]);
+        result.structured_content = Some(value);
+        Ok(result.into())
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecuteCode {
+    /// The program's source.
+    pub code: String,
+    /// `python` (default), `bash` or `sh`.
+    #[serde(default)]
+    pub language: Option<String>,
+    /// The agent session whose sandbox runs it; omitted, this connection's
+    /// own scratch sandbox.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Seconds before the whole process tree is killed.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecuteShell {
+    /// A command line for `/bin/sh -c`, run in the workspace.
+    pub command: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// Start it and return at once; it runs on (until killed, or the
+    /// longest timeout allowed) and shows in `list_background`. Otherwise
+    /// whatever the command leaves running is killed when it returns.
+    #[serde(default)]
+    pub background: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListBackground {
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct KillBackground {
+    /// The `background_id` `execute_shell` returned.
+    pub id: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFile {
+    /// Absolute, or relative to /workspace.
+    pub path: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFile {
+    pub path: String,
+    pub content: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct EditFile {
+    pub path: String,
+    pub old_string: String,
+    pub new_string: String,
+    /// Replace every occurrence instead of exactly one.
+    #[serde(default)]
+    pub replace_all: bool,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListFiles {
+    /// Directory to list (default /workspace).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Levels to descend (default 1).
+    #[serde(default)]
+    pub depth: Option<u32>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct GlobFiles {
+    /// A glob such as `**/*.py`, relative to `path`.
+    pub pattern: String,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct GrepFiles {
+    /// An extended regular expression.
+    pub pattern: String,
+    /// File or directory to search (default /workspace).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Only files whose name matches this glob, e.g. `*.rs`.
+    #[serde(default)]
+    pub include: Option<String>,
+    #[serde(default)]
+    pub ignore_case: bool,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// What an execution returned.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct ExecResult {
+    /// `success`, `error` (non-zero exit) or `timeout`.
+    pub status: String,
+    pub stdout: String,
+    pub stderr: String,
+    /// `null` when the process was killed.
+    pub exit_code: Option<i64>,
+    pub duration_ms: u64,
+    /// Output past the limit was dropped.
+    pub truncated: bool,
+    /// Set for a command started with `background: true` (its status is
+    /// then `running`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct FileContent {
+    pub path: String,
+    pub content: String,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Done {
+    pub path: String,
+    /// Bytes written, or replacements made for an edit.
+    pub count: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Listing {
+    pub path: String,
+    pub entries: Vec<ListingEntry>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct ListingEntry {
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Matches {
+    pub path: String,
+    /// Matching paths (glob) or `file:line:text` lines (grep).
+    pub matches: Vec<String>,
+    pub truncated: bool,
+}
