@@ -418,31 +418,56 @@ impl Config {
         Ok(())
     }
 
-    /// Fills the providers from their conventional variables when the config
-    /// does not already name them.
+    /// Applies the providers' conventional variables: they make a
+    /// provider the config does not name, and override the fields of one it
+    /// does (the environment wins over the file, as everywhere else).
     fn apply_provider_env(&mut self, var: impl Fn(&str) -> Option<String>) {
         let openai_url = var("OPENAI_BASE_URL");
         let openai_key = var("OPENAI_API_KEY");
-        if self.openai.is_none() && (openai_url.is_some() || openai_key.is_some()) {
-            self.openai = Some(ProviderConfig {
-                base_url: openai_url.unwrap_or_else(|| "https://api.openai.com/v1".into()),
-                api_key: openai_key,
-                default_model: var("OPENAI_MODEL"),
-                max_retries: default_retries(),
-                timeout_s: default_timeout_s(),
-            });
+        let openai_model = var("OPENAI_MODEL");
+        match &mut self.openai {
+            Some(openai) => {
+                if let Some(url) = openai_url {
+                    openai.base_url = url;
+                }
+                if openai_key.is_some() {
+                    openai.api_key = openai_key;
+                }
+                if openai_model.is_some() {
+                    openai.default_model = openai_model;
+                }
+            }
+            None if openai_url.is_some() || openai_key.is_some() => {
+                self.openai = Some(ProviderConfig {
+                    base_url: openai_url.unwrap_or_else(|| "https://api.openai.com/v1".into()),
+                    api_key: openai_key,
+                    default_model: openai_model,
+                    max_retries: default_retries(),
+                    timeout_s: default_timeout_s(),
+                });
+            }
+            None => {}
         }
-        if self.anthropic.is_none()
-            && let Some(key) = var("ANTHROPIC_API_KEY")
-        {
-            self.anthropic = Some(ProviderConfig {
-                base_url: var("ANTHROPIC_BASE_URL")
-                    .unwrap_or_else(|| "https://api.anthropic.com".into()),
-                api_key: Some(key),
-                default_model: None,
-                max_retries: default_retries(),
-                timeout_s: default_timeout_s(),
-            });
+        let anthropic_url = var("ANTHROPIC_BASE_URL");
+        match (&mut self.anthropic, var("ANTHROPIC_API_KEY")) {
+            (Some(anthropic), key) => {
+                if let Some(url) = anthropic_url {
+                    anthropic.base_url = url;
+                }
+                if key.is_some() {
+                    anthropic.api_key = key;
+                }
+            }
+            (None, Some(key)) => {
+                self.anthropic = Some(ProviderConfig {
+                    base_url: anthropic_url.unwrap_or_else(|| "https://api.anthropic.com".into()),
+                    api_key: Some(key),
+                    default_model: None,
+                    max_retries: default_retries(),
+                    timeout_s: default_timeout_s(),
+                });
+            }
+            (None, None) => {}
         }
     }
 
@@ -778,6 +803,30 @@ mod tests {
             .extract()
             .unwrap();
         assert_eq!(keys.api_keys, vec!["key-one-1", "key-two-2"]);
+    }
+
+    #[test]
+    fn provider_env_overrides_the_file() {
+        let mut config = Config {
+            openai: Some(ProviderConfig {
+                base_url: "http://127.0.0.1:9/v1".into(),
+                api_key: None,
+                default_model: Some("gpt-4o-mini".into()),
+                max_retries: 3,
+                timeout_s: 600,
+            }),
+            ..Config::default()
+        };
+        config.apply_provider_env(|name| match name {
+            "OPENAI_MODEL" => Some("qwen2.5-coder".into()),
+            _ => None,
+        });
+        let openai = config.openai.expect("openai");
+        assert_eq!(openai.default_model.as_deref(), Some("qwen2.5-coder"));
+        assert_eq!(
+            openai.base_url, "http://127.0.0.1:9/v1",
+            "kept from the file"
+        );
     }
 
     #[test]

@@ -456,6 +456,7 @@ async fn websocket_message_interrupt_and_resume_with_since() {
     .await
     .unwrap();
     let mut saw_busy = false;
+    let mut answered = None;
     let last_seq = loop {
         let WsMessage::Text(text) = ws.next().await.unwrap().unwrap() else {
             continue;
@@ -464,12 +465,40 @@ async fn websocket_message_interrupt_and_resume_with_since() {
         if event["type"] == "error" && event["code"] == "session_busy" {
             saw_busy = true;
         }
+        if event["type"] == "interrupted" {
+            answered = Some(event["interrupted"].clone());
+        }
         if event["type"] == "result" {
             assert_eq!(event["status"], "interrupted");
             break event["seq"].as_u64().unwrap();
         }
     };
     assert!(saw_busy, "a message during a turn is refused");
+    // The interrupt is answered, the result may come first.
+    while answered.is_none() {
+        let WsMessage::Text(text) = ws.next().await.unwrap().unwrap() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(&text).unwrap();
+        if event["type"] == "interrupted" {
+            answered = Some(event["interrupted"].clone());
+        }
+    }
+    assert_eq!(answered, Some(json!(true)));
+    // While idle, as the REST route does: nothing was running.
+    ws.send(WsMessage::Text(
+        json!({"type": "interrupt"}).to_string().into(),
+    ))
+    .await
+    .unwrap();
+    let WsMessage::Text(text) = ws.next().await.unwrap().unwrap() else {
+        panic!("a text reply");
+    };
+    let reply: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        reply,
+        json!({"type": "interrupted", "session_id": id, "interrupted": false})
+    );
     ws.close(None).await.unwrap();
 
     // Resume: a new socket replays from `since`.
@@ -867,4 +896,20 @@ async fn shutdown_interrupts_running_turns_and_restart_keeps_everything() {
         "every streamed event survived the restart"
     );
     again.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_model_is_refused_with_the_known_names() {
+    let server = TestServer::start().await;
+    let response = server
+        .post("/agent/session", json!({"options": {"model": "gpt-4o"}}))
+        .await;
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("options.model: unknown model 'gpt-4o'; known models: demo"),
+        "{message}"
+    );
+    server.stop().await;
 }

@@ -916,3 +916,28 @@ litellm_settings:
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn the_sim_takes_its_config_as_json_whatever_the_content_type() {
+    let sim = Sim::start("cfg", &[]).await;
+    let base = sim.url.trim_end_matches("/v1").to_string();
+    let http = reqwest::Client::new();
+    // `curl -d` sends a form type.
+    let set = http
+        .post(format!("{base}/sim/config"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(r#"{"tokens": 3}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    let shown: Value = set.json().await.unwrap();
+    assert_eq!(shown["tokens"], 3);
+    let bad = http
+        .post(format!("{base}/sim/config"))
+        .body("{nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}

@@ -54,7 +54,12 @@ fn check(seen: &Value) {
             "write_file"
         ]
     );
+    assert_eq!(seen["schema_formats"], json!([]));
     let schema = &seen["execute_code_schema"]["properties"];
+    assert_eq!(
+        schema["timeout"]["minimum"], 0,
+        "unsigned integers keep their bound: {schema}"
+    );
     for field in ["code", "language", "session_id", "timeout"] {
         assert!(
             schema.get(field).is_some(),
@@ -129,6 +134,15 @@ fn check(seen: &Value) {
         error("bad_language")
     );
     assert!(!error("unknown_tool").is_empty());
+    assert_eq!(
+        seen["failures_as_results"],
+        json!([
+            ["read_file", true, true],
+            ["edit_file", true, true],
+            ["execute_code", true, true],
+            ["execute_shell", true, true],
+        ])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,7 +61,13 @@ async fn bind_owner(State(owners): State<Arc<Owners>>, request: Request, next: N
         return ApiError::not_found(format!("no MCP session {id}")).into_response();
     }
     let method = request.method().clone();
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
+    // rmcp answers a closed session 202, which the official SDKs log as a
+    // failed termination; 204 is what they expect.
+    if method == Method::DELETE && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        *response.body_mut() = axum::body::Body::empty();
+    }
     match presented {
         // An initialize: the session rmcp made is the caller's.
         None => {

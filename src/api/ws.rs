@@ -1,5 +1,6 @@
 //! `GET /agent/ws?session_id=ID[&since=SEQ]`: the session's events out,
-//! `{"type":"message","prompt":…}` and `{"type":"interrupt"}` in.
+//! `{"type":"message","prompt":…}` and `{"type":"interrupt"}` in (the
+//! latter answered `{"type":"interrupted","interrupted":bool}`).
 //!
 //! A reader loop and a writer task under `select!`; the writer forwards the
 //! session's events (replayed from `since`, then live) and the replies to
@@ -205,9 +206,11 @@ async fn handle_frame(state: &AppState, session: &Arc<Session>, text: &str) -> O
                 }
             }
         }
-        ClientFrame::Interrupt => {
-            session.interrupt();
-            None
-        }
+        // Answered as `POST …/interrupt` is: whether a turn was stopped.
+        ClientFrame::Interrupt => Some(json!({
+            "type": "interrupted",
+            "session_id": session.id,
+            "interrupted": session.interrupt(),
+        })),
     }
 }

@@ -124,7 +124,13 @@ async fn show_config(State(sim): State<Sim>) -> Json<SimConfig> {
 }
 
 /// Merges the given fields into the config.
-async fn set_config(State(sim): State<Sim>, Json(patch): Json<Value>) -> Response {
+/// The body is read as JSON whatever its `Content-Type`, as a test's
+/// `curl -d` sends it.
+async fn set_config(State(sim): State<Sim>, body: Bytes) -> Response {
+    let patch: Value = match serde_json::from_slice(&body) {
+        Ok(patch) => patch,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
+    };
     let mut current = serde_json::to_value(sim.config()).unwrap_or_default();
     if let (Some(current), Some(patch)) = (current.as_object_mut(), patch.as_object()) {
         current.extend(patch.clone());

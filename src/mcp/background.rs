@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
+use schemars::transform::RestrictFormats;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +34,7 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// A run as the tools show it.
 #[derive(Debug, Clone, Serialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct RunView {
     pub id: String,
     pub command: String,
@@ -47,6 +49,7 @@ pub struct RunView {
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct RunList {
     pub runs: Vec<RunView>,
 }

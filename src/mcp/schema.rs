@@ -4,6 +4,7 @@
 use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::model::{CallToolResult, ContentBlock, ErrorData};
 use schemars::JsonSchema;
+use schemars::transform::RestrictFormats;
 use serde::{Deserialize, Serialize};
 
 /// The most bytes of JSON one tool result takes, so that it fits, with the
@@ -44,6 +45,7 @@ impl<T: Serialize + JsonSchema + 'static> IntoCallToolResult for Json<T> {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct ExecuteCode {
     /// The program's source.
     pub code: String,
@@ -60,6 +62,7 @@ pub struct ExecuteCode {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct ExecuteShell {
     /// A command line for `/bin/sh -c`, run in the workspace.
     pub command: String,
@@ -75,12 +78,14 @@ pub struct ExecuteShell {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct ListBackground {
     #[serde(default)]
     pub session_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct KillBackground {
     /// The `background_id` `execute_shell` returned.
     pub id: String,
@@ -89,6 +94,7 @@ pub struct KillBackground {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct ReadFile {
     /// Absolute, or relative to /workspace.
     pub path: String,
@@ -97,6 +103,7 @@ pub struct ReadFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct WriteFile {
     pub path: String,
     pub content: String,
@@ -105,6 +112,7 @@ pub struct WriteFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct EditFile {
     pub path: String,
     pub old_string: String,
@@ -117,6 +125,7 @@ pub struct EditFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct ListFiles {
     /// Directory to list (default /workspace).
     #[serde(default)]
@@ -129,6 +138,7 @@ pub struct ListFiles {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct GlobFiles {
     /// A glob such as `**/*.py`, relative to `path`.
     pub pattern: String,
@@ -139,6 +149,7 @@ pub struct GlobFiles {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct GrepFiles {
     /// An extended regular expression.
     pub pattern: String,
@@ -156,6 +167,7 @@ pub struct GrepFiles {
 
 /// What an execution returned.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct ExecResult {
     /// `success`, `error` (non-zero exit) or `timeout`.
     pub status: String,
@@ -173,6 +185,7 @@ pub struct ExecResult {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct FileContent {
     pub path: String,
     pub content: String,
@@ -180,6 +193,7 @@ pub struct FileContent {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct Done {
     pub path: String,
     /// Bytes written, or replacements made for an edit.
@@ -187,6 +201,7 @@ pub struct Done {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct Listing {
     pub path: String,
     pub entries: Vec<ListingEntry>,
@@ -194,6 +209,7 @@ pub struct Listing {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct ListingEntry {
     pub path: String,
     /// `file`, `dir`, `symlink` or `other`.
@@ -202,9 +218,30 @@ pub struct ListingEntry {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
 pub struct Matches {
     pub path: String,
     /// Matching paths (glob) or `file:line:text` lines (grep).
     pub matches: Vec<String>,
     pub truncated: bool,
+}
+
+/// A tool's own failure (a path that escapes, an edit that does not match,
+/// an unknown session, a sandbox that cannot start): sent as a result with
+/// `isError: true`, which the model reads and can act on. The MCP spec
+/// keeps JSON-RPC errors for protocol errors (a malformed call), which rmcp
+/// answers before a tool runs.
+#[derive(Debug)]
+pub struct ToolFailure(pub String);
+
+impl IntoCallToolResult for ToolFailure {
+    fn into_call_tool_result(self) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        Ok(CallToolResult::error(vec![ContentBlock::text(self.0)]).into())
+    }
+}
+
+impl From<ErrorData> for ToolFailure {
+    fn from(error: ErrorData) -> Self {
+        ToolFailure(error.message.into_owned())
+    }
 }

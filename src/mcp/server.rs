@@ -98,7 +98,7 @@ impl SandboxServer {
         stdin: Option<Bytes>,
         timeout: Option<u64>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecResult>, ErrorData> {
+    ) -> Result<Json<ExecResult>, ToolFailure> {
         let timeout = match timeout {
             Some(asked) => Some(asked),
             None => self.host.session_timeout(session_id).await,
@@ -189,16 +189,15 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<ExecuteCode>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecResult>, ErrorData> {
+    ) -> Result<Json<ExecResult>, ToolFailure> {
         let interpreter = match args.language.as_deref().unwrap_or("python") {
             "python" | "python3" | "py" => "python3",
             "bash" => "bash",
             "sh" | "shell" => "sh",
             other => {
-                return Err(ErrorData::invalid_params(
-                    format!("language '{other}' is not supported; use python, bash or sh"),
-                    None,
-                ));
+                return Err(ToolFailure(format!(
+                    "language '{other}' is not supported; use python, bash or sh"
+                )));
             }
         };
         let command = vec![interpreter.to_string(), "-".to_string()];
@@ -220,7 +219,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<ExecuteShell>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecResult>, ErrorData> {
+    ) -> Result<Json<ExecResult>, ToolFailure> {
         let command = vec!["/bin/sh".into(), "-c".into(), args.command.clone()];
         if !args.background {
             return self
@@ -266,7 +265,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<ListBackground>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<RunList>, ErrorData> {
+    ) -> Result<Json<RunList>, ToolFailure> {
         // Checks that the caller may use the sandbox.
         self.lease(args.session_id.as_deref(), &ctx).await?;
         Ok(Json(
@@ -283,16 +282,14 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<KillBackground>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<RunView>, ErrorData> {
+    ) -> Result<Json<RunView>, ToolFailure> {
         self.lease(args.session_id.as_deref(), &ctx).await?;
         self.host
             .background
             .kill(&self.run_owner(args.session_id.as_deref()), &args.id)
             .await
             .map(Json)
-            .ok_or_else(|| {
-                ErrorData::invalid_params(format!("no background run '{}'", args.id), None)
-            })
+            .ok_or_else(|| ToolFailure(format!("no background run '{}'", args.id)))
     }
 
     #[tool(description = "Read a text file of the session's workspace.")]
@@ -300,7 +297,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<ReadFile>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<FileContent>, ErrorData> {
+    ) -> Result<Json<FileContent>, ToolFailure> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let (bytes, truncated) = files::read(lease.sandbox.as_ref(), &path)
@@ -318,7 +315,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<WriteFile>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Done>, ErrorData> {
+    ) -> Result<Json<Done>, ToolFailure> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let count = args.content.len();
@@ -335,7 +332,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<EditFile>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Done>, ErrorData> {
+    ) -> Result<Json<Done>, ToolFailure> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let count = files::edit(
@@ -355,7 +352,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<ListFiles>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Listing>, ErrorData> {
+    ) -> Result<Json<Listing>, ToolFailure> {
         let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
             .map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
@@ -386,7 +383,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<GlobFiles>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Matches>, ErrorData> {
+    ) -> Result<Json<Matches>, ToolFailure> {
         let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
             .map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
@@ -412,7 +409,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<GrepFiles>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Matches>, ErrorData> {
+    ) -> Result<Json<Matches>, ToolFailure> {
         let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
             .map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;

@@ -135,8 +135,8 @@ pub enum ModelError {
     Http { status: u16, body: String },
     #[error("the model's stream is malformed: {0}")]
     Protocol(String),
-    #[error("unknown model '{0}'")]
-    UnknownModel(String),
+    #[error("unknown model '{model}'; known models: {known}")]
+    UnknownModel { model: String, known: String },
     #[error("model error: {0}")]
     Upstream(String),
 }
@@ -148,7 +148,7 @@ impl ModelError {
             ModelError::Connect { .. } => "model_unreachable",
             ModelError::Http { .. } => "model_http_error",
             ModelError::Protocol(_) => "model_protocol_error",
-            ModelError::UnknownModel(_) => "unknown_model",
+            ModelError::UnknownModel { .. } => "unknown_model",
             ModelError::Upstream(_) => "model_error",
         }
     }

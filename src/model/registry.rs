@@ -196,7 +196,7 @@ impl ModelRegistry {
             }
             (kind, _) => self
                 .provider_of(kind)
-                .ok_or_else(|| ModelError::UnknownModel(spec.model.clone())),
+                .ok_or_else(|| self.unknown(&spec.model)),
         }
     }
 
@@ -227,7 +227,7 @@ impl ModelRegistry {
         } else {
             self.openai.clone()
         };
-        let provider = provider.ok_or_else(|| ModelError::UnknownModel(name.to_string()))?;
+        let provider = provider.ok_or_else(|| self.unknown(name))?;
         Ok(ResolvedModel {
             name: name.to_string(),
             provider,
@@ -235,6 +235,27 @@ impl ModelRegistry {
             price: self.prices.get(name).copied(),
             tool_call_mode: ToolCallMode::Native,
         })
+    }
+
+    /// A name nothing serves, with the names that are served.
+    fn unknown(&self, name: &str) -> ModelError {
+        let mut known = self.aliases();
+        if let Some((gateway, _)) = &self.gateway {
+            known.extend(gateway.pools().iter().map(|p| p.name.clone()));
+        }
+        known.sort();
+        known.dedup();
+        let mut known = known.join(", ");
+        if self.openai.is_none() {
+            known.push_str(
+                " (other names pass through to an OpenAI-compatible provider: \
+                 set OPENAI_BASE_URL or [openai] to use one)",
+            );
+        }
+        ModelError::UnknownModel {
+            model: name.to_string(),
+            known,
+        }
     }
 
     /// Every name [`ModelRegistry::resolve`] knows without passing through.

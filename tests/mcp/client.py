@@ -43,6 +43,20 @@ async def exercise(read, write, session_id):
             t.input_schema for t in tools.tools if t.name == "execute_code"
         )
 
+        def formats(node):
+            if isinstance(node, dict):
+                found = [node["format"]] if "format" in node else []
+                return found + [f for v in node.values() for f in formats(v)]
+            if isinstance(node, list):
+                return [f for v in node for f in formats(v)]
+            return []
+
+        # Standard JSON Schema only: no "uint64"/"int64" formats, which the
+        # MCP Inspector refuses.
+        seen["schema_formats"] = sorted(
+            set(f for t in tools.tools for f in formats(t.input_schema) + formats(t.output_schema or {}))
+        )
+
         result = await session.call_tool(
             "execute_code",
             {"code": "import os\nprint(6 * 7, os.getuid())", "session_id": session_id},
@@ -142,6 +156,19 @@ async def exercise(read, write, session_id):
             session, "execute_code", {"code": "1", "language": "cobol", "session_id": session_id}
         )
         seen["unknown_tool"] = await error_of(session, "no_such_tool", {})
+        # A tool's own failure is a result the model can read, not a
+        # JSON-RPC error (which call_tool would raise).
+        failures = []
+        for name, arguments in [
+            ("read_file", {"path": "../etc/passwd", "session_id": session_id}),
+            ("edit_file", {"path": "notes/a.txt", "old_string": "absent", "new_string": "x",
+                           "session_id": session_id}),
+            ("execute_code", {"code": "1", "language": "cobol", "session_id": session_id}),
+            ("execute_shell", {"command": "true", "session_id": str(uuid.uuid4())}),
+        ]:
+            result = await session.call_tool(name, arguments)
+            failures.append([name, result.is_error, bool(result.content[0].text)])
+        seen["failures_as_results"] = failures
     return seen
 
 
