@@ -208,3 +208,29 @@ async fn the_server_stays_healthy_through_a_fork_bomb_and_a_memory_hog() {
     assert_eq!(tool_results(&events)[0]["output"]["stdout"], "fine\n");
     server.stop_and_remove_sandboxes().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_image_docker_does_not_have_is_refused_at_creation() {
+    let server = TestServer::start_sandboxed(|c| c.sandbox.warm_pool = 0).await;
+    let response = server
+        .post(
+            "/agent/session",
+            json!({"options": {"sandbox": {"image": "conclave/no-such-image:1"}}}),
+        )
+        .await;
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.expect("json");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("options.sandbox.image: no image conclave/no-such-image:1"),
+        "{message}"
+    );
+    let response = server
+        .post(
+            "/agent/session",
+            json!({"options": {"sandbox": {"image": "conclave/sandbox-shell:latest"}}}),
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+    server.stop_and_remove_sandboxes().await;
+}

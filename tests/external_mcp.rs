@@ -45,8 +45,6 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
     let upstream = Upstream::start(vec![
         tool_call("mcp__shouty__shout", "{\"text\": \"hello\"}"),
         done(),
-        tool_call("mcp__rogue__anything", "{}"),
-        done(),
         tool_call(
             "mcp__self__execute_shell",
             "{\"command\": \"echo via-http\"}",
@@ -108,37 +106,26 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
         .collect();
     assert_eq!(offered, ["mcp__shouty__shout"]);
 
-    // A command the operator did not list never starts.
-    let events = ndjson(
-        server
-            .post(
-                "/agent/run",
-                json!({
-                    "prompt": "go",
-                    "model": "scripted",
-                    "sandbox_enabled": false,
-                    "mcp_servers": {"rogue": {"command": "/bin/sh", "args": ["-c", "touch /tmp/pwned"]}},
-                }),
-            )
-            .await,
-    )
-    .await;
-    let result = events
-        .iter()
-        .find(|e| e["type"] == "tool_result")
-        .expect("a tool result");
-    assert_eq!(result["is_error"], true);
+    // A command the operator did not list never starts: the session is
+    // refused when it is created, naming the field.
+    let refused = server
+        .post(
+            "/agent/run",
+            json!({
+                "prompt": "go",
+                "model": "scripted",
+                "sandbox_enabled": false,
+                "mcp_servers": {"rogue": {"command": "/bin/sh", "args": ["-c", "touch /tmp/pwned"]}},
+            }),
+        )
+        .await;
+    assert_eq!(refused.status(), 422);
+    let body: Value = refused.json().await.expect("json");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        result["output"]
-            .as_str()
-            .is_some_and(|m| m.contains("mcp.stdio_commands")),
-        "{result}"
-    );
-    assert!(
-        upstream.requests()[2]
-            .body
-            .get("tools")
-            .is_none_or(|t| t.as_array().is_some_and(|a| a.is_empty()))
+        message.starts_with("options.mcp_servers.rogue.command: ")
+            && message.contains("mcp.stdio_commands"),
+        "{message}"
     );
 
     // An HTTP server: this server's own /mcp, reached as an external one.

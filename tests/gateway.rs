@@ -941,3 +941,30 @@ async fn the_sim_takes_its_config_as_json_whatever_the_content_type() {
         .unwrap();
     assert_eq!(bad.status(), 400);
 }
+
+#[tokio::test]
+async fn an_empty_pool_says_so_and_can_be_deleted() {
+    let a = Sim::start("a", &[]).await;
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&a]))]).await;
+    let removed = server
+        .http
+        .delete(server.url("/gateway/replicas/a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let (status, _, body) = chat(&server, "/v1/chat/completions", ask("m")).await;
+    assert_eq!(status, 503);
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("has no replicas"), "{message}");
+    let delete = |name: &str| {
+        server
+            .http
+            .delete(server.url(&format!("/gateway/pools/{name}")))
+            .send()
+    };
+    assert_eq!(delete("m").await.unwrap().status(), 200);
+    let (status, _, _) = chat(&server, "/v1/chat/completions", ask("m")).await;
+    assert_eq!(status, 404);
+    assert_eq!(delete("m").await.unwrap().status(), 404);
+}

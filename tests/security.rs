@@ -137,6 +137,7 @@ async fn traces_belong_to_their_key_and_pools_to_admins() {
         (Method::POST, "/gateway/replicas/r0/pause", None),
         (Method::POST, "/gateway/replicas/r0/drain", None),
         (Method::POST, "/gateway/replicas/r0/resume", None),
+        (Method::DELETE, "/gateway/pools/m", None),
     ] {
         let (status, answer) = call(&server, method.clone(), path, KEY_A, body).await;
         assert_eq!(

@@ -124,19 +124,47 @@ const RUN_FIELDS: &[&str] = &["prompt", "queue", "session_name"];
 /// HTTP MCP servers outside `mcp.allowed_http_servers` (after DNS).
 async fn check_options(state: &AppState, options: &AgentOptions) -> Result<(), ApiError> {
     if let Some(sandboxes) = &state.sandboxes {
-        crate::mcp::host::spec_for(sandboxes, options)
+        let spec = crate::mcp::host::spec_for(sandboxes, options)
             .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
+        if options.sandbox.as_ref().is_some_and(|s| s.image.is_some())
+            && !sandboxes
+                .has_image(&spec.image)
+                .await
+                .map_err(ApiError::internal)?
+        {
+            return Err(ApiError::invalid(
+                "options.sandbox.image",
+                format!(
+                    "no image {} on this server's {} backend (sandbox-images/build.sh builds Conclave's)",
+                    spec.image,
+                    sandboxes.backend_name()
+                ),
+            ));
+        }
     }
     let rules =
         crate::egress::Rules::parse(&state.config.mcp.allowed_http_servers).unwrap_or_default();
     for (name, spec) in options.mcp_servers.iter().flatten() {
-        if let McpServerSpec::Http { url, .. } = spec {
-            rules.check_url(url).await.map_err(|e| {
-                ApiError::invalid(
-                    &format!("options.mcp_servers.{name}.url"),
-                    format!("{e} (mcp.allowed_http_servers)"),
-                )
-            })?;
+        match spec {
+            McpServerSpec::Http { url, .. } => {
+                rules.check_url(url).await.map_err(|e| {
+                    ApiError::invalid(
+                        &format!("options.mcp_servers.{name}.url"),
+                        format!("{e} (mcp.allowed_http_servers)"),
+                    )
+                })?;
+            }
+            McpServerSpec::Stdio { command, .. } => {
+                if !state.config.mcp.stdio_commands.contains(command) {
+                    return Err(ApiError::invalid(
+                        &format!("options.mcp_servers.{name}.command"),
+                        format!(
+                            "{command:?} is not in mcp.stdio_commands; stdio MCP servers run \
+                             on the server's host, so the operator allows each command"
+                        ),
+                    ));
+                }
+            }
         }
     }
     Ok(())

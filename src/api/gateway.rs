@@ -26,7 +26,10 @@ impl From<GatewayError> for ApiError {
         let (status, code) = match &error {
             GatewayError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             GatewayError::UnknownModel { .. } => (StatusCode::NOT_FOUND, "model_not_found"),
-            GatewayError::NoReplica(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_replica"),
+            GatewayError::NoReplica(_) | GatewayError::EmptyPool(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "no_replica")
+            }
+            GatewayError::UnknownPool(_) => (StatusCode::NOT_FOUND, "not_found"),
             GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
             GatewayError::UnknownReplica(_) => (StatusCode::NOT_FOUND, "not_found"),
             GatewayError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
@@ -237,6 +240,18 @@ pub async fn remove_replica(
     caller.require_admin("removing a replica")?;
     state.gateway.remove_replica(&id)?;
     Ok(Json(json!({"id": id, "status": "removed"})))
+}
+
+/// Removes a pool and its replicas (admin keys only).
+#[utoipa::path(delete, path = "/gateway/pools/{model}", params(("model" = String, Path)), responses((status = 200, description = "Removed"), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn remove_pool(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_admin("removing a pool")?;
+    state.gateway.remove_pool(&model)?;
+    Ok(Json(json!({"model": model, "status": "removed"})))
 }
 
 /// `drain` (no new calls, removed once idle), `pause`, `resume`.

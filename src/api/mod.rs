@@ -44,7 +44,7 @@ use error::ApiError;
         agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::metrics, ops::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
-        gateway::replica_action, gateway::traces
+        gateway::replica_action, gateway::remove_pool, gateway::traces
     ),
     components(schemas(crate::agent::events::Event, crate::agent::events::EventKind)),
     modifiers(&BearerAuth)
@@ -101,6 +101,7 @@ pub fn router(state: AppState) -> Router {
             get(gateway::replicas).post(gateway::add_replica),
         )
         .route("/gateway/replicas/{id}", delete(gateway::remove_replica))
+        .route("/gateway/pools/{model}", delete(gateway::remove_pool))
         .route(
             "/gateway/replicas/{id}/{action}",
             post(gateway::replica_action),

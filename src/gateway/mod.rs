@@ -116,6 +116,10 @@ pub enum GatewayError {
     UnknownModel { model: String, known: String },
     #[error("pool {0:?} has no replica that can take calls (all paused, draining or unhealthy)")]
     NoReplica(String),
+    #[error("pool {0:?} has no replicas; add one with POST /gateway/replicas, or delete the pool")]
+    EmptyPool(String),
+    #[error("no pool {0:?}")]
+    UnknownPool(String),
     #[error("no replica of pool {pool:?} answered after {attempts} attempt(s): {last}")]
     Unreachable {
         pool: String,
@@ -328,6 +332,22 @@ impl Gateway {
         Ok(added.view())
     }
 
+    /// Removes a pool and its replicas now; calls in flight finish.
+    pub fn remove_pool(&self, name: &str) -> Result<(), GatewayError> {
+        let removed = self
+            .pools
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        match removed {
+            Some(_) => {
+                tracing::info!(pool = name, "pool removed");
+                Ok(())
+            }
+            None => Err(GatewayError::UnknownPool(name.to_string())),
+        }
+    }
+
     /// Removes a replica now; its calls in flight finish.
     pub fn remove_replica(&self, id: &str) -> Result<(), GatewayError> {
         let (pool, _) = self
@@ -450,7 +470,11 @@ impl Gateway {
             }
         }
         let Some(failure) = last_failure else {
-            return Err(GatewayError::NoReplica(pool.name.clone()));
+            return Err(if pool.replicas().is_empty() {
+                GatewayError::EmptyPool(pool.name.clone())
+            } else {
+                GatewayError::NoReplica(pool.name.clone())
+            });
         };
         // Every attempt failed: pass the last upstream answer on as it was,
         // or say why none came.

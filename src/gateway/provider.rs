@@ -43,7 +43,9 @@ impl ModelProvider for GatewayProvider {
             owner: request.owner.clone(),
         };
         let upstream = self.gateway.forward(call).await.map_err(|e| match e {
-            GatewayError::Unreachable { .. } | GatewayError::NoReplica(_) => ModelError::Connect {
+            GatewayError::Unreachable { .. }
+            | GatewayError::NoReplica(_)
+            | GatewayError::EmptyPool(_) => ModelError::Connect {
                 url: format!("gateway pool {}", request.model),
                 message: e.to_string(),
             },

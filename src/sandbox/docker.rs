@@ -259,6 +259,16 @@ impl SandboxBackend for DockerBackend {
         create_detached(async move { backend.make(&spec).await }).await
     }
 
+    async fn has_image(&self, image: &str) -> Result<bool> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(SandboxError::Backend(format!(
+                "inspecting image {image}: {e}"
+            ))),
+        }
+    }
+
     async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {
         match self.docker.inspect_container(id, None).await {
             Ok(info) => {

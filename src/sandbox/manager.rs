@@ -112,6 +112,11 @@ impl SandboxManager {
         }
     }
 
+    /// Whether the backend can start sandboxes of `image`.
+    pub async fn has_image(&self, image: &str) -> Result<bool> {
+        self.backend.has_image(image).await
+    }
+
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
     }

@@ -335,6 +335,14 @@ pub trait SandboxBackend: Send + Sync {
 
     /// Destroys a sandbox by id; a missing one is not an error.
     async fn remove(&self, id: &str) -> Result<()>;
+
+    /// Whether this backend can start sandboxes of `image`, so that a
+    /// session naming one it cannot is refused when it is created. Backends
+    /// that cannot tell (a cluster pulls at start; local ignores images)
+    /// say yes.
+    async fn has_image(&self, _image: &str) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// One live sandbox.
