@@ -1,4 +1,4 @@
-//! The wire events of a session, as DESIGN.md defines them.
+//! The wire events of a session, as `docs/api.md` defines them.
 //!
 //! Every event is one JSON object `{"type", "session_id", "seq", "ts", …}`;
 //! `seq` is dense per session and starts at 1.
