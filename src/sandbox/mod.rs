@@ -189,16 +189,24 @@ pub async fn connect(
             root,
         )?))
     };
+    // The docker backend, kept concrete for the network guard.
+    let mut docker = None;
     let backend: Arc<dyn SandboxBackend> = match config.backend {
-        Kind::Docker => Arc::new(docker::DockerBackend::connect().await?),
+        Kind::Docker => {
+            let backend = Arc::new(docker::DockerBackend::connect().await?);
+            docker = Some(backend.clone());
+            backend
+        }
         Kind::Local => local()?,
         Kind::Kubernetes => {
             Arc::new(kubernetes::KubernetesBackend::connect(config.kubernetes.clone()).await?)
         }
         Kind::Auto => match docker::DockerBackend::connect().await {
-            Ok(docker) => {
+            Ok(backend) => {
                 tracing::info!("sandbox backend: docker (its socket answers)");
-                Arc::new(docker)
+                let backend = Arc::new(backend);
+                docker = Some(backend.clone());
+                backend
             }
             Err(e) => {
                 tracing::info!(reason = %e, "sandbox backend: local (docker does not answer)");
@@ -207,7 +215,7 @@ pub async fn connect(
         },
     };
     if config.allow_network {
-        guard_network(config, backend.as_ref()).await?;
+        guard_network(config, backend.as_ref(), docker.as_deref()).await?;
     }
     Ok(backend)
 }
@@ -217,6 +225,7 @@ pub async fn connect(
 async fn guard_network(
     config: &crate::config::SandboxConfig,
     backend: &dyn SandboxBackend,
+    docker: Option<&docker::DockerBackend>,
 ) -> Result<()> {
     let allow: Vec<ipnet::IpNet> = config
         .network_allow
@@ -228,19 +237,18 @@ async fn guard_network(
             "sandbox.allow_network is on, but sandboxes' traffic cannot be filtered: {e}"
         ))
     };
-    let hook = match backend.name() {
-        "docker" => {
-            docker::DockerBackend::connect()
-                .await?
+    let hook = match (docker, backend.name()) {
+        (Some(docker), _) => {
+            docker
                 .ensure_network(firewall::DOCKER_NETWORK, firewall::DOCKER_BRIDGE)
                 .await?;
             firewall::Hook::Bridge(firewall::DOCKER_BRIDGE.into())
         }
-        "local" if local::is_root() => {
+        (None, "local") if local::is_root() => {
             let first = config.local.uid_base;
             firewall::Hook::Uids(first, first + (config.local.uid_count - 1))
         }
-        "local" => {
+        (None, "local") => {
             return Err(unavailable(
                 "the local backend tells sandboxes apart by uid only as root; run it as root \
                  or turn sandbox.allow_network off"
