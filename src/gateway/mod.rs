@@ -3,7 +3,8 @@
 //! health checks, run-time membership, and a trace of every call.
 //!
 //! - [`config`]: `[gateway]` and its pools.
-//! - [`pool`]: replicas, their states and figures, the strategies.
+//! - [`pool`]: replicas, their states and figures, the strategies;
+//!   `health`, the checks that take them out and bring them back.
 //! - [`trace`]: the trace log and the recorder that fills it from a
 //!   response as it streams to the client.
 //! - [`slug`]: the `/meta/{slug}/v1/…` metadata codec.
@@ -12,8 +13,11 @@
 //! - [`sim`]: `conclave sim`, an OpenAI-compatible upstream for tests and
 //!   benchmarks.
 
+pub mod body;
 pub mod config;
+mod health;
 pub mod litellm;
+pub mod params;
 pub mod pool;
 pub mod provider;
 pub mod sim;
@@ -21,62 +25,21 @@ pub mod slug;
 pub mod trace;
 
 use std::collections::{BTreeMap, HashSet};
-use std::pin::Pin;
 use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::Stream;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Map, Value};
-use tokio_util::sync::CancellationToken;
 
+use body::TracedBody;
 pub use config::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
-use pool::{CallGuard, Pool, Replica, ReplicaState, ReplicaView};
+use params::shape_request;
+use pool::{Pool, Replica, ReplicaState, ReplicaView};
 use trace::{Recorder, Trace, TraceLog};
 
 use crate::telemetry::{Metrics, ReplicaLabel};
-
-/// The parameters of OpenAI's chat and completions APIs: with
-/// `drop_params`, anything else is removed before a call.
-const OPENAI_PARAMS: &[&str] = &[
-    "model",
-    "messages",
-    "prompt",
-    "suffix",
-    "stream",
-    "stream_options",
-    "temperature",
-    "top_p",
-    "n",
-    "stop",
-    "max_tokens",
-    "max_completion_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "logprobs",
-    "top_logprobs",
-    "echo",
-    "best_of",
-    "user",
-    "seed",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "response_format",
-    "functions",
-    "function_call",
-    "metadata",
-    "store",
-    "reasoning_effort",
-    "modalities",
-    "audio",
-    "prediction",
-    "service_tier",
-];
 
 /// Which OpenAI endpoint a call is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -578,62 +541,6 @@ impl Gateway {
             response: Some((status, content_type, body)),
         })
     }
-
-    /// Checks every replica of every pool with health checks enabled, one
-    /// round; the health task calls it on each pool's interval.
-    async fn check(&self, pool: &Pool) {
-        let health = &pool.config.health;
-        let replicas = pool.replicas();
-        let checks = replicas.iter().cloned().map(|replica| {
-            let url = format!("{}{}", replica.url, health.path);
-            let mut request = self.client_for(&replica).get(&url).timeout(Duration::from_millis(health.timeout_ms));
-            if let Some(key) = &replica.api_key {
-                request = request.header(AUTHORIZATION, format!("Bearer {key}"));
-            }
-            async move {
-                let passed = matches!(request.send().await, Ok(r) if r.status().is_success());
-                if let Some(healthy) = replica.record_check(passed, health.failure_threshold, health.success_threshold) {
-                    if healthy {
-                        tracing::info!(pool = %pool.name, replica = %replica.id, "replica healthy again");
-                    } else {
-                        tracing::warn!(pool = %pool.name, replica = %replica.id, url, "replica unhealthy; taken out");
-                    }
-                }
-            }
-        });
-        futures::future::join_all(checks).await;
-        pool.remove_drained();
-    }
-
-    /// Runs the health checks of every pool until `stop`.
-    pub async fn run_health_checks(self: Arc<Self>, stop: CancellationToken) {
-        let mut next_due: BTreeMap<String, Instant> = BTreeMap::new();
-        loop {
-            let now = Instant::now();
-            for pool in self.pools() {
-                if !pool.config.health.enabled {
-                    continue;
-                }
-                let due = next_due.entry(pool.name.clone()).or_insert(now);
-                if *due <= now {
-                    *due = now + Duration::from_millis(pool.config.health.interval_ms);
-                    let gateway = self.clone();
-                    tokio::spawn(async move { gateway.check(&pool).await });
-                }
-            }
-            let wake = next_due
-                .values()
-                .min()
-                .copied()
-                .unwrap_or(now + Duration::from_secs(1));
-            // Pools added at run time are seen within a second.
-            let wake = wake.min(now + Duration::from_secs(1));
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep_until(wake.into()) => {}
-            }
-        }
-    }
 }
 
 /// A failed attempt: why, how long to cool the replica down, and the
@@ -676,104 +583,4 @@ fn raw(json: String) -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::from_string(json).unwrap_or_else(|_| {
         serde_json::value::RawValue::from_string("null".into()).unwrap_or_default()
     })
-}
-
-/// Drops and injects parameters as the pool says.
-fn shape_request(pool: &PoolConfig, body: &mut Map<String, Value>) {
-    if pool.drop_params {
-        body.retain(|key, _| OPENAI_PARAMS.contains(&key.as_str()));
-    }
-    for key in &pool.additional_drop_params {
-        body.remove(key);
-    }
-    for (key, value) in &pool.inject {
-        body.insert(key.clone(), value.clone());
-    }
-}
-
-/// An upstream body passed on to the client, recording the call's trace
-/// and figures when it ends (or when the client goes away).
-pub struct TracedBody {
-    inner: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
-    recorder: Option<Recorder>,
-    call: Option<CallGuard>,
-    traces: Option<Arc<TraceLog>>,
-    metrics: Option<Arc<Metrics>>,
-    pool: String,
-}
-
-impl TracedBody {
-    /// A body already read (an upstream error passed on), traced already.
-    fn ready(body: Bytes) -> TracedBody {
-        TracedBody {
-            inner: Box::pin(futures::stream::iter([Ok(body)])),
-            recorder: None,
-            call: None,
-            traces: None,
-            metrics: None,
-            pool: String::new(),
-        }
-    }
-
-    /// Records the trace and the replica's figures, once.
-    fn finish(&mut self, status: &'static str, error: Option<String>) {
-        let Some(recorder) = self.recorder.take() else {
-            return;
-        };
-        let status = match recorder.trace.http_status {
-            Some(code) if code >= 400 && status == "ok" => "error",
-            _ => status,
-        };
-        let trace = recorder.finish(status, error);
-        if let (Some(call), Some(metrics)) = (self.call.take(), &self.metrics) {
-            let label = ReplicaLabel {
-                pool: self.pool.clone(),
-                replica: call.replica.id.clone(),
-                outcome: if status == "error" { "error" } else { "ok" },
-            };
-            metrics.gateway_calls.get_or_create(&label).inc();
-            metrics
-                .gateway_latency
-                .get_or_create(&label)
-                .observe(trace.latency_ms / 1000.0);
-        }
-        if let Some(traces) = &self.traces {
-            traces.push(trace);
-        }
-    }
-}
-
-impl Stream for TracedBody {
-    type Item = reqwest::Result<Bytes>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let next = self.inner.as_mut().poll_next(cx);
-        match &next {
-            Poll::Ready(Some(Ok(chunk))) => {
-                if let Some(recorder) = self.recorder.as_mut() {
-                    recorder.feed(chunk);
-                }
-            }
-            Poll::Ready(Some(Err(e))) => {
-                let message = describe(e);
-                self.finish("error", Some(message));
-            }
-            Poll::Ready(None) => self.finish("ok", None),
-            Poll::Pending => {}
-        }
-        next
-    }
-}
-
-impl Drop for TracedBody {
-    fn drop(&mut self) {
-        if self.recorder.as_ref().is_some_and(|r| r.done) {
-            self.finish("ok", None);
-        } else {
-            self.finish(
-                "cancelled",
-                Some("the client went away before the end".into()),
-            );
-        }
-    }
 }

@@ -1,0 +1,100 @@
+//! [`TracedBody`]: an upstream response body on its way to the client,
+//! recording the call's trace and figures as it passes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::Stream;
+
+use super::pool::CallGuard;
+use super::trace::{Recorder, TraceLog};
+use crate::telemetry::{Metrics, ReplicaLabel};
+
+/// An upstream body passed on to the client, recording the call's trace
+/// and figures when it ends (or when the client goes away).
+pub struct TracedBody {
+    pub(super) inner: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    pub(super) recorder: Option<Recorder>,
+    pub(super) call: Option<CallGuard>,
+    pub(super) traces: Option<Arc<TraceLog>>,
+    pub(super) metrics: Option<Arc<Metrics>>,
+    pub(super) pool: String,
+}
+
+impl TracedBody {
+    /// A body already read (an upstream error passed on), traced already.
+    pub(super) fn ready(body: Bytes) -> TracedBody {
+        TracedBody {
+            inner: Box::pin(futures::stream::iter([Ok(body)])),
+            recorder: None,
+            call: None,
+            traces: None,
+            metrics: None,
+            pool: String::new(),
+        }
+    }
+
+    /// Records the trace and the replica's figures, once.
+    fn finish(&mut self, status: &'static str, error: Option<String>) {
+        let Some(recorder) = self.recorder.take() else {
+            return;
+        };
+        let status = match recorder.trace.http_status {
+            Some(code) if code >= 400 && status == "ok" => "error",
+            _ => status,
+        };
+        let trace = recorder.finish(status, error);
+        if let (Some(call), Some(metrics)) = (self.call.take(), &self.metrics) {
+            let label = ReplicaLabel {
+                pool: self.pool.clone(),
+                replica: call.replica.id.clone(),
+                outcome: if status == "error" { "error" } else { "ok" },
+            };
+            metrics.gateway_calls.get_or_create(&label).inc();
+            metrics
+                .gateway_latency
+                .get_or_create(&label)
+                .observe(trace.latency_ms / 1000.0);
+        }
+        if let Some(traces) = &self.traces {
+            traces.push(trace);
+        }
+    }
+}
+
+impl Stream for TracedBody {
+    type Item = reqwest::Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let next = self.inner.as_mut().poll_next(cx);
+        match &next {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if let Some(recorder) = self.recorder.as_mut() {
+                    recorder.feed(chunk);
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                let message = super::describe(e);
+                self.finish("error", Some(message));
+            }
+            Poll::Ready(None) => self.finish("ok", None),
+            Poll::Pending => {}
+        }
+        next
+    }
+}
+
+impl Drop for TracedBody {
+    fn drop(&mut self) {
+        if self.recorder.as_ref().is_some_and(|r| r.done) {
+            self.finish("ok", None);
+        } else {
+            self.finish(
+                "cancelled",
+                Some("the client went away before the end".into()),
+            );
+        }
+    }
+}

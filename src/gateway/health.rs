@@ -1,0 +1,71 @@
+//! Health checks: each pool's replicas probed on its interval, taken out
+//! after `failure_threshold` failures and back after `success_threshold`
+//! passes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::header::AUTHORIZATION;
+use tokio_util::sync::CancellationToken;
+
+use super::Gateway;
+use super::pool::Pool;
+
+impl Gateway {
+    /// Checks every replica of every pool with health checks enabled, one
+    /// round; the health task calls it on each pool's interval.
+    async fn check(&self, pool: &Pool) {
+        let health = &pool.config.health;
+        let replicas = pool.replicas();
+        let checks = replicas.iter().cloned().map(|replica| {
+            let url = format!("{}{}", replica.url, health.path);
+            let mut request = self.client_for(&replica).get(&url).timeout(Duration::from_millis(health.timeout_ms));
+            if let Some(key) = &replica.api_key {
+                request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+            }
+            async move {
+                let passed = matches!(request.send().await, Ok(r) if r.status().is_success());
+                if let Some(healthy) = replica.record_check(passed, health.failure_threshold, health.success_threshold) {
+                    if healthy {
+                        tracing::info!(pool = %pool.name, replica = %replica.id, "replica healthy again");
+                    } else {
+                        tracing::warn!(pool = %pool.name, replica = %replica.id, url, "replica unhealthy; taken out");
+                    }
+                }
+            }
+        });
+        futures::future::join_all(checks).await;
+        pool.remove_drained();
+    }
+
+    /// Runs the health checks of every pool until `stop`.
+    pub async fn run_health_checks(self: Arc<Self>, stop: CancellationToken) {
+        let mut next_due: BTreeMap<String, Instant> = BTreeMap::new();
+        loop {
+            let now = Instant::now();
+            for pool in self.pools() {
+                if !pool.config.health.enabled {
+                    continue;
+                }
+                let due = next_due.entry(pool.name.clone()).or_insert(now);
+                if *due <= now {
+                    *due = now + Duration::from_millis(pool.config.health.interval_ms);
+                    let gateway = self.clone();
+                    tokio::spawn(async move { gateway.check(&pool).await });
+                }
+            }
+            let wake = next_due
+                .values()
+                .min()
+                .copied()
+                .unwrap_or(now + Duration::from_secs(1));
+            // Pools added at run time are seen within a second.
+            let wake = wake.min(now + Duration::from_secs(1));
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+}
