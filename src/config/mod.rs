@@ -11,6 +11,9 @@
 //! working directory: a relative path in the config file is taken from that
 //! file's directory; one from the environment, a flag or a default from the
 //! working directory at start.
+//!
+//! This file holds the top level, loading and validation; `sections` the
+//! other sections' types and defaults.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,7 +24,11 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::model::{Price, ToolCallMode};
+use crate::model::Price;
+
+mod sections;
+pub use sections::*;
+use sections::{default_retries, default_timeout_s};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -71,197 +78,6 @@ pub struct Config {
     pub gateway: crate::gateway::GatewayConfig,
 }
 
-/// The HTTP listener's defences against clients that hold connections.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpConfig {
-    /// Open connections at most; `0` takes the open-file limit less a
-    /// reserve for the store, sandboxes and upstream calls.
-    pub max_connections: usize,
-    /// Open connections one client address may hold; `0` is half of
-    /// `max_connections`. Behind a reverse proxy every client shares the
-    /// proxy's address: raise it there.
-    pub max_connections_per_client: usize,
-    /// Seconds a client has to send a request's headers.
-    pub header_timeout_s: u64,
-    /// Seconds a client has to send a request's whole body.
-    pub body_timeout_s: u64,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            max_connections: 0,
-            max_connections_per_client: 0,
-            header_timeout_s: 10,
-            body_timeout_s: 30,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct McpConfig {
-    /// Commands a session may start as a stdio MCP server
-    /// (`options.mcp_servers`). They run on this host, outside any
-    /// sandbox, so none is allowed unless listed.
-    pub stdio_commands: Vec<String>,
-    /// Where a session's HTTP MCP servers may be: `"public"` (any public
-    /// address), host names, addresses and CIDRs; empty turns URLs off.
-    /// Loopback, private and link-local addresses need an entry.
-    #[serde(deserialize_with = "string_or_list")]
-    pub allowed_http_servers: Vec<String>,
-}
-
-impl Default for McpConfig {
-    fn default() -> Self {
-        McpConfig {
-            stdio_commands: Vec::new(),
-            allowed_http_servers: vec!["public".into()],
-        }
-    }
-}
-
-/// Where tool calls run, and the limits every sandbox gets.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SandboxConfig {
-    /// `auto` picks docker when its socket answers, else local.
-    pub backend: SandboxBackendKind,
-    /// Image of sessions that name none (docker and kubernetes).
-    pub image: String,
-    pub cpus: f64,
-    pub memory_mb: u64,
-    pub pids: u32,
-    /// Size of the writable workspace.
-    pub disk_mb: u64,
-    /// Smallest and largest values a session may ask for in
-    /// `options.sandbox`: a limit too small to apply (docker treats 0 CPUs
-    /// as none) cannot switch it off.
-    pub min_cpus: f64,
-    pub max_cpus: f64,
-    pub min_memory_mb: u64,
-    pub max_memory_mb: u64,
-    /// Whether a session may ask for network access at all. A sandbox
-    /// given network reaches the internet only: not its host, nor private,
-    /// link-local (cloud metadata) or reserved addresses.
-    pub allow_network: bool,
-    /// CIDRs (or addresses) a sandbox given network may reach beyond the
-    /// internet, e.g. a package mirror on the private network.
-    pub network_allow: Vec<String>,
-    /// Per-exec timeout when a call names none, and the most one may name.
-    pub exec_timeout_s: u64,
-    pub max_exec_timeout_s: u64,
-    /// A sandbox unused this long is destroyed (its session keeps working
-    /// and gets a fresh one at its next tool call).
-    pub idle_ttl_s: u64,
-    /// Live sandboxes at most, the warm pool included.
-    pub max_live: usize,
-    /// Ready sandboxes kept for new sessions of the default spec.
-    pub warm_pool: usize,
-    pub kubernetes: crate::sandbox::kubernetes::KubernetesConfig,
-    pub local: crate::sandbox::local::LocalConfig,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxBackendKind {
-    Auto,
-    Docker,
-    Local,
-    Kubernetes,
-}
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        SandboxConfig {
-            backend: SandboxBackendKind::Auto,
-            image: "conclave/sandbox-python:latest".into(),
-            cpus: 1.0,
-            memory_mb: 512,
-            pids: 256,
-            disk_mb: 256,
-            min_cpus: 0.1,
-            max_cpus: 4.0,
-            min_memory_mb: 32,
-            max_memory_mb: 4096,
-            allow_network: false,
-            network_allow: Vec::new(),
-            exec_timeout_s: 60,
-            max_exec_timeout_s: 600,
-            idle_ttl_s: 900,
-            max_live: 64,
-            warm_pool: 2,
-            kubernetes: Default::default(),
-            local: Default::default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AgentConfig {
-    /// Model calls per turn when a session sets no `max_turns`.
-    pub max_turns: u32,
-    /// Bytes of a tool result kept in the conversation and in events.
-    pub max_tool_output_bytes: usize,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DemoConfig {
-    /// Pause between streamed chunks, so tests and benchmarks can hold a
-    /// turn open.
-    pub chunk_delay_ms: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderConfig {
-    pub base_url: String,
-    #[serde(default)]
-    pub api_key: Option<String>,
-    /// Model used for a session that names none, when this provider is the
-    /// default one.
-    #[serde(default)]
-    pub default_model: Option<String>,
-    #[serde(default = "default_retries")]
-    pub max_retries: u32,
-    #[serde(default = "default_timeout_s")]
-    pub timeout_s: u64,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderKind {
-    Openai,
-    Anthropic,
-    Demo,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ModelAlias {
-    pub provider: ProviderKind,
-    /// The upstream model name.
-    pub model: String,
-    /// Overrides the provider's base URL for this alias.
-    #[serde(default)]
-    pub base_url: Option<String>,
-    #[serde(default)]
-    pub api_key: Option<String>,
-    #[serde(default)]
-    pub tool_call_mode: ToolCallMode,
-}
-
-fn default_retries() -> u32 {
-    3
-}
-
-fn default_timeout_s() -> u64 {
-    600
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -283,15 +99,6 @@ impl Default for Config {
             sandbox: SandboxConfig::default(),
             mcp: McpConfig::default(),
             gateway: crate::gateway::GatewayConfig::default(),
-        }
-    }
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        AgentConfig {
-            max_turns: 20,
-            max_tool_output_bytes: 64 * 1024,
         }
     }
 }
@@ -709,137 +516,4 @@ fn string_or_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Stri
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn non_loopback_without_keys_is_refused_naming_listen() {
-        let config = Config {
-            listen: "0.0.0.0:8080".parse().unwrap(),
-            ..Config::default()
-        };
-        let err = config.validate().unwrap_err().to_string();
-        assert!(err.contains("listen"), "{err}");
-    }
-
-    #[test]
-    fn toml_type_error_names_the_field() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "[agent]\nmax_turns = \"many\"\n").unwrap();
-        let err = Config::load(Some(&path), &Overrides::default())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("max_turns"), "{err}");
-    }
-
-    #[test]
-    fn unknown_key_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "listne = \"127.0.0.1:1\"\n").unwrap();
-        let err = Config::load(Some(&path), &Overrides::default())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("listne"), "{err}");
-    }
-
-    #[test]
-    fn paths_in_the_config_file_resolve_against_its_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
-            "data_dir = \"state\"\n[sandbox.local]\nroot = \"../boxes\"\n",
-        )
-        .unwrap();
-        let config = Config::load(Some(&path), &Overrides::default()).unwrap();
-        assert_eq!(config.data_dir, dir.path().join("state"));
-        assert_eq!(config.sandbox.local.root, Some(dir.path().join("../boxes")));
-    }
-
-    #[test]
-    fn default_and_flag_paths_resolve_against_the_working_directory() {
-        let cwd = std::env::current_dir().unwrap();
-        let config = Config::load(None, &Overrides::default()).unwrap();
-        assert_eq!(config.data_dir, cwd.join("data"));
-        assert_eq!(config.sandbox.local.root, None);
-
-        let overrides = Overrides {
-            data_dir: Some(PathBuf::from("rel/dir")),
-            ..Overrides::default()
-        };
-        let config = Config::load(None, &overrides).unwrap();
-        assert_eq!(config.data_dir, cwd.join("rel/dir"));
-
-        let absolute = Overrides {
-            data_dir: Some(PathBuf::from("/var/lib/conclave")),
-            ..Overrides::default()
-        };
-        let config = Config::load(None, &absolute).unwrap();
-        assert_eq!(config.data_dir, PathBuf::from("/var/lib/conclave"));
-    }
-
-    #[test]
-    fn an_empty_or_relative_data_dir_is_refused_naming_it() {
-        let empty = Overrides {
-            data_dir: Some(PathBuf::new()),
-            ..Overrides::default()
-        };
-        let err = Config::load(None, &empty).unwrap_err().to_string();
-        assert!(err.contains("data_dir: must not be empty"), "{err}");
-        // A config built in code skips load; validate still refuses it.
-        let err = Config::default().validate().unwrap_err().to_string();
-        assert!(
-            err.contains("data_dir: data is not an absolute path"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn keys_from_a_comma_separated_string() {
-        let keys: Config = Figment::from(Serialized::defaults(Config::default()))
-            .merge(Serialized::default("api_keys", "key-one-1, key-two-2"))
-            .extract()
-            .unwrap();
-        assert_eq!(keys.api_keys, vec!["key-one-1", "key-two-2"]);
-    }
-
-    #[test]
-    fn provider_env_overrides_the_file() {
-        let mut config = Config {
-            openai: Some(ProviderConfig {
-                base_url: "http://127.0.0.1:9/v1".into(),
-                api_key: None,
-                default_model: Some("gpt-4o-mini".into()),
-                max_retries: 3,
-                timeout_s: 600,
-            }),
-            ..Config::default()
-        };
-        config.apply_provider_env(|name| match name {
-            "OPENAI_MODEL" => Some("qwen2.5-coder".into()),
-            _ => None,
-        });
-        let openai = config.openai.expect("openai");
-        assert_eq!(openai.default_model.as_deref(), Some("qwen2.5-coder"));
-        assert_eq!(
-            openai.base_url, "http://127.0.0.1:9/v1",
-            "kept from the file"
-        );
-    }
-
-    #[test]
-    fn provider_env_fills_openai() {
-        let mut config = Config::default();
-        config.apply_provider_env(|name| match name {
-            "OPENAI_BASE_URL" => Some("http://127.0.0.1:9/v1".into()),
-            _ => None,
-        });
-        assert_eq!(
-            config.openai.as_ref().map(|p| p.base_url.as_str()),
-            Some("http://127.0.0.1:9/v1")
-        );
-        assert!(config.anthropic.is_none());
-    }
-}
+mod tests;

@@ -1,0 +1,208 @@
+//! The configuration's sections other than the top level: `[http]`,
+//! `[mcp]`, `[sandbox]`, `[agent]`, `[demo]`, the providers and model
+//! aliases.
+
+use serde::{Deserialize, Serialize};
+
+use super::string_or_list;
+use crate::model::ToolCallMode;
+
+/// The HTTP listener's defences against clients that hold connections.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Open connections at most; `0` takes the open-file limit less a
+    /// reserve for the store, sandboxes and upstream calls.
+    pub max_connections: usize,
+    /// Open connections one client address may hold; `0` is half of
+    /// `max_connections`. Behind a reverse proxy every client shares the
+    /// proxy's address: raise it there.
+    pub max_connections_per_client: usize,
+    /// Seconds a client has to send a request's headers.
+    pub header_timeout_s: u64,
+    /// Seconds a client has to send a request's whole body.
+    pub body_timeout_s: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_connections: 0,
+            max_connections_per_client: 0,
+            header_timeout_s: 10,
+            body_timeout_s: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// Commands a session may start as a stdio MCP server
+    /// (`options.mcp_servers`). They run on this host, outside any
+    /// sandbox, so none is allowed unless listed.
+    pub stdio_commands: Vec<String>,
+    /// Where a session's HTTP MCP servers may be: `"public"` (any public
+    /// address), host names, addresses and CIDRs; empty turns URLs off.
+    /// Loopback, private and link-local addresses need an entry.
+    #[serde(deserialize_with = "string_or_list")]
+    pub allowed_http_servers: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            stdio_commands: Vec::new(),
+            allowed_http_servers: vec!["public".into()],
+        }
+    }
+}
+
+/// Where tool calls run, and the limits every sandbox gets.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// `auto` picks docker when its socket answers, else local.
+    pub backend: SandboxBackendKind,
+    /// Image of sessions that name none (docker and kubernetes).
+    pub image: String,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub pids: u32,
+    /// Size of the writable workspace.
+    pub disk_mb: u64,
+    /// Smallest and largest values a session may ask for in
+    /// `options.sandbox`: a limit too small to apply (docker treats 0 CPUs
+    /// as none) cannot switch it off.
+    pub min_cpus: f64,
+    pub max_cpus: f64,
+    pub min_memory_mb: u64,
+    pub max_memory_mb: u64,
+    /// Whether a session may ask for network access at all. A sandbox
+    /// given network reaches the internet only: not its host, nor private,
+    /// link-local (cloud metadata) or reserved addresses.
+    pub allow_network: bool,
+    /// CIDRs (or addresses) a sandbox given network may reach beyond the
+    /// internet, e.g. a package mirror on the private network.
+    pub network_allow: Vec<String>,
+    /// Per-exec timeout when a call names none, and the most one may name.
+    pub exec_timeout_s: u64,
+    pub max_exec_timeout_s: u64,
+    /// A sandbox unused this long is destroyed (its session keeps working
+    /// and gets a fresh one at its next tool call).
+    pub idle_ttl_s: u64,
+    /// Live sandboxes at most, the warm pool included.
+    pub max_live: usize,
+    /// Ready sandboxes kept for new sessions of the default spec.
+    pub warm_pool: usize,
+    pub kubernetes: crate::sandbox::kubernetes::KubernetesConfig,
+    pub local: crate::sandbox::local::LocalConfig,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxBackendKind {
+    Auto,
+    Docker,
+    Local,
+    Kubernetes,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            backend: SandboxBackendKind::Auto,
+            image: "conclave/sandbox-python:latest".into(),
+            cpus: 1.0,
+            memory_mb: 512,
+            pids: 256,
+            disk_mb: 256,
+            min_cpus: 0.1,
+            max_cpus: 4.0,
+            min_memory_mb: 32,
+            max_memory_mb: 4096,
+            allow_network: false,
+            network_allow: Vec::new(),
+            exec_timeout_s: 60,
+            max_exec_timeout_s: 600,
+            idle_ttl_s: 900,
+            max_live: 64,
+            warm_pool: 2,
+            kubernetes: Default::default(),
+            local: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Model calls per turn when a session sets no `max_turns`.
+    pub max_turns: u32,
+    /// Bytes of a tool result kept in the conversation and in events.
+    pub max_tool_output_bytes: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DemoConfig {
+    /// Pause between streamed chunks, so tests and benchmarks can hold a
+    /// turn open.
+    pub chunk_delay_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// Model used for a session that names none, when this provider is the
+    /// default one.
+    #[serde(default)]
+    pub default_model: Option<String>,
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    #[serde(default = "default_timeout_s")]
+    pub timeout_s: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    Demo,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelAlias {
+    pub provider: ProviderKind,
+    /// The upstream model name.
+    pub model: String,
+    /// Overrides the provider's base URL for this alias.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub tool_call_mode: ToolCallMode,
+}
+
+pub(super) fn default_retries() -> u32 {
+    3
+}
+
+pub(super) fn default_timeout_s() -> u64 {
+    600
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            max_turns: 20,
+            max_tool_output_bytes: 64 * 1024,
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Loading, path resolution and validation of the configuration.
+
+use super::*;
+
+#[test]
+fn non_loopback_without_keys_is_refused_naming_listen() {
+    let config = Config {
+        listen: "0.0.0.0:8080".parse().unwrap(),
+        ..Config::default()
+    };
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("listen"), "{err}");
+}
+
+#[test]
+fn toml_type_error_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[agent]\nmax_turns = \"many\"\n").unwrap();
+    let err = Config::load(Some(&path), &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("max_turns"), "{err}");
+}
+
+#[test]
+fn unknown_key_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "listne = \"127.0.0.1:1\"\n").unwrap();
+    let err = Config::load(Some(&path), &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("listne"), "{err}");
+}
+
+#[test]
+fn paths_in_the_config_file_resolve_against_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        "data_dir = \"state\"\n[sandbox.local]\nroot = \"../boxes\"\n",
+    )
+    .unwrap();
+    let config = Config::load(Some(&path), &Overrides::default()).unwrap();
+    assert_eq!(config.data_dir, dir.path().join("state"));
+    assert_eq!(config.sandbox.local.root, Some(dir.path().join("../boxes")));
+}
+
+#[test]
+fn default_and_flag_paths_resolve_against_the_working_directory() {
+    let cwd = std::env::current_dir().unwrap();
+    let config = Config::load(None, &Overrides::default()).unwrap();
+    assert_eq!(config.data_dir, cwd.join("data"));
+    assert_eq!(config.sandbox.local.root, None);
+
+    let overrides = Overrides {
+        data_dir: Some(PathBuf::from("rel/dir")),
+        ..Overrides::default()
+    };
+    let config = Config::load(None, &overrides).unwrap();
+    assert_eq!(config.data_dir, cwd.join("rel/dir"));
+
+    let absolute = Overrides {
+        data_dir: Some(PathBuf::from("/var/lib/conclave")),
+        ..Overrides::default()
+    };
+    let config = Config::load(None, &absolute).unwrap();
+    assert_eq!(config.data_dir, PathBuf::from("/var/lib/conclave"));
+}
+
+#[test]
+fn an_empty_or_relative_data_dir_is_refused_naming_it() {
+    let empty = Overrides {
+        data_dir: Some(PathBuf::new()),
+        ..Overrides::default()
+    };
+    let err = Config::load(None, &empty).unwrap_err().to_string();
+    assert!(err.contains("data_dir: must not be empty"), "{err}");
+    // A config built in code skips load; validate still refuses it.
+    let err = Config::default().validate().unwrap_err().to_string();
+    assert!(
+        err.contains("data_dir: data is not an absolute path"),
+        "{err}"
+    );
+}
+
+#[test]
+fn keys_from_a_comma_separated_string() {
+    let keys: Config = Figment::from(Serialized::defaults(Config::default()))
+        .merge(Serialized::default("api_keys", "key-one-1, key-two-2"))
+        .extract()
+        .unwrap();
+    assert_eq!(keys.api_keys, vec!["key-one-1", "key-two-2"]);
+}
+
+#[test]
+fn provider_env_overrides_the_file() {
+    let mut config = Config {
+        openai: Some(ProviderConfig {
+            base_url: "http://127.0.0.1:9/v1".into(),
+            api_key: None,
+            default_model: Some("gpt-4o-mini".into()),
+            max_retries: 3,
+            timeout_s: 600,
+        }),
+        ..Config::default()
+    };
+    config.apply_provider_env(|name| match name {
+        "OPENAI_MODEL" => Some("qwen2.5-coder".into()),
+        _ => None,
+    });
+    let openai = config.openai.expect("openai");
+    assert_eq!(openai.default_model.as_deref(), Some("qwen2.5-coder"));
+    assert_eq!(
+        openai.base_url, "http://127.0.0.1:9/v1",
+        "kept from the file"
+    );
+}
+
+#[test]
+fn provider_env_fills_openai() {
+    let mut config = Config::default();
+    config.apply_provider_env(|name| match name {
+        "OPENAI_BASE_URL" => Some("http://127.0.0.1:9/v1".into()),
+        _ => None,
+    });
+    assert_eq!(
+        config.openai.as_ref().map(|p| p.base_url.as_str()),
+        Some("http://127.0.0.1:9/v1")
+    );
+    assert!(config.anthropic.is_none());
+}
