@@ -25,35 +25,26 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::Docker;
-use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{
-    ContainerCreateBody, ContainerStatsResponse, HostConfig, HostConfigLogConfig,
-};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
 use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, RenameContainerOptions,
-    RestartContainerOptions, StatsOptions,
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
 };
-use bytes::Bytes;
-use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{Mutex, mpsc};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use self::agent::{Agent, BOOT_SCRIPT, Boot, Reply};
+use self::agent::{BOOT_SCRIPT, Boot};
+use self::sandbox::DockerSandbox;
 use super::{
-    EXEC_MARKER, ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL,
-    LABEL_SESSION, ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
-    SandboxStats, WORKSPACE, create_detached, kill_by_marker,
+    LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox,
+    SandboxBackend, SandboxError, SandboxSpec, WORKSPACE, create_detached,
 };
 
 mod agent;
+mod sandbox;
 
 /// Name prefix of the containers of sessions; the rest is the session id,
 /// so a claimed warm-pool container is found again after a restart.
@@ -175,12 +166,7 @@ impl DockerBackend {
     }
 
     fn sandbox(&self, id: String, boot: Boot) -> DockerSandbox {
-        DockerSandbox {
-            docker: self.docker.clone(),
-            id,
-            last_cpu: Mutex::new(None),
-            agent: Mutex::new(AgentState::Pending(boot)),
-        }
+        DockerSandbox::new(self.docker.clone(), id, boot)
     }
 }
 
@@ -346,318 +332,5 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<()> {
             status_code: 409, ..
         }) => Ok(()),
         Err(e) => Err(backend_error(e)),
-    }
-}
-
-struct DockerSandbox {
-    docker: Docker,
-    id: String,
-    /// The previous CPU sample (container total, system total), so
-    /// `stats` reports use since the last call rather than since start.
-    last_cpu: Mutex<Option<(u64, u64)>>,
-    agent: Mutex<AgentState>,
-}
-
-/// Where a sandbox's exec helper stands.
-enum AgentState {
-    /// Not connected yet: connect on the next exec.
-    Pending(Boot),
-    Ready(Arc<Agent>),
-    /// It could not be started in this container: use `docker exec`.
-    Unusable,
-}
-
-impl DockerSandbox {
-    /// The connection to the exec helper, made on first use; `None` when the
-    /// helper cannot run here.
-    async fn agent(&self) -> Option<Arc<Agent>> {
-        let mut state = self.agent.lock().await;
-        if let AgentState::Ready(agent) = &*state {
-            if !agent.is_closed() {
-                return Some(agent.clone());
-            }
-            *state = AgentState::Pending(Boot::Unknown);
-        }
-        let AgentState::Pending(boot) = *state else {
-            return None;
-        };
-        match Agent::connect(&self.docker, &self.id, boot).await {
-            Ok(agent) => {
-                let agent = Arc::new(agent);
-                *state = AgentState::Ready(agent.clone());
-                Some(agent)
-            }
-            Err(message) => {
-                tracing::warn!(sandbox = %self.id, error = %message, "no exec helper; using docker exec");
-                *state = AgentState::Unusable;
-                None
-            }
-        }
-    }
-
-    /// Restarts the container, which kills every process in it; its boot
-    /// script then waits for a new helper.
-    async fn restart(&self) {
-        let options = RestartContainerOptions {
-            t: Some(0),
-            ..Default::default()
-        };
-        if let Err(e) = self.docker.restart_container(&self.id, Some(options)).await {
-            tracing::error!(sandbox = %self.id, error = %e, "restart failed");
-        }
-        let mut state = self.agent.lock().await;
-        if !matches!(*state, AgentState::Unusable) {
-            *state = AgentState::Pending(Boot::Fresh);
-        }
-    }
-
-    /// Runs an exec through the helper.
-    async fn exec_with_agent(
-        &self,
-        agent: Arc<Agent>,
-        request: ExecRequest,
-        output: mpsc::Sender<ExecChunk>,
-        cancel: CancellationToken,
-    ) -> Result<ExecStatus> {
-        let started = Instant::now();
-        let mut run = agent.start(&request).await.map_err(SandboxError::Backend)?;
-        let deadline = tokio::time::sleep(request.timeout);
-        // Armed by a kill: how long the run may take to end after it.
-        let killed = tokio::time::sleep(Duration::MAX);
-        tokio::pin!(deadline, killed);
-        let (mut timed_out, mut cancelled) = (false, false);
-        let exit_code = loop {
-            let stopping = timed_out || cancelled;
-            tokio::select! {
-                reply = run.replies.recv() => match reply {
-                    Some(Reply::Stdout(data)) => {
-                        let _ = output.send(ExecChunk::Stdout(data)).await;
-                    }
-                    Some(Reply::Stderr(data)) => {
-                        let _ = output.send(ExecChunk::Stderr(data)).await;
-                    }
-                    Some(Reply::Exit(code)) => break Some(code),
-                    // Like a shell that cannot find the command.
-                    Some(Reply::Failed(message)) => {
-                        let line = Bytes::from(format!("{message}\n"));
-                        let _ = output.send(ExecChunk::Stderr(line)).await;
-                        break Some(127);
-                    }
-                    Some(Reply::Hello) => {}
-                    None => return Err(SandboxError::Gone(self.id.clone())),
-                },
-                _ = &mut deadline, if !stopping => {
-                    timed_out = true;
-                    let _ = agent.kill(run.id).await;
-                    killed.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
-                }
-                _ = cancel.cancelled(), if !stopping => {
-                    cancelled = true;
-                    let _ = agent.kill(run.id).await;
-                    killed.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
-                }
-                _ = &mut killed, if stopping => {
-                    tracing::warn!(sandbox = %self.id, "a killed run did not end; restarting the container");
-                    self.restart().await;
-                    break None;
-                }
-            }
-        };
-        Ok(ExecStatus {
-            exit_code: exit_code
-                .filter(|_| !(timed_out || cancelled))
-                .map(i64::from),
-            timed_out,
-            cancelled,
-            duration: started.elapsed(),
-        })
-    }
-
-    /// Kills every process of the exec marked `marker`, restarting the
-    /// container if the kill itself cannot run.
-    async fn kill_exec(&self, marker: &str) {
-        let killed = tokio::time::timeout(KILL_GRACE, async {
-            let exec = self
-                .docker
-                .create_exec(
-                    &self.id,
-                    CreateExecOptions {
-                        cmd: Some(kill_by_marker(marker)),
-                        attach_stdout: Some(true),
-                        attach_stderr: Some(true),
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            if let StartExecResults::Attached { mut output, .. } =
-                self.docker.start_exec(&exec.id, None).await?
-            {
-                while output.next().await.is_some() {}
-            }
-            let inspect = self.docker.inspect_exec(&exec.id).await?;
-            Ok::<_, DockerError>(inspect.exit_code == Some(0))
-        })
-        .await;
-        if !matches!(killed, Ok(Ok(true))) {
-            tracing::warn!(sandbox = %self.id, "kill exec failed; restarting the container");
-            self.restart().await;
-        }
-    }
-}
-
-#[async_trait]
-impl Sandbox for DockerSandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    async fn assign(&self, session_id: &str) -> Result<()> {
-        let options = RenameContainerOptions {
-            name: format!("{SESSION_PREFIX}{session_id}"),
-        };
-        self.docker
-            .rename_container(&self.id, options)
-            .await
-            .map_err(backend_error)
-    }
-
-    async fn exec(
-        &self,
-        request: ExecRequest,
-        output: mpsc::Sender<ExecChunk>,
-        cancel: CancellationToken,
-    ) -> Result<ExecStatus> {
-        if let Some(agent) = self.agent().await {
-            return self.exec_with_agent(agent, request, output, cancel).await;
-        }
-        let started = Instant::now();
-        let marker = Uuid::new_v4().simple().to_string();
-        let mut env: Vec<String> = request
-            .env
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        env.push(format!("{EXEC_MARKER}={marker}"));
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(request.command.clone()),
-                    env: Some(env),
-                    working_dir: Some(request.workdir.clone()),
-                    attach_stdin: Some(request.stdin.is_some()),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| {
-                if is_not_found(&e) {
-                    SandboxError::Gone(self.id.clone())
-                } else {
-                    backend_error(e)
-                }
-            })?;
-        let options = StartExecOptions {
-            output_capacity: Some(64 * 1024),
-            ..Default::default()
-        };
-        let StartExecResults::Attached {
-            output: mut stream,
-            mut input,
-        } = self
-            .docker
-            .start_exec(&exec.id, Some(options))
-            .await
-            .map_err(backend_error)?
-        else {
-            return Err(SandboxError::Backend("exec started detached".into()));
-        };
-        if let Some(stdin) = request.stdin {
-            // A command that exits without reading its input is not an error.
-            let _ = input.write_all(&stdin).await;
-            let _ = input.shutdown().await;
-        }
-        drop(input);
-
-        let deadline = tokio::time::sleep(request.timeout);
-        tokio::pin!(deadline);
-        let (mut timed_out, mut cancelled) = (false, false);
-        loop {
-            tokio::select! {
-                chunk = stream.next() => match chunk {
-                    Some(Ok(LogOutput::StdOut { message })) | Some(Ok(LogOutput::Console { message })) => {
-                        let _ = output.send(ExecChunk::Stdout(message)).await;
-                    }
-                    Some(Ok(LogOutput::StdErr { message })) => {
-                        let _ = output.send(ExecChunk::Stderr(message)).await;
-                    }
-                    Some(Ok(LogOutput::StdIn { .. })) => {}
-                    Some(Err(e)) => return Err(backend_error(e)),
-                    None => break,
-                },
-                _ = &mut deadline, if !timed_out && !cancelled => {
-                    timed_out = true;
-                    self.kill_exec(&marker).await;
-                }
-                _ = cancel.cancelled(), if !timed_out && !cancelled => {
-                    cancelled = true;
-                    self.kill_exec(&marker).await;
-                }
-            }
-        }
-        let exit_code = match self.docker.inspect_exec(&exec.id).await {
-            Ok(inspect) if !(timed_out || cancelled) => inspect.exit_code,
-            _ => None,
-        };
-        Ok(ExecStatus {
-            exit_code,
-            timed_out,
-            cancelled,
-            duration: started.elapsed(),
-        })
-    }
-
-    async fn stats(&self) -> Result<SandboxStats> {
-        let options = StatsOptions {
-            stream: false,
-            one_shot: true,
-        };
-        let mut stream = self.docker.stats(&self.id, Some(options));
-        let sample: ContainerStatsResponse = match stream.next().await {
-            Some(Ok(sample)) => sample,
-            Some(Err(e)) if is_not_found(&e) => return Err(SandboxError::Gone(self.id.clone())),
-            Some(Err(e)) => return Err(backend_error(e)),
-            None => return Ok(SandboxStats::default()),
-        };
-        let cpu = sample.cpu_stats.as_ref();
-        let container = cpu
-            .and_then(|c| c.cpu_usage.as_ref())
-            .and_then(|u| u.total_usage);
-        let system = cpu.and_then(|c| c.system_cpu_usage);
-        let online = cpu.and_then(|c| c.online_cpus).unwrap_or(1).max(1);
-        let cpu_percent = match (container, system) {
-            (Some(container), Some(system)) => {
-                let mut last = self.last_cpu.lock().await;
-                let previous = last.replace((container, system));
-                previous.and_then(|(pc, ps)| {
-                    let dc = container.checked_sub(pc)? as f64;
-                    let ds = system.checked_sub(ps)? as f64;
-                    (ds > 0.0).then(|| dc / ds * f64::from(online) * 100.0)
-                })
-            }
-            _ => None,
-        };
-        Ok(SandboxStats {
-            cpu_percent,
-            memory_bytes: sample.memory_stats.and_then(|m| m.usage),
-            pids: sample.pids_stats.and_then(|p| p.current),
-        })
-    }
-
-    async fn destroy(&self) -> Result<()> {
-        remove_container(&self.docker, &self.id).await
     }
 }
