@@ -5,6 +5,8 @@
 //! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
 //! - [`egress`]: the allow rules for connections a request can make the
 //!   server open (gateway replicas, HTTP MCP servers), checked after DNS.
+//! - [`locate`]: the running server's data directory, recorded per user for
+//!   `conclave mcp` started without `--data-dir`.
 //! - [`server`]: builds the application state and serves it on a listener until
 //!   a shutdown signal, so tests can bind `127.0.0.1:0`.
 //! - [`api`]: every axum type lives here: router, error mapping, NDJSON/SSE and
@@ -25,6 +27,7 @@ pub mod api;
 pub mod config;
 pub mod egress;
 pub mod gateway;
+pub mod locate;
 pub mod mcp;
 pub mod model;
 pub mod sandbox;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use conclave::config::{Config, Overrides, SandboxBackendKind};
+use conclave::locate::{DataDirSource, ServerRecord};
 use conclave::server::{Server, Tools};
 use tokio_util::sync::CancellationToken;
 
@@ -48,7 +49,8 @@ enum Command {
         /// TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Directory of the store (default ./data).
+        /// Directory of the store (default: that of the `conclave serve`
+        /// running as this user, else ~/.local/share/conclave).
         #[arg(long)]
         data_dir: Option<PathBuf>,
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
@@ -143,6 +145,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     data_dir,
                     sandbox,
                     litellm_config,
+                    default_data_dir: None,
                 },
             )?;
             raise_fd_limit();
@@ -155,13 +158,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // One plain line on stdout, for people and for scripts that
             // started the server on port 0.
             println!("conclave listening on http://{addr}");
+            let pid = std::process::id();
+            let record = ServerRecord {
+                pid,
+                data_dir: server.state.config.data_dir.clone(),
+                url: format!("http://{addr}"),
+            };
+            match conclave::locate::record(&record) {
+                Ok(path) => tracing::debug!(path = %path.display(), "recorded for conclave mcp"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot record the data directory for conclave mcp")
+                }
+            }
             tracing::info!(
                 listen = %addr,
                 model = server.state.sessions.models().default_model(),
                 auth = server.state.keys.enabled(),
                 "conclave serving"
             );
-            server.run(listener).await?;
+            let served = server.run(listener).await;
+            conclave::locate::forget(pid);
+            served?;
             tracing::info!("stopped");
             Ok(())
         }
@@ -170,15 +187,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             sandbox,
         } => {
+            let (default, source) = conclave::locate::default_mcp_data_dir();
             let config = Config::load(
                 config.as_deref(),
                 &Overrides {
-                    listen: None,
                     data_dir,
                     sandbox,
-                    litellm_config: None,
+                    default_data_dir: Some(default.clone()),
+                    ..Overrides::default()
                 },
             )?;
+            let from = if config.data_dir != default {
+                "given (--data-dir, CONCLAVE_DATA_DIR or the config file)".to_string()
+            } else {
+                match source {
+                    DataDirSource::RunningServer { pid, url } => {
+                        format!("that of the server running as pid {pid} on {url}")
+                    }
+                    DataDirSource::PerUser => {
+                        "the per-user default: no conclave serve is running".to_string()
+                    }
+                }
+            };
+            tracing::info!(data_dir = %config.data_dir.display(), from, "conclave mcp: data directory");
             conclave::mcp::serve_stdio(config).await?;
             Ok(())
         }

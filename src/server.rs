@@ -92,6 +92,10 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let gateway =
             Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
+        for pool in gateway.pools() {
+            let replicas: Vec<String> = pool.replicas().iter().map(|r| r.url.clone()).collect();
+            tracing::info!(pool = %pool.name, strategy = ?pool.config.strategy, ?replicas, "gateway pool");
+        }
         let models = Arc::new(
             ModelRegistry::with_gateway(&config, Some(gateway.clone()))
                 .map_err(|e| StartError::Model(e.to_string()))?,
@@ -183,13 +187,26 @@ impl Server {
         let evictor = {
             let sessions = sessions.clone();
             let root = root.clone();
+            // Expired ephemeral sessions go within half their retention.
+            let retention = Duration::from_secs(self.state.config.agent.ephemeral_retention_s);
+            let period = if retention.is_zero() {
+                EVICT_EVERY
+            } else {
+                EVICT_EVERY.min((retention / 2).max(Duration::from_millis(250)))
+            };
             tokio::spawn(async move {
-                let mut every = tokio::time::interval(EVICT_EVERY);
+                let mut every = tokio::time::interval(period);
                 loop {
                     tokio::select! {
-                        _ = every.tick() => sessions.evict_unused(),
+                        _ = every.tick() => {}
                         _ = root.cancelled() => return,
                     };
+                    match sessions.expire_ephemeral().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(sessions = n, "expired ephemeral sessions deleted"),
+                        Err(e) => tracing::warn!(error = %e, "expiring ephemeral sessions failed"),
+                    }
+                    sessions.evict_unused();
                 }
             })
         };
@@ -254,7 +271,7 @@ impl Server {
 /// taken over). Returns how many were removed.
 async fn reap_orphans(store: &dyn Store, sandboxes: &SandboxManager) -> Result<usize, String> {
     let live: std::collections::HashSet<uuid::Uuid> = store
-        .list_sessions(None)
+        .list_sessions(&crate::store::SessionFilter::default())
         .await
         .map_err(|e| format!("listing sessions: {e}"))?
         .into_iter()

@@ -114,14 +114,58 @@ async fn an_openai_tool_call_runs_and_its_result_goes_back_to_the_model() {
     assert_eq!(requests.len(), 2);
     let session_id = events[0]["session_id"].as_str().unwrap();
     assert_eq!(requests[0].headers["x-session-id"], session_id);
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["role"], "system");
     assert_eq!(
-        requests[1].body["messages"],
+        json!(messages[1..]),
         json!([
             {"role": "user", "content": "list files"},
             {"role": "assistant", "content": null, "tool_calls": [
                 {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": "{\"command\":\"ls\"}"}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "ran: ls"},
         ])
+    );
+    server.stop().await;
+}
+
+/// A session that gives no system prompt still tells the model its tools and
+/// its workspace (small models' chat templates often drop `tools`), and a
+/// model call is capped by `agent.max_tokens` unless the session says
+/// otherwise; a session's own prompt and cap replace both.
+#[tokio::test]
+async fn model_calls_get_a_default_system_prompt_and_token_cap() {
+    let done = || {
+        Reply::sse(vec![
+            content("ok"),
+            finish("stop"),
+            chunk_usage(1, 1),
+            end(),
+        ])
+    };
+    let upstream = Upstream::start(vec![done(), done()]).await;
+    let server = server_for(&upstream).await;
+    for body in [
+        json!({"prompt": "hi", "model": "scripted"}),
+        json!({"prompt": "hi", "model": "scripted", "system_prompt": "Be brief.", "max_tokens": 50}),
+    ] {
+        let events = ndjson(server.post("/agent/run", body).await).await;
+        assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
+    }
+    let requests = upstream.requests();
+    let first = &requests[0].body;
+    assert_eq!(first["max_tokens"], 4096, "{first}");
+    let system = first["messages"][0]["content"].as_str().unwrap();
+    assert_eq!(first["messages"][0]["role"], "system");
+    assert!(
+        system.contains("- Bash: Echoes the command back"),
+        "{system}"
+    );
+    assert!(system.contains("/workspace"), "{system}");
+    let second = &requests[1].body;
+    assert_eq!(second["max_tokens"], 50, "{second}");
+    assert_eq!(
+        second["messages"][0],
+        json!({"role": "system", "content": "Be brief."})
     );
     server.stop().await;
 }

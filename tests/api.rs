@@ -757,6 +757,17 @@ async fn api_keys_guard_every_route_and_isolate_sessions() {
         .await
         .unwrap();
     assert_eq!(bobs, json!({"sessions": []}));
+    // Alice's session is no cursor for bob: it would tell when it was made.
+    let cursor = as_key(
+        bob,
+        server
+            .http
+            .get(server.url(&format!("/agent/sessions?before={id}"))),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(cursor.status(), 422);
     let alices: Value = as_key(alice, server.http.get(server.url("/agent/sessions")))
         .send()
         .await
@@ -911,5 +922,171 @@ async fn an_unknown_model_is_refused_with_the_known_names() {
         message.starts_with("options.model: unknown model 'gpt-4o'; known models: demo"),
         "{message}"
     );
+    server.stop().await;
+}
+
+/// A client that takes no `text_delta` events still hears from a long model
+/// call: a `status` heartbeat every `agent.status_interval_ms`.
+#[tokio::test]
+async fn a_long_model_call_sends_status_heartbeats() {
+    let server = TestServer::start_with(|c| {
+        c.demo.chunk_delay_ms = 20;
+        c.agent.status_interval_ms = 100;
+    })
+    .await;
+    // About 40 words at 20 ms each: the call streams for ~0.8 s.
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": long_prompt(40)}))
+            .await,
+    )
+    .await;
+    let beats: Vec<&Value> = events
+        .iter()
+        .filter(|e| {
+            e["type"] == "status"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("The model is still writing"))
+        })
+        .collect();
+    assert!(!beats.is_empty(), "{events:?}");
+    assert_eq!(events.last().unwrap()["status"], "success");
+    // With deltas on, the deltas are the progress: no heartbeat.
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": long_prompt(40), "text_deltas": true}),
+            )
+            .await,
+    )
+    .await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["type"] == "status"
+                && e["message"].as_str().unwrap().contains("still writing")),
+        "{events:?}"
+    );
+    server.stop().await;
+}
+
+/// A turn that runs past `agent.turn_timeout_s` ends `timed_out`, says why,
+/// and leaves the session ready for the next message.
+#[tokio::test]
+async fn a_turn_past_its_wall_clock_limit_ends_timed_out() {
+    let server = TestServer::start_with(|c| {
+        c.demo.chunk_delay_ms = 50;
+        c.agent.turn_timeout_s = 1;
+    })
+    .await;
+    let id = server.create_session(json!({})).await;
+    let events = server.turn(&id, &long_prompt(200)).await;
+    let result = events.last().unwrap();
+    assert_eq!(result["status"], "timed_out", "{events:?}");
+    let note = &events[events.len() - 2];
+    assert!(
+        note["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("agent.turn_timeout_s")),
+        "{note}"
+    );
+    let next = server.turn(&id, "short").await;
+    assert_eq!(next.last().unwrap()["status"], "success");
+    server.stop().await;
+}
+
+/// `GET /agent/sessions` pages with `limit` and `before` (the `next_before`
+/// of the page before), filters by `status` and `kind`, and refuses values
+/// it cannot read with a 422 naming the parameter.
+#[tokio::test]
+async fn session_list_pages_and_filters() {
+    let server = TestServer::start().await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(server.create_session(json!({})).await);
+    }
+    let _ = server.turn(&ids[1], "hi").await;
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    let mut seen = Vec::new();
+    let mut path = "/agent/sessions?limit=2".to_string();
+    loop {
+        let page: Value = server.get(&path).await.json().await.unwrap();
+        for s in page["sessions"].as_array().unwrap() {
+            seen.push(s["session_id"].as_str().unwrap().to_string());
+        }
+        match page["next_before"].as_str() {
+            Some(next) => path = format!("/agent/sessions?limit=2&before={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, newest_first);
+    let ephemeral = ndjson(server.post("/agent/run", json!({"prompt": "x"})).await).await;
+    let run_id = ephemeral[0]["session_id"].as_str().unwrap();
+    let closed: Value = server
+        .get("/agent/sessions?status=closed&kind=agent")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let closed: Vec<&str> = closed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(closed, vec![run_id]);
+    let none: Value = server
+        .get("/agent/sessions?kind=pipeline")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(none, json!({"sessions": []}));
+    for (query, field, code) in [
+        ("status=done", "status", 422),
+        ("kind=robot", "kind", 422),
+        ("before=nope", "before", 422),
+        ("before=00000000-0000-0000-0000-000000000000", "before", 422),
+        ("limit=0", "limit", 422),
+        ("colour=red", "colour", 400),
+    ] {
+        let response = server.get(&format!("/agent/sessions?{query}")).await;
+        assert_eq!(response.status(), code, "{query}");
+        let body: Value = response.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{query}: {message}");
+    }
+    server.stop().await;
+}
+
+/// A finished `/agent/run` session is deleted once `agent.ephemeral_retention_s`
+/// has passed; sessions made with `POST /agent/session` stay.
+#[tokio::test]
+async fn finished_ephemeral_sessions_expire_after_their_retention() {
+    let server = TestServer::start_with(|c| c.agent.ephemeral_retention_s = 1).await;
+    let kept = server.create_session(json!({})).await;
+    let events = ndjson(server.post("/agent/run", json!({"prompt": "x"})).await).await;
+    let run_id = events[0]["session_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = server
+            .get(&format!("/agent/session/{run_id}/status"))
+            .await
+            .status();
+        if status == 404 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(
+            Instant::now() < deadline,
+            "the run session was never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sessions: Value = server.get("/agent/sessions").await.json().await.unwrap();
+    assert_eq!(sessions["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(sessions["sessions"][0]["session_id"], kept.as_str());
     server.stop().await;
 }

@@ -267,6 +267,62 @@ async fn python_sdk_over_stdio_from_conclave_mcp() {
     server.stop_and_remove_sandboxes().await;
 }
 
+/// `conclave mcp` over stdio on the server's data directory works in the
+/// session's own sandbox: it sees what the agent wrote, the agent's next
+/// turn sees what it wrote, and a sandbox it made first outlives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_shares_the_sessions_sandbox_with_the_server() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let data_dir = server.data_dir.display().to_string();
+    let stdio_shell = |id: String, command: &'static str| {
+        let data_dir = data_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            run_client(&[
+                "shell",
+                &id,
+                command,
+                env!("CARGO_BIN_EXE_conclave"),
+                "mcp",
+                "--sandbox",
+                "docker",
+                "--data-dir",
+                &data_dir,
+            ])
+        })
+    };
+    let tool_stdout = |events: &[Value]| {
+        events
+            .iter()
+            .find(|e| e["type"] == "tool_result")
+            .map(|e| e["output"]["stdout"].clone())
+            .unwrap_or_else(|| panic!("no tool_result in {events:?}"))
+    };
+
+    // The agent made the sandbox first.
+    let agent_first = server.create_session(json!({})).await;
+    let events = server
+        .turn(&agent_first, "$ echo from-agent > a.txt && echo ok")
+        .await;
+    assert_eq!(tool_stdout(&events), "ok\n");
+    let seen = stdio_shell(agent_first.clone(), "cat a.txt && echo from-ide > b.txt")
+        .await
+        .unwrap();
+    assert_eq!(seen["is_error"], false, "{seen}");
+    assert_eq!(seen["result"]["stdout"], "from-agent\n", "{seen}");
+    let events = server.turn(&agent_first, "$ cat b.txt").await;
+    assert_eq!(tool_stdout(&events), "from-ide\n");
+
+    // The IDE made it first, and exited.
+    let ide_first = server.create_session(json!({})).await;
+    let seen = stdio_shell(ide_first.clone(), "echo ide-first > c.txt")
+        .await
+        .unwrap();
+    assert_eq!(seen["is_error"], false, "{seen}");
+    let events = server.turn(&ide_first, "$ cat c.txt").await;
+    assert_eq!(tool_stdout(&events), "ide-first\n");
+    server.stop_and_remove_sandboxes().await;
+}
+
 /// `/mcp` answers only the hosts in `allowed_hosts` (DNS rebinding):
 /// a page on another name that resolves here cannot drive the tools.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,4 +356,104 @@ async fn mcp_refuses_a_host_outside_allowed_hosts() {
     let allowed = post(&format!("localhost:{port}")).await.expect("post");
     assert_eq!(allowed.status(), 200, "{:?}", allowed.text().await);
     server.stop_and_remove_sandboxes().await;
+}
+
+/// As an IDE starts it: `conclave mcp` without `--data-dir`, from another
+/// directory, works on the data directory of the `conclave serve` running
+/// as the same user (the README's default flags), says so in its log, and
+/// makes no `./data` where it was started. With no server running it uses
+/// the per-user data directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_without_a_data_dir_uses_the_running_servers() {
+    use tokio::io::AsyncBufReadExt;
+    let home = tempfile::tempdir().unwrap();
+    let serve_cwd = tempfile::tempdir().unwrap();
+    let ide_cwd = tempfile::tempdir().unwrap();
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .current_dir(serve_cwd.path())
+        .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
+        .env("HOME", home.path())
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("CONCLAVE_DATA_DIR")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().expect("a first line");
+    let url = first
+        .strip_prefix("conclave listening on ")
+        .unwrap()
+        .to_string();
+    let created: Value = reqwest::Client::new()
+        .post(format!("{url}/agent/session"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["session_id"].as_str().unwrap().to_string();
+    let ide = |id: String| {
+        let (home, cwd) = (home.path().to_owned(), ide_cwd.path().to_owned());
+        tokio::task::spawn_blocking(move || {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/client.py");
+            Command::new(python())
+                .current_dir(cwd)
+                .env("HOME", home)
+                .env_remove("XDG_STATE_HOME")
+                .env_remove("XDG_DATA_HOME")
+                .env_remove("CONCLAVE_DATA_DIR")
+                .args([script, "shell", &id, "pwd"])
+                .args([env!("CARGO_BIN_EXE_conclave"), "mcp", "--sandbox", "local"])
+                .output()
+                .unwrap()
+        })
+    };
+    let output = ide(id.clone()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(output.status.success(), "{stderr}");
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen["is_error"], false, "{seen} {stderr}");
+    assert_eq!(seen["result"]["stdout"], "/workspace\n", "{seen}");
+    assert!(!ide_cwd.path().join("data").exists());
+    let data_dir = serve_cwd.path().join("data");
+    assert!(
+        stderr.contains(&format!("data_dir={}", data_dir.display()))
+            && stderr.contains("that of the server running as pid"),
+        "{stderr}"
+    );
+
+    // Deleting the session removes the sandbox `conclave mcp` made for it.
+    let deleted = reqwest::Client::new()
+        .delete(format!("{url}/agent/session/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    let pid = server.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(server.wait().await.unwrap().success());
+    let left: Vec<_> = std::fs::read_dir(data_dir.join("sandboxes"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "sandboxes left: {left:?}");
+
+    // No server: the per-user directory, where that session is unknown.
+    let output = ide(id).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen["is_error"], true, "{seen}");
+    assert!(stderr.contains("the per-user default"), "{stderr}");
+    assert!(
+        home.path()
+            .join(".local/share/conclave/conclave.db")
+            .exists()
+    );
 }

@@ -266,3 +266,92 @@ async fn a_restart_after_kill_9_reaps_orphan_sandboxes_and_keeps_live_ones() {
     restarted.kill().await.expect("SIGKILL");
     common::remove_sandboxes_of(dir.path()).await;
 }
+
+/// The log a new user reads: the gateway pools loaded at start, one INFO
+/// line per request (with the `x-request-id` the client sent, which comes
+/// back in the response) and one per finished turn; no rmcp dumps.
+#[tokio::test]
+async fn the_log_names_pools_requests_and_turns() {
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(
+        cwd.path().join("conclave.toml"),
+        "[gateway.pools.tiny]\nreplicas = [{ id = \"r0\", url = \"http://127.0.0.1:9/v1\" }]\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .current_dir(cwd.path())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            "conclave.toml",
+            "--sandbox",
+            "local",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the conclave binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().expect("a first line");
+    let url = first
+        .strip_prefix("conclave listening on ")
+        .unwrap()
+        .to_string();
+    let http = reqwest::Client::new();
+    let response = http
+        .post(format!("{url}/agent/run"))
+        .header("x-request-id", "req-42")
+        .json(&json!({"prompt": "hello", "sandbox_enabled": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-request-id"], "req-42");
+    let events = ndjson(response).await;
+    let session = events[0]["session_id"].as_str().unwrap().to_string();
+    let made = http
+        .get(format!("{url}/agent/sessions"))
+        .send()
+        .await
+        .unwrap();
+    assert!(made.headers().contains_key("x-request-id"));
+    let pid = child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let output = child.wait_with_output().await.unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    let has = |needles: &[&str]| {
+        log.lines()
+            .any(|line| needles.iter().all(|n| line.contains(n)))
+    };
+    assert!(
+        has(&["INFO", "gateway pool", "pool=tiny", "127.0.0.1:9"]),
+        "{log}"
+    );
+    assert!(
+        has(&[
+            "INFO",
+            "request",
+            "request=req-42",
+            "method=POST",
+            "path=/agent/run",
+            "status=200"
+        ]),
+        "{log}"
+    );
+    assert!(
+        has(&[
+            "INFO",
+            "turn finished",
+            &format!("session={session}"),
+            "status=success"
+        ]),
+        "{log}"
+    );
+    assert!(!log.contains("InitializeRequestParam"), "{log}");
+}

@@ -74,6 +74,8 @@ pub enum ResultStatus {
     Interrupted,
     MaxTurns,
     BudgetExceeded,
+    /// The turn ran past `agent.turn_timeout_s`.
+    TimedOut,
 }
 
 /// Token and cost accounting, per turn and per session.

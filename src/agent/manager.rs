@@ -16,7 +16,7 @@ use super::tools::ToolRouter;
 use super::turn::{self, TurnDeps};
 use crate::config::AgentConfig;
 use crate::model::{Message, ModelRegistry};
-use crate::store::{SessionKind, SessionRecord, SessionStatus, Store, StoreError};
+use crate::store::{SessionFilter, SessionKind, SessionRecord, SessionStatus, Store, StoreError};
 use crate::telemetry::Metrics;
 
 #[derive(Debug, thiserror::Error)]
@@ -191,8 +191,8 @@ impl SessionManager {
         before - live.len()
     }
 
-    pub async fn list(&self, owner: Option<&str>) -> Result<Vec<SessionRecord>, AgentError> {
-        let mut records = self.store.list_sessions(owner).await?;
+    pub async fn list(&self, filter: &SessionFilter) -> Result<Vec<SessionRecord>, AgentError> {
+        let mut records = self.store.list_sessions(filter).await?;
         // Live sessions know their latest status and usage.
         let live = self.live();
         for record in &mut records {
@@ -206,6 +206,29 @@ impl SessionManager {
         Ok(records)
     }
 
+    /// Deletes the closed ephemeral sessions last updated more than
+    /// `agent.ephemeral_retention_s` ago. Returns how many went.
+    pub async fn expire_ephemeral(&self) -> Result<usize, AgentError> {
+        let retention = self.deps.config.ephemeral_retention_s;
+        if retention == 0 {
+            return Ok(0);
+        }
+        let cutoff = Utc::now() - chrono::TimeDelta::seconds(retention as i64);
+        let mut removed = 0;
+        loop {
+            let expired = self.store.expired_ephemeral(cutoff, 256).await?;
+            if expired.is_empty() {
+                return Ok(removed);
+            }
+            for id in expired {
+                match self.delete(id, None).await {
+                    Ok(()) | Err(AgentError::NotFound(_)) => removed += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+
     pub async fn history(&self, session: &Session) -> Result<Vec<Message>, AgentError> {
         Ok(self.store.messages(session.id).await?)
     }
@@ -217,7 +240,7 @@ impl SessionManager {
         // Wait for the turn to close before the rows go.
         let _turn = session.turn_lock.lock().await;
         session.closed.cancel();
-        self.deps.tools.release(id).await;
+        self.deps.tools.delete(id).await;
         self.store.delete_session(id).await?;
         let mut live = self.live();
         live.remove(&id);

@@ -50,8 +50,14 @@ pub trait ToolRouter: Send + Sync {
         cancel: CancellationToken,
     ) -> ToolOutput;
 
-    /// Frees what the session holds (its sandbox); called when it is deleted.
+    /// Frees what the session holds (its sandbox) when its last turn is over.
     async fn release(&self, _session_id: Uuid) {}
+
+    /// Frees what the session holds when it is deleted, including what
+    /// another process made for it (a sandbox `conclave mcp` created).
+    async fn delete(&self, session_id: Uuid) {
+        self.release(session_id).await;
+    }
 }
 
 /// A router without tools.

@@ -3,7 +3,7 @@
 //! with exactly one `result` event.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::Value;
@@ -15,7 +15,7 @@ use super::session::Session;
 use super::tools::{ToolContext, ToolOutput, ToolRouter};
 use crate::config::AgentConfig;
 use crate::model::{
-    ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall,
+    ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall, ToolSpec,
 };
 use crate::store::{SessionStatus, Store, StoreError};
 use crate::telemetry::{Metrics, ModelLabel, StatusLabel};
@@ -100,7 +100,33 @@ async fn run_inner(
         .append_messages(session.id, &[Message::User { content: prompt }])
         .await?;
     let mut tally = Tally::starting(session);
-    let outcome = match agent_loop(deps, session, &cancel, &mut tally).await {
+    // The turn's own token: cancelled by an interrupt (its parent) or when
+    // the wall-clock limit passes, which only this timer does.
+    let limit = Duration::from_secs(deps.config.turn_timeout_s);
+    let turn_cancel = cancel.child_token();
+    let timer = tokio::spawn({
+        let turn_cancel = turn_cancel.clone();
+        async move {
+            tokio::time::sleep(limit).await;
+            turn_cancel.cancel();
+        }
+    });
+    let result = agent_loop(deps, session, &turn_cancel, &mut tally).await;
+    timer.abort();
+    let timed_out = turn_cancel.is_cancelled() && !cancel.is_cancelled();
+    let outcome = match result {
+        Ok(outcome) if timed_out && outcome.status == ResultStatus::Interrupted => {
+            session.emit(EventKind::Status {
+                message: format!(
+                    "The turn ran past its {} s limit (agent.turn_timeout_s) and was stopped.",
+                    limit.as_secs()
+                ),
+            })?;
+            Outcome {
+                status: ResultStatus::TimedOut,
+                text: outcome.text,
+            }
+        }
         Ok(outcome) => outcome,
         Err(LoopError::Store(e)) => return Err(e),
         Err(LoopError::Model(e)) => {
@@ -156,11 +182,21 @@ async fn finish(
             Some(&tally.session_total()),
         )
         .await?;
+    let status = serde_json::to_value(outcome.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    tracing::info!(
+        session = %session.id,
+        %status,
+        model_calls = tally.usage.turns,
+        tool_calls = tally.usage.tool_calls,
+        ms = started.elapsed().as_millis() as u64,
+        "turn finished"
+    );
     deps.metrics
         .turns_finished
-        .get_or_create(&StatusLabel {
-            status: format!("{:?}", outcome.status).to_lowercase(),
-        })
+        .get_or_create(&StatusLabel { status })
         .inc();
     Ok(())
 }
@@ -206,6 +242,10 @@ async fn agent_loop(
         .filter(|spec| options.allows(&spec.name))
         .collect();
     let max_calls = options.max_turns.unwrap_or(deps.config.max_turns);
+    let system = options
+        .system_prompt
+        .clone()
+        .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
     let mut history = deps.store.messages(session.id).await?;
     let mut last_text = None;
     loop {
@@ -223,11 +263,11 @@ async fn agent_loop(
         }
         let request = ChatRequest {
             model: model.upstream_model.clone(),
-            system: options.system_prompt.clone(),
+            system: system.clone(),
             messages: history.clone(),
             tools: tools.clone(),
             temperature: options.temperature,
-            max_tokens: options.max_tokens,
+            max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
             tool_call_mode: model.tool_call_mode,
             session_id: Some(session.id.to_string()),
             owner: session.owner.clone(),
@@ -313,13 +353,23 @@ async fn call_model(
         interrupted: false,
     };
     let (mut input_tokens, mut output_tokens) = (0, 0);
-    let stream = tokio::select! {
-        biased;
-        _ = cancel.cancelled() => {
-            reply.interrupted = true;
-            return Ok(reply);
+    // A client without `text_delta` events would see nothing for the whole
+    // call: a `status` event every interval says the model is still at it.
+    let every = Duration::from_millis(deps.config.status_interval_ms);
+    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let opening = model.provider.stream(request);
+    tokio::pin!(opening);
+    let stream = loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                reply.interrupted = true;
+                return Ok(reply);
+            }
+            stream = &mut opening => break stream.map_err(LoopError::Model)?,
+            _ = heartbeat.tick(), if !deltas => still_writing(session, &reply, started)?,
         }
-        stream = model.provider.stream(request) => stream.map_err(LoopError::Model)?,
     };
     tokio::pin!(stream);
     loop {
@@ -330,6 +380,10 @@ async fn call_model(
                 break;
             }
             item = stream.next() => item,
+            _ = heartbeat.tick(), if !deltas => {
+                still_writing(session, &reply, started)?;
+                continue;
+            }
         };
         match item {
             None => break,
@@ -370,6 +424,43 @@ async fn call_model(
         reply.calls.clear();
     }
     Ok(reply)
+}
+
+/// The heartbeat of a model call that streams without `text_delta` events.
+fn still_writing(
+    session: &Arc<Session>,
+    reply: &Reply,
+    started: Instant,
+) -> Result<(), StoreError> {
+    session.emit(EventKind::Status {
+        message: format!(
+            "The model is still writing ({} characters, {} tool call(s) so far, {} s).",
+            reply.text.chars().count(),
+            reply.calls.len(),
+            started.elapsed().as_secs()
+        ),
+    })?;
+    Ok(())
+}
+
+/// Tells a model that does not read the `tools` field (many small ones do
+/// not: their chat template drops it) what it can call and where it works.
+/// Only sent when the session gives no system prompt and has tools.
+fn default_system_prompt(tools: &[ToolSpec], working_dir: Option<&str>) -> Option<String> {
+    if tools.is_empty() {
+        return None;
+    }
+    let mut prompt = format!(
+        "You are an agent with tools that run in a sandbox. Your workspace is {}. \
+         To act, call a tool with JSON arguments that match its schema; when you have \
+         the answer, reply with it in plain text and call no tool.\n\nYour tools:\n",
+        working_dir.unwrap_or(crate::sandbox::WORKSPACE)
+    );
+    for tool in tools {
+        let summary = tool.description.lines().next().unwrap_or("").trim();
+        prompt.push_str(&format!("- {}: {summary}\n", tool.name));
+    }
+    Some(prompt)
 }
 
 async fn run_tool(

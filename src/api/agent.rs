@@ -16,10 +16,10 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject};
 use super::stream::{cancel_on_hangup, events_response};
 use crate::agent::events::Usage;
-use crate::agent::{AgentOptions, McpServerSpec, NewSession};
+use crate::agent::{AgentError, AgentOptions, McpServerSpec, NewSession};
 use crate::model::Message;
 use crate::state::AppState;
-use crate::store::{SessionKind, SessionRecord, SessionStatus};
+use crate::store::{SessionFilter, SessionKind, SessionRecord, SessionStatus};
 
 /// `POST /agent/run` and `POST /agent/session/{id}/message` bodies. Options
 /// may also be given flat at the top level.
@@ -62,6 +62,9 @@ pub struct SessionSummary {
 #[derive(Serialize, ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<SessionSummary>,
+    /// Set when the page is full: pass it as `before` for the next page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<Uuid>,
 }
 
 /// Gateway calls listed in a session's status.
@@ -384,9 +387,16 @@ pub async fn delete(
 pub struct ListQuery {
     /// Sessions at most, newest first: 1 to 10000 (default 1000).
     limit: Option<i64>,
+    /// Only sessions created before this one: the `next_before` of the
+    /// previous page.
+    before: Option<String>,
+    /// Only sessions in this status: `idle`, `running`, `interrupted`, `closed`.
+    status: Option<String>,
+    /// Only sessions of this kind: `agent`, `deliberation`, `pipeline`.
+    kind: Option<String>,
 }
 
-/// The caller's sessions, newest first.
+/// The caller's sessions, newest first, a page at a time.
 #[utoipa::path(get, path = "/agent/sessions", params(ListQuery), responses((status = 200, body = SessionList), (status = 422, body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
@@ -398,9 +408,57 @@ pub async fn list(
         Some(n @ 1..=10_000) => n as usize,
         Some(_) => return Err(ApiError::invalid("limit", "must be 1 to 10000")),
     };
-    let sessions = state.sessions.list(caller.owner()).await?;
+    let status = query
+        .status
+        .map(|s| {
+            SessionStatus::parse(&s).ok_or_else(|| {
+                ApiError::invalid("status", "must be idle, running, interrupted or closed")
+            })
+        })
+        .transpose()?;
+    let kind = query
+        .kind
+        .map(|k| {
+            SessionKind::parse(&k)
+                .ok_or_else(|| ApiError::invalid("kind", "must be agent, deliberation or pipeline"))
+        })
+        .transpose()?;
+    let before = match query.before {
+        None => None,
+        Some(text) => {
+            let id = Uuid::parse_str(&text)
+                .map_err(|_| ApiError::invalid("before", "must be a session id"))?;
+            // A cursor must be a session the caller may see: another
+            // owner's would tell when that session was made.
+            match state.sessions.get(id, caller.owner()).await {
+                Ok(_) => Some(id),
+                Err(AgentError::NotFound(_)) => {
+                    return Err(ApiError::invalid("before", "no session with this id"));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let filter = SessionFilter {
+        owner: caller.owner().map(str::to_owned),
+        status,
+        kind,
+        before,
+        limit: Some(limit),
+    };
+    let sessions: Vec<SessionSummary> = state
+        .sessions
+        .list(&filter)
+        .await?
+        .into_iter()
+        .map(summary)
+        .collect();
+    let next_before = (sessions.len() == limit)
+        .then(|| sessions.last().map(|s| s.session_id))
+        .flatten();
     Ok(Json(SessionList {
-        sessions: sessions.into_iter().take(limit).map(summary).collect(),
+        sessions,
+        next_before,
     }))
 }
 

@@ -1,6 +1,7 @@
 //! HTTP transport. Every axum type of the server lives under this module.
 //!
 //! - [`router`]: the routes, the body limit, auth and JSON fallbacks.
+//! - [`access_log`]: one INFO line per request, with its id.
 //! - [`error`]: `ApiError`, the one error every handler returns.
 //! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
 //! - [`auth`]: bearer keys, roles and the caller identity.
@@ -12,6 +13,7 @@
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`]: the handlers.
 
+pub mod access_log;
 pub mod agent;
 pub mod auth;
 pub mod body;
@@ -31,6 +33,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use utoipa::OpenApi;
 
 use crate::state::AppState;
@@ -131,7 +134,9 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(policy, browser::check))
         .layer(DefaultBodyLimit::max(limit))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(axum::middleware::from_fn(access_log::log))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .with_state(state)
 }
 

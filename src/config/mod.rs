@@ -112,6 +112,9 @@ pub struct Overrides {
     /// A LiteLLM config whose `model_list` becomes gateway pools (a pool
     /// of the same name in the config file is replaced).
     pub litellm_config: Option<PathBuf>,
+    /// Replaces the built-in default data directory; the file, the
+    /// environment and `data_dir` above still win over it.
+    pub default_data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +134,9 @@ impl Config {
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
         let cwd = std::env::current_dir().map_err(ConfigError::WorkingDir)?;
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(dir) = &overrides.default_data_dir {
+            figment = figment.merge(Serialized::default("data_dir", dir));
+        }
         if let Some(path) = file {
             if !path.is_file() {
                 return Err(ConfigError::File {
@@ -359,6 +365,15 @@ impl Config {
         }
         if self.agent.max_turns == 0 {
             return Err(field("agent.max_turns", "must be at least 1".into()));
+        }
+        for (name, value) in [
+            ("agent.max_tokens", u64::from(self.agent.max_tokens)),
+            ("agent.turn_timeout_s", self.agent.turn_timeout_s),
+            ("agent.status_interval_ms", self.agent.status_interval_ms),
+        ] {
+            if value == 0 {
+                return Err(field(name, "must be at least 1".into()));
+            }
         }
         for (name, provider) in [("openai", &self.openai), ("anthropic", &self.anthropic)] {
             if let Some(p) = provider {

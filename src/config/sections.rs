@@ -141,6 +141,17 @@ pub struct AgentConfig {
     pub max_turns: u32,
     /// Bytes of a tool result kept in the conversation and in events.
     pub max_tool_output_bytes: usize,
+    /// Cap on tokens per model call when a session sets no `max_tokens`:
+    /// a weak model that repeats itself stops here, not at its context end.
+    pub max_tokens: u32,
+    /// Wall-clock limit of one turn; past it the turn ends `timed_out`.
+    pub turn_timeout_s: u64,
+    /// How often a `status` event tells a client that a model call is still
+    /// streaming when it does not receive `text_delta` events.
+    pub status_interval_ms: u64,
+    /// How long a finished `/agent/run` session stays listed and readable
+    /// before it is deleted; 0 keeps them forever.
+    pub ephemeral_retention_s: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -203,6 +214,10 @@ impl Default for AgentConfig {
         AgentConfig {
             max_turns: 20,
             max_tool_output_bytes: 64 * 1024,
+            max_tokens: 4096,
+            turn_timeout_s: 600,
+            status_interval_ms: 5000,
+            ephemeral_retention_s: 24 * 3600,
         }
     }
 }

@@ -132,3 +132,19 @@ fn provider_env_fills_openai() {
     );
     assert!(config.anthropic.is_none());
 }
+
+#[test]
+fn a_default_data_dir_yields_to_the_flag() {
+    let with_default = Overrides {
+        default_data_dir: Some(PathBuf::from("/srv/conclave")),
+        ..Overrides::default()
+    };
+    let config = Config::load(None, &with_default).unwrap();
+    assert_eq!(config.data_dir, PathBuf::from("/srv/conclave"));
+    let both = Overrides {
+        data_dir: Some(PathBuf::from("/flag")),
+        ..with_default
+    };
+    let config = Config::load(None, &both).unwrap();
+    assert_eq!(config.data_dir, PathBuf::from("/flag"));
+}

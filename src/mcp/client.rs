@@ -375,6 +375,11 @@ impl ToolRouter for SandboxTools {
         self.external.release(session_id).await;
         self.host.sandboxes.release(session_id).await;
     }
+
+    async fn delete(&self, session_id: Uuid) {
+        self.external.release(session_id).await;
+        self.host.sandboxes.release_shared(session_id).await;
+    }
 }
 
 #[cfg(test)]

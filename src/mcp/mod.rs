@@ -56,8 +56,11 @@ pub fn http_service(
     )
 }
 
-/// Serves the sandbox tools over stdin/stdout until the client closes them,
-/// then destroys the sandboxes this process made.
+/// Serves the sandbox tools over stdin/stdout until the client closes them.
+/// A call naming a session uses that session's sandbox, the one the server
+/// on the same data directory uses (made by whichever process came first),
+/// and leaves it running at exit for the session's next turn; calls that
+/// name no session share a scratch sandbox destroyed at exit.
 pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&config.data_dir.join("conclave.db"))?);
     let backend = sandbox::connect(&config.sandbox, &config.data_dir).await?;
@@ -81,7 +84,17 @@ pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
     let server = SandboxServer::new(host, Caller::Trusted);
     let running = server.serve(rmcp::transport::stdio()).await?;
     let ended = running.waiting().await;
-    sandboxes.release_all().await;
+    let mut sessions = std::collections::HashSet::new();
+    for id in sandboxes.leased_sessions() {
+        if let Ok(Some(record)) = store.get_session(id).await
+            && record.status != crate::store::SessionStatus::Closed
+        {
+            sessions.insert(id);
+        }
+    }
+    sandboxes
+        .release_all_except(|id| sessions.contains(&id))
+        .await;
     store.close().await?;
     ended?;
     Ok(())

@@ -220,6 +220,13 @@ impl SandboxManager {
             tracing::info!(%session, sandbox = %id, "took over the sandbox of a previous run");
             return Ok(sandbox);
         }
+        // Another process on this data directory (`conclave mcp` beside the
+        // server, or the server beside it) may have made the session's
+        // sandbox: share it rather than make a second one.
+        if let Some(sandbox) = self.existing(session).await? {
+            tracing::info!(%session, sandbox = sandbox.id(), "using the session's sandbox made by another process");
+            return Ok(sandbox);
+        }
         if *spec == self.default_spec() {
             let pooled = {
                 let mut pool = lock(&self.pool);
@@ -309,13 +316,56 @@ impl SandboxManager {
         }
     }
 
-    /// Destroys every sandbox this manager made (a `conclave mcp` process
-    /// ending; the server keeps its sessions' sandboxes across restarts).
-    pub async fn release_all(&self) {
+    /// Destroys the session's sandbox wherever it came from: this manager's,
+    /// or one another process on this data directory made (the session was
+    /// deleted).
+    pub async fn release_shared(&self, session: Uuid) {
+        let held = lock(&self.slots).contains_key(&session);
+        self.release(session).await;
+        if !held {
+            match self.existing(session).await {
+                Ok(Some(sandbox)) => {
+                    if let Err(e) = sandbox.destroy().await {
+                        tracing::warn!(%session, error = %e, "destroying a sandbox failed");
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%session, error = %e, "listing sandboxes failed"),
+            }
+        }
+    }
+
+    /// The running sandbox of this instance labelled with `session`, if
+    /// any.
+    async fn existing(&self, session: Uuid) -> Result<Option<Arc<dyn Sandbox>>> {
+        let wanted = session.to_string();
+        let found = self.backend.list_managed().await?.into_iter().find(|m| {
+            m.instance.as_deref() == Some(self.instance.as_str())
+                && m.session.as_deref() == Some(wanted.as_str())
+        });
+        match found {
+            Some(managed) => self.backend.attach(&managed.id).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Destroys the sandboxes this manager holds except those `keep` names
+    /// (a `conclave mcp` process ending: its scratch sandboxes go, the
+    /// sandboxes of sessions stay for the server and the next turn).
+    pub async fn release_all_except(&self, keep: impl Fn(Uuid) -> bool) {
         let sessions: Vec<Uuid> = lock(&self.slots).keys().copied().collect();
         for session in sessions {
-            self.release(session).await;
+            if keep(session) {
+                lock(&self.slots).remove(&session);
+            } else {
+                self.release(session).await;
+            }
         }
+    }
+
+    /// The sessions this manager holds a sandbox slot for.
+    pub fn leased_sessions(&self) -> Vec<Uuid> {
+        lock(&self.slots).keys().copied().collect()
     }
 
     /// Destroys sandboxes nobody has used for the idle TTL.

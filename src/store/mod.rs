@@ -98,6 +98,27 @@ pub struct SessionRecord {
     pub updated_at: DateTime<Utc>,
 }
 
+/// Which sessions a listing returns. The default selects all of them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionFilter {
+    /// Only this owner's; `None` is every owner's.
+    pub owner: Option<String>,
+    pub status: Option<SessionStatus>,
+    pub kind: Option<SessionKind>,
+    /// Only sessions older than this one (the cursor of the next page).
+    pub before: Option<Uuid>,
+    pub limit: Option<usize>,
+}
+
+impl SessionFilter {
+    pub fn owner(owner: Option<&str>) -> SessionFilter {
+        SessionFilter {
+            owner: owner.map(str::to_owned),
+            ..SessionFilter::default()
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store I/O: {0}")]
@@ -122,9 +143,17 @@ pub trait Store: Send + Sync {
 
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError>;
 
-    /// Sessions of one owner, or every session when `owner` is `None`,
-    /// newest first.
-    async fn list_sessions(&self, owner: Option<&str>) -> Result<Vec<SessionRecord>, StoreError>;
+    /// The sessions `filter` selects, newest first.
+    async fn list_sessions(&self, filter: &SessionFilter)
+    -> Result<Vec<SessionRecord>, StoreError>;
+
+    /// Closed ephemeral sessions last updated before `cutoff`, oldest
+    /// first, at most `limit`: those the retention removes.
+    async fn expired_ephemeral(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, StoreError>;
 
     /// Sessions in a given status, e.g. `running` ones cut off by a crash.
     async fn sessions_with_status(

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::{SessionKind, SessionRecord, SessionStatus, Store, StoreError};
+use super::{SessionFilter, SessionKind, SessionRecord, SessionStatus, Store, StoreError};
 use crate::agent::events::{Event, Usage};
 use crate::model::Message;
 
@@ -54,8 +54,9 @@ const CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
 const STATEMENT_CACHE: usize = 64;
 
 /// The schema, one entry per version; a released entry is never edited.
-const MIGRATION_STEPS: &[M<'static>] = &[M::up(
-    "CREATE TABLE sessions (
+const MIGRATION_STEPS: &[M<'static>] = &[
+    M::up(
+        "CREATE TABLE sessions (
         id TEXT PRIMARY KEY NOT NULL,
         name TEXT,
         kind TEXT NOT NULL,
@@ -83,7 +84,14 @@ const MIGRATION_STEPS: &[M<'static>] = &[M::up(
         body TEXT NOT NULL,
         PRIMARY KEY (session_id, seq)
     ) STRICT;",
-)];
+    ),
+    // Listings of every owner page by creation; the retention finds expired
+    // ephemeral sessions without a scan.
+    M::up(
+        "CREATE INDEX sessions_by_created ON sessions (created_at);
+         CREATE INDEX sessions_ephemeral ON sessions (ephemeral, status, updated_at);",
+    ),
+];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
 /// The columns of `sessions` in the order [`SessionRow::read`] expects.
@@ -92,6 +100,8 @@ macro_rules! session_columns {
         "id, name, kind, owner, options, status, usage, ephemeral, created_at, updated_at"
     };
 }
+
+mod listing;
 
 /// A caller's work, run on the writer thread inside the batch's transaction
 /// (or handed the error that kept the transaction from starting). It returns
@@ -568,31 +578,29 @@ impl Store for SqliteStore {
         rows.into_iter().next().map(SessionRow::decode).transpose()
     }
 
-    async fn list_sessions(&self, owner: Option<&str>) -> Result<Vec<SessionRecord>, StoreError> {
-        let owner = owner.map(str::to_owned);
-        let rows = self
-            .call(move |conn| match owner {
-                Some(owner) => select_sessions(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        session_columns!(),
-                        " FROM sessions WHERE owner = ?1 ORDER BY created_at DESC, rowid DESC"
-                    ),
-                    [owner],
-                ),
-                None => select_sessions(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        session_columns!(),
-                        " FROM sessions ORDER BY created_at DESC, rowid DESC"
-                    ),
-                    [],
-                ),
-            })
-            .await?;
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let filter = filter.clone();
+        let rows = self.call(move |conn| listing::list(conn, &filter)).await?;
         decode_sessions(rows)
+    }
+
+    async fn expired_ephemeral(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let ids = self
+            .call(move |conn| listing::expired_ephemeral(conn, cutoff, limit))
+            .await?;
+        ids.iter()
+            .map(|id| {
+                Uuid::parse_str(id)
+                    .map_err(|e| StoreError::Corrupt(format!("session id '{id}': {e}")))
+            })
+            .collect()
     }
 
     async fn sessions_with_status(

@@ -152,7 +152,13 @@ async fn updating_an_unknown_session_changes_nothing() {
         .await
         .unwrap();
 
-    assert_eq!(store.list_sessions(None).await.unwrap(), vec![]);
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .unwrap(),
+        vec![]
+    );
 }
 
 #[tokio::test]
@@ -169,17 +175,120 @@ async fn list_sessions_filters_by_owner_newest_first() {
     }
 
     assert_eq!(
-        store.list_sessions(Some("alice")).await.unwrap(),
+        store
+            .list_sessions(&SessionFilter::owner(Some("alice")))
+            .await
+            .unwrap(),
         vec![newest.clone(), oldest.clone()]
     );
     assert_eq!(
-        store.list_sessions(Some("bob")).await.unwrap(),
+        store
+            .list_sessions(&SessionFilter::owner(Some("bob")))
+            .await
+            .unwrap(),
         vec![middle.clone()]
     );
-    assert_eq!(store.list_sessions(Some("carol")).await.unwrap(), vec![]);
     assert_eq!(
-        store.list_sessions(None).await.unwrap(),
-        vec![newest, middle, oldest, anonymous]
+        store
+            .list_sessions(&SessionFilter::owner(Some("carol")))
+            .await
+            .unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .unwrap(),
+        vec![
+            newest.clone(),
+            middle.clone(),
+            oldest.clone(),
+            anonymous.clone()
+        ]
+    );
+    // Pages: two at a time, each after the last of the one before.
+    let page = |before: Option<Uuid>| SessionFilter {
+        before,
+        limit: Some(2),
+        ..SessionFilter::default()
+    };
+    assert_eq!(
+        store.list_sessions(&page(None)).await.unwrap(),
+        vec![newest.clone(), middle.clone()]
+    );
+    assert_eq!(
+        store.list_sessions(&page(Some(middle.id))).await.unwrap(),
+        vec![oldest.clone(), anonymous.clone()]
+    );
+    assert_eq!(
+        store
+            .list_sessions(&page(Some(anonymous.id)))
+            .await
+            .unwrap(),
+        vec![]
+    );
+    // Filters combine.
+    store
+        .update_session(oldest.id, SessionStatus::Closed, &Usage::default())
+        .await
+        .unwrap();
+    let closed = store
+        .list_sessions(&SessionFilter {
+            owner: Some("alice".into()),
+            status: Some(SessionStatus::Closed),
+            kind: Some(SessionKind::Agent),
+            ..SessionFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        closed.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![oldest.id]
+    );
+    let pipelines = store
+        .list_sessions(&SessionFilter {
+            kind: Some(SessionKind::Pipeline),
+            ..SessionFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(pipelines, vec![]);
+}
+
+#[tokio::test]
+async fn expired_ephemeral_sessions_are_found_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let now = Utc::now();
+    let mut ids = Vec::new();
+    for (ephemeral, status) in [
+        (true, SessionStatus::Closed),
+        (true, SessionStatus::Running),
+        (false, SessionStatus::Closed),
+        (true, SessionStatus::Closed),
+    ] {
+        let mut record = session(None, now);
+        record.ephemeral = ephemeral;
+        store.create_session(&record).await.unwrap();
+        store
+            .update_session(record.id, status, &Usage::default())
+            .await
+            .unwrap();
+        ids.push(record.id);
+    }
+    let later = Utc::now() + TimeDelta::seconds(1);
+    assert_eq!(
+        store.expired_ephemeral(later, 10).await.unwrap(),
+        vec![ids[0], ids[3]]
+    );
+    assert_eq!(
+        store.expired_ephemeral(later, 1).await.unwrap(),
+        vec![ids[0]]
+    );
+    assert_eq!(
+        store.expired_ephemeral(now, 10).await.unwrap(),
+        Vec::<Uuid>::new()
     );
 }
 
@@ -331,7 +440,13 @@ async fn delete_session_cascades_to_messages_and_events() {
     assert_eq!(store.messages(doomed.id).await.unwrap(), vec![]);
     assert_eq!(store.events_since(doomed.id, 0, 100).await.unwrap(), vec![]);
     assert_eq!(store.last_seq(doomed.id).await.unwrap(), 0);
-    assert_eq!(store.list_sessions(None).await.unwrap(), vec![kept.clone()]);
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .unwrap(),
+        vec![kept.clone()]
+    );
     assert_eq!(store.messages(kept.id).await.unwrap(), conversation());
     // A new session with the old id starts from nothing.
     store.create_session(&doomed).await.unwrap();
@@ -411,7 +526,10 @@ async fn calls_after_close_fail_with_closed() {
             .update_session(created.id, SessionStatus::Closed, &Usage::default())
             .await,
         store.get_session(created.id).await.map(drop),
-        store.list_sessions(None).await.map(drop),
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .map(drop),
         store
             .sessions_with_status(SessionStatus::Idle)
             .await
@@ -601,7 +719,13 @@ async fn a_job_that_fails_halfway_leaves_nothing_behind() {
         .await;
 
     assert!(matches!(outcome, Err(StoreError::Io(_))), "{outcome:?}");
-    assert_eq!(store.list_sessions(None).await.unwrap(), vec![]);
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .unwrap(),
+        vec![]
+    );
 }
 
 /// The session and events that `append_then_wait_to_be_killed` writes.

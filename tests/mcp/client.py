@@ -3,6 +3,8 @@ it saw as one JSON object; tests/mcp.rs asserts on it.
 
 usage: client.py http URL SESSION_ID [API_KEY]
        client.py stdio SESSION_ID COMMAND [ARG...]
+       client.py shell SESSION_ID SHELL_COMMAND COMMAND [ARG...]
+         (one execute_shell call over stdio; prints its result)
 """
 
 import json
@@ -186,6 +188,17 @@ async def main():
         params = StdioServerParameters(command=command, args=args, env=None)
         async with stdio_client(params) as streams:
             seen = await exercise(streams[0], streams[1], session_id)
+    elif mode == "shell":
+        session_id, shell, command, args = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+        params = StdioServerParameters(command=command, args=args, env=None)
+        async with stdio_client(params) as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                result = await session.call_tool(
+                    "execute_shell", {"command": shell, "session_id": session_id}
+                )
+                seen = {"is_error": result.is_error, "result": structured(result)
+                        if not result.is_error else result.content[0].text}
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(json.dumps(seen))

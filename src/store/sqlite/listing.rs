@@ -1,0 +1,103 @@
+//! Session listings: the filtered, paged list and the retention's query.
+
+use chrono::{DateTime, Utc};
+use rusqlite::Connection;
+use rusqlite::types::Value as SqlValue;
+
+use super::{SessionRow, encode_time};
+use crate::store::{SessionFilter, SessionStatus, StoreError};
+
+/// The `SELECT` for `filter`, with its parameters. Each condition is
+/// present or not, so the statement cache holds at most one statement per
+/// combination.
+fn list_query(filter: &SessionFilter) -> (String, Vec<SqlValue>) {
+    let mut conditions = Vec::new();
+    let mut params = Vec::new();
+    if let Some(owner) = &filter.owner {
+        params.push(SqlValue::Text(owner.clone()));
+        conditions.push(format!("owner = ?{}", params.len()));
+    }
+    if let Some(status) = filter.status {
+        params.push(SqlValue::Text(status.as_str().into()));
+        conditions.push(format!("status = ?{}", params.len()));
+    }
+    if let Some(kind) = filter.kind {
+        params.push(SqlValue::Text(kind.as_str().into()));
+        conditions.push(format!("kind = ?{}", params.len()));
+    }
+    if let Some(before) = filter.before {
+        params.push(SqlValue::Text(before.to_string()));
+        let n = params.len();
+        conditions.push(format!(
+            "(created_at, rowid) < (SELECT created_at, rowid FROM sessions WHERE id = ?{n})"
+        ));
+    }
+    let mut sql = format!("SELECT {} FROM sessions", session_columns!());
+    if !conditions.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conditions.join(" AND "));
+    }
+    sql.push_str(" ORDER BY created_at DESC, rowid DESC");
+    if let Some(limit) = filter.limit {
+        params.push(SqlValue::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+        sql.push_str(&format!(" LIMIT ?{}", params.len()));
+    }
+    (sql, params)
+}
+
+pub(super) fn list(
+    conn: &Connection,
+    filter: &SessionFilter,
+) -> Result<Vec<SessionRow>, StoreError> {
+    let (sql, params) = list_query(filter);
+    let mut statement = conn.prepare_cached(&sql)?;
+    let rows = statement.query_map(rusqlite::params_from_iter(params), SessionRow::read)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn expired_ephemeral(
+    conn: &Connection,
+    cutoff: DateTime<Utc>,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT id FROM sessions WHERE ephemeral = 1 AND status = ?1 AND updated_at < ?2 \
+         ORDER BY updated_at LIMIT ?3",
+    )?;
+    let rows = statement.query_map(
+        rusqlite::params![
+            SessionStatus::Closed.as_str(),
+            encode_time(cutoff),
+            i64::try_from(limit).unwrap_or(i64::MAX)
+        ],
+        |row| row.get(0),
+    )?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SessionKind;
+
+    #[test]
+    fn conditions_number_their_parameters_in_order() {
+        let (sql, params) = list_query(&SessionFilter {
+            owner: Some("o".into()),
+            status: None,
+            kind: Some(SessionKind::Agent),
+            before: Some(uuid::Uuid::nil()),
+            limit: Some(5),
+        });
+        assert!(
+            sql.contains("owner = ?1 AND kind = ?2 AND (created_at, rowid) <"),
+            "{sql}"
+        );
+        assert!(sql.contains("WHERE id = ?3"), "{sql}");
+        assert!(sql.ends_with("LIMIT ?4"), "{sql}");
+        assert_eq!(params.len(), 4);
+        let (sql, params) = list_query(&SessionFilter::default());
+        assert!(!sql.contains("WHERE"), "{sql}");
+        assert!(params.is_empty());
+    }
+}
