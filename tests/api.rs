@@ -1090,3 +1090,31 @@ async fn finished_ephemeral_sessions_expire_after_their_retention() {
     assert_eq!(sessions["sessions"][0]["session_id"], kept.as_str());
     server.stop().await;
 }
+
+/// The README's WebSocket example: `examples/ws_client.py` with a stock
+/// `python3` (standard library only) sends a prompt and prints the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_websocket_client_needs_nothing_installed() {
+    let server = TestServer::start().await;
+    let id = server.create_session(json!({})).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/ws_client.py");
+    let base = server.ws_url("");
+    let output = tokio::process::Command::new("python3")
+        .args(["-I", script, &id, "hello over a socket", &base])
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let events: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(types(&events), vec!["status", "thinking", "result"]);
+    assert_eq!(events[2]["result"], "You said: hello over a socket");
+    server.stop().await;
+}
