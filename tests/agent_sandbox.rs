@@ -234,3 +234,50 @@ async fn a_sandbox_image_docker_does_not_have_is_refused_at_creation() {
     assert_eq!(response.status(), 201);
     server.stop_and_remove_sandboxes().await;
 }
+
+/// A long command's output reaches the client while it runs: `tool_output`
+/// events between `tool_use` and `tool_result`, stored and replayed like
+/// every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_commands_output_streams_as_tool_output_events() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let id = server.create_session(json!({})).await;
+    let events = server
+        .turn(
+            &id,
+            "$ for i in 1 2 3 4 5; do echo tick $i; sleep 0.5; done",
+        )
+        .await;
+    let position = |kind: &str| events.iter().position(|e| e["type"] == kind).unwrap();
+    let outputs: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_output")
+        .collect();
+    assert!(!outputs.is_empty(), "{events:?}");
+    let first = events
+        .iter()
+        .position(|e| e["type"] == "tool_output")
+        .unwrap();
+    assert!(position("tool_use") < first && first < position("tool_result"));
+    let streamed: String = outputs
+        .iter()
+        .map(|e| {
+            assert_eq!(e["id"], events[position("tool_use")]["id"]);
+            assert_eq!(e["stream"], "stdout", "{e}");
+            e["content"].as_str().unwrap()
+        })
+        .collect();
+    assert!(streamed.contains("tick 3"), "{streamed:?}");
+    assert!(
+        "tick 1\ntick 2\ntick 3\ntick 4\ntick 5\n".contains(&streamed),
+        "streamed output is in order and not repeated: {streamed:?}"
+    );
+    let replay = ndjson(
+        server
+            .get(&format!("/agent/session/{id}/events?since=0"))
+            .await,
+    )
+    .await;
+    assert_eq!(replay, events);
+    server.stop_and_remove_sandboxes().await;
+}

@@ -42,6 +42,13 @@ pub enum EventKind {
         tool: String,
         input: Value,
     },
+    /// Output of a running tool, as it comes (rate-limited and capped; the
+    /// `tool_result` has all of it).
+    ToolOutput {
+        id: String,
+        stream: String,
+        content: String,
+    },
     /// What the tool returned.
     ToolResult {
         id: String,

@@ -19,4 +19,4 @@ pub mod turn;
 pub use manager::{AgentError, NewSession, SessionManager, StartedTurn};
 pub use options::{AgentOptions, McpServerSpec};
 pub use session::Session;
-pub use tools::{NoTools, ToolContext, ToolOutput, ToolRouter};
+pub use tools::{NoTools, ToolChunk, ToolContext, ToolOutput, ToolRouter};

@@ -381,6 +381,7 @@ pub fn event_type(kind: &EventKind) -> &'static str {
         EventKind::Thinking { .. } => "thinking",
         EventKind::TextDelta { .. } => "text_delta",
         EventKind::ToolUse { .. } => "tool_use",
+        EventKind::ToolOutput { .. } => "tool_output",
         EventKind::ToolResult { .. } => "tool_result",
         EventKind::Result { .. } => "result",
         EventKind::Error { .. } => "error",

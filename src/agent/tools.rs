@@ -36,6 +36,15 @@ impl ToolOutput {
     }
 }
 
+/// Output a tool printed while it runs; becomes a `tool_output` event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolChunk {
+    /// `stdout`, `stderr`, or `info` for a note such as a count of output
+    /// not shown.
+    pub stream: String,
+    pub content: String,
+}
+
 #[async_trait]
 pub trait ToolRouter: Send + Sync {
     /// The tools this session may be offered, before `allowed_tools` filters.
@@ -49,6 +58,20 @@ pub trait ToolRouter: Send + Sync {
         input: Value,
         cancel: CancellationToken,
     ) -> ToolOutput;
+
+    /// Runs one tool call, sending what it prints meanwhile to `output`
+    /// (dropped when the receiver is slow). Routers whose tools print
+    /// nothing as they go need not implement it.
+    async fn call_with_output(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        cancel: CancellationToken,
+        _output: tokio::sync::mpsc::Sender<ToolChunk>,
+    ) -> ToolOutput {
+        self.call(ctx, name, input, cancel).await
+    }
 
     /// Frees what the session holds (its sandbox) when its last turn is over.
     async fn release(&self, _session_id: Uuid) {}

@@ -12,13 +12,17 @@ use tokio_util::sync::CancellationToken;
 use super::events::{Event, EventKind, ResultStatus, Usage};
 use super::manager::status_after;
 use super::session::Session;
-use super::tools::{ToolContext, ToolOutput, ToolRouter};
+use super::tools::{ToolChunk, ToolContext, ToolOutput, ToolRouter};
 use crate::config::AgentConfig;
 use crate::model::{
     ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall, ToolSpec,
 };
 use crate::store::{SessionStatus, Store, StoreError};
 use crate::telemetry::{Metrics, ModelLabel, StatusLabel};
+
+/// `tool_output` chunks that may wait for the turn to emit them; a tool
+/// printing faster loses progress chunks, never its result.
+const OUTPUT_BACKLOG: usize = 64;
 
 /// What every turn uses, shared by all sessions.
 pub struct TurnDeps {
@@ -476,14 +480,32 @@ async fn run_tool(
         input: call.arguments.clone(),
     })?;
     let output = if session.options.allows(&call.name) {
-        deps.tools
-            .call(
-                ctx,
-                &call.name,
-                call.arguments.clone(),
-                cancel.child_token(),
-            )
-            .await
+        let (sink, mut printed) = tokio::sync::mpsc::channel(OUTPUT_BACKLOG);
+        let running = deps.tools.call_with_output(
+            ctx,
+            &call.name,
+            call.arguments.clone(),
+            cancel.child_token(),
+            sink,
+        );
+        tokio::pin!(running);
+        let show = |chunk: ToolChunk| {
+            session.emit(EventKind::ToolOutput {
+                id: call.id.clone(),
+                stream: chunk.stream,
+                content: chunk.content,
+            })
+        };
+        let output = loop {
+            tokio::select! {
+                output = &mut running => break output,
+                Some(chunk) = printed.recv() => { show(chunk)?; }
+            }
+        };
+        while let Ok(chunk) = printed.try_recv() {
+            show(chunk)?;
+        }
+        output
     } else {
         ToolOutput::error(format!(
             "tool '{}' is not allowed in this session",

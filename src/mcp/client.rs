@@ -5,7 +5,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolRequestParams, JsonObject};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, JsonObject,
+    ServerResult,
+};
+use rmcp::service::PeerRequestOptions;
 use rmcp::service::{RunningService, ServiceExt};
 use rmcp::{RoleClient, ServiceError};
 use serde_json::{Value, json};
@@ -14,8 +18,9 @@ use uuid::Uuid;
 
 use super::external::ExternalServers;
 use super::host::{Caller, McpHost};
+use super::progress::ProgressRouter;
 use super::server::SandboxServer;
-use crate::agent::{ToolContext, ToolOutput, ToolRouter};
+use crate::agent::{ToolChunk, ToolContext, ToolOutput, ToolRouter};
 use crate::config::McpConfig;
 use crate::model::ToolSpec;
 use crate::sandbox::{WORKSPACE, files};
@@ -24,7 +29,8 @@ use crate::sandbox::{WORKSPACE, files};
 const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub struct SandboxTools {
-    client: RunningService<RoleClient, ()>,
+    client: RunningService<RoleClient, ProgressRouter>,
+    progress: ProgressRouter,
     host: Arc<McpHost>,
     external: ExternalServers,
 }
@@ -46,9 +52,15 @@ impl SandboxTools {
                 Err(e) => tracing::error!(error = %e, "in-process MCP server failed to start"),
             }
         });
-        let client = ().serve(client_io).await.map_err(|e| ConnectError(e.to_string()))?;
+        let progress = ProgressRouter::default();
+        let client = progress
+            .clone()
+            .serve(client_io)
+            .await
+            .map_err(|e| ConnectError(e.to_string()))?;
         Ok(SandboxTools {
             client,
+            progress,
             host,
             external: ExternalServers::new(mcp),
         })
@@ -298,6 +310,40 @@ impl ToolRouter for SandboxTools {
         input: Value,
         cancel: CancellationToken,
     ) -> ToolOutput {
+        self.run(ctx, name, input, cancel, None).await
+    }
+
+    async fn call_with_output(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        cancel: CancellationToken,
+        output: tokio::sync::mpsc::Sender<ToolChunk>,
+    ) -> ToolOutput {
+        self.run(ctx, name, input, cancel, Some(output)).await
+    }
+    async fn release(&self, session_id: Uuid) {
+        self.external.release(session_id).await;
+        self.host.sandboxes.release(session_id).await;
+    }
+
+    async fn delete(&self, session_id: Uuid) {
+        self.external.release(session_id).await;
+        self.host.sandboxes.release_shared(session_id).await;
+    }
+}
+
+impl SandboxTools {
+    /// One call, its output sent to `output` as it comes when given.
+    async fn run(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        cancel: CancellationToken,
+        output: Option<tokio::sync::mpsc::Sender<ToolChunk>>,
+    ) -> ToolOutput {
         if let Some((server, tool)) = external_tool(name)
             && let Some(servers) = &ctx.options.mcp_servers
         {
@@ -327,26 +373,13 @@ impl ToolRouter for SandboxTools {
         arguments.retain(|_, v| !v.is_null());
         arguments.insert("session_id".into(), json!(ctx.session_id.to_string()));
         let params = CallToolRequestParams::new(tool).with_arguments(arguments);
-        // Dropping the call tells the server `notifications/cancelled`,
-        // which kills the process tree in the sandbox.
-        let result = tokio::select! {
-            result = self.client.call_tool(params) => result,
-            _ = cancel.cancelled() => {
-                // The server is killing the call's processes; the turn ends
-                // once it has, so the next one finds a quiet sandbox.
-                let quiet = self
-                    .host
-                    .sandboxes
-                    .wait_unused(ctx.session_id, KILL_WAIT)
-                    .await;
-                if !quiet {
-                    tracing::warn!(session = %ctx.session_id, "an interrupted tool call is still running");
-                }
-                return ToolOutput::error("interrupted");
-            }
+        let result = self.send(ctx, params, cancel, output).await;
+        let result = match result {
+            Some(result) => result,
+            None => return ToolOutput::error("interrupted"),
         };
         match result {
-            Ok(result) => {
+            Ok(ServerResult::CallToolResult(result)) => {
                 let text = || {
                     result
                         .content
@@ -366,19 +399,59 @@ impl ToolRouter for SandboxTools {
                     },
                 }
             }
+            Ok(other) => {
+                ToolOutput::error(format!("sandbox tool call: unexpected answer {other:?}"))
+            }
             Err(ServiceError::McpError(e)) => ToolOutput::error(e.message.to_string()),
             Err(e) => ToolOutput::error(format!("sandbox tool call failed: {e}")),
         }
     }
 
-    async fn release(&self, session_id: Uuid) {
-        self.external.release(session_id).await;
-        self.host.sandboxes.release(session_id).await;
-    }
-
-    async fn delete(&self, session_id: Uuid) {
-        self.external.release(session_id).await;
-        self.host.sandboxes.release_shared(session_id).await;
+    /// Sends a `tools/call` and waits for its answer, handing the progress
+    /// notifications of the call (rmcp gives each request a token) to
+    /// `output`. `None` when `cancel` fired first: the server is then told
+    /// (`notifications/cancelled` kills the call's processes) and the
+    /// sandbox waited on until it is quiet, so the next turn finds it so.
+    async fn send(
+        &self,
+        ctx: &ToolContext,
+        params: CallToolRequestParams,
+        cancel: CancellationToken,
+        output: Option<tokio::sync::mpsc::Sender<ToolChunk>>,
+    ) -> Option<Result<ServerResult, ServiceError>> {
+        let peer = self.client.peer();
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = match peer
+            .send_request_with_option(request, PeerRequestOptions::no_options())
+            .await
+        {
+            Ok(handle) => handle,
+            Err(e) => return Some(Err(e)),
+        };
+        let id = handle.id.clone();
+        // The server's first report comes a second after the call starts,
+        // long after this registration.
+        let _registration = output.map(|sink| self.progress.register(&handle.progress_token, sink));
+        tokio::select! {
+            result = handle.await_response() => Some(result),
+            _ = cancel.cancelled() => {
+                let _ = peer
+                    .notify_cancelled(CancelledNotificationParam::new(
+                        Some(id),
+                        Some("the turn was interrupted".into()),
+                    ))
+                    .await;
+                let quiet = self
+                    .host
+                    .sandboxes
+                    .wait_unused(ctx.session_id, KILL_WAIT)
+                    .await;
+                if !quiet {
+                    tracing::warn!(session = %ctx.session_id, "an interrupted tool call is still running");
+                }
+                None
+            }
+        }
     }
 }
 

@@ -9,6 +9,8 @@
 //! - [`background`]: commands started with `background: true`, listed and
 //!   killable.
 //! - [`schema`]: the tools' parameters and results.
+//! - [`progress`]: a running command's output as progress notifications,
+//!   sent by the server and routed to the calling turn by the agent's client.
 //! - [`host`]: what the tools need from the server (sandboxes, the store
 //!   for session and owner checks, limits) and who is calling.
 //! - [`external`]: a session's own MCP servers (`options.mcp_servers`).
@@ -19,6 +21,7 @@ pub mod background;
 pub mod client;
 pub mod external;
 pub mod host;
+pub mod progress;
 pub mod schema;
 pub mod server;
 

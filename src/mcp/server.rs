@@ -3,25 +3,20 @@
 //! reaches it through an in-process client ([`super::client`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{
-    ErrorData, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
-};
+use rmcp::model::{ErrorData, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use uuid::Uuid;
 
 use super::background::{RunList, RunView};
 use super::host::{Caller, McpHost};
+use super::progress::OutputReporter;
 use super::schema::*;
-use crate::sandbox::{ExecChunk, ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
-
-/// How often a long exec reports progress.
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+use crate::sandbox::{ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
 
 /// One MCP connection's view of the sandbox tools.
 #[derive(Clone)]
@@ -112,46 +107,28 @@ impl SandboxServer {
             workdir: WORKSPACE.into(),
             env: Default::default(),
         };
-        // Progress goes out from a task of its own so a slow client never
-        // holds the output back.
-        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<u64>(1);
-        let reporter = ctx.meta.get_progress_token().map(|token| {
-            let peer = ctx.peer.clone();
-            tokio::spawn(async move {
-                let mut last = tokio::time::Instant::now();
-                while let Some(bytes) = progress_rx.recv().await {
-                    if last.elapsed() < PROGRESS_EVERY {
-                        continue;
-                    }
-                    last = tokio::time::Instant::now();
-                    let _ = peer
-                        .notify_progress(
-                            ProgressNotificationParam::new(token.clone(), bytes as f64)
-                                .with_message(format!("{bytes} bytes of output so far")),
-                        )
-                        .await;
-                }
-            })
-        });
-        let mut seen = 0u64;
+        // A client that asked for progress gets the output as it comes.
+        let reporter = ctx
+            .meta
+            .get_progress_token()
+            .map(|token| OutputReporter::start(ctx.peer.clone(), token));
         let limit = self.host.max_output_bytes;
-        let (status, out) = exec_collect(
+        let collected = exec_collect(
             lease.sandbox.as_ref(),
             request,
             limit,
             ctx.ct.clone(),
             |chunk| {
-                let (ExecChunk::Stdout(d) | ExecChunk::Stderr(d)) = chunk;
-                seen += d.len() as u64;
-                let _ = progress_tx.try_send(seen);
+                if let Some(reporter) = &reporter {
+                    reporter.take(chunk);
+                }
             },
         )
-        .await
-        .map_err(tool_error)?;
-        drop(progress_tx);
+        .await;
         if let Some(reporter) = reporter {
-            let _ = reporter.await;
+            reporter.finish().await;
         }
+        let (status, out) = collected.map_err(tool_error)?;
         let state = if status.timed_out {
             "timeout"
         } else if status.exit_code == Some(0) {
