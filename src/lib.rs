@@ -16,6 +16,7 @@
 //!   agent's in-process client of it.
 //! - [`model`]: the streaming `ModelProvider` trait and its providers
 //!   (OpenAI-compatible, Anthropic, demo), aliases and prices.
+//! - [`operator`]: `conclave sandboxes list|prune`, across data directories.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
 //!   backends, with the per-session manager and warm pool.
 //! - [`store`]: the durable `Store` trait and its SQLite implementation.
@@ -30,6 +31,7 @@ pub mod gateway;
 pub mod locate;
 pub mod mcp;
 pub mod model;
+pub mod operator;
 pub mod sandbox;
 pub mod server;
 pub mod shutdown;

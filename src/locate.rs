@@ -81,11 +81,17 @@ fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The server recorded as running, if its process still lives.
+pub fn running_server() -> Option<ServerRecord> {
+    record_path()
+        .as_deref()
+        .and_then(read)
+        .filter(|server| alive(server.pid))
+}
+
 /// The data directory `conclave mcp` uses when it is given none.
 pub fn default_mcp_data_dir() -> (PathBuf, DataDirSource) {
-    if let Some(server) = record_path().as_deref().and_then(read)
-        && alive(server.pid)
-    {
+    if let Some(server) = running_server() {
         return (
             server.data_dir,
             DataDirSource::RunningServer {

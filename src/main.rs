@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use conclave::config::{Config, Overrides, SandboxBackendKind};
 use conclave::locate::{DataDirSource, ServerRecord};
+use conclave::operator::Prune;
 use conclave::server::{Server, Tools};
 use tokio_util::sync::CancellationToken;
 
@@ -56,6 +57,11 @@ enum Command {
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
         sandbox: Option<SandboxBackendKind>,
     },
+    /// Sandboxes on this host's backend, whichever data directory made them.
+    Sandboxes {
+        #[command(subcommand)]
+        command: SandboxesCommand,
+    },
     /// Gateway tools.
     Gateway {
         #[command(subcommand)]
@@ -94,6 +100,39 @@ enum Command {
         /// '{"name": "Bash", "arguments": {"command": "ls"}}'.
         #[arg(long)]
         tool_call: Option<String>,
+    },
+}
+
+/// Where `conclave sandboxes` looks: the backend of a configuration, and
+/// the data directory whose instance is `this`.
+#[derive(clap::Args)]
+struct SandboxesTarget {
+    /// TOML configuration file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Data directory (default ./data).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
+    sandbox: Option<SandboxBackendKind>,
+}
+
+#[derive(Subcommand)]
+enum SandboxesCommand {
+    /// List every sandbox Conclave made on the backend, with its instance
+    /// (`this` for the data directory's own), owner and expiry.
+    List {
+        #[command(flatten)]
+        target: SandboxesTarget,
+    },
+    /// Remove expired sandboxes (any data directory's), and the data
+    /// directory's own that no live session owns unless its server runs.
+    Prune {
+        #[command(flatten)]
+        target: SandboxesTarget,
+        /// Remove every sandbox Conclave made on the backend, in use or not.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -211,6 +250,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             tracing::info!(data_dir = %config.data_dir.display(), from, "conclave mcp: data directory");
             conclave::mcp::serve_stdio(config).await?;
+            Ok(())
+        }
+        Command::Sandboxes { command } => {
+            let (target, how) = match command {
+                SandboxesCommand::List { target } => (target, None),
+                SandboxesCommand::Prune { target, all } => {
+                    (target, Some(if all { Prune::All } else { Prune::Default }))
+                }
+            };
+            let config = Config::load(
+                target.config.as_deref(),
+                &Overrides {
+                    data_dir: target.data_dir,
+                    sandbox: target.sandbox,
+                    ..Overrides::default()
+                },
+            )?;
+            let report = match how {
+                None => conclave::operator::list(&config).await?,
+                Some(how) => conclave::operator::prune(&config, how).await?,
+            };
+            print!("{report}");
             Ok(())
         }
         Command::Gateway {

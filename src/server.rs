@@ -222,9 +222,22 @@ impl Server {
                         sandboxes.reap_idle().await;
                     }
                 };
+                // Expired sandboxes of every instance on the host go too.
+                let prune_every =
+                    Duration::from_secs((sandboxes.config().max_lifetime_s / 4).clamp(1, 60));
+                let pruner = async {
+                    let mut every = tokio::time::interval(prune_every);
+                    loop {
+                        every.tick().await;
+                        if let Err(e) = sandboxes.prune_expired().await {
+                            tracing::warn!(error = %e, "removing expired sandboxes failed");
+                        }
+                    }
+                };
                 tokio::select! {
                     _ = sandboxes.run_pool(root.clone()) => {}
                     _ = reaper => {}
+                    _ = pruner => {}
                 }
             })
         });
@@ -269,7 +282,7 @@ impl Server {
 /// Removes the sandboxes no live session owns: pool ones, MCP scratch ones,
 /// those of closed or deleted sessions. A live session's is kept (and
 /// taken over). Returns how many were removed.
-async fn reap_orphans(store: &dyn Store, sandboxes: &SandboxManager) -> Result<usize, String> {
+pub async fn reap_orphans(store: &dyn Store, sandboxes: &SandboxManager) -> Result<usize, String> {
     let live: std::collections::HashSet<uuid::Uuid> = store
         .list_sessions(&crate::store::SessionFilter::default())
         .await

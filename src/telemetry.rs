@@ -63,6 +63,9 @@ pub struct Metrics {
     pub model_latency: Family<ModelLabel, Histogram>,
     pub model_errors: Family<ModelLabel, Counter>,
     pub websocket_connections: Gauge,
+    /// Sandboxes this server holds (sessions' and the warm pool's), read at
+    /// each scrape.
+    pub sandboxes_live: Gauge,
     /// Gateway calls by pool, replica and outcome.
     pub gateway_calls: Family<ReplicaLabel, Counter>,
     /// Seconds from a gateway call's start to the end of its response, by
@@ -91,6 +94,7 @@ impl Metrics {
             }),
             model_errors: Family::default(),
             websocket_connections: Gauge::default(),
+            sandboxes_live: Gauge::default(),
             gateway_calls: Family::default(),
             gateway_latency: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 20))
@@ -100,6 +104,11 @@ impl Metrics {
             "sessions_live",
             "Sessions loaded in memory",
             metrics.sessions_live.clone(),
+        );
+        registry.register(
+            "sandboxes_live",
+            "Sandboxes this server holds: sessions' and the warm pool's",
+            metrics.sandboxes_live.clone(),
         );
         registry.register(
             "sessions_created",

@@ -411,12 +411,14 @@ async fn list_managed_maps_session_and_pool_labels() {
             instance: None,
             session: Some(SESSION.into()),
             pool: None,
+            expires: None,
         },
         ManagedSandbox {
             id: in_pool.id().into(),
             instance: Some("inst-1".into()),
             session: None,
             pool: Some("python".into()),
+            expires: None,
         },
     ];
     expected.sort_by(|a, b| a.id.cmp(&b.id));
@@ -469,6 +471,7 @@ async fn assign_relabels_a_pool_pod_as_the_sessions() {
             instance: Some("inst-1".into()),
             session: Some(SESSION.into()),
             pool: None,
+            expires: None,
         }]
     );
     backend.remove(sandbox.id()).await.unwrap();

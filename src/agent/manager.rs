@@ -206,6 +206,11 @@ impl SessionManager {
         Ok(records)
     }
 
+    /// A session's stored record, whoever owns it.
+    pub async fn record(&self, id: Uuid) -> Result<Option<SessionRecord>, AgentError> {
+        Ok(self.store.get_session(id).await?)
+    }
+
     /// Deletes the closed ephemeral sessions last updated more than
     /// `agent.ephemeral_retention_s` ago. Returns how many went.
     pub async fn expire_ephemeral(&self) -> Result<usize, AgentError> {

@@ -11,7 +11,7 @@
 //! - [`body`]: request bodies read whole within a deadline.
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
-//! - [`agent`], [`ws`], [`ops`], [`gateway`]: the handlers.
+//! - [`agent`], [`ws`], [`ops`], [`gateway`], [`sandboxes`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
@@ -23,6 +23,7 @@ pub mod extract;
 pub mod gateway;
 pub mod mcp;
 pub mod ops;
+pub mod sandboxes;
 pub mod serve;
 pub mod stream;
 pub mod ws;
@@ -47,7 +48,8 @@ use error::ApiError;
         agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::metrics, ops::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
-        gateway::replica_action, gateway::remove_pool, gateway::traces
+        gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
+        sandboxes::delete
     ),
     components(schemas(crate::agent::events::Event, crate::agent::events::EventKind)),
     modifiers(&BearerAuth)
@@ -110,6 +112,8 @@ pub fn router(state: AppState) -> Router {
             post(gateway::replica_action),
         )
         .route("/gateway/traces", get(gateway::traces))
+        .route("/sandboxes", get(sandboxes::list))
+        .route("/sandboxes/{id}", delete(sandboxes::delete))
         .route("/health", get(ops::health))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))

@@ -32,6 +32,12 @@ pub async fn health(State(state): State<AppState>) -> Json<Health> {
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    if let Some(sandboxes) = &state.sandboxes {
+        state
+            .metrics
+            .sandboxes_live
+            .set(sandboxes.live_count() as i64);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -91,6 +91,10 @@ pub struct SandboxConfig {
     /// A sandbox unused this long is destroyed (its session keeps working
     /// and gets a fresh one at its next tool call).
     pub idle_ttl_s: u64,
+    /// Longest a sandbox lives, used or not: its expiry label, which every
+    /// Conclave instance on the host honours, so the sandboxes of a server
+    /// that stopped (or whose data directory is gone) do not run forever.
+    pub max_lifetime_s: u64,
     /// Live sandboxes at most, the warm pool included.
     pub max_live: usize,
     /// Ready sandboxes kept for new sessions of the default spec.
@@ -126,6 +130,7 @@ impl Default for SandboxConfig {
             exec_timeout_s: 60,
             max_exec_timeout_s: 600,
             idle_ttl_s: 900,
+            max_lifetime_s: 24 * 3600,
             max_live: 64,
             warm_pool: 2,
             kubernetes: Default::default(),

@@ -40,7 +40,7 @@ use self::agent::{BOOT_SCRIPT, Boot};
 use self::sandbox::DockerSandbox;
 use super::{
     LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox,
-    SandboxBackend, SandboxError, SandboxSpec, WORKSPACE, create_detached,
+    SandboxBackend, SandboxError, SandboxSpec, WORKSPACE, create_detached, expiry_of,
 };
 
 mod agent;
@@ -307,6 +307,7 @@ impl SandboxBackend for DockerBackend {
                     instance,
                     session,
                     pool,
+                    expires: expiry_of(|k| labels.get(k)),
                 })
             })
             .collect())

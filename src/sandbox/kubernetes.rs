@@ -33,7 +33,7 @@ use self::error::{describe, kube_error, namespace_error};
 use super::{
     ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION,
     ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
-    create_detached, exec_collect,
+    create_detached, exec_collect, expiry_of,
 };
 
 /// Backoff between polls of a starting Pod: quick for a cached image, then
@@ -246,6 +246,7 @@ impl SandboxBackend for KubernetesBackend {
                     instance: labels.get(LABEL_INSTANCE).cloned(),
                     session: labels.get(LABEL_SESSION).cloned(),
                     pool: labels.get(LABEL_POOL).cloned(),
+                    expires: expiry_of(|k| labels.get(k)),
                 })
             })
             .collect())

@@ -19,8 +19,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{
-    LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, Result, Sandbox, SandboxBackend,
-    SandboxError, SandboxSpec, SandboxStats,
+    LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
+    Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
 };
 use crate::config::SandboxConfig;
 
@@ -250,9 +250,7 @@ impl SandboxManager {
             }
         }
         let mut spec = spec.clone();
-        spec.labels.insert(LABEL_MANAGED.into(), "true".into());
-        spec.labels
-            .insert(LABEL_INSTANCE.into(), self.instance.clone());
+        self.label(&mut spec);
         spec.labels
             .insert(LABEL_SESSION.into(), session.to_string());
         let sandbox = self.backend.create(&spec).await?;
@@ -335,6 +333,77 @@ impl SandboxManager {
         }
     }
 
+    /// Marks a sandbox about to be made as this instance's, expiring after
+    /// `sandbox.max_lifetime_s`.
+    fn label(&self, spec: &mut SandboxSpec) {
+        let expires = chrono::Utc::now().timestamp()
+            + i64::try_from(self.config.max_lifetime_s).unwrap_or(i64::MAX / 2);
+        spec.labels.insert(LABEL_MANAGED.into(), "true".into());
+        spec.labels
+            .insert(LABEL_INSTANCE.into(), self.instance.clone());
+        spec.labels
+            .insert(LABEL_EXPIRES.into(), expires.to_string());
+    }
+
+    /// Removes every expired sandbox on the backend, this instance's or
+    /// another's (one whose server stopped, or whose data directory is
+    /// gone). A session of this instance whose sandbox expired gets a new
+    /// one at its next call. Returns how many went.
+    pub async fn prune_expired(&self) -> Result<usize> {
+        let now = chrono::Utc::now().timestamp();
+        let mut removed = 0;
+        for managed in self.backend.list_managed().await? {
+            if !managed.expired(now) {
+                continue;
+            }
+            let ours = managed.instance.as_deref() == Some(self.instance.as_str());
+            let session = managed
+                .session
+                .as_deref()
+                .and_then(|s| Uuid::parse_str(s).ok())
+                .filter(|s| ours && lock(&self.slots).contains_key(s));
+            match session {
+                Some(session) => self.release(session).await,
+                None => {
+                    if ours {
+                        // A pool sandbox: take it out of the pool first.
+                        lock(&self.pool).retain(|s| s.id() != managed.id);
+                    }
+                    self.backend.remove(&managed.id).await?;
+                }
+            }
+            tracing::info!(sandbox = %managed.id, instance = ?managed.instance, "expired sandbox removed");
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Removes a sandbox that belongs to no session (a pool or scratch one).
+    pub async fn remove(&self, id: &str) -> Result<()> {
+        lock(&self.pool).retain(|s| s.id() != id);
+        self.backend.remove(id).await
+    }
+
+    /// This instance's sandboxes on the backend.
+    pub async fn list(&self) -> Result<Vec<ManagedSandbox>> {
+        Ok(self
+            .backend
+            .list_managed()
+            .await?
+            .into_iter()
+            .filter(|m| m.instance.as_deref() == Some(self.instance.as_str()))
+            .collect())
+    }
+
+    /// Sandboxes this manager holds: sessions' and the warm pool's.
+    pub fn live_count(&self) -> usize {
+        let sessions = lock(&self.slots)
+            .values()
+            .filter(|slot| slot.sandbox.initialized())
+            .count();
+        sessions + lock(&self.pool).len()
+    }
+
     /// The running sandbox of this instance labelled with `session`, if
     /// any.
     async fn existing(&self, session: Uuid) -> Result<Option<Arc<dyn Sandbox>>> {
@@ -413,9 +482,7 @@ impl SandboxManager {
                 }
             }
             let mut spec = self.default_spec();
-            spec.labels.insert(LABEL_MANAGED.into(), "true".into());
-            spec.labels
-                .insert(LABEL_INSTANCE.into(), self.instance.clone());
+            self.label(&mut spec);
             spec.labels
                 .insert(LABEL_POOL.into(), pool_label(&spec.image));
             // Not cut short by `stop`: an abandoned create finishes and

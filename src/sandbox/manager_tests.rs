@@ -55,6 +55,7 @@ impl SandboxBackend for Arc<Memory> {
                 instance: labels.get(LABEL_INSTANCE).cloned(),
                 session: labels.get(LABEL_SESSION).cloned(),
                 pool: labels.get(LABEL_POOL).cloned(),
+                expires: crate::sandbox::expiry_of(|k| labels.get(k)),
             })
             .collect())
     }
@@ -241,4 +242,40 @@ async fn reaping_keeps_live_sessions_and_other_instances() {
     assert_eq!(left, ["live", "theirs"]);
     let lease = manager.lease(live, manager.default_spec()).await.unwrap();
     assert_eq!(lease.sandbox.id(), "live", "taken over, not created");
+}
+
+#[tokio::test]
+async fn expired_sandboxes_go_whoever_made_them() {
+    let (memory, manager) = manager(|_| {});
+    let session = Uuid::new_v4();
+    let lease = manager
+        .lease(session, manager.default_spec())
+        .await
+        .unwrap();
+    let mine = lease.sandbox.id().to_string();
+    drop(lease);
+    let expires: i64 = lock(&memory.live)[&mine][LABEL_EXPIRES].parse().unwrap();
+    let now = chrono::Utc::now().timestamp();
+    assert!((expires - now - 24 * 3600).abs() < 60, "{expires} vs {now}");
+    let past = (now - 1).to_string();
+    for (id, instance) in [("theirs-expired", "other"), ("theirs-fresh", "other")] {
+        let mut labels = BTreeMap::from([(LABEL_INSTANCE.to_string(), instance.to_string())]);
+        if id.ends_with("expired") {
+            labels.insert(LABEL_EXPIRES.into(), past.clone());
+        }
+        lock(&memory.live).insert(id.to_string(), labels);
+    }
+    lock(&memory.live)
+        .get_mut(&mine)
+        .unwrap()
+        .insert(LABEL_EXPIRES.into(), past);
+    assert_eq!(manager.prune_expired().await.unwrap(), 2);
+    let left: Vec<String> = lock(&memory.live).keys().cloned().collect();
+    assert_eq!(left, ["theirs-fresh"]);
+    assert_eq!(manager.live_count(), 0, "the session's slot went too");
+    let again = manager
+        .lease(session, manager.default_spec())
+        .await
+        .unwrap();
+    assert_ne!(again.sandbox.id(), mine, "a fresh sandbox");
 }

@@ -43,6 +43,10 @@ pub const LABEL_SESSION: &str = "conclave.session";
 pub const LABEL_INSTANCE: &str = "conclave.instance";
 /// Label naming the image's pool, on sandboxes waiting in the warm pool.
 pub const LABEL_POOL: &str = "conclave.pool";
+/// Label holding when a sandbox expires (Unix seconds, `sandbox.max_lifetime_s`
+/// after its creation). Every Conclave instance on the host removes expired
+/// sandboxes, whichever instance made them and whether or not it still runs.
+pub const LABEL_EXPIRES: &str = "conclave.expires";
 
 /// The directory tools act in, writable in every backend.
 pub const WORKSPACE: &str = "/workspace";
@@ -149,6 +153,21 @@ pub struct ManagedSandbox {
     pub instance: Option<String>,
     pub session: Option<String>,
     pub pool: Option<String>,
+    /// Unix seconds from [`LABEL_EXPIRES`]; `None` for a sandbox made before
+    /// expiry labels (it never expires on its own).
+    pub expires: Option<i64>,
+}
+
+impl ManagedSandbox {
+    /// Whether it expired before `now` (Unix seconds).
+    pub fn expired(&self, now: i64) -> bool {
+        self.expires.is_some_and(|at| at <= now)
+    }
+}
+
+/// The expiry a sandbox's labels carry.
+pub fn expiry_of<'a>(label: impl FnOnce(&str) -> Option<&'a String>) -> Option<i64> {
+    label(LABEL_EXPIRES).and_then(|v| v.parse().ok())
 }
 
 #[derive(Debug, thiserror::Error)]

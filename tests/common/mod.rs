@@ -146,6 +146,22 @@ impl TestServer {
             .expect("request")
     }
 
+    /// A request with `key` as its bearer token (built at once: the
+    /// future borrows nothing).
+    pub fn send_as(
+        &self,
+        key: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> impl std::future::Future<Output = reqwest::Response> + use<> {
+        let mut request = self.http.request(method, self.url(path)).bearer_auth(key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move { request.send().await.expect("request") }
+    }
+
     pub async fn get(&self, path: &str) -> reqwest::Response {
         self.http.get(self.url(path)).send().await.expect("request")
     }

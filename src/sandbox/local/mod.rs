@@ -66,7 +66,7 @@ use self::jail::{Fallbacks, Identity, Jail, Layout};
 use self::meta::{ID_PREFIX, Meta, SpecRecord, read_meta, valid_id, write_meta};
 use super::{
     LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox,
-    SandboxBackend, SandboxError, SandboxSpec, create_detached,
+    SandboxBackend, SandboxError, SandboxSpec, create_detached, expiry_of,
 };
 
 pub use self::config::LocalConfig;
@@ -461,6 +461,7 @@ impl SandboxBackend for LocalBackend {
                         instance: meta.spec.labels.get(LABEL_INSTANCE).cloned(),
                         session: meta.spec.labels.get(LABEL_SESSION).cloned(),
                         pool: meta.spec.labels.get(LABEL_POOL).cloned(),
+                        expires: expiry_of(|k| meta.spec.labels.get(k)),
                     })
                 }
                 Ok(_) => {}
@@ -473,6 +474,7 @@ impl SandboxBackend for LocalBackend {
                         instance: None,
                         session: None,
                         pool: None,
+                        expires: None,
                     });
                 }
             }

@@ -570,6 +570,7 @@ async fn list_managed_and_remove() {
             id: id.clone(),
             session: Some("session-1".into()),
             pool: None,
+            expires: None,
         }]
     );
 
@@ -648,12 +649,14 @@ async fn sandboxes_of_a_previous_run_are_found_again() {
                 id: half_made.clone(),
                 session: None,
                 pool: None,
+                expires: None,
             },
             ManagedSandbox {
                 instance: None,
                 id: id.clone(),
                 session: Some("old-session".into()),
                 pool: None,
+                expires: None,
             },
         ]
     );
