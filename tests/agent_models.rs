@@ -24,6 +24,7 @@ async fn server_for(upstream: &Upstream) -> TestServer {
                 base_url: Some(base_url),
                 api_key: None,
                 tool_call_mode: Default::default(),
+                tools: None,
             },
         );
     })
@@ -168,4 +169,198 @@ async fn model_calls_get_a_default_system_prompt_and_token_cap() {
         json!({"role": "system", "content": "Be brief."})
     );
     server.stop().await;
+}
+
+/// A model reply written as text, as a small model writes it, and the
+/// turn's events.
+async fn turn_with_replies(replies: Vec<Reply>) -> (Vec<Value>, Upstream) {
+    let upstream = Upstream::start(replies).await;
+    let server = server_for(&upstream).await;
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": "go", "model": "scripted"}))
+            .await,
+    )
+    .await;
+    server.stop().await;
+    (events, upstream)
+}
+
+fn says(text: &str) -> Reply {
+    Reply::sse(vec![
+        content(text),
+        finish("stop"),
+        chunk_usage(5, 5),
+        end(),
+    ])
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// `"timeout": "5"` is read as 5, an unknown field is dropped, and the
+/// tool result says so; a value that cannot be read is refused with the
+/// expected shape, which the model sees.
+#[tokio::test]
+async fn arguments_are_coerced_to_the_schema_and_the_result_says_so() {
+    let (events, upstream) = turn_with_replies(vec![
+        says(
+            r#"{"name": "Bash", "arguments": {"command": "ls", "timeout": "5", "colour": "red"}}"#,
+        ),
+        says(r#"{"name": "Bash", "arguments": {"command": "ls", "timeout": "soon"}}"#),
+        says("Done."),
+    ])
+    .await;
+    let results = of_type(&events, "tool_result");
+    assert_eq!(results.len(), 2, "{events:?}");
+    let first = results[0]["output"].as_str().unwrap();
+    assert!(first.starts_with("ran: ls"), "{first}");
+    assert!(first.contains("'timeout': \"5\" was read as 5"), "{first}");
+    assert!(
+        first.contains("dropped unknown argument 'colour'"),
+        "{first}"
+    );
+    assert_eq!(results[1]["is_error"], true);
+    let refused = results[1]["output"].as_str().unwrap();
+    assert!(
+        refused.contains("'timeout' is \"soon\"") && refused.contains("command: string"),
+        "{refused}"
+    );
+    assert_eq!(events.last().unwrap()["result"], "Done.");
+    // The model read the refusal.
+    let third = &upstream.requests()[2].body["messages"];
+    assert!(third.to_string().contains("soon"), "{third}");
+}
+
+/// A reply that repeats one call 170 times runs it once; distinct calls
+/// past `agent.max_tool_calls_per_reply` (8) are dropped; a status event
+/// says what went.
+#[tokio::test]
+async fn repeated_and_excess_calls_in_one_reply_are_bounded() {
+    let line = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
+    let repeated = vec![line; 170].join("\n");
+    let distinct: Vec<String> = (0..10)
+        .map(|i| format!(r#"{{"name": "Bash", "arguments": {{"command": "echo {i}"}}}}"#))
+        .collect();
+    let (events, _) = turn_with_replies(vec![
+        says(&repeated),
+        says(&distinct.join("\n")),
+        says("Done."),
+    ])
+    .await;
+    let uses = of_type(&events, "tool_use");
+    assert_eq!(uses.len(), 1 + 8, "{events:?}");
+    let notes: Vec<&str> = of_type(&events, "status")
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .filter(|m| m.contains("in one reply"))
+        .collect();
+    assert!(
+        notes[0].contains("169 repeated call(s) collapsed"),
+        "{notes:?}"
+    );
+    assert!(
+        notes[1].contains("2 call(s) past agent.max_tool_calls_per_reply (8)"),
+        "{notes:?}"
+    );
+    assert_eq!(events.last().unwrap()["status"], "success");
+}
+
+/// The replies Qwen2.5-Coder-0.5B wrote: a stray bracket, a fenced block
+/// naming the tool by another case, a name the tool's description
+/// mentions; each runs the tool.
+#[tokio::test]
+async fn malformed_and_misnamed_calls_still_run() {
+    let (events, _) = turn_with_replies(vec![
+        says(r#"{"name": "Bash", "arguments": {"command": "one"}]}"#),
+        says("```json\n{\"name\": \"bash\", \"arguments\": {\"command\": \"two\"}}\n```"),
+        says(r#"{"name": "echoes", "arguments": {"command": "three"}}"#),
+        says("Done."),
+    ])
+    .await;
+    let outputs: Vec<String> = of_type(&events, "tool_result")
+        .iter()
+        .map(|e| {
+            e["output"]
+                .as_str()
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        outputs,
+        ["ran: one", "ran: two", "ran: three"],
+        "{events:?}"
+    );
+    assert_eq!(events.last().unwrap()["result"], "Done.");
+}
+
+/// A reply that meant to call a tool and cannot be read gets one more try
+/// with the format spelled out; a second unreadable one ends the turn.
+#[tokio::test]
+async fn an_unreadable_call_is_retried_once() {
+    let unreadable = "```json\n{\"tool\": ???}\n```";
+    let (events, upstream) = turn_with_replies(vec![says(unreadable), says("Done.")]).await;
+    assert_eq!(events.last().unwrap()["result"], "Done.", "{events:?}");
+    let nudge = upstream.requests()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(nudge["role"], "user");
+    assert!(
+        nudge["content"]
+            .as_str()
+            .unwrap()
+            .contains("could not be read as a tool call"),
+        "{nudge}"
+    );
+    let (events, upstream) =
+        turn_with_replies(vec![says(unreadable), says(unreadable), says("never")]).await;
+    assert_eq!(events.last().unwrap()["result"], unreadable);
+    assert_eq!(upstream.requests().len(), 2);
+}
+
+/// The same call asked for again in a later reply is not run twice: its
+/// result comes back with a note asking for the answer.
+#[tokio::test]
+async fn a_call_repeated_across_replies_runs_once() {
+    let call = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
+    let (events, _) = turn_with_replies(vec![says(call), says(call), says("Done.")]).await;
+    let results = of_type(&events, "tool_result");
+    assert_eq!(results.len(), 2);
+    assert!(
+        results[1]["output"]
+            .as_str()
+            .unwrap()
+            .contains("already ran in this turn"),
+        "{:?}",
+        results[1]
+    );
+    assert_eq!(events.last().unwrap()["result"], "Done.");
+    // Asked for a third time, its output is taken as the answer.
+    let (events, upstream) =
+        turn_with_replies(vec![says(call), says(call), says(call), says("never")]).await;
+    let result = events.last().unwrap();
+    assert_eq!(
+        (&result["status"], &result["result"]),
+        (&json!("success"), &json!("ran: ls")),
+        "{events:?}"
+    );
+    assert_eq!(upstream.requests().len(), 3);
+    // Asked for a third time, its output is taken as the answer.
+    let (events, upstream) =
+        turn_with_replies(vec![says(call), says(call), says(call), says("never")]).await;
+    let result = events.last().unwrap();
+    assert_eq!(
+        (&result["status"], &result["result"]),
+        (&json!("success"), &json!("ran: ls")),
+        "{events:?}"
+    );
+    assert_eq!(upstream.requests().len(), 3);
 }

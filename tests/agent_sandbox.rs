@@ -281,3 +281,45 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
     assert_eq!(replay, events);
     server.stop_and_remove_sandboxes().await;
 }
+
+/// Python runs as a notebook cell: a last line that is an expression has
+/// its value printed after the cell's own output; a failing cell's
+/// traceback shows the cell's lines, not the runner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_shows_the_value_of_a_trailing_expression() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let cell = |code: &str| format!("```python\n{code}\n```");
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": cell("print('first')\nx = 2\nx ** 100")}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(
+        tool_results(&events)[0]["output"]["stdout"],
+        "first\n1267650600228229401496703205376\n"
+    );
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": cell("y = None\ny")}))
+            .await,
+    )
+    .await;
+    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "");
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": cell("1 / 0")}))
+            .await,
+    )
+    .await;
+    let output = &tool_results(&events)[0]["output"];
+    let stderr = output["stderr"].as_str().unwrap();
+    assert!(stderr.contains("File \"<cell>\", line 1"), "{stderr}");
+    assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
+    assert!(!stderr.contains("exec("), "{stderr}");
+    assert_eq!(output["exit_code"], 1);
+    server.stop_and_remove_sandboxes().await;
+}

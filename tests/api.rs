@@ -124,6 +124,7 @@ async fn budget_stops_the_turn_and_unpriced_models_say_cost_is_unknown() {
                 base_url: None,
                 api_key: None,
                 tool_call_mode: Default::default(),
+                tools: None,
             },
         );
     })

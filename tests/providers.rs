@@ -398,6 +398,29 @@ async fn openai_recovers_a_tool_call_written_in_the_content() {
     );
 }
 
+/// A model that loops (one call written over and over until its tokens run
+/// out) is cut off once the loop is plain, with the calls written so far.
+#[tokio::test]
+async fn openai_cuts_a_looping_stream_short() {
+    let line = "{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n";
+    let mut events: Vec<String> = (0..200).map(|_| content(line)).collect();
+    events.extend([finish("length"), end()]);
+    let upstream = Upstream::start(vec![Reply::sse(events)]).await;
+    let mut request = ask("list files");
+    request.tools = vec![tool("Bash")];
+    let got = without_ids(run(&openai(&upstream), request).await);
+    let texts = got
+        .iter()
+        .filter(|e| matches!(e, Ok(StreamEvent::TextDelta(_))))
+        .count();
+    assert!(
+        (4..10).contains(&texts),
+        "{texts} lines read before the cut"
+    );
+    assert!(got.contains(&call("", "Bash", json!({"command": "ls"}))));
+    assert_eq!(got.last(), Some(&done(StopReason::ToolUse)));
+}
+
 #[tokio::test]
 async fn openai_does_not_recover_calls_without_tools() {
     let written = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;

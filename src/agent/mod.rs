@@ -1,5 +1,6 @@
 //! Agent sessions and their turns.
 //!
+//! - [`coerce`]: tool arguments brought to the tool's schema.
 //! - [`events`]: the wire events every stream carries.
 //! - [`options`]: session options, flat or nested, validated.
 //! - [`session`]: one live session: event hub (store first, then broadcast),
@@ -9,6 +10,7 @@
 //! - [`turn`]: the agent loop.
 //! - [`tools`]: the `ToolRouter` seam to whatever executes tools.
 
+pub mod coerce;
 pub mod events;
 pub mod manager;
 pub mod options;

@@ -2,6 +2,7 @@
 //! `max_turns`, `max_budget_usd`, an interrupt or an error. Every turn ends
 //! with exactly one `result` event.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,13 +10,15 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::coerce::coerce;
 use super::events::{Event, EventKind, ResultStatus, Usage};
 use super::manager::status_after;
 use super::session::Session;
 use super::tools::{ToolChunk, ToolContext, ToolOutput, ToolRouter};
 use crate::config::AgentConfig;
 use crate::model::{
-    ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall, ToolSpec,
+    ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall,
+    ToolSpec, lenient,
 };
 use crate::store::{SessionStatus, Store, StoreError};
 use crate::telemetry::{Metrics, ModelLabel, StatusLabel};
@@ -243,7 +246,12 @@ async fn agent_loop(
         .specs(&ctx)
         .await
         .into_iter()
-        .filter(|spec| options.allows(&spec.name))
+        .filter(
+            |spec| match (&options.allowed_tools, &model.default_tools) {
+                (None, Some(defaults)) => defaults.contains(&spec.name),
+                _ => options.allows(&spec.name),
+            },
+        )
         .collect();
     let max_calls = options.max_turns.unwrap_or(deps.config.max_turns);
     let system = options
@@ -252,6 +260,10 @@ async fn agent_loop(
         .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
     let mut history = deps.store.messages(session.id).await?;
     let mut last_text = None;
+    let mut retried = false;
+    // Successful calls of this turn by name and arguments: a weak model
+    // asks for the same call again instead of answering.
+    let mut ran: HashMap<String, Ran> = HashMap::new();
     loop {
         if cancel.is_cancelled() {
             return Ok(Outcome {
@@ -276,7 +288,11 @@ async fn agent_loop(
             session_id: Some(session.id.to_string()),
             owner: session.owner.clone(),
         };
-        let reply = call_model(deps, session, &model, request, cancel, tally).await?;
+        let mut reply = call_model(deps, session, &model, request, cancel, tally).await?;
+        let limit = deps.config.max_tool_calls_per_reply as usize;
+        if let Some(note) = bound_calls(&mut reply.calls, limit) {
+            session.emit(EventKind::Status { message: note })?;
+        }
         if !reply.text.is_empty() {
             session.emit(EventKind::Thinking {
                 content: reply.text.clone(),
@@ -302,6 +318,24 @@ async fn agent_loop(
             });
         }
         if reply.calls.is_empty() {
+            // A reply that tried to call a tool and could not be read gets
+            // one more chance, with the format in front of the model.
+            if !retried && !tools.is_empty() && looks_like_a_call(&reply.text) {
+                retried = true;
+                session.emit(EventKind::Status {
+                    message: "The model's reply looked like a tool call but could not be read; \
+                              asking it once more."
+                        .into(),
+                })?;
+                let nudge = Message::User {
+                    content: unreadable_call_note(&tools),
+                };
+                deps.store
+                    .append_messages(session.id, std::slice::from_ref(&nudge))
+                    .await?;
+                history.push(nudge);
+                continue;
+            }
             return Ok(Outcome {
                 status: ResultStatus::Success,
                 text: Some(reply.text),
@@ -324,12 +358,25 @@ async fn agent_loop(
                     text: last_text,
                 });
             }
-            let message = run_tool(deps, session, &ctx, call, cancel).await?;
+            let (message, settled) =
+                run_tool(deps, session, &ctx, &tools, &mut ran, call, cancel).await?;
             tally.usage.tool_calls += 1;
             deps.store
                 .append_messages(session.id, std::slice::from_ref(&message))
                 .await?;
             history.push(message);
+            if let Some(answer) = settled {
+                close_calls(deps, session, &reply.calls[i + 1..], &mut history).await?;
+                session.emit(EventKind::Status {
+                    message: format!(
+                        "The model asked for the same call {REPEATS_TO_SETTLE} times; its output is taken as the answer."
+                    ),
+                })?;
+                return Ok(Outcome {
+                    status: ResultStatus::Success,
+                    text: Some(answer),
+                });
+            }
         }
     }
 }
@@ -467,51 +514,237 @@ fn default_system_prompt(tools: &[ToolSpec], working_dir: Option<&str>) -> Optio
     Some(prompt)
 }
 
+/// Keeps the first of each set of identical calls, then the first `limit`;
+/// a note says what went, if anything did.
+fn bound_calls(calls: &mut Vec<ToolCall>, limit: usize) -> Option<String> {
+    let asked = calls.len();
+    let mut seen = std::collections::HashSet::new();
+    calls.retain(|call| seen.insert((call.name.clone(), call.arguments.to_string())));
+    let repeats = asked - calls.len();
+    let over = calls.len().saturating_sub(limit);
+    calls.truncate(limit);
+    let mut parts = Vec::new();
+    if repeats > 0 {
+        parts.push(format!("{repeats} repeated call(s) collapsed"));
+    }
+    if over > 0 {
+        parts.push(format!(
+            "{over} call(s) past agent.max_tool_calls_per_reply ({limit}) dropped"
+        ));
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "The model asked for {asked} tool call(s) in one reply: {}.",
+            parts.join(", ")
+        )
+    })
+}
+
+/// Whether text that made no call was meant as one: JSON, a JSON fence or
+/// a tool-call tag.
+fn looks_like_a_call(text: &str) -> bool {
+    let text = text.trim_start();
+    text.starts_with('{')
+        || text.starts_with('[')
+        || text.contains("```json")
+        || text.contains("<tool_call>")
+        || (text.contains("\"arguments\"") && text.contains("\"name\""))
+}
+
+/// What a model whose call could not be read is told.
+fn unreadable_call_note(tools: &[ToolSpec]) -> String {
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    format!(
+        "Your last reply could not be read as a tool call. To call a tool, reply with \
+         only {{\"name\": \"<tool>\", \"arguments\": {{...}}}} using one of: {}. \
+         To give your final answer, reply in plain text.",
+        names.join(", ")
+    )
+}
+
+/// The offered tool a call means and its arguments brought to that tool's
+/// schema, with notes on what was assumed; or why it cannot run.
+fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<(ToolCall, Vec<String>), String> {
+    let Some(resolved) = lenient::resolve_tool_name(&call.name, &call.arguments, tools) else {
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        return Err(if names.is_empty() {
+            format!(
+                "tool '{}' is not available: this session has no tools",
+                call.name
+            )
+        } else {
+            format!(
+                "there is no tool '{}' in this session; its tools are: {}",
+                call.name,
+                names.join(", ")
+            )
+        });
+    };
+    let spec = tools
+        .iter()
+        .find(|t| t.name == resolved.name)
+        .expect("a resolved name is offered");
+    let coerced = coerce(call.arguments.clone(), &spec.input_schema)
+        .map_err(|e| format!("{}: {e}", spec.name))?;
+    let mut notes: Vec<String> = resolved.note.into_iter().collect();
+    notes.extend(coerced.notes);
+    Ok((
+        ToolCall {
+            id: call.id.clone(),
+            name: resolved.name,
+            arguments: coerced.arguments,
+        },
+        notes,
+    ))
+}
+
+/// Adds what was assumed about a call to its output, where the model
+/// reads it.
+fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput {
+    if notes.is_empty() {
+        return output;
+    }
+    let note = format!("Note: {}.", notes.join("; "));
+    match &mut output.output {
+        Value::Object(fields) => {
+            fields.insert("note".into(), Value::String(note));
+        }
+        Value::String(text) => {
+            text.push('\n');
+            text.push_str(&note);
+        }
+        other => {
+            *other = serde_json::json!({"output": other.clone(), "note": note});
+        }
+    }
+    output
+}
+
 async fn run_tool(
     deps: &TurnDeps,
     session: &Arc<Session>,
     ctx: &ToolContext,
+    tools: &[ToolSpec],
+    ran: &mut HashMap<String, Ran>,
     call: &ToolCall,
     cancel: &CancellationToken,
-) -> Result<Message, StoreError> {
+) -> Result<(Message, Option<String>), StoreError> {
     session.emit(EventKind::ToolUse {
         id: call.id.clone(),
         tool: call.name.clone(),
         input: call.arguments.clone(),
     })?;
-    let output = if session.options.allows(&call.name) {
-        let (sink, mut printed) = tokio::sync::mpsc::channel(OUTPUT_BACKLOG);
-        let running = deps.tools.call_with_output(
-            ctx,
-            &call.name,
-            call.arguments.clone(),
-            cancel.child_token(),
-            sink,
-        );
-        tokio::pin!(running);
-        let show = |chunk: ToolChunk| {
-            session.emit(EventKind::ToolOutput {
-                id: call.id.clone(),
-                stream: chunk.stream,
-                content: chunk.content,
-            })
-        };
-        let output = loop {
-            tokio::select! {
-                output = &mut running => break output,
-                Some(chunk) = printed.recv() => { show(chunk)?; }
-            }
-        };
-        while let Ok(chunk) = printed.try_recv() {
-            show(chunk)?;
+    let mut settled = None;
+    // `tools` holds only what the session allows.
+    let output = match prepare_call(call, tools) {
+        Err(message) => ToolOutput::error(message),
+        Ok((call, mut notes)) if session.options.allows(&call.name) => {
+            let key = format!("{} {}", call.name, call.arguments);
+            let output = match ran.get_mut(&key) {
+                Some(earlier) => {
+                    earlier.times += 1;
+                    if earlier.times >= REPEATS_TO_SETTLE {
+                        settled = Some(answer_of(&earlier.output));
+                    }
+                    notes.push(
+                        "this exact call already ran in this turn and was not run again; \
+                         its result is repeated here. If it answers the question, reply \
+                         with the answer in plain text"
+                            .into(),
+                    );
+                    earlier.output.clone()
+                }
+                None => {
+                    let output = run_prepared(deps, session, ctx, &call, cancel).await?;
+                    if !output.is_error {
+                        ran.insert(
+                            key,
+                            Ran {
+                                output: output.clone(),
+                                times: 1,
+                            },
+                        );
+                    }
+                    output
+                }
+            };
+            with_notes(output, &notes)
         }
-        output
-    } else {
-        ToolOutput::error(format!(
+        Ok((call, _)) => ToolOutput::error(format!(
             "tool '{}' is not allowed in this session",
             call.name
-        ))
+        )),
     };
+    Ok((finish_tool(deps, session, call, output)?, settled))
+}
+
+/// A successful call of this turn and how often it was asked for.
+struct Ran {
+    output: ToolOutput,
+    times: u32,
+}
+
+/// A model that asks this many times for a call that already succeeded
+/// (when told its result answers) has its answer: that result. Tiny models
+/// often cannot stop calling to write a reply.
+const REPEATS_TO_SETTLE: u32 = 3;
+
+/// A call's output as an answer: an execution's stdout, else the output.
+fn answer_of(output: &ToolOutput) -> String {
+    match &output.output {
+        Value::String(text) => text.trim_end().to_string(),
+        Value::Object(fields) => match fields.get("stdout").and_then(Value::as_str) {
+            Some(stdout) if !stdout.trim().is_empty() => stdout.trim_end().to_string(),
+            _ => Value::Object(fields.clone()).to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Runs a call whose name and arguments are settled, streaming what it
+/// prints as `tool_output` events.
+async fn run_prepared(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    ctx: &ToolContext,
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, StoreError> {
+    let (sink, mut printed) = tokio::sync::mpsc::channel(OUTPUT_BACKLOG);
+    let running = deps.tools.call_with_output(
+        ctx,
+        &call.name,
+        call.arguments.clone(),
+        cancel.child_token(),
+        sink,
+    );
+    tokio::pin!(running);
+    let show = |chunk: ToolChunk| {
+        session.emit(EventKind::ToolOutput {
+            id: call.id.clone(),
+            stream: chunk.stream,
+            content: chunk.content,
+        })
+    };
+    let output = loop {
+        tokio::select! {
+            output = &mut running => break output,
+            Some(chunk) = printed.recv() => { show(chunk)?; }
+        }
+    };
+    while let Ok(chunk) = printed.try_recv() {
+        show(chunk)?;
+    }
+    Ok(output)
+}
+
+/// Sends a call's `tool_result` and makes the message that answers it.
+fn finish_tool(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    call: &ToolCall,
+    output: ToolOutput,
+) -> Result<Message, StoreError> {
     let output = truncate(output, deps.config.max_tool_output_bytes);
     let content = match &output.output {
         Value::String(s) => s.clone(),

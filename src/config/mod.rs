@@ -370,6 +370,10 @@ impl Config {
             ("agent.max_tokens", u64::from(self.agent.max_tokens)),
             ("agent.turn_timeout_s", self.agent.turn_timeout_s),
             ("agent.status_interval_ms", self.agent.status_interval_ms),
+            (
+                "agent.max_tool_calls_per_reply",
+                u64::from(self.agent.max_tool_calls_per_reply),
+            ),
         ] {
             if value == 0 {
                 return Err(field(name, "must be at least 1".into()));

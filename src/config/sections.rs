@@ -157,6 +157,10 @@ pub struct AgentConfig {
     /// How long a finished `/agent/run` session stays listed and readable
     /// before it is deleted; 0 keeps them forever.
     pub ephemeral_retention_s: u64,
+    /// Tool calls run from one model reply; exact repeats count once, the
+    /// rest are dropped with a note (a weak model may repeat one call until
+    /// its tokens run out).
+    pub max_tool_calls_per_reply: u32,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -204,6 +208,11 @@ pub struct ModelAlias {
     pub api_key: Option<String>,
     #[serde(default)]
     pub tool_call_mode: ToolCallMode,
+    /// The tools offered to a session of this model that sets no
+    /// `allowed_tools` (all of them when unset). Small models do better
+    /// with two tools than with ten.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
 }
 
 pub(super) fn default_retries() -> u32 {
@@ -223,6 +232,7 @@ impl Default for AgentConfig {
             turn_timeout_s: 600,
             status_interval_ms: 5000,
             ephemeral_retention_s: 24 * 3600,
+            max_tool_calls_per_reply: 8,
         }
     }
 }

@@ -79,7 +79,9 @@ fn spec(name: &str, description: &str, input_schema: Value) -> ToolSpec {
     }
 }
 
-fn builtin_specs() -> Vec<ToolSpec> {
+/// The agent's tools; timeouts bounded by the sandbox's longest exec.
+fn builtin_specs(max_timeout_s: u64) -> Vec<ToolSpec> {
+    let seconds = json!({"type": "integer", "description": "Seconds", "minimum": 1, "maximum": max_timeout_s});
     let path =
         json!({"type": "string", "description": "Absolute, or relative to the working directory"});
     vec![
@@ -127,15 +129,15 @@ fn builtin_specs() -> Vec<ToolSpec> {
             "Bash",
             "Run a shell command in the sandbox, in the working directory.",
             schema(
-                json!({"command": {"type": "string"}, "timeout": {"type": "integer", "description": "Milliseconds"}}),
+                json!({"command": {"type": "string"}, "timeout": {"type": "integer", "description": "Milliseconds", "minimum": 1000, "maximum": max_timeout_s * 1000}}),
                 &["command"],
             ),
         ),
         spec(
             "mcp__sandbox__execute_code",
-            "Run code (python by default, or bash/sh) in the sandbox.",
+            "Run code (python by default, or bash/sh) in the sandbox. Python runs as a notebook cell: the value of a last line that is an expression is printed.",
             schema(
-                json!({"code": {"type": "string"}, "language": {"type": "string", "enum": ["python", "bash", "sh"]}, "timeout": {"type": "integer", "description": "Seconds"}}),
+                json!({"code": {"type": "string"}, "language": {"type": "string", "enum": ["python", "bash", "sh"]}, "timeout": seconds}),
                 &["code"],
             ),
         ),
@@ -143,7 +145,7 @@ fn builtin_specs() -> Vec<ToolSpec> {
             "mcp__sandbox__execute_shell",
             "Run a shell command in the sandbox.",
             schema(
-                json!({"command": {"type": "string"}, "timeout": {"type": "integer", "description": "Seconds"}}),
+                json!({"command": {"type": "string"}, "timeout": seconds}),
                 &["command"],
             ),
         ),
@@ -295,7 +297,7 @@ impl ToolRouter for SandboxTools {
         let mut specs = if ctx.options.sandbox_enabled == Some(false) {
             Vec::new()
         } else {
-            builtin_specs()
+            builtin_specs(self.host.max_timeout_s())
         };
         if let Some(servers) = &ctx.options.mcp_servers {
             specs.extend(self.external.specs(ctx.session_id, servers).await);

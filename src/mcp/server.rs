@@ -18,6 +18,10 @@ use super::progress::OutputReporter;
 use super::schema::*;
 use crate::sandbox::{ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
 
+/// Runs Python from stdin as a notebook cell (the last expression's value
+/// is printed).
+const PYTHON_CELL: &str = include_str!("cell.py");
+
 /// One MCP connection's view of the sandbox tools.
 #[derive(Clone)]
 pub struct SandboxServer {
@@ -160,7 +164,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Run a program (python by default, or bash/sh) in the session's sandbox and return its output and exit code."
+        description = "Run a program (python by default, or bash/sh) in the session's sandbox and return its output and exit code. Python runs as a notebook cell: the value of a last line that is an expression is printed. Each call is a fresh process (no variables carry over); files in /workspace stay."
     )]
     async fn execute_code(
         &self,
@@ -177,7 +181,10 @@ impl SandboxServer {
                 )));
             }
         };
-        let command = vec![interpreter.to_string(), "-".to_string()];
+        let command = match interpreter {
+            "python3" => vec!["python3".into(), "-c".into(), PYTHON_CELL.into()],
+            shell => vec![shell.to_string(), "-".to_string()],
+        };
         let stdin = Some(Bytes::from(args.code));
         self.exec(
             args.session_id.as_deref(),

@@ -75,7 +75,15 @@ pub fn recover_tool_calls(text: &str, tools: &[ToolSpec]) -> Option<Recovered> {
                     serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
                 match values.next() {
                     Some(Ok(value)) => (start + values.byte_offset(), interpret(value, tools)),
-                    _ => (start + 1, None),
+                    // Broken JSON: a stray closing bracket is dropped; a
+                    // value left open repairs and takes the rest of the text.
+                    _ => match without_strays(&text[start..]) {
+                        Some((value, len)) => (start + len, interpret(value, tools)),
+                        None => match repair(&text[start..]).and_then(|v| interpret(v, tools)) {
+                            Some(calls) => (text.len(), Some(calls)),
+                            None => (start + 1, None),
+                        },
+                    },
                 }
             }
         };
@@ -185,11 +193,11 @@ pub fn read_answer_or_call(text: &str, tools: &[ToolSpec]) -> Recovered {
         }
         if let Some(Value::String(name)) = object.remove("tool")
             && let Some(arguments) = arguments_of(object.remove("arguments"))
-            && offered(&name, tools)
+            && let Some(resolved) = resolve_tool_name(&name, &arguments, tools)
         {
             return Recovered {
                 text: String::new(),
-                calls: vec![new_call(name, arguments)],
+                calls: vec![new_call(resolved.name, arguments)],
             };
         }
     }
@@ -264,10 +272,12 @@ fn one_call(mut object: Map<String, Value>, tools: &[ToolSpec]) -> Option<ToolCa
         return None;
     };
     let arguments = ARGUMENT_KEYS.iter().find_map(|key| object.remove(*key));
-    if !only_extra_keys(&object) || !offered(&name, tools) {
+    if !only_extra_keys(&object) {
         return None;
     }
-    Some(new_call(name, arguments_of(arguments)?))
+    let arguments = arguments_of(arguments)?;
+    let resolved = resolve_tool_name(&name, &arguments, tools)?;
+    Some(new_call(resolved.name, arguments))
 }
 
 fn only_extra_keys(object: &Map<String, Value>) -> bool {
@@ -288,6 +298,112 @@ fn arguments_of(arguments: Option<Value>) -> Option<Value> {
 
 fn offered(name: &str, tools: &[ToolSpec]) -> bool {
     tools.iter().any(|tool| tool.name == name)
+}
+
+/// Whether `text` ends in one fragment (8 to 200 bytes, with at least three
+/// different characters, so rules and padding do not count) repeated four
+/// times or more in a row: a model that loops.
+pub fn repeats_itself(text: &str) -> bool {
+    const TIMES: usize = 4;
+    let bytes = text.as_bytes();
+    (8..=200).any(|unit| {
+        let span = unit * TIMES;
+        if bytes.len() < span {
+            return false;
+        }
+        let tail = &bytes[bytes.len() - span..];
+        let first = &tail[..unit];
+        let mut distinct = first.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        distinct.len() >= 3 && tail.chunks(unit).all(|chunk| chunk == first)
+    })
+}
+
+/// How a call's name was matched to an offered tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub name: String,
+    /// What was assumed, for the tool result; `None` for an exact name.
+    pub note: Option<String>,
+}
+
+/// The offered tool a call means. Small models shorten names
+/// (`execute_code` for `mcp__sandbox__execute_code`), change their case,
+/// or invent one (`Python`) while passing the right arguments: the exact
+/// name wins, then a unique tool with that short name (case aside), then
+/// the one tool whose required arguments the call gives (with at least one
+/// required, and no other tool's). `None` when nothing fits.
+pub fn resolve_tool_name(name: &str, arguments: &Value, tools: &[ToolSpec]) -> Option<Resolved> {
+    if offered(name, tools) {
+        return Some(Resolved {
+            name: name.to_string(),
+            note: None,
+        });
+    }
+    let short = |tool: &str| {
+        tool.rsplit("__")
+            .next()
+            .unwrap_or(tool)
+            .to_ascii_lowercase()
+    };
+    let wanted = short(name);
+    let by_short: Vec<&ToolSpec> = tools.iter().filter(|t| short(&t.name) == wanted).collect();
+    if let [tool] = by_short.as_slice() {
+        return Some(Resolved {
+            name: tool.name.clone(),
+            note: Some(format!("'{name}' was taken to mean {}", tool.name)),
+        });
+    }
+    // A name the tool's name or description mentions (`Python` for the
+    // tool that runs python code).
+    let word = name.to_ascii_lowercase();
+    let mentions = |tool: &ToolSpec| {
+        let text = format!("{} {}", tool.name, tool.description).to_ascii_lowercase();
+        text.split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w == word)
+    };
+    let mentioning: Vec<&ToolSpec> = tools.iter().filter(|t| mentions(t)).collect();
+    if word.len() >= 3
+        && let [tool] = mentioning.as_slice()
+    {
+        return Some(Resolved {
+            name: tool.name.clone(),
+            note: Some(format!(
+                "there is no tool '{name}'; {} was called",
+                tool.name
+            )),
+        });
+    }
+    let given: Vec<&str> = arguments
+        .as_object()
+        .map(|a| a.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let fitting: Vec<&ToolSpec> = tools
+        .iter()
+        .filter(|tool| {
+            let required = required_of(&tool.input_schema);
+            !required.is_empty() && required.iter().all(|r| given.contains(r))
+        })
+        .collect();
+    match fitting.as_slice() {
+        [tool] => Some(Resolved {
+            name: tool.name.clone(),
+            note: Some(format!(
+                "there is no tool '{name}'; its arguments fit {}, which was called",
+                tool.name
+            )),
+        }),
+        _ => None,
+    }
+}
+
+/// The `required` names of a JSON schema.
+fn required_of(schema: &Value) -> Vec<&str> {
+    schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 fn new_call(name: String, arguments: Value) -> ToolCall {
@@ -311,6 +427,45 @@ fn repair(text: &str) -> Option<Value> {
         return None;
     }
     llm_json::loads(text, &llm_json::RepairOptions::default()).ok()
+}
+
+/// The JSON value at the start of `text` with closing brackets that match
+/// no opener dropped (`{"a": {"b": 1}]}`), and the length of text it
+/// spans. `None` when it does not close or still does not parse.
+fn without_strays(text: &str) -> Option<(Value, usize)> {
+    let mut open = Vec::new();
+    let mut kept = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, c) in text.char_indices() {
+        if in_string {
+            kept.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' | '[' => open.push(c),
+            '}' | ']' => {
+                let expected = if c == '}' { '{' } else { '[' };
+                if open.last() != Some(&expected) {
+                    continue;
+                }
+                open.pop();
+            }
+            _ => {}
+        }
+        kept.push(c);
+        if open.is_empty() {
+            let value = serde_json::from_str(&kept).ok()?;
+            return Some((value, i + c.len_utf8()));
+        }
+    }
+    None
 }
 
 /// Trims the text left after removing calls, and closes the gaps they left.
@@ -477,6 +632,78 @@ mod tests {
             recover(r#"{"name": "Bash"}"#, &["Bash"]),
             Some((String::new(), vec![("Bash".to_string(), json!({}))]))
         );
+    }
+
+    /// The agent's code and shell tools, with their real required fields.
+    fn sandbox_tools() -> Vec<ToolSpec> {
+        [
+            ("mcp__sandbox__execute_code", json!(["code"])),
+            ("Bash", json!(["command"])),
+            ("Write", json!(["file_path", "content"])),
+        ]
+        .into_iter()
+        .map(|(name, required)| ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: json!({"type": "object", "required": required}),
+        })
+        .collect()
+    }
+
+    #[test]
+    fn the_replies_small_models_wrote_are_calls() {
+        let code = |src: &str| {
+            (
+                "mcp__sandbox__execute_code".to_string(),
+                json!({"code": src}),
+            )
+        };
+        let cases = [
+            // One stray bracket (Qwen2.5-Coder-0.5B).
+            r#"{"name": "mcp__sandbox__execute_code", "arguments": {"code": "print(20)"}]}"#,
+            // The short name, in a json fence.
+            "```json\n{\"name\": \"execute_code\", \"arguments\": {\"code\": \"print(20)\"}}\n```",
+            // An invented name with the right arguments.
+            r#"{"name": "Python", "arguments": {"code": "print(20)"}}"#,
+        ];
+        for text in cases {
+            let found = recover_tool_calls(text, &sandbox_tools())
+                .unwrap_or_else(|| panic!("no call in {text}"));
+            assert_eq!(named(&found.calls), vec![code("print(20)")], "{text}");
+        }
+    }
+
+    #[test]
+    fn a_loop_is_seen_and_prose_is_not() {
+        let call = "{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n";
+        assert!(repeats_itself(&format!("Sure.\n{}", call.repeat(4))));
+        assert!(!repeats_itself(&format!("Sure.\n{}", call.repeat(3))));
+        let fragment = "\"timeout\": 600000, \"language\": \"python\", ";
+        assert!(repeats_itself(&format!(
+            "{{\"code\": \"1\", {}",
+            fragment.repeat(5)
+        )));
+        assert!(!repeats_itself(&format!("Title\n{}\n", "=".repeat(80))));
+        assert!(!repeats_itself(
+            "The answer is 42. It was computed with Python."
+        ));
+    }
+
+    #[test]
+    fn names_resolve_exactly_then_by_short_name_then_by_arguments() {
+        let tools = sandbox_tools();
+        let resolve = |name: &str, args: Value| resolve_tool_name(name, &args, &tools);
+        assert_eq!(resolve("Bash", json!({})).unwrap().note, None);
+        let short = resolve("EXECUTE_CODE", json!({})).unwrap();
+        assert_eq!(short.name, "mcp__sandbox__execute_code");
+        assert!(short.note.unwrap().contains("taken to mean"));
+        assert_eq!(
+            resolve("Shell", json!({"command": "ls"})).unwrap().name,
+            "Bash"
+        );
+        // Arguments fitting no tool, or two, name none.
+        assert_eq!(resolve("Compute", json!({"x": 1})), None);
+        assert_eq!(resolve("Both", json!({"code": 1, "command": 2})), None);
     }
 
     #[test]

@@ -294,6 +294,8 @@ pub(crate) struct ChunkDecoder {
     called: bool,
     stop: Option<StopReason>,
     usage: Option<Usage>,
+    /// `text`'s length at the last check for a loop.
+    checked: usize,
 }
 
 impl ChunkDecoder {
@@ -306,7 +308,19 @@ impl ChunkDecoder {
             called: false,
             stop: None,
             usage: None,
+            checked: 0,
         }
+    }
+
+    /// Whether the text has started to loop (a weak model repeating one
+    /// call or one fragment until its tokens run out); checked every 32
+    /// bytes of text.
+    fn looping(&mut self) -> bool {
+        if self.text.len() < self.checked + 32 {
+            return false;
+        }
+        self.checked = self.text.len();
+        lenient::repeats_itself(&self.text)
     }
 
     fn flush_calls(&mut self, out: &mut Vec<StreamEvent>) {
@@ -393,6 +407,15 @@ impl SseDecoder for ChunkDecoder {
                 }
                 if !self.json_mode {
                     out.push(StreamEvent::TextDelta(text));
+                }
+                // Reading on would only buy more copies: end here (which
+                // closes the connection and frees the server) with what
+                // was written so far; repeated calls count once.
+                if !self.tools.is_empty() && self.looping() {
+                    // The calls decide the stop reason, as at a normal end.
+                    self.stop = None;
+                    self.end(out);
+                    return Ok(true);
                 }
             }
             for (position, fragment) in tool_calls.into_iter().flatten().enumerate() {

@@ -58,6 +58,8 @@ pub struct ResolvedModel {
     /// `None` when the model has no price: its cost is unknown.
     pub price: Option<Price>,
     pub tool_call_mode: ToolCallMode,
+    /// Tools offered when a session names none (`models.NAME.tools`).
+    pub default_tools: Option<Vec<String>>,
 }
 
 /// Resolves model names to providers. Built once at start.
@@ -122,15 +124,21 @@ impl ModelRegistry {
                 (gateway, provider)
             }),
         };
-        registry.insert("demo", demo, "demo", ToolCallMode::Native);
+        registry.insert("demo", demo, "demo", ToolCallMode::Native, None);
         for (alias, kind, model) in BUILTIN_ALIASES {
             if let Some(provider) = registry.provider_of(*kind) {
-                registry.insert(alias, provider, model, ToolCallMode::Native);
+                registry.insert(alias, provider, model, ToolCallMode::Native, None);
             }
         }
         for (alias, spec) in &config.models {
             let provider = registry.alias_provider(config, spec)?;
-            registry.insert(alias, provider, &spec.model, spec.tool_call_mode);
+            registry.insert(
+                alias,
+                provider,
+                &spec.model,
+                spec.tool_call_mode,
+                spec.tools.clone(),
+            );
         }
         registry.default_model = config
             .default_model
@@ -157,6 +165,7 @@ impl ModelRegistry {
         provider: Arc<dyn ModelProvider>,
         model: &str,
         mode: ToolCallMode,
+        default_tools: Option<Vec<String>>,
     ) {
         let price = self
             .prices
@@ -171,6 +180,7 @@ impl ModelRegistry {
                 upstream_model: model.to_string(),
                 price,
                 tool_call_mode: mode,
+                default_tools,
             },
         );
     }
@@ -220,6 +230,7 @@ impl ModelRegistry {
                 upstream_model: name.to_string(),
                 price: self.prices.get(name).copied(),
                 tool_call_mode: ToolCallMode::Native,
+                default_tools: None,
             });
         }
         let provider = if name.starts_with("claude") && self.anthropic.is_some() {
@@ -234,6 +245,7 @@ impl ModelRegistry {
             upstream_model: name.to_string(),
             price: self.prices.get(name).copied(),
             tool_call_mode: ToolCallMode::Native,
+            default_tools: None,
         })
     }
 

@@ -44,6 +44,38 @@ struct Slot {
     /// Signalled whenever a lease ends.
     released: Notify,
     last_used: Mutex<Instant>,
+    /// The latest resource sample, so a status call never waits on the
+    /// backend's stats (docker's take tens of milliseconds).
+    sampled: Mutex<Option<Sample>>,
+    sampling: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Clone)]
+struct Sample {
+    /// Tokio's clock, which tests can pause.
+    at: tokio::time::Instant,
+    state: &'static str,
+    stats: SandboxStats,
+}
+
+/// A sample older than this is refreshed in the background; the status
+/// call answers with it meanwhile.
+const SAMPLE_MAX_AGE: Duration = Duration::from_secs(1);
+
+async fn sample(sandbox: &dyn Sandbox) -> Sample {
+    let (state, stats) = match sandbox.stats().await {
+        Ok(stats) => ("running", stats),
+        Err(SandboxError::Gone(_)) => ("gone", SandboxStats::default()),
+        Err(e) => {
+            tracing::debug!(error = %e, "sandbox stats");
+            ("running", SandboxStats::default())
+        }
+    };
+    Sample {
+        at: tokio::time::Instant::now(),
+        state,
+        stats,
+    }
 }
 
 pub struct SandboxManager {
@@ -183,6 +215,8 @@ impl SandboxManager {
                         leases: AtomicUsize::new(0),
                         released: Notify::new(),
                         last_used: Mutex::new(Instant::now()),
+                        sampled: Mutex::new(None),
+                        sampling: Default::default(),
                     });
                     slots.insert(session, slot.clone());
                     slot
@@ -282,20 +316,35 @@ impl SandboxManager {
     pub async fn info(&self, session: Uuid) -> Option<SandboxInfo> {
         let slot = lock(&self.slots).get(&session).cloned()?;
         let sandbox = slot.sandbox.get()?.clone();
-        let (state, stats) = match sandbox.stats().await {
-            Ok(stats) => ("running", stats),
-            Err(SandboxError::Gone(_)) => ("gone", SandboxStats::default()),
-            Err(e) => {
-                tracing::debug!(error = %e, "sandbox stats");
-                ("running", SandboxStats::default())
+        let cached = lock(&slot.sampled).clone();
+        let current = match cached {
+            // The first sample is taken at once; later ones in the
+            // background, while the last one answers.
+            None => {
+                let fresh = sample(sandbox.as_ref()).await;
+                *lock(&slot.sampled) = Some(fresh.clone());
+                fresh
+            }
+            Some(cached) => {
+                if cached.at.elapsed() >= SAMPLE_MAX_AGE
+                    && !slot.sampling.swap(true, Ordering::AcqRel)
+                {
+                    let (slot, sandbox) = (slot.clone(), sandbox.clone());
+                    tokio::spawn(async move {
+                        let fresh = sample(sandbox.as_ref()).await;
+                        *lock(&slot.sampled) = Some(fresh);
+                        slot.sampling.store(false, Ordering::Release);
+                    });
+                }
+                cached
             }
         };
         Some(SandboxInfo {
             backend: self.backend.name().into(),
             id: sandbox.id().into(),
-            state: state.into(),
+            state: current.state.into(),
             image: slot.spec.image.clone(),
-            stats,
+            stats: current.stats,
         })
     }
 

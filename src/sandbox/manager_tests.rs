@@ -15,6 +15,9 @@ struct Memory {
     /// Live sandboxes: id → labels.
     live: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
     created: AtomicUsize,
+    /// How long a stats sample takes, and how many were taken.
+    stats_delay: Mutex<Duration>,
+    sampled: AtomicUsize,
 }
 
 struct Fake {
@@ -97,7 +100,13 @@ impl Sandbox for Fake {
     }
 
     async fn stats(&self) -> Result<SandboxStats> {
-        Ok(SandboxStats::default())
+        let delay = *lock(&self.backend.stats_delay);
+        tokio::time::sleep(delay).await;
+        let n = self.backend.sampled.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+        Ok(SandboxStats {
+            pids: Some(n),
+            ..SandboxStats::default()
+        })
     }
 
     async fn destroy(&self) -> Result<()> {
@@ -278,4 +287,37 @@ async fn expired_sandboxes_go_whoever_made_them() {
         .await
         .unwrap();
     assert_ne!(again.sandbox.id(), mine, "a fresh sandbox");
+}
+
+/// A status call never waits on the backend's stats once a first sample
+/// exists: a stale one answers while a fresh one is taken in the
+/// background.
+#[tokio::test(start_paused = true)]
+async fn status_answers_from_the_last_sample() {
+    let (memory, manager) = manager(|_| {});
+    *lock(&memory.stats_delay) = Duration::from_secs(1);
+    let session = Uuid::new_v4();
+    drop(
+        manager
+            .lease(session, manager.default_spec())
+            .await
+            .unwrap(),
+    );
+    let first = manager.info(session).await.unwrap();
+    assert_eq!(
+        first.stats.pids,
+        Some(1),
+        "the first sample is taken at once"
+    );
+    let quick = Duration::from_millis(10);
+    let cached = tokio::time::timeout(quick, manager.info(session)).await;
+    assert_eq!(cached.expect("no wait").unwrap().stats.pids, Some(1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Stale: answered at once, refreshed behind the answer.
+    let stale = tokio::time::timeout(quick, manager.info(session)).await;
+    assert_eq!(stale.expect("no wait").unwrap().stats.pids, Some(1));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let fresh = manager.info(session).await.unwrap();
+    assert_eq!(fresh.stats.pids, Some(2));
+    assert_eq!(memory.sampled.load(Ordering::SeqCst), 2);
 }

@@ -37,7 +37,10 @@ impl ToolRouter for EchoTools {
         vec![ToolSpec {
             name: "Bash".into(),
             description: "Echoes the command back".into(),
-            input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+            input_schema: json!({"type": "object", "properties": {
+                "command": {"type": "string"},
+                "timeout": {"type": "integer", "minimum": 1, "maximum": 600}
+            }, "required": ["command"]}),
         }]
     }
 
