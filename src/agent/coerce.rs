@@ -45,12 +45,7 @@ pub fn coerce(arguments: Value, schema: &Value) -> Result<Coerced, String> {
             }
         }
         // `null` for an optional argument means "not given".
-        let required: Vec<String> = schema["required"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.as_str().map(str::to_owned))
-            .collect();
+        let required: Vec<String> = required_of(schema).into_iter().map(str::to_owned).collect();
         object.retain(|key, value| {
             !(value.is_null()
                 && !required.contains(key)
@@ -63,13 +58,7 @@ pub fn coerce(arguments: Value, schema: &Value) -> Result<Coerced, String> {
             }
         }
     }
-    let missing: Vec<&str> = schema["required"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .filter(|r| !object.contains_key(*r))
-        .collect();
+    let missing = missing_of(schema, &object);
     if !missing.is_empty() {
         return Err(format!(
             "missing required argument(s) {}; expected {}",
@@ -83,6 +72,23 @@ pub fn coerce(arguments: Value, schema: &Value) -> Result<Coerced, String> {
     })
 }
 
+/// The required arguments `object` lacks.
+fn missing_of<'a>(schema: &'a Value, object: &Map<String, Value>) -> Vec<&'a str> {
+    required_of(schema)
+        .into_iter()
+        .filter(|r| !object.contains_key(*r))
+        .collect()
+}
+
+fn required_of(schema: &Value) -> Vec<&str> {
+    schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
 /// One required string argument missing and one string argument the
 /// schema does not know (`{"command": "2**100"}` for a tool wanting
 /// `code`): the model named it differently, and the value moves over.
@@ -92,13 +98,7 @@ fn rename_lone_argument(
     properties: &Map<String, Value>,
     notes: &mut Vec<String>,
 ) {
-    let missing: Vec<&str> = schema["required"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .filter(|r| !object.contains_key(*r))
-        .collect();
+    let missing = missing_of(schema, object);
     let unknown: Vec<String> = object
         .iter()
         .filter(|(k, v)| !properties.contains_key(*k) && v.is_string())
@@ -225,12 +225,7 @@ pub fn shape(schema: &Value) -> String {
     let Some(properties) = schema["properties"].as_object() else {
         return "an object".into();
     };
-    let required: Vec<&str> = schema["required"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let required = required_of(schema);
     let fields: Vec<String> = properties
         .iter()
         .map(|(name, property)| {
