@@ -111,6 +111,8 @@ def main():
             # default) would not fit; 2 KiB of it is plenty for these tasks.
             "[agent]\n"
             "max_tool_output_bytes = 2048\n"
+            # A task that has not settled in three minutes will not.
+            "turn_timeout_s = 180\n"
             "[models.qwen]\n"
             'provider = "openai"\n'
             'model = "qwen2.5-coder-0.5b-instruct"\n'
