@@ -1,5 +1,6 @@
 //! Agent sessions and their turns.
 //!
+//! - [`calls`]: a turn's tool calls, from a reply to their results.
 //! - [`coerce`]: tool arguments brought to the tool's schema.
 //! - [`events`]: the wire events every stream carries.
 //! - [`options`]: session options, flat or nested, validated.
@@ -10,6 +11,7 @@
 //! - [`turn`]: the agent loop.
 //! - [`tools`]: the `ToolRouter` seam to whatever executes tools.
 
+pub mod calls;
 pub mod coerce;
 pub mod events;
 pub mod manager;

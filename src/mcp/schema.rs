@@ -24,7 +24,7 @@ impl<T: Serialize + JsonSchema + 'static> IntoCallToolResult for Json<T> {
     fn into_call_tool_result(self) -> Result<rmcp::model::CallToolResponse, ErrorData> {
         let mut value = serde_json::to_value(self.0)
             .map_err(|e| ErrorData::internal_error(format!("serializing a result: {e}"), None))?;
-        if crate::agent::turn::cut_to_fit(&mut value, MAX_RESULT_BYTES)
+        if crate::agent::calls::cut_to_fit(&mut value, MAX_RESULT_BYTES)
             && let Some(truncated) = value.get_mut("truncated")
         {
             *truncated = serde_json::Value::Bool(true);

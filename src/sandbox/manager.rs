@@ -19,8 +19,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{
-    LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
-    Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
+    LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, Result, Sandbox,
+    SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
 };
 use crate::config::SandboxConfig;
 
@@ -46,36 +46,8 @@ struct Slot {
     last_used: Mutex<Instant>,
     /// The latest resource sample, so a status call never waits on the
     /// backend's stats (docker's take tens of milliseconds).
-    sampled: Mutex<Option<Sample>>,
+    sampled: Mutex<Option<stats::Sample>>,
     sampling: std::sync::atomic::AtomicBool,
-}
-
-#[derive(Clone)]
-struct Sample {
-    /// Tokio's clock, which tests can pause.
-    at: tokio::time::Instant,
-    state: &'static str,
-    stats: SandboxStats,
-}
-
-/// A sample older than this is refreshed in the background; the status
-/// call answers with it meanwhile.
-const SAMPLE_MAX_AGE: Duration = Duration::from_secs(1);
-
-async fn sample(sandbox: &dyn Sandbox) -> Sample {
-    let (state, stats) = match sandbox.stats().await {
-        Ok(stats) => ("running", stats),
-        Err(SandboxError::Gone(_)) => ("gone", SandboxStats::default()),
-        Err(e) => {
-            tracing::debug!(error = %e, "sandbox stats");
-            ("running", SandboxStats::default())
-        }
-    };
-    Sample {
-        at: tokio::time::Instant::now(),
-        state,
-        stats,
-    }
 }
 
 pub struct SandboxManager {
@@ -312,42 +284,6 @@ impl SandboxManager {
         tokio::time::timeout(within, wait).await.is_ok()
     }
 
-    /// The session's sandbox and its resource use, if it has one.
-    pub async fn info(&self, session: Uuid) -> Option<SandboxInfo> {
-        let slot = lock(&self.slots).get(&session).cloned()?;
-        let sandbox = slot.sandbox.get()?.clone();
-        let cached = lock(&slot.sampled).clone();
-        let current = match cached {
-            // The first sample is taken at once; later ones in the
-            // background, while the last one answers.
-            None => {
-                let fresh = sample(sandbox.as_ref()).await;
-                *lock(&slot.sampled) = Some(fresh.clone());
-                fresh
-            }
-            Some(cached) => {
-                if cached.at.elapsed() >= SAMPLE_MAX_AGE
-                    && !slot.sampling.swap(true, Ordering::AcqRel)
-                {
-                    let (slot, sandbox) = (slot.clone(), sandbox.clone());
-                    tokio::spawn(async move {
-                        let fresh = sample(sandbox.as_ref()).await;
-                        *lock(&slot.sampled) = Some(fresh);
-                        slot.sampling.store(false, Ordering::Release);
-                    });
-                }
-                cached
-            }
-        };
-        Some(SandboxInfo {
-            backend: self.backend.name().into(),
-            id: sandbox.id().into(),
-            state: current.state.into(),
-            image: slot.spec.image.clone(),
-            stats: current.stats,
-        })
-    }
-
     /// Destroys the session's sandbox (the session was deleted or its
     /// ephemeral run ended).
     pub async fn release(&self, session: Uuid) {
@@ -363,25 +299,6 @@ impl SandboxManager {
         }
     }
 
-    /// Destroys the session's sandbox wherever it came from: this manager's,
-    /// or one another process on this data directory made (the session was
-    /// deleted).
-    pub async fn release_shared(&self, session: Uuid) {
-        let held = lock(&self.slots).contains_key(&session);
-        self.release(session).await;
-        if !held {
-            match self.existing(session).await {
-                Ok(Some(sandbox)) => {
-                    if let Err(e) = sandbox.destroy().await {
-                        tracing::warn!(%session, error = %e, "destroying a sandbox failed");
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(%session, error = %e, "listing sandboxes failed"),
-            }
-        }
-    }
-
     /// Marks a sandbox about to be made as this instance's, expiring after
     /// `sandbox.max_lifetime_s`.
     fn label(&self, spec: &mut SandboxSpec) {
@@ -394,56 +311,6 @@ impl SandboxManager {
             .insert(LABEL_EXPIRES.into(), expires.to_string());
     }
 
-    /// Removes every expired sandbox on the backend, this instance's or
-    /// another's (one whose server stopped, or whose data directory is
-    /// gone). A session of this instance whose sandbox expired gets a new
-    /// one at its next call. Returns how many went.
-    pub async fn prune_expired(&self) -> Result<usize> {
-        let now = chrono::Utc::now().timestamp();
-        let mut removed = 0;
-        for managed in self.backend.list_managed().await? {
-            if !managed.expired(now) {
-                continue;
-            }
-            let ours = managed.instance.as_deref() == Some(self.instance.as_str());
-            let session = managed
-                .session
-                .as_deref()
-                .and_then(|s| Uuid::parse_str(s).ok())
-                .filter(|s| ours && lock(&self.slots).contains_key(s));
-            match session {
-                Some(session) => self.release(session).await,
-                None => {
-                    if ours {
-                        // A pool sandbox: take it out of the pool first.
-                        lock(&self.pool).retain(|s| s.id() != managed.id);
-                    }
-                    self.backend.remove(&managed.id).await?;
-                }
-            }
-            tracing::info!(sandbox = %managed.id, instance = ?managed.instance, "expired sandbox removed");
-            removed += 1;
-        }
-        Ok(removed)
-    }
-
-    /// Removes a sandbox that belongs to no session (a pool or scratch one).
-    pub async fn remove(&self, id: &str) -> Result<()> {
-        lock(&self.pool).retain(|s| s.id() != id);
-        self.backend.remove(id).await
-    }
-
-    /// This instance's sandboxes on the backend.
-    pub async fn list(&self) -> Result<Vec<ManagedSandbox>> {
-        Ok(self
-            .backend
-            .list_managed()
-            .await?
-            .into_iter()
-            .filter(|m| m.instance.as_deref() == Some(self.instance.as_str()))
-            .collect())
-    }
-
     /// Sandboxes this manager holds: sessions' and the warm pool's.
     pub fn live_count(&self) -> usize {
         let sessions = lock(&self.slots)
@@ -451,20 +318,6 @@ impl SandboxManager {
             .filter(|slot| slot.sandbox.initialized())
             .count();
         sessions + lock(&self.pool).len()
-    }
-
-    /// The running sandbox of this instance labelled with `session`, if
-    /// any.
-    async fn existing(&self, session: Uuid) -> Result<Option<Arc<dyn Sandbox>>> {
-        let wanted = session.to_string();
-        let found = self.backend.list_managed().await?.into_iter().find(|m| {
-            m.instance.as_deref() == Some(self.instance.as_str())
-                && m.session.as_deref() == Some(wanted.as_str())
-        });
-        match found {
-            Some(managed) => self.backend.attach(&managed.id).await,
-            None => Ok(None),
-        }
     }
 
     /// Destroys the sandboxes this manager holds except those `keep` names
@@ -607,6 +460,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+mod shared;
+mod stats;
 
 #[cfg(test)]
 #[path = "manager_tests.rs"]

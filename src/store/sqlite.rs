@@ -23,15 +23,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, SecondsFormat, Utc};
-use rusqlite::{Connection, Row, params};
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, params};
 use rusqlite_migration::{M, Migrations};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::{SessionFilter, SessionKind, SessionRecord, SessionStatus, Store, StoreError};
+use super::{SessionFilter, SessionRecord, SessionStatus, Store, StoreError};
 use crate::agent::events::{Event, Usage};
 use crate::model::Message;
 
@@ -101,7 +100,13 @@ macro_rules! session_columns {
     };
 }
 
+mod checkpoint;
 mod listing;
+mod rows;
+
+use checkpoint::Checkpointer;
+
+use rows::{SessionRow, decode, decode_sessions, encode, encode_time, select_sessions};
 
 /// A caller's work, run on the writer thread inside the batch's transaction
 /// (or handed the error that kept the transaction from starting). It returns
@@ -126,78 +131,6 @@ pub struct SqliteStore {
     _writer: Writer,
     /// Stopped after the writer, which checkpoints one last time itself.
     _checkpointer: Checkpointer,
-}
-
-/// Checkpoints the WAL from its own connection and thread, passively: it
-/// never blocks the writer. A passive checkpoint leaves behind the frames
-/// committed while it ran, and SQLite starts the log over only once every
-/// frame is in the database, so under a steady load the WAL would grow
-/// without end (measured: 50 MB/s of commits gave a 550 MB WAL in 11 s).
-/// After each pass the checkpointer raises a flag, and the writer copies
-/// that small remainder itself after its next batch, between two
-/// transactions (a few ms here, against tens for the whole copy), which
-/// lets its next transaction start the log over: the WAL holds about one
-/// period of writes at most. A flag, not a message on the jobs queue: a
-/// full queue cannot turn it away, and an idle writer is not woken for it
-/// (the log starts over at the next write, which is when it matters).
-///
-/// The file keeps its largest size and is written over in place; it is
-/// not cut back (`journal_size_limit`), because freeing and then growing
-/// it again stalled commits: with a 64 MiB limit the p99 of a run's first
-/// event under load went from 3 ms to 9–16 ms, with stalls over 100 ms.
-/// Closing the store truncates it.
-struct Checkpointer {
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Checkpointer {
-    /// Errors are messages for [`SqliteStore::open`] to wrap. `copied` is
-    /// the flag the writer finishes a pass on.
-    fn start(
-        path: &Path,
-        copied: Arc<AtomicBool>,
-        every: Duration,
-    ) -> Result<Checkpointer, String> {
-        let conn = Connection::open(path).map_err(|err| err.to_string())?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(|err| err.to_string())?;
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("conclave-checkpoint".into())
-            .spawn(move || {
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(every)
-                {
-                    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-                        row.get::<_, i64>(1)
-                    }) {
-                        Ok(frames) if frames > 0 => copied.store(true, Ordering::Release),
-                        Ok(_) => {}
-                        Err(err) => {
-                            tracing::warn!(error = %err, "WAL checkpoint failed; will retry");
-                        }
-                    }
-                }
-            })
-            .map_err(|err| format!("cannot start the checkpoint thread: {err}"))?;
-        Ok(Checkpointer {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        // Dropping the sender wakes the thread, which then ends.
-        self.stop.take();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the store's checkpoint thread panicked");
-        }
-    }
 }
 
 /// Joins the writer thread when the store is dropped.
@@ -403,113 +336,11 @@ fn duplicate(err: &StoreError) -> StoreError {
     }
 }
 
-fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value)
-        .map_err(|err| StoreError::Corrupt(format!("cannot encode {what}: {err}")))
-}
-
-fn decode<T: DeserializeOwned>(what: &str, json: &str) -> Result<T, StoreError> {
-    serde_json::from_str(json).map_err(|err| StoreError::Corrupt(format!("{what}: {err}")))
-}
-
-/// RFC 3339 with nanoseconds: exact, and it sorts as text.
-fn encode_time(time: DateTime<Utc>) -> String {
-    time.to_rfc3339_opts(SecondsFormat::Nanos, true)
-}
-
-fn decode_time(what: &str, text: &str) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|time| time.with_timezone(&Utc))
-        .map_err(|err| StoreError::Corrupt(format!("{what} '{text}': {err}")))
-}
-
-/// A `sessions` row as SQLite holds it.
-struct SessionRow {
-    id: String,
-    name: Option<String>,
-    kind: String,
-    owner: Option<String>,
-    options: String,
-    status: String,
-    usage: String,
-    ephemeral: bool,
-    created_at: String,
-    updated_at: String,
-}
-
-impl SessionRow {
-    fn encode(session: &SessionRecord) -> Result<SessionRow, StoreError> {
-        Ok(SessionRow {
-            id: session.id.to_string(),
-            name: session.name.clone(),
-            kind: session.kind.as_str().to_owned(),
-            owner: session.owner.clone(),
-            options: encode("session options", &session.options)?,
-            status: session.status.as_str().to_owned(),
-            usage: encode("session usage", &session.usage)?,
-            ephemeral: session.ephemeral,
-            created_at: encode_time(session.created_at),
-            updated_at: encode_time(session.updated_at),
-        })
-    }
-
-    fn read(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
-        Ok(SessionRow {
-            id: row.get(0)?,
-            name: row.get(1)?,
-            kind: row.get(2)?,
-            owner: row.get(3)?,
-            options: row.get(4)?,
-            status: row.get(5)?,
-            usage: row.get(6)?,
-            ephemeral: row.get(7)?,
-            created_at: row.get(8)?,
-            updated_at: row.get(9)?,
-        })
-    }
-
-    fn decode(self) -> Result<SessionRecord, StoreError> {
-        let id = Uuid::parse_str(&self.id)
-            .map_err(|err| StoreError::Corrupt(format!("session id '{}': {err}", self.id)))?;
-        let what = |field: &str| format!("session {id}: {field}");
-        Ok(SessionRecord {
-            id,
-            name: self.name,
-            kind: SessionKind::parse(&self.kind).ok_or_else(|| {
-                StoreError::Corrupt(what(&format!("unknown kind '{}'", self.kind)))
-            })?,
-            owner: self.owner,
-            options: decode(&what("options"), &self.options)?,
-            status: SessionStatus::parse(&self.status).ok_or_else(|| {
-                StoreError::Corrupt(what(&format!("unknown status '{}'", self.status)))
-            })?,
-            usage: decode(&what("usage"), &self.usage)?,
-            ephemeral: self.ephemeral,
-            created_at: decode_time(&what("created_at"), &self.created_at)?,
-            updated_at: decode_time(&what("updated_at"), &self.updated_at)?,
-        })
-    }
-}
-
 /// The `type` of an encoded event, read without decoding the rest.
 #[derive(Deserialize)]
 struct EventTag<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
-}
-
-fn select_sessions(
-    conn: &Connection,
-    sql: &str,
-    params: impl rusqlite::Params,
-) -> Result<Vec<SessionRow>, StoreError> {
-    let mut statement = conn.prepare_cached(sql)?;
-    let rows = statement.query_map(params, SessionRow::read)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
-
-fn decode_sessions(rows: Vec<SessionRow>) -> Result<Vec<SessionRecord>, StoreError> {
-    rows.into_iter().map(SessionRow::decode).collect()
 }
 
 #[async_trait]

@@ -8,6 +8,7 @@ use serde_json::json;
 use super::*;
 use crate::agent::events::{EventKind, ResultStatus};
 use crate::model::ToolCall;
+use crate::store::SessionKind;
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(&dir.path().join("nested/dir/conclave.db")).unwrap()

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::Connection;
 use rusqlite::types::Value as SqlValue;
 
-use super::{SessionRow, encode_time};
+use super::rows::{SessionRow, encode_time};
 use crate::store::{SessionFilter, SessionStatus, StoreError};
 
 /// The `SELECT` for `filter`, with its parameters. Each condition is

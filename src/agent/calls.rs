@@ -1,0 +1,368 @@
+//! A turn's tool calls, from a model reply to the messages that answer
+//! them: bounded per reply, names resolved against the offered tools,
+//! arguments brought to the tool's schema, a repeated call answered from its
+//! first run, output streamed as `tool_output` events and cut to size.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::coerce::coerce;
+use super::events::EventKind;
+use super::session::Session;
+use super::tools::{ToolChunk, ToolContext, ToolOutput};
+use super::turn::TurnDeps;
+use crate::model::{Message, ToolCall, ToolSpec, lenient};
+use crate::store::StoreError;
+
+/// `tool_output` chunks that may wait for the turn to emit them; a tool
+/// printing faster loses progress chunks, never its result.
+const OUTPUT_BACKLOG: usize = 64;
+
+/// Keeps the first of each set of identical calls, then the first `limit`;
+/// a note says what went, if anything did.
+pub(super) fn bound_calls(calls: &mut Vec<ToolCall>, limit: usize) -> Option<String> {
+    let asked = calls.len();
+    let mut seen = std::collections::HashSet::new();
+    calls.retain(|call| seen.insert((call.name.clone(), call.arguments.to_string())));
+    let repeats = asked - calls.len();
+    let over = calls.len().saturating_sub(limit);
+    calls.truncate(limit);
+    let mut parts = Vec::new();
+    if repeats > 0 {
+        parts.push(format!("{repeats} repeated call(s) collapsed"));
+    }
+    if over > 0 {
+        parts.push(format!(
+            "{over} call(s) past agent.max_tool_calls_per_reply ({limit}) dropped"
+        ));
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "The model asked for {asked} tool call(s) in one reply: {}.",
+            parts.join(", ")
+        )
+    })
+}
+
+/// Whether text that made no call was meant as one: JSON, a JSON fence or
+/// a tool-call tag.
+pub(super) fn looks_like_a_call(text: &str) -> bool {
+    let text = text.trim_start();
+    text.starts_with('{')
+        || text.starts_with('[')
+        || text.contains("```json")
+        || text.contains("<tool_call>")
+        || (text.contains("\"arguments\"") && text.contains("\"name\""))
+}
+
+/// What a model whose call could not be read is told.
+pub(super) fn unreadable_call_note(tools: &[ToolSpec]) -> String {
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    format!(
+        "Your last reply could not be read as a tool call. To call a tool, reply with \
+         only {{\"name\": \"<tool>\", \"arguments\": {{...}}}} using one of: {}. \
+         To give your final answer, reply in plain text.",
+        names.join(", ")
+    )
+}
+
+/// The offered tool a call means and its arguments brought to that tool's
+/// schema, with notes on what was assumed; or why it cannot run.
+fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<(ToolCall, Vec<String>), String> {
+    let Some(resolved) = lenient::resolve_tool_name(&call.name, &call.arguments, tools) else {
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        return Err(if names.is_empty() {
+            format!(
+                "tool '{}' is not available: this session has no tools",
+                call.name
+            )
+        } else {
+            format!(
+                "there is no tool '{}' in this session; its tools are: {}",
+                call.name,
+                names.join(", ")
+            )
+        });
+    };
+    let spec = tools
+        .iter()
+        .find(|t| t.name == resolved.name)
+        .expect("a resolved name is offered");
+    let coerced = coerce(call.arguments.clone(), &spec.input_schema)
+        .map_err(|e| format!("{}: {e}", spec.name))?;
+    let mut notes: Vec<String> = resolved.note.into_iter().collect();
+    notes.extend(coerced.notes);
+    Ok((
+        ToolCall {
+            id: call.id.clone(),
+            name: resolved.name,
+            arguments: coerced.arguments,
+        },
+        notes,
+    ))
+}
+
+/// Adds what was assumed about a call to its output, where the model
+/// reads it.
+fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput {
+    if notes.is_empty() {
+        return output;
+    }
+    let note = format!("Note: {}.", notes.join("; "));
+    match &mut output.output {
+        Value::Object(fields) => {
+            fields.insert("note".into(), Value::String(note));
+        }
+        Value::String(text) => {
+            text.push('\n');
+            text.push_str(&note);
+        }
+        other => {
+            *other = serde_json::json!({"output": other.clone(), "note": note});
+        }
+    }
+    output
+}
+
+pub(super) async fn run_tool(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    ctx: &ToolContext,
+    tools: &[ToolSpec],
+    ran: &mut HashMap<String, Ran>,
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> Result<(Message, Option<String>), StoreError> {
+    session.emit(EventKind::ToolUse {
+        id: call.id.clone(),
+        tool: call.name.clone(),
+        input: call.arguments.clone(),
+    })?;
+    let mut settled = None;
+    // `tools` holds only what the session allows.
+    let output = match prepare_call(call, tools) {
+        Err(message) => ToolOutput::error(message),
+        Ok((call, mut notes)) if session.options.allows(&call.name) => {
+            let key = format!("{} {}", call.name, call.arguments);
+            let output = match ran.get_mut(&key) {
+                Some(earlier) => {
+                    earlier.times += 1;
+                    if earlier.times >= REPEATS_TO_SETTLE {
+                        settled = Some(answer_of(&earlier.output));
+                    }
+                    notes.push(
+                        "this exact call already ran in this turn and was not run again; \
+                         its result is repeated here. If it answers the question, reply \
+                         with the answer in plain text"
+                            .into(),
+                    );
+                    earlier.output.clone()
+                }
+                None => {
+                    let output = run_prepared(deps, session, ctx, &call, cancel).await?;
+                    if !output.is_error {
+                        ran.insert(
+                            key,
+                            Ran {
+                                output: output.clone(),
+                                times: 1,
+                            },
+                        );
+                    }
+                    output
+                }
+            };
+            with_notes(output, &notes)
+        }
+        Ok((call, _)) => ToolOutput::error(format!(
+            "tool '{}' is not allowed in this session",
+            call.name
+        )),
+    };
+    Ok((finish_tool(deps, session, call, output)?, settled))
+}
+
+/// A successful call of this turn and how often it was asked for.
+pub(super) struct Ran {
+    output: ToolOutput,
+    times: u32,
+}
+
+/// A model that asks this many times for a call that already succeeded
+/// (when told its result answers) has its answer: that result. Tiny models
+/// often cannot stop calling to write a reply.
+pub(super) const REPEATS_TO_SETTLE: u32 = 3;
+
+/// A call's output as an answer: an execution's stdout, else the output.
+fn answer_of(output: &ToolOutput) -> String {
+    match &output.output {
+        Value::String(text) => text.trim_end().to_string(),
+        Value::Object(fields) => match fields.get("stdout").and_then(Value::as_str) {
+            Some(stdout) if !stdout.trim().is_empty() => stdout.trim_end().to_string(),
+            _ => Value::Object(fields.clone()).to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Runs a call whose name and arguments are settled, streaming what it
+/// prints as `tool_output` events.
+async fn run_prepared(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    ctx: &ToolContext,
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, StoreError> {
+    let (sink, mut printed) = tokio::sync::mpsc::channel(OUTPUT_BACKLOG);
+    let running = deps.tools.call_with_output(
+        ctx,
+        &call.name,
+        call.arguments.clone(),
+        cancel.child_token(),
+        sink,
+    );
+    tokio::pin!(running);
+    let show = |chunk: ToolChunk| {
+        session.emit(EventKind::ToolOutput {
+            id: call.id.clone(),
+            stream: chunk.stream,
+            content: chunk.content,
+        })
+    };
+    let output = loop {
+        tokio::select! {
+            output = &mut running => break output,
+            Some(chunk) = printed.recv() => { show(chunk)?; }
+        }
+    };
+    while let Ok(chunk) = printed.try_recv() {
+        show(chunk)?;
+    }
+    Ok(output)
+}
+
+/// Sends a call's `tool_result` and makes the message that answers it.
+fn finish_tool(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    call: &ToolCall,
+    output: ToolOutput,
+) -> Result<Message, StoreError> {
+    let output = truncate(output, deps.config.max_tool_output_bytes);
+    let content = match &output.output {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    session.emit(EventKind::ToolResult {
+        id: call.id.clone(),
+        tool: call.name.clone(),
+        output: output.output,
+        is_error: output.is_error,
+    })?;
+    Ok(Message::Tool {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        content,
+        is_error: output.is_error,
+    })
+}
+
+/// Keeps a string output under `max` bytes, marking the cut.
+fn truncate(mut output: ToolOutput, max: usize) -> ToolOutput {
+    cut_to_fit(&mut output.output, max);
+    output
+}
+
+/// Cuts a value to about `max` bytes of JSON, marking each cut: a string
+/// directly; an object's string fields (an exec's stdout and stderr) share
+/// the budget, the longest cut first. Whether anything was cut.
+pub fn cut_to_fit(value: &mut Value, max: usize) -> bool {
+    match value {
+        Value::String(s) => {
+            let cut = s.len() > max;
+            cut_string(s, max);
+            cut
+        }
+        Value::Object(fields) => {
+            let mut size = Value::Object(fields.clone()).to_string().len();
+            let mut cut = false;
+            while size > max {
+                let longest = fields
+                    .iter()
+                    .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.len())))
+                    .max_by_key(|(_, len)| *len);
+                let Some((key, len)) = longest.filter(|(_, len)| *len > 64) else {
+                    break;
+                };
+                let Some(Value::String(text)) = fields.get_mut(&key) else {
+                    break;
+                };
+                // The marker adds a few bytes back: cut a little more.
+                cut_string(text, len.saturating_sub(size - max + 48).max(32));
+                cut = true;
+                size = Value::Object(fields.clone()).to_string().len();
+            }
+            cut
+        }
+        _ => false,
+    }
+}
+
+/// Cuts `s` to about `max` bytes on a character boundary, marking the cut.
+fn cut_string(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let dropped = s.len() - cut;
+    s.truncate(cut);
+    s.push_str(&format!("\n[... truncated {dropped} bytes]"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_marks_the_cut_on_a_char_boundary() {
+        let out = truncate(
+            ToolOutput {
+                output: Value::String("héllo world".into()),
+                is_error: false,
+            },
+            2,
+        );
+        assert_eq!(
+            out.output,
+            Value::String("h\n[... truncated 11 bytes]".into())
+        );
+    }
+
+    #[test]
+    fn structured_outputs_are_cut_to_fit_longest_field_first() {
+        let out = truncate(
+            ToolOutput {
+                output: serde_json::json!({
+                    "stdout": "x".repeat(10_000),
+                    "stderr": "short",
+                    "exit_code": 0,
+                }),
+                is_error: false,
+            },
+            1_000,
+        );
+        let text = out.output.to_string();
+        assert!(text.len() <= 1_000, "{} bytes", text.len());
+        assert_eq!(out.output["stderr"], "short");
+        assert_eq!(out.output["exit_code"], 0);
+        let stdout = out.output["stdout"].as_str().expect("stdout");
+        assert!(stdout.contains("[... truncated"), "{stdout}");
+    }
+}

@@ -1,0 +1,96 @@
+//! Sandboxes beyond this manager's own slots: those another process on
+//! the same data directory made for a session (`conclave mcp` beside the
+//! server), expired ones of any instance on the host, and this instance's
+//! as the backend lists them.
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use super::{SandboxManager, lock};
+use crate::sandbox::{ManagedSandbox, Result, Sandbox};
+
+impl SandboxManager {
+    /// Destroys the session's sandbox wherever it came from: this manager's,
+    /// or one another process on this data directory made (the session was
+    /// deleted).
+    pub async fn release_shared(&self, session: Uuid) {
+        let held = lock(&self.slots).contains_key(&session);
+        self.release(session).await;
+        if !held {
+            match self.existing(session).await {
+                Ok(Some(sandbox)) => {
+                    if let Err(e) = sandbox.destroy().await {
+                        tracing::warn!(%session, error = %e, "destroying a sandbox failed");
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%session, error = %e, "listing sandboxes failed"),
+            }
+        }
+    }
+
+    /// Removes every expired sandbox on the backend, this instance's or
+    /// another's (one whose server stopped, or whose data directory is
+    /// gone). A session of this instance whose sandbox expired gets a new
+    /// one at its next call. Returns how many went.
+    pub async fn prune_expired(&self) -> Result<usize> {
+        let now = chrono::Utc::now().timestamp();
+        let mut removed = 0;
+        for managed in self.backend.list_managed().await? {
+            if !managed.expired(now) {
+                continue;
+            }
+            let ours = managed.instance.as_deref() == Some(self.instance.as_str());
+            let session = managed
+                .session
+                .as_deref()
+                .and_then(|s| Uuid::parse_str(s).ok())
+                .filter(|s| ours && lock(&self.slots).contains_key(s));
+            match session {
+                Some(session) => self.release(session).await,
+                None => {
+                    if ours {
+                        // A pool sandbox: take it out of the pool first.
+                        lock(&self.pool).retain(|s| s.id() != managed.id);
+                    }
+                    self.backend.remove(&managed.id).await?;
+                }
+            }
+            tracing::info!(sandbox = %managed.id, instance = ?managed.instance, "expired sandbox removed");
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Removes a sandbox that belongs to no session (a pool or scratch one).
+    pub async fn remove(&self, id: &str) -> Result<()> {
+        lock(&self.pool).retain(|s| s.id() != id);
+        self.backend.remove(id).await
+    }
+
+    /// This instance's sandboxes on the backend.
+    pub async fn list(&self) -> Result<Vec<ManagedSandbox>> {
+        Ok(self
+            .backend
+            .list_managed()
+            .await?
+            .into_iter()
+            .filter(|m| m.instance.as_deref() == Some(self.instance.as_str()))
+            .collect())
+    }
+
+    /// The running sandbox of this instance labelled with `session`, if
+    /// any.
+    pub(super) async fn existing(&self, session: Uuid) -> Result<Option<Arc<dyn Sandbox>>> {
+        let wanted = session.to_string();
+        let found = self.backend.list_managed().await?.into_iter().find(|m| {
+            m.instance.as_deref() == Some(self.instance.as_str())
+                && m.session.as_deref() == Some(wanted.as_str())
+        });
+        match found {
+            Some(managed) => self.backend.attach(&managed.id).await,
+            None => Ok(None),
+        }
+    }
+}
