@@ -3,6 +3,8 @@
 //! Layout:
 //!
 //! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
+//! - [`events`]: the wire events of a session's log, which the agent
+//!   writes and the store keeps.
 //! - [`egress`]: the allow rules for connections a request can make the
 //!   server open (gateway replicas, HTTP MCP servers), checked after DNS.
 //! - [`locate`]: the running server's data directory, recorded per user for
@@ -27,6 +29,7 @@ pub mod agent;
 pub mod api;
 pub mod config;
 pub mod egress;
+pub mod events;
 pub mod gateway;
 pub mod locate;
 pub mod mcp;
@@ -35,6 +38,5 @@ pub mod operator;
 pub mod sandbox;
 pub mod server;
 pub mod shutdown;
-pub mod state;
 pub mod store;
 pub mod telemetry;

@@ -2,7 +2,8 @@
 //!
 //! - [`calls`]: a turn's tool calls, from a reply to their results.
 //! - [`coerce`]: tool arguments brought to the tool's schema.
-//! - [`events`]: the wire events every stream carries.
+//! - `events`: the wire events every stream carries, re-exported from
+//!   [`crate::events`] (the store keeps them too).
 //! - [`options`]: session options, flat or nested, validated.
 //! - [`session`]: one live session: event hub (store first, then broadcast),
 //!   subscriptions with replay, interrupt.
@@ -13,12 +14,13 @@
 
 pub mod calls;
 pub mod coerce;
-pub mod events;
 pub mod manager;
 pub mod options;
 pub mod session;
 pub mod tools;
 pub mod turn;
+
+pub use crate::events;
 
 pub use manager::{AgentError, NewSession, SessionManager, StartedTurn};
 pub use options::{AgentOptions, McpServerSpec};

@@ -14,11 +14,11 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject};
+use super::state::AppState;
 use super::stream::{cancel_on_hangup, events_response};
 use crate::agent::events::Usage;
 use crate::agent::{AgentError, AgentOptions, McpServerSpec, NewSession};
 use crate::model::Message;
-use crate::state::AppState;
 use crate::store::{SessionFilter, SessionKind, SessionRecord, SessionStatus};
 
 /// `POST /agent/run` and `POST /agent/session/{id}/message` bodies. Options

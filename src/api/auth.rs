@@ -11,7 +11,7 @@ use axum::response::Response;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use crate::state::AppState;
+use super::state::AppState;
 
 /// Who is calling; handlers read it from the request extensions.
 #[derive(Debug, Clone)]

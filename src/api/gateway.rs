@@ -19,7 +19,7 @@ use crate::gateway::{Call, Endpoint, GatewayError, ReplicaConfig, slug};
 
 /// Longest pool, replica or upstream model name accepted.
 const MAX_NAME_BYTES: usize = 256;
-use crate::state::AppState;
+use super::state::AppState;
 
 impl From<GatewayError> for ApiError {
     fn from(error: GatewayError) -> ApiError {

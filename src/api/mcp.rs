@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::auth::Caller;
 use super::error::ApiError;
-use crate::state::AppState;
+use super::state::AppState;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 

@@ -9,6 +9,7 @@
 //!   pages driving the server.
 //! - [`mcp`]: `/mcp`, with MCP sessions bound to the key that opened them.
 //! - [`body`]: request bodies read whole within a deadline.
+//! - [`state`]: `AppState`, what every handler shares.
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`sandboxes`]: the handlers.
@@ -25,6 +26,7 @@ pub mod mcp;
 pub mod ops;
 pub mod sandboxes;
 pub mod serve;
+pub mod state;
 pub mod stream;
 pub mod ws;
 
@@ -37,8 +39,8 @@ use axum::routing::{delete, get, post};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use utoipa::OpenApi;
 
-use crate::state::AppState;
 use error::ApiError;
+use state::AppState;
 
 #[derive(OpenApi)]
 #[openapi(

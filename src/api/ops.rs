@@ -8,7 +8,7 @@ use serde::Serialize;
 use utoipa::{OpenApi, ToSchema};
 
 use super::ApiDoc;
-use crate::state::AppState;
+use super::state::AppState;
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {

@@ -14,8 +14,8 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
+use super::state::AppState;
 use crate::sandbox::{ManagedSandbox, SandboxManager};
-use crate::state::AppState;
 
 #[derive(Serialize, ToSchema)]
 pub struct SandboxView {

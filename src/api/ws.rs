@@ -23,8 +23,8 @@ use super::agent::parse_id;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
+use super::state::AppState;
 use crate::agent::{AgentError, Session};
-use crate::state::AppState;
 
 /// Per-connection buffers stay small: idle sockets are the common case.
 const READ_BUFFER: usize = 4 * 1024;

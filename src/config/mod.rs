@@ -24,8 +24,6 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::model::Price;
-
 mod sections;
 pub use sections::*;
 use sections::{default_retries, default_timeout_s};
@@ -456,8 +454,7 @@ impl Config {
             ));
         }
         for (i, net) in sandbox.network_allow.iter().enumerate() {
-            crate::sandbox::firewall::parse_net(net)
-                .map_err(|e| field(&format!("sandbox.network_allow[{i}]"), e))?;
+            parse_net(net).map_err(|e| field(&format!("sandbox.network_allow[{i}]"), e))?;
         }
         if sandbox.image.trim().is_empty() {
             return Err(field("sandbox.image", "must not be empty".into()));

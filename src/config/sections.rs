@@ -1,11 +1,13 @@
 //! The configuration's sections other than the top level: `[http]`,
 //! `[mcp]`, `[sandbox]`, `[agent]`, `[demo]`, the providers and model
-//! aliases.
+//! aliases, and the sandbox backends' own settings (kept here so that
+//! configuration depends on no other module).
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use super::string_or_list;
-use crate::model::ToolCallMode;
 
 /// The HTTP listener's defences against clients that hold connections.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -99,8 +101,8 @@ pub struct SandboxConfig {
     pub max_live: usize,
     /// Ready sandboxes kept for new sessions of the default spec.
     pub warm_pool: usize,
-    pub kubernetes: crate::sandbox::kubernetes::KubernetesConfig,
-    pub local: crate::sandbox::local::LocalConfig,
+    pub kubernetes: KubernetesConfig,
+    pub local: LocalConfig,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
@@ -235,4 +237,105 @@ impl Default for AgentConfig {
             max_tool_calls_per_reply: 8,
         }
     }
+}
+
+/// How a provider should make a small model produce parseable tool calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallMode {
+    /// Use the API's native tool calling, and also recover calls written as
+    /// JSON in the content.
+    #[default]
+    Native,
+    /// Constrain the whole output with a JSON schema (`response_format`) that
+    /// is either a final answer or one tool call.
+    JsonSchema,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+impl Price {
+    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
+        (input_tokens as f64 * self.input_per_mtok + output_tokens as f64 * self.output_per_mtok)
+            / 1_000_000.0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// Namespace of the sandbox Pods, apart from the server's own, so the
+    /// server's Role and the deny-all NetworkPolicy reach sandboxes only.
+    pub namespace: String,
+    /// RuntimeClass of sandbox Pods (`gvisor`, `kata`): a kernel boundary
+    /// between agent code and the node beyond what runc gives. `None` takes
+    /// the cluster's default.
+    pub runtime_class: Option<String>,
+    /// `IfNotPresent` starts sandboxes from images preloaded on the nodes
+    /// without asking a registry; `Always` picks up a re-pushed tag.
+    pub image_pull_policy: String,
+    /// How long a create waits for its Pod to run: scheduling, a node
+    /// scale-up and an image pull can take minutes on a cold cluster.
+    pub start_timeout_s: u64,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            namespace: "conclave".into(),
+            runtime_class: None,
+            image_pull_policy: "IfNotPresent".into(),
+            start_timeout_s: 120,
+        }
+    }
+}
+
+/// Settings of the local backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    /// Where sandbox directories live. `None` lets the caller choose,
+    /// normally `<data_dir>/sandboxes`, so that one setting moves all state.
+    pub root: Option<PathBuf>,
+    /// First host uid handed to sandboxes when the server runs as root. Each
+    /// sandbox runs as a uid of its own, so its processes cannot signal or
+    /// read another sandbox's, and RLIMIT_NPROC (the pid limit where there
+    /// is no pids cgroup) counts only its own. The default lies far above
+    /// the uids of people and of the `/etc/subuid` ranges tools hand out,
+    /// and below 2^31 for tools that store uids signed. Two servers on one
+    /// host need disjoint ranges.
+    pub uid_base: u32,
+    /// How many uids from `uid_base` may be used: as root, the most
+    /// sandboxes that can exist at once.
+    pub uid_count: u32,
+    /// Directory made under each cgroup v1 controller
+    /// (`/sys/fs/cgroup/<controller>/<cgroup_parent>/<id>`) to hold the
+    /// sandboxes' cgroups, so that they are easy to find and to delegate.
+    pub cgroup_parent: String,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            root: None,
+            uid_base: 1_000_000_000,
+            uid_count: 65_536,
+            cgroup_parent: "conclave".into(),
+        }
+    }
+}
+
+/// An entry of `sandbox.network_allow`: a CIDR, or one address.
+pub fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .map(|net| net.trunc())
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{text:?} is not a CIDR or an address"))
 }

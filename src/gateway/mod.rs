@@ -9,7 +9,6 @@
 //!   response as it streams to the client.
 //! - [`slug`]: the `/meta/{slug}/v1/…` metadata codec.
 //! - [`litellm`]: LiteLLM `model_list` import and export.
-//! - [`provider`]: the model provider agent sessions use for a pool.
 //! - [`sim`]: `conclave sim`, an OpenAI-compatible upstream for tests and
 //!   benchmarks.
 
@@ -19,7 +18,6 @@ mod health;
 pub mod litellm;
 pub mod params;
 pub mod pool;
-pub mod provider;
 pub mod sim;
 pub mod slug;
 pub mod trace;

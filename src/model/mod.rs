@@ -6,12 +6,15 @@
 //!   OpenAI, LiteLLM) with tools, SSE and retries.
 //! - [`anthropic`]: the Anthropic Messages API with tools and streaming.
 //! - [`demo`]: a deterministic offline model that still drives real tools.
+//! - [`gateway`]: the provider of a model that names a gateway pool, in
+//!   process.
 //! - `http`: the shared transport: retries honouring `Retry-After`, SSE.
 //! - [`lenient`]: recovers tool calls that small models write into their text.
 //! - [`registry`]: model aliases → provider + upstream model name, and prices.
 
 pub mod anthropic;
 pub mod demo;
+pub mod gateway;
 pub(crate) mod http;
 pub mod lenient;
 pub mod openai;
@@ -65,18 +68,7 @@ pub struct ToolSpec {
     pub input_schema: Value,
 }
 
-/// How a provider should make a small model produce parseable tool calls.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolCallMode {
-    /// Use the API's native tool calling, and also recover calls written as
-    /// JSON in the content.
-    #[default]
-    Native,
-    /// Constrain the whole output with a JSON schema (`response_format`) that
-    /// is either a final answer or one tool call.
-    JsonSchema,
-}
+pub use crate::config::ToolCallMode;
 
 /// One request to a model.
 #[derive(Debug, Clone, Default)]

@@ -4,30 +4,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use super::anthropic::AnthropicProvider;
 use super::demo::DemoProvider;
+use super::gateway::GatewayProvider;
 use super::openai::OpenAiProvider;
 use super::{ModelError, ModelProvider, ToolCallMode};
+pub use crate::config::Price;
 use crate::config::{Config, ModelAlias, ProviderConfig, ProviderKind};
 use crate::gateway::Gateway;
-use crate::gateway::provider::GatewayProvider;
-
-/// USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Price {
-    pub input_per_mtok: f64,
-    pub output_per_mtok: f64,
-}
-
-impl Price {
-    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
-        (input_tokens as f64 * self.input_per_mtok + output_tokens as f64 * self.output_per_mtok)
-            / 1_000_000.0
-    }
-}
 
 /// Built-in prices; `prices` in the config extends and overrides them.
 const BUILTIN_PRICES: &[(&str, f64, f64)] = &[

@@ -51,14 +51,7 @@ const BLOCKED_V6: &[&str] = &[
     "ff00::/8",
 ];
 
-/// An entry of `sandbox.network_allow`: a CIDR, or one address.
-pub fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
-    let text = text.trim();
-    text.parse::<ipnet::IpNet>()
-        .map(|net| net.trunc())
-        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-        .map_err(|_| format!("{text:?} is not a CIDR or an address"))
-}
+pub use crate::config::parse_net;
 
 /// Where a backend's sandbox traffic enters the chain.
 #[derive(Debug, Clone)]

@@ -25,7 +25,6 @@ use backon::{ExponentialBuilder, Retryable};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -45,34 +44,7 @@ const POLL_MAX: Duration = Duration::from_secs(2);
 const KILL_TIMEOUT: Duration = Duration::from_secs(30);
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubernetesConfig {
-    /// Namespace of the sandbox Pods, apart from the server's own, so the
-    /// server's Role and the deny-all NetworkPolicy reach sandboxes only.
-    pub namespace: String,
-    /// RuntimeClass of sandbox Pods (`gvisor`, `kata`): a kernel boundary
-    /// between agent code and the node beyond what runc gives. `None` takes
-    /// the cluster's default.
-    pub runtime_class: Option<String>,
-    /// `IfNotPresent` starts sandboxes from images preloaded on the nodes
-    /// without asking a registry; `Always` picks up a re-pushed tag.
-    pub image_pull_policy: String,
-    /// How long a create waits for its Pod to run: scheduling, a node
-    /// scale-up and an image pull can take minutes on a cold cluster.
-    pub start_timeout_s: u64,
-}
-
-impl Default for KubernetesConfig {
-    fn default() -> Self {
-        KubernetesConfig {
-            namespace: "conclave".into(),
-            runtime_class: None,
-            image_pull_policy: "IfNotPresent".into(),
-            start_timeout_s: 120,
-        }
-    }
-}
+pub use crate::config::KubernetesConfig;
 
 /// Makes sandboxes as Pods in one namespace.
 #[derive(Clone)]

@@ -16,7 +16,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::agent::events::{Event, Usage};
+use crate::events::{Event, Usage};
 use crate::model::Message;
 
 pub use sqlite::SqliteStore;

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::{SessionFilter, SessionRecord, SessionStatus, Store, StoreError};
-use crate::agent::events::{Event, Usage};
+use crate::events::{Event, Usage};
 use crate::model::Message;
 
 /// The most jobs one transaction takes, which bounds how long the first

@@ -1,44 +1,11 @@
-//! [`LocalConfig`]: the local backend's settings.
+//! Checks of [`LocalConfig`], the local backend's settings (defined with
+//! the rest of the configuration).
 
-use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::sandbox::{Result, SandboxError};
 
-/// Settings of the local backend.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LocalConfig {
-    /// Where sandbox directories live. `None` lets the caller choose,
-    /// normally `<data_dir>/sandboxes`, so that one setting moves all state.
-    pub root: Option<PathBuf>,
-    /// First host uid handed to sandboxes when the server runs as root. Each
-    /// sandbox runs as a uid of its own, so its processes cannot signal or
-    /// read another sandbox's, and RLIMIT_NPROC (the pid limit where there
-    /// is no pids cgroup) counts only its own. The default lies far above
-    /// the uids of people and of the `/etc/subuid` ranges tools hand out,
-    /// and below 2^31 for tools that store uids signed. Two servers on one
-    /// host need disjoint ranges.
-    pub uid_base: u32,
-    /// How many uids from `uid_base` may be used: as root, the most
-    /// sandboxes that can exist at once.
-    pub uid_count: u32,
-    /// Directory made under each cgroup v1 controller
-    /// (`/sys/fs/cgroup/<controller>/<cgroup_parent>/<id>`) to hold the
-    /// sandboxes' cgroups, so that they are easy to find and to delegate.
-    pub cgroup_parent: String,
-}
-
-impl Default for LocalConfig {
-    fn default() -> Self {
-        LocalConfig {
-            root: None,
-            uid_base: 1_000_000_000,
-            uid_count: 65_536,
-            cgroup_parent: "conclave".into(),
-        }
-    }
-}
+pub use crate::config::LocalConfig;
 
 impl LocalConfig {
     pub(super) fn validate(&self) -> Result<()> {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::agent::SessionManager;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::auth::Keys;
+use super::auth::Keys;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::mcp::McpHost;

@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
-use super::{Call, Endpoint, Gateway, GatewayError};
-use crate::model::http::spawn_sse_bytes;
-use crate::model::openai::{ChunkDecoder, wire_request};
-use crate::model::{ChatRequest, ModelError, ModelProvider, ModelStream};
+use super::http::spawn_sse_bytes;
+use super::openai::{ChunkDecoder, wire_request};
+use super::{ChatRequest, ModelError, ModelProvider, ModelStream};
+use crate::gateway::{Call, Endpoint, Gateway, GatewayError};
 
 pub struct GatewayProvider {
     gateway: Arc<Gateway>,
