@@ -223,12 +223,22 @@ async fn a_restart_after_kill_9_reaps_orphan_sandboxes_and_keeps_live_ones() {
     let seen = lines.until("tool_use").await;
     let ephemeral = seen[0]["session_id"].as_str().unwrap().to_string();
 
-    let before = common::docker_sandboxes_of(dir.path()).await;
     let of = |sandboxes: &[conclave::sandbox::ManagedSandbox], session: &str| {
         sandboxes
             .iter()
             .find(|s| s.session.as_deref() == Some(session))
             .map(|s| s.id.clone())
+    };
+    // `tool_use` goes out before the call leases its sandbox, and a sandbox
+    // drawn from the warm pool is relabelled in the background: wait until
+    // docker shows it as the run's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let before = loop {
+        let listed = common::docker_sandboxes_of(dir.path()).await;
+        if of(&listed, &ephemeral).is_some() || std::time::Instant::now() > deadline {
+            break listed;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     let kept_id = of(&before, &kept).expect("the session's sandbox");
     let ephemeral_id = of(&before, &ephemeral).expect("the run's sandbox");
