@@ -4,6 +4,9 @@
 //! builds it; static linking makes it run in any Linux image, whatever its
 //! C library.
 
+// A build script reports what cargo failed to give it by panicking.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use std::env;
 use std::path::PathBuf;
 use std::process::Command;

@@ -18,6 +18,8 @@
 //! Nothing is asserted about times; the bench fails only when a probe gets
 //! no answer or a wrong one.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/server.rs"]
 mod server;
 

@@ -19,6 +19,8 @@
 //!
 //! Targets (p50 ≤ 2 ms, p99 ≤ 10 ms) are reported against, not asserted.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/server.rs"]
 mod server;
 

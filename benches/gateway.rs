@@ -17,6 +17,8 @@
 //! it and runs this. Without it the bench stops and says so.
 //! Run: `cargo bench --bench gateway`. Targets are reported, not asserted.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/server.rs"]
 mod server;
 

@@ -9,6 +9,8 @@
 //! Run: `cargo bench --bench sandbox` (needs dockerd and the sandbox images;
 //! `CONCLAVE_BENCH_ROUNDS` sets the rounds, default 30).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;

@@ -3,15 +3,15 @@
 # test command installs (llama-server, Qwen2.5-Coder-0.5B, docker and the
 # sandbox images), builds conclave and runs the twenty tasks.
 #
-# usage: [CONCLAVE_BIN=…] benches/small_model.sh [--tasks N] [--json OUT]
+# usage: [CONCLAVE_BENCH_BIN=…] benches/small_model.sh [--tasks N] [--json OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(bash scripts/test.sh --setup-only)"
-# CONCLAVE_BIN: a conclave binary already built (the model's time dominates
+# CONCLAVE_BENCH_BIN: a conclave binary already built (the model's time dominates
 # every figure; a debug build changes none of them measurably).
-if [ -z "${CONCLAVE_BIN:-}" ]; then
+if [ -z "${CONCLAVE_BENCH_BIN:-}" ]; then
     cargo build --locked --release --bin conclave
-    CONCLAVE_BIN=target/release/conclave
+    CONCLAVE_BENCH_BIN=target/release/conclave
 fi
-exec python3 benches/small_model.py "$CONCLAVE_BIN" \
+exec python3 benches/small_model.py "$CONCLAVE_BENCH_BIN" \
     "$CONCLAVE_TEST_LLAMA_SERVER" "$CONCLAVE_TEST_QWEN_GGUF" "$@"

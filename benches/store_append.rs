@@ -17,15 +17,19 @@
 //! few hundred bytes of output. The target (≥ 50,000 events/s) is
 //! reported against the session log, not asserted. Run with `cargo bench --bench store_append`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::Utc;
-use conclave::agent::events::{Event, EventKind, Usage};
-use conclave::agent::{AgentOptions, NewSession, NoTools, SessionManager};
+use conclave::agent::turn::TurnDeps;
+use conclave::agent::{AgentTask, NoTools};
 use conclave::config::Config;
 use conclave::model::ModelRegistry;
-use conclave::store::{SessionKind, SessionRecord, SessionStatus, SqliteStore, Store};
+use conclave::protocol::{Event, EventKind, SessionKind, SessionRecord, SessionStatus, Usage};
+use conclave::session::{Limits, NewSession, SessionManager, Tasks};
+use conclave::store::{EventStore, SessionStore, SqliteStore, Store};
 use conclave::telemetry::Metrics;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -125,12 +129,25 @@ async fn round_through_session_logs() -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("conclave.db"))?);
     let config = Config::default();
+    let metrics = Arc::new(Metrics::new());
+    let agent = AgentTask::new(
+        TurnDeps {
+            store: store.clone(),
+            models: Arc::new(ModelRegistry::from_config(&config)?),
+            tools: Arc::new(NoTools),
+            config: config.agent.clone(),
+            metrics: metrics.clone(),
+        },
+        config.mcp.clone(),
+    );
     let manager = SessionManager::new(
         store.clone(),
-        Arc::new(ModelRegistry::from_config(&config)?),
-        Arc::new(NoTools),
-        config.agent.clone(),
-        Arc::new(Metrics::new()),
+        Tasks::new().with(Arc::new(agent)),
+        Limits {
+            turn_timeout: std::time::Duration::from_secs(config.agent.turn_timeout_s),
+            ephemeral_retention: std::time::Duration::ZERO,
+        },
+        metrics,
         CancellationToken::new(),
     );
     let mut sessions = Vec::with_capacity(TASKS);
@@ -139,9 +156,9 @@ async fn round_through_session_logs() -> anyhow::Result<f64> {
             manager
                 .create(NewSession {
                     name: None,
-                    kind: SessionKind::Agent,
+                    kind: SessionKind::AGENT,
                     owner: None,
-                    options: AgentOptions::default(),
+                    options: serde_json::json!({}),
                     ephemeral: false,
                 })
                 .await?,
@@ -179,7 +196,7 @@ fn session() -> SessionRecord {
     SessionRecord {
         id: Uuid::new_v4(),
         name: None,
-        kind: SessionKind::Agent,
+        kind: SessionKind::AGENT,
         owner: None,
         options: json!({"model": "demo", "max_turns": 8}),
         status: SessionStatus::Running,

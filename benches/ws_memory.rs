@@ -10,6 +10,8 @@
 //! The target (≤ 300 MB resident with every socket open) is reported
 //! against, not asserted: the bench fails only when a step fails.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/server.rs"]
 mod server;
 

@@ -1,42 +1,61 @@
 //! Conclave: a streaming agent server with sandbox isolation.
 //!
-//! Layout:
+//! Layout, in the order a request goes: [`api`] takes it, checks its key
+//! and hands it to the [`session`] machinery, which runs the session's
+//! kind (the [`agent`] is the first) and writes every event to the
+//! [`store`]; an agent's model calls go through [`model`] (a model naming
+//! a gateway pool goes through the [`gateway`] in process) and its tool
+//! calls through [`mcp`] into a [`sandbox`]. Clients of the OpenAI-
+//! compatible API reach the [`gateway`] from [`api`] directly.
 //!
-//! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
-//! - [`events`]: the wire events of a session's log, which the agent
-//!   writes and the store keeps.
-//! - [`egress`]: the allow rules for connections a request can make the
-//!   server open (gateway replicas, HTTP MCP servers), checked after DNS.
-//! - [`locate`]: the running server's data directory, recorded per user for
-//!   `conclave mcp` started without `--data-dir`.
-//! - [`server`]: builds the application state and serves it on a listener until
-//!   a shutdown signal, so tests can bind `127.0.0.1:0`.
-//! - [`api`]: every axum type lives here: router, error mapping, NDJSON/SSE and
-//!   WebSocket transport, auth.
-//! - [`agent`]: sessions, the turn loop, the tool router and the wire events.
-//! - [`mcp`]: the rmcp server of sandbox tools (`/mcp`, `conclave mcp`) and the
-//!   agent's in-process client of it.
+//! - [`protocol`]: the wire format: events and their kinds, usage, result
+//!   status, messages and tool calls, a session's kind, status and record.
+//! - [`api`]: every axum type lives here: router, error mapping (once, in
+//!   `api/error.rs`), NDJSON/SSE and WebSocket transport, auth, the state
+//!   handlers share.
+//! - [`session`]: the machinery every session kind shares: the live session
+//!   (durable event log, streams with replay, interrupt), the turn lock and
+//!   `queue`, the closing `result`, status and usage, turns a crash cut
+//!   off; the [`session::SessionTask`] seam a kind implements.
+//! - [`agent`]: the agent kind: its options, the turn loop, tool calls and
+//!   the `ToolRouter` seam to whatever executes tools.
+//! - [`mcp`]: the rmcp server of sandbox tools (`/mcp`, `conclave mcp`) and
+//!   the agent's in-process client of it.
 //! - [`model`]: the streaming `ModelProvider` trait and its providers
-//!   (OpenAI-compatible, Anthropic, demo), aliases and prices.
-//! - [`operator`]: `conclave sandboxes list|prune`, across data directories.
+//!   (OpenAI-compatible, Anthropic, demo, a gateway pool), aliases, prices.
+//! - [`gateway`]: the OpenAI-compatible gateway: pools of inference
+//!   replicas, balancing strategies, health checks, traces; and
+//!   `conclave sim`, a simulated replica for tests and benchmarks.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
 //!   backends, with the per-session manager and warm pool.
 //! - [`store`]: the durable `Store` trait and its SQLite implementation.
+//! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
+//! - [`egress`]: the allow rules for connections a request can make the
+//!   server open (gateway replicas, HTTP MCP servers), checked after DNS.
+//! - [`server`]: wires the parts (the store, the providers into the model
+//!   registry, the gateway, the sandboxes, the session kinds) and serves
+//!   them on a listener until a shutdown signal, so tests bind `127.0.0.1:0`.
+//! - [`locate`]: the running server's data directory, recorded per user for
+//!   `conclave mcp` started without `--data-dir`.
+//! - [`operator`]: `conclave sandboxes list|prune`, across data directories.
 //! - [`telemetry`]: logging and the Prometheus metrics registry.
 //! - [`shutdown`]: the root cancellation token and signal handling.
+//! - [`sync`]: the one poison-tolerant lock helper.
 
 pub mod agent;
 pub mod api;
 pub mod config;
 pub mod egress;
-pub mod events;
 pub mod gateway;
 pub mod locate;
 pub mod mcp;
 pub mod model;
 pub mod operator;
+pub mod protocol;
 pub mod sandbox;
 pub mod server;
+pub mod session;
 pub mod shutdown;
 pub mod store;
+pub mod sync;
 pub mod telemetry;

@@ -211,7 +211,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             tracing::info!(
                 listen = %addr,
-                model = server.state.sessions.models().default_model(),
+                model = server.state.models.default_model(),
                 auth = server.state.keys.enabled(),
                 "conclave serving"
             );

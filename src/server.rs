@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::agent::{SessionManager, ToolRouter};
+use crate::agent::turn::TurnDeps;
+use crate::agent::{AgentTask, ToolRouter};
 use crate::api;
 use crate::api::auth::Keys;
 use crate::api::state::AppState;
@@ -22,8 +24,9 @@ use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::mcp::{McpHost, SandboxTools};
 use crate::model::ModelRegistry;
+use crate::protocol::SessionStatus;
 use crate::sandbox::{self, SandboxManager};
-use crate::store::SessionStatus;
+use crate::session::{Limits, SessionManager, SessionTask, Tasks};
 use crate::store::{SqliteStore, Store};
 use crate::telemetry::Metrics;
 
@@ -83,6 +86,17 @@ impl Server {
         tools: Tools,
         root: CancellationToken,
     ) -> Result<Server, StartError> {
+        Server::build_with_kinds(config, tools, root, Vec::new()).await
+    }
+
+    /// [`Server::build`], running `kinds` besides the built-in ones (a
+    /// kind given here replaces a built-in one of the same name).
+    pub async fn build_with_kinds(
+        config: Config,
+        tools: Tools,
+        root: CancellationToken,
+        kinds: Vec<Arc<dyn SessionTask>>,
+    ) -> Result<Server, StartError> {
         let path = config.data_dir.join("conclave.db");
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::open(&path).map_err(|e| StartError::Store {
@@ -129,11 +143,27 @@ impl Server {
                 (Arc::new(router), Some(sandboxes), Some(host))
             }
         };
+        let agent = AgentTask::new(
+            TurnDeps {
+                store: store.clone(),
+                models: models.clone(),
+                tools,
+                config: config.agent.clone(),
+                metrics: metrics.clone(),
+            },
+            config.mcp.clone(),
+        );
+        let tasks = kinds
+            .into_iter()
+            .fold(Tasks::new().with(Arc::new(agent)), Tasks::with);
+        let limits = Limits {
+            turn_timeout: Duration::from_secs(config.agent.turn_timeout_s),
+            ephemeral_retention: Duration::from_secs(config.agent.ephemeral_retention_s),
+        };
         let sessions = Arc::new(SessionManager::new(
             store.clone(),
-            models,
-            tools,
-            config.agent.clone(),
+            tasks,
+            limits,
             metrics.clone(),
             root.child_token(),
         ));
@@ -163,6 +193,7 @@ impl Server {
             keys: Arc::new(Keys::new(&config.api_keys, &config.admin_keys)),
             config: Arc::new(config),
             sessions,
+            models,
             metrics,
             started: Instant::now(),
             sandboxes,
@@ -178,13 +209,16 @@ impl Server {
         let router = api::router(self.state.clone());
         let sessions = self.state.sessions.clone();
         let root = self.root.clone();
-        let health = tokio::spawn(
+        // Background tasks end on the root token and are awaited at
+        // shutdown, so none is cut off half way through its work.
+        let background = TaskTracker::new();
+        background.spawn(
             self.state
                 .gateway
                 .clone()
                 .run_health_checks(root.child_token()),
         );
-        let evictor = {
+        {
             let sessions = sessions.clone();
             let root = root.clone();
             // Expired ephemeral sessions go within half their retention.
@@ -194,7 +228,7 @@ impl Server {
             } else {
                 EVICT_EVERY.min((retention / 2).max(Duration::from_millis(250)))
             };
-            tokio::spawn(async move {
+            background.spawn(async move {
                 let mut every = tokio::time::interval(period);
                 loop {
                     tokio::select! {
@@ -208,8 +242,8 @@ impl Server {
                     }
                     sessions.evict_unused();
                 }
-            })
-        };
+            });
+        }
         let sandbox_tasks = self.state.sandboxes.clone().map(|sandboxes| {
             let root = root.clone();
             tokio::spawn(async move {
@@ -257,8 +291,8 @@ impl Server {
         );
         let overflow = api::overflow_router(self.state.clone());
         let served = api::serve::serve(listener, router, overflow, limits, stopping).await;
-        evictor.abort();
-        health.abort();
+        background.close();
+        background.wait().await;
         // The pool task destroys its ready sandboxes once the root is cancelled.
         if let Some(task) = sandbox_tasks {
             let _ = task.await;

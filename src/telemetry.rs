@@ -5,6 +5,7 @@
 
 use std::sync::Mutex;
 
+use crate::sync::lock;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -151,14 +152,14 @@ impl Metrics {
             "Gateway call duration to the end of the response, by pool and replica",
             metrics.gateway_latency.clone(),
         );
-        *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        *lock(&metrics.registry) = registry;
         metrics
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let registry = lock(&self.registry);
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out

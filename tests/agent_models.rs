@@ -3,6 +3,8 @@
 //! result and the server goes on; an OpenAI tool call runs through the
 //! tool router and its result goes back to the model.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 #[path = "providers/upstream.rs"]
 #[allow(dead_code)]

@@ -1,6 +1,8 @@
 //! The agent's tools end to end: the demo model's tool calls go through the
 //! in-process MCP client and server into real docker sandboxes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{Lines, TestServer, docker_sandboxes_of, ndjson, types};

@@ -3,6 +3,8 @@
 //! called as `mcp__{server}__{tool}`; a command the operator did not allow
 //! never starts.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 #[path = "providers/upstream.rs"]
 #[allow(dead_code)]

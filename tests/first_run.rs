@@ -3,6 +3,8 @@
 //! local sandbox backend named on the command line and on `auto` where
 //! docker does not answer. Each server runs a tool call in a sandbox.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::Stdio;

@@ -2,6 +2,8 @@
 //! 127.0.0.1:0): strategies, affinity, retries when a replica dies under
 //! load, health checks, drain and pause, slugs, traces, bad input.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::{BTreeMap, HashMap};

@@ -3,6 +3,8 @@
 //! commands on this host, so the backend's shell wrapper and kill script
 //! run for real.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/k8s_fake.rs"]
 mod k8s_fake;
 

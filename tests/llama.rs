@@ -7,6 +7,8 @@
 //! `scripts/test.sh` installs them and sets them. Without them these tests
 //! fail and say so: they never skip.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::Stdio;

@@ -2,6 +2,8 @@
 //! streamable HTTP at `/mcp` and over stdio from `conclave mcp`, against
 //! real docker sandboxes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::Command;

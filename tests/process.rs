@@ -3,6 +3,8 @@
 //! `interrupted`; SIGTERM closes running turns before exiting; a bad start
 //! is refused with a message naming the field.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::Stdio;

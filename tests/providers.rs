@@ -5,6 +5,8 @@
 //! paused tokio clock jumps ahead whenever the runtime waits on a socket,
 //! which would fire the client's read timeout while the upstream answers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "providers/upstream.rs"]
 mod upstream;
 

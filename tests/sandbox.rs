@@ -3,6 +3,8 @@
 //! the local namespace backend. Nothing is skipped: a backend that cannot
 //! start fails its tests with the reason.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,6 +4,8 @@
 //! list|prune` works across data directories, `GET/DELETE /sandboxes`
 //! answer each key about its own, and `/metrics` counts live sandboxes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

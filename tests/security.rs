@@ -9,6 +9,8 @@
 //! - connections cannot exhaust the server;
 //! - smaller: the bearer scheme, list limits, name lengths, WebSocket frames.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

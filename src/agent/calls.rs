@@ -10,11 +10,11 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::coerce::coerce;
-use super::events::EventKind;
-use super::session::Session;
 use super::tools::{ToolChunk, ToolContext, ToolOutput};
 use super::turn::TurnDeps;
 use crate::model::{Message, ToolCall, ToolSpec, lenient};
+use crate::protocol::EventKind;
+use crate::session::Session;
 use crate::store::StoreError;
 
 /// `tool_output` chunks that may wait for the turn to emit them; a tool
@@ -87,10 +87,13 @@ fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<(ToolCall, Vec<St
             )
         });
     };
-    let spec = tools
-        .iter()
-        .find(|t| t.name == resolved.name)
-        .expect("a resolved name is offered");
+    // A resolved name is one of `tools`; this only guards the invariant.
+    let Some(spec) = tools.iter().find(|t| t.name == resolved.name) else {
+        return Err(format!(
+            "there is no tool '{}' in this session",
+            resolved.name
+        ));
+    };
     let coerced = coerce(call.arguments.clone(), &spec.input_schema)
         .map_err(|e| format!("{}: {e}", spec.name))?;
     let mut notes: Vec<String> = resolved.note.into_iter().collect();

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub use crate::session::OptionError;
 use utoipa::ToSchema;
 
 /// What a client may set on a session (seed 002's agent options).
@@ -80,23 +82,6 @@ pub enum McpServerSpec {
     },
 }
 
-/// A request field that is wrong, named by its path (`options.max_turns`).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct OptionError {
-    pub field: String,
-    pub message: String,
-}
-
-impl OptionError {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> OptionError {
-        OptionError {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
 impl AgentOptions {
     /// Builds options from a request body: `options` nested, and every
     /// top-level key not in `reserved` taken as a flat option. A key given
@@ -105,42 +90,15 @@ impl AgentOptions {
         body: &Map<String, Value>,
         reserved: &[&str],
     ) -> Result<AgentOptions, OptionError> {
-        let mut merged = match body.get("options") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(map)) => map.clone(),
-            Some(_) => return Err(OptionError::new("options", "must be an object")),
-        };
-        for (key, value) in body {
-            if key == "options" || reserved.contains(&key.as_str()) {
-                continue;
-            }
-            match merged.get(key) {
-                Some(nested) if nested != value => {
-                    return Err(OptionError::new(
-                        key.as_str(),
-                        "given both flat and under options with different values",
-                    ));
-                }
-                _ => {
-                    merged.insert(key.clone(), value.clone());
-                }
-            }
-        }
-        let options: AgentOptions = serde_path_to_error::deserialize(Value::Object(merged))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                let inner = e.into_inner().to_string();
-                // serde names an unknown field in its message; keep the path
-                // pointing at the object that held it.
-                let field = if path == "." {
-                    "options".to_string()
-                } else {
-                    format!("options.{path}")
-                };
-                OptionError::new(field, inner)
-            })?;
+        let options: AgentOptions = crate::session::options::from_body(body, reserved)?;
         options.validate()?;
         Ok(options)
+    }
+
+    /// Options as a session stored them (validated when it was created).
+    pub fn stored(options: &Value) -> Result<AgentOptions, crate::store::StoreError> {
+        serde_json::from_value(options.clone())
+            .map_err(|e| crate::store::StoreError::Corrupt(format!("agent options: {e}")))
     }
 
     fn validate(&self) -> Result<(), OptionError> {

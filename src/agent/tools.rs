@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::options::AgentOptions;
 use crate::model::ToolSpec;
+use crate::session::SessionError;
 
 /// Who is calling a tool.
 #[derive(Debug, Clone)]
@@ -71,6 +72,12 @@ pub trait ToolRouter: Send + Sync {
         _output: tokio::sync::mpsc::Sender<ToolChunk>,
     ) -> ToolOutput {
         self.call(ctx, name, input, cancel).await
+    }
+
+    /// Refuses options these tools cannot honour before the session exists
+    /// (e.g. sandbox limits outside the configured bounds), naming the option.
+    async fn check_options(&self, _options: &AgentOptions) -> Result<(), SessionError> {
+        Ok(())
     }
 
     /// Frees what the session holds (its sandbox) when its last turn is over.

@@ -1,6 +1,6 @@
-//! One turn: model call → tool calls → model call … until the model stops,
-//! `max_turns`, `max_budget_usd`, an interrupt or an error. Every turn ends
-//! with exactly one `result` event.
+//! One agent turn: model call → tool calls → model call … until the model
+//! stops, `max_turns`, `max_budget_usd`, an interrupt or an error. The
+//! session machinery ([`crate::session`]) writes the turn's `result`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,16 +12,16 @@ use tokio_util::sync::CancellationToken;
 use super::calls::{
     REPEATS_TO_SETTLE, Ran, bound_calls, looks_like_a_call, run_tool, unreadable_call_note,
 };
-use super::events::{Event, EventKind, ResultStatus, Usage};
-use super::manager::status_after;
-use super::session::Session;
+use super::options::AgentOptions;
 use super::tools::{ToolContext, ToolRouter};
 use crate::config::AgentConfig;
 use crate::model::{
     ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall, ToolSpec,
 };
-use crate::store::{SessionStatus, Store, StoreError};
-use crate::telemetry::{Metrics, ModelLabel, StatusLabel};
+use crate::protocol::{EventKind, ResultStatus};
+use crate::session::{Outcome, Session, Turn};
+use crate::store::{Store, StoreError};
+use crate::telemetry::{Metrics, ModelLabel};
 
 /// What every turn uses, shared by all sessions.
 pub struct TurnDeps {
@@ -32,176 +32,38 @@ pub struct TurnDeps {
     pub metrics: Arc<Metrics>,
 }
 
-/// How the loop ended, before it becomes a `result` event.
-struct Outcome {
-    status: ResultStatus,
-    text: Option<String>,
-}
-
-/// The turn's running totals.
-struct Tally {
-    /// The session's usage before this turn.
-    before: Usage,
-    usage: Usage,
-    cost_known: bool,
-}
-
-impl Tally {
-    fn starting(session: &Session) -> Tally {
-        Tally {
-            before: session.usage(),
-            usage: Usage::default(),
-            cost_known: true,
-        }
-    }
-
-    /// The session's usage with this turn's so far added.
-    fn session_total(&self) -> Usage {
-        let mut total = self.before.clone();
-        total.add(&self.usage);
-        total
-    }
-}
-
-/// Runs one turn to its `result`. Store failures end the turn early; they
-/// are logged, since the log itself is what failed.
-pub async fn run(
+/// Runs one turn on `prompt`: its events up to (not including) the
+/// `result`, which the machinery writes from the outcome.
+pub(super) async fn run(
     deps: &TurnDeps,
-    session: &Arc<Session>,
+    turn: &mut Turn,
     prompt: String,
-    cancel: CancellationToken,
-) {
-    deps.metrics.turns_running.inc();
-    if let Err(e) = run_inner(deps, session, prompt, cancel).await {
-        tracing::error!(session = %session.id, error = %e, "turn aborted by a store failure");
-        let _ = session
-            .set_state(status_after(session, ResultStatus::Error), None)
-            .await;
-        if session.ephemeral {
-            deps.tools.release(session.id).await;
-        }
-    }
-    deps.metrics.turns_running.dec();
-}
-
-async fn run_inner(
-    deps: &TurnDeps,
-    session: &Arc<Session>,
-    prompt: String,
-    cancel: CancellationToken,
-) -> Result<(), StoreError> {
-    let started = Instant::now();
-    // `running` is stored before any event of the turn: a crash after the
-    // first event always leaves a turn to close at restart.
-    if session.status() != SessionStatus::Running {
-        session.set_state(SessionStatus::Running, None).await?;
-    }
+) -> Result<Outcome, StoreError> {
+    let session = turn.session.clone();
     session.emit(EventKind::Status {
         message: "Starting agent...".into(),
     })?;
     deps.store
         .append_messages(session.id, &[Message::User { content: prompt }])
         .await?;
-    let mut tally = Tally::starting(session);
-    // The turn's own token: cancelled by an interrupt (its parent) or when
-    // the wall-clock limit passes, which only this timer does.
-    let limit = Duration::from_secs(deps.config.turn_timeout_s);
-    let turn_cancel = cancel.child_token();
-    let timer = tokio::spawn({
-        let turn_cancel = turn_cancel.clone();
-        async move {
-            tokio::time::sleep(limit).await;
-            turn_cancel.cancel();
-        }
-    });
-    let result = agent_loop(deps, session, &turn_cancel, &mut tally).await;
-    timer.abort();
-    let timed_out = turn_cancel.is_cancelled() && !cancel.is_cancelled();
-    let outcome = match result {
-        Ok(outcome) if timed_out && outcome.status == ResultStatus::Interrupted => {
-            session.emit(EventKind::Status {
-                message: format!(
-                    "The turn ran past its {} s limit (agent.turn_timeout_s) and was stopped.",
-                    limit.as_secs()
-                ),
-            })?;
-            Outcome {
-                status: ResultStatus::TimedOut,
-                text: outcome.text,
-            }
-        }
-        Ok(outcome) => outcome,
-        Err(LoopError::Store(e)) => return Err(e),
+    let options = Arc::new(AgentOptions::stored(&session.options)?);
+    match agent_loop(deps, turn, &options).await {
+        Ok(outcome) => Ok(outcome),
+        Err(LoopError::Store(e)) => Err(e),
         Err(LoopError::Model(e)) => {
             deps.metrics
                 .model_errors
                 .get_or_create(&ModelLabel {
-                    model: model_name(deps, session),
+                    model: model_name(deps, &options),
                 })
                 .inc();
             session.emit(EventKind::Error {
                 message: e.to_string(),
                 code: e.code().into(),
             })?;
-            Outcome {
-                status: ResultStatus::Error,
-                text: None,
-            }
+            Ok(Outcome::new(ResultStatus::Error, None))
         }
-    };
-    finish(deps, session, outcome, tally, started).await
-}
-
-async fn finish(
-    deps: &TurnDeps,
-    session: &Arc<Session>,
-    outcome: Outcome,
-    tally: Tally,
-    started: Instant,
-) -> Result<(), StoreError> {
-    // An ephemeral session's one turn is over and nothing will use its
-    // sandbox again: it is gone by the time the client reads the result.
-    if session.ephemeral {
-        deps.tools.release(session.id).await;
     }
-    session.emit(EventKind::Result {
-        status: outcome.status,
-        result: outcome.text,
-        cost_usd: tally.usage.cost_usd,
-        cost_known: tally.cost_known,
-        turns: tally.usage.turns as u32,
-        usage: tally.usage.clone(),
-        duration_ms: started.elapsed().as_millis() as u64,
-    })?;
-    // Past its result the turn can no longer be interrupted, and a message
-    // that comes now waits for it instead of being refused.
-    *session.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    session.flush().await?;
-    // A crash before this line leaves `running` with a `result` stored, which
-    // the restart only has to mark as settled.
-    session
-        .set_state(
-            status_after(session, outcome.status),
-            Some(&tally.session_total()),
-        )
-        .await?;
-    let status = serde_json::to_value(outcome.status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
-    tracing::info!(
-        session = %session.id,
-        %status,
-        model_calls = tally.usage.turns,
-        tool_calls = tally.usage.tool_calls,
-        ms = started.elapsed().as_millis() as u64,
-        "turn finished"
-    );
-    deps.metrics
-        .turns_finished
-        .get_or_create(&StatusLabel { status })
-        .inc();
-    Ok(())
 }
 
 enum LoopError {
@@ -215,9 +77,8 @@ impl From<StoreError> for LoopError {
     }
 }
 
-fn model_name(deps: &TurnDeps, session: &Session) -> String {
-    session
-        .options
+fn model_name(deps: &TurnDeps, options: &AgentOptions) -> String {
+    options
         .model
         .clone()
         .unwrap_or_else(|| deps.models.default_model().to_string())
@@ -225,12 +86,12 @@ fn model_name(deps: &TurnDeps, session: &Session) -> String {
 
 async fn agent_loop(
     deps: &TurnDeps,
-    session: &Arc<Session>,
-    cancel: &CancellationToken,
-    tally: &mut Tally,
+    tally: &mut Turn,
+    options: &Arc<AgentOptions>,
 ) -> Result<Outcome, LoopError> {
-    let options = &session.options;
-    let name = model_name(deps, session);
+    let session = &tally.session.clone();
+    let cancel = &tally.cancel.clone();
+    let name = model_name(deps, options);
     let model = deps.models.resolve(&name).map_err(LoopError::Model)?;
     tally.cost_known = model.price.is_some();
     let ctx = ToolContext {
@@ -262,16 +123,10 @@ async fn agent_loop(
     let mut ran: HashMap<String, Ran> = HashMap::new();
     loop {
         if cancel.is_cancelled() {
-            return Ok(Outcome {
-                status: ResultStatus::Interrupted,
-                text: last_text,
-            });
+            return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
         if tally.usage.turns >= u64::from(max_calls) {
-            return Ok(Outcome {
-                status: ResultStatus::MaxTurns,
-                text: last_text,
-            });
+            return Ok(Outcome::new(ResultStatus::MaxTurns, last_text));
         }
         let request = ChatRequest {
             model: model.upstream_model.clone(),
@@ -284,7 +139,8 @@ async fn agent_loop(
             session_id: Some(session.id.to_string()),
             owner: session.owner.clone(),
         };
-        let mut reply = call_model(deps, session, &model, request, cancel, tally).await?;
+        let deltas = options.text_deltas.unwrap_or(false);
+        let mut reply = call_model(deps, session, &model, request, deltas, cancel, tally).await?;
         let limit = deps.config.max_tool_calls_per_reply as usize;
         if let Some(note) = bound_calls(&mut reply.calls, limit) {
             session.emit(EventKind::Status { message: note })?;
@@ -303,15 +159,10 @@ async fn agent_loop(
             .append_messages(session.id, std::slice::from_ref(&assistant))
             .await?;
         history.push(assistant);
-        session
-            .set_state(SessionStatus::Running, Some(&tally.session_total()))
-            .await?;
+        tally.save_usage().await?;
         if reply.interrupted {
             close_calls(deps, session, &reply.calls, &mut history).await?;
-            return Ok(Outcome {
-                status: ResultStatus::Interrupted,
-                text: last_text,
-            });
+            return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
         if reply.calls.is_empty() {
             // A reply that tried to call a tool and could not be read gets
@@ -332,27 +183,18 @@ async fn agent_loop(
                 history.push(nudge);
                 continue;
             }
-            return Ok(Outcome {
-                status: ResultStatus::Success,
-                text: Some(reply.text),
-            });
+            return Ok(Outcome::new(ResultStatus::Success, Some(reply.text)));
         }
         if let Some(budget) = options.max_budget_usd
             && tally.usage.cost_usd >= budget
         {
             close_calls(deps, session, &reply.calls, &mut history).await?;
-            return Ok(Outcome {
-                status: ResultStatus::BudgetExceeded,
-                text: last_text,
-            });
+            return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
         for (i, call) in reply.calls.iter().enumerate() {
             if cancel.is_cancelled() {
                 close_calls(deps, session, &reply.calls[i..], &mut history).await?;
-                return Ok(Outcome {
-                    status: ResultStatus::Interrupted,
-                    text: last_text,
-                });
+                return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
             }
             let (message, settled) =
                 run_tool(deps, session, &ctx, &tools, &mut ran, call, cancel).await?;
@@ -368,10 +210,7 @@ async fn agent_loop(
                         "The model asked for the same call {REPEATS_TO_SETTLE} times; its output is taken as the answer."
                     ),
                 })?;
-                return Ok(Outcome {
-                    status: ResultStatus::Success,
-                    text: Some(answer),
-                });
+                return Ok(Outcome::new(ResultStatus::Success, Some(answer)));
             }
         }
     }
@@ -389,11 +228,11 @@ async fn call_model(
     session: &Arc<Session>,
     model: &ResolvedModel,
     request: ChatRequest,
+    deltas: bool,
     cancel: &CancellationToken,
-    tally: &mut Tally,
+    tally: &mut Turn,
 ) -> Result<Reply, LoopError> {
     let started = Instant::now();
-    let deltas = session.options.text_deltas.unwrap_or(false);
     let mut reply = Reply {
         text: String::new(),
         calls: Vec::new(),
@@ -535,45 +374,16 @@ async fn close_calls(
     Ok(())
 }
 
-/// Settles a turn that a crash cut off: one whose `result` was stored only
-/// needs its status; any other gets an `interrupted` result.
+/// Answers the tool calls a crash left without results, so the history
+/// stays valid for the next turn.
 pub(super) async fn close_cut_off(
     deps: &TurnDeps,
     session: &Arc<Session>,
 ) -> Result<(), StoreError> {
-    let last = session.last_seq();
-    let tail = deps
-        .store
-        .events_since(session.id, last.saturating_sub(1), 1)
-        .await?;
-    if let Some(Event {
-        kind: EventKind::Result { status, .. },
-        ..
-    }) = tail.last()
-    {
-        return session
-            .set_state(status_after(session, *status), None)
-            .await;
-    }
     let mut history = deps.store.messages(session.id).await?;
     let pending: Vec<ToolCall> = match history.last() {
         Some(Message::Assistant { tool_calls, .. }) => tool_calls.clone(),
         _ => Vec::new(),
     };
-    close_calls(deps, session, &pending, &mut history).await?;
-    session.emit(EventKind::Status {
-        message: "The server restarted during this turn; it was interrupted.".into(),
-    })?;
-    let outcome = Outcome {
-        status: ResultStatus::Interrupted,
-        text: None,
-    };
-    finish(
-        deps,
-        session,
-        outcome,
-        Tally::starting(session),
-        Instant::now(),
-    )
-    .await
+    close_calls(deps, session, &pending, &mut history).await
 }

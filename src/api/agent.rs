@@ -16,10 +16,11 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject};
 use super::state::AppState;
 use super::stream::{cancel_on_hangup, events_response};
-use crate::agent::events::Usage;
-use crate::agent::{AgentError, AgentOptions, McpServerSpec, NewSession};
+use crate::agent::AgentOptions;
 use crate::model::Message;
-use crate::store::{SessionFilter, SessionKind, SessionRecord, SessionStatus};
+use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::session::{NewSession, SessionError};
+use crate::store::SessionFilter;
 
 /// `POST /agent/run` and `POST /agent/session/{id}/message` bodies. Options
 /// may also be given flat at the top level.
@@ -36,8 +37,9 @@ pub struct RunRequest {
 #[allow(dead_code)]
 pub struct CreateSessionRequest {
     pub session_name: Option<String>,
-    /// Only `agent` sessions are created here.
+    /// The session kind (default `agent`); each kind has its own options.
     pub kind: Option<SessionKind>,
+    /// The kind's options (for `agent`, these), nested or flat.
     pub options: Option<AgentOptions>,
 }
 
@@ -78,8 +80,13 @@ pub struct SessionStatusBody {
     pub status: SessionStatus,
     pub running: bool,
     pub ephemeral: bool,
-    pub options: AgentOptions,
-    pub model: String,
+    /// The options as the session's kind stored them.
+    #[schema(value_type = Object)]
+    pub options: serde_json::Value,
+    /// What the kind adds (an agent session: its `model`).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub details: serde_json::Map<String, serde_json::Value>,
     pub history: Vec<Message>,
     pub usage: Usage,
     /// The highest event `seq`; replay with `?since=` from any point.
@@ -122,62 +129,11 @@ pub fn parse_id(id: &str) -> Result<Uuid, ApiError> {
 
 const RUN_FIELDS: &[&str] = &["prompt", "queue", "session_name"];
 
-/// Refuses options this server cannot honour before the session exists,
-/// naming the option: sandbox limits outside the configured bounds, and
-/// HTTP MCP servers outside `mcp.allowed_http_servers` (after DNS).
-async fn check_options(state: &AppState, options: &AgentOptions) -> Result<(), ApiError> {
-    if let Some(sandboxes) = &state.sandboxes {
-        let spec = crate::mcp::host::spec_for(sandboxes, options)
-            .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
-        if options.sandbox.as_ref().is_some_and(|s| s.image.is_some())
-            && !sandboxes
-                .has_image(&spec.image)
-                .await
-                .map_err(ApiError::internal)?
-        {
-            return Err(ApiError::invalid(
-                "options.sandbox.image",
-                format!(
-                    "no image {} on this server's {} backend (sandbox-images/build.sh builds Conclave's)",
-                    spec.image,
-                    sandboxes.backend_name()
-                ),
-            ));
-        }
-    }
-    let rules =
-        crate::egress::Rules::parse(&state.config.mcp.allowed_http_servers).unwrap_or_default();
-    for (name, spec) in options.mcp_servers.iter().flatten() {
-        match spec {
-            McpServerSpec::Http { url, .. } => {
-                rules.check_url(url).await.map_err(|e| {
-                    ApiError::invalid(
-                        &format!("options.mcp_servers.{name}.url"),
-                        format!("{e} (mcp.allowed_http_servers)"),
-                    )
-                })?;
-            }
-            McpServerSpec::Stdio { command, .. } => {
-                if !state.config.mcp.stdio_commands.contains(command) {
-                    return Err(ApiError::invalid(
-                        &format!("options.mcp_servers.{name}.command"),
-                        format!(
-                            "{command:?} is not in mcp.stdio_commands; stdio MCP servers run \
-                             on the server's host, so the operator allows each command"
-                        ),
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Runs one agent task in a new ephemeral session and streams its events.
 /// The run is cancelled if the client disconnects.
 #[utoipa::path(post, path = "/agent/run", request_body = RunRequest,
     responses(
-        (status = 200, description = "NDJSON stream of events (SSE with Accept: text/event-stream)", content_type = "application/x-ndjson", body = crate::agent::events::Event),
+        (status = 200, description = "NDJSON stream of events (SSE with Accept: text/event-stream)", content_type = "application/x-ndjson", body = crate::protocol::Event),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn run(
     State(state): State<AppState>,
@@ -185,9 +141,12 @@ pub async fn run(
     headers: HeaderMap,
     mut body: JsonObject,
 ) -> Result<Response, ApiError> {
-    let options = AgentOptions::from_body(&body.0, RUN_FIELDS)
-        .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
-    check_options(&state, &options).await?;
+    let options = state
+        .sessions
+        .tasks()
+        .require(SessionKind::AGENT.as_str(), "kind")?
+        .options(&body.0, RUN_FIELDS)
+        .await?;
     let prompt = body.take_text("prompt")?;
     let name = body.take::<String>("session_name")?;
     body.take::<bool>("queue")?;
@@ -195,7 +154,7 @@ pub async fn run(
         .sessions
         .create(NewSession {
             name,
-            kind: SessionKind::Agent,
+            kind: SessionKind::AGENT,
             owner: caller.owner.clone(),
             options,
             ephemeral: true,
@@ -217,22 +176,17 @@ pub async fn create_session(
     Extension(caller): Extension<Caller>,
     mut body: JsonObject,
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
-    let options = AgentOptions::from_body(&body.0, &["session_name", "kind"])
-        .map_err(|e| ApiError::invalid(&e.field, &e.message))?;
-    check_options(&state, &options).await?;
-    let name = body.take::<String>("session_name")?;
     let kind = body
-        .take::<SessionKind>("kind")?
-        .unwrap_or(SessionKind::Agent);
-    if kind != SessionKind::Agent {
-        return Err(ApiError::invalid(
-            "kind",
-            format!(
-                "'{}' sessions are not created through /agent/session",
-                kind.as_str()
-            ),
-        ));
-    }
+        .take::<String>("kind")?
+        .unwrap_or_else(|| SessionKind::AGENT.as_str().to_owned());
+    let options = state
+        .sessions
+        .tasks()
+        .require(&kind, "kind")?
+        .options(&body.0, &["session_name"])
+        .await?;
+    let name = body.take::<String>("session_name")?;
+    let kind = SessionKind::new(kind);
     let session = state
         .sessions
         .create(NewSession {
@@ -257,7 +211,7 @@ pub async fn create_session(
 /// the client disconnects; replay it from `/events`.
 #[utoipa::path(post, path = "/agent/session/{session_id}/message", request_body = RunRequest,
     params(("session_id" = Uuid, Path)),
-    responses((status = 200, description = "NDJSON stream of the turn's events", content_type = "application/x-ndjson", body = crate::agent::events::Event),
+    responses((status = 200, description = "NDJSON stream of the turn's events", content_type = "application/x-ndjson", body = crate::protocol::Event),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn message(
     State(state): State<AppState>,
@@ -302,20 +256,21 @@ pub async fn status(
 ) -> Result<Json<SessionStatusBody>, ApiError> {
     let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
     let history = state.sessions.history(&session).await?;
-    let model = session
-        .options
-        .model
-        .clone()
-        .unwrap_or_else(|| state.sessions.models().default_model().to_string());
+    let details = state
+        .sessions
+        .tasks()
+        .get(session.kind.as_str())
+        .map(|task| task.describe(&session.options))
+        .unwrap_or_default();
     Ok(Json(SessionStatusBody {
         session_id: session.id,
         session_name: session.name.clone(),
-        kind: session.kind,
+        kind: session.kind.clone(),
         status: session.status(),
         running: session.is_running(),
         ephemeral: session.ephemeral,
         options: (*session.options).clone(),
-        model,
+        details,
         history,
         usage: session.usage(),
         last_seq: session.last_seq(),
@@ -348,7 +303,7 @@ pub async fn status(
 /// Replays a session's events after `since`; with `follow=true` the stream
 /// stays open for new ones.
 #[utoipa::path(get, path = "/agent/session/{session_id}/events", params(("session_id" = Uuid, Path), EventsQuery),
-    responses((status = 200, description = "NDJSON stream of events", content_type = "application/x-ndjson", body = crate::agent::events::Event),
+    responses((status = 200, description = "NDJSON stream of events", content_type = "application/x-ndjson", body = crate::protocol::Event),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn events(
     State(state): State<AppState>,
@@ -392,7 +347,7 @@ pub struct ListQuery {
     before: Option<String>,
     /// Only sessions in this status: `idle`, `running`, `interrupted`, `closed`.
     status: Option<String>,
-    /// Only sessions of this kind: `agent`, `deliberation`, `pipeline`.
+    /// Only sessions of this kind (one this server runs, e.g. `agent`).
     kind: Option<String>,
 }
 
@@ -416,13 +371,13 @@ pub async fn list(
             })
         })
         .transpose()?;
-    let kind = query
-        .kind
-        .map(|k| {
-            SessionKind::parse(&k)
-                .ok_or_else(|| ApiError::invalid("kind", "must be agent, deliberation or pipeline"))
-        })
-        .transpose()?;
+    let kind = match query.kind {
+        None => None,
+        Some(kind) => {
+            state.sessions.tasks().require(&kind, "kind")?;
+            Some(SessionKind::new(kind))
+        }
+    };
     let before = match query.before {
         None => None,
         Some(text) => {
@@ -432,7 +387,7 @@ pub async fn list(
             // owner's would tell when that session was made.
             match state.sessions.get(id, caller.owner()).await {
                 Ok(_) => Some(id),
-                Err(AgentError::NotFound(_)) => {
+                Err(SessionError::NotFound(_)) => {
                     return Err(ApiError::invalid("before", "no session with this id"));
                 }
                 Err(e) => return Err(e.into()),

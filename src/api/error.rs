@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
-use crate::agent::AgentError;
+use crate::session::SessionError;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -94,23 +94,34 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<AgentError> for ApiError {
-    fn from(error: AgentError) -> ApiError {
+impl From<SessionError> for ApiError {
+    fn from(error: SessionError) -> ApiError {
         match error {
-            AgentError::NotFound(_) => ApiError::not_found(error.to_string()),
-            AgentError::Busy(_) => {
+            SessionError::NotFound(_) => ApiError::not_found(error.to_string()),
+            SessionError::Busy(_) => {
                 ApiError::new(StatusCode::CONFLICT, "session_busy", error.to_string())
             }
-            AgentError::Closed(_) => {
+            SessionError::Closed(_) => {
                 ApiError::new(StatusCode::CONFLICT, "session_closed", error.to_string())
             }
-            AgentError::Option(e) => ApiError::invalid(&e.field, &e.message),
-            AgentError::ShuttingDown => ApiError::new(
+            SessionError::Option(e) => ApiError::from(e),
+            SessionError::KindNotServed(_) => {
+                ApiError::new(StatusCode::CONFLICT, "kind_not_served", error.to_string())
+            }
+            SessionError::ShuttingDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",
                 error.to_string(),
             ),
-            AgentError::Store(e) => ApiError::internal(e),
+            SessionError::Internal(e) => ApiError::internal(e),
+            SessionError::Store(e) => ApiError::internal(e),
         }
+    }
+}
+
+/// A wrong option of any kind: 422 naming it.
+impl From<crate::session::OptionError> for ApiError {
+    fn from(error: crate::session::OptionError) -> ApiError {
+        ApiError::invalid(&error.field, &error.message)
     }
 }

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use super::auth::Caller;
 use super::error::ApiError;
 use super::state::AppState;
+use crate::sync::lock;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 
@@ -25,7 +26,7 @@ struct Owners(Mutex<HashMap<String, Option<String>>>);
 
 impl Owners {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<String>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.0)
     }
 }
 

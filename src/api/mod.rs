@@ -53,7 +53,7 @@ use state::AppState;
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
         sandboxes::delete
     ),
-    components(schemas(crate::agent::events::Event, crate::agent::events::EventKind)),
+    components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

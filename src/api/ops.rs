@@ -25,7 +25,7 @@ pub async fn health(State(state): State<AppState>) -> Json<Health> {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         uptime_s: state.started.elapsed().as_secs(),
-        default_model: state.sessions.models().default_model().to_string(),
+        default_model: state.models.default_model().to_string(),
     })
 }
 

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::sync::lock;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -123,7 +124,7 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock(&self.slots);
         match self.kind {
             Kind::Full => slots.full.give_back(self.client),
             Kind::Overflow => slots.overflow.give_back(self.client),
@@ -132,7 +133,7 @@ impl Drop for Slot {
 }
 
 fn acquire(slots: &Arc<Mutex<Slots>>, limits: &Limits, client: IpAddr) -> Option<Slot> {
-    let mut counts = slots.lock().unwrap_or_else(|e| e.into_inner());
+    let mut counts = lock(slots);
     let kind = if counts.full.take(
         client,
         limits.max_connections,

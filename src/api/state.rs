@@ -3,13 +3,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::agent::SessionManager;
+use crate::session::SessionManager;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::Keys;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::mcp::McpHost;
+use crate::model::ModelRegistry;
 use crate::sandbox::SandboxManager;
 use crate::telemetry::Metrics;
 
@@ -17,6 +18,8 @@ use crate::telemetry::Metrics;
 pub struct AppState {
     pub config: Arc<Config>,
     pub sessions: Arc<SessionManager>,
+    /// The models sessions name, with their aliases and prices.
+    pub models: Arc<ModelRegistry>,
     pub metrics: Arc<Metrics>,
     pub keys: Arc<Keys>,
     pub started: Instant,

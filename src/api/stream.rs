@@ -11,8 +11,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::events::Event;
-use crate::agent::session::event_type;
+use crate::protocol::Event;
 
 pub fn wants_sse(headers: &HeaderMap) -> bool {
     headers
@@ -30,7 +29,7 @@ pub fn events_response(
             let data = serde_json::to_string(&*event).unwrap_or_default();
             Ok::<_, Infallible>(
                 SseEvent::default()
-                    .event(event_type(&event.kind))
+                    .event(event.kind.type_name())
                     .id(event.seq.to_string())
                     .data(data),
             )

@@ -24,7 +24,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
 use super::state::AppState;
-use crate::agent::{AgentError, Session};
+use crate::session::{Session, SessionError};
 
 /// Per-connection buffers stay small: idle sockets are the common case.
 const READ_BUFFER: usize = 4 * 1024;
@@ -199,7 +199,7 @@ async fn handle_frame(state: &AppState, session: &Arc<Session>, text: &str) -> O
                 .await
             {
                 Ok(_) => None,
-                Err(e @ AgentError::Busy(_)) => error("session_busy", e.to_string()),
+                Err(e @ SessionError::Busy(_)) => error("session_busy", e.to_string()),
                 Err(e) => {
                     let api = ApiError::from(e);
                     error(api.code, api.message)

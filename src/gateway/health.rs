@@ -42,6 +42,8 @@ impl Gateway {
     /// Runs the health checks of every pool until `stop`.
     pub async fn run_health_checks(self: Arc<Self>, stop: CancellationToken) {
         let mut next_due: BTreeMap<String, Instant> = BTreeMap::new();
+        // Probes in flight, awaited (cut short by `stop`) before returning.
+        let probes = tokio_util::task::TaskTracker::new();
         loop {
             let now = Instant::now();
             for pool in self.pools() {
@@ -52,7 +54,13 @@ impl Gateway {
                 if *due <= now {
                     *due = now + Duration::from_millis(pool.config.health.interval_ms);
                     let gateway = self.clone();
-                    tokio::spawn(async move { gateway.check(&pool).await });
+                    let stop = stop.clone();
+                    probes.spawn(async move {
+                        tokio::select! {
+                            () = gateway.check(&pool) => {}
+                            () = stop.cancelled() => {}
+                        }
+                    });
                 }
             }
             let wake = next_due
@@ -63,7 +71,11 @@ impl Gateway {
             // Pools added at run time are seen within a second.
             let wake = wake.min(now + Duration::from_secs(1));
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => {
+                    probes.close();
+                    probes.wait().await;
+                    return;
+                }
                 () = tokio::time::sleep_until(wake.into()) => {}
             }
         }

@@ -37,6 +37,7 @@ use params::shape_request;
 use pool::{Pool, Replica, ReplicaState, ReplicaView};
 use trace::{Recorder, Trace, TraceLog};
 
+use crate::sync::{read, write};
 use crate::telemetry::{Metrics, ReplicaLabel};
 
 /// Which OpenAI endpoint a call is for.
@@ -166,27 +167,15 @@ impl Gateway {
     }
 
     pub fn pool(&self, model: &str) -> Option<Arc<Pool>> {
-        self.pools
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(model)
-            .cloned()
+        read(&self.pools).get(model).cloned()
     }
 
     pub fn pools(&self) -> Vec<Arc<Pool>> {
-        self.pools
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        read(&self.pools).values().cloned().collect()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pools
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        read(&self.pools).is_empty()
     }
 
     /// The pools as config, replicas as they are now (for export).
@@ -248,7 +237,7 @@ impl Gateway {
         replica: ReplicaConfig,
     ) -> Result<ReplicaView, GatewayError> {
         config::check_url(&replica.url).map_err(GatewayError::BadRequest)?;
-        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        let mut pools = write(&self.pools);
         let taken: HashSet<String> = pools
             .values()
             .flat_map(|p| {
@@ -295,11 +284,7 @@ impl Gateway {
 
     /// Removes a pool and its replicas now; calls in flight finish.
     pub fn remove_pool(&self, name: &str) -> Result<(), GatewayError> {
-        let removed = self
-            .pools
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        let removed = write(&self.pools).remove(name);
         match removed {
             Some(_) => {
                 tracing::info!(pool = name, "pool removed");

@@ -9,6 +9,7 @@ use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::config::{PoolConfig, Strategy};
+use crate::sync::{lock, read, write};
 
 /// Points per replica on the hash ring: enough that sessions spread evenly.
 const RING_POINTS: usize = 160;
@@ -198,12 +199,6 @@ impl Drop for CallGuard {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// The consistent-hash ring of a pool: points sorted by hash, each naming
 /// a replica id.
 struct Ring {
@@ -274,10 +269,7 @@ impl Pool {
     }
 
     fn members(&self) -> Members {
-        self.members
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        read(&self.members).clone()
     }
 
     pub fn replicas(&self) -> Arc<Vec<Arc<Replica>>> {
@@ -285,10 +277,7 @@ impl Pool {
     }
 
     pub fn add(&self, replica: Arc<Replica>) {
-        let mut members = self
-            .members
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut members = write(&self.members);
         let mut replicas = members.replicas.as_ref().clone();
         replicas.push(replica);
         members.ring = Arc::new(Ring::new(&replicas));
@@ -297,10 +286,7 @@ impl Pool {
 
     /// Removes a replica; calls in flight on it finish.
     pub fn remove(&self, id: &str) -> Option<Arc<Replica>> {
-        let mut members = self
-            .members
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut members = write(&self.members);
         let at = members.replicas.iter().position(|r| r.id == id)?;
         let mut replicas = members.replicas.as_ref().clone();
         let removed = replicas.remove(at);

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::sync::{read, write};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -80,10 +81,7 @@ struct Sim {
 
 impl Sim {
     fn config(&self) -> SimConfig {
-        self.config
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        read(&self.config).clone()
     }
 }
 
@@ -137,7 +135,7 @@ async fn set_config(State(sim): State<Sim>, body: Bytes) -> Response {
     }
     match serde_json::from_value::<SimConfig>(current) {
         Ok(config) => {
-            *sim.config.write().unwrap_or_else(|e| e.into_inner()) = config.clone();
+            *write(&sim.config) = config.clone();
             Json(config).into_response()
         }
         Err(e) => error(

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::sync::lock;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -87,7 +88,7 @@ impl TraceLog {
 
     pub fn push(&self, trace: Trace) {
         let weight = trace.weight();
-        let mut kept = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = lock(&self.inner);
         kept.traces.push_back((weight, Arc::new(trace)));
         kept.bytes += weight;
         while kept.traces.len() > self.limit
@@ -108,7 +109,7 @@ impl TraceLog {
         model: Option<&str>,
         limit: usize,
     ) -> Vec<Arc<Trace>> {
-        let kept = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = lock(&self.inner);
         kept.traces
             .iter()
             .rev()

@@ -12,7 +12,7 @@
 //! when that sandbox goes.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,6 +22,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::{ExecChunk, ExecRequest, Lease, exec_collect};
+use crate::sync::lock;
 
 /// Output kept per stream of a run: its last bytes.
 const KEEP_BYTES: usize = 16 * 1024;
@@ -71,10 +72,6 @@ struct State {
     stderr: VecDeque<u8>,
     status: Option<&'static str>,
     exit_code: Option<i64>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn keep_tail(buffer: &mut VecDeque<u8>, data: &[u8]) {

@@ -20,10 +20,11 @@ use super::external::ExternalServers;
 use super::host::{Caller, McpHost};
 use super::progress::ProgressRouter;
 use super::server::SandboxServer;
-use crate::agent::{ToolChunk, ToolContext, ToolOutput, ToolRouter};
+use crate::agent::{AgentOptions, ToolChunk, ToolContext, ToolOutput, ToolRouter};
 use crate::config::McpConfig;
 use crate::model::ToolSpec;
 use crate::sandbox::{WORKSPACE, files};
+use crate::session::{OptionError, SessionError};
 
 /// How long an interrupted call may take to kill its processes.
 const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
@@ -325,6 +326,28 @@ impl ToolRouter for SandboxTools {
     ) -> ToolOutput {
         self.run(ctx, name, input, cancel, Some(output)).await
     }
+    async fn check_options(&self, options: &AgentOptions) -> Result<(), SessionError> {
+        let sandboxes = &self.host.sandboxes;
+        let spec = super::host::spec_for(sandboxes, options)?;
+        if options.sandbox.as_ref().is_some_and(|s| s.image.is_some())
+            && !sandboxes
+                .has_image(&spec.image)
+                .await
+                .map_err(|e| SessionError::Internal(format!("looking up an image: {e}")))?
+        {
+            return Err(OptionError::new(
+                "options.sandbox.image",
+                format!(
+                    "no image {} on this server's {} backend (sandbox-images/build.sh builds Conclave's)",
+                    spec.image,
+                    sandboxes.backend_name()
+                ),
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     async fn release(&self, session_id: Uuid) {
         self.external.release(session_id).await;
         self.host.sandboxes.release(session_id).await;

@@ -24,6 +24,7 @@ use uuid::Uuid;
 use crate::agent::{McpServerSpec, ToolOutput};
 use crate::config::McpConfig;
 use crate::model::ToolSpec;
+use crate::sync::lock;
 
 /// How long a server may take to start and list its tools.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -49,12 +50,6 @@ impl Default for ExternalServers {
     fn default() -> Self {
         ExternalServers::new(McpConfig::default())
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl ExternalServers {

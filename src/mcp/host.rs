@@ -11,10 +11,11 @@ use rmcp::service::RequestContext;
 use uuid::Uuid;
 
 use crate::agent::AgentOptions;
-use crate::agent::options::OptionError;
 use crate::config::SandboxConfig;
+use crate::protocol::SessionStatus;
 use crate::sandbox::{Lease, SandboxManager, SandboxSpec};
-use crate::store::{SessionStatus, Store};
+use crate::session::OptionError;
+use crate::store::Store;
 
 /// The API key hash of an HTTP caller, put into the request's extensions by
 /// the API layer; `None` when auth is off.

@@ -90,7 +90,7 @@ pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
     let mut sessions = std::collections::HashSet::new();
     for id in sandboxes.leased_sessions() {
         if let Ok(Some(record)) = store.get_session(id).await
-            && record.status != crate::store::SessionStatus::Closed
+            && record.status != crate::protocol::SessionStatus::Closed
         {
             sessions.insert(id);
         }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::ToolChunk;
 use crate::sandbox::ExecChunk;
+use crate::sync::lock;
 
 /// Calls that end sooner report nothing (their result says it all).
 pub const FIRST_REPORT_AFTER: Duration = Duration::from_secs(1);
@@ -34,12 +35,6 @@ pub const REPORT_EVERY: Duration = Duration::from_millis(500);
 pub const REPORT_BYTES: usize = 4 * 1024;
 /// Bytes of output a call sends as progress in all; past it, byte counts.
 pub const CALL_BYTES: usize = 64 * 1024;
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 #[derive(Default)]
 struct Pending {

@@ -26,38 +26,10 @@ use async_trait::async_trait;
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
 
 pub use registry::{ModelRegistry, Price, ResolvedModel};
 
-/// One message of a conversation, in a provider-neutral shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(tag = "role", rename_all = "snake_case")]
-pub enum Message {
-    User {
-        content: String,
-    },
-    Assistant {
-        content: String,
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        tool_calls: Vec<ToolCall>,
-    },
-    Tool {
-        tool_call_id: String,
-        name: String,
-        content: String,
-        #[serde(default)]
-        is_error: bool,
-    },
-}
-
-/// A complete tool call: the arguments are whole, never a fragment.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct ToolCall {
-    pub id: String,
-    pub name: String,
-    pub arguments: Value,
-}
+pub use crate::protocol::{Message, ToolCall};
 
 /// A tool as offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -23,6 +23,7 @@ use super::{
     SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
 };
 use crate::config::SandboxConfig;
+use crate::sync::lock;
 
 /// A session's sandbox as its status shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -453,12 +454,6 @@ fn pool_label(image: &str) -> String {
         })
         .take(63)
         .collect()
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 mod shared;

@@ -1,6 +1,10 @@
 //! Durable state: sessions, their messages, their event logs and usage.
 //!
-//! - [`Store`]: the trait every backend implements; held as `Arc<dyn Store>`.
+//! - The seams, one per concern, so a second backend implements them one by
+//!   one: [`SessionStore`] (sessions and their messages), [`EventStore`]
+//!   (the durable event log), [`KvStore`] (namespaced keys with revisions),
+//!   [`CheckpointStore`] (a run's state after each step). [`Store`] is all
+//!   of them; the server holds it as `Arc<dyn Store>`.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
 //!
@@ -11,92 +15,14 @@ pub mod sqlite;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::events::{Event, Usage};
 use crate::model::Message;
+use serde_json::Value;
+
+use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 
 pub use sqlite::SqliteStore;
-
-/// What a session runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionKind {
-    Agent,
-    Deliberation,
-    Pipeline,
-}
-
-/// Where a session stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionStatus {
-    Idle,
-    Running,
-    Interrupted,
-    Closed,
-}
-
-impl SessionStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionStatus::Idle => "idle",
-            SessionStatus::Running => "running",
-            SessionStatus::Interrupted => "interrupted",
-            SessionStatus::Closed => "closed",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<SessionStatus> {
-        Some(match s {
-            "idle" => SessionStatus::Idle,
-            "running" => SessionStatus::Running,
-            "interrupted" => SessionStatus::Interrupted,
-            "closed" => SessionStatus::Closed,
-            _ => return None,
-        })
-    }
-}
-
-impl SessionKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionKind::Agent => "agent",
-            SessionKind::Deliberation => "deliberation",
-            SessionKind::Pipeline => "pipeline",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<SessionKind> {
-        Some(match s {
-            "agent" => SessionKind::Agent,
-            "deliberation" => SessionKind::Deliberation,
-            "pipeline" => SessionKind::Pipeline,
-            _ => return None,
-        })
-    }
-}
-
-/// A session as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SessionRecord {
-    pub id: Uuid,
-    pub name: Option<String>,
-    pub kind: SessionKind,
-    /// Hash of the API key that created it; `None` when auth is off.
-    pub owner: Option<String>,
-    /// The session's options as the client gave them, validated.
-    pub options: Value,
-    pub status: SessionStatus,
-    pub usage: Usage,
-    /// Ephemeral sessions come from `/agent/run` and close after one turn.
-    pub ephemeral: bool,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
 
 /// Which sessions a listing returns. The default selects all of them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -127,10 +53,14 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store is closed")]
     Closed,
+    /// A write that would replace what must not be replaced.
+    #[error("conflict: {0}")]
+    Conflict(String),
 }
 
+/// Sessions and their conversation history.
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait SessionStore: Send + Sync {
     async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError>;
 
     /// Saves status, usage and `updated_at`.
@@ -161,14 +91,19 @@ pub trait Store: Send + Sync {
         status: SessionStatus,
     ) -> Result<Vec<SessionRecord>, StoreError>;
 
-    /// Removes the session with its messages and events; false if unknown.
+    /// Removes the session with everything it owns (messages, events,
+    /// checkpoints); false if unknown.
     async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError>;
 
     /// Appends to the conversation history, in order.
     async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError>;
 
     async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError>;
+}
 
+/// The durable side of a session's event log.
+#[async_trait]
+pub trait EventStore: Send + Sync {
     /// Appends events, all or none. When this returns they survive a crash
     /// of the process, so they may be sent to clients.
     async fn append_events(&self, events: &[Event]) -> Result<(), StoreError>;
@@ -183,7 +118,102 @@ pub trait Store: Send + Sync {
 
     /// The highest `seq` of the session, 0 when it has none.
     async fn last_seq(&self, id: Uuid) -> Result<u64, StoreError>;
+}
 
+/// One key of a KV namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvEntry {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Grows with every write to the namespace; a write's revision is
+    /// higher than every earlier one's, deletes included.
+    pub revision: u64,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What a conditional KV write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvWrite {
+    /// Written (or deleted) at this revision.
+    Done(u64),
+    /// Refused: the key's revision was not the expected one (`None`: the
+    /// key does not exist).
+    Conflict { current: Option<u64> },
+}
+
+/// Which revision a conditional KV write expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Any: the write is unconditional.
+    Any,
+    /// The key must not exist.
+    Absent,
+    /// The key must be at this revision.
+    Revision(u64),
+}
+
+/// Keys and values in namespaces (one per tenant), with revisions for
+/// compare-and-set. Waiting for a change is the caller's (the bus's).
+#[async_trait]
+pub trait KvStore: Send + Sync {
+    async fn kv_get(&self, namespace: &str, key: &str) -> Result<Option<KvEntry>, StoreError>;
+
+    async fn kv_put(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: &[u8],
+        expect: Expect,
+    ) -> Result<KvWrite, StoreError>;
+
+    /// A missing key is a conflict unless `expect` is [`Expect::Any`],
+    /// which deletes nothing and answers the namespace's revision.
+    async fn kv_delete(
+        &self,
+        namespace: &str,
+        key: &str,
+        expect: Expect,
+    ) -> Result<KvWrite, StoreError>;
+
+    /// The keys starting with `prefix`, in key order, at most `limit`.
+    async fn kv_list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<KvEntry>, StoreError>;
+}
+
+/// A session's state after one step of a run (a pipeline's node).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    pub session_id: Uuid,
+    /// Dense from 1 per session.
+    pub step: u64,
+    /// What ran in this step (a node's name).
+    pub name: String,
+    pub state: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Checkpoints of a session's runs, deleted with the session.
+#[async_trait]
+pub trait CheckpointStore: Send + Sync {
+    /// Stores a checkpoint. A step that exists already is refused
+    /// ([`StoreError::Conflict`]): a completed step is never written twice.
+    async fn put_checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+
+    /// Every checkpoint of the session, by step.
+    async fn checkpoints(&self, session_id: Uuid) -> Result<Vec<Checkpoint>, StoreError>;
+
+    /// The session's checkpoint with the highest step.
+    async fn last_checkpoint(&self, session_id: Uuid) -> Result<Option<Checkpoint>, StoreError>;
+}
+
+/// Everything the server keeps, one backend for all (SQLite embedded; a
+/// second backend implements the seams one by one).
+#[async_trait]
+pub trait Store: SessionStore + EventStore + KvStore + CheckpointStore {
     /// Writes out everything accepted so far and stops taking writes.
     async fn close(&self) -> Result<(), StoreError>;
 }

@@ -15,7 +15,6 @@
 //! sent and decoded after the answer, on the callers' threads, to keep the
 //! single writer busy with SQL only.
 
-use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,16 +22,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 use rusqlite_migration::{M, Migrations};
-use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
-use uuid::Uuid;
 
-use super::{SessionFilter, SessionRecord, SessionStatus, Store, StoreError};
-use crate::events::{Event, Usage};
-use crate::model::Message;
+use super::{Store, StoreError};
 
 /// The most jobs one transaction takes, which bounds how long the first
 /// caller of a batch waits behind the others.
@@ -90,6 +84,30 @@ const MIGRATION_STEPS: &[M<'static>] = &[
         "CREATE INDEX sessions_by_created ON sessions (created_at);
          CREATE INDEX sessions_ephemeral ON sessions (ephemeral, status, updated_at);",
     ),
+    // The KV of the bus, with a revision counter per namespace, and the
+    // checkpoints of a session's runs.
+    M::up(
+        "CREATE TABLE kv (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value BLOB NOT NULL,
+        revision INTEGER NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (namespace, key)
+    ) STRICT;
+    CREATE TABLE kv_revisions (
+        namespace TEXT PRIMARY KEY NOT NULL,
+        revision INTEGER NOT NULL
+    ) STRICT;
+    CREATE TABLE checkpoints (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        step INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (session_id, step)
+    ) STRICT;",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
@@ -100,13 +118,15 @@ macro_rules! session_columns {
     };
 }
 
-mod checkpoint;
+mod checkpoints;
+mod events;
+mod kv;
 mod listing;
 mod rows;
+mod sessions;
+mod wal;
 
-use checkpoint::Checkpointer;
-
-use rows::{SessionRow, decode, decode_sessions, encode, encode_time, select_sessions};
+use wal::Checkpointer;
 
 /// A caller's work, run on the writer thread inside the batch's transaction
 /// (or handed the error that kept the transaction from starting). It returns
@@ -333,246 +353,12 @@ fn duplicate(err: &StoreError) -> StoreError {
         StoreError::Io(message) => StoreError::Io(message.clone()),
         StoreError::Corrupt(message) => StoreError::Corrupt(message.clone()),
         StoreError::Closed => StoreError::Closed,
+        StoreError::Conflict(message) => StoreError::Conflict(message.clone()),
     }
-}
-
-/// The `type` of an encoded event, read without decoding the rest.
-#[derive(Deserialize)]
-struct EventTag<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
 }
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
-        let row = SessionRow::encode(session)?;
-        self.call(move |conn| {
-            conn.prepare_cached(concat!(
-                "INSERT INTO sessions (",
-                session_columns!(),
-                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-            ))?
-            .execute(params![
-                row.id,
-                row.name,
-                row.kind,
-                row.owner,
-                row.options,
-                row.status,
-                row.usage,
-                row.ephemeral,
-                row.created_at,
-                row.updated_at,
-            ])?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// An unknown session is left alone: it may have been deleted while it
-    /// ran, and its last update has nothing left to update.
-    async fn update_session(
-        &self,
-        id: Uuid,
-        status: SessionStatus,
-        usage: &Usage,
-    ) -> Result<(), StoreError> {
-        let id = id.to_string();
-        let usage = encode("session usage", usage)?;
-        let updated_at = encode_time(Utc::now());
-        self.call(move |conn| {
-            conn.prepare_cached(
-                "UPDATE sessions SET status = ?2, usage = ?3, updated_at = ?4 WHERE id = ?1",
-            )?
-            .execute(params![id, status.as_str(), usage, updated_at])?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
-        let id = id.to_string();
-        let rows = self
-            .call(move |conn| {
-                select_sessions(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        session_columns!(),
-                        " FROM sessions WHERE id = ?1"
-                    ),
-                    [id],
-                )
-            })
-            .await?;
-        rows.into_iter().next().map(SessionRow::decode).transpose()
-    }
-
-    async fn list_sessions(
-        &self,
-        filter: &SessionFilter,
-    ) -> Result<Vec<SessionRecord>, StoreError> {
-        let filter = filter.clone();
-        let rows = self.call(move |conn| listing::list(conn, &filter)).await?;
-        decode_sessions(rows)
-    }
-
-    async fn expired_ephemeral(
-        &self,
-        cutoff: DateTime<Utc>,
-        limit: usize,
-    ) -> Result<Vec<Uuid>, StoreError> {
-        let ids = self
-            .call(move |conn| listing::expired_ephemeral(conn, cutoff, limit))
-            .await?;
-        ids.iter()
-            .map(|id| {
-                Uuid::parse_str(id)
-                    .map_err(|e| StoreError::Corrupt(format!("session id '{id}': {e}")))
-            })
-            .collect()
-    }
-
-    async fn sessions_with_status(
-        &self,
-        status: SessionStatus,
-    ) -> Result<Vec<SessionRecord>, StoreError> {
-        let rows = self
-            .call(move |conn| {
-                select_sessions(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        session_columns!(),
-                        " FROM sessions WHERE status = ?1 ORDER BY created_at DESC, rowid DESC"
-                    ),
-                    [status.as_str()],
-                )
-            })
-            .await?;
-        decode_sessions(rows)
-    }
-
-    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.call(move |conn| {
-            let deleted = conn
-                .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-                .execute([id])?;
-            Ok(deleted > 0)
-        })
-        .await
-    }
-
-    async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
-        let id = id.to_string();
-        let bodies = messages
-            .iter()
-            .map(|message| encode("message", message))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.call(move |conn| {
-            in_savepoint(conn, |conn| {
-                let next: i64 = conn
-                    .prepare_cached(
-                        "SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE session_id = ?1",
-                    )?
-                    .query_row([&id], |row| row.get(0))?;
-                let mut insert = conn.prepare_cached(
-                    "INSERT INTO messages (session_id, idx, body) VALUES (?1, ?2, ?3)",
-                )?;
-                for (idx, body) in (next..).zip(bodies) {
-                    insert.execute(params![id, idx, body])?;
-                }
-                Ok(())
-            })
-        })
-        .await
-    }
-
-    async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError> {
-        let id = id.to_string();
-        let bodies = self
-            .call(move |conn| {
-                let mut statement = conn.prepare_cached(
-                    "SELECT body FROM messages WHERE session_id = ?1 ORDER BY idx",
-                )?;
-                let rows = statement.query_map([id], |row| row.get::<_, String>(0))?;
-                Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-            })
-            .await?;
-        bodies.iter().map(|body| decode("message", body)).collect()
-    }
-
-    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
-        let rows = events
-            .iter()
-            .map(|event| {
-                let body = encode("event", event)?;
-                let kind = serde_json::from_str::<EventTag>(&body)
-                    .map_err(|err| {
-                        StoreError::Corrupt(format!("an event encodes without a type: {err}"))
-                    })?
-                    .kind
-                    .into_owned();
-                Ok((
-                    event.session_id.to_string(),
-                    event.seq,
-                    kind,
-                    encode_time(event.ts),
-                    body,
-                ))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        self.call(move |conn| {
-            let insert = |conn: &Connection| -> Result<(), StoreError> {
-                let mut statement = conn.prepare_cached(
-                    "INSERT INTO events (session_id, seq, type, ts, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-                )?;
-                for (id, seq, kind, ts, body) in &rows {
-                    statement.execute(params![id, seq, kind, ts, body])?;
-                }
-                Ok(())
-            };
-            // One row undoes itself when it fails; several need a savepoint.
-            if rows.len() == 1 { insert(conn) } else { in_savepoint(conn, insert) }
-        })
-        .await
-    }
-
-    async fn events_since(
-        &self,
-        id: Uuid,
-        since: u64,
-        limit: usize,
-    ) -> Result<Vec<Event>, StoreError> {
-        let id = id.to_string();
-        // Bounds past what SQLite counts in mean "everything after".
-        let since = i64::try_from(since).unwrap_or(i64::MAX);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let bodies = self
-            .call(move |conn| {
-                let mut statement = conn.prepare_cached(
-                    "SELECT body FROM events WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
-                )?;
-                let rows =
-                    statement.query_map(params![id, since, limit], |row| row.get::<_, String>(0))?;
-                Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-            })
-            .await?;
-        bodies.iter().map(|body| decode("event", body)).collect()
-    }
-
-    async fn last_seq(&self, id: Uuid) -> Result<u64, StoreError> {
-        let id = id.to_string();
-        self.call(move |conn| {
-            Ok(conn
-                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1")?
-                .query_row([id], |row| row.get(0))?)
-        })
-        .await
-    }
-
     /// Runs every job queued before it, checkpoints the WAL and stops the
     /// writer thread; every call after it, `close` included, fails with
     /// [`StoreError::Closed`].
@@ -589,3 +375,7 @@ impl Store for SqliteStore {
 #[cfg(test)]
 #[path = "sqlite_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "sqlite_kv_tests.rs"]
+mod kv_tests;

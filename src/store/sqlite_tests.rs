@@ -2,13 +2,17 @@
 
 use std::sync::Arc;
 
-use chrono::TimeDelta;
+use chrono::{DateTime, TimeDelta, Utc};
+use rusqlite::params;
 use serde_json::json;
 
+use uuid::Uuid;
+
+use super::rows::SessionRow;
 use super::*;
-use crate::agent::events::{EventKind, ResultStatus};
-use crate::model::ToolCall;
-use crate::store::SessionKind;
+use crate::model::{Message, ToolCall};
+use crate::protocol::{Event, EventKind, ResultStatus, SessionRecord, SessionStatus, Usage};
+use crate::store::{EventStore, SessionFilter, SessionKind, SessionStore};
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(&dir.path().join("nested/dir/conclave.db")).unwrap()
@@ -18,7 +22,7 @@ fn session(owner: Option<&str>, created_at: DateTime<Utc>) -> SessionRecord {
     SessionRecord {
         id: Uuid::new_v4(),
         name: Some("review".into()),
-        kind: SessionKind::Agent,
+        kind: SessionKind::AGENT,
         owner: owner.map(str::to_owned),
         options: json!({"model": "demo", "max_turns": 4, "tools": ["bash"]}),
         status: SessionStatus::Idle,
@@ -238,7 +242,7 @@ async fn list_sessions_filters_by_owner_newest_first() {
         .list_sessions(&SessionFilter {
             owner: Some("alice".into()),
             status: Some(SessionStatus::Closed),
-            kind: Some(SessionKind::Agent),
+            kind: Some(SessionKind::AGENT),
             ..SessionFilter::default()
         })
         .await
@@ -249,7 +253,7 @@ async fn list_sessions_filters_by_owner_newest_first() {
     );
     let pipelines = store
         .list_sessions(&SessionFilter {
-            kind: Some(SessionKind::Pipeline),
+            kind: Some(SessionKind::named("pipeline")),
             ..SessionFilter::default()
         })
         .await

@@ -106,6 +106,16 @@ impl TestServer {
         tools: Tools,
         configure: impl FnOnce(&mut Config),
     ) -> TestServer {
+        TestServer::start_with_kinds(data_dir, tools, Vec::new(), configure).await
+    }
+
+    /// Starts running session kinds of the test's own besides the built-in ones.
+    pub async fn start_with_kinds(
+        data_dir: &std::path::Path,
+        tools: Tools,
+        kinds: Vec<Arc<dyn conclave::session::SessionTask>>,
+        configure: impl FnOnce(&mut Config),
+    ) -> TestServer {
         let mut config = Config {
             listen: "127.0.0.1:0".parse().expect("addr"),
             data_dir: data_dir.to_path_buf(),
@@ -118,7 +128,7 @@ impl TestServer {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let root = CancellationToken::new();
-        let server = Server::build(config, tools, root.clone())
+        let server = Server::build_with_kinds(config, tools, root.clone(), kinds)
             .await
             .expect("server builds");
         let handle = tokio::spawn(server.run(listener));
@@ -324,4 +334,26 @@ pub fn long_prompt(words: usize) -> String {
         .map(|i| format!("w{i}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The events a WebSocket sends, up to and including the first of type
+/// `kind` (frames that are not text are skipped).
+pub async fn ws_until<S, E>(ws: &mut S, kind: &str) -> Vec<Value>
+where
+    S: futures::Stream<Item = Result<tokio_tungstenite::tungstenite::Message, E>> + Unpin,
+    E: std::fmt::Debug,
+{
+    let mut events = Vec::new();
+    while let Some(frame) = ws.next().await {
+        let tokio_tungstenite::tungstenite::Message::Text(text) = frame.expect("a frame") else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(&text).expect("a JSON event");
+        let done = event["type"] == kind;
+        events.push(event);
+        if done {
+            break;
+        }
+    }
+    events
 }

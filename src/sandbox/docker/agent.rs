@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::sandbox::ExecRequest;
+use crate::sync::lock;
 
 /// The helper, compiled by `build.rs` as a static binary.
 static HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/conclave-exec"));
@@ -91,12 +92,6 @@ impl Drop for RunHandle {
     fn drop(&mut self) {
         lock(&self.routes).remove(&self.id);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Agent {

@@ -54,7 +54,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -68,6 +68,7 @@ use super::{
     LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox,
     SandboxBackend, SandboxError, SandboxSpec, create_detached, expiry_of,
 };
+use crate::sync::lock;
 
 pub use self::config::LocalConfig;
 pub use self::sandbox::LocalSandbox;
@@ -495,10 +496,6 @@ impl SandboxBackend for LocalBackend {
 
 fn backend(what: &'static str) -> impl Fn(io::Error) -> SandboxError {
     move |e| SandboxError::Backend(format!("{what}: {e}"))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the local backend needs, matched to what failed in the start-up

@@ -5,7 +5,8 @@ use rusqlite::Connection;
 use rusqlite::types::Value as SqlValue;
 
 use super::rows::{SessionRow, encode_time};
-use crate::store::{SessionFilter, SessionStatus, StoreError};
+use crate::protocol::SessionStatus;
+use crate::store::{SessionFilter, StoreError};
 
 /// The `SELECT` for `filter`, with its parameters. Each condition is
 /// present or not, so the statement cache holds at most one statement per
@@ -21,7 +22,7 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<SqlValue>) {
         params.push(SqlValue::Text(status.as_str().into()));
         conditions.push(format!("status = ?{}", params.len()));
     }
-    if let Some(kind) = filter.kind {
+    if let Some(kind) = &filter.kind {
         params.push(SqlValue::Text(kind.as_str().into()));
         conditions.push(format!("kind = ?{}", params.len()));
     }
@@ -85,7 +86,7 @@ mod tests {
         let (sql, params) = list_query(&SessionFilter {
             owner: Some("o".into()),
             status: None,
-            kind: Some(SessionKind::Agent),
+            kind: Some(SessionKind::AGENT),
             before: Some(uuid::Uuid::nil()),
             limit: Some(5),
         });

@@ -7,7 +7,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use crate::store::{SessionKind, SessionRecord, SessionStatus, StoreError};
+use crate::protocol::{SessionKind, SessionRecord, SessionStatus};
+use crate::store::StoreError;
 
 pub(super) fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value)
@@ -81,9 +82,7 @@ impl SessionRow {
         Ok(SessionRecord {
             id,
             name: self.name,
-            kind: SessionKind::parse(&self.kind).ok_or_else(|| {
-                StoreError::Corrupt(what(&format!("unknown kind '{}'", self.kind)))
-            })?,
+            kind: SessionKind::new(self.kind),
             owner: self.owner,
             options: decode(&what("options"), &self.options)?,
             status: SessionStatus::parse(&self.status).ok_or_else(|| {

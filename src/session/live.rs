@@ -1,4 +1,5 @@
-//! A live session: its event log, its turn lock and its running turn.
+//! A live session of any kind: its event log, its turn lock and its
+//! running turn.
 //!
 //! An event takes its `seq` at once and joins the session's queue; one
 //! writer task per session stores the queue in batches and broadcasts each
@@ -15,9 +16,11 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::events::{Event, EventKind, Usage};
-use super::options::AgentOptions;
-use crate::store::{SessionKind, SessionRecord, SessionStatus, Store, StoreError};
+use crate::protocol::{
+    Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
+};
+use crate::store::{Store, StoreError};
+use crate::sync::lock;
 use crate::telemetry::{EventLabel, Metrics};
 
 /// Slots of the live broadcast; a subscriber that falls further behind
@@ -36,7 +39,8 @@ pub struct Session {
     pub owner: Option<String>,
     pub ephemeral: bool,
     pub created_at: DateTime<Utc>,
-    pub options: Arc<AgentOptions>,
+    /// The options as its kind's task validated and stored them.
+    pub options: Arc<serde_json::Value>,
     pub(super) state: Mutex<SessionState>,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
@@ -80,7 +84,6 @@ pub(super) struct SessionState {
 impl Session {
     pub(super) fn from_record(
         record: SessionRecord,
-        options: AgentOptions,
         last_seq: u64,
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
@@ -94,7 +97,7 @@ impl Session {
             owner: record.owner,
             ephemeral: record.ephemeral,
             created_at: record.created_at,
-            options: Arc::new(options),
+            options: Arc::new(record.options),
             state: Mutex::new(SessionState {
                 status: record.status,
                 usage: record.usage,
@@ -136,7 +139,7 @@ impl Session {
     }
 
     pub(super) fn lock_state(&self) -> std::sync::MutexGuard<'_, SessionState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// Saves status and usage, in memory and in the store.
@@ -163,7 +166,7 @@ impl Session {
         if let Some(failure) = &self.stored.borrow().failure {
             return Err(StoreError::Io(failure.to_string()));
         }
-        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut log = lock(&self.log);
         let seq = log.next_seq;
         log.next_seq += 1;
         log.pending.push(Event {
@@ -184,7 +187,7 @@ impl Session {
     async fn write_pending(self: Arc<Self>) {
         loop {
             let batch = {
-                let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+                let mut log = lock(&self.log);
                 if log.pending.is_empty() {
                     log.writing = false;
                     return;
@@ -193,7 +196,7 @@ impl Session {
             };
             if let Err(e) = self.store.append_events(&batch).await {
                 tracing::error!(session = %self.id, error = %e, "storing events failed; the log stops");
-                let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+                let mut log = lock(&self.log);
                 log.pending.clear();
                 log.writing = false;
                 self.stored
@@ -206,7 +209,7 @@ impl Session {
                 self.metrics
                     .events
                     .get_or_create(&EventLabel {
-                        r#type: event_type(&event.kind).to_string(),
+                        r#type: event.kind.type_name().to_string(),
                     })
                     .inc();
                 // No receiver is fine: nobody is watching.
@@ -217,7 +220,7 @@ impl Session {
 
     /// Waits until every event emitted so far is stored.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        let target = self.log.lock().unwrap_or_else(|e| e.into_inner()).next_seq - 1;
+        let target = lock(&self.log).next_seq - 1;
         let mut stored = self.stored.subscribe();
         let stored = stored
             .wait_for(|stored| stored.seq >= target || stored.failure.is_some())
@@ -356,9 +359,26 @@ impl Session {
         .flatten()
     }
 
+    /// The status of the log's last event when it is a `result`: whether
+    /// the last turn was closed before a crash.
+    pub async fn last_result(&self) -> Result<Option<ResultStatus>, StoreError> {
+        let last = self.last_seq();
+        let tail = self
+            .store
+            .events_since(self.id, last.saturating_sub(1), 1)
+            .await?;
+        Ok(match tail.last() {
+            Some(Event {
+                kind: EventKind::Result { status, .. },
+                ..
+            }) => Some(*status),
+            _ => None,
+        })
+    }
+
     /// Asks the running turn, if any, to stop. True if one was running.
     pub fn interrupt(&self) -> bool {
-        match &*self.running.lock().unwrap_or_else(|e| e.into_inner()) {
+        match &*lock(&self.running) {
             Some(token) => {
                 token.cancel();
                 true
@@ -368,22 +388,6 @@ impl Session {
     }
 
     pub fn is_running(&self) -> bool {
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-    }
-}
-
-pub fn event_type(kind: &EventKind) -> &'static str {
-    match kind {
-        EventKind::Status { .. } => "status",
-        EventKind::Thinking { .. } => "thinking",
-        EventKind::TextDelta { .. } => "text_delta",
-        EventKind::ToolUse { .. } => "tool_use",
-        EventKind::ToolOutput { .. } => "tool_output",
-        EventKind::ToolResult { .. } => "tool_result",
-        EventKind::Result { .. } => "result",
-        EventKind::Error { .. } => "error",
+        lock(&self.running).is_some()
     }
 }

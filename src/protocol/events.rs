@@ -1,4 +1,4 @@
-//! The wire events of a session, as `docs/api.md` defines them.
+//! The events of a session's log, as `docs/api.md` defines them.
 //!
 //! Every event is one JSON object `{"type", "session_id", "seq", "ts", …}`;
 //! `seq` is dense per session and starts at 1.
@@ -27,8 +27,9 @@ impl Event {
 }
 
 /// What happened; serialized with its `type` tag.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, strum::IntoStaticStr)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum EventKind {
     /// Progress of the server itself ("Starting agent...").
     Status { message: String },
@@ -72,9 +73,19 @@ pub enum EventKind {
     Error { message: String, code: String },
 }
 
+impl EventKind {
+    /// The `type` of the event on the wire (the same names serde writes).
+    pub fn type_name(&self) -> &'static str {
+        self.into()
+    }
+}
+
 /// How a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ResultStatus {
     Success,
     Error,
@@ -83,6 +94,13 @@ pub enum ResultStatus {
     BudgetExceeded,
     /// The turn ran past `agent.turn_timeout_s`.
     TimedOut,
+}
+
+impl ResultStatus {
+    /// The status as the wire writes it.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// Token and cost accounting, per turn and per session.

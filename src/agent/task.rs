@@ -1,0 +1,109 @@
+//! The agent as a session kind: its options, checked before the session
+//! exists, and its turns, run by the session machinery.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use super::options::{AgentOptions, McpServerSpec};
+use super::turn::{self, TurnDeps};
+use crate::config::McpConfig;
+use crate::protocol::SessionKind;
+use crate::session::{OptionError, Outcome, Session, SessionError, SessionTask, Turn};
+use crate::store::StoreError;
+
+/// Runs `agent` sessions: a model with tools, turn by turn.
+pub struct AgentTask {
+    deps: TurnDeps,
+    /// Where a session's own MCP servers may be.
+    mcp: McpConfig,
+}
+
+impl AgentTask {
+    pub fn new(deps: TurnDeps, mcp: McpConfig) -> AgentTask {
+        AgentTask { deps, mcp }
+    }
+
+    /// Validates options as a route takes them: the model must resolve,
+    /// the tools must accept them, and each MCP server must be one the
+    /// operator allows (HTTP ones checked after DNS).
+    pub async fn check(&self, options: &AgentOptions) -> Result<(), SessionError> {
+        if let Some(model) = &options.model {
+            self.deps
+                .models
+                .resolve(model)
+                .map_err(|e| OptionError::new("options.model", e.to_string()))?;
+        }
+        self.deps.tools.check_options(options).await?;
+        let rules = crate::egress::Rules::parse(&self.mcp.allowed_http_servers).unwrap_or_default();
+        for (name, spec) in options.mcp_servers.iter().flatten() {
+            match spec {
+                McpServerSpec::Http { url, .. } => {
+                    rules.check_url(url).await.map_err(|e| {
+                        OptionError::new(
+                            format!("options.mcp_servers.{name}.url"),
+                            format!("{e} (mcp.allowed_http_servers)"),
+                        )
+                    })?;
+                }
+                McpServerSpec::Stdio { command, .. } => {
+                    if !self.mcp.stdio_commands.contains(command) {
+                        return Err(OptionError::new(
+                            format!("options.mcp_servers.{name}.command"),
+                            format!(
+                                "{command:?} is not in mcp.stdio_commands; stdio MCP servers run \
+                                 on the server's host, so the operator allows each command"
+                            ),
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SessionTask for AgentTask {
+    fn kind(&self) -> SessionKind {
+        SessionKind::AGENT
+    }
+
+    async fn options(
+        &self,
+        body: &Map<String, Value>,
+        fields: &[&str],
+    ) -> Result<Value, SessionError> {
+        let options = AgentOptions::from_body(body, fields)?;
+        self.check(&options).await?;
+        serde_json::to_value(&options)
+            .map_err(|e| SessionError::Internal(format!("storing options: {e}")))
+    }
+
+    fn describe(&self, options: &Value) -> Map<String, Value> {
+        let model = options
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| self.deps.models.default_model());
+        Map::from_iter([("model".to_owned(), Value::from(model))])
+    }
+
+    async fn run(&self, turn: &mut Turn, input: String) -> Result<Outcome, StoreError> {
+        turn::run(&self.deps, turn, input).await
+    }
+
+    async fn close_cut_off(&self, session: &Arc<Session>) -> Result<(), StoreError> {
+        turn::close_cut_off(&self.deps, session).await
+    }
+
+    async fn release(&self, session: Uuid) {
+        self.deps.tools.release(session).await;
+    }
+
+    async fn delete(&self, session: Uuid) {
+        self.deps.tools.delete(session).await;
+    }
+}

@@ -1,0 +1,16 @@
+//! The wire format: every type a client sees, in one place (after
+//! codex-rs's `protocol` crate). Nothing needs `agent` (or any other
+//! session kind) to speak it.
+//!
+//! - [`events`]: the events of a session's log, their kinds, result
+//!   statuses and usage.
+//! - [`message`]: the conversation history: messages and tool calls.
+//! - [`session`]: a session's kind, status and stored record.
+
+pub mod events;
+pub mod message;
+pub mod session;
+
+pub use events::{Event, EventKind, ResultStatus, Usage};
+pub use message::{Message, ToolCall};
+pub use session::{SessionKind, SessionRecord, SessionStatus};

@@ -1,0 +1,479 @@
+//! The session manager: creates, finds, lists and deletes sessions of every
+//! kind, runs their turns through their kind's task, and closes turns a
+//! crash cut off.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::SessionError;
+use super::live::Session;
+use super::task::{Outcome, SessionTask, Tasks, Turn};
+use crate::model::Message;
+use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::store::{SessionFilter, Store, StoreError};
+use crate::sync::lock;
+use crate::telemetry::{Metrics, StatusLabel};
+
+/// Everything a new session needs.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    pub name: Option<String>,
+    pub kind: SessionKind,
+    pub owner: Option<String>,
+    /// As the kind's task returned them from [`SessionTask::options`].
+    pub options: Value,
+    pub ephemeral: bool,
+}
+
+/// The limits of the machinery, the same for every kind.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// A turn's wall-clock limit; past it the turn ends `timed_out`.
+    pub turn_timeout: Duration,
+    /// How long a closed ephemeral session is kept; zero keeps them.
+    pub ephemeral_retention: Duration,
+}
+
+/// A turn that has started: stream its events from `since`.
+pub struct StartedTurn {
+    pub session: Arc<Session>,
+    /// The last `seq` before the turn's first event.
+    pub since: u64,
+    /// Cancels the turn; `/agent/run` fires it when its client leaves.
+    pub cancel: CancellationToken,
+}
+
+pub struct SessionManager {
+    store: Arc<dyn Store>,
+    tasks: Tasks,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    live: Mutex<HashMap<Uuid, Arc<Session>>>,
+    /// Parent of every turn's token: cancelled at shutdown.
+    shutdown: CancellationToken,
+    /// Parent of every session's `closed` token: cancelled at shutdown once
+    /// the turns have written their results, ending follow streams.
+    followers: CancellationToken,
+    turns: TaskTracker,
+}
+
+impl SessionManager {
+    pub fn new(
+        store: Arc<dyn Store>,
+        tasks: Tasks,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> SessionManager {
+        SessionManager {
+            store,
+            tasks,
+            limits,
+            metrics,
+            live: Mutex::new(HashMap::new()),
+            shutdown,
+            followers: CancellationToken::new(),
+            turns: TaskTracker::new(),
+        }
+    }
+
+    /// The kinds this server runs.
+    pub fn tasks(&self) -> &Tasks {
+        &self.tasks
+    }
+
+    /// The task of a session's kind; a session stored by a server that ran
+    /// a kind this one does not can be read and deleted, not run.
+    fn task_of(&self, session: &Session) -> Result<&Arc<dyn SessionTask>, SessionError> {
+        self.tasks
+            .get(session.kind.as_str())
+            .ok_or_else(|| SessionError::KindNotServed(session.kind.clone()))
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Arc<Session>>> {
+        lock(&self.live)
+    }
+
+    fn track(&self, session: Arc<Session>) -> Arc<Session> {
+        let mut live = self.live();
+        let entry = live.entry(session.id).or_insert(session).clone();
+        self.metrics.sessions_live.set(live.len() as i64);
+        entry
+    }
+
+    fn load(&self, record: SessionRecord, last_seq: u64) -> Arc<Session> {
+        self.track(Arc::new(Session::from_record(
+            record,
+            last_seq,
+            self.store.clone(),
+            self.metrics.clone(),
+            self.followers.child_token(),
+        )))
+    }
+
+    pub async fn create(&self, new: NewSession) -> Result<Arc<Session>, SessionError> {
+        self.tasks.require(new.kind.as_str(), "kind")?;
+        let now = Utc::now();
+        let record = SessionRecord {
+            id: Uuid::new_v4(),
+            name: new.name,
+            kind: new.kind,
+            owner: new.owner,
+            options: new.options,
+            // An ephemeral session exists to run its one turn: stored as
+            // running from the start, it saves the turn a commit before
+            // its first event.
+            status: if new.ephemeral {
+                SessionStatus::Running
+            } else {
+                SessionStatus::Idle
+            },
+            usage: Usage::default(),
+            ephemeral: new.ephemeral,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.create_session(&record).await?;
+        self.metrics.sessions_created.inc();
+        Ok(self.load(record, 0))
+    }
+
+    /// Finds a session the caller may see; another owner's is "not found".
+    pub async fn get(&self, id: Uuid, owner: Option<&str>) -> Result<Arc<Session>, SessionError> {
+        let cached = self.live().get(&id).cloned();
+        let session = match cached {
+            Some(session) => session,
+            None => {
+                let record = self
+                    .store
+                    .get_session(id)
+                    .await?
+                    .ok_or(SessionError::NotFound(id))?;
+                let last_seq = self.store.last_seq(id).await?;
+                self.load(record, last_seq)
+            }
+        };
+        if owner.is_some() && session.owner.as_deref() != owner {
+            return Err(SessionError::NotFound(id));
+        }
+        Ok(session)
+    }
+
+    /// Forgets sessions nobody holds (no turn, stream or socket); they load
+    /// again from the store when asked for. Returns how many went.
+    pub fn evict_unused(&self) -> usize {
+        let mut live = self.live();
+        let before = live.len();
+        // The map's own reference is the only one left: nobody can be using
+        // it, and nobody can take it while the map is locked.
+        live.retain(|_, session| Arc::strong_count(session) > 1);
+        self.metrics.sessions_live.set(live.len() as i64);
+        before - live.len()
+    }
+
+    pub async fn list(&self, filter: &SessionFilter) -> Result<Vec<SessionRecord>, SessionError> {
+        let mut records = self.store.list_sessions(filter).await?;
+        // Live sessions know their latest status and usage.
+        let live = self.live();
+        for record in &mut records {
+            if let Some(session) = live.get(&record.id) {
+                let state = session.lock_state();
+                record.status = state.status;
+                record.usage = state.usage.clone();
+                record.updated_at = state.updated_at;
+            }
+        }
+        Ok(records)
+    }
+
+    /// A session's stored record, whoever owns it.
+    pub async fn record(&self, id: Uuid) -> Result<Option<SessionRecord>, SessionError> {
+        Ok(self.store.get_session(id).await?)
+    }
+
+    /// Deletes the closed ephemeral sessions last updated more than the
+    /// retention ago. Returns how many went.
+    pub async fn expire_ephemeral(&self) -> Result<usize, SessionError> {
+        let retention = self.limits.ephemeral_retention;
+        if retention.is_zero() {
+            return Ok(0);
+        }
+        let cutoff =
+            Utc::now() - chrono::TimeDelta::from_std(retention).unwrap_or(chrono::TimeDelta::MAX);
+        let mut removed = 0;
+        loop {
+            let expired = self.store.expired_ephemeral(cutoff, 256).await?;
+            if expired.is_empty() {
+                return Ok(removed);
+            }
+            for id in expired {
+                match self.delete(id, None).await {
+                    Ok(()) | Err(SessionError::NotFound(_)) => removed += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+
+    pub async fn history(&self, session: &Session) -> Result<Vec<Message>, SessionError> {
+        Ok(self.store.messages(session.id).await?)
+    }
+
+    /// Stops the session's turn, frees its task's resources and forgets it.
+    pub async fn delete(&self, id: Uuid, owner: Option<&str>) -> Result<(), SessionError> {
+        let session = self.get(id, owner).await?;
+        session.interrupt();
+        // Wait for the turn to close before the rows go.
+        let _turn = session.turn_lock.lock().await;
+        session.closed.cancel();
+        if let Ok(task) = self.task_of(&session) {
+            task.delete(id).await;
+        }
+        self.store.delete_session(id).await?;
+        let mut live = self.live();
+        live.remove(&id);
+        self.metrics.sessions_live.set(live.len() as i64);
+        Ok(())
+    }
+
+    /// Starts a turn. Without `queue` a running session answers `Busy`
+    /// (a turn that has already sent its result is waited for); with it
+    /// the call waits for the running turn to end.
+    pub async fn start_turn(
+        &self,
+        session: Arc<Session>,
+        input: String,
+        queue: bool,
+    ) -> Result<StartedTurn, SessionError> {
+        if self.shutdown.is_cancelled() {
+            return Err(SessionError::ShuttingDown);
+        }
+        let task = self.task_of(&session)?.clone();
+        let guard = if queue {
+            tokio::select! {
+                guard = session.turn_lock.clone().lock_owned() => guard,
+                _ = self.shutdown.cancelled() => return Err(SessionError::ShuttingDown),
+                _ = session.closed.cancelled() => return Err(SessionError::NotFound(session.id)),
+            }
+        } else {
+            match session.turn_lock.clone().try_lock_owned() {
+                Ok(guard) => guard,
+                // A turn that holds the lock but no longer runs has sent its
+                // result and is only writing it out: wait for it, briefly.
+                Err(_) if !session.is_running() => session.turn_lock.clone().lock_owned().await,
+                Err(_) => return Err(SessionError::Busy(session.id)),
+            }
+        };
+        if session.closed.is_cancelled() {
+            return Err(SessionError::NotFound(session.id));
+        }
+        if session.status() == SessionStatus::Closed {
+            return Err(SessionError::Closed(session.id));
+        }
+        let cancel = self.shutdown.child_token();
+        *lock(&session.running) = Some(cancel.clone());
+        let since = session.last_seq();
+        let runner = Runner {
+            task,
+            metrics: self.metrics.clone(),
+            turn_timeout: self.limits.turn_timeout,
+        };
+        let turn_session = session.clone();
+        let turn_cancel = cancel.clone();
+        self.turns.spawn(async move {
+            runner.run(&turn_session, input, turn_cancel).await;
+            *lock(&turn_session.running) = None;
+            drop(guard);
+        });
+        Ok(StartedTurn {
+            session,
+            since,
+            cancel,
+        })
+    }
+
+    /// Closes the turns a crash cut off: each gets an `interrupted` result
+    /// (its task first leaves its own state consistent for the next turn).
+    /// A session whose kind this server does not run keeps its status.
+    pub async fn recover(&self) -> Result<usize, SessionError> {
+        let cut_off = self
+            .store
+            .sessions_with_status(SessionStatus::Running)
+            .await?;
+        let mut closed = 0;
+        for record in &cut_off {
+            let session = self.get(record.id, None).await?;
+            let Ok(task) = self.task_of(&session) else {
+                tracing::warn!(session = %session.id, kind = %session.kind,
+                    "a turn was cut off in a session of a kind this server does not run");
+                continue;
+            };
+            let runner = Runner {
+                task: task.clone(),
+                metrics: self.metrics.clone(),
+                turn_timeout: self.limits.turn_timeout,
+            };
+            runner.close_cut_off(&session).await?;
+            closed += 1;
+        }
+        Ok(closed)
+    }
+
+    /// Cancels every running turn and waits until each has written its result.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        self.turns.close();
+        self.turns.wait().await;
+        self.followers.cancel();
+    }
+}
+
+/// Runs a turn of one task with the machinery around it.
+struct Runner {
+    task: Arc<dyn SessionTask>,
+    metrics: Arc<Metrics>,
+    turn_timeout: Duration,
+}
+
+impl Runner {
+    /// Runs one turn to its `result`. Store failures end the turn early;
+    /// they are logged, since the log itself is what failed.
+    async fn run(&self, session: &Arc<Session>, input: String, cancel: CancellationToken) {
+        self.metrics.turns_running.inc();
+        if let Err(e) = self.run_inner(session, input, cancel).await {
+            tracing::error!(session = %session.id, error = %e, "turn aborted by a store failure");
+            let _ = session
+                .set_state(status_after(session, ResultStatus::Error), None)
+                .await;
+            if session.ephemeral {
+                self.task.release(session.id).await;
+            }
+        }
+        self.metrics.turns_running.dec();
+    }
+
+    async fn run_inner(
+        &self,
+        session: &Arc<Session>,
+        input: String,
+        cancel: CancellationToken,
+    ) -> Result<(), StoreError> {
+        let started = Instant::now();
+        // `running` is stored before any event of the turn: a crash after
+        // the first event always leaves a turn to close at restart.
+        if session.status() != SessionStatus::Running {
+            session.set_state(SessionStatus::Running, None).await?;
+        }
+        // The turn's own token: cancelled by an interrupt (its parent) or
+        // when the wall-clock limit passes, which only this timer does.
+        let limit = self.turn_timeout;
+        let turn_cancel = cancel.child_token();
+        let timer = tokio::spawn({
+            let turn_cancel = turn_cancel.clone();
+            async move {
+                tokio::time::sleep(limit).await;
+                turn_cancel.cancel();
+            }
+        });
+        let mut turn = Turn::starting(session, turn_cancel.clone());
+        let result = self.task.run(&mut turn, input).await;
+        timer.abort();
+        let mut outcome = result?;
+        let timed_out = turn_cancel.is_cancelled() && !cancel.is_cancelled();
+        if timed_out && outcome.status == ResultStatus::Interrupted {
+            session.emit(EventKind::Status {
+                message: format!(
+                    "The turn ran past its {} s limit (agent.turn_timeout_s) and was stopped.",
+                    limit.as_secs()
+                ),
+            })?;
+            outcome.status = ResultStatus::TimedOut;
+        }
+        self.finish(&turn, outcome, started).await
+    }
+
+    /// Settles a turn that a crash cut off: one whose `result` was stored
+    /// only needs its status; any other gets an `interrupted` result.
+    async fn close_cut_off(&self, session: &Arc<Session>) -> Result<(), StoreError> {
+        if let Some(status) = session.last_result().await? {
+            return session.set_state(status_after(session, status), None).await;
+        }
+        self.task.close_cut_off(session).await?;
+        session.emit(EventKind::Status {
+            message: "The server restarted during this turn; it was interrupted.".into(),
+        })?;
+        let turn = Turn::starting(session, CancellationToken::new());
+        let outcome = Outcome::new(ResultStatus::Interrupted, None);
+        self.finish(&turn, outcome, Instant::now()).await
+    }
+
+    async fn finish(
+        &self,
+        turn: &Turn,
+        outcome: Outcome,
+        started: Instant,
+    ) -> Result<(), StoreError> {
+        let session = &turn.session;
+        // An ephemeral session's one turn is over and nothing will use what
+        // it held: it is gone by the time the client reads the result.
+        if session.ephemeral {
+            self.task.release(session.id).await;
+        }
+        session.emit(EventKind::Result {
+            status: outcome.status,
+            result: outcome.text,
+            cost_usd: turn.usage.cost_usd,
+            cost_known: turn.cost_known,
+            turns: turn.usage.turns as u32,
+            usage: turn.usage.clone(),
+            duration_ms: started.elapsed().as_millis() as u64,
+        })?;
+        // Past its result the turn can no longer be interrupted, and a
+        // message that comes now waits for it instead of being refused.
+        *lock(&session.running) = None;
+        session.flush().await?;
+        // A crash before this line leaves `running` with a `result` stored,
+        // which the restart only has to mark as settled.
+        session
+            .set_state(
+                status_after(session, outcome.status),
+                Some(&turn.session_total()),
+            )
+            .await?;
+        let status = outcome.status.as_str();
+        tracing::info!(
+            session = %session.id,
+            kind = %session.kind,
+            %status,
+            model_calls = turn.usage.turns,
+            tool_calls = turn.usage.tool_calls,
+            ms = started.elapsed().as_millis() as u64,
+            "turn finished"
+        );
+        self.metrics
+            .turns_finished
+            .get_or_create(&StatusLabel {
+                status: status.to_string(),
+            })
+            .inc();
+        Ok(())
+    }
+}
+
+/// Result status → session status once a turn is over.
+fn status_after(session: &Session, result: ResultStatus) -> SessionStatus {
+    if session.ephemeral {
+        SessionStatus::Closed
+    } else if result == ResultStatus::Interrupted {
+        SessionStatus::Interrupted
+    } else {
+        SessionStatus::Idle
+    }
+}

@@ -1,0 +1,56 @@
+//! The machinery every session kind shares: the live session with its
+//! durable event log and streams, the turn lock, `queue` and interrupt,
+//! the closing `result`, status and usage, and the turns a crash cut off.
+//! What a session runs is a [`SessionTask`] of its kind; the agent turn
+//! is the first.
+//!
+//! - [`live`]: one live session: event log (store first, then
+//!   broadcast), subscriptions with replay, interrupt.
+//! - [`manager`]: create/get/list/delete sessions, run their turns, close
+//!   turns a crash cut off, shut down.
+//! - [`options`]: options nested or flat in a request, errors that name
+//!   the option.
+//! - [`task`]: the [`SessionTask`] seam and the registry of kinds.
+
+pub mod live;
+pub mod manager;
+pub mod options;
+pub mod task;
+#[cfg(test)]
+mod tests;
+
+use uuid::Uuid;
+
+pub use live::Session;
+pub use manager::{Limits, NewSession, SessionManager, StartedTurn};
+pub use options::OptionError;
+pub use task::{Outcome, SessionTask, Tasks, Turn};
+
+use crate::protocol::SessionKind;
+use crate::store::StoreError;
+
+/// What the session machinery refuses, typed so the API maps each to its
+/// status once (`api/error.rs`).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("session {0} not found")]
+    NotFound(Uuid),
+    #[error(
+        "session {0} is running a turn; interrupt it, wait for its result, or send with \"queue\": true"
+    )]
+    Busy(Uuid),
+    #[error("session {0} is closed")]
+    Closed(Uuid),
+    #[error("invalid option {0}")]
+    Option(#[from] OptionError),
+    #[error("this server does not run {0} sessions")]
+    KindNotServed(SessionKind),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// A check a task could not make (e.g. the sandbox backend did not
+    /// answer); logged in full, answered in brief.
+    #[error("{0}")]
+    Internal(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,159 @@
+//! The seam between the session machinery and what a session runs (after
+//! codex-rs's session tasks): a [`SessionTask`] runs one turn of its kind;
+//! the machinery around it is the same for every kind.
+//!
+//! The machinery owns the turn lock and `queue`, interrupts, the turn's
+//! wall-clock limit, the closing `result` event, the session's status and
+//! usage, and the turns a crash cut off. A task owns its options (their
+//! type, validation and stored JSON) and the events of the turn between its
+//! first `status` and its `result`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::SessionError;
+use super::live::Session;
+use crate::protocol::{ResultStatus, SessionKind, SessionStatus, Usage};
+use crate::store::StoreError;
+
+/// One kind of session: validates its options and runs its turns.
+#[async_trait]
+pub trait SessionTask: Send + Sync + 'static {
+    /// The `kind` clients name when they create such a session.
+    fn kind(&self) -> SessionKind;
+
+    /// Validates the options of a create request (the whole JSON body:
+    /// options may be nested under `options` or flat; `fields` are the
+    /// other top-level fields the route takes) and returns them as they
+    /// are stored with the session. An invalid one is a
+    /// [`SessionError::Option`] naming it.
+    async fn options(
+        &self,
+        body: &Map<String, Value>,
+        fields: &[&str],
+    ) -> Result<Value, SessionError>;
+
+    /// What the session's status shows besides the common fields (e.g. the
+    /// agent's resolved model).
+    fn describe(&self, _options: &Value) -> Map<String, Value> {
+        Map::new()
+    }
+
+    /// Runs one turn on `input` until it ends: emits its events to
+    /// `turn.session` and adds what it spends to `turn.usage`. The
+    /// machinery has already emitted nothing and will emit the `result`;
+    /// a store failure ends the turn early.
+    async fn run(&self, turn: &mut Turn, input: String) -> Result<Outcome, StoreError>;
+
+    /// Leaves the state of a turn a crash cut off (no `result` stored)
+    /// consistent for the next one, before the machinery closes it as
+    /// `interrupted`.
+    async fn close_cut_off(&self, _session: &Arc<Session>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Frees what an ephemeral session held once its one turn is over.
+    async fn release(&self, _session: Uuid) {}
+
+    /// Frees everything the session holds; it is being deleted.
+    async fn delete(&self, _session: Uuid) {}
+}
+
+/// How a turn ended, before it becomes the `result` event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: ResultStatus,
+    pub text: Option<String>,
+}
+
+impl Outcome {
+    pub fn new(status: ResultStatus, text: Option<String>) -> Outcome {
+        Outcome { status, text }
+    }
+}
+
+/// A running turn, as its task sees it.
+pub struct Turn {
+    pub session: Arc<Session>,
+    /// Cancelled by an interrupt, a shutdown or the turn's time limit.
+    pub cancel: CancellationToken,
+    /// What the turn has spent so far; the task adds to it.
+    pub usage: Usage,
+    /// False once a model call of the turn had no price: `cost_usd` then
+    /// counts only the priced ones.
+    pub cost_known: bool,
+    /// The session's usage before the turn.
+    pub(super) before: Usage,
+}
+
+impl Turn {
+    pub(super) fn starting(session: &Arc<Session>, cancel: CancellationToken) -> Turn {
+        Turn {
+            session: session.clone(),
+            cancel,
+            usage: Usage::default(),
+            cost_known: true,
+            before: session.usage(),
+        }
+    }
+
+    /// The session's usage with this turn's so far added.
+    pub fn session_total(&self) -> Usage {
+        let mut total = self.before.clone();
+        total.add(&self.usage);
+        total
+    }
+
+    /// Saves the usage so far with the session (status stays `running`),
+    /// so a status read during the turn shows it.
+    pub async fn save_usage(&self) -> Result<(), StoreError> {
+        self.session
+            .set_state(SessionStatus::Running, Some(&self.session_total()))
+            .await
+    }
+}
+
+/// The kinds a server runs, by name.
+#[derive(Clone, Default)]
+pub struct Tasks {
+    by_kind: BTreeMap<String, Arc<dyn SessionTask>>,
+}
+
+impl Tasks {
+    pub fn new() -> Tasks {
+        Tasks::default()
+    }
+
+    /// Adds a kind; a second task of the same kind replaces the first.
+    pub fn with(mut self, task: Arc<dyn SessionTask>) -> Tasks {
+        self.by_kind.insert(task.kind().as_str().to_owned(), task);
+        self
+    }
+
+    pub fn get(&self, kind: &str) -> Option<&Arc<dyn SessionTask>> {
+        self.by_kind.get(kind)
+    }
+
+    /// The kinds, sorted: for error messages that list what exists.
+    pub fn kinds(&self) -> Vec<&str> {
+        self.by_kind.keys().map(String::as_str).collect()
+    }
+
+    /// The task of `kind`, or an error naming `field` and the kinds that exist.
+    pub fn require(&self, kind: &str, field: &str) -> Result<&Arc<dyn SessionTask>, SessionError> {
+        self.get(kind).ok_or_else(|| {
+            SessionError::Option(super::OptionError::new(
+                field,
+                format!(
+                    "unknown session kind {kind:?}; this server runs {}",
+                    self.kinds().join(", ")
+                ),
+            ))
+        })
+    }
+}

@@ -1,0 +1,174 @@
+//! Sessions and their messages in SQLite.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rusqlite::params;
+use uuid::Uuid;
+
+use super::rows::{SessionRow, decode, decode_sessions, encode, encode_time, select_sessions};
+use super::{SqliteStore, in_savepoint, listing};
+use crate::model::Message;
+use crate::protocol::{SessionRecord, SessionStatus, Usage};
+use crate::store::{SessionFilter, SessionStore, StoreError};
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
+        let row = SessionRow::encode(session)?;
+        self.call(move |conn| {
+            conn.prepare_cached(concat!(
+                "INSERT INTO sessions (",
+                session_columns!(),
+                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            ))?
+            .execute(params![
+                row.id,
+                row.name,
+                row.kind,
+                row.owner,
+                row.options,
+                row.status,
+                row.usage,
+                row.ephemeral,
+                row.created_at,
+                row.updated_at,
+            ])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// An unknown session is left alone: it may have been deleted while it
+    /// ran, and its last update has nothing left to update.
+    async fn update_session(
+        &self,
+        id: Uuid,
+        status: SessionStatus,
+        usage: &Usage,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        let usage = encode("session usage", usage)?;
+        let updated_at = encode_time(Utc::now());
+        self.call(move |conn| {
+            conn.prepare_cached(
+                "UPDATE sessions SET status = ?2, usage = ?3, updated_at = ?4 WHERE id = ?1",
+            )?
+            .execute(params![id, status.as_str(), usage, updated_at])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
+        let id = id.to_string();
+        let rows = self
+            .call(move |conn| {
+                select_sessions(
+                    conn,
+                    concat!(
+                        "SELECT ",
+                        session_columns!(),
+                        " FROM sessions WHERE id = ?1"
+                    ),
+                    [id],
+                )
+            })
+            .await?;
+        rows.into_iter().next().map(SessionRow::decode).transpose()
+    }
+
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let filter = filter.clone();
+        let rows = self.call(move |conn| listing::list(conn, &filter)).await?;
+        decode_sessions(rows)
+    }
+
+    async fn expired_ephemeral(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let ids = self
+            .call(move |conn| listing::expired_ephemeral(conn, cutoff, limit))
+            .await?;
+        ids.iter()
+            .map(|id| {
+                Uuid::parse_str(id)
+                    .map_err(|e| StoreError::Corrupt(format!("session id '{id}': {e}")))
+            })
+            .collect()
+    }
+
+    async fn sessions_with_status(
+        &self,
+        status: SessionStatus,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let rows = self
+            .call(move |conn| {
+                select_sessions(
+                    conn,
+                    concat!(
+                        "SELECT ",
+                        session_columns!(),
+                        " FROM sessions WHERE status = ?1 ORDER BY created_at DESC, rowid DESC"
+                    ),
+                    [status.as_str()],
+                )
+            })
+            .await?;
+        decode_sessions(rows)
+    }
+
+    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.call(move |conn| {
+            let deleted = conn
+                .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+                .execute([id])?;
+            Ok(deleted > 0)
+        })
+        .await
+    }
+
+    async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
+        let id = id.to_string();
+        let bodies = messages
+            .iter()
+            .map(|message| encode("message", message))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.call(move |conn| {
+            in_savepoint(conn, |conn| {
+                let next: i64 = conn
+                    .prepare_cached(
+                        "SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE session_id = ?1",
+                    )?
+                    .query_row([&id], |row| row.get(0))?;
+                let mut insert = conn.prepare_cached(
+                    "INSERT INTO messages (session_id, idx, body) VALUES (?1, ?2, ?3)",
+                )?;
+                for (idx, body) in (next..).zip(bodies) {
+                    insert.execute(params![id, idx, body])?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError> {
+        let id = id.to_string();
+        let bodies = self
+            .call(move |conn| {
+                let mut statement = conn.prepare_cached(
+                    "SELECT body FROM messages WHERE session_id = ?1 ORDER BY idx",
+                )?;
+                let rows = statement.query_map([id], |row| row.get::<_, String>(0))?;
+                Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+            })
+            .await?;
+        bodies.iter().map(|body| decode("message", body)).collect()
+    }
+}
