@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::SessionError;
 use super::live::Session;
+use super::log::{EmbeddedLogs, EventLogs};
 use super::task::{Outcome, SessionTask, Tasks, Turn};
 use crate::model::Message;
 use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage};
@@ -52,6 +53,7 @@ pub struct StartedTurn {
 
 pub struct SessionManager {
     store: Arc<dyn Store>,
+    logs: Arc<dyn EventLogs>,
     tasks: Tasks,
     limits: Limits,
     metrics: Arc<Metrics>,
@@ -73,6 +75,10 @@ impl SessionManager {
         shutdown: CancellationToken,
     ) -> SessionManager {
         SessionManager {
+            logs: Arc::new(EmbeddedLogs {
+                store: store.clone(),
+                metrics: metrics.clone(),
+            }),
             store,
             tasks,
             limits,
@@ -109,12 +115,13 @@ impl SessionManager {
     }
 
     fn load(&self, record: SessionRecord, last_seq: u64) -> Arc<Session> {
+        let closed = self.followers.child_token();
+        let log = self.logs.open(record.id, last_seq, closed.clone());
         self.track(Arc::new(Session::from_record(
             record,
-            last_seq,
             self.store.clone(),
-            self.metrics.clone(),
-            self.followers.child_token(),
+            log,
+            closed,
         )))
     }
 

@@ -4,8 +4,10 @@
 //! What a session runs is a [`SessionTask`] of its kind; the agent turn
 //! is the first.
 //!
-//! - [`live`]: one live session: event log (store first, then
-//!   broadcast), subscriptions with replay, interrupt.
+//! - [`live`]: one live session: its state, its log, interrupt.
+//! - [`log`]: the [`log::EventLog`] seam (append returns the `seq`;
+//!   subscribe from a `seq`) and its embedded implementation: store
+//!   first, in batches, then broadcast; replay from the store.
 //! - [`manager`]: create/get/list/delete sessions, run their turns, close
 //!   turns a crash cut off, shut down.
 //! - [`options`]: options nested or flat in a request, errors that name
@@ -13,6 +15,7 @@
 //! - [`task`]: the [`SessionTask`] seam and the registry of kinds.
 
 pub mod live;
+pub mod log;
 pub mod manager;
 pub mod options;
 pub mod task;
