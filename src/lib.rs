@@ -24,8 +24,9 @@
 //! - [`model`]: the streaming `ModelProvider` trait and its providers
 //!   (OpenAI-compatible, Anthropic, demo, a gateway pool), aliases, prices.
 //! - [`gateway`]: the OpenAI-compatible gateway: pools of inference
-//!   replicas, balancing strategies, health checks, traces; and
-//!   `conclave sim`, a simulated replica for tests and benchmarks.
+//!   replicas, balancing strategies, health checks, traces.
+//! - [`sim`]: `conclave sim`, a simulated OpenAI-compatible replica for
+//!   tests and benchmarks, with its own axum app.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
 //!   backends, with the per-session manager and warm pool.
 //! - [`store`]: the durable `Store` trait and its SQLite implementation.
@@ -56,6 +57,7 @@ pub mod sandbox;
 pub mod server;
 pub mod session;
 pub mod shutdown;
+pub mod sim;
 pub mod store;
 pub mod sync;
 pub mod telemetry;

@@ -315,7 +315,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if !(0.0..=1.0).contains(&failure_rate) {
                 anyhow::bail!("--failure-rate must be between 0 and 1");
             }
-            let config = conclave::gateway::sim::SimConfig {
+            let config = conclave::sim::SimConfig {
                 id,
                 model,
                 tokens,
@@ -327,7 +327,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 healthy: true,
                 tool_call,
             };
-            conclave::gateway::sim::serve(listen, config).await
+            conclave::sim::serve(listen, config).await
         }
     }
 }

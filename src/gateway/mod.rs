@@ -9,8 +9,6 @@
 //!   response as it streams to the client.
 //! - [`slug`]: the `/meta/{slug}/v1/…` metadata codec.
 //! - [`litellm`]: LiteLLM `model_list` import and export.
-//! - [`sim`]: `conclave sim`, an OpenAI-compatible upstream for tests and
-//!   benchmarks.
 
 pub mod body;
 pub mod config;
@@ -18,7 +16,6 @@ mod health;
 pub mod litellm;
 pub mod params;
 pub mod pool;
-pub mod sim;
 pub mod slug;
 pub mod trace;
 

@@ -39,8 +39,8 @@ use uuid::Uuid;
 use self::agent::{BOOT_SCRIPT, Boot};
 use self::sandbox::DockerSandbox;
 use super::{
-    LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox,
-    SandboxBackend, SandboxError, SandboxSpec, WORKSPACE, create_detached, expiry_of,
+    LABEL_MANAGED, LABEL_SESSION, ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError,
+    SandboxSpec, WORKSPACE, create_detached,
 };
 
 mod agent;
@@ -291,24 +291,18 @@ impl SandboxBackend for DockerBackend {
                     .and_then(|n| n.into_iter().next())
                     .unwrap_or_default();
                 let name = name.trim_start_matches('/');
-                // A claimed pool container carries its session in its name.
-                let session = labels.get(LABEL_SESSION).cloned().or_else(|| {
-                    name.strip_prefix(SESSION_PREFIX)
+                let mut found = ManagedSandbox::from_labels(id, |k| labels.get(k));
+                // A claimed pool container carries its session in its name
+                // (a container's labels cannot change).
+                if found.session.is_none()
+                    && let Some(session) = name
+                        .strip_prefix(SESSION_PREFIX)
                         .filter(|rest| Uuid::parse_str(rest).is_ok())
-                        .map(str::to_string)
-                });
-                let pool = match session {
-                    Some(_) => None,
-                    None => labels.get(LABEL_POOL).cloned(),
-                };
-                let instance = labels.get(LABEL_INSTANCE).cloned();
-                Some(ManagedSandbox {
-                    id,
-                    instance,
-                    session,
-                    pool,
-                    expires: expiry_of(|k| labels.get(k)),
-                })
+                {
+                    found.session = Some(session.to_string());
+                    found.pool = None;
+                }
+                Some(found)
             })
             .collect())
     }

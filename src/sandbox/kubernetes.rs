@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use self::error::{describe, kube_error, namespace_error};
 use super::{
-    ExecChunk, ExecRequest, ExecStatus, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION,
-    ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
-    create_detached, exec_collect, expiry_of,
+    ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
+    Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats, create_detached,
+    exec_collect,
 };
 
 /// Backoff between polls of a starting Pod: quick for a cached image, then
@@ -213,13 +213,9 @@ impl SandboxBackend for KubernetesBackend {
             .into_iter()
             .filter_map(|pod| {
                 let labels = pod.metadata.labels.unwrap_or_default();
-                Some(ManagedSandbox {
-                    id: pod.metadata.name?,
-                    instance: labels.get(LABEL_INSTANCE).cloned(),
-                    session: labels.get(LABEL_SESSION).cloned(),
-                    pool: labels.get(LABEL_POOL).cloned(),
-                    expires: expiry_of(|k| labels.get(k)),
-                })
+                Some(ManagedSandbox::from_labels(pod.metadata.name?, |k| {
+                    labels.get(k)
+                }))
             })
             .collect())
     }

@@ -53,13 +53,7 @@ impl SandboxBackend for Arc<Memory> {
     async fn list_managed(&self) -> Result<Vec<ManagedSandbox>> {
         Ok(lock(&self.live)
             .iter()
-            .map(|(id, labels)| ManagedSandbox {
-                id: id.clone(),
-                instance: labels.get(LABEL_INSTANCE).cloned(),
-                session: labels.get(LABEL_SESSION).cloned(),
-                pool: labels.get(LABEL_POOL).cloned(),
-                expires: crate::sandbox::expiry_of(|k| labels.get(k)),
-            })
+            .map(|(id, labels)| ManagedSandbox::from_labels(id.clone(), |k| labels.get(k)))
             .collect())
     }
 

@@ -159,15 +159,29 @@ pub struct ManagedSandbox {
 }
 
 impl ManagedSandbox {
+    /// A sandbox as its labels describe it: the one place every backend
+    /// reads them back. A sandbox claimed by a session is no longer in a pool.
+    pub fn from_labels<'a>(
+        id: String,
+        label: impl Fn(&str) -> Option<&'a String>,
+    ) -> ManagedSandbox {
+        let session = label(LABEL_SESSION).cloned();
+        ManagedSandbox {
+            id,
+            instance: label(LABEL_INSTANCE).cloned(),
+            pool: match session {
+                Some(_) => None,
+                None => label(LABEL_POOL).cloned(),
+            },
+            session,
+            expires: label(LABEL_EXPIRES).and_then(|v| v.parse().ok()),
+        }
+    }
+
     /// Whether it expired before `now` (Unix seconds).
     pub fn expired(&self, now: i64) -> bool {
         self.expires.is_some_and(|at| at <= now)
     }
-}
-
-/// The expiry a sandbox's labels carry.
-pub fn expiry_of<'a>(label: impl FnOnce(&str) -> Option<&'a String>) -> Option<i64> {
-    label(LABEL_EXPIRES).and_then(|v| v.parse().ok())
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -65,8 +65,8 @@ use self::cgroup::{Controller, Hierarchy};
 use self::jail::{Fallbacks, Identity, Jail, Layout};
 use self::meta::{ID_PREFIX, Meta, SpecRecord, read_meta, valid_id, write_meta};
 use super::{
-    LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox, Result, Sandbox,
-    SandboxBackend, SandboxError, SandboxSpec, create_detached, expiry_of,
+    LABEL_MANAGED, ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
+    create_detached,
 };
 use crate::sync::lock;
 
@@ -457,13 +457,7 @@ impl SandboxBackend for LocalBackend {
         for (id, meta) in found {
             match meta {
                 Ok(meta) if meta.spec.labels.contains_key(LABEL_MANAGED) => {
-                    managed.push(ManagedSandbox {
-                        id,
-                        instance: meta.spec.labels.get(LABEL_INSTANCE).cloned(),
-                        session: meta.spec.labels.get(LABEL_SESSION).cloned(),
-                        pool: meta.spec.labels.get(LABEL_POOL).cloned(),
-                        expires: expiry_of(|k| meta.spec.labels.get(k)),
-                    })
+                    managed.push(ManagedSandbox::from_labels(id, |k| meta.spec.labels.get(k)))
                 }
                 Ok(_) => {}
                 // A directory without a readable meta.json is a create that

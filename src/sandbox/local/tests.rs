@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::sandbox::{Collected, ExecChunk, ExecRequest, ExecStatus, exec_collect};
+use crate::sandbox::{Collected, ExecChunk, ExecRequest, ExecStatus, LABEL_SESSION, exec_collect};
 
 struct Fixture {
     backend: LocalBackend,
