@@ -40,6 +40,9 @@
 //!   `conclave mcp` started without `--data-dir`.
 //! - [`operator`]: `conclave sandboxes list|prune`, across data directories.
 //! - [`telemetry`]: logging and the Prometheus metrics registry.
+//! - [`upstream`]: what every client of an upstream HTTP server needs
+//!   (providers and gateway alike): errors with their causes,
+//!   `Retry-After`, bounded error bodies.
 //! - [`shutdown`]: the root cancellation token and signal handling.
 //! - [`sync`]: the one poison-tolerant lock helper.
 
@@ -61,3 +64,4 @@ pub mod sim;
 pub mod store;
 pub mod sync;
 pub mod telemetry;
+pub mod upstream;

@@ -21,11 +21,11 @@ pub mod trace;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use reqwest::StatusCode;
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value};
 
 use body::TracedBody;
@@ -34,8 +34,12 @@ use params::shape_request;
 use pool::{Pool, Replica, ReplicaState, ReplicaView};
 use trace::{Recorder, Trace, TraceLog};
 
+/// The most of a replica's error body kept to pass on to the client.
+const PASSED_ON_ERROR_BODY: usize = 64 * 1024;
+
 use crate::sync::{read, write};
 use crate::telemetry::{Metrics, ReplicaLabel};
+use crate::upstream::{bounded_body, describe, retry_after};
 
 /// Which OpenAI endpoint a call is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -508,10 +512,12 @@ impl Gateway {
         if !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS) {
             return Ok(response);
         }
-        let cooldown = retry_after(response.headers())
+        let cooldown = retry_after(response.headers(), SystemTime::now())
             .map(|d| d.max(Duration::from_secs(pool.config.cooldown_s)));
         let content_type = response.headers().get(CONTENT_TYPE).cloned();
-        let body = response.bytes().await.unwrap_or_default();
+        // Kept to pass on if this was the last attempt; bounded, as an
+        // upstream's error body can be anything.
+        let (body, _) = bounded_body(response, PASSED_ON_ERROR_BODY).await;
         Err(Failure {
             message: format!(
                 "{url} answered {status}: {}",
@@ -539,22 +545,6 @@ impl Failure {
             response: None,
         }
     }
-}
-
-fn describe(error: &reqwest::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}
-
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
 /// JSON text as a trace's raw value (it came from `serde_json`, so it is

@@ -2,22 +2,20 @@
 //! that honour `Retry-After`, error bodies, and the task that pumps a
 //! server's SSE events through an [`SseDecoder`] into a [`ModelStream`].
 
-use std::error::Error;
 use std::time::{Duration, SystemTime};
 
 use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{Response, StatusCode};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{ModelError, ModelStream, StreamEvent};
+use crate::upstream::{describe, error_text, retry_after};
 
-/// The longest `Retry-After` honoured; a server asking for more gets this.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// The first backoff; it doubles (with jitter) per retry up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -120,51 +118,9 @@ async fn check(url: &str, sent: reqwest::Result<Response>) -> Result<Response, F
         retry_after: retry_after(response.headers(), SystemTime::now()),
         error: ModelError::Http {
             status: status.as_u16(),
-            body: error_body(response).await,
+            body: error_text(response, ERROR_BODY_LIMIT).await,
         },
     })
-}
-
-/// `Retry-After` in seconds or as an HTTP date, capped at [`MAX_RETRY_AFTER`].
-fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    let wait = match value.parse::<u64>() {
-        Ok(seconds) => Duration::from_secs(seconds),
-        Err(_) => httpdate::parse_http_date(value)
-            .ok()?
-            .duration_since(now)
-            .unwrap_or(Duration::ZERO),
-    };
-    Some(wait.min(MAX_RETRY_AFTER))
-}
-
-/// The start of an error response's body, read no further than needed.
-async fn error_body(mut response: Response) -> String {
-    let mut bytes = Vec::new();
-    while bytes.len() <= ERROR_BODY_LIMIT {
-        match response.chunk().await {
-            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
-        }
-    }
-    let cut = bytes.len() > ERROR_BODY_LIMIT;
-    bytes.truncate(ERROR_BODY_LIMIT);
-    let mut body = String::from_utf8_lossy(&bytes).trim().to_string();
-    if cut {
-        body.push('…');
-    }
-    body
-}
-
-/// An error with its causes: reqwest's own message rarely says what failed.
-fn describe(error: &dyn Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 /// `{base_url}/{path}`, once the base URL is known to be one.
@@ -256,38 +212,6 @@ fn sse_error(error: EventStreamError<reqwest::Error>) -> ModelError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(retry_after: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(RETRY_AFTER, HeaderValue::from_str(retry_after).unwrap());
-        headers
-    }
-
-    #[test]
-    fn retry_after_in_seconds() {
-        let now = SystemTime::now();
-        assert_eq!(
-            retry_after(&headers("3"), now),
-            Some(Duration::from_secs(3))
-        );
-        assert_eq!(retry_after(&headers("3600"), now), Some(MAX_RETRY_AFTER));
-        assert_eq!(retry_after(&HeaderMap::new(), now), None);
-        assert_eq!(retry_after(&headers("soon"), now), None);
-    }
-
-    #[test]
-    fn retry_after_as_a_date() {
-        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
-        assert_eq!(
-            retry_after(&headers("Sun, 06 Nov 1994 08:49:42 GMT"), now),
-            Some(Duration::from_secs(5))
-        );
-        assert_eq!(
-            retry_after(&headers("Sun, 06 Nov 1994 08:49:00 GMT"), now),
-            Some(Duration::ZERO),
-            "a date in the past"
-        );
-    }
 
     #[test]
     fn endpoint_joins_and_checks() {

@@ -11,6 +11,8 @@
 //!   [`ToolCallMode::JsonSchema`](super::ToolCallMode::JsonSchema), where the
 //!   whole output is one JSON object: a final answer or one tool call.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
 use super::{ToolCall, ToolSpec};
@@ -26,6 +28,9 @@ const ARGUMENT_KEYS: [&str; 3] = ["arguments", "parameters", "input"];
 /// brackets than this is not repaired: deep nesting would overflow the stack
 /// of the task that parses it.
 const MAX_REPAIR_BRACKETS: usize = 1000;
+/// Calls a reply may write before its stream is cut: twice the default
+/// `agent.max_tool_calls_per_reply`, so a real batch is never cut.
+const MAX_CALLS_WRITTEN: usize = 16;
 
 /// Tool calls found in a text, and the text without them.
 #[derive(Debug, Clone, PartialEq)]
@@ -426,7 +431,45 @@ fn repair(text: &str) -> Option<Value> {
     if !text.starts_with(['{', '[']) || brackets > MAX_REPAIR_BRACKETS {
         return None;
     }
-    llm_json::loads(text, &llm_json::RepairOptions::default()).ok()
+    llm_json::loads(&valid_escapes(text), &llm_json::RepairOptions::default()).ok()
+}
+
+/// `text` with the escapes JSON does not know fixed inside its strings:
+/// `\'` (which small models write for a quote inside Python code) loses
+/// its backslash, and any other stray backslash is doubled.
+fn valid_escapes(text: &str) -> Cow<'_, str> {
+    if !text.contains('\\') {
+        return Cow::Borrowed(text);
+    }
+    let mut fixed = String::with_capacity(text.len() + 8);
+    let mut chars = text.chars().peekable();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => in_string = !in_string,
+            '\\' if in_string => match chars.peek() {
+                Some('\'') => continue,
+                Some('"' | '\\' | '/' | 'b' | 'f' | 'n' | 'r' | 't' | 'u') => {
+                    fixed.push(c);
+                    if let Some(next) = chars.next() {
+                        fixed.push(next);
+                    }
+                    continue;
+                }
+                _ => fixed.push('\\'),
+            },
+            _ => {}
+        }
+        fixed.push(c);
+    }
+    Cow::Owned(fixed)
+}
+
+/// Whether a reply has written more calls than any reply runs: a weak
+/// model that alternates between calls never repeats one span exactly,
+/// so [`repeats_itself`] misses it. Counted by the `"name"` keys.
+pub fn writes_too_many_calls(text: &str) -> bool {
+    text.matches("\"name\"").count() > MAX_CALLS_WRITTEN
 }
 
 /// The JSON value at the start of `text` with closing brackets that match
@@ -461,7 +504,9 @@ fn without_strays(text: &str) -> Option<(Value, usize)> {
         }
         kept.push(c);
         if open.is_empty() {
-            let value = serde_json::from_str(&kept).ok()?;
+            let value = serde_json::from_str(&kept)
+                .or_else(|_| serde_json::from_str(&valid_escapes(&kept)))
+                .ok()?;
             return Some((value, i + c.len_utf8()));
         }
     }
@@ -887,5 +932,36 @@ mod tests {
             ),
             (String::new(), vec![bash("ls")])
         );
+    }
+
+    #[test]
+    fn a_call_with_python_quote_escapes_and_no_closing_brace_is_read() {
+        // Qwen2.5-Coder-0.5B, verbatim: `\'` is no JSON escape, and the
+        // outer object never closes.
+        let text = r#"{"name": "mcp__sandbox__execute_code", "arguments": {"code": "print(len([c for c in \'programming language\' if c in \'aeiou\']))"}"#;
+        let recovered = recover_tool_calls(text, &tools(&["mcp__sandbox__execute_code"])).unwrap();
+        assert_eq!(
+            named(&recovered.calls),
+            [(
+                "mcp__sandbox__execute_code".to_string(),
+                json!({"code": "print(len([c for c in 'programming language' if c in 'aeiou']))"})
+            )]
+        );
+        // Closed, it is read without the repairing parser.
+        let closed = format!("{text}}} and then");
+        let recovered =
+            recover_tool_calls(&closed, &tools(&["mcp__sandbox__execute_code"])).unwrap();
+        assert_eq!(recovered.calls.len(), 1);
+        assert_eq!(recovered.text, "and then");
+        assert_eq!(valid_escapes(r#""a\qb""#), r#""a\\qb""#);
+        assert_eq!(valid_escapes(r#""a\"b\n""#), r#""a\"b\n""#);
+    }
+
+    #[test]
+    fn a_reply_that_alternates_calls_without_end_is_cut() {
+        let two = "{\"name\": \"Bash\", \"arguments\": {\"command\": \"python -c 'print(1)'\"}}\n\
+                   {\"name\": \"mcp__sandbox__execute_code\", \"arguments\": {\"code\": \"print(2)\"}}\n";
+        assert!(!writes_too_many_calls(&two.repeat(4)));
+        assert!(writes_too_many_calls(&two.repeat(9)));
     }
 }

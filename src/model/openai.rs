@@ -321,6 +321,7 @@ impl ChunkDecoder {
         }
         self.checked = self.text.len();
         lenient::repeats_itself(&self.text)
+            || (!self.tools.is_empty() && lenient::writes_too_many_calls(&self.text))
     }
 
     fn flush_calls(&mut self, out: &mut Vec<StreamEvent>) {
