@@ -51,7 +51,6 @@ mod sandbox;
 const SESSION_PREFIX: &str = "conclave-";
 const POOL_PREFIX: &str = "conclave-pool-";
 /// How long the kill exec may take before the container is restarted.
-const KILL_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub struct DockerBackend {

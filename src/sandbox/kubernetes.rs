@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::error::{describe, kube_error, namespace_error};
+use super::supervise::{KILL_GRACE, supervise};
 use super::{
     ExecChunk, ExecRequest, ExecStatus, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, ManagedSandbox,
     Result, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats, create_detached,
@@ -245,8 +246,6 @@ enum Outcome {
     Exited(i64),
     /// The connection ended without an exit status.
     Lost,
-    TimedOut,
-    Cancelled,
 }
 
 impl PodSandbox {
@@ -363,39 +362,32 @@ impl Sandbox for PodSandbox {
                 None => Ok(Outcome::Lost),
             }
         };
-        // Dropping `run` drops the connection; the processes live on until
-        // `kill_tree`.
-        let outcome = tokio::select! {
-            biased;
-            outcome = run => outcome?,
-            () = cancel.cancelled() => Outcome::Cancelled,
-            () = tokio::time::sleep(request.timeout) => Outcome::TimedOut,
-        };
-        let mut status = ExecStatus {
-            exit_code: None,
-            timed_out: false,
-            cancelled: false,
-            duration: started.elapsed(),
-        };
-        match outcome {
-            Outcome::Exited(code) => status.exit_code = Some(code),
-            Outcome::Lost => {
+        // After a kill the run is still read, for the output the tree
+        // wrote before it died, until its status comes or the grace ends.
+        let done = supervise(run, request.timeout, &cancel, KILL_GRACE, || {
+            Box::pin(self.kill_tree(&marker))
+        })
+        .await;
+        let killed = done.killed();
+        let exit_code = match done.ended {
+            Some(Ok(Outcome::Exited(code))) => Some(code).filter(|_| !killed),
+            // A killed tree may take its connection with it.
+            Some(Ok(Outcome::Lost)) | Some(Err(_)) | None if killed => None,
+            Some(Err(e)) => return Err(e),
+            Some(Ok(Outcome::Lost)) | None => {
                 self.kill_tree(&marker).await;
                 return Err(SandboxError::Backend(format!(
                     "exec in pod {} lost its connection before the command ended",
                     self.name
                 )));
             }
-            Outcome::TimedOut => {
-                self.kill_tree(&marker).await;
-                status.timed_out = true;
-            }
-            Outcome::Cancelled => {
-                self.kill_tree(&marker).await;
-                status.cancelled = true;
-            }
-        }
-        Ok(status)
+        };
+        Ok(ExecStatus {
+            exit_code,
+            timed_out: done.timed_out,
+            cancelled: done.cancelled,
+            duration: started.elapsed(),
+        })
     }
 
     async fn stats(&self) -> Result<SandboxStats> {

@@ -20,6 +20,7 @@ pub mod firewall;
 pub mod kubernetes;
 pub mod local;
 pub mod manager;
+pub mod supervise;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

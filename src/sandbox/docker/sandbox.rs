@@ -2,7 +2,7 @@
 //! (or `docker exec` where the image cannot boot it), stats and removal.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use bollard::Docker;
@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::agent::{Agent, Boot, Reply};
-use super::{KILL_GRACE, SESSION_PREFIX, backend_error, is_not_found, remove_container};
+use super::{SESSION_PREFIX, backend_error, is_not_found, remove_container};
+use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use bollard::errors::Error as DockerError;
 
 use crate::sandbox::{
@@ -107,54 +108,48 @@ impl DockerSandbox {
     ) -> Result<ExecStatus> {
         let started = Instant::now();
         let mut run = agent.start(&request).await.map_err(SandboxError::Backend)?;
-        let deadline = tokio::time::sleep(request.timeout);
-        // Armed by a kill: how long the run may take to end after it.
-        let killed = tokio::time::sleep(Duration::MAX);
-        tokio::pin!(deadline, killed);
-        let (mut timed_out, mut cancelled) = (false, false);
-        let exit_code = loop {
-            let stopping = timed_out || cancelled;
-            tokio::select! {
-                reply = run.replies.recv() => match reply {
+        let id = run.id;
+        let replies = async {
+            loop {
+                match run.replies.recv().await {
                     Some(Reply::Stdout(data)) => {
                         let _ = output.send(ExecChunk::Stdout(data)).await;
                     }
                     Some(Reply::Stderr(data)) => {
                         let _ = output.send(ExecChunk::Stderr(data)).await;
                     }
-                    Some(Reply::Exit(code)) => break Some(code),
+                    Some(Reply::Exit(code)) => return Ok(code),
                     // Like a shell that cannot find the command.
                     Some(Reply::Failed(message)) => {
                         let line = Bytes::from(format!("{message}\n"));
                         let _ = output.send(ExecChunk::Stderr(line)).await;
-                        break Some(127);
+                        return Ok(127);
                     }
                     Some(Reply::Hello) => {}
                     None => return Err(SandboxError::Gone(self.id.clone())),
-                },
-                _ = &mut deadline, if !stopping => {
-                    timed_out = true;
-                    let _ = agent.kill(run.id).await;
-                    killed.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
-                }
-                _ = cancel.cancelled(), if !stopping => {
-                    cancelled = true;
-                    let _ = agent.kill(run.id).await;
-                    killed.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
-                }
-                _ = &mut killed, if stopping => {
-                    tracing::warn!(sandbox = %self.id, "a killed run did not end; restarting the container");
-                    self.restart().await;
-                    break None;
                 }
             }
         };
+        let done = supervise(replies, request.timeout, &cancel, KILL_GRACE, || {
+            let agent = agent.clone();
+            Box::pin(async move {
+                let _ = agent.kill(id).await;
+            })
+        })
+        .await;
+        let killed = done.killed();
+        let exit_code = match done.ended {
+            Some(code) => Some(code?).filter(|_| !killed).map(i64::from),
+            None => {
+                tracing::warn!(sandbox = %self.id, "a killed run did not end; restarting the container");
+                self.restart().await;
+                None
+            }
+        };
         Ok(ExecStatus {
-            exit_code: exit_code
-                .filter(|_| !(timed_out || cancelled))
-                .map(i64::from),
-            timed_out,
-            cancelled,
+            exit_code,
+            timed_out: done.timed_out,
+            cancelled: done.cancelled,
             duration: started.elapsed(),
         })
     }
@@ -268,40 +263,41 @@ impl Sandbox for DockerSandbox {
         }
         drop(input);
 
-        let deadline = tokio::time::sleep(request.timeout);
-        tokio::pin!(deadline);
-        let (mut timed_out, mut cancelled) = (false, false);
-        loop {
-            tokio::select! {
-                chunk = stream.next() => match chunk {
-                    Some(Ok(LogOutput::StdOut { message })) | Some(Ok(LogOutput::Console { message })) => {
+        let pump = async {
+            while let Some(chunk) = stream.next().await {
+                match chunk {
+                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
                         let _ = output.send(ExecChunk::Stdout(message)).await;
                     }
-                    Some(Ok(LogOutput::StdErr { message })) => {
+                    Ok(LogOutput::StdErr { message }) => {
                         let _ = output.send(ExecChunk::Stderr(message)).await;
                     }
-                    Some(Ok(LogOutput::StdIn { .. })) => {}
-                    Some(Err(e)) => return Err(backend_error(e)),
-                    None => break,
-                },
-                _ = &mut deadline, if !timed_out && !cancelled => {
-                    timed_out = true;
-                    self.kill_exec(&marker).await;
+                    Ok(LogOutput::StdIn { .. }) => {}
+                    Err(e) => return Err(backend_error(e)),
                 }
-                _ = cancel.cancelled(), if !timed_out && !cancelled => {
-                    cancelled = true;
-                    self.kill_exec(&marker).await;
-                }
+            }
+            Ok(())
+        };
+        let done = supervise(pump, request.timeout, &cancel, KILL_GRACE, || {
+            Box::pin(self.kill_exec(&marker))
+        })
+        .await;
+        let killed = done.killed();
+        match done.ended {
+            Some(pumped) => pumped?,
+            None => {
+                tracing::warn!(sandbox = %self.id, "a killed exec did not end; restarting the container");
+                self.restart().await;
             }
         }
         let exit_code = match self.docker.inspect_exec(&exec.id).await {
-            Ok(inspect) if !(timed_out || cancelled) => inspect.exit_code,
+            Ok(inspect) if !killed => inspect.exit_code,
             _ => None,
         };
         Ok(ExecStatus {
             exit_code,
-            timed_out,
-            cancelled,
+            timed_out: done.timed_out,
+            cancelled: done.cancelled,
             duration: started.elapsed(),
         })
     }

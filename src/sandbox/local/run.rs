@@ -28,6 +28,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use super::cgroup::SandboxCgroup;
 use super::lock;
 use super::sys::{self, PidFd};
+use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use crate::sandbox::{ExecChunk, ExecStatus, SandboxError};
 
 /// hakoniwa's exit code when the container itself failed (not the command).
@@ -97,6 +98,7 @@ pub(super) async fn execute(
 ) -> Result<ExecStatus, SandboxError> {
     let started_at = Instant::now();
     let switch = launch.switch.clone();
+    let io_switch = launch.switch.clone();
     let (started_tx, started_rx) = oneshot::channel();
     let (finished_tx, finished_rx) = oneshot::channel();
     // A thread of its own rather than the blocking pool: hakoniwa's monitor
@@ -118,52 +120,43 @@ pub(super) async fn execute(
         );
         Ok(())
     };
-    tokio::pin!(io, finished_rx);
-
-    let mut io_result = None;
-    let mut status = None;
-    let mut timed_out = false;
-    let mut cancelled = false;
-    while io_result.is_none() || status.is_none() {
-        let killed = timed_out || cancelled;
-        tokio::select! {
-            biased;
-            finished = &mut finished_rx, if status.is_none() => {
-                status = Some(finished.map_err(|_| thread_died()).and_then(|s| s));
+    let run = async {
+        let io = async {
+            let done = io.await;
+            if done.is_err() {
+                // No pipes: the thread has killed the tree already or will
+                // find it dead; make sure of it, and wait for it to be reaped.
+                io_switch.kill();
             }
-            done = &mut io, if io_result.is_none() => io_result = Some(done),
-            // Once the tree has exited there is nothing left to kill: what
-            // remains is delivering its output.
-            _ = tokio::time::sleep_until(deadline), if status.is_none() && !killed => {
-                switch.kill();
-                timed_out = true;
-            }
-            _ = cancel.cancelled(), if status.is_none() && !killed => {
-                switch.kill();
-                cancelled = true;
-            }
-        }
-        if matches!(io_result, Some(Err(_))) {
-            // No pipes: the thread has killed the tree already or will find
-            // it dead; make sure of it, and only wait for it to be reaped.
-            switch.kill();
-        }
-    }
+            done
+        };
+        let status = async { finished_rx.await.map_err(|_| thread_died()).and_then(|s| s) };
+        tokio::join!(io, status)
+    };
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    let done = supervise(run, timeout, &cancel, KILL_GRACE, || {
+        switch.kill();
+        Box::pin(async {})
+    })
+    .await;
+    let killed = done.killed();
     let duration = started_at.elapsed();
-    let (Some(io_result), Some(status)) = (io_result, status) else {
-        return Err(thread_died());
+    let Some((io_result, status)) = done.ended else {
+        return Err(SandboxError::Backend(
+            "a killed exec did not end within its grace".into(),
+        ));
     };
     io_result?;
     let status = status?;
-    let exit_code = if timed_out || cancelled {
+    let exit_code = if killed {
         None
     } else {
         Some(exit_code(&status)?)
     };
     Ok(ExecStatus {
         exit_code,
-        timed_out,
-        cancelled,
+        timed_out: done.timed_out,
+        cancelled: done.cancelled,
         duration,
     })
 }
