@@ -3,8 +3,10 @@
 //! health checks, run-time membership, and a trace of every call.
 //!
 //! - [`config`]: `[gateway]` and its pools.
-//! - [`pool`]: replicas, their states and figures, the strategies;
-//!   `health`, the checks that take them out and bring them back.
+//! - [`pool`]: replicas, their states and figures.
+//! - `policy`: how a pool picks a replica, one file per strategy behind
+//!   one trait.
+//! - `health`: the checks that take replicas out and bring them back.
 //! - [`trace`]: the trace log and the recorder that fills it from a
 //!   response as it streams to the client.
 //! - [`slug`]: the `/meta/{slug}/v1/…` metadata codec.
@@ -15,6 +17,7 @@ pub mod config;
 mod health;
 pub mod litellm;
 pub mod params;
+mod policy;
 pub mod pool;
 pub mod slug;
 pub mod trace;

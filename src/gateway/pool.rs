@@ -1,18 +1,15 @@
-//! Replica pools: their replicas' states and figures, and the strategies
-//! that pick a replica for a call.
+//! Replica pools: their replicas' states and figures; the pool's policy
+//! (`policy/`) picks a replica for a call.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use xxhash_rust::xxh3::xxh3_64;
 
-use super::config::{PoolConfig, Strategy};
+use super::config::PoolConfig;
+use super::policy::{self, Pick, Policy, Ring};
 use crate::sync::{lock, read, write};
-
-/// Points per replica on the hash ring: enough that sessions spread evenly.
-const RING_POINTS: usize = 160;
 
 /// What an operator set a replica to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -199,52 +196,14 @@ impl Drop for CallGuard {
     }
 }
 
-/// The consistent-hash ring of a pool: points sorted by hash, each naming
-/// a replica id.
-struct Ring {
-    points: Vec<(u64, Arc<str>)>,
-}
-
-impl Ring {
-    fn new(replicas: &[Arc<Replica>]) -> Ring {
-        let mut points: Vec<(u64, Arc<str>)> = replicas
-            .iter()
-            .flat_map(|replica| {
-                let id: Arc<str> = replica.id.as_str().into();
-                (0..RING_POINTS)
-                    .map(move |point| (xxh3_64(format!("{id}#{point}").as_bytes()), id.clone()))
-            })
-            .collect();
-        points.sort_unstable();
-        Ring { points }
-    }
-
-    /// Replica ids in ring order from the session's point, each once.
-    fn walk(&self, session: &str) -> impl Iterator<Item = &str> {
-        let start = self
-            .points
-            .partition_point(|(hash, _)| *hash < xxh3_64(session.as_bytes()));
-        let mut seen: Vec<&str> = Vec::new();
-        self.points[start..]
-            .iter()
-            .chain(&self.points[..start])
-            .filter_map(move |(_, id)| {
-                if seen.contains(&id.as_ref()) {
-                    None
-                } else {
-                    seen.push(id);
-                    Some(id.as_ref())
-                }
-            })
-    }
-}
-
 /// A model name and the replicas that serve it.
 pub struct Pool {
     pub name: String,
     pub config: PoolConfig,
     members: RwLock<Members>,
     next: AtomicUsize,
+    /// How `config.strategy` picks.
+    policy: Box<dyn Policy>,
 }
 
 #[derive(Clone)]
@@ -259,6 +218,7 @@ impl Pool {
         let ring = Arc::new(Ring::new(&replicas));
         Pool {
             name,
+            policy: policy::for_strategy(config.strategy),
             config,
             members: RwLock::new(Members {
                 replicas: Arc::new(replicas),
@@ -314,36 +274,14 @@ impl Pool {
             return None;
         }
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        let chosen = match (self.config.strategy, session) {
-            (Strategy::RoundRobin, _) => candidates[turn % candidates.len()],
-            (Strategy::Shuffle, _) => candidates[fastrand::usize(..candidates.len())],
-            (Strategy::SessionAffinity, Some(session)) => {
-                self.affinity(&members.ring, session, &candidates)
-            }
-            (Strategy::LeastOutstanding | Strategy::SessionAffinity, _) => {
-                least_outstanding(&candidates, turn)
-            }
-        };
+        let chosen = self.policy.pick(&Pick {
+            candidates: &candidates,
+            session,
+            turn,
+            ring: &members.ring,
+            load_factor: self.config.affinity_load_factor,
+        });
         Some(chosen.clone())
-    }
-
-    /// The first replica on the ring from the session's point that is a
-    /// candidate and under the load bound.
-    fn affinity<'a>(
-        &self,
-        ring: &Ring,
-        session: &str,
-        candidates: &[&'a Arc<Replica>],
-    ) -> &'a Arc<Replica> {
-        let total: u64 = candidates.iter().map(|r| r.outstanding()).sum();
-        let bound = ((total + 1) as f64 * self.config.affinity_load_factor
-            / candidates.len() as f64)
-            .ceil() as u64;
-        ring.walk(session)
-            .filter_map(|id| candidates.iter().find(|r| r.id == id))
-            .find(|r| r.outstanding() < bound.max(1))
-            .copied()
-            .unwrap_or_else(|| least_outstanding(candidates, 0))
     }
 
     /// Ids of the draining replicas with nothing in flight, removed.
@@ -361,18 +299,10 @@ impl Pool {
     }
 }
 
-/// The replica with the fewest calls in flight; ties go round in turn.
-fn least_outstanding<'a>(candidates: &[&'a Arc<Replica>], turn: usize) -> &'a Arc<Replica> {
-    let count = candidates.len();
-    (0..count)
-        .map(|offset| candidates[(turn + offset) % count])
-        .min_by_key(|r| r.outstanding())
-        .unwrap_or(candidates[0])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::config::Strategy;
 
     fn pool(strategy: Strategy, n: usize) -> Pool {
         let replicas = (0..n)
