@@ -7,6 +7,7 @@ tool calls and the time, and prints a Markdown table for benches/README.md.
 Run it through benches/small_model.sh, which installs everything first.
 
 usage: small_model.py CONCLAVE_BIN LLAMA_SERVER QWEN_GGUF [--tasks N] [--json OUT]
+       [--tool-call-mode native|json_schema]
 """
 
 import argparse
@@ -93,6 +94,8 @@ def main():
     parser.add_argument("gguf")
     parser.add_argument("--tasks", type=int, default=len(TASKS))
     parser.add_argument("--json")
+    # `json_schema` constrains every reply to an answer or one call.
+    parser.add_argument("--tool-call-mode", default="native", choices=["native", "json_schema"])
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="conclave-small-model-")
@@ -118,6 +121,7 @@ def main():
             'model = "qwen2.5-coder-0.5b-instruct"\n'
             f'base_url = "http://127.0.0.1:{llama_port}/v1"\n'
             'tools = ["mcp__sandbox__execute_code", "Bash"]\n'
+            f'tool_call_mode = "{args.tool_call_mode}"\n'
         )
     server = subprocess.Popen(
         [args.conclave, "serve", "--config", config, "--listen", f"127.0.0.1:{conclave_port}",
