@@ -329,7 +329,8 @@ async fn an_unreadable_call_is_retried_once() {
 }
 
 /// The same call asked for again in a later reply is not run twice: its
-/// result comes back with a note asking for the answer.
+/// result comes back with a note asking for the answer; the third time
+/// (or the third call that prints the same) settles the answer.
 #[tokio::test]
 async fn a_call_repeated_across_replies_runs_once() {
     let call = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
@@ -355,9 +356,27 @@ async fn a_call_repeated_across_replies_runs_once() {
         "{events:?}"
     );
     assert_eq!(upstream.requests().len(), 3);
-    // Asked for a third time, its output is taken as the answer.
-    let (events, upstream) =
-        turn_with_replies(vec![says(call), says(call), says(call), says("never")]).await;
+    // Different calls that print the same (here the same command with
+    // other timeouts) give the same answer again: the second is told so,
+    // the third's output is taken as the answer.
+    let variant =
+        |t: u32| format!(r#"{{"name": "Bash", "arguments": {{"command": "ls", "timeout": {t}}}}}"#);
+    let (events, upstream) = turn_with_replies(vec![
+        says(&variant(5)),
+        says(&variant(6)),
+        says(&variant(7)),
+        says("never"),
+    ])
+    .await;
+    let results = of_type(&events, "tool_result");
+    assert!(
+        results[1]["output"]
+            .as_str()
+            .unwrap()
+            .contains("printed the same as an earlier call"),
+        "{:?}",
+        results[1]
+    );
     let result = events.last().unwrap();
     assert_eq!(
         (&result["status"], &result["result"]),

@@ -135,7 +135,7 @@ pub(super) async fn run_tool(
     session: &Arc<Session>,
     ctx: &ToolContext,
     tools: &[ToolSpec],
-    ran: &mut HashMap<String, Ran>,
+    ran: &mut TurnCalls,
     call: &ToolCall,
     cancel: &CancellationToken,
 ) -> Result<(Message, Option<String>), StoreError> {
@@ -150,7 +150,7 @@ pub(super) async fn run_tool(
         Err(message) => ToolOutput::error(message),
         Ok((call, mut notes)) => {
             let key = format!("{} {}", call.name, call.arguments);
-            let output = match ran.get_mut(&key) {
+            let output = match ran.by_call.get_mut(&key) {
                 Some(earlier) => {
                     earlier.times += 1;
                     if earlier.times >= REPEATS_TO_SETTLE {
@@ -167,7 +167,23 @@ pub(super) async fn run_tool(
                 None => {
                     let output = run_prepared(deps, session, ctx, &call, cancel).await?;
                     if !output.is_error {
-                        ran.insert(
+                        // Different code printing what earlier code printed
+                        // is the same answer again.
+                        if let Some(printed) = printed(&output) {
+                            let times = ran.by_output.entry(printed.clone()).or_insert(0);
+                            *times += 1;
+                            if *times >= REPEATS_TO_SETTLE {
+                                settled = Some(printed);
+                            } else if *times > 1 {
+                                notes.push(
+                                    "this call printed the same as an earlier call of this \
+                                     turn. If that answers the question, reply with the \
+                                     answer in plain text"
+                                        .into(),
+                                );
+                            }
+                        }
+                        ran.by_call.insert(
                             key,
                             Ran {
                                 output: output.clone(),
@@ -184,8 +200,17 @@ pub(super) async fn run_tool(
     Ok((finish_tool(deps, session, call, output)?, settled))
 }
 
+/// The successful calls of a turn: by name and arguments, and by what
+/// they printed.
+#[derive(Default)]
+pub(super) struct TurnCalls {
+    by_call: HashMap<String, Ran>,
+    /// How many different calls printed each output.
+    by_output: HashMap<String, u32>,
+}
+
 /// A successful call of this turn and how often it was asked for.
-pub(super) struct Ran {
+struct Ran {
     output: ToolOutput,
     times: u32,
 }
@@ -194,6 +219,18 @@ pub(super) struct Ran {
 /// (when told its result answers) has its answer: that result. Tiny models
 /// often cannot stop calling to write a reply.
 pub(super) const REPEATS_TO_SETTLE: u32 = 3;
+
+/// What a successful call printed, when it printed something: its text,
+/// or an execution's stdout.
+fn printed(output: &ToolOutput) -> Option<String> {
+    let text = match &output.output {
+        Value::String(text) => text.as_str(),
+        Value::Object(fields) => fields.get("stdout").and_then(Value::as_str)?,
+        _ => return None,
+    };
+    let text = text.trim_end();
+    (!text.trim().is_empty()).then(|| text.to_string())
+}
 
 /// A call's output as an answer: an execution's stdout, else the output.
 fn answer_of(output: &ToolOutput) -> String {

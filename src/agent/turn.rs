@@ -2,7 +2,6 @@
 //! stops, `max_turns`, `max_budget_usd`, an interrupt or an error. The
 //! session machinery ([`crate::session`]) writes the turn's `result`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +9,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{
-    REPEATS_TO_SETTLE, Ran, bound_calls, looks_like_a_call, run_tool, unreadable_call_note,
+    REPEATS_TO_SETTLE, TurnCalls, bound_calls, looks_like_a_call, run_tool, unreadable_call_note,
 };
 use super::options::AgentOptions;
 use super::tools::{ToolContext, ToolRouter};
@@ -120,7 +119,7 @@ async fn agent_loop(
     let mut retried = false;
     // Successful calls of this turn by name and arguments: a weak model
     // asks for the same call again instead of answering.
-    let mut ran: HashMap<String, Ran> = HashMap::new();
+    let mut ran = TurnCalls::default();
     loop {
         if cancel.is_cancelled() {
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
@@ -207,7 +206,7 @@ async fn agent_loop(
                 close_calls(deps, session, &reply.calls[i + 1..], &mut history).await?;
                 session.emit(EventKind::Status {
                     message: format!(
-                        "The model asked for the same call {REPEATS_TO_SETTLE} times; its output is taken as the answer."
+                        "The model's calls printed the same output {REPEATS_TO_SETTLE} times; it is taken as the answer."
                     ),
                 })?;
                 return Ok(Outcome::new(ResultStatus::Success, Some(answer)));
