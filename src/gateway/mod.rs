@@ -35,7 +35,7 @@ use body::TracedBody;
 pub use config::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
 use params::shape_request;
 use pool::{Pool, Replica, ReplicaState, ReplicaView};
-use trace::{Recorder, Trace, TraceLog};
+use trace::{Recorder, TraceLog, TraceStart};
 
 /// The most of a replica's error body kept to pass on to the client.
 const PASSED_ON_ERROR_BODY: usize = 64 * 1024;
@@ -352,13 +352,20 @@ impl Gateway {
                 },
             })?;
         shape_request(&pool.config, &mut body);
+        let start = TraceStart {
+            owner,
+            session_id,
+            metadata,
+            model: model.clone(),
+            endpoint: endpoint.path(),
+        };
         let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
         let started = Instant::now();
         let mut tried: Vec<Arc<Replica>> = Vec::new();
         let mut last_failure: Option<Failure> = None;
         let attempts = pool.config.num_retries + 1;
         for attempt in 0..attempts {
-            let Some(replica) = pool.pick(session_id.as_deref(), &tried) else {
+            let Some(replica) = pool.pick(start.session_id.as_deref(), &tried) else {
                 break;
             };
             tried.push(replica.clone());
@@ -369,28 +376,9 @@ impl Gateway {
                 Ok(response) => {
                     let status = response.status();
                     let content_type = response.headers().get(CONTENT_TYPE).cloned();
-                    let trace = Trace {
-                        id: uuid::Uuid::new_v4().to_string(),
-                        ts: chrono::Utc::now(),
-                        owner: owner.clone(),
-                        session_id: session_id.clone(),
-                        metadata: metadata.clone(),
-                        model: model.clone(),
-                        replica: Some(replica.id.clone()),
-                        upstream_model: Some(replica.model.clone()),
-                        endpoint: endpoint.path(),
-                        request: raw(payload),
-                        response_text: String::new(),
-                        tool_calls: Vec::new(),
-                        usage: None,
-                        logprobs: None,
-                        latency_ms: 0.0,
-                        ttft_ms: None,
-                        status: "ok",
-                        http_status: Some(status.as_u16()),
-                        retries: attempt,
-                        error: None,
-                    };
+                    let mut trace = start.attempt(Some((&replica.id, &replica.model)), payload);
+                    trace.http_status = Some(status.as_u16());
+                    trace.retries = attempt;
                     let streamed = streamed && status.is_success();
                     return Ok(Upstream {
                         status,
@@ -428,31 +416,16 @@ impl Gateway {
         };
         // Every attempt failed: pass the last upstream answer on as it was,
         // or say why none came.
-        let trace = Trace {
-            id: uuid::Uuid::new_v4().to_string(),
-            ts: chrono::Utc::now(),
-            owner,
-            session_id,
-            metadata,
-            model: model.clone(),
-            replica: tried.last().map(|r| r.id.clone()),
-            upstream_model: tried.last().map(|r| r.model.clone()),
-            endpoint: endpoint.path(),
-            request: raw(serde_json::to_string(&body).unwrap_or_default()),
-            response_text: String::new(),
-            tool_calls: Vec::new(),
-            usage: None,
-            logprobs: None,
-            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
-            ttft_ms: None,
-            status: "error",
-            http_status: failure
-                .response
-                .as_ref()
-                .map(|(status, _, _)| status.as_u16()),
-            retries: tried.len().saturating_sub(1) as u32,
-            error: Some(failure.message.clone()),
-        };
+        let last = tried.last().map(|r| (r.id.as_str(), r.model.as_str()));
+        let mut trace = start.attempt(last, serde_json::to_string(&body).unwrap_or_default());
+        trace.latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        trace.status = "error";
+        trace.http_status = failure
+            .response
+            .as_ref()
+            .map(|(status, _, _)| status.as_u16());
+        trace.retries = tried.len().saturating_sub(1) as u32;
+        trace.error = Some(failure.message.clone());
         self.traces.push(trace);
         if let Some(replica) = tried.last() {
             self.count(&pool.name, &replica.id, "error");
@@ -548,12 +521,4 @@ impl Failure {
             response: None,
         }
     }
-}
-
-/// JSON text as a trace's raw value (it came from `serde_json`, so it is
-/// valid; `null` otherwise).
-fn raw(json: String) -> Box<serde_json::value::RawValue> {
-    serde_json::value::RawValue::from_string(json).unwrap_or_else(|_| {
-        serde_json::value::RawValue::from_string("null".into()).unwrap_or_default()
-    })
 }

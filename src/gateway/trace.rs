@@ -49,6 +49,53 @@ pub struct Trace {
     pub error: Option<String>,
 }
 
+/// What every trace of one gateway call shares; [`TraceStart::attempt`]
+/// makes a trace of it, which the caller completes.
+pub struct TraceStart {
+    pub owner: Option<String>,
+    pub session_id: Option<String>,
+    pub metadata: Map<String, Value>,
+    /// The pool (the model name the client asked for).
+    pub model: String,
+    pub endpoint: &'static str,
+}
+
+impl TraceStart {
+    /// A trace of an attempt on `replica` (`None`: none answered) with the
+    /// request as sent: status `ok`, nothing received yet.
+    pub fn attempt(&self, replica: Option<(&str, &str)>, request: String) -> Trace {
+        Trace {
+            id: uuid::Uuid::new_v4().to_string(),
+            ts: Utc::now(),
+            owner: self.owner.clone(),
+            session_id: self.session_id.clone(),
+            metadata: self.metadata.clone(),
+            model: self.model.clone(),
+            replica: replica.map(|(id, _)| id.to_owned()),
+            upstream_model: replica.map(|(_, model)| model.to_owned()),
+            endpoint: self.endpoint,
+            request: raw(request),
+            response_text: String::new(),
+            tool_calls: Vec::new(),
+            usage: None,
+            logprobs: None,
+            latency_ms: 0.0,
+            ttft_ms: None,
+            status: "ok",
+            http_status: None,
+            retries: 0,
+            error: None,
+        }
+    }
+}
+
+/// JSON text as a trace's raw value (it came from `serde_json`, so it is
+/// valid; `null` otherwise).
+fn raw(json: String) -> Box<RawValue> {
+    RawValue::from_string(json)
+        .unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
+}
+
 impl Trace {
     fn weight(&self) -> usize {
         self.request.get().len() + self.response_text.len() + 512
