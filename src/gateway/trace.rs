@@ -348,28 +348,17 @@ mod tests {
     use serde_json::json;
 
     fn blank() -> Trace {
-        Trace {
-            id: "t".into(),
-            ts: Utc::now(),
+        let start = TraceStart {
             owner: None,
             session_id: Some("s".into()),
             metadata: Map::new(),
             model: "m".into(),
-            replica: Some("r".into()),
-            upstream_model: Some("m".into()),
             endpoint: "chat/completions",
-            request: RawValue::from_string("{}".into()).unwrap(),
-            response_text: String::new(),
-            tool_calls: Vec::new(),
-            usage: None,
-            logprobs: None,
-            latency_ms: 0.0,
-            ttft_ms: None,
-            status: "ok",
-            http_status: Some(200),
-            retries: 0,
-            error: None,
-        }
+        };
+        let mut trace = start.attempt(Some(("r", "m")), "{}".into());
+        trace.id = "t".into();
+        trace.http_status = Some(200);
+        trace
     }
 
     #[test]
