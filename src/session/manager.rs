@@ -212,8 +212,13 @@ impl SessionManager {
         if retention.is_zero() {
             return Ok(0);
         }
-        let cutoff =
-            Utc::now() - chrono::TimeDelta::from_std(retention).unwrap_or(chrono::TimeDelta::MAX);
+        // A retention longer than the calendar reaches keeps everything.
+        let Some(cutoff) = chrono::TimeDelta::from_std(retention)
+            .ok()
+            .and_then(|kept| Utc::now().checked_sub_signed(kept))
+        else {
+            return Ok(0);
+        };
         let mut removed = 0;
         loop {
             let expired = self.store.expired_ephemeral(cutoff, 256).await?;
