@@ -25,6 +25,9 @@
 //!   (OpenAI-compatible, Anthropic, demo, a gateway pool), aliases, prices.
 //! - [`gateway`]: the OpenAI-compatible gateway: pools of inference
 //!   replicas, balancing strategies, health checks, traces.
+//! - [`bus`]: subjects to publish and subscribe to (in process, durable
+//!   ones kept in the store) and a KV with revisions, one namespace per
+//!   API key; `api` serves it over HTTP and the WebSocket.
 //! - [`sim`]: `conclave sim`, a simulated OpenAI-compatible replica for
 //!   tests and benchmarks, with its own axum app.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
@@ -48,6 +51,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod bus;
 pub mod config;
 pub mod egress;
 pub mod gateway;

@@ -15,6 +15,8 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::{EmbeddedBus, Kv};
+
 use crate::agent::turn::TurnDeps;
 use crate::agent::{AgentTask, ToolRouter};
 use crate::api;
@@ -77,6 +79,8 @@ pub struct Server {
     pub state: AppState,
     store: Arc<dyn Store>,
     root: CancellationToken,
+    /// The bus's writer, awaited before the store closes.
+    bus_tasks: TaskTracker,
 }
 
 impl Server {
@@ -104,6 +108,20 @@ impl Server {
                 message: e.to_string(),
             })?);
         let metrics = Arc::new(Metrics::new());
+        let bus_tasks = TaskTracker::new();
+        let bus = EmbeddedBus::start(
+            store.clone(),
+            &config.bus,
+            metrics.clone(),
+            &bus_tasks,
+            root.child_token(),
+        )
+        .await
+        .map_err(|e| StartError::Store {
+            dir: config.data_dir.display().to_string(),
+            message: format!("loading the bus's subjects: {e}"),
+        })?;
+        let kv = Arc::new(Kv::new(store.clone(), config.bus.max_payload_bytes));
         let gateway =
             Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
         for pool in gateway.pools() {
@@ -199,9 +217,16 @@ impl Server {
             sandboxes,
             mcp,
             gateway,
+            bus: Arc::new(bus),
+            kv,
             stop: root.child_token(),
         };
-        Ok(Server { state, store, root })
+        Ok(Server {
+            state,
+            store,
+            root,
+            bus_tasks,
+        })
     }
 
     /// Serves until the root token is cancelled, then shuts down in order.
@@ -306,6 +331,9 @@ impl Server {
                 Err(e) => tracing::error!(error = %e, "removing sandboxes at shutdown failed"),
             }
         }
+        // The bus stores the durable messages it still holds.
+        self.bus_tasks.close();
+        self.bus_tasks.wait().await;
         if let Err(e) = self.store.close().await {
             tracing::error!(error = %e, "closing the store failed");
         }

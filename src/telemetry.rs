@@ -45,6 +45,13 @@ pub struct ReplicaLabel {
     pub outcome: &'static str,
 }
 
+/// A class of bus subjects: the durable pattern that keeps them, or
+/// `transient`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BusLabel {
+    pub class: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabel {
     pub r#type: String,
@@ -72,6 +79,12 @@ pub struct Metrics {
     /// Seconds from a gateway call's start to the end of its response, by
     /// pool and replica (outcome `ok` or `error`).
     pub gateway_latency: Family<ReplicaLabel, Histogram>,
+    /// Bus messages published, delivered to subscribers, lost to lagging
+    /// subscribers, and kept in the store, by subject class.
+    pub bus_published: Family<BusLabel, Counter>,
+    pub bus_delivered: Family<BusLabel, Counter>,
+    pub bus_lagged: Family<BusLabel, Counter>,
+    pub bus_retained: Family<BusLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -100,6 +113,10 @@ impl Metrics {
             gateway_latency: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 20))
             }),
+            bus_published: Family::default(),
+            bus_delivered: Family::default(),
+            bus_lagged: Family::default(),
+            bus_retained: Family::default(),
         };
         registry.register(
             "sessions_live",
@@ -151,6 +168,26 @@ impl Metrics {
             "gateway_latency_seconds",
             "Gateway call duration to the end of the response, by pool and replica",
             metrics.gateway_latency.clone(),
+        );
+        registry.register(
+            "bus_published",
+            "Bus messages published, by subject class",
+            metrics.bus_published.clone(),
+        );
+        registry.register(
+            "bus_delivered",
+            "Bus messages handed to subscribers, by subject class",
+            metrics.bus_delivered.clone(),
+        );
+        registry.register(
+            "bus_lagged",
+            "Bus messages a lagging subscriber missed on subjects that are not kept, by subject class",
+            metrics.bus_lagged.clone(),
+        );
+        registry.register(
+            "bus_retained",
+            "Bus messages kept in the store, by subject class",
+            metrics.bus_retained.clone(),
         );
         *lock(&metrics.registry) = registry;
         metrics

@@ -7,6 +7,7 @@ use crate::session::SessionManager;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::Keys;
+use crate::bus::{Bus, Kv};
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::mcp::McpHost;
@@ -29,6 +30,10 @@ pub struct AppState {
     pub mcp: Option<Arc<McpHost>>,
     /// The OpenAI-compatible gateway and its pools.
     pub gateway: Arc<Gateway>,
+    /// Subjects to publish and subscribe to, per tenant.
+    pub bus: Arc<dyn Bus>,
+    /// The bus's KV, per tenant.
+    pub kv: Arc<Kv>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

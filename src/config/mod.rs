@@ -74,6 +74,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// Model pools of the OpenAI-compatible gateway.
     pub gateway: crate::gateway::GatewayConfig,
+    /// Durable bus subjects and the bus's limits.
+    pub bus: crate::bus::BusConfig,
 }
 
 impl Default for Config {
@@ -97,6 +99,7 @@ impl Default for Config {
             sandbox: SandboxConfig::default(),
             mcp: McpConfig::default(),
             gateway: crate::gateway::GatewayConfig::default(),
+            bus: crate::bus::BusConfig::default(),
         }
     }
 }
@@ -468,6 +471,9 @@ impl Config {
             }
         }
         self.gateway.validate().map_err(ConfigError::Invalid)?;
+        self.bus
+            .validate()
+            .map_err(|(field, message)| ConfigError::Field { field, message })?;
         crate::egress::Rules::parse(&self.gateway.allowed_upstreams)
             .map_err(|e| field("gateway.allowed_upstreams", e))?;
         Ok(())

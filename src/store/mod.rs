@@ -3,8 +3,9 @@
 //! - The seams, one per concern, so a second backend implements them one by
 //!   one: [`SessionStore`] (sessions and their messages), [`EventStore`]
 //!   (the durable event log), [`KvStore`] (namespaced keys with revisions),
-//!   [`CheckpointStore`] (a run's state after each step). [`Store`] is all
-//!   of them; the server holds it as `Arc<dyn Store>`.
+//!   [`CheckpointStore`] (a run's state after each step), [`BusStore`]
+//!   (the retained messages of durable bus subjects). [`Store`] is all of
+//!   them; the server holds it as `Arc<dyn Store>`.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
 //!
@@ -210,10 +211,74 @@ pub trait CheckpointStore: Send + Sync {
     async fn last_checkpoint(&self, session_id: Uuid) -> Result<Option<Checkpoint>, StoreError>;
 }
 
+/// A message of a durable bus subject as the store keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BusRecord {
+    /// The tenant's namespace.
+    pub namespace: String,
+    /// The subject with `.` separators, under which `seq` counts.
+    pub stream: String,
+    /// The subject as its publisher wrote it.
+    pub subject: String,
+    pub seq: u64,
+    pub time: DateTime<Utc>,
+    pub payload: Vec<u8>,
+}
+
+/// A durable bus subject as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusStream {
+    pub namespace: String,
+    pub stream: String,
+    pub last_seq: u64,
+    /// Messages kept now.
+    pub retained: u64,
+}
+
+/// Where a read of retained bus messages starts.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BusCursor {
+    /// Only messages stored after this position (0: from the first).
+    pub after: u64,
+    /// Only messages published at or after this time.
+    pub from_time: Option<DateTime<Utc>>,
+}
+
+/// The retained messages of durable bus subjects, per namespace, in the
+/// order they were published.
+#[async_trait]
+pub trait BusStore: Send + Sync {
+    /// Appends messages, all or none, and raises each stream's last `seq`.
+    async fn bus_append(&self, messages: &[BusRecord]) -> Result<(), StoreError>;
+
+    /// The namespace's messages from `cursor` in publish order, at most
+    /// `limit`, each with its position (the next read's `after`).
+    async fn bus_read(
+        &self,
+        namespace: &str,
+        cursor: BusCursor,
+        limit: usize,
+    ) -> Result<Vec<(u64, BusRecord)>, StoreError>;
+
+    /// Every stream that ever held a message; numbering goes on from its
+    /// last `seq` after a restart, even past pruned messages.
+    async fn bus_streams(&self) -> Result<Vec<BusStream>, StoreError>;
+
+    /// Deletes the stream's messages with `seq <= through_seq` and those
+    /// published before `older_than`; answers how many went.
+    async fn bus_prune(
+        &self,
+        namespace: &str,
+        stream: &str,
+        through_seq: u64,
+        older_than: Option<DateTime<Utc>>,
+    ) -> Result<u64, StoreError>;
+}
+
 /// Everything the server keeps, one backend for all (SQLite embedded; a
 /// second backend implements the seams one by one).
 #[async_trait]
-pub trait Store: SessionStore + EventStore + KvStore + CheckpointStore {
+pub trait Store: SessionStore + EventStore + KvStore + CheckpointStore + BusStore {
     /// Writes out everything accepted so far and stops taking writes.
     async fn close(&self) -> Result<(), StoreError>;
 }

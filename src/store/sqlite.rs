@@ -108,6 +108,28 @@ const MIGRATION_STEPS: &[M<'static>] = &[
         PRIMARY KEY (session_id, step)
     ) STRICT;",
     ),
+    // The retained messages of durable bus subjects. AUTOINCREMENT: a
+    // position is never reused after a prune, so a reader's cursor holds.
+    M::up(
+        "CREATE TABLE bus_messages (
+        position INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        time_us INTEGER NOT NULL,
+        payload BLOB NOT NULL,
+        UNIQUE (namespace, stream, seq)
+    ) STRICT;
+    CREATE INDEX bus_by_namespace ON bus_messages (namespace, position);
+    CREATE INDEX bus_by_time ON bus_messages (namespace, time_us);
+    CREATE TABLE bus_streams (
+        namespace TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        last_seq INTEGER NOT NULL,
+        PRIMARY KEY (namespace, stream)
+    ) STRICT;",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
@@ -118,6 +140,7 @@ macro_rules! session_columns {
     };
 }
 
+mod bus;
 mod checkpoints;
 mod events;
 mod kv;
