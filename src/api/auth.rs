@@ -98,7 +98,7 @@ fn bearer_token(value: &str) -> Option<&str> {
 /// Browsers cannot set headers on a WebSocket, so that route alone also
 /// takes `?token=`.
 fn query_token(req: &Request) -> Option<String> {
-    if req.uri().path() != "/agent/ws" {
+    if !matches!(req.uri().path(), "/agent/ws" | "/bus/ws") {
         return None;
     }
     req.uri().query()?.split('&').find_map(|pair| {

@@ -12,13 +12,16 @@
 //! - [`state`]: `AppState`, what every handler shares.
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
-//! - [`agent`], [`ws`], [`ops`], [`gateway`], [`sandboxes`]: the handlers.
+//! - [`agent`], [`ws`], [`ops`], [`gateway`], [`sandboxes`], [`bus`],
+//!   [`bus_ws`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
 pub mod auth;
 pub mod body;
 pub mod browser;
+pub mod bus;
+pub mod bus_ws;
 pub mod error;
 pub mod extract;
 pub mod gateway;
@@ -51,7 +54,8 @@ use state::AppState;
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
-        sandboxes::delete
+        sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
+        bus_ws::upgrade
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -114,6 +118,14 @@ pub fn router(state: AppState) -> Router {
             post(gateway::replica_action),
         )
         .route("/gateway/traces", get(gateway::traces))
+        .route("/bus/publish/{*subject}", post(bus::publish))
+        .route("/bus/subscribe", get(bus::subscribe))
+        .route("/bus/ws", get(bus_ws::upgrade))
+        .route("/kv", get(bus::list))
+        .route(
+            "/kv/{*key}",
+            get(bus::get).put(bus::put).delete(bus::delete),
+        )
         .route("/sandboxes", get(sandboxes::list))
         .route("/sandboxes/{id}", delete(sandboxes::delete))
         .route("/health", get(ops::health))

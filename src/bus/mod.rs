@@ -146,6 +146,14 @@ impl Delivery {
         }
     }
 
+    /// The message's `seq`; none for a lag.
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            Delivery::Message(m) => Some(m.seq),
+            Delivery::Lagged { .. } => None,
+        }
+    }
+
     pub fn type_name(&self) -> &'static str {
         match self {
             Delivery::Message(_) => "message",
