@@ -459,3 +459,32 @@ async fn each_key_has_its_own_subjects_and_keys() {
     drop((b_sees, a_sees, b_replay));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn metrics_and_the_openapi_document_cover_the_bus() {
+    let server = TestServer::start().await;
+    publish(&server, "sync/weights_ready", json!(1)).await;
+    publish(&server, "chatter", json!(1)).await;
+    let metrics = server.get("/metrics").await.text().await.unwrap();
+    for line in [
+        r#"conclave_bus_published_total{class="sync.>"} 1"#,
+        r#"conclave_bus_published_total{class="transient"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing from {metrics}");
+    }
+    let doc: Value = server.get("/openapi.json").await.json().await.unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    for path in [
+        "/bus/publish/{subject}",
+        "/bus/subscribe",
+        "/bus/ws",
+        "/kv",
+        "/kv/{key}",
+    ] {
+        assert!(
+            paths.contains_key(path),
+            "{path} missing from the OpenAPI document"
+        );
+    }
+    server.stop().await;
+}

@@ -174,6 +174,18 @@ fn sandbox_dirs(state: &std::path::Path) -> Vec<String> {
     dirs
 }
 
+/// `conclave serve` on the local backend from `cwd`, its data directory
+/// the default one.
+fn local_serve(cwd: &std::path::Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_conclave"));
+    command
+        .current_dir(cwd)
+        .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
+        .env_remove("CONCLAVE_DATA_DIR")
+        .env("RUST_LOG", "warn");
+    command
+}
+
 /// SIGTERM, so the server removes its sandboxes, then waits for the exit.
 async fn stop(child: &mut tokio::process::Child) {
     let pid = child.id().expect("running");
@@ -223,12 +235,8 @@ async fn local_flag_with_a_relative_data_dir_from_the_environment() {
 async fn a_normal_stop_keeps_only_live_sessions_sandboxes() {
     let cwd = tempfile::tempdir().expect("tempdir");
     let start = || {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_conclave"));
-        command
-            .current_dir(cwd.path())
-            .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
-            .env("RUST_LOG", "warn")
-            .env("CONCLAVE_SANDBOX__WARM_POOL", "0");
+        let mut command = local_serve(cwd.path());
+        command.env("CONCLAVE_SANDBOX__WARM_POOL", "0");
         command
     };
     let (mut child, url) = serve(&mut start()).await;
@@ -296,4 +304,67 @@ async fn a_normal_stop_keeps_only_live_sessions_sandboxes() {
     delete_session(&http, &url, &id).await;
     stop(&mut child).await;
     assert_eq!(sandbox_dirs(&state), Vec::<String>::new());
+}
+
+/// The bus as a new user meets it: `conclave serve` with its defaults from
+/// a fresh working directory; a durable subject's message, a KV key, and
+/// a SIGTERM; after the restart both are there and a waiting read of the
+/// KV ends when the key is written.
+#[tokio::test]
+async fn the_bus_keeps_durable_subjects_and_the_kv_across_a_restart() {
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let start = || local_serve(cwd.path());
+    let http = reqwest::Client::new();
+    let (mut child, url) = serve(&mut start()).await;
+    let published: Value = http
+        .post(format!("{url}/bus/publish/sync/weights_ready"))
+        .json(&json!({"model": "m", "version": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(published["seq"], 1);
+    let put = http
+        .put(format!("{url}/kv/inference_response_topic"))
+        .json(&json!("inference/results/shared"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    stop(&mut child).await;
+    assert!(cwd.path().join("data/conclave.db").is_file());
+
+    let (mut child, url) = serve(&mut start()).await;
+    let response = http
+        .get(format!("{url}/bus/subscribe?subjects=sync.>&since=all"))
+        .send()
+        .await
+        .unwrap();
+    let mut lines = common::Lines::new(response);
+    let replayed = lines.next().await.expect("the kept message");
+    assert_eq!(replayed["data"], json!({"model": "m", "version": 1}));
+    assert_eq!(replayed["subject"], "sync/weights_ready");
+    let entry: Value = http
+        .get(format!("{url}/kv/inference_response_topic?wait=5"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(entry["value"], "inference/results/shared");
+    let waiting = http.get(format!("{url}/kv/later?wait=30")).send();
+    let writer = async {
+        http.put(format!("{url}/kv/later"))
+            .json(&json!(1))
+            .send()
+            .await
+            .unwrap()
+    };
+    let (waited, _) = tokio::join!(waiting, writer);
+    assert_eq!(waited.unwrap().json::<Value>().await.unwrap()["value"], 1);
+    drop(lines);
+    stop(&mut child).await;
 }
