@@ -3,6 +3,9 @@
 //! (see `src/sandbox/docker/agent.rs`). It uses std only, so rustc alone
 //! builds it; static linking makes it run in any Linux image, whatever its
 //! C library.
+//!
+//! It also generates the gRPC service of `proto/` with protox, a protobuf
+//! compiler in Rust, so a build needs no `protoc` installed.
 
 // A build script reports what cargo failed to give it by panicking.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -15,6 +18,13 @@ const SOURCE: &str = "src/bin/conclave-exec.rs";
 
 fn main() {
     println!("cargo::rerun-if-changed={SOURCE}");
+    println!("cargo::rerun-if-changed=proto");
+    let descriptors = protox::compile(["proto/bus.proto"], ["proto"])
+        .unwrap_or_else(|err| panic!("proto/bus.proto: {err}"));
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .compile_fds(descriptors)
+        .unwrap_or_else(|err| panic!("generating the gRPC code: {err}"));
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let target = env::var("TARGET").expect("cargo sets TARGET");

@@ -27,7 +27,7 @@
 //!   replicas, balancing strategies, health checks, traces.
 //! - [`bus`]: subjects to publish and subscribe to (in process, durable
 //!   ones kept in the store) and a KV with revisions, one namespace per
-//!   API key; `api` serves it over HTTP and the WebSocket.
+//!   API key; `api` serves it over HTTP, the WebSocket and gRPC.
 //! - [`sim`]: `conclave sim`, a simulated OpenAI-compatible replica for
 //!   tests and benchmarks, with its own axum app.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local

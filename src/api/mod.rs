@@ -25,6 +25,7 @@ pub mod bus_ws;
 pub mod error;
 pub mod extract;
 pub mod gateway;
+pub mod grpc;
 pub mod mcp;
 pub mod ops;
 pub mod sandboxes;
@@ -126,6 +127,10 @@ pub fn router(state: AppState) -> Router {
             "/kv/{*key}",
             get(bus::get).put(bus::put).delete(bus::delete),
         )
+        .route_service(
+            "/conclave.bus.v1.Bus/{*method}",
+            grpc::service(state.clone()),
+        )
         .route("/sandboxes", get(sandboxes::list))
         .route("/sandboxes/{id}", delete(sandboxes::delete))
         .route("/health", get(ops::health))
@@ -152,6 +157,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(policy, browser::check))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(grpc::errors_as_status))
         .layer(axum::middleware::from_fn(access_log::log))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))

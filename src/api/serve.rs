@@ -25,13 +25,17 @@ use std::time::Duration;
 
 use crate::sync::lock;
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// How often an idle HTTP/2 connection is pinged, so a dead peer's is
+/// closed.
+const H2_PING_EVERY: Duration = Duration::from_secs(30);
 
 /// Overflow connections served at once, in all and per address.
 const OVERFLOW: usize = 64;
@@ -247,14 +251,19 @@ pub async fn serve(
         });
         let stop = stop.clone();
         connections.spawn(async move {
-            let mut builder = http1::Builder::new();
+            // HTTP/1.1, or HTTP/2 with prior knowledge (gRPC clients).
+            let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
+                .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
                 .keep_alive(kind == Kind::Full);
-            let connection = builder
-                .serve_connection(io, TowerToHyperService::new(service))
-                .with_upgrades();
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(H2_PING_EVERY));
+            let connection =
+                builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
             tokio::pin!(connection);
             let served = tokio::select! {
                 served = connection.as_mut() => served,

@@ -1,0 +1,314 @@
+//! The bus over gRPC (`proto/bus.proto`), served on the HTTP listener
+//! (HTTP/2) under `/conclave.bus.v1.Bus/`. The same behaviour as the HTTP
+//! routes: the caller's key picks the namespace, errors map to the
+//! matching status codes.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::auth::Caller;
+use super::bus::namespace;
+use super::state::AppState;
+use crate::bus::kv::KvError;
+use crate::bus::{BusError, Delivery, Pattern, Since, Subject};
+use crate::store::{Expect, KvWrite};
+
+/// The code generated from `proto/bus.proto`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
+pub mod proto {
+    tonic::include_proto!("conclave.bus.v1");
+}
+
+use proto::bus_server::{Bus as BusService, BusServer};
+use proto::{Delivery as ProtoDelivery, delivery};
+
+/// Longest `wait_s` of a `KVGet`.
+const MAX_WAIT_S: f64 = 300.0;
+
+/// The tonic service of the bus.
+pub fn service(state: AppState) -> BusServer<GrpcBus> {
+    BusServer::new(GrpcBus { state })
+}
+
+/// Whether a request speaks gRPC, so its errors take gRPC's form.
+pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+pub struct GrpcBus {
+    state: AppState,
+}
+
+impl From<BusError> for Status {
+    fn from(error: BusError) -> Status {
+        match error {
+            BusError::Subject(e) => Status::invalid_argument(e.to_string()),
+            BusError::TooLarge { .. } => Status::resource_exhausted(error.to_string()),
+            BusError::Closed => Status::unavailable(error.to_string()),
+            BusError::Store(e) => internal(e),
+        }
+    }
+}
+
+impl From<KvError> for Status {
+    fn from(error: KvError) -> Status {
+        match error {
+            KvError::BadKey { .. } => Status::invalid_argument(error.to_string()),
+            KvError::TooLarge { .. } => Status::resource_exhausted(error.to_string()),
+            KvError::Store(e) => internal(e),
+        }
+    }
+}
+
+fn internal(error: impl std::fmt::Display) -> Status {
+    tracing::error!(%error, "internal error");
+    Status::internal("internal server error; see the server log")
+}
+
+fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no caller identity"))
+}
+
+fn expect(if_revision: Option<u64>) -> Expect {
+    match if_revision {
+        None => Expect::Any,
+        Some(0) => Expect::Absent,
+        Some(revision) => Expect::Revision(revision),
+    }
+}
+
+fn conflict(key: &str, current: Option<u64>) -> Status {
+    let found = current.map_or_else(
+        || "does not exist".to_owned(),
+        |r| format!("is at revision {r}"),
+    );
+    Status::failed_precondition(format!("key {key:?} {found}"))
+}
+
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn delivery(delivery: Delivery) -> ProtoDelivery {
+    let kind = match delivery {
+        Delivery::Message(m) => delivery::Kind::Message(proto::BusMessage {
+            subject: m.subject.as_str().to_owned(),
+            seq: m.seq,
+            time_us: m.time.timestamp_micros(),
+            payload: m.payload.to_vec(),
+        }),
+        Delivery::Lagged {
+            subject,
+            since,
+            missed,
+        } => delivery::Kind::Lagged(proto::Lagged {
+            subject,
+            since,
+            missed,
+        }),
+    };
+    ProtoDelivery { kind: Some(kind) }
+}
+
+#[tonic::async_trait]
+impl BusService for GrpcBus {
+    async fn publish(
+        &self,
+        request: Request<proto::PublishRequest>,
+    ) -> Result<Response<proto::PublishReply>, Status> {
+        let caller = caller(&request)?;
+        let message = request.into_inner();
+        let subject = Subject::parse(&message.subject).map_err(BusError::from)?;
+        let seq = self
+            .state
+            .bus
+            .publish(namespace(&caller), &subject, Bytes::from(message.payload))
+            .await?;
+        Ok(Response::new(proto::PublishReply {
+            subject: message.subject,
+            seq,
+        }))
+    }
+
+    type SubscribeStream = Streamed<ProtoDelivery>;
+
+    async fn subscribe(
+        &self,
+        request: Request<proto::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let caller = caller(&request)?;
+        let message = request.into_inner();
+        if message.subjects.is_empty() {
+            return Err(Status::invalid_argument("subjects: at least one pattern"));
+        }
+        let patterns = message
+            .subjects
+            .iter()
+            .map(|s| Pattern::parse(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(BusError::from)?;
+        let since = Since::parse(&message.since).map_err(Status::invalid_argument)?;
+        let deliveries = self
+            .state
+            .bus
+            .subscribe(namespace(&caller), patterns, since)
+            .await?
+            .take_until(self.state.stop.clone().cancelled_owned())
+            .map(|d| Ok(delivery(d)));
+        Ok(Response::new(Box::pin(deliveries)))
+    }
+
+    async fn kv_put(
+        &self,
+        request: Request<proto::KvPutRequest>,
+    ) -> Result<Response<proto::KvPutReply>, Status> {
+        let caller = caller(&request)?;
+        let message = request.into_inner();
+        let write = self
+            .state
+            .kv
+            .put(
+                namespace(&caller),
+                &message.key,
+                Bytes::from(message.value),
+                expect(message.if_revision),
+            )
+            .await?;
+        match write {
+            KvWrite::Done(revision) => Ok(Response::new(proto::KvPutReply {
+                key: message.key,
+                revision,
+            })),
+            KvWrite::Conflict { current } => Err(conflict(&message.key, current)),
+        }
+    }
+
+    async fn kv_get(
+        &self,
+        request: Request<proto::KvGetRequest>,
+    ) -> Result<Response<proto::KvEntry>, Status> {
+        let caller = caller(&request)?;
+        let message = request.into_inner();
+        let ns = namespace(&caller);
+        if !(0.0..=MAX_WAIT_S).contains(&message.wait_s) {
+            return Err(Status::invalid_argument(format!(
+                "wait_s: must be between 0 and {MAX_WAIT_S} seconds"
+            )));
+        }
+        let entry = if message.wait_s > 0.0 {
+            let timeout = Duration::from_secs_f64(message.wait_s);
+            tokio::select! {
+                entry = self.state.kv.wait(ns, &message.key, message.after, timeout) => entry?,
+                () = self.state.stop.cancelled() => return Err(BusError::Closed.into()),
+            }
+        } else {
+            self.state.kv.get(ns, &message.key).await?
+        };
+        let entry = entry.ok_or_else(|| Status::not_found(format!("no key {:?}", message.key)))?;
+        Ok(Response::new(proto::KvEntry {
+            key: entry.key,
+            value: entry.value,
+            revision: entry.revision,
+            updated_us: entry.updated_at.timestamp_micros(),
+        }))
+    }
+
+    async fn kv_delete(
+        &self,
+        request: Request<proto::KvDeleteRequest>,
+    ) -> Result<Response<proto::KvDeleteReply>, Status> {
+        let caller = caller(&request)?;
+        let message = request.into_inner();
+        let deleted = self
+            .state
+            .kv
+            .delete(
+                namespace(&caller),
+                &message.key,
+                expect(message.if_revision),
+            )
+            .await?;
+        match deleted {
+            Some(KvWrite::Done(revision)) => Ok(Response::new(proto::KvDeleteReply {
+                key: message.key,
+                revision,
+            })),
+            Some(KvWrite::Conflict { current }) => Err(conflict(&message.key, current)),
+            None => Err(Status::not_found(format!("no key {:?}", message.key))),
+        }
+    }
+
+    type KVWatchStream = Streamed<proto::KvChange>;
+
+    async fn kv_watch(
+        &self,
+        request: Request<proto::KvWatchRequest>,
+    ) -> Result<Response<Self::KVWatchStream>, Status> {
+        let caller = caller(&request)?;
+        let prefix = request.into_inner().prefix;
+        let changes = self
+            .state
+            .kv
+            .watch(namespace(&caller), &prefix)
+            .take_until(self.state.stop.clone().cancelled_owned())
+            .map(|change| {
+                Ok(proto::KvChange {
+                    key: change.key.clone(),
+                    revision: change.revision,
+                    value: change.value.as_ref().map(|v| v.to_vec()),
+                })
+            });
+        Ok(Response::new(Box::pin(changes)))
+    }
+}
+
+/// Gives the errors a gRPC request meets before its service (auth, the
+/// browser checks, limits) gRPC's form: the status in the headers of an
+/// HTTP 200, with the JSON error's message.
+pub async fn errors_as_status(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let grpc = is_grpc(request.headers());
+    let response = next.run(request).await;
+    if !grpc || response.status().is_success() {
+        return response;
+    }
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let message = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("HTTP {status}"));
+    refusal(status, &message)
+}
+
+fn refusal(status: u16, message: &str) -> axum::response::Response {
+    let status = match status {
+        401 => Status::unauthenticated(message),
+        403 => Status::permission_denied(message),
+        404 => Status::unimplemented(message),
+        413 => Status::resource_exhausted(message),
+        503 => Status::unavailable(message),
+        _ => Status::invalid_argument(message),
+    };
+    let (parts, body) = status.into_http::<tonic::body::Body>().into_parts();
+    axum::response::Response::from_parts(parts, axum::body::Body::new(body))
+}
