@@ -591,6 +591,24 @@ async fn idle_connections_are_capped_per_client_and_health_still_answers() {
     server.stop().await;
 }
 
+/// The listener reads the protocol (HTTP/1.1 or HTTP/2) from the first
+/// bytes: a connection that sends none is closed at the header deadline
+/// too (HTTP/2 clients are served: tests/bus_grpc.rs).
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_at_the_header_deadline() {
+    let server = TestServer::start_with(|c| c.http.header_timeout_s = 1).await;
+    let mut silent = connect_from("127.0.0.4", server.addr).await;
+    assert!(
+        closed_by_server(&mut silent).await,
+        "a silent connection was kept"
+    );
+    let (status, _) = raw_get("127.0.0.4", server.addr, "/health")
+        .await
+        .expect("health");
+    assert_eq!(status, 200);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_body_that_stalls_is_answered_408_and_the_connection_closed() {
     let server = TestServer::start_with(|c| {

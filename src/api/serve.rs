@@ -245,12 +245,24 @@ pub async fn serve(
             Kind::Full => (app.clone(), limits.header_timeout),
             Kind::Overflow => (overflow.clone(), OVERFLOW_HEADER_TIMEOUT),
         };
-        let io = TokioIo::new(Counted {
-            stream,
-            _slot: slot,
-        });
         let stop = stop.clone();
         connections.spawn(async move {
+            // The protocol is read from the first bytes, before HTTP/1.1's
+            // header deadline starts: they too must come in time, or a
+            // connection that sends nothing would hold its slot for ever.
+            // (`readable()` may answer before any byte came; a peek waits.)
+            let mut first = [0u8; 1];
+            if tokio::time::timeout(header_timeout, stream.peek(&mut first))
+                .await
+                .is_err()
+            {
+                tracing::debug!("connection closed: nothing sent within the header deadline");
+                return;
+            }
+            let io = TokioIo::new(Counted {
+                stream,
+                _slot: slot,
+            });
             // HTTP/1.1, or HTTP/2 with prior knowledge (gRPC clients).
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
