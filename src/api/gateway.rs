@@ -33,6 +33,8 @@ impl From<GatewayError> for ApiError {
             GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
             GatewayError::UnknownReplica(_) => (StatusCode::NOT_FOUND, "not_found"),
             GatewayError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            GatewayError::Paused { .. } => (StatusCode::SERVICE_UNAVAILABLE, "pool_paused"),
+            GatewayError::StillBusy { .. } => (StatusCode::GATEWAY_TIMEOUT, "pool_busy"),
         };
         ApiError::new(status, code, error.to_string())
     }
@@ -179,7 +181,8 @@ pub async fn replicas(
         .map(|pool| {
             let replicas: Vec<_> = pool.replicas().iter().map(|r| r.view()).collect();
             json!({"model": pool.name, "strategy": pool.config.strategy.as_str(),
-                   "num_retries": pool.config.num_retries, "replicas": replicas})
+                   "num_retries": pool.config.num_retries, "weights": pool.weights.view(),
+                   "replicas": replicas})
         })
         .collect();
     Ok(Json(json!({"pools": pools})))

@@ -12,8 +12,8 @@
 //! - [`state`]: `AppState`, what every handler shares.
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
-//! - [`agent`], [`ws`], [`ops`], [`gateway`], [`sandboxes`], [`bus`],
-//!   [`bus_ws`]: the handlers.
+//! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
+//!   [`bus`], [`bus_ws`], [`grpc`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
@@ -32,6 +32,7 @@ pub mod sandboxes;
 pub mod serve;
 pub mod state;
 pub mod stream;
+pub mod weights;
 pub mod ws;
 
 use std::sync::Arc;
@@ -56,7 +57,7 @@ use state::AppState;
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
         sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
-        bus_ws::upgrade
+        bus_ws::upgrade, weights::begin, weights::commit
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -114,6 +115,11 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/gateway/replicas/{id}", delete(gateway::remove_replica))
         .route("/gateway/pools/{model}", delete(gateway::remove_pool))
+        .route("/gateway/pools/{model}/weights/begin", post(weights::begin))
+        .route(
+            "/gateway/pools/{model}/weights/commit",
+            post(weights::commit),
+        )
         .route(
             "/gateway/replicas/{id}/{action}",
             post(gateway::replica_action),

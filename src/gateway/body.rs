@@ -21,6 +21,9 @@ pub struct TracedBody {
     pub(super) traces: Option<Arc<TraceLog>>,
     pub(super) metrics: Option<Arc<Metrics>>,
     pub(super) pool: String,
+    /// The call's place at its pool's weight gate, held until the
+    /// response has been passed on.
+    pub(super) _admitted: Option<super::weights::Admission>,
 }
 
 impl TracedBody {
@@ -33,6 +36,7 @@ impl TracedBody {
             traces: None,
             metrics: None,
             pool: String::new(),
+            _admitted: None,
         }
     }
 

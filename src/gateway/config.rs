@@ -97,8 +97,16 @@ pub struct PoolConfig {
     /// go before a session spills to the next one on the ring.
     #[serde(default = "default_load_factor")]
     pub affinity_load_factor: f64,
+    /// How long a call waits while the pool is paused for a weight update
+    /// before it fails (`503`).
+    #[serde(default = "default_weights_wait_s")]
+    pub weights_wait_s: u64,
     #[serde(default)]
     pub replicas: Vec<ReplicaConfig>,
+}
+
+fn default_weights_wait_s() -> u64 {
+    300
 }
 
 impl Default for PoolConfig {
@@ -113,6 +121,7 @@ impl Default for PoolConfig {
             drop_params: false,
             additional_drop_params: Vec::new(),
             affinity_load_factor: default_load_factor(),
+            weights_wait_s: default_weights_wait_s(),
             replicas: Vec::new(),
         }
     }

@@ -21,6 +21,7 @@ mod policy;
 pub mod pool;
 pub mod slug;
 pub mod trace;
+pub mod weights;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -96,6 +97,16 @@ pub enum GatewayError {
     UnknownReplica(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("pool {pool:?} is paused for a weight update and was not resumed within {waited_s} s")]
+    Paused { pool: String, waited_s: u64 },
+    #[error(
+        "pool {pool:?} still had {in_flight} call(s) in flight after {waited_s} s; it stays paused until a commit"
+    )]
+    StillBusy {
+        pool: String,
+        in_flight: u64,
+        waited_s: u64,
+    },
 }
 
 /// An upstream response to pass on: status, headers and a body that
@@ -320,6 +331,36 @@ impl Gateway {
         Ok(view)
     }
 
+    /// Pauses the pool for a weight update: new calls wait, and this
+    /// returns once the calls in flight have ended (or `timeout` passed).
+    pub async fn begin_weights(&self, model: &str, timeout: Duration) -> Result<(), GatewayError> {
+        let pool = self
+            .pool(model)
+            .ok_or_else(|| GatewayError::UnknownPool(model.to_owned()))?;
+        pool.weights
+            .begin(timeout)
+            .await
+            .map_err(|busy| GatewayError::StillBusy {
+                pool: pool.name.clone(),
+                in_flight: busy.in_flight,
+                waited_s: timeout.as_secs(),
+            })
+    }
+
+    /// Records `version` on each replica of the pool and resumes it;
+    /// answers the replicas' ids.
+    pub fn commit_weights(&self, model: &str, version: Value) -> Result<Vec<String>, GatewayError> {
+        let pool = self
+            .pool(model)
+            .ok_or_else(|| GatewayError::UnknownPool(model.to_owned()))?;
+        let replicas = pool.replicas();
+        for replica in replicas.iter() {
+            replica.set_weights_version(version.clone());
+        }
+        pool.weights.commit(version);
+        Ok(replicas.iter().map(|r| r.id.clone()).collect())
+    }
+
     /// Runs a call: picks a replica, retries on another after a connect
     /// error, a 5xx or a 429 (up to the pool's `num_retries`), and returns
     /// the first response worth passing on.
@@ -352,12 +393,22 @@ impl Gateway {
                 },
             })?;
         shape_request(&pool.config, &mut body);
+        let wait = pool.config.weights_wait_s;
+        let admitted = pool
+            .weights
+            .admit(Duration::from_secs(wait))
+            .await
+            .ok_or_else(|| GatewayError::Paused {
+                pool: pool.name.clone(),
+                waited_s: wait,
+            })?;
         let start = TraceStart {
             owner,
             session_id,
             metadata,
             model: model.clone(),
             endpoint: endpoint.path(),
+            weights_version: admitted.version.clone(),
         };
         let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
         let started = Instant::now();
@@ -391,6 +442,7 @@ impl Gateway {
                             traces: Some(self.traces.clone()),
                             metrics: Some(self.metrics.clone()),
                             pool: pool.name.clone(),
+                            _admitted: Some(admitted),
                         },
                     });
                 }

@@ -56,6 +56,8 @@ pub struct Replica {
     /// Sum of the latencies of finished calls, in microseconds.
     latency_us: AtomicU64,
     completed: AtomicU64,
+    /// The weights version committed while it was in the pool.
+    weights_version: Mutex<Option<serde_json::Value>>,
 }
 
 /// A replica's figures, for `GET /gateway/replicas`.
@@ -71,6 +73,8 @@ pub struct ReplicaView {
     pub requests: u64,
     pub failures: u64,
     pub mean_latency_ms: Option<f64>,
+    /// The last weights version committed for its pool.
+    pub weights_version: Option<serde_json::Value>,
 }
 
 impl Replica {
@@ -91,7 +95,16 @@ impl Replica {
             failures: AtomicU64::new(0),
             latency_us: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            weights_version: Mutex::new(None),
         }
+    }
+
+    pub fn weights_version(&self) -> Option<serde_json::Value> {
+        lock(&self.weights_version).clone()
+    }
+
+    pub fn set_weights_version(&self, version: serde_json::Value) {
+        *lock(&self.weights_version) = Some(version);
     }
 
     pub fn state(&self) -> ReplicaState {
@@ -177,6 +190,7 @@ impl Replica {
             mean_latency_ms: (completed > 0).then(|| {
                 self.latency_us.load(Ordering::Relaxed) as f64 / completed as f64 / 1000.0
             }),
+            weights_version: self.weights_version(),
         }
     }
 }
@@ -204,6 +218,8 @@ pub struct Pool {
     next: AtomicUsize,
     /// How `config.strategy` picks.
     policy: Box<dyn Policy>,
+    /// Paused around weight updates.
+    pub weights: Arc<super::weights::WeightGate>,
 }
 
 #[derive(Clone)]
@@ -225,6 +241,7 @@ impl Pool {
                 ring,
             }),
             next: AtomicUsize::new(0),
+            weights: Arc::default(),
         }
     }
 

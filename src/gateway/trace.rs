@@ -47,6 +47,10 @@ pub struct Trace {
     pub retries: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The weights version the pool ran under (after a weight-sync
+    /// commit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights_version: Option<Value>,
 }
 
 /// What every trace of one gateway call shares; [`TraceStart::attempt`]
@@ -58,6 +62,8 @@ pub struct TraceStart {
     /// The pool (the model name the client asked for).
     pub model: String,
     pub endpoint: &'static str,
+    /// The weights version the call was admitted under.
+    pub weights_version: Option<Value>,
 }
 
 impl TraceStart {
@@ -85,6 +91,7 @@ impl TraceStart {
             http_status: None,
             retries: 0,
             error: None,
+            weights_version: self.weights_version.clone(),
         }
     }
 }
@@ -354,6 +361,7 @@ mod tests {
             metadata: Map::new(),
             model: "m".into(),
             endpoint: "chat/completions",
+            weights_version: None,
         };
         let mut trace = start.attempt(Some(("r", "m")), "{}".into());
         trace.id = "t".into();
