@@ -28,6 +28,8 @@
 //! - [`bus`]: subjects to publish and subscribe to (in process, durable
 //!   ones kept in the store) and a KV with revisions, one namespace per
 //!   API key; `api` serves it over HTTP, the WebSocket and gRPC.
+//! - [`rollout`]: rollouts: prompts dispatched over a gateway pool with
+//!   bounded concurrency, each result published on the bus.
 //! - [`sim`]: `conclave sim`, a simulated OpenAI-compatible replica for
 //!   tests and benchmarks, with its own axum app.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
@@ -60,6 +62,7 @@ pub mod mcp;
 pub mod model;
 pub mod operator;
 pub mod protocol;
+pub mod rollout;
 pub mod sandbox;
 pub mod server;
 pub mod session;

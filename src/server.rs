@@ -122,6 +122,7 @@ impl Server {
             message: format!("loading the bus's subjects: {e}"),
         })?;
         let kv = Arc::new(Kv::new(store.clone(), config.bus.max_payload_bytes));
+        let bus: Arc<dyn crate::bus::Bus> = Arc::new(bus);
         let gateway =
             Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
         for pool in gateway.pools() {
@@ -207,6 +208,15 @@ impl Server {
             }
             tracing::info!(backend = sandboxes.backend_name(), "sandbox backend ready");
         }
+        let rollouts = Arc::new(crate::rollout::Rollouts::new(
+            gateway.clone(),
+            bus.clone(),
+            kv.clone(),
+            metrics.clone(),
+            config.bus.rollout_concurrency,
+            Duration::from_secs(config.bus.response_topic_wait_s),
+            root.child_token(),
+        ));
         let state = AppState {
             keys: Arc::new(Keys::new(&config.api_keys, &config.admin_keys)),
             config: Arc::new(config),
@@ -217,8 +227,9 @@ impl Server {
             sandboxes,
             mcp,
             gateway,
-            bus: Arc::new(bus),
+            bus,
             kv,
+            rollouts,
             stop: root.child_token(),
         };
         Ok(Server {
@@ -331,7 +342,9 @@ impl Server {
                 Err(e) => tracing::error!(error = %e, "removing sandboxes at shutdown failed"),
             }
         }
-        // The bus stores the durable messages it still holds.
+        // Rollouts stop at the root token; then the bus stores the durable
+        // messages it still holds.
+        self.state.rollouts.shutdown().await;
         self.bus_tasks.close();
         self.bus_tasks.wait().await;
         if let Err(e) = self.store.close().await {

@@ -85,6 +85,8 @@ pub struct Metrics {
     pub bus_delivered: Family<BusLabel, Counter>,
     pub bus_lagged: Family<BusLabel, Counter>,
     pub bus_retained: Family<BusLabel, Gauge>,
+    /// Rollouts running now.
+    pub rollouts_running: Gauge,
 }
 
 impl Default for Metrics {
@@ -117,6 +119,7 @@ impl Metrics {
             bus_delivered: Family::default(),
             bus_lagged: Family::default(),
             bus_retained: Family::default(),
+            rollouts_running: Gauge::default(),
         };
         registry.register(
             "sessions_live",
@@ -188,6 +191,11 @@ impl Metrics {
             "bus_retained",
             "Bus messages kept in the store, by subject class",
             metrics.bus_retained.clone(),
+        );
+        registry.register(
+            "rollouts_running",
+            "Rollouts running now",
+            metrics.rollouts_running.clone(),
         );
         *lock(&metrics.registry) = registry;
         metrics

@@ -13,7 +13,7 @@
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
-//!   [`bus`], [`bus_ws`], [`grpc`]: the handlers.
+//!   [`bus`], [`bus_ws`], [`grpc`], [`rollouts`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
@@ -28,6 +28,7 @@ pub mod gateway;
 pub mod grpc;
 pub mod mcp;
 pub mod ops;
+pub mod rollouts;
 pub mod sandboxes;
 pub mod serve;
 pub mod state;
@@ -57,7 +58,7 @@ use state::AppState;
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
         sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
-        bus_ws::upgrade, weights::begin, weights::commit
+        bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -137,6 +138,8 @@ pub fn router(state: AppState) -> Router {
             "/conclave.bus.v1.Bus/{*method}",
             grpc::service(state.clone()),
         )
+        .route("/rollouts", post(rollouts::start))
+        .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))
         .route("/sandboxes/{id}", delete(sandboxes::delete))
         .route("/health", get(ops::health))

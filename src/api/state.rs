@@ -34,6 +34,8 @@ pub struct AppState {
     pub bus: Arc<dyn Bus>,
     /// The bus's KV, per tenant.
     pub kv: Arc<Kv>,
+    /// Prompts dispatched over gateway pools, results on the bus.
+    pub rollouts: Arc<crate::rollout::Rollouts>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

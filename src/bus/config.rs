@@ -49,6 +49,11 @@ pub struct BusConfig {
     /// catches up from the store on durable subjects, and is told what it
     /// missed on the others.
     pub subscriber_buffer: usize,
+    /// Prompts of one rollout sent to the gateway at once.
+    pub rollout_concurrency: usize,
+    /// How long a rollout without `response_topic` waits for the KV key
+    /// `inference_response_topic`.
+    pub response_topic_wait_s: u64,
 }
 
 impl Default for BusConfig {
@@ -66,6 +71,8 @@ impl Default for BusConfig {
             .collect(),
             max_payload_bytes: 1024 * 1024,
             subscriber_buffer: 1024,
+            rollout_concurrency: 64,
+            response_topic_wait_s: 300,
         }
     }
 }
@@ -79,6 +86,12 @@ impl BusConfig {
         }
         if self.max_payload_bytes == 0 {
             return Err(("bus.max_payload_bytes".into(), "must be at least 1".into()));
+        }
+        if self.rollout_concurrency == 0 {
+            return Err((
+                "bus.rollout_concurrency".into(),
+                "must be at least 1".into(),
+            ));
         }
         if self.subscriber_buffer == 0 {
             return Err(("bus.subscriber_buffer".into(), "must be at least 1".into()));

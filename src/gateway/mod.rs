@@ -115,6 +115,8 @@ pub struct Upstream {
     pub status: StatusCode,
     pub content_type: Option<HeaderValue>,
     pub replica: String,
+    /// The weights version the call ran under.
+    pub weights_version: Option<Value>,
     pub body: TracedBody,
 }
 
@@ -435,6 +437,7 @@ impl Gateway {
                         status,
                         content_type,
                         replica: replica.id.clone(),
+                        weights_version: admitted.version.clone(),
                         body: TracedBody {
                             inner: Box::pin(response.bytes_stream()),
                             recorder: Some(Recorder::new(trace, started, streamed)),
@@ -486,6 +489,7 @@ impl Gateway {
             Some((status, content_type, body)) => Ok(Upstream {
                 status,
                 content_type,
+                weights_version: start.weights_version.clone(),
                 replica: tried.last().map(|r| r.id.clone()).unwrap_or_default(),
                 body: TracedBody::ready(body),
             }),
