@@ -302,8 +302,21 @@ async fn nothing_a_call_started_outlives_it(backend: Arc<dyn SandboxBackend>) {
     .await;
     assert_eq!(status.exit_code, Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "started\n");
-    let (_, after) = sh(&sandbox, count, 10).await;
-    assert_eq!(text(&after.stdout), text(&before.stdout));
+    // Killed processes stay charged to the cgroup until they are reaped,
+    // a moment after the call returned: read until the count is back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, after) = sh(&sandbox, count, 10).await;
+        if text(&after.stdout) == text(&before.stdout) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "processes a call started still run 10 s after it: {} against {} before",
+            text(&after.stdout).trim(),
+            text(&before.stdout).trim()
+        );
+    }
     assert_none_left(&sandbox, "[s]leep 30[012]").await;
 }
 
