@@ -175,11 +175,15 @@ fn stream_response(
             .keep_alive(KeepAlive::default())
             .into_response();
     }
-    let lines = items.map(|(_, _, json)| {
-        let mut line = Vec::with_capacity(json.len() + 1);
-        line.extend_from_slice(&json);
-        line.push(b'\n');
-        Ok::<_, Infallible>(Bytes::from(line))
+    // The lines ready together go out in one chunk.
+    let lines = items.ready_chunks(64).map(|ready| {
+        let size = ready.iter().map(|(_, _, json)| json.len() + 1).sum();
+        let mut chunk = Vec::with_capacity(size);
+        for (_, _, json) in ready {
+            chunk.extend_from_slice(&json);
+            chunk.push(b'\n');
+        }
+        Ok::<_, Infallible>(Bytes::from(chunk))
     });
     let mut response = Body::from_stream(lines).into_response();
     let headers = response.headers_mut();

@@ -7,10 +7,10 @@
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use futures::stream::BoxStream;
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -25,6 +25,8 @@ use super::state::AppState;
 use crate::bus::{BusError, Delivery, Subject};
 
 const READ_BUFFER: usize = 4 * 1024;
+/// Frames written together at most, when a subscriber has many ready.
+const WRITE_BATCH: usize = 64;
 
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -85,7 +87,7 @@ async fn serve(
     let stop = state.stop.clone();
     let writer = async move {
         loop {
-            let text: Bytes = tokio::select! {
+            let first: Bytes = tokio::select! {
                 delivery = deliveries.next() => match delivery {
                     Some(delivery) => delivery.json(),
                     None => break,
@@ -96,9 +98,15 @@ async fn serve(
                 },
                 () = stop.cancelled() => break,
             };
-            // The JSON is UTF-8 by construction.
-            let text = String::from_utf8_lossy(&text).into_owned();
-            if sink.send(Message::Text(text.into())).await.is_err() {
+            // What else is ready now goes out in the same write.
+            let mut frames = vec![first];
+            while frames.len() < WRITE_BATCH {
+                match deliveries.next().now_or_never() {
+                    Some(Some(delivery)) => frames.push(delivery.json()),
+                    _ => break,
+                }
+            }
+            if write(&mut sink, frames).await.is_err() {
                 break;
             }
         }
@@ -125,6 +133,19 @@ async fn serve(
         () = reader => {}
     }
     state.metrics.websocket_connections.dec();
+}
+
+/// Queues the frames and flushes them once.
+async fn write(
+    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
+    frames: Vec<Bytes>,
+) -> Result<(), axum::Error> {
+    for json in frames {
+        // The JSON is UTF-8 by construction; no copy is made.
+        let text = Utf8Bytes::try_from(json).unwrap_or_default();
+        sink.feed(Message::Text(text)).await?;
+    }
+    sink.flush().await
 }
 
 fn error(code: &str, message: impl std::fmt::Display) -> Value {
