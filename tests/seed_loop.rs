@@ -3,7 +3,8 @@
 //! stubs generated from `proto/bus.proto` at run time) against a server
 //! with three `conclave sim` replicas. Three iterations of 64 prompts: the
 //! trainer receives every result with token ids, each under the version it
-//! committed.
+//! committed, and a call it sends while the pool is paused waits and
+//! completes after the commit.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
