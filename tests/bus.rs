@@ -480,6 +480,10 @@ async fn metrics_and_the_openapi_document_cover_the_bus() {
         "/bus/ws",
         "/kv",
         "/kv/{key}",
+        "/rollouts",
+        "/rollouts/{id}",
+        "/gateway/pools/{model}/weights/begin",
+        "/gateway/pools/{model}/weights/commit",
     ] {
         assert!(
             paths.contains_key(path),
