@@ -2,6 +2,7 @@
 generated at start from the repository's proto/bus.proto (grpcio-tools),
 the bearer key as call metadata, and the two HTTP calls of weight sync."""
 
+import argparse
 import importlib
 import json
 import os
@@ -27,6 +28,17 @@ def stubs():
         sys.exit(f"protoc could not compile {PROTO_DIR}/bus.proto")
     sys.path.insert(0, out)
     return importlib.import_module("bus_pb2"), importlib.import_module("bus_pb2_grpc")
+
+
+def arguments():
+    """The options both processes take."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--key")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=64)
+    return parser.parse_args()
 
 
 class Conclave:

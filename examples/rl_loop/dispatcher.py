@@ -5,22 +5,15 @@ dispatches them over the pool and publishes each result on the topic.
 
     python dispatcher.py --url http://127.0.0.1:8080 --model qwen --iterations 3 --prompts 64"""
 
-import argparse
 import datetime
 import json
 import sys
 
-from bus import Conclave
+from bus import Conclave, arguments
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--key")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--iterations", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=64)
-    args = parser.parse_args()
+    args = arguments()
     conclave = Conclave(args.url, args.key)
     pb, bus, md = conclave.pb, conclave.bus, conclave.metadata
     since = datetime.datetime.now(datetime.timezone.utc).isoformat()

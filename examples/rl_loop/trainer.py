@@ -10,7 +10,6 @@ the commit.
 
 Prints a JSON summary; exits 1 if a result is missing or wrong."""
 
-import argparse
 import datetime
 import json
 import queue
@@ -18,19 +17,13 @@ import sys
 import threading
 import time
 
-from bus import Conclave
+from bus import Conclave, arguments
 
 RESULTS = "inference/results/shared"
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--key")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--iterations", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=64)
-    args = parser.parse_args()
+    args = arguments()
     conclave = Conclave(args.url, args.key)
     pb, bus, md = conclave.pb, conclave.bus, conclave.metadata
     since = datetime.datetime.now(datetime.timezone.utc).isoformat()

@@ -1,19 +1,17 @@
 //! The bus over HTTP: publish, subscribe (NDJSON or SSE), and the KV.
 //! Every route works in the caller's namespace: the hash of its API key.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
 use axum::Json;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -23,7 +21,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
 use super::state::AppState;
-use super::stream::wants_sse;
+use super::stream::json_stream;
 use crate::bus::kv::KvError;
 use crate::bus::{BusError, KvChange, Pattern, Since, Subject};
 use crate::store::{Expect, KvEntry, KvWrite};
@@ -94,13 +92,6 @@ pub async fn publish(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let subject = Subject::parse(&subject).map_err(BusError::from)?;
-    if body.len() > state.bus.max_payload() {
-        return Err(BusError::TooLarge {
-            size: body.len(),
-            max: state.bus.max_payload(),
-        }
-        .into());
-    }
     json_payload(&body, "message")?;
     let seq = state
         .bus
@@ -150,50 +141,10 @@ pub async fn subscribe(
         .subscribe(namespace(&caller), patterns, since)
         .await?
         .take_until(state.stop.clone().cancelled_owned());
-    Ok(stream_response(
+    Ok(json_stream(
         &headers,
         deliveries.map(|d| (d.type_name(), d.seq(), d.json())),
     ))
-}
-
-/// JSON objects as NDJSON, or SSE with their type as the event name.
-fn stream_response(
-    headers: &HeaderMap,
-    items: impl Stream<Item = (&'static str, Option<u64>, Bytes)> + Send + 'static,
-) -> Response {
-    if wants_sse(headers) {
-        let events = items.map(|(kind, id, json)| {
-            let event = SseEvent::default()
-                .event(kind)
-                .data(String::from_utf8_lossy(&json));
-            Ok::<_, Infallible>(match id {
-                Some(id) => event.id(id.to_string()),
-                None => event,
-            })
-        });
-        return Sse::new(events)
-            .keep_alive(KeepAlive::default())
-            .into_response();
-    }
-    // The lines ready together go out in one chunk.
-    let lines = items.ready_chunks(64).map(|ready| {
-        let size = ready.iter().map(|(_, _, json)| json.len() + 1).sum();
-        let mut chunk = Vec::with_capacity(size);
-        for (_, _, json) in ready {
-            chunk.extend_from_slice(&json);
-            chunk.push(b'\n');
-        }
-        Ok::<_, Infallible>(Bytes::from(chunk))
-    });
-    let mut response = Body::from_stream(lines).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
 }
 
 /// A KV entry as the API shows it.
@@ -315,14 +266,6 @@ pub struct WriteQuery {
     if_revision: Option<u64>,
 }
 
-fn expect(query: &WriteQuery) -> Expect {
-    match query.if_revision {
-        None => Expect::Any,
-        Some(0) => Expect::Absent,
-        Some(revision) => Expect::Revision(revision),
-    }
-}
-
 fn conflict(key: &str, current: Option<u64>, wanted: Expect) -> ApiError {
     let found = current.map_or_else(
         || "does not exist".to_owned(),
@@ -352,7 +295,7 @@ pub async fn put(
 ) -> Result<Json<Value>, ApiError> {
     crate::bus::kv::check_key(&key)?;
     json_payload(&body, "value")?;
-    let expect = expect(&query);
+    let expect = Expect::if_revision(query.if_revision);
     match state.kv.put(namespace(&caller), &key, body, expect).await? {
         KvWrite::Done(revision) => Ok(Json(json!({"key": key, "revision": revision}))),
         KvWrite::Conflict { current } => Err(conflict(&key, current, expect)),
@@ -368,7 +311,7 @@ pub async fn delete(
     Path(key): Path<String>,
     ApiQuery(query): ApiQuery<WriteQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let expect = expect(&query);
+    let expect = Expect::if_revision(query.if_revision);
     match state.kv.delete(namespace(&caller), &key, expect).await? {
         Some(KvWrite::Done(revision)) => Ok(Json(json!({"key": key, "revision": revision}))),
         Some(KvWrite::Conflict { current }) => Err(conflict(&key, current, expect)),
@@ -430,5 +373,5 @@ pub async fn list(
     let items = futures::stream::iter(snapshot)
         .chain(live)
         .take_until(state.stop.clone().cancelled_owned());
-    Ok(stream_response(&headers, items))
+    Ok(json_stream(&headers, items))
 }

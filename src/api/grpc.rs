@@ -87,14 +87,6 @@ fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
         .ok_or_else(|| Status::unauthenticated("no caller identity"))
 }
 
-fn expect(if_revision: Option<u64>) -> Expect {
-    match if_revision {
-        None => Expect::Any,
-        Some(0) => Expect::Absent,
-        Some(revision) => Expect::Revision(revision),
-    }
-}
-
 fn conflict(key: &str, current: Option<u64>) -> Status {
     let found = current.map_or_else(
         || "does not exist".to_owned(),
@@ -229,7 +221,7 @@ impl BusService for GrpcBus {
                 namespace(&caller),
                 &message.key,
                 Bytes::from(message.value),
-                expect(message.if_revision),
+                Expect::if_revision(message.if_revision),
             )
             .await?;
         match write {
@@ -283,7 +275,7 @@ impl BusService for GrpcBus {
             .delete(
                 namespace(&caller),
                 &message.key,
-                expect(message.if_revision),
+                Expect::if_revision(message.if_revision),
             )
             .await?;
         match deleted {

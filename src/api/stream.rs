@@ -24,26 +24,44 @@ pub fn events_response(
     headers: &HeaderMap,
     events: impl Stream<Item = Arc<Event>> + Send + 'static,
 ) -> Response {
+    let items = events.map(|event| {
+        let json = Bytes::from(serde_json::to_vec(&*event).unwrap_or_default());
+        (event.kind.type_name(), Some(event.seq), json)
+    });
+    json_stream(headers, items)
+}
+
+/// JSON objects `(type, id, json)` as NDJSON, or as SSE with the type as
+/// the event name and the id as its id when the client asks for it. The
+/// NDJSON lines ready together go out in one chunk.
+pub fn json_stream(
+    headers: &HeaderMap,
+    items: impl Stream<Item = (&'static str, Option<u64>, Bytes)> + Send + 'static,
+) -> Response {
     if wants_sse(headers) {
-        let stream = events.map(|event| {
-            let data = serde_json::to_string(&*event).unwrap_or_default();
-            Ok::<_, Infallible>(
-                SseEvent::default()
-                    .event(event.kind.type_name())
-                    .id(event.seq.to_string())
-                    .data(data),
-            )
+        let events = items.map(|(kind, id, json)| {
+            let event = SseEvent::default()
+                .event(kind)
+                .data(String::from_utf8_lossy(&json));
+            Ok::<_, Infallible>(match id {
+                Some(id) => event.id(id.to_string()),
+                None => event,
+            })
         });
-        return Sse::new(stream)
+        return Sse::new(events)
             .keep_alive(KeepAlive::default())
             .into_response();
     }
-    let stream = events.map(|event| {
-        let mut line = serde_json::to_vec(&*event).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, Infallible>(Bytes::from(line))
+    let lines = items.ready_chunks(64).map(|ready| {
+        let size = ready.iter().map(|(_, _, json)| json.len() + 1).sum();
+        let mut chunk = Vec::with_capacity(size);
+        for (_, _, json) in ready {
+            chunk.extend_from_slice(&json);
+            chunk.push(b'\n');
+        }
+        Ok::<_, Infallible>(Bytes::from(chunk))
     });
-    let mut response = Body::from_stream(stream).into_response();
+    let mut response = Body::from_stream(lines).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,

@@ -126,7 +126,8 @@ impl Inner {
         if self.shutdown.is_cancelled() {
             return Err(BusError::Closed);
         }
-        let durable = self.retentions.of(subject.stream()).is_some();
+        let retention = self.retentions.of(subject.stream());
+        let durable = retention.is_some();
         let (mut delivered, mut lost) = (0, 0);
         let seq = {
             let mut namespaces = lock(&self.namespaces);
@@ -160,7 +161,7 @@ impl Inner {
             seq
         };
         let label = BusLabel {
-            class: class(self, subject.stream()),
+            class: retention.map_or_else(|| "transient".to_owned(), |r| r.class.clone()),
         };
         self.metrics.bus_published.get_or_create(&label).inc();
         self.metrics

@@ -153,6 +153,17 @@ pub enum Expect {
     Revision(u64),
 }
 
+impl Expect {
+    /// The APIs' `if_revision`: none is unconditional, `0` is absent.
+    pub fn if_revision(if_revision: Option<u64>) -> Expect {
+        match if_revision {
+            None => Expect::Any,
+            Some(0) => Expect::Absent,
+            Some(revision) => Expect::Revision(revision),
+        }
+    }
+}
+
 /// Keys and values in namespaces (one per tenant), with revisions for
 /// compare-and-set. Waiting for a change is the caller's (the bus's).
 #[async_trait]
