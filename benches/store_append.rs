@@ -230,5 +230,6 @@ fn event(session_id: Uuid, seq: u64) -> Event {
         session_id,
         seq,
         ts: Utc::now(),
+        agent_id: None,
     }
 }

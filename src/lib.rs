@@ -19,6 +19,9 @@
 //!   off; the [`session::SessionTask`] seam a kind implements.
 //! - [`agent`]: the agent kind: its options, the turn loop, tool calls and
 //!   the `ToolRouter` seam to whatever executes tools.
+//! - [`deliberation`]: deliberations (seed 000): N agents in parallel,
+//!   their answers collected from the bus, critique rounds, a judge or a
+//!   vote; a session kind, with `POST /deliberations` on top.
 //! - [`mcp`]: the rmcp server of sandbox tools (`/mcp`, `conclave mcp`) and
 //!   the agent's in-process client of it.
 //! - [`model`]: the streaming `ModelProvider` trait and its providers
@@ -55,6 +58,7 @@ pub mod agent;
 pub mod api;
 pub mod bus;
 pub mod config;
+pub mod deliberation;
 pub mod egress;
 pub mod gateway;
 pub mod locate;

@@ -100,6 +100,10 @@ enum Command {
         /// '{"name": "Bash", "arguments": {"command": "ls"}}'.
         #[arg(long)]
         tool_call: Option<String>,
+        /// The completion's text instead of the replica's id and numbered
+        /// tokens: '{"choice": 2, "reasoning": "shorter"}'.
+        #[arg(long)]
+        reply: Option<String>,
     },
 }
 
@@ -307,6 +311,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             failure_rate,
             failure_status,
             tool_call,
+            reply,
         } => {
             let tool_call = tool_call
                 .map(|text| serde_json::from_str(&text))
@@ -326,6 +331,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 failure_status,
                 healthy: true,
                 tool_call,
+                reply,
             };
             conclave::sim::serve(listen, config).await
         }

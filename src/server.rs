@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::{EmbeddedBus, Kv};
+use crate::deliberation::{self, DeliberationTask, Deliberations};
 
 use crate::agent::turn::TurnDeps;
 use crate::agent::{AgentTask, ToolRouter};
@@ -172,19 +173,36 @@ impl Server {
             },
             config.mcp.clone(),
         );
-        let tasks = kinds
-            .into_iter()
-            .fold(Tasks::new().with(Arc::new(agent)), Tasks::with);
         let limits = Limits {
             turn_timeout: Duration::from_secs(config.agent.turn_timeout_s),
             ephemeral_retention: Duration::from_secs(config.agent.ephemeral_retention_s),
         };
-        let sessions = Arc::new(SessionManager::new(
+        // A deliberation with tool-using agents runs each as an agent
+        // session: its kind reaches the manager that runs it.
+        let sessions = Arc::new_cyclic(|manager| {
+            let deliberation = DeliberationTask::new(deliberation::engine::Deps {
+                models: models.clone(),
+                bus: bus.clone(),
+                store: store.clone(),
+                max_tokens: config.agent.max_tokens,
+                sessions: manager.clone(),
+            });
+            let built_in = Tasks::new()
+                .with(Arc::new(agent))
+                .with(Arc::new(deliberation));
+            let tasks = kinds.into_iter().fold(built_in, Tasks::with);
+            SessionManager::new(
+                store.clone(),
+                tasks,
+                limits,
+                metrics.clone(),
+                root.child_token(),
+            )
+        });
+        let deliberations = Arc::new(Deliberations::new(
+            sessions.clone(),
             store.clone(),
-            tasks,
-            limits,
-            metrics.clone(),
-            root.child_token(),
+            models.default_model().to_owned(),
         ));
         let recovered = sessions
             .recover()
@@ -230,6 +248,7 @@ impl Server {
             bus,
             kv,
             rollouts,
+            deliberations,
             stop: root.child_token(),
         };
         Ok(Server {

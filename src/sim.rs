@@ -48,6 +48,9 @@ pub struct SimConfig {
     /// A tool call made when the request offers tools and the last message
     /// is not a tool result: `{"name": …, "arguments": {…}}`.
     pub tool_call: Option<Value>,
+    /// The completion's text, sent word by word, instead of the replica's
+    /// id and numbered tokens (`tokens` is then ignored).
+    pub reply: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -63,6 +66,7 @@ impl Default for SimConfig {
             failure_status: 500,
             healthy: true,
             tool_call: None,
+            reply: None,
         }
     }
 }
@@ -278,6 +282,9 @@ fn read_ask(request: &Value, config: &SimConfig, chat: bool) -> Ask {
 
 /// The completion's words: the replica's id, then numbered tokens.
 fn words(config: &SimConfig) -> Vec<String> {
+    if let Some(reply) = &config.reply {
+        return reply.split_inclusive(' ').map(str::to_owned).collect();
+    }
     (0..config.tokens)
         .map(|i| {
             if i == 0 {

@@ -13,7 +13,8 @@
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
-//!   [`bus`], [`bus_ws`], [`grpc`], [`rollouts`]: the handlers.
+//!   [`bus`], [`bus_ws`], [`grpc`], [`rollouts`], [`deliberations`]: the
+//!   handlers.
 
 pub mod access_log;
 pub mod agent;
@@ -22,6 +23,7 @@ pub mod body;
 pub mod browser;
 pub mod bus;
 pub mod bus_ws;
+pub mod deliberations;
 pub mod error;
 pub mod extract;
 pub mod gateway;
@@ -58,7 +60,8 @@ use state::AppState;
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
         sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
-        bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress
+        bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
+        deliberations::submit, deliberations::result, deliberations::list
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -138,6 +141,11 @@ pub fn router(state: AppState) -> Router {
             "/conclave.bus.v1.Bus/{*method}",
             grpc::service(state.clone()),
         )
+        .route(
+            "/deliberations",
+            post(deliberations::submit).get(deliberations::list),
+        )
+        .route("/deliberations/{task_id}", get(deliberations::result))
         .route("/rollouts", post(rollouts::start))
         .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))

@@ -36,6 +36,8 @@ pub struct AppState {
     pub kv: Arc<Kv>,
     /// Prompts dispatched over gateway pools, results on the bus.
     pub rollouts: Arc<crate::rollout::Rollouts>,
+    /// Deliberations: submit, poll, list.
+    pub deliberations: Arc<crate::deliberation::Deliberations>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

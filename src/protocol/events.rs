@@ -6,6 +6,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::deliberation::{Aggregate, Decision, DeliberationStatus, Proposal};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -17,6 +19,11 @@ pub struct Event {
     pub session_id: Uuid,
     pub seq: u64,
     pub ts: DateTime<Utc>,
+    /// The agent of a deliberation the event is about: its `agent_started`,
+    /// `agent_completed`, `agent_failed`, and a tool-using agent's own
+    /// `tool_use`, `tool_result` ….
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
 }
 
 impl Event {
@@ -71,6 +78,50 @@ pub enum EventKind {
     },
     /// Something went wrong; a `result` with status `error` follows.
     Error { message: String, code: String },
+    /// A deliberation began (its agents start next).
+    DeliberationStarted {
+        task_id: Uuid,
+        role: String,
+        num_agents: u32,
+        rounds: u32,
+        aggregate: Aggregate,
+    },
+    /// A critique round began (round 0 is the first proposals).
+    RoundStarted { task_id: Uuid, round: u32 },
+    /// An agent of the deliberation started working on the round.
+    AgentStarted {
+        role: String,
+        round: u32,
+        model: String,
+    },
+    /// An agent's proposal, as the collector received it.
+    AgentCompleted {
+        role: String,
+        round: u32,
+        proposal: Proposal,
+        duration_ms: u64,
+    },
+    /// An agent failed the round (`timeout`, `budget_exceeded`, an error).
+    AgentFailed {
+        role: String,
+        round: u32,
+        error: String,
+        duration_ms: u64,
+    },
+    /// What the judge or the vote decided.
+    Decision {
+        #[serde(flatten)]
+        decision: Decision,
+    },
+    /// Every agent answered, or the deadline, budget or an interrupt ended it.
+    DeliberationCompleted {
+        task_id: Uuid,
+        status: DeliberationStatus,
+        total_agents: u32,
+        successful_responses: u32,
+        reason: Option<String>,
+        duration_ms: u64,
+    },
 }
 
 impl EventKind {
@@ -120,5 +171,60 @@ impl Usage {
         self.cost_usd += other.cost_usd;
         self.turns += other.turns;
         self.tool_calls += other.tool_calls;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every event is stored as its JSON and read back: the envelope's
+    /// fields and a kind's must not collide.
+    #[test]
+    fn deliberation_events_read_back_as_written() {
+        let proposal = Proposal {
+            content: "def f(): pass".into(),
+            author_id: "agent-dev-001".into(),
+            author_role: "dev".into(),
+        };
+        let kinds = [
+            EventKind::AgentStarted {
+                role: "dev".into(),
+                round: 0,
+                model: "demo".into(),
+            },
+            EventKind::AgentCompleted {
+                role: "dev".into(),
+                round: 1,
+                proposal: proposal.clone(),
+                duration_ms: 5,
+            },
+            EventKind::Decision {
+                decision: Decision {
+                    method: Aggregate::Vote,
+                    choice: "agent-dev-001".into(),
+                    content: proposal.content.clone(),
+                    reasoning: "2 of 3".into(),
+                    votes: Some(serde_json::json!({"agent-dev-001": 2})),
+                },
+            },
+            EventKind::ToolUse {
+                id: "t1".into(),
+                tool: "Bash".into(),
+                input: serde_json::json!({"command": "ls"}),
+            },
+        ];
+        for kind in kinds {
+            let event = Event {
+                kind,
+                session_id: Uuid::new_v4(),
+                seq: 3,
+                ts: Utc::now(),
+                agent_id: Some("agent-dev-001".into()),
+            };
+            let json = serde_json::to_string(&event).unwrap();
+            let back: Event = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, event, "{json}");
+        }
     }
 }

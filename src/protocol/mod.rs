@@ -4,9 +4,12 @@
 //!
 //! - [`events`]: the events of a session's log, their kinds, result
 //!   statuses and usage.
+//! - [`deliberation`]: proposals, agent results, decisions and the
+//!   result of a deliberation (seed 000).
 //! - [`message`]: the conversation history: messages and tool calls.
 //! - [`session`]: a session's kind, status and stored record.
 
+pub mod deliberation;
 pub mod events;
 pub mod message;
 pub mod session;

@@ -113,7 +113,13 @@ impl Session {
     /// Gives the event its `seq` and appends it to the log; it reaches
     /// subscribers once stored. Fails once the store has refused this log.
     pub fn emit(&self, kind: EventKind) -> Result<u64, StoreError> {
-        self.log.append(kind)
+        self.log.append(kind, None)
+    }
+
+    /// [`Session::emit`] for the work of one agent of a deliberation: the
+    /// event carries its `agent_id`.
+    pub fn emit_as(&self, agent_id: &str, kind: EventKind) -> Result<u64, StoreError> {
+        self.log.append(kind, Some(agent_id.to_owned()))
     }
 
     /// Waits until every event emitted so far is stored.

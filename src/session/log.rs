@@ -39,8 +39,9 @@ const SUBSCRIBER_BUFFER: usize = 64;
 pub trait EventLog: Send + Sync {
     /// Gives the event the next `seq` and appends it; it reaches
     /// subscribers once durable. Fails once the log has stopped (its store
-    /// refused a write).
-    fn append(&self, kind: EventKind) -> Result<u64, StoreError>;
+    /// refused a write). `agent_id` tags the work of one agent of a
+    /// deliberation.
+    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError>;
 
     /// Waits until every event appended so far is durable.
     async fn flush(&self) -> Result<(), StoreError>;
@@ -100,8 +101,8 @@ struct EmbeddedLog(Arc<Embedded>);
 
 #[async_trait]
 impl EventLog for EmbeddedLog {
-    fn append(&self, kind: EventKind) -> Result<u64, StoreError> {
-        self.0.append(kind)
+    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError> {
+        self.0.append(kind, agent_id)
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -158,7 +159,11 @@ struct Stored {
 impl Embedded {
     /// Gives the event its `seq` and queues it for the store; it reaches
     /// subscribers once stored. Fails once the store has refused this log.
-    fn append(self: &Arc<Self>, kind: EventKind) -> Result<u64, StoreError> {
+    fn append(
+        self: &Arc<Self>,
+        kind: EventKind,
+        agent_id: Option<String>,
+    ) -> Result<u64, StoreError> {
         if let Some(failure) = &self.stored.borrow().failure {
             return Err(StoreError::Io(failure.to_string()));
         }
@@ -170,6 +175,7 @@ impl Embedded {
             session_id: self.id,
             seq,
             ts: Utc::now(),
+            agent_id,
         });
         if !log.writing {
             log.writing = true;

@@ -321,7 +321,13 @@ impl SessionManager {
             .await?;
         let mut closed = 0;
         for record in &cut_off {
-            let session = self.get(record.id, None).await?;
+            // Closing one turn may delete another's session (a deliberation
+            // deletes its agents' sessions).
+            let session = match self.get(record.id, None).await {
+                Ok(session) => session,
+                Err(SessionError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
             let Ok(task) = self.task_of(&session) else {
                 tracing::warn!(session = %session.id, kind = %session.kind,
                     "a turn was cut off in a session of a kind this server does not run");

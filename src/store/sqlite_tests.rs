@@ -65,6 +65,7 @@ fn event(session_id: Uuid, seq: u64) -> Event {
         session_id,
         seq,
         ts: Utc::now(),
+        agent_id: None,
     }
 }
 

@@ -1,0 +1,268 @@
+//! What one agent of a deliberation does in a round: one model call, or,
+//! for a tool-using agent, one turn of its own agent session (with its own
+//! sandbox) whose events go into the deliberation's log tagged with the
+//! agent's id. And the one budget every agent draws on.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{ChatRequest, Message, ResolvedModel};
+use crate::protocol::{EventKind, ResultStatus, Usage};
+use crate::session::{Session, SessionManager};
+use crate::sync::lock;
+
+/// The budget of a whole deliberation, in dollars and/or tokens: each call
+/// gets a share of what is left, and once it is spent every agent still
+/// working stops with `budget_exceeded`.
+pub struct Budget {
+    usd: Option<f64>,
+    tokens: Option<u64>,
+    spent: Mutex<Usage>,
+    exceeded: CancellationToken,
+}
+
+impl Budget {
+    pub fn new(usd: Option<f64>, tokens: Option<u64>) -> Budget {
+        Budget {
+            usd,
+            tokens,
+            spent: Mutex::new(Usage::default()),
+            exceeded: CancellationToken::new(),
+        }
+    }
+
+    /// Adds what a call spent; past either limit the budget is exceeded.
+    pub fn charge(&self, usage: &Usage) {
+        let mut spent = lock(&self.spent);
+        spent.add(usage);
+        let over_usd = self.usd.is_some_and(|limit| spent.cost_usd >= limit);
+        let over_tokens = self
+            .tokens
+            .is_some_and(|limit| spent.input_tokens + spent.output_tokens >= limit);
+        if over_usd || over_tokens {
+            self.exceeded.cancel();
+        }
+    }
+
+    pub fn spent(&self) -> Usage {
+        lock(&self.spent).clone()
+    }
+
+    pub fn is_exceeded(&self) -> bool {
+        self.exceeded.is_cancelled()
+    }
+
+    /// Fires once the budget is spent.
+    pub fn exceeded(&self) -> CancellationToken {
+        self.exceeded.clone()
+    }
+
+    /// One call's share of the tokens left, over `calls` calls to come.
+    pub fn token_share(&self, calls: u64) -> Option<u32> {
+        let limit = self.tokens?;
+        let spent = self.spent();
+        let left = limit.saturating_sub(spent.input_tokens + spent.output_tokens);
+        Some(
+            u32::try_from(left / calls.max(1))
+                .unwrap_or(u32::MAX)
+                .max(1),
+        )
+    }
+
+    /// One call's share of the dollars left, over `calls` calls to come.
+    pub fn usd_share(&self, calls: u64) -> Option<f64> {
+        let limit = self.usd?;
+        let left = (limit - self.spent().cost_usd).max(0.0);
+        Some(left / calls.max(1) as f64)
+    }
+}
+
+/// How an agent works.
+#[derive(Clone)]
+pub enum Worker {
+    /// One model call per round, with the agent's system prompt.
+    Model {
+        model: ResolvedModel,
+        system: String,
+    },
+    /// A turn of its own agent session per round: tools and a sandbox.
+    Session {
+        manager: Arc<SessionManager>,
+        session: Arc<Session>,
+    },
+}
+
+/// One agent's work in one round.
+pub struct Call {
+    pub agent_id: String,
+    pub prompt: String,
+    pub temperature: f32,
+    pub max_tokens: Option<u32>,
+    pub timeout: Duration,
+    pub budget: Arc<Budget>,
+    /// The deliberation's session: its id groups the model calls, and a
+    /// tool-using agent's events go into its log.
+    pub parent: Arc<Session>,
+}
+
+/// What the agent answered.
+pub struct Answer {
+    /// The proposal, or why there is none (`timeout`, `budget_exceeded`,
+    /// the model's error).
+    pub result: Result<String, String>,
+    pub usage: Usage,
+    pub duration_ms: u64,
+}
+
+pub const TIMEOUT: &str = "timeout";
+pub const BUDGET_EXCEEDED: &str = "budget_exceeded";
+
+impl Worker {
+    /// Runs the call within its time limit and the budget.
+    pub async fn answer(&self, call: Call) -> Answer {
+        let started = Instant::now();
+        let mut usage = Usage::default();
+        let result = if call.budget.is_exceeded() {
+            Err(BUDGET_EXCEEDED.to_owned())
+        } else {
+            let exceeded = call.budget.exceeded();
+            tokio::select! {
+                result = tokio::time::timeout(call.timeout, self.work(&call, &mut usage)) => {
+                    result.unwrap_or_else(|_| Err(TIMEOUT.to_owned()))
+                }
+                _ = exceeded.cancelled() => Err(BUDGET_EXCEEDED.to_owned()),
+            }
+        };
+        Answer {
+            result,
+            usage,
+            duration_ms: started.elapsed().as_millis() as u64,
+        }
+    }
+
+    async fn work(&self, call: &Call, usage: &mut Usage) -> Result<String, String> {
+        match self {
+            Worker::Model { model, system } => {
+                let request = ChatRequest {
+                    model: model.upstream_model.clone(),
+                    system: Some(system.clone()),
+                    messages: vec![Message::User {
+                        content: call.prompt.clone(),
+                    }],
+                    temperature: Some(call.temperature),
+                    max_tokens: call.max_tokens,
+                    tool_call_mode: model.tool_call_mode,
+                    session_id: Some(call.parent.id.to_string()),
+                    owner: call.parent.owner.clone(),
+                    ..ChatRequest::default()
+                };
+                let response = model
+                    .provider
+                    .complete(request)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *usage = Usage {
+                    input_tokens: response.input_tokens,
+                    output_tokens: response.output_tokens,
+                    cost_usd: model
+                        .price
+                        .map(|p| p.cost(response.input_tokens, response.output_tokens))
+                        .unwrap_or(0.0),
+                    turns: 1,
+                    tool_calls: 0,
+                };
+                call.budget.charge(usage);
+                let text = response.text.trim();
+                if text.is_empty() {
+                    return Err("the model answered nothing".into());
+                }
+                Ok(text.to_owned())
+            }
+            Worker::Session { manager, session } => turn_of(manager, session, call, usage).await,
+        }
+    }
+}
+
+/// Interrupts a tool-using agent's turn when its round gives up on it
+/// (timeout, budget, deadline, interrupt): dropping the call is enough.
+struct InterruptOnDrop(Option<Arc<Session>>);
+
+impl Drop for InterruptOnDrop {
+    fn drop(&mut self) {
+        if let Some(session) = self.0.take() {
+            session.interrupt();
+        }
+    }
+}
+
+/// One turn of a tool-using agent's session, its events forwarded.
+async fn turn_of(
+    manager: &SessionManager,
+    session: &Arc<Session>,
+    call: &Call,
+    usage: &mut Usage,
+) -> Result<String, String> {
+    let started = manager
+        .start_turn(session.clone(), call.prompt.clone(), true)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut guard = InterruptOnDrop(Some(session.clone()));
+    let mut events = session.subscribe(started.since, true);
+    while let Some(event) = events.next().await {
+        match &event.kind {
+            EventKind::Result {
+                status,
+                result,
+                usage: spent,
+                ..
+            } => {
+                guard.0 = None;
+                *usage = spent.clone();
+                call.budget.charge(usage);
+                return match (status, result) {
+                    (ResultStatus::Success, Some(text)) if !text.trim().is_empty() => {
+                        Ok(text.trim().to_owned())
+                    }
+                    (ResultStatus::Success, _) => Err("the agent answered nothing".into()),
+                    (status, _) => Err(format!("the agent's turn ended {}", status.as_str())),
+                };
+            }
+            kind => {
+                call.parent
+                    .emit_as(&call.agent_id, kind.clone())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Err("the agent's session closed during its turn".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_split_and_stops_once_spent() {
+        let budget = Budget::new(None, Some(100));
+        assert_eq!(budget.token_share(4), Some(25));
+        budget.charge(&Usage {
+            input_tokens: 30,
+            output_tokens: 30,
+            ..Usage::default()
+        });
+        assert!(!budget.is_exceeded());
+        assert_eq!(budget.token_share(2), Some(20));
+        budget.charge(&Usage {
+            output_tokens: 40,
+            ..Usage::default()
+        });
+        assert!(budget.is_exceeded());
+        assert_eq!(budget.token_share(2), Some(1));
+        let dollars = Budget::new(Some(1.0), None);
+        assert_eq!(dollars.usd_share(4), Some(0.25));
+        assert_eq!(dollars.token_share(4), None);
+    }
+}
