@@ -19,8 +19,8 @@ const SOURCE: &str = "src/bin/conclave-exec.rs";
 fn main() {
     println!("cargo::rerun-if-changed={SOURCE}");
     println!("cargo::rerun-if-changed=proto");
-    let descriptors = protox::compile(["proto/bus.proto"], ["proto"])
-        .unwrap_or_else(|err| panic!("proto/bus.proto: {err}"));
+    let descriptors = protox::compile(["proto/bus.proto", "proto/orchestrator.proto"], ["proto"])
+        .unwrap_or_else(|err| panic!("proto/: {err}"));
     tonic_prost_build::configure()
         .build_transport(false)
         .compile_fds(descriptors)

@@ -538,3 +538,49 @@ async fn bad_input_is_refused_with_the_field_named() {
     assert_eq!(listed["deliberations"], json!([]), "nothing was created");
     server.stop().await;
 }
+
+/// seed 000's client, on grpcio from PyPI: `Deliberate`, the bus
+/// subscription and `GetDeliberationResult` on the same listener.
+#[tokio::test]
+async fn a_grpcio_client_deliberates_and_reads_the_bus() {
+    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
+        "CONCLAVE_TEST_PYTHON must name a python with grpcio and grpcio-tools (scripts/test.sh sets it)",
+    );
+    let server = TestServer::start_with(|c| {
+        c.api_keys = vec!["grpc-key-1".into(), "someone-elses-key".into()];
+    })
+    .await;
+    let output = tokio::process::Command::new(python)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("tests/deliberation/grpc_client.py")
+        .arg(server.addr.to_string())
+        .arg("grpc-key-1")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["status"], "COMPLETED");
+    assert_eq!(summary["successful_responses"], 3);
+    assert_eq!(
+        summary["agents"],
+        json!(["agent-dev-001", "agent-dev-002", "agent-dev-003"])
+    );
+    assert_eq!(summary["authors"], summary["agents"]);
+    assert_eq!(summary["decision_method"], "judge");
+    let task_id = summary["task_id"].as_str().unwrap();
+    let bus = summary["bus"].as_array().unwrap();
+    let completed = bus
+        .iter()
+        .filter(|m| m["subject"] == "agent.response.completed" && m["task_id"] == task_id)
+        .count();
+    assert_eq!(completed, 3, "{bus:?}");
+    assert_eq!(bus.last().unwrap()["subject"], "deliberation.completed");
+    assert_eq!(summary["other_key"], "NOT_FOUND");
+    assert_eq!(summary["invalid"], "INVALID_ARGUMENT");
+    server.stop().await;
+}

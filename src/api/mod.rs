@@ -13,8 +13,8 @@
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
-//!   [`bus`], [`bus_ws`], [`grpc`], [`rollouts`], [`deliberations`]: the
-//!   handlers.
+//!   [`bus`], [`bus_ws`], [`grpc`], [`grpc_orchestrator`], [`rollouts`],
+//!   [`deliberations`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
@@ -28,6 +28,7 @@ pub mod error;
 pub mod extract;
 pub mod gateway;
 pub mod grpc;
+pub mod grpc_orchestrator;
 pub mod mcp;
 pub mod ops;
 pub mod rollouts;
@@ -140,6 +141,10 @@ pub fn router(state: AppState) -> Router {
         .route_service(
             "/conclave.bus.v1.Bus/{*method}",
             grpc::service(state.clone()),
+        )
+        .route_service(
+            "/conclave.orchestrator.v1.Orchestrator/{*method}",
+            grpc_orchestrator::service(state.clone()),
         )
         .route(
             "/deliberations",
