@@ -156,6 +156,7 @@ impl Server {
                     max_output_bytes: MCP_MAX_OUTPUT_BYTES,
                     max_entries: MCP_MAX_ENTRIES,
                     background: Default::default(),
+                    deliberations: Default::default(),
                 });
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -204,6 +205,9 @@ impl Server {
             store.clone(),
             models.default_model().to_owned(),
         ));
+        if let Some(host) = &mcp {
+            let _ = host.deliberations.set(deliberations.clone());
+        }
         let recovered = sessions
             .recover()
             .await

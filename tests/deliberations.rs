@@ -584,3 +584,68 @@ async fn a_grpcio_client_deliberates_and_reads_the_bus() {
     assert_eq!(summary["invalid"], "INVALID_ARGUMENT");
     server.stop().await;
 }
+
+/// An IDE calls `deliberate` on `/mcp` with the official Python SDK: a
+/// progress notification per agent, then the proposals and the vote.
+#[tokio::test]
+async fn an_ide_deliberates_over_mcp_with_progress() {
+    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
+        "CONCLAVE_TEST_PYTHON must name a python with the mcp package (scripts/test.sh sets it)",
+    );
+    let server = TestServer::start_sandboxed(|c| {
+        c.api_keys = vec!["ide-key-123".into()];
+        c.sandbox.warm_pool = 0;
+    })
+    .await;
+    let output = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/deliberation/mcp_client.py"
+        ))
+        .arg(server.url("/mcp"))
+        .arg("ide-key-123")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("deliberate"))
+    );
+    assert_eq!(seen["is_error"], false, "{seen}");
+    let result = &seen["result"];
+    assert_eq!(result["status"], "COMPLETED");
+    assert_eq!(result["successful_responses"], 3);
+    assert_eq!(result["decision"]["method"], "vote");
+    let progress = seen["progress"].as_array().unwrap();
+    assert_eq!(progress.len(), 3, "{progress:?}");
+    assert_eq!(progress[2]["progress"], 3.0);
+    assert_eq!(progress[2]["total"], 3.0);
+    assert!(
+        progress[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("agent-dev-00")
+    );
+    assert_eq!(seen["bad_is_error"], true);
+    assert!(
+        seen["bad_text"].as_str().unwrap().contains("num_agents"),
+        "{seen}"
+    );
+    // The deliberation is the key's: its listing over HTTP has it.
+    let listed: Value = server
+        .send_as("ide-key-123", reqwest::Method::GET, "/deliberations", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["deliberations"][0]["task_id"], result["task_id"]);
+    server.stop_and_remove_sandboxes().await;
+}

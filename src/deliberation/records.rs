@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::{DeliberationOptions, KIND};
 use crate::protocol::deliberation::{AgentResult, DeliberationResult, DeliberationStatus};
 use crate::protocol::{Event, EventKind};
-use crate::session::{NewSession, OptionError, SessionError, SessionManager};
+use crate::session::{NewSession, OptionError, Session, SessionError, SessionManager};
 use crate::store::{Expect, KvStore, Store, StoreError};
 
 const NAMESPACE: &str = "_deliberations";
@@ -317,6 +317,11 @@ impl Deliberations {
             .start_turn(session, task_description, false)
             .await?;
         Ok(stored.result)
+    }
+
+    /// The session a deliberation runs in.
+    pub async fn session(&self, id: Uuid) -> Result<Arc<Session>, DeliberationError> {
+        Ok(self.sessions.get(id, None).await?)
     }
 
     /// A deliberation of `owner`; another owner's is not found. A running

@@ -42,6 +42,9 @@ pub struct McpHost {
     pub max_entries: usize,
     /// Commands started with `background: true`.
     pub background: super::background::BackgroundRuns,
+    /// The `deliberate` tool's; set once the server's sessions exist (the
+    /// stdio server of `conclave mcp` has none).
+    pub deliberations: std::sync::OnceLock<Arc<crate::deliberation::Deliberations>>,
 }
 
 fn invalid(message: impl Into<String>) -> ErrorData {

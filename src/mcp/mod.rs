@@ -19,6 +19,7 @@
 
 pub mod background;
 pub mod client;
+pub mod deliberate;
 pub mod external;
 pub mod host;
 pub mod progress;
@@ -83,6 +84,7 @@ pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
         max_output_bytes: 1024 * 1024,
         max_entries: 2000,
         background: Default::default(),
+        deliberations: Default::default(),
     });
     let server = SandboxServer::new(host, Caller::Trusted);
     let running = server.serve(rmcp::transport::stdio()).await?;

@@ -245,3 +245,37 @@ impl From<ErrorData> for ToolFailure {
         ToolFailure(error.message.into_owned())
     }
 }
+
+/// A deliberation to run (the options of `POST /deliberations`).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct Deliberate {
+    /// The task every agent works on.
+    pub task_description: String,
+    /// The agents' role (`dev`, `qa`, …); their ids are `agent-{role}-001`, ….
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// How many agents (3 by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_agents: Option<u32>,
+    /// `rubric`, `requirements` (a list), `max_iterations`, or any other key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Critique rounds after the first proposals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<u32>,
+    /// `none`, `judge` or `vote`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<String>,
+    /// Models the agents are spread over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// Each agent runs with tools in a sandbox of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<bool>,
+    /// The whole deliberation's deadline in seconds (300 by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_budget_usd: Option<f64>,
+}

@@ -72,9 +72,16 @@ impl SandboxServer {
                 id: Uuid::new_v4(),
                 host: host.clone(),
             }),
+            tool_router: {
+                let mut router = Self::tool_router();
+                // Only a server with sessions runs deliberations.
+                if host.deliberations.get().is_none() {
+                    router.remove_route("deliberate");
+                }
+                router
+            },
             host,
             caller,
-            tool_router: Self::tool_router(),
         }
     }
 
@@ -329,6 +336,17 @@ impl SandboxServer {
         .await
         .map_err(tool_error)?;
         Ok(Json(Done { path, count }))
+    }
+
+    #[tool(
+        description = "Hand a task to N agents that work on it in parallel (optionally with critique rounds and a judge or a vote) and return their proposals and the decision. Progress notifications come as each agent finishes; cancelling the call stops every agent."
+    )]
+    async fn deliberate(
+        &self,
+        Parameters(args): Parameters<Deliberate>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        super::deliberate::run(&self.host, &self.caller, args, ctx).await
     }
 
     #[tool(description = "List a directory of the workspace.")]
