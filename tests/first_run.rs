@@ -368,3 +368,97 @@ async fn the_bus_keeps_durable_subjects_and_the_kv_across_a_restart() {
     drop(lines);
     stop(&mut child).await;
 }
+
+/// A deliberation that a `kill -9` cuts off is finished at the next start
+/// with the answers that had arrived: COMPLETED, the unanswered agent
+/// failed with `restarted`, and `deliberation.completed` on the bus.
+#[tokio::test]
+async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
+    let fast = common::sim::Sim::start("fast", &[]).await;
+    let slow = common::sim::Sim::start("slow", &["--ttft-ms", "600000"]).await;
+    let cwd = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        cwd.path().join("conclave.toml"),
+        format!(
+            "[gateway]\nallowed_upstreams = [\"127.0.0.1\"]\n\
+             [gateway.pools.fast]\nreplicas = [{{ url = \"{}\" }}]\n\
+             [gateway.pools.slow]\nreplicas = [{{ url = \"{}\" }}]\n",
+            fast.url, slow.url
+        ),
+    )
+    .unwrap();
+    let start = || {
+        let mut command = local_serve(cwd.path());
+        command.args(["--config", "conclave.toml"]);
+        command
+    };
+    let http = reqwest::Client::new();
+    let (mut child, url) = serve(&mut start()).await;
+    let submitted: Value = http
+        .post(format!("{url}/deliberations"))
+        .json(&json!({"task_description": "t", "num_agents": 3, "models": ["fast", "slow"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task_id = submitted["task_id"].as_str().unwrap().to_string();
+    let session = submitted["session_id"].as_str().unwrap();
+    // The two fast agents' answers are stored before the kill.
+    let response = http
+        .get(format!("{url}/agent/session/{session}/events?since=0&follow=true"))
+        .send()
+        .await
+        .unwrap();
+    let mut events = common::Lines::new(response);
+    let mut answered = 0;
+    while answered < 2 {
+        let event = events.next().await.expect("the stream goes on");
+        if event["type"] == "agent_completed" {
+            answered += 1;
+        }
+    }
+    drop(events);
+    child.kill().await.expect("kill -9");
+
+    let (mut child, url) = serve(&mut start()).await;
+    let result: Value = http
+        .get(format!("{url}/deliberations/{task_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(result["status"], "COMPLETED", "{result}");
+    assert_eq!(result["reason"], "restarted");
+    assert_eq!(result["successful_responses"], 2);
+    assert_eq!(result["results"][1]["agent_id"], "agent-agent-002");
+    assert_eq!(result["results"][1]["status"], "failed");
+    assert_eq!(result["results"][1]["error"], "restarted");
+    assert_eq!(result["results"][0]["status"], "completed");
+    let replay = ndjson(
+        http.get(format!("{url}/agent/session/{session}/events?since=0"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let kinds: Vec<&str> = replay.iter().filter_map(|e| e["type"].as_str()).collect();
+    let done = kinds.iter().position(|k| *k == "deliberation_completed");
+    assert!(done.is_some(), "{kinds:?}");
+    assert_eq!(*kinds.last().unwrap(), "result");
+    assert_eq!(replay.last().unwrap()["status"], "interrupted");
+    let response = http
+        .get(format!("{url}/bus/subscribe?subjects=deliberation.completed&since=all"))
+        .send()
+        .await
+        .unwrap();
+    let mut bus = common::Lines::new(response);
+    let completed = bus.next().await.expect("the kept message");
+    assert_eq!(completed["data"]["task_id"], task_id.as_str());
+    assert_eq!(completed["data"]["status"], "COMPLETED");
+    drop(bus);
+    stop(&mut child).await;
+}
