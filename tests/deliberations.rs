@@ -649,3 +649,75 @@ async fn an_ide_deliberates_over_mcp_with_progress() {
     assert_eq!(listed["deliberations"][0]["task_id"], result["task_id"]);
     server.stop_and_remove_sandboxes().await;
 }
+
+/// `tools: true`: every agent is an agent session with its own docker
+/// sandbox; the proposals are Python functions the agents ran there, their
+/// tool events reach the deliberation tagged by agent, and the agents'
+/// sessions and sandboxes are gone once it is over.
+#[tokio::test]
+async fn tool_using_agents_run_their_proposals_in_their_own_sandboxes() {
+    let server = TestServer::start_sandboxed(|c| c.sandbox.warm_pool = 0).await;
+    let mut bus = watch(&server).await;
+    let task = "Write add(a, b) and test it:\n```python\nimport os\ndef add(a, b):\n    return a + b\n\
+                print(add(2, 3), os.uname().nodename)\n```";
+    let task_id = submit(
+        &server,
+        json!({"task_description": task, "num_agents": 2, "role": "dev", "tools": true}),
+    )
+    .await;
+    let (_, done) = until_done(&mut bus, &task_id).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    let polled = result(&server, &task_id).await;
+    let mut hosts = Vec::new();
+    for agent in polled["results"].as_array().unwrap() {
+        let content = agent["proposal"]["content"].as_str().unwrap();
+        assert!(content.contains("execute_code returned"), "{content}");
+        assert!(content.contains("5 "), "{content}");
+        // The sandbox's hostname follows `5 `: each agent had its own.
+        let host = content
+            .split("5 ")
+            .nth(1)
+            .unwrap()
+            .split(['\\', '"', '\n'])
+            .next()
+            .unwrap();
+        hosts.push(host.to_string());
+    }
+    assert_ne!(hosts[0], hosts[1], "{hosts:?}");
+    // The turn ends once the agents' sessions are deleted.
+    let session = polled["session_id"].as_str().unwrap();
+    let events = Lines::new(
+        server
+            .get(&format!(
+                "/agent/session/{session}/events?since=0&follow=true"
+            ))
+            .await,
+    )
+    .until("result")
+    .await;
+    for agent in ["agent-dev-001", "agent-dev-002"] {
+        let tagged: Vec<&str> = events
+            .iter()
+            .filter(|e| e["agent_id"] == agent)
+            .filter_map(|e| e["type"].as_str())
+            .collect();
+        assert!(tagged.contains(&"tool_use"), "{agent}: {tagged:?}");
+        assert!(tagged.contains(&"tool_result"), "{agent}: {tagged:?}");
+        assert!(!tagged.contains(&"result"), "{agent}: {tagged:?}");
+    }
+    // The agents' sessions went with their sandboxes.
+    let sessions: Value = server.get("/agent/sessions").await.json().await.unwrap();
+    let agents = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == "agent")
+        .count();
+    assert_eq!(agents, 0, "{sessions}");
+    let left = common::docker_sandboxes_of(&server.data_dir).await;
+    assert!(
+        left.iter().all(|s| s.session.is_none() || s.pool.is_some()),
+        "{left:?}"
+    );
+    server.stop_and_remove_sandboxes().await;
+}
