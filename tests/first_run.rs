@@ -407,7 +407,9 @@ async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
     let session = submitted["session_id"].as_str().unwrap();
     // The two fast agents' answers are stored before the kill.
     let response = http
-        .get(format!("{url}/agent/session/{session}/events?since=0&follow=true"))
+        .get(format!(
+            "{url}/agent/session/{session}/events?since=0&follow=true"
+        ))
         .send()
         .await
         .unwrap();
@@ -451,7 +453,9 @@ async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
     assert_eq!(*kinds.last().unwrap(), "result");
     assert_eq!(replay.last().unwrap()["status"], "interrupted");
     let response = http
-        .get(format!("{url}/bus/subscribe?subjects=deliberation.completed&since=all"))
+        .get(format!(
+            "{url}/bus/subscribe?subjects=deliberation.completed&since=all"
+        ))
         .send()
         .await
         .unwrap();
