@@ -187,6 +187,9 @@ impl Server {
                 store: store.clone(),
                 max_tokens: config.agent.max_tokens,
                 sessions: manager.clone(),
+                permits: Arc::new(tokio::sync::Semaphore::new(
+                    deliberation::MAX_CONCURRENT_AGENTS,
+                )),
             });
             let built_in = Tasks::new()
                 .with(Arc::new(agent))

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ChatRequest, Message, ResolvedModel};
@@ -103,6 +104,9 @@ pub struct Call {
     pub max_tokens: Option<u32>,
     pub timeout: Duration,
     pub budget: Arc<Budget>,
+    /// The server's agent calls at once (all deliberations): a call waits
+    /// for a permit within its time limit.
+    pub permits: Arc<Semaphore>,
     /// The deliberation's session: its id groups the model calls, and a
     /// tool-using agent's events go into its log.
     pub parent: Arc<Session>,
@@ -130,7 +134,10 @@ impl Worker {
         } else {
             let exceeded = call.budget.exceeded();
             tokio::select! {
-                result = tokio::time::timeout(call.timeout, self.work(&call, &mut usage)) => {
+                result = tokio::time::timeout(call.timeout, async {
+                    let _permit = call.permits.acquire().await;
+                    self.work(&call, &mut usage).await
+                }) => {
                     result.unwrap_or_else(|_| Err(TIMEOUT.to_owned()))
                 }
                 _ = exceeded.cancelled() => Err(BUDGET_EXCEEDED.to_owned()),

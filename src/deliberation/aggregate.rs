@@ -99,6 +99,7 @@ async fn judge(
             max_tokens: Some(run.max_tokens(1)),
             timeout: time_left(run),
             budget: run.budget.clone(),
+            permits: run.deps.permits.clone(),
             parent: run.session.clone(),
         })
         .await;
@@ -161,6 +162,7 @@ async fn vote(
             max_tokens: Some(run.max_tokens(proposals.len() as u64)),
             timeout: time_left(run),
             budget: run.budget.clone(),
+            permits: run.deps.permits.clone(),
             parent: run.session.clone(),
         };
         ballots.push(async move {

@@ -107,18 +107,10 @@ impl Run<'_> {
                 max_tokens: Some(max_tokens),
                 timeout: agent_timeout,
                 budget: self.budget.clone(),
+                permits: self.deps.permits.clone(),
                 parent: self.session.clone(),
             };
-            let publish = Publisher {
-                bus: self.deps.bus.clone(),
-                namespace: namespace.clone(),
-                task_id: self.task_id,
-                agent_id: slot.agent_id.clone(),
-                role: self.options.role.clone(),
-                model: slot.model.clone(),
-                round,
-                num_agents: self.options.num_agents,
-            };
+            let publish = self.publisher(&namespace, index, round);
             running.push(Box::pin(async move {
                 let answer = worker.answer(call).await;
                 let published = publish.answer(&answer.result, answer.duration_ms).await;
@@ -184,16 +176,7 @@ impl Run<'_> {
             drop(running);
             for index in 0..pending.len() {
                 if pending[index] {
-                    let publish = Publisher {
-                        bus: self.deps.bus.clone(),
-                        namespace: namespace.clone(),
-                        task_id: self.task_id,
-                        agent_id: self.slots[index].agent_id.clone(),
-                        role: self.options.role.clone(),
-                        model: self.slots[index].model.clone(),
-                        round,
-                        num_agents: self.options.num_agents,
-                    };
+                    let publish = self.publisher(&namespace, index, round);
                     let error = Err(reason.to_owned());
                     publish.answer(&error, 0).await;
                     self.record(round, index, &error, 0, &mut pending)?;
@@ -202,6 +185,20 @@ impl Run<'_> {
         }
         turn.save_usage().await?;
         Ok(reason)
+    }
+
+    /// Publishes the answers of the agent at `index` in `round`.
+    fn publisher(&self, namespace: &str, index: usize, round: u32) -> Publisher {
+        Publisher {
+            bus: self.deps.bus.clone(),
+            namespace: namespace.to_owned(),
+            task_id: self.task_id,
+            agent_id: self.slots[index].agent_id.clone(),
+            role: self.options.role.clone(),
+            model: self.slots[index].model.clone(),
+            round,
+            num_agents: self.options.num_agents,
+        }
     }
 
     /// Takes an agent's answer for the round and says so in the log.

@@ -35,6 +35,9 @@ pub struct Deps {
     pub max_tokens: u32,
     /// Runs the sessions of tool-using agents.
     pub sessions: Weak<SessionManager>,
+    /// Agent calls running at once, across every deliberation
+    /// ([`super::MAX_CONCURRENT_AGENTS`]).
+    pub permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl Deps {

@@ -48,6 +48,11 @@ pub const KIND: SessionKind = SessionKind::named("deliberation");
 
 /// The most agents one deliberation runs.
 pub const MAX_AGENTS: u32 = 1024;
+/// Agent calls (model calls or tool-using turns) running at once across
+/// every deliberation of the server; the rest wait, within their time
+/// limits, so one caller's large deliberations cannot take every
+/// connection to the models.
+pub const MAX_CONCURRENT_AGENTS: usize = 512;
 /// The most critique rounds.
 pub const MAX_ROUNDS: u32 = 5;
 
