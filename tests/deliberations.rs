@@ -278,6 +278,42 @@ async fn the_agents_vote_and_a_tie_goes_to_the_earliest() {
         "agent-agent-002"
     );
     assert!(!decision["reasoning"].as_str().unwrap().contains("tie"));
+    // The agents' calls, as the gateway traced them: the seed's diversity
+    // (the first agent at 0.7, the others at 0.9) and a system prompt with
+    // the agent's id and role.
+    let traces: Value = server
+        .get(&format!("/gateway/traces?session_id={task_id}&limit=100"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut proposals: Vec<(String, f64)> = traces["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["request"])
+        .filter(|r| r["messages"][1]["content"] == "Task:\nt")
+        .map(|r| {
+            let system = r["messages"][0]["content"].as_str().unwrap();
+            let id = system
+                .split_whitespace()
+                .nth(2)
+                .unwrap()
+                .trim_end_matches(',');
+            let temperature = (r["temperature"].as_f64().unwrap() * 10.0).round() / 10.0;
+            (id.to_string(), temperature)
+        })
+        .collect();
+    proposals.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        proposals,
+        [
+            ("agent-agent-001".to_string(), 0.7),
+            ("agent-agent-002".to_string(), 0.9),
+            ("agent-agent-003".to_string(), 0.9)
+        ],
+        "{traces}"
+    );
     // Two agents vote for each other: a tie, broken by agent order, and
     // the reasoning says so.
     let task_id = submit(
