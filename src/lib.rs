@@ -33,6 +33,8 @@
 //!   API key; `api` serves it over HTTP, the WebSocket and gRPC.
 //! - [`rollout`]: rollouts: prompts dispatched over a gateway pool with
 //!   bounded concurrency, each result published on the bus.
+//! - [`pipeline`]: pipelines (seed 004): definitions in YAML, routing
+//!   with retry limits, state reducers.
 //! - [`sim`]: `conclave sim`, a simulated OpenAI-compatible replica for
 //!   tests and benchmarks, with its own axum app.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
@@ -65,6 +67,7 @@ pub mod locate;
 pub mod mcp;
 pub mod model;
 pub mod operator;
+pub mod pipeline;
 pub mod protocol;
 pub mod rollout;
 pub mod sandbox;
