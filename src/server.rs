@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::{EmbeddedBus, Kv};
 use crate::deliberation::{self, DeliberationTask, Deliberations};
+use crate::pipeline::{self, PipelineTask};
 
 use crate::agent::turn::TurnDeps;
 use crate::agent::{AgentTask, ToolRouter};
@@ -180,7 +181,22 @@ impl Server {
         };
         // A deliberation with tool-using agents runs each as an agent
         // session: its kind reaches the manager that runs it.
+        let definitions = Arc::new(
+            pipeline::definitions(&config.pipelines)
+                .map_err(|e| StartError::Model(format!("pipelines: {e}")))?,
+        );
+        let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
         let sessions = Arc::new_cyclic(|manager| {
+            let pipelines = PipelineTask::new(pipeline::engine::Deps {
+                store: store.clone(),
+                config: config.pipelines.clone(),
+                definitions: definitions.clone(),
+                sessions: manager.clone(),
+                permits: Arc::new(tokio::sync::Semaphore::new(
+                    config.pipelines.max_concurrent_pipelines,
+                )),
+                queued: queued.clone(),
+            });
             let deliberation = DeliberationTask::new(deliberation::engine::Deps {
                 models: models.clone(),
                 bus: bus.clone(),
@@ -193,7 +209,8 @@ impl Server {
             });
             let built_in = Tasks::new()
                 .with(Arc::new(agent))
-                .with(Arc::new(deliberation));
+                .with(Arc::new(deliberation))
+                .with(Arc::new(pipelines));
             let tasks = kinds.into_iter().fold(built_in, Tasks::with);
             SessionManager::new(
                 store.clone(),
@@ -207,6 +224,13 @@ impl Server {
             sessions.clone(),
             store.clone(),
             models.default_model().to_owned(),
+        ));
+        let pipelines = Arc::new(pipeline::runs::Runs::new(
+            sessions.clone(),
+            store.clone(),
+            queued,
+            definitions,
+            config.pipelines.clone(),
         ));
         if let Some(host) = &mcp {
             let _ = host.deliberations.set(deliberations.clone());
@@ -256,6 +280,7 @@ impl Server {
             kv,
             rollouts,
             deliberations,
+            pipelines,
             stop: root.child_token(),
         };
         Ok(Server {

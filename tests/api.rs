@@ -636,7 +636,7 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
         ),
         (
             server
-                .post("/agent/session", json!({"kind": "pipeline"}))
+                .post("/agent/session", json!({"kind": "symposium"}))
                 .await,
             422,
             "invalid_request",

@@ -14,7 +14,7 @@
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
 //!   [`bus`], [`bus_ws`], [`grpc`], [`grpc_orchestrator`], [`rollouts`],
-//!   [`deliberations`]: the handlers.
+//!   [`deliberations`], [`pipelines`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
@@ -31,6 +31,7 @@ pub mod grpc;
 pub mod grpc_orchestrator;
 pub mod mcp;
 pub mod ops;
+pub mod pipelines;
 pub mod rollouts;
 pub mod sandboxes;
 pub mod serve;
@@ -62,7 +63,9 @@ use state::AppState;
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
         sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
         bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
-        deliberations::submit, deliberations::result, deliberations::list
+        deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
+        pipelines::status, pipelines::history, pipelines::resume, pipelines::cancel,
+        pipelines::active, pipelines::health, pipelines::definitions
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -151,6 +154,26 @@ pub fn router(state: AppState) -> Router {
             post(deliberations::submit).get(deliberations::list),
         )
         .route("/deliberations/{task_id}", get(deliberations::result))
+        .route("/orchestrator/pipeline/start", post(pipelines::start))
+        .route(
+            "/orchestrator/pipeline/status/{thread_id}",
+            get(pipelines::status),
+        )
+        .route(
+            "/orchestrator/pipeline/history/{thread_id}",
+            get(pipelines::history),
+        )
+        .route(
+            "/orchestrator/pipeline/resume/{thread_id}",
+            post(pipelines::resume),
+        )
+        .route(
+            "/orchestrator/pipeline/cancel/{thread_id}",
+            post(pipelines::cancel),
+        )
+        .route("/orchestrator/runs/active", get(pipelines::active))
+        .route("/orchestrator/health", get(pipelines::health))
+        .route("/orchestrator/pipelines", get(pipelines::definitions))
         .route("/rollouts", post(rollouts::start))
         .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))

@@ -38,6 +38,8 @@ pub struct AppState {
     pub rollouts: Arc<crate::rollout::Rollouts>,
     /// Deliberations: submit, poll, list.
     pub deliberations: Arc<crate::deliberation::Deliberations>,
+    /// Pipeline runs: start, status, history, resume, cancel.
+    pub pipelines: Arc<crate::pipeline::runs::Runs>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

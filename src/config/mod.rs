@@ -76,6 +76,8 @@ pub struct Config {
     pub gateway: crate::gateway::GatewayConfig,
     /// Durable bus subjects and the bus's limits.
     pub bus: crate::bus::BusConfig,
+    /// Pipelines: test mode, the concurrency cap, the timeout, limits.
+    pub pipelines: crate::pipeline::PipelineConfig,
 }
 
 impl Default for Config {
@@ -100,6 +102,7 @@ impl Default for Config {
             mcp: McpConfig::default(),
             gateway: crate::gateway::GatewayConfig::default(),
             bus: crate::bus::BusConfig::default(),
+            pipelines: crate::pipeline::PipelineConfig::default(),
         }
     }
 }
@@ -472,6 +475,9 @@ impl Config {
         }
         self.gateway.validate().map_err(ConfigError::Invalid)?;
         self.bus
+            .validate()
+            .map_err(|(field, message)| ConfigError::Field { field, message })?;
+        self.pipelines
             .validate()
             .map_err(|(field, message)| ConfigError::Field { field, message })?;
         crate::egress::Rules::parse(&self.gateway.allowed_upstreams)

@@ -6,12 +6,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ChatRequest, Message, ResolvedModel};
-use crate::protocol::{EventKind, ResultStatus, Usage};
+use crate::protocol::{ResultStatus, Usage};
 use crate::session::{Session, SessionManager};
 use crate::sync::lock;
 
@@ -193,18 +192,6 @@ impl Worker {
     }
 }
 
-/// Interrupts a tool-using agent's turn when its round gives up on it
-/// (timeout, budget, deadline, interrupt): dropping the call is enough.
-struct InterruptOnDrop(Option<Arc<Session>>);
-
-impl Drop for InterruptOnDrop {
-    fn drop(&mut self) {
-        if let Some(session) = self.0.take() {
-            session.interrupt();
-        }
-    }
-}
-
 /// One turn of a tool-using agent's session, its events forwarded.
 async fn turn_of(
     manager: &SessionManager,
@@ -212,39 +199,23 @@ async fn turn_of(
     call: &Call,
     usage: &mut Usage,
 ) -> Result<String, String> {
-    let started = manager
-        .start_turn(session.clone(), call.prompt.clone(), true)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut guard = InterruptOnDrop(Some(session.clone()));
-    let mut events = session.subscribe(started.since, true);
-    while let Some(event) = events.next().await {
-        match &event.kind {
-            EventKind::Result {
-                status,
-                result,
-                usage: spent,
-                ..
-            } => {
-                guard.0 = None;
-                *usage = spent.clone();
-                call.budget.charge(usage);
-                return match (status, result) {
-                    (ResultStatus::Success, Some(text)) if !text.trim().is_empty() => {
-                        Ok(text.trim().to_owned())
-                    }
-                    (ResultStatus::Success, _) => Err("the agent answered nothing".into()),
-                    (status, _) => Err(format!("the agent's turn ended {}", status.as_str())),
-                };
-            }
-            kind => {
-                call.parent
-                    .emit_as(&call.agent_id, kind.clone())
-                    .map_err(|e| e.to_string())?;
-            }
+    let done = crate::session::child::run_turn(
+        manager,
+        session,
+        call.prompt.clone(),
+        &call.parent,
+        &call.agent_id,
+    )
+    .await?;
+    *usage = done.usage;
+    call.budget.charge(usage);
+    match (done.status, done.text) {
+        (ResultStatus::Success, Some(text)) if !text.trim().is_empty() => {
+            Ok(text.trim().to_owned())
         }
+        (ResultStatus::Success, _) => Err("the agent answered nothing".into()),
+        (status, _) => Err(format!("the agent's turn ended {}", status.as_str())),
     }
-    Err("the agent's session closed during its turn".into())
 }
 
 #[cfg(test)]

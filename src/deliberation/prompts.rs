@@ -133,7 +133,7 @@ pub struct Choice {
 /// when it names no proposal between 1 and `count`.
 pub fn read_choice(answer: &str, count: usize) -> Option<Choice> {
     let in_range = |n: u64| (1..=count as u64).contains(&n).then_some(n as usize);
-    if let Some(object) = json_object(answer) {
+    if let Some(object) = crate::model::lenient::object_in(answer) {
         let number = match object.get("choice") {
             Some(Value::Number(n)) => n.as_u64(),
             Some(Value::String(s)) => first_number(s),
@@ -152,20 +152,6 @@ pub fn read_choice(answer: &str, count: usize) -> Option<Choice> {
         number,
         reasoning: None,
     })
-}
-
-/// The JSON object an answer holds, from its first `{` to its last `}`.
-fn json_object(answer: &str) -> Option<Map<String, Value>> {
-    let start = answer.find('{')?;
-    let end = answer.rfind('}')?;
-    let slice = answer.get(start..=end)?;
-    let value = serde_json::from_str::<Value>(slice)
-        .ok()
-        .or_else(|| llm_json::loads(slice, &llm_json::RepairOptions::default()).ok())?;
-    match value {
-        Value::Object(map) => Some(map),
-        _ => None,
-    }
 }
 
 fn first_number(text: &str) -> Option<u64> {

@@ -522,6 +522,20 @@ fn tidy(text: &str) -> String {
     text
 }
 
+/// The JSON object an answer holds, from its first `{` to its last `}`.
+pub fn object_in(answer: &str) -> Option<serde_json::Map<String, Value>> {
+    let start = answer.find('{')?;
+    let end = answer.rfind('}')?;
+    let slice = answer.get(start..=end)?;
+    let value = serde_json::from_str::<Value>(slice)
+        .ok()
+        .or_else(|| llm_json::loads(slice, &llm_json::RepairOptions::default()).ok())?;
+    match value {
+        Value::Object(map) => Some(map),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,13 +1,83 @@
 //! Pipelines (seed 004): graphs of agent nodes with conditional routing,
-//! retry counters with limits, state reducers and a checkpoint per node.
+//! retry counters with limits, state reducers and a durable checkpoint
+//! after every node; start, status, history, resume and cancel.
 //!
 //! - [`definition`]: a pipeline read from YAML and checked (errors name
 //!   the file, line and place), its routing, and the built-in `connector`
 //!   pipeline of the seed.
 //! - [`state`]: the run's state fields and their reducers.
+//! - [`engine`]: a run as the turns of its session: node, reducers, route,
+//!   checkpoint; resume after the last checkpoint; the concurrency cap and
+//!   the timeout.
+//! - [`agents`]: who answers a node: test mode's mock agents, or an agent
+//!   turn with real tools in the run's sandbox.
+//! - [`runs`]: `thread_id`s and the REST paths' start, status, history,
+//!   resume, cancel and active runs.
+//! - [`task`]: the `pipeline` session kind.
+//! - [`config`]: the `pipelines` section of the configuration.
 
+pub mod agents;
+pub mod config;
 pub mod definition;
+pub mod engine;
+pub mod runs;
 pub mod state;
+pub mod task;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use config::PipelineConfig;
 pub use definition::{CONNECTOR_YAML, Definition, DefinitionError, Route};
 pub use state::{FieldSpec, Reducer};
+pub use task::PipelineTask;
+
+use crate::protocol::SessionKind;
+
+pub const KIND: SessionKind = SessionKind::named("pipeline");
+
+/// A run's options (a `pipeline` session's, or the body of
+/// `POST /orchestrator/pipeline/start`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineOptions {
+    #[serde(default = "default_pipeline")]
+    pub pipeline: String,
+    #[serde(default)]
+    pub connector_name: Option<String>,
+    #[serde(default)]
+    pub connector_type: Option<String>,
+    /// Initial values of state fields.
+    #[serde(default)]
+    pub input: Map<String, Value>,
+    /// The model of the nodes' agent.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Test mode only: what the mock agents answer.
+    #[serde(default)]
+    pub mock: Option<agents::MockScript>,
+}
+
+fn default_pipeline() -> String {
+    "connector".into()
+}
+
+/// The pipelines a server runs: the built-in connector, its limits as the
+/// config sets them.
+pub fn definitions(
+    config: &PipelineConfig,
+) -> Result<BTreeMap<String, Arc<Definition>>, DefinitionError> {
+    let mut connector = Definition::parse(CONNECTOR_YAML, "connector.yaml (built in)")?;
+    for (setting, limit) in &config.limits {
+        if let Some(counter) = config::counter_of(setting) {
+            connector.counters.insert(counter.to_owned(), *limit);
+        }
+    }
+    Ok(BTreeMap::from([(
+        connector.name.clone(),
+        Arc::new(connector),
+    )]))
+}

@@ -113,6 +113,37 @@ pub enum EventKind {
         #[serde(flatten)]
         decision: Decision,
     },
+    /// A pipeline's node began (`step` counts the run's nodes from 1).
+    NodeStarted { node: String, step: u64 },
+    /// A node answered; its checkpoint follows.
+    NodeCompleted {
+        node: String,
+        decision: String,
+        step: u64,
+        duration_ms: u64,
+    },
+    /// A node's answer could not be used (malformed, a decision it may not
+    /// give); it runs again within its limit.
+    NodeFailed {
+        node: String,
+        error: String,
+        attempt: u32,
+    },
+    /// The pipeline goes from one node to the next.
+    Route {
+        from: String,
+        to: String,
+        reason: String,
+    },
+    /// The run's state after `step` is stored: a resume starts after it.
+    Checkpoint { step: u64, node: String },
+    /// The run is over: `completed` or `failed` (with the reason).
+    PipelineCompleted {
+        thread_id: String,
+        status: String,
+        reason: Option<String>,
+        steps: u64,
+    },
     /// Every agent answered, or the deadline, budget or an interrupt ended it.
     DeliberationCompleted {
         task_id: Uuid,

@@ -4,6 +4,8 @@
 //! What a session runs is a [`SessionTask`] of its kind; the agent turn
 //! is the first.
 //!
+//! - [`child`]: a turn of another session run for this one, its events
+//!   forwarded with a tag.
 //! - [`live`]: one live session: its state, its log, interrupt.
 //! - [`log`]: the [`log::EventLog`] seam (append returns the `seq`;
 //!   subscribe from a `seq`) and its embedded implementation: store
@@ -14,6 +16,7 @@
 //!   the option.
 //! - [`task`]: the [`SessionTask`] seam and the registry of kinds.
 
+pub mod child;
 pub mod live;
 pub mod log;
 pub mod manager;

@@ -1,0 +1,121 @@
+//! The seed's orchestrator paths: `POST /orchestrator/pipeline/start`,
+//! `GET …/status/{thread_id}`, `GET …/history/{thread_id}`, `POST
+//! …/resume/{thread_id}`, `POST …/cancel/{thread_id}`, `GET
+//! /orchestrator/runs/active`, `GET /orchestrator/health`, and `GET
+//! /orchestrator/pipelines` (the definitions).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody};
+use super::extract::JsonObject;
+use super::state::AppState;
+use crate::pipeline::runs::RunError;
+
+impl From<RunError> for ApiError {
+    fn from(error: RunError) -> ApiError {
+        match error {
+            RunError::NotFound(_) => ApiError::not_found(error.to_string()),
+            RunError::Conflict(..) => {
+                ApiError::new(StatusCode::CONFLICT, "run_conflict", error.to_string())
+            }
+            RunError::Session(e) => e.into(),
+            RunError::Store(e) => ApiError::internal(e),
+        }
+    }
+}
+
+/// `{pipeline = "connector", connector_name, connector_type, input, model,
+/// mock}` → `202 {thread_id, session_id, pipeline, status: "started"}` at
+/// once; the run's events stream on its session.
+#[utoipa::path(post, path = "/orchestrator/pipeline/start",
+    request_body(content = Object, description = "{pipeline, connector_name, connector_type, input, model, mock}"),
+    responses((status = 202, description = "{thread_id, session_id, pipeline, status}"), (status = 422, body = ErrorBody)))]
+pub async fn start(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let started = state.pipelines.start(caller.owner.clone(), &body).await?;
+    Ok((StatusCode::ACCEPTED, Json(started)).into_response())
+}
+
+/// `{thread_id, status: queued|running|completed|failed|cancelled|interrupted, node, state, counters, reason, steps, …}`.
+#[utoipa::path(get, path = "/orchestrator/pipeline/status/{thread_id}", params(("thread_id" = String, Path)),
+    responses((status = 200, description = "The run"), (status = 404, body = ErrorBody)))]
+pub async fn status(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(thread_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(
+        state.pipelines.status(caller.owner(), &thread_id).await?,
+    ))
+}
+
+/// Every checkpoint: `{thread_id, history: [{step, node, decision, next, status, state, counters, duration_ms, at}]}`.
+#[utoipa::path(get, path = "/orchestrator/pipeline/history/{thread_id}", params(("thread_id" = String, Path)),
+    responses((status = 200, description = "The checkpoints"), (status = 404, body = ErrorBody)))]
+pub async fn history(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(thread_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(
+        state.pipelines.history(caller.owner(), &thread_id).await?,
+    ))
+}
+
+/// Continues a stopped run after its last checkpoint; `409` while it runs
+/// or once it is over.
+#[utoipa::path(post, path = "/orchestrator/pipeline/resume/{thread_id}", params(("thread_id" = String, Path)),
+    responses((status = 202, description = "{thread_id, status: resumed, from_step}"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn resume(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(thread_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let resumed = state.pipelines.resume(caller.owner(), &thread_id).await?;
+    Ok((StatusCode::ACCEPTED, Json(resumed)).into_response())
+}
+
+/// Stops a running run (the node's turn and its sandbox processes); `409`
+/// when it is not running.
+#[utoipa::path(post, path = "/orchestrator/pipeline/cancel/{thread_id}", params(("thread_id" = String, Path)),
+    responses((status = 202, description = "{thread_id, status: cancelling}"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn cancel(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(thread_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let cancelled = state.pipelines.cancel(caller.owner(), &thread_id).await?;
+    Ok((StatusCode::ACCEPTED, Json(cancelled)).into_response())
+}
+
+/// The caller's running and queued runs.
+#[utoipa::path(get, path = "/orchestrator/runs/active",
+    responses((status = 200, description = "{runs: [...]}")))]
+pub async fn active(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(
+        json!({"runs": state.pipelines.active(caller.owner()).await?}),
+    ))
+}
+
+/// `{status: ok, test_mode, max_concurrent_pipelines, pipeline_timeout_s, queued, pipelines}`.
+#[utoipa::path(get, path = "/orchestrator/health", responses((status = 200, description = "The orchestrator")))]
+pub async fn health(State(state): State<AppState>) -> Json<Value> {
+    Json(state.pipelines.health())
+}
+
+/// The pipelines this server runs.
+#[utoipa::path(get, path = "/orchestrator/pipelines", responses((status = 200, description = "{pipelines: [...]}")))]
+pub async fn definitions(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"pipelines": state.pipelines.definitions()}))
+}

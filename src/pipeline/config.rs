@@ -1,0 +1,73 @@
+//! `[pipelines]` in the configuration.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Nodes are mock agents that route deterministically (the seed's
+    /// `ORCHESTRATOR_TEST_MODE`): for tests and demos.
+    pub test_mode: bool,
+    /// Runs at once; the others queue (their status says so).
+    pub max_concurrent_pipelines: usize,
+    /// A run's wall-clock limit.
+    pub pipeline_timeout_s: u64,
+    /// A node whose answer cannot be used runs again this many times.
+    pub node_retries: u32,
+    /// Counter limits of the built-in connector pipeline, by the seed's
+    /// names (`max_test_retries`, `max_gen_fix_retries`,
+    /// `max_review_retries`, `max_research_retries`).
+    pub limits: BTreeMap<String, u32>,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            test_mode: false,
+            max_concurrent_pipelines: 10,
+            pipeline_timeout_s: 1200,
+            node_retries: 2,
+            limits: BTreeMap::new(),
+        }
+    }
+}
+
+impl PipelineConfig {
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.max_concurrent_pipelines == 0 {
+            return Err((
+                "pipelines.max_concurrent_pipelines".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if self.pipeline_timeout_s == 0 {
+            return Err((
+                "pipelines.pipeline_timeout_s".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        for key in self.limits.keys() {
+            if counter_of(key).is_none() {
+                return Err((
+                    format!("pipelines.limits.{key}"),
+                    "known limits: max_test_retries, max_gen_fix_retries, max_review_retries, max_research_retries".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The connector's counter a seed setting names (`max_test_retries` →
+/// `test_retries`).
+pub fn counter_of(setting: &str) -> Option<&'static str> {
+    Some(match setting {
+        "max_test_retries" => "test_retries",
+        "max_gen_fix_retries" => "gen_fix_retries",
+        "max_review_retries" => "review_retries",
+        "max_research_retries" => "research_retries",
+        _ => return None,
+    })
+}

@@ -1,0 +1,468 @@
+//! One pipeline run, as the turns of its session: node after node, each
+//! answer merged into the state by the reducers, routed on its decision
+//! within the retry limits, and checkpointed in the store before the next
+//! node starts. A run cut off (a crash, a cancel, the timeout) resumes
+//! after its last checkpoint and never runs a completed node again.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use super::agents::{self, Answer};
+use super::definition::{Definition, Route};
+use super::runs::{self, RunRecord};
+use super::{PipelineConfig, PipelineOptions};
+use crate::protocol::{EventKind, ResultStatus, SessionKind};
+use crate::session::{NewSession, Outcome, Session, SessionManager, Turn};
+use crate::store::{Checkpoint, Store, StoreError};
+use crate::sync::lock;
+
+/// What every run uses.
+pub struct Deps {
+    pub store: Arc<dyn Store>,
+    pub config: PipelineConfig,
+    pub definitions: Arc<BTreeMap<String, Arc<Definition>>>,
+    pub sessions: Weak<SessionManager>,
+    /// Runs at once (`max_concurrent_pipelines`).
+    pub permits: Arc<Semaphore>,
+    /// The sessions whose run waits for a permit.
+    pub queued: Arc<Mutex<HashSet<Uuid>>>,
+}
+
+/// A step as its checkpoint stores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub thread_id: String,
+    /// The node that ran (`(end)` for a run stopped between nodes).
+    pub node: String,
+    pub decision: Option<String>,
+    /// The node to run next; none once the run is over.
+    pub next: Option<String>,
+    /// `running`, `completed`, `failed` or `cancelled`.
+    pub status: String,
+    pub reason: Option<String>,
+    pub state: Map<String, Value>,
+    pub counters: BTreeMap<String, u32>,
+    pub duration_ms: u64,
+}
+
+/// The node name of a checkpoint that only records how a run stopped.
+pub const END: &str = "(end)";
+
+/// Runs (or resumes) the session's pipeline.
+pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome, StoreError> {
+    let session = turn.session.clone();
+    let options: PipelineOptions = serde_json::from_value((*session.options).clone())
+        .map_err(|e| StoreError::Corrupt(format!("pipeline options: {e}")))?;
+    let Some(definition) = deps.definitions.get(&options.pipeline).cloned() else {
+        session.emit(EventKind::Error {
+            message: format!("this server has no pipeline {:?}", options.pipeline),
+            code: "unknown_pipeline".into(),
+        })?;
+        return Ok(Outcome::new(ResultStatus::Error, None));
+    };
+    let record = runs::record_of(deps.store.as_ref(), &session, &options).await?;
+    let checkpoints = deps.store.checkpoints(session.id).await?;
+    let resumed = checkpoints.last().map(step_of).transpose()?;
+    let (mut state, mut counters, mut node, mut step) = match resumed {
+        None => (
+            initial(&definition, &options, &input),
+            BTreeMap::new(),
+            definition.start.clone(),
+            0,
+        ),
+        Some(last) => {
+            let Some(next) = last.next.clone() else {
+                session.emit(EventKind::Error {
+                    message: format!(
+                        "run {} is over ({}); start another",
+                        record.thread_id, last.status
+                    ),
+                    code: "run_over".into(),
+                })?;
+                return Ok(Outcome::new(ResultStatus::Error, None));
+            };
+            session.emit(EventKind::Status {
+                message: format!(
+                    "Resuming {} after step {} ({}): {next} runs next.",
+                    record.thread_id,
+                    checkpoints.len(),
+                    last.node
+                ),
+            })?;
+            (last.state, last.counters, next, checkpoints.len() as u64)
+        }
+    };
+    // Wait for a place among the runs at once; the status says queued.
+    let permit = match deps.permits.clone().try_acquire_owned() {
+        Ok(permit) => permit,
+        Err(_) => {
+            lock(&deps.queued).insert(session.id);
+            session.emit(EventKind::Status {
+                message: format!(
+                    "Queued: {} pipelines run at once (pipelines.max_concurrent_pipelines).",
+                    deps.config.max_concurrent_pipelines
+                ),
+            })?;
+            let acquired = tokio::select! {
+                permit = deps.permits.clone().acquire_owned() => permit.ok(),
+                _ = turn.cancel.cancelled() => None,
+            };
+            lock(&deps.queued).remove(&session.id);
+            match acquired {
+                Some(permit) => permit,
+                None => return Ok(Outcome::new(ResultStatus::Interrupted, None)),
+            }
+        }
+    };
+    let limit = Duration::from_secs(deps.config.pipeline_timeout_s);
+    let cancel = turn.cancel.clone();
+    let mut worker = None;
+    let steps = async {
+        loop {
+            step += 1;
+            let started = Instant::now();
+            session.emit(EventKind::NodeStarted {
+                node: node.clone(),
+                step,
+            })?;
+            let visit = visits(deps.store.as_ref(), session.id, &node).await?;
+            let answer = answer(
+                deps,
+                &session,
+                &definition,
+                &options,
+                &node,
+                &mut state,
+                visit,
+                &mut worker,
+                turn,
+            )
+            .await?;
+            let Ok(answer) = answer else {
+                if cancel.is_cancelled() {
+                    return Ok(Ending::Stopped(node.clone()));
+                }
+                let reason = answer.err().unwrap_or_default();
+                return Ok::<_, StoreError>(Ending::Failed(reason, node.clone()));
+            };
+            turn.usage.add(&answer.usage);
+            super::state::apply(&mut state, &definition.state, answer.writes);
+            let route = definition.route(&node, &answer.decision, &counters, &state);
+            let (next, status, reason) = match &route {
+                Route::Next { to, counter, .. } => {
+                    if let Some(counter) = counter {
+                        *counters.entry(counter.clone()).or_default() += 1;
+                    }
+                    (Some(to.clone()), "running", None)
+                }
+                Route::Done => (None, "completed", None),
+                Route::Fail(reason) => (None, "failed", Some(reason.clone())),
+            };
+            let duration_ms = started.elapsed().as_millis() as u64;
+            save(
+                deps,
+                &session,
+                step,
+                &Step {
+                    thread_id: record.thread_id.clone(),
+                    node: node.clone(),
+                    decision: Some(answer.decision.clone()),
+                    next: next.clone(),
+                    status: status.into(),
+                    reason: reason.clone(),
+                    state: state.clone(),
+                    counters: counters.clone(),
+                    duration_ms,
+                },
+            )
+            .await?;
+            session.emit(EventKind::NodeCompleted {
+                node: node.clone(),
+                decision: answer.decision.clone(),
+                step,
+                duration_ms,
+            })?;
+            if let Route::Next { to, reason, .. } = &route {
+                session.emit(EventKind::Route {
+                    from: node.clone(),
+                    to: to.clone(),
+                    reason: reason.clone(),
+                })?;
+            }
+            session.emit(EventKind::Checkpoint {
+                step,
+                node: node.clone(),
+            })?;
+            match (next, reason) {
+                (Some(next), _) => node = next,
+                (None, None) => return Ok(Ending::Completed),
+                (None, Some(reason)) => return Ok(Ending::Failed(reason, String::new())),
+            }
+            if cancel.is_cancelled() {
+                return Ok(Ending::Stopped(node.clone()));
+            }
+        }
+    };
+    let ending = tokio::time::timeout(limit, steps).await;
+    drop(permit);
+    let ending = match ending {
+        Ok(ending) => ending?,
+        Err(_) => Ending::TimedOut(node.clone()),
+    };
+    finish(deps, &session, &record, &state, &counters, ending).await
+}
+
+enum Ending {
+    Completed,
+    /// Failed with a reason; a node name when it failed inside that node
+    /// (the run can resume there), empty when the routing ended it.
+    Failed(String, String),
+    /// Cancelled or interrupted before `node`.
+    Stopped(String),
+    TimedOut(String),
+}
+
+async fn finish(
+    deps: &Deps,
+    session: &Arc<Session>,
+    record: &RunRecord,
+    state: &Map<String, Value>,
+    counters: &BTreeMap<String, u32>,
+    ending: Ending,
+) -> Result<Outcome, StoreError> {
+    let end = |status: &str, reason: Option<String>, next: Option<String>| Step {
+        thread_id: record.thread_id.clone(),
+        node: END.into(),
+        decision: None,
+        next,
+        status: status.into(),
+        reason,
+        state: state.clone(),
+        counters: counters.clone(),
+        duration_ms: 0,
+    };
+    let steps = deps.store.checkpoints(session.id).await?.len() as u64;
+    let (status, reason, outcome) = match ending {
+        Ending::Completed => ("completed", None, ResultStatus::Success),
+        Ending::Failed(reason, node) => {
+            if !node.is_empty() {
+                save(
+                    deps,
+                    session,
+                    steps + 1,
+                    &end("failed", Some(reason.clone()), Some(node)),
+                )
+                .await?;
+            }
+            ("failed", Some(reason), ResultStatus::Error)
+        }
+        Ending::Stopped(node) => {
+            let status = if runs::is_cancelled(deps.store.as_ref(), record).await? {
+                "cancelled"
+            } else {
+                "interrupted"
+            };
+            save(
+                deps,
+                session,
+                steps + 1,
+                &end(status, Some(status.into()), Some(node)),
+            )
+            .await?;
+            (status, Some(status.to_owned()), ResultStatus::Interrupted)
+        }
+        Ending::TimedOut(node) => {
+            let reason = format!(
+                "timeout: the run passed pipelines.pipeline_timeout_s ({} s)",
+                deps.config.pipeline_timeout_s
+            );
+            save(
+                deps,
+                session,
+                steps + 1,
+                &end("failed", Some(reason.clone()), Some(node)),
+            )
+            .await?;
+            ("failed", Some(reason), ResultStatus::Error)
+        }
+    };
+    session.emit(EventKind::PipelineCompleted {
+        thread_id: record.thread_id.clone(),
+        status: status.into(),
+        reason: reason.clone(),
+        steps: deps.store.checkpoints(session.id).await?.len() as u64,
+    })?;
+    Ok(Outcome::new(
+        outcome,
+        reason.or_else(|| Some(format!("{} {status}", record.thread_id))),
+    ))
+}
+
+async fn save(deps: &Deps, session: &Session, step: u64, data: &Step) -> Result<(), StoreError> {
+    deps.store
+        .put_checkpoint(&Checkpoint {
+            session_id: session.id,
+            step,
+            name: data.node.clone(),
+            state: serde_json::to_value(data).unwrap_or(Value::Null),
+            created_at: Utc::now(),
+        })
+        .await
+}
+
+pub fn step_of(checkpoint: &Checkpoint) -> Result<Step, StoreError> {
+    serde_json::from_value(checkpoint.state.clone())
+        .map_err(|e| StoreError::Corrupt(format!("checkpoint {}: {e}", checkpoint.step)))
+}
+
+/// How many times `node` completed in this run before: a mock's visit.
+async fn visits(store: &dyn Store, session: Uuid, node: &str) -> Result<usize, StoreError> {
+    Ok(store
+        .checkpoints(session)
+        .await?
+        .iter()
+        .filter(|c| c.name == node)
+        .count())
+}
+
+/// The state a run starts with: each field's default, then the options.
+fn initial(definition: &Definition, options: &PipelineOptions, input: &str) -> Map<String, Value> {
+    let mut state: Map<String, Value> = definition
+        .state
+        .iter()
+        .map(|(name, spec)| (name.clone(), spec.initial()))
+        .collect();
+    let mut set = |field: &str, value: Value| {
+        if definition.state.contains_key(field) {
+            state.insert(field.to_owned(), value);
+        }
+    };
+    if let Some(name) = &options.connector_name {
+        set("connector_name", json!(name));
+    }
+    if let Some(kind) = &options.connector_type {
+        set("connector_type", json!(kind));
+    }
+    if !input.trim().is_empty() {
+        set("original_request", json!(input));
+    }
+    for (field, value) in &options.input {
+        set(field, value.clone());
+    }
+    state
+}
+
+/// Runs a node until it answers usably or its retries are spent (each
+/// unusable answer goes into `errors`). `Err` only for the store.
+#[allow(clippy::too_many_arguments)]
+async fn answer(
+    deps: &Deps,
+    session: &Arc<Session>,
+    definition: &Definition,
+    options: &PipelineOptions,
+    node: &str,
+    state: &mut Map<String, Value>,
+    visit: usize,
+    worker: &mut Option<(Arc<SessionManager>, Arc<Session>)>,
+    turn: &Turn,
+) -> Result<Result<Answer, String>, StoreError> {
+    let spec = &definition.nodes[node];
+    let mut attempt = 0;
+    loop {
+        if turn.cancel.is_cancelled() {
+            return Ok(Err("cancelled".into()));
+        }
+        let result = if deps.config.test_mode {
+            let script = options.mock.clone().unwrap_or_default();
+            agents::mock(definition, node, &script, visit, attempt, &turn.cancel).await
+        } else {
+            match worker_of(deps, session, options, worker).await {
+                Ok((manager, child)) => {
+                    let prompt = agents::node_prompt(&definition.name, node, spec, state);
+                    agents::agent(&manager, &child, session, node, spec, prompt).await
+                }
+                Err(e) => Err(e),
+            }
+        };
+        match result {
+            Ok(answer) => return Ok(Ok(answer)),
+            Err(_) if turn.cancel.is_cancelled() => return Ok(Err("cancelled".into())),
+            Err(error) => {
+                attempt += 1;
+                // The reason goes into `errors` (when the pipeline keeps it),
+                // where the node's next attempt can read it.
+                let noted =
+                    Map::from_iter([("errors".to_owned(), json!([format!("{node}: {error}")]))]);
+                super::state::apply(state, &definition.state, noted);
+                session.emit(EventKind::NodeFailed {
+                    node: node.to_owned(),
+                    error: error.clone(),
+                    attempt,
+                })?;
+                if attempt > deps.config.node_retries {
+                    return Ok(Err(format!(
+                        "{node} failed {attempt} times (pipelines.node_retries = {}): {error}",
+                        deps.config.node_retries
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// The run's agent session, made at its first real node: every node of
+/// the run works in its sandbox.
+async fn worker_of(
+    deps: &Deps,
+    session: &Arc<Session>,
+    options: &PipelineOptions,
+    worker: &mut Option<(Arc<SessionManager>, Arc<Session>)>,
+) -> Result<(Arc<SessionManager>, Arc<Session>), String> {
+    if let Some(found) = worker {
+        return Ok(found.clone());
+    }
+    let manager = deps
+        .sessions
+        .upgrade()
+        .ok_or("the server is shutting down")?;
+    let child = match runs::worker_id(deps.store.as_ref(), session.id)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Some(id) => manager.get(id, None).await.ok(),
+        None => None,
+    };
+    let child = match child {
+        Some(child) => child,
+        None => {
+            let mut agent = json!({});
+            if let Some(model) = &options.model {
+                agent["model"] = json!(model);
+            }
+            let child = manager
+                .create(NewSession {
+                    name: Some(format!("nodes of pipeline session {}", session.id)),
+                    kind: SessionKind::AGENT,
+                    owner: session.owner.clone(),
+                    options: agent,
+                    ephemeral: false,
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            runs::set_worker(deps.store.as_ref(), session.id, child.id)
+                .await
+                .map_err(|e| e.to_string())?;
+            child
+        }
+    };
+    let found = (manager, child);
+    *worker = Some(found.clone());
+    Ok(found)
+}

@@ -1,0 +1,95 @@
+//! The `pipeline` session kind: a message starts the session's run (or
+//! resumes it after a crash, a cancel or the timeout); the turn streams
+//! `node_started`, `node_completed`, `route`, `checkpoint` and
+//! `pipeline_completed`, with the node agents' own events tagged by node.
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use super::engine::{self, Deps};
+use super::{KIND, PipelineOptions, runs};
+use crate::protocol::SessionKind;
+use crate::session::{OptionError, Outcome, SessionError, SessionTask, Turn};
+use crate::store::StoreError;
+
+pub struct PipelineTask {
+    deps: Deps,
+}
+
+impl PipelineTask {
+    pub fn new(deps: Deps) -> PipelineTask {
+        PipelineTask { deps }
+    }
+}
+
+#[async_trait]
+impl SessionTask for PipelineTask {
+    fn kind(&self) -> SessionKind {
+        KIND
+    }
+
+    async fn options(
+        &self,
+        body: &Map<String, Value>,
+        fields: &[&str],
+    ) -> Result<Value, SessionError> {
+        let options: PipelineOptions = crate::session::options::from_body(body, fields)?;
+        let Some(definition) = self.deps.definitions.get(&options.pipeline) else {
+            let known: Vec<&str> = self.deps.definitions.keys().map(String::as_str).collect();
+            return Err(OptionError::new(
+                "options.pipeline",
+                format!(
+                    "unknown pipeline {:?}; this server has {}",
+                    options.pipeline,
+                    known.join(", ")
+                ),
+            )
+            .into());
+        };
+        if let Some(field) = options
+            .input
+            .keys()
+            .find(|f| !definition.state.contains_key(*f))
+        {
+            return Err(OptionError::new(
+                format!("options.input.{field}"),
+                format!("not a state field of the {} pipeline", definition.name),
+            )
+            .into());
+        }
+        if options.mock.is_some() && !self.deps.config.test_mode {
+            return Err(OptionError::new(
+                "options.mock",
+                "mock agents run only in test mode (pipelines.test_mode)",
+            )
+            .into());
+        }
+        serde_json::to_value(&options)
+            .map_err(|e| SessionError::Internal(format!("storing options: {e}")))
+    }
+
+    fn describe(&self, options: &Value) -> Map<String, Value> {
+        let mut shown = Map::new();
+        if let Some(pipeline) = options.get("pipeline") {
+            shown.insert("pipeline".into(), pipeline.clone());
+        }
+        shown
+    }
+
+    async fn run(&self, turn: &mut Turn, input: String) -> Result<Outcome, StoreError> {
+        engine::run(&self.deps, turn, input).await
+    }
+
+    async fn delete(&self, session: Uuid) {
+        match runs::remove(self.deps.store.as_ref(), session).await {
+            Ok(Some(worker)) => {
+                if let Some(manager) = self.deps.sessions.upgrade() {
+                    let _ = manager.delete(worker, None).await;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(%session, error = %e, "removing a pipeline run"),
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! Pipelines (seed 004) in test mode against a real server: the seed's
+//! routing on every branch, every retry limit, the coverage rule, node
+//! errors retried, cancel and resume, the concurrency cap, the timeout,
+//! the session kind, owners and bad input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Lines, TestServer, types};
+use serde_json::{Value, json};
+
+async fn test_mode(configure: impl FnOnce(&mut conclave::config::Config)) -> TestServer {
+    TestServer::start_with(|c| {
+        c.pipelines.test_mode = true;
+        configure(c);
+    })
+    .await
+}
+
+async fn start(server: &TestServer, body: Value) -> (String, String) {
+    let response = server.post("/orchestrator/pipeline/start", body).await;
+    assert_eq!(response.status(), 202, "{:?}", response.text().await);
+    let started: Value = response.json().await.unwrap();
+    (
+        started["thread_id"].as_str().unwrap().to_string(),
+        started["session_id"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The run's events from the start until its turn's `result`.
+async fn until_result(server: &TestServer, session: &str) -> Vec<Value> {
+    Lines::new(
+        server
+            .get(&format!(
+                "/agent/session/{session}/events?since=0&follow=true"
+            ))
+            .await,
+    )
+    .until("result")
+    .await
+}
+
+async fn get(server: &TestServer, path: &str) -> Value {
+    let response = server.get(path).await;
+    assert_eq!(response.status(), 200, "{path}");
+    response.json().await.unwrap()
+}
+
+/// The nodes of a run's history, in order.
+async fn nodes(server: &TestServer, thread: &str) -> Vec<String> {
+    get(server, &format!("/orchestrator/pipeline/history/{thread}")).await["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["node"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_connector_runs_through_every_node_with_a_checkpoint_each() {
+    let server = test_mode(|_| {}).await;
+    let (thread, session) = start(
+        &server,
+        json!({"connector_name": "Google Sheets", "input": {"original_request": "rows"}}),
+    )
+    .await;
+    assert!(thread.starts_with("pipeline-google-sheets-"), "{thread}");
+    assert_eq!(thread.len(), "pipeline-google-sheets-".len() + 8);
+    let events = until_result(&server, &session).await;
+    let kinds = types(&events);
+    assert_eq!(kinds.iter().filter(|k| **k == "node_started").count(), 6);
+    assert_eq!(kinds.iter().filter(|k| **k == "checkpoint").count(), 6);
+    assert_eq!(kinds.iter().filter(|k| **k == "route").count(), 5);
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "pipeline_completed")
+        .unwrap();
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["thread_id"], thread.as_str());
+    assert_eq!(events.last().unwrap()["status"], "success");
+    assert_eq!(
+        nodes(&server, &thread).await,
+        [
+            "research",
+            "generator",
+            "tester",
+            "test_reviewer",
+            "reviewer",
+            "publisher"
+        ]
+    );
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed");
+    assert_eq!(status["steps"], 6);
+    assert_eq!(status["state"]["connector_name"], "Google Sheets");
+    assert_eq!(status["state"]["original_request"], "rows");
+    assert_eq!(status["state"]["connector_type"], "source");
+    assert_eq!(status["state"]["degraded"], false);
+    assert_eq!(status["state"]["logs"].as_array().unwrap().len(), 6);
+    let health = get(&server, "/orchestrator/health").await;
+    assert_eq!(health["test_mode"], true);
+    assert_eq!(health["pipelines"], json!(["connector"]));
+    let listed = get(&server, "/orchestrator/pipelines").await;
+    assert_eq!(listed["pipelines"][0]["start"], "research");
+    // A run that is over neither resumes nor cancels.
+    let again = server
+        .post(
+            &format!("/orchestrator/pipeline/resume/{thread}"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(again.status(), 409);
+    let cancel = server
+        .post(
+            &format!("/orchestrator/pipeline/cancel/{thread}"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cancel.status(), 409);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn every_branch_routes_and_counts_as_the_seed() {
+    let server = test_mode(|_| {}).await;
+    let script = json!({"decisions": {
+        "test_reviewer": ["INVALID", "VALID_FAIL", "VALID_PASS", "VALID_PASS"],
+        "reviewer": ["REJECT_CODE", "REJECT_CONTEXT", "APPROVE"]}});
+    let (thread, session) = start(&server, json!({"connector_name": "x", "mock": script})).await;
+    let events = until_result(&server, &session).await;
+    let routes: Vec<(String, String)> = events
+        .iter()
+        .filter(|e| e["type"] == "route")
+        .map(|e| {
+            (
+                e["from"].as_str().unwrap().into(),
+                e["to"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("research", "generator"),
+        ("generator", "tester"),
+        ("tester", "test_reviewer"),
+        ("test_reviewer", "tester"), // INVALID
+        ("tester", "test_reviewer"),
+        ("test_reviewer", "generator"), // VALID_FAIL
+        ("generator", "tester"),
+        ("tester", "test_reviewer"),
+        ("test_reviewer", "reviewer"), // VALID_PASS
+        ("reviewer", "generator"),     // REJECT_CODE
+        ("generator", "tester"),
+        ("tester", "test_reviewer"),
+        ("test_reviewer", "reviewer"),
+        ("reviewer", "research"), // REJECT_CONTEXT
+        ("research", "generator"),
+        ("generator", "tester"),
+        ("tester", "test_reviewer"),
+        ("test_reviewer", "reviewer"),
+        ("reviewer", "publisher"), // APPROVE
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(routes, expected);
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed");
+    assert_eq!(
+        status["counters"],
+        json!({"test_retries": 1, "gen_fix_retries": 1, "review_retries": 1, "research_retries": 1})
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn each_limit_ends_the_run_failed_with_its_reason() {
+    let server = test_mode(|c| {
+        c.pipelines.limits.insert("max_review_retries".into(), 1);
+    })
+    .await;
+    for (script, reason) in [
+        (
+            json!({"test_reviewer": ["INVALID", "INVALID", "INVALID", "INVALID"]}),
+            "test_retries reached its limit of 3",
+        ),
+        (
+            json!({"test_reviewer": ["VALID_FAIL", "VALID_FAIL", "VALID_FAIL", "VALID_FAIL"]}),
+            "gen_fix_retries reached its limit of 3",
+        ),
+        // Configured down to 1 (pipelines.limits.max_review_retries).
+        (
+            json!({"reviewer": ["REJECT_CODE", "REJECT_CODE"]}),
+            "review_retries reached its limit of 1",
+        ),
+        // `<=`: one return to research is allowed and a second, not a third.
+        (
+            json!({"reviewer": ["REJECT_CONTEXT", "REJECT_CONTEXT", "REJECT_CONTEXT"]}),
+            "research_retries reached its limit of 1",
+        ),
+    ] {
+        let (thread, session) = start(&server, json!({"mock": {"decisions": script}})).await;
+        let events = until_result(&server, &session).await;
+        assert_eq!(events.last().unwrap()["status"], "error");
+        let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+        assert_eq!(status["status"], "failed", "{status}");
+        let why = status["reason"].as_str().unwrap();
+        assert!(why.starts_with(reason), "{why}");
+    }
+    // Approved at 90 %: published as degraded; at 50 %: not published.
+    let (thread, session) = start(&server, json!({"mock": {"coverage": 0.9}})).await;
+    until_result(&server, &session).await;
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed");
+    assert_eq!(status["state"]["degraded"], true);
+    let (thread, session) = start(&server, json!({"mock": {"coverage": 0.5}})).await;
+    until_result(&server, &session).await;
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "failed");
+    assert!(
+        status["reason"]
+            .as_str()
+            .unwrap()
+            .contains("coverage_ratio")
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_error_is_retried_within_its_limit_and_noted_in_errors() {
+    let server = test_mode(|_| {}).await;
+    let (thread, session) = start(&server, json!({"mock": {"fail": {"tester": 2}}})).await;
+    let events = until_result(&server, &session).await;
+    assert_eq!(
+        types(&events)
+            .iter()
+            .filter(|k| **k == "node_failed")
+            .count(),
+        2
+    );
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed");
+    assert_eq!(status["state"]["errors"].as_array().unwrap().len(), 2);
+    // Past pipelines.node_retries (2): the run fails, resumable at the node.
+    let (thread, session) = start(&server, json!({"mock": {"fail": {"tester": 9}}})).await;
+    until_result(&server, &session).await;
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "failed");
+    assert!(
+        status["reason"]
+            .as_str()
+            .unwrap()
+            .contains("tester failed 3 times")
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_stops_the_node_and_resume_never_reruns_a_completed_one() {
+    let server = test_mode(|_| {}).await;
+    let (thread, session) = start(&server, json!({"mock": {"delay_ms": 1000}})).await;
+    let mut events = Lines::new(
+        server
+            .get(&format!(
+                "/agent/session/{session}/events?since=0&follow=true"
+            ))
+            .await,
+    );
+    // The second node has started: the first is checkpointed.
+    let mut started = 0;
+    while started < 2 {
+        if events.next().await.unwrap()["type"] == "node_started" {
+            started += 1;
+        }
+    }
+    let cancel = server
+        .post(
+            &format!("/orchestrator/pipeline/cancel/{thread}"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cancel.status(), 202);
+    let rest = events.until("result").await;
+    assert_eq!(rest.last().unwrap()["status"], "interrupted");
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "cancelled", "{status}");
+    let active = get(&server, "/orchestrator/runs/active").await;
+    assert_eq!(active["runs"], json!([]));
+    let resumed = server
+        .post(
+            &format!("/orchestrator/pipeline/resume/{thread}"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(resumed.status(), 202);
+    let resumed: Value = resumed.json().await.unwrap();
+    assert_eq!(resumed["from_step"], 1);
+    let active = get(&server, "/orchestrator/runs/active").await;
+    assert_eq!(active["runs"][0]["thread_id"], thread.as_str());
+    // The resumed turn's events, after the cancelled turn's result.
+    let since = rest.last().unwrap()["seq"].as_u64().unwrap();
+    let resumed = Lines::new(
+        server
+            .get(&format!(
+                "/agent/session/{session}/events?since={since}&follow=true"
+            ))
+            .await,
+    )
+    .until("result")
+    .await;
+    assert_eq!(resumed.last().unwrap()["status"], "success");
+    assert!(
+        resumed[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Resuming"),
+        "{:?}",
+        resumed[0]
+    );
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed");
+    let ran: Vec<String> = nodes(&server, &thread)
+        .await
+        .into_iter()
+        .filter(|n| n != "(end)")
+        .collect();
+    assert_eq!(
+        ran,
+        [
+            "research",
+            "generator",
+            "tester",
+            "test_reviewer",
+            "reviewer",
+            "publisher"
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn runs_past_the_cap_queue_and_a_run_past_its_timeout_fails() {
+    let server = test_mode(|c| {
+        c.pipelines.max_concurrent_pipelines = 1;
+    })
+    .await;
+    let (first, first_session) = start(&server, json!({"mock": {"delay_ms": 300}})).await;
+    let (second, second_session) = start(&server, json!({})).await;
+    let mut events = Lines::new(
+        server
+            .get(&format!(
+                "/agent/session/{second_session}/events?since=0&follow=true"
+            ))
+            .await,
+    );
+    let queued = events.next().await.unwrap();
+    assert!(
+        queued["message"].as_str().unwrap().starts_with("Queued"),
+        "{queued}"
+    );
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{second}")).await;
+    assert!(["queued", "running", "completed"].contains(&status["status"].as_str().unwrap()));
+    until_result(&server, &first_session).await;
+    events.until("result").await;
+    for thread in [&first, &second] {
+        let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+        assert_eq!(status["status"], "completed");
+    }
+    server.stop().await;
+
+    let server = test_mode(|c| c.pipelines.pipeline_timeout_s = 1).await;
+    let (thread, session) = start(&server, json!({"mock": {"delay_ms": 5000}})).await;
+    until_result(&server, &session).await;
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "failed");
+    assert!(status["reason"].as_str().unwrap().starts_with("timeout"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_pipeline_session_streams_its_run_and_only_its_owner_sees_it() {
+    let server = TestServer::start_with(|c| {
+        c.pipelines.test_mode = true;
+        c.api_keys = vec!["owner-key-1".into(), "other-key-2".into()];
+    })
+    .await;
+    let created: Value = server
+        .send_as(
+            "owner-key-1",
+            reqwest::Method::POST,
+            "/agent/session",
+            Some(json!({"kind": "pipeline", "options": {"connector_name": "stripe"}})),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = created["session_id"].as_str().unwrap();
+    let response = server
+        .send_as(
+            "owner-key-1",
+            reqwest::Method::POST,
+            &format!("/agent/session/{id}/message"),
+            Some(json!({"prompt": "a Stripe source"})),
+        )
+        .await;
+    let events = common::ndjson(response).await;
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "pipeline_completed")
+        .unwrap();
+    let thread = done["thread_id"].as_str().unwrap();
+    assert!(thread.starts_with("pipeline-stripe-"));
+    let status: Value = server
+        .send_as(
+            "owner-key-1",
+            reqwest::Method::GET,
+            &format!("/orchestrator/pipeline/status/{thread}"),
+            None,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["state"]["original_request"], "a Stripe source");
+    let other = server
+        .send_as(
+            "other-key-2",
+            reqwest::Method::GET,
+            &format!("/orchestrator/pipeline/status/{thread}"),
+            None,
+        )
+        .await;
+    assert_eq!(other.status(), 404);
+    let other = server
+        .send_as(
+            "other-key-2",
+            reqwest::Method::POST,
+            &format!("/orchestrator/pipeline/cancel/{thread}"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(other.status(), 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_the_field_named() {
+    let server = TestServer::start().await;
+    for (body, field) in [
+        (json!({"pipeline": "nope"}), "options.pipeline"),
+        (json!({"input": {"secret": 1}}), "options.input.secret"),
+        (json!({"mock": {}}), "options.mock"),
+        (json!({"what": 1}), "options.what"),
+    ] {
+        let response = server
+            .post("/orchestrator/pipeline/start", body.clone())
+            .await;
+        assert_eq!(response.status(), 422, "{body}");
+        let error: Value = response.json().await.unwrap();
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{body}: {message}");
+    }
+    let missing = server
+        .get("/orchestrator/pipeline/status/pipeline-x-00000000")
+        .await;
+    assert_eq!(missing.status(), 404);
+    server.stop().await;
+}
