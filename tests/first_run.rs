@@ -466,3 +466,110 @@ async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
     drop(bus);
     stop(&mut child).await;
 }
+
+/// A pipeline run that a `kill -9` cuts off shows `interrupted` after the
+/// restart, and `resume` continues after its last checkpoint without
+/// running a completed node again.
+#[tokio::test]
+async fn a_pipeline_cut_by_kill_9_resumes_after_its_last_checkpoint() {
+    let cwd = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        cwd.path().join("conclave.toml"),
+        "[pipelines]\ntest_mode = true\n",
+    )
+    .unwrap();
+    let start = || {
+        let mut command = local_serve(cwd.path());
+        command.args(["--config", "conclave.toml"]);
+        command
+    };
+    let http = reqwest::Client::new();
+    let (mut child, url) = serve(&mut start()).await;
+    let started: Value = http
+        .post(format!("{url}/orchestrator/pipeline/start"))
+        .json(&json!({"connector_name": "crm", "mock": {"delay_ms": 400}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let thread = started["thread_id"].as_str().unwrap().to_string();
+    let session = started["session_id"].as_str().unwrap().to_string();
+    let response = http
+        .get(format!(
+            "{url}/agent/session/{session}/events?since=0&follow=true"
+        ))
+        .send()
+        .await
+        .unwrap();
+    let mut events = common::Lines::new(response);
+    let mut checkpoints = 0;
+    while checkpoints < 2 {
+        if events.next().await.expect("the stream goes on")["type"] == "checkpoint" {
+            checkpoints += 1;
+        }
+    }
+    drop(events);
+    child.kill().await.expect("kill -9");
+
+    let (mut child, url) = serve(&mut start()).await;
+    let status: Value = http
+        .get(format!("{url}/orchestrator/pipeline/status/{thread}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["status"], "interrupted", "{status}");
+    let resumed = http
+        .post(format!("{url}/orchestrator/pipeline/resume/{thread}"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 202);
+    let resumed: Value = resumed.json().await.unwrap();
+    let from = resumed["from_step"].as_u64().unwrap();
+    assert!(from >= 2, "{resumed}");
+    let response = http
+        .get(format!(
+            "{url}/agent/session/{session}/events?since=0&follow=true"
+        ))
+        .send()
+        .await
+        .unwrap();
+    let mut events = common::Lines::new(response);
+    // The cut-off turn's result, then the resumed turn's.
+    events.until("result").await;
+    let last = events.until("result").await;
+    assert_eq!(last.last().unwrap()["status"], "success");
+    let history: Value = http
+        .get(format!("{url}/orchestrator/pipeline/history/{thread}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ran: Vec<&str> = history["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["node"].as_str())
+        .collect();
+    assert_eq!(
+        ran,
+        [
+            "research",
+            "generator",
+            "tester",
+            "test_reviewer",
+            "reviewer",
+            "publisher"
+        ],
+        "{history}"
+    );
+    stop(&mut child).await;
+}
