@@ -467,3 +467,93 @@ async fn bad_input_is_refused_with_the_field_named() {
     assert_eq!(missing.status(), 404);
     server.stop().await;
 }
+
+const THREE: &str = "name: triage
+description: three nodes of a user's own
+start: read
+terminal: [answer]
+counters:
+  rereads: 1
+state:
+  notes: {reducer: append}
+  logs: {reducer: keep_last, keep: 10}
+nodes:
+  read:
+    role: Reader
+    prompt: read the ticket
+    decisions: [CLEAR, UNCLEAR]
+    writes: [notes, logs]
+  think:
+    prompt: 'think about {notes}'
+    writes: [notes]
+  answer:
+    prompt: answer
+edges:
+  - {from: read, when: CLEAR, to: think}
+  - {from: read, when: UNCLEAR, to: read, counter: rereads}
+  - {from: think, to: answer}
+";
+
+#[tokio::test]
+async fn a_users_pipeline_from_a_directory_runs_and_validate_checks_one() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("triage.yaml"), THREE).unwrap();
+    let path = dir.path().to_path_buf();
+    let server = test_mode(move |c| c.pipelines.dir = Some(path)).await;
+    let listed = get(&server, "/orchestrator/pipelines").await;
+    let names: Vec<&str> = listed["pipelines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(names, ["connector", "triage"]);
+    let (thread, session) = start(
+        &server,
+        json!({"pipeline": "triage", "mock": {"decisions": {"read": ["UNCLEAR", "CLEAR"]}}}),
+    )
+    .await;
+    assert!(thread.starts_with("pipeline-triage-"));
+    until_result(&server, &session).await;
+    assert_eq!(
+        nodes(&server, &thread).await,
+        ["read", "read", "think", "answer"]
+    );
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed");
+    assert_eq!(status["counters"]["rereads"], 1);
+    assert_eq!(status["state"]["notes"].as_array().unwrap().len(), 3);
+
+    let valid = server
+        .post("/orchestrator/pipelines/validate", json!({"yaml": THREE}))
+        .await;
+    assert_eq!(valid.status(), 200);
+    let valid: Value = valid.json().await.unwrap();
+    assert_eq!(
+        valid["pipeline"]["nodes"],
+        json!(["answer", "read", "think"])
+    );
+    let broken = THREE.replace("{from: think, to: answer}", "{from: think, to: nowhere}");
+    let refused = server
+        .post("/orchestrator/pipelines/validate", json!({"yaml": broken}))
+        .await;
+    assert_eq!(refused.status(), 422);
+    let error: Value = refused.json().await.unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("request:24: edges[2].to: unknown node"),
+        "{message}"
+    );
+    server.stop().await;
+
+    // A broken file stops the start, naming the file and the line.
+    std::fs::write(dir.path().join("broken.yaml"), broken).unwrap();
+    let config = conclave::pipeline::PipelineConfig {
+        dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    let error = conclave::pipeline::definitions(&config).unwrap_err();
+    assert!(error.file.ends_with("broken.yaml"), "{error}");
+    assert_eq!(error.line, 24);
+    assert_eq!(error.place, "edges[2].to");
+}

@@ -65,7 +65,7 @@ use state::AppState;
         bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
         deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
         pipelines::status, pipelines::history, pipelines::resume, pipelines::cancel,
-        pipelines::active, pipelines::health, pipelines::definitions
+        pipelines::active, pipelines::health, pipelines::definitions, pipelines::validate
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -174,6 +174,10 @@ pub fn router(state: AppState) -> Router {
         .route("/orchestrator/runs/active", get(pipelines::active))
         .route("/orchestrator/health", get(pipelines::health))
         .route("/orchestrator/pipelines", get(pipelines::definitions))
+        .route(
+            "/orchestrator/pipelines/validate",
+            post(pipelines::validate),
+        )
         .route("/rollouts", post(rollouts::start))
         .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))

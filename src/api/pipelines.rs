@@ -119,3 +119,23 @@ pub async fn health(State(state): State<AppState>) -> Json<Value> {
 pub async fn definitions(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"pipelines": state.pipelines.definitions()}))
 }
+
+/// `{yaml}` → `{valid: true, pipeline: {name, start, nodes, …}}`, or `422`
+/// with the file, line and place of the first mistake. Nothing is saved.
+#[utoipa::path(post, path = "/orchestrator/pipelines/validate",
+    request_body(content = Object, description = "{yaml}"),
+    responses((status = 200, description = "{valid: true, pipeline}"), (status = 422, body = ErrorBody)))]
+pub async fn validate(mut body: JsonObject) -> Result<Json<Value>, ApiError> {
+    let yaml = body.take_text("yaml")?;
+    body.deny_rest()?;
+    let definition = crate::pipeline::Definition::parse(&yaml, "request").map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_pipeline",
+            e.to_string(),
+        )
+    })?;
+    Ok(Json(json!({"valid": true, "pipeline": {
+        "name": definition.name, "start": definition.start, "terminal": definition.terminal,
+        "nodes": definition.nodes.keys().collect::<Vec<_>>(), "counters": definition.counters}})))
+}

@@ -212,6 +212,9 @@ impl Config {
         if self.sandbox.local.root.is_some() {
             self.sandbox.local.root = Some(declared("sandbox.local.root")?);
         }
+        if self.pipelines.dir.is_some() {
+            self.pipelines.dir = Some(declared("pipelines.dir")?);
+        }
         Ok(())
     }
 
@@ -222,6 +225,9 @@ impl Config {
         let mut paths = vec![("data_dir", &mut self.data_dir)];
         if let Some(root) = self.sandbox.local.root.as_mut() {
             paths.push(("sandbox.local.root", root));
+        }
+        if let Some(dir) = self.pipelines.dir.as_mut() {
+            paths.push(("pipelines.dir", dir));
         }
         for (field, path) in paths {
             if path.as_os_str().is_empty() {

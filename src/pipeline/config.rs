@@ -20,6 +20,9 @@ pub struct PipelineConfig {
     /// names (`max_test_retries`, `max_gen_fix_retries`,
     /// `max_review_retries`, `max_research_retries`).
     pub limits: BTreeMap<String, u32>,
+    /// A directory of pipeline definitions (`*.yaml`, `*.yml`), loaded at
+    /// start besides the built-in `connector`; relative to the config file.
+    pub dir: Option<std::path::PathBuf>,
 }
 
 impl Default for PipelineConfig {
@@ -30,6 +33,7 @@ impl Default for PipelineConfig {
             pipeline_timeout_s: 1200,
             node_retries: 2,
             limits: BTreeMap::new(),
+            dir: None,
         }
     }
 }

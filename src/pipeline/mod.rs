@@ -65,8 +65,9 @@ fn default_pipeline() -> String {
     "connector".into()
 }
 
-/// The pipelines a server runs: the built-in connector, its limits as the
-/// config sets them.
+/// The pipelines a server runs: the built-in connector (its limits as
+/// the config sets them) and every definition in `pipelines.dir`; the
+/// first error stops the start and names the file.
 pub fn definitions(
     config: &PipelineConfig,
 ) -> Result<BTreeMap<String, Arc<Definition>>, DefinitionError> {
@@ -76,8 +77,46 @@ pub fn definitions(
             connector.counters.insert(counter.to_owned(), *limit);
         }
     }
-    Ok(BTreeMap::from([(
-        connector.name.clone(),
-        Arc::new(connector),
-    )]))
+    let mut all = BTreeMap::from([(connector.name.clone(), Arc::new(connector))]);
+    let Some(dir) = &config.dir else {
+        return Ok(all);
+    };
+    let unreadable = |file: String, message: String| DefinitionError {
+        file,
+        line: 0,
+        place: "file".into(),
+        message,
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        unreadable(
+            dir.display().to_string(),
+            format!("cannot read the directory: {e}"),
+        )
+    })?;
+    let mut files: Vec<std::path::PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            )
+        })
+        .collect();
+    files.sort();
+    for path in files {
+        let file = path.display().to_string();
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| unreadable(file.clone(), e.to_string()))?;
+        let definition = Definition::parse(&text, &file)?;
+        if all.contains_key(&definition.name) {
+            return Err(DefinitionError {
+                file,
+                line: 1,
+                place: "name".into(),
+                message: format!("a pipeline named {:?} is already defined", definition.name),
+            });
+        }
+        all.insert(definition.name.clone(), Arc::new(definition));
+    }
+    Ok(all)
 }
