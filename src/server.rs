@@ -158,6 +158,7 @@ impl Server {
                     max_entries: MCP_MAX_ENTRIES,
                     background: Default::default(),
                     deliberations: Default::default(),
+                    pipelines: Default::default(),
                 });
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -234,6 +235,7 @@ impl Server {
         ));
         if let Some(host) = &mcp {
             let _ = host.deliberations.set(deliberations.clone());
+            let _ = host.pipelines.set(pipelines.clone());
         }
         let recovered = sessions
             .recover()

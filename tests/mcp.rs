@@ -43,14 +43,20 @@ fn check(seen: &Value, served: bool) {
         .iter()
         .filter_map(Value::as_str)
         .filter(|name| {
-            assert!(served || *name != "deliberate", "stdio lists deliberate");
-            served || *name != "deliberate"
+            let server_only = matches!(*name, "deliberate" | "start_pipeline");
+            assert!(served || !server_only, "stdio lists {name}");
+            served || !server_only
         })
         .collect();
     let tools: Vec<&str> = if served {
         tools
     } else {
-        std::iter::once("deliberate").chain(tools).collect()
+        let mut all: Vec<&str> = ["deliberate", "start_pipeline"]
+            .into_iter()
+            .chain(tools)
+            .collect();
+        all.sort();
+        all
     };
     assert_eq!(
         tools,
@@ -65,6 +71,7 @@ fn check(seen: &Value, served: bool) {
             "list_background",
             "list_files",
             "read_file",
+            "start_pipeline",
             "write_file"
         ]
     );

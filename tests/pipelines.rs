@@ -557,3 +557,52 @@ async fn a_users_pipeline_from_a_directory_runs_and_validate_checks_one() {
     assert_eq!(error.line, 24);
     assert_eq!(error.place, "edges[2].to");
 }
+
+/// An IDE calls `start_pipeline` on `/mcp` with the official Python SDK:
+/// a progress notification per node, then the run's status.
+#[tokio::test]
+async fn an_ide_starts_a_pipeline_over_mcp_with_progress() {
+    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
+        "CONCLAVE_TEST_PYTHON must name a python with the mcp package (scripts/test.sh sets it)",
+    );
+    let server = TestServer::start_sandboxed(|c| {
+        c.api_keys = vec!["ide-key-456".into()];
+        c.sandbox.warm_pool = 0;
+        c.pipelines.test_mode = true;
+    })
+    .await;
+    let output = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/pipeline/mcp_client.py"
+        ))
+        .arg(server.url("/mcp"))
+        .arg("ide-key-456")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen["is_error"], false, "{seen}");
+    assert_eq!(seen["result"]["status"], "completed", "{seen}");
+    assert_eq!(seen["result"]["state"]["connector_name"], "jira");
+    let progress = seen["progress"].as_array().unwrap();
+    assert_eq!(progress.len(), 6, "{progress:?}");
+    assert!(
+        progress[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("research: DONE")
+    );
+    assert!(
+        progress[5]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("publisher: PUBLISHED")
+    );
+    server.stop_and_remove_sandboxes().await;
+}

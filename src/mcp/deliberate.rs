@@ -26,7 +26,7 @@ fn refusal(error: DeliberationError) -> ErrorData {
 }
 
 /// The key of an HTTP caller; none for the trusted stdio server.
-fn owner(caller: &Caller, ctx: &RequestContext<RoleServer>) -> Option<String> {
+pub(super) fn owner(caller: &Caller, ctx: &RequestContext<RoleServer>) -> Option<String> {
     match caller {
         Caller::Trusted => None,
         Caller::Http => ctx

@@ -45,6 +45,8 @@ pub struct McpHost {
     /// The `deliberate` tool's; set once the server's sessions exist (the
     /// stdio server of `conclave mcp` has none).
     pub deliberations: std::sync::OnceLock<Arc<crate::deliberation::Deliberations>>,
+    /// The `start_pipeline` tool's; set with `deliberations`.
+    pub pipelines: std::sync::OnceLock<Arc<crate::pipeline::runs::Runs>>,
 }
 
 fn invalid(message: impl Into<String>) -> ErrorData {

@@ -22,6 +22,7 @@ pub mod client;
 pub mod deliberate;
 pub mod external;
 pub mod host;
+pub mod pipeline;
 pub mod progress;
 pub mod schema;
 pub mod server;
@@ -85,6 +86,7 @@ pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
         max_entries: 2000,
         background: Default::default(),
         deliberations: Default::default(),
+        pipelines: Default::default(),
     });
     let server = SandboxServer::new(host, Caller::Trusted);
     let running = server.serve(rmcp::transport::stdio()).await?;

@@ -279,3 +279,22 @@ pub struct Deliberate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_budget_usd: Option<f64>,
 }
+
+/// A pipeline run to start (the body of `POST /orchestrator/pipeline/start`).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct StartPipeline {
+    /// The pipeline (`connector` by default; see GET /orchestrator/pipelines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connector_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connector_type: Option<String>,
+    /// Initial values of the pipeline's state fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The model of the nodes' agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}

@@ -78,6 +78,9 @@ impl SandboxServer {
                 if host.deliberations.get().is_none() {
                     router.remove_route("deliberate");
                 }
+                if host.pipelines.get().is_none() {
+                    router.remove_route("start_pipeline");
+                }
                 router
             },
             host,
@@ -347,6 +350,17 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         super::deliberate::run(&self.host, &self.caller, args, ctx).await
+    }
+
+    #[tool(
+        description = "Start a pipeline run (the connector pipeline by default: Research, Generator, Tester, TestReviewer, Reviewer, Publisher) and follow it to its end, with a progress notification per node; returns the run's status, state and counters. Cancelling the call cancels the run."
+    )]
+    async fn start_pipeline(
+        &self,
+        Parameters(args): Parameters<StartPipeline>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        super::pipeline::run(&self.host, &self.caller, args, ctx).await
     }
 
     #[tool(description = "List a directory of the workspace.")]

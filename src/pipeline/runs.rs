@@ -279,6 +279,11 @@ impl Runs {
         )
     }
 
+    /// The session a run runs in.
+    pub async fn session(&self, id: Uuid) -> Result<Arc<Session>, RunError> {
+        Ok(self.sessions.get(id, None).await?)
+    }
+
     async fn find(
         &self,
         owner: Option<&str>,
