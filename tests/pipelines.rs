@@ -345,6 +345,15 @@ async fn runs_past_the_cap_queue_and_a_run_past_its_timeout_fails() {
     })
     .await;
     let (first, first_session) = start(&server, json!({"mock": {"delay_ms": 300}})).await;
+    // The first run holds the one place once its first node started.
+    let mut first_events = Lines::new(
+        server
+            .get(&format!(
+                "/agent/session/{first_session}/events?since=0&follow=true"
+            ))
+            .await,
+    );
+    first_events.until("node_started").await;
     let (second, second_session) = start(&server, json!({})).await;
     let mut events = Lines::new(
         server
@@ -360,7 +369,7 @@ async fn runs_past_the_cap_queue_and_a_run_past_its_timeout_fails() {
     );
     let status = get(&server, &format!("/orchestrator/pipeline/status/{second}")).await;
     assert!(["queued", "running", "completed"].contains(&status["status"].as_str().unwrap()));
-    until_result(&server, &first_session).await;
+    first_events.until("result").await;
     events.until("result").await;
     for thread in [&first, &second] {
         let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;

@@ -422,19 +422,29 @@ impl Runs {
         Ok(json!({"thread_id": record.thread_id, "status": "cancelling"}))
     }
 
-    /// The owner's runs that are running or queued.
+    /// The owner's runs that are running or queued (as their sessions
+    /// know it at once, not as the store has it yet).
     pub async fn active(&self, owner: Option<&str>) -> Result<Vec<Value>, RunError> {
         let filter = SessionFilter {
             owner: owner.map(str::to_owned),
-            status: Some(SessionStatus::Running),
             kind: Some(KIND),
+            limit: Some(10_000),
             ..SessionFilter::default()
         };
-        let running: Vec<SessionRecord> = self.sessions.list(&filter).await?;
+        let sessions: Vec<SessionRecord> = self.sessions.list(&filter).await?;
         let mut active = Vec::new();
-        for session in running {
-            if let Some(record) = by_session(self.store.as_ref(), session.id).await? {
-                active.push(self.status(owner, &record.thread_id).await?);
+        for record in sessions {
+            if record.status == SessionStatus::Closed {
+                continue;
+            }
+            let Ok(session) = self.sessions.get(record.id, owner).await else {
+                continue;
+            };
+            if !session.is_running() {
+                continue;
+            }
+            if let Some(run) = by_session(self.store.as_ref(), session.id).await? {
+                active.push(self.status(owner, &run.thread_id).await?);
             }
         }
         Ok(active)
