@@ -615,3 +615,52 @@ async fn an_ide_starts_a_pipeline_over_mcp_with_progress() {
     );
     server.stop_and_remove_sandboxes().await;
 }
+
+/// The connector pipeline end to end with the demo model and real docker
+/// sandboxes: the Generator writes a file, the Tester (a later node, the
+/// same run's sandbox) imports and runs it.
+#[tokio::test]
+async fn the_connector_runs_end_to_end_with_real_tools_in_one_sandbox() {
+    let server = TestServer::start_sandboxed(|c| c.sandbox.warm_pool = 0).await;
+    let write = "```python\nopen('/workspace/connector.py', 'w').write('def fetch():\\n    return [1, 2, 3]\\n')\nprint('wrote connector.py')\n```";
+    let test = "```python\nimport sys\nsys.path.insert(0, '/workspace')\nimport connector\nprint('sum', sum(connector.fetch()))\n```";
+    let (thread, session) = start(
+        &server,
+        json!({"connector_name": "numbers",
+               "input": {"research": write, "tests": test, "coverage_ratio": 1.0}}),
+    )
+    .await;
+    let events = until_result(&server, &session).await;
+    assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed", "{status}");
+    assert_eq!(
+        nodes(&server, &thread).await,
+        [
+            "research",
+            "generator",
+            "tester",
+            "test_reviewer",
+            "reviewer",
+            "publisher"
+        ]
+    );
+    let output_of = |node: &str| -> String {
+        events
+            .iter()
+            .filter(|e| e["type"] == "tool_result" && e["agent_id"] == node)
+            .map(|e| e["output"].to_string())
+            .collect()
+    };
+    assert!(
+        output_of("generator").contains("wrote connector.py"),
+        "{events:?}"
+    );
+    // The Tester found the Generator's file: one sandbox for the run.
+    assert!(
+        output_of("tester").contains("sum 6"),
+        "{}",
+        output_of("tester")
+    );
+    server.stop_and_remove_sandboxes().await;
+}

@@ -3,7 +3,8 @@
 //! For a user prompt it calls `mcp__sandbox__execute_code` for each fenced
 //! code block and `Bash` for each line starting with `$ ` (when those tools
 //! are offered), else it answers with the prompt echoed back. After tool
-//! results it summarises them. Text streams one word per chunk with a
+//! results it summarises them. A pipeline node's request for a JSON
+//! decision it answers with the first decision offered. Text streams one word per chunk with a
 //! configurable pause, so tests and benchmarks can hold a turn open.
 
 use std::time::Duration;
@@ -49,7 +50,17 @@ fn reply(request: &ChatRequest) -> Reply {
         .rev()
         .take_while(|m| matches!(m, Message::Tool { .. }))
         .collect();
+    let asked = request.messages.iter().rev().find_map(|m| match m {
+        Message::User { content } => decision_asked(content),
+        _ => None,
+    });
     if !results.is_empty() {
+        if let Some(answer) = asked {
+            return Reply {
+                text: answer,
+                calls: Vec::new(),
+            };
+        }
         let mut text = String::new();
         for message in results.into_iter().rev() {
             if let Message::Tool {
@@ -113,6 +124,8 @@ fn reply(request: &ChatRequest) -> Reply {
     }
     let text = if !calls.is_empty() {
         format!("I'll run that with {} tool call(s).", calls.len())
+    } else if let Some(answer) = asked {
+        answer
     } else if !missing.is_empty() {
         format!(
             "I would run this with {}, but that tool is not available in this session.",
@@ -122,6 +135,17 @@ fn reply(request: &ChatRequest) -> Reply {
         format!("You said: {prompt}")
     };
     Reply { text, calls }
+}
+
+/// A pipeline node's request for `{"decision": "A" | "B", …}`: the demo
+/// model answers `{"decision": "A"}`, the first decision offered, once the
+/// prompt's tool calls (if any) have run.
+fn decision_asked(prompt: &str) -> Option<String> {
+    const ASK: &str = "{\"decision\": \"";
+    let at = prompt.rfind(ASK)?;
+    let rest = &prompt[at + ASK.len()..];
+    let decision = &rest[..rest.find('"')?];
+    Some(format!("{{\"decision\": \"{decision}\"}}"))
 }
 
 /// Splits text into chunks of one word and the whitespace after it.
@@ -230,6 +254,19 @@ mod tests {
         let r = reply(&ask("$ ls", &[]));
         assert!(r.calls.is_empty());
         assert!(r.text.contains("not available"), "{}", r.text);
+    }
+
+    #[test]
+    fn a_decision_asked_for_is_the_first_offered_after_the_tools() {
+        let prompt = "Review it.\n```python\nprint(1)\n```\nWhen you are done, answer with one JSON object and nothing else: {\"decision\": \"APPROVE\" | \"REJECT_CODE\", \"logs\": …}";
+        let first = reply(&ask(prompt, &[EXECUTE_CODE]));
+        assert_eq!(first.calls.len(), 1);
+        assert_eq!(
+            decision_asked(prompt).unwrap(),
+            "{\"decision\": \"APPROVE\"}"
+        );
+        let plain = reply(&ask("answer with {\"decision\": \"DONE\"}", &[]));
+        assert_eq!(plain.text, "{\"decision\": \"DONE\"}");
     }
 
     #[test]
