@@ -19,20 +19,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/lines.rs"]
+mod lines;
 #[path = "common/server.rs"]
 mod server;
 
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use lines::Lines;
 use server::ServerProcess;
 
 const TTFT_MS: u64 = 200;
@@ -74,39 +74,6 @@ async fn sim() -> Result<(Child, String), String> {
         .trim()
         .to_string();
     Ok((child, base))
-}
-
-/// NDJSON lines off a streamed response.
-struct Lines {
-    stream: BoxStream<'static, reqwest::Result<Bytes>>,
-    buffer: Vec<u8>,
-}
-
-impl Lines {
-    fn new(response: reqwest::Response) -> Lines {
-        Lines {
-            stream: response.bytes_stream().boxed(),
-            buffer: Vec::new(),
-        }
-    }
-
-    async fn next(&mut self) -> Result<Value, String> {
-        loop {
-            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                return serde_json::from_slice(&line)
-                    .map_err(|e| format!("a bus line is not JSON: {e}"));
-            }
-            match self.stream.next().await {
-                Some(Ok(chunk)) => self.buffer.extend_from_slice(&chunk),
-                Some(Err(e)) => return Err(format!("the bus stream broke: {e}")),
-                None => return Err("the bus stream ended".into()),
-            }
-        }
-    }
 }
 
 /// Where one deliberation's time went, in ms after the POST was sent.

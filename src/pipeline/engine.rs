@@ -70,6 +70,13 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
     let record = runs::record_of(deps.store.as_ref(), &session, &options).await?;
     let checkpoints = deps.store.checkpoints(session.id).await?;
     let resumed = checkpoints.last().map(step_of).transpose()?;
+    // A node's earlier visits in this run (a mock's script goes by them),
+    // and the checkpoints stored so far.
+    let mut visits: BTreeMap<String, usize> = BTreeMap::new();
+    for checkpoint in &checkpoints {
+        *visits.entry(checkpoint.name.clone()).or_default() += 1;
+    }
+    let mut saved = checkpoints.len() as u64;
     let (mut state, mut counters, mut node, mut step) = match resumed {
         None => (
             initial(&definition, &options, &input),
@@ -132,7 +139,7 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
                 node: node.clone(),
                 step,
             })?;
-            let visit = visits(deps.store.as_ref(), session.id, &node).await?;
+            let visit = visits.get(&node).copied().unwrap_or(0);
             let answer = answer(
                 deps,
                 &session,
@@ -183,6 +190,8 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
                 },
             )
             .await?;
+            saved += 1;
+            *visits.entry(node.clone()).or_default() += 1;
             session.emit(EventKind::NodeCompleted {
                 node: node.clone(),
                 decision: answer.decision.clone(),
@@ -216,7 +225,7 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
         Ok(ending) => ending?,
         Err(_) => Ending::TimedOut(node.clone()),
     };
-    finish(deps, &session, &record, &state, &counters, ending).await
+    finish(deps, &session, &record, (&state, &counters, saved), ending).await
 }
 
 enum Ending {
@@ -233,35 +242,16 @@ async fn finish(
     deps: &Deps,
     session: &Arc<Session>,
     record: &RunRecord,
-    state: &Map<String, Value>,
-    counters: &BTreeMap<String, u32>,
+    (state, counters, steps): (&Map<String, Value>, &BTreeMap<String, u32>, u64),
     ending: Ending,
 ) -> Result<Outcome, StoreError> {
-    let end = |status: &str, reason: Option<String>, next: Option<String>| Step {
-        thread_id: record.thread_id.clone(),
-        node: END.into(),
-        decision: None,
-        next,
-        status: status.into(),
-        reason,
-        state: state.clone(),
-        counters: counters.clone(),
-        duration_ms: 0,
-    };
-    let steps = deps.store.checkpoints(session.id).await?.len() as u64;
-    let (status, reason, outcome) = match ending {
-        Ending::Completed => ("completed", None, ResultStatus::Success),
+    // (status, reason, the turn's outcome, the node a resume starts at when
+    // the run stopped inside or before it).
+    let (status, reason, outcome, resume_at) = match ending {
+        Ending::Completed => ("completed", None, ResultStatus::Success, None),
         Ending::Failed(reason, node) => {
-            if !node.is_empty() {
-                save(
-                    deps,
-                    session,
-                    steps + 1,
-                    &end("failed", Some(reason.clone()), Some(node)),
-                )
-                .await?;
-            }
-            ("failed", Some(reason), ResultStatus::Error)
+            let at = (!node.is_empty()).then_some(node);
+            ("failed", Some(reason), ResultStatus::Error, at)
         }
         Ending::Stopped(node) => {
             let status = if runs::is_cancelled(deps.store.as_ref(), record).await? {
@@ -269,35 +259,42 @@ async fn finish(
             } else {
                 "interrupted"
             };
-            save(
-                deps,
-                session,
-                steps + 1,
-                &end(status, Some(status.into()), Some(node)),
+            (
+                status,
+                Some(status.to_owned()),
+                ResultStatus::Interrupted,
+                Some(node),
             )
-            .await?;
-            (status, Some(status.to_owned()), ResultStatus::Interrupted)
         }
         Ending::TimedOut(node) => {
             let reason = format!(
                 "timeout: the run passed pipelines.pipeline_timeout_s ({} s)",
                 deps.config.pipeline_timeout_s
             );
-            save(
-                deps,
-                session,
-                steps + 1,
-                &end("failed", Some(reason.clone()), Some(node)),
-            )
-            .await?;
-            ("failed", Some(reason), ResultStatus::Error)
+            ("failed", Some(reason), ResultStatus::Error, Some(node))
         }
     };
+    let mut ended = steps;
+    if let Some(node) = resume_at {
+        ended += 1;
+        let end = Step {
+            thread_id: record.thread_id.clone(),
+            node: END.into(),
+            decision: None,
+            next: Some(node),
+            status: status.into(),
+            reason: reason.clone(),
+            state: state.clone(),
+            counters: counters.clone(),
+            duration_ms: 0,
+        };
+        save(deps, session, ended, &end).await?;
+    }
     session.emit(EventKind::PipelineCompleted {
         thread_id: record.thread_id.clone(),
         status: status.into(),
         reason: reason.clone(),
-        steps: deps.store.checkpoints(session.id).await?.len() as u64,
+        steps: ended,
     })?;
     Ok(Outcome::new(
         outcome,
@@ -320,16 +317,6 @@ async fn save(deps: &Deps, session: &Session, step: u64, data: &Step) -> Result<
 pub fn step_of(checkpoint: &Checkpoint) -> Result<Step, StoreError> {
     serde_json::from_value(checkpoint.state.clone())
         .map_err(|e| StoreError::Corrupt(format!("checkpoint {}: {e}", checkpoint.step)))
-}
-
-/// How many times `node` completed in this run before: a mock's visit.
-async fn visits(store: &dyn Store, session: Uuid, node: &str) -> Result<usize, StoreError> {
-    Ok(store
-        .checkpoints(session)
-        .await?
-        .iter()
-        .filter(|c| c.name == node)
-        .count())
 }
 
 /// The state a run starts with: each field's default, then the options.
