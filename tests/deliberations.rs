@@ -579,27 +579,17 @@ async fn bad_input_is_refused_with_the_field_named() {
 /// subscription and `GetDeliberationResult` on the same listener.
 #[tokio::test]
 async fn a_grpcio_client_deliberates_and_reads_the_bus() {
-    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
-        "CONCLAVE_TEST_PYTHON must name a python with grpcio and grpcio-tools (scripts/test.sh sets it)",
-    );
     let server = TestServer::start_with(|c| {
         c.api_keys = vec!["grpc-key-1".into(), "someone-elses-key".into()];
     })
     .await;
-    let output = tokio::process::Command::new(python)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .arg("tests/deliberation/grpc_client.py")
-        .arg(server.addr.to_string())
-        .arg("grpc-key-1")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let address = server.addr.to_string();
+    let summary = common::python_json(
+        "tests/deliberation/grpc_client.py",
+        &[&address, "grpc-key-1"],
+        "grpcio and grpcio-tools",
+    )
+    .await;
     assert_eq!(summary["status"], "COMPLETED");
     assert_eq!(summary["successful_responses"], 3);
     assert_eq!(
@@ -625,30 +615,18 @@ async fn a_grpcio_client_deliberates_and_reads_the_bus() {
 /// progress notification per agent, then the proposals and the vote.
 #[tokio::test]
 async fn an_ide_deliberates_over_mcp_with_progress() {
-    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
-        "CONCLAVE_TEST_PYTHON must name a python with the mcp package (scripts/test.sh sets it)",
-    );
     let server = TestServer::start_sandboxed(|c| {
         c.api_keys = vec!["ide-key-123".into()];
         c.sandbox.warm_pool = 0;
     })
     .await;
-    let output = tokio::process::Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/deliberation/mcp_client.py"
-        ))
-        .arg(server.url("/mcp"))
-        .arg("ide-key-123")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let url = server.url("/mcp");
+    let seen = common::python_json(
+        "tests/deliberation/mcp_client.py",
+        &[&url, "ide-key-123"],
+        "the mcp package",
+    )
+    .await;
     assert!(
         seen["tools"]
             .as_array()

@@ -369,6 +369,28 @@ async fn the_bus_keeps_durable_subjects_and_the_kv_across_a_restart() {
     stop(&mut child).await;
 }
 
+/// `GET url` read as JSON.
+async fn get_json(http: &reqwest::Client, url: String) -> Value {
+    http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// `POST url` with a JSON body, the answer read as JSON.
+async fn post_json(http: &reqwest::Client, url: String, body: &Value) -> Value {
+    http.post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// A streamed `GET url`, line by line.
+async fn stream(http: &reqwest::Client, url: String) -> common::Lines {
+    common::Lines::new(http.get(url).send().await.unwrap())
+}
+
 /// A deliberation that a `kill -9` cuts off is finished at the next start
 /// with the answers that had arrived: COMPLETED, the unanswered agent
 /// failed with `restarted`, and `deliberation.completed` on the bus.
@@ -394,26 +416,20 @@ async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
     };
     let http = reqwest::Client::new();
     let (mut child, url) = serve(&mut start()).await;
-    let submitted: Value = http
-        .post(format!("{url}/deliberations"))
-        .json(&json!({"task_description": "t", "num_agents": 3, "models": ["fast", "slow"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let submitted: Value = post_json(
+        &http,
+        format!("{url}/deliberations"),
+        &json!({"task_description": "t", "num_agents": 3, "models": ["fast", "slow"]}),
+    )
+    .await;
     let task_id = submitted["task_id"].as_str().unwrap().to_string();
     let session = submitted["session_id"].as_str().unwrap();
     // The two fast agents' answers are stored before the kill.
-    let response = http
-        .get(format!(
-            "{url}/agent/session/{session}/events?since=0&follow=true"
-        ))
-        .send()
-        .await
-        .unwrap();
-    let mut events = common::Lines::new(response);
+    let mut events = stream(
+        &http,
+        format!("{url}/agent/session/{session}/events?since=0&follow=true"),
+    )
+    .await;
     let mut answered = 0;
     while answered < 2 {
         let event = events.next().await.expect("the stream goes on");
@@ -425,14 +441,7 @@ async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
     child.kill().await.expect("kill -9");
 
     let (mut child, url) = serve(&mut start()).await;
-    let result: Value = http
-        .get(format!("{url}/deliberations/{task_id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let result: Value = get_json(&http, format!("{url}/deliberations/{task_id}")).await;
     assert_eq!(result["status"], "COMPLETED", "{result}");
     assert_eq!(result["reason"], "restarted");
     assert_eq!(result["successful_responses"], 2);
@@ -452,14 +461,11 @@ async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
     assert!(done.is_some(), "{kinds:?}");
     assert_eq!(*kinds.last().unwrap(), "result");
     assert_eq!(replay.last().unwrap()["status"], "interrupted");
-    let response = http
-        .get(format!(
-            "{url}/bus/subscribe?subjects=deliberation.completed&since=all"
-        ))
-        .send()
-        .await
-        .unwrap();
-    let mut bus = common::Lines::new(response);
+    let mut bus = stream(
+        &http,
+        format!("{url}/bus/subscribe?subjects=deliberation.completed&since=all"),
+    )
+    .await;
     let completed = bus.next().await.expect("the kept message");
     assert_eq!(completed["data"]["task_id"], task_id.as_str());
     assert_eq!(completed["data"]["status"], "COMPLETED");
@@ -485,25 +491,19 @@ async fn a_pipeline_cut_by_kill_9_resumes_after_its_last_checkpoint() {
     };
     let http = reqwest::Client::new();
     let (mut child, url) = serve(&mut start()).await;
-    let started: Value = http
-        .post(format!("{url}/orchestrator/pipeline/start"))
-        .json(&json!({"connector_name": "crm", "mock": {"delay_ms": 400}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let started: Value = post_json(
+        &http,
+        format!("{url}/orchestrator/pipeline/start"),
+        &json!({"connector_name": "crm", "mock": {"delay_ms": 400}}),
+    )
+    .await;
     let thread = started["thread_id"].as_str().unwrap().to_string();
     let session = started["session_id"].as_str().unwrap().to_string();
-    let response = http
-        .get(format!(
-            "{url}/agent/session/{session}/events?since=0&follow=true"
-        ))
-        .send()
-        .await
-        .unwrap();
-    let mut events = common::Lines::new(response);
+    let mut events = stream(
+        &http,
+        format!("{url}/agent/session/{session}/events?since=0&follow=true"),
+    )
+    .await;
     let mut checkpoints = 0;
     while checkpoints < 2 {
         if events.next().await.expect("the stream goes on")["type"] == "checkpoint" {
@@ -514,14 +514,11 @@ async fn a_pipeline_cut_by_kill_9_resumes_after_its_last_checkpoint() {
     child.kill().await.expect("kill -9");
 
     let (mut child, url) = serve(&mut start()).await;
-    let status: Value = http
-        .get(format!("{url}/orchestrator/pipeline/status/{thread}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status: Value = get_json(
+        &http,
+        format!("{url}/orchestrator/pipeline/status/{thread}"),
+    )
+    .await;
     assert_eq!(status["status"], "interrupted", "{status}");
     let resumed = http
         .post(format!("{url}/orchestrator/pipeline/resume/{thread}"))
@@ -533,26 +530,20 @@ async fn a_pipeline_cut_by_kill_9_resumes_after_its_last_checkpoint() {
     let resumed: Value = resumed.json().await.unwrap();
     let from = resumed["from_step"].as_u64().unwrap();
     assert!(from >= 2, "{resumed}");
-    let response = http
-        .get(format!(
-            "{url}/agent/session/{session}/events?since=0&follow=true"
-        ))
-        .send()
-        .await
-        .unwrap();
-    let mut events = common::Lines::new(response);
+    let mut events = stream(
+        &http,
+        format!("{url}/agent/session/{session}/events?since=0&follow=true"),
+    )
+    .await;
     // The cut-off turn's result, then the resumed turn's.
     events.until("result").await;
     let last = events.until("result").await;
     assert_eq!(last.last().unwrap()["status"], "success");
-    let history: Value = http
-        .get(format!("{url}/orchestrator/pipeline/history/{thread}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history: Value = get_json(
+        &http,
+        format!("{url}/orchestrator/pipeline/history/{thread}"),
+    )
+    .await;
     let ran: Vec<&str> = history["history"]
         .as_array()
         .unwrap()

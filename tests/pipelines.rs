@@ -571,31 +571,19 @@ async fn a_users_pipeline_from_a_directory_runs_and_validate_checks_one() {
 /// a progress notification per node, then the run's status.
 #[tokio::test]
 async fn an_ide_starts_a_pipeline_over_mcp_with_progress() {
-    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
-        "CONCLAVE_TEST_PYTHON must name a python with the mcp package (scripts/test.sh sets it)",
-    );
     let server = TestServer::start_sandboxed(|c| {
         c.api_keys = vec!["ide-key-456".into()];
         c.sandbox.warm_pool = 0;
         c.pipelines.test_mode = true;
     })
     .await;
-    let output = tokio::process::Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/pipeline/mcp_client.py"
-        ))
-        .arg(server.url("/mcp"))
-        .arg("ide-key-456")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let url = server.url("/mcp");
+    let seen = common::python_json(
+        "tests/pipeline/mcp_client.py",
+        &[&url, "ide-key-456"],
+        "the mcp package",
+    )
+    .await;
     assert_eq!(seen["is_error"], false, "{seen}");
     assert_eq!(seen["result"]["status"], "completed", "{seen}");
     assert_eq!(seen["result"]["state"]["connector_name"], "jira");

@@ -184,6 +184,12 @@ pub(super) async fn finish(
         }
     }
     records::put(deps.store.as_ref(), stored).await?;
+    delete_children(deps, stored).await;
+    Ok(())
+}
+
+/// Deletes the sessions (and sandboxes) of a deliberation's tool-using agents.
+pub(super) async fn delete_children(deps: &Deps, stored: &Stored) {
     if let Some(manager) = deps.sessions.upgrade() {
         for child in &stored.children {
             if let Err(e) = manager.delete(*child, None).await {
@@ -191,7 +197,6 @@ pub(super) async fn finish(
             }
         }
     }
-    Ok(())
 }
 
 /// The result text of a deliberation without a decision.

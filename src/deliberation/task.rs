@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::engine::{self, Deps};
-use super::records::{self, Stored};
+use super::records;
 use super::{DeliberationOptions, KIND};
 use crate::protocol::SessionKind;
 use crate::session::{OptionError, Outcome, Session, SessionError, SessionTask, Turn};
@@ -102,19 +102,11 @@ impl SessionTask for DeliberationTask {
         };
         for (task_id, owner, _) in tasks {
             if let Ok(Some(stored)) = records::get(store, owner.as_deref(), task_id).await {
-                remove_children(&self.deps, &stored).await;
+                engine::delete_children(&self.deps, &stored).await;
             }
             if let Err(e) = records::remove(store, owner.as_deref(), task_id, session).await {
                 tracing::warn!(task = %task_id, error = %e, "removing a deliberation's record");
             }
-        }
-    }
-}
-
-async fn remove_children(deps: &Deps, stored: &Stored) {
-    if let Some(manager) = deps.sessions.upgrade() {
-        for child in &stored.children {
-            let _ = manager.delete(*child, None).await;
         }
     }
 }

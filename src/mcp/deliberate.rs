@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ErrorData, ProgressNotificationParam};
+use rmcp::model::{CallToolResult, ErrorData};
 use rmcp::service::RequestContext;
-use serde_json::{Map, Value};
 
-use super::host::{Caller, McpHost, McpOwner};
+use super::follow::{body_of, follow, http_owner};
+use super::host::{Caller, McpHost};
 use super::schema::Deliberate;
 use crate::deliberation::records::DeliberationError;
 use crate::protocol::EventKind;
@@ -22,18 +21,6 @@ fn refusal(error: DeliberationError) -> ErrorData {
             ErrorData::invalid_params(e.to_string(), None)
         }
         other => ErrorData::internal_error(other.to_string(), None),
-    }
-}
-
-/// The key of an HTTP caller; none for the trusted stdio server.
-pub(super) fn owner(caller: &Caller, ctx: &RequestContext<RoleServer>) -> Option<String> {
-    match caller {
-        Caller::Trusted => None,
-        Caller::Http => ctx
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<McpOwner>())
-            .and_then(|o| o.0.clone()),
     }
 }
 
@@ -49,53 +36,41 @@ pub async fn run(
             None,
         ));
     };
-    let owner = owner(caller, &ctx);
-    let body: Map<String, Value> = match serde_json::to_value(&args) {
-        Ok(Value::Object(map)) => map,
-        _ => return Err(ErrorData::internal_error("encoding the options", None)),
-    };
+    let owner = http_owner(caller, &ctx).flatten();
     let pending = deliberations
-        .submit(owner.clone(), &body)
+        .submit(owner.clone(), &body_of(&args)?)
         .await
         .map_err(refusal)?;
     let session = deliberations
         .session(pending.session_id)
         .await
         .map_err(refusal)?;
-    let total = f64::from(pending.total_agents);
-    let token = ctx.meta.get_progress_token();
-    let mut events = session.subscribe(0, true);
+    let total = pending.total_agents;
     let mut answered = 0u32;
-    loop {
-        let event = tokio::select! {
-            event = events.next() => event,
-            _ = ctx.ct.cancelled() => {
-                session.interrupt();
-                continue;
-            }
-        };
-        let Some(event) = event else { break };
-        let note = match &event.kind {
-            EventKind::AgentCompleted { round, .. } => Some(("completed", *round)),
-            EventKind::AgentFailed { round, .. } => Some(("failed", *round)),
-            EventKind::Result { .. } => break,
-            _ => None,
-        };
-        if let (Some((how, round)), Some(token)) = (note, &token) {
+    follow(
+        &session,
+        &ctx,
+        Some(f64::from(total)),
+        async {
+            session.interrupt();
+        },
+        |event| {
+            let (how, round) = match &event.kind {
+                EventKind::AgentCompleted { round, .. } => ("completed", *round),
+                EventKind::AgentFailed { round, .. } => ("failed", *round),
+                _ => return None,
+            };
             if round == 0 {
                 answered += 1;
             }
             let agent = event.agent_id.as_deref().unwrap_or("an agent");
-            let param = ProgressNotificationParam::new(token.clone(), f64::from(answered))
-                .with_total(total)
-                .with_message(format!(
-                    "{agent} {how} (round {round}; {answered} of {} answered)",
-                    pending.total_agents
-                ));
-            // A client that went away just misses the note.
-            let _ = ctx.peer.notify_progress(param).await;
-        }
-    }
+            Some((
+                f64::from(answered),
+                format!("{agent} {how} (round {round}; {answered} of {total} answered)"),
+            ))
+        },
+    )
+    .await;
     let result = deliberations
         .get(owner.as_deref(), pending.task_id)
         .await

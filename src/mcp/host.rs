@@ -105,16 +105,7 @@ impl McpHost {
                     .get_session(id)
                     .await
                     .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-                let owner = match caller {
-                    Caller::Trusted => None,
-                    Caller::Http => Some(
-                        ctx.extensions
-                            .get::<http::request::Parts>()
-                            .and_then(|parts| parts.extensions.get::<McpOwner>())
-                            .map(|o| o.0.clone())
-                            .unwrap_or_default(),
-                    ),
-                };
+                let owner = super::follow::http_owner(caller, ctx);
                 let record = record
                     .filter(|r| owner.as_ref().is_none_or(|o| *o == r.owner))
                     .ok_or_else(|| invalid(format!("unknown session '{text}'")))?;

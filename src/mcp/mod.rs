@@ -21,6 +21,7 @@ pub mod background;
 pub mod client;
 pub mod deliberate;
 pub mod external;
+pub mod follow;
 pub mod host;
 pub mod pipeline;
 pub mod progress;

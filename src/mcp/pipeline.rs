@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ErrorData, ProgressNotificationParam};
+use rmcp::model::{CallToolResult, ErrorData};
 use rmcp::service::RequestContext;
-use serde_json::{Map, Value};
 
+use super::follow::{body_of, follow, http_owner};
 use super::host::{Caller, McpHost};
 use super::schema::StartPipeline;
 use crate::pipeline::runs::RunError;
@@ -37,45 +36,31 @@ pub async fn run(
             None,
         ));
     };
-    let owner = super::deliberate::owner(caller, &ctx);
-    let body: Map<String, Value> = match serde_json::to_value(&args) {
-        Ok(Value::Object(map)) => map,
-        _ => return Err(ErrorData::internal_error("encoding the options", None)),
-    };
-    let started = runs.start(owner.clone(), &body).await.map_err(refusal)?;
-    let thread = started["thread_id"].as_str().unwrap_or_default().to_owned();
-    let session = started["session_id"]
-        .as_str()
-        .and_then(|id| uuid::Uuid::parse_str(id).ok())
-        .ok_or_else(|| ErrorData::internal_error("the run has no session", None))?;
-    let session = runs.session(session).await.map_err(refusal)?;
-    let token = ctx.meta.get_progress_token();
-    let mut events = session.subscribe(0, true);
+    let owner = http_owner(caller, &ctx).flatten();
+    let started = runs
+        .start(owner.clone(), &body_of(&args)?)
+        .await
+        .map_err(refusal)?;
+    let session = runs.session(started.session_id).await.map_err(refusal)?;
     let mut done = 0u32;
-    loop {
-        let event = tokio::select! {
-            event = events.next() => event,
-            _ = ctx.ct.cancelled() => {
-                let _ = runs.cancel(owner.as_deref(), &thread).await;
-                continue;
-            }
-        };
-        let Some(event) = event else { break };
-        match &event.kind {
+    follow(
+        &session,
+        &ctx,
+        None,
+        async {
+            let _ = runs.cancel(owner.as_deref(), &started.thread_id).await;
+        },
+        |event| match &event.kind {
             EventKind::NodeCompleted { node, decision, .. } => {
                 done += 1;
-                if let Some(token) = &token {
-                    let param = ProgressNotificationParam::new(token.clone(), f64::from(done))
-                        .with_message(format!("{node}: {decision} (node {done})"));
-                    let _ = ctx.peer.notify_progress(param).await;
-                }
+                Some((f64::from(done), format!("{node}: {decision} (node {done})")))
             }
-            EventKind::Result { .. } => break,
-            _ => {}
-        }
-    }
+            _ => None,
+        },
+    )
+    .await;
     let status = runs
-        .status(owner.as_deref(), &thread)
+        .status(owner.as_deref(), &started.thread_id)
         .await
         .map_err(refusal)?;
     Ok(CallToolResult::structured(status))

@@ -34,6 +34,15 @@ pub struct RunRecord {
     pub worker: Option<Uuid>,
 }
 
+/// A run that has started.
+#[derive(Debug, Clone, Serialize)]
+pub struct Started {
+    pub thread_id: String,
+    pub session_id: Uuid,
+    pub pipeline: String,
+    pub status: &'static str,
+}
+
 /// What the run routes refuse.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -250,7 +259,7 @@ impl Runs {
         &self,
         owner: Option<String>,
         body: &Map<String, Value>,
-    ) -> Result<Value, RunError> {
+    ) -> Result<Started, RunError> {
         let task = self.sessions.tasks().require(KIND.as_str(), "kind")?;
         let options_json = task.options(body, &[]).await?;
         let options: PipelineOptions = serde_json::from_value(options_json.clone())
@@ -273,10 +282,12 @@ impl Runs {
             .unwrap_or_default()
             .to_owned();
         self.sessions.start_turn(session, request, false).await?;
-        Ok(
-            json!({"thread_id": record.thread_id, "session_id": record.session_id,
-                  "pipeline": record.pipeline, "status": "started"}),
-        )
+        Ok(Started {
+            thread_id: record.thread_id,
+            session_id: record.session_id,
+            pipeline: record.pipeline,
+            status: "started",
+        })
     }
 
     /// The session a run runs in.

@@ -357,3 +357,25 @@ where
     }
     events
 }
+
+/// Runs one of the tests' Python clients (`script` under the repository)
+/// with the Python of `CONCLAVE_TEST_PYTHON`, which must have `needs`
+/// installed, and reads the one JSON object it prints.
+pub async fn python_json(script: &str, args: &[&str], needs: &str) -> Value {
+    let python = std::env::var("CONCLAVE_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("CONCLAVE_TEST_PYTHON must name a python with {needs} (scripts/test.sh sets it)")
+    });
+    let output = tokio::process::Command::new(python)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg(script)
+        .args(args)
+        .output()
+        .await
+        .expect("python starts");
+    assert!(
+        output.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the client prints one JSON object")
+}
