@@ -183,8 +183,10 @@ impl Server {
         // A deliberation with tool-using agents runs each as an agent
         // session: its kind reaches the manager that runs it.
         let definitions = Arc::new(
-            pipeline::definitions(&config.pipelines)
-                .map_err(|e| StartError::Model(format!("pipelines: {e}")))?,
+            pipeline::definitions(&config.pipelines, &|model| {
+                models.resolve(model).map(|_| ()).map_err(|e| e.to_string())
+            })
+            .map_err(|e| StartError::Model(format!("pipelines: {e}")))?,
         );
         let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
         let sessions = Arc::new_cyclic(|manager| {

@@ -8,32 +8,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::sim::Sim;
+use common::sim::{Sim, pools};
 use common::{Lines, TestServer, types, ws_until};
-use conclave::gateway::{GatewayConfig, PoolConfig};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
-
-/// Gateway pools of one sim each: `(name, sim)`; failures are not retried.
-fn pools(config: &mut conclave::config::Config, sims: &[(&str, &Sim)]) {
-    config.gateway = GatewayConfig {
-        pools: sims
-            .iter()
-            .map(|(name, sim)| {
-                (
-                    name.to_string(),
-                    PoolConfig {
-                        replicas: vec![sim.replica()],
-                        num_retries: 0,
-                        ..PoolConfig::default()
-                    },
-                )
-            })
-            .collect(),
-        ..GatewayConfig::default()
-    };
-}
 
 async fn next(lines: &mut Lines) -> Value {
     tokio::time::timeout(Duration::from_secs(60), lines.next())

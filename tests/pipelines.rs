@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::sim::{Sim, pools};
 use common::{Lines, TestServer, types};
 use serde_json::{Value, json};
 
@@ -44,6 +45,16 @@ async fn get(server: &TestServer, path: &str) -> Value {
     let response = server.get(path).await;
     assert_eq!(response.status(), 200, "{path}");
     response.json().await.unwrap()
+}
+
+/// The message of `validate`'s `422` for a definition it refuses.
+async fn invalid(server: &TestServer, yaml: &str) -> String {
+    let refused = server
+        .post("/orchestrator/pipelines/validate", json!({"yaml": yaml}))
+        .await;
+    assert_eq!(refused.status(), 422);
+    let error: Value = refused.json().await.unwrap();
+    error["error"]["message"].as_str().unwrap().to_owned()
 }
 
 /// The nodes of a run's history, in order.
@@ -543,12 +554,7 @@ async fn a_users_pipeline_from_a_directory_runs_and_validate_checks_one() {
         json!(["answer", "read", "think"])
     );
     let broken = THREE.replace("{from: think, to: answer}", "{from: think, to: nowhere}");
-    let refused = server
-        .post("/orchestrator/pipelines/validate", json!({"yaml": broken}))
-        .await;
-    assert_eq!(refused.status(), 422);
-    let error: Value = refused.json().await.unwrap();
-    let message = error["error"]["message"].as_str().unwrap();
+    let message = invalid(&server, &broken).await;
     assert!(
         message.starts_with("request:24: edges[2].to: unknown node"),
         "{message}"
@@ -561,7 +567,7 @@ async fn a_users_pipeline_from_a_directory_runs_and_validate_checks_one() {
         dir: Some(dir.path().to_path_buf()),
         ..Default::default()
     };
-    let error = conclave::pipeline::definitions(&config).unwrap_err();
+    let error = conclave::pipeline::definitions(&config, &|_| Ok(())).unwrap_err();
     assert!(error.file.ends_with("broken.yaml"), "{error}");
     assert_eq!(error.line, 24);
     assert_eq!(error.place, "edges[2].to");
@@ -650,5 +656,92 @@ async fn the_connector_runs_end_to_end_with_real_tools_in_one_sandbox() {
         "{}",
         output_of("tester")
     );
+    // The TestReviewer's prompt holds the tests' code too, but it may only
+    // read the sandbox: it ran nothing.
+    assert_eq!(output_of("test_reviewer"), "", "{events:?}");
+    server.stop_and_remove_sandboxes().await;
+}
+
+const PER_NODE: &str = "name: per_node
+start: run
+terminal: [judge]
+state:
+  code: {reducer: replace}
+  verdict: {reducer: replace}
+nodes:
+  run:
+    prompt: '{code}'
+    tools: [mcp__sandbox__execute_code]
+  look:
+    prompt: '{code}'
+    tools: [Read]
+  judge:
+    model: s
+    prompt: judge the run
+    decisions: [DONE]
+    writes: [verdict]
+edges:
+  - {from: run, to: look}
+  - {from: look, to: judge}
+";
+
+/// A node's own tools and model apply to its turn only, in the run's one
+/// agent session: the same code block runs where the node may run code
+/// and not where it may only read, and the judge is answered by its model
+/// (a `conclave sim`), not the session's demo model.
+#[tokio::test]
+async fn each_node_works_with_its_own_tools_and_model() {
+    let sim = Sim::start(
+        "s",
+        &[
+            "--reply",
+            r#"{"decision": "DONE", "verdict": "from the sim"}"#,
+        ],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("per_node.yaml"), PER_NODE).unwrap();
+    let path = dir.path().to_path_buf();
+    let server = TestServer::start_sandboxed(|c| {
+        c.sandbox.warm_pool = 0;
+        pools(c, &[("s", &sim)]);
+        c.pipelines.dir = Some(path);
+    })
+    .await;
+    let (thread, session) = start(
+        &server,
+        json!({"pipeline": "per_node",
+               "input": {"code": "```python\nprint('ran by', 6 * 7)\n```"}}),
+    )
+    .await;
+    let events = until_result(&server, &session).await;
+    assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
+    let results = |node: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e["type"] == "tool_result" && e["agent_id"] == node)
+            .map(|e| e["output"].to_string())
+            .collect()
+    };
+    assert_eq!(results("run").len(), 1, "{events:?}");
+    assert!(
+        results("run")[0].contains("ran by 42"),
+        "{:?}",
+        results("run")
+    );
+    assert!(results("look").is_empty(), "{events:?}");
+    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    assert_eq!(status["status"], "completed", "{status}");
+    assert_eq!(status["state"]["verdict"], "from the sim", "{status}");
+
+    // A node naming a model or a tool the server does not have is refused
+    // before any run, with the line.
+    for (from, to, place) in [
+        ("model: s", "model: nope", "request:15: nodes.judge.model"),
+        ("[Read]", "[Read, Teleport]", "request:13: nodes.look.tools"),
+    ] {
+        let message = invalid(&server, &PER_NODE.replace(from, to)).await;
+        assert!(message.starts_with(place), "{message}");
+    }
     server.stop_and_remove_sandboxes().await;
 }

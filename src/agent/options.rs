@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use crate::session::OptionError;
+use crate::session::TurnOptions;
 use utoipa::ToSchema;
 
 /// What a client may set on a session (seed 002's agent options).
@@ -158,6 +159,20 @@ impl AgentOptions {
             .as_ref()
             .is_none_or(|tools| tools.iter().any(|t| t == tool))
     }
+
+    /// The options of one turn: its model instead of the session's, and
+    /// only the tools both the session and the turn allow (a turn never
+    /// widens what its session may run).
+    pub fn for_turn(mut self, turn: &TurnOptions) -> AgentOptions {
+        if let Some(model) = &turn.model {
+            self.model = Some(model.clone());
+        }
+        if let Some(only) = &turn.allowed_tools {
+            let narrowed = only.iter().filter(|t| self.allows(t)).cloned().collect();
+            self.allowed_tools = Some(narrowed);
+        }
+        self
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +182,26 @@ mod tests {
 
     fn body(v: Value) -> Map<String, Value> {
         v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn a_turn_changes_the_model_and_only_narrows_the_tools() {
+        let session = AgentOptions {
+            model: Some("demo".into()),
+            allowed_tools: Some(vec!["Read".into(), "Bash".into()]),
+            ..AgentOptions::default()
+        };
+        let turn = TurnOptions {
+            model: Some("sonnet".into()),
+            allowed_tools: Some(vec!["Bash".into(), "Write".into()]),
+        };
+        let options = session.clone().for_turn(&turn);
+        assert_eq!(options.model.as_deref(), Some("sonnet"));
+        assert_eq!(options.allowed_tools, Some(vec!["Bash".to_owned()]));
+        assert_eq!(session.clone().for_turn(&TurnOptions::default()), session);
+        let open = AgentOptions::default().for_turn(&turn);
+        assert_eq!(open.allowed_tools, turn.allowed_tools);
+        assert!(!open.allows("Read"));
     }
 
     #[test]

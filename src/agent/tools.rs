@@ -14,6 +14,19 @@ use super::options::AgentOptions;
 use crate::model::ToolSpec;
 use crate::session::SessionError;
 
+/// The names of the sandbox's tools as the agent is offered them; a
+/// session's external MCP servers add `mcp__{server}__{tool}`.
+pub const SANDBOX_TOOLS: [&str; 8] = [
+    "Read",
+    "Write",
+    "Edit",
+    "Glob",
+    "Grep",
+    "Bash",
+    "mcp__sandbox__execute_code",
+    "mcp__sandbox__execute_shell",
+];
+
 /// Who is calling a tool.
 #[derive(Debug, Clone)]
 pub struct ToolContext {

@@ -45,7 +45,7 @@ pub(super) async fn run(
     deps.store
         .append_messages(session.id, &[Message::User { content: prompt }])
         .await?;
-    let options = Arc::new(AgentOptions::stored(&session.options)?);
+    let options = Arc::new(AgentOptions::stored(&session.options)?.for_turn(&turn.options));
     match agent_loop(deps, turn, &options).await {
         Ok(outcome) => Ok(outcome),
         Err(LoopError::Store(e)) => Err(e),

@@ -125,16 +125,28 @@ pub async fn definitions(State(state): State<AppState>) -> Json<Value> {
 #[utoipa::path(post, path = "/orchestrator/pipelines/validate",
     request_body(content = Object, description = "{yaml}"),
     responses((status = 200, description = "{valid: true, pipeline}"), (status = 422, body = ErrorBody)))]
-pub async fn validate(mut body: JsonObject) -> Result<Json<Value>, ApiError> {
+pub async fn validate(
+    State(state): State<AppState>,
+    mut body: JsonObject,
+) -> Result<Json<Value>, ApiError> {
     let yaml = body.take_text("yaml")?;
     body.deny_rest()?;
-    let definition = crate::pipeline::Definition::parse(&yaml, "request").map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_pipeline",
-            e.to_string(),
-        )
-    })?;
+    let known = |model: &str| {
+        state
+            .models
+            .resolve(model)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let definition = crate::pipeline::Definition::parse(&yaml, "request")
+        .and_then(|d| d.check_models(&yaml, "request", &known).map(|()| d))
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_pipeline",
+                e.to_string(),
+            )
+        })?;
     Ok(Json(json!({"valid": true, "pipeline": {
         "name": definition.name, "start": definition.start, "terminal": definition.terminal,
         "nodes": definition.nodes.keys().collect::<Vec<_>>(), "counters": definition.counters}})))

@@ -203,6 +203,7 @@ async fn turn_of(
         manager,
         session,
         call.prompt.clone(),
+        crate::session::TurnOptions::default(),
         &call.parent,
         &call.agent_id,
     )

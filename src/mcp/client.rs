@@ -485,6 +485,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_offered_tools_are_the_named_ones() {
+        let names: Vec<String> = builtin_specs(60).into_iter().map(|s| s.name).collect();
+        assert_eq!(names, crate::agent::tools::SANDBOX_TOOLS);
+    }
+
+    #[test]
     fn agent_tools_map_to_mcp_tools_with_confined_paths() {
         let (tool, args) =
             translate("Read", &json!({"file_path": "a.py"}), "/workspace/p").unwrap();

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::definition::{Definition, NodeSpec};
 use crate::protocol::{ResultStatus, Usage};
-use crate::session::{Session, SessionManager};
+use crate::session::{Session, SessionManager, TurnOptions};
 
 /// What test mode's mock agents do, per run (`options.mock`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -180,7 +180,8 @@ pub fn read_answer(spec: &NodeSpec, text: &str) -> Result<(String, Map<String, V
 }
 
 /// A real node: a turn of the run's agent session (one per run, so every
-/// node works in the same sandbox), its events tagged with the node.
+/// node works in the same sandbox) with the node's model and tools, its
+/// events tagged with the node.
 pub async fn agent(
     manager: &SessionManager,
     worker: &Arc<Session>,
@@ -189,10 +190,18 @@ pub async fn agent(
     spec: &NodeSpec,
     prompt: String,
 ) -> Result<Answer, String> {
-    let done = crate::session::child::run_turn(manager, worker, prompt, parent, node).await?;
+    let options = TurnOptions {
+        model: spec.model.clone(),
+        allowed_tools: spec.tools.clone(),
+    };
+    let done =
+        crate::session::child::run_turn(manager, worker, prompt, options, parent, node).await?;
     let text = match (done.status, done.text) {
         (ResultStatus::Success, Some(text)) => text,
-        (status, _) => return Err(format!("the node's turn ended {}", status.as_str())),
+        (status, _) => {
+            let why = done.error.map(|e| format!(": {e}")).unwrap_or_default();
+            return Err(format!("the node's turn ended {}{why}", status.as_str()));
+        }
     };
     let (decision, writes) = read_answer(spec, &text)?;
     Ok(Answer {

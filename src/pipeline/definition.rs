@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::state::FieldSpec;
+use crate::agent::tools::SANDBOX_TOOLS;
 
 /// One node: an agent turn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,6 +130,30 @@ impl Definition {
         Ok(definition)
     }
 
+    /// Checks each node's model against the server's (`known` says why
+    /// one is not); `yaml` and `file` are the definition's, for the error.
+    pub fn check_models(
+        &self,
+        yaml: &str,
+        file: &str,
+        known: &dyn Fn(&str) -> Result<(), String>,
+    ) -> Result<(), DefinitionError> {
+        for (name, spec) in &self.nodes {
+            if let Some(model) = &spec.model
+                && let Err(message) = known(model)
+            {
+                let place = format!("nodes.{name}.model");
+                return Err(DefinitionError {
+                    file: file.to_owned(),
+                    line: line_of(yaml, &place, model),
+                    place,
+                    message,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The checks: `Err((place, text to find its line by, message))`.
     fn check(&self) -> Result<(), (String, String, String)> {
         let node = |name: &str, place: String| -> Result<(), (String, String, String)> {
@@ -196,6 +221,19 @@ impl Definition {
             }
         }
         for (name, spec) in &self.nodes {
+            for tool in spec.tools.iter().flatten() {
+                if !SANDBOX_TOOLS.contains(&tool.as_str()) && !tool.starts_with("mcp__") {
+                    return Err((
+                        format!("nodes.{name}.tools"),
+                        tool.clone(),
+                        format!(
+                            "unknown tool {tool:?}; the sandbox's tools are {}, and an MCP \
+                             server's are mcp__{{server}}__{{tool}}",
+                            SANDBOX_TOOLS.join(", ")
+                        ),
+                    ));
+                }
+            }
             for field in &spec.writes {
                 if !self.state.contains_key(field) {
                     return Err((

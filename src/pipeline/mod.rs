@@ -66,10 +66,12 @@ fn default_pipeline() -> String {
 }
 
 /// The pipelines a server runs: the built-in connector (its limits as
-/// the config sets them) and every definition in `pipelines.dir`; the
-/// first error stops the start and names the file.
+/// the config sets them) and every definition in `pipelines.dir`, their
+/// nodes' models checked by `models`; the first error stops the start and
+/// names the file.
 pub fn definitions(
     config: &PipelineConfig,
+    models: &dyn Fn(&str) -> Result<(), String>,
 ) -> Result<BTreeMap<String, Arc<Definition>>, DefinitionError> {
     let mut connector = Definition::parse(CONNECTOR_YAML, "connector.yaml (built in)")?;
     for (setting, limit) in &config.limits {
@@ -108,6 +110,7 @@ pub fn definitions(
         let text =
             std::fs::read_to_string(&path).map_err(|e| unreadable(file.clone(), e.to_string()))?;
         let definition = Definition::parse(&text, &file)?;
+        definition.check_models(&text, &file, models)?;
         if all.contains_key(&definition.name) {
             return Err(DefinitionError {
                 file,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
-use super::{Session, SessionManager};
+use super::{Session, SessionManager, TurnOptions};
 use crate::protocol::{EventKind, ResultStatus, Usage};
 
 /// How the child's turn ended: its result's status and text, and what it
@@ -16,6 +16,8 @@ pub struct ChildResult {
     pub status: ResultStatus,
     pub text: Option<String>,
     pub usage: Usage,
+    /// The last `error` event of the turn, if any.
+    pub error: Option<String>,
 }
 
 /// Interrupts a child's turn unless it ended on its own.
@@ -29,22 +31,24 @@ impl Drop for InterruptOnDrop {
     }
 }
 
-/// Runs a turn of `child` on `prompt` (after any turn it is running) and
-/// forwards its events, but its `result`, into `parent` with `tag` as
-/// their `agent_id`. An error says why no result came.
+/// Runs a turn of `child` on `prompt` with `options` (after any turn it
+/// is running) and forwards its events, but its `result`, into `parent`
+/// with `tag` as their `agent_id`. An error says why no result came.
 pub async fn run_turn(
     manager: &SessionManager,
     child: &Arc<Session>,
     prompt: String,
+    options: TurnOptions,
     parent: &Session,
     tag: &str,
 ) -> Result<ChildResult, String> {
     let started = manager
-        .start_turn(child.clone(), prompt, true)
+        .start_turn_with(child.clone(), prompt, true, options)
         .await
         .map_err(|e| e.to_string())?;
     let mut guard = InterruptOnDrop(Some(child.clone()));
     let mut events = child.subscribe(started.since, true);
+    let mut error = None;
     while let Some(event) = events.next().await {
         match &event.kind {
             EventKind::Result {
@@ -58,9 +62,13 @@ pub async fn run_turn(
                     status: *status,
                     text: result.clone(),
                     usage: usage.clone(),
+                    error,
                 });
             }
             kind => {
+                if let EventKind::Error { message, .. } = kind {
+                    error = Some(message.clone());
+                }
                 parent
                     .emit_as(tag, kind.clone())
                     .map_err(|e| e.to_string())?;

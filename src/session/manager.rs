@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::SessionError;
 use super::live::Session;
 use super::log::{EmbeddedLogs, EventLogs};
-use super::task::{Outcome, SessionTask, Tasks, Turn};
+use super::task::{Outcome, SessionTask, Tasks, Turn, TurnOptions};
 use crate::model::Message;
 use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::store::{SessionFilter, Store, StoreError};
@@ -264,6 +264,18 @@ impl SessionManager {
         input: String,
         queue: bool,
     ) -> Result<StartedTurn, SessionError> {
+        self.start_turn_with(session, input, queue, TurnOptions::default())
+            .await
+    }
+
+    /// [`SessionManager::start_turn`] with options for this turn only.
+    pub async fn start_turn_with(
+        &self,
+        session: Arc<Session>,
+        input: String,
+        queue: bool,
+        options: TurnOptions,
+    ) -> Result<StartedTurn, SessionError> {
         if self.shutdown.is_cancelled() {
             return Err(SessionError::ShuttingDown);
         }
@@ -300,7 +312,7 @@ impl SessionManager {
         let turn_session = session.clone();
         let turn_cancel = cancel.clone();
         self.turns.spawn(async move {
-            runner.run(&turn_session, input, turn_cancel).await;
+            runner.run(&turn_session, input, options, turn_cancel).await;
             *lock(&turn_session.running) = None;
             drop(guard);
         });
@@ -363,9 +375,15 @@ struct Runner {
 impl Runner {
     /// Runs one turn to its `result`. Store failures end the turn early;
     /// they are logged, since the log itself is what failed.
-    async fn run(&self, session: &Arc<Session>, input: String, cancel: CancellationToken) {
+    async fn run(
+        &self,
+        session: &Arc<Session>,
+        input: String,
+        options: TurnOptions,
+        cancel: CancellationToken,
+    ) {
         self.metrics.turns_running.inc();
-        if let Err(e) = self.run_inner(session, input, cancel).await {
+        if let Err(e) = self.run_inner(session, input, options, cancel).await {
             tracing::error!(session = %session.id, error = %e, "turn aborted by a store failure");
             let _ = session
                 .set_state(status_after(session, ResultStatus::Error), None)
@@ -381,6 +399,7 @@ impl Runner {
         &self,
         session: &Arc<Session>,
         input: String,
+        options: TurnOptions,
         cancel: CancellationToken,
     ) -> Result<(), StoreError> {
         let started = Instant::now();
@@ -400,7 +419,7 @@ impl Runner {
                 turn_cancel.cancel();
             }
         });
-        let mut turn = Turn::starting(session, turn_cancel.clone());
+        let mut turn = Turn::starting(session, turn_cancel.clone(), options);
         let result = self.task.run(&mut turn, input).await;
         timer.abort();
         let mut outcome = result?;
@@ -427,7 +446,7 @@ impl Runner {
         session.emit(EventKind::Status {
             message: "The server restarted during this turn; it was interrupted.".into(),
         })?;
-        let turn = Turn::starting(session, CancellationToken::new());
+        let turn = Turn::starting(session, CancellationToken::new(), TurnOptions::default());
         let outcome = Outcome::new(ResultStatus::Interrupted, None);
         self.finish(&turn, outcome, Instant::now()).await
     }

@@ -87,15 +87,33 @@ pub struct Turn {
     /// False once a model call of the turn had no price: `cost_usd` then
     /// counts only the priced ones.
     pub cost_known: bool,
+    /// What this turn changes from the session's options.
+    pub options: TurnOptions,
     /// The session's usage before the turn.
     pub(super) before: Usage,
 }
 
+/// What one turn may change from its session's options, set by a caller
+/// inside the server (a pipeline node's turn of the run's agent session):
+/// another model, and fewer tools. Kinds without models or tools ignore it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnOptions {
+    /// The model of this turn instead of the session's.
+    pub model: Option<String>,
+    /// Only these of the session's tools, for this turn.
+    pub allowed_tools: Option<Vec<String>>,
+}
+
 impl Turn {
-    pub(super) fn starting(session: &Arc<Session>, cancel: CancellationToken) -> Turn {
+    pub(super) fn starting(
+        session: &Arc<Session>,
+        cancel: CancellationToken,
+        options: TurnOptions,
+    ) -> Turn {
         Turn {
             session: session.clone(),
             cancel,
+            options,
             usage: Usage::default(),
             cost_known: true,
             before: session.usage(),

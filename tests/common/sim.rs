@@ -62,3 +62,23 @@ impl Sim {
         assert!(response.status().is_success());
     }
 }
+
+/// Gateway pools of one sim each: `(name, sim)`; failures are not retried.
+pub fn pools(config: &mut conclave::config::Config, sims: &[(&str, &Sim)]) {
+    config.gateway = conclave::gateway::GatewayConfig {
+        pools: sims
+            .iter()
+            .map(|(name, sim)| {
+                (
+                    name.to_string(),
+                    conclave::gateway::PoolConfig {
+                        replicas: vec![sim.replica()],
+                        num_retries: 0,
+                        ..conclave::gateway::PoolConfig::default()
+                    },
+                )
+            })
+            .collect(),
+        ..conclave::gateway::GatewayConfig::default()
+    };
+}
