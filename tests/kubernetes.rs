@@ -414,6 +414,7 @@ async fn list_managed_maps_session_and_pool_labels() {
             session: Some(SESSION.into()),
             pool: None,
             expires: None,
+            created: None,
         },
         ManagedSandbox {
             id: in_pool.id().into(),
@@ -421,6 +422,7 @@ async fn list_managed_maps_session_and_pool_labels() {
             session: None,
             pool: Some("python".into()),
             expires: None,
+            created: None,
         },
     ];
     expected.sort_by(|a, b| a.id.cmp(&b.id));
@@ -474,6 +476,7 @@ async fn assign_relabels_a_pool_pod_as_the_sessions() {
             session: Some(SESSION.into()),
             pool: None,
             expires: None,
+            created: None,
         }]
     );
     backend.remove(sandbox.id()).await.unwrap();

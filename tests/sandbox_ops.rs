@@ -138,6 +138,12 @@ async fn each_key_sees_and_deletes_only_its_own_sandboxes() {
     assert_eq!(mine[0]["kind"], "session");
     assert_eq!(mine[0]["backend"], "docker");
     assert!(mine[0]["expires_at"].is_string());
+    // Its age and what it uses, for the dashboard's sandboxes view.
+    assert!(mine[0]["created_at"].is_string(), "{mine:?}");
+    assert!(mine[0]["memory_bytes"].as_u64().unwrap() > 0, "{mine:?}");
+    assert!(mine[0]["pids"].as_u64().unwrap() >= 1, "{mine:?}");
+    // Docker tells the CPU only from a second sample on.
+    assert!(mine[0].get("cpu_percent").is_some(), "{mine:?}");
     assert_eq!(list(bob).await, Vec::<Value>::new());
     let everything = server
         .send_as(bob, Method::GET, "/sandboxes?all=true", None)

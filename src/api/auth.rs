@@ -2,8 +2,16 @@
 //! server then listens on loopback only); with keys every route needs one,
 //! and a caller is identified by the hash of its key, which owns the
 //! sessions it creates.
+//!
+//! A browser cannot set headers on a WebSocket, so a page trades its key
+//! for a ticket (`POST /auth/ticket`): single use, valid for
+//! [`TICKET_TTL`], and taken as `?ticket=` by the WebSocket routes only;
+//! the key itself never goes into a URL. The dashboard's files (`/`,
+//! `/ui/…`, `/static/…`) need no key: they hold no data.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -52,10 +60,17 @@ impl Caller {
     }
 }
 
+/// How long a WebSocket ticket may wait for its socket.
+pub const TICKET_TTL: Duration = Duration::from_secs(30);
+
+/// Tickets one caller may hold unused at once; a page needs a few.
+const TICKETS_PER_CALLER: usize = 64;
+
 /// The accepted keys, stored only as hashes, each with whether it is an
-/// admin key.
+/// admin key; and the WebSocket tickets issued and not yet used.
 pub struct Keys {
     hashes: HashMap<String, bool>,
+    tickets: Mutex<HashMap<String, (Caller, Instant)>>,
 }
 
 impl Keys {
@@ -63,7 +78,39 @@ impl Keys {
         let mut hashes: HashMap<String, bool> =
             keys.iter().map(|k| (hash(k.trim()), false)).collect();
         hashes.extend(admin_keys.iter().map(|k| (hash(k.trim()), true)));
-        Keys { hashes }
+        Keys {
+            hashes,
+            tickets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A fresh single-use ticket standing for `caller`; `None` when the
+    /// caller already holds as many unused ones as it may.
+    pub fn issue_ticket(&self, caller: &Caller) -> Option<String> {
+        let now = Instant::now();
+        let mut tickets = crate::sync::lock(&self.tickets);
+        tickets.retain(|_, (_, issued)| now.duration_since(*issued) < TICKET_TTL);
+        let held = tickets
+            .values()
+            .filter(|(c, _)| c.owner == caller.owner)
+            .count();
+        if held >= TICKETS_PER_CALLER {
+            return None;
+        }
+        // 244 random bits from the OS.
+        let ticket = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        tickets.insert(ticket.clone(), (caller.clone(), now));
+        Some(ticket)
+    }
+
+    /// The caller a ticket stands for, once: a ticket is gone after use.
+    fn redeem_ticket(&self, ticket: &str) -> Option<Caller> {
+        let (caller, issued) = crate::sync::lock(&self.tickets).remove(ticket)?;
+        (issued.elapsed() < TICKET_TTL).then_some(caller)
     }
 
     pub fn enabled(&self) -> bool {
@@ -95,16 +142,30 @@ fn bearer_token(value: &str) -> Option<&str> {
         .filter(|token| !token.is_empty())
 }
 
-/// Browsers cannot set headers on a WebSocket, so that route alone also
-/// takes `?token=`.
-fn query_token(req: &Request) -> Option<String> {
+/// A query parameter of a WebSocket route: browsers cannot set headers on
+/// a WebSocket, so those routes alone take `?ticket=` (and `?token=`, the
+/// key itself, for clients that have no other way).
+fn ws_query(req: &Request, param: &str) -> Option<String> {
     if !matches!(req.uri().path(), "/agent/ws" | "/bus/ws") {
         return None;
     }
     req.uri().query()?.split('&').find_map(|pair| {
         let (name, value) = pair.split_once('=')?;
-        (name == "token").then(|| value.to_string())
+        (name == param).then(|| value.to_string())
     })
+}
+
+/// Paths anyone may read: the dashboard's files hold no data.
+fn public(req: &Request) -> bool {
+    let path = req.uri().path();
+    let dashboard =
+        path == "/" || path == "/ui" || path.starts_with("/ui/") || path.starts_with("/static/");
+    path == "/health"
+        || (dashboard
+            && matches!(
+                *req.method(),
+                axum::http::Method::GET | axum::http::Method::HEAD
+            ))
 }
 
 pub async fn require_key(
@@ -113,18 +174,25 @@ pub async fn require_key(
     next: Next,
 ) -> Result<Response, ApiError> {
     // Probes (a kubelet's, a load balancer's) carry no key; liveness is
-    // all this route tells.
-    if req.uri().path() == "/health" {
+    // all `/health` tells.
+    if public(&req) {
         return Ok(next.run(req).await);
     }
-    let caller = if state.keys.enabled() {
+    let ticket = ws_query(&req, "ticket");
+    let caller = if let Some(ticket) = ticket {
+        state.keys.redeem_ticket(&ticket).ok_or_else(|| {
+            ApiError::unauthorized(
+                "unknown, used or expired ticket: get a fresh one from POST /auth/ticket",
+            )
+        })?
+    } else if state.keys.enabled() {
         let header = req
             .headers()
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(bearer_token)
             .map(str::to_string);
-        let presented = header.or_else(|| query_token(&req)).ok_or_else(|| {
+        let presented = header.or_else(|| ws_query(&req, "token")).ok_or_else(|| {
             ApiError::unauthorized("missing API key: send Authorization: Bearer KEY")
         })?;
         state
@@ -143,7 +211,21 @@ pub async fn require_key(
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    use super::*;
+
+    #[test]
+    fn a_ticket_is_used_once_and_expires() {
+        let keys = Keys::new(&["key-aaaa-1".into()], &[]);
+        let caller = keys.check("key-aaaa-1").unwrap();
+        let ticket = keys.issue_ticket(&caller).unwrap();
+        assert_eq!(keys.redeem_ticket(&ticket).unwrap().owner, caller.owner);
+        assert!(keys.redeem_ticket(&ticket).is_none());
+        let old = keys.issue_ticket(&caller).unwrap();
+        if let Some(past) = Instant::now().checked_sub(TICKET_TTL) {
+            crate::sync::lock(&keys.tickets).get_mut(&old).unwrap().1 = past;
+            assert!(keys.redeem_ticket(&old).is_none());
+        }
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

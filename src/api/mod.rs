@@ -12,6 +12,7 @@
 //! - [`state`]: `AppState`, what every handler shares.
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - [`stream`]: events as NDJSON or SSE.
+//! - [`dashboard`]: the embedded browser dashboard and its auth calls.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
 //!   [`bus`], [`bus_ws`], [`grpc`], [`grpc_orchestrator`], [`rollouts`],
 //!   [`deliberations`], [`pipelines`]: the handlers.
@@ -23,6 +24,7 @@ pub mod body;
 pub mod browser;
 pub mod bus;
 pub mod bus_ws;
+pub mod dashboard;
 pub mod deliberations;
 pub mod error;
 pub mod extract;
@@ -65,7 +67,8 @@ use state::AppState;
         bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
         deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
         pipelines::status, pipelines::history, pipelines::resume, pipelines::cancel,
-        pipelines::active, pipelines::health, pipelines::definitions, pipelines::validate
+        pipelines::active, pipelines::health, pipelines::definitions, pipelines::validate,
+        dashboard::me, dashboard::ticket
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -99,6 +102,9 @@ pub fn router(state: AppState) -> Router {
         router = router.merge(mcp);
     }
     router
+        .merge(dashboard::router())
+        .route("/auth/me", get(dashboard::me))
+        .route("/auth/ticket", post(dashboard::ticket))
         .route("/agent/run", post(agent::run))
         .route("/agent/session", post(agent::create_session))
         .route("/agent/session/{id}/message", post(agent::message))

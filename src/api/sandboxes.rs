@@ -27,6 +27,14 @@ pub struct SandboxView {
     pub backend: String,
     /// When every Conclave instance on the host may remove it.
     pub expires_at: Option<DateTime<Utc>>,
+    /// When it was made (its age).
+    pub created_at: Option<DateTime<Utc>>,
+    /// Percent of one CPU, from a sample at most a second or two old; the
+    /// three figures are known for the sandboxes of this server's sessions
+    /// where the backend tells them, else null.
+    pub cpu_percent: Option<f64>,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -85,18 +93,27 @@ async fn visible(
             .as_ref()
             .is_some_and(|r| caller.owner().is_none() || r.owner.as_deref() == caller.owner());
         if mine || all {
-            views.push(view(&managed, kind, record.map(|r| r.id), sandboxes));
+            views.push(view(&managed, kind, record.map(|r| r.id), sandboxes).await);
         }
     }
     Ok(views)
 }
 
-fn view(
+async fn view(
     managed: &ManagedSandbox,
     kind: &str,
     session_id: Option<Uuid>,
     sandboxes: &SandboxManager,
 ) -> SandboxView {
+    let stats = match session_id {
+        Some(session) => sandboxes
+            .info(session)
+            .await
+            .filter(|info| info.id == managed.id)
+            .map(|info| info.stats)
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
     SandboxView {
         id: managed.id.clone(),
         kind: kind.into(),
@@ -105,6 +122,12 @@ fn view(
         expires_at: managed
             .expires
             .and_then(|at| DateTime::from_timestamp(at, 0)),
+        created_at: managed
+            .created
+            .and_then(|at| DateTime::from_timestamp(at, 0)),
+        cpu_percent: stats.cpu_percent,
+        memory_bytes: stats.memory_bytes,
+        pids: stats.pids,
     }
 }
 

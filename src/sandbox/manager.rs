@@ -19,8 +19,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{
-    LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, Result, Sandbox,
-    SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
+    LABEL_CREATED, LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, LABEL_SESSION, Result,
+    Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxStats,
 };
 use crate::config::SandboxConfig;
 use crate::sync::lock;
@@ -303,8 +303,9 @@ impl SandboxManager {
     /// Marks a sandbox about to be made as this instance's, expiring after
     /// `sandbox.max_lifetime_s`.
     fn label(&self, spec: &mut SandboxSpec) {
-        let expires = chrono::Utc::now().timestamp()
-            + i64::try_from(self.config.max_lifetime_s).unwrap_or(i64::MAX / 2);
+        let now = chrono::Utc::now().timestamp();
+        let expires = now + i64::try_from(self.config.max_lifetime_s).unwrap_or(i64::MAX / 2);
+        spec.labels.insert(LABEL_CREATED.into(), now.to_string());
         spec.labels.insert(LABEL_MANAGED.into(), "true".into());
         spec.labels
             .insert(LABEL_INSTANCE.into(), self.instance.clone());

@@ -49,6 +49,9 @@ pub const LABEL_POOL: &str = "conclave.pool";
 /// sandboxes, whichever instance made them and whether or not it still runs.
 pub const LABEL_EXPIRES: &str = "conclave.expires";
 
+/// Label holding when a sandbox was made (Unix seconds): its age.
+pub const LABEL_CREATED: &str = "conclave.created";
+
 /// The directory tools act in, writable in every backend.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -157,6 +160,9 @@ pub struct ManagedSandbox {
     /// Unix seconds from [`LABEL_EXPIRES`]; `None` for a sandbox made before
     /// expiry labels (it never expires on its own).
     pub expires: Option<i64>,
+    /// Unix seconds from [`LABEL_CREATED`]; `None` for a sandbox made
+    /// before creation labels.
+    pub created: Option<i64>,
 }
 
 impl ManagedSandbox {
@@ -176,6 +182,7 @@ impl ManagedSandbox {
             },
             session,
             expires: label(LABEL_EXPIRES).and_then(|v| v.parse().ok()),
+            created: label(LABEL_CREATED).and_then(|v| v.parse().ok()),
         }
     }
 

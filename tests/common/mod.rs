@@ -358,6 +358,23 @@ where
     events
 }
 
+/// Opens the session WebSocket at `url`, sends `prompt` as a message and
+/// reads until the turn's `result`.
+pub async fn ws_turn(url: &str, prompt: &str) -> Vec<Value> {
+    use futures::SinkExt;
+    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("the WebSocket opens");
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(
+        json!({"type": "message", "prompt": prompt})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .expect("send");
+    ws_until(&mut ws, "result").await
+}
+
 /// Runs one of the tests' Python clients (`script` under the repository)
 /// with the Python of `CONCLAVE_TEST_PYTHON`, which must have `needs`
 /// installed, and reads the one JSON object it prints.

@@ -470,6 +470,7 @@ impl SandboxBackend for LocalBackend {
                         session: None,
                         pool: None,
                         expires: None,
+                        created: None,
                     });
                 }
             }

@@ -571,6 +571,7 @@ async fn list_managed_and_remove() {
             session: Some("session-1".into()),
             pool: None,
             expires: None,
+            created: None,
         }]
     );
 
@@ -650,6 +651,7 @@ async fn sandboxes_of_a_previous_run_are_found_again() {
                 session: None,
                 pool: None,
                 expires: None,
+                created: None,
             },
             ManagedSandbox {
                 instance: None,
@@ -657,6 +659,7 @@ async fn sandboxes_of_a_previous_run_are_found_again() {
                 session: Some("old-session".into()),
                 pool: None,
                 expires: None,
+                created: None,
             },
         ]
     );
