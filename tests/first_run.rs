@@ -564,3 +564,20 @@ async fn a_pipeline_cut_by_kill_9_resumes_after_its_last_checkpoint() {
     );
     stop(&mut child).await;
 }
+
+/// The dashboard as a new user opens it: the binary started from a fresh
+/// working directory serves the page from what it embeds, and a
+/// deliberation runs through it in a real Chromium.
+#[tokio::test]
+async fn the_dashboard_of_a_fresh_start_runs_a_deliberation_in_chromium() {
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let (mut child, url) = serve(&mut local_serve(cwd.path())).await;
+    let http = reqwest::Client::new();
+    for path in ["/", "/ui/deliberations", "/static/js/app.js"] {
+        let page = http.get(format!("{url}{path}")).send().await.expect("get");
+        assert_eq!(page.status(), 200, "{path}");
+    }
+    let facts = common::browser_scenario("deliberations", &url, &[]).await;
+    assert_eq!(facts["ok"], true);
+    stop(&mut child).await;
+}

@@ -59,6 +59,11 @@ pub struct SessionSummary {
     pub usage: Usage,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// What the kind adds (an agent: its `model`; a pipeline: its
+    /// `pipeline`).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub details: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -406,7 +411,15 @@ pub async fn list(
         .list(&filter)
         .await?
         .into_iter()
-        .map(summary)
+        .map(|record| {
+            let details = state
+                .sessions
+                .tasks()
+                .get(record.kind.as_str())
+                .map(|task| task.describe(&record.options))
+                .unwrap_or_default();
+            summary(record, details)
+        })
         .collect();
     let next_before = (sessions.len() == limit)
         .then(|| sessions.last().map(|s| s.session_id))
@@ -417,7 +430,10 @@ pub async fn list(
     }))
 }
 
-fn summary(record: SessionRecord) -> SessionSummary {
+fn summary(
+    record: SessionRecord,
+    details: serde_json::Map<String, serde_json::Value>,
+) -> SessionSummary {
     SessionSummary {
         session_id: record.id,
         session_name: record.name,
@@ -426,5 +442,6 @@ fn summary(record: SessionRecord) -> SessionSummary {
         usage: record.usage,
         created_at: record.created_at,
         updated_at: record.updated_at,
+        details,
     }
 }

@@ -36,9 +36,14 @@ pub struct BusWsQuery {
     subscribe: Option<String>,
     /// As `/bus/subscribe`'s `since`.
     since: Option<String>,
-    /// The API key, for browsers that cannot set headers.
+    /// The API key, for clients that cannot set headers (read by the auth
+    /// layer).
     #[allow(dead_code)]
     token: Option<String>,
+    /// A single-use ticket from `POST /auth/ticket` (read by the auth
+    /// layer).
+    #[allow(dead_code)]
+    ticket: Option<String>,
 }
 
 /// `{"type":"publish","subject":…,"data":…}` (a struct, not a tagged

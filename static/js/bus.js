@@ -14,15 +14,15 @@ export function mount(main, params, ctx) {
   const messages = [];
 
   const pattern = h('input', { testid: 'pattern-input', value: params.search.get('subjects') || '>', 'aria-label': 'Subject pattern', placeholder: 'e.g. agent.response.*, sync/>', autocomplete: 'off', spellcheck: 'false' });
-  const since = h('select', { 'aria-label': 'Start from' }, h('option', { value: 'new' }, 'new messages'), h('option', { value: 'all' }, 'all kept messages'));
+  const since = h('select', { 'aria-label': 'Start from', style: { width: 'auto' } }, h('option', { value: 'new' }, 'new messages'), h('option', { value: 'all' }, 'all kept messages'));
   const subscribe = h('button', { type: 'submit', class: 'primary', testid: 'subscribe' }, 'Subscribe');
-  const pause = h('button', { type: 'button', 'aria-pressed': 'false' }, icon('pause', 14), 'Pause');
-  const clear = h('button', { type: 'button', class: 'ghost' }, 'Clear');
+  const pause = h('button', { type: 'button', class: 'sm', 'aria-pressed': 'false' }, icon('pause', 14), 'Pause');
+  const clear = h('button', { type: 'button', class: 'sm ghost' }, 'Clear');
   const filter = h('input', { placeholder: 'filter shown messages', 'aria-label': 'Filter shown messages', autocomplete: 'off' });
   const conn = h('span', { class: 'pill', testid: 'connection', dataset: { state: 'closed' } }, 'Not subscribed');
   const tail = h('div', { class: 'tail', role: 'log', 'aria-label': 'Messages', 'aria-live': 'off' });
   const subForm = h('form', { class: 'card-head', 'aria-label': 'Subscribe' },
-    h('div', { class: 'grow', style: { minWidth: '200px' } }, pattern), since, subscribe);
+    h('div', { class: 'grow', style: { minWidth: '160px' } }, pattern), since, subscribe);
 
   const pubSubject = h('input', { testid: 'publish-subject', 'aria-label': 'Subject to publish on', placeholder: 'e.g. demo.hello', required: true, autocomplete: 'off' });
   const pubData = h('textarea', { testid: 'publish-data', rows: 3, class: 'mono', 'aria-label': 'Payload (JSON)', value: '{"hello": "world"}' });
@@ -42,7 +42,7 @@ export function mount(main, params, ctx) {
       h('div', null,
         h('section', { class: 'card', 'aria-label': 'Live tail' },
           subForm,
-          h('div', { class: 'card-head' }, conn, h('div', { class: 'grow' }, filter), pause, clear),
+          h('div', { class: 'card-head' }, conn, h('div', { class: 'grow', style: { minWidth: '140px' } }, filter), pause, clear),
           tail),
         pubForm),
       h('section', { class: 'card', 'aria-label': 'Key-value store' },
@@ -105,10 +105,12 @@ export function mount(main, params, ctx) {
       path: '/bus/ws',
       // After a drop, only what is new: kept subjects are deduplicated by seq.
       params: () => ({ subscribe: subjects, since: first ? since.value : 'new' }),
+      // Where the socket cannot open, the same subscription as NDJSON.
+      fallback: () => `/bus/subscribe${api.qs({ subjects, since: first ? since.value : 'new' })}`,
       onMessage,
       onState: (state, d) => {
         conn.className = 'pill';
-        if (state === 'open') { first = false; conn.dataset.state = 'connected'; conn.classList.add('ok'); conn.textContent = `Live · ${subjects}`; }
+        if (state === 'open') { first = false; conn.dataset.state = 'connected'; conn.classList.add('ok'); conn.textContent = `Live · ${subjects}${d.mode === 'http' ? ' (HTTP stream)' : ''}`; }
         else if (state === 'connecting') { conn.dataset.state = 'connecting'; conn.classList.add('info'); conn.textContent = 'Connecting…'; }
         else if (state === 'reconnecting') { conn.dataset.state = 'reconnecting'; conn.classList.add('warn', 'live'); conn.textContent = `Connection lost — reconnecting in ${Math.ceil(d.inMs / 1000)}s`; }
         else { conn.dataset.state = 'closed'; conn.textContent = 'Not subscribed'; }
@@ -149,15 +151,15 @@ export function mount(main, params, ctx) {
       return;
     }
     const rows = [...kv.values()].sort((a, b) => a.key.localeCompare(b.key)).slice(0, 1000);
-    put(kvBody, h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
-      h('thead', null, h('tr', null, h('th', null, 'Key'), h('th', null, 'Value'), h('th', { class: 'num' }, 'Rev'), h('th', null, h('span', { class: 'sr-only' }, 'Actions')))),
-      h('tbody', null, rows.map((e) => h('tr', { testid: 'kv-row', dataset: { key: e.key } },
-        h('td', { class: 'mono small', style: { wordBreak: 'break-all' } }, e.key, e.updated_at ? h('div', { class: 'muted small' }, ago(e.updated_at)) : null),
-        h('td', { class: 'small' }, h('div', { class: 'json-line', style: { maxWidth: '280px' }, title: jsonLine(e.value ?? e.value_base64, 2000) }, e.value !== undefined ? jsonLine(e.value, 200) : `base64: ${String(e.value_base64 || '').slice(0, 60)}`)),
-        h('td', { class: 'num' }, String(e.revision)),
-        h('td', { class: 'actions' }, confirmButton('Delete', async () => {
+    put(kvBody, h('ul', { class: 'kv-list', 'aria-label': 'Keys' }, rows.map((e) => h('li', { class: 'kv-item', testid: 'kv-row', dataset: { key: e.key } },
+      h('div', { class: 'row' },
+        h('span', { class: 'mono kv-key' }, e.key),
+        h('span', { class: 'grow' }),
+        h('span', { class: 'muted small nowrap' }, `rev ${e.revision}`, e.updated_at ? ' · ' : '', e.updated_at ? ago(e.updated_at) : null),
+        confirmButton('Delete', async () => {
           try { await api.del(`/kv/${e.key.split('/').map(encodeURIComponent).join('/')}?if_revision=${e.revision}`, {}); } catch (err) { toast(err.message, 'danger'); }
-        }, { 'aria-label': `Delete key ${e.key}` }))))))));
+        }, { class: 'sm ghost', 'aria-label': `Delete key ${e.key}` })),
+      h('div', { class: 'json-line', title: jsonLine(e.value ?? e.value_base64, 2000) }, e.value !== undefined ? jsonLine(e.value, 300) : `base64: ${String(e.value_base64 || '').slice(0, 80)}`)))));
   };
   const watchKv = async () => {
     kvAbort?.abort();
@@ -203,7 +205,8 @@ export function mount(main, params, ctx) {
   watchKv();
   listKv();
 
-  if (params.search.get('subjects')) start();
+  // A live tail from the moment the view opens (every subject unless the URL names some).
+  start();
 
   return () => {
     alive = false;

@@ -6,6 +6,17 @@ import * as api from './api.js';
 import { h, icon, pill, put, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt, fmtDate, shortId, toast, confirmButton, copyButton, jsonBlock, fmtMs } from './ui.js';
 import { EventLog } from './events.js';
 
+/** A link to the richer view of a pipeline run or a submitted deliberation. */
+function relatedLink(status, id) {
+  if (status.kind === 'pipeline') {
+    let thread = null;
+    try { thread = JSON.parse(localStorage.getItem('conclave.threads') || '{}')[id]; } catch { /* none */ }
+    return thread ? h('a', { href: `/ui/pipelines/${encodeURIComponent(thread)}` }, 'Run graph →') : null;
+  }
+  if (status.kind === 'deliberation' && status.ephemeral) return h('a', { href: `/ui/deliberations/${id}` }, 'Proposals side by side →');
+  return null;
+}
+
 export function mountChat(main, id, ctx) {
   let alive = true;
   let sock = null;
@@ -31,13 +42,20 @@ export function mountChat(main, id, ctx) {
 
   function build() {
     const kind = status.kind || 'agent';
+    const threadLink = h('span', null, relatedLink(status, id));
+    const related = () => threadLink;
     const title = h('h1', { class: 'ellipsis' }, status.session_name || `Session ${shortId(id)}`);
     const statePill = h('span');
     const conn = h('span', { class: 'pill', testid: 'connection', role: 'status', dataset: { state: 'connecting' } }, 'Connecting…');
     const banner = h('div', { class: 'banner warn conn-banner', role: 'alert', hidden: true });
     const scroller = h('div', { class: 'log-scroller', testid: 'event-list', role: 'log', 'aria-label': 'Session events', tabindex: '0' });
     const jump = h('button', { type: 'button', class: 'jump sm', hidden: true, onClick: () => log.scrollToBottom() }, 'Jump to latest ↓');
-    const prompt = h('textarea', { testid: 'prompt', rows: 2, 'aria-label': 'Message', placeholder: kind === 'agent' ? 'Message the agent… (Enter to send, Shift+Enter for a new line)' : 'A task for the deliberation…' });
+    const placeholders = {
+      agent: 'Message the agent… (Enter to send, Shift+Enter for a new line)',
+      deliberation: 'A task for the agents to deliberate on…',
+      pipeline: 'A request for the pipeline…',
+    };
+    const prompt = h('textarea', { testid: 'prompt', rows: 2, 'aria-label': 'Message', placeholder: placeholders[kind] || 'A message for this session…' });
     const queue = h('input', { type: 'checkbox', testid: 'queue', id: 'queue-box', 'aria-label': 'Queue after the running turn' });
     const send = h('button', { type: 'submit', class: 'primary', testid: 'send', 'aria-label': 'Send (Enter)' }, icon('send', 16), 'Send');
     const interrupt = h('button', { type: 'button', class: 'danger', testid: 'interrupt', 'aria-label': 'Interrupt the running turn (Esc)', disabled: true }, icon('stop', 16), 'Interrupt');
@@ -53,7 +71,7 @@ export function mountChat(main, id, ctx) {
     put(main, h('section', { class: 'chat' },
       h('header', { class: 'chat-head' },
         h('a', { href: '/ui/sessions', class: 'btn ghost sm', 'aria-label': 'Back to sessions' }, icon('back', 14)),
-        h('div', { class: 'grow', style: { minWidth: '0' } }, title, h('div', { class: 'row small muted' }, h('span', { class: 'tag' }, kind), h('span', { class: 'id' }, id), copyButton(id, 'Copy session id'))),
+        h('div', { class: 'grow', style: { minWidth: '0' } }, title, h('div', { class: 'row small muted' }, h('span', { class: 'tag' }, kind), h('span', { class: 'id hide-sm' }, id), copyButton(id, 'Copy session id'), related())),
         statePill, conn),
       h('div', { class: 'chat-log' }, banner, scroller, jump),
       composer, side));
@@ -61,15 +79,30 @@ export function mountChat(main, id, ctx) {
     log = new EventLog(scroller, {
       kind,
       onStick: (stuck) => { jump.hidden = stuck; },
-      onTurn: (inTurn) => {
+      onTurn: (inTurn, index) => {
         running = inTurn;
-        if (inTurn && pending.length) pending.shift();
-        drawPending();
-        showState();
+        // The oldest message this page sent is the one that just started;
+        // the status refresh below corrects it if another client sent one.
+        if (inTurn && pending.length) {
+          const sent = pending.shift();
+          const turn = log.turns[index];
+          if (turn && (turn.prompt === undefined || turn.prompt === null)) turn.setPrompt(sent);
+        }
+        // Once a frame at most: a replay goes through thousands of turns.
+        if (!uiFrame) {
+          uiFrame = requestAnimationFrame(() => {
+            uiFrame = 0;
+            drawPending();
+            showState();
+          });
+        }
         scheduleStatus();
       },
     });
     setPrompts();
+
+    let uiFrame = 0;
+    cleanups.push(() => cancelAnimationFrame(uiFrame));
 
     // ---- live events ----
     let queued = [];
@@ -81,6 +114,14 @@ export function mountChat(main, id, ctx) {
       if (queued.length) raf = requestAnimationFrame(flush);
     };
     const onMessage = (m) => {
+      if (m.thread_id && kind === 'pipeline' && !threadLink.childElementCount) {
+        try {
+          const t = JSON.parse(localStorage.getItem('conclave.threads') || '{}');
+          t[id] = m.thread_id;
+          localStorage.setItem('conclave.threads', JSON.stringify(t));
+        } catch { /* storage off */ }
+        put(threadLink, relatedLink(status, id));
+      }
       if (typeof m.seq === 'number') {
         queued.push(m);
         if (!raf) raf = requestAnimationFrame(flush);
@@ -202,10 +243,12 @@ export function mountChat(main, id, ctx) {
       put(pendingBox, pending.map((p, i) => h('span', { class: 'tag', title: p }, i === 0 && !running ? 'Sending: ' : 'Queued: ', p.slice(0, 80))));
     }
 
+    let shownRunning = null;
     function showState() {
       const st = running ? 'running' : (status.status === 'running' ? 'idle' : status.status);
       put(statePill, pill(st));
       interrupt.disabled = !running;
+      if (shownRunning !== running) { shownRunning = running; drawSide(); }
     }
 
     function setPrompts() {
@@ -222,6 +265,7 @@ export function mountChat(main, id, ctx) {
           if (!alive) return;
           setPrompts();
           drawSide();
+          shownRunning = running;
           showState();
         } catch { /* the socket shows what is wrong */ }
       }, 250);
@@ -242,7 +286,7 @@ export function mountChat(main, id, ctx) {
             status.pipeline ? [h('dt', null, 'Pipeline'), h('dd', null, status.pipeline)] : null,
             h('dt', null, 'Created'), h('dd', null, fmtDate(status.created_at)),
             h('dt', null, 'Updated'), h('dd', null, ago(status.updated_at)),
-            h('dt', null, 'Events'), h('dd', null, fmtInt(status.last_seq)),
+            h('dt', null, 'Events'), h('dd', null, fmtInt(Math.max(status.last_seq || 0, log.lastSeq))),
             status.ephemeral ? [h('dt', null, 'Ephemeral'), h('dd', null, 'yes')] : null)),
         h('div', { class: 'card side-card' }, h('h2', null, 'Usage'),
           h('dl', { class: 'props' },
@@ -251,7 +295,7 @@ export function mountChat(main, id, ctx) {
             h('dt', null, 'Output'), h('dd', null, `${fmtTokens(u.output_tokens)} tokens`),
             h('dt', null, 'Model calls'), h('dd', null, fmtInt(u.turns)),
             h('dt', null, 'Tool calls'), h('dd', null, fmtInt(u.tool_calls)))),
-        h('div', { class: 'card side-card' }, h('h2', null, 'Sandbox'),
+        kind !== 'agent' && !sb ? null : h('div', { class: 'card side-card' }, h('h2', null, 'Sandbox'),
           sb ? h('dl', { class: 'props' },
             h('dt', null, 'ID'), h('dd', { class: 'mono small', title: sb.id }, shortId(sb.id || sb.sandbox_id, 12)),
             ...Object.entries(sb).filter(([k]) => k !== 'id' && typeof sb[k] !== 'object').slice(0, 6).flatMap(([k, v]) => [h('dt', null, k), h('dd', { class: 'small' }, String(v))]),

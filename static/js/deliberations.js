@@ -197,8 +197,21 @@ function mountDetail(main, taskId, ctx) {
         h('div', null, h('h3', null, 'Reasoning'), h('p', { testid: 'decision-reasoning', style: { marginTop: '4px' } }, d.reasoning || '—')),
         tally ? h('div', { class: 'votes' }, h('h3', null, 'Votes'), Object.entries(tally).map(([agent, n]) => h('div', { class: 'vote-bar' },
           h('span', { class: 'mono ellipsis' }, agent), h('span', { class: 'bar' }, h('i', { style: { width: `${(Number(n) / max) * 100}%` } })), h('span', { class: 'num' }, String(n))))) : null,
-        h('div', null, h('h3', null, 'Chosen proposal'), h('div', { class: 'assistant-text', style: { marginTop: '4px' } }, richText(d.content))))));
+        chosenProposal(d))));
     markChosen();
+  };
+
+  // The chosen proposal, three lines of it until asked for all (its card
+  // below is outlined too).
+  const chosenProposal = (d) => {
+    const text = h('div', { class: 'assistant-text clamp' }, richText(d.content));
+    const toggle = h('button', { type: 'button', class: 'sm ghost fold-toggle', 'aria-expanded': 'false' }, 'Show all');
+    toggle.addEventListener('click', () => {
+      const open = text.classList.toggle('clamp');
+      toggle.setAttribute('aria-expanded', String(!open));
+      toggle.textContent = open ? 'Show all' : 'Show less';
+    });
+    return h('div', null, h('h3', null, 'Chosen proposal ', h('span', { class: 'muted small' }, `(${d.choice}, outlined below)`)), text, toggle);
   };
 
   const onEvent = (ev) => {

@@ -5,7 +5,7 @@
 // or below the last one shown is dropped, so a reconnect or a replay never
 // shows one twice.
 
-import { h, icon, pill, fmtMs, fmtCost, fmtTokens, fmtTime, codeBlock, jsonBlock, richText, shortId } from './ui.js';
+import { h, icon, pill, fmtMs, fmtCost, fmtTokens, fmtTime, codeBlock, jsonBlock, richText } from './ui.js';
 import { VirtualList } from './vlist.js';
 
 function evEl(tag, ev, props = {}, ...children) {
@@ -81,7 +81,23 @@ class TurnBlock extends Block {
     } else {
       this.bubble.hidden = false;
       this.bubble.classList.remove('muted');
-      this.bubble.textContent = this.prompt.length > 4000 ? `${this.prompt.slice(0, 4000)}…` : this.prompt;
+      const text = this.prompt;
+      const lines = text.split('\n');
+      const long = text.length > 600 || lines.length > 10;
+      if (!long) {
+        this.bubble.textContent = text;
+        return;
+      }
+      const short = lines.slice(0, 10).join('\n').slice(0, 600);
+      const body = h('span', null, `${short}…`);
+      const toggle = h('button', { type: 'button', class: 'sm ghost fold-toggle', 'aria-expanded': 'false' }, 'Show all');
+      toggle.addEventListener('click', () => {
+        const open = toggle.getAttribute('aria-expanded') !== 'true';
+        body.textContent = open ? text : `${short}…`;
+        toggle.setAttribute('aria-expanded', String(open));
+        toggle.textContent = open ? 'Show less' : 'Show all';
+      });
+      this.bubble.replaceChildren(body, h('div', null, toggle));
     }
   }
 
@@ -366,6 +382,21 @@ class NodeBlock extends Block {
   guess() { return 30 + this.events.length * 18; }
 }
 
+/** One-line events of deliberations and pipelines. */
+class NoteBlock extends Block {
+  constructor(log, type) { super(log, type, 36); }
+  apply(ev) {
+    if (ev.type === 'deliberation_started') {
+      this.el.append(evEl('div', ev, { class: 'mini' }, h('strong', null, 'Deliberation'), `${ev.num_agents} × ${ev.role}`,
+        h('span', { class: 'muted' }, `· ${ev.rounds} critique round${ev.rounds === 1 ? '' : 's'} · aggregate ${ev.aggregate}`)));
+    } else if (ev.type === 'pipeline_completed') {
+      this.el.append(evEl('div', ev, { class: 'mini' }, h('strong', null, 'Run'), pill(ev.status), `${ev.steps} step${ev.steps === 1 ? '' : 's'}`,
+        ev.reason ? h('span', { class: 'muted' }, `· ${ev.reason}`) : null,
+        h('a', { href: `/ui/pipelines/${encodeURIComponent(ev.thread_id)}` }, `${ev.thread_id} →`)));
+    }
+  }
+}
+
 const TOOL_TYPES = new Set(['tool_use', 'tool_output', 'tool_result']);
 const ROUND_TYPES = new Set(['round_started', 'agent_started', 'agent_completed', 'agent_failed']);
 const NODE_TYPES = new Set(['node_started', 'node_completed', 'node_failed', 'route', 'checkpoint']);
@@ -448,6 +479,8 @@ export class EventLog {
         this.rounds.set(ev.round, b);
       }
       b.push(ev);
+    } else if (type === 'deliberation_started' || type === 'pipeline_completed') {
+      this.block(new NoteBlock(this, type)).push(ev);
     } else if (type === 'decision' || type === 'deliberation_completed') {
       this.block(new DecisionBlock(this)).push(ev);
     } else if (NODE_TYPES.has(type)) {
@@ -478,4 +511,4 @@ export class EventLog {
   }
 }
 
-export { shortId };
+

@@ -56,7 +56,7 @@ export function mount(main, params, ctx) {
   const poolList = h('div');
   function drawPools() {
     if (forbidden) {
-      put(poolsBox, h('div', { class: 'card' }, empty('Pool administration needs an admin key', `${forbidden.message}. Your own traces are below.`)));
+      put(poolsBox, h('div', { class: 'card' }, empty('Pool administration needs an admin key', `${forbidden.message.charAt(0).toUpperCase()}${forbidden.message.slice(1)}. Your own traces are below.`)));
       return;
     }
     if (!lastPools.length) {

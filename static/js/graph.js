@@ -190,10 +190,12 @@ export function buildGraph(def, { onNode } = {}) {
       g.classList.toggle('visited', marks.visited.has(n) && marks.current !== n);
       g.classList.toggle('failed', marks.failed === n);
       g.classList.toggle('selected', marks.selected === n);
+      g.classList.toggle('resume', marks.resumeAt === n);
       const visits = marks.visits?.get(n) || 0;
       const decision = marks.decisions?.get(n);
       const bits = [];
       if (marks.current === n) bits.push('running…');
+      else if (marks.resumeAt === n) bits.push('resumes here');
       else if (decision) bits.push(decision);
       if (visits > 1) bits.push(`×${visits}`);
       const text = bits.length ? bits.join(' ') : role;

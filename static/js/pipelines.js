@@ -215,7 +215,10 @@ function mountRun(main, threadId, ctx) {
     if (current) visited.add(current);
     const failed = status?.status === 'failed' ? (history.filter((x) => x.node !== '(end)').pop()?.node || null) : null;
     const sel = history.find((x) => x.step === selected)?.node;
-    return { current, visited, taken, decisions, visits, failed: failed && !running ? failed : null, selected: sel };
+    // Where a stopped run resumes.
+    const last = history[history.length - 1];
+    const resumeAt = !running && last && last.node === '(end)' ? last.next : null;
+    return { current, visited, taken, decisions, visits, failed: failed && !running ? failed : null, selected: sel, resumeAt };
   };
   const drawGraph = () => { if (graph) graph.update(marks()); };
 
@@ -231,7 +234,12 @@ function mountRun(main, threadId, ctx) {
       h('span', null, status.pipeline), h('span', null, `· ${status.steps} step${status.steps === 1 ? '' : 's'}`),
       h('span', null, `· ${fmtMs(status.duration_ms)}`), h('span', null, '· started ', ago(status.started_at)),
       status.session_id ? h('a', { href: `/ui/sessions/${status.session_id}` }, '· event log →') : null);
-    put(notice, status.reason && st !== 'completed' ? h('div', { class: 'banner warn', style: { marginBottom: '12px' } }, icon('alert', 16), status.reason) : null);
+    const last = history[history.length - 1];
+    const resumable = last && last.node === '(end)' && last.next;
+    const text = resumable
+      ? `Stopped before ${last.next} (${status.reason || st}). Resume continues from there, after step ${history.filter((x) => x.node !== '(end)').length}.`
+      : status.reason;
+    put(notice, text && st !== 'completed' && st !== 'running' ? h('div', { class: 'banner warn', style: { marginBottom: '12px' } }, icon('alert', 16), text) : null);
   };
 
   const drawHistory = () => {
@@ -320,11 +328,11 @@ function mountRun(main, threadId, ctx) {
     switch (ev.type) {
       case 'node_started':
         live.current = ev.node;
-        live.visited.add(ev.node);
         if (status && status.status !== 'running') status.status = 'running';
         drawStatus();
         break;
       case 'node_completed':
+        live.visited.add(ev.node);
         live.decisions.set(ev.node, ev.decision);
         if (live.current === ev.node) live.current = null;
         break;

@@ -2,7 +2,7 @@
 // and age; destroy one (its session gets a fresh one at its next tool call).
 
 import * as api from './api.js';
-import { h, pill, put, empty, errorBox, loading, fmtAgo, fmtBytes, shortId, toast, confirmButton } from './ui.js';
+import { h, pill, put, empty, errorBox, loading, fmtAgo, fmtBytes, shortId, toast, confirmButton, reconcile } from './ui.js';
 
 export function mount(main, params, ctx) {
   let alive = true;
@@ -26,28 +26,47 @@ export function mount(main, params, ctx) {
         : 'A session gets a sandbox at its first tool call (a fenced code block or a “$ ” line to the demo model). Idle ones are reclaimed after sandbox.idle_ttl_s.'));
       return;
     }
-    put(body, h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
-      h('thead', null, h('tr', null, h('th', null, 'Sandbox'), h('th', null, 'Kind'), h('th', { class: 'hide-sm' }, 'Backend'), h('th', null, 'Session'),
-        h('th', { class: 'num' }, 'CPU'), h('th', { class: 'num' }, 'Memory'), h('th', { class: 'num hide-sm' }, 'PIDs'), h('th', { class: 'hide-sm' }, 'Age'), h('th', { class: 'hide-sm' }, 'Expires'),
-        h('th', null, h('span', { class: 'sr-only' }, 'Actions')))),
-      h('tbody', null, list.map((sb) => h('tr', { testid: 'sandbox-row', dataset: { sandbox: sb.id, session: sb.session_id || '' } },
-        h('td', { class: 'mono small', title: sb.id }, shortId(sb.id, 12)),
-        h('td', null, pill(sb.kind, undefined)),
-        h('td', { class: 'hide-sm' }, h('span', { class: 'tag' }, sb.backend)),
-        h('td', null, sb.session_id ? h('a', { class: 'mono small', href: `/ui/sessions/${sb.session_id}` }, shortId(sb.session_id)) : h('span', { class: 'muted' }, '—')),
-        h('td', { class: 'num' }, sb.cpu_percent === null || sb.cpu_percent === undefined ? h('span', { class: 'muted', title: 'the backend cannot tell' }, '—') : `${Number(sb.cpu_percent).toFixed(1)} %`),
-        h('td', { class: 'num' }, sb.memory_bytes === null || sb.memory_bytes === undefined ? h('span', { class: 'muted', title: 'the backend cannot tell' }, '—') : fmtBytes(sb.memory_bytes)),
-        h('td', { class: 'num hide-sm' }, sb.pids === null || sb.pids === undefined ? h('span', { class: 'muted' }, '—') : String(sb.pids)),
-        h('td', { class: 'hide-sm muted', title: sb.created_at || '' }, sb.created_at ? fmtAgo(sb.created_at).replace(' ago', '') : '—'),
-        h('td', { class: 'hide-sm muted', title: sb.expires_at || '' }, sb.expires_at ? fmtAgo(sb.expires_at) : '—'),
-        h('td', { class: 'actions' }, confirmButton('Destroy', async () => {
-          try {
-            await api.del(`/sandboxes/${encodeURIComponent(sb.id)}`, {});
-            toast(`Sandbox ${shortId(sb.id, 12)} destroyed`, 'ok');
-            draw(last.filter((x) => x.id !== sb.id));
-          } catch (e) { toast(e.message, 'danger'); }
-          refresh();
-        }, { testid: 'destroy', 'aria-label': `Destroy sandbox ${shortId(sb.id, 12)}` }))))))));
+    if (table.parentNode?.parentNode !== body) put(body, h('div', { class: 'table-wrap' }, table));
+    reconcile(tbody, list, (sb) => sb.id, row, { sig: (sb) => `${sb.kind}|${sb.session_id}|${sb.backend}`, update: (el, sb) => el.__update(sb) });
+  };
+
+  const tbody = h('tbody');
+  const table = h('table', { class: 'table' },
+    h('thead', null, h('tr', null, h('th', null, 'Sandbox'), h('th', null, 'Kind'), h('th', { class: 'hide-sm' }, 'Backend'), h('th', null, 'Session'),
+      h('th', { class: 'num' }, 'CPU'), h('th', { class: 'num' }, 'Memory'), h('th', { class: 'num hide-sm' }, 'PIDs'), h('th', { class: 'hide-sm' }, 'Age'), h('th', { class: 'hide-sm' }, 'Expires'),
+      h('th', null, h('span', { class: 'sr-only' }, 'Actions')))),
+    tbody);
+
+  const unknown = () => h('span', { class: 'muted', title: 'the backend cannot tell' }, '—');
+  const row = (first) => {
+    const cpu = h('td', { class: 'num' });
+    const mem = h('td', { class: 'num' });
+    const pids = h('td', { class: 'num hide-sm' });
+    const age = h('td', { class: 'hide-sm muted', title: first.created_at || '' });
+    const expires = h('td', { class: 'hide-sm muted', title: first.expires_at || '' });
+    const tr = h('tr', { testid: 'sandbox-row', dataset: { sandbox: first.id, session: first.session_id || '' } },
+      h('td', { class: 'mono small', title: first.id }, shortId(first.id, 12)),
+      h('td', null, pill(first.kind)),
+      h('td', { class: 'hide-sm' }, h('span', { class: 'tag' }, first.backend)),
+      h('td', null, first.session_id ? h('a', { class: 'mono small', href: `/ui/sessions/${first.session_id}` }, shortId(first.session_id)) : h('span', { class: 'muted' }, '—')),
+      cpu, mem, pids, age, expires,
+      h('td', { class: 'actions' }, confirmButton('Destroy', async () => {
+        try {
+          await api.del(`/sandboxes/${encodeURIComponent(first.id)}`, {});
+          toast(`Sandbox ${shortId(first.id, 12)} destroyed`, 'ok');
+          draw(last.filter((x) => x.id !== first.id));
+        } catch (e) { toast(e.message, 'danger'); }
+        refresh();
+      }, { testid: 'destroy', 'aria-label': `Destroy sandbox ${shortId(first.id, 12)}` })));
+    tr.__update = (sb) => {
+      put(cpu, sb.cpu_percent === null || sb.cpu_percent === undefined ? unknown() : `${Number(sb.cpu_percent).toFixed(1)} %`);
+      put(mem, sb.memory_bytes === null || sb.memory_bytes === undefined ? unknown() : fmtBytes(sb.memory_bytes));
+      put(pids, sb.pids === null || sb.pids === undefined ? unknown() : String(sb.pids));
+      age.textContent = sb.created_at ? fmtAgo(sb.created_at).replace(' ago', '') : '—';
+      expires.textContent = sb.expires_at ? fmtAgo(sb.expires_at) : '—';
+    };
+    tr.__update(first);
+    return tr;
   };
 
   async function refresh() {

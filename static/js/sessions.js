@@ -2,7 +2,7 @@
 // a form for a new one. /ui/sessions/{id} is the chat (chat.js).
 
 import * as api from './api.js';
-import { h, icon, pill, put, empty, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt, shortId, field, toast } from './ui.js';
+import { h, icon, pill, put, empty, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt, shortId, field, toast, reconcile } from './ui.js';
 
 export function mount(main, params, ctx) {
   if (params.id) {
@@ -55,16 +55,21 @@ function mountList(main, ctx) {
         filtered ? null : h('button', { type: 'button', class: 'primary', onClick: () => newBtn.click() }, icon('plus', 16), 'New session')));
       return;
     }
-    const rows = all.map((s) => row(s, ctx));
-    put(body,
-      error ? h('div', { class: 'banner warn', role: 'status' }, `Refresh failed: ${error.message}. Showing the last list.`) : null,
-      h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
-        h('thead', null, h('tr', null,
-          h('th', null, 'Session'), h('th', null, 'Status'), h('th', { class: 'hide-sm' }, 'Kind'), h('th', { class: 'hide-sm' }, 'Model'),
-          h('th', { class: 'num hide-sm' }, 'Turns'), h('th', { class: 'num' }, 'Tokens'), h('th', { class: 'num' }, 'Cost'), h('th', { class: 'hide-sm' }, 'Updated'))),
-        h('tbody', null, rows))),
-      nextBefore ? h('div', { class: 'card-body', style: { textAlign: 'center' } }, h('button', { type: 'button', onClick: loadMore }, 'Load more')) : null);
+    if (table.parentNode?.parentNode !== body || body.firstChild?.classList?.contains('banner') !== !!error) {
+      put(body,
+        error ? h('div', { class: 'banner warn', role: 'status' }, `Refresh failed: ${error.message}. Showing the last list.`) : null,
+        h('div', { class: 'table-wrap' }, table), more$);
+    }
+    reconcile(tbody, all, (s) => s.session_id, (s) => row(s, ctx), { sig: (s) => JSON.stringify([s.session_name, s.status, s.kind, s.usage, s.updated_at, s.model || models.get(s.session_id)]) });
+    more$.hidden = !nextBefore;
   };
+  const tbody = h('tbody');
+  const table = h('table', { class: 'table' },
+    h('thead', null, h('tr', null,
+      h('th', null, 'Session'), h('th', null, 'Status'), h('th', { class: 'hide-sm' }, 'Kind'), h('th', { class: 'hide-sm' }, 'Model'),
+      h('th', { class: 'num hide-sm' }, 'Turns'), h('th', { class: 'num' }, 'Tokens'), h('th', { class: 'num' }, 'Cost'), h('th', { class: 'hide-sm' }, 'Updated'))),
+    tbody);
+  const more$ = h('div', { class: 'card-body', style: { textAlign: 'center' }, hidden: true }, h('button', { type: 'button', onClick: () => loadMore() }, 'Load more'));
 
   const query = () => api.qs({ limit: 100, status: status.value, kind: kind.value });
   async function refresh() {
@@ -103,7 +108,7 @@ function row(s, ctx) {
   const model = s.model || models.get(s.session_id);
   const href = `/ui/sessions/${s.session_id}`;
   const tr = h('tr', { class: 'clickable', testid: 'session-row', dataset: { sessionId: s.session_id, status: s.status } },
-    h('td', { class: 'title-cell' }, h('a', { href }, s.session_name || `Session ${shortId(s.session_id)}`), h('div', { class: 'id' }, shortId(s.session_id))),
+    h('td', { class: 'title-cell' }, h('a', { href }, s.session_name || `Session ${shortId(s.session_id)}`), s.session_name ? h('div', { class: 'id' }, shortId(s.session_id)) : null),
     h('td', null, pill(s.status)),
     h('td', { class: 'hide-sm' }, h('span', { class: 'tag' }, s.kind)),
     h('td', { class: 'hide-sm mono small' }, model || h('span', { class: 'muted' }, '—')),

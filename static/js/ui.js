@@ -78,9 +78,14 @@ export function icon(name, size = 18) {
 
 // ---------- formatting ----------
 
+// Formatters are made once: making one per call is slow (thousands of events).
+const INT = new Intl.NumberFormat('en-US');
+const TIME = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false });
+const DATE = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'short' });
+
 export function fmtInt(n) {
   if (n === undefined || n === null) return '—';
-  return Number(n).toLocaleString('en-US');
+  return INT.format(Number(n));
 }
 
 export function fmtTokens(n) {
@@ -130,14 +135,14 @@ export function fmtTime(iso) {
   if (!iso) return '';
   const d = new Date(iso);
   if (Number.isNaN(d.getTime())) return '';
-  return d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+  return TIME.format(d);
 }
 
 export function fmtDate(iso) {
   if (!iso) return '—';
   const d = new Date(iso);
   if (Number.isNaN(d.getTime())) return '—';
-  return d.toLocaleString([], { dateStyle: 'medium', timeStyle: 'short' });
+  return DATE.format(d);
 }
 
 export function shortId(id, n = 8) {

@@ -375,6 +375,27 @@ pub async fn ws_turn(url: &str, prompt: &str) -> Vec<Value> {
     ws_until(&mut ws, "result").await
 }
 
+/// Runs one scenario of the dashboard's browser tests
+/// (`tests/browser/run.py`, selenium and a headless Chromium) against the
+/// server at `url`, saving screenshots to `CONCLAVE_SCREENSHOTS` when set,
+/// and returns the facts it printed, which must say `ok`.
+pub async fn browser_scenario(scenario: &str, url: &str, extra: &[&str]) -> Value {
+    let shots = std::env::var("CONCLAVE_SCREENSHOTS").ok();
+    let mut args = vec![scenario, "--url", url];
+    if let Some(dir) = &shots {
+        args.extend(["--screenshots", dir.as_str()]);
+    }
+    args.extend(extra);
+    let facts = python_json(
+        "tests/browser/run.py",
+        &args,
+        "selenium, with Debian's chromium and chromium-driver",
+    )
+    .await;
+    assert_eq!(facts["ok"], true, "{facts}");
+    facts
+}
+
 /// Runs one of the tests' Python clients (`script` under the repository)
 /// with the Python of `CONCLAVE_TEST_PYTHON`, which must have `needs`
 /// installed, and reads the one JSON object it prints.

@@ -1,0 +1,107 @@
+//! The dashboard in a real Chromium: selenium (`tests/browser/run.py`)
+//! drives each view against a server with what it shows: real docker
+//! sandboxes, `conclave sim` replicas behind a gateway pool, test-mode
+//! pipelines, keys. With `CONCLAVE_SCREENSHOTS=DIR` each scenario saves a
+//! screenshot of the views it visits there (the README shows those of
+//! `docs/screenshots/`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::TestServer;
+use common::sim::{Sim, pools};
+use serde_json::{Value, json};
+
+const KEY_A: &str = "dashboard-key-a";
+const KEY_B: &str = "dashboard-key-b";
+
+/// Runs one scenario of `tests/browser/run.py` against `server`.
+async fn browser(scenario: &str, server: &TestServer, extra: &[&str]) -> Value {
+    common::browser_scenario(scenario, server.url("").trim_end_matches('/'), extra).await
+}
+
+#[tokio::test]
+async fn in_chromium_a_session_streams_runs_a_sandbox_tool_interrupts_and_survives_a_reload() {
+    let server = TestServer::start_sandboxed(|c| c.demo.chunk_delay_ms = 30).await;
+    let facts = browser("sessions", &server, &[]).await;
+    assert!(facts["events"].as_u64().unwrap() > 10, "{facts}");
+    server.stop_and_remove_sandboxes().await;
+}
+
+/// A session of 10,000 events opens whole (every seq once, in order) and
+/// scrolls end to end with only a window of them in the page.
+#[tokio::test]
+async fn in_chromium_a_session_of_ten_thousand_events_opens_and_scrolls() {
+    let server = TestServer::start().await;
+    let facts = browser("bigsession", &server, &[]).await;
+    assert!(facts["events"].as_u64().unwrap() >= 10_000, "{facts}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn in_chromium_a_deliberation_shows_every_proposal_and_the_decision() {
+    let server = TestServer::start().await;
+    browser("deliberations", &server, &[]).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn in_chromium_a_pipeline_shows_its_path_and_history() {
+    let server = TestServer::start_with(|c| c.pipelines.test_mode = true).await;
+    browser("pipelines", &server, &[]).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn in_chromium_a_drained_replica_changes_state() {
+    let (r1, r2) = (Sim::start("r1", &[]).await, Sim::start("r2", &[]).await);
+    let server = TestServer::start_with(|c| {
+        pools(c, &[("sim", &r1)]);
+        let pool = c.gateway.pools.get_mut("sim").unwrap();
+        pool.replicas.push(r2.replica());
+    })
+    .await;
+    browser("gateway", &server, &[]).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn in_chromium_the_sandboxes_and_bus_views_show_live_state() {
+    let server = TestServer::start_sandboxed(|c| c.sandbox.warm_pool = 0).await;
+    let id = server
+        .create_session(json!({"session_name": "with a sandbox"}))
+        .await;
+    let events = server.turn(&id, "$ echo ready").await;
+    assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
+    let put = server
+        .http
+        .put(server.url("/kv/dashboard/greeting"))
+        .json(&json!({"value": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{:?}", put.text().await);
+    browser("views", &server, &[]).await;
+    server.stop_and_remove_sandboxes().await;
+}
+
+#[tokio::test]
+async fn in_chromium_a_wrong_key_is_refused_and_a_key_sees_only_its_sessions() {
+    let server = TestServer::start_with(|c| c.api_keys = vec![KEY_A.into(), KEY_B.into()]).await;
+    let created = server
+        .send_as(
+            KEY_B,
+            reqwest::Method::POST,
+            "/agent/session",
+            Some(json!({"session_name": "secret-of-b"})),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    browser(
+        "auth",
+        &server,
+        &["--key", KEY_A, "--wrong-key", "not-a-key-at-all"],
+    )
+    .await;
+    server.stop().await;
+}
