@@ -20,6 +20,8 @@ NAMES = ["sessions", "deliberations", "pipelines", "gateway", "views", "auth", "
 
 CODE_PROMPT = "```python\nprint('hello from the sandbox', 6 * 7)\n```"
 LONG_PROMPT = " ".join(f"word{i}" for i in range(1, 401))
+# The demo model echoes it: markup in an answer, which must stay text.
+XSS_PROMPT = 'look <img src="x" onerror="window.__conclave_xss = 1"> here'
 
 
 # ---------- helpers ----------
@@ -147,6 +149,20 @@ def scenario_sessions(b, args):
     if not b.css('[data-testid="result"]'):
         raise Failure("no element has data-testid=result")
     b.shot("session-chat")
+
+    # What a model or a tool says is text, never markup: an answer carrying
+    # HTML shows as written and runs nothing.
+    mark = first["seq"]
+    send_prompt(b, XSS_PROMPT)
+    first = wait_result(b, mark, 60, "success")
+    if b.driver.execute_script("return window.__conclave_xss === 1"):
+        raise Failure("markup from a model's answer ran in the page")
+    if b.css('[data-testid="event"] img[src="x"]'):
+        raise Failure("markup from a model's answer became an element")
+    shown = b.driver.execute_script(
+        "return [...document.querySelectorAll('[data-seq]')].map((el) => el.textContent).join(' ')")
+    if "onerror=" not in shown:
+        raise Failure("the answer's markup is not shown as text")
 
     # A long turn, stopped with the interrupt button.
     mark = first["seq"]
