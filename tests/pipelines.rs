@@ -461,6 +461,24 @@ async fn a_pipeline_session_streams_its_run_and_only_its_owner_sees_it() {
         )
         .await;
     assert_eq!(other.status(), 404);
+    // The list of runs: the owner's only, newest first.
+    let runs = |key: &'static str| {
+        let list = server.send_as(key, reqwest::Method::GET, "/orchestrator/runs", None);
+        async move { list.await.json::<Value>().await.unwrap()["runs"].clone() }
+    };
+    let mine = runs("owner-key-1").await;
+    assert_eq!(mine[0]["thread_id"], thread, "{mine}");
+    assert_eq!(mine[0]["pipeline"], "connector");
+    assert_eq!(runs("other-key-2").await, json!([]));
+    let bad = server
+        .send_as(
+            "owner-key-1",
+            reqwest::Method::GET,
+            "/orchestrator/runs?limit=0",
+            None,
+        )
+        .await;
+    assert_eq!(bad.status(), 422);
     server.stop().await;
 }
 

@@ -67,7 +67,7 @@ use state::AppState;
         bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
         deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
         pipelines::status, pipelines::history, pipelines::resume, pipelines::cancel,
-        pipelines::active, pipelines::health, pipelines::definitions, pipelines::validate,
+        pipelines::active, pipelines::runs, pipelines::health, pipelines::definitions, pipelines::validate,
         dashboard::me, dashboard::ticket
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
@@ -177,6 +177,7 @@ pub fn router(state: AppState) -> Router {
             "/orchestrator/pipeline/cancel/{thread_id}",
             post(pipelines::cancel),
         )
+        .route("/orchestrator/runs", get(pipelines::runs))
         .route("/orchestrator/runs/active", get(pipelines::active))
         .route("/orchestrator/health", get(pipelines::health))
         .route("/orchestrator/pipelines", get(pipelines::definitions))

@@ -108,6 +108,31 @@ pub async fn active(
     ))
 }
 
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RunsQuery {
+    /// How many (1 to 500; default 50).
+    limit: Option<u32>,
+}
+
+/// The caller's latest runs, newest first, each as `status` answers it.
+#[utoipa::path(get, path = "/orchestrator/runs", params(RunsQuery),
+    responses((status = 200, description = "{runs: [...]}"), (status = 422, body = ErrorBody)))]
+pub async fn runs(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    super::extract::ApiQuery(query): super::extract::ApiQuery<RunsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = match query.limit {
+        None => 50,
+        Some(n @ 1..=500) => n as usize,
+        Some(_) => return Err(ApiError::invalid("limit", "must be 1 to 500")),
+    };
+    Ok(Json(
+        json!({"runs": state.pipelines.recent(caller.owner(), limit).await?}),
+    ))
+}
+
 /// `{status: ok, test_mode, max_concurrent_pipelines, pipeline_timeout_s, queued, pipelines}`.
 #[utoipa::path(get, path = "/orchestrator/health", responses((status = 200, description = "The orchestrator")))]
 pub async fn health(State(state): State<AppState>) -> Json<Value> {

@@ -433,6 +433,23 @@ impl Runs {
         Ok(json!({"thread_id": record.thread_id, "status": "cancelling"}))
     }
 
+    /// The owner's latest `limit` runs, newest first, each as its status.
+    pub async fn recent(&self, owner: Option<&str>, limit: usize) -> Result<Vec<Value>, RunError> {
+        let filter = SessionFilter {
+            owner: owner.map(str::to_owned),
+            kind: Some(KIND),
+            limit: Some(limit),
+            ..SessionFilter::default()
+        };
+        let mut runs = Vec::new();
+        for record in self.sessions.list(&filter).await? {
+            if let Some(run) = by_session(self.store.as_ref(), record.id).await? {
+                runs.push(self.status(owner, &run.thread_id).await?);
+            }
+        }
+        Ok(runs)
+    }
+
     /// The owner's runs that are running or queued (as their sessions
     /// know it at once, not as the store has it yet).
     pub async fn active(&self, owner: Option<&str>) -> Result<Vec<Value>, RunError> {

@@ -6,17 +6,7 @@ import * as api from './api.js';
 import { h, icon, pill, put, empty, errorBox, loading, ago, fmtMs, field, toast, jsonLine } from './ui.js';
 import { buildGraph, edgeKey } from './graph.js';
 
-const THREADS = 'conclave.threads';
 const FINAL = new Set(['completed', 'failed', 'cancelled']);
-
-function threads() {
-  try { return JSON.parse(localStorage.getItem(THREADS) || '{}'); } catch { return {}; }
-}
-function rememberThread(sessionId, threadId) {
-  const t = threads();
-  t[sessionId] = threadId;
-  try { localStorage.setItem(THREADS, JSON.stringify(t)); } catch { /* full or off */ }
-}
 
 let definitionsCache = null;
 async function definitions() {
@@ -87,7 +77,6 @@ function mountList(main, ctx) {
     start.disabled = true;
     try {
       const started = await api.post('/orchestrator/pipeline/start', body);
-      rememberThread(started.session_id, started.thread_id);
       ctx.navigate(`/ui/pipelines/${encodeURIComponent(started.thread_id)}`);
     } catch (e2) {
       err.replaceChildren(errorBox(e2));
@@ -100,69 +89,35 @@ function mountList(main, ctx) {
     h('div', { class: 'page-head' }, h('div', { class: 'grow' }, h('h1', null, 'Pipelines'), h('p', { class: 'sub' }, 'Graphs of agents with durable checkpoints: start, watch, cancel and resume runs.'))),
     h('div', { class: 'two-col' }, form, h('div', { class: 'card' }, h('div', { class: 'card-head' }, h('h2', null, 'Runs')), list)));
 
-  const runStatus = new Map();
-  const resolving = new Set();
   const refresh = async () => {
-    let sessions;
-    let active = [];
+    let runs;
     try {
-      [sessions, active] = await Promise.all([
-        api.get('/agent/sessions?kind=pipeline&limit=50').then((r) => r.sessions || []),
-        api.get('/orchestrator/runs/active').then((r) => r.runs || []).catch(() => []),
-      ]);
+      runs = await api.get('/orchestrator/runs?limit=50').then((r) => r.runs || []);
     } catch (e) {
       put(list, errorBox(e, refresh));
       return;
     }
     if (!alive) return;
-    const known = threads();
-    for (const r of active) { if (r.session_id && r.thread_id) { known[r.session_id] = r.thread_id; rememberThread(r.session_id, r.thread_id); runStatus.set(r.thread_id, r); } }
-    if (!sessions.length) {
+    if (!runs.length) {
       put(list, empty('No runs yet', 'Pick a pipeline and start a run: its graph lights up node by node as it goes.'));
       return;
     }
-    // Thread ids the page has not seen: read from the run's own events.
-    const unknown = sessions.filter((s) => !known[s.session_id] && !resolving.has(s.session_id)).slice(0, 6);
-    for (const s of unknown) {
-      resolving.add(s.session_id);
-      findThread(s.session_id).then((t) => { if (t) { rememberThread(s.session_id, t); if (alive) refresh(); } });
-    }
-    const wanted = sessions.map((s) => known[s.session_id]).filter((t) => t && (!runStatus.has(t) || !FINAL.has(runStatus.get(t).status))).slice(0, 10);
-    await Promise.all(wanted.map((t) => api.get(`/orchestrator/pipeline/status/${encodeURIComponent(t)}`).then((st) => runStatus.set(t, st)).catch(() => {})));
-    if (!alive) return;
     put(list, h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
       h('thead', null, h('tr', null, h('th', null, 'Run'), h('th', null, 'Status'), h('th', { class: 'hide-sm' }, 'Node'), h('th', { class: 'num hide-sm' }, 'Steps'), h('th', { class: 'hide-sm' }, 'Started'))),
-      h('tbody', null, sessions.map((s) => {
-        const t = known[s.session_id];
-        const st = t ? runStatus.get(t) : null;
-        const href = t ? `/ui/pipelines/${encodeURIComponent(t)}` : `/ui/sessions/${s.session_id}`;
-        const tr = h('tr', { class: 'clickable', testid: 'run-row', dataset: { thread: t || '' } },
-          h('td', { class: 'title-cell' }, h('a', { href }, t || s.session_name || 'run'), h('div', { class: 'id' }, st?.pipeline || '')),
-          h('td', null, pill(st?.status || (s.status === 'running' ? 'running' : s.status))),
-          h('td', { class: 'hide-sm mono small' }, st?.node || '—'),
-          h('td', { class: 'num hide-sm' }, st ? String(st.steps) : '—'),
-          h('td', { class: 'hide-sm muted' }, ago(s.created_at)));
+      h('tbody', null, runs.map((st) => {
+        const href = `/ui/pipelines/${encodeURIComponent(st.thread_id)}`;
+        const tr = h('tr', { class: 'clickable', testid: 'run-row', dataset: { thread: st.thread_id } },
+          h('td', { class: 'title-cell' }, h('a', { href }, st.thread_id), h('div', { class: 'id' }, st.pipeline || '')),
+          h('td', null, pill(st.status)),
+          h('td', { class: 'hide-sm mono small' }, st.node || '—'),
+          h('td', { class: 'num hide-sm' }, String(st.steps)),
+          h('td', { class: 'hide-sm muted' }, ago(st.started_at)));
         tr.addEventListener('click', (e) => { if (!e.target.closest('a')) ctx.navigate(href); });
         return tr;
       })))));
   };
   const stop = api.poll(refresh, 4000);
   return () => { alive = false; stop(); };
-}
-
-/** A run's thread id, from its session's events (the page may not have started it). */
-async function findThread(sessionId) {
-  let found = null;
-  const re = /pipeline-[a-z0-9-]+-[0-9a-f]{8}/;
-  try {
-    await api.stream(`/agent/session/${sessionId}/events?since=0`, (ev) => {
-      if (ev.thread_id) { found = ev.thread_id; return false; }
-      const m = ev.type === 'status' && re.exec(ev.message || '');
-      if (m) { found = m[0]; return false; }
-      return true;
-    });
-  } catch { /* leave it unknown */ }
-  return found;
 }
 
 function mountRun(main, threadId, ctx) {
@@ -357,7 +312,6 @@ function mountRun(main, threadId, ctx) {
   Promise.all([api.get(`/orchestrator/pipeline/status/${enc}`), definitions()]).then(([st, defs]) => {
     if (!alive) return;
     status = st;
-    rememberThread(st.session_id, threadId);
     def = defs.find((d) => d.name === st.pipeline);
     if (def) {
       graph = buildGraph(def, {
