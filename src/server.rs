@@ -159,6 +159,7 @@ impl Server {
                     background: Default::default(),
                     deliberations: Default::default(),
                     pipelines: Default::default(),
+                    sessions: Default::default(),
                 });
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -238,6 +239,7 @@ impl Server {
         if let Some(host) = &mcp {
             let _ = host.deliberations.set(deliberations.clone());
             let _ = host.pipelines.set(pipelines.clone());
+            let _ = host.sessions.set(sessions.clone());
         }
         let recovered = sessions
             .recover()

@@ -34,7 +34,8 @@ fn run_client(args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).expect("client prints JSON")
 }
 
-/// What an MCP client saw; `deliberate` is listed by the server's `/mcp`
+/// What an MCP client saw; `deliberate`, `start_pipeline` and `run_agent`
+/// are listed by the server's `/mcp`
 /// (which runs sessions), not by the stdio `conclave mcp`.
 fn check(seen: &Value, served: bool) {
     let tools: Vec<&str> = seen["tools"]
@@ -43,7 +44,7 @@ fn check(seen: &Value, served: bool) {
         .iter()
         .filter_map(Value::as_str)
         .filter(|name| {
-            let server_only = matches!(*name, "deliberate" | "start_pipeline");
+            let server_only = matches!(*name, "deliberate" | "start_pipeline" | "run_agent");
             assert!(served || !server_only, "stdio lists {name}");
             served || !server_only
         })
@@ -51,7 +52,7 @@ fn check(seen: &Value, served: bool) {
     let tools: Vec<&str> = if served {
         tools
     } else {
-        let mut all: Vec<&str> = ["deliberate", "start_pipeline"]
+        let mut all: Vec<&str> = ["deliberate", "run_agent", "start_pipeline"]
             .into_iter()
             .chain(tools)
             .collect();
@@ -71,6 +72,7 @@ fn check(seen: &Value, served: bool) {
             "list_background",
             "list_files",
             "read_file",
+            "run_agent",
             "start_pipeline",
             "write_file"
         ]
@@ -485,4 +487,158 @@ async fn stdio_without_a_data_dir_uses_the_running_servers() {
             .join(".local/share/conclave/conclave.db")
             .exists()
     );
+}
+
+/// An IDE hands whole tasks to a sandboxed agent over `/mcp` and watches
+/// them: progress before the result, a second turn in the same session, a
+/// cancelled turn that ends interrupted with its command killed, the
+/// session as resources (listed, read, updates to a subscriber), and
+/// another key that finds none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_agent_and_session_resources_over_streamable_http() {
+    let server = TestServer::start_sandboxed(|config| {
+        config.api_keys = vec!["ide-key-1".into(), "other-key-2".into()];
+    })
+    .await;
+    let url = server.url("/mcp");
+    let seen = common::python_json(
+        "tests/mcp/agent.py",
+        &["http", &url, "ide-key-1", "other-key-2"],
+        "the mcp package",
+    )
+    .await;
+    check_agent(&seen);
+    let id = seen["first"]["structured"]["session_id"].as_str().unwrap();
+    let uri = format!("conclave://sessions/{id}");
+    let other = &seen["other"];
+    let own = format!("conclave://sessions/{}", other["own_id"].as_str().unwrap());
+    assert_eq!(
+        *other,
+        json!({
+            "run_agent": format!("session '{id}' not found"),
+            "read": format!("no resource {uri}"),
+            "read_events": format!("no resource {uri}/events"),
+            "subscribe": format!("no resource {uri}"),
+            "own_id": other["own_id"],
+            "listed": [own.clone(), format!("{own}/events")],
+        })
+    );
+    server.stop_and_remove_sandboxes().await;
+}
+
+/// What `tests/mcp/agent.py` saw as the session's owner.
+fn check_agent(seen: &Value) {
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("run_agent"))
+    );
+    assert_eq!(
+        seen["templates"],
+        json!([
+            "conclave://sessions/{session_id}",
+            "conclave://sessions/{session_id}/events"
+        ])
+    );
+    let first = &seen["first"];
+    let id = first["structured"]["session_id"]
+        .as_str()
+        .expect("a session id");
+    assert_eq!(first["is_error"], false, "{first}");
+    assert_eq!(first["structured"]["status"], "success");
+    assert!(
+        first["text"]
+            .as_str()
+            .unwrap()
+            .contains(r#""stdout":"42\n""#),
+        "{first}"
+    );
+    assert_eq!(first["structured"]["usage"]["tool_calls"], 1);
+    assert_eq!(seen["list_changed_after_first"], 1);
+    // The second call continues the same session.
+    let second = &seen["second"];
+    assert_eq!(second["text"], "You said: and now say hello again");
+    assert_eq!(second["structured"]["session_id"], id);
+    assert_eq!(second["structured"]["session_usage"]["turns"], 3);
+    // Progress came before each result: the tool call, its output, the text.
+    let timeline: Vec<(String, String, String)> = seen["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let text = |i: usize| e[i].as_str().unwrap_or_default().to_string();
+            (text(0), text(1), text(2))
+        })
+        .collect();
+    let at = |label: &str, what: &str, starts: &str| {
+        timeline
+            .iter()
+            .position(|(l, w, m)| l == label && w == what && m.starts_with(starts))
+            .unwrap_or_else(|| panic!("no {label} {what} {starts:?} in {timeline:?}"))
+    };
+    let result = at("first", "result", "");
+    assert!(
+        at(
+            "first",
+            "progress",
+            "mcp__sandbox__execute_code print(6 * 7)"
+        ) < result
+    );
+    assert!(
+        at(
+            "first",
+            "progress",
+            "mcp__sandbox__execute_code returned: 42"
+        ) < result
+    );
+    assert!(at("second", "progress", "You said") < at("second", "result", ""));
+    // The resources: listed, read, and updates while the turn ran.
+    let uri = format!("conclave://sessions/{id}");
+    assert_eq!(
+        seen["listed"],
+        json!([uri.clone(), format!("{uri}/events")])
+    );
+    assert_eq!(seen["updated"], json!([format!("{uri}/events")]));
+    let status = &seen["status"];
+    assert_eq!(status["status"], "idle");
+    assert_eq!(status["usage"], second["structured"]["session_usage"]);
+    let roles: Vec<&str> = status["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["role"].as_str())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+            "assistant"
+        ]
+    );
+    assert_eq!(seen["events_mime"], "application/x-ndjson");
+    assert_eq!(
+        seen["event_types"],
+        json!([
+            "status",
+            "thinking",
+            "tool_use",
+            "tool_result",
+            "thinking",
+            "result",
+            "status",
+            "thinking",
+            "result"
+        ])
+    );
+    // Cancelled mid-command: interrupted, and the command is gone.
+    assert_eq!(seen["sleeps_before_cancel"], "1");
+    assert_eq!(seen["after_cancel"], "interrupted");
+    assert_eq!(seen["last_event"]["type"], "result");
+    assert_eq!(seen["last_event"]["status"], "interrupted");
+    assert_eq!(seen["sleeps_after_cancel"], "0");
 }

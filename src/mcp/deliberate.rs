@@ -49,6 +49,7 @@ pub async fn run(
     let mut answered = 0u32;
     follow(
         &session,
+        0,
         &ctx,
         Some(f64::from(total)),
         async {

@@ -3,6 +3,7 @@
 //! does the work, with progress notifications, until its turn's `result`.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use rmcp::RoleServer;
@@ -38,21 +39,24 @@ pub fn body_of(args: &impl Serialize) -> Result<Map<String, Value>, ErrorData> {
     }
 }
 
-/// Follows `session`'s turn from its first event to its `result`: `note`
-/// turns an event into a progress notification (progress, message), sent
-/// when the client asked for progress. A cancelled call runs `on_cancel`
-/// once and keeps following until the turn ends.
+/// Follows `session`'s turn from the event after `since` to its `result`,
+/// which it returns (`None` if the session went first): `note` turns an
+/// event into a progress notification (progress, message), sent when the
+/// client asked for progress. A cancelled call runs `on_cancel` once and
+/// keeps following until the turn ends.
 pub async fn follow<F>(
     session: &Session,
+    since: u64,
     ctx: &RequestContext<RoleServer>,
     total: Option<f64>,
     on_cancel: F,
     mut note: impl FnMut(&Event) -> Option<(f64, String)>,
-) where
+) -> Option<Arc<Event>>
+where
     F: Future<Output = ()>,
 {
     let token = ctx.meta.get_progress_token();
-    let mut events = session.subscribe(0, true);
+    let mut events = session.subscribe(since, true);
     tokio::pin!(on_cancel);
     let mut cancelled = false;
     loop {
@@ -64,9 +68,9 @@ pub async fn follow<F>(
                 continue;
             }
         };
-        let Some(event) = event else { break };
+        let event = event?;
         if event.ends_turn() {
-            break;
+            return Some(event);
         }
         if let (Some((progress, message)), Some(token)) = (note(&event), &token) {
             let mut param =

@@ -47,6 +47,9 @@ pub struct McpHost {
     pub deliberations: std::sync::OnceLock<Arc<crate::deliberation::Deliberations>>,
     /// The `start_pipeline` tool's; set with `deliberations`.
     pub pipelines: std::sync::OnceLock<Arc<crate::pipeline::runs::Runs>>,
+    /// The server's sessions, for `run_agent` and the session resources;
+    /// set with `deliberations`.
+    pub sessions: std::sync::OnceLock<Arc<crate::session::SessionManager>>,
 }
 
 fn invalid(message: impl Into<String>) -> ErrorData {

@@ -25,6 +25,8 @@ pub mod follow;
 pub mod host;
 pub mod pipeline;
 pub mod progress;
+pub mod resources;
+pub mod run_agent;
 pub mod schema;
 pub mod server;
 
@@ -88,6 +90,7 @@ pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
         background: Default::default(),
         deliberations: Default::default(),
         pipelines: Default::default(),
+        sessions: Default::default(),
     });
     let server = SandboxServer::new(host, Caller::Trusted);
     let running = server.serve(rmcp::transport::stdio()).await?;

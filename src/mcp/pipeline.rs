@@ -45,6 +45,7 @@ pub async fn run(
     let mut done = 0u32;
     follow(
         &session,
+        0,
         &ctx,
         None,
         async {

@@ -298,3 +298,20 @@ pub struct StartPipeline {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
 }
+
+/// A turn for an agent session (`run_agent`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct RunAgent {
+    /// What the agent is asked to do.
+    pub prompt: String,
+    /// An agent session of the caller to continue; omitted, a new one is
+    /// made and its id returned.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// The new session's options, as `POST /agent/session` takes them
+    /// (`model`, `system_prompt`, `allowed_tools`, `sandbox`, …); only
+    /// without `session_id`.
+    #[serde(default)]
+    pub options: Option<serde_json::Map<String, serde_json::Value>>,
+}

@@ -7,7 +7,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{ErrorData, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    ErrorData, Implementation, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig, SubscribeRequestParams, UnsubscribeRequestParams,
+};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use uuid::Uuid;
@@ -29,6 +33,8 @@ pub struct SandboxServer {
     caller: Caller,
     /// This connection's scratch sandbox, for calls that name no session.
     scratch: Arc<Scratch>,
+    /// This connection's subscriptions to session resources.
+    subscriptions: Arc<super::resources::Subscriptions>,
     tool_router: ToolRouter<SandboxServer>,
 }
 
@@ -72,6 +78,7 @@ impl SandboxServer {
                 id: Uuid::new_v4(),
                 host: host.clone(),
             }),
+            subscriptions: Default::default(),
             tool_router: {
                 let mut router = Self::tool_router();
                 // Only a server with sessions runs deliberations.
@@ -80,6 +87,9 @@ impl SandboxServer {
                 }
                 if host.pipelines.get().is_none() {
                     router.remove_route("start_pipeline");
+                }
+                if host.sessions.get().is_none() {
+                    router.remove_route("run_agent");
                 }
                 router
             },
@@ -363,6 +373,17 @@ impl SandboxServer {
         super::pipeline::run(&self.host, &self.caller, args, ctx).await
     }
 
+    #[tool(
+        description = "Hand a task to a sandboxed agent: runs one turn in the agent session session_id of the caller (or a new one made with options, as POST /agent/session takes them) and returns its final answer, with the session id, status and usage as structured content. Progress notifications carry the turn's tool calls, the start of their output and its text; cancelling the call interrupts the turn."
+    )]
+    async fn run_agent(
+        &self,
+        Parameters(args): Parameters<RunAgent>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        super::run_agent::run(&self.host, &self.caller, args, ctx).await
+    }
+
     #[tool(description = "List a directory of the workspace.")]
     async fn list_files(
         &self,
@@ -450,7 +471,17 @@ impl SandboxServer {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let mut capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .enable_resources_list_changed()
+            .build();
+        // Only a server with sessions has them as resources.
+        if self.host.sessions.get().is_none() {
+            capabilities.resources = None;
+        }
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new(
                 "conclave-sandbox",
                 env!("CARGO_PKG_VERSION"),
@@ -460,5 +491,61 @@ impl ServerHandler for SandboxServer {
                  Give session_id to act in an agent session's sandbox; without it each \
                  connection gets a scratch sandbox of its own.",
             )
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        super::resources::list(&self.host, &self.caller, &ctx).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(match self.host.sessions.get() {
+            Some(_) => super::resources::templates(),
+            None => ListResourceTemplatesResult::default(),
+        })
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        super::resources::read(&self.host, &self.caller, &request.uri, &ctx)
+            .await
+            .map(Into::into)
+    }
+
+    // IDEs speak the 2025 protocol, whose subscriptions these are.
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        super::resources::subscribe(
+            &self.host,
+            &self.caller,
+            &self.subscriptions,
+            &request.uri,
+            &ctx,
+        )
+        .await
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        super::resources::unsubscribe(&self.subscriptions, &request.uri);
+        Ok(())
     }
 }

@@ -1,0 +1,294 @@
+//! A caller's sessions as MCP resources: `conclave://sessions/{id}` (the
+//! status, history and usage, as JSON) and `conclave://sessions/{id}/events`
+//! (the event log, as NDJSON). A subscriber hears
+//! `notifications/resources/updated` while a turn writes events. Another
+//! key's session is "not found" for reading and subscribing alike.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use rmcp::RoleServer;
+use rmcp::model::{
+    ErrorData, ListResourceTemplatesResult, ListResourcesResult, ReadResourceResult, Resource,
+    ResourceContents, ResourceTemplate, ResourceUpdatedNotificationParam,
+};
+use rmcp::service::RequestContext;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::follow::http_owner;
+use super::host::{Caller, McpHost};
+use crate::session::{Session, SessionError, SessionManager};
+use crate::store::SessionFilter;
+use crate::sync::lock;
+
+const PREFIX: &str = "conclave://sessions/";
+const EVENTS_SUFFIX: &str = "/events";
+/// Sessions a listing shows, the newest first.
+const MAX_LISTED: usize = 500;
+/// Bytes of NDJSON an events read returns: its latest events, so that the
+/// answer fits the official SDKs' 1 MiB message limit.
+const MAX_EVENTS_BYTES: usize = 768 * 1024;
+/// At most one update notification per subscription this often: the
+/// events in between are one update.
+const UPDATE_EVERY: Duration = Duration::from_millis(250);
+
+/// What a URI names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Target {
+    Status(Uuid),
+    Events(Uuid),
+}
+
+impl Target {
+    fn parse(uri: &str) -> Option<Target> {
+        let rest = uri.strip_prefix(PREFIX)?;
+        match rest.strip_suffix(EVENTS_SUFFIX) {
+            Some(id) => Uuid::parse_str(id).ok().map(Target::Events),
+            None => Uuid::parse_str(rest).ok().map(Target::Status),
+        }
+    }
+
+    fn session(self) -> Uuid {
+        match self {
+            Target::Status(id) | Target::Events(id) => id,
+        }
+    }
+}
+
+fn not_found(uri: &str) -> ErrorData {
+    ErrorData::resource_not_found(format!("no resource {uri}"), None)
+}
+
+fn internal(error: impl std::fmt::Display) -> ErrorData {
+    tracing::warn!(%error, "a session resource failed");
+    ErrorData::internal_error("the session could not be read", None)
+}
+
+fn manager(host: &McpHost) -> Result<&Arc<SessionManager>, ErrorData> {
+    host.sessions.get().ok_or_else(|| {
+        ErrorData::invalid_request(
+            "session resources are the server's: connect to its /mcp",
+            None,
+        )
+    })
+}
+
+/// The session a URI names, if the caller may see it.
+async fn find(
+    host: &McpHost,
+    caller: &Caller,
+    uri: &str,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<(Target, Arc<Session>), ErrorData> {
+    let target = Target::parse(uri).ok_or_else(|| not_found(uri))?;
+    let owner = http_owner(caller, ctx).flatten();
+    match manager(host)?.get(target.session(), owner.as_deref()).await {
+        Ok(session) => Ok((target, session)),
+        Err(SessionError::NotFound(_)) => Err(not_found(uri)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+pub fn templates() -> ListResourceTemplatesResult {
+    ListResourceTemplatesResult::with_all_items(vec![
+        ResourceTemplate::new(format!("{PREFIX}{{session_id}}"), "session")
+            .with_title("Conclave session")
+            .with_description("An agent session's status, history and usage.")
+            .with_mime_type("application/json"),
+        ResourceTemplate::new(
+            format!("{PREFIX}{{session_id}}{EVENTS_SUFFIX}"),
+            "session-events",
+        )
+        .with_title("Conclave session events")
+        .with_description("A session's event log, one JSON event per line.")
+        .with_mime_type("application/x-ndjson"),
+    ])
+}
+
+/// The caller's sessions, each as its status and its events.
+pub async fn list(
+    host: &McpHost,
+    caller: &Caller,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<ListResourcesResult, ErrorData> {
+    let Some(sessions) = host.sessions.get() else {
+        return Ok(ListResourcesResult::default());
+    };
+    let filter = SessionFilter {
+        owner: http_owner(caller, ctx).flatten(),
+        limit: Some(MAX_LISTED),
+        ..SessionFilter::default()
+    };
+    let records = sessions.list(&filter).await.map_err(internal)?;
+    let resources = records
+        .iter()
+        .flat_map(|record| {
+            let name = record
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("session {}", record.id));
+            let status = format!("{PREFIX}{}", record.id);
+            [
+                Resource::new(status.clone(), name.clone())
+                    .with_description(format!(
+                        "{} session, {}",
+                        record.kind,
+                        record.status.as_str()
+                    ))
+                    .with_mime_type("application/json"),
+                Resource::new(format!("{status}{EVENTS_SUFFIX}"), format!("{name} events"))
+                    .with_mime_type("application/x-ndjson"),
+            ]
+        })
+        .collect();
+    Ok(ListResourcesResult::with_all_items(resources))
+}
+
+pub async fn read(
+    host: &McpHost,
+    caller: &Caller,
+    uri: &str,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<ReadResourceResult, ErrorData> {
+    let (target, session) = find(host, caller, uri, ctx).await?;
+    let contents = match target {
+        Target::Status(_) => {
+            let history = manager(host)?.history(&session).await.map_err(internal)?;
+            let status = json!({
+                "session_id": session.id,
+                "session_name": session.name,
+                "kind": session.kind,
+                "status": session.status(),
+                "running": session.is_running(),
+                "usage": session.usage(),
+                "history": history,
+                "last_seq": session.last_seq(),
+                "created_at": session.created_at,
+                "updated_at": session.updated_at(),
+            });
+            ResourceContents::text(status.to_string(), uri).with_mime_type("application/json")
+        }
+        Target::Events(_) => {
+            let lines: Vec<String> = session
+                .replay(0)
+                .filter_map(|event| async move { serde_json::to_string(&*event).ok() })
+                .collect()
+                .await;
+            ResourceContents::text(latest_lines(&lines, MAX_EVENTS_BYTES), uri)
+                .with_mime_type("application/x-ndjson")
+        }
+    };
+    Ok(ReadResourceResult::new(vec![contents]))
+}
+
+/// The last lines that fit in `max` bytes, each ending in a newline.
+fn latest_lines(lines: &[String], max: usize) -> String {
+    let mut size = 0;
+    let kept = lines
+        .iter()
+        .rev()
+        .take_while(|line| {
+            size += line.len() + 1;
+            size <= max
+        })
+        .count();
+    lines[lines.len() - kept..]
+        .iter()
+        .flat_map(|line| [line.as_str(), "\n"])
+        .collect()
+}
+
+/// One connection's subscriptions by URI; they end with it.
+#[derive(Default)]
+pub struct Subscriptions(Mutex<HashMap<String, CancellationToken>>);
+
+impl Drop for Subscriptions {
+    fn drop(&mut self) {
+        for token in lock(&self.0).values() {
+            token.cancel();
+        }
+    }
+}
+
+/// Sends `notifications/resources/updated` for `uri` while the session's
+/// log grows, until an unsubscribe, the connection's end or the session's.
+pub async fn subscribe(
+    host: &McpHost,
+    caller: &Caller,
+    subscriptions: &Subscriptions,
+    uri: &str,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<(), ErrorData> {
+    let (_, session) = find(host, caller, uri, ctx).await?;
+    let stop = CancellationToken::new();
+    if let Some(earlier) = lock(&subscriptions.0).insert(uri.to_string(), stop.clone()) {
+        earlier.cancel();
+    }
+    let (peer, uri) = (ctx.peer.clone(), uri.to_string());
+    tokio::spawn(async move {
+        let mut events = session.subscribe(session.last_seq(), false);
+        loop {
+            tokio::select! {
+                event = events.next() => if event.is_none() { return },
+                _ = stop.cancelled() => return,
+            }
+            let update = ResourceUpdatedNotificationParam::new(uri.clone());
+            if peer.notify_resource_updated(update).await.is_err() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(UPDATE_EVERY) => {}
+                _ = stop.cancelled() => return,
+            }
+            // What came meanwhile is told by the next update.
+            while let Some(event) = events.next().now_or_never() {
+                if event.is_none() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+pub fn unsubscribe(subscriptions: &Subscriptions, uri: &str) {
+    if let Some(stop) = lock(&subscriptions.0).remove(uri) {
+        stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_name_a_session_or_its_events() {
+        let id = Uuid::new_v4();
+        assert_eq!(
+            Target::parse(&format!("conclave://sessions/{id}")),
+            Some(Target::Status(id))
+        );
+        assert_eq!(
+            Target::parse(&format!("conclave://sessions/{id}/events")),
+            Some(Target::Events(id))
+        );
+        for bad in [
+            "conclave://sessions/x",
+            "file:///etc/passwd",
+            "conclave://sessions/",
+        ] {
+            assert_eq!(Target::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_events_read_keeps_the_latest_lines() {
+        let lines: Vec<String> = (1..=5).map(|n| format!("{{\"seq\":{n}}}")).collect();
+        assert_eq!(latest_lines(&lines, 22), "{\"seq\":4}\n{\"seq\":5}\n");
+        assert_eq!(latest_lines(&lines, 1000).lines().count(), 5);
+    }
+}

@@ -1,0 +1,271 @@
+//! The `run_agent` tool: an IDE hands a task to a sandboxed agent and
+//! watches it. One turn runs in a session of the caller (or a new one);
+//! its events come as progress notifications, one short line each, and the
+//! result is the turn's answer. Cancelling the call interrupts the turn,
+//! and with it the commands it runs in the sandbox.
+
+use std::sync::Arc;
+
+use rmcp::RoleServer;
+use rmcp::model::{CallToolResult, ContentBlock, ErrorData};
+use rmcp::service::RequestContext;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use super::follow::{follow, http_owner};
+use super::host::{Caller, McpHost};
+use super::schema::RunAgent;
+use crate::protocol::{Event, EventKind, ResultStatus, SessionKind};
+use crate::session::{NewSession, Session, SessionError, SessionManager};
+
+/// Characters of an input, an output or a text a progress line shows.
+const LINE_CHARS: usize = 200;
+
+/// A refusal the model or the IDE can read (`isError: true`); failures of
+/// the server itself stay JSON-RPC errors that say nothing of its insides.
+fn refusal(error: SessionError) -> Result<CallToolResult, ErrorData> {
+    match error {
+        SessionError::Store(_) | SessionError::Internal(_) => {
+            tracing::warn!(%error, "run_agent failed");
+            Err(ErrorData::internal_error(
+                "the session could not be run",
+                None,
+            ))
+        }
+        other => Ok(failure(other.to_string())),
+    }
+}
+
+fn failure(text: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// The session a call continues, as the caller may see it: another key's
+/// is "not found", like one that does not exist.
+async fn existing(
+    sessions: &SessionManager,
+    text: &str,
+    owner: Option<&str>,
+) -> Result<Arc<Session>, SessionError> {
+    let id = Uuid::parse_str(text).map_err(|_| SessionError::NotFound(Uuid::nil()))?;
+    let session = sessions.get(id, owner).await?;
+    if session.kind != SessionKind::AGENT {
+        return Err(SessionError::Option(crate::session::OptionError::new(
+            "session_id",
+            format!("session {id} is a {} session, not an agent's", session.kind),
+        )));
+    }
+    Ok(session)
+}
+
+async fn created(
+    sessions: &SessionManager,
+    options: Option<Map<String, Value>>,
+    owner: Option<String>,
+) -> Result<Arc<Session>, SessionError> {
+    let mut body = Map::new();
+    if let Some(options) = options {
+        body.insert("options".into(), Value::Object(options));
+    }
+    let options = sessions
+        .tasks()
+        .require(SessionKind::AGENT.as_str(), "kind")?
+        .options(&body, &[])
+        .await?;
+    sessions
+        .create(NewSession {
+            name: None,
+            kind: SessionKind::AGENT,
+            owner,
+            options,
+            ephemeral: false,
+        })
+        .await
+}
+
+pub async fn run(
+    host: &Arc<McpHost>,
+    caller: &Caller,
+    args: RunAgent,
+    ctx: RequestContext<RoleServer>,
+) -> Result<CallToolResult, ErrorData> {
+    let Some(sessions) = host.sessions.get() else {
+        return Err(ErrorData::invalid_request(
+            "run_agent runs in the server: connect to its /mcp",
+            None,
+        ));
+    };
+    let owner = http_owner(caller, &ctx).flatten();
+    let session = match (&args.session_id, args.options) {
+        (Some(_), Some(_)) => {
+            return Ok(failure(
+                "options are those of a new session: give them without session_id".into(),
+            ));
+        }
+        (Some(text), None) => existing(sessions, text, owner.as_deref()).await,
+        (None, options) => {
+            let made = created(sessions, options, owner).await;
+            if made.is_ok() {
+                // The caller's resource list has one more session.
+                let _ = ctx.peer.notify_resource_list_changed().await;
+            }
+            made
+        }
+    };
+    let session = match session {
+        Ok(session) => session,
+        // Named as the caller wrote it, which may not be a UUID.
+        Err(SessionError::NotFound(_)) => {
+            let text = args.session_id.unwrap_or_default();
+            return Ok(failure(format!("session '{text}' not found")));
+        }
+        Err(e) => return refusal(e),
+    };
+    let turn = match sessions.start_turn(session, args.prompt, false).await {
+        Ok(turn) => turn,
+        Err(e) => return refusal(e),
+    };
+    let mut lines = 0u32;
+    let ended = follow(
+        &turn.session,
+        turn.since,
+        &ctx,
+        None,
+        async {
+            turn.session.interrupt();
+        },
+        |event| {
+            let line = progress_line(event)?;
+            lines += 1;
+            Some((f64::from(lines), line))
+        },
+    )
+    .await;
+    Ok(answer(&turn.session, ended.as_deref()))
+}
+
+/// The turn's answer as the tool's content, with the session, status and
+/// usage as its structured content.
+fn answer(session: &Session, ended: Option<&Event>) -> CallToolResult {
+    let (status, text, usage, duration_ms) = match ended.map(|e| &e.kind) {
+        Some(EventKind::Result {
+            status,
+            result,
+            usage,
+            duration_ms,
+            ..
+        }) => (*status, result.clone(), Some(usage), *duration_ms),
+        // The session was deleted during the turn.
+        _ => (ResultStatus::Interrupted, None, None, 0),
+    };
+    let text = text.unwrap_or_default();
+    let mut result = if status == ResultStatus::Error {
+        CallToolResult::error(vec![ContentBlock::text(text.clone())])
+    } else {
+        CallToolResult::success(vec![ContentBlock::text(text.clone())])
+    };
+    result.structured_content = Some(json!({
+        "session_id": session.id,
+        "status": status.as_str(),
+        "result": text,
+        "usage": usage,
+        "session_usage": session.usage(),
+        "duration_ms": duration_ms,
+    }));
+    result
+}
+
+/// An event as one short readable line: a tool call and its input, the
+/// start of its output, the agent's text; `None` for what says nothing new.
+fn progress_line(event: &Event) -> Option<String> {
+    Some(match &event.kind {
+        EventKind::ToolUse { tool, input, .. } => {
+            format!("{tool} {}", short(&input_text(input)))
+        }
+        EventKind::ToolOutput {
+            stream, content, ..
+        } => format!("{stream}: {}", short(content)),
+        EventKind::ToolResult {
+            tool,
+            output,
+            is_error,
+            ..
+        } => {
+            let how = if *is_error { "failed" } else { "returned" };
+            format!("{tool} {how}: {}", short(&output_text(output)))
+        }
+        EventKind::Thinking { content } | EventKind::TextDelta { content } => short(content),
+        EventKind::Error { message, .. } => format!("error: {}", short(message)),
+        _ => return None,
+    })
+}
+
+/// A tool's input: its code or command when it has one, else its JSON.
+fn input_text(input: &Value) -> String {
+    ["code", "command", "file_path", "path", "pattern"]
+        .iter()
+        .find_map(|key| input.get(key).and_then(Value::as_str))
+        .map_or_else(|| input.to_string(), str::to_string)
+}
+
+/// A tool's output: what it printed when it is an execution's result.
+fn output_text(output: &Value) -> String {
+    let printed = ["stdout", "stderr"]
+        .iter()
+        .filter_map(|key| output.get(key).and_then(Value::as_str))
+        .collect::<String>();
+    match output {
+        Value::String(text) => text.clone(),
+        _ if !printed.is_empty() => printed,
+        other => other.to_string(),
+    }
+}
+
+/// The first characters of a text on one line.
+fn short(text: &str) -> String {
+    let line: String = text.trim().replace('\n', " ⏎ ");
+    match line.char_indices().nth(LINE_CHARS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_are_short_and_on_one_line() {
+        let event = |kind| Event {
+            session_id: Uuid::nil(),
+            seq: 1,
+            ts: chrono::Utc::now(),
+            agent_id: None,
+            kind,
+        };
+        let call = event(EventKind::ToolUse {
+            id: "t1".into(),
+            tool: "mcp__sandbox__execute_code".into(),
+            input: json!({"code": "print(6 * 7)\nprint('done')"}),
+        });
+        assert_eq!(
+            progress_line(&call).as_deref(),
+            Some("mcp__sandbox__execute_code print(6 * 7) ⏎ print('done')")
+        );
+        let result = event(EventKind::ToolResult {
+            id: "t1".into(),
+            tool: "mcp__sandbox__execute_code".into(),
+            output: json!({"stdout": "x".repeat(500), "stderr": "", "exit_code": 0}),
+            is_error: false,
+        });
+        let line = progress_line(&result).unwrap();
+        assert!(line.starts_with("mcp__sandbox__execute_code returned: xxx"));
+        assert!(line.ends_with("x…"), "{line}");
+        assert_eq!(
+            progress_line(&event(EventKind::Status {
+                message: "Starting".into()
+            })),
+            None
+        );
+    }
+}

@@ -1,0 +1,209 @@
+"""An IDE hands tasks to a sandboxed agent over MCP with the official Python
+SDK: `run_agent` with progress, a second turn in the same session, a turn
+cancelled mid-way, the sessions as resources (listed, read, subscribed to),
+and another key that must see none of it. Prints what it saw as one JSON
+object; tests/mcp.rs asserts on it.
+
+usage: agent.py http URL API_KEY OTHER_API_KEY
+       agent.py stdio COMMAND [ARG...]   (one key: the one in the environment)
+"""
+
+import json
+import sys
+import warnings
+
+import anyio
+import httpx2
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+warnings.simplefilter("ignore")  # resources/subscribe is the 2025 protocol's
+
+CODE_PROMPT = "Compute it.\n```python\nprint(6 * 7)\n```\n"
+SLOW_PROMPT = "Wait.\n```python\nimport subprocess\nsubprocess.run(['sleep', '37'])\n```\n"
+# Counts the `sleep 37` processes of the sandbox.
+COUNT_SLEEPS = (
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+    " | grep -c '^sleep 37' || true"
+)
+
+
+def text_of(result):
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+async def error_of(call):
+    """The error a request reports, as text, whether raised or returned."""
+    try:
+        result = await call
+    except Exception as e:  # the SDK raises JSON-RPC errors
+        return str(e) or type(e).__name__
+    if getattr(result, "is_error", False):
+        return text_of(result)
+    return None
+
+
+class Notes:
+    """The server's notifications and the calls' ends, in the order they came."""
+
+    def __init__(self):
+        self.timeline = []
+        self.updated = []
+        self.list_changed = 0
+
+    async def handle(self, message):
+        message = getattr(message, "root", message)
+        if isinstance(message, types.ResourceUpdatedNotification):
+            self.updated.append(str(message.params.uri))
+        elif isinstance(message, types.ResourceListChangedNotification):
+            self.list_changed += 1
+
+    def progress(self, label):
+        async def on_progress(value, total, message):
+            self.timeline.append([label, "progress", message])
+
+        return on_progress
+
+
+async def run_agent(session, notes, label, arguments):
+    result = await session.call_tool(
+        "run_agent", arguments, progress_callback=notes.progress(label)
+    )
+    notes.timeline.append([label, "result", None])
+    return {
+        "is_error": result.is_error,
+        "text": text_of(result),
+        "structured": result.structured_content,
+    }
+
+
+async def read(session, uri):
+    result = await session.read_resource(uri)
+    content = result.contents[0]
+    return {"mime_type": content.mime_type, "text": content.text}
+
+
+async def shell(session, session_id, command):
+    result = await session.call_tool(
+        "execute_shell", {"command": command, "session_id": session_id}
+    )
+    return result.structured_content["stdout"].strip()
+
+
+async def owner_side(session, notes):
+    seen = {}
+    tools = await session.list_tools()
+    seen["tools"] = sorted(t.name for t in tools.tools)
+    templates = await session.list_resource_templates()
+    seen["templates"] = sorted(t.uri_template for t in templates.resource_templates)
+
+    first = await run_agent(session, notes, "first", {"prompt": CODE_PROMPT})
+    seen["first"] = first
+    sid = first["structured"]["session_id"]
+    seen["list_changed_after_first"] = notes.list_changed
+
+    status_uri = f"conclave://sessions/{sid}"
+    events_uri = f"{status_uri}/events"
+    await session.subscribe_resource(events_uri)
+    seen["second"] = await run_agent(
+        session, notes, "second", {"prompt": "and now say hello again", "session_id": sid}
+    )
+    await anyio.sleep(0.5)  # the last update may trail the result
+    seen["updated"] = sorted(set(notes.updated))
+    await session.unsubscribe_resource(events_uri)
+
+    listed = await session.list_resources()
+    seen["listed"] = sorted(str(r.uri) for r in listed.resources)
+    seen["status"] = json.loads((await read(session, status_uri))["text"])
+    events = await read(session, events_uri)
+    seen["events_mime"] = events["mime_type"]
+    seen["event_types"] = [json.loads(line)["type"] for line in events["text"].splitlines()]
+
+    # A turn cancelled while its command runs: the turn ends interrupted
+    # and the command dies with it.
+    tool_started = anyio.Event()
+
+    async def on_slow(value, total, message):
+        notes.timeline.append(["slow", "progress", message])
+        if "sleep" in (message or ""):
+            tool_started.set()
+
+    async def slow_call():
+        await session.call_tool(
+            "run_agent", {"prompt": SLOW_PROMPT, "session_id": sid}, progress_callback=on_slow
+        )
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(slow_call)
+        with anyio.fail_after(60):
+            await tool_started.wait()
+            sleeps = "0"
+            while sleeps == "0":
+                await anyio.sleep(0.3)
+                sleeps = await shell(session, sid, COUNT_SLEEPS)
+        seen["sleeps_before_cancel"] = sleeps
+        group.cancel_scope.cancel()
+    with anyio.fail_after(60):
+        while True:
+            status = json.loads((await read(session, status_uri))["text"])
+            if not status["running"] and status["status"] != "running":
+                break
+            await anyio.sleep(0.2)
+    seen["after_cancel"] = status["status"]
+    events = (await read(session, events_uri))["text"].splitlines()
+    seen["last_event"] = json.loads(events[-1])
+    seen["sleeps_after_cancel"] = await shell(session, sid, COUNT_SLEEPS)
+    seen["timeline"] = notes.timeline
+    return seen, sid
+
+
+async def other_side(session, sid):
+    """Another key: the owner's session is not there for it."""
+    seen = {}
+    uri = f"conclave://sessions/{sid}"
+    seen["run_agent"] = await error_of(
+        session.call_tool("run_agent", {"prompt": "hi", "session_id": sid})
+    )
+    seen["read"] = await error_of(session.read_resource(uri))
+    seen["read_events"] = await error_of(session.read_resource(f"{uri}/events"))
+    seen["subscribe"] = await error_of(session.subscribe_resource(uri))
+    own = await session.call_tool("run_agent", {"prompt": "mine"})
+    own_id = own.structured_content["session_id"]
+    listed = await session.list_resources()
+    seen["own_id"] = own_id
+    seen["listed"] = sorted(str(r.uri) for r in listed.resources)
+    return seen
+
+
+def http_client(url, key):
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=300)
+    )
+    return http, streamable_http_client(url, http_client=http)
+
+
+async def main():
+    notes = Notes()
+    if sys.argv[1] == "http":
+        url, key, other = sys.argv[2:5]
+        http, transport = http_client(url, key)
+        async with http, transport as streams:
+            async with ClientSession(streams[0], streams[1], message_handler=notes.handle) as session:
+                await session.initialize()
+                seen, sid = await owner_side(session, notes)
+        http, transport = http_client(url, other)
+        async with http, transport as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                seen["other"] = await other_side(session, sid)
+    else:
+        params = StdioServerParameters(command=sys.argv[2], args=sys.argv[3:])
+        async with stdio_client(params) as (read_stream, write_stream):
+            async with ClientSession(read_stream, write_stream, message_handler=notes.handle) as session:
+                await session.initialize()
+                seen, _ = await owner_side(session, notes)
+    print(json.dumps(seen))
+
+
+anyio.run(main)
