@@ -503,7 +503,7 @@ async fn run_agent_and_session_resources_over_streamable_http() {
     let url = server.url("/mcp");
     let seen = common::python_json(
         "tests/mcp/agent.py",
-        &["http", &url, "ide-key-1", "other-key-2"],
+        &[&url, "ide-key-1", "other-key-2"],
         "the mcp package",
     )
     .await;

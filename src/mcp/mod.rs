@@ -13,6 +13,11 @@
 //!   sent by the server and routed to the calling turn by the agent's client.
 //! - [`host`]: what the tools need from the server (sandboxes, the store
 //!   for session and owner checks, limits) and who is calling.
+//! - [`run_agent`], [`deliberate`], [`pipeline`]: the tools that hand a
+//!   task to agents of the server's sessions (only on `/mcp`), following
+//!   the session's turn with [`follow`] into progress notifications.
+//! - [`resources`]: the caller's sessions as resources, with update
+//!   notifications to subscribers.
 //! - [`external`]: a session's own MCP servers (`options.mcp_servers`).
 //! - [`client`]: the agent's [`crate::agent::ToolRouter`]: Claude Code's
 //!   built-in tools mapped onto the server's, through an in-process client.

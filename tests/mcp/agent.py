@@ -4,8 +4,7 @@ cancelled mid-way, the sessions as resources (listed, read, subscribed to),
 and another key that must see none of it. Prints what it saw as one JSON
 object; tests/mcp.rs asserts on it.
 
-usage: agent.py http URL API_KEY OTHER_API_KEY
-       agent.py stdio COMMAND [ARG...]   (one key: the one in the environment)
+usage: agent.py URL API_KEY OTHER_API_KEY
 """
 
 import json
@@ -14,8 +13,8 @@ import warnings
 
 import anyio
 import httpx2
-from mcp import ClientSession, StdioServerParameters, types
-from mcp.client.stdio import stdio_client
+import jsonschema
+from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")  # resources/subscribe is the 2025 protocol's
@@ -97,6 +96,21 @@ async def owner_side(session, notes):
     seen["tools"] = sorted(t.name for t in tools.tools)
     templates = await session.list_resource_templates()
     seen["templates"] = sorted(t.uri_template for t in templates.resource_templates)
+    # What the MCP Inspector would warn about: every schema must be valid
+    # JSON Schema (Draft 2020-12), every listing valid as the SDK's types.
+    problems = []
+    for tool in tools.tools:
+        for kind, schema in (("input", tool.input_schema), ("output", tool.output_schema)):
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema or {"type": "object"})
+            except jsonschema.SchemaError as e:
+                problems.append(f"{tool.name} {kind}: {e.message}")
+    for listing, model in ((tools, types.ListToolsResult), (templates, types.ListResourceTemplatesResult)):
+        try:
+            model.model_validate(listing.model_dump(by_alias=True, exclude_none=True))
+        except Exception as e:
+            problems.append(str(e))
+    seen["schema_problems"] = problems
 
     first = await run_agent(session, notes, "first", {"prompt": CODE_PROMPT})
     seen["first"] = first
@@ -185,24 +199,17 @@ def http_client(url, key):
 
 async def main():
     notes = Notes()
-    if sys.argv[1] == "http":
-        url, key, other = sys.argv[2:5]
-        http, transport = http_client(url, key)
-        async with http, transport as streams:
-            async with ClientSession(streams[0], streams[1], message_handler=notes.handle) as session:
-                await session.initialize()
-                seen, sid = await owner_side(session, notes)
-        http, transport = http_client(url, other)
-        async with http, transport as streams:
-            async with ClientSession(streams[0], streams[1]) as session:
-                await session.initialize()
-                seen["other"] = await other_side(session, sid)
-    else:
-        params = StdioServerParameters(command=sys.argv[2], args=sys.argv[3:])
-        async with stdio_client(params) as (read_stream, write_stream):
-            async with ClientSession(read_stream, write_stream, message_handler=notes.handle) as session:
-                await session.initialize()
-                seen, _ = await owner_side(session, notes)
+    url, key, other = sys.argv[1:4]
+    http, transport = http_client(url, key)
+    async with http, transport as streams:
+        async with ClientSession(streams[0], streams[1], message_handler=notes.handle) as session:
+            await session.initialize()
+            seen, sid = await owner_side(session, notes)
+    http, transport = http_client(url, other)
+    async with http, transport as streams:
+        async with ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            seen["other"] = await other_side(session, sid)
     print(json.dumps(seen))
 
 
