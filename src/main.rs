@@ -43,10 +43,20 @@ enum Command {
         #[arg(long)]
         litellm_config: Option<PathBuf>,
     },
-    /// Serve the sandbox MCP tools over stdio, for IDEs that start their
-    /// MCP servers as commands. Sessions named by `session_id` are those of
-    /// the server using the same data directory.
+    /// Serve MCP over stdio, for IDEs that start their MCP servers as
+    /// commands. With a server to relay to (--server, else the
+    /// `conclave serve` running as this user unless a data directory is
+    /// given) it is that server's `/mcp` under the key in CONCLAVE_API_KEY:
+    /// its tools, run_agent and the key's sessions as resources. Without
+    /// one it serves the sandbox tools itself from the data directory.
     Mcp {
+        /// Base URL of the server to relay to (e.g. http://127.0.0.1:8080).
+        #[arg(long, env = "CONCLAVE_SERVER")]
+        server: Option<String>,
+        /// The API key sent to that server; prefer the environment
+        /// variable, which other users cannot read from the process list.
+        #[arg(long, env = "CONCLAVE_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
         /// TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -155,6 +165,13 @@ enum GatewayCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Clap has read these into `cli`. Out of the environment, neither the
+    // config loader (which takes every CONCLAVE_* variable for a setting)
+    // nor any process started from here sees the relay's key.
+    for name in ["CONCLAVE_API_KEY", "CONCLAVE_SERVER"] {
+        // SAFETY: no other thread runs yet; the runtime starts below.
+        unsafe { std::env::remove_var(name) };
+    }
     conclave::telemetry::init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -226,6 +243,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Mcp {
+            server,
+            api_key,
             config,
             data_dir,
             sandbox,
@@ -240,7 +259,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     ..Overrides::default()
                 },
             )?;
-            let from = if config.data_dir != default {
+            let given_data_dir = config.data_dir != default;
+            let relay_to = match (server, &source) {
+                (Some(url), _) => Some((url, "given (--server or CONCLAVE_SERVER)".to_string())),
+                (None, DataDirSource::RunningServer { pid, url }) if !given_data_dir => {
+                    Some((url.clone(), format!("the server running as pid {pid}")))
+                }
+                _ => None,
+            };
+            if let Some((url, from)) = relay_to {
+                tracing::info!(%url, from, "conclave mcp: relaying to a running server");
+                return conclave::mcp::proxy::serve_stdio(&url, api_key).await;
+            }
+            let from = if given_data_dir {
                 "given (--data-dir, CONCLAVE_DATA_DIR or the config file)".to_string()
             } else {
                 match source {

@@ -183,17 +183,20 @@ async fn python_sdk_over_streamable_http() {
         config.api_keys = vec![key.into(), "other-key-2".into()];
     })
     .await;
-    let response = server
-        .http
-        .post(server.url("/agent/session"))
-        .bearer_auth(key)
-        .json(&json!({"session_name": "ide"}))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(response.status(), 201);
-    let session: Value = response.json().await.expect("json");
-    let id = session["session_id"].as_str().expect("id").to_string();
+    let new_session = || async {
+        let response = server
+            .http
+            .post(server.url("/agent/session"))
+            .bearer_auth(key)
+            .json(&json!({"session_name": "ide"}))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(response.status(), 201);
+        let session: Value = response.json().await.expect("json");
+        session["session_id"].as_str().expect("id").to_string()
+    };
+    let id = new_session().await;
 
     // Without a key, /mcp answers 401 like every route.
     let response = server
@@ -206,18 +209,36 @@ async fn python_sdk_over_streamable_http() {
     assert_eq!(response.status(), 401);
 
     let url = server.url("/mcp");
-    let seen = tokio::task::spawn_blocking(move || run_client(&["http", &url, &id, key]))
+    let ide = id.clone();
+    let seen = tokio::task::spawn_blocking(move || run_client(&["http", &url, &ide, key]))
         .await
         .expect("client");
+    check(&seen, true);
+    // The same through `conclave mcp` relaying to the server with the key,
+    // in a session of its own (the background runs listed are a session's).
+    let url = server.url("");
+    let relayed = new_session().await;
+    let seen = tokio::task::spawn_blocking(move || {
+        let conclave = env!("CARGO_BIN_EXE_conclave");
+        run_client(&[
+            "stdio",
+            &relayed,
+            conclave,
+            "mcp",
+            "--server",
+            &url,
+            "--api-key",
+            key,
+        ])
+    })
+    .await
+    .expect("client");
     check(&seen, true);
 
     // The sandbox the IDE used is the session's: its status shows it.
     let status: Value = server
         .http
-        .get(server.url(&format!(
-            "/agent/session/{}/status",
-            session["session_id"].as_str().expect("id")
-        )))
+        .get(server.url(&format!("/agent/session/{id}/status")))
         .bearer_auth(key)
         .send()
         .await
@@ -390,12 +411,12 @@ async fn mcp_refuses_a_host_outside_allowed_hosts() {
 }
 
 /// As an IDE starts it: `conclave mcp` without `--data-dir`, from another
-/// directory, works on the data directory of the `conclave serve` running
-/// as the same user (the README's default flags), says so in its log, and
-/// makes no `./data` where it was started. With no server running it uses
-/// the per-user data directory.
+/// directory, relays to the `conclave serve` running as the same user (the
+/// README's default flags), says so in its log, and makes no `./data` where
+/// it was started. With no server running it serves the tools itself on the
+/// per-user data directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stdio_without_a_data_dir_uses_the_running_servers() {
+async fn stdio_without_a_data_dir_relays_to_the_running_server() {
     use tokio::io::AsyncBufReadExt;
     let home = tempfile::tempdir().unwrap();
     let serve_cwd = tempfile::tempdir().unwrap();
@@ -453,8 +474,9 @@ async fn stdio_without_a_data_dir_uses_the_running_servers() {
     assert!(!ide_cwd.path().join("data").exists());
     let data_dir = serve_cwd.path().join("data");
     assert!(
-        stderr.contains(&format!("data_dir={}", data_dir.display()))
-            && stderr.contains("that of the server running as pid"),
+        stderr.contains(&format!("url={url}"))
+            && stderr.contains("relaying to a running server")
+            && stderr.contains("the server running as pid"),
         "{stderr}"
     );
 
@@ -496,17 +518,45 @@ async fn stdio_without_a_data_dir_uses_the_running_servers() {
 /// another key that finds none of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_agent_and_session_resources_over_streamable_http() {
-    let server = TestServer::start_sandboxed(|config| {
+    let server = agent_server().await;
+    let url = server.url("/mcp");
+    check_agent_script(&["http", &url, "ide-key-1", "other-key-2"]).await;
+    server.stop_and_remove_sandboxes().await;
+}
+
+/// The same through `conclave mcp --server URL` over stdio, one process per
+/// key (given in CONCLAVE_API_KEY): it relays to the server's `/mcp`, whose
+/// live sessions it shares, and the server's key check decides what each
+/// of them sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_agent_and_session_resources_over_stdio_relaying_to_the_server() {
+    let server = agent_server().await;
+    let url = server.url("");
+    let conclave = env!("CARGO_BIN_EXE_conclave");
+    check_agent_script(&[
+        "stdio",
+        "ide-key-1",
+        "other-key-2",
+        conclave,
+        "mcp",
+        "--server",
+        &url,
+    ])
+    .await;
+    server.stop_and_remove_sandboxes().await;
+}
+
+async fn agent_server() -> TestServer {
+    TestServer::start_sandboxed(|config| {
         config.api_keys = vec!["ide-key-1".into(), "other-key-2".into()];
     })
-    .await;
-    let url = server.url("/mcp");
-    let seen = common::python_json(
-        "tests/mcp/agent.py",
-        &[&url, "ide-key-1", "other-key-2"],
-        "the mcp package",
-    )
-    .await;
+    .await
+}
+
+/// Runs `tests/mcp/agent.py` with `args` and checks what the owner
+/// (`ide-key-1`) and the other key saw.
+async fn check_agent_script(args: &[&str]) {
+    let seen = common::python_json("tests/mcp/agent.py", args, "the mcp package").await;
     check_agent(&seen);
     let id = seen["first"]["structured"]["session_id"].as_str().unwrap();
     let uri = format!("conclave://sessions/{id}");
@@ -523,7 +573,6 @@ async fn run_agent_and_session_resources_over_streamable_http() {
             "listed": [own.clone(), format!("{own}/events")],
         })
     );
-    server.stop_and_remove_sandboxes().await;
 }
 
 /// What `tests/mcp/agent.py` saw as the session's owner.

@@ -18,6 +18,8 @@
 //!   the session's turn with [`follow`] into progress notifications.
 //! - [`resources`]: the caller's sessions as resources, with update
 //!   notifications to subscribers.
+//! - [`proxy`]: `conclave mcp` relaying stdio to a running server's `/mcp`
+//!   with the caller's key, so IDEs started by command reach live sessions.
 //! - [`external`]: a session's own MCP servers (`options.mcp_servers`).
 //! - [`client`]: the agent's [`crate::agent::ToolRouter`]: Claude Code's
 //!   built-in tools mapped onto the server's, through an in-process client.
@@ -30,6 +32,7 @@ pub mod follow;
 pub mod host;
 pub mod pipeline;
 pub mod progress;
+pub mod proxy;
 pub mod resources;
 pub mod run_agent;
 pub mod schema;

@@ -481,16 +481,24 @@ impl ServerHandler for SandboxServer {
         if self.host.sessions.get().is_none() {
             capabilities.resources = None;
         }
+        let mut instructions = String::from(
+            "Tools that run code, shell commands and file operations in a sandbox. \
+             Give session_id to act in an agent session's sandbox; without it each \
+             connection gets a scratch sandbox of its own.",
+        );
+        if self.host.sessions.get().is_none() {
+            instructions.push_str(
+                " run_agent, deliberate, start_pipeline and the sessions as resources \
+                 need a running `conclave serve`: start one and `conclave mcp` relays \
+                 to it (or give --server URL).",
+            );
+        }
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new(
                 "conclave-sandbox",
                 env!("CARGO_PKG_VERSION"),
             ))
-            .with_instructions(
-                "Tools that run code, shell commands and file operations in a sandbox. \
-                 Give session_id to act in an agent session's sandbox; without it each \
-                 connection gets a scratch sandbox of its own.",
-            )
+            .with_instructions(instructions)
     }
 
     async fn list_resources(

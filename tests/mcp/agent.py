@@ -4,17 +4,23 @@ cancelled mid-way, the sessions as resources (listed, read, subscribed to),
 and another key that must see none of it. Prints what it saw as one JSON
 object; tests/mcp.rs asserts on it.
 
-usage: agent.py URL API_KEY OTHER_API_KEY
+usage: agent.py http URL API_KEY OTHER_API_KEY
+       agent.py stdio API_KEY OTHER_API_KEY COMMAND [ARG...]
+         (COMMAND, e.g. `conclave mcp --server URL`, started once per key
+         with the key in CONCLAVE_API_KEY)
 """
 
 import json
+import os
 import sys
 import warnings
+from contextlib import asynccontextmanager
 
 import anyio
 import httpx2
 import jsonschema
-from mcp import ClientSession, types
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")  # resources/subscribe is the 2025 protocol's
@@ -190,24 +196,34 @@ async def other_side(session, sid):
     return seen
 
 
-def http_client(url, key):
-    http = httpx2.AsyncClient(
-        headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=300)
-    )
-    return http, streamable_http_client(url, http_client=http)
+@asynccontextmanager
+async def connect(target, key):
+    """The read and write streams of one MCP connection made with `key`."""
+    if target[0] == "http":
+        http = httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=300)
+        )
+        async with http, streamable_http_client(target[1], http_client=http) as streams:
+            yield streams[0], streams[1]
+    else:
+        env = {**os.environ, "CONCLAVE_API_KEY": key}
+        params = StdioServerParameters(command=target[1], args=list(target[2:]), env=env)
+        async with stdio_client(params) as streams:
+            yield streams[0], streams[1]
 
 
 async def main():
     notes = Notes()
-    url, key, other = sys.argv[1:4]
-    http, transport = http_client(url, key)
-    async with http, transport as streams:
-        async with ClientSession(streams[0], streams[1], message_handler=notes.handle) as session:
+    if sys.argv[1] == "http":
+        target, (key, other) = ("http", sys.argv[2]), sys.argv[3:5]
+    else:
+        (key, other), target = sys.argv[2:4], ("stdio", *sys.argv[4:])
+    async with connect(target, key) as (read_stream, write_stream):
+        async with ClientSession(read_stream, write_stream, message_handler=notes.handle) as session:
             await session.initialize()
             seen, sid = await owner_side(session, notes)
-    http, transport = http_client(url, other)
-    async with http, transport as streams:
-        async with ClientSession(streams[0], streams[1]) as session:
+    async with connect(target, other) as (read_stream, write_stream):
+        async with ClientSession(read_stream, write_stream) as session:
             await session.initialize()
             seen["other"] = await other_side(session, sid)
     print(json.dumps(seen))

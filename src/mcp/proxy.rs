@@ -1,0 +1,290 @@
+//! `conclave mcp` in front of a running server: the stdio client's requests
+//! go to the server's `/mcp` with the caller's key, so an IDE that starts its
+//! MCP servers as commands reaches the live sessions (`run_agent`, the
+//! session resources) that only the serving process can run.
+//!
+//! The server decides everything: the tools and resources listed are its,
+//! and its key check decides which sessions exist for this client. The
+//! proxy only relays: a call's progress under the stdio client's own
+//! progress token, the client's `notifications/cancelled` as a cancellation
+//! of the upstream request, and the server's resource notifications.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam,
+    ClientRequest, ErrorData, Implementation, ListResourceTemplatesRequest,
+    ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListToolsRequest,
+    ListToolsResult, NotificationMetaObject, PaginatedRequestParams, ProgressNotification,
+    ProgressNotificationParam, ProgressToken, ReadResourceRequest, ReadResourceRequestParams,
+    ReadResourceResponse, ResourceUpdatedNotificationParam, ServerConfig, ServerNotification,
+    ServerResult, SubscribeRequestParams, UnsubscribeRequestParams,
+};
+// IDEs speak the 2025 protocol, whose subscriptions these are.
+#[allow(deprecated)]
+use rmcp::model::{SubscribeRequest, UnsubscribeRequest};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, Peer, RoleClient, RoleServer, ServerHandler, ServiceExt};
+
+use crate::sync::lock;
+
+/// The server's side of the proxy: relays what the server sends unasked.
+#[derive(Clone, Default)]
+struct Relay {
+    /// The stdio client, once it is connected.
+    downstream: Arc<OnceLock<Peer<RoleServer>>>,
+    /// An upstream call's progress token → the stdio client's token for
+    /// the same call; calls whose client asked for no progress are absent.
+    progress: Arc<Mutex<HashMap<ProgressToken, ProgressToken>>>,
+}
+
+/// Forgets a call's progress route when the call ends, however it ends.
+struct ProgressRoute {
+    relay: Relay,
+    upstream: ProgressToken,
+}
+
+impl Drop for ProgressRoute {
+    fn drop(&mut self) {
+        lock(&self.relay.progress).remove(&self.upstream);
+    }
+}
+
+impl ClientHandler for Relay {
+    async fn on_progress(
+        &self,
+        mut params: ProgressNotificationParam,
+        context: NotificationContext<RoleClient>,
+    ) {
+        let Some(token) = lock(&self.progress).get(&params.progress_token).cloned() else {
+            return;
+        };
+        params.progress_token = token;
+        let mut notification = ProgressNotification::new(params);
+        // `_meta.stream` says which output a chunk is; rmcp keeps a
+        // notification's `_meta` among its extensions, both ways.
+        if let Some(meta) = context.extensions.get::<NotificationMetaObject>() {
+            notification.extensions.insert(meta.clone());
+        }
+        if let Some(client) = self.downstream.get() {
+            let _ = client
+                .send_notification(ServerNotification::ProgressNotification(notification))
+                .await;
+        }
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if let Some(client) = self.downstream.get() {
+            let _ = client.notify_resource_updated(params).await;
+        }
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Some(client) = self.downstream.get() {
+            let _ = client.notify_resource_list_changed().await;
+        }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Some(client) = self.downstream.get() {
+            let _ = client.notify_tool_list_changed().await;
+        }
+    }
+}
+
+/// The stdio client's side: every request is the server's to answer.
+#[derive(Clone)]
+struct Proxy {
+    upstream: Peer<RoleClient>,
+    relay: Relay,
+    /// What the server said of itself, told to the stdio client as is.
+    info: ServerConfig,
+}
+
+/// The server's own error (a wrong session, a bad argument) reaches the
+/// client unchanged; a lost connection to it is the proxy's.
+fn upstream_error(e: ServiceError) -> ErrorData {
+    match e {
+        ServiceError::McpError(error) => error,
+        other => ErrorData::internal_error(format!("the conclave server: {other}"), None),
+    }
+}
+
+fn unexpected() -> ErrorData {
+    ErrorData::internal_error(
+        "the conclave server answered with another kind of result",
+        None,
+    )
+}
+
+impl Proxy {
+    /// Sends one request upstream and waits for its answer, relaying its
+    /// progress and cancelling it upstream if the stdio client cancels.
+    async fn forward(
+        &self,
+        request: ClientRequest,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<ServerResult, ErrorData> {
+        let handle = self
+            .upstream
+            .send_cancellable_request(request, PeerRequestOptions::no_options())
+            .await
+            .map_err(upstream_error)?;
+        let _route = ctx.meta.get_progress_token().map(|token| {
+            lock(&self.relay.progress).insert(handle.progress_token.clone(), token);
+            ProgressRoute {
+                relay: self.relay.clone(),
+                upstream: handle.progress_token.clone(),
+            }
+        });
+        let (id, upstream) = (handle.id.clone(), handle.peer.clone());
+        tokio::select! {
+            response = handle.await_response() => response.map_err(upstream_error),
+            () = ctx.ct.cancelled() => {
+                let reason = Some("cancelled by the stdio client".to_string());
+                let _ = upstream
+                    .notify_cancelled(CancelledNotificationParam::new(Some(id), reason))
+                    .await;
+                Err(ErrorData::internal_error("cancelled", None))
+            }
+        }
+    }
+}
+
+impl ServerHandler for Proxy {
+    fn get_info(&self) -> ServerConfig {
+        self.info.clone()
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let request = ListToolsRequest::with_param(request.unwrap_or_default());
+        match self.forward(request.into(), &ctx).await? {
+            ServerResult::ListToolsResult(result) => Ok(result),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        match self
+            .forward(CallToolRequest::new(request).into(), &ctx)
+            .await?
+        {
+            ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let request = ListResourcesRequest::with_param(request.unwrap_or_default());
+        match self.forward(request.into(), &ctx).await? {
+            ServerResult::ListResourcesResult(result) => Ok(result),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let request = ListResourceTemplatesRequest::with_param(request.unwrap_or_default());
+        match self.forward(request.into(), &ctx).await? {
+            ServerResult::ListResourceTemplatesResult(result) => Ok(result),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        match self
+            .forward(ReadResourceRequest::new(request).into(), &ctx)
+            .await?
+        {
+            ServerResult::ReadResourceResult(result) => Ok(ReadResourceResponse::Complete(result)),
+            _ => Err(unexpected()),
+        }
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.forward(SubscribeRequest::new(request).into(), &ctx)
+            .await
+            .map(drop)
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.forward(UnsubscribeRequest::new(request).into(), &ctx)
+            .await
+            .map(drop)
+    }
+}
+
+/// Serves stdin/stdout as the server at `server` (its base URL) with
+/// `api_key`, until the stdio client closes them.
+pub async fn serve_stdio(server: &str, api_key: Option<String>) -> anyhow::Result<()> {
+    let endpoint = format!("{}/mcp", server.trim_end_matches('/'));
+    let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint.as_str());
+    if let Some(key) = api_key {
+        config = config.auth_header(key);
+    }
+    let relay = Relay::default();
+    let upstream = relay
+        .clone()
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open an MCP session at {endpoint}: {e}"))?;
+    let server_info = upstream
+        .peer_info()
+        .ok_or_else(|| anyhow::anyhow!("{endpoint} did not describe itself"))?;
+    let info = ServerConfig::new(server_info.capabilities.clone())
+        .with_server_info(
+            server_info
+                .server_info
+                .clone()
+                .unwrap_or_else(|| Implementation::new("conclave", env!("CARGO_PKG_VERSION"))),
+        )
+        .with_instructions(server_info.instructions.clone().unwrap_or_default());
+    tracing::info!(%endpoint, "conclave mcp: relaying stdio to the server");
+    let proxy = Proxy {
+        upstream: upstream.peer().clone(),
+        relay: relay.clone(),
+        info,
+    };
+    let running = proxy.serve(rmcp::transport::stdio()).await?;
+    let _ = relay.downstream.set(running.peer().clone());
+    let ended = running.waiting().await;
+    let _ = upstream.cancel().await;
+    ended?;
+    Ok(())
+}
