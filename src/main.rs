@@ -165,13 +165,6 @@ enum GatewayCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Clap has read these into `cli`. Out of the environment, neither the
-    // config loader (which takes every CONCLAVE_* variable for a setting)
-    // nor any process started from here sees the relay's key.
-    for name in ["CONCLAVE_API_KEY", "CONCLAVE_SERVER"] {
-        // SAFETY: no other thread runs yet; the runtime starts below.
-        unsafe { std::env::remove_var(name) };
-    }
     conclave::telemetry::init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

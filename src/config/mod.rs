@@ -164,6 +164,13 @@ impl Config {
                 .filter(|key| !key.as_str().eq_ignore_ascii_case("cache"))
                 // CONCLAVE_SANDBOX names the backend; the section is `sandbox`.
                 .filter(|key| !key.as_str().eq_ignore_ascii_case("sandbox"))
+                // CONCLAVE_API_KEY and CONCLAVE_SERVER are what `conclave
+                // mcp` relays with (a client's key and its server), not
+                // settings of this process.
+                .filter(|key| {
+                    !key.as_str().eq_ignore_ascii_case("api_key")
+                        && !key.as_str().eq_ignore_ascii_case("server")
+                })
                 .split("__"),
         );
         if let Ok(backend) = std::env::var("CONCLAVE_SANDBOX") {
