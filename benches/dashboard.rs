@@ -90,15 +90,6 @@ const LONG_MS: f64 = 50.0;
 /// with a 20 s stream.
 const DRIVER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 // ------------------------------------------------------------- statistics
 
 /// Nearest-rank percentiles, as the other benches compute them.
@@ -889,7 +880,7 @@ async fn run() -> Result<(), String> {
     let trace = std::env::var("CONCLAVE_BENCH_DASHBOARD_TRACE").map_or(true, |v| v != "0");
     let python = python();
     check_prerequisites(&python)?;
-    println!("load average at the start: {}", loadavg());
+    println!("load average at the start: {}", server::loadavg());
 
     // The peer starts (≈ 10 s) while the data is prepared.
     let peer_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).map_err(|e| e.to_string())?;
@@ -930,7 +921,7 @@ async fn run() -> Result<(), String> {
             (None, None, note)
         }
     };
-    println!("load average before the browser: {}", loadavg());
+    println!("load average before the browser: {}", server::loadavg());
     let result = driver(
         &python,
         &api.base,
@@ -943,7 +934,7 @@ async fn run() -> Result<(), String> {
     .map_err(|e| format!("{e}\nserver log:\n{}", server.log_tail()))?;
     drop(peer_child);
     report(&result, &peer_note);
-    println!("load average at the end: {}", loadavg());
+    println!("load average at the end: {}", server::loadavg());
     Ok(())
 }
 

@@ -88,15 +88,6 @@ fn cpu_time(pid: &str) -> Duration {
     Duration::from_millis(ticks * 1000 / USER_HZ)
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Nearest-rank percentiles, as the peer's script computes them.
 #[derive(Debug, Clone, Copy, Default)]
 struct Summary {
@@ -694,7 +685,7 @@ fn print_comparison(seq: &Sequential, con: &[Concurrent], peer: &Value) {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    println!("load average at the start: {}", loadavg());
+    println!("load average at the start: {}", server::loadavg());
     let http = client();
     let result: Result<(Sequential, Vec<Concurrent>), String> = async {
         let server = conclave_server(2 * CONCURRENT).await?;
@@ -715,7 +706,7 @@ async fn main() -> ExitCode {
         }
     };
     print_conclave(&seq, &con);
-    println!("load average before the peer: {}", loadavg());
+    println!("load average before the peer: {}", server::loadavg());
     let peer = match langgraph().await {
         Ok(peer) => peer,
         Err(e) => {
@@ -729,7 +720,7 @@ async fn main() -> ExitCode {
             || v["threads"]["intact"] != v["threads"]["runs"]
     });
     print_comparison(&seq, &con, &peer);
-    println!("load average at the end: {}", loadavg());
+    println!("load average at the end: {}", server::loadavg());
     if lost {
         eprintln!("pipeline bench: LangGraph lost checkpoints (see above)");
         return ExitCode::FAILURE;

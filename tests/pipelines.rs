@@ -57,6 +57,18 @@ async fn invalid(server: &TestServer, yaml: &str) -> String {
     error["error"]["message"].as_str().unwrap().to_owned()
 }
 
+/// A run's status.
+async fn status_of(server: &TestServer, thread: &str) -> Value {
+    get(server, &format!("/orchestrator/pipeline/status/{thread}")).await
+}
+
+/// Starts a run, waits for its turn's `result` and answers its status.
+async fn finished(server: &TestServer, body: Value) -> Value {
+    let (thread, session) = start(server, body).await;
+    until_result(server, &session).await;
+    status_of(server, &thread).await
+}
+
 /// The nodes of a run's history, in order.
 async fn nodes(server: &TestServer, thread: &str) -> Vec<String> {
     get(server, &format!("/orchestrator/pipeline/history/{thread}")).await["history"]
@@ -100,7 +112,7 @@ async fn the_connector_runs_through_every_node_with_a_checkpoint_each() {
             "publisher"
         ]
     );
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "completed");
     assert_eq!(status["steps"], 6);
     assert_eq!(status["state"]["connector_name"], "Google Sheets");
@@ -175,7 +187,7 @@ async fn every_branch_routes_and_counts_as_the_seed() {
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
     assert_eq!(routes, expected);
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "completed");
     assert_eq!(
         status["counters"],
@@ -213,20 +225,16 @@ async fn each_limit_ends_the_run_failed_with_its_reason() {
         let (thread, session) = start(&server, json!({"mock": {"decisions": script}})).await;
         let events = until_result(&server, &session).await;
         assert_eq!(events.last().unwrap()["status"], "error");
-        let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+        let status = status_of(&server, &thread).await;
         assert_eq!(status["status"], "failed", "{status}");
         let why = status["reason"].as_str().unwrap();
         assert!(why.starts_with(reason), "{why}");
     }
     // Approved at 90 %: published as degraded; at 50 %: not published.
-    let (thread, session) = start(&server, json!({"mock": {"coverage": 0.9}})).await;
-    until_result(&server, &session).await;
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = finished(&server, json!({"mock": {"coverage": 0.9}})).await;
     assert_eq!(status["status"], "completed");
     assert_eq!(status["state"]["degraded"], true);
-    let (thread, session) = start(&server, json!({"mock": {"coverage": 0.5}})).await;
-    until_result(&server, &session).await;
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = finished(&server, json!({"mock": {"coverage": 0.5}})).await;
     assert_eq!(status["status"], "failed");
     assert!(
         status["reason"]
@@ -249,13 +257,11 @@ async fn a_node_error_is_retried_within_its_limit_and_noted_in_errors() {
             .count(),
         2
     );
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "completed");
     assert_eq!(status["state"]["errors"].as_array().unwrap().len(), 2);
     // Past pipelines.node_retries (2): the run fails, resumable at the node.
-    let (thread, session) = start(&server, json!({"mock": {"fail": {"tester": 9}}})).await;
-    until_result(&server, &session).await;
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = finished(&server, json!({"mock": {"fail": {"tester": 9}}})).await;
     assert_eq!(status["status"], "failed");
     assert!(
         status["reason"]
@@ -293,7 +299,7 @@ async fn cancel_stops_the_node_and_resume_never_reruns_a_completed_one() {
     assert_eq!(cancel.status(), 202);
     let rest = events.until("result").await;
     assert_eq!(rest.last().unwrap()["status"], "interrupted");
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "cancelled", "{status}");
     let active = get(&server, "/orchestrator/runs/active").await;
     assert_eq!(active["runs"], json!([]));
@@ -328,7 +334,7 @@ async fn cancel_stops_the_node_and_resume_never_reruns_a_completed_one() {
         "{:?}",
         resumed[0]
     );
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "completed");
     let ran: Vec<String> = nodes(&server, &thread)
         .await
@@ -383,15 +389,13 @@ async fn runs_past_the_cap_queue_and_a_run_past_its_timeout_fails() {
     first_events.until("result").await;
     events.until("result").await;
     for thread in [&first, &second] {
-        let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+        let status = status_of(&server, thread).await;
         assert_eq!(status["status"], "completed");
     }
     server.stop().await;
 
     let server = test_mode(|c| c.pipelines.pipeline_timeout_s = 1).await;
-    let (thread, session) = start(&server, json!({"mock": {"delay_ms": 5000}})).await;
-    until_result(&server, &session).await;
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = finished(&server, json!({"mock": {"delay_ms": 5000}})).await;
     assert_eq!(status["status"], "failed");
     assert!(status["reason"].as_str().unwrap().starts_with("timeout"));
     server.stop().await;
@@ -557,7 +561,7 @@ async fn a_users_pipeline_from_a_directory_runs_and_validate_checks_one() {
         nodes(&server, &thread).await,
         ["read", "read", "think", "answer"]
     );
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "completed");
     assert_eq!(status["counters"]["rereads"], 1);
     assert_eq!(status["state"]["notes"].as_array().unwrap().len(), 3);
@@ -644,7 +648,7 @@ async fn the_connector_runs_end_to_end_with_real_tools_in_one_sandbox() {
     .await;
     let events = until_result(&server, &session).await;
     assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "completed", "{status}");
     assert_eq!(
         nodes(&server, &thread).await,
@@ -748,7 +752,7 @@ async fn each_node_works_with_its_own_tools_and_model() {
         results("run")
     );
     assert!(results("look").is_empty(), "{events:?}");
-    let status = get(&server, &format!("/orchestrator/pipeline/status/{thread}")).await;
+    let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "completed", "{status}");
     assert_eq!(status["state"]["verdict"], "from the sim", "{status}");
 

@@ -94,3 +94,13 @@ impl ServerProcess {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 }
+
+/// The machine's 1, 5 and 15 minute load averages, for a report.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}

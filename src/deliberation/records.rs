@@ -18,7 +18,7 @@ use super::{DeliberationOptions, KIND};
 use crate::protocol::deliberation::{AgentResult, DeliberationResult, DeliberationStatus};
 use crate::protocol::{Event, EventKind};
 use crate::session::{NewSession, OptionError, Session, SessionError, SessionManager};
-use crate::store::{Expect, KvStore, Store, StoreError};
+use crate::store::{Expect, KvStore, Store, StoreError, kv_json};
 
 const NAMESPACE: &str = "_deliberations";
 
@@ -209,12 +209,8 @@ pub async fn get(
     owner: Option<&str>,
     task_id: Uuid,
 ) -> Result<Option<Stored>, StoreError> {
-    let Some(entry) = store.kv_get(NAMESPACE, &record_key(owner, task_id)).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&entry.value)
-        .map(Some)
-        .map_err(|e| StoreError::Corrupt(format!("deliberation {task_id}: {e}")))
+    let key = record_key(owner, task_id);
+    kv_json(store, NAMESPACE, &key, &format!("deliberation {task_id}")).await
 }
 
 /// The deliberations a session ran: `(task_id, owner, pending)`.

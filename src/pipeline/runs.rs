@@ -14,7 +14,7 @@ use super::engine::{END, Step, step_of};
 use super::{KIND, PipelineOptions};
 use crate::protocol::{SessionRecord, SessionStatus};
 use crate::session::{NewSession, OptionError, Session, SessionError, SessionManager};
-use crate::store::{Expect, KvStore, SessionFilter, Store, StoreError};
+use crate::store::{Expect, KvStore, SessionFilter, Store, StoreError, kv_json};
 
 const NAMESPACE: &str = "_pipelines";
 
@@ -112,15 +112,8 @@ async fn get(
     owner: Option<&str>,
     thread_id: &str,
 ) -> Result<Option<RunRecord>, StoreError> {
-    let Some(entry) = store
-        .kv_get(NAMESPACE, &record_key(owner, thread_id))
-        .await?
-    else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&entry.value)
-        .map(Some)
-        .map_err(|e| StoreError::Corrupt(format!("run {thread_id}: {e}")))
+    let key = record_key(owner, thread_id);
+    kv_json(store, NAMESPACE, &key, &format!("run {thread_id}")).await
 }
 
 /// The run of a session, through the session's index entry.
@@ -129,12 +122,7 @@ async fn by_session(store: &dyn KvStore, session: Uuid) -> Result<Option<RunReco
         return Ok(None);
     };
     let key = String::from_utf8_lossy(&index.value).into_owned();
-    let Some(entry) = store.kv_get(NAMESPACE, &key).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&entry.value)
-        .map(Some)
-        .map_err(|e| StoreError::Corrupt(format!("run of session {session}: {e}")))
+    kv_json(store, NAMESPACE, &key, &format!("run of session {session}")).await
 }
 
 /// The session's run, made at its first turn when the session was created

@@ -164,6 +164,22 @@ impl Expect {
     }
 }
 
+/// A JSON record kept under `key`: `None` when absent, a `Corrupt` error
+/// naming `what` when it does not parse.
+pub async fn kv_json<T: serde::de::DeserializeOwned>(
+    store: &dyn KvStore,
+    namespace: &str,
+    key: &str,
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    let Some(entry) = store.kv_get(namespace, key).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&entry.value)
+        .map(Some)
+        .map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
 /// Keys and values in namespaces (one per tenant), with revisions for
 /// compare-and-set. Waiting for a change is the caller's (the bus's).
 #[async_trait]
