@@ -80,3 +80,69 @@ ensure_sandbox_images() {
     CONCLAVE_CACHE="$CONCLAVE_CACHE" "$CONCLAVE_ROOT/sandbox-images/build.sh" all \
         || die "building the sandbox images failed (sandbox-images/build.sh, output above)"
 }
+
+# A free TCP port on 127.0.0.1 (python3 is installed first by test.sh).
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# PostgreSQL for the scale-out tests: Debian's server, a cluster made with
+# initdb in a temporary directory as user postgres (trust on 127.0.0.1
+# only), started on a free port. Exports CONCLAVE_TEST_POSTGRES, the URL of
+# its `postgres` database; tests make databases of their own in it. The
+# cluster is stopped and removed when the sourcing script exits.
+ensure_postgres() {
+    command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+        || apt_install postgresql
+    local bin
+    bin=$(dirname "$(ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)")
+    [ -x "$bin/initdb" ] || die "PostgreSQL's initdb not found (apt-get install postgresql)"
+    id postgres >/dev/null 2>&1 || die "no user postgres (the postgresql package makes it)"
+    PG_DIR=$(mktemp -d /tmp/conclave-pg.XXXXXX)
+    chown postgres "$PG_DIR"
+    local port
+    port=$(free_port)
+    log "starting PostgreSQL ($("$bin/postgres" --version | awk '{print $3}')) on 127.0.0.1:$port, data in $PG_DIR"
+    runuser -u postgres -- "$bin/initdb" -D "$PG_DIR/data" -A trust -U postgres >"$PG_DIR/initdb.log" 2>&1 \
+        || die "initdb failed: see $PG_DIR/initdb.log"
+    runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 \
+        -o "-h 127.0.0.1 -p $port -k $PG_DIR -c max_connections=400 -c fsync=on" start >/dev/null \
+        || die "PostgreSQL did not start: see $PG_DIR/server.log"
+    PG_BIN=$bin
+    export CONCLAVE_TEST_POSTGRES="postgres://postgres@127.0.0.1:$port/postgres"
+    CLEANUP+=("runuser -u postgres -- $PG_BIN/pg_ctl -D $PG_DIR/data -m immediate stop >/dev/null 2>&1; rm -rf $PG_DIR")
+}
+
+# NATS with JetStream for the scale-out tests: Debian's nats-server on a
+# free port, its store in a temporary directory. Exports CONCLAVE_TEST_NATS
+# (tests isolate themselves by stream and bucket names) and
+# CONCLAVE_TEST_NATS_SERVER (the binary, for tests that start their own).
+ensure_nats() {
+    command -v nats-server >/dev/null || apt_install nats-server
+    NATS_DIR=$(mktemp -d /tmp/conclave-nats.XXXXXX)
+    local port pid
+    port=$(free_port)
+    log "starting nats-server ($(nats-server --version)) with JetStream on 127.0.0.1:$port"
+    setsid nats-server -a 127.0.0.1 -p "$port" -js -sd "$NATS_DIR" >"$NATS_DIR/server.log" 2>&1 </dev/null &
+    pid=$!
+    for _ in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            export CONCLAVE_TEST_NATS="nats://127.0.0.1:$port"
+            export CONCLAVE_TEST_NATS_SERVER
+            CONCLAVE_TEST_NATS_SERVER=$(command -v nats-server)
+            CLEANUP+=("kill $pid 2>/dev/null; rm -rf $NATS_DIR")
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || die "nats-server exited at start-up: see $NATS_DIR/server.log"
+        sleep 0.1
+    done
+    die "nats-server did not listen on 127.0.0.1:$port within 10 s: see $NATS_DIR/server.log"
+}
+
+# Commands run when the sourcing script exits (servers started above).
+CLEANUP=()
+run_cleanup() {
+    local c
+    for c in "${CLEANUP[@]}"; do eval "$c" || true; done
+}
+trap run_cleanup EXIT

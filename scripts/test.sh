@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 
 ensure_rust
 apt_install python3 python3-venv ca-certificates
+# The scale-out tests: PostgreSQL and nats-server from Debian.
+apt_install postgresql nats-server
 # The dashboard's browser tests drive Debian's Chromium with its driver.
 apt_install chromium chromium-driver
 
@@ -135,5 +137,8 @@ cargo clippy --locked --all-targets --quiet -- -D warnings
 # The docker sandbox tests need dockerd and the sandbox images.
 ensure_docker
 ensure_sandbox_images
+# The scale-out tests run on a real PostgreSQL and a real nats-server.
+ensure_postgres
+ensure_nats
 log "cargo test"
 cargo test --locked --lib --bins --tests
