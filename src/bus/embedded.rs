@@ -349,6 +349,14 @@ impl Bus for EmbeddedBus {
     fn max_payload(&self) -> usize {
         self.0.max_payload
     }
+
+    /// In process: ready until shut down.
+    async fn ping(&self) -> Result<(), BusError> {
+        if self.0.shutdown.is_cancelled() {
+            return Err(BusError::Closed);
+        }
+        Ok(())
+    }
 }
 
 /// The durable streams among `streams`.

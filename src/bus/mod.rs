@@ -222,6 +222,10 @@ pub trait Bus: Send + Sync {
 
     /// The largest payload accepted.
     fn max_payload(&self) -> usize;
+
+    /// Answers once the bus can take messages: what the readiness probe
+    /// asks (a shared bus: its server answered).
+    async fn ping(&self) -> Result<(), BusError>;
 }
 
 #[cfg(test)]

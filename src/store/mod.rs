@@ -306,6 +306,10 @@ pub trait BusStore: Send + Sync {
 /// second backend implements the seams one by one).
 #[async_trait]
 pub trait Store: SessionStore + EventStore + KvStore + CheckpointStore + BusStore {
+    /// Answers once the backend has answered a trivial query: what the
+    /// readiness probe asks.
+    async fn ping(&self) -> Result<(), StoreError>;
+
     /// Writes out everything accepted so far and stops taking writes.
     async fn close(&self) -> Result<(), StoreError>;
 }

@@ -382,6 +382,12 @@ fn duplicate(err: &StoreError) -> StoreError {
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.call(|conn| Ok(conn.query_row("SELECT 1", [], |row| row.get::<_, i64>(0))?))
+            .await
+            .map(drop)
+    }
+
     /// Runs every job queued before it, checkpoints the WAL and stops the
     /// writer thread; every call after it, `close` included, fails with
     /// [`StoreError::Closed`].
