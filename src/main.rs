@@ -35,6 +35,14 @@ enum Command {
         /// Directory of the store (default ./data).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// A PostgreSQL store shared by replicas (postgres://user@host/db);
+        /// default: SQLite in the data directory.
+        #[arg(long)]
+        store: Option<String>,
+        /// A NATS JetStream bus shared by replicas (nats://host:4222);
+        /// default: in process.
+        #[arg(long)]
+        bus: Option<String>,
         /// Where tool calls run (default auto: docker when its socket
         /// answers, else local namespaces).
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
@@ -188,6 +196,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             listen,
             data_dir,
+            store,
+            bus,
             sandbox,
             litellm_config,
         } => {
@@ -196,6 +206,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 &Overrides {
                     listen,
                     data_dir,
+                    store,
+                    bus,
                     sandbox,
                     litellm_config,
                     default_data_dir: None,

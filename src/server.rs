@@ -103,6 +103,12 @@ impl Server {
         root: CancellationToken,
         kinds: Vec<Arc<dyn SessionTask>>,
     ) -> Result<Server, StartError> {
+        if let Some(url) = config.store.as_ref().or(config.bus.url.as_ref()) {
+            return Err(StartError::Store {
+                dir: url.clone(),
+                message: "the shared PostgreSQL store and NATS bus are not built yet".into(),
+            });
+        }
         let path = config.data_dir.join("conclave.db");
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::open(&path).map_err(|e| StartError::Store {

@@ -39,6 +39,9 @@ impl Durable {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
+    /// A shared bus for several replicas: `nats://host:port` (NATS with
+    /// JetStream). None: the embedded in-process bus.
+    pub url: Option<String>,
     /// Durable subjects, first match wins. By default those of the
     /// deliberations (`agent.>`, `deliberation.>`) and of the training
     /// loop (`sync.>`, `inference.>`, `rollout.>`).
@@ -59,6 +62,7 @@ pub struct BusConfig {
 impl Default for BusConfig {
     fn default() -> Self {
         BusConfig {
+            url: None,
             durable: [
                 "agent.>",
                 "deliberation.>",
@@ -80,6 +84,15 @@ impl Default for BusConfig {
 impl BusConfig {
     /// The first problem found, as `(field, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
+        if let Some(url) = &self.url {
+            let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+            if !matches!(scheme, Some("nats" | "tls")) {
+                return Err((
+                    "bus.url".into(),
+                    format!("{url:?} is not a NATS URL (nats://host:port)"),
+                ));
+            }
+        }
         for (i, durable) in self.durable.iter().enumerate() {
             Pattern::parse(&durable.pattern)
                 .map_err(|err| (format!("bus.durable[{i}].pattern"), err.to_string()))?;

@@ -33,6 +33,11 @@ use sections::{default_retries, default_timeout_s};
 pub struct Config {
     /// Address the HTTP server binds.
     pub listen: SocketAddr,
+    /// A shared store for several replicas: `postgres://user@host/db`
+    /// (PostgreSQL). None: SQLite in `data_dir`.
+    pub store: Option<String>,
+    /// How replicas sharing a store and a bus hand work to each other.
+    pub cluster: ClusterConfig,
     /// Where the SQLite store, the instance id and local sandboxes live.
     /// Always absolute once [`Config::load`] has run.
     pub data_dir: PathBuf,
@@ -84,6 +89,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            store: None,
+            cluster: ClusterConfig::default(),
             data_dir: PathBuf::from("data"),
             api_keys: Vec::new(),
             admin_keys: Vec::new(),
@@ -111,6 +118,10 @@ impl Default for Config {
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
+    /// `--store`: a PostgreSQL URL.
+    pub store: Option<String>,
+    /// `--bus`: a NATS URL.
+    pub bus: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub sandbox: Option<SandboxBackendKind>,
     /// A LiteLLM config whose `model_list` becomes gateway pools (a pool
@@ -187,6 +198,12 @@ impl Config {
         }
         if let Some(dir) = &overrides.data_dir {
             config.data_dir = dir.clone();
+        }
+        if let Some(store) = &overrides.store {
+            config.store = Some(store.clone());
+        }
+        if let Some(bus) = &overrides.bus {
+            config.bus.url = Some(bus.clone());
         }
         if let Some(backend) = overrides.sandbox {
             config.sandbox.backend = backend;
@@ -307,6 +324,20 @@ impl Config {
             field: field.into(),
             message,
         };
+        if let Some(store) = &self.store {
+            let scheme = store.split_once("://").map(|(scheme, _)| scheme);
+            if !matches!(scheme, Some("postgres" | "postgresql")) {
+                return Err(field(
+                    "store",
+                    format!(
+                        "{store:?} is not a PostgreSQL URL (postgres://user@host/db); leave it unset for SQLite in data_dir"
+                    ),
+                ));
+            }
+        }
+        self.cluster
+            .validate()
+            .map_err(|(name, message)| field(&name, message))?;
         if self.api_keys.is_empty() && self.admin_keys.is_empty() && !self.listen.ip().is_loopback()
         {
             return Err(field(

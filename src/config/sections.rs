@@ -37,6 +37,49 @@ impl Default for HttpConfig {
     }
 }
 
+/// Replicas sharing a store and a bus (`store = "postgres://…"`,
+/// `bus.url = "nats://…"`): how they hand work to each other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Seconds a replica's hold on a running turn lasts unless renewed
+    /// (it renews at a third of that). When a replica dies mid-turn, the
+    /// turn is closed as `interrupted` this long after its last renewal,
+    /// and the session takes messages again on any replica.
+    pub turn_lease_s: u64,
+    /// Seconds a replica told to stop (SIGTERM) lets running turns finish
+    /// before it interrupts them; `/ready` answers 503 from the start.
+    pub drain_s: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            turn_lease_s: 15,
+            drain_s: 30,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The first problem found, as `(field, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if !(3..=3600).contains(&self.turn_lease_s) {
+            return Err((
+                "cluster.turn_lease_s".into(),
+                format!("must be 3 to 3600 seconds, not {}", self.turn_lease_s),
+            ));
+        }
+        if self.drain_s > 3600 {
+            return Err((
+                "cluster.drain_s".into(),
+                format!("must be at most 3600 seconds, not {}", self.drain_s),
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct McpConfig {

@@ -148,3 +148,40 @@ fn a_default_data_dir_yields_to_the_flag() {
     let config = Config::load(None, &both).unwrap();
     assert_eq!(config.data_dir, PathBuf::from("/flag"));
 }
+
+#[test]
+fn a_shared_store_bus_and_cluster_are_checked_naming_the_field() {
+    let refused = |config: Config| config.validate().unwrap_err().to_string();
+    let base = || Config {
+        data_dir: PathBuf::from("/var/lib/conclave"),
+        ..Config::default()
+    };
+    let err = refused(Config {
+        store: Some("mysql://db/conclave".into()),
+        ..base()
+    });
+    assert!(
+        err.contains("store:") && err.contains("PostgreSQL"),
+        "{err}"
+    );
+    let mut config = base();
+    config.bus.url = Some("redis://127.0.0.1:6379".into());
+    let err = refused(config);
+    assert!(err.contains("bus.url") && err.contains("NATS"), "{err}");
+    let mut config = base();
+    config.cluster.turn_lease_s = 1;
+    assert!(refused(config).contains("cluster.turn_lease_s"));
+
+    let overrides = Overrides {
+        store: Some("postgres://conclave@db/conclave".into()),
+        bus: Some("nats://nats:4222".into()),
+        ..Overrides::default()
+    };
+    let config = Config::load(None, &overrides).unwrap();
+    config.validate().unwrap();
+    assert_eq!(
+        config.store.as_deref(),
+        Some("postgres://conclave@db/conclave")
+    );
+    assert_eq!(config.bus.url.as_deref(), Some("nats://nats:4222"));
+}

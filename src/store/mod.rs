@@ -4,8 +4,9 @@
 //!   one: [`SessionStore`] (sessions and their messages), [`EventStore`]
 //!   (the durable event log), [`KvStore`] (namespaced keys with revisions),
 //!   [`CheckpointStore`] (a run's state after each step), [`BusStore`]
-//!   (the retained messages of durable bus subjects). [`Store`] is all of
-//!   them; the server holds it as `Arc<dyn Store>`.
+//!   (the retained messages of durable bus subjects), [`LeaseStore`] (one
+//!   replica at a time for a name). [`Store`] is all of them; the server
+//!   holds it as `Arc<dyn Store>`.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
 //!
@@ -13,6 +14,9 @@
 //! behind it unchanged.
 
 pub mod sqlite;
+
+#[cfg(test)]
+pub(crate) mod lease_tests;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -302,10 +306,47 @@ pub trait BusStore: Send + Sync {
     ) -> Result<u64, StoreError>;
 }
 
+/// One holder at a time for a name (a session's running turn: `turn:{id}`)
+/// until the lease expires unless renewed. Replicas sharing a store use it
+/// so that a session runs one turn at a time across all of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub name: String,
+    pub holder: String,
+    /// By the store's clock (PostgreSQL's `now()`), so replicas whose
+    /// clocks differ agree on it.
+    pub expires_at: DateTime<Utc>,
+    /// Grows each time the lease passes to another holder (a fencing
+    /// token); the same while one holder renews it.
+    pub fence: u64,
+}
+
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Takes `name` for `holder` until `ttl` from now when it is free,
+    /// expired or already `holder`'s (renewing it), and answers the lease
+    /// as it stands after: granted when its `holder` is `holder`.
+    async fn lease_acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, StoreError>;
+
+    /// Gives `name` up if `holder` has it; false when it did not.
+    async fn lease_release(&self, name: &str, holder: &str) -> Result<bool, StoreError>;
+
+    /// The leases named with `prefix` that have expired: their holders
+    /// stopped renewing (a replica died), oldest first.
+    async fn leases_expired(&self, prefix: &str) -> Result<Vec<Lease>, StoreError>;
+}
+
 /// Everything the server keeps, one backend for all (SQLite embedded; a
 /// second backend implements the seams one by one).
 #[async_trait]
-pub trait Store: SessionStore + EventStore + KvStore + CheckpointStore + BusStore {
+pub trait Store:
+    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore
+{
     /// Answers once the backend has answered a trivial query: what the
     /// readiness probe asks.
     async fn ping(&self) -> Result<(), StoreError>;

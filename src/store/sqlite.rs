@@ -130,6 +130,16 @@ const MIGRATION_STEPS: &[M<'static>] = &[
         PRIMARY KEY (namespace, stream)
     ) STRICT;",
     ),
+    // Leases, one holder at a time per name.
+    M::up(
+        "CREATE TABLE leases (
+        name TEXT PRIMARY KEY NOT NULL,
+        holder TEXT NOT NULL,
+        expires_us INTEGER NOT NULL,
+        fence INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX leases_by_expiry ON leases (expires_us);",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
@@ -144,6 +154,7 @@ mod bus;
 mod checkpoints;
 mod events;
 mod kv;
+mod leases;
 mod listing;
 mod rows;
 mod sessions;

@@ -188,3 +188,11 @@ async fn checkpoints_are_kept_per_step_never_overwritten_and_go_with_their_sessi
     assert!(store.delete_session(id).await.unwrap());
     assert_eq!(store.checkpoints(id).await.unwrap(), []);
 }
+
+#[tokio::test]
+async fn leases_have_one_holder_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(open(&dir));
+    crate::store::lease_tests::one_holder_at_a_time(store.as_ref()).await;
+    crate::store::lease_tests::a_race_has_one_winner(store).await;
+}

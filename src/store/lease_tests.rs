@@ -1,0 +1,84 @@
+//! What every backend's leases must do (run against each backend).
+
+use std::time::Duration;
+
+use super::Store;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// One holder at a time; renewals keep the fence; a release or an expiry
+/// lets another holder in with a higher fence; expired leases are listed
+/// by prefix.
+pub async fn one_holder_at_a_time(store: &dyn Store) {
+    let a = store
+        .lease_acquire("turn:1", "replica-a", LONG)
+        .await
+        .unwrap();
+    assert_eq!((a.holder.as_str(), a.fence), ("replica-a", 1));
+    let b = store
+        .lease_acquire("turn:1", "replica-b", LONG)
+        .await
+        .unwrap();
+    assert_eq!(b, a, "another holder does not get a held lease");
+
+    let renewed = store
+        .lease_acquire("turn:1", "replica-a", LONG * 2)
+        .await
+        .unwrap();
+    assert_eq!((renewed.holder.as_str(), renewed.fence), ("replica-a", 1));
+    assert!(renewed.expires_at > a.expires_at);
+
+    assert!(!store.lease_release("turn:1", "replica-b").await.unwrap());
+    assert!(store.lease_release("turn:1", "replica-a").await.unwrap());
+    assert!(!store.lease_release("turn:1", "replica-a").await.unwrap());
+    let b = store
+        .lease_acquire("turn:1", "replica-b", LONG)
+        .await
+        .unwrap();
+    assert_eq!((b.holder.as_str(), b.fence), ("replica-b", 2));
+
+    // A holder that stops renewing: its lease expires and is listed.
+    let dead = store
+        .lease_acquire("turn:2", "replica-c", Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(dead.holder, "replica-c");
+    store
+        .lease_acquire("other:2", "replica-c", Duration::ZERO)
+        .await
+        .unwrap();
+    let expired = store.leases_expired("turn:").await.unwrap();
+    let names: Vec<&str> = expired.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["turn:2"],
+        "held and other-prefix leases are not listed"
+    );
+    let taken = store
+        .lease_acquire("turn:2", "replica-a", LONG)
+        .await
+        .unwrap();
+    assert_eq!((taken.holder.as_str(), taken.fence), ("replica-a", 2));
+    assert!(store.leases_expired("turn:").await.unwrap().is_empty());
+}
+
+/// Many replicas racing for one free lease: exactly one gets it.
+pub async fn a_race_has_one_winner(store: std::sync::Arc<dyn Store>) {
+    let tries = (0..16).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let holder = format!("replica-{i}");
+            let lease = store
+                .lease_acquire("turn:race", &holder, LONG)
+                .await
+                .unwrap();
+            lease.holder == holder
+        })
+    });
+    let won = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .filter(|granted| *granted.as_ref().unwrap())
+        .count();
+    assert_eq!(won, 1);
+}
