@@ -90,6 +90,13 @@ impl SessionManager {
         }
     }
 
+    /// Replaces the embedded event logs (the scale-out's fan out over a
+    /// shared bus). Call before the first session is loaded.
+    pub fn with_logs(mut self, logs: Arc<dyn EventLogs>) -> SessionManager {
+        self.logs = logs;
+        self
+    }
+
     /// The kinds this server runs.
     pub fn tasks(&self) -> &Tasks {
         &self.tasks
