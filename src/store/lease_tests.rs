@@ -6,9 +6,9 @@ use super::Store;
 
 const LONG: Duration = Duration::from_secs(60);
 
-/// One holder at a time; renewals keep the fence; a release or an expiry
-/// lets another holder in with a higher fence; expired leases are listed
-/// by prefix.
+/// One holder at a time; renewals keep the fence; a release removes the
+/// lease; an expiry lets another holder in with a higher fence; expired
+/// leases are listed by prefix.
 pub async fn one_holder_at_a_time(store: &dyn Store) {
     let a = store
         .lease_acquire("turn:1", "replica-a", LONG)
@@ -35,7 +35,7 @@ pub async fn one_holder_at_a_time(store: &dyn Store) {
         .lease_acquire("turn:1", "replica-b", LONG)
         .await
         .unwrap();
-    assert_eq!((b.holder.as_str(), b.fence), ("replica-b", 2));
+    assert_eq!((b.holder.as_str(), b.fence), ("replica-b", 1), "a released lease is gone");
 
     // A holder that stops renewing: its lease expires and is listed.
     let dead = store

@@ -316,8 +316,9 @@ pub struct Lease {
     /// By the store's clock (PostgreSQL's `now()`), so replicas whose
     /// clocks differ agree on it.
     pub expires_at: DateTime<Utc>,
-    /// Grows each time the lease passes to another holder (a fencing
-    /// token); the same while one holder renews it.
+    /// Grows each time an expired lease passes to another holder (a
+    /// fencing token); the same while one holder renews it; 1 for a new
+    /// or released lease.
     pub fence: u64,
 }
 
@@ -333,7 +334,8 @@ pub trait LeaseStore: Send + Sync {
         ttl: std::time::Duration,
     ) -> Result<Lease, StoreError>;
 
-    /// Gives `name` up if `holder` has it; false when it did not.
+    /// Gives `name` up (the lease is removed) if `holder` has it; false
+    /// when it did not.
     async fn lease_release(&self, name: &str, holder: &str) -> Result<bool, StoreError>;
 
     /// The leases named with `prefix` that have expired: their holders

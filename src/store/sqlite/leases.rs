@@ -65,13 +65,11 @@ impl LeaseStore for SqliteStore {
     async fn lease_release(&self, name: &str, holder: &str) -> Result<bool, StoreError> {
         let (name, holder) = (name.to_owned(), holder.to_owned());
         self.call(move |conn| {
-            // Expired now rather than deleted, so the fence keeps growing.
+            // Removed, so that only leases whose holders died are left
+            // to expire (and to be listed by `leases_expired`).
             let changed = conn
-                .prepare_cached(
-                    "UPDATE leases SET expires_us = min(expires_us, ?3)
-                     WHERE name = ?1 AND holder = ?2 AND expires_us > ?3",
-                )?
-                .execute(params![name, holder, Utc::now().timestamp_micros()])?;
+                .prepare_cached("DELETE FROM leases WHERE name = ?1 AND holder = ?2")?
+                .execute(params![name, holder])?;
             Ok(changed > 0)
         })
         .await
