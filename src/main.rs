@@ -75,6 +75,12 @@ enum Command {
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
         sandbox: Option<SandboxBackendKind>,
     },
+    /// Ask a server's `/health` and exit 0 when it answers 200: a container
+    /// health check that needs no curl in the image.
+    Health {
+        #[arg(long, default_value = "http://127.0.0.1:8080/health")]
+        url: String,
+    },
     /// Sandboxes on this host's backend, whichever data directory made them.
     Sandboxes {
         #[command(subcommand)]
@@ -217,7 +223,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let listener = conclave::server::bind(config.listen)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
             let root = CancellationToken::new();
-            conclave::shutdown::on_signal(root.clone());
+            let drain = CancellationToken::new();
+            conclave::shutdown::on_signal(drain.clone(), root.clone());
             let server = Server::build(config, Tools::Sandboxed, root).await?;
             let addr = listener.local_addr()?;
             // One plain line on stdout, for people and for scripts that
@@ -241,7 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 auth = server.state.keys.enabled(),
                 "conclave serving"
             );
-            let served = server.run(listener).await;
+            let served = server.run_draining(listener, drain).await;
             conclave::locate::forget(pid);
             served?;
             tracing::info!("stopped");
@@ -290,6 +297,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             tracing::info!(data_dir = %config.data_dir.display(), from, "conclave mcp: data directory");
             conclave::mcp::serve_stdio(config).await?;
+            Ok(())
+        }
+        Command::Health { url } => {
+            let response = reqwest::Client::new()
+                .get(&url)
+                .timeout(std::time::Duration::from_secs(2))
+                .send()
+                .await
+                .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+            if !response.status().is_success() {
+                anyhow::bail!("{url} answered {}", response.status());
+            }
             Ok(())
         }
         Command::Sandboxes { command } => {

@@ -1,9 +1,10 @@
 //! Builds the server from a config and runs it on a listener until the root
 //! token is cancelled, so tests bind `127.0.0.1:0` and stop it at will.
 //!
-//! Shutdown order: stop taking turns, interrupt running turns and wait for
-//! their `result` events, end follow streams, let connections finish, then
-//! close the store (which writes out everything accepted).
+//! Shutdown order: stop taking turns (a drain, on SIGTERM, first lets
+//! running turns finish for `cluster.drain_s`), interrupt running turns and
+//! wait for their `result` events, end follow streams, let connections
+//! finish, then close the store (which writes out everything accepted).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -285,6 +286,7 @@ impl Server {
             models,
             metrics,
             started: Instant::now(),
+            store: store.clone(),
             sandboxes,
             mcp,
             gateway,
@@ -305,6 +307,18 @@ impl Server {
 
     /// Serves until the root token is cancelled, then shuts down in order.
     pub async fn run(self, listener: TcpListener) -> std::io::Result<()> {
+        self.run_draining(listener, CancellationToken::new()).await
+    }
+
+    /// [`Server::run`], draining first when `drain` is cancelled (SIGTERM):
+    /// `/ready` answers 503 and new turns are refused at once, running
+    /// turns get `cluster.drain_s` to finish, then the root token is
+    /// cancelled and the rest are interrupted.
+    pub async fn run_draining(
+        self,
+        listener: TcpListener,
+        drain: CancellationToken,
+    ) -> std::io::Result<()> {
         let router = api::router(self.state.clone());
         let sessions = self.state.sessions.clone();
         let root = self.root.clone();
@@ -374,8 +388,22 @@ impl Server {
                 }
             })
         });
+        let drain_for = Duration::from_secs(self.state.config.cluster.drain_s);
         let stopping = async move {
-            root.cancelled().await;
+            tokio::select! {
+                _ = root.cancelled() => {}
+                _ = drain.cancelled() => {
+                    tracing::info!(
+                        drain_s = drain_for.as_secs(),
+                        "draining: no new turns, running ones may finish"
+                    );
+                    tokio::select! {
+                        _ = tokio::time::timeout(drain_for, sessions.drain()) => {}
+                        _ = root.cancelled() => {}
+                    }
+                    root.cancel();
+                }
+            }
             sessions.shutdown().await;
         };
         let open_files = rlimit::Resource::NOFILE

@@ -1,29 +1,38 @@
-//! The root cancellation token and the signals that fire it.
+//! The signals that stop the server: the first SIGTERM or ctrl-c drains it
+//! (running turns may finish, new ones go to other replicas), a second one
+//! stops it at once.
 
 use tokio_util::sync::CancellationToken;
 
-/// Cancels `root` on SIGTERM or ctrl-c.
-pub fn on_signal(root: CancellationToken) {
+/// Cancels `drain` on the first SIGTERM or ctrl-c and `root` on the next.
+pub fn on_signal(drain: CancellationToken, root: CancellationToken) {
     tokio::spawn(async move {
-        let ctrl_c = tokio::signal::ctrl_c();
         #[cfg(unix)]
-        let term = async {
+        let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut signal) => {
-                    signal.recv().await;
-                }
+                Ok(signal) => Some(signal),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                    std::future::pending::<()>().await
+                    None
                 }
+            };
+        for (token, what) in [(drain, "draining"), (root, "stopping now")] {
+            #[cfg(unix)]
+            let terminated = async {
+                match term.as_mut() {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let terminated = std::future::pending::<()>();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("ctrl-c: {what}"),
+                _ = terminated => tracing::info!("SIGTERM: {what}"),
             }
-        };
-        #[cfg(not(unix))]
-        let term = std::future::pending::<()>();
-        tokio::select! {
-            _ = ctrl_c => tracing::info!("ctrl-c: shutting down"),
-            _ = term => tracing::info!("SIGTERM: shutting down"),
+            token.cancel();
         }
-        root.cancel();
     });
 }

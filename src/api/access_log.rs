@@ -11,7 +11,7 @@ use axum::response::Response;
 
 /// Paths polled by monitors log at DEBUG so they do not drown the rest.
 fn is_probe(path: &str) -> bool {
-    matches!(path, "/health" | "/metrics")
+    matches!(path, "/health" | "/ready" | "/metrics")
 }
 
 pub async fn log(request: Request, next: Next) -> Response {

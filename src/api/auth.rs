@@ -161,6 +161,7 @@ fn public(req: &Request) -> bool {
     let dashboard =
         path == "/" || path == "/ui" || path.starts_with("/ui/") || path.starts_with("/static/");
     path == "/health"
+        || path == "/ready"
         || (dashboard
             && matches!(
                 *req.method(),
@@ -173,8 +174,8 @@ pub async fn require_key(
     mut req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    // Probes (a kubelet's, a load balancer's) carry no key; liveness is
-    // all `/health` tells.
+    // Probes (a kubelet's, a load balancer's) carry no key; liveness and
+    // readiness are all `/health` and `/ready` tell.
     if public(&req) {
         return Ok(next.run(req).await);
     }

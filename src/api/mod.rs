@@ -59,7 +59,7 @@ use state::AppState;
     info(title = "Conclave", description = "Streaming agent server with sandbox isolation"),
     paths(
         agent::run, agent::create_session, agent::message, agent::interrupt, agent::status,
-        agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::metrics, ops::openapi,
+        agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::ready, ops::metrics, ops::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
@@ -190,6 +190,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes", get(sandboxes::list))
         .route("/sandboxes/{id}", delete(sandboxes::delete))
         .route("/health", get(ops::health))
+        .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
         .fallback(|| async { ApiError::not_found("no such route") })
@@ -220,12 +221,13 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// What connections past the listener's caps get: `/health`, and `503`
-/// for everything else.
+/// What connections past the listener's caps get: `/health` and `/ready`
+/// (probes must see a busy replica alive), and `503` for everything else.
 pub fn overflow_router(state: AppState) -> Router {
     let policy = Arc::new(browser::BrowserPolicy::new(&state.config));
     Router::new()
         .route("/health", get(ops::health))
+        .route("/ready", get(ops::ready))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

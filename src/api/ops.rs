@@ -1,8 +1,12 @@
-//! Operations: health, Prometheus metrics and the OpenAPI document.
+//! Operations: liveness and readiness, Prometheus metrics and the OpenAPI
+//! document. `/health` and `/ready` need no key: orchestrators' probes
+//! carry none.
+
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use serde::Serialize;
 use utoipa::{OpenApi, ToSchema};
@@ -18,8 +22,10 @@ pub struct Health {
     pub default_model: String,
 }
 
-/// Liveness and basic facts.
-#[utoipa::path(get, path = "/health", responses((status = 200, body = Health)))]
+/// Liveness and basic facts: `200` while the process serves, draining
+/// included (a liveness probe must not restart a replica that is finishing
+/// its turns).
+#[utoipa::path(get, path = "/health", security(()), responses((status = 200, body = Health)))]
 pub async fn health(State(state): State<AppState>) -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -27,6 +33,78 @@ pub async fn health(State(state): State<AppState>) -> Json<Health> {
         uptime_s: state.started.elapsed().as_secs(),
         default_model: state.models.default_model().to_string(),
     })
+}
+
+/// How long `/ready` waits for the store and the bus: a probe's own
+/// timeout is a second or more, and a backend slower than this is as good
+/// as down for turns.
+const READY_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// What one readiness check found.
+#[derive(Serialize, ToSchema, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Check {
+    Ok,
+    Failed,
+    TimedOut,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Readiness {
+    /// `ready`, or `not_ready` with the reason in the fields below.
+    pub status: &'static str,
+    pub store: Check,
+    pub bus: Check,
+    /// The replica was told to stop: it finishes its running turns and
+    /// takes no new ones.
+    pub draining: bool,
+}
+
+/// Runs one check within [`READY_TIMEOUT`]; a failure is logged, the answer
+/// names only what failed.
+async fn check<E: std::fmt::Display>(
+    what: &str,
+    ping: impl std::future::Future<Output = Result<(), E>>,
+) -> Check {
+    match tokio::time::timeout(READY_TIMEOUT, ping).await {
+        Ok(Ok(())) => Check::Ok,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: the {what} failed");
+            Check::Failed
+        }
+        Err(_) => {
+            tracing::warn!("readiness: the {what} did not answer within {READY_TIMEOUT:?}");
+            Check::TimedOut
+        }
+    }
+}
+
+/// Readiness: `200` when the store and the bus answer and the replica is
+/// not draining; `503` naming what failed otherwise, so a load balancer
+/// sends turns elsewhere.
+#[utoipa::path(get, path = "/ready", security(()), responses(
+    (status = 200, body = Readiness, description = "Takes turns"),
+    (status = 503, body = Readiness, description = "Store or bus unreachable, or draining"),
+))]
+pub async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
+    let (store, bus) = tokio::join!(
+        check("store", state.store.ping()),
+        check("bus", state.bus.ping())
+    );
+    let draining = state.sessions.is_draining();
+    let ready = store == Check::Ok && bus == Check::Ok && !draining;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let readiness = Readiness {
+        status: if ready { "ready" } else { "not_ready" },
+        store,
+        bus,
+        draining,
+    };
+    (status, Json(readiness))
 }
 
 /// Prometheus text exposition.

@@ -24,6 +24,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub keys: Arc<Keys>,
     pub started: Instant,
+    /// Sessions, events and the bus's messages; `/ready` pings it.
+    pub store: Arc<dyn crate::store::Store>,
     /// Present when tools run in sandboxes (not with test tool routers).
     pub sandboxes: Option<Arc<SandboxManager>>,
     /// Serves `/mcp` when present.

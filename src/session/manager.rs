@@ -60,6 +60,9 @@ pub struct SessionManager {
     live: Mutex<HashMap<Uuid, Arc<Session>>>,
     /// Parent of every turn's token: cancelled at shutdown.
     shutdown: CancellationToken,
+    /// Set when the replica is told to stop: it takes no new turns and lets
+    /// the running ones finish (see [`SessionManager::drain`]).
+    draining: std::sync::atomic::AtomicBool,
     /// Parent of every session's `closed` token: cancelled at shutdown once
     /// the turns have written their results, ending follow streams.
     followers: CancellationToken,
@@ -85,6 +88,7 @@ impl SessionManager {
             metrics,
             live: Mutex::new(HashMap::new()),
             shutdown,
+            draining: std::sync::atomic::AtomicBool::new(false),
             followers: CancellationToken::new(),
             turns: TaskTracker::new(),
         }
@@ -264,18 +268,24 @@ impl SessionManager {
 
     /// Starts a turn. Without `queue` a running session answers `Busy`
     /// (a turn that has already sent its result is waited for); with it
-    /// the call waits for the running turn to end.
+    /// the call waits for the running turn to end. A draining replica
+    /// refuses it: the client sends it to another replica.
     pub async fn start_turn(
         &self,
         session: Arc<Session>,
         input: String,
         queue: bool,
     ) -> Result<StartedTurn, SessionError> {
+        if self.is_draining() {
+            return Err(SessionError::ShuttingDown);
+        }
         self.start_turn_with(session, input, queue, TurnOptions::default())
             .await
     }
 
-    /// [`SessionManager::start_turn`] with options for this turn only.
+    /// [`SessionManager::start_turn`] with options for this turn only. It
+    /// runs while the replica drains: a running turn starts these for its
+    /// child sessions (a deliberation's agents) and must be able to finish.
     pub async fn start_turn_with(
         &self,
         session: Arc<Session>,
@@ -363,8 +373,27 @@ impl SessionManager {
         Ok(closed)
     }
 
+    /// Stops taking turns ([`SessionManager::start_turn`] refuses them) and
+    /// waits until the running ones have ended; the caller bounds the wait
+    /// and then calls [`SessionManager::shutdown`].
+    pub async fn drain(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // A closed tracker's `wait` ends once it is empty; turns a running
+        // turn starts meanwhile are still tracked and waited for.
+        self.turns.close();
+        self.turns.wait().await;
+    }
+
+    /// Whether the replica was told to stop (readiness answers no).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Cancels every running turn and waits until each has written its result.
     pub async fn shutdown(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.shutdown.cancel();
         self.turns.close();
         self.turns.wait().await;

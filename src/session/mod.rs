@@ -51,7 +51,9 @@ pub enum SessionError {
     Option(#[from] OptionError),
     #[error("this server does not run {0} sessions")]
     KindNotServed(SessionKind),
-    #[error("the server is shutting down")]
+    #[error(
+        "this replica is draining before it stops and takes no new turns; retry on another replica"
+    )]
     ShuttingDown,
     /// A check a task could not make (e.g. the sandbox backend did not
     /// answer); logged in full, answered in brief.
