@@ -31,6 +31,7 @@ use crate::mcp::{McpHost, SandboxTools};
 use crate::model::ModelRegistry;
 use crate::protocol::SessionStatus;
 use crate::sandbox::{self, SandboxManager};
+use crate::session::lease::TurnLeases;
 use crate::session::{Limits, SessionManager, SessionTask, Tasks};
 use crate::store::{SqliteStore, Store};
 use crate::telemetry::Metrics;
@@ -223,13 +224,21 @@ impl Server {
                 .with(Arc::new(deliberation))
                 .with(Arc::new(pipelines));
             let tasks = kinds.into_iter().fold(built_in, Tasks::with);
-            SessionManager::new(
+            let manager = SessionManager::new(
                 store.clone(),
                 tasks,
                 limits,
                 metrics.clone(),
                 root.child_token(),
-            )
+            );
+            // A shared store means other replicas: turns take leases there.
+            match config.store {
+                Some(_) => manager.with_leases(TurnLeases::new(
+                    store.clone(),
+                    Duration::from_secs(config.cluster.turn_lease_s),
+                )),
+                None => manager,
+            }
         });
         let deliberations = Arc::new(Deliberations::new(
             sessions.clone(),
@@ -354,6 +363,30 @@ impl Server {
                         Err(e) => tracing::warn!(error = %e, "expiring ephemeral sessions failed"),
                     }
                     sessions.evict_unused();
+                }
+            });
+        }
+        if self.state.config.store.is_some() {
+            let sessions = sessions.clone();
+            let root = root.clone();
+            // Turns of replicas that died are closed a third of a lease
+            // after their leases expire, at the latest.
+            let period = Duration::from_secs(self.state.config.cluster.turn_lease_s) / 3;
+            background.spawn(async move {
+                let mut every = tokio::time::interval(period);
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => {}
+                        _ = root.cancelled() => return,
+                    };
+                    match sessions.close_abandoned().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::warn!(
+                            sessions = n,
+                            "closed turns of a replica that stopped as interrupted"
+                        ),
+                        Err(e) => tracing::warn!(error = %e, "closing abandoned turns failed"),
+                    }
                 }
             });
         }

@@ -71,6 +71,27 @@ impl Session {
         }
     }
 
+    /// This session as another replica left it in the store: the same
+    /// turn lock and `closed` token (whoever holds this copy still waits
+    /// on them), the record's state and a log that continues from `log`'s
+    /// position.
+    pub(super) fn reloaded(&self, record: SessionRecord, log: Arc<dyn EventLog>) -> Session {
+        Session {
+            turn_lock: self.turn_lock.clone(),
+            closed: self.closed.clone(),
+            ..Session::from_record(record, self.store.clone(), log, self.closed.clone())
+        }
+    }
+
+    /// Takes status and usage from the stored record (another replica ran
+    /// the last turn).
+    pub(super) fn update_from(&self, record: &SessionRecord) {
+        let mut state = self.lock_state();
+        state.status = record.status;
+        state.usage = record.usage.clone();
+        state.updated_at = record.updated_at;
+    }
+
     pub fn status(&self) -> SessionStatus {
         self.lock_state().status
     }

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::SessionError;
+use super::lease::{HeldTurn, Taken, TurnLeases, session_of};
 use super::live::Session;
 use super::log::{EmbeddedLogs, EventLogs};
 use super::task::{Outcome, SessionTask, Tasks, Turn, TurnOptions};
@@ -21,6 +22,14 @@ use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionRecord, Sessi
 use crate::store::{SessionFilter, Store, StoreError};
 use crate::sync::lock;
 use crate::telemetry::{Metrics, StatusLabel};
+
+/// How often a queued turn asks whether another replica's turn has let go.
+const LEASE_POLL: Duration = Duration::from_millis(200);
+/// The status event of a turn closed at start-up.
+const CUT_OFF_BY_RESTART: &str = "The server restarted during this turn; it was interrupted.";
+/// The status event of a turn closed by a replica that took over its lease.
+const CUT_OFF_ELSEWHERE: &str =
+    "The replica running this turn stopped answering; the turn was interrupted.";
 
 /// Everything a new session needs.
 #[derive(Debug, Clone)]
@@ -58,6 +67,9 @@ pub struct SessionManager {
     limits: Limits,
     metrics: Arc<Metrics>,
     live: Mutex<HashMap<Uuid, Arc<Session>>>,
+    /// With replicas sharing the store: the turn leases that keep one turn
+    /// per session among all of them. `None` on a store of its own.
+    leases: Option<Arc<TurnLeases>>,
     /// Parent of every turn's token: cancelled at shutdown.
     shutdown: CancellationToken,
     /// Set when the replica is told to stop: it takes no new turns and lets
@@ -87,6 +99,7 @@ impl SessionManager {
             limits,
             metrics,
             live: Mutex::new(HashMap::new()),
+            leases: None,
             shutdown,
             draining: std::sync::atomic::AtomicBool::new(false),
             followers: CancellationToken::new(),
@@ -98,6 +111,12 @@ impl SessionManager {
     /// shared bus). Call before the first session is loaded.
     pub fn with_logs(mut self, logs: Arc<dyn EventLogs>) -> SessionManager {
         self.logs = logs;
+        self
+    }
+
+    /// Runs turns under leases in the store, for replicas sharing it.
+    pub fn with_leases(mut self, leases: TurnLeases) -> SessionManager {
+        self.leases = Some(Arc::new(leases));
         self
     }
 
@@ -167,6 +186,7 @@ impl SessionManager {
     pub async fn get(&self, id: Uuid, owner: Option<&str>) -> Result<Arc<Session>, SessionError> {
         let cached = self.live().get(&id).cloned();
         let session = match cached {
+            Some(session) if self.leases.is_some() => self.refreshed(session).await?,
             Some(session) => session,
             None => {
                 let record = self
@@ -182,6 +202,164 @@ impl SessionManager {
             return Err(SessionError::NotFound(id));
         }
         Ok(session)
+    }
+
+    /// With replicas, the store is the truth: another replica may have run
+    /// a turn of this session or deleted it since this copy was loaded.
+    async fn refreshed(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
+        if session.is_running() {
+            return Ok(session);
+        }
+        match self.store.get_session(session.id).await? {
+            Some(record) => {
+                session.update_from(&record);
+                Ok(session)
+            }
+            None => {
+                session.closed.cancel();
+                self.forget(session.id);
+                Err(SessionError::NotFound(session.id))
+            }
+        }
+    }
+
+    fn forget(&self, id: Uuid) {
+        let mut live = self.live();
+        live.remove(&id);
+        self.metrics.sessions_live.set(live.len() as i64);
+    }
+
+    /// Takes the session's turn lease: at once, or without `queue` after a
+    /// turn that has already stored its result lets go; with `queue` once
+    /// the running turn ends, on whichever replica. Answers the session
+    /// as the store has it now, its log continuing from the store's last
+    /// `seq` (another replica may have run turns since this copy loaded).
+    async fn take_turn(
+        &self,
+        leases: &TurnLeases,
+        session: Arc<Session>,
+        queue: bool,
+        cancel: &CancellationToken,
+    ) -> Result<(HeldTurn, Arc<Session>), SessionError> {
+        // A turn that has stored its result is only writing its state out.
+        let finishing_for = Duration::from_secs(5);
+        let started = Instant::now();
+        loop {
+            if let Taken::Held(held) = leases.take(session.id, cancel.clone()).await? {
+                return match self.resync(session).await {
+                    Ok(session) => Ok((held, session)),
+                    Err(e) => {
+                        held.release().await;
+                        Err(e)
+                    }
+                };
+            }
+            if !queue {
+                let finishing = self.store.last_seq(session.id).await.map(|seq| seq > 0)?
+                    && self.stored_result(&session).await?;
+                if !finishing || started.elapsed() > finishing_for {
+                    return Err(SessionError::Busy(session.id));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(LEASE_POLL) => {}
+                _ = self.shutdown.cancelled() => return Err(SessionError::ShuttingDown),
+                _ = session.closed.cancelled() => return Err(SessionError::NotFound(session.id)),
+            }
+        }
+    }
+
+    /// Whether the session's last stored event is a `result`.
+    async fn stored_result(&self, session: &Session) -> Result<bool, SessionError> {
+        let last = self.store.last_seq(session.id).await?;
+        let events = self
+            .store
+            .events_since(session.id, last.saturating_sub(1), 1)
+            .await?;
+        Ok(events
+            .first()
+            .is_some_and(|e| matches!(e.kind, EventKind::Result { .. })))
+    }
+
+    /// The session as stored, its log continuing from the stored events.
+    async fn resync(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
+        let record = self
+            .store
+            .get_session(session.id)
+            .await?
+            .ok_or(SessionError::NotFound(session.id))?;
+        let last_seq = self.store.last_seq(session.id).await?;
+        if last_seq == session.last_seq() {
+            session.update_from(&record);
+            return Ok(session);
+        }
+        let log = self.logs.open(session.id, last_seq, session.closed.clone());
+        let fresh = Arc::new(session.reloaded(record, log));
+        self.live().insert(session.id, fresh.clone());
+        Ok(fresh)
+    }
+
+    /// Closes the turns of replicas that died: each turn lease that expired
+    /// is taken over and its turn closed as `interrupted`. Answers how many.
+    pub async fn close_abandoned(&self) -> Result<usize, SessionError> {
+        let Some(leases) = &self.leases else {
+            return Ok(0);
+        };
+        let mut closed = 0;
+        for lease in leases.abandoned().await? {
+            let Some(id) = session_of(&lease) else {
+                continue;
+            };
+            let session = match self.get(id, None).await {
+                Ok(session) => session,
+                Err(SessionError::NotFound(_)) => {
+                    // Deleted meanwhile: the lease only has to go.
+                    if let Taken::Held(held) = leases.take(id, CancellationToken::new()).await? {
+                        held.release().await;
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if self
+                .close_if_cut_off(leases, session, CUT_OFF_ELSEWHERE)
+                .await?
+            {
+                closed += 1;
+            }
+        }
+        Ok(closed)
+    }
+
+    /// Takes a free or expired turn lease and closes the turn it guarded
+    /// if the session is still `running`; false when a live turn holds it.
+    async fn close_if_cut_off(
+        &self,
+        leases: &TurnLeases,
+        session: Arc<Session>,
+        message: &str,
+    ) -> Result<bool, SessionError> {
+        let _local = session.turn_lock.clone().lock_owned().await;
+        let Taken::Held(held) = leases.take(session.id, CancellationToken::new()).await? else {
+            return Ok(false);
+        };
+        let outcome = async {
+            let session = self.resync(session).await?;
+            if session.status() != SessionStatus::Running {
+                return Ok(false);
+            }
+            let task = self.task_of(&session)?.clone();
+            let runner = Runner {
+                task,
+                metrics: self.metrics.clone(),
+                turn_timeout: self.limits.turn_timeout,
+            };
+            runner.close_cut_off(&session, message).await?;
+            Ok::<_, SessionError>(true)
+        }
+        .await;
+        held.release().await;
+        outcome
     }
 
     /// Forgets sessions nobody holds (no turn, stream or socket); they load
@@ -315,10 +493,20 @@ impl SessionManager {
         if session.closed.is_cancelled() {
             return Err(SessionError::NotFound(session.id));
         }
+        let cancel = self.shutdown.child_token();
+        let (held, session) = match &self.leases {
+            Some(leases) => {
+                let (held, session) = self.take_turn(leases, session, queue, &cancel).await?;
+                (Some(held), session)
+            }
+            None => (None, session),
+        };
         if session.status() == SessionStatus::Closed {
+            if let Some(held) = held {
+                held.release().await;
+            }
             return Err(SessionError::Closed(session.id));
         }
-        let cancel = self.shutdown.child_token();
         *lock(&session.running) = Some(cancel.clone());
         let since = session.last_seq();
         let runner = Runner {
@@ -331,6 +519,9 @@ impl SessionManager {
         self.turns.spawn(async move {
             runner.run(&turn_session, input, options, turn_cancel).await;
             *lock(&turn_session.running) = None;
+            if let Some(held) = held {
+                held.release().await;
+            }
             drop(guard);
         });
         Ok(StartedTurn {
@@ -357,6 +548,17 @@ impl SessionManager {
                 Err(SessionError::NotFound(_)) => continue,
                 Err(e) => return Err(e),
             };
+            if let Some(leases) = &self.leases {
+                // Another replica may be running it: only a turn whose
+                // lease is free or expired was cut off.
+                if self
+                    .close_if_cut_off(leases, session, CUT_OFF_BY_RESTART)
+                    .await?
+                {
+                    closed += 1;
+                }
+                continue;
+            }
             let Ok(task) = self.task_of(&session) else {
                 tracing::warn!(session = %session.id, kind = %session.kind,
                     "a turn was cut off in a session of a kind this server does not run");
@@ -367,7 +569,7 @@ impl SessionManager {
                 metrics: self.metrics.clone(),
                 turn_timeout: self.limits.turn_timeout,
             };
-            runner.close_cut_off(&session).await?;
+            runner.close_cut_off(&session, CUT_OFF_BY_RESTART).await?;
             closed += 1;
         }
         Ok(closed)
@@ -474,13 +676,13 @@ impl Runner {
 
     /// Settles a turn that a crash cut off: one whose `result` was stored
     /// only needs its status; any other gets an `interrupted` result.
-    async fn close_cut_off(&self, session: &Arc<Session>) -> Result<(), StoreError> {
+    async fn close_cut_off(&self, session: &Arc<Session>, message: &str) -> Result<(), StoreError> {
         if let Some(status) = session.last_result().await? {
             return session.set_state(status_after(session, status), None).await;
         }
         self.task.close_cut_off(session).await?;
         session.emit(EventKind::Status {
-            message: "The server restarted during this turn; it was interrupted.".into(),
+            message: message.to_owned(),
         })?;
         let turn = Turn::starting(session, CancellationToken::new(), TurnOptions::default());
         let outcome = Outcome::new(ResultStatus::Interrupted, None);

@@ -17,6 +17,9 @@
 //! - [`task`]: the [`SessionTask`] seam and the registry of kinds.
 
 pub mod child;
+pub mod lease;
+#[cfg(test)]
+mod lease_tests;
 pub mod live;
 pub mod log;
 pub mod manager;

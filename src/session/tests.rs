@@ -15,7 +15,7 @@ use crate::store::{SqliteStore, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// Echoes its input as `thinking`; `wait` makes it wait for its cancel.
-struct Echo;
+pub(super) struct Echo;
 
 #[async_trait]
 impl SessionTask for Echo {

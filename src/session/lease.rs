@@ -1,0 +1,165 @@
+//! Turns across replicas. Replicas that share a store (PostgreSQL) run a
+//! session's turns one at a time among all of them: a turn holds the lease
+//! `turn:{session}` in the store, which its replica renews every third of
+//! `cluster.turn_lease_s`. A replica that dies stops renewing; once the
+//! lease has expired a survivor takes it and closes the cut-off turn as
+//! `interrupted`, so the session takes messages again anywhere.
+//!
+//! A turn that loses its lease (its replica could not reach the store for
+//! a whole lease, and another replica closed the turn) is cancelled: two
+//! replicas never run one session's turn at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::{CancellationToken, DropGuard};
+use uuid::Uuid;
+
+use crate::store::{Lease, Store, StoreError};
+
+/// The leases of this replica's turns.
+pub struct TurnLeases {
+    store: Arc<dyn Store>,
+    /// This process among the replicas: host name and a random id.
+    replica: String,
+    ttl: Duration,
+}
+
+/// A turn's lease while it runs; renewed in the background until
+/// [`HeldTurn::release`] (or its drop, which stops the renewals and lets
+/// the lease expire).
+pub struct HeldTurn {
+    store: Arc<dyn Store>,
+    name: String,
+    holder: String,
+    _renewals: DropGuard,
+}
+
+/// What taking a session's turn lease found.
+pub enum Taken {
+    Held(HeldTurn),
+    /// Another turn has it, on this replica or another.
+    Busy(Lease),
+}
+
+pub fn lease_name(session: Uuid) -> String {
+    format!("turn:{session}")
+}
+
+/// The session of a lease's name, for the leases of turns.
+pub fn session_of(lease: &Lease) -> Option<Uuid> {
+    lease
+        .name
+        .strip_prefix("turn:")
+        .and_then(|id| Uuid::parse_str(id).ok())
+}
+
+impl TurnLeases {
+    pub fn new(store: Arc<dyn Store>, ttl: Duration) -> TurnLeases {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
+        TurnLeases {
+            store,
+            replica: format!("{host}-{}", Uuid::new_v4().simple()),
+            ttl,
+        }
+    }
+
+    /// This replica's name in the leases it holds.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// How long a dead replica's turn stays held.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Takes the session's turn lease for one turn. While held it is
+    /// renewed; if a renewal finds it taken by another holder, or none
+    /// succeeds for a whole lease, `lost` is cancelled (the turn stops).
+    pub async fn take(&self, session: Uuid, lost: CancellationToken) -> Result<Taken, StoreError> {
+        let name = lease_name(session);
+        // One holder name per turn: two turns of one replica exclude each
+        // other as turns of two replicas do.
+        let holder = format!("{}/{}", self.replica, Uuid::new_v4().simple());
+        let lease = self.store.lease_acquire(&name, &holder, self.ttl).await?;
+        if lease.holder != holder {
+            return Ok(Taken::Busy(lease));
+        }
+        let stop = CancellationToken::new();
+        tokio::spawn(renew(
+            self.store.clone(),
+            name.clone(),
+            holder.clone(),
+            self.ttl,
+            stop.clone(),
+            lost,
+        ));
+        Ok(Taken::Held(HeldTurn {
+            store: self.store.clone(),
+            name,
+            holder,
+            _renewals: stop.drop_guard(),
+        }))
+    }
+
+    /// The turn leases whose replicas stopped renewing them.
+    pub async fn abandoned(&self) -> Result<Vec<Lease>, StoreError> {
+        self.store.leases_expired("turn:").await
+    }
+}
+
+impl HeldTurn {
+    /// Stops the renewals and gives the lease up.
+    pub async fn release(self) {
+        let HeldTurn {
+            store,
+            name,
+            holder,
+            _renewals,
+        } = self;
+        drop(_renewals);
+        if let Err(e) = store.lease_release(&name, &holder).await {
+            // It expires on its own; a survivor then finds the turn settled.
+            tracing::warn!(lease = %name, error = %e, "releasing a turn's lease failed");
+        }
+    }
+}
+
+/// Renews a lease every third of its length until `stop`; cancels `lost`
+/// when it is another holder's or could not be renewed for a whole lease.
+async fn renew(
+    store: Arc<dyn Store>,
+    name: String,
+    holder: String,
+    ttl: Duration,
+    stop: CancellationToken,
+    lost: CancellationToken,
+) {
+    let every = ttl / 3;
+    let mut renewed = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match store.lease_acquire(&name, &holder, ttl).await {
+            Ok(lease) if lease.holder == holder => renewed = tokio::time::Instant::now(),
+            Ok(lease) => {
+                tracing::error!(lease = %name, holder = %lease.holder,
+                    "another replica took this turn's lease; the turn stops");
+                lost.cancel();
+                return;
+            }
+            Err(e) if renewed.elapsed() >= ttl => {
+                tracing::error!(lease = %name, error = %e,
+                    "this turn's lease could not be renewed for a whole lease; the turn stops");
+                lost.cancel();
+                return;
+            }
+            Err(e) => tracing::warn!(lease = %name, error = %e, "renewing a turn's lease failed"),
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Two session managers on one store, as two replicas sharing PostgreSQL
+//! are: one turn per session among them, a session's log continuing across
+//! them, and the turns of a replica that died closed by another.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::lease::{TurnLeases, lease_name};
+use super::tests::Echo;
+use super::*;
+use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionStatus};
+use crate::store::{SqliteStore, Store};
+use crate::telemetry::Metrics;
+
+fn replica(store: &Arc<dyn Store>, lease: Duration) -> SessionManager {
+    SessionManager::new(
+        store.clone(),
+        Tasks::new().with(Arc::new(Echo)),
+        Limits {
+            turn_timeout: Duration::from_secs(60),
+            ephemeral_retention: Duration::ZERO,
+        },
+        Arc::new(Metrics::new()),
+        CancellationToken::new(),
+    )
+    .with_leases(TurnLeases::new(store.clone(), lease))
+}
+
+fn shared_store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap())
+}
+
+async fn create(manager: &SessionManager) -> Arc<Session> {
+    manager
+        .create(NewSession {
+            name: None,
+            kind: SessionKind::named("echo"),
+            owner: None,
+            options: json!({}),
+            ephemeral: false,
+        })
+        .await
+        .unwrap()
+}
+
+/// The turn's events up to its result.
+async fn events_of(turn: StartedTurn) -> Vec<Arc<crate::protocol::Event>> {
+    turn.session.subscribe(turn.since, true).collect().await
+}
+
+async fn settled(manager: &SessionManager, id: uuid::Uuid) {
+    loop {
+        let session = manager.get(id, None).await.unwrap();
+        if !session.is_running() && session.status() != SessionStatus::Running {
+            let _turn = session.turn_lock.lock().await;
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_session_made_on_one_replica_takes_turns_on_another_with_one_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let (a, b) = (
+        replica(&store, Duration::from_secs(15)),
+        replica(&store, Duration::from_secs(15)),
+    );
+    let session = create(&a).await;
+    let first = events_of(
+        a.start_turn(session.clone(), "one".into(), false)
+            .await
+            .unwrap(),
+    )
+    .await;
+    settled(&a, session.id).await;
+    // B loads the session after A's turn; then A runs another turn, which
+    // B's copy has not seen.
+    let on_b = b.get(session.id, None).await.unwrap();
+    assert_eq!(on_b.last_seq(), 2);
+    events_of(
+        a.start_turn(session.clone(), "two".into(), false)
+            .await
+            .unwrap(),
+    )
+    .await;
+    settled(&a, session.id).await;
+    let third = b.start_turn(on_b, "three".into(), false).await.unwrap();
+    assert_eq!(third.since, 4, "B's log continues after A's events");
+    let third = events_of(third).await;
+    settled(&b, session.id).await;
+    let seqs: Vec<u64> = store
+        .events_since(session.id, 0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
+    assert_eq!(first[0].seq, 1);
+    assert_eq!(third.last().unwrap().seq, 6);
+    // A sees B's turn in the store's status and usage.
+    let on_a = a.get(session.id, None).await.unwrap();
+    assert_eq!(on_a.status(), SessionStatus::Idle);
+    assert_eq!(on_a.usage().turns, 3);
+}
+
+#[tokio::test]
+async fn one_turn_per_session_among_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let (a, b) = (
+        replica(&store, Duration::from_secs(15)),
+        replica(&store, Duration::from_secs(15)),
+    );
+    let session = create(&a).await;
+    let running = a
+        .start_turn(session.clone(), "wait".into(), false)
+        .await
+        .unwrap();
+    let on_b = b.get(session.id, None).await.unwrap();
+    match b.start_turn(on_b.clone(), "now".into(), false).await {
+        Err(SessionError::Busy(id)) => assert_eq!(id, session.id),
+        other => panic!("expected Busy, got {:?}", other.map(|t| t.since)),
+    }
+    // Queued on B, it starts once A's turn has ended.
+    let queued = tokio::spawn({
+        let on_b = on_b.clone();
+        async move {
+            b.start_turn(on_b, "after".into(), true)
+                .await
+                .map(|t| t.since)
+        }
+    });
+    tokio::task::yield_now().await;
+    assert!(!queued.is_finished());
+    running.cancel.cancel();
+    let a_events = events_of(running).await;
+    assert!(matches!(
+        a_events.last().unwrap().kind,
+        EventKind::Result {
+            status: ResultStatus::Interrupted,
+            ..
+        }
+    ));
+    let since = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(since, a_events.last().unwrap().seq);
+}
+
+#[tokio::test]
+async fn the_turn_of_a_replica_that_died_is_closed_by_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let a = replica(&store, Duration::from_secs(15));
+    let session = create(&a).await;
+    // A replica that died mid-turn: the session is stored as running with
+    // a first event, and its lease was last renewed a lease ago.
+    store
+        .update_session(session.id, SessionStatus::Running, &Default::default())
+        .await
+        .unwrap();
+    session
+        .emit(EventKind::Thinking {
+            content: "half way".into(),
+        })
+        .unwrap();
+    session.flush().await.unwrap();
+    store
+        .lease_acquire(&lease_name(session.id), "dead-replica/1", Duration::ZERO)
+        .await
+        .unwrap();
+
+    let b = replica(&store, Duration::from_secs(15));
+    assert_eq!(b.close_abandoned().await.unwrap(), 1);
+    let events = store.events_since(session.id, 0, 100).await.unwrap();
+    let types: Vec<_> = events.iter().map(|e| e.kind.type_name()).collect();
+    assert_eq!(types, ["thinking", "status", "result"]);
+    assert!(matches!(
+        events[2].kind,
+        EventKind::Result {
+            status: ResultStatus::Interrupted,
+            ..
+        }
+    ));
+    let on_b = b.get(session.id, None).await.unwrap();
+    assert_eq!(on_b.status(), SessionStatus::Interrupted);
+    assert!(store.leases_expired("turn:").await.unwrap().is_empty());
+    // The session takes its next message on the survivor.
+    let next = events_of(b.start_turn(on_b, "again".into(), false).await.unwrap()).await;
+    assert_eq!(next.first().unwrap().seq, 4);
+}
+
+#[tokio::test]
+async fn a_start_up_leaves_turns_other_replicas_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let a = replica(&store, Duration::from_secs(15));
+    let session = create(&a).await;
+    let running = a
+        .start_turn(session.clone(), "wait".into(), false)
+        .await
+        .unwrap();
+    // Wait until the turn has stored `running`.
+    while store.get_session(session.id).await.unwrap().unwrap().status != SessionStatus::Running {
+        tokio::task::yield_now().await;
+    }
+    let b = replica(&store, Duration::from_secs(15));
+    assert_eq!(b.recover().await.unwrap(), 0);
+    assert!(session.is_running());
+    running.cancel.cancel();
+    events_of(running).await;
+}
