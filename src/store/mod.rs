@@ -9,14 +9,18 @@
 //!   holds it as `Arc<dyn Store>`.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
+//! - [`postgres`]: one PostgreSQL database shared by several replicas
+//!   (`store = "postgres://…"`), with a pool and migrations.
 //!
 //! The trait speaks only domain types so a PostgreSQL backend can follow
 //! behind it unchanged.
 
+mod codec;
+pub mod postgres;
 pub mod sqlite;
 
 #[cfg(test)]
-pub(crate) mod lease_tests;
+pub(crate) mod conformance;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -27,6 +31,7 @@ use serde_json::Value;
 
 use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 /// Which sessions a listing returns. The default selects all of them.

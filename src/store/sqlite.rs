@@ -415,7 +415,3 @@ impl Store for SqliteStore {
 #[cfg(test)]
 #[path = "sqlite_tests.rs"]
 mod tests;
-
-#[cfg(test)]
-#[path = "sqlite_kv_tests.rs"]
-mod kv_tests;

@@ -3,43 +3,47 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::params;
+use rusqlite::{Connection, params};
 
-use super::SqliteStore;
+use super::{SqliteStore, in_savepoint};
 use crate::store::{BusCursor, BusRecord, BusStore, BusStream, StoreError};
 
 fn micros(time: DateTime<Utc>) -> i64 {
     time.timestamp_micros()
 }
 
+/// Appends `messages` and raises each stream's last `seq`; run in a
+/// savepoint, so that a batch lands whole or not at all.
+fn append(conn: &Connection, messages: &[BusRecord]) -> Result<(), StoreError> {
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO bus_messages (namespace, stream, subject, seq, time_us, payload)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let mut last = conn.prepare_cached(
+        "INSERT INTO bus_streams (namespace, stream, last_seq) VALUES (?1, ?2, ?3)
+         ON CONFLICT (namespace, stream)
+         DO UPDATE SET last_seq = max(last_seq, excluded.last_seq)",
+    )?;
+    for m in messages {
+        insert.execute(params![
+            m.namespace,
+            m.stream,
+            m.subject,
+            m.seq,
+            micros(m.time),
+            m.payload
+        ])?;
+        last.execute(params![m.namespace, m.stream, m.seq])?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl BusStore for SqliteStore {
     async fn bus_append(&self, messages: &[BusRecord]) -> Result<(), StoreError> {
         let messages = messages.to_vec();
-        self.call(move |conn| {
-            let mut insert = conn.prepare_cached(
-                "INSERT INTO bus_messages (namespace, stream, subject, seq, time_us, payload)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
-            let mut last = conn.prepare_cached(
-                "INSERT INTO bus_streams (namespace, stream, last_seq) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (namespace, stream)
-                 DO UPDATE SET last_seq = max(last_seq, excluded.last_seq)",
-            )?;
-            for m in &messages {
-                insert.execute(params![
-                    m.namespace,
-                    m.stream,
-                    m.subject,
-                    m.seq,
-                    micros(m.time),
-                    m.payload
-                ])?;
-                last.execute(params![m.namespace, m.stream, m.seq])?;
-            }
-            Ok(())
-        })
-        .await
+        self.call(move |conn| in_savepoint(conn, |conn| append(conn, &messages)))
+            .await
     }
 
     async fn bus_read(

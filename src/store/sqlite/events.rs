@@ -1,23 +1,14 @@
 //! The event log in SQLite.
 
-use std::borrow::Cow;
-
 use async_trait::async_trait;
 use rusqlite::{Connection, params};
-use serde::Deserialize;
 use uuid::Uuid;
 
-use super::rows::{decode, encode, encode_time};
+use super::rows::{decode, encode_time};
 use super::{SqliteStore, in_savepoint};
 use crate::protocol::Event;
+use crate::store::codec::encode_event;
 use crate::store::{EventStore, StoreError};
-
-/// The `type` of an encoded event, read without decoding the rest.
-#[derive(Deserialize)]
-struct EventTag<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-}
 
 #[async_trait]
 impl EventStore for SqliteStore {
@@ -25,13 +16,7 @@ impl EventStore for SqliteStore {
         let rows = events
             .iter()
             .map(|event| {
-                let body = encode("event", event)?;
-                let kind = serde_json::from_str::<EventTag>(&body)
-                    .map_err(|err| {
-                        StoreError::Corrupt(format!("an event encodes without a type: {err}"))
-                    })?
-                    .kind
-                    .into_owned();
+                let (kind, body) = encode_event(event)?;
                 Ok((
                     event.session_id.to_string(),
                     event.seq,

@@ -16,15 +16,6 @@ fn revision_of(conn: &Connection, namespace: &str, key: &str) -> Result<Option<u
         .optional()?)
 }
 
-/// Whether a key at `current` meets `expect`.
-fn meets(expect: Expect, current: Option<u64>) -> bool {
-    match expect {
-        Expect::Any => true,
-        Expect::Absent => current.is_none(),
-        Expect::Revision(revision) => current == Some(revision),
-    }
-}
-
 /// Takes the namespace's next revision.
 fn next_revision(conn: &Connection, namespace: &str) -> Result<u64, StoreError> {
     Ok(conn
@@ -82,7 +73,7 @@ impl KvStore for SqliteStore {
         self.call(move |conn| {
             in_savepoint(conn, |conn| {
                 let current = revision_of(conn, &namespace, &key)?;
-                if !meets(expect, current) {
+                if !expect.allows(current) {
                     return Ok(KvWrite::Conflict { current });
                 }
                 let revision = next_revision(conn, &namespace)?;
@@ -109,7 +100,7 @@ impl KvStore for SqliteStore {
         self.call(move |conn| {
             in_savepoint(conn, |conn| {
                 let current = revision_of(conn, &namespace, &key)?;
-                if !meets(expect, current) || (current.is_none() && expect != Expect::Any) {
+                if !expect.allows(current) || (current.is_none() && expect != Expect::Any) {
                     return Ok(KvWrite::Conflict { current });
                 }
                 if current.is_none() {

@@ -1,34 +1,12 @@
-//! How sessions and values are laid out in SQLite: JSON columns, RFC 3339
-//! times with nanoseconds, and the `sessions` row.
+//! How sessions are laid out in SQLite: the `sessions` row, with the
+//! shared text forms of values ([`crate::store::codec`]).
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, Row};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus};
 use crate::store::StoreError;
-
-pub(super) fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value)
-        .map_err(|err| StoreError::Corrupt(format!("cannot encode {what}: {err}")))
-}
-
-pub(super) fn decode<T: DeserializeOwned>(what: &str, json: &str) -> Result<T, StoreError> {
-    serde_json::from_str(json).map_err(|err| StoreError::Corrupt(format!("{what}: {err}")))
-}
-
-/// RFC 3339 with nanoseconds: exact, and it sorts as text.
-pub(super) fn encode_time(time: DateTime<Utc>) -> String {
-    time.to_rfc3339_opts(SecondsFormat::Nanos, true)
-}
-
-pub(super) fn decode_time(what: &str, text: &str) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|time| time.with_timezone(&Utc))
-        .map_err(|err| StoreError::Corrupt(format!("{what} '{text}': {err}")))
-}
+pub(super) use crate::store::codec::{decode, decode_time, encode, encode_time};
 
 /// A `sessions` row as SQLite holds it.
 pub(super) struct SessionRow {

@@ -1,21 +1,18 @@
-//! Tests of the SQLite KV and checkpoints.
+//! The KV (revisions per namespace, compare-and-set, literal prefixes) and
+//! checkpoints.
+
+use std::sync::Arc;
 
 use chrono::Utc;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::*;
+use super::Fixture;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
-use crate::store::{Checkpoint, CheckpointStore, Expect, KvStore, KvWrite, SessionStore};
+use crate::store::{Checkpoint, Expect, KvWrite, Store, StoreError};
 
-fn open(dir: &tempfile::TempDir) -> SqliteStore {
-    SqliteStore::open(&dir.path().join("conclave.db")).unwrap()
-}
-
-#[tokio::test]
-async fn kv_writes_compare_and_set_on_revisions_per_namespace() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+pub(crate) async fn kv_writes_compare_and_set_on_revisions_per_namespace(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
     let put = |ns: &'static str, value: &'static str, expect| {
         let store = &store;
         async move {
@@ -50,10 +47,8 @@ async fn kv_writes_compare_and_set_on_revisions_per_namespace() {
     );
 }
 
-#[tokio::test]
-async fn kv_deletes_are_conditional_and_take_a_revision() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+pub(crate) async fn kv_deletes_are_conditional_and_take_a_revision(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
     store.kv_put("a", "k", b"v", Expect::Any).await.unwrap();
     store.kv_put("a", "other", b"v", Expect::Any).await.unwrap();
     assert_eq!(
@@ -93,11 +88,11 @@ async fn kv_deletes_are_conditional_and_take_a_revision() {
     );
 }
 
-#[tokio::test]
-async fn kv_lists_by_literal_prefix_in_key_order_and_survives_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
+pub(crate) async fn kv_lists_by_literal_prefix_in_key_order_and_survives_a_reopen(
+    fixture: &dyn Fixture,
+) {
     {
-        let store = open(&dir);
+        let store = fixture.open().await;
         for key in ["sync/b", "sync/a", "sync%x", "other", "sync_"] {
             store
                 .kv_put("a", key, key.as_bytes(), Expect::Any)
@@ -110,7 +105,7 @@ async fn kv_lists_by_literal_prefix_in_key_order_and_survives_a_reopen() {
             .unwrap();
         store.close().await.unwrap();
     }
-    let store = open(&dir);
+    let store = fixture.open().await;
     let keys = |entries: Vec<crate::store::KvEntry>| {
         entries.into_iter().map(|e| e.key).collect::<Vec<_>>()
     };
@@ -141,10 +136,10 @@ fn checkpoint(session_id: Uuid, step: u64, name: &str) -> Checkpoint {
     }
 }
 
-#[tokio::test]
-async fn checkpoints_are_kept_per_step_never_overwritten_and_go_with_their_session() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+pub(crate) async fn checkpoints_are_kept_per_step_never_overwritten_and_go_with_their_session(
+    fixture: &dyn Fixture,
+) {
+    let store = fixture.open().await;
     let now = Utc::now();
     let session = SessionRecord {
         id: Uuid::new_v4(),
@@ -189,10 +184,59 @@ async fn checkpoints_are_kept_per_step_never_overwritten_and_go_with_their_sessi
     assert_eq!(store.checkpoints(id).await.unwrap(), []);
 }
 
-#[tokio::test]
-async fn leases_have_one_holder_at_a_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = std::sync::Arc::new(open(&dir));
-    crate::store::lease_tests::one_holder_at_a_time(store.as_ref()).await;
-    crate::store::lease_tests::a_race_has_one_winner(store).await;
+/// Writers racing on one key, each expecting the revision it read: one
+/// write per revision gets through, and no revision is handed out twice.
+pub(crate) async fn concurrent_compare_and_set_has_one_winner_per_revision(fixture: &dyn Fixture) {
+    race_compare_and_set(&[fixture.open().await]).await;
+}
+
+/// Rounds of writers spread over `stores` (replicas of one database), each
+/// expecting the revision the round started from: exactly one wins a round.
+pub(crate) async fn race_compare_and_set(stores: &[Arc<dyn Store>]) {
+    const WRITERS: usize = 8;
+    const ROUNDS: u64 = 5;
+    let KvWrite::Done(mut revision) = stores[0]
+        .kv_put("a", "counter", b"0", Expect::Absent)
+        .await
+        .unwrap()
+    else {
+        panic!("the first write conflicts");
+    };
+    for round in 1..=ROUNDS {
+        let writes = (0..WRITERS).map(|writer| {
+            let store = stores[writer % stores.len()].clone();
+            tokio::spawn(async move {
+                let value = format!("{round}/{writer}");
+                store
+                    .kv_put("a", "counter", value.as_bytes(), Expect::Revision(revision))
+                    .await
+                    .unwrap()
+            })
+        });
+        let outcomes: Vec<KvWrite> = futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let done: Vec<u64> = outcomes
+            .iter()
+            .filter_map(|outcome| match outcome {
+                KvWrite::Done(revision) => Some(*revision),
+                KvWrite::Conflict { .. } => None,
+            })
+            .collect();
+        assert_eq!(done, [revision + 1], "round {round}: {outcomes:?}");
+        revision += 1;
+    }
+    for store in stores {
+        assert_eq!(
+            store
+                .kv_get("a", "counter")
+                .await
+                .unwrap()
+                .unwrap()
+                .revision,
+            revision
+        );
+    }
 }

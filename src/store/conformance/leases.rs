@@ -1,15 +1,16 @@
-//! What every backend's leases must do (run against each backend).
+//! Leases: one holder at a time, fences, expiry by the store's clock.
 
 use std::time::Duration;
 
-use super::Store;
+use super::Fixture;
 
 const LONG: Duration = Duration::from_secs(60);
 
 /// One holder at a time; renewals keep the fence; a release removes the
 /// lease; an expiry lets another holder in with a higher fence; expired
 /// leases are listed by prefix.
-pub async fn one_holder_at_a_time(store: &dyn Store) {
+pub(crate) async fn one_holder_at_a_time(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
     let a = store
         .lease_acquire("turn:1", "replica-a", LONG)
         .await
@@ -35,7 +36,11 @@ pub async fn one_holder_at_a_time(store: &dyn Store) {
         .lease_acquire("turn:1", "replica-b", LONG)
         .await
         .unwrap();
-    assert_eq!((b.holder.as_str(), b.fence), ("replica-b", 1), "a released lease is gone");
+    assert_eq!(
+        (b.holder.as_str(), b.fence),
+        ("replica-b", 1),
+        "a released lease is gone"
+    );
 
     // A holder that stops renewing: its lease expires and is listed.
     let dead = store
@@ -63,7 +68,8 @@ pub async fn one_holder_at_a_time(store: &dyn Store) {
 }
 
 /// Many replicas racing for one free lease: exactly one gets it.
-pub async fn a_race_has_one_winner(store: std::sync::Arc<dyn Store>) {
+pub(crate) async fn a_race_has_one_winner(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
     let tries = (0..16).map(|i| {
         let store = store.clone();
         tokio::spawn(async move {

@@ -1,0 +1,217 @@
+//! The event log, and what closing, dropping and reopening a store keep.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::{Fixture, conversation, event, session};
+use crate::protocol::{Event, SessionRecord, SessionStatus, Usage};
+use crate::store::{SessionFilter, StoreError};
+
+pub(crate) async fn events_since_pages_in_order_and_last_seq_tracks_the_end(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 0);
+    let events: Vec<Event> = (1..=10).map(|seq| event(created.id, seq)).collect();
+    // Appended out of order: reads still come back by seq.
+    for appended in events.iter().rev() {
+        store
+            .append_events(std::slice::from_ref(appended))
+            .await
+            .unwrap();
+    }
+
+    assert_eq!(
+        store.events_since(created.id, 0, 100).await.unwrap(),
+        events
+    );
+    assert_eq!(
+        store.events_since(created.id, 3, 4).await.unwrap(),
+        events[3..7]
+    );
+    assert_eq!(
+        store.events_since(created.id, 10, 100).await.unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        store
+            .events_since(created.id, u64::MAX, usize::MAX)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    assert_eq!(store.events_since(created.id, 0, 0).await.unwrap(), vec![]);
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 10);
+    assert_eq!(store.last_seq(Uuid::new_v4()).await.unwrap(), 0);
+}
+
+pub(crate) async fn everything_survives_close_and_reopen(fixture: &dyn Fixture) {
+    let created = session(Some("key-hash"), Utc::now());
+    let events: Vec<Event> = (1..=5).map(|seq| event(created.id, seq)).collect();
+    let store = fixture.open().await;
+    store.create_session(&created).await.unwrap();
+    store
+        .append_messages(created.id, &conversation())
+        .await
+        .unwrap();
+    for appended in &events {
+        store
+            .append_events(std::slice::from_ref(appended))
+            .await
+            .unwrap();
+    }
+    store.close().await.unwrap();
+    drop(store);
+
+    let store = fixture.open().await;
+
+    assert_eq!(
+        store.get_session(created.id).await.unwrap(),
+        Some(created.clone())
+    );
+    assert_eq!(store.messages(created.id).await.unwrap(), conversation());
+    assert_eq!(
+        store.events_since(created.id, 0, 100).await.unwrap(),
+        events
+    );
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 5);
+}
+
+pub(crate) async fn dropping_the_store_keeps_what_was_written(fixture: &dyn Fixture) {
+    let created = session(None, Utc::now());
+    let store = fixture.open().await;
+    store.create_session(&created).await.unwrap();
+    store
+        .append_events(std::slice::from_ref(&event(created.id, 1)))
+        .await
+        .unwrap();
+
+    drop(store);
+
+    let store = fixture.open().await;
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 1);
+    assert_eq!(store.get_session(created.id).await.unwrap(), Some(created));
+}
+
+pub(crate) async fn calls_after_close_fail_with_closed(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+
+    store.close().await.unwrap();
+
+    let results = [
+        store.create_session(&session(None, Utc::now())).await,
+        store
+            .update_session(created.id, SessionStatus::Closed, &Usage::default())
+            .await,
+        store.get_session(created.id).await.map(drop),
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .map(drop),
+        store
+            .sessions_with_status(SessionStatus::Idle)
+            .await
+            .map(drop),
+        store.delete_session(created.id).await.map(drop),
+        store.append_messages(created.id, &conversation()).await,
+        store.messages(created.id).await.map(drop),
+        store
+            .append_events(std::slice::from_ref(&event(created.id, 1)))
+            .await,
+        store.events_since(created.id, 0, 10).await.map(drop),
+        store.last_seq(created.id).await.map(drop),
+        store.close().await,
+    ];
+    for result in results {
+        assert!(matches!(result, Err(StoreError::Closed)), "{result:?}");
+    }
+}
+
+pub(crate) async fn close_lets_the_calls_under_way_finish(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    let events: Vec<Event> = (1..=50).map(|seq| event(created.id, seq)).collect();
+    let appends: Vec<_> = events
+        .iter()
+        .cloned()
+        .map(|appended| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.append_events(std::slice::from_ref(&appended)).await })
+        })
+        .collect();
+    let closing = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.close().await })
+    };
+
+    let mut landed = 0;
+    for append in appends {
+        match append.await.unwrap() {
+            Ok(()) => landed += 1,
+            Err(StoreError::Closed) => {}
+            Err(err) => panic!("append failed: {err}"),
+        }
+    }
+    closing.await.unwrap().unwrap();
+    drop(store);
+
+    let store = fixture.open().await;
+    assert_eq!(
+        store.events_since(created.id, 0, 100).await.unwrap().len(),
+        landed
+    );
+}
+
+pub(crate) async fn concurrent_appends_all_land_without_gaps(fixture: &dyn Fixture) {
+    const SESSIONS: usize = 64;
+    const EVENTS: u64 = 100;
+    let store = fixture.open().await;
+    let sessions: Vec<SessionRecord> = (0..SESSIONS).map(|_| session(None, Utc::now())).collect();
+    for record in &sessions {
+        store.create_session(record).await.unwrap();
+    }
+
+    let appenders: Vec<_> = sessions
+        .iter()
+        .map(|record| {
+            let store = Arc::clone(&store);
+            let events: Vec<Event> = (1..=EVENTS).map(|seq| event(record.id, seq)).collect();
+            tokio::spawn(async move {
+                for appended in &events {
+                    store.append_events(std::slice::from_ref(appended)).await?;
+                }
+                Ok::<_, StoreError>(events)
+            })
+        })
+        .collect();
+    let mut expected = Vec::new();
+    for appender in appenders {
+        expected.push(appender.await.unwrap().unwrap());
+    }
+
+    for (record, events) in sessions.iter().zip(expected) {
+        assert_eq!(store.last_seq(record.id).await.unwrap(), EVENTS);
+        assert_eq!(
+            store.events_since(record.id, 0, usize::MAX).await.unwrap(),
+            events
+        );
+    }
+}
+
+pub(crate) async fn appending_several_events_is_all_or_nothing(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    let batch = vec![event(created.id, 1), event(created.id, 2)];
+    store.append_events(&batch).await.unwrap();
+    // The second row repeats seq 2: the whole batch is refused.
+    let clashing = vec![event(created.id, 3), event(created.id, 2)];
+    assert!(store.append_events(&clashing).await.is_err());
+    assert_eq!(store.events_since(created.id, 0, 10).await.unwrap(), batch);
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
+}

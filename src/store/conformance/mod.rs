@@ -1,0 +1,276 @@
+//! What every backend must do: one suite of tests, run against SQLite and
+//! against PostgreSQL (`suite!` instantiates each test once per backend).
+//!
+//! - A test is an async fn taking a [`Fixture`]: an empty database that it
+//!   opens as a store as often as it needs (again after a close, or twice
+//!   at once as two replicas).
+//! - The PostgreSQL side needs a server: `CONCLAVE_TEST_POSTGRES` names
+//!   one (scripts/test.sh starts one and sets it), and each test makes a
+//!   database of its own there, so that tests run in parallel.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use uuid::Uuid;
+
+use super::{PostgresStore, SqliteStore, Store};
+use crate::model::{Message, ToolCall};
+use crate::protocol::Usage;
+use crate::protocol::{Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus};
+
+mod bus;
+mod events;
+mod kv;
+mod leases;
+mod replicas;
+mod sessions;
+
+/// An empty database of one backend.
+#[async_trait]
+pub(crate) trait Fixture: Sync {
+    /// Opens a store on the fixture's database; a second call opens the
+    /// same database again (a restart, or a second replica).
+    async fn open(&self) -> Arc<dyn Store>;
+}
+
+pub(crate) struct SqliteFixture {
+    dir: tempfile::TempDir,
+}
+
+impl SqliteFixture {
+    pub(crate) fn new() -> SqliteFixture {
+        SqliteFixture {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+}
+
+#[async_trait]
+impl Fixture for SqliteFixture {
+    /// In a directory that does not exist yet: opening creates it.
+    async fn open(&self) -> Arc<dyn Store> {
+        let path = self.dir.path().join("nested/dir/conclave.db");
+        Arc::new(SqliteStore::open(&path).unwrap())
+    }
+}
+
+/// A database of its own on the server `CONCLAVE_TEST_POSTGRES` names,
+/// dropped with the fixture (even when the test panicked).
+pub(crate) struct PostgresFixture {
+    server: PgConnectOptions,
+    database: String,
+}
+
+/// The server the PostgreSQL tests use.
+pub(crate) fn test_server() -> PgConnectOptions {
+    let url = std::env::var("CONCLAVE_TEST_POSTGRES").unwrap_or_else(|_| {
+        panic!(
+            "CONCLAVE_TEST_POSTGRES is not set: the PostgreSQL store's tests need a server \
+             (postgres://user@host:port/db); scripts/test.sh starts one and sets it"
+        )
+    });
+    url.parse()
+        .unwrap_or_else(|e| panic!("CONCLAVE_TEST_POSTGRES={url}: {e}"))
+}
+
+impl PostgresFixture {
+    pub(crate) async fn new() -> PostgresFixture {
+        let server = test_server();
+        let database = format!("conclave_test_{}", Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect_with(&server).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        admin.close().await.unwrap();
+        PostgresFixture { server, database }
+    }
+
+    pub(crate) fn options(&self) -> PgConnectOptions {
+        self.server.clone().database(&self.database)
+    }
+}
+
+#[async_trait]
+impl Fixture for PostgresFixture {
+    async fn open(&self) -> Arc<dyn Store> {
+        Arc::new(PostgresStore::open_with(self.options()).await.unwrap())
+    }
+}
+
+impl Drop for PostgresFixture {
+    /// Best effort, on a thread of its own: a test's runtime may be gone
+    /// (or panicking) by now. `FORCE` ends the connections of pools that
+    /// were never closed.
+    fn drop(&mut self) {
+        let (server, database) = (self.server.clone(), self.database.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let mut admin = PgConnection::connect_with(&server).await?;
+                let sql = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut admin)
+                    .await?;
+                admin.close().await
+            })?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("could not drop test database {}: {e}", self.database);
+        }
+    }
+}
+
+/// Instantiates each named test (`module::test`) once per backend, as
+/// `store::conformance::sqlite::test` and `…::postgres::test`.
+macro_rules! suite {
+    ($($module:ident :: $test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$module::$test(&super::SqliteFixture::new()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$module::$test(&super::PostgresFixture::new().await).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    sessions::created_session_reads_back_whole,
+    sessions::creating_a_session_twice_fails,
+    sessions::update_saves_status_usage_and_updated_at,
+    sessions::updating_an_unknown_session_changes_nothing,
+    sessions::list_sessions_filters_by_owner_newest_first,
+    sessions::expired_ephemeral_sessions_are_found_oldest_first,
+    sessions::sessions_with_status_finds_only_that_status,
+    sessions::append_messages_continues_after_the_highest_index,
+    sessions::messages_of_an_unknown_session_are_refused,
+    sessions::delete_session_cascades_to_messages_and_events,
+    events::events_since_pages_in_order_and_last_seq_tracks_the_end,
+    events::everything_survives_close_and_reopen,
+    events::dropping_the_store_keeps_what_was_written,
+    events::calls_after_close_fail_with_closed,
+    events::close_lets_the_calls_under_way_finish,
+    events::concurrent_appends_all_land_without_gaps,
+    events::appending_several_events_is_all_or_nothing,
+    kv::kv_writes_compare_and_set_on_revisions_per_namespace,
+    kv::kv_deletes_are_conditional_and_take_a_revision,
+    kv::kv_lists_by_literal_prefix_in_key_order_and_survives_a_reopen,
+    kv::concurrent_compare_and_set_has_one_winner_per_revision,
+    kv::checkpoints_are_kept_per_step_never_overwritten_and_go_with_their_session,
+    bus::bus_messages_read_back_in_publish_order_from_a_cursor,
+    bus::pruning_keeps_positions_and_last_seqs,
+    leases::one_holder_at_a_time,
+    leases::a_race_has_one_winner,
+);
+
+/// Tests of two replicas on one database: PostgreSQL only, the backend
+/// that is shared.
+macro_rules! replicas {
+    ($($test:ident),* $(,)?) => {
+        mod two_replicas {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::replicas::$test(&super::PostgresFixture::new().await).await;
+                }
+            )*
+        }
+    };
+}
+
+replicas!(
+    leases_race_across_replicas,
+    kv_compare_and_set_across_replicas,
+    events_of_one_replica_read_by_the_other,
+);
+
+pub(crate) fn session(owner: Option<&str>, created_at: DateTime<Utc>) -> SessionRecord {
+    SessionRecord {
+        id: Uuid::new_v4(),
+        name: Some("review".into()),
+        kind: SessionKind::AGENT,
+        owner: owner.map(str::to_owned),
+        options: json!({"model": "demo", "max_turns": 4, "tools": ["bash"]}),
+        status: SessionStatus::Idle,
+        usage: Usage::default(),
+        ephemeral: false,
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+pub(crate) fn event(session_id: Uuid, seq: u64) -> Event {
+    let kind = match seq % 3 {
+        0 => EventKind::TextDelta {
+            content: format!("token {seq} "),
+        },
+        1 => EventKind::ToolResult {
+            id: format!("call_{seq}"),
+            tool: "bash".into(),
+            output: json!({"stdout": "x".repeat(300), "exit_code": 0}),
+            is_error: false,
+        },
+        _ => EventKind::Result {
+            status: ResultStatus::Success,
+            result: Some("done".into()),
+            cost_usd: 0.25,
+            cost_known: true,
+            turns: 2,
+            usage: Usage {
+                input_tokens: 120,
+                output_tokens: 40,
+                cost_usd: 0.25,
+                turns: 2,
+                tool_calls: 1,
+            },
+            duration_ms: 1500,
+        },
+    };
+    Event {
+        kind,
+        session_id,
+        seq,
+        ts: Utc::now(),
+        agent_id: None,
+    }
+}
+
+pub(crate) fn conversation() -> Vec<Message> {
+    vec![
+        Message::User {
+            content: "list the files".into(),
+        },
+        Message::Assistant {
+            content: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "call_1".into(),
+                name: "bash".into(),
+                arguments: json!({"command": "ls"}),
+            }],
+        },
+        Message::Tool {
+            tool_call_id: "call_1".into(),
+            name: "bash".into(),
+            content: "README.md\nsrc\n".into(),
+            is_error: false,
+        },
+    ]
+}

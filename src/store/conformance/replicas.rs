@@ -1,0 +1,84 @@
+//! Two replicas on one database: what one writes, the other reads, and
+//! leases and compare-and-set hold across both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::kv::race_compare_and_set;
+use super::{Fixture, conversation, event, session};
+use crate::protocol::Event;
+use crate::store::Store;
+
+pub(crate) async fn leases_race_across_replicas(fixture: &dyn Fixture) {
+    let replicas: [Arc<dyn Store>; 2] = [fixture.open().await, fixture.open().await];
+    let tries = (0..16).map(|i| {
+        let store = replicas[i % 2].clone();
+        tokio::spawn(async move {
+            let holder = format!("replica-{i}");
+            let lease = store
+                .lease_acquire("turn:race", &holder, Duration::from_secs(60))
+                .await
+                .unwrap();
+            (lease.holder == holder).then_some(lease)
+        })
+    });
+    let winners: Vec<_> = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .filter_map(Result::unwrap)
+        .collect();
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    let winner = &winners[0];
+    // The other replica sees the same lease, and takes it once released.
+    let seen = replicas[1]
+        .lease_acquire("turn:race", "latecomer", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(&seen, winner);
+    assert!(
+        replicas[0]
+            .lease_release("turn:race", &winner.holder)
+            .await
+            .unwrap()
+    );
+    let taken = replicas[1]
+        .lease_acquire("turn:race", "latecomer", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((taken.holder.as_str(), taken.fence), ("latecomer", 1));
+}
+
+pub(crate) async fn kv_compare_and_set_across_replicas(fixture: &dyn Fixture) {
+    race_compare_and_set(&[fixture.open().await, fixture.open().await]).await;
+}
+
+pub(crate) async fn events_of_one_replica_read_by_the_other(fixture: &dyn Fixture) {
+    let (a, b) = (fixture.open().await, fixture.open().await);
+    let created = session(Some("key-hash"), Utc::now());
+    a.create_session(&created).await.unwrap();
+    a.append_messages(created.id, &conversation())
+        .await
+        .unwrap();
+    let events: Vec<Event> = (1..=20).map(|seq| event(created.id, seq)).collect();
+    a.append_events(&events[..10]).await.unwrap();
+
+    assert_eq!(
+        b.get_session(created.id).await.unwrap(),
+        Some(created.clone())
+    );
+    assert_eq!(b.messages(created.id).await.unwrap(), conversation());
+    assert_eq!(
+        b.events_since(created.id, 0, 100).await.unwrap(),
+        events[..10]
+    );
+    assert_eq!(b.last_seq(created.id).await.unwrap(), 10);
+
+    b.append_events(&events[10..]).await.unwrap();
+    b.append_messages(created.id, &conversation())
+        .await
+        .unwrap();
+    assert_eq!(a.events_since(created.id, 0, 100).await.unwrap(), events);
+    assert_eq!(a.messages(created.id).await.unwrap().len(), 6);
+}

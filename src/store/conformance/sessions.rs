@@ -1,0 +1,323 @@
+//! Sessions and their messages.
+
+use chrono::{TimeDelta, Utc};
+use uuid::Uuid;
+
+use super::{Fixture, conversation, event, session};
+use crate::model::Message;
+use crate::protocol::{SessionRecord, SessionStatus, Usage};
+use crate::store::{SessionFilter, SessionKind, StoreError};
+
+pub(crate) async fn created_session_reads_back_whole(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(Some("key-hash"), Utc::now());
+
+    store.create_session(&created).await.unwrap();
+
+    assert_eq!(store.get_session(created.id).await.unwrap(), Some(created));
+    assert_eq!(store.get_session(Uuid::new_v4()).await.unwrap(), None);
+}
+
+pub(crate) async fn creating_a_session_twice_fails(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+
+    let again = store.create_session(&created).await;
+
+    assert!(matches!(again, Err(StoreError::Io(_))), "{again:?}");
+}
+
+pub(crate) async fn update_saves_status_usage_and_updated_at(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now() - TimeDelta::minutes(5));
+    store.create_session(&created).await.unwrap();
+    let usage = Usage {
+        input_tokens: 1000,
+        output_tokens: 250,
+        cost_usd: 0.5,
+        turns: 3,
+        tool_calls: 2,
+    };
+    let before = Utc::now();
+
+    store
+        .update_session(created.id, SessionStatus::Running, &usage)
+        .await
+        .unwrap();
+
+    let updated = store.get_session(created.id).await.unwrap().unwrap();
+    assert!(updated.updated_at >= before);
+    assert_eq!(
+        updated,
+        SessionRecord {
+            status: SessionStatus::Running,
+            usage,
+            updated_at: updated.updated_at,
+            ..created
+        }
+    );
+}
+
+pub(crate) async fn updating_an_unknown_session_changes_nothing(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+
+    store
+        .update_session(Uuid::new_v4(), SessionStatus::Closed, &Usage::default())
+        .await
+        .unwrap();
+
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .unwrap(),
+        vec![]
+    );
+}
+
+pub(crate) async fn list_sessions_filters_by_owner_newest_first(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let now = Utc::now();
+    let oldest = session(Some("alice"), now - TimeDelta::hours(2));
+    let middle = session(Some("bob"), now - TimeDelta::hours(1));
+    let newest = session(Some("alice"), now);
+    let anonymous = session(None, now - TimeDelta::hours(3));
+    for record in [&middle, &newest, &anonymous, &oldest] {
+        store.create_session(record).await.unwrap();
+    }
+
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::owner(Some("alice")))
+            .await
+            .unwrap(),
+        vec![newest.clone(), oldest.clone()]
+    );
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::owner(Some("bob")))
+            .await
+            .unwrap(),
+        vec![middle.clone()]
+    );
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::owner(Some("carol")))
+            .await
+            .unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .unwrap(),
+        vec![
+            newest.clone(),
+            middle.clone(),
+            oldest.clone(),
+            anonymous.clone()
+        ]
+    );
+    // Pages: two at a time, each after the last of the one before.
+    let page = |before: Option<Uuid>| SessionFilter {
+        before,
+        limit: Some(2),
+        ..SessionFilter::default()
+    };
+    assert_eq!(
+        store.list_sessions(&page(None)).await.unwrap(),
+        vec![newest.clone(), middle.clone()]
+    );
+    assert_eq!(
+        store.list_sessions(&page(Some(middle.id))).await.unwrap(),
+        vec![oldest.clone(), anonymous.clone()]
+    );
+    assert_eq!(
+        store
+            .list_sessions(&page(Some(anonymous.id)))
+            .await
+            .unwrap(),
+        vec![]
+    );
+    // Filters combine.
+    store
+        .update_session(oldest.id, SessionStatus::Closed, &Usage::default())
+        .await
+        .unwrap();
+    let closed = store
+        .list_sessions(&SessionFilter {
+            owner: Some("alice".into()),
+            status: Some(SessionStatus::Closed),
+            kind: Some(SessionKind::AGENT),
+            ..SessionFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        closed.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![oldest.id]
+    );
+    let pipelines = store
+        .list_sessions(&SessionFilter {
+            kind: Some(SessionKind::named("pipeline")),
+            ..SessionFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(pipelines, vec![]);
+}
+
+pub(crate) async fn expired_ephemeral_sessions_are_found_oldest_first(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let now = Utc::now();
+    let mut ids = Vec::new();
+    for (ephemeral, status) in [
+        (true, SessionStatus::Closed),
+        (true, SessionStatus::Running),
+        (false, SessionStatus::Closed),
+        (true, SessionStatus::Closed),
+    ] {
+        let mut record = session(None, now);
+        record.ephemeral = ephemeral;
+        store.create_session(&record).await.unwrap();
+        store
+            .update_session(record.id, status, &Usage::default())
+            .await
+            .unwrap();
+        ids.push(record.id);
+    }
+    let later = Utc::now() + TimeDelta::seconds(1);
+    assert_eq!(
+        store.expired_ephemeral(later, 10).await.unwrap(),
+        vec![ids[0], ids[3]]
+    );
+    assert_eq!(
+        store.expired_ephemeral(later, 1).await.unwrap(),
+        vec![ids[0]]
+    );
+    assert_eq!(
+        store.expired_ephemeral(now, 10).await.unwrap(),
+        Vec::<Uuid>::new()
+    );
+}
+
+pub(crate) async fn sessions_with_status_finds_only_that_status(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let now = Utc::now();
+    let idle = session(None, now - TimeDelta::seconds(2));
+    let running = session(None, now - TimeDelta::seconds(1));
+    let also_running = session(None, now);
+    for record in [&idle, &running, &also_running] {
+        store.create_session(record).await.unwrap();
+    }
+    for record in [&running, &also_running] {
+        store
+            .update_session(record.id, SessionStatus::Running, &record.usage)
+            .await
+            .unwrap();
+    }
+
+    let found = store
+        .sessions_with_status(SessionStatus::Running)
+        .await
+        .unwrap();
+
+    let ids: Vec<Uuid> = found.iter().map(|record| record.id).collect();
+    assert_eq!(ids, vec![also_running.id, running.id]);
+    assert!(
+        found
+            .iter()
+            .all(|record| record.status == SessionStatus::Running)
+    );
+    assert_eq!(
+        store
+            .sessions_with_status(SessionStatus::Idle)
+            .await
+            .unwrap(),
+        vec![idle]
+    );
+    assert_eq!(
+        store
+            .sessions_with_status(SessionStatus::Interrupted)
+            .await
+            .unwrap(),
+        vec![]
+    );
+}
+
+pub(crate) async fn append_messages_continues_after_the_highest_index(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    let conversation = conversation();
+    let follow_up = Message::User {
+        content: "and the tests?".into(),
+    };
+
+    store
+        .append_messages(created.id, &conversation)
+        .await
+        .unwrap();
+    store
+        .append_messages(created.id, std::slice::from_ref(&follow_up))
+        .await
+        .unwrap();
+    store.append_messages(created.id, &[]).await.unwrap();
+
+    let mut expected = conversation;
+    expected.push(follow_up);
+    assert_eq!(store.messages(created.id).await.unwrap(), expected);
+    assert_eq!(store.messages(Uuid::new_v4()).await.unwrap(), vec![]);
+}
+
+pub(crate) async fn messages_of_an_unknown_session_are_refused(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+
+    let appended = store.append_messages(Uuid::new_v4(), &conversation()).await;
+
+    assert!(matches!(appended, Err(StoreError::Io(_))), "{appended:?}");
+}
+
+pub(crate) async fn delete_session_cascades_to_messages_and_events(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let doomed = session(None, Utc::now());
+    let kept = session(None, Utc::now());
+    for record in [&doomed, &kept] {
+        store.create_session(record).await.unwrap();
+        store
+            .append_messages(record.id, &conversation())
+            .await
+            .unwrap();
+        store
+            .append_events(std::slice::from_ref(&event(record.id, 1)))
+            .await
+            .unwrap();
+    }
+
+    assert!(store.delete_session(doomed.id).await.unwrap());
+    assert!(!store.delete_session(doomed.id).await.unwrap());
+
+    assert_eq!(store.get_session(doomed.id).await.unwrap(), None);
+    assert_eq!(store.messages(doomed.id).await.unwrap(), vec![]);
+    assert_eq!(store.events_since(doomed.id, 0, 100).await.unwrap(), vec![]);
+    assert_eq!(store.last_seq(doomed.id).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .list_sessions(&SessionFilter::default())
+            .await
+            .unwrap(),
+        vec![kept.clone()]
+    );
+    assert_eq!(store.messages(kept.id).await.unwrap(), conversation());
+    // A new session with the old id starts from nothing.
+    store.create_session(&doomed).await.unwrap();
+    assert_eq!(
+        store
+            .append_events(std::slice::from_ref(&event(doomed.id, 1)))
+            .await
+            .unwrap(),
+        ()
+    );
+}

@@ -1,0 +1,266 @@
+//! The shared store: one PostgreSQL database for every replica.
+//!
+//! A pool of connections (sqlx) serves every call; PostgreSQL groups the
+//! commits of concurrent callers itself, so each call is one transaction
+//! of its own. Writes that read before they write (KV compare-and-set,
+//! message indices, bus positions) lock what they read in the database,
+//! not in this process, so that several replicas writing at once stay
+//! correct. Lease times are the database's `now()`: one clock for all.
+//!
+//! The schema is migrated at open by sqlx's migrator, whose own advisory
+//! lock keeps two replicas starting at once from migrating twice.
+
+use std::borrow::Cow;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::SqlSafeStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use super::{Store, StoreError};
+
+mod bus;
+mod checkpoints;
+mod events;
+mod kv;
+mod leases;
+mod sessions;
+
+/// Connections one replica holds at most: enough for its concurrent
+/// appenders, few enough that several replicas fit in PostgreSQL's default
+/// `max_connections` of 100.
+const MAX_CONNECTIONS: u32 = 16;
+/// How long a call waits for a free connection before it fails.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The schema, one entry per version; a released entry is never edited
+/// (the migrator refuses a database whose applied SQL changed).
+///
+/// Times the caller chooses and reads back exactly (sessions, checkpoints)
+/// are RFC 3339 text with nanoseconds in the `C` collation, which sorts
+/// them by time; PostgreSQL's `timestamptz` keeps microseconds only. Times
+/// the store sets itself (KV writes, leases, bus messages) are
+/// `timestamptz`. Keys compare bytewise (`C`), as SQLite's do.
+const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "sessions, messages and events",
+        "CREATE TABLE sessions (
+            id UUID PRIMARY KEY,
+            ord BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+            name TEXT,
+            kind TEXT NOT NULL,
+            owner TEXT,
+            options JSON NOT NULL,
+            status TEXT NOT NULL,
+            usage JSON NOT NULL,
+            ephemeral BOOLEAN NOT NULL,
+            created_at TEXT COLLATE \"C\" NOT NULL,
+            updated_at TEXT COLLATE \"C\" NOT NULL
+        );
+        CREATE INDEX sessions_by_owner ON sessions (owner, created_at, ord);
+        CREATE INDEX sessions_by_created ON sessions (created_at, ord);
+        CREATE INDEX sessions_by_status ON sessions (status);
+        CREATE INDEX sessions_ephemeral ON sessions (ephemeral, status, updated_at);
+        CREATE TABLE messages (
+            session_id UUID NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL,
+            body JSON NOT NULL,
+            PRIMARY KEY (session_id, idx)
+        );
+        CREATE TABLE events (
+            session_id UUID NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+            seq BIGINT NOT NULL,
+            type TEXT NOT NULL,
+            ts TIMESTAMPTZ NOT NULL,
+            body JSON NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        );",
+    ),
+    (
+        "kv and checkpoints",
+        "CREATE TABLE kv (
+            namespace TEXT COLLATE \"C\" NOT NULL,
+            key TEXT COLLATE \"C\" NOT NULL,
+            value BYTEA NOT NULL,
+            revision BIGINT NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (namespace, key)
+        );
+        CREATE TABLE kv_revisions (
+            namespace TEXT COLLATE \"C\" PRIMARY KEY,
+            revision BIGINT NOT NULL
+        );
+        CREATE TABLE checkpoints (
+            session_id UUID NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+            step BIGINT NOT NULL,
+            name TEXT NOT NULL,
+            state JSON NOT NULL,
+            created_at TEXT COLLATE \"C\" NOT NULL,
+            PRIMARY KEY (session_id, step)
+        );",
+    ),
+    (
+        "bus retention",
+        // An identity is never handed out twice, even after a prune, so a
+        // reader's cursor holds.
+        "CREATE TABLE bus_messages (
+            position BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            namespace TEXT NOT NULL,
+            stream TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            seq BIGINT NOT NULL,
+            time TIMESTAMPTZ NOT NULL,
+            payload BYTEA NOT NULL,
+            UNIQUE (namespace, stream, seq)
+        );
+        CREATE INDEX bus_by_namespace ON bus_messages (namespace, position);
+        CREATE INDEX bus_by_time ON bus_messages (namespace, time);
+        CREATE TABLE bus_streams (
+            namespace TEXT NOT NULL,
+            stream TEXT NOT NULL,
+            last_seq BIGINT NOT NULL,
+            PRIMARY KEY (namespace, stream)
+        );",
+    ),
+    (
+        "leases",
+        "CREATE TABLE leases (
+            name TEXT COLLATE \"C\" PRIMARY KEY,
+            holder TEXT NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL,
+            fence BIGINT NOT NULL
+        );
+        CREATE INDEX leases_by_expiry ON leases (expires_at);",
+    ),
+];
+
+fn migrator() -> Migrator {
+    Migrator::with_migrations(
+        (1..)
+            .zip(MIGRATIONS)
+            .map(|(version, (description, sql))| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(*description),
+                    MigrationType::Simple,
+                    SqlSafeStr::into_sql_str(*sql),
+                    false,
+                )
+            })
+            .collect(),
+    )
+}
+
+/// The PostgreSQL [`Store`].
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://user:password@host/db`)
+    /// and migrates it to the current schema.
+    pub async fn open(url: &str) -> Result<PostgresStore, StoreError> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|err| StoreError::Io(format!("{}: {err}", redact(url))))?;
+        PostgresStore::open_with(options).await
+    }
+
+    /// [`PostgresStore::open`] with the connection already described.
+    pub async fn open_with(options: PgConnectOptions) -> Result<PostgresStore, StoreError> {
+        let options = options.application_name("conclave");
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await?;
+        migrator()
+            .run(&pool)
+            .await
+            .map_err(|err| StoreError::Io(format!("migrating the schema: {err}")))?;
+        Ok(PostgresStore { pool })
+    }
+}
+
+/// `url` with its password, if any, replaced by `***`: fit for logs and
+/// error messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let Some((credentials, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match credentials.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
+        None => url.to_owned(),
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> StoreError {
+        match err {
+            sqlx::Error::PoolClosed => StoreError::Closed,
+            err => StoreError::Io(err.to_string()),
+        }
+    }
+}
+
+/// A count or position as PostgreSQL's `BIGINT` holds it; past its range
+/// means "everything", as it does for the bounds the callers pass.
+fn bigint(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A `BIGINT` read back as the unsigned value it was written from.
+fn unsigned(what: &str, value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{what}: {value}")))
+}
+
+/// The SQLSTATE of a database error, if `err` is one.
+fn sql_state(err: &sqlx::Error) -> Option<String> {
+    match err {
+        sqlx::Error::Database(db) => db.code().map(Cow::into_owned),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Waits for the calls under way, closes every connection; every call
+    /// after it, `close` included, fails with [`StoreError::Closed`].
+    async fn close(&self) -> Result<(), StoreError> {
+        if self.pool.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        self.pool.close().await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redact_hides_only_the_password() {
+        assert_eq!(
+            redact("postgres://conclave:s3cret@db:5432/conclave?sslmode=require"),
+            "postgres://conclave:***@db:5432/conclave?sslmode=require"
+        );
+        assert_eq!(
+            redact("postgres://conclave@db/conclave"),
+            "postgres://conclave@db/conclave"
+        );
+        assert_eq!(redact("postgres://db/x"), "postgres://db/x");
+        assert_eq!(redact("postgres://u:p@ss@db/x"), "postgres://u:***@db/x");
+    }
+}

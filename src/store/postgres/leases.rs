@@ -1,0 +1,84 @@
+//! Leases in PostgreSQL: one row per name, taken over when expired, every
+//! time by the database's clock so that replicas whose clocks differ agree.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use super::{PostgresStore, unsigned};
+use crate::store::{Lease, LeaseStore, StoreError};
+
+fn lease(row: &PgRow) -> Result<Lease, StoreError> {
+    let name: String = row.try_get(0)?;
+    let fence = unsigned(&format!("lease {name}: fence"), row.try_get(3)?)?;
+    Ok(Lease {
+        holder: row.try_get(1)?,
+        expires_at: row.try_get(2)?,
+        fence,
+        name,
+    })
+}
+
+#[async_trait]
+impl LeaseStore for PostgresStore {
+    async fn lease_acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let ttl_us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
+        // Free, expired or ours: take it (a new holder raises the fence).
+        // Otherwise the row stays as it is and nothing is returned.
+        let taken = sqlx::query(
+            "INSERT INTO leases (name, holder, expires_at, fence)
+             VALUES ($1, $2, now() + $3 * interval '1 microsecond', 1)
+             ON CONFLICT (name) DO UPDATE SET
+                fence = leases.fence + (leases.holder <> excluded.holder)::int,
+                holder = excluded.holder,
+                expires_at = excluded.expires_at
+             WHERE leases.holder = excluded.holder OR leases.expires_at <= now()
+             RETURNING name, holder, expires_at, fence",
+        )
+        .bind(name)
+        .bind(holder)
+        .bind(ttl_us)
+        .fetch_optional(&self.pool)
+        .await?;
+        let row = match taken {
+            Some(row) => row,
+            None => {
+                sqlx::query("SELECT name, holder, expires_at, fence FROM leases WHERE name = $1")
+                    .bind(name)
+                    .fetch_one(&self.pool)
+                    .await?
+            }
+        };
+        lease(&row)
+    }
+
+    async fn lease_release(&self, name: &str, holder: &str) -> Result<bool, StoreError> {
+        // Removed, so that only leases whose holders died are left to
+        // expire (and to be listed by `leases_expired`).
+        let changed = sqlx::query("DELETE FROM leases WHERE name = $1 AND holder = $2")
+            .bind(name)
+            .bind(holder)
+            .execute(&self.pool)
+            .await?;
+        Ok(changed.rows_affected() > 0)
+    }
+
+    async fn leases_expired(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT name, holder, expires_at, fence FROM leases
+             WHERE expires_at <= now() AND starts_with(name, $1)
+             ORDER BY expires_at",
+        )
+        .bind(prefix)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(lease).collect()
+    }
+}

@@ -1,0 +1,251 @@
+//! Sessions and their messages in PostgreSQL.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::{PostgresStore, bigint};
+use crate::model::Message;
+use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::store::codec::{decode, decode_time, encode, encode_time};
+use crate::store::{SessionFilter, SessionStore, StoreError};
+
+/// The columns of `sessions` in the order [`session`] reads them.
+const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
+                       created_at, updated_at";
+/// Newest first; `ord` breaks ties between sessions created at one time.
+const NEWEST_FIRST: &str = " ORDER BY created_at DESC, ord DESC";
+
+fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
+    let id: Uuid = row.try_get(0)?;
+    let what = |field: &str| format!("session {id}: {field}");
+    let status: String = row.try_get(5)?;
+    Ok(SessionRecord {
+        id,
+        name: row.try_get(1)?,
+        kind: SessionKind::new(row.try_get::<String, _>(2)?),
+        owner: row.try_get(3)?,
+        options: decode(&what("options"), row.try_get(4)?)?,
+        status: SessionStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(what(&format!("unknown status '{status}'"))))?,
+        usage: decode(&what("usage"), row.try_get(6)?)?,
+        ephemeral: row.try_get(7)?,
+        created_at: decode_time(&what("created_at"), row.try_get(8)?)?,
+        updated_at: decode_time(&what("updated_at"), row.try_get(9)?)?,
+    })
+}
+
+/// The `SELECT` for `filter` and the text of its parameters, numbered in
+/// order (the limit, if any, is last and bound as a number).
+fn list_query(filter: &SessionFilter) -> (String, Vec<String>) {
+    let mut conditions = Vec::new();
+    let mut params = Vec::new();
+    let mut condition = |column: &str, value: String| {
+        params.push(value);
+        conditions.push(format!("{column} = ${}", params.len()));
+    };
+    if let Some(owner) = &filter.owner {
+        condition("owner", owner.clone());
+    }
+    if let Some(status) = filter.status {
+        condition("status", status.as_str().to_owned());
+    }
+    if let Some(kind) = &filter.kind {
+        condition("kind", kind.as_str().to_owned());
+    }
+    if let Some(before) = filter.before {
+        params.push(before.to_string());
+        conditions.push(format!(
+            "(created_at, ord) < (SELECT created_at, ord FROM sessions WHERE id = ${}::uuid)",
+            params.len()
+        ));
+    }
+    let mut sql = format!("SELECT {COLUMNS} FROM sessions");
+    if !conditions.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conditions.join(" AND "));
+    }
+    sql.push_str(NEWEST_FIRST);
+    if filter.limit.is_some() {
+        sql.push_str(&format!(" LIMIT ${}", params.len() + 1));
+    }
+    (sql, params)
+}
+
+#[async_trait]
+impl SessionStore for PostgresStore {
+    async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sessions (id, name, kind, owner, options, status, usage, ephemeral,
+                 created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5::json, $6, $7::json, $8, $9, $10)",
+        )
+        .bind(session.id)
+        .bind(&session.name)
+        .bind(session.kind.as_str())
+        .bind(&session.owner)
+        .bind(encode("session options", &session.options)?)
+        .bind(session.status.as_str())
+        .bind(encode("session usage", &session.usage)?)
+        .bind(session.ephemeral)
+        .bind(encode_time(session.created_at))
+        .bind(encode_time(session.updated_at))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// An unknown session is left alone: it may have been deleted while it
+    /// ran, and its last update has nothing left to update.
+    async fn update_session(
+        &self,
+        id: Uuid,
+        status: SessionStatus,
+        usage: &Usage,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE sessions SET status = $2, usage = $3::json, updated_at = $4 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(status.as_str())
+        .bind(encode("session usage", usage)?)
+        .bind(encode_time(Utc::now()))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM sessions WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(session).transpose()
+    }
+
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let (sql, params) = list_query(filter);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for param in params {
+            query = query.bind(param);
+        }
+        if let Some(limit) = filter.limit {
+            query = query.bind(bigint(limit as u64));
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        rows.iter().map(session).collect()
+    }
+
+    async fn expired_ephemeral(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id FROM sessions WHERE ephemeral AND status = $1 AND updated_at < $2
+             ORDER BY updated_at LIMIT $3",
+        )
+        .bind(SessionStatus::Closed.as_str())
+        .bind(encode_time(cutoff))
+        .bind(bigint(limit as u64))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?)
+    }
+
+    async fn sessions_with_status(
+        &self,
+        status: SessionStatus,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM sessions WHERE status = $1{NEWEST_FIRST}");
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(status.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(session).collect()
+    }
+
+    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let deleted = sqlx::query("DELETE FROM sessions WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(deleted.rows_affected() > 0)
+    }
+
+    /// Locks the session's row first, so that two writers appending to one
+    /// session (two replicas) take their indices one after the other.
+    async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let bodies = messages
+            .iter()
+            .map(|message| encode("message", message))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO messages (session_id, idx, body)
+             SELECT $1, next.idx + m.ord - 1, m.body::json
+             FROM (SELECT COALESCE(MAX(idx) + 1, 0) AS idx FROM messages WHERE session_id = $1)
+                  AS next,
+                  UNNEST($2::text[]) WITH ORDINALITY AS m(body, ord)",
+        )
+        .bind(id)
+        .bind(bodies)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError> {
+        let rows =
+            sqlx::query("SELECT body::text FROM messages WHERE session_id = $1 ORDER BY idx")
+                .bind(id)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|row| decode("message", row.try_get(0)?))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_number_their_parameters_in_order() {
+        let (sql, params) = list_query(&SessionFilter {
+            owner: Some("o".into()),
+            status: None,
+            kind: Some(SessionKind::AGENT),
+            before: Some(Uuid::nil()),
+            limit: Some(5),
+        });
+        assert!(
+            sql.contains("owner = $1 AND kind = $2 AND (created_at, ord) <"),
+            "{sql}"
+        );
+        assert!(sql.contains("WHERE id = $3::uuid"), "{sql}");
+        assert!(sql.ends_with("LIMIT $4"), "{sql}");
+        assert_eq!(params, ["o", "agent", &Uuid::nil().to_string()]);
+        let (sql, params) = list_query(&SessionFilter::default());
+        assert!(!sql.contains("WHERE"), "{sql}");
+        assert!(params.is_empty());
+    }
+}
