@@ -1,21 +1,11 @@
-//! A session's event log behind one seam: [`EventLog`] (append returns the
-//! `seq`; subscribe from a `seq`), opened per session by [`EventLogs`].
-//! The embedded implementation is this file's; the scale-out puts the log
-//! on a shared bus behind the same seam.
-//!
-//! Embedded: an event takes its `seq` at once and joins the session's
-//! queue; one writer task per session stores the queue in batches and
-//! broadcasts each batch only after the store has committed it. So
-//! subscribers see events in `seq` order, nothing a client received can be
-//! missing after a crash, and a streaming turn never waits for the disk
-//! between two tokens: the events it makes while one batch commits go
-//! together in the next.
+//! What every event log implementation shares: the write side (a `seq` at
+//! once, one writer task storing the queue in batches, all or none) and
+//! the read side (replay from the store, then a live broadcast, with a gap
+//! or a lag filled from the store).
 
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
 use chrono::Utc;
-use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -30,113 +20,27 @@ use crate::telemetry::{EventLabel, Metrics};
 /// catches up from the store instead.
 const HUB_CAPACITY: usize = 64;
 /// Events read from the store per page when replaying.
-const REPLAY_PAGE: usize = 512;
+pub(super) const REPLAY_PAGE: usize = 512;
 /// Events buffered per subscriber between its producer task and the client.
 const SUBSCRIBER_BUFFER: usize = 64;
 
-/// One session's event log.
-#[async_trait]
-pub trait EventLog: Send + Sync {
-    /// Gives the event the next `seq` and appends it; it reaches
-    /// subscribers once durable. Fails once the log has stopped (its store
-    /// refused a write). `agent_id` tags the work of one agent of a
-    /// deliberation.
-    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError>;
-
-    /// Waits until every event appended so far is durable.
-    async fn flush(&self) -> Result<(), StoreError>;
-
-    /// The highest durable `seq`, and so the highest visible to clients.
-    fn last_seq(&self) -> u64;
-
-    /// Every event with `seq > since`, then live ones as they come, until
-    /// the log's session is closed or the consumer goes away. With
-    /// `until_result` the stream also ends after the first `result` event.
-    fn subscribe(&self, since: u64, until_result: bool) -> BoxStream<'static, Arc<Event>>;
-
-    /// The events with `seq > since` that exist now, then the end.
-    fn replay(&self, since: u64) -> BoxStream<'static, Arc<Event>>;
-
-    /// The status of the last event when it is a `result`.
-    async fn last_result(&self) -> Result<Option<ResultStatus>, StoreError>;
-}
-
-/// Opens the logs of sessions.
-pub trait EventLogs: Send + Sync {
-    /// The log of `session`, whose durable events end at `last_seq`;
-    /// `closed` ends its followers when the session goes.
-    fn open(&self, session: Uuid, last_seq: u64, closed: CancellationToken) -> Arc<dyn EventLog>;
-}
-
-/// The embedded logs: the store's event table, batched by one writer task
-/// per session, fanned out in process.
-pub struct EmbeddedLogs {
+/// One session's log on this process.
+pub(super) struct Core {
+    pub id: Uuid,
     pub store: Arc<dyn Store>,
-    pub metrics: Arc<Metrics>,
-}
-
-impl EventLogs for EmbeddedLogs {
-    fn open(&self, session: Uuid, last_seq: u64, closed: CancellationToken) -> Arc<dyn EventLog> {
-        let (hub, _) = broadcast::channel(HUB_CAPACITY);
-        Arc::new(EmbeddedLog(Arc::new(Embedded {
-            id: session,
-            store: self.store.clone(),
-            metrics: self.metrics.clone(),
-            log: Mutex::new(Log {
-                next_seq: last_seq + 1,
-                pending: Vec::new(),
-                writing: false,
-            }),
-            stored: watch::Sender::new(Stored {
-                seq: last_seq,
-                failure: None,
-            }),
-            hub,
-            closed,
-        })))
-    }
-}
-
-struct EmbeddedLog(Arc<Embedded>);
-
-#[async_trait]
-impl EventLog for EmbeddedLog {
-    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError> {
-        self.0.append(kind, agent_id)
-    }
-
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.0.flush().await
-    }
-
-    fn last_seq(&self) -> u64 {
-        self.0.stored.borrow().seq
-    }
-
-    fn subscribe(&self, since: u64, until_result: bool) -> BoxStream<'static, Arc<Event>> {
-        self.0.subscribe(since, until_result).boxed()
-    }
-
-    fn replay(&self, since: u64) -> BoxStream<'static, Arc<Event>> {
-        self.0.replay(since).boxed()
-    }
-
-    async fn last_result(&self) -> Result<Option<ResultStatus>, StoreError> {
-        self.0.last_result().await
-    }
-}
-
-struct Embedded {
-    id: Uuid,
-    store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     /// Events given a `seq` and not yet stored.
     log: Mutex<Log>,
-    /// How far the log is stored (and so may be sent), or why it stopped.
-    stored: watch::Sender<Stored>,
+    /// How far the log is known stored (and so may be sent), or why it
+    /// stopped.
+    pub stored: watch::Sender<Stored>,
     hub: broadcast::Sender<Arc<Event>>,
     /// Cancelled when the session is deleted, ending its followers.
-    closed: CancellationToken,
+    pub closed: CancellationToken,
+    /// Where each stored batch goes besides `hub` (the NATS log publishes
+    /// it); a full outbox drops the batch, which readers elsewhere then
+    /// take from the store.
+    outbox: Option<mpsc::Sender<Vec<Arc<Event>>>>,
 }
 
 /// The write side of the event log.
@@ -149,17 +53,45 @@ struct Log {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-struct Stored {
-    /// The highest `seq` committed to the store.
-    seq: u64,
+pub(super) struct Stored {
+    /// The highest `seq` known committed to the store.
+    pub seq: u64,
     /// Set when the store refused a batch: the log takes no more events.
-    failure: Option<Arc<str>>,
+    pub failure: Option<Arc<str>>,
 }
 
-impl Embedded {
+impl Core {
+    pub fn new(
+        id: Uuid,
+        last_seq: u64,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        closed: CancellationToken,
+        outbox: Option<mpsc::Sender<Vec<Arc<Event>>>>,
+    ) -> Core {
+        let (hub, _) = broadcast::channel(HUB_CAPACITY);
+        Core {
+            id,
+            store,
+            metrics,
+            log: Mutex::new(Log {
+                next_seq: last_seq + 1,
+                pending: Vec::new(),
+                writing: false,
+            }),
+            stored: watch::Sender::new(Stored {
+                seq: last_seq,
+                failure: None,
+            }),
+            hub,
+            closed,
+            outbox,
+        }
+    }
+
     /// Gives the event its `seq` and queues it for the store; it reaches
     /// subscribers once stored. Fails once the store has refused this log.
-    fn append(
+    pub fn append(
         self: &Arc<Self>,
         kind: EventKind,
         agent_id: Option<String>,
@@ -206,7 +138,9 @@ impl Embedded {
                 return;
             }
             let last = batch.last().map_or(0, |event| event.seq);
-            self.stored.send_modify(|stored| stored.seq = last);
+            self.stored
+                .send_modify(|stored| stored.seq = stored.seq.max(last));
+            let mut sent = Vec::new();
             for event in batch {
                 self.metrics
                     .events
@@ -214,14 +148,40 @@ impl Embedded {
                         r#type: event.kind.type_name().to_string(),
                     })
                     .inc();
+                let event = Arc::new(event);
+                if self.outbox.is_some() {
+                    sent.push(event.clone());
+                }
                 // No receiver is fine: nobody is watching.
-                let _ = self.hub.send(Arc::new(event));
+                let _ = self.hub.send(event);
+            }
+            if let Some(outbox) = &self.outbox
+                && outbox.try_send(sent).is_err()
+            {
+                tracing::warn!(session = %self.id, "event outbox full; other replicas read this batch from the store");
             }
         }
     }
 
+    /// Broadcasts events stored by another process, those newer than what
+    /// this one knows, and moves this log's next `seq` past them.
+    pub fn deliver_stored_elsewhere(&self, events: impl IntoIterator<Item = Event>) {
+        for event in events {
+            if event.seq <= self.stored.borrow().seq {
+                continue;
+            }
+            let seq = event.seq;
+            self.stored.send_modify(|stored| stored.seq = seq);
+            {
+                let mut log = lock(&self.log);
+                log.next_seq = log.next_seq.max(seq + 1);
+            }
+            let _ = self.hub.send(Arc::new(event));
+        }
+    }
+
     /// Waits until every event emitted so far is stored.
-    async fn flush(&self) -> Result<(), StoreError> {
+    pub async fn flush(&self) -> Result<(), StoreError> {
         let target = lock(&self.log).next_seq - 1;
         let mut stored = self.stored.subscribe();
         let stored = stored
@@ -234,14 +194,19 @@ impl Embedded {
         }
     }
 
+    /// Whether a subscriber is listening to the live events.
+    pub fn watched(&self) -> bool {
+        self.hub.receiver_count() > 0
+    }
+
     /// Every event with `seq > since`, then live ones as they come, until
     /// the session is closed or the consumer goes away. With `until_result`
     /// the stream also ends after the first `result` event.
-    fn subscribe(
+    pub fn subscribe(
         self: &Arc<Self>,
         since: u64,
         until_result: bool,
-    ) -> impl Stream<Item = Arc<Event>> + Send + 'static {
+    ) -> impl Stream<Item = Arc<Event>> + Send + use<> {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         // Subscribe before replaying, so nothing falls between the two.
         let live = self.hub.subscribe();
@@ -258,43 +223,10 @@ impl Embedded {
         tx: mpsc::Sender<Arc<Event>>,
     ) {
         let mut last = since;
-        // Replays from the store whatever is newer than `last`; returns
-        // false once the subscriber is done (left, or its turn ended).
-        let catch_up = |last: u64| {
-            let session = self.clone();
-            let tx = tx.clone();
-            async move {
-                let mut last = last;
-                loop {
-                    let page = match session
-                        .store
-                        .events_since(session.id, last, REPLAY_PAGE)
-                        .await
-                    {
-                        Ok(page) => page,
-                        Err(e) => {
-                            tracing::error!(session = %session.id, error = %e, "replay failed");
-                            return (last, false);
-                        }
-                    };
-                    let full = page.len() == REPLAY_PAGE;
-                    for event in page {
-                        last = event.seq;
-                        let ends = until_result && event.ends_turn();
-                        if tx.send(Arc::new(event)).await.is_err() || ends {
-                            return (last, false);
-                        }
-                    }
-                    if !full {
-                        return (last, true);
-                    }
-                }
-            }
-        };
         // Nothing to replay when the log ends at `since`: any later event
         // is stored before its broadcast, which this receiver will get.
         if self.stored.borrow().seq > last {
-            let (caught, go_on) = catch_up(last).await;
+            let (caught, go_on) = self.catch_up(last, until_result, &tx).await;
             last = caught;
             if !go_on {
                 return;
@@ -318,9 +250,10 @@ impl Embedded {
                         return;
                     }
                 }
-                // A gap (after lagging) or lagging itself: read the store.
+                // A gap (after lagging, or a batch lost on the way) or
+                // lagging itself: read the store.
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    let (caught, go_on) = catch_up(last).await;
+                    let (caught, go_on) = self.catch_up(last, until_result, &tx).await;
                     last = caught;
                     if !go_on {
                         return;
@@ -331,9 +264,43 @@ impl Embedded {
         }
     }
 
-    /// The events with `seq > since` that exist now, then the end.
-    fn replay(self: &Arc<Self>, since: u64) -> impl Stream<Item = Arc<Event>> + Send + 'static {
-        let until = self.stored.borrow().seq;
+    /// Replays from the store whatever is newer than `last`; returns the
+    /// last `seq` sent and false once the subscriber is done (left, or its
+    /// turn ended).
+    async fn catch_up(
+        &self,
+        mut last: u64,
+        until_result: bool,
+        tx: &mpsc::Sender<Arc<Event>>,
+    ) -> (u64, bool) {
+        loop {
+            let page = match self.store.events_since(self.id, last, REPLAY_PAGE).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::error!(session = %self.id, error = %e, "replay failed");
+                    return (last, false);
+                }
+            };
+            let full = page.len() == REPLAY_PAGE;
+            for event in page {
+                last = event.seq;
+                let ends = until_result && event.ends_turn();
+                if tx.send(Arc::new(event)).await.is_err() || ends {
+                    return (last, false);
+                }
+            }
+            if !full {
+                return (last, true);
+            }
+        }
+    }
+
+    /// The events with `since < seq <= until` in the store, then the end.
+    pub fn replay(
+        self: &Arc<Self>,
+        since: u64,
+        until: u64,
+    ) -> impl Stream<Item = Arc<Event>> + Send + use<> {
         let session = self.clone();
         futures::stream::unfold(since, move |last| {
             let session = session.clone();
@@ -361,10 +328,9 @@ impl Embedded {
         .flatten()
     }
 
-    /// The status of the log's last event when it is a `result`: whether
+    /// The status of the event at `last` when it is a `result`: whether
     /// the last turn was closed before a crash.
-    async fn last_result(&self) -> Result<Option<ResultStatus>, StoreError> {
-        let last = self.stored.borrow().seq;
+    pub async fn result_at(&self, last: u64) -> Result<Option<ResultStatus>, StoreError> {
         let tail = self
             .store
             .events_since(self.id, last.saturating_sub(1), 1)

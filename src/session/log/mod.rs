@@ -1,0 +1,121 @@
+//! A session's event log behind one seam: [`EventLog`] (append returns the
+//! `seq`; subscribe from a `seq`), opened per session by [`EventLogs`].
+//!
+//! Both implementations store the same way: an event takes its `seq` at
+//! once and joins the session's queue; one writer task per session stores
+//! the queue in batches and broadcasts each batch only after the store has
+//! committed it. So subscribers see events in `seq` order, nothing a client
+//! received can be missing after a crash, and a streaming turn never waits
+//! for the disk between two tokens: the events it makes while one batch
+//! commits go together in the next.
+//!
+//! - [`EmbeddedLogs`] (this file): the broadcast is in process.
+//! - [`NatsLogs`] ([`nats`]): each committed batch is also published on a
+//!   NATS subject of its session, so a subscriber on any replica streams
+//!   the session live.
+//! - `core`: what both share: the write side, and the read side (replay
+//!   from the store, then live, a gap or a lag filled from the store).
+
+mod core;
+pub mod nats;
+#[cfg(test)]
+mod nats_tests;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use self::core::Core;
+pub use self::nats::NatsLogs;
+use crate::protocol::{Event, EventKind, ResultStatus};
+use crate::store::{Store, StoreError};
+use crate::telemetry::Metrics;
+
+/// One session's event log.
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Gives the event the next `seq` and appends it; it reaches
+    /// subscribers once durable. Fails once the log has stopped (its store
+    /// refused a write). `agent_id` tags the work of one agent of a
+    /// deliberation.
+    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError>;
+
+    /// Waits until every event appended so far is durable.
+    async fn flush(&self) -> Result<(), StoreError>;
+
+    /// The highest durable `seq`, and so the highest visible to clients.
+    fn last_seq(&self) -> u64;
+
+    /// Every event with `seq > since`, then live ones as they come, until
+    /// the log's session is closed or the consumer goes away. With
+    /// `until_result` the stream also ends after the first `result` event.
+    fn subscribe(&self, since: u64, until_result: bool) -> BoxStream<'static, Arc<Event>>;
+
+    /// The events with `seq > since` that exist now, then the end.
+    fn replay(&self, since: u64) -> BoxStream<'static, Arc<Event>>;
+
+    /// The status of the last event when it is a `result`.
+    async fn last_result(&self) -> Result<Option<ResultStatus>, StoreError>;
+}
+
+/// Opens the logs of sessions.
+pub trait EventLogs: Send + Sync {
+    /// The log of `session`, whose durable events end at `last_seq`;
+    /// `closed` ends its followers when the session goes.
+    fn open(&self, session: Uuid, last_seq: u64, closed: CancellationToken) -> Arc<dyn EventLog>;
+}
+
+/// The embedded logs: the store's event table, batched by one writer task
+/// per session, fanned out in process.
+pub struct EmbeddedLogs {
+    pub store: Arc<dyn Store>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl EventLogs for EmbeddedLogs {
+    fn open(&self, session: Uuid, last_seq: u64, closed: CancellationToken) -> Arc<dyn EventLog> {
+        Arc::new(EmbeddedLog(Arc::new(Core::new(
+            session,
+            last_seq,
+            self.store.clone(),
+            self.metrics.clone(),
+            closed,
+            None,
+        ))))
+    }
+}
+
+struct EmbeddedLog(Arc<Core>);
+
+#[async_trait]
+impl EventLog for EmbeddedLog {
+    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError> {
+        self.0.append(kind, agent_id)
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.0.flush().await
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.0.stored.borrow().seq
+    }
+
+    fn subscribe(&self, since: u64, until_result: bool) -> BoxStream<'static, Arc<Event>> {
+        self.0.subscribe(since, until_result).boxed()
+    }
+
+    fn replay(&self, since: u64) -> BoxStream<'static, Arc<Event>> {
+        let until = self.0.stored.borrow().seq;
+        self.0.replay(since, until).boxed()
+    }
+
+    async fn last_result(&self) -> Result<Option<ResultStatus>, StoreError> {
+        let last = self.0.stored.borrow().seq;
+        self.0.result_at(last).await
+    }
+}

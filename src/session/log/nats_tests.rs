@@ -1,0 +1,303 @@
+//! The NATS event log: two `NatsLogs` over one store stand for two
+//! replicas (each with its own NATS connection, against the nats-server of
+//! `CONCLAVE_TEST_NATS`), and the follower alone over a channel of
+//! messages with a paused clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{HeaderMap, Message, Subject};
+use bytes::Bytes;
+use chrono::Utc;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::core::Core;
+use super::nats::{RESYNC_QUIET, follow};
+use super::{EventLogs, NatsLogs};
+use crate::protocol::{
+    Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
+};
+use crate::store::{SqliteStore, Store};
+use crate::telemetry::Metrics;
+
+/// What a stream may take to deliver everything it is owed.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn nats_url() -> String {
+    std::env::var("CONCLAVE_TEST_NATS").unwrap_or_else(|_| {
+        panic!("CONCLAVE_TEST_NATS is not set: scripts/test.sh starts nats-server and sets it")
+    })
+}
+
+async fn store_with_session(dir: &tempfile::TempDir) -> (Arc<dyn Store>, Uuid) {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+    let now = Utc::now();
+    let id = Uuid::new_v4();
+    store
+        .create_session(&SessionRecord {
+            id,
+            name: None,
+            kind: SessionKind::named("echo"),
+            owner: None,
+            options: serde_json::json!({}),
+            status: SessionStatus::Running,
+            usage: Usage::default(),
+            ephemeral: false,
+            created_at: now,
+            updated_at: now,
+        })
+        .await
+        .unwrap();
+    (store, id)
+}
+
+/// A replica: its own NATS connection, the shared store.
+async fn replica(store: &Arc<dyn Store>) -> NatsLogs {
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    NatsLogs::new(client, store.clone(), Arc::new(Metrics::new()))
+}
+
+fn thinking(n: usize) -> EventKind {
+    EventKind::Thinking {
+        content: format!("event {n}"),
+    }
+}
+
+fn success() -> EventKind {
+    EventKind::Result {
+        status: ResultStatus::Success,
+        result: None,
+        cost_usd: 0.0,
+        cost_known: true,
+        turns: 1,
+        usage: Usage::default(),
+        duration_ms: 0,
+    }
+}
+
+/// Every `seq` a stream yields until it ends.
+async fn seqs(stream: BoxStream<'static, Arc<Event>>) -> Vec<u64> {
+    timeout(DEADLINE, stream.map(|event| event.seq).collect())
+        .await
+        .expect("the stream did not end in time")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_events_reach_another_replica_once_each_in_order() {
+    const EVENTS: u64 = 10_000;
+    const BURST: u64 = 250;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id) = store_with_session(&dir).await;
+    let (a, b) = (replica(&store).await, replica(&store).await);
+    let writer = a.open(id, 0, CancellationToken::new());
+    let reader = b.open(id, 0, CancellationToken::new());
+
+    // Live from the start, before A has appended anything.
+    let live = tokio::spawn(seqs(reader.subscribe(0, true)));
+    // Slow: reads nothing until A is done, far behind the live broadcast.
+    let slow = reader.subscribe(0, true);
+    let mut joined = None;
+    for burst in 0..EVENTS / BURST {
+        for n in 0..BURST {
+            let seq = burst * BURST + n + 1;
+            let kind = if seq == EVENTS {
+                success()
+            } else {
+                thinking(seq as usize)
+            };
+            writer.append(kind, None).unwrap();
+        }
+        // Between bursts the writer stores what queued; midway a
+        // subscriber joins from a `seq` while events still come.
+        writer.flush().await.unwrap();
+        if burst == EVENTS / BURST / 2 {
+            joined = Some(tokio::spawn(seqs(reader.subscribe(EVENTS / 4, true))));
+        }
+    }
+    let all: Vec<u64> = (1..=EVENTS).collect();
+    assert_eq!(live.await.unwrap(), all);
+    // The live stream ended on the last event: B knows the log's end.
+    assert_eq!(reader.last_seq(), EVENTS);
+    assert_eq!(
+        reader.last_result().await.unwrap(),
+        Some(ResultStatus::Success)
+    );
+    assert_eq!(
+        joined.unwrap().await.unwrap(),
+        (EVENTS / 4 + 1..=EVENTS).collect::<Vec<_>>()
+    );
+    assert_eq!(seqs(slow).await, all);
+    assert_eq!(
+        seqs(reader.replay(EVENTS - 3)).await,
+        vec![EVENTS - 2, EVENTS - 1, EVENTS]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_on_one_replica_ends_the_followers_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id) = store_with_session(&dir).await;
+    let (a, b) = (replica(&store).await, replica(&store).await);
+    let closed_on_a = CancellationToken::new();
+    let writer = a.open(id, 0, closed_on_a.clone());
+    let reader = b.open(id, 0, CancellationToken::new());
+    let mut follower = reader.subscribe(0, false);
+    for n in 1..=3 {
+        writer.append(thinking(n), None).unwrap();
+    }
+    for seq in 1..=3 {
+        let event = timeout(DEADLINE, follower.next()).await.unwrap().unwrap();
+        assert_eq!(event.seq, seq);
+    }
+    // As the manager deletes: close the session here, then its rows go.
+    let deleted = Instant::now();
+    closed_on_a.cancel();
+    store.delete_session(id).await.unwrap();
+    assert!(
+        timeout(DEADLINE, follower.next()).await.unwrap().is_none(),
+        "the follower on B went on after the delete"
+    );
+    // The notice, not B's own check after a quiet spell, ended it.
+    assert!(deleted.elapsed() < RESYNC_QUIET, "{:?}", deleted.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_followed_appends_after_the_last_stored_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id) = store_with_session(&dir).await;
+    let (a, b) = (replica(&store).await, replica(&store).await);
+    let first = a.open(id, 0, CancellationToken::new());
+    let second = b.open(id, 0, CancellationToken::new());
+    let mut follower = second.subscribe(0, true);
+    for n in 1..=5 {
+        first.append(thinking(n), None).unwrap();
+    }
+    first.flush().await.unwrap();
+    for seq in 1..=5 {
+        let event = timeout(DEADLINE, follower.next()).await.unwrap().unwrap();
+        assert_eq!(event.seq, seq);
+    }
+    assert_eq!(second.last_seq(), 5);
+    // The turn moves to B: its events continue the log, and A's
+    // subscribers see them.
+    let on_a = first.subscribe(5, true);
+    assert_eq!(second.append(success(), None).unwrap(), 6);
+    second.flush().await.unwrap();
+    assert_eq!(seqs(on_a).await, vec![6]);
+    assert_eq!(
+        timeout(DEADLINE, follower.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .seq,
+        6
+    );
+    assert_eq!(store.last_seq(id).await.unwrap(), 6);
+    assert_eq!(
+        first.last_result().await.unwrap(),
+        Some(ResultStatus::Success)
+    );
+}
+
+/// The next item of `stream` within a deadline that a paused clock keeps:
+/// a paused runtime waiting on the store's thread jumps to its next timer,
+/// so the deadline is many short ones, each a jump at most.
+async fn within_ticks<S: futures::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
+    const TICK: Duration = Duration::from_millis(500);
+    const TICKS: usize = 1000;
+    let mut next = stream.next();
+    for _ in 0..TICKS {
+        if let Ok(item) = timeout(TICK, &mut next).await {
+            return item;
+        }
+    }
+    panic!("nothing from the stream within {TICKS} ticks");
+}
+
+async fn next_seq(events: &mut BoxStream<'static, Arc<Event>>) -> u64 {
+    within_ticks(events).await.expect("the stream ended").seq
+}
+
+/// A batch message as the publisher sends it.
+fn message(id: Uuid, events: &[Event]) -> Message {
+    let mut payload = Vec::new();
+    for event in events {
+        payload.extend(serde_json::to_vec(event).unwrap());
+        payload.push(b'\n');
+    }
+    let mut headers = HeaderMap::new();
+    let last = events.last().unwrap().seq.to_string();
+    headers.insert("Conclave-Seq", last.as_str());
+    Message {
+        subject: Subject::from(format!("conclave.events.{id}.batch")),
+        reply: None,
+        payload: Bytes::from(payload),
+        headers: Some(headers),
+        status: None,
+        description: None,
+        length: 0,
+    }
+}
+
+fn event(id: Uuid, seq: u64) -> Event {
+    Event {
+        kind: thinking(seq as usize),
+        session_id: id,
+        seq,
+        ts: Utc::now(),
+        agent_id: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_follower_fills_gaps_and_a_lost_tail_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id) = store_with_session(&dir).await;
+    let core = Arc::new(Core::new(
+        id,
+        0,
+        store.clone(),
+        Arc::new(Metrics::new()),
+        CancellationToken::new(),
+        None,
+    ));
+    let (nats, messages) = mpsc::channel(8);
+    let dropped = CancellationToken::new();
+    tokio::spawn(follow(
+        core.clone(),
+        tokio_stream::wrappers::ReceiverStream::new(messages),
+        dropped.clone(),
+    ));
+    let mut events = core.subscribe(0, false).boxed();
+
+    store.append_events(&[event(id, 1)]).await.unwrap();
+    nats.send(message(id, &[event(id, 1)])).await.unwrap();
+    assert_eq!(next_seq(&mut events).await, 1);
+    // The message of 2 is lost; 3 shows the gap, filled from the store.
+    store
+        .append_events(&[event(id, 2), event(id, 3)])
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    nats.send(message(id, &[event(id, 3)])).await.unwrap();
+    assert_eq!(next_seq(&mut events).await, 2);
+    assert_eq!(next_seq(&mut events).await, 3);
+    // The message of 4 is lost and nothing follows: the follower reads it
+    // from the store once the subscription has been quiet long enough.
+    store.append_events(&[event(id, 4)]).await.unwrap();
+    assert_eq!(next_seq(&mut events).await, 4);
+    assert!(sent.elapsed() >= RESYNC_QUIET, "{:?}", sent.elapsed());
+    // A message for what is known already changes nothing.
+    nats.send(message(id, &[event(id, 4)])).await.unwrap();
+    // The session is deleted and its notice lost: the next quiet check
+    // ends the stream.
+    store.delete_session(id).await.unwrap();
+    assert!(within_ticks(&mut events).await.is_none());
+    assert_eq!(core.stored.borrow().seq, 4);
+    dropped.cancel();
+}
