@@ -54,6 +54,14 @@ impl From<BusError> for ApiError {
                 error.to_string(),
             ),
             BusError::Store(e) => ApiError::internal(e),
+            BusError::Nats(e) => {
+                tracing::error!(error = %e, "the NATS bus failed");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "bus_unavailable",
+                    "the bus is unavailable; see the server log",
+                )
+            }
         }
     }
 }

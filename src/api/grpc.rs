@@ -60,6 +60,10 @@ impl From<BusError> for Status {
             BusError::TooLarge { .. } => Status::resource_exhausted(error.to_string()),
             BusError::Closed => Status::unavailable(error.to_string()),
             BusError::Store(e) => internal(e),
+            BusError::Nats(e) => {
+                tracing::error!(error = %e, "the NATS bus failed");
+                Status::unavailable("the bus is unavailable; see the server log")
+            }
         }
     }
 }

@@ -117,15 +117,7 @@ fn class(inner: &Inner, stream: &str) -> String {
 
 impl Inner {
     fn publish(&self, namespace: &str, subject: &Subject, payload: Bytes) -> Result<u64, BusError> {
-        if payload.len() > self.max_payload {
-            return Err(BusError::TooLarge {
-                size: payload.len(),
-                max: self.max_payload,
-            });
-        }
-        if self.shutdown.is_cancelled() {
-            return Err(BusError::Closed);
-        }
+        super::admit(&payload, self.max_payload, &self.shutdown)?;
         let retention = self.retentions.of(subject.stream());
         let durable = retention.is_some();
         let (mut delivered, mut lost) = (0, 0);

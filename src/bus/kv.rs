@@ -1,9 +1,13 @@
 //! The bus's KV: keys with revisions in the store, and the changes fanned
-//! out in process so that watchers and waiters need no polling.
+//! out in process so that watchers and waiters need no polling. With
+//! several replicas on one store, [`KvPeers`] tells the others of each
+//! write, and a write told by another replica is read back from the store
+//! before this one's watchers see it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::broadcast;
@@ -14,6 +18,15 @@ use crate::store::{Expect, KvEntry, KvWrite, Store, StoreError};
 pub const MAX_KEY_BYTES: usize = 512;
 /// Changes held for watchers that fall behind before they re-read.
 const CHANGES: usize = 4096;
+/// How often a waiter re-reads its key when other replicas write too: a
+/// change told over the network may be lost (a reconnect).
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// The other replicas sharing the store: told of this one's writes.
+#[async_trait]
+pub trait KvPeers: Send + Sync {
+    async fn tell(&self, namespace: &str, key: &str, revision: u64, deleted: bool);
+}
 
 /// One write to a key.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +52,8 @@ pub struct Kv {
     store: Arc<dyn Store>,
     changes: broadcast::Sender<Arc<KvChange>>,
     max_value: usize,
+    /// None when this replica is the only one.
+    peers: Option<Arc<dyn KvPeers>>,
 }
 
 /// Checks a key: not empty, at most 512 bytes, no control characters.
@@ -64,7 +79,38 @@ impl Kv {
             store,
             changes: broadcast::Sender::new(CHANGES),
             max_value,
+            peers: None,
         }
+    }
+
+    /// A KV whose writes are told to `peers`.
+    pub fn with_peers(store: Arc<dyn Store>, max_value: usize, peers: Arc<dyn KvPeers>) -> Kv {
+        Kv {
+            peers: Some(peers),
+            ..Kv::new(store, max_value)
+        }
+    }
+
+    /// A write another replica made: its watchers here see the value it
+    /// wrote, read back from the store, unless the key has changed again
+    /// since (then the later write's news follows).
+    pub async fn changed_elsewhere(
+        &self,
+        namespace: &str,
+        key: &str,
+        revision: u64,
+        deleted: bool,
+    ) -> Result<(), KvError> {
+        if self.changes.receiver_count() == 0 {
+            return Ok(());
+        }
+        let value = match self.store.kv_get(namespace, key).await? {
+            Some(entry) if !deleted && entry.revision == revision => Some(Bytes::from(entry.value)),
+            None if deleted => None,
+            _ => return Ok(()),
+        };
+        self.broadcast(namespace, key, revision, value);
+        Ok(())
     }
 
     pub async fn get(&self, namespace: &str, key: &str) -> Result<Option<KvEntry>, KvError> {
@@ -88,7 +134,7 @@ impl Kv {
         }
         let write = self.store.kv_put(namespace, key, &value, expect).await?;
         if let KvWrite::Done(revision) = write {
-            self.announce(namespace, key, revision, Some(value));
+            self.announce(namespace, key, revision, Some(value)).await;
         }
         Ok(write)
     }
@@ -112,7 +158,7 @@ impl Kv {
         };
         let write = self.store.kv_delete(namespace, key, expect).await?;
         match write {
-            KvWrite::Done(revision) => self.announce(namespace, key, revision, None),
+            KvWrite::Done(revision) => self.announce(namespace, key, revision, None).await,
             KvWrite::Conflict { current: None } if expect != Expect::Absent => return Ok(None),
             KvWrite::Conflict { .. } => {}
         }
@@ -128,7 +174,15 @@ impl Kv {
         Ok(self.store.kv_list(namespace, prefix, limit).await?)
     }
 
-    fn announce(&self, namespace: &str, key: &str, revision: u64, value: Option<Bytes>) {
+    async fn announce(&self, namespace: &str, key: &str, revision: u64, value: Option<Bytes>) {
+        let deleted = value.is_none();
+        self.broadcast(namespace, key, revision, value);
+        if let Some(peers) = &self.peers {
+            peers.tell(namespace, key, revision, deleted).await;
+        }
+    }
+
+    fn broadcast(&self, namespace: &str, key: &str, revision: u64, value: Option<Bytes>) {
         // No receiver is no error: nobody watches.
         let _ = self.changes.send(Arc::new(KvChange {
             namespace: namespace.to_owned(),
@@ -158,9 +212,14 @@ impl Kv {
         let mut changes = self.changes.subscribe();
         let mut current = self.store.kv_get(namespace, key).await?;
         while !wanted(&current) {
-            let news = tokio::time::timeout_at(deadline, changes.recv()).await;
+            let wake = match self.peers {
+                Some(_) => deadline.min(tokio::time::Instant::now() + RECHECK),
+                None => deadline,
+            };
+            let news = tokio::time::timeout_at(wake, changes.recv()).await;
             match news {
-                Err(_) => break,
+                Err(_) if wake >= deadline => break,
+                Err(_) => current = self.store.kv_get(namespace, key).await?,
                 Ok(Ok(change)) if change.namespace != namespace || change.key != key => continue,
                 Ok(Err(broadcast::error::RecvError::Closed)) => break,
                 // A write to the key, or missed writes: read it again.
@@ -184,6 +243,9 @@ impl Kv {
             prefix: String,
             changes: broadcast::Receiver<Arc<KvChange>>,
             resync: std::collections::VecDeque<Arc<KvChange>>,
+            /// Each key's last revision seen: news of an older write
+            /// (another replica's, arriving late) is skipped.
+            seen: std::collections::HashMap<String, u64>,
         }
         let state = Watch {
             kv: self.clone(),
@@ -191,33 +253,40 @@ impl Kv {
             prefix: prefix.to_owned(),
             changes: self.changes.subscribe(),
             resync: Default::default(),
+            seen: Default::default(),
         };
         futures::stream::unfold(state, |mut w| async move {
             loop {
-                if let Some(change) = w.resync.pop_front() {
-                    return Some((change, w));
-                }
-                match w.changes.recv().await {
-                    Ok(change) => {
-                        if change.namespace == w.namespace && change.key.starts_with(&w.prefix) {
-                            return Some((change, w));
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        let entries = w.kv.list(&w.namespace, &w.prefix, usize::MAX).await.ok()?;
-                        w.resync = entries
-                            .into_iter()
-                            .map(|e| {
-                                Arc::new(KvChange {
-                                    namespace: w.namespace.clone(),
-                                    key: e.key,
-                                    revision: e.revision,
-                                    value: Some(Bytes::from(e.value)),
+                let change = match w.resync.pop_front() {
+                    Some(change) => change,
+                    None => match w.changes.recv().await {
+                        Ok(change) => change,
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            let entries =
+                                w.kv.list(&w.namespace, &w.prefix, usize::MAX).await.ok()?;
+                            w.resync = entries
+                                .into_iter()
+                                .map(|e| {
+                                    Arc::new(KvChange {
+                                        namespace: w.namespace.clone(),
+                                        key: e.key,
+                                        revision: e.revision,
+                                        value: Some(Bytes::from(e.value)),
+                                    })
                                 })
-                            })
-                            .collect();
-                    }
+                                .collect();
+                            continue;
+                        }
+                    },
+                };
+                if change.namespace != w.namespace || !change.key.starts_with(&w.prefix) {
+                    continue;
+                }
+                let seen = w.seen.entry(change.key.clone()).or_default();
+                if change.revision > *seen {
+                    *seen = change.revision;
+                    return Some((change, w));
                 }
             }
         })

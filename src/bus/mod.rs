@@ -5,8 +5,8 @@
 //! - [`Bus`]: the seam — publish (fire-and-forget, answers the `seq`) and
 //!   subscribe from new messages, a `seq` or a time. The embedded
 //!   implementation ([`EmbeddedBus`]) fans out in process and keeps durable
-//!   subjects in the store; the scale-out puts the same seam on NATS
-//!   JetStream.
+//!   subjects in the store; [`NatsBus`] puts the same seam on NATS
+//!   JetStream, shared by the replicas of a scale-out.
 //! - [`kv`]: keys with revisions, compare-and-set, watch and wait.
 //! - [`config`]: durable subjects and their retention, limits.
 //!
@@ -18,6 +18,7 @@
 pub mod config;
 mod embedded;
 pub mod kv;
+mod nats;
 pub mod subject;
 mod subscription;
 
@@ -29,10 +30,12 @@ use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 use serde::Serialize;
 use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
 
 pub use config::{BusConfig, Durable};
 pub use embedded::EmbeddedBus;
 pub use kv::{Kv, KvChange};
+pub use nats::NatsBus;
 pub use subject::{Pattern, Subject, SubjectError};
 
 use crate::store::StoreError;
@@ -47,6 +50,22 @@ pub enum BusError {
     Closed,
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("NATS: {0}")]
+    Nats(#[source] async_nats::Error),
+}
+
+/// What every bus checks before it takes a message.
+fn admit(payload: &Bytes, max: usize, shutdown: &CancellationToken) -> Result<(), BusError> {
+    if payload.len() > max {
+        return Err(BusError::TooLarge {
+            size: payload.len(),
+            max,
+        });
+    }
+    if shutdown.is_cancelled() {
+        return Err(BusError::Closed);
+    }
+    Ok(())
 }
 
 /// One published message.
