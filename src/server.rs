@@ -257,12 +257,15 @@ impl Server {
                 metrics.clone(),
                 root.child_token(),
             );
-            // A shared store means other replicas: turns take leases there.
+            // A shared store means other replicas: turns take leases there,
+            // and interrupts reach them over the bus.
             match config.store {
-                Some(_) => manager.with_leases(TurnLeases::new(
-                    store.clone(),
-                    Duration::from_secs(config.cluster.turn_lease_s),
-                )),
+                Some(_) => manager
+                    .with_leases(TurnLeases::new(
+                        store.clone(),
+                        Duration::from_secs(config.cluster.turn_lease_s),
+                    ))
+                    .with_signals(bus.clone()),
                 None => manager,
             }
         });
@@ -393,6 +396,7 @@ impl Server {
             });
         }
         if self.state.config.store.is_some() {
+            background.spawn(sessions.clone().listen(root.child_token()));
             let sessions = sessions.clone();
             let root = root.clone();
             // Turns of replicas that died are closed a third of a lease

@@ -219,3 +219,81 @@ async fn a_start_up_leaves_turns_other_replicas_run() {
     running.cancel.cancel();
     events_of(running).await;
 }
+
+/// Two replicas on one store and one bus, each taking the other's
+/// interrupts.
+async fn replicas_with_a_bus(
+    store: &Arc<dyn Store>,
+) -> (Arc<SessionManager>, Arc<SessionManager>, CancellationToken) {
+    let stop = CancellationToken::new();
+    let bus: Arc<dyn crate::bus::Bus> = Arc::new(
+        crate::bus::EmbeddedBus::start(
+            store.clone(),
+            &crate::bus::BusConfig::default(),
+            Arc::new(Metrics::new()),
+            &tokio_util::task::TaskTracker::new(),
+            stop.clone(),
+        )
+        .await
+        .unwrap(),
+    );
+    let [a, b] = [0, 1].map(|_| {
+        let manager = Arc::new(replica(store, Duration::from_secs(15)).with_signals(bus.clone()));
+        tokio::spawn(manager.clone().listen(stop.clone()));
+        manager
+    });
+    (a, b, stop)
+}
+
+#[tokio::test]
+async fn an_interrupt_or_a_delete_on_one_replica_stops_the_turn_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let (a, b, _stop) = replicas_with_a_bus(&store).await;
+    for delete in [false, true] {
+        let session = create(&a).await;
+        let running = a
+            .start_turn(session.clone(), "wait".into(), false)
+            .await
+            .unwrap();
+        let mut events = running.session.subscribe(running.since, true);
+        while store.get_session(session.id).await.unwrap().unwrap().status != SessionStatus::Running
+        {
+            tokio::task::yield_now().await;
+        }
+        let on_b = b.get(session.id, None).await.unwrap();
+        assert_eq!(on_b.status(), SessionStatus::Running);
+        let id = session.id;
+        let deleted = delete.then(|| {
+            let b = b.clone();
+            tokio::spawn(async move { b.delete(id, None).await })
+        });
+        // B's listener may not have subscribed yet when the first goes:
+        // the interrupt is sent until the turn ends.
+        let result = loop {
+            if !delete {
+                assert!(on_b.interrupt(), "B knows the turn runs elsewhere");
+            }
+            match tokio::time::timeout(Duration::from_millis(200), events.next()).await {
+                Ok(Some(event)) => break event,
+                Ok(None) => panic!("the turn's events ended without a result"),
+                Err(_) => continue,
+            }
+        };
+        assert!(matches!(
+            result.kind,
+            EventKind::Result {
+                status: ResultStatus::Interrupted,
+                ..
+            }
+        ));
+        if let Some(deleted) = deleted {
+            deleted.await.unwrap().unwrap();
+            assert!(store.get_session(session.id).await.unwrap().is_none());
+            assert!(matches!(
+                a.get(session.id, None).await,
+                Err(SessionError::NotFound(_))
+            ));
+        }
+    }
+}

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::log::EventLog;
+use super::signal::Signals;
 use crate::protocol::{
     Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
 };
@@ -34,6 +35,9 @@ pub struct Session {
     pub(super) running: Mutex<Option<CancellationToken>>,
     /// Cancelled when the session is deleted, ending its followers.
     pub(super) closed: CancellationToken,
+    /// With replicas: where an interrupt goes when the turn runs on
+    /// another one.
+    signals: Option<Arc<Signals>>,
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +53,7 @@ impl Session {
         store: Arc<dyn Store>,
         log: Arc<dyn EventLog>,
         closed: CancellationToken,
+        signals: Option<Arc<Signals>>,
     ) -> Session {
         Session {
             id: record.id,
@@ -68,6 +73,7 @@ impl Session {
             turn_lock: Arc::new(tokio::sync::Mutex::new(())),
             running: Mutex::new(None),
             closed,
+            signals,
         }
     }
 
@@ -79,7 +85,13 @@ impl Session {
         Session {
             turn_lock: self.turn_lock.clone(),
             closed: self.closed.clone(),
-            ..Session::from_record(record, self.store.clone(), log, self.closed.clone())
+            ..Session::from_record(
+                record,
+                self.store.clone(),
+                log,
+                self.closed.clone(),
+                self.signals.clone(),
+            )
         }
     }
 
@@ -166,8 +178,23 @@ impl Session {
         self.log.last_result().await
     }
 
-    /// Asks the running turn, if any, to stop. True if one was running.
+    /// Asks the running turn, if any, to stop, on whichever replica it
+    /// runs. True if one was running.
     pub fn interrupt(&self) -> bool {
+        if self.interrupt_here() {
+            return true;
+        }
+        match &self.signals {
+            Some(signals) if self.status() == SessionStatus::Running => {
+                signals.interrupt(self.id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Stops the turn if it runs on this replica.
+    pub(super) fn interrupt_here(&self) -> bool {
         match &*lock(&self.running) {
             Some(token) => {
                 token.cancel();

@@ -16,6 +16,7 @@ use super::SessionError;
 use super::lease::{HeldTurn, Taken, TurnLeases, session_of};
 use super::live::Session;
 use super::log::{EmbeddedLogs, EventLogs};
+use super::signal::Signals;
 use super::task::{Outcome, SessionTask, Tasks, Turn, TurnOptions};
 use crate::model::Message;
 use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage};
@@ -70,6 +71,8 @@ pub struct SessionManager {
     /// With replicas sharing the store: the turn leases that keep one turn
     /// per session among all of them. `None` on a store of its own.
     leases: Option<Arc<TurnLeases>>,
+    /// With replicas: interrupts for turns that run on another one.
+    signals: Option<Arc<Signals>>,
     /// Parent of every turn's token: cancelled at shutdown.
     shutdown: CancellationToken,
     /// Set when the replica is told to stop: it takes no new turns and lets
@@ -100,6 +103,7 @@ impl SessionManager {
             metrics,
             live: Mutex::new(HashMap::new()),
             leases: None,
+            signals: None,
             shutdown,
             draining: std::sync::atomic::AtomicBool::new(false),
             followers: CancellationToken::new(),
@@ -118,6 +122,32 @@ impl SessionManager {
     pub fn with_leases(mut self, leases: TurnLeases) -> SessionManager {
         self.leases = Some(Arc::new(leases));
         self
+    }
+
+    /// Sends interrupts for turns of other replicas over `bus`, and takes
+    /// theirs once [`SessionManager::listen`] runs.
+    pub fn with_signals(mut self, bus: Arc<dyn crate::bus::Bus>) -> SessionManager {
+        self.signals = Some(Arc::new(Signals::new(bus)));
+        self
+    }
+
+    /// Interrupts this replica's turns that other replicas were asked to
+    /// interrupt, until `stop` (nothing to do without signals).
+    pub async fn listen(self: Arc<Self>, stop: CancellationToken) {
+        let Some(signals) = self.signals.clone() else {
+            return;
+        };
+        if let Err(e) = signals.listen(Arc::downgrade(&self), stop).await {
+            tracing::error!(error = %e, "this replica cannot take interrupts from the others");
+        }
+    }
+
+    /// Stops the session's turn if it runs on this replica.
+    pub(super) fn interrupt_here(&self, id: Uuid) {
+        let session = self.live().get(&id).cloned();
+        if let Some(session) = session {
+            session.interrupt_here();
+        }
     }
 
     /// The kinds this server runs.
@@ -152,6 +182,7 @@ impl SessionManager {
             self.store.clone(),
             log,
             closed,
+            self.signals.clone(),
         )))
     }
 
@@ -431,16 +462,27 @@ impl SessionManager {
     pub async fn delete(&self, id: Uuid, owner: Option<&str>) -> Result<(), SessionError> {
         let session = self.get(id, owner).await?;
         session.interrupt();
-        // Wait for the turn to close before the rows go.
+        // Wait for the turn to close before the rows go, on whichever
+        // replica it runs.
         let _turn = session.turn_lock.lock().await;
+        let held = match &self.leases {
+            Some(leases) => Some(
+                self.take_turn(leases, session.clone(), true, &CancellationToken::new())
+                    .await?
+                    .0,
+            ),
+            None => None,
+        };
         session.closed.cancel();
         if let Ok(task) = self.task_of(&session) {
             task.delete(id).await;
         }
-        self.store.delete_session(id).await?;
-        let mut live = self.live();
-        live.remove(&id);
-        self.metrics.sessions_live.set(live.len() as i64);
+        let deleted = self.store.delete_session(id).await;
+        if let Some(held) = held {
+            held.release().await;
+        }
+        deleted?;
+        self.forget(id);
         Ok(())
     }
 

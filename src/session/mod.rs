@@ -24,6 +24,7 @@ pub mod live;
 pub mod log;
 pub mod manager;
 pub mod options;
+pub mod signal;
 pub mod task;
 #[cfg(test)]
 mod tests;
