@@ -15,9 +15,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::SqlSafeStr;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Connection, SqlSafeStr};
 
 use super::{Store, StoreError};
 
@@ -170,11 +170,16 @@ impl PostgresStore {
     /// [`PostgresStore::open`] with the connection already described.
     pub async fn open_with(options: PgConnectOptions) -> Result<PostgresStore, StoreError> {
         let options = options.application_name("conclave");
+        // One connection first: a pool that cannot connect says only that
+        // it timed out, this says why.
+        let probe = tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(&options))
+            .await
+            .map_err(|_| StoreError::Io(format!("no answer in {ACQUIRE_TIMEOUT:?}")))??;
+        probe.close().await?;
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options)
-            .await?;
+            .connect_lazy_with(options);
         migrator()
             .run(&pool)
             .await

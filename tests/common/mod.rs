@@ -1,6 +1,7 @@
 //! Fixtures: a real server on 127.0.0.1:0 in this process, and clients.
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -1,0 +1,59 @@
+//! The real `conclave` binary as a child process.
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// `conclave serve` on 127.0.0.1:0 with `args`, with no `CONCLAVE_*`
+/// configuration taken from the test's environment.
+pub fn serve_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_conclave"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        let test_only = name.starts_with("CONCLAVE_TEST_") || name.starts_with("CONCLAVE_BENCH_");
+        if name.starts_with("CONCLAVE_") && !test_only {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Spawns `command` and reads the URL it listens on; a start that fails
+/// panics with the server's stderr.
+pub async fn spawn_server(command: &mut Command) -> (Child, String) {
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("the conclave binary starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let Some(first) = lines.next_line().await.expect("read stdout") else {
+        let output = child.wait_with_output().await.expect("exit");
+        panic!(
+            "the server exited at start ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let url = first
+        .strip_prefix("conclave listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    (child, url)
+}
+
+/// SIGTERM, then waits for a clean exit.
+pub async fn stop(child: &mut Child) {
+    let pid = child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = child.wait().await.expect("exit");
+    assert!(exit.success(), "{exit}");
+}

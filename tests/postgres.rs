@@ -1,0 +1,206 @@
+//! The real binary on the PostgreSQL store: what one server wrote, a second
+//! server with another data directory reads from the same database after
+//! the first has stopped; a database that does not answer is a start error
+//! that names the URL without its password.
+//!
+//! Needs `CONCLAVE_TEST_POSTGRES` (scripts/test.sh starts a server and sets
+//! it); each test makes a database of its own there.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::binary::{serve_command, spawn_server, stop};
+use common::ndjson;
+use conclave::store::{PostgresStore, SessionStore};
+use serde_json::{Value, json};
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+/// A database of its own on the test server, dropped at the end (even
+/// after a panic) with whatever connections are left.
+struct Database {
+    server: String,
+    name: String,
+    url: String,
+}
+
+impl Database {
+    async fn create() -> Database {
+        let server = std::env::var("CONCLAVE_TEST_POSTGRES").unwrap_or_else(|_| {
+            panic!(
+                "CONCLAVE_TEST_POSTGRES is not set: these tests need a PostgreSQL server \
+                 (postgres://user@host:port/db); scripts/test.sh starts one and sets it"
+            )
+        });
+        let name = format!("conclave_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&server).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        admin.close().await.unwrap();
+        let mut url = url::Url::parse(&server).unwrap();
+        url.set_path(&name);
+        Database {
+            server,
+            name,
+            url: url.to_string(),
+        }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let (server, name) = (self.server.clone(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let mut admin = PgConnection::connect(&server).await?;
+                let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut admin)
+                    .await?;
+                admin.close().await
+            })?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("could not drop test database {}: {e}", self.name);
+        }
+    }
+}
+
+async fn get_json(http: &reqwest::Client, url: String) -> Value {
+    let response = http.get(&url).send().await.unwrap();
+    assert_eq!(response.status(), 200, "GET {url}");
+    response.json().await.unwrap()
+}
+
+async fn events(http: &reqwest::Client, url: &str, id: &str) -> Vec<Value> {
+    ndjson(
+        http.get(format!("{url}/agent/session/{id}/events"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+/// A session's status without what lives in one process only (its
+/// sandbox, the gateway's in-memory traces).
+async fn stored_status(http: &reqwest::Client, url: &str, id: &str) -> Value {
+    let mut status = get_json(http, format!("{url}/agent/session/{id}/status")).await;
+    let fields = status.as_object_mut().unwrap();
+    fields.remove("sandbox");
+    fields.remove("gateway_calls");
+    status
+}
+
+#[tokio::test]
+async fn a_second_server_reads_what_the_first_wrote_to_postgres() {
+    let database = Database::create().await;
+    let (first_dir, second_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let http = reqwest::Client::new();
+    let serve = |dir: &tempfile::TempDir| {
+        serve_command(&[
+            "--store",
+            &database.url,
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ])
+    };
+
+    let (mut first, url) = spawn_server(&mut serve(&first_dir)).await;
+    let created: Value = http
+        .post(format!("{url}/agent/session"))
+        .json(&json!({"session_name": "kept"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session = created["session_id"].as_str().unwrap().to_owned();
+    let turn = ndjson(
+        http.post(format!("{url}/agent/session/{session}/message"))
+            .json(&json!({"prompt": "remember this"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(turn.last().unwrap()["type"], "result", "{turn:?}");
+    let run = ndjson(
+        http.post(format!("{url}/agent/run"))
+            .json(&json!({"prompt": "an ephemeral run"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(run.last().unwrap()["type"], "result", "{run:?}");
+    let ran = run[0]["session_id"].as_str().unwrap().to_owned();
+    let before: Vec<(Value, Vec<Value>)> =
+        futures::future::join_all([&session, &ran].map(|id| async {
+            (
+                stored_status(&http, &url, id).await,
+                events(&http, &url, id).await,
+            )
+        }))
+        .await;
+    let listed = get_json(&http, format!("{url}/agent/sessions")).await;
+    stop(&mut first).await;
+
+    let (mut second, url) = spawn_server(&mut serve(&second_dir)).await;
+    for (id, (status, logged)) in [&session, &ran].into_iter().zip(&before) {
+        assert_eq!(&stored_status(&http, &url, id).await, status);
+        assert_eq!(&events(&http, &url, id).await, logged);
+    }
+    assert_eq!(before[0].0["session_name"], "kept");
+    assert_eq!(before[0].0["status"], "idle");
+    assert_eq!(
+        get_json(&http, format!("{url}/agent/sessions")).await,
+        listed
+    );
+    stop(&mut second).await;
+
+    // The messages as the store holds them: the prompt, then the reply.
+    let store = PostgresStore::open(&database.url).await.unwrap();
+    let messages = store.messages(session.parse().unwrap()).await.unwrap();
+    let roles: Vec<Value> = messages
+        .iter()
+        .map(|m| serde_json::to_value(m).unwrap()["role"].clone())
+        .collect();
+    assert_eq!(roles, [json!("user"), json!("assistant")], "{messages:?}");
+    conclave::store::Store::close(&store).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_database_that_does_not_answer_is_a_start_error_without_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port nobody listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://conclave:hunter2@127.0.0.1:{port}/conclave");
+    let output = serve_command(&["--store", &url, "--data-dir", dir.path().to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "postgres://conclave:***@127.0.0.1:{port}/conclave"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
