@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::bus::{EmbeddedBus, Kv};
+use crate::bus::{BusError, EmbeddedBus, Kv, NatsBus};
 use crate::deliberation::{self, DeliberationTask, Deliberations};
 use crate::pipeline::{self, PipelineTask};
 
@@ -40,6 +40,8 @@ use crate::telemetry::Metrics;
 pub enum StartError {
     #[error("cannot open the store in {dir}: {message}")]
     Store { dir: String, message: String },
+    #[error("cannot use the NATS bus at {url}: {message}")]
+    Bus { url: String, message: String },
     #[error("model configuration: {0}")]
     Model(String),
     #[error("closing turns cut off by the last stop: {0}")]
@@ -126,29 +128,47 @@ impl Server {
         root: CancellationToken,
         kinds: Vec<Arc<dyn SessionTask>>,
     ) -> Result<Server, StartError> {
-        if let Some(url) = &config.bus.url {
-            return Err(StartError::Store {
-                dir: url.clone(),
-                message: "the NATS bus is not built yet".into(),
-            });
-        }
         let store = open_store(&config).await?;
         let metrics = Arc::new(Metrics::new());
         let bus_tasks = TaskTracker::new();
-        let bus = EmbeddedBus::start(
-            store.clone(),
-            &config.bus,
-            metrics.clone(),
-            &bus_tasks,
-            root.child_token(),
-        )
-        .await
-        .map_err(|e| StartError::Store {
-            dir: config.data_dir.display().to_string(),
-            message: format!("loading the bus's subjects: {e}"),
-        })?;
-        let kv = Arc::new(Kv::new(store.clone(), config.bus.max_payload_bytes));
-        let bus: Arc<dyn crate::bus::Bus> = Arc::new(bus);
+        let (bus, kv): (Arc<dyn crate::bus::Bus>, Arc<Kv>) = match &config.bus.url {
+            None => {
+                let bus = EmbeddedBus::start(
+                    store.clone(),
+                    &config.bus,
+                    metrics.clone(),
+                    &bus_tasks,
+                    root.child_token(),
+                )
+                .await
+                .map_err(|e| StartError::Store {
+                    dir: config.data_dir.display().to_string(),
+                    message: format!("loading the bus's subjects: {e}"),
+                })?;
+                let kv = Kv::new(store.clone(), config.bus.max_payload_bytes);
+                (Arc::new(bus), Arc::new(kv))
+            }
+            Some(url) => {
+                let failed = |e: BusError| StartError::Bus {
+                    url: url.clone(),
+                    message: e.to_string(),
+                };
+                let bus = NatsBus::connect(
+                    url,
+                    "conclave",
+                    &config.bus,
+                    metrics.clone(),
+                    root.child_token(),
+                )
+                .await
+                .map_err(failed)?;
+                let kv = bus
+                    .kv(store.clone(), config.bus.max_payload_bytes, &bus_tasks)
+                    .await
+                    .map_err(failed)?;
+                (Arc::new(bus), kv)
+            }
+        };
         let gateway =
             Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
         for pool in gateway.pools() {
@@ -247,12 +267,15 @@ impl Server {
                 metrics.clone(),
                 root.child_token(),
             );
-            // A shared store means other replicas: turns take leases there.
+            // A shared store means other replicas: turns take leases there,
+            // and interrupts reach them over the bus.
             match config.store {
-                Some(_) => manager.with_leases(TurnLeases::new(
-                    store.clone(),
-                    Duration::from_secs(config.cluster.turn_lease_s),
-                )),
+                Some(_) => manager
+                    .with_leases(TurnLeases::new(
+                        store.clone(),
+                        Duration::from_secs(config.cluster.turn_lease_s),
+                    ))
+                    .with_signals(bus.clone()),
                 None => manager,
             }
         });
@@ -383,6 +406,7 @@ impl Server {
             });
         }
         if self.state.config.store.is_some() {
+            background.spawn(sessions.clone().listen(root.child_token()));
             let sessions = sessions.clone();
             let root = root.clone();
             // Turns of replicas that died are closed a third of a lease
