@@ -20,6 +20,9 @@ async fn spawn_server(data_dir: &std::path::Path) -> (Child, String) {
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
         .env("CONCLAVE_DEMO__CHUNK_DELAY_MS", "20")
+        // No drain: SIGTERM interrupts running turns at once (the drain
+        // itself is tests/shutdown.rs's).
+        .env("CONCLAVE_CLUSTER__DRAIN_S", "0")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .kill_on_drop(true)
