@@ -32,6 +32,7 @@ use crate::model::ModelRegistry;
 use crate::protocol::SessionStatus;
 use crate::sandbox::{self, SandboxManager};
 use crate::session::lease::TurnLeases;
+use crate::session::log::{EventLogs, NatsLogs};
 use crate::session::{Limits, SessionManager, SessionTask, Tasks};
 use crate::store::{PostgresStore, SqliteStore, Store, postgres};
 use crate::telemetry::Metrics;
@@ -169,6 +170,26 @@ impl Server {
                 (Arc::new(bus), kv)
             }
         };
+        // With NATS, session events fan out over it too, so a client on any
+        // replica streams a turn that runs on another.
+        let event_logs: Option<Arc<dyn EventLogs>> = match &config.bus.url {
+            Some(url) => {
+                let client = async_nats::ConnectOptions::new()
+                    .name("conclave-events")
+                    .connect(url.as_str())
+                    .await
+                    .map_err(|e| StartError::Bus {
+                        url: url.clone(),
+                        message: format!("connecting for session events: {e}"),
+                    })?;
+                Some(Arc::new(NatsLogs::new(
+                    client,
+                    store.clone(),
+                    metrics.clone(),
+                )))
+            }
+            None => None,
+        };
         let gateway =
             Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
         for pool in gateway.pools() {
@@ -267,6 +288,10 @@ impl Server {
                 metrics.clone(),
                 root.child_token(),
             );
+            let manager = match event_logs {
+                Some(logs) => manager.with_logs(logs),
+                None => manager,
+            };
             // A shared store means other replicas: turns take leases there,
             // and interrupts reach them over the bus.
             match config.store {
