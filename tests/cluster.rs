@@ -1,0 +1,345 @@
+//! Three real `conclave serve` replicas on one PostgreSQL database and one
+//! nats-server, as `deploy/` runs them: any replica serves any session, a
+//! session runs one turn at a time among them, and the turn of a replica
+//! killed with SIGKILL is closed by a survivor within the turn lease.
+//!
+//! Needs `CONCLAVE_TEST_POSTGRES` (a server the tests make databases in)
+//! and `CONCLAVE_TEST_NATS_SERVER` (the nats-server binary; each test
+//! starts its own with JetStream); scripts/test.sh sets both.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Lines, long_prompt, ws_until};
+use serde_json::{Value, json};
+use sqlx::Connection;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+fn required(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} must be set (scripts/test.sh starts PostgreSQL and nats-server and sets it)")
+    })
+}
+
+/// A database of this test's own on the test PostgreSQL server.
+async fn database() -> String {
+    let server = required("CONCLAVE_TEST_POSTGRES");
+    let name = format!("conclave_cluster_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&server).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let mut url = url::Url::parse(&server).unwrap();
+    url.set_path(&name);
+    url.to_string()
+}
+
+/// A nats-server with JetStream of this test's own; killed on drop.
+struct Nats {
+    _child: Child,
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+async fn nats() -> Nats {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(required("CONCLAVE_TEST_NATS_SERVER"))
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server starts");
+    let url = format!("nats://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Nats {
+                _child: child,
+                _dir: dir,
+                url,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nats-server did not listen on {url}");
+}
+
+/// One `conclave serve` as the README starts it, in a directory of its
+/// own, with the shared store and bus given by flags.
+struct Replica {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Replica {
+    async fn start(store: &str, bus: &str, lease_s: u64) -> Replica {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+            .current_dir(dir.path())
+            .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
+            .args(["--store", store, "--bus", bus])
+            .env_remove("CONCLAVE_DATA_DIR")
+            .env("CONCLAVE_CLUSTER__TURN_LEASE_S", lease_s.to_string())
+            // The demo model pauses between words: turns last a while.
+            .env("CONCLAVE_DEMO__CHUNK_DELAY_MS", "20")
+            .env("CONCLAVE_SANDBOX__WARM_POOL", "0")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the conclave binary starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the server prints where it listens");
+        let url = first
+            .strip_prefix("conclave listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_string();
+        Replica {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+
+    fn at(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    fn ws(&self, path: &str) -> String {
+        self.at(path).replacen("http://", "ws://", 1)
+    }
+}
+
+struct Cluster {
+    replicas: Vec<Replica>,
+    _nats: Nats,
+    http: reqwest::Client,
+}
+
+async fn cluster(lease_s: u64) -> Cluster {
+    let (store, nats) = (database().await, nats().await);
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(Replica::start(&store, &nats.url, lease_s).await);
+    }
+    Cluster {
+        replicas,
+        _nats: nats,
+        http: reqwest::Client::new(),
+    }
+}
+
+impl Cluster {
+    async fn create_session(&self, on: usize) -> String {
+        let created: Value = self
+            .http
+            .post(self.replicas[on].at("/agent/session"))
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created["session_id"].as_str().unwrap().to_string()
+    }
+
+    async fn send(&self, on: usize, id: &str, prompt: &str) -> reqwest::Response {
+        self.http
+            .post(self.replicas[on].at(&format!("/agent/session/{id}/message")))
+            .json(&json!({"prompt": prompt}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn events(&self, on: usize, id: &str, since: u64) -> Vec<Value> {
+        let response = self
+            .http
+            .get(self.replicas[on].at(&format!("/agent/session/{id}/events?since={since}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        common::ndjson(response).await
+    }
+
+    async fn status(&self, on: usize, id: &str) -> Value {
+        self.http
+            .get(self.replicas[on].at(&format!("/agent/session/{id}/status")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+fn seqs(events: &[Value]) -> Vec<u64> {
+    events.iter().map(|e| e["seq"].as_u64().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn any_replica_serves_any_session_and_streams_it_live() {
+    let cluster = cluster(15).await;
+    let id = cluster.create_session(0).await;
+    // A WebSocket on C follows the session from its start.
+    let (mut ws, _) = tokio_tungstenite::connect_async(
+        cluster.replicas[2].ws(&format!("/agent/ws?session_id={id}&since=0")),
+    )
+    .await
+    .unwrap();
+
+    // The first turn runs on B, the second on A.
+    let mut turns = Vec::new();
+    for on in [1, 0] {
+        let response = cluster.send(on, &id, &long_prompt(20)).await;
+        assert_eq!(response.status(), 200, "replica {on}");
+        let streamed = Lines::new(response).until("result").await;
+        let seen_on_c = ws_until(&mut ws, "result").await;
+        assert_eq!(
+            seen_on_c, streamed,
+            "C's WebSocket saw the turn on replica {on} as its caller did"
+        );
+        turns.push(streamed);
+    }
+    let all: Vec<Value> = turns.concat();
+    let last = all.last().unwrap()["seq"].as_u64().unwrap();
+    assert_eq!(
+        seqs(&all),
+        (1..=last).collect::<Vec<_>>(),
+        "one log, no gap"
+    );
+
+    // Replays by seq on every replica: the same events, none twice.
+    let middle = last / 2;
+    for on in 0..3 {
+        let replayed = cluster.events(on, &id, middle).await;
+        assert_eq!(replayed, all[middle as usize..], "replay on replica {on}");
+    }
+    // Every replica reports the session as the store has it.
+    for on in 0..3 {
+        let status = cluster.status(on, &id).await;
+        assert_eq!(status["status"], "idle", "{status}");
+        assert_eq!(status["usage"]["turns"], 2, "{status}");
+    }
+    // Deleted on C, it is gone on every replica.
+    let deleted = cluster
+        .http
+        .delete(cluster.replicas[2].at(&format!("/agent/session/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    for on in 0..3 {
+        let status = cluster
+            .http
+            .get(cluster.replicas[on].at(&format!("/agent/session/{id}/status")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(status.status(), 404, "replica {on}");
+    }
+}
+
+#[tokio::test]
+async fn two_messages_at_once_on_two_replicas_get_one_turn_and_one_409() {
+    let cluster = cluster(15).await;
+    let id = cluster.create_session(0).await;
+    let prompt = long_prompt(40);
+    let (on_a, on_b) = tokio::join!(cluster.send(0, &id, &prompt), cluster.send(1, &id, &prompt));
+    let mut statuses = [on_a.status().as_u16(), on_b.status().as_u16()];
+    statuses.sort();
+    assert_eq!(statuses, [200, 409]);
+    let (running, refused) = if on_a.status() == 200 {
+        (on_a, on_b)
+    } else {
+        (on_b, on_a)
+    };
+    let refused: Value = refused.json().await.unwrap();
+    assert!(refused.to_string().contains("running a turn"), "{refused}");
+    let events = Lines::new(running).until("result").await;
+    assert_eq!(events.last().unwrap()["status"], "success");
+    // An interrupt sent to the third replica stops a turn on another.
+    let response = cluster.send(1, &id, &long_prompt(400)).await;
+    assert_eq!(response.status(), 200);
+    let mut lines = Lines::new(response);
+    lines.until("status").await;
+    let interrupted: Value = cluster
+        .http
+        .post(cluster.replicas[2].at(&format!("/agent/session/{id}/interrupt")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(interrupted["interrupted"], true, "{interrupted}");
+    let rest = lines.until("result").await;
+    assert_eq!(rest.last().unwrap()["status"], "interrupted");
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_turn_loses_no_event_and_a_survivor_takes_over() {
+    let mut cluster = cluster(3).await;
+    let id = cluster.create_session(0).await;
+    // A client on B follows the session; the turn runs on A.
+    let (mut ws, _) = tokio_tungstenite::connect_async(
+        cluster.replicas[1].ws(&format!("/agent/ws?session_id={id}&since=0")),
+    )
+    .await
+    .unwrap();
+    let response = cluster.send(0, &id, &long_prompt(2000)).await;
+    assert_eq!(response.status(), 200);
+    let mut on_a = Lines::new(response);
+    on_a.until("status").await;
+    let killed = std::time::Instant::now();
+    cluster.replicas[0].child.start_kill().unwrap();
+    cluster.replicas[0].child.wait().await.unwrap();
+
+    // B's client sees the turn closed by a survivor within the lease (and
+    // one sweep period), every event it got before the kill still there.
+    let seen = tokio::time::timeout(Duration::from_secs(30), ws_until(&mut ws, "result"))
+        .await
+        .expect("the cut-off turn is closed within the lease");
+    let waited = killed.elapsed();
+    assert!(
+        waited < Duration::from_secs(20),
+        "closed {waited:?} after the kill"
+    );
+    let result = seen.last().unwrap();
+    assert_eq!(result["status"], "interrupted", "{result}");
+    let last = result["seq"].as_u64().unwrap();
+    assert_eq!(seqs(&seen), (1..=last).collect::<Vec<_>>());
+    let stored = cluster.events(2, &id, 0).await;
+    assert_eq!(stored, seen, "the store holds exactly what the client saw");
+
+    // The session takes its next message on a survivor.
+    let response = cluster.send(2, &id, "hello again").await;
+    assert_eq!(response.status(), 200);
+    let next = Lines::new(response).until("result").await;
+    assert_eq!(next.first().unwrap()["seq"], last + 1);
+    assert_eq!(next.last().unwrap()["status"], "success");
+}
