@@ -88,7 +88,7 @@ struct Replica {
 }
 
 impl Replica {
-    async fn start(store: &str, bus: &str, lease_s: u64) -> Replica {
+    async fn start(store: &str, bus: &str, lease_s: u64, env: &[(&str, &str)]) -> Replica {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
             .current_dir(dir.path())
@@ -100,6 +100,7 @@ impl Replica {
             .env("CONCLAVE_DEMO__CHUNK_DELAY_MS", "20")
             .env("CONCLAVE_SANDBOX__WARM_POOL", "0")
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -138,10 +139,14 @@ struct Cluster {
 }
 
 async fn cluster(lease_s: u64) -> Cluster {
+    cluster_with(lease_s, &[]).await
+}
+
+async fn cluster_with(lease_s: u64, env: &[(&str, &str)]) -> Cluster {
     let (store, nats) = (database().await, nats().await);
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(Replica::start(&store, &nats.url, lease_s).await);
+        replicas.push(Replica::start(&store, &nats.url, lease_s, env).await);
     }
     Cluster {
         replicas,
@@ -342,4 +347,92 @@ async fn a_replica_killed_mid_turn_loses_no_event_and_a_survivor_takes_over() {
     let next = Lines::new(response).until("result").await;
     assert_eq!(next.first().unwrap()["seq"], last + 1);
     assert_eq!(next.last().unwrap()["status"], "success");
+}
+
+#[tokio::test]
+async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoint() {
+    let mut cluster = cluster_with(3, &[("CONCLAVE_PIPELINES__TEST_MODE", "true")]).await;
+    let started: Value = cluster
+        .http
+        .post(cluster.replicas[0].at("/orchestrator/pipeline/start"))
+        .json(&json!({"connector_name": "crm", "mock": {"delay_ms": 400}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let thread = started["thread_id"].as_str().unwrap().to_string();
+    let session = started["session_id"].as_str().unwrap().to_string();
+    // Followed from C while A runs it.
+    let follow = |since: u64| {
+        cluster.http.get(cluster.replicas[2].at(&format!(
+            "/agent/session/{session}/events?since={since}&follow=true"
+        )))
+    };
+    let mut events = Lines::new(follow(0).send().await.unwrap());
+    let mut checkpoints = 0;
+    while checkpoints < 2 {
+        if events.next().await.expect("the stream goes on")["type"] == "checkpoint" {
+            checkpoints += 1;
+        }
+    }
+    cluster.replicas[0].child.start_kill().unwrap();
+    cluster.replicas[0].child.wait().await.unwrap();
+    // A survivor closes the cut-off turn; C's follower sees it.
+    let cut = tokio::time::timeout(Duration::from_secs(30), events.until("result"))
+        .await
+        .expect("the cut-off run is closed within the lease");
+    assert_eq!(cut.last().unwrap()["status"], "interrupted");
+    let status: Value = cluster
+        .http
+        .get(cluster.replicas[1].at(&format!("/orchestrator/pipeline/status/{thread}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["status"], "interrupted", "{status}");
+
+    // Resumed on B, it goes on after its last checkpoint.
+    let resumed = cluster
+        .http
+        .post(cluster.replicas[1].at(&format!("/orchestrator/pipeline/resume/{thread}")))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 202);
+    let resumed: Value = resumed.json().await.unwrap();
+    assert!(resumed["from_step"].as_u64().unwrap() >= 2, "{resumed}");
+    let last = events.until("result").await;
+    assert_eq!(last.last().unwrap()["status"], "success");
+    let history: Value = cluster
+        .http
+        .get(cluster.replicas[2].at(&format!("/orchestrator/pipeline/history/{thread}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ran: Vec<&str> = history["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|step| step["node"].as_str())
+        .collect();
+    assert_eq!(
+        ran,
+        [
+            "research",
+            "generator",
+            "tester",
+            "test_reviewer",
+            "reviewer",
+            "publisher"
+        ],
+        "each node once: {history}"
+    );
 }
