@@ -353,7 +353,11 @@ impl Server {
             root.child_token(),
         ));
         let state = AppState {
-            keys: Arc::new(Keys::new(&config.api_keys, &config.admin_keys)),
+            keys: Arc::new(Keys::new(
+                &config.api_keys,
+                &config.admin_keys,
+                store.clone(),
+            )),
             config: Arc::new(config),
             sessions,
             models,

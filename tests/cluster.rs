@@ -436,3 +436,26 @@ async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoi
         "each node once: {history}"
     );
 }
+
+#[tokio::test]
+async fn a_websocket_ticket_from_one_replica_opens_a_socket_on_another_once() {
+    let cluster = cluster(15).await;
+    let id = cluster.create_session(0).await;
+    let ticket: Value = cluster
+        .http
+        .post(cluster.replicas[0].at("/auth/ticket"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ticket = ticket["ticket"].as_str().unwrap();
+    let url = cluster.replicas[1].ws(&format!("/agent/ws?session_id={id}&ticket={ticket}"));
+    tokio_tungstenite::connect_async(&url)
+        .await
+        .expect("B takes A's ticket");
+    let again = tokio_tungstenite::connect_async(&url).await;
+    assert!(again.is_err(), "a ticket opens one socket");
+}

@@ -5,13 +5,12 @@
 //!
 //! A browser cannot set headers on a WebSocket, so a page trades its key
 //! for a ticket (`POST /auth/ticket`): single use, valid for
-//! [`TICKET_TTL`], and taken as `?ticket=` by the WebSocket routes only;
+//! [`TICKET_TTL`](super::tickets::TICKET_TTL), and taken as `?ticket=` by the WebSocket routes only;
 //! the key itself never goes into a URL. The dashboard's files (`/`,
 //! `/ui/…`, `/static/…`) need no key: they hold no data.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -20,6 +19,8 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::state::AppState;
+use super::tickets::Tickets;
+use crate::store::{Store, StoreError};
 
 /// Who is calling; handlers read it from the request extensions.
 #[derive(Debug, Clone)]
@@ -60,57 +61,28 @@ impl Caller {
     }
 }
 
-/// How long a WebSocket ticket may wait for its socket.
-pub const TICKET_TTL: Duration = Duration::from_secs(30);
-
-/// Tickets one caller may hold unused at once; a page needs a few.
-const TICKETS_PER_CALLER: usize = 64;
-
 /// The accepted keys, stored only as hashes, each with whether it is an
-/// admin key; and the WebSocket tickets issued and not yet used.
+/// admin key; and the WebSocket tickets (in the store, for every replica).
 pub struct Keys {
     hashes: HashMap<String, bool>,
-    tickets: Mutex<HashMap<String, (Caller, Instant)>>,
+    tickets: Tickets,
 }
 
 impl Keys {
-    pub fn new(keys: &[String], admin_keys: &[String]) -> Keys {
+    pub fn new(keys: &[String], admin_keys: &[String], store: Arc<dyn Store>) -> Keys {
         let mut hashes: HashMap<String, bool> =
             keys.iter().map(|k| (hash(k.trim()), false)).collect();
         hashes.extend(admin_keys.iter().map(|k| (hash(k.trim()), true)));
         Keys {
             hashes,
-            tickets: Mutex::new(HashMap::new()),
+            tickets: Tickets::new(store),
         }
     }
 
     /// A fresh single-use ticket standing for `caller`; `None` when the
-    /// caller already holds as many unused ones as it may.
-    pub fn issue_ticket(&self, caller: &Caller) -> Option<String> {
-        let now = Instant::now();
-        let mut tickets = crate::sync::lock(&self.tickets);
-        tickets.retain(|_, (_, issued)| now.duration_since(*issued) < TICKET_TTL);
-        let held = tickets
-            .values()
-            .filter(|(c, _)| c.owner == caller.owner)
-            .count();
-        if held >= TICKETS_PER_CALLER {
-            return None;
-        }
-        // 244 random bits from the OS.
-        let ticket = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
-        tickets.insert(ticket.clone(), (caller.clone(), now));
-        Some(ticket)
-    }
-
-    /// The caller a ticket stands for, once: a ticket is gone after use.
-    fn redeem_ticket(&self, ticket: &str) -> Option<Caller> {
-        let (caller, issued) = crate::sync::lock(&self.tickets).remove(ticket)?;
-        (issued.elapsed() < TICKET_TTL).then_some(caller)
+    /// caller had as many as it may lately.
+    pub async fn issue_ticket(&self, caller: &Caller) -> Result<Option<String>, StoreError> {
+        self.tickets.issue(caller).await
     }
 
     pub fn enabled(&self) -> bool {
@@ -181,7 +153,13 @@ pub async fn require_key(
     }
     let ticket = ws_query(&req, "ticket");
     let caller = if let Some(ticket) = ticket {
-        state.keys.redeem_ticket(&ticket).ok_or_else(|| {
+        let redeemed = state
+            .keys
+            .tickets
+            .redeem(&ticket)
+            .await
+            .map_err(ApiError::internal)?;
+        redeemed.ok_or_else(|| {
             ApiError::unauthorized(
                 "unknown, used or expired ticket: get a fresh one from POST /auth/ticket",
             )
@@ -213,20 +191,6 @@ pub async fn require_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_ticket_is_used_once_and_expires() {
-        let keys = Keys::new(&["key-aaaa-1".into()], &[]);
-        let caller = keys.check("key-aaaa-1").unwrap();
-        let ticket = keys.issue_ticket(&caller).unwrap();
-        assert_eq!(keys.redeem_ticket(&ticket).unwrap().owner, caller.owner);
-        assert!(keys.redeem_ticket(&ticket).is_none());
-        let old = keys.issue_ticket(&caller).unwrap();
-        if let Some(past) = Instant::now().checked_sub(TICKET_TTL) {
-            crate::sync::lock(&keys.tickets).get_mut(&old).unwrap().1 = past;
-            assert!(keys.redeem_ticket(&old).is_none());
-        }
-    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -18,9 +18,10 @@ use axum::{Extension, Json};
 use serde_json::{Value, json};
 use tower_http::compression::CompressionLayer;
 
-use super::auth::{Caller, TICKET_TTL};
+use super::auth::Caller;
 use super::error::ApiError;
 use super::state::AppState;
+use super::tickets::TICKET_TTL;
 
 #[derive(rust_embed::Embed)]
 #[folder = "static/"]
@@ -114,11 +115,16 @@ pub async fn ticket(
     body: super::extract::JsonObject,
 ) -> Result<Json<Value>, ApiError> {
     body.deny_rest()?;
-    let ticket = state.keys.issue_ticket(&caller).ok_or_else(|| {
+    let issued = state
+        .keys
+        .issue_ticket(&caller)
+        .await
+        .map_err(ApiError::internal)?;
+    let ticket = issued.ok_or_else(|| {
         ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "too_many_tickets",
-            "this key holds as many unused tickets as it may; use them or wait 30 s",
+            "this key asked for as many tickets as it may in 30 s; use them or wait",
         )
     })?;
     Ok(Json(

@@ -39,6 +39,7 @@ pub mod sandboxes;
 pub mod serve;
 pub mod state;
 pub mod stream;
+pub mod tickets;
 pub mod weights;
 pub mod ws;
 
