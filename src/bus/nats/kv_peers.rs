@@ -83,7 +83,9 @@ pub(super) async fn start(
         .subscribe(shared.names.kv_all())
         .await
         .map_err(nats)?;
-    shared.client.flush().await.map_err(nats)?;
+    // A round trip on the connection: the server has the subscription
+    // once it answers (a flush only sends it).
+    shared.jetstream.query_account().await.map_err(nats)?;
     let peers = Arc::new(NatsKvPeers {
         shared: shared.clone(),
         origin: origin.clone(),
