@@ -1,7 +1,8 @@
 //! Two real `conclave serve` processes on one NATS (`--bus`): what is
 //! published over HTTP on one reaches subscribers over HTTP and the
 //! WebSocket on the other, in order with dense `seq`s whichever replica
-//! publishes; a NATS that is not there stops the start, naming it.
+//! publishes; a NATS that is not there, or has no JetStream, stops the
+//! start, naming it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -202,6 +203,59 @@ async fn a_nats_that_is_not_there_stops_the_start_naming_it() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains(&format!("cannot use the NATS bus at {url}")),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_nats_without_jetstream_stops_the_start_naming_it() {
+    let server = std::env::var("CONCLAVE_TEST_NATS_SERVER").unwrap_or_else(|_| {
+        panic!(
+            "CONCLAVE_TEST_NATS_SERVER is not set: this test starts its own nats-server \
+             (scripts/test.sh sets it)"
+        )
+    });
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _nats = tokio::process::Command::new(server)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server starts");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nats-server did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = format!("nats://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let output = serve_command(&[
+        "--sandbox",
+        "local",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--bus",
+        &url,
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("cannot use the NATS bus at {url}"))
+            && stderr.contains("JetStream"),
         "{stderr}"
     );
 }
