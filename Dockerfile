@@ -43,7 +43,8 @@ USER 65532:65532
 WORKDIR /var/lib/conclave
 # Listening on every interface needs API keys: set CONCLAVE_API_KEYS
 # (comma-separated) or api_keys in a config file, or the server refuses to
-# start. CONCLAVE_ALLOWED_HOSTS lists the names clients reach it by.
+# start. CONCLAVE_ALLOWED_HOSTS lists the names clients reach it by (keep
+# 127.0.0.1: the health check asks there).
 ENV CONCLAVE_LISTEN=0.0.0.0:8080 \
     CONCLAVE_DATA_DIR=/var/lib/conclave
 EXPOSE 8080

@@ -8,13 +8,12 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::binary::{serve_command, spawn_server};
 use common::{Lines, TestServer, long_prompt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 #[tokio::test]
 async fn health_and_ready_answer_probes_without_a_key() {
@@ -52,30 +51,13 @@ async fn health_and_ready_answer_probes_without_a_key() {
 /// `conclave serve` on loopback with `drain_s`, the demo model pausing
 /// `chunk_ms` between words; answers the child and its URL.
 async fn serve(cwd: &std::path::Path, drain_s: u64, chunk_ms: u64) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+    let mut command = serve_command(&["--sandbox", "local"]);
+    command
         .current_dir(cwd)
-        .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
-        .env_remove("CONCLAVE_DATA_DIR")
         .env("CONCLAVE_CLUSTER__DRAIN_S", drain_s.to_string())
         .env("CONCLAVE_DEMO__CHUNK_DELAY_MS", chunk_ms.to_string())
-        .env("CONCLAVE_SANDBOX__WARM_POOL", "0")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the conclave binary starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines
-        .next_line()
-        .await
-        .unwrap()
-        .expect("the server prints where it listens");
-    let url = first
-        .strip_prefix("conclave listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .to_string();
-    (child, url)
+        .env("CONCLAVE_SANDBOX__WARM_POOL", "0");
+    spawn_server(&mut command).await
 }
 
 fn sigterm(child: &Child) {
