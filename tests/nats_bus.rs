@@ -33,18 +33,16 @@ struct Replica {
 }
 
 impl Replica {
-    async fn start(bus: &str) -> Replica {
+    /// On `bus`, and on the shared `store` if one is given (else SQLite
+    /// in its directory).
+    async fn start(bus: &str, store: Option<&str>) -> Replica {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().to_str().unwrap().to_owned();
-        let (child, url) = spawn_server(&mut serve_command(&[
-            "--sandbox",
-            "local",
-            "--data-dir",
-            &data_dir,
-            "--bus",
-            bus,
-        ]))
-        .await;
+        let mut args = vec!["--sandbox", "local", "--data-dir", &data_dir, "--bus", bus];
+        if let Some(store) = store {
+            args.extend(["--store", store]);
+        }
+        let (child, url) = spawn_server(&mut serve_command(&args)).await;
         Replica {
             child,
             url,
@@ -65,6 +63,17 @@ impl Replica {
             .unwrap();
         assert_eq!(response.status(), 202);
         response.json().await.unwrap()
+    }
+
+    /// `PUT /kv/{path}` with a JSON value: the status and the body.
+    async fn put(&self, path: &str, value: Value) -> (u16, Value) {
+        let response = reqwest::Client::new()
+            .put(self.at(&format!("/kv/{path}")))
+            .json(&value)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
     }
 
     async fn subscribe(&self, query: &str) -> Lines {
@@ -96,8 +105,8 @@ fn brief(message: &Value) -> (String, u64, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_one_nats_are_one_bus() {
     let bus = nats_url();
-    let a = Replica::start(&bus).await;
-    let b = Replica::start(&bus).await;
+    let a = Replica::start(&bus, None).await;
+    let b = Replica::start(&bus, None).await;
     for replica in [&a, &b] {
         let ready: Value = reqwest::get(replica.at("/ready"))
             .await
@@ -258,4 +267,60 @@ async fn a_nats_without_jetstream_stops_the_start_naming_it() {
             && stderr.contains("JetStream"),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_store_share_the_kv_and_wake_each_other() {
+    let store = common::postgres::database().await;
+    let bus = nats_url();
+    let a = Replica::start(&bus, Some(&store)).await;
+    let b = Replica::start(&bus, Some(&store)).await;
+    // A wait and a watch on B, a write on A.
+    let waiter = tokio::spawn(reqwest::get(b.at("/kv/topic?wait=10")));
+    let mut watch = Lines::new(
+        reqwest::get(b.at("/kv?prefix=topic&watch=true"))
+            .await
+            .unwrap(),
+    );
+    let (status, put) = a.put("topic?if_revision=0", json!("r1")).await;
+    assert_eq!(status, 200, "{put}");
+    let first = put["revision"].as_u64().unwrap();
+    let waited: Value = waiter.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(
+        (waited["value"].clone(), waited["revision"].as_u64()),
+        (json!("r1"), Some(first))
+    );
+    let change = next(&mut watch).await;
+    assert_eq!(
+        (
+            change["type"].as_str(),
+            change["key"].as_str(),
+            change["revision"].as_u64()
+        ),
+        (Some("put"), Some("topic"), Some(first)),
+        "{change}"
+    );
+    // Compare-and-set across replicas: B wins at `first`, A then loses.
+    let (status, put) = b
+        .put(&format!("topic?if_revision={first}"), json!("r2"))
+        .await;
+    assert_eq!(status, 200, "{put}");
+    let second = put["revision"].as_u64().unwrap();
+    let (status, refused) = a
+        .put(&format!("topic?if_revision={first}"), json!("r3"))
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "revision_mismatch");
+    // A wait on A past `second` ends with B's next write.
+    let waiter = tokio::spawn(reqwest::get(
+        a.at(&format!("/kv/topic?wait=10&after={second}")),
+    ));
+    let (status, put) = b.put("topic", json!("r4")).await;
+    assert_eq!(status, 200, "{put}");
+    let waited: Value = waiter.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(waited["value"], json!("r4"));
+    drop(watch);
+    let (mut a, mut b) = (a, b);
+    stop(&mut a.child).await;
+    stop(&mut b.child).await;
 }
