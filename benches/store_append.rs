@@ -1,5 +1,7 @@
 //! Appended events per second through `SqliteStore`, in rounds that each
-//! open a fresh database in a temporary directory:
+//! open a fresh database in a temporary directory, and through
+//! `PostgresStore` too when `CONCLAVE_BENCH_POSTGRES` names a server (a
+//! fresh database there per round, dropped after it):
 //!
 //! - sequential: one task appends to one session and waits for each event to
 //!   be durable before the next, as one agent turn does;
@@ -16,9 +18,11 @@
 //! Every event alternates between a `text_delta` and a `tool_result` with a
 //! few hundred bytes of output. The target (≥ 50,000 events/s) is
 //! reported against the session log, not asserted. Run with `cargo bench --bench store_append`.
+//! PostgreSQL's figures come with their ratio to SQLite's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,9 +33,11 @@ use conclave::config::Config;
 use conclave::model::ModelRegistry;
 use conclave::protocol::{Event, EventKind, SessionKind, SessionRecord, SessionStatus, Usage};
 use conclave::session::{Limits, NewSession, SessionManager, Tasks};
-use conclave::store::{EventStore, SessionStore, SqliteStore, Store};
+use conclave::store::{PostgresStore, SqliteStore, Store};
 use conclave::telemetry::Metrics;
 use serde_json::json;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -43,46 +49,147 @@ const EVENTS_PER_TASK: u64 = 4_000;
 const ROUNDS: usize = 3;
 const TARGET_PER_SECOND: f64 = 50_000.0;
 
+/// Where a round's fresh database lives.
+enum Backend {
+    Sqlite,
+    /// The server's URL; each round makes a database of its own there.
+    Postgres(String),
+}
+
+/// A fresh, empty store of `backend`, and what to drop after the round.
+struct Fresh {
+    store: Arc<dyn Store>,
+    _dir: Option<tempfile::TempDir>,
+    database: Option<(PgConnectOptions, String)>,
+}
+
+impl Backend {
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    async fn open(&self) -> anyhow::Result<Fresh> {
+        match self {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir()?;
+                let store = Arc::new(SqliteStore::open(&dir.path().join("conclave.db"))?);
+                Ok(Fresh {
+                    store,
+                    _dir: Some(dir),
+                    database: None,
+                })
+            }
+            Backend::Postgres(url) => {
+                let server = PgConnectOptions::from_str(url)?;
+                let name = format!("conclave_bench_{}", Uuid::new_v4().simple());
+                let mut admin = PgConnection::connect_with(&server).await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut admin)
+                    .await?;
+                admin.close().await?;
+                let store = PostgresStore::open_with(server.clone().database(&name)).await?;
+                Ok(Fresh {
+                    store: Arc::new(store),
+                    _dir: None,
+                    database: Some((server, name)),
+                })
+            }
+        }
+    }
+}
+
+impl Fresh {
+    async fn close(self) -> anyhow::Result<()> {
+        self.store.close().await?;
+        if let Some((server, name)) = self.database {
+            let mut admin = PgConnection::connect_with(&server).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE {name} WITH (FORCE)"
+            )))
+            .execute(&mut admin)
+            .await?;
+            admin.close().await?;
+        }
+        Ok(())
+    }
+}
+
+/// The medians of one backend: sequential, concurrent, session log.
+type Medians = (f64, f64, f64);
+
 fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let cores = std::thread::available_parallelism()?;
-    println!("store_append: {cores} cores, {ROUNDS} rounds, each in a fresh database");
-    let mut sequential = Vec::with_capacity(ROUNDS);
-    let mut concurrent = Vec::with_capacity(ROUNDS);
-    let mut logged = Vec::with_capacity(ROUNDS);
-    for round in 1..=ROUNDS {
-        let (one, many) = runtime.block_on(round_of_appends())?;
-        let log = runtime.block_on(round_through_session_logs())?;
-        println!(
-            "round {round}: sequential {one:.0} events/s, concurrent {many:.0} events/s, session log {log:.0} events/s"
-        );
-        sequential.push(one);
-        concurrent.push(many);
-        logged.push(log);
+    let mut backends = vec![Backend::Sqlite];
+    if let Ok(url) = std::env::var("CONCLAVE_BENCH_POSTGRES") {
+        backends.push(Backend::Postgres(url));
     }
-    let concurrent = median(concurrent);
-    let logged = median(logged);
+    println!("store_append: {cores} cores, {ROUNDS} rounds, each in a fresh database");
+    let mut medians = Vec::with_capacity(backends.len());
+    for backend in &backends {
+        medians.push(runtime.block_on(measure(backend))?);
+    }
+    let (_, _, logged) = medians[0];
     println!(
-        "median, sequential (1 task, 1 session): {:.0} events/s",
-        median(sequential)
-    );
-    println!("median, concurrent ({TASKS} tasks over {TASKS} sessions): {concurrent:.0} events/s");
-    println!("median, session log ({TASKS} sessions, as the server appends): {logged:.0} events/s");
-    println!(
-        "target ≥ {TARGET_PER_SECOND:.0} events/s through the session log: {}",
+        "target ≥ {TARGET_PER_SECOND:.0} events/s through the session log on SQLite: {}",
         if logged >= TARGET_PER_SECOND {
             "met"
         } else {
             "NOT met"
         }
     );
+    if let [(one, many, log), (pg_one, pg_many, pg_log)] = medians[..] {
+        println!(
+            "postgres / sqlite: sequential {:.2}, concurrent {:.2}, session log {:.2}",
+            pg_one / one,
+            pg_many / many,
+            pg_log / log
+        );
+    }
     Ok(())
 }
 
+/// Runs the rounds on `backend` and prints each and their medians.
+async fn measure(backend: &Backend) -> anyhow::Result<Medians> {
+    let name = backend.name();
+    let mut sequential = Vec::with_capacity(ROUNDS);
+    let mut concurrent = Vec::with_capacity(ROUNDS);
+    let mut logged = Vec::with_capacity(ROUNDS);
+    for round in 1..=ROUNDS {
+        let fresh = backend.open().await?;
+        let (one, many) = round_of_appends(&fresh.store).await?;
+        fresh.close().await?;
+        let fresh = backend.open().await?;
+        let log = round_through_session_logs(&fresh.store).await?;
+        fresh.close().await?;
+        println!(
+            "{name} round {round}: sequential {one:.0} events/s, concurrent {many:.0} events/s, session log {log:.0} events/s"
+        );
+        sequential.push(one);
+        concurrent.push(many);
+        logged.push(log);
+    }
+    let medians = (median(sequential), median(concurrent), median(logged));
+    println!(
+        "{name} median, sequential (1 task, 1 session): {:.0} events/s",
+        medians.0
+    );
+    println!(
+        "{name} median, concurrent ({TASKS} tasks over {TASKS} sessions): {:.0} events/s",
+        medians.1
+    );
+    println!(
+        "{name} median, session log ({TASKS} sessions, as the server appends): {:.0} events/s",
+        medians.2
+    );
+    Ok(medians)
+}
+
 /// Events per second of the sequential and of the concurrent appenders.
-async fn round_of_appends() -> anyhow::Result<(f64, f64)> {
-    let dir = tempfile::tempdir()?;
-    let store = Arc::new(SqliteStore::open(&dir.path().join("conclave.db"))?);
+async fn round_of_appends(store: &Arc<dyn Store>) -> anyhow::Result<(f64, f64)> {
     let mut sessions = Vec::with_capacity(TASKS);
     for _ in 0..TASKS {
         let session = session();
@@ -100,7 +207,7 @@ async fn round_of_appends() -> anyhow::Result<(f64, f64)> {
     let appenders: Vec<_> = sessions
         .iter()
         .map(|&id| {
-            let store = Arc::clone(&store);
+            let store = Arc::clone(store);
             // Continues after the sequential run's events in the first session.
             let first = if id == sessions[0] {
                 SEQUENTIAL_EVENTS + 1
@@ -119,15 +226,11 @@ async fn round_of_appends() -> anyhow::Result<(f64, f64)> {
         appender.await??;
     }
     let concurrent = (EVENTS_PER_TASK * TASKS as u64) as f64 / started.elapsed().as_secs_f64();
-
-    store.close().await?;
     Ok((sequential, concurrent))
 }
 
 /// Events per second through the sessions' own logs, as the server appends.
-async fn round_through_session_logs() -> anyhow::Result<f64> {
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("conclave.db"))?);
+async fn round_through_session_logs(store: &Arc<dyn Store>) -> anyhow::Result<f64> {
     let config = Config::default();
     let metrics = Arc::new(Metrics::new());
     let agent = AgentTask::new(
@@ -181,9 +284,7 @@ async fn round_through_session_logs() -> anyhow::Result<f64> {
     for emitter in emitters {
         emitter.await??;
     }
-    let rate = (EVENTS_PER_TASK * TASKS as u64) as f64 / started.elapsed().as_secs_f64();
-    store.close().await?;
-    Ok(rate)
+    Ok((EVENTS_PER_TASK * TASKS as u64) as f64 / started.elapsed().as_secs_f64())
 }
 
 fn median(mut rates: Vec<f64>) -> f64 {
