@@ -90,6 +90,8 @@ pub(super) async fn open(
         ready: Notify::new(),
     });
     let stop = shared.shutdown.child_token();
+    // Held from here, so the pumps started stop if a later consumer fails.
+    let guard = stop.clone().drop_guard();
     for (index, class) in shared.names.classes().iter().enumerate() {
         let wanted: Vec<&Pattern> = patterns.iter().filter(|p| class.may_hold(p)).collect();
         if wanted.is_empty() {
@@ -140,8 +142,8 @@ pub(super) async fn open(
     let reader = Reader {
         inbox,
         notices: VecDeque::new(),
-        stop: stop.clone(),
-        _guard: stop.drop_guard(),
+        stop,
+        _guard: guard,
     };
     Ok(reader.into_stream().boxed())
 }
