@@ -18,7 +18,7 @@ use futures::stream::BoxStream;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::names::{Class, decode};
+use super::names::decode;
 use super::{SEQ, Shared, WRITTEN, nats};
 use crate::bus::{BusError, Delivery, Message, Pattern, Since, Subject};
 use crate::sync::lock;
@@ -124,7 +124,9 @@ pub(super) async fn open(
         let pump = Pump {
             inbox: inbox.clone(),
             durable: class.durable(),
-            label: label(class),
+            label: BusLabel {
+                class: class.label.clone(),
+            },
             patterns: only.is_none().then(|| patterns.clone()),
             stream_seq: floor,
             seqs: HashMap::new(),
@@ -146,12 +148,6 @@ pub(super) async fn open(
         _guard: guard,
     };
     Ok(reader.into_stream().boxed())
-}
-
-fn label(class: &Class) -> BusLabel {
-    BusLabel {
-        class: class.label.clone(),
-    }
 }
 
 /// The message a consumer delivered, with its stream sequence.
