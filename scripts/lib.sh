@@ -81,6 +81,56 @@ ensure_sandbox_images() {
         || die "building the sandbox images failed (sandbox-images/build.sh, output above)"
 }
 
+# conclave/rust-builder:bookworm, the builder stage of the server image where
+# no public Rust image is at hand: deploy/rust-builder/Dockerfile on BASE
+# with this host's toolchain (its docs left out). Rebuilt only when the
+# Dockerfile, the toolchain, the host's extra certificate authorities or the
+# base changes (a label holds their hash).
+ensure_rust_builder() { # BUILDER BASE
+    local builder=$1 base=$2 sysroot hash context cas=/usr/local/share/ca-certificates
+    sysroot=$(rustc --print sysroot)
+    [ -d "$cas" ] || cas=$(mktemp -d)
+    hash=$({ cat "$CONCLAVE_ROOT/deploy/rust-builder/Dockerfile" "$cas"/*; rustc -vV; cargo -V
+             docker image inspect -f '{{.Id}}' "$base"; } 2>/dev/null | sha256sum | cut -d' ' -f1)
+    if [ "$(docker image inspect -f '{{ index .Config.Labels "conclave.builder-hash" }}' "$builder" 2>/dev/null)" = "$hash" ]; then
+        return 0
+    fi
+    log "building $builder from $base and the toolchain in $sysroot"
+    # The context, as links that tar follows.
+    context=$(mktemp -d)
+    ln -s "$CONCLAVE_ROOT/deploy/rust-builder/Dockerfile" "$context/Dockerfile"
+    ln -s "$cas" "$context/extra-ca"
+    ln -s "$sysroot" "$context/rust"
+    tar -chf - -C "$context" --exclude=./rust/share . \
+        | docker build -q --label "conclave.builder-hash=$hash" --build-arg "BASE_IMAGE=$base" -t "$builder" - >/dev/null \
+        || die "building $builder failed (deploy/rust-builder/Dockerfile)"
+    rm -rf "$context"
+}
+
+# The server image of the top-level Dockerfile as conclave/server:test,
+# exported as CONCLAVE_TEST_SERVER_IMAGE for tests/docker_image.rs. It is
+# built from the public rust:1-bookworm and debian:bookworm-slim when docker
+# has them, else offline from conclave/base-shell:bookworm (needs
+# ensure_sandbox_images first). Docker's layer cache keeps the dependencies,
+# so after a change under src/ only the crate is compiled again.
+ensure_server_image() {
+    local builder=rust:1-bookworm base=debian:bookworm-slim started logfile
+    if ! docker image inspect "$builder" "$base" >/dev/null 2>&1; then
+        builder=conclave/rust-builder:bookworm
+        base=conclave/base-shell:bookworm
+        ensure_rust_builder "$builder" "$base"
+    fi
+    mkdir -p "$CONCLAVE_CACHE"
+    logfile=$CONCLAVE_CACHE/server-image.log
+    log "building conclave/server:test ($builder, then $base; log: $logfile)"
+    started=$SECONDS
+    docker build --build-arg "BUILDER_IMAGE=$builder" --build-arg "BASE_IMAGE=$base" \
+        -t conclave/server:test "$CONCLAVE_ROOT" >"$logfile" 2>&1 \
+        || { tail -n 40 "$logfile" >&2; die "building the server image failed: see $logfile"; }
+    log "conclave/server:test built in $((SECONDS - started)) s"
+    export CONCLAVE_TEST_SERVER_IMAGE=conclave/server:test
+}
+
 # A free TCP port on 127.0.0.1 (python3 is installed first by test.sh).
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

@@ -137,6 +137,8 @@ cargo clippy --locked --all-targets --quiet -- -D warnings
 # The docker sandbox tests need dockerd and the sandbox images.
 ensure_docker
 ensure_sandbox_images
+# tests/docker_image.rs runs the server image (the top-level Dockerfile).
+ensure_server_image
 # The scale-out tests run on a real PostgreSQL and a real nats-server.
 ensure_postgres
 ensure_nats
