@@ -14,6 +14,8 @@ ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BUILDER_IMAGE} AS builder
 WORKDIR /build
+# The binary is stripped: no debug info to compile or to write into layers.
+ENV CARGO_PROFILE_RELEASE_DEBUG=false
 # The dependencies first, in a layer of their own: a change under src/
 # rebuilds the crate alone. Cargo needs every target the manifest declares,
 # so the benches and the sources are stubs here.
