@@ -1,0 +1,494 @@
+//! Scale-out (issue 16): three `conclave serve` replicas on one PostgreSQL
+//! database and one nats-server against one replica on the same, with one
+//! replica on the embedded defaults (SQLite, in-process bus) as the
+//! reference.
+//!
+//! Each deployment is started fresh (its own database and nats-server) from
+//! the release binary, as `tests/cluster.rs` starts its replicas, and
+//! measured twice:
+//!
+//! - first event: short runs (`POST /agent/run`, `{"prompt": "hello"}`) one
+//!   at a time, round-robin over the replicas on one warm connection each,
+//!   timed from the call that sends the request to the first complete NDJSON
+//!   line; every stream is read to a `success` result.
+//! - turns per second: `SESSIONS` sessions, session `i` made on and driven
+//!   through replica `i mod n`, all at once, each sending `TURNS` short
+//!   messages back to back (the next when the last one's `result` arrives).
+//!
+//! CPU time of the replicas and nats-server per turn is read from `/proc`
+//! (PostgreSQL's backends are not counted), with the whole machine's busy
+//! share, since everything here shares the same cores.
+//!
+//! Needs `CONCLAVE_BENCH_POSTGRES` (a PostgreSQL server URL the bench may
+//! create databases in) and `CONCLAVE_BENCH_NATS_SERVER` (the nats-server
+//! binary).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "common/lines.rs"]
+mod lines;
+#[path = "common/server.rs"]
+mod server;
+
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sqlx::Connection;
+use tokio::process::{Child, Command};
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+
+use lines::Lines;
+use server::{ServerProcess, loadavg};
+
+const WARMUP_RUNS: usize = 60;
+const FIRST_EVENT_RUNS: usize = 500;
+const SESSIONS: usize = 60;
+const TURNS: usize = 10;
+const PROMPT: &str = "hello";
+/// A refused message (409: the session's last turn is not yet released
+/// everywhere) is sent again after this pause; refusals are counted.
+const RETRY_PAUSE: Duration = Duration::from_millis(2);
+
+fn required(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} must be set: CONCLAVE_BENCH_POSTGRES to a PostgreSQL server URL the bench \
+             may create databases in, CONCLAVE_BENCH_NATS_SERVER to the nats-server binary"
+        )
+    })
+}
+
+/// A fresh database on the bench's PostgreSQL server, dropped (with its
+/// connections) when the deployment is done.
+struct Database {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl Database {
+    async fn create() -> Result<Database, String> {
+        let admin = required("CONCLAVE_BENCH_POSTGRES");
+        let name = format!("conclave_bench_cluster_{}", uuid::Uuid::new_v4().simple());
+        Database::execute(&admin, format!("CREATE DATABASE {name}")).await?;
+        let mut url = url::Url::parse(&admin).map_err(|e| format!("{admin}: {e}"))?;
+        url.set_path(&name);
+        Ok(Database {
+            admin,
+            name,
+            url: url.to_string(),
+        })
+    }
+
+    async fn execute(admin: &str, statement: String) -> Result<(), String> {
+        let mut connection = sqlx::PgConnection::connect(admin)
+            .await
+            .map_err(|e| format!("cannot connect to {admin}: {e}"))?;
+        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&mut connection)
+            .await
+            .map_err(|e| format!("{statement}: {e}"))?;
+        Ok(())
+    }
+
+    async fn drop_it(self) -> Result<(), String> {
+        let statement = format!("DROP DATABASE {} WITH (FORCE)", self.name);
+        Database::execute(&self.admin, statement).await
+    }
+}
+
+/// A nats-server with JetStream of the deployment's own; killed on drop.
+struct Nats {
+    child: Child,
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Nats {
+    async fn start() -> Result<Nats, String> {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .map_err(|e| format!("cannot make nats-server's directory: {e}"))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| format!("cannot pick a port: {e}"))?
+            .port();
+        let binary = required("CONCLAVE_BENCH_NATS_SERVER");
+        let child = Command::new(&binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {binary}: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                return Err(format!("nats-server did not listen on port {port} in 10 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Nats {
+            child,
+            _dir: dir,
+            url: format!("nats://127.0.0.1:{port}"),
+        })
+    }
+}
+
+/// The replicas of one deployment and what they share.
+struct Deployment {
+    label: &'static str,
+    replicas: Vec<ServerProcess>,
+    nats: Option<Nats>,
+    database: Option<Database>,
+}
+
+impl Deployment {
+    /// `replicas` servers on a fresh database and nats-server, or, with
+    /// `shared` false, one server on the embedded store and bus.
+    async fn start(label: &'static str, replicas: usize, shared: bool) -> Result<Self, String> {
+        let (database, nats) = if shared {
+            (Some(Database::create().await?), Some(Nats::start().await?))
+        } else {
+            (None, None)
+        };
+        let mut args = vec!["--sandbox".to_string(), "local".to_string()];
+        if let (Some(database), Some(nats)) = (&database, &nats) {
+            args.extend(["--store".into(), database.url.clone()]);
+            args.extend(["--bus".into(), nats.url.clone()]);
+        }
+        let envs = [
+            ("CONCLAVE_DEMO__CHUNK_DELAY_MS", "0".to_string()),
+            ("RUST_LOG", "warn".to_string()),
+        ];
+        let mut started = Vec::with_capacity(replicas);
+        for _ in 0..replicas {
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+                .map_err(|e| format!("cannot make a data directory: {e}"))?;
+            started.push(ServerProcess::start_in(dir, &envs, &args).await?);
+        }
+        Ok(Deployment {
+            label,
+            replicas: started,
+            nats,
+            database,
+        })
+    }
+
+    fn base(&self, replica: usize) -> String {
+        format!(
+            "http://{}",
+            self.replicas[replica % self.replicas.len()].addr
+        )
+    }
+
+    /// CPU time of the replicas and of nats-server.
+    fn cpu(&self) -> Result<(Duration, Duration), String> {
+        let mut replicas = Duration::ZERO;
+        for replica in &self.replicas {
+            replicas += cpu_time(replica.pid()?)?;
+        }
+        let nats = match &self.nats {
+            Some(nats) => cpu_time(nats.child.id().ok_or("nats-server has exited")?)?,
+            None => Duration::ZERO,
+        };
+        Ok((replicas, nats))
+    }
+
+    fn logs(&self) -> String {
+        let tails = self.replicas.iter().enumerate();
+        tails
+            .map(|(i, replica)| format!("replica {i}:\n{}", replica.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    async fn stop(mut self) -> Result<(), String> {
+        self.replicas.clear();
+        self.nats = None;
+        match self.database.take() {
+            Some(database) => database.drop_it().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// User plus system CPU time of a process, from fields 14 and 15 of
+/// `/proc/PID/stat` (in USER_HZ, 100 per second on Linux).
+fn cpu_time(pid: impl std::fmt::Display) -> Result<Duration, String> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let mut fields = after_name.split_whitespace().skip(11);
+    let mut ticks = 0;
+    for _ in 0..2 {
+        let field = fields
+            .next()
+            .ok_or_else(|| format!("{path} is too short"))?;
+        ticks += field.parse::<u64>().map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(Duration::from_millis(ticks * 10))
+}
+
+/// The whole machine's busy and total ticks over every core, from the first
+/// line of `/proc/stat` (idle and iowait are fields 4 and 5).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let first_line = stat.lines().next().unwrap_or_default();
+    let ticks: Vec<u64> = first_line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    (
+        total - ticks.get(3..5).map_or(0, |i| i.iter().sum::<u64>()),
+        total,
+    )
+}
+
+/// Sends one prompt and reads its stream to a `success` result. Returns the
+/// time to the first event and to the result, or `None` on a 409.
+async fn one_turn(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<Option<(Duration, Duration)>, String> {
+    let sent = Instant::now();
+    let response = client
+        .post(url)
+        .json(&json!({ "prompt": PROMPT }))
+        .send()
+        .await
+        .map_err(|e| format!("POST {url}: {e}"))?;
+    match response.status().as_u16() {
+        200 => {}
+        409 => return Ok(None),
+        status => return Err(format!("POST {url}: status {status}")),
+    }
+    let mut lines = Lines::new(response);
+    let mut event: Value = lines.next().await?;
+    let first_event = sent.elapsed();
+    while event["type"] != "result" {
+        event = lines.next().await?;
+    }
+    if event["status"] != "success" {
+        return Err(format!("POST {url}: the turn ended with {event}"));
+    }
+    Ok(Some((first_event, sent.elapsed())))
+}
+
+fn client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("cannot build a client: {e}"))
+}
+
+/// Nearest-rank percentile of sorted durations.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn print_percentiles(label: &str, mut times: Vec<Duration>) -> (Duration, Duration) {
+    times.sort();
+    let (p50, p99) = (percentile(&times, 50.0), percentile(&times, 99.0));
+    println!(
+        "  {label:<12} p50 {:>10}  p90 {:>10}  p99 {:>10}  max {:>10}",
+        ms(p50),
+        ms(percentile(&times, 90.0)),
+        ms(p99),
+        ms(times[times.len() - 1]),
+    );
+    (p50, p99)
+}
+
+/// What one deployment measured.
+struct Figures {
+    first_event: (Duration, Duration),
+    turns_per_s: f64,
+}
+
+/// `WARMUP_RUNS` then `FIRST_EVENT_RUNS` runs one at a time, round-robin.
+async fn measure_first_event(deployment: &Deployment) -> Result<(Duration, Duration), String> {
+    let clients: Vec<reqwest::Client> = (0..deployment.replicas.len())
+        .map(|_| client())
+        .collect::<Result<_, _>>()?;
+    let mut first_events = Vec::with_capacity(FIRST_EVENT_RUNS);
+    for i in 0..WARMUP_RUNS + FIRST_EVENT_RUNS {
+        let replica = i % clients.len();
+        let url = format!("{}/agent/run", deployment.base(replica));
+        let (first_event, _) = one_turn(&clients[replica], &url)
+            .await?
+            .ok_or("POST /agent/run answered 409")?;
+        if i >= WARMUP_RUNS {
+            first_events.push(first_event);
+        }
+    }
+    println!(
+        "  first event, {FIRST_EVENT_RUNS} runs one at a time (after {WARMUP_RUNS} to warm up), \
+         round-robin over {} replica(s):",
+        clients.len()
+    );
+    Ok(print_percentiles("first event", first_events))
+}
+
+/// `TURNS` back-to-back turns in each of `SESSIONS` sessions at once.
+/// Returns turns per second.
+async fn measure_turns(deployment: &Deployment) -> Result<f64, String> {
+    let mut urls = Vec::with_capacity(SESSIONS);
+    let maker = client()?;
+    for i in 0..SESSIONS {
+        let base = deployment.base(i);
+        let created: Value = maker
+            .post(format!("{base}/agent/session"))
+            .json(&json!({}))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("creating a session on {base}: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("reading a created session: {e}"))?;
+        let id = created["session_id"]
+            .as_str()
+            .ok_or_else(|| format!("no session_id in {created}"))?;
+        urls.push(format!("{base}/agent/session/{id}/message"));
+    }
+    let start = Arc::new(Barrier::new(SESSIONS + 1));
+    let refused = Arc::new(AtomicU64::new(0));
+    let mut sessions = JoinSet::new();
+    for url in urls {
+        let (start, refused, client) = (start.clone(), refused.clone(), client()?);
+        sessions.spawn(async move {
+            let mut turn_times = Vec::with_capacity(TURNS);
+            start.wait().await;
+            while turn_times.len() < TURNS {
+                match one_turn(&client, &url).await? {
+                    Some((_, result)) => turn_times.push(result),
+                    None => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                }
+            }
+            Ok::<_, String>(turn_times)
+        });
+    }
+    let (cpu_before, machine_before) = (deployment.cpu()?, machine_ticks());
+    start.wait().await;
+    let started = Instant::now();
+    let mut turn_times = Vec::with_capacity(SESSIONS * TURNS);
+    while let Some(session) = sessions.join_next().await {
+        turn_times.extend(session.map_err(|e| format!("a session task panicked: {e}"))??);
+    }
+    let wall = started.elapsed();
+    let (cpu_after, machine_after) = (deployment.cpu()?, machine_ticks());
+    let turns = turn_times.len() as f64;
+    let turns_per_s = turns / wall.as_secs_f64();
+    println!(
+        "  turns, {SESSIONS} sessions × {TURNS} back-to-back turns at once, session i on \
+         replica i mod {}:",
+        deployment.replicas.len()
+    );
+    print_percentiles("turn", turn_times);
+    println!(
+        "  throughput   {turns_per_s:.1} turns/s ({turns:.0} turns in {:.2} s), \
+         {} messages refused with 409 and sent again",
+        wall.as_secs_f64(),
+        refused.load(Ordering::Relaxed),
+    );
+    let per_turn = |cpu: Duration| cpu.as_secs_f64() * 1e6 / turns;
+    println!(
+        "  CPU per turn replicas {:.0} µs, nats-server {:.0} µs (PostgreSQL not counted); \
+         machine {:.0} % busy",
+        per_turn(cpu_after.0 - cpu_before.0),
+        per_turn(cpu_after.1 - cpu_before.1),
+        100.0 * (machine_after.0 - machine_before.0) as f64
+            / (machine_after.1 - machine_before.1).max(1) as f64,
+    );
+    Ok(turns_per_s)
+}
+
+async fn measure(label: &'static str, replicas: usize, shared: bool) -> Result<Figures, String> {
+    println!("{label} (load average {})", loadavg());
+    let deployment = Deployment::start(label, replicas, shared).await?;
+    let figures = async {
+        Ok::<_, String>(Figures {
+            first_event: measure_first_event(&deployment).await?,
+            turns_per_s: measure_turns(&deployment).await?,
+        })
+    }
+    .await
+    .map_err(|e| format!("{}: {e}\n{}", deployment.label, deployment.logs()));
+    deployment.stop().await?;
+    figures
+}
+
+fn print_summary(embedded: &Figures, one: &Figures, three: &Figures) {
+    println!("summary (ratio: three replicas / one replica, both on PostgreSQL + NATS)");
+    println!(
+        "| figure | embedded, 1 replica | PG + NATS, 1 replica | PG + NATS, 3 replicas | three / one |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    let row = |label: &str, value: &dyn Fn(&Figures) -> f64, unit: &str| {
+        println!(
+            "| {label} | {:.2}{unit} | {:.2}{unit} | {:.2}{unit} | {:.2} |",
+            value(embedded),
+            value(one),
+            value(three),
+            value(three) / value(one),
+        );
+    };
+    let millis = |d: Duration| d.as_secs_f64() * 1000.0;
+    row(
+        "first event p50",
+        &|f: &Figures| millis(f.first_event.0),
+        " ms",
+    );
+    row(
+        "first event p99",
+        &|f: &Figures| millis(f.first_event.1),
+        " ms",
+    );
+    row("turns/s", &|f: &Figures| f.turns_per_s, "");
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    println!(
+        "cluster: {} cores, load average {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg(),
+    );
+    required("CONCLAVE_BENCH_POSTGRES");
+    required("CONCLAVE_BENCH_NATS_SERVER");
+    let outcome = async {
+        let embedded = measure("embedded (SQLite, in-process bus), 1 replica", 1, false).await?;
+        let one = measure("PostgreSQL + NATS, 1 replica", 1, true).await?;
+        let three = measure("PostgreSQL + NATS, 3 replicas", 3, true).await?;
+        print_summary(&embedded, &one, &three);
+        Ok::<_, String>(())
+    }
+    .await;
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cluster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
