@@ -22,7 +22,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::str::FromStr;
+/// The integration tests' fresh PostgreSQL databases, one per round here.
+#[path = "../tests/common/postgres.rs"]
+#[allow(dead_code)]
+mod postgres_db;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -36,10 +40,10 @@ use conclave::session::{Limits, NewSession, SessionManager, Tasks};
 use conclave::store::{PostgresStore, SqliteStore, Store};
 use conclave::telemetry::Metrics;
 use serde_json::json;
-use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+use postgres_db::TestDatabase;
 
 const SEQUENTIAL_EVENTS: u64 = 20_000;
 const TASKS: usize = 64;
@@ -60,7 +64,7 @@ enum Backend {
 struct Fresh {
     store: Arc<dyn Store>,
     _dir: Option<tempfile::TempDir>,
-    database: Option<(PgConnectOptions, String)>,
+    _database: Option<TestDatabase>,
 }
 
 impl Backend {
@@ -79,22 +83,16 @@ impl Backend {
                 Ok(Fresh {
                     store,
                     _dir: Some(dir),
-                    database: None,
+                    _database: None,
                 })
             }
             Backend::Postgres(url) => {
-                let server = PgConnectOptions::from_str(url)?;
-                let name = format!("conclave_bench_{}", Uuid::new_v4().simple());
-                let mut admin = PgConnection::connect_with(&server).await?;
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&mut admin)
-                    .await?;
-                admin.close().await?;
-                let store = PostgresStore::open_with(server.clone().database(&name)).await?;
+                let database = TestDatabase::create(url).await;
+                let store = PostgresStore::open_with(database.options()).await?;
                 Ok(Fresh {
                     store: Arc::new(store),
                     _dir: None,
-                    database: Some((server, name)),
+                    _database: Some(database),
                 })
             }
         }
@@ -102,17 +100,9 @@ impl Backend {
 }
 
 impl Fresh {
+    /// Closes the store, then drops its database or directory.
     async fn close(self) -> anyhow::Result<()> {
         self.store.close().await?;
-        if let Some((server, name)) = self.database {
-            let mut admin = PgConnection::connect_with(&server).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE {name} WITH (FORCE)"
-            )))
-            .execute(&mut admin)
-            .await?;
-            admin.close().await?;
-        }
         Ok(())
     }
 }

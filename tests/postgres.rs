@@ -12,67 +12,9 @@ mod common;
 
 use common::binary::{serve_command, spawn_server, stop};
 use common::ndjson;
+use common::postgres::{TestDatabase, test_server};
 use conclave::store::{PostgresStore, SessionStore};
 use serde_json::{Value, json};
-use sqlx::Connection;
-use sqlx::postgres::PgConnection;
-
-/// A database of its own on the test server, dropped at the end (even
-/// after a panic) with whatever connections are left.
-struct Database {
-    server: String,
-    name: String,
-    url: String,
-}
-
-impl Database {
-    async fn create() -> Database {
-        let server = std::env::var("CONCLAVE_TEST_POSTGRES").unwrap_or_else(|_| {
-            panic!(
-                "CONCLAVE_TEST_POSTGRES is not set: these tests need a PostgreSQL server \
-                 (postgres://user@host:port/db); scripts/test.sh starts one and sets it"
-            )
-        });
-        let name = format!("conclave_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&server).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        admin.close().await.unwrap();
-        let mut url = url::Url::parse(&server).unwrap();
-        url.set_path(&name);
-        Database {
-            server,
-            name,
-            url: url.to_string(),
-        }
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let (server, name) = (self.server.clone(), self.name.clone());
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async {
-                let mut admin = PgConnection::connect(&server).await?;
-                let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .execute(&mut admin)
-                    .await?;
-                admin.close().await
-            })?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("could not drop test database {}: {e}", self.name);
-        }
-    }
-}
 
 async fn get_json(http: &reqwest::Client, url: String) -> Value {
     let response = http.get(&url).send().await.unwrap();
@@ -100,15 +42,29 @@ async fn stored_status(http: &reqwest::Client, url: &str, id: &str) -> Value {
     status
 }
 
+/// Waits until the ephemeral session `id` is closed, which happens just
+/// after its run's stream ends.
+async fn closed(http: &reqwest::Client, url: &str, id: &str) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stored_status(http, url, id).await["status"] != "closed" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run {id} not closed after 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_second_server_reads_what_the_first_wrote_to_postgres() {
-    let database = Database::create().await;
+    let database = TestDatabase::create(&test_server()).await;
+    let store_url = database.url();
     let (first_dir, second_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let http = reqwest::Client::new();
     let serve = |dir: &tempfile::TempDir| {
         serve_command(&[
             "--store",
-            &database.url,
+            &store_url,
             "--data-dir",
             dir.path().to_str().unwrap(),
         ])
@@ -144,6 +100,7 @@ async fn a_second_server_reads_what_the_first_wrote_to_postgres() {
     .await;
     assert_eq!(run.last().unwrap()["type"], "result", "{run:?}");
     let ran = run[0]["session_id"].as_str().unwrap().to_owned();
+    closed(&http, &url, &ran).await;
     let before: Vec<(Value, Vec<Value>)> =
         futures::future::join_all([&session, &ran].map(|id| async {
             (
@@ -169,7 +126,7 @@ async fn a_second_server_reads_what_the_first_wrote_to_postgres() {
     stop(&mut second).await;
 
     // The messages as the store holds them: the prompt, then the reply.
-    let store = PostgresStore::open(&database.url).await.unwrap();
+    let store = PostgresStore::open(&store_url).await.unwrap();
     let messages = store.messages(session.parse().unwrap()).await.unwrap();
     let roles: Vec<Value> = messages
         .iter()

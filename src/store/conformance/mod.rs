@@ -13,14 +13,19 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
 use uuid::Uuid;
+
+use database::{TestDatabase, test_server};
 
 use super::{PostgresStore, SqliteStore, Store};
 use crate::model::{Message, ToolCall};
 use crate::protocol::Usage;
 use crate::protocol::{Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus};
+
+/// Shared with the integration tests and benches, which use all of it.
+#[path = "../../../tests/common/postgres.rs"]
+#[allow(dead_code)]
+mod database;
 
 mod bus;
 mod events;
@@ -58,74 +63,27 @@ impl Fixture for SqliteFixture {
     }
 }
 
-/// A database of its own on the server `CONCLAVE_TEST_POSTGRES` names,
-/// dropped with the fixture (even when the test panicked).
+/// A database of its own on the server `CONCLAVE_TEST_POSTGRES` names.
 pub(crate) struct PostgresFixture {
-    server: PgConnectOptions,
-    database: String,
-}
-
-/// The server the PostgreSQL tests use.
-pub(crate) fn test_server() -> PgConnectOptions {
-    let url = std::env::var("CONCLAVE_TEST_POSTGRES").unwrap_or_else(|_| {
-        panic!(
-            "CONCLAVE_TEST_POSTGRES is not set: the PostgreSQL store's tests need a server \
-             (postgres://user@host:port/db); scripts/test.sh starts one and sets it"
-        )
-    });
-    url.parse()
-        .unwrap_or_else(|e| panic!("CONCLAVE_TEST_POSTGRES={url}: {e}"))
+    database: TestDatabase,
 }
 
 impl PostgresFixture {
     pub(crate) async fn new() -> PostgresFixture {
-        let server = test_server();
-        let database = format!("conclave_test_{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect_with(&server).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        admin.close().await.unwrap();
-        PostgresFixture { server, database }
-    }
-
-    pub(crate) fn options(&self) -> PgConnectOptions {
-        self.server.clone().database(&self.database)
+        PostgresFixture {
+            database: TestDatabase::create(&test_server()).await,
+        }
     }
 }
 
 #[async_trait]
 impl Fixture for PostgresFixture {
     async fn open(&self) -> Arc<dyn Store> {
-        Arc::new(PostgresStore::open_with(self.options()).await.unwrap())
-    }
-}
-
-impl Drop for PostgresFixture {
-    /// Best effort, on a thread of its own: a test's runtime may be gone
-    /// (or panicking) by now. `FORCE` ends the connections of pools that
-    /// were never closed.
-    fn drop(&mut self) {
-        let (server, database) = (self.server.clone(), self.database.clone());
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async {
-                let mut admin = PgConnection::connect_with(&server).await?;
-                let sql = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)");
-                sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .execute(&mut admin)
-                    .await?;
-                admin.close().await
-            })?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("could not drop test database {}: {e}", self.database);
-        }
+        Arc::new(
+            PostgresStore::open_with(self.database.options())
+                .await
+                .unwrap(),
+        )
     }
 }
 
