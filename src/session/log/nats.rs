@@ -11,7 +11,7 @@
 //!   it), reads from the store what was stored before, then broadcasts in
 //!   process what arrives newer than what it knows. A batch lost on the
 //!   way shows as a gap that subscribers fill from the store; a lost tail
-//!   is read from the store after a quiet spell while someone watches;
+//!   is read from the store after 5 s of quiet while someone watches;
 //! - the closer publishes `conclave.events.<session>.closed` once a
 //!   session deleted here has left the store, which ends the followers on
 //!   every replica.
@@ -48,7 +48,7 @@ const OUTBOX: usize = 256;
 const HEADER_ROOM: usize = 1024;
 /// How long a watched log may hear nothing before the follower asks the
 /// store whether it missed events or the session went.
-pub(super) const RESYNC_QUIET: Duration = Duration::from_secs(2);
+pub(super) const RESYNC_QUIET: Duration = Duration::from_secs(5);
 /// Wait between two tries to subscribe while NATS refuses.
 const SUBSCRIBE_RETRY: Duration = Duration::from_secs(1);
 /// How long the closer waits for a deleted session's rows to go before it
