@@ -1,6 +1,7 @@
-//! The NATS event log: two `NatsLogs` over one store stand for two
-//! replicas (each with its own NATS connection, against the nats-server of
-//! `CONCLAVE_TEST_NATS`), and the follower alone over a channel of
+//! The NATS event log: two `NatsLogs` over one store (SQLite, and the
+//! PostgreSQL of `CONCLAVE_TEST_POSTGRES` for the 10,000 events) stand for
+//! two replicas (each with its own NATS connection, against the
+//! nats-server of `CONCLAVE_TEST_NATS`), and the follower alone over a channel of
 //! messages with a paused clock.
 
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use super::{EventLogs, NatsLogs};
 use crate::protocol::{
     Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
 };
-use crate::store::{SqliteStore, Store};
+use crate::store::{PostgresStore, SqliteStore, Store};
 use crate::telemetry::Metrics;
 
 /// What a stream may take to deliver everything it is owed.
@@ -36,6 +37,13 @@ fn nats_url() -> String {
 
 async fn store_with_session(dir: &tempfile::TempDir) -> (Arc<dyn Store>, Uuid) {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+    let id = new_session(&store).await;
+    (store, id)
+}
+
+/// An idle session, so a server starting on a shared database has no turn
+/// of it to close.
+async fn new_session(store: &Arc<dyn Store>) -> Uuid {
     let now = Utc::now();
     let id = Uuid::new_v4();
     store
@@ -45,7 +53,7 @@ async fn store_with_session(dir: &tempfile::TempDir) -> (Arc<dyn Store>, Uuid) {
             kind: SessionKind::named("echo"),
             owner: None,
             options: serde_json::json!({}),
-            status: SessionStatus::Running,
+            status: SessionStatus::Idle,
             usage: Usage::default(),
             ephemeral: false,
             created_at: now,
@@ -53,7 +61,7 @@ async fn store_with_session(dir: &tempfile::TempDir) -> (Arc<dyn Store>, Uuid) {
         })
         .await
         .unwrap();
-    (store, id)
+    id
 }
 
 /// A replica: its own NATS connection, the shared store.
@@ -89,10 +97,24 @@ async fn seqs(stream: BoxStream<'static, Arc<Event>>) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_events_reach_another_replica_once_each_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+    ten_thousand_events_to_another_replica(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_events_reach_another_replica_on_postgres() {
+    let url = std::env::var("CONCLAVE_TEST_POSTGRES").unwrap_or_else(|_| {
+        panic!("CONCLAVE_TEST_POSTGRES is not set: scripts/test.sh starts PostgreSQL and sets it")
+    });
+    let store: Arc<dyn Store> = Arc::new(PostgresStore::open(&url).await.unwrap());
+    ten_thousand_events_to_another_replica(store).await;
+}
+
+async fn ten_thousand_events_to_another_replica(store: Arc<dyn Store>) {
     const EVENTS: u64 = 10_000;
     const BURST: u64 = 250;
-    let dir = tempfile::tempdir().unwrap();
-    let (store, id) = store_with_session(&dir).await;
+    let id = new_session(&store).await;
     let (a, b) = (replica(&store).await, replica(&store).await);
     let writer = a.open(id, 0, CancellationToken::new());
     let reader = b.open(id, 0, CancellationToken::new());
@@ -136,6 +158,8 @@ async fn ten_thousand_events_reach_another_replica_once_each_in_order() {
         seqs(reader.replay(EVENTS - 3)).await,
         vec![EVENTS - 2, EVENTS - 1, EVENTS]
     );
+    // A shared database keeps no test sessions.
+    store.delete_session(id).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
