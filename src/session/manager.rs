@@ -272,8 +272,10 @@ impl SessionManager {
         queue: bool,
         cancel: &CancellationToken,
     ) -> Result<(HeldTurn, Arc<Session>), SessionError> {
-        // A turn that has stored its result is only writing its state out.
-        let finishing_for = Duration::from_secs(5);
+        // A turn that has stored its result is only writing its state out:
+        // wait for it up to a lease (past that, its replica died and the
+        // lease has expired).
+        let finishing_for = leases.ttl();
         let started = Instant::now();
         loop {
             if let Taken::Held(held) = leases.take(session.id, cancel.clone()).await? {
