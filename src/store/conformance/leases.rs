@@ -88,3 +88,31 @@ pub(crate) async fn a_race_has_one_winner(fixture: &dyn Fixture) {
         .count();
     assert_eq!(won, 1);
 }
+
+/// A holder taking and giving a lease up again and again while another
+/// asks for it: every answer is a lease (held by one of them), never an
+/// error, even when a release falls between the other's two statements.
+pub(crate) async fn acquires_racing_releases_always_answer(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let churn = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for _ in 0..200 {
+                let lease = store.lease_acquire("turn:churn", "a", LONG).await.unwrap();
+                if lease.holder == "a" {
+                    store.lease_release("turn:churn", "a").await.unwrap();
+                }
+            }
+        })
+    };
+    let mut answers = 0;
+    while !churn.is_finished() {
+        let lease = store.lease_acquire("turn:churn", "b", LONG).await.unwrap();
+        if lease.holder == "b" {
+            store.lease_release("turn:churn", "b").await.unwrap();
+        }
+        answers += 1;
+    }
+    churn.await.unwrap();
+    assert!(answers > 0);
+}

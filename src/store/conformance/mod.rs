@@ -137,6 +137,7 @@ suite!(
     bus::pruning_keeps_positions_and_last_seqs,
     leases::one_holder_at_a_time,
     leases::a_race_has_one_winner,
+    leases::acquires_racing_releases_always_answer,
 );
 
 /// Tests of two replicas on one database: PostgreSQL only, the backend

@@ -30,33 +30,42 @@ impl LeaseStore for PostgresStore {
         ttl: Duration,
     ) -> Result<Lease, StoreError> {
         let ttl_us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
-        // Free, expired or ours: take it (a new holder raises the fence).
-        // Otherwise the row stays as it is and nothing is returned.
-        let taken = sqlx::query(
-            "INSERT INTO leases (name, holder, expires_at, fence)
-             VALUES ($1, $2, now() + $3 * interval '1 microsecond', 1)
-             ON CONFLICT (name) DO UPDATE SET
-                fence = leases.fence + (leases.holder <> excluded.holder)::int,
-                holder = excluded.holder,
-                expires_at = excluded.expires_at
-             WHERE leases.holder = excluded.holder OR leases.expires_at <= now()
-             RETURNING name, holder, expires_at, fence",
-        )
-        .bind(name)
-        .bind(holder)
-        .bind(ttl_us)
-        .fetch_optional(&self.pool)
-        .await?;
-        let row = match taken {
-            Some(row) => row,
-            None => {
-                sqlx::query("SELECT name, holder, expires_at, fence FROM leases WHERE name = $1")
+        // A holder may release between the two statements below: the lease
+        // is free then, and the next round takes it.
+        loop {
+            // Free, expired or ours: take it (a new holder raises the
+            // fence). Otherwise the row stays as it is and nothing is
+            // returned.
+            let taken = sqlx::query(
+                "INSERT INTO leases (name, holder, expires_at, fence)
+                 VALUES ($1, $2, now() + $3 * interval '1 microsecond', 1)
+                 ON CONFLICT (name) DO UPDATE SET
+                    fence = leases.fence + (leases.holder <> excluded.holder)::int,
+                    holder = excluded.holder,
+                    expires_at = excluded.expires_at
+                 WHERE leases.holder = excluded.holder OR leases.expires_at <= now()
+                 RETURNING name, holder, expires_at, fence",
+            )
+            .bind(name)
+            .bind(holder)
+            .bind(ttl_us)
+            .fetch_optional(&self.pool)
+            .await?;
+            let row = match taken {
+                Some(row) => Some(row),
+                None => {
+                    sqlx::query(
+                        "SELECT name, holder, expires_at, fence FROM leases WHERE name = $1",
+                    )
                     .bind(name)
-                    .fetch_one(&self.pool)
+                    .fetch_optional(&self.pool)
                     .await?
+                }
+            };
+            if let Some(row) = row {
+                return lease(&row);
             }
-        };
-        lease(&row)
+        }
     }
 
     async fn lease_release(&self, name: &str, holder: &str) -> Result<bool, StoreError> {
