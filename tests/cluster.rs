@@ -14,9 +14,9 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::postgres::{TestDatabase, test_server};
 use common::{Lines, long_prompt, ws_until};
 use serde_json::{Value, json};
-use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -24,20 +24,6 @@ fn required(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} must be set (scripts/test.sh starts PostgreSQL and nats-server and sets it)")
     })
-}
-
-/// A database of this test's own on the test PostgreSQL server.
-async fn database() -> String {
-    let server = required("CONCLAVE_TEST_POSTGRES");
-    let name = format!("conclave_cluster_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(&server).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let mut url = url::Url::parse(&server).unwrap();
-    url.set_path(&name);
-    url.to_string()
 }
 
 /// A nats-server with JetStream of this test's own; killed on drop.
@@ -135,6 +121,8 @@ impl Replica {
 struct Cluster {
     replicas: Vec<Replica>,
     _nats: Nats,
+    /// Dropped after the replicas (fields drop in order).
+    _database: TestDatabase,
     http: reqwest::Client,
 }
 
@@ -143,14 +131,16 @@ async fn cluster(lease_s: u64) -> Cluster {
 }
 
 async fn cluster_with(lease_s: u64, env: &[(&str, &str)]) -> Cluster {
-    let (store, nats) = (database().await, nats().await);
+    let database = TestDatabase::create(&test_server()).await;
+    let nats = nats().await;
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(Replica::start(&store, &nats.url, lease_s, env).await);
+        replicas.push(Replica::start(&database.url(), &nats.url, lease_s, env).await);
     }
     Cluster {
         replicas,
         _nats: nats,
+        _database: database,
         http: reqwest::Client::new(),
     }
 }
