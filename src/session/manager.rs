@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::Value;
@@ -13,16 +13,21 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::SessionError;
-use super::lease::{HeldTurn, Taken, TurnLeases, session_of};
+use super::lease::TurnLeases;
 use super::live::Session;
 use super::log::{EmbeddedLogs, EventLogs};
 use super::signal::Signals;
-use super::task::{Outcome, SessionTask, Tasks, Turn, TurnOptions};
+use super::task::{SessionTask, Tasks, TurnOptions};
 use crate::model::Message;
-use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage};
-use crate::store::{SessionFilter, Store, StoreError};
+use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::store::{SessionFilter, Store};
 use crate::sync::lock;
-use crate::telemetry::{Metrics, StatusLabel};
+use crate::telemetry::Metrics;
+
+mod replicas;
+mod runner;
+
+use runner::Runner;
 
 /// How often a queued turn asks whether another replica's turn has let go.
 const LEASE_POLL: Duration = Duration::from_millis(200);
@@ -124,32 +129,6 @@ impl SessionManager {
         self
     }
 
-    /// Sends interrupts for turns of other replicas over `bus`, and takes
-    /// theirs once [`SessionManager::listen`] runs.
-    pub fn with_signals(mut self, bus: Arc<dyn crate::bus::Bus>) -> SessionManager {
-        self.signals = Some(Arc::new(Signals::new(bus)));
-        self
-    }
-
-    /// Interrupts this replica's turns that other replicas were asked to
-    /// interrupt, until `stop` (nothing to do without signals).
-    pub async fn listen(self: Arc<Self>, stop: CancellationToken) {
-        let Some(signals) = self.signals.clone() else {
-            return;
-        };
-        if let Err(e) = signals.listen(Arc::downgrade(&self), stop).await {
-            tracing::error!(error = %e, "this replica cannot take interrupts from the others");
-        }
-    }
-
-    /// Stops the session's turn if it runs on this replica.
-    pub(super) fn interrupt_here(&self, id: Uuid) {
-        let session = self.live().get(&id).cloned();
-        if let Some(session) = session {
-            session.interrupt_here();
-        }
-    }
-
     /// The kinds this server runs.
     pub fn tasks(&self) -> &Tasks {
         &self.tasks
@@ -235,164 +214,10 @@ impl SessionManager {
         Ok(session)
     }
 
-    /// With replicas, the store is the truth: another replica may have run
-    /// a turn of this session or deleted it since this copy was loaded.
-    async fn refreshed(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
-        if session.is_running() {
-            return Ok(session);
-        }
-        match self.store.get_session(session.id).await? {
-            Some(record) => {
-                session.update_from(&record);
-                Ok(session)
-            }
-            None => {
-                session.closed.cancel();
-                self.forget(session.id);
-                Err(SessionError::NotFound(session.id))
-            }
-        }
-    }
-
     fn forget(&self, id: Uuid) {
         let mut live = self.live();
         live.remove(&id);
         self.metrics.sessions_live.set(live.len() as i64);
-    }
-
-    /// Takes the session's turn lease: at once, or without `queue` after a
-    /// turn that has already stored its result lets go; with `queue` once
-    /// the running turn ends, on whichever replica. Answers the session
-    /// as the store has it now, its log continuing from the store's last
-    /// `seq` (another replica may have run turns since this copy loaded).
-    async fn take_turn(
-        &self,
-        leases: &TurnLeases,
-        session: Arc<Session>,
-        queue: bool,
-        cancel: &CancellationToken,
-    ) -> Result<(HeldTurn, Arc<Session>), SessionError> {
-        // A turn that has stored its result is only writing its state out:
-        // wait for it up to a lease (past that, its replica died and the
-        // lease has expired).
-        let finishing_for = leases.ttl();
-        let started = Instant::now();
-        loop {
-            if let Taken::Held(held) = leases.take(session.id, cancel.clone()).await? {
-                return match self.resync(session).await {
-                    Ok(session) => Ok((held, session)),
-                    Err(e) => {
-                        held.release().await;
-                        Err(e)
-                    }
-                };
-            }
-            if !queue {
-                let finishing = self.store.last_seq(session.id).await.map(|seq| seq > 0)?
-                    && self.stored_result(&session).await?;
-                if !finishing || started.elapsed() > finishing_for {
-                    return Err(SessionError::Busy(session.id));
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(LEASE_POLL) => {}
-                _ = self.shutdown.cancelled() => return Err(SessionError::ShuttingDown),
-                _ = session.closed.cancelled() => return Err(SessionError::NotFound(session.id)),
-            }
-        }
-    }
-
-    /// Whether the session's last stored event is a `result`.
-    async fn stored_result(&self, session: &Session) -> Result<bool, SessionError> {
-        let last = self.store.last_seq(session.id).await?;
-        let events = self
-            .store
-            .events_since(session.id, last.saturating_sub(1), 1)
-            .await?;
-        Ok(events
-            .first()
-            .is_some_and(|e| matches!(e.kind, EventKind::Result { .. })))
-    }
-
-    /// The session as stored, its log continuing from the stored events.
-    async fn resync(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
-        let record = self
-            .store
-            .get_session(session.id)
-            .await?
-            .ok_or(SessionError::NotFound(session.id))?;
-        let last_seq = self.store.last_seq(session.id).await?;
-        if last_seq == session.last_seq() {
-            session.update_from(&record);
-            return Ok(session);
-        }
-        let log = self.logs.open(session.id, last_seq, session.closed.clone());
-        let fresh = Arc::new(session.reloaded(record, log));
-        self.live().insert(session.id, fresh.clone());
-        Ok(fresh)
-    }
-
-    /// Closes the turns of replicas that died: each turn lease that expired
-    /// is taken over and its turn closed as `interrupted`. Answers how many.
-    pub async fn close_abandoned(&self) -> Result<usize, SessionError> {
-        let Some(leases) = &self.leases else {
-            return Ok(0);
-        };
-        let mut closed = 0;
-        for lease in leases.abandoned().await? {
-            let Some(id) = session_of(&lease) else {
-                continue;
-            };
-            let session = match self.get(id, None).await {
-                Ok(session) => session,
-                Err(SessionError::NotFound(_)) => {
-                    // Deleted meanwhile: the lease only has to go.
-                    if let Taken::Held(held) = leases.take(id, CancellationToken::new()).await? {
-                        held.release().await;
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if self
-                .close_if_cut_off(leases, session, CUT_OFF_ELSEWHERE)
-                .await?
-            {
-                closed += 1;
-            }
-        }
-        Ok(closed)
-    }
-
-    /// Takes a free or expired turn lease and closes the turn it guarded
-    /// if the session is still `running`; false when a live turn holds it.
-    async fn close_if_cut_off(
-        &self,
-        leases: &TurnLeases,
-        session: Arc<Session>,
-        message: &str,
-    ) -> Result<bool, SessionError> {
-        let _local = session.turn_lock.clone().lock_owned().await;
-        let Taken::Held(held) = leases.take(session.id, CancellationToken::new()).await? else {
-            return Ok(false);
-        };
-        let outcome = async {
-            let session = self.resync(session).await?;
-            if session.status() != SessionStatus::Running {
-                return Ok(false);
-            }
-            let task = self.task_of(&session)?.clone();
-            let runner = Runner {
-                task,
-                metrics: self.metrics.clone(),
-                turn_timeout: self.limits.turn_timeout,
-            };
-            runner.close_cut_off(&session, message).await?;
-            Ok::<_, SessionError>(true)
-        }
-        .await;
-        held.release().await;
-        outcome
     }
 
     /// Forgets sessions nobody holds (no turn, stream or socket); they load
@@ -644,155 +469,5 @@ impl SessionManager {
         self.turns.close();
         self.turns.wait().await;
         self.followers.cancel();
-    }
-}
-
-/// Runs a turn of one task with the machinery around it.
-struct Runner {
-    task: Arc<dyn SessionTask>,
-    metrics: Arc<Metrics>,
-    turn_timeout: Duration,
-}
-
-impl Runner {
-    /// Runs one turn to its `result`. Store failures end the turn early;
-    /// they are logged, since the log itself is what failed.
-    async fn run(
-        &self,
-        session: &Arc<Session>,
-        input: String,
-        options: TurnOptions,
-        cancel: CancellationToken,
-    ) {
-        self.metrics.turns_running.inc();
-        if let Err(e) = self.run_inner(session, input, options, cancel).await {
-            tracing::error!(session = %session.id, error = %e, "turn aborted by a store failure");
-            let _ = session
-                .set_state(status_after(session, ResultStatus::Error), None)
-                .await;
-            if session.ephemeral {
-                self.task.release(session.id).await;
-            }
-        }
-        self.metrics.turns_running.dec();
-    }
-
-    async fn run_inner(
-        &self,
-        session: &Arc<Session>,
-        input: String,
-        options: TurnOptions,
-        cancel: CancellationToken,
-    ) -> Result<(), StoreError> {
-        let started = Instant::now();
-        // `running` is stored before any event of the turn: a crash after
-        // the first event always leaves a turn to close at restart.
-        if session.status() != SessionStatus::Running {
-            session.set_state(SessionStatus::Running, None).await?;
-        }
-        // The turn's own token: cancelled by an interrupt (its parent) or
-        // when the wall-clock limit passes, which only this timer does.
-        let limit = self.turn_timeout;
-        let turn_cancel = cancel.child_token();
-        let timer = tokio::spawn({
-            let turn_cancel = turn_cancel.clone();
-            async move {
-                tokio::time::sleep(limit).await;
-                turn_cancel.cancel();
-            }
-        });
-        let mut turn = Turn::starting(session, turn_cancel.clone(), options);
-        let result = self.task.run(&mut turn, input).await;
-        timer.abort();
-        let mut outcome = result?;
-        let timed_out = turn_cancel.is_cancelled() && !cancel.is_cancelled();
-        if timed_out && outcome.status == ResultStatus::Interrupted {
-            session.emit(EventKind::Status {
-                message: format!(
-                    "The turn ran past its {} s limit (agent.turn_timeout_s) and was stopped.",
-                    limit.as_secs()
-                ),
-            })?;
-            outcome.status = ResultStatus::TimedOut;
-        }
-        self.finish(&turn, outcome, started).await
-    }
-
-    /// Settles a turn that a crash cut off: one whose `result` was stored
-    /// only needs its status; any other gets an `interrupted` result.
-    async fn close_cut_off(&self, session: &Arc<Session>, message: &str) -> Result<(), StoreError> {
-        if let Some(status) = session.last_result().await? {
-            return session.set_state(status_after(session, status), None).await;
-        }
-        self.task.close_cut_off(session).await?;
-        session.emit(EventKind::Status {
-            message: message.to_owned(),
-        })?;
-        let turn = Turn::starting(session, CancellationToken::new(), TurnOptions::default());
-        let outcome = Outcome::new(ResultStatus::Interrupted, None);
-        self.finish(&turn, outcome, Instant::now()).await
-    }
-
-    async fn finish(
-        &self,
-        turn: &Turn,
-        outcome: Outcome,
-        started: Instant,
-    ) -> Result<(), StoreError> {
-        let session = &turn.session;
-        // An ephemeral session's one turn is over and nothing will use what
-        // it held: it is gone by the time the client reads the result.
-        if session.ephemeral {
-            self.task.release(session.id).await;
-        }
-        session.emit(EventKind::Result {
-            status: outcome.status,
-            result: outcome.text,
-            cost_usd: turn.usage.cost_usd,
-            cost_known: turn.cost_known,
-            turns: turn.usage.turns as u32,
-            usage: turn.usage.clone(),
-            duration_ms: started.elapsed().as_millis() as u64,
-        })?;
-        // Past its result the turn can no longer be interrupted, and a
-        // message that comes now waits for it instead of being refused.
-        *lock(&session.running) = None;
-        session.flush().await?;
-        // A crash before this line leaves `running` with a `result` stored,
-        // which the restart only has to mark as settled.
-        session
-            .set_state(
-                status_after(session, outcome.status),
-                Some(&turn.session_total()),
-            )
-            .await?;
-        let status = outcome.status.as_str();
-        tracing::info!(
-            session = %session.id,
-            kind = %session.kind,
-            %status,
-            model_calls = turn.usage.turns,
-            tool_calls = turn.usage.tool_calls,
-            ms = started.elapsed().as_millis() as u64,
-            "turn finished"
-        );
-        self.metrics
-            .turns_finished
-            .get_or_create(&StatusLabel {
-                status: status.to_string(),
-            })
-            .inc();
-        Ok(())
-    }
-}
-
-/// Result status → session status once a turn is over.
-fn status_after(session: &Session, result: ResultStatus) -> SessionStatus {
-    if session.ephemeral {
-        SessionStatus::Closed
-    } else if result == ResultStatus::Interrupted {
-        SessionStatus::Interrupted
-    } else {
-        SessionStatus::Idle
     }
 }

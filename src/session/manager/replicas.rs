@@ -1,0 +1,202 @@
+//! The session manager with replicas sharing its store: the turn leases
+//! (one turn per session among them), the store as the truth about a
+//! session another replica may have changed, the turns of replicas that
+//! died, and interrupts for turns that run elsewhere.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{CUT_OFF_ELSEWHERE, LEASE_POLL, Runner, SessionManager};
+use crate::protocol::{EventKind, SessionStatus};
+use crate::session::SessionError;
+use crate::session::lease::{HeldTurn, Taken, TurnLeases, session_of};
+use crate::session::live::Session;
+use crate::session::signal::Signals;
+
+impl SessionManager {
+    /// Sends interrupts for turns of other replicas over `bus`, and takes
+    /// theirs once [`SessionManager::listen`] runs.
+    pub fn with_signals(mut self, bus: Arc<dyn crate::bus::Bus>) -> SessionManager {
+        self.signals = Some(Arc::new(Signals::new(bus)));
+        self
+    }
+
+    /// Interrupts this replica's turns that other replicas were asked to
+    /// interrupt, until `stop` (nothing to do without signals).
+    pub async fn listen(self: Arc<Self>, stop: CancellationToken) {
+        let Some(signals) = self.signals.clone() else {
+            return;
+        };
+        if let Err(e) = signals.listen(Arc::downgrade(&self), stop).await {
+            tracing::error!(error = %e, "this replica cannot take interrupts from the others");
+        }
+    }
+
+    /// Stops the session's turn if it runs on this replica.
+    pub(in crate::session) fn interrupt_here(&self, id: Uuid) {
+        let session = self.live().get(&id).cloned();
+        if let Some(session) = session {
+            session.interrupt_here();
+        }
+    }
+
+    /// With replicas, the store is the truth: another replica may have run
+    /// a turn of this session or deleted it since this copy was loaded.
+    pub(in crate::session) async fn refreshed(
+        &self,
+        session: Arc<Session>,
+    ) -> Result<Arc<Session>, SessionError> {
+        if session.is_running() {
+            return Ok(session);
+        }
+        match self.store.get_session(session.id).await? {
+            Some(record) => {
+                session.update_from(&record);
+                Ok(session)
+            }
+            None => {
+                session.closed.cancel();
+                self.forget(session.id);
+                Err(SessionError::NotFound(session.id))
+            }
+        }
+    }
+
+    /// Takes the session's turn lease: at once, or without `queue` after a
+    /// turn that has already stored its result lets go; with `queue` once
+    /// the running turn ends, on whichever replica. Answers the session
+    /// as the store has it now, its log continuing from the store's last
+    /// `seq` (another replica may have run turns since this copy loaded).
+    pub(in crate::session) async fn take_turn(
+        &self,
+        leases: &TurnLeases,
+        session: Arc<Session>,
+        queue: bool,
+        cancel: &CancellationToken,
+    ) -> Result<(HeldTurn, Arc<Session>), SessionError> {
+        // A turn that has stored its result is only writing its state out:
+        // wait for it up to a lease (past that, its replica died and the
+        // lease has expired).
+        let finishing_for = leases.ttl();
+        let started = Instant::now();
+        loop {
+            if let Taken::Held(held) = leases.take(session.id, cancel.clone()).await? {
+                return match self.resync(session).await {
+                    Ok(session) => Ok((held, session)),
+                    Err(e) => {
+                        held.release().await;
+                        Err(e)
+                    }
+                };
+            }
+            if !queue {
+                let finishing = self.store.last_seq(session.id).await.map(|seq| seq > 0)?
+                    && self.stored_result(&session).await?;
+                if !finishing || started.elapsed() > finishing_for {
+                    return Err(SessionError::Busy(session.id));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(LEASE_POLL) => {}
+                _ = self.shutdown.cancelled() => return Err(SessionError::ShuttingDown),
+                _ = session.closed.cancelled() => return Err(SessionError::NotFound(session.id)),
+            }
+        }
+    }
+
+    /// Whether the session's last stored event is a `result`.
+    async fn stored_result(&self, session: &Session) -> Result<bool, SessionError> {
+        let last = self.store.last_seq(session.id).await?;
+        let events = self
+            .store
+            .events_since(session.id, last.saturating_sub(1), 1)
+            .await?;
+        Ok(events
+            .first()
+            .is_some_and(|e| matches!(e.kind, EventKind::Result { .. })))
+    }
+
+    /// The session as stored, its log continuing from the stored events.
+    async fn resync(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
+        let record = self
+            .store
+            .get_session(session.id)
+            .await?
+            .ok_or(SessionError::NotFound(session.id))?;
+        let last_seq = self.store.last_seq(session.id).await?;
+        if last_seq == session.last_seq() {
+            session.update_from(&record);
+            return Ok(session);
+        }
+        let log = self.logs.open(session.id, last_seq, session.closed.clone());
+        let fresh = Arc::new(session.reloaded(record, log));
+        self.live().insert(session.id, fresh.clone());
+        Ok(fresh)
+    }
+
+    /// Closes the turns of replicas that died: each turn lease that expired
+    /// is taken over and its turn closed as `interrupted`. Answers how many.
+    pub async fn close_abandoned(&self) -> Result<usize, SessionError> {
+        let Some(leases) = &self.leases else {
+            return Ok(0);
+        };
+        let mut closed = 0;
+        for lease in leases.abandoned().await? {
+            let Some(id) = session_of(&lease) else {
+                continue;
+            };
+            let session = match self.get(id, None).await {
+                Ok(session) => session,
+                Err(SessionError::NotFound(_)) => {
+                    // Deleted meanwhile: the lease only has to go.
+                    if let Taken::Held(held) = leases.take(id, CancellationToken::new()).await? {
+                        held.release().await;
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if self
+                .close_if_cut_off(leases, session, CUT_OFF_ELSEWHERE)
+                .await?
+            {
+                closed += 1;
+            }
+        }
+        Ok(closed)
+    }
+
+    /// Takes a free or expired turn lease and closes the turn it guarded
+    /// if the session is still `running`; false when a live turn holds it.
+    pub(in crate::session) async fn close_if_cut_off(
+        &self,
+        leases: &TurnLeases,
+        session: Arc<Session>,
+        message: &str,
+    ) -> Result<bool, SessionError> {
+        let _local = session.turn_lock.clone().lock_owned().await;
+        let Taken::Held(held) = leases.take(session.id, CancellationToken::new()).await? else {
+            return Ok(false);
+        };
+        let outcome = async {
+            let session = self.resync(session).await?;
+            if session.status() != SessionStatus::Running {
+                return Ok(false);
+            }
+            let task = self.task_of(&session)?.clone();
+            let runner = Runner {
+                task,
+                metrics: self.metrics.clone(),
+                turn_timeout: self.limits.turn_timeout,
+            };
+            runner.close_cut_off(&session, message).await?;
+            Ok::<_, SessionError>(true)
+        }
+        .await;
+        held.release().await;
+        outcome
+    }
+}

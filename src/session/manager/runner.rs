@@ -1,0 +1,168 @@
+//! One turn of a task with the machinery around it: the wall-clock limit,
+//! the closing `result`, status and usage, and the turns a crash cut off.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::protocol::{EventKind, ResultStatus, SessionStatus};
+use crate::session::live::Session;
+use crate::session::task::{Outcome, SessionTask, Turn, TurnOptions};
+use crate::store::StoreError;
+use crate::sync::lock;
+use crate::telemetry::{Metrics, StatusLabel};
+
+/// Runs a turn of one task with the machinery around it.
+pub(super) struct Runner {
+    pub(super) task: Arc<dyn SessionTask>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) turn_timeout: Duration,
+}
+
+impl Runner {
+    /// Runs one turn to its `result`. Store failures end the turn early;
+    /// they are logged, since the log itself is what failed.
+    pub(super) async fn run(
+        &self,
+        session: &Arc<Session>,
+        input: String,
+        options: TurnOptions,
+        cancel: CancellationToken,
+    ) {
+        self.metrics.turns_running.inc();
+        if let Err(e) = self.run_inner(session, input, options, cancel).await {
+            tracing::error!(session = %session.id, error = %e, "turn aborted by a store failure");
+            let _ = session
+                .set_state(status_after(session, ResultStatus::Error), None)
+                .await;
+            if session.ephemeral {
+                self.task.release(session.id).await;
+            }
+        }
+        self.metrics.turns_running.dec();
+    }
+
+    async fn run_inner(
+        &self,
+        session: &Arc<Session>,
+        input: String,
+        options: TurnOptions,
+        cancel: CancellationToken,
+    ) -> Result<(), StoreError> {
+        let started = Instant::now();
+        // `running` is stored before any event of the turn: a crash after
+        // the first event always leaves a turn to close at restart.
+        if session.status() != SessionStatus::Running {
+            session.set_state(SessionStatus::Running, None).await?;
+        }
+        // The turn's own token: cancelled by an interrupt (its parent) or
+        // when the wall-clock limit passes, which only this timer does.
+        let limit = self.turn_timeout;
+        let turn_cancel = cancel.child_token();
+        let timer = tokio::spawn({
+            let turn_cancel = turn_cancel.clone();
+            async move {
+                tokio::time::sleep(limit).await;
+                turn_cancel.cancel();
+            }
+        });
+        let mut turn = Turn::starting(session, turn_cancel.clone(), options);
+        let result = self.task.run(&mut turn, input).await;
+        timer.abort();
+        let mut outcome = result?;
+        let timed_out = turn_cancel.is_cancelled() && !cancel.is_cancelled();
+        if timed_out && outcome.status == ResultStatus::Interrupted {
+            session.emit(EventKind::Status {
+                message: format!(
+                    "The turn ran past its {} s limit (agent.turn_timeout_s) and was stopped.",
+                    limit.as_secs()
+                ),
+            })?;
+            outcome.status = ResultStatus::TimedOut;
+        }
+        self.finish(&turn, outcome, started).await
+    }
+
+    /// Settles a turn that a crash cut off: one whose `result` was stored
+    /// only needs its status; any other gets an `interrupted` result.
+    pub(super) async fn close_cut_off(
+        &self,
+        session: &Arc<Session>,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        if let Some(status) = session.last_result().await? {
+            return session.set_state(status_after(session, status), None).await;
+        }
+        self.task.close_cut_off(session).await?;
+        session.emit(EventKind::Status {
+            message: message.to_owned(),
+        })?;
+        let turn = Turn::starting(session, CancellationToken::new(), TurnOptions::default());
+        let outcome = Outcome::new(ResultStatus::Interrupted, None);
+        self.finish(&turn, outcome, Instant::now()).await
+    }
+
+    async fn finish(
+        &self,
+        turn: &Turn,
+        outcome: Outcome,
+        started: Instant,
+    ) -> Result<(), StoreError> {
+        let session = &turn.session;
+        // An ephemeral session's one turn is over and nothing will use what
+        // it held: it is gone by the time the client reads the result.
+        if session.ephemeral {
+            self.task.release(session.id).await;
+        }
+        session.emit(EventKind::Result {
+            status: outcome.status,
+            result: outcome.text,
+            cost_usd: turn.usage.cost_usd,
+            cost_known: turn.cost_known,
+            turns: turn.usage.turns as u32,
+            usage: turn.usage.clone(),
+            duration_ms: started.elapsed().as_millis() as u64,
+        })?;
+        // Past its result the turn can no longer be interrupted, and a
+        // message that comes now waits for it instead of being refused.
+        *lock(&session.running) = None;
+        session.flush().await?;
+        // A crash before this line leaves `running` with a `result` stored,
+        // which the restart only has to mark as settled.
+        session
+            .set_state(
+                status_after(session, outcome.status),
+                Some(&turn.session_total()),
+            )
+            .await?;
+        let status = outcome.status.as_str();
+        tracing::info!(
+            session = %session.id,
+            kind = %session.kind,
+            %status,
+            model_calls = turn.usage.turns,
+            tool_calls = turn.usage.tool_calls,
+            ms = started.elapsed().as_millis() as u64,
+            "turn finished"
+        );
+        self.metrics
+            .turns_finished
+            .get_or_create(&StatusLabel {
+                status: status.to_string(),
+            })
+            .inc();
+        Ok(())
+    }
+}
+
+/// Result status → session status once a turn is over.
+fn status_after(session: &Session, result: ResultStatus) -> SessionStatus {
+    if session.ephemeral {
+        SessionStatus::Closed
+    } else if result == ResultStatus::Interrupted {
+        SessionStatus::Interrupted
+    } else {
+        SessionStatus::Idle
+    }
+}
