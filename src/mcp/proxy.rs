@@ -9,7 +9,7 @@
 //! progress token, the client's `notifications/cancelled` as a cancellation
 //! of the upstream request, and the server's resource notifications.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rmcp::model::{
@@ -39,7 +39,17 @@ struct Relay {
     /// An upstream call's progress token → the stdio client's token for
     /// the same call; calls whose client asked for no progress are absent.
     progress: Arc<Mutex<HashMap<ProgressToken, ProgressToken>>>,
+    /// Progress that came before its call's route was set: the server may
+    /// send a call's first progress before `forward` knows the call's
+    /// token. Held (at most [`EARLY_PROGRESS`]) until the route is set.
+    early: Arc<Mutex<VecDeque<ProgressNotification>>>,
+    /// Held while a progress notification is routed and sent, so that held
+    /// and new ones reach the client in the order the server sent them.
+    sending: Arc<tokio::sync::Mutex<()>>,
 }
+
+/// Progress notifications held for calls whose route is not set yet.
+const EARLY_PROGRESS: usize = 256;
 
 /// Forgets a call's progress route when the call ends, however it ends.
 struct ProgressRoute {
@@ -53,26 +63,64 @@ impl Drop for ProgressRoute {
     }
 }
 
+impl Relay {
+    async fn send_progress(&self, mut notification: ProgressNotification, token: ProgressToken) {
+        notification.params.progress_token = token;
+        if let Some(client) = self.downstream.get() {
+            let _ = client
+                .send_notification(ServerNotification::ProgressNotification(notification))
+                .await;
+        }
+    }
+
+    /// Routes a call's progress to the stdio client's `token` from now on,
+    /// sending first what came for it before.
+    async fn route(&self, upstream: ProgressToken, token: ProgressToken) -> ProgressRoute {
+        let _sending = self.sending.lock().await;
+        lock(&self.progress).insert(upstream.clone(), token.clone());
+        let held: Vec<ProgressNotification> = {
+            let mut early = lock(&self.early);
+            let (held, rest): (Vec<_>, Vec<_>) = early
+                .drain(..)
+                .partition(|n| n.params.progress_token == upstream);
+            early.extend(rest);
+            held
+        };
+        for notification in held {
+            self.send_progress(notification, token.clone()).await;
+        }
+        ProgressRoute {
+            relay: self.clone(),
+            upstream,
+        }
+    }
+}
+
 impl ClientHandler for Relay {
     async fn on_progress(
         &self,
-        mut params: ProgressNotificationParam,
+        params: ProgressNotificationParam,
         context: NotificationContext<RoleClient>,
     ) {
-        let Some(token) = lock(&self.progress).get(&params.progress_token).cloned() else {
-            return;
-        };
-        params.progress_token = token;
         let mut notification = ProgressNotification::new(params);
         // `_meta.stream` says which output a chunk is; rmcp keeps a
         // notification's `_meta` among its extensions, both ways.
         if let Some(meta) = context.extensions.get::<NotificationMetaObject>() {
             notification.extensions.insert(meta.clone());
         }
-        if let Some(client) = self.downstream.get() {
-            let _ = client
-                .send_notification(ServerNotification::ProgressNotification(notification))
-                .await;
+        let _sending = self.sending.lock().await;
+        let route = lock(&self.progress)
+            .get(&notification.params.progress_token)
+            .cloned();
+        match route {
+            Some(token) => self.send_progress(notification, token).await,
+            None => {
+                let mut early = lock(&self.early);
+                if early.len() >= EARLY_PROGRESS {
+                    early.pop_front();
+                }
+                early.push_back(notification);
+            }
         }
     }
 
@@ -137,13 +185,10 @@ impl Proxy {
             .send_cancellable_request(request, PeerRequestOptions::no_options())
             .await
             .map_err(upstream_error)?;
-        let _route = ctx.meta.get_progress_token().map(|token| {
-            lock(&self.relay.progress).insert(handle.progress_token.clone(), token);
-            ProgressRoute {
-                relay: self.relay.clone(),
-                upstream: handle.progress_token.clone(),
-            }
-        });
+        let _route = match ctx.meta.get_progress_token() {
+            Some(token) => Some(self.relay.route(handle.progress_token.clone(), token).await),
+            None => None,
+        };
         let (id, upstream) = (handle.id.clone(), handle.peer.clone());
         tokio::select! {
             response = handle.await_response() => response.map_err(upstream_error),
