@@ -143,7 +143,16 @@ async fn ten_thousand_events_to_another_replica(store: Arc<dyn Store>) {
     }
     let all: Vec<u64> = (1..=EVENTS).collect();
     assert_eq!(live.await.unwrap(), all);
-    // The live stream ended on the last event: B knows the log's end.
+    // The live stream ended on the last event: B's follower learns the
+    // log's end too (it may still be reading behind the subscriber, which
+    // filled from the store, when the machine is busy).
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while reader.last_seq() < EVENTS {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("B's last_seq stayed at {}", reader.last_seq()));
     assert_eq!(reader.last_seq(), EVENTS);
     assert_eq!(
         reader.last_result().await.unwrap(),
