@@ -99,6 +99,22 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     Ok(Arc::new(store))
 }
 
+/// Runs `work` every `period` until `stop`: the server's background chores.
+async fn periodically<F, W>(period: Duration, stop: CancellationToken, mut work: F)
+where
+    F: FnMut() -> W,
+    W: std::future::Future<Output = ()>,
+{
+    let mut every = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        work().await;
+    }
+}
+
 /// How often sessions nobody uses are dropped from memory (they stay in
 /// the store and load again on their next use).
 const EVICT_EVERY: Duration = Duration::from_secs(30);
@@ -418,13 +434,9 @@ impl Server {
             } else {
                 EVICT_EVERY.min((retention / 2).max(Duration::from_millis(250)))
             };
-            background.spawn(async move {
-                let mut every = tokio::time::interval(period);
-                loop {
-                    tokio::select! {
-                        _ = every.tick() => {}
-                        _ = root.cancelled() => return,
-                    };
+            background.spawn(periodically(period, root, move || {
+                let sessions = sessions.clone();
+                async move {
                     match sessions.expire_ephemeral().await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(sessions = n, "expired ephemeral sessions deleted"),
@@ -432,7 +444,7 @@ impl Server {
                     }
                     sessions.evict_unused();
                 }
-            });
+            }));
         }
         if self.state.config.store.is_some() {
             background.spawn(sessions.clone().listen(root.child_token()));
@@ -441,13 +453,9 @@ impl Server {
             // Turns of replicas that died are closed a third of a lease
             // after their leases expire, at the latest.
             let period = Duration::from_secs(self.state.config.cluster.turn_lease_s) / 3;
-            background.spawn(async move {
-                let mut every = tokio::time::interval(period);
-                loop {
-                    tokio::select! {
-                        _ = every.tick() => {}
-                        _ = root.cancelled() => return,
-                    };
+            background.spawn(periodically(period, root, move || {
+                let sessions = sessions.clone();
+                async move {
                     match sessions.close_abandoned().await {
                         Ok(0) => {}
                         Ok(n) => tracing::warn!(
@@ -457,7 +465,7 @@ impl Server {
                         Err(e) => tracing::warn!(error = %e, "closing abandoned turns failed"),
                     }
                 }
-            });
+            }));
         }
         let sandbox_tasks = self.state.sandboxes.clone().map(|sandboxes| {
             let root = root.clone();

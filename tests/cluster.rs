@@ -5,65 +5,21 @@
 //!
 //! Needs `CONCLAVE_TEST_POSTGRES` (a server the tests make databases in)
 //! and `CONCLAVE_TEST_NATS_SERVER` (the nats-server binary; each test
-//! starts its own with JetStream); scripts/test.sh sets both.
+//! starts its own with JetStream); scripts/test.sh sets both. The replicas
+//! start in fresh directories with their default data directory.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
+use common::binary::{serve_command, spawn_server};
+use common::nats::NatsServer;
 use common::postgres::{TestDatabase, test_server};
 use common::{Lines, long_prompt, ws_until};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-fn required(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} must be set (scripts/test.sh starts PostgreSQL and nats-server and sets it)")
-    })
-}
-
-/// A nats-server with JetStream of this test's own; killed on drop.
-struct Nats {
-    _child: Child,
-    _dir: tempfile::TempDir,
-    url: String,
-}
-
-async fn nats() -> Nats {
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(required("CONCLAVE_TEST_NATS_SERVER"))
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nats-server starts");
-    let url = format!("nats://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Nats {
-                _child: child,
-                _dir: dir,
-                url,
-            };
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("nats-server did not listen on {url}");
-}
+use tokio::process::Child;
 
 /// One `conclave serve` as the README starts it, in a directory of its
 /// own, with the shared store and bus given by flags.
@@ -76,32 +32,15 @@ struct Replica {
 impl Replica {
     async fn start(store: &str, bus: &str, lease_s: u64, env: &[(&str, &str)]) -> Replica {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        let mut command = serve_command(&["--sandbox", "local", "--store", store, "--bus", bus]);
+        command
             .current_dir(dir.path())
-            .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
-            .args(["--store", store, "--bus", bus])
-            .env_remove("CONCLAVE_DATA_DIR")
             .env("CONCLAVE_CLUSTER__TURN_LEASE_S", lease_s.to_string())
             // The demo model pauses between words: turns last a while.
             .env("CONCLAVE_DEMO__CHUNK_DELAY_MS", "20")
             .env("CONCLAVE_SANDBOX__WARM_POOL", "0")
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the conclave binary starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("the server prints where it listens");
-        let url = first
-            .strip_prefix("conclave listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_string();
+            .envs(env.iter().copied());
+        let (child, url) = spawn_server(&mut command).await;
         Replica {
             child,
             url,
@@ -120,7 +59,7 @@ impl Replica {
 
 struct Cluster {
     replicas: Vec<Replica>,
-    _nats: Nats,
+    _nats: NatsServer,
     /// Dropped after the replicas (fields drop in order).
     _database: TestDatabase,
     http: reqwest::Client,
@@ -132,7 +71,7 @@ async fn cluster(lease_s: u64) -> Cluster {
 
 async fn cluster_with(lease_s: u64, env: &[(&str, &str)]) -> Cluster {
     let database = TestDatabase::create(&test_server()).await;
-    let nats = nats().await;
+    let nats = NatsServer::start(true).await;
     let mut replicas = Vec::new();
     for _ in 0..3 {
         replicas.push(Replica::start(&database.url(), &nats.url, lease_s, env).await);
@@ -146,49 +85,52 @@ async fn cluster_with(lease_s: u64, env: &[(&str, &str)]) -> Cluster {
 }
 
 impl Cluster {
-    async fn create_session(&self, on: usize) -> String {
-        let created: Value = self
-            .http
-            .post(self.replicas[on].at("/agent/session"))
-            .json(&json!({}))
+    async fn get(&self, on: usize, path: &str) -> reqwest::Response {
+        self.http
+            .get(self.replicas[on].at(path))
             .send()
             .await
             .unwrap()
-            .json()
+    }
+
+    async fn get_json(&self, on: usize, path: &str) -> Value {
+        self.get(on, path).await.json().await.unwrap()
+    }
+
+    async fn post(&self, on: usize, path: &str, body: Value) -> reqwest::Response {
+        self.http
+            .post(self.replicas[on].at(path))
+            .json(&body)
+            .send()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    async fn post_json(&self, on: usize, path: &str, body: Value) -> Value {
+        self.post(on, path, body).await.json().await.unwrap()
+    }
+
+    async fn create_session(&self, on: usize) -> String {
+        let created = self.post_json(on, "/agent/session", json!({})).await;
         created["session_id"].as_str().unwrap().to_string()
     }
 
     async fn send(&self, on: usize, id: &str, prompt: &str) -> reqwest::Response {
-        self.http
-            .post(self.replicas[on].at(&format!("/agent/session/{id}/message")))
-            .json(&json!({"prompt": prompt}))
-            .send()
-            .await
-            .unwrap()
+        let path = format!("/agent/session/{id}/message");
+        self.post(on, &path, json!({"prompt": prompt})).await
     }
 
     async fn events(&self, on: usize, id: &str, since: u64) -> Vec<Value> {
         let response = self
-            .http
-            .get(self.replicas[on].at(&format!("/agent/session/{id}/events?since={since}")))
-            .send()
-            .await
-            .unwrap();
+            .get(on, &format!("/agent/session/{id}/events?since={since}"))
+            .await;
         assert_eq!(response.status(), 200);
         common::ndjson(response).await
     }
 
     async fn status(&self, on: usize, id: &str) -> Value {
-        self.http
-            .get(self.replicas[on].at(&format!("/agent/session/{id}/status")))
-            .send()
+        self.get_json(on, &format!("/agent/session/{id}/status"))
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 }
 
@@ -250,11 +192,8 @@ async fn any_replica_serves_any_session_and_streams_it_live() {
     assert!(deleted.status().is_success(), "{}", deleted.status());
     for on in 0..3 {
         let status = cluster
-            .http
-            .get(cluster.replicas[on].at(&format!("/agent/session/{id}/status")))
-            .send()
-            .await
-            .unwrap();
+            .get(on, &format!("/agent/session/{id}/status"))
+            .await;
         assert_eq!(status.status(), 404, "replica {on}");
     }
 }
@@ -282,15 +221,9 @@ async fn two_messages_at_once_on_two_replicas_get_one_turn_and_one_409() {
     assert_eq!(response.status(), 200);
     let mut lines = Lines::new(response);
     lines.until("status").await;
-    let interrupted: Value = cluster
-        .http
-        .post(cluster.replicas[2].at(&format!("/agent/session/{id}/interrupt")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let interrupted = cluster
+        .post_json(2, &format!("/agent/session/{id}/interrupt"), json!({}))
+        .await;
     assert_eq!(interrupted["interrupted"], true, "{interrupted}");
     let rest = lines.until("result").await;
     assert_eq!(rest.last().unwrap()["status"], "interrupted");
@@ -342,25 +275,18 @@ async fn a_replica_killed_mid_turn_loses_no_event_and_a_survivor_takes_over() {
 #[tokio::test]
 async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoint() {
     let mut cluster = cluster_with(3, &[("CONCLAVE_PIPELINES__TEST_MODE", "true")]).await;
-    let started: Value = cluster
-        .http
-        .post(cluster.replicas[0].at("/orchestrator/pipeline/start"))
-        .json(&json!({"connector_name": "crm", "mock": {"delay_ms": 400}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let started = cluster
+        .post_json(
+            0,
+            "/orchestrator/pipeline/start",
+            json!({"connector_name": "crm", "mock": {"delay_ms": 400}}),
+        )
+        .await;
     let thread = started["thread_id"].as_str().unwrap().to_string();
     let session = started["session_id"].as_str().unwrap().to_string();
     // Followed from C while A runs it.
-    let follow = |since: u64| {
-        cluster.http.get(cluster.replicas[2].at(&format!(
-            "/agent/session/{session}/events?since={since}&follow=true"
-        )))
-    };
-    let mut events = Lines::new(follow(0).send().await.unwrap());
+    let follow = format!("/agent/session/{session}/events?since=0&follow=true");
+    let mut events = Lines::new(cluster.get(2, &follow).await);
     let mut checkpoints = 0;
     while checkpoints < 2 {
         if events.next().await.expect("the stream goes on")["type"] == "checkpoint" {
@@ -374,39 +300,27 @@ async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoi
         .await
         .expect("the cut-off run is closed within the lease");
     assert_eq!(cut.last().unwrap()["status"], "interrupted");
-    let status: Value = cluster
-        .http
-        .get(cluster.replicas[1].at(&format!("/orchestrator/pipeline/status/{thread}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = cluster
+        .get_json(1, &format!("/orchestrator/pipeline/status/{thread}"))
+        .await;
     assert_eq!(status["status"], "interrupted", "{status}");
 
     // Resumed on B, it goes on after its last checkpoint.
     let resumed = cluster
-        .http
-        .post(cluster.replicas[1].at(&format!("/orchestrator/pipeline/resume/{thread}")))
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+        .post(
+            1,
+            &format!("/orchestrator/pipeline/resume/{thread}"),
+            json!({}),
+        )
+        .await;
     assert_eq!(resumed.status(), 202);
     let resumed: Value = resumed.json().await.unwrap();
     assert!(resumed["from_step"].as_u64().unwrap() >= 2, "{resumed}");
     let last = events.until("result").await;
     assert_eq!(last.last().unwrap()["status"], "success");
-    let history: Value = cluster
-        .http
-        .get(cluster.replicas[2].at(&format!("/orchestrator/pipeline/history/{thread}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history = cluster
+        .get_json(2, &format!("/orchestrator/pipeline/history/{thread}"))
+        .await;
     let ran: Vec<&str> = history["history"]
         .as_array()
         .unwrap()
@@ -431,16 +345,7 @@ async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoi
 async fn a_websocket_ticket_from_one_replica_opens_a_socket_on_another_once() {
     let cluster = cluster(15).await;
     let id = cluster.create_session(0).await;
-    let ticket: Value = cluster
-        .http
-        .post(cluster.replicas[0].at("/auth/ticket"))
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ticket = cluster.post_json(0, "/auth/ticket", json!({})).await;
     let ticket = ticket["ticket"].as_str().unwrap();
     let url = cluster.replicas[1].ws(&format!("/agent/ws?session_id={id}&ticket={ticket}"));
     tokio_tungstenite::connect_async(&url)

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::Lines;
 use common::binary::{serve_command, spawn_server, stop};
+use common::nats::{NatsServer, free_port};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::process::Child;
@@ -190,11 +191,7 @@ async fn replicas_on_one_nats_are_one_bus() {
 
 #[tokio::test]
 async fn a_nats_that_is_not_there_stops_the_start_naming_it() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let url = format!("nats://127.0.0.1:{port}");
     let dir = tempfile::tempdir().unwrap();
     let output = serve_command(&[
@@ -218,36 +215,8 @@ async fn a_nats_that_is_not_there_stops_the_start_naming_it() {
 
 #[tokio::test]
 async fn a_nats_without_jetstream_stops_the_start_naming_it() {
-    let server = std::env::var("CONCLAVE_TEST_NATS_SERVER").unwrap_or_else(|_| {
-        panic!(
-            "CONCLAVE_TEST_NATS_SERVER is not set: this test starts its own nats-server \
-             (scripts/test.sh sets it)"
-        )
-    });
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let _nats = tokio::process::Command::new(server)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nats-server starts");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nats-server did not listen"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let url = format!("nats://127.0.0.1:{port}");
+    let nats = NatsServer::start(false).await;
+    let url = nats.url.clone();
     let dir = tempfile::tempdir().unwrap();
     let output = serve_command(&[
         "--sandbox",

@@ -63,6 +63,13 @@ async fn settled(manager: &SessionManager, id: uuid::Uuid) {
     }
 }
 
+/// Waits until the turn has stored `running`, as other replicas see it.
+async fn stored_as_running(store: &Arc<dyn Store>, id: uuid::Uuid) {
+    while store.get_session(id).await.unwrap().unwrap().status != SessionStatus::Running {
+        tokio::task::yield_now().await;
+    }
+}
+
 #[tokio::test]
 async fn a_session_made_on_one_replica_takes_turns_on_another_with_one_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -209,10 +216,7 @@ async fn a_start_up_leaves_turns_other_replicas_run() {
         .start_turn(session.clone(), "wait".into(), false)
         .await
         .unwrap();
-    // Wait until the turn has stored `running`.
-    while store.get_session(session.id).await.unwrap().unwrap().status != SessionStatus::Running {
-        tokio::task::yield_now().await;
-    }
+    stored_as_running(&store, session.id).await;
     let b = replica(&store, Duration::from_secs(15));
     assert_eq!(b.recover().await.unwrap(), 0);
     assert!(session.is_running());
@@ -257,10 +261,7 @@ async fn an_interrupt_or_a_delete_on_one_replica_stops_the_turn_on_another() {
             .await
             .unwrap();
         let mut events = running.session.subscribe(running.since, true);
-        while store.get_session(session.id).await.unwrap().unwrap().status != SessionStatus::Running
-        {
-            tokio::task::yield_now().await;
-        }
+        stored_as_running(&store, session.id).await;
         let on_b = b.get(session.id, None).await.unwrap();
         assert_eq!(on_b.status(), SessionStatus::Running);
         let id = session.id;

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod nats;
 pub mod postgres;
 pub mod sim;
 

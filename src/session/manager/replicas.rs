@@ -93,8 +93,7 @@ impl SessionManager {
                 };
             }
             if !queue {
-                let finishing = self.store.last_seq(session.id).await.map(|seq| seq > 0)?
-                    && self.stored_result(&session).await?;
+                let finishing = self.stored_result(&session).await?;
                 if !finishing || started.elapsed() > finishing_for {
                     return Err(SessionError::Busy(session.id));
                 }

@@ -1,0 +1,64 @@
+//! A nats-server of a test's own (`CONCLAVE_TEST_NATS_SERVER`, which
+//! scripts/test.sh sets), on a free port, killed when dropped.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+pub struct NatsServer {
+    _child: Child,
+    _dir: tempfile::TempDir,
+    pub url: String,
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl NatsServer {
+    /// Started and listening; with `jetstream` its store is a temporary
+    /// directory.
+    pub async fn start(jetstream: bool) -> NatsServer {
+        let binary = std::env::var("CONCLAVE_TEST_NATS_SERVER").unwrap_or_else(|_| {
+            panic!(
+                "CONCLAVE_TEST_NATS_SERVER is not set: this test starts its own nats-server \
+                 (scripts/test.sh sets it)"
+            )
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut command = Command::new(binary);
+        command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        if jetstream {
+            command.arg("-js").arg("-sd").arg(dir.path());
+        }
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server starts");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server did not listen on 127.0.0.1:{port}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        NatsServer {
+            _child: child,
+            _dir: dir,
+            url: format!("nats://127.0.0.1:{port}"),
+        }
+    }
+}
