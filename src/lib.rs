@@ -31,6 +31,9 @@
 //! - [`bus`]: subjects to publish and subscribe to (in process, durable
 //!   ones kept in the store) and a KV with revisions, one namespace per
 //!   API key; `api` serves it over HTTP, the WebSocket and gRPC.
+//! - [`jobs`]: work any replica may do for a turn on another (a
+//!   deliberation agent's model call, a test-mode pipeline node): in
+//!   process on one server, on a JetStream work queue among replicas.
 //! - [`rollout`]: rollouts: prompts dispatched over a gateway pool with
 //!   bounded concurrency, each result published on the bus.
 //! - [`pipeline`]: pipelines (seed 004): definitions in YAML, routing
@@ -63,6 +66,7 @@ pub mod config;
 pub mod deliberation;
 pub mod egress;
 pub mod gateway;
+pub mod jobs;
 pub mod locate;
 pub mod mcp;
 pub mod model;

@@ -52,6 +52,20 @@ pub struct BusLabel {
     pub class: String,
 }
 
+/// A kind of job.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabel {
+    pub kind: String,
+}
+
+/// A kind of job and how it ended here (`ok`, `failed`, `cancelled`,
+/// `handed_back`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobDoneLabel {
+    pub kind: String,
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabel {
     pub r#type: String,
@@ -87,6 +101,12 @@ pub struct Metrics {
     pub bus_retained: Family<BusLabel, Gauge>,
     /// Rollouts running now.
     pub rollouts_running: Gauge,
+    /// Jobs this process is doing now, by kind, and those it did, by kind
+    /// and outcome (whichever replica asked for them).
+    pub jobs_running: Family<JobLabel, Gauge>,
+    pub jobs_done: Family<JobDoneLabel, Counter>,
+    /// Jobs this process took after another replica did not finish them.
+    pub jobs_taken_over: Family<JobLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -120,6 +140,9 @@ impl Metrics {
             bus_lagged: Family::default(),
             bus_retained: Family::default(),
             rollouts_running: Gauge::default(),
+            jobs_running: Family::default(),
+            jobs_done: Family::default(),
+            jobs_taken_over: Family::default(),
         };
         registry.register(
             "sessions_live",
@@ -196,6 +219,21 @@ impl Metrics {
             "rollouts_running",
             "Rollouts running now",
             metrics.rollouts_running.clone(),
+        );
+        registry.register(
+            "jobs_running",
+            "Jobs this replica is doing now, by kind",
+            metrics.jobs_running.clone(),
+        );
+        registry.register(
+            "jobs_done",
+            "Jobs this replica did, by kind and outcome",
+            metrics.jobs_done.clone(),
+        );
+        registry.register(
+            "jobs_taken_over",
+            "Jobs this replica took after another did not finish them, by kind",
+            metrics.jobs_taken_over.clone(),
         );
         *lock(&metrics.registry) = registry;
         metrics

@@ -128,6 +128,27 @@ impl Cluster {
         common::ndjson(response).await
     }
 
+    /// The sum of a metric's samples on replica `on` whose labels hold
+    /// each of `labels` (`kind="…"`).
+    async fn metric(&self, on: usize, name: &str, labels: &[&str]) -> f64 {
+        let text = self.get(on, "/metrics").await.text().await.unwrap();
+        text.lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Submits a deliberation on replica `on`; answers its task and session.
+    async fn deliberate(&self, on: usize, body: Value) -> (String, String) {
+        let response = self.post(on, "/deliberations", body).await;
+        assert_eq!(response.status(), 202);
+        let submitted: Value = response.json().await.unwrap();
+        let task = submitted["task_id"].as_str().unwrap().to_string();
+        let session = submitted["session_id"].as_str().unwrap().to_string();
+        (task, session)
+    }
+
     async fn status(&self, on: usize, id: &str) -> Value {
         self.get_json(on, &format!("/agent/session/{id}/status"))
             .await
@@ -273,7 +294,7 @@ async fn a_replica_killed_mid_turn_loses_no_event_and_a_survivor_takes_over() {
 }
 
 #[tokio::test]
-async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoint() {
+async fn a_pipeline_cut_by_a_killed_replica_resumes_by_itself_on_another_from_its_checkpoint() {
     let mut cluster = cluster_with(3, &[("CONCLAVE_PIPELINES__TEST_MODE", "true")]).await;
     let started = cluster
         .post_json(
@@ -300,22 +321,8 @@ async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoi
         .await
         .expect("the cut-off run is closed within the lease");
     assert_eq!(cut.last().unwrap()["status"], "interrupted");
-    let status = cluster
-        .get_json(1, &format!("/orchestrator/pipeline/status/{thread}"))
-        .await;
-    assert_eq!(status["status"], "interrupted", "{status}");
-
-    // Resumed on B, it goes on after its last checkpoint.
-    let resumed = cluster
-        .post(
-            1,
-            &format!("/orchestrator/pipeline/resume/{thread}"),
-            json!({}),
-        )
-        .await;
-    assert_eq!(resumed.status(), 202);
-    let resumed: Value = resumed.json().await.unwrap();
-    assert!(resumed["from_step"].as_u64().unwrap() >= 2, "{resumed}");
+    // The survivor that closed it starts it again after its last
+    // checkpoint, without being asked.
     let last = events.until("result").await;
     assert_eq!(last.last().unwrap()["status"], "success");
     let history = cluster
@@ -339,6 +346,13 @@ async fn a_pipeline_cut_by_a_killed_replica_resumes_on_another_from_its_checkpoi
         ],
         "each node once: {history}"
     );
+    // Its mock nodes were jobs the survivors answered (as well as A).
+    let mut answered = 0.0;
+    for on in [1, 2] {
+        let ok = [r#"kind="pipeline.mock_node""#, r#"outcome="ok""#];
+        answered += cluster.metric(on, "conclave_jobs_done_total", &ok).await;
+    }
+    assert!(answered >= 4.0, "B and C answered {answered} nodes");
 }
 
 #[tokio::test]
@@ -353,4 +367,92 @@ async fn a_websocket_ticket_from_one_replica_opens_a_socket_on_another_once() {
         .expect("B takes A's ticket");
     let again = tokio_tungstenite::connect_async(&url).await;
     assert!(again.is_err(), "a ticket opens one socket");
+}
+
+const MODEL_CALL: &str = r#"kind="deliberation.model_call""#;
+
+#[tokio::test]
+async fn deliberation_agents_are_jobs_that_spread_over_the_replicas() {
+    let cluster = cluster(15).await;
+    let (task, session) = cluster
+        .deliberate(
+            0,
+            json!({"task_description": "Spread these calls", "num_agents": 9}),
+        )
+        .await;
+    let follow = format!("/agent/session/{session}/events?since=0&follow=true");
+    let events = Lines::new(cluster.get(1, &follow).await)
+        .until("result")
+        .await;
+    assert_eq!(events.last().unwrap()["status"], "success");
+    let done = cluster.get_json(2, &format!("/deliberations/{task}")).await;
+    assert_eq!(done["successful_responses"], 9, "{done}");
+    let mut calls = Vec::new();
+    for on in 0..3 {
+        let ok = [MODEL_CALL, r#"outcome="ok""#];
+        calls.push(cluster.metric(on, "conclave_jobs_done_total", &ok).await);
+    }
+    assert_eq!(calls.iter().sum::<f64>(), 9.0, "{calls:?}");
+    assert!(
+        calls.iter().filter(|n| **n > 0.0).count() >= 2,
+        "the calls spread: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_job_has_its_agent_call_done_by_another() {
+    let mut cluster = cluster_with(
+        15,
+        &[
+            ("CONCLAVE_CLUSTER__JOB_ACK_WAIT_S", "2"),
+            // Each call streams its words for seconds.
+            ("CONCLAVE_DEMO__CHUNK_DELAY_MS", "150"),
+        ],
+    )
+    .await;
+    let (task, session) = cluster
+        .deliberate(
+            0,
+            json!({"task_description": "Survive a replica", "num_agents": 6}),
+        )
+        .await;
+    let follow = format!("/agent/session/{session}/events?since=0&follow=true");
+    let mut events = Lines::new(cluster.get(0, &follow).await);
+    // B or C is making a call: kill it mid-call.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let victim = 'found: loop {
+        for on in [1, 2] {
+            let running = cluster
+                .metric(on, "conclave_jobs_running", &[MODEL_CALL])
+                .await;
+            if running > 0.0 {
+                break 'found on;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no call ran on B or C"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster.replicas[victim].child.start_kill().unwrap();
+    cluster.replicas[victim].child.wait().await.unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
+        .await
+        .expect("the deliberation ends");
+    assert_eq!(events.last().unwrap()["status"], "success");
+    let done = cluster.get_json(0, &format!("/deliberations/{task}")).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(
+        done["successful_responses"], 6,
+        "every agent answered: {done}"
+    );
+    // A survivor took over the call the killed replica did not finish.
+    let mut taken_over = 0.0;
+    for on in (0..3).filter(|on| *on != victim) {
+        taken_over += cluster
+            .metric(on, "conclave_jobs_taken_over_total", &[MODEL_CALL])
+            .await;
+    }
+    assert!(taken_over >= 1.0, "no survivor took over a call");
 }

@@ -50,6 +50,13 @@ pub struct ClusterConfig {
     /// Seconds a replica told to stop (SIGTERM) lets running turns finish
     /// before it interrupts them; `/ready` answers 503 from the start.
     pub drain_s: u64,
+    /// Seconds a job (a deliberation agent's model call, a test-mode
+    /// pipeline node) may go without word from the replica doing it (it
+    /// tells the queue every third of that) before the queue hands it to
+    /// another replica: how long a replica's death delays its jobs.
+    pub job_ack_wait_s: u64,
+    /// Jobs one replica does at once, for whichever replica asked.
+    pub max_jobs: usize,
 }
 
 impl Default for ClusterConfig {
@@ -57,6 +64,8 @@ impl Default for ClusterConfig {
         ClusterConfig {
             turn_lease_s: 15,
             drain_s: 30,
+            job_ack_wait_s: 10,
+            max_jobs: 64,
         }
     }
 }
@@ -74,6 +83,18 @@ impl ClusterConfig {
             return Err((
                 "cluster.drain_s".into(),
                 format!("must be at most 3600 seconds, not {}", self.drain_s),
+            ));
+        }
+        if !(1..=600).contains(&self.job_ack_wait_s) {
+            return Err((
+                "cluster.job_ack_wait_s".into(),
+                format!("must be 1 to 600 seconds, not {}", self.job_ack_wait_s),
+            ));
+        }
+        if !(1..=4096).contains(&self.max_jobs) {
+            return Err((
+                "cluster.max_jobs".into(),
+                format!("must be 1 to 4096, not {}", self.max_jobs),
             ));
         }
         Ok(())

@@ -2,14 +2,21 @@
 //! for a tool-using agent, one turn of its own agent session (with its own
 //! sandbox) whose events go into the deliberation's log tagged with the
 //! agent's id. And the one budget every agent draws on.
+//!
+//! A model call is a job ([`MODEL_CALL`]): on one server it runs here, among
+//! replicas whichever replica takes it from the queue makes it.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{ChatRequest, Message, ResolvedModel};
+use crate::jobs::{self, Handler, Jobs};
+use crate::model::{ChatRequest, Message, ModelRegistry, ResolvedModel};
 use crate::protocol::{ResultStatus, Usage};
 use crate::session::{Session, SessionManager};
 use crate::sync::lock;
@@ -83,10 +90,12 @@ impl Budget {
 /// How an agent works.
 #[derive(Clone)]
 pub enum Worker {
-    /// One model call per round, with the agent's system prompt.
+    /// One model call per round, with the agent's system prompt, made by
+    /// whichever replica takes the job.
     Model {
         model: ResolvedModel,
         system: String,
+        jobs: Arc<dyn Jobs>,
     },
     /// A turn of its own agent session per round: tools and a sandbox.
     Session {
@@ -151,37 +160,35 @@ impl Worker {
 
     async fn work(&self, call: &Call, usage: &mut Usage) -> Result<String, String> {
         match self {
-            Worker::Model { model, system } => {
-                let request = ChatRequest {
-                    model: model.upstream_model.clone(),
-                    system: Some(system.clone()),
-                    messages: vec![Message::User {
-                        content: call.prompt.clone(),
-                    }],
-                    temperature: Some(call.temperature),
+            Worker::Model {
+                model,
+                system,
+                jobs,
+            } => {
+                let job = ModelCall {
+                    model: model.name.clone(),
+                    system: system.clone(),
+                    prompt: call.prompt.clone(),
+                    temperature: call.temperature,
                     max_tokens: call.max_tokens,
-                    tool_call_mode: model.tool_call_mode,
-                    session_id: Some(call.parent.id.to_string()),
+                    session_id: call.parent.id.to_string(),
                     owner: call.parent.owner.clone(),
-                    ..ChatRequest::default()
                 };
-                let response = model
-                    .provider
-                    .complete(request)
+                let answer: ModelAnswer = jobs::run_json(jobs.as_ref(), MODEL_CALL, &job)
                     .await
                     .map_err(|e| e.to_string())?;
                 *usage = Usage {
-                    input_tokens: response.input_tokens,
-                    output_tokens: response.output_tokens,
+                    input_tokens: answer.input_tokens,
+                    output_tokens: answer.output_tokens,
                     cost_usd: model
                         .price
-                        .map(|p| p.cost(response.input_tokens, response.output_tokens))
+                        .map(|p| p.cost(answer.input_tokens, answer.output_tokens))
                         .unwrap_or(0.0),
                     turns: 1,
                     tool_calls: 0,
                 };
                 call.budget.charge(usage);
-                let text = response.text.trim();
+                let text = answer.text.trim();
                 if text.is_empty() {
                     return Err("the model answered nothing".into());
                 }
@@ -189,6 +196,70 @@ impl Worker {
             }
             Worker::Session { manager, session } => turn_of(manager, session, call, usage).await,
         }
+    }
+}
+
+/// The kind of job of a deliberation agent's model call.
+pub const MODEL_CALL: &str = "deliberation.model_call";
+
+/// A model call as a job: everything another replica needs to make it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModelCall {
+    /// The model as the deliberation named it (an alias or upstream name).
+    pub model: String,
+    pub system: String,
+    pub prompt: String,
+    pub temperature: f32,
+    pub max_tokens: Option<u32>,
+    /// The deliberation's session, grouping the call's traces.
+    pub session_id: String,
+    pub owner: Option<String>,
+}
+
+/// What the model answered and what it counted.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModelAnswer {
+    pub text: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// Makes the model calls of deliberations, whichever replica runs them.
+pub struct ModelCalls {
+    pub models: Arc<ModelRegistry>,
+}
+
+#[async_trait]
+impl Handler for ModelCalls {
+    async fn run(&self, job: Bytes) -> Result<Bytes, String> {
+        let call: ModelCall = jobs::read(&job)?;
+        let model = self
+            .models
+            .resolve(&call.model)
+            .map_err(|e| e.to_string())?;
+        let request = ChatRequest {
+            model: model.upstream_model.clone(),
+            system: Some(call.system),
+            messages: vec![Message::User {
+                content: call.prompt,
+            }],
+            temperature: Some(call.temperature),
+            max_tokens: call.max_tokens,
+            tool_call_mode: model.tool_call_mode,
+            session_id: Some(call.session_id),
+            owner: call.owner,
+            ..ChatRequest::default()
+        };
+        let response = model
+            .provider
+            .complete(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        jobs::answer(&ModelAnswer {
+            text: response.text,
+            input_tokens: response.input_tokens,
+            output_tokens: response.output_tokens,
+        })
     }
 }
 

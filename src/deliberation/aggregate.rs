@@ -58,7 +58,11 @@ fn model_worker(run: &Run<'_>, model: &str, system: String) -> Result<Worker, St
     run.deps
         .models
         .resolve(model)
-        .map(|model| Worker::Model { model, system })
+        .map(|model| Worker::Model {
+            model,
+            system,
+            jobs: run.deps.jobs.clone(),
+        })
         .map_err(|e| e.to_string())
 }
 

@@ -16,6 +16,7 @@ use super::agents::{Budget, Worker};
 use super::records::{self, Stored};
 use super::{DeliberationOptions, aggregate, prompts};
 use crate::bus::{Bus, Subject};
+use crate::jobs::Jobs;
 use crate::model::ModelRegistry;
 use crate::protocol::deliberation::{AgentResult, DeliberationStatus, Proposal};
 use crate::protocol::{EventKind, ResultStatus, SessionKind};
@@ -38,6 +39,8 @@ pub struct Deps {
     /// Agent calls running at once, across every deliberation
     /// ([`super::MAX_CONCURRENT_AGENTS`]).
     pub permits: Arc<tokio::sync::Semaphore>,
+    /// Where agents' model calls are made (any replica's).
+    pub jobs: Arc<dyn Jobs>,
 }
 
 impl Deps {
@@ -242,6 +245,7 @@ impl Run<'_> {
                             options.num_agents,
                             &options.constraints,
                         ),
+                        jobs: self.deps.jobs.clone(),
                     })
                     .map_err(|e| e.to_string())
             };

@@ -2,16 +2,22 @@
 //! through any path, simulated failures), or an agent turn with real tools
 //! in the run's sandbox, whose final answer is a JSON object with the
 //! decision and the fields the node writes.
+//!
+//! A mock node is a job ([`MOCK_NODE`]): on one server it runs here, among
+//! replicas whichever replica takes it from the queue answers it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::definition::{Definition, NodeSpec};
+use crate::jobs::{self, Handler};
 use crate::protocol::{ResultStatus, Usage};
 use crate::session::{Session, SessionManager, TurnOptions};
 
@@ -36,7 +42,7 @@ pub struct MockScript {
 }
 
 /// A node's answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Answer {
     pub decision: String,
     pub writes: Map<String, Value>,
@@ -105,6 +111,54 @@ pub async fn mock(
         writes,
         usage: Usage::default(),
     })
+}
+
+/// The kind of job of a mock node.
+pub const MOCK_NODE: &str = "pipeline.mock_node";
+
+/// A mock node's visit as a job: the pipeline by name (every replica has
+/// the same definitions) and where the run stands.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MockNode {
+    pub pipeline: String,
+    pub node: String,
+    pub script: MockScript,
+    pub visit: usize,
+    pub attempt: u32,
+}
+
+/// Answers mock nodes, whichever replica runs their pipeline.
+pub struct MockNodes {
+    pub definitions: Arc<BTreeMap<String, Arc<Definition>>>,
+}
+
+#[async_trait]
+impl Handler for MockNodes {
+    async fn run(&self, job: Bytes) -> Result<Bytes, String> {
+        let job: MockNode = jobs::read(&job)?;
+        let definition = self
+            .definitions
+            .get(&job.pipeline)
+            .ok_or_else(|| format!("this replica has no pipeline {:?}", job.pipeline))?;
+        if !definition.nodes.contains_key(&job.node) {
+            return Err(format!(
+                "the pipeline {} has no node {:?}",
+                job.pipeline, job.node
+            ));
+        }
+        // Dropping the job's future is its cancel.
+        let never = CancellationToken::new();
+        let answer = mock(
+            definition,
+            &job.node,
+            &job.script,
+            job.visit,
+            job.attempt,
+            &never,
+        )
+        .await?;
+        jobs::answer(&answer)
+    }
 }
 
 /// The message a real node's agent gets.

@@ -18,6 +18,7 @@ use super::agents::{self, Answer};
 use super::definition::{Definition, Route};
 use super::runs::{self, RunRecord};
 use super::{PipelineConfig, PipelineOptions};
+use crate::jobs::{self, Jobs};
 use crate::protocol::{EventKind, ResultStatus, SessionKind};
 use crate::session::{NewSession, Outcome, Session, SessionManager, Turn};
 use crate::store::{Checkpoint, Store, StoreError};
@@ -33,6 +34,8 @@ pub struct Deps {
     pub permits: Arc<Semaphore>,
     /// The sessions whose run waits for a permit.
     pub queued: Arc<Mutex<HashSet<Uuid>>>,
+    /// Where mock nodes are answered (any replica's).
+    pub jobs: Arc<dyn Jobs>,
 }
 
 /// A step as its checkpoint stores it.
@@ -367,8 +370,19 @@ async fn answer(
             return Ok(Err("cancelled".into()));
         }
         let result = if deps.config.test_mode {
-            let script = options.mock.clone().unwrap_or_default();
-            agents::mock(definition, node, &script, visit, attempt, &turn.cancel).await
+            let job = agents::MockNode {
+                pipeline: definition.name.clone(),
+                node: node.to_owned(),
+                script: options.mock.clone().unwrap_or_default(),
+                visit,
+                attempt,
+            };
+            tokio::select! {
+                answer = jobs::run_json(deps.jobs.as_ref(), agents::MOCK_NODE, &job) => {
+                    answer.map_err(|e| e.to_string())
+                }
+                _ = turn.cancel.cancelled() => Err("cancelled".into()),
+            }
         } else {
             match worker_of(deps, session, options, worker).await {
                 Ok((manager, child)) => {

@@ -81,6 +81,10 @@ impl SessionTask for PipelineTask {
         engine::run(&self.deps, turn, input).await
     }
 
+    fn resumes_when_cut_off(&self) -> bool {
+        true
+    }
+
     async fn delete(&self, session: Uuid) {
         match runs::remove(self.deps.store.as_ref(), session).await {
             Ok(Some(worker)) => {

@@ -57,6 +57,14 @@ pub trait SessionTask: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether a turn cut off by the death of the replica running it
+    /// starts again on the replica that closed it (a pipeline goes on
+    /// after its last checkpoint); otherwise it stays closed as
+    /// `interrupted` until the next message.
+    fn resumes_when_cut_off(&self) -> bool {
+        false
+    }
+
     /// Frees what an ephemeral session held once its one turn is over.
     async fn release(&self, _session: Uuid) {}
 

@@ -159,10 +159,20 @@ impl SessionManager {
                 Err(e) => return Err(e),
             };
             if self
-                .close_if_cut_off(leases, session, CUT_OFF_ELSEWHERE)
+                .close_if_cut_off(leases, session.clone(), CUT_OFF_ELSEWHERE)
                 .await?
             {
                 closed += 1;
+                if self.task_of(&session)?.resumes_when_cut_off() {
+                    // Closing it may have reloaded the session.
+                    let session = self.get(id, None).await?;
+                    match self.start_turn(session, String::new(), false).await {
+                        Ok(_) => {
+                            tracing::info!(%id, "resumed a turn another replica's death cut off")
+                        }
+                        Err(e) => tracing::warn!(%id, error = %e, "resuming a cut-off turn failed"),
+                    }
+                }
             }
         }
         Ok(closed)

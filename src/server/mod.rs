@@ -16,7 +16,8 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::bus::{BusError, EmbeddedBus, Kv, NatsBus};
+mod shared;
+
 use crate::deliberation::{self, DeliberationTask, Deliberations};
 use crate::pipeline::{self, PipelineTask};
 
@@ -27,14 +28,14 @@ use crate::api::auth::Keys;
 use crate::api::state::AppState;
 use crate::config::Config;
 use crate::gateway::Gateway;
+use crate::jobs::Jobs;
 use crate::mcp::{McpHost, SandboxTools};
 use crate::model::ModelRegistry;
 use crate::protocol::SessionStatus;
 use crate::sandbox::{self, SandboxManager};
 use crate::session::lease::TurnLeases;
-use crate::session::log::{EventLogs, NatsLogs};
 use crate::session::{Limits, SessionManager, SessionTask, Tasks};
-use crate::store::{PostgresStore, SqliteStore, Store, postgres};
+use crate::store::Store;
 use crate::telemetry::Metrics;
 
 #[derive(Debug, thiserror::Error)]
@@ -78,27 +79,6 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(4096)
 }
 
-/// The PostgreSQL database `store` names (migrated to this version's
-/// schema), or else SQLite in the data directory. An error names the URL
-/// without its password.
-async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
-    if let Some(url) = &config.store {
-        let store = PostgresStore::open(url)
-            .await
-            .map_err(|e| StartError::Store {
-                dir: postgres::redact(url),
-                message: e.to_string(),
-            })?;
-        return Ok(Arc::new(store));
-    }
-    let store =
-        SqliteStore::open(&config.data_dir.join("conclave.db")).map_err(|e| StartError::Store {
-            dir: config.data_dir.display().to_string(),
-            message: e.to_string(),
-        })?;
-    Ok(Arc::new(store))
-}
-
 /// Runs `work` every `period` until `stop`: the server's background chores.
 async fn periodically<F, W>(period: Duration, stop: CancellationToken, mut work: F)
 where
@@ -125,6 +105,8 @@ pub struct Server {
     root: CancellationToken,
     /// The bus's writer, awaited before the store closes.
     bus_tasks: TaskTracker,
+    /// Takes other replicas' jobs while the server runs.
+    jobs: Arc<dyn Jobs>,
 }
 
 impl Server {
@@ -145,67 +127,14 @@ impl Server {
         root: CancellationToken,
         kinds: Vec<Arc<dyn SessionTask>>,
     ) -> Result<Server, StartError> {
-        let store = open_store(&config).await?;
+        let store = shared::open_store(&config).await?;
         let metrics = Arc::new(Metrics::new());
         let bus_tasks = TaskTracker::new();
-        let (bus, kv): (Arc<dyn crate::bus::Bus>, Arc<Kv>) = match &config.bus.url {
-            None => {
-                let bus = EmbeddedBus::start(
-                    store.clone(),
-                    &config.bus,
-                    metrics.clone(),
-                    &bus_tasks,
-                    root.child_token(),
-                )
-                .await
-                .map_err(|e| StartError::Store {
-                    dir: config.data_dir.display().to_string(),
-                    message: format!("loading the bus's subjects: {e}"),
-                })?;
-                let kv = Kv::new(store.clone(), config.bus.max_payload_bytes);
-                (Arc::new(bus), Arc::new(kv))
-            }
-            Some(url) => {
-                let failed = |e: BusError| StartError::Bus {
-                    url: url.clone(),
-                    message: e.to_string(),
-                };
-                let bus = NatsBus::connect(
-                    url,
-                    "conclave",
-                    &config.bus,
-                    metrics.clone(),
-                    root.child_token(),
-                )
-                .await
-                .map_err(failed)?;
-                let kv = bus
-                    .kv(store.clone(), config.bus.max_payload_bytes, &bus_tasks)
-                    .await
-                    .map_err(failed)?;
-                (Arc::new(bus), kv)
-            }
-        };
-        // With NATS, session events fan out over it too, so a client on any
-        // replica streams a turn that runs on another.
-        let event_logs: Option<Arc<dyn EventLogs>> = match &config.bus.url {
-            Some(url) => {
-                let client = async_nats::ConnectOptions::new()
-                    .name("conclave-events")
-                    .connect(url.as_str())
-                    .await
-                    .map_err(|e| StartError::Bus {
-                        url: url.clone(),
-                        message: format!("connecting for session events: {e}"),
-                    })?;
-                Some(Arc::new(NatsLogs::new(
-                    client,
-                    store.clone(),
-                    metrics.clone(),
-                )))
-            }
-            None => None,
-        };
+        let shared::Bus {
+            bus,
+            kv,
+            event_logs,
+        } = shared::connect_bus(&config, &store, &metrics, &bus_tasks, &root).await?;
         let gateway =
             Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
         for pool in gateway.pools() {
@@ -270,6 +199,7 @@ impl Server {
             })
             .map_err(|e| StartError::Model(format!("pipelines: {e}")))?,
         );
+        let jobs = shared::start_jobs(&config, &models, &definitions, &metrics).await?;
         let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
         let sessions = Arc::new_cyclic(|manager| {
             let pipelines = PipelineTask::new(pipeline::engine::Deps {
@@ -281,6 +211,7 @@ impl Server {
                     config.pipelines.max_concurrent_pipelines,
                 )),
                 queued: queued.clone(),
+                jobs: jobs.clone(),
             });
             let deliberation = DeliberationTask::new(deliberation::engine::Deps {
                 models: models.clone(),
@@ -291,6 +222,7 @@ impl Server {
                 permits: Arc::new(tokio::sync::Semaphore::new(
                     deliberation::MAX_CONCURRENT_AGENTS,
                 )),
+                jobs: jobs.clone(),
             });
             let built_in = Tasks::new()
                 .with(Arc::new(agent))
@@ -395,6 +327,7 @@ impl Server {
             store,
             root,
             bus_tasks,
+            jobs,
         })
     }
 
@@ -445,6 +378,19 @@ impl Server {
                     sessions.evict_unused();
                 }
             }));
+        }
+        {
+            // Draining, the replica takes no more jobs and hands back those
+            // it is doing.
+            let taking = root.child_token();
+            background.spawn(self.jobs.clone().serve(taking.clone()));
+            let drain = drain.clone();
+            background.spawn(async move {
+                tokio::select! {
+                    _ = drain.cancelled() => taking.cancel(),
+                    _ = taking.cancelled() => {}
+                }
+            });
         }
         if self.state.config.store.is_some() {
             background.spawn(sessions.clone().listen(root.child_token()));

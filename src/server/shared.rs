@@ -1,0 +1,154 @@
+//! What replicas share, or what stands in for it on one server: the
+//! store, the bus with its KV, the session events' fan-out and the jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::StartError;
+use crate::bus::{BusError, EmbeddedBus, Kv, NatsBus};
+use crate::config::Config;
+use crate::jobs::{self, Handlers, Jobs, nats::QueueConfig};
+use crate::model::ModelRegistry;
+use crate::pipeline::definition::Definition;
+use crate::session::log::{EventLogs, NatsLogs};
+use crate::store::{PostgresStore, SqliteStore, Store, postgres};
+use crate::telemetry::Metrics;
+use crate::{deliberation, pipeline};
+
+/// The PostgreSQL database `store` names (migrated to this version's
+/// schema), or else SQLite in the data directory. An error names the URL
+/// without its password.
+pub(super) async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
+    if let Some(url) = &config.store {
+        let store = PostgresStore::open(url)
+            .await
+            .map_err(|e| StartError::Store {
+                dir: postgres::redact(url),
+                message: e.to_string(),
+            })?;
+        return Ok(Arc::new(store));
+    }
+    let store =
+        SqliteStore::open(&config.data_dir.join("conclave.db")).map_err(|e| StartError::Store {
+            dir: config.data_dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+    Ok(Arc::new(store))
+}
+
+/// The bus, its KV and, among replicas, the session events' fan-out.
+pub(super) struct Bus {
+    pub bus: Arc<dyn crate::bus::Bus>,
+    pub kv: Arc<Kv>,
+    pub event_logs: Option<Arc<dyn EventLogs>>,
+}
+
+/// The embedded bus on the store, or NATS at `bus.url`.
+pub(super) async fn connect_bus(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    metrics: &Arc<Metrics>,
+    bus_tasks: &TaskTracker,
+    root: &CancellationToken,
+) -> Result<Bus, StartError> {
+    let (bus, kv): (Arc<dyn crate::bus::Bus>, Arc<Kv>) = match &config.bus.url {
+        None => {
+            let bus = EmbeddedBus::start(
+                store.clone(),
+                &config.bus,
+                metrics.clone(),
+                bus_tasks,
+                root.child_token(),
+            )
+            .await
+            .map_err(|e| StartError::Store {
+                dir: config.data_dir.display().to_string(),
+                message: format!("loading the bus's subjects: {e}"),
+            })?;
+            let kv = Kv::new(store.clone(), config.bus.max_payload_bytes);
+            (Arc::new(bus), Arc::new(kv))
+        }
+        Some(url) => {
+            let failed = |e: BusError| StartError::Bus {
+                url: url.clone(),
+                message: e.to_string(),
+            };
+            let bus = NatsBus::connect(
+                url,
+                "conclave",
+                &config.bus,
+                metrics.clone(),
+                root.child_token(),
+            )
+            .await
+            .map_err(failed)?;
+            let kv = bus
+                .kv(store.clone(), config.bus.max_payload_bytes, bus_tasks)
+                .await
+                .map_err(failed)?;
+            (Arc::new(bus), kv)
+        }
+    };
+    // With NATS, session events fan out over it too, so a client on any
+    // replica streams a turn that runs on another.
+    let event_logs: Option<Arc<dyn EventLogs>> = match &config.bus.url {
+        Some(url) => {
+            let client = async_nats::ConnectOptions::new()
+                .name("conclave-events")
+                .connect(url.as_str())
+                .await
+                .map_err(|e| StartError::Bus {
+                    url: url.clone(),
+                    message: format!("connecting for session events: {e}"),
+                })?;
+            Some(Arc::new(NatsLogs::new(
+                client,
+                store.clone(),
+                metrics.clone(),
+            )))
+        }
+        None => None,
+    };
+    Ok(Bus {
+        bus,
+        kv,
+        event_logs,
+    })
+}
+
+/// The jobs any replica may do (deliberation agents' model calls, mock
+/// pipeline nodes): on NATS's work queue among replicas, in process on
+/// one server.
+pub(super) async fn start_jobs(
+    config: &Config,
+    models: &Arc<ModelRegistry>,
+    definitions: &Arc<std::collections::BTreeMap<String, Arc<Definition>>>,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<dyn Jobs>, StartError> {
+    let handlers = Handlers::default()
+        .with(
+            deliberation::agents::MODEL_CALL,
+            Arc::new(deliberation::agents::ModelCalls {
+                models: models.clone(),
+            }),
+        )
+        .with(
+            pipeline::agents::MOCK_NODE,
+            Arc::new(pipeline::agents::MockNodes {
+                definitions: definitions.clone(),
+            }),
+        );
+    let queue = QueueConfig {
+        ack_wait: Duration::from_secs(config.cluster.job_ack_wait_s),
+        max_running: config.cluster.max_jobs,
+    };
+    jobs::start(config.bus.url.as_deref(), handlers, queue, metrics.clone())
+        .await
+        .map_err(|e| StartError::Bus {
+            url: config.bus.url.clone().unwrap_or_default(),
+            message: e.to_string(),
+        })
+}
