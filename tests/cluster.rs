@@ -456,3 +456,65 @@ async fn a_replica_killed_mid_job_has_its_agent_call_done_by_another() {
     }
     assert!(taken_over >= 1.0, "no survivor took over a call");
 }
+
+/// Runs `prompt` as a turn on replica `on` and answers its events.
+async fn turn(cluster: &Cluster, on: usize, id: &str, prompt: &str) -> Vec<Value> {
+    let response = cluster.send(on, id, prompt).await;
+    assert_eq!(response.status(), 200, "replica {on}");
+    Lines::new(response).until("result").await
+}
+
+fn tool_result(events: &[Value]) -> &Value {
+    events
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap_or_else(|| panic!("no tool_result in {events:?}"))
+}
+
+#[tokio::test]
+async fn tool_calls_run_where_the_sessions_sandbox_is_and_a_lost_one_is_said() {
+    let mut cluster = cluster(15).await;
+    let id = cluster.create_session(0).await;
+    // A's turn makes the sandbox there; B's call is carried to it.
+    let wrote = turn(&cluster, 0, &id, "$ echo kept-on-a > note.txt").await;
+    assert_eq!(tool_result(&wrote)["is_error"], false, "{wrote:?}");
+    let read = turn(&cluster, 1, &id, "$ cat note.txt").await;
+    let result = tool_result(&read);
+    assert_eq!(result["is_error"], false, "{result}");
+    assert!(
+        result["output"].to_string().contains("kept-on-a"),
+        "B's call ran in A's sandbox: {result}"
+    );
+    assert!(!read.iter().any(
+        |e| e["type"] == "status" && e["message"].as_str().is_some_and(|m| m.contains("lost"))
+    ));
+    let on_b = cluster.metric(1, "conclave_sandboxes_live", &[]).await;
+    assert_eq!(on_b, 0.0, "B made no sandbox of its own");
+
+    // A dies: C's next call says the workspace was lost and runs in a new
+    // sandbox there, which B's calls then reach.
+    cluster.replicas[0].child.start_kill().unwrap();
+    cluster.replicas[0].child.wait().await.unwrap();
+    let after = turn(&cluster, 2, &id, "$ cat note.txt").await;
+    let lost = after
+        .iter()
+        .find(|e| e["type"] == "status" && e["message"].as_str().unwrap().contains("lost"))
+        .unwrap_or_else(|| panic!("no status saying the workspace was lost: {after:?}"));
+    assert!(
+        lost["message"].as_str().unwrap().contains("new sandbox"),
+        "{lost}"
+    );
+    let result = tool_result(&after);
+    assert!(
+        !result["output"].to_string().contains("kept-on-a"),
+        "the file went with A: {result}"
+    );
+    turn(&cluster, 2, &id, "$ echo kept-on-c > again.txt").await;
+    let read = turn(&cluster, 1, &id, "$ cat again.txt").await;
+    assert!(
+        tool_result(&read)["output"]
+            .to_string()
+            .contains("kept-on-c"),
+        "{read:?}"
+    );
+}

@@ -263,6 +263,11 @@ async fn run_prepared(
     );
     tokio::pin!(running);
     let show = |chunk: ToolChunk| {
+        if chunk.stream == super::tools::STATUS_STREAM {
+            return session.emit(EventKind::Status {
+                message: chunk.content,
+            });
+        }
         session.emit(EventKind::ToolOutput {
             id: call.id.clone(),
             stream: chunk.stream,

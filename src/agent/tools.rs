@@ -50,7 +50,12 @@ impl ToolOutput {
     }
 }
 
-/// Output a tool printed while it runs; becomes a `tool_output` event.
+/// The stream of a [`ToolChunk`] that is a note about where the call runs
+/// (its session's workspace was lost), shown as a `status` event.
+pub const STATUS_STREAM: &str = "status";
+
+/// Output a tool printed while it runs; becomes a `tool_output` event
+/// (a `status` event on [`STATUS_STREAM`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolChunk {
     /// `stdout`, `stderr`, or `info` for a note such as a count of output

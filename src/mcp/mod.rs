@@ -33,6 +33,7 @@ pub mod host;
 pub mod pipeline;
 pub mod progress;
 pub mod proxy;
+pub mod remote;
 pub mod resources;
 pub mod run_agent;
 pub mod schema;

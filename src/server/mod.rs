@@ -159,7 +159,7 @@ impl Server {
                 let sandboxes = Arc::new(SandboxManager::new(
                     backend,
                     config.sandbox.clone(),
-                    instance,
+                    instance.clone(),
                 ));
                 let host = Arc::new(McpHost {
                     sandboxes: sandboxes.clone(),
@@ -174,7 +174,16 @@ impl Server {
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;
-                (Arc::new(router), Some(sandboxes), Some(host))
+                let router = shared::cluster_tools(
+                    &config,
+                    Arc::new(router),
+                    &store,
+                    instance,
+                    &bus_tasks,
+                    &root,
+                )
+                .await?;
+                (router, Some(sandboxes), Some(host))
             }
         };
         let agent = AgentTask::new(

@@ -8,9 +8,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::StartError;
+use crate::agent::ToolRouter;
 use crate::bus::{BusError, EmbeddedBus, Kv, NatsBus};
 use crate::config::Config;
 use crate::jobs::{self, Handlers, Jobs, nats::QueueConfig};
+use crate::mcp::remote::ClusterTools;
 use crate::model::ModelRegistry;
 use crate::pipeline::definition::Definition;
 use crate::session::log::{EventLogs, NatsLogs};
@@ -151,4 +153,33 @@ pub(super) async fn start_jobs(
             url: config.bus.url.clone().unwrap_or_default(),
             message: e.to_string(),
         })
+}
+
+/// The sandbox tools of this replica: among replicas, a call runs on the
+/// replica holding the session's sandbox ([`crate::mcp::remote`]).
+pub(super) async fn cluster_tools(
+    config: &Config,
+    local: Arc<dyn ToolRouter>,
+    store: &Arc<dyn Store>,
+    instance: String,
+    tasks: &TaskTracker,
+    root: &CancellationToken,
+) -> Result<Arc<dyn ToolRouter>, StartError> {
+    let Some(url) = &config.bus.url else {
+        return Ok(local);
+    };
+    let tools = ClusterTools::start(
+        local,
+        url,
+        store.clone(),
+        instance,
+        root.child_token(),
+        tasks,
+    )
+    .await
+    .map_err(|message| StartError::Bus {
+        url: url.clone(),
+        message,
+    })?;
+    Ok(tools)
 }

@@ -1,0 +1,535 @@
+//! Tool calls carried to the replica that holds the session's sandbox.
+//!
+//! With docker or local sandboxes a session's workspace lives on one host.
+//! Among replicas, the first replica to run a tool call of a session owns
+//! its tools: the store says so (KV namespace `_sandbox_owners`, key the
+//! session, value the owner's instance id, written with compare-and-set).
+//! A call on another replica goes to the owner over NATS
+//! (`conclave.tools.<instance>.call`, the answer and what the call prints
+//! streamed back to an inbox); the tools the session is offered, its
+//! release and its delete go the same way.
+//!
+//! A replica that stopped has no subscription left, so NATS answers "no
+//! responders" at once: the replica that finds this takes the session
+//! over (compare-and-set on the owner's revision), runs the call in a new
+//! sandbox and says so with a `status` event: the workspace was lost. A
+//! call whose owner dies while it runs ends with an error saying so; the
+//! next call takes over.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{Client, StatusCode};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::agent::tools::STATUS_STREAM;
+use crate::agent::{AgentOptions, ToolChunk, ToolContext, ToolOutput, ToolRouter};
+use crate::model::ToolSpec;
+use crate::session::SessionError;
+use crate::store::{Expect, KvWrite, Store, StoreError};
+
+/// The store's KV namespace of owners (no API key can name it).
+const OWNERS: &str = "_sandbox_owners";
+const PREFIX: &str = "conclave.tools";
+/// Silence from an owner running a call before it is asked whether it
+/// still lives.
+const QUIET: Duration = Duration::from_secs(5);
+/// How long an owner has to answer that question.
+const PING_WAIT: Duration = Duration::from_secs(5);
+/// Chunks of a forwarded call's output queued on the owner before it
+/// drops them (the call's result is never dropped).
+const OUTPUT_BACKLOG: usize = 256;
+
+/// A forwarded request, as the owner reads it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Request {
+    session_id: Uuid,
+    options: AgentOptions,
+    /// The tool call (none for the tools offered, release, delete).
+    call: Option<Call>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Call {
+    id: Uuid,
+    name: String,
+    input: Value,
+}
+
+/// What the owner streams back for a call.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Reply {
+    Chunk { stream: String, content: String },
+    Done { output: Value, is_error: bool },
+}
+
+/// Who holds a session's tools.
+enum Owner {
+    Here,
+    There { replica: String, revision: u64 },
+}
+
+/// How a forwarded exchange ended.
+enum Forwarded<T> {
+    Answered(T),
+    /// Nobody listens for the owner any more: it stopped, before the
+    /// request reached it (`received` false: NATS found no responder) or
+    /// after (it stopped answering).
+    Gone {
+        received: bool,
+    },
+    Failed(String),
+}
+
+/// The tools of a replica among others: calls run here when this replica
+/// holds the session's sandbox, on the replica that does otherwise.
+pub struct ClusterTools {
+    local: Arc<dyn ToolRouter>,
+    client: Client,
+    store: Arc<dyn Store>,
+    instance: String,
+}
+
+impl ClusterTools {
+    /// Connects to NATS and answers other replicas' calls for sessions
+    /// whose sandbox is here until `stop`.
+    pub async fn start(
+        local: Arc<dyn ToolRouter>,
+        url: &str,
+        store: Arc<dyn Store>,
+        instance: String,
+        stop: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Result<Arc<ClusterTools>, String> {
+        let client = async_nats::ConnectOptions::new()
+            .name("conclave-tools")
+            .connect(url)
+            .await
+            .map_err(|e| format!("connecting for tool calls: {e}"))?;
+        let requests = client
+            .subscribe(format!("{PREFIX}.{instance}.>"))
+            .await
+            .map_err(|e| format!("listening for tool calls: {e}"))?;
+        let tools = Arc::new(ClusterTools {
+            local,
+            client,
+            store,
+            instance,
+        });
+        tasks.spawn(tools.clone().serve(requests, stop, tasks.clone()));
+        Ok(tools)
+    }
+
+    /// The session's owner; a session nobody owns becomes this replica's.
+    async fn owner(&self, session: Uuid) -> Result<Owner, StoreError> {
+        let key = session.to_string();
+        loop {
+            match self.store.kv_get(OWNERS, &key).await? {
+                Some(entry) if entry.value == self.instance.as_bytes() => return Ok(Owner::Here),
+                Some(entry) => {
+                    return Ok(Owner::There {
+                        replica: String::from_utf8_lossy(&entry.value).into_owned(),
+                        revision: entry.revision,
+                    });
+                }
+                None => {
+                    let claimed = self
+                        .store
+                        .kv_put(OWNERS, &key, self.instance.as_bytes(), Expect::Absent)
+                        .await?;
+                    if let KvWrite::Done(_) = claimed {
+                        return Ok(Owner::Here);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the session over from an owner that stopped; false when
+    /// another replica took it first.
+    async fn take_over(&self, session: Uuid, revision: u64) -> Result<bool, StoreError> {
+        let write = self
+            .store
+            .kv_put(
+                OWNERS,
+                &session.to_string(),
+                self.instance.as_bytes(),
+                Expect::Revision(revision),
+            )
+            .await?;
+        Ok(matches!(write, KvWrite::Done(_)))
+    }
+
+    /// Sends `request` to `replica`'s `leaf` and hands each reply to
+    /// `on_reply` until it answers `Some`. While the owner is quiet for
+    /// [`QUIET`] it is asked whether it lives; `cancel` is passed on.
+    async fn exchange<T>(
+        &self,
+        replica: &str,
+        leaf: &str,
+        request: &Request,
+        cancel: Option<&CancellationToken>,
+        mut on_reply: impl FnMut(Bytes) -> Result<Option<T>, String>,
+    ) -> Forwarded<T> {
+        let payload = match serde_json::to_vec(request) {
+            Ok(payload) => payload,
+            Err(e) => return Forwarded::Failed(format!("encoding a tool request: {e}")),
+        };
+        let inbox = self.client.new_inbox();
+        let mut replies = match self.client.subscribe(inbox.clone()).await {
+            Ok(replies) => replies,
+            Err(e) => return Forwarded::Failed(format!("NATS: {e}")),
+        };
+        if let Err(e) = self
+            .client
+            .publish_with_reply(format!("{PREFIX}.{replica}.{leaf}"), inbox, payload.into())
+            .await
+        {
+            return Forwarded::Failed(format!("NATS: {e}"));
+        }
+        let mut cancel_sent = false;
+        loop {
+            let cancelled = async {
+                match cancel {
+                    Some(cancel) if !cancel_sent => cancel.cancelled().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                reply = tokio::time::timeout(QUIET, replies.next()) => match reply {
+                    Ok(None) => return Forwarded::Failed("the connection to NATS closed".into()),
+                    Ok(Some(message)) if message.status == Some(StatusCode::NO_RESPONDERS) => {
+                        return Forwarded::Gone { received: false };
+                    }
+                    Ok(Some(message)) => match on_reply(message.payload) {
+                        Ok(Some(answer)) => return Forwarded::Answered(answer),
+                        Ok(None) => {}
+                        Err(e) => return Forwarded::Failed(e),
+                    },
+                    Err(_) => {
+                        if !self.alive(replica).await {
+                            return Forwarded::Gone { received: true };
+                        }
+                    }
+                },
+                _ = cancelled => {
+                    cancel_sent = true;
+                    if let Some(call) = &request.call {
+                        let subject = format!("{PREFIX}.{replica}.cancel.{}", call.id);
+                        let _ = self.client.publish(subject, Bytes::new()).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `replica` still answers.
+    async fn alive(&self, replica: &str) -> bool {
+        let ping = self
+            .client
+            .request(format!("{PREFIX}.{replica}.ping"), Bytes::new());
+        matches!(tokio::time::timeout(PING_WAIT, ping).await, Ok(Ok(_)))
+    }
+
+    /// Answers other replicas' requests for sessions whose tools are here.
+    async fn serve(
+        self: Arc<Self>,
+        mut requests: async_nats::Subscriber,
+        stop: CancellationToken,
+        tasks: TaskTracker,
+    ) {
+        let calls: Arc<std::sync::Mutex<std::collections::HashMap<Uuid, CancellationToken>>> =
+            Arc::default();
+        let mine = format!("{PREFIX}.{}.", self.instance);
+        loop {
+            let message = tokio::select! {
+                message = requests.next() => match message {
+                    Some(message) => message,
+                    None => return,
+                },
+                _ = stop.cancelled() => return,
+            };
+            let leaf = message
+                .subject
+                .as_str()
+                .strip_prefix(mine.as_str())
+                .unwrap_or_default()
+                .to_owned();
+            if let Some(call) = leaf.strip_prefix("cancel.") {
+                if let Ok(call) = Uuid::parse_str(call)
+                    && let Some(token) = crate::sync::lock(&calls).get(&call)
+                {
+                    token.cancel();
+                }
+                continue;
+            }
+            let Some(reply) = message.reply.clone() else {
+                continue;
+            };
+            if leaf == "ping" {
+                let _ = self.client.publish(reply, Bytes::new()).await;
+                continue;
+            }
+            let request: Request = match serde_json::from_slice(&message.payload) {
+                Ok(request) => request,
+                Err(e) => {
+                    tracing::warn!(error = %e, "an unreadable tool request was dropped");
+                    continue;
+                }
+            };
+            let tools = self.clone();
+            let calls = calls.clone();
+            tasks.spawn(async move {
+                tools.answer(&leaf, request, reply.to_string(), calls).await;
+            });
+        }
+    }
+
+    /// Does one forwarded request here and sends what it gives.
+    async fn answer(
+        &self,
+        leaf: &str,
+        request: Request,
+        reply: String,
+        calls: Arc<std::sync::Mutex<std::collections::HashMap<Uuid, CancellationToken>>>,
+    ) {
+        let ctx = ToolContext {
+            session_id: request.session_id,
+            options: Arc::new(request.options),
+        };
+        let send = |body: Vec<u8>| {
+            let client = self.client.clone();
+            let reply = reply.clone();
+            async move {
+                if let Err(e) = client.publish(reply, body.into()).await {
+                    tracing::warn!(error = %e, "sending a tool reply failed");
+                }
+            }
+        };
+        match (leaf, request.call) {
+            ("specs", _) => {
+                let specs = self.local.specs(&ctx).await;
+                send(serde_json::to_vec(&specs).unwrap_or_default()).await;
+            }
+            ("release", _) => {
+                self.local.release(ctx.session_id).await;
+                send(Vec::new()).await;
+            }
+            ("delete", _) => {
+                self.local.delete(ctx.session_id).await;
+                send(Vec::new()).await;
+            }
+            ("call", Some(call)) => {
+                let cancel = CancellationToken::new();
+                crate::sync::lock(&calls).insert(call.id, cancel.clone());
+                let (sink, mut printed) = mpsc::channel::<ToolChunk>(OUTPUT_BACKLOG);
+                let running = self
+                    .local
+                    .call_with_output(&ctx, &call.name, call.input, cancel, sink);
+                tokio::pin!(running);
+                let output = loop {
+                    tokio::select! {
+                        output = &mut running => break output,
+                        Some(chunk) = printed.recv() => send(encode_chunk(chunk)).await,
+                    }
+                };
+                while let Ok(chunk) = printed.try_recv() {
+                    send(encode_chunk(chunk)).await;
+                }
+                crate::sync::lock(&calls).remove(&call.id);
+                let done = Reply::Done {
+                    output: output.output,
+                    is_error: output.is_error,
+                };
+                send(serde_json::to_vec(&done).unwrap_or_default()).await;
+            }
+            (other, _) => tracing::warn!(leaf = other, "an unknown tool request was dropped"),
+        }
+    }
+
+    /// Runs `leaf` (release or delete) where the session's tools are.
+    async fn settle(&self, session: Uuid, leaf: &str) {
+        let key = session.to_string();
+        let owner = match self.store.kv_get(OWNERS, &key).await {
+            Ok(owner) => owner,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "finding a session's tools to {leaf} them");
+                return;
+            }
+        };
+        match owner {
+            Some(entry) if entry.value != self.instance.as_bytes() => {
+                let replica = String::from_utf8_lossy(&entry.value).into_owned();
+                let request = Request {
+                    session_id: session,
+                    options: AgentOptions::default(),
+                    call: None,
+                };
+                let _ = self
+                    .exchange(&replica, leaf, &request, None, |_| Ok(Some(())))
+                    .await;
+            }
+            _ => {
+                if leaf == "delete" {
+                    self.local.delete(session).await;
+                } else {
+                    self.local.release(session).await;
+                }
+            }
+        }
+        if let Err(e) = self.store.kv_delete(OWNERS, &key, Expect::Any).await {
+            tracing::warn!(%session, error = %e, "forgetting a session's tools");
+        }
+    }
+}
+
+fn encode_chunk(chunk: ToolChunk) -> Vec<u8> {
+    let reply = Reply::Chunk {
+        stream: chunk.stream,
+        content: chunk.content,
+    };
+    serde_json::to_vec(&reply).unwrap_or_default()
+}
+
+/// The note a call gets when its session's workspace was on a replica
+/// that stopped.
+fn lost(replica: &str) -> String {
+    format!(
+        "the session's workspace was on replica {replica}, which stopped: it is lost, \
+         and this call runs in a new sandbox on this replica"
+    )
+}
+
+#[async_trait]
+impl ToolRouter for ClusterTools {
+    async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec> {
+        match self.owner(ctx.session_id).await {
+            Ok(Owner::There { replica, .. }) => {
+                let request = Request {
+                    session_id: ctx.session_id,
+                    options: (*ctx.options).clone(),
+                    call: None,
+                };
+                let read = |body: Bytes| {
+                    serde_json::from_slice::<Vec<ToolSpec>>(&body)
+                        .map(Some)
+                        .map_err(|e| e.to_string())
+                };
+                match self.exchange(&replica, "specs", &request, None, read).await {
+                    Forwarded::Answered(specs) => specs,
+                    // Gone: the next call takes the session over; until
+                    // then this replica's tools are the same ones.
+                    Forwarded::Gone { .. } | Forwarded::Failed(_) => self.local.specs(ctx).await,
+                }
+            }
+            _ => self.local.specs(ctx).await,
+        }
+    }
+
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        cancel: CancellationToken,
+    ) -> ToolOutput {
+        let (sink, _) = mpsc::channel(1);
+        self.call_with_output(ctx, name, input, cancel, sink).await
+    }
+
+    async fn call_with_output(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        cancel: CancellationToken,
+        output: mpsc::Sender<ToolChunk>,
+    ) -> ToolOutput {
+        let failed = |e: StoreError| {
+            ToolOutput::error(format!(
+                "finding the replica with the session's sandbox: {e}"
+            ))
+        };
+        loop {
+            let (replica, revision) = match self.owner(ctx.session_id).await {
+                Err(e) => return failed(e),
+                Ok(Owner::Here) => {
+                    return self
+                        .local
+                        .call_with_output(ctx, name, input, cancel, output)
+                        .await;
+                }
+                Ok(Owner::There { replica, revision }) => (replica, revision),
+            };
+            let request = Request {
+                session_id: ctx.session_id,
+                options: (*ctx.options).clone(),
+                call: Some(Call {
+                    id: Uuid::new_v4(),
+                    name: name.to_owned(),
+                    input: input.clone(),
+                }),
+            };
+            let read = |body: Bytes| match serde_json::from_slice::<Reply>(&body) {
+                Ok(Reply::Chunk { stream, content }) => {
+                    let _ = output.try_send(ToolChunk { stream, content });
+                    Ok(None)
+                }
+                Ok(Reply::Done { output, is_error }) => Ok(Some(ToolOutput { output, is_error })),
+                Err(e) => Err(format!("an unreadable tool reply: {e}")),
+            };
+            let forwarded = self
+                .exchange(&replica, "call", &request, Some(&cancel), read)
+                .await;
+            match forwarded {
+                Forwarded::Answered(answer) => return answer,
+                Forwarded::Failed(e) => return ToolOutput::error(e),
+                Forwarded::Gone { received } => {
+                    match self.take_over(ctx.session_id, revision).await {
+                        Err(e) => return failed(e),
+                        // Another replica took it first: ask again.
+                        Ok(false) => continue,
+                        Ok(true) => {
+                            let _ = output
+                                .send(ToolChunk {
+                                    stream: STATUS_STREAM.into(),
+                                    content: lost(&replica),
+                                })
+                                .await;
+                            if received {
+                                return ToolOutput::error(format!(
+                                    "replica {replica} stopped while it ran this call"
+                                ));
+                            }
+                            return self
+                                .local
+                                .call_with_output(ctx, name, input, cancel, output)
+                                .await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn check_options(&self, options: &AgentOptions) -> Result<(), SessionError> {
+        self.local.check_options(options).await
+    }
+
+    async fn release(&self, session_id: Uuid) {
+        self.settle(session_id, "release").await;
+    }
+
+    async fn delete(&self, session_id: Uuid) {
+        self.settle(session_id, "delete").await;
+    }
+}
