@@ -139,6 +139,49 @@ impl Cluster {
             .sum()
     }
 
+    /// Checks that `jobs` jobs of `kind` were done, on two replicas or
+    /// three.
+    async fn assert_spread(&self, kind: &str, jobs: usize) {
+        let mut done = Vec::new();
+        for on in 0..3 {
+            let ok = [kind, r#"outcome="ok""#];
+            done.push(self.metric(on, "conclave_jobs_done_total", &ok).await);
+        }
+        assert_eq!(done.iter().sum::<f64>(), jobs as f64, "{kind}: {done:?}");
+        assert!(
+            done.iter().filter(|n| **n > 0.0).count() >= 2,
+            "the jobs {kind} spread: {done:?}"
+        );
+    }
+
+    /// B or C, once it is doing a job of `kind` (within 30 s).
+    async fn doing_a_job(&self, kind: &str) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            for on in [1, 2] {
+                if self.metric(on, "conclave_jobs_running", &[kind]).await > 0.0 {
+                    return on;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no job {kind} ran on B or C"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Jobs of `kind` the replicas but `dead` took over from another.
+    async fn taken_over(&self, dead: usize, kind: &str) -> f64 {
+        let mut taken = 0.0;
+        for on in (0..3).filter(|on| *on != dead) {
+            taken += self
+                .metric(on, "conclave_jobs_taken_over_total", &[kind])
+                .await;
+        }
+        taken
+    }
+
     /// Submits a deliberation on replica `on`; answers its task and session.
     async fn deliberate(&self, on: usize, body: Value) -> (String, String) {
         let response = self.post(on, "/deliberations", body).await;
@@ -387,16 +430,7 @@ async fn deliberation_agents_are_jobs_that_spread_over_the_replicas() {
     assert_eq!(events.last().unwrap()["status"], "success");
     let done = cluster.get_json(2, &format!("/deliberations/{task}")).await;
     assert_eq!(done["successful_responses"], 9, "{done}");
-    let mut calls = Vec::new();
-    for on in 0..3 {
-        let ok = [MODEL_CALL, r#"outcome="ok""#];
-        calls.push(cluster.metric(on, "conclave_jobs_done_total", &ok).await);
-    }
-    assert_eq!(calls.iter().sum::<f64>(), 9.0, "{calls:?}");
-    assert!(
-        calls.iter().filter(|n| **n > 0.0).count() >= 2,
-        "the calls spread: {calls:?}"
-    );
+    cluster.assert_spread(MODEL_CALL, 9).await;
 }
 
 #[tokio::test]
@@ -419,22 +453,7 @@ async fn a_replica_killed_mid_job_has_its_agent_call_done_by_another() {
     let follow = format!("/agent/session/{session}/events?since=0&follow=true");
     let mut events = Lines::new(cluster.get(0, &follow).await);
     // B or C is making a call: kill it mid-call.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let victim = 'found: loop {
-        for on in [1, 2] {
-            let running = cluster
-                .metric(on, "conclave_jobs_running", &[MODEL_CALL])
-                .await;
-            if running > 0.0 {
-                break 'found on;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no call ran on B or C"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let victim = cluster.doing_a_job(MODEL_CALL).await;
     cluster.replicas[victim].child.start_kill().unwrap();
     cluster.replicas[victim].child.wait().await.unwrap();
     let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
@@ -448,12 +467,7 @@ async fn a_replica_killed_mid_job_has_its_agent_call_done_by_another() {
         "every agent answered: {done}"
     );
     // A survivor took over the call the killed replica did not finish.
-    let mut taken_over = 0.0;
-    for on in (0..3).filter(|on| *on != victim) {
-        taken_over += cluster
-            .metric(on, "conclave_jobs_taken_over_total", &[MODEL_CALL])
-            .await;
-    }
+    let taken_over = cluster.taken_over(victim, MODEL_CALL).await;
     assert!(taken_over >= 1.0, "no survivor took over a call");
 }
 
@@ -517,4 +531,74 @@ async fn tool_calls_run_where_the_sessions_sandbox_is_and_a_lost_one_is_said() {
             .contains("kept-on-c"),
         "{read:?}"
     );
+}
+
+const CHILD_TURN: &str = r#"kind="session.child_turn""#;
+
+#[tokio::test]
+async fn tool_using_agents_run_their_turns_on_any_replica_and_their_events_reach_the_log() {
+    let cluster = cluster(15).await;
+    let (task, session) = cluster
+        .deliberate(
+            0,
+            json!({"task_description": "Check the shell:\n$ echo agent-ran-this",
+                   "num_agents": 6, "tools": true}),
+        )
+        .await;
+    let follow = format!("/agent/session/{session}/events?since=0&follow=true");
+    let events = Lines::new(cluster.get(2, &follow).await)
+        .until("result")
+        .await;
+    assert_eq!(events.last().unwrap()["status"], "success");
+    let done = cluster.get_json(1, &format!("/deliberations/{task}")).await;
+    assert_eq!(done["successful_responses"], 6, "{done}");
+    // Each agent's tool call came back into the deliberation's log, tagged.
+    let results: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .collect();
+    assert_eq!(results.len(), 6, "{events:?}");
+    for result in &results {
+        assert!(result["agent_id"].as_str().is_some(), "{result}");
+        assert!(
+            result["output"].to_string().contains("agent-ran-this"),
+            "{result}"
+        );
+    }
+    cluster.assert_spread(CHILD_TURN, 6).await;
+}
+
+#[tokio::test]
+async fn a_tool_using_agent_whose_replica_dies_is_run_again_on_another() {
+    let mut cluster = cluster_with(
+        3,
+        &[
+            ("CONCLAVE_CLUSTER__JOB_ACK_WAIT_S", "2"),
+            ("CONCLAVE_DEMO__CHUNK_DELAY_MS", "300"),
+        ],
+    )
+    .await;
+    let (task, session) = cluster
+        .deliberate(
+            0,
+            json!({"task_description": "Check the shell:\n$ echo agent-ran-this",
+                   "num_agents": 3, "tools": true, "timeout_s": 120}),
+        )
+        .await;
+    let follow = format!("/agent/session/{session}/events?since=0&follow=true");
+    let mut events = Lines::new(cluster.get(0, &follow).await);
+    let victim = cluster.doing_a_job(CHILD_TURN).await;
+    cluster.replicas[victim].child.start_kill().unwrap();
+    cluster.replicas[victim].child.wait().await.unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
+        .await
+        .expect("the deliberation ends");
+    assert_eq!(events.last().unwrap()["status"], "success");
+    let done = cluster.get_json(0, &format!("/deliberations/{task}")).await;
+    assert_eq!(
+        done["successful_responses"], 3,
+        "every agent answered: {done}"
+    );
+    let taken_over = cluster.taken_over(victim, CHILD_TURN).await;
+    assert!(taken_over >= 1.0, "no survivor ran an agent's turn again");
 }

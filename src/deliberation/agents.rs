@@ -97,10 +97,12 @@ pub enum Worker {
         system: String,
         jobs: Arc<dyn Jobs>,
     },
-    /// A turn of its own agent session per round: tools and a sandbox.
+    /// A turn of its own agent session per round (tools and a sandbox),
+    /// run by whichever replica takes the job.
     Session {
         manager: Arc<SessionManager>,
         session: Arc<Session>,
+        jobs: Arc<dyn Jobs>,
     },
 }
 
@@ -194,7 +196,11 @@ impl Worker {
                 }
                 Ok(text.to_owned())
             }
-            Worker::Session { manager, session } => turn_of(manager, session, call, usage).await,
+            Worker::Session {
+                manager,
+                session,
+                jobs,
+            } => turn_of(manager, jobs.as_ref(), session, call, usage).await,
         }
     }
 }
@@ -266,12 +272,14 @@ impl Handler for ModelCalls {
 /// One turn of a tool-using agent's session, its events forwarded.
 async fn turn_of(
     manager: &SessionManager,
+    jobs: &dyn Jobs,
     session: &Arc<Session>,
     call: &Call,
     usage: &mut Usage,
 ) -> Result<String, String> {
     let done = crate::session::child::run_turn(
         manager,
+        jobs,
         session,
         call.prompt.clone(),
         crate::session::TurnOptions::default(),

@@ -291,7 +291,11 @@ impl Run<'_> {
             })
             .await
             .map_err(|e| e.to_string())?;
-        Ok(Worker::Session { manager, session })
+        Ok(Worker::Session {
+            manager,
+            session,
+            jobs: self.deps.jobs.clone(),
+        })
     }
 
     /// A call's cap on tokens: the option (or the server's), within its

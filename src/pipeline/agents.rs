@@ -235,9 +235,10 @@ pub fn read_answer(spec: &NodeSpec, text: &str) -> Result<(String, Map<String, V
 
 /// A real node: a turn of the run's agent session (one per run, so every
 /// node works in the same sandbox) with the node's model and tools, its
-/// events tagged with the node.
+/// events tagged with the node, run by whichever replica takes the job.
 pub async fn agent(
     manager: &SessionManager,
+    jobs: &dyn jobs::Jobs,
     worker: &Arc<Session>,
     parent: &Session,
     node: &str,
@@ -249,7 +250,8 @@ pub async fn agent(
         allowed_tools: spec.tools.clone(),
     };
     let done =
-        crate::session::child::run_turn(manager, worker, prompt, options, parent, node).await?;
+        crate::session::child::run_turn(manager, jobs, worker, prompt, options, parent, node)
+            .await?;
     let text = match (done.status, done.text) {
         (ResultStatus::Success, Some(text)) => text,
         (status, _) => {

@@ -387,7 +387,16 @@ async fn answer(
             match worker_of(deps, session, options, worker).await {
                 Ok((manager, child)) => {
                     let prompt = agents::node_prompt(&definition.name, node, spec, state);
-                    agents::agent(&manager, &child, session, node, spec, prompt).await
+                    agents::agent(
+                        &manager,
+                        deps.jobs.as_ref(),
+                        &child,
+                        session,
+                        node,
+                        spec,
+                        prompt,
+                    )
+                    .await
                 }
                 Err(e) => Err(e),
             }

@@ -33,6 +33,7 @@ use crate::mcp::{McpHost, SandboxTools};
 use crate::model::ModelRegistry;
 use crate::protocol::SessionStatus;
 use crate::sandbox::{self, SandboxManager};
+use crate::session::child::ChildTurns;
 use crate::session::lease::TurnLeases;
 use crate::session::{Limits, SessionManager, SessionTask, Tasks};
 use crate::store::Store;
@@ -208,7 +209,15 @@ impl Server {
             })
             .map_err(|e| StartError::Model(format!("pipelines: {e}")))?,
         );
-        let jobs = shared::start_jobs(&config, &models, &definitions, &metrics).await?;
+        let child_turns = Arc::new(ChildTurns::default());
+        let jobs = shared::start_jobs(
+            &config,
+            &models,
+            &definitions,
+            &metrics,
+            child_turns.clone(),
+        )
+        .await?;
         let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
         let sessions = Arc::new_cyclic(|manager| {
             let pipelines = PipelineTask::new(pipeline::engine::Deps {
@@ -261,6 +270,7 @@ impl Server {
                 None => manager,
             }
         });
+        let _ = child_turns.sessions.set(Arc::downgrade(&sessions));
         let deliberations = Arc::new(Deliberations::new(
             sessions.clone(),
             store.clone(),

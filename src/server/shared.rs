@@ -15,6 +15,7 @@ use crate::jobs::{self, Handlers, Jobs, nats::QueueConfig};
 use crate::mcp::remote::ClusterTools;
 use crate::model::ModelRegistry;
 use crate::pipeline::definition::Definition;
+use crate::session::child::{CHILD_TURN, ChildTurns};
 use crate::session::log::{EventLogs, NatsLogs};
 use crate::store::{PostgresStore, SqliteStore, Store, postgres};
 use crate::telemetry::Metrics;
@@ -121,16 +122,18 @@ pub(super) async fn connect_bus(
     })
 }
 
-/// The jobs any replica may do (deliberation agents' model calls, mock
-/// pipeline nodes): on NATS's work queue among replicas, in process on
+/// The jobs any replica may do (deliberation agents' model calls and
+/// tool-using turns, pipeline nodes): on NATS's work queue among replicas, in process on
 /// one server.
 pub(super) async fn start_jobs(
     config: &Config,
     models: &Arc<ModelRegistry>,
     definitions: &Arc<std::collections::BTreeMap<String, Arc<Definition>>>,
     metrics: &Arc<Metrics>,
+    child_turns: Arc<ChildTurns>,
 ) -> Result<Arc<dyn Jobs>, StartError> {
     let handlers = Handlers::default()
+        .with(CHILD_TURN, child_turns)
         .with(
             deliberation::agents::MODEL_CALL,
             Arc::new(deliberation::agents::ModelCalls {

@@ -330,6 +330,12 @@ impl SessionManager {
             .await
     }
 
+    /// The last `seq` of the session's log as the store has it (another
+    /// replica may have written past what this one has seen).
+    pub async fn stored_last_seq(&self, id: Uuid) -> Result<u64, SessionError> {
+        Ok(self.store.last_seq(id).await?)
+    }
+
     /// [`SessionManager::start_turn`] with options for this turn only. It
     /// runs while the replica drains: a running turn starts these for its
     /// child sessions (a deliberation's agents) and must be able to finish.

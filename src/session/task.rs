@@ -104,7 +104,7 @@ pub struct Turn {
 /// What one turn may change from its session's options, set by a caller
 /// inside the server (a pipeline node's turn of the run's agent session):
 /// another model, and fewer tools. Kinds without models or tools ignore it.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TurnOptions {
     /// The model of this turn instead of the session's.
     pub model: Option<String>,
