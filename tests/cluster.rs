@@ -30,9 +30,15 @@ struct Replica {
 }
 
 impl Replica {
-    async fn start(store: &str, bus: &str, lease_s: u64, env: &[(&str, &str)]) -> Replica {
+    async fn start(
+        sandbox: &str,
+        store: &str,
+        bus: &str,
+        lease_s: u64,
+        env: &[(&str, &str)],
+    ) -> Replica {
         let dir = tempfile::tempdir().unwrap();
-        let mut command = serve_command(&["--sandbox", "local", "--store", store, "--bus", bus]);
+        let mut command = serve_command(&["--sandbox", sandbox, "--store", store, "--bus", bus]);
         command
             .current_dir(dir.path())
             .env("CONCLAVE_CLUSTER__TURN_LEASE_S", lease_s.to_string())
@@ -70,11 +76,16 @@ async fn cluster(lease_s: u64) -> Cluster {
 }
 
 async fn cluster_with(lease_s: u64, env: &[(&str, &str)]) -> Cluster {
+    cluster_on("local", lease_s, env).await
+}
+
+/// Three replicas on the `sandbox` backend.
+async fn cluster_on(sandbox: &str, lease_s: u64, env: &[(&str, &str)]) -> Cluster {
     let database = TestDatabase::create(&test_server()).await;
     let nats = NatsServer::start(true).await;
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(Replica::start(&database.url(), &nats.url, lease_s, env).await);
+        replicas.push(Replica::start(sandbox, &database.url(), &nats.url, lease_s, env).await);
     }
     Cluster {
         replicas,
@@ -137,6 +148,23 @@ impl Cluster {
             .filter(|line| labels.iter().all(|label| line.contains(label)))
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+
+    /// Deletes session `id` through replica `on`.
+    async fn delete(&self, on: usize, id: &str) {
+        let deleted = self
+            .http
+            .delete(self.replicas[on].at(&format!("/agent/session/{id}")))
+            .send()
+            .await
+            .unwrap();
+        assert!(deleted.status().is_success(), "{}", deleted.status());
+    }
+
+    /// Kills replica `on` with SIGKILL and waits for it to be gone.
+    async fn kill(&mut self, on: usize) {
+        self.replicas[on].child.start_kill().unwrap();
+        self.replicas[on].child.wait().await.unwrap();
     }
 
     /// Checks that `jobs` jobs of `kind` were done, on two replicas or
@@ -247,13 +275,7 @@ async fn any_replica_serves_any_session_and_streams_it_live() {
         assert_eq!(status["usage"]["turns"], 2, "{status}");
     }
     // Deleted on C, it is gone on every replica.
-    let deleted = cluster
-        .http
-        .delete(cluster.replicas[2].at(&format!("/agent/session/{id}")))
-        .send()
-        .await
-        .unwrap();
-    assert!(deleted.status().is_success(), "{}", deleted.status());
+    cluster.delete(2, &id).await;
     for on in 0..3 {
         let status = cluster
             .get(on, &format!("/agent/session/{id}/status"))
@@ -308,8 +330,7 @@ async fn a_replica_killed_mid_turn_loses_no_event_and_a_survivor_takes_over() {
     let mut on_a = Lines::new(response);
     on_a.until("status").await;
     let killed = std::time::Instant::now();
-    cluster.replicas[0].child.start_kill().unwrap();
-    cluster.replicas[0].child.wait().await.unwrap();
+    cluster.kill(0).await;
 
     // B's client sees the turn closed by a survivor within the lease (and
     // one sweep period), every event it got before the kill still there.
@@ -357,8 +378,7 @@ async fn a_pipeline_cut_by_a_killed_replica_resumes_by_itself_on_another_from_it
             checkpoints += 1;
         }
     }
-    cluster.replicas[0].child.start_kill().unwrap();
-    cluster.replicas[0].child.wait().await.unwrap();
+    cluster.kill(0).await;
     // A survivor closes the cut-off turn; C's follower sees it.
     let cut = tokio::time::timeout(Duration::from_secs(30), events.until("result"))
         .await
@@ -454,8 +474,7 @@ async fn a_replica_killed_mid_job_has_its_agent_call_done_by_another() {
     let mut events = Lines::new(cluster.get(0, &follow).await);
     // B or C is making a call: kill it mid-call.
     let victim = cluster.doing_a_job(MODEL_CALL).await;
-    cluster.replicas[victim].child.start_kill().unwrap();
-    cluster.replicas[victim].child.wait().await.unwrap();
+    cluster.kill(victim).await;
     let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
         .await
         .expect("the deliberation ends");
@@ -476,6 +495,14 @@ async fn turn(cluster: &Cluster, on: usize, id: &str, prompt: &str) -> Vec<Value
     let response = cluster.send(on, id, prompt).await;
     assert_eq!(response.status(), 200, "replica {on}");
     Lines::new(response).until("result").await
+}
+
+/// The `status` event whose message holds `words`.
+fn status_saying<'a>(events: &'a [Value], words: &str) -> &'a Value {
+    events
+        .iter()
+        .find(|e| e["type"] == "status" && e["message"].as_str().unwrap().contains(words))
+        .unwrap_or_else(|| panic!("no status saying {words:?}: {events:?}"))
 }
 
 fn tool_result(events: &[Value]) -> &Value {
@@ -507,13 +534,9 @@ async fn tool_calls_run_where_the_sessions_sandbox_is_and_a_lost_one_is_said() {
 
     // A dies: C's next call says the workspace was lost and runs in a new
     // sandbox there, which B's calls then reach.
-    cluster.replicas[0].child.start_kill().unwrap();
-    cluster.replicas[0].child.wait().await.unwrap();
+    cluster.kill(0).await;
     let after = turn(&cluster, 2, &id, "$ cat note.txt").await;
-    let lost = after
-        .iter()
-        .find(|e| e["type"] == "status" && e["message"].as_str().unwrap().contains("lost"))
-        .unwrap_or_else(|| panic!("no status saying the workspace was lost: {after:?}"));
+    let lost = status_saying(&after, "lost");
     assert!(
         lost["message"].as_str().unwrap().contains("new sandbox"),
         "{lost}"
@@ -588,8 +611,7 @@ async fn a_tool_using_agent_whose_replica_dies_is_run_again_on_another() {
     let follow = format!("/agent/session/{session}/events?since=0&follow=true");
     let mut events = Lines::new(cluster.get(0, &follow).await);
     let victim = cluster.doing_a_job(CHILD_TURN).await;
-    cluster.replicas[victim].child.start_kill().unwrap();
-    cluster.replicas[victim].child.wait().await.unwrap();
+    cluster.kill(victim).await;
     let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
         .await
         .expect("the deliberation ends");
@@ -601,4 +623,37 @@ async fn a_tool_using_agent_whose_replica_dies_is_run_again_on_another() {
     );
     let taken_over = cluster.taken_over(victim, CHILD_TURN).await;
     assert!(taken_over >= 1.0, "no survivor ran an agent's turn again");
+}
+
+#[tokio::test]
+async fn a_survivor_on_the_same_docker_daemon_takes_the_sandbox_over_and_keeps_the_workspace() {
+    let mut cluster = cluster_on("docker", 15, &[]).await;
+    let id = cluster.create_session(0).await;
+    let wrote = turn(&cluster, 0, &id, "$ echo kept-by-docker > note.txt").await;
+    assert_eq!(tool_result(&wrote)["is_error"], false, "{wrote:?}");
+    cluster.kill(0).await;
+    let read = turn(&cluster, 2, &id, "$ cat note.txt").await;
+    let took = status_saying(&read, "took it over");
+    assert!(took["message"].as_str().unwrap().contains("kept"), "{took}");
+    assert!(
+        tool_result(&read)["output"]
+            .to_string()
+            .contains("kept-by-docker"),
+        "the workspace survived A: {read:?}"
+    );
+    // Deleted, the session takes the adopted container with it.
+    cluster.delete(2, &id).await;
+    let left = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=conclave.session={id}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        "the session's container is gone"
+    );
 }

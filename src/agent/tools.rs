@@ -98,6 +98,13 @@ pub trait ToolRouter: Send + Sync {
         Ok(())
     }
 
+    /// Takes over the session's sandbox that another replica made and
+    /// can no longer serve; true when there was one to take (its
+    /// workspace is kept), false when the session starts afresh here.
+    async fn adopt(&self, _session_id: Uuid) -> bool {
+        false
+    }
+
     /// Frees what the session holds (its sandbox) when its last turn is over.
     async fn release(&self, _session_id: Uuid) {}
 

@@ -348,6 +348,16 @@ impl ToolRouter for SandboxTools {
         Ok(())
     }
 
+    async fn adopt(&self, session_id: Uuid) -> bool {
+        match self.host.sandboxes.adopt(session_id).await {
+            Ok(adopted) => adopted.is_some(),
+            Err(e) => {
+                tracing::warn!(session = %session_id, error = %e, "looking for a sandbox to take over");
+                false
+            }
+        }
+    }
+
     async fn release(&self, session_id: Uuid) {
         self.external.release(session_id).await;
         self.host.sandboxes.release(session_id).await;

@@ -12,7 +12,9 @@
 //! A replica that stopped has no subscription left, so NATS answers "no
 //! responders" at once: the replica that finds this takes the session
 //! over (compare-and-set on the owner's revision), runs the call in a new
-//! sandbox and says so with a `status` event: the workspace was lost. A
+//! sandbox (or in the old one, when this replica can reach it: the same
+//! docker daemon, the same kubernetes namespace) and says so with a
+//! `status` event: the workspace was lost, or kept. A
 //! call whose owner dies while it runs ends with an error saying so; the
 //! next call takes over.
 
@@ -400,6 +402,15 @@ fn encode_chunk(chunk: ToolChunk) -> Vec<u8> {
     serde_json::to_vec(&reply).unwrap_or_default()
 }
 
+/// The note a call gets when it took over the sandbox of a replica that
+/// stopped (on the same docker daemon or kubernetes namespace).
+fn adopted(replica: &str) -> String {
+    format!(
+        "the session's sandbox was served by replica {replica}, which stopped: \
+         this replica took it over, and the workspace is kept"
+    )
+}
+
 /// The note a call gets when its session's workspace was on a replica
 /// that stopped.
 fn lost(replica: &str) -> String {
@@ -499,10 +510,15 @@ impl ToolRouter for ClusterTools {
                         // Another replica took it first: ask again.
                         Ok(false) => continue,
                         Ok(true) => {
+                            let note = if self.local.adopt(ctx.session_id).await {
+                                adopted(&replica)
+                            } else {
+                                lost(&replica)
+                            };
                             let _ = output
                                 .send(ToolChunk {
                                     stream: STATUS_STREAM.into(),
-                                    content: lost(&replica),
+                                    content: note,
                                 })
                                 .await;
                             if received {

@@ -69,6 +69,24 @@ impl SandboxManager {
         self.backend.remove(id).await
     }
 
+    /// Takes over the session's sandbox that another instance made (a
+    /// replica that stopped, on the same docker daemon or kubernetes
+    /// namespace): the session's next call attaches to it instead of
+    /// making a new one. Answers the instance it came from, or `None`
+    /// when there is none to take.
+    pub async fn adopt(&self, session: Uuid) -> Result<Option<String>> {
+        let wanted = session.to_string();
+        let theirs = self.backend.list_managed().await?.into_iter().find(|m| {
+            m.session.as_deref() == Some(wanted.as_str())
+                && m.instance.as_deref() != Some(self.instance.as_str())
+        });
+        let Some(theirs) = theirs else {
+            return Ok(None);
+        };
+        lock(&self.found).insert(session, theirs.id.clone());
+        Ok(Some(theirs.instance.unwrap_or_default()))
+    }
+
     /// This instance's sandboxes on the backend.
     pub async fn list(&self) -> Result<Vec<ManagedSandbox>> {
         Ok(self
