@@ -631,7 +631,16 @@ async fn a_survivor_on_the_same_docker_daemon_takes_the_sandbox_over_and_keeps_t
     let id = cluster.create_session(0).await;
     let wrote = turn(&cluster, 0, &id, "$ echo kept-by-docker > note.txt").await;
     assert_eq!(tool_result(&wrote)["is_error"], false, "{wrote:?}");
+    // A second session whose sandbox A made, deleted after A died.
+    let orphan = cluster.create_session(0).await;
+    turn(&cluster, 0, &orphan, "$ echo soon-gone > x.txt").await;
+    assert_eq!(containers_of(&orphan).len(), 1);
     cluster.kill(0).await;
+    cluster.delete(1, &orphan).await;
+    assert!(
+        containers_of(&orphan).is_empty(),
+        "B removed the dead replica's container of the deleted session"
+    );
     let read = turn(&cluster, 2, &id, "$ cat note.txt").await;
     let took = status_saying(&read, "took it over");
     assert!(took["message"].as_str().unwrap().contains("kept"), "{took}");
@@ -643,7 +652,15 @@ async fn a_survivor_on_the_same_docker_daemon_takes_the_sandbox_over_and_keeps_t
     );
     // Deleted, the session takes the adopted container with it.
     cluster.delete(2, &id).await;
-    let left = std::process::Command::new("docker")
+    assert!(
+        containers_of(&id).is_empty(),
+        "the session's container is gone"
+    );
+}
+
+/// The docker containers labelled with session `id`.
+fn containers_of(id: &str) -> Vec<String> {
+    let listed = std::process::Command::new("docker")
         .args([
             "ps",
             "-aq",
@@ -652,8 +669,8 @@ async fn a_survivor_on_the_same_docker_daemon_takes_the_sandbox_over_and_keeps_t
         ])
         .output()
         .unwrap();
-    assert!(
-        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
-        "the session's container is gone"
-    );
+    String::from_utf8_lossy(&listed.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }

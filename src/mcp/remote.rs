@@ -358,6 +358,14 @@ impl ClusterTools {
         }
     }
 
+    async fn settle_here(&self, session: Uuid, leaf: &str) {
+        if leaf == "delete" {
+            self.local.delete(session).await;
+        } else {
+            self.local.release(session).await;
+        }
+    }
+
     /// Runs `leaf` (release or delete) where the session's tools are.
     async fn settle(&self, session: Uuid, leaf: &str) {
         let key = session.to_string();
@@ -376,17 +384,18 @@ impl ClusterTools {
                     options: AgentOptions::default(),
                     call: None,
                 };
-                let _ = self
+                let settled = self
                     .exchange(&replica, leaf, &request, None, |_| Ok(Some(())))
                     .await;
-            }
-            _ => {
-                if leaf == "delete" {
-                    self.local.delete(session).await;
-                } else {
-                    self.local.release(session).await;
+                // Its replica stopped: free the sandbox here if this
+                // replica can reach it.
+                if let Forwarded::Gone { .. } = settled
+                    && self.local.adopt(session).await
+                {
+                    self.settle_here(session, leaf).await;
                 }
             }
+            _ => self.settle_here(session, leaf).await,
         }
         if let Err(e) = self.store.kv_delete(OWNERS, &key, Expect::Any).await {
             tracing::warn!(%session, error = %e, "forgetting a session's tools");
