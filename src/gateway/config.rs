@@ -50,6 +50,8 @@ pub enum Strategy {
     /// sessions, and no replica takes more than `affinity_load_factor`
     /// times the mean load. Calls without a session go to the least loaded.
     SessionAffinity,
+    /// The less loaded of two replicas drawn at random.
+    PowerOfTwo,
 }
 
 impl Strategy {
@@ -59,6 +61,7 @@ impl Strategy {
             Strategy::Shuffle => "shuffle",
             Strategy::LeastOutstanding => "least_outstanding",
             Strategy::SessionAffinity => "session_affinity",
+            Strategy::PowerOfTwo => "power_of_two",
         }
     }
 }

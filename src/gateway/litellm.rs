@@ -169,6 +169,7 @@ fn strategy_from_litellm(name: &str) -> Result<Strategy, String> {
         "least-busy" | "least_outstanding" => Strategy::LeastOutstanding,
         "round_robin" | "round-robin" => Strategy::RoundRobin,
         "session_affinity" => Strategy::SessionAffinity,
+        "power_of_two" => Strategy::PowerOfTwo,
         "usage-based-routing"
         | "usage-based-routing-v2"
         | "latency-based-routing"
@@ -183,11 +184,12 @@ fn strategy_from_litellm(name: &str) -> Result<Strategy, String> {
     })
 }
 
-/// LiteLLM's closest strategy: it has no round robin or session affinity,
-/// and one strategy for all models (the first pool's is written).
+/// LiteLLM's closest strategy: it has no round robin, session affinity or
+/// power of two, and one strategy for all models (the first pool's is
+/// written).
 fn strategy_to_litellm(strategy: Strategy) -> &'static str {
     match strategy {
-        Strategy::LeastOutstanding => "least-busy",
+        Strategy::LeastOutstanding | Strategy::PowerOfTwo => "least-busy",
         Strategy::Shuffle | Strategy::RoundRobin | Strategy::SessionAffinity => "simple-shuffle",
     }
 }

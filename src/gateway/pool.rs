@@ -391,6 +391,26 @@ mod tests {
     }
 
     #[test]
+    fn power_of_two_picks_the_less_loaded_of_two_and_spreads() {
+        // Of two replicas it always compares both: the idle one wins.
+        let pool2 = pool(Strategy::PowerOfTwo, 2);
+        let replicas = pool2.replicas();
+        let _busy = [replicas[0].start_call(), replicas[0].start_call()];
+        assert_eq!(counts(&pool2, 200, |_| None), vec![0, 200]);
+        // Of four, the busiest is never picked (it always loses its draw),
+        // and idle replicas share the calls.
+        let pool4 = pool(Strategy::PowerOfTwo, 4);
+        let replicas = pool4.replicas();
+        let _busy = [replicas[3].start_call()];
+        let counts = counts(&pool4, 3000, |_| None);
+        assert_eq!(counts[3], 0, "{counts:?}");
+        assert!(
+            counts[..3].iter().all(|c| (700..1300).contains(c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
     fn affinity_is_sticky_spread_and_moves_only_a_leavers_sessions() {
         let pool = pool(Strategy::SessionAffinity, 4);
         let sessions: Vec<String> = (0..2000).map(|i| format!("session-{i}")).collect();

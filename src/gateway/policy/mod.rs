@@ -5,6 +5,7 @@
 
 mod affinity;
 mod least_outstanding;
+mod power_of_two;
 mod round_robin;
 mod shuffle;
 
@@ -40,5 +41,6 @@ pub(super) fn for_strategy(strategy: Strategy) -> Box<dyn Policy> {
         Strategy::Shuffle => Box::new(shuffle::Shuffle),
         Strategy::LeastOutstanding => Box::new(least_outstanding::LeastOutstanding),
         Strategy::SessionAffinity => Box::new(affinity::SessionAffinity),
+        Strategy::PowerOfTwo => Box::new(power_of_two::PowerOfTwo),
     }
 }
