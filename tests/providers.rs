@@ -92,9 +92,9 @@ fn tool(name: &str) -> ToolSpec {
 fn ask(prompt: &str) -> ChatRequest {
     ChatRequest {
         model: "small-model".into(),
-        messages: vec![Message::User {
+        messages: std::sync::Arc::new(vec![Message::User {
             content: prompt.into(),
-        }],
+        }]),
         ..ChatRequest::default()
     }
 }
@@ -313,7 +313,7 @@ async fn openai_request_body_and_headers() {
     let request = ChatRequest {
         model: "qwen2.5-7b".into(),
         system: Some("Be brief.".into()),
-        messages: vec![
+        messages: std::sync::Arc::new(vec![
             Message::User {
                 content: "list files".into(),
             },
@@ -331,7 +331,7 @@ async fn openai_request_body_and_headers() {
                 content: "a.txt".into(),
                 is_error: false,
             },
-        ],
+        ]),
         tools: vec![tool("Bash")],
         temperature: Some(0.5),
         max_tokens: Some(256),
@@ -653,7 +653,7 @@ async fn anthropic_request_body_and_headers() {
     let request = ChatRequest {
         model: "claude-sonnet-4-5".into(),
         system: Some("Be brief.".into()),
-        messages: vec![
+        messages: std::sync::Arc::new(vec![
             Message::User {
                 content: "two things".into(),
             },
@@ -674,7 +674,7 @@ async fn anthropic_request_body_and_headers() {
             },
             result("toolu_1", "a.txt", false),
             result("toolu_2", "exit 1", true),
-        ],
+        ]),
         tools: vec![tool("Bash")],
         temperature: Some(0.25),
         max_tokens: None,

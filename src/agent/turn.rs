@@ -114,7 +114,10 @@ async fn agent_loop(
         .system_prompt
         .clone()
         .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
-    let mut history = deps.store.messages(session.id).await?;
+    // Shared with each model call rather than copied for it: a call costs
+    // the same at the 500th turn of a session as at the first. A push
+    // after the call has returned finds the history unshared again.
+    let mut history = Arc::new(deps.store.messages(session.id).await?);
     let mut last_text = None;
     let mut retried = false;
     // Successful calls of this turn by name and arguments: a weak model
@@ -130,7 +133,7 @@ async fn agent_loop(
         let request = ChatRequest {
             model: model.upstream_model.clone(),
             system: system.clone(),
-            messages: history.clone(),
+            messages: Arc::clone(&history),
             tools: tools.clone(),
             temperature: options.temperature,
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
@@ -157,10 +160,10 @@ async fn agent_loop(
         deps.store
             .append_messages(session.id, std::slice::from_ref(&assistant))
             .await?;
-        history.push(assistant);
+        Arc::make_mut(&mut history).push(assistant);
         tally.save_usage().await?;
         if reply.interrupted {
-            close_calls(deps, session, &reply.calls, &mut history).await?;
+            close_calls(deps, session, &reply.calls, Arc::make_mut(&mut history)).await?;
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
         if reply.calls.is_empty() {
@@ -179,7 +182,7 @@ async fn agent_loop(
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&nudge))
                     .await?;
-                history.push(nudge);
+                Arc::make_mut(&mut history).push(nudge);
                 continue;
             }
             return Ok(Outcome::new(ResultStatus::Success, Some(reply.text)));
@@ -187,12 +190,18 @@ async fn agent_loop(
         if let Some(budget) = options.max_budget_usd
             && tally.usage.cost_usd >= budget
         {
-            close_calls(deps, session, &reply.calls, &mut history).await?;
+            close_calls(deps, session, &reply.calls, Arc::make_mut(&mut history)).await?;
             return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
         for (i, call) in reply.calls.iter().enumerate() {
             if cancel.is_cancelled() {
-                close_calls(deps, session, &reply.calls[i..], &mut history).await?;
+                close_calls(
+                    deps,
+                    session,
+                    &reply.calls[i..],
+                    Arc::make_mut(&mut history),
+                )
+                .await?;
                 return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
             }
             let (message, settled) =
@@ -201,9 +210,15 @@ async fn agent_loop(
             deps.store
                 .append_messages(session.id, std::slice::from_ref(&message))
                 .await?;
-            history.push(message);
+            Arc::make_mut(&mut history).push(message);
             if let Some(answer) = settled {
-                close_calls(deps, session, &reply.calls[i + 1..], &mut history).await?;
+                close_calls(
+                    deps,
+                    session,
+                    &reply.calls[i + 1..],
+                    Arc::make_mut(&mut history),
+                )
+                .await?;
                 session.emit(EventKind::Status {
                     message: format!(
                         "The model's calls printed the same output {REPEATS_TO_SETTLE} times; it is taken as the answer."

@@ -246,9 +246,9 @@ impl Handler for ModelCalls {
         let request = ChatRequest {
             model: model.upstream_model.clone(),
             system: Some(call.system),
-            messages: vec![Message::User {
+            messages: Arc::new(vec![Message::User {
                 content: call.prompt,
-            }],
+            }]),
             temperature: Some(call.temperature),
             max_tokens: call.max_tokens,
             tool_call_mode: model.tool_call_mode,

@@ -218,9 +218,9 @@ mod tests {
     fn ask(prompt: &str, tools: &[&str]) -> ChatRequest {
         ChatRequest {
             model: "demo".into(),
-            messages: vec![Message::User {
+            messages: std::sync::Arc::new(vec![Message::User {
                 content: prompt.into(),
-            }],
+            }]),
             tools: tools.iter().map(|t| tool(t)).collect(),
             ..ChatRequest::default()
         }
@@ -280,11 +280,11 @@ mod tests {
     #[test]
     fn tool_results_are_summarised() {
         let mut request = ask("$ echo hi", &[BASH]);
-        request.messages.push(Message::Assistant {
+        std::sync::Arc::make_mut(&mut request.messages).push(Message::Assistant {
             content: String::new(),
             tool_calls: vec![],
         });
-        request.messages.push(Message::Tool {
+        std::sync::Arc::make_mut(&mut request.messages).push(Message::Tool {
             tool_call_id: "t".into(),
             name: BASH.into(),
             content: "hi".into(),

@@ -21,6 +21,7 @@ pub mod openai;
 pub mod registry;
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::{Stream, StreamExt};
@@ -48,7 +49,9 @@ pub struct ChatRequest {
     /// The upstream model name (an alias is already resolved).
     pub model: String,
     pub system: Option<String>,
-    pub messages: Vec<Message>,
+    /// Shared with the turn that asks, so a call does not copy a history
+    /// that grows with the session.
+    pub messages: Arc<Vec<Message>>,
     pub tools: Vec<ToolSpec>,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,

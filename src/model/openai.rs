@@ -479,7 +479,7 @@ mod tests {
     fn history_maps_to_chat_messages() {
         let request = ChatRequest {
             model: "m".into(),
-            messages: vec![
+            messages: std::sync::Arc::new(vec![
                 Message::Assistant {
                     content: String::new(),
                     tool_calls: vec![ToolCall {
@@ -498,7 +498,7 @@ mod tests {
                     content: String::new(),
                     tool_calls: vec![],
                 },
-            ],
+            ]),
             ..ChatRequest::default()
         };
         assert_eq!(
