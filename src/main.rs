@@ -128,6 +128,14 @@ enum Command {
         /// tokens: '{"choice": 2, "reasoning": "shorter"}'.
         #[arg(long)]
         reply: Option<String>,
+        /// Models a prefix cache of this many prompt tokens: the time to
+        /// first token adds --prefill-us-per-token for each prompt token
+        /// it does not have (0: no cache, no prefill time).
+        #[arg(long, default_value_t = 0)]
+        prefix_cache_tokens: u64,
+        /// Prefill microseconds per uncached prompt token.
+        #[arg(long, default_value_t = 50)]
+        prefill_us_per_token: u64,
     },
 }
 
@@ -367,6 +375,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             failure_status,
             tool_call,
             reply,
+            prefix_cache_tokens,
+            prefill_us_per_token,
         } => {
             let tool_call = tool_call
                 .map(|text| serde_json::from_str(&text))
@@ -387,6 +397,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 healthy: true,
                 tool_call,
                 reply,
+                prefix_cache_tokens,
+                prefill_us_per_token,
             };
             conclave::sim::serve(listen, config).await
         }

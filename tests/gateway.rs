@@ -970,3 +970,42 @@ async fn an_empty_pool_says_so_and_can_be_deleted() {
     assert_eq!(status, 404);
     assert_eq!(delete("m").await.unwrap().status(), 404);
 }
+
+#[tokio::test]
+async fn the_sim_models_a_prefix_cache_by_whole_blocks() {
+    let sim = Sim::start("cached", &["--prefix-cache-tokens", "4096"]).await;
+    let http = reqwest::Client::new();
+    let system = (0..200)
+        .map(|i| format!("rule{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let ask = |question: &str| {
+        json!({"model": "sim-model", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}]})
+    };
+    let mut cached = Vec::new();
+    for question in ["first question", "second question", "first question"] {
+        let answer: Value = http
+            .post(format!("{}/chat/completions", sim.url))
+            .json(&ask(question))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        cached.push(
+            answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    // Nothing is cached at first; the shared system prompt (201 tokens,
+    // 12 whole blocks of 16) is then, and the whole repeated prompt but
+    // its last partial block.
+    assert_eq!(cached, [0, 192, 192]);
+    let stats = sim.stats().await;
+    assert_eq!(stats["cached_tokens"], 384, "{stats}");
+    assert!(stats["cache_tokens"].as_u64().unwrap() <= 4096, "{stats}");
+}

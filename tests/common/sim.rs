@@ -51,6 +51,17 @@ impl Sim {
         }
     }
 
+    /// `GET /sim/stats`.
+    pub async fn stats(&self) -> Value {
+        let base = self.url.trim_end_matches("/v1");
+        reqwest::get(format!("{base}/sim/stats"))
+            .await
+            .expect("the sim answers")
+            .json()
+            .await
+            .expect("stats are JSON")
+    }
+
     pub async fn configure(&self, patch: Value) {
         let base = self.url.trim_end_matches("/v1");
         let response = reqwest::Client::new()

@@ -4,7 +4,13 @@
 //! to first token, tokens per second, extra latency, failure rate and a
 //! scripted tool call. `POST /sim/config` changes any of it while it runs
 //! (a test can make a replica fail its health checks, then recover), and
-//! `GET /sim/stats` counts what it served.
+//! `GET /sim/stats` counts what it served. With `prefix_cache_tokens` it
+//! models a serving engine's prefix cache ([`cache`]): the time to first
+//! token grows with the part of the prompt not cached, so how well a
+//! router keeps a conversation on the replica that has it shows as
+//! latency.
+
+mod cache;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -51,6 +57,12 @@ pub struct SimConfig {
     /// The completion's text, sent word by word, instead of the replica's
     /// id and numbered tokens (`tokens` is then ignored).
     pub reply: Option<String>,
+    /// Prompt tokens (whitespace-separated words of the rendered prompt)
+    /// kept as cached prefixes; 0 models no cache and no prefill time.
+    pub prefix_cache_tokens: u64,
+    /// With a cache, microseconds of prefill per prompt token not cached,
+    /// added to `ttft_ms`.
+    pub prefill_us_per_token: u64,
 }
 
 impl Default for SimConfig {
@@ -67,6 +79,8 @@ impl Default for SimConfig {
             healthy: true,
             tool_call: None,
             reply: None,
+            prefix_cache_tokens: 0,
+            prefill_us_per_token: 50,
         }
     }
 }
@@ -75,12 +89,17 @@ impl Default for SimConfig {
 struct Stats {
     requests: AtomicU64,
     failures: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
 }
 
 #[derive(Clone)]
 struct Sim {
     config: Arc<RwLock<SimConfig>>,
     stats: Arc<Stats>,
+    /// The prefix cache of `prefix_cache_tokens`, made anew when that
+    /// changes.
+    cache: Arc<std::sync::Mutex<Option<cache::PrefixCache>>>,
 }
 
 impl Sim {
@@ -91,9 +110,12 @@ impl Sim {
 
 /// The simulator's routes.
 pub fn router(config: SimConfig) -> Router {
+    let cache = (config.prefix_cache_tokens > 0)
+        .then(|| cache::PrefixCache::new(config.prefix_cache_tokens));
     let sim = Sim {
         config: Arc::new(RwLock::new(config)),
         stats: Arc::default(),
+        cache: Arc::new(std::sync::Mutex::new(cache)),
     };
     Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -139,7 +161,16 @@ async fn set_config(State(sim): State<Sim>, body: Bytes) -> Response {
     }
     match serde_json::from_value::<SimConfig>(current) {
         Ok(config) => {
-            *write(&sim.config) = config.clone();
+            let resized = {
+                let mut current = write(&sim.config);
+                let resized = current.prefix_cache_tokens != config.prefix_cache_tokens;
+                *current = config.clone();
+                resized
+            };
+            if resized {
+                *crate::sync::lock(&sim.cache) = (config.prefix_cache_tokens > 0)
+                    .then(|| cache::PrefixCache::new(config.prefix_cache_tokens));
+            }
             Json(config).into_response()
         }
         Err(e) => error(
@@ -150,9 +181,15 @@ async fn set_config(State(sim): State<Sim>, body: Bytes) -> Response {
 }
 
 async fn stats(State(sim): State<Sim>) -> Json<Value> {
+    let kept = crate::sync::lock(&sim.cache)
+        .as_ref()
+        .map_or(0, cache::PrefixCache::tokens);
     Json(json!({
+        "cache_tokens": kept,
         "requests": sim.stats.requests.load(Ordering::Relaxed),
         "failures": sim.stats.failures.load(Ordering::Relaxed),
+        "prompt_tokens": sim.stats.prompt_tokens.load(Ordering::Relaxed),
+        "cached_tokens": sim.stats.cached_tokens.load(Ordering::Relaxed),
     }))
 }
 
@@ -199,6 +236,11 @@ struct Ask {
     logprobs: bool,
     token_ids: bool,
     prompt_tokens: u64,
+    /// Leading prompt tokens the prefix cache had.
+    cached_tokens: u64,
+    /// Before the first token: `ttft_ms`, and the prefill of what the
+    /// cache did not have.
+    ttft: Duration,
     /// The tool call to make, if this call makes one.
     tool_call: Option<Value>,
     model: String,
@@ -217,11 +259,22 @@ async fn answer(sim: Sim, body: Bytes, chat: bool) -> Response {
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return error(status, "simulated failure");
     }
-    let ask = read_ask(&request, &config, chat);
+    let mut ask = read_ask(&request, &config, chat);
+    if let Some(cache) = crate::sync::lock(&sim.cache).as_mut() {
+        let tokens = rendered(&request, chat);
+        let cached = cache.serve(tokens.iter().map(String::as_str)) as u64;
+        let uncached = (tokens.len() as u64).saturating_sub(cached);
+        ask.cached_tokens = cached;
+        ask.ttft += Duration::from_micros(uncached * config.prefill_us_per_token);
+        sim.stats
+            .prompt_tokens
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        sim.stats.cached_tokens.fetch_add(cached, Ordering::Relaxed);
+    }
     if ask.stream {
         stream_answer(config, ask)
     } else {
-        tokio::time::sleep(Duration::from_millis(config.latency_ms + config.ttft_ms)).await;
+        tokio::time::sleep(Duration::from_millis(config.latency_ms) + ask.ttft).await;
         if config.tokens_per_s > 0.0 {
             let seconds = f64::from(config.tokens) / config.tokens_per_s;
             tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
@@ -269,6 +322,8 @@ fn read_ask(request: &Value, config: &SimConfig, chat: bool) -> Ask {
             || request["logprobs"].as_u64().is_some(),
         token_ids: request["return_token_ids"].as_bool().unwrap_or(false),
         prompt_tokens,
+        cached_tokens: 0,
+        ttft: Duration::from_millis(config.ttft_ms),
         tool_call: config
             .tool_call
             .clone()
@@ -278,6 +333,26 @@ fn read_ask(request: &Value, config: &SimConfig, chat: bool) -> Ask {
             .unwrap_or(&config.model)
             .to_string(),
     }
+}
+
+/// The prompt as the cache sees it: each message's role and the words of
+/// its content, in order (or the completion's prompt).
+fn rendered(request: &Value, chat: bool) -> Vec<String> {
+    let words =
+        |text: &str| -> Vec<String> { text.split_whitespace().map(str::to_owned).collect() };
+    if !chat {
+        return words(request["prompt"].as_str().unwrap_or_default());
+    }
+    let mut tokens = Vec::new();
+    for message in request["messages"].as_array().into_iter().flatten() {
+        tokens.push(format!("<{}>", message["role"].as_str().unwrap_or("user")));
+        match &message["content"] {
+            Value::String(text) => tokens.extend(words(text)),
+            Value::Null => {}
+            other => tokens.extend(words(&other.to_string())),
+        }
+    }
+    tokens
 }
 
 /// The completion's words: the replica's id, then numbered tokens.
@@ -302,7 +377,8 @@ fn logprob(word: &str, i: usize) -> Value {
 
 fn usage(ask: &Ask, completion: u64) -> Value {
     json!({"prompt_tokens": ask.prompt_tokens, "completion_tokens": completion,
-           "total_tokens": ask.prompt_tokens + completion})
+           "total_tokens": ask.prompt_tokens + completion,
+           "prompt_tokens_details": {"cached_tokens": ask.cached_tokens}})
 }
 
 fn tool_call_value(call: &Value) -> Value {
@@ -358,7 +434,7 @@ fn stream_answer(config: SimConfig, ask: Ask) -> Response {
             }
             Bytes::from(format!("data: {chunk}\n\n"))
         };
-        tokio::time::sleep(Duration::from_millis(config.ttft_ms)).await;
+        tokio::time::sleep(ask.ttft).await;
         let pause =
             (config.tokens_per_s > 0.0).then(|| Duration::from_secs_f64(1.0 / config.tokens_per_s));
         let mut sent = 0u64;
