@@ -1009,3 +1009,49 @@ async fn the_sim_models_a_prefix_cache_by_whole_blocks() {
     assert_eq!(stats["cached_tokens"], 384, "{stats}");
     assert!(stats["cache_tokens"].as_u64().unwrap() <= 4096, "{stats}");
 }
+
+#[tokio::test]
+async fn prefix_cache_keeps_each_conversation_where_its_prefix_is_cached() {
+    let sims = [
+        Sim::start("p0", &["--prefix-cache-tokens", "65536"]).await,
+        Sim::start("p1", &["--prefix-cache-tokens", "65536"]).await,
+        Sim::start("p2", &["--prefix-cache-tokens", "65536"]).await,
+    ];
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let server = gateway(vec![("m", pool(Strategy::PrefixCache, &refs))]).await;
+    let system = (0..300)
+        .map(|i| format!("rule{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    // Six conversations, each growing over four turns.
+    let mut homes: BTreeMap<usize, String> = BTreeMap::new();
+    let mut cached = 0;
+    for turn in 0..4 {
+        for conversation in 0..6 {
+            let mut messages = vec![
+                json!({"role": "system", "content": format!("conversation {conversation} {system}")}),
+            ];
+            for earlier in 0..=turn {
+                messages.push(json!({"role": "user", "content": format!("question {earlier}")}));
+            }
+            let body = json!({"model": "m", "messages": messages});
+            let (status, replica, answer) = chat(&server, "/v1/chat/completions", body).await;
+            assert_eq!(status, 200, "{answer}");
+            let home = homes.entry(conversation).or_insert_with(|| replica.clone());
+            assert_eq!(
+                *home, replica,
+                "conversation {conversation} moved at turn {turn}"
+            );
+            if turn > 0 {
+                cached += answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap();
+            }
+        }
+    }
+    // Every later turn found its conversation's prefix in its replica's
+    // cache, and the conversations spread over the replicas.
+    assert!(cached >= 6 * 3 * 288, "cached {cached} tokens");
+    let used: std::collections::BTreeSet<&String> = homes.values().collect();
+    assert_eq!(used.len(), 3, "{homes:?}");
+}

@@ -52,6 +52,10 @@ pub enum Strategy {
     SessionAffinity,
     /// The less loaded of two replicas drawn at random.
     PowerOfTwo,
+    /// The replica last sent the longest prefix of the call's prompt (its
+    /// prompt cache likely holds it), unless the pool is out of balance
+    /// (`cache_balance_abs`, `cache_balance_rel`).
+    PrefixCache,
 }
 
 impl Strategy {
@@ -62,6 +66,7 @@ impl Strategy {
             Strategy::LeastOutstanding => "least_outstanding",
             Strategy::SessionAffinity => "session_affinity",
             Strategy::PowerOfTwo => "power_of_two",
+            Strategy::PrefixCache => "prefix_cache",
         }
     }
 }
@@ -100,6 +105,19 @@ pub struct PoolConfig {
     /// go before a session spills to the next one on the ring.
     #[serde(default = "default_load_factor")]
     pub affinity_load_factor: f64,
+    /// `prefix_cache` only: the pool is out of balance, and a call goes to
+    /// the least loaded replica rather than the one with its prefix, when
+    /// the busiest candidate has more than this many calls in flight above
+    /// the idlest…
+    #[serde(default = "default_balance_abs")]
+    pub cache_balance_abs: u64,
+    /// …and more than this many times as many.
+    #[serde(default = "default_balance_rel")]
+    pub cache_balance_rel: f64,
+    /// `prefix_cache` only: prompt words remembered per pool (as blocks
+    /// of 16, the least recently sent forgotten first).
+    #[serde(default = "default_tree_tokens")]
+    pub cache_tree_tokens: u64,
     /// How long a call waits while the pool is paused for a weight update
     /// before it fails (`503`).
     #[serde(default = "default_weights_wait_s")]
@@ -124,6 +142,9 @@ impl Default for PoolConfig {
             drop_params: false,
             additional_drop_params: Vec::new(),
             affinity_load_factor: default_load_factor(),
+            cache_balance_abs: default_balance_abs(),
+            cache_balance_rel: default_balance_rel(),
+            cache_tree_tokens: default_tree_tokens(),
             weights_wait_s: default_weights_wait_s(),
             replicas: Vec::new(),
         }
@@ -190,6 +211,18 @@ fn default_load_factor() -> f64 {
     1.25
 }
 
+fn default_balance_abs() -> u64 {
+    32
+}
+
+fn default_balance_rel() -> f64 {
+    1.5
+}
+
+fn default_tree_tokens() -> u64 {
+    1 << 20
+}
+
 impl GatewayConfig {
     /// Checks what serde cannot: URLs, unique ids, thresholds. Messages
     /// name the field.
@@ -199,6 +232,12 @@ impl GatewayConfig {
             let field = format!("gateway.pools.{name}");
             if pool.affinity_load_factor < 1.0 || !pool.affinity_load_factor.is_finite() {
                 return Err(format!("{field}.affinity_load_factor must be at least 1.0"));
+            }
+            if pool.cache_balance_rel < 1.0 || !pool.cache_balance_rel.is_finite() {
+                return Err(format!("{field}.cache_balance_rel must be at least 1.0"));
+            }
+            if pool.cache_tree_tokens < 16 {
+                return Err(format!("{field}.cache_tree_tokens must be at least 16"));
             }
             if pool.health.failure_threshold == 0 || pool.health.success_threshold == 0 {
                 return Err(format!("{field}.health thresholds must be at least 1"));

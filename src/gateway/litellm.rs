@@ -170,6 +170,7 @@ fn strategy_from_litellm(name: &str) -> Result<Strategy, String> {
         "round_robin" | "round-robin" => Strategy::RoundRobin,
         "session_affinity" => Strategy::SessionAffinity,
         "power_of_two" => Strategy::PowerOfTwo,
+        "prefix_cache" => Strategy::PrefixCache,
         "usage-based-routing"
         | "usage-based-routing-v2"
         | "latency-based-routing"
@@ -184,13 +185,16 @@ fn strategy_from_litellm(name: &str) -> Result<Strategy, String> {
     })
 }
 
-/// LiteLLM's closest strategy: it has no round robin, session affinity or
-/// power of two, and one strategy for all models (the first pool's is
-/// written).
+/// LiteLLM's closest strategy: it has no round robin, session affinity,
+/// power of two or prefix cache, and one strategy for all models (the
+/// first pool's is written).
 fn strategy_to_litellm(strategy: Strategy) -> &'static str {
     match strategy {
         Strategy::LeastOutstanding | Strategy::PowerOfTwo => "least-busy",
-        Strategy::Shuffle | Strategy::RoundRobin | Strategy::SessionAffinity => "simple-shuffle",
+        Strategy::Shuffle
+        | Strategy::RoundRobin
+        | Strategy::SessionAffinity
+        | Strategy::PrefixCache => "simple-shuffle",
     }
 }
 

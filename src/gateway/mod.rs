@@ -418,7 +418,7 @@ impl Gateway {
         let mut last_failure: Option<Failure> = None;
         let attempts = pool.config.num_retries + 1;
         for attempt in 0..attempts {
-            let Some(replica) = pool.pick(start.session_id.as_deref(), &tried) else {
+            let Some(replica) = pool.pick(start.session_id.as_deref(), Some(&body), &tried) else {
                 break;
             };
             tried.push(replica.clone());

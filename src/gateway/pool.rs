@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::config::PoolConfig;
 use super::policy::{self, Pick, Policy, Ring};
@@ -234,7 +235,7 @@ impl Pool {
         let ring = Arc::new(Ring::new(&replicas));
         Pool {
             name,
-            policy: policy::for_strategy(config.strategy),
+            policy: policy::for_pool(&config),
             config,
             members: RwLock::new(Members {
                 replicas: Arc::new(replicas),
@@ -274,7 +275,12 @@ impl Pool {
 
     /// Picks the replica for a call, skipping `tried`. Replicas cooling
     /// down are used only when no other usable one is left.
-    pub fn pick(&self, session: Option<&str>, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
+    pub fn pick(
+        &self,
+        session: Option<&str>,
+        body: Option<&Map<String, Value>>,
+        tried: &[Arc<Replica>],
+    ) -> Option<Arc<Replica>> {
         let members = self.members();
         let now = Instant::now();
         let open = |r: &&Arc<Replica>| r.usable() && !tried.iter().any(|t| Arc::ptr_eq(t, r));
@@ -297,6 +303,9 @@ impl Pool {
             turn,
             ring: &members.ring,
             load_factor: self.config.affinity_load_factor,
+            body: body.filter(|_| self.policy.reads_body()),
+            balance_abs: self.config.cache_balance_abs,
+            balance_rel: self.config.cache_balance_rel,
         });
         Some(chosen.clone())
     }
@@ -316,36 +325,44 @@ impl Pool {
     }
 }
 
+/// A pool of `n` replicas `r0`… on `strategy`, for the policies' tests.
+#[cfg(test)]
+pub(in crate::gateway) fn test_pool(strategy: super::config::Strategy, n: usize) -> Pool {
+    let replicas = (0..n)
+        .map(|i| {
+            Arc::new(Replica::new(
+                format!("r{i}"),
+                "http://h/v1",
+                "m".into(),
+                None,
+            ))
+        })
+        .collect();
+    Pool::new(
+        "m".into(),
+        PoolConfig {
+            strategy,
+            ..PoolConfig::default()
+        },
+        replicas,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gateway::config::Strategy;
 
     fn pool(strategy: Strategy, n: usize) -> Pool {
-        let replicas = (0..n)
-            .map(|i| {
-                Arc::new(Replica::new(
-                    format!("r{i}"),
-                    "http://h/v1",
-                    "m".into(),
-                    None,
-                ))
-            })
-            .collect();
-        Pool::new(
-            "m".into(),
-            PoolConfig {
-                strategy,
-                ..PoolConfig::default()
-            },
-            replicas,
-        )
+        test_pool(strategy, n)
     }
 
     fn counts(pool: &Pool, picks: usize, session: impl Fn(usize) -> Option<String>) -> Vec<usize> {
         let mut counts = vec![0; pool.replicas().len()];
         for i in 0..picks {
-            let r = pool.pick(session(i).as_deref(), &[]).expect("a replica");
+            let r = pool
+                .pick(session(i).as_deref(), None, &[])
+                .expect("a replica");
             counts[r.id[1..].parse::<usize>().unwrap()] += 1;
         }
         counts
@@ -364,9 +381,9 @@ mod tests {
         // Tried replicas are skipped; with every other one tried, a replica
         // cooling down is still better than none.
         let tried = vec![replicas[0].clone(), replicas[1].clone()];
-        assert_eq!(pool.pick(None, &tried).unwrap().id, "r2");
+        assert_eq!(pool.pick(None, None, &tried).unwrap().id, "r2");
         let all: Vec<_> = replicas.iter().cloned().collect();
-        assert!(pool.pick(None, &all).is_none());
+        assert!(pool.pick(None, None, &all).is_none());
     }
 
     #[test]
@@ -385,9 +402,9 @@ mod tests {
             replicas[0].start_call(),
             replicas[1].start_call(),
         ];
-        assert_eq!(pool.pick(None, &[]).unwrap().id, "r2");
+        assert_eq!(pool.pick(None, None, &[]).unwrap().id, "r2");
         let _more = replicas[2].start_call();
-        assert_ne!(pool.pick(None, &[]).unwrap().id, "r0");
+        assert_ne!(pool.pick(None, None, &[]).unwrap().id, "r0");
     }
 
     #[test]
@@ -417,7 +434,7 @@ mod tests {
         let placed = |pool: &Pool| -> Vec<String> {
             sessions
                 .iter()
-                .map(|s| pool.pick(Some(s), &[]).unwrap().id.clone())
+                .map(|s| pool.pick(Some(s), None, &[]).unwrap().id.clone())
                 .collect()
         };
         let before = placed(&pool);
@@ -449,11 +466,11 @@ mod tests {
     #[test]
     fn affinity_spills_past_the_load_bound() {
         let pool = pool(Strategy::SessionAffinity, 2);
-        let home = pool.pick(Some("s"), &[]).unwrap();
+        let home = pool.pick(Some("s"), None, &[]).unwrap();
         let _held: Vec<_> = (0..4).map(|_| home.start_call()).collect();
         // Mean load with one more call is 2.5 per replica, bound 1.25×: 4
         // in flight is over it.
-        assert_ne!(pool.pick(Some("s"), &[]).unwrap().id, home.id);
+        assert_ne!(pool.pick(Some("s"), None, &[]).unwrap().id, home.id);
     }
 
     #[test]

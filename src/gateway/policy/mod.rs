@@ -6,6 +6,7 @@
 mod affinity;
 mod least_outstanding;
 mod power_of_two;
+mod prefix_cache;
 mod round_robin;
 mod shuffle;
 
@@ -13,7 +14,9 @@ use std::sync::Arc;
 
 pub(super) use affinity::Ring;
 
-use super::config::Strategy;
+use serde_json::{Map, Value};
+
+use super::config::{PoolConfig, Strategy};
 use super::pool::Replica;
 
 /// What a policy sees of one call.
@@ -28,19 +31,30 @@ pub(super) struct Pick<'a> {
     pub ring: &'a Ring,
     /// `affinity_load_factor` of the pool.
     pub load_factor: f64,
+    /// The call's body, when the policy reads it (`prefix_cache`).
+    pub body: Option<&'a Map<String, Value>>,
+    /// `cache_balance_abs` and `cache_balance_rel` of the pool.
+    pub balance_abs: u64,
+    pub balance_rel: f64,
 }
 
 pub(super) trait Policy: Send + Sync {
     fn pick<'a>(&self, pick: &Pick<'a>) -> &'a Arc<Replica>;
+
+    /// Whether it reads the call's body (the others are not given it).
+    fn reads_body(&self) -> bool {
+        false
+    }
 }
 
-/// The policy of a configured strategy.
-pub(super) fn for_strategy(strategy: Strategy) -> Box<dyn Policy> {
-    match strategy {
+/// The policy of a pool's strategy.
+pub(super) fn for_pool(config: &PoolConfig) -> Box<dyn Policy> {
+    match config.strategy {
         Strategy::RoundRobin => Box::new(round_robin::RoundRobin),
         Strategy::Shuffle => Box::new(shuffle::Shuffle),
         Strategy::LeastOutstanding => Box::new(least_outstanding::LeastOutstanding),
         Strategy::SessionAffinity => Box::new(affinity::SessionAffinity),
         Strategy::PowerOfTwo => Box::new(power_of_two::PowerOfTwo),
+        Strategy::PrefixCache => Box::new(prefix_cache::PrefixCache::new(config.cache_tree_tokens)),
     }
 }
