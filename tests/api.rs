@@ -1106,3 +1106,87 @@ async fn the_readmes_websocket_client_needs_nothing_installed() {
     assert_eq!(events[2]["result"], "You said: hello over a socket");
     server.stop().await;
 }
+
+/// `Bash` calls that each wait until `parties` calls are in flight at
+/// once (so calls run one after another never finish), and fail for the
+/// command `fail`.
+struct Rendezvous {
+    barrier: tokio::sync::Barrier,
+}
+
+#[async_trait::async_trait]
+impl conclave::agent::ToolRouter for Rendezvous {
+    async fn specs(&self, ctx: &conclave::agent::ToolContext) -> Vec<conclave::model::ToolSpec> {
+        common::EchoTools.specs(ctx).await
+    }
+
+    async fn call(
+        &self,
+        _ctx: &conclave::agent::ToolContext,
+        _name: &str,
+        input: Value,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> conclave::agent::ToolOutput {
+        let command = input["command"].as_str().unwrap_or_default().to_owned();
+        tokio::select! {
+            _ = self.barrier.wait() => {}
+            _ = cancel.cancelled() => return conclave::agent::ToolOutput::error("cancelled"),
+        }
+        conclave::agent::ToolOutput {
+            output: Value::String(format!("ran: {command}")),
+            is_error: command == "fail",
+        }
+    }
+}
+
+#[tokio::test]
+async fn parallel_tool_calls_of_one_reply_run_at_once_and_report_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = conclave::server::Tools::Custom(std::sync::Arc::new(Rendezvous {
+        barrier: tokio::sync::Barrier::new(3),
+    }));
+    let server = TestServer::start_with_tools(dir.path(), tools, |_| {}).await;
+    let id = server
+        .create_session(json!({"parallel_tool_calls": true}))
+        .await;
+    // Three calls in one reply; each finishes only once all three run.
+    let events = tokio::time::timeout(
+        Duration::from_secs(60),
+        server.turn(&id, "$ first\n$ fail\n$ third"),
+    )
+    .await
+    .expect("the three calls ran at once");
+    let calls: Vec<(&str, String)> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_use" || e["type"] == "tool_result")
+        .map(|e| {
+            let what = match e["type"].as_str().unwrap() {
+                "tool_use" => e["input"]["command"].as_str().unwrap().to_owned(),
+                _ => e["output"].as_str().unwrap().to_owned(),
+            };
+            (e["type"].as_str().unwrap(), what)
+        })
+        .collect();
+    // Every tool_use first, then every result in the calls' order; the
+    // failing one cancelled neither of the others.
+    let expected = [
+        ("tool_use", "first"),
+        ("tool_use", "fail"),
+        ("tool_use", "third"),
+        ("tool_result", "ran: first"),
+        ("tool_result", "ran: fail"),
+        ("tool_result", "ran: third"),
+    ];
+    let expected: Vec<(&str, String)> = expected
+        .iter()
+        .map(|(t, w)| (*t, (*w).to_owned()))
+        .collect();
+    assert_eq!(calls, expected, "{events:?}");
+    let errors: Vec<bool> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .map(|e| e["is_error"].as_bool().unwrap())
+        .collect();
+    assert_eq!(errors, [false, true, false]);
+    assert_eq!(events.last().unwrap()["status"], "success");
+}

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -130,74 +131,145 @@ fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput {
     output
 }
 
-pub(super) async fn run_tool(
+/// How a call of a batch will be answered.
+enum Plan {
+    /// It cannot run (unknown tool, arguments that do not fit).
+    Refused(String),
+    /// It ran earlier in this turn: its result again.
+    Repeated(ToolOutput, Vec<String>, Option<String>),
+    /// It runs now, prepared, with notes on what was assumed.
+    Run(ToolCall, Vec<String>),
+}
+
+/// Tool calls of one reply run at once, at most this many.
+pub(super) const MAX_CONCURRENT_CALLS: usize = 8;
+
+/// Runs a batch of a reply's tool calls: every `tool_use` first, in order;
+/// then the calls, at most [`MAX_CONCURRENT_CALLS`] at once (one failing
+/// cancels none of the others; their output streams as it comes, tagged
+/// with the call's id); then each `tool_result`, in order. Answers each
+/// call's message and, when the model's calls keep printing one answer,
+/// that answer.
+pub(super) async fn run_tools(
     deps: &TurnDeps,
     session: &Arc<Session>,
     ctx: &ToolContext,
     tools: &[ToolSpec],
     ran: &mut TurnCalls,
-    call: &ToolCall,
+    calls: &[ToolCall],
     cancel: &CancellationToken,
-) -> Result<(Message, Option<String>), StoreError> {
-    session.emit(EventKind::ToolUse {
-        id: call.id.clone(),
-        tool: call.name.clone(),
-        input: call.arguments.clone(),
-    })?;
-    let mut settled = None;
+) -> Result<Vec<(Message, Option<String>)>, StoreError> {
+    for call in calls {
+        session.emit(EventKind::ToolUse {
+            id: call.id.clone(),
+            tool: call.name.clone(),
+            input: call.arguments.clone(),
+        })?;
+    }
     // `tools` holds only what the session allows.
-    let output = match prepare_call(call, tools) {
-        Err(message) => ToolOutput::error(message),
-        Ok((call, mut notes)) => {
-            let key = format!("{} {}", call.name, call.arguments);
-            let output = match ran.by_call.get_mut(&key) {
+    let plans: Vec<Plan> = calls
+        .iter()
+        .map(|call| match prepare_call(call, tools) {
+            Err(message) => Plan::Refused(message),
+            Ok((call, mut notes)) => match ran.by_call.get_mut(&key_of(&call)) {
                 Some(earlier) => {
                     earlier.times += 1;
-                    if earlier.times >= REPEATS_TO_SETTLE {
-                        settled = Some(answer_of(&earlier.output));
-                    }
+                    let settled =
+                        (earlier.times >= REPEATS_TO_SETTLE).then(|| answer_of(&earlier.output));
                     notes.push(
                         "this exact call already ran in this turn and was not run again; \
                          its result is repeated here. If it answers the question, reply \
                          with the answer in plain text"
                             .into(),
                     );
-                    earlier.output.clone()
+                    Plan::Repeated(earlier.output.clone(), notes, settled)
                 }
-                None => {
-                    let output = run_prepared(deps, session, ctx, &call, cancel).await?;
-                    if !output.is_error {
-                        // Different code printing what earlier code printed
-                        // is the same answer again.
-                        if let Some(printed) = printed(&output) {
-                            let times = ran.by_output.entry(printed.clone()).or_insert(0);
-                            *times += 1;
-                            if *times >= REPEATS_TO_SETTLE {
-                                settled = Some(printed);
-                            } else if *times > 1 {
-                                notes.push(
-                                    "this call printed the same as an earlier call of this \
-                                     turn. If that answers the question, reply with the \
-                                     answer in plain text"
-                                        .into(),
-                                );
-                            }
-                        }
-                        ran.by_call.insert(
-                            key,
-                            Ran {
-                                output: output.clone(),
-                                times: 1,
-                            },
-                        );
-                    }
-                    output
+                None => Plan::Run(call, notes),
+            },
+        })
+        .collect();
+    // Boxed with their type spelled out: the stream of borrowing futures
+    // must stay `Send` for the session task.
+    type Running<'a> = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Option<Result<ToolOutput, StoreError>>> + Send + 'a>,
+    >;
+    let running: Vec<Running<'_>> =
+        plans
+            .iter()
+            .map(|plan| -> Running<'_> {
+                match plan {
+                    Plan::Run(call, _) => Box::pin(async move {
+                        Some(run_prepared(deps, session, ctx, call, cancel).await)
+                    }),
+                    _ => Box::pin(async { None }),
                 }
-            };
-            with_notes(output, &notes)
+            })
+            .collect();
+    let outputs: Vec<Option<Result<ToolOutput, StoreError>>> = futures::stream::iter(running)
+        .buffered(MAX_CONCURRENT_CALLS)
+        .collect()
+        .await;
+    let mut answered = Vec::with_capacity(calls.len());
+    for ((call, plan), output) in calls.iter().zip(plans).zip(outputs) {
+        let (output, settled) = match (plan, output) {
+            (Plan::Refused(message), _) => (ToolOutput::error(message), None),
+            (Plan::Repeated(output, notes, settled), _) => (with_notes(output, &notes), settled),
+            (Plan::Run(prepared, mut notes), Some(output)) => {
+                let output = output?;
+                let settled = ran.record(&prepared, &output, &mut notes);
+                (with_notes(output, &notes), settled)
+            }
+            (Plan::Run(..), None) => unreachable!("every planned run has an output"),
+        };
+        answered.push((finish_tool(deps, session, call, output)?, settled));
+    }
+    Ok(answered)
+}
+
+/// What makes two calls the same call.
+fn key_of(call: &ToolCall) -> String {
+    format!("{} {}", call.name, call.arguments)
+}
+
+impl TurnCalls {
+    /// Keeps a call that ran; answers its printed output when different
+    /// calls printed it often enough to be the answer (a note says so
+    /// before that).
+    fn record(
+        &mut self,
+        call: &ToolCall,
+        output: &ToolOutput,
+        notes: &mut Vec<String>,
+    ) -> Option<String> {
+        if output.is_error {
+            return None;
         }
-    };
-    Ok((finish_tool(deps, session, call, output)?, settled))
+        let mut settled = None;
+        // Different code printing what earlier code printed is the same
+        // answer again.
+        if let Some(printed) = printed(output) {
+            let times = self.by_output.entry(printed.clone()).or_insert(0);
+            *times += 1;
+            if *times >= REPEATS_TO_SETTLE {
+                settled = Some(printed);
+            } else if *times > 1 {
+                notes.push(
+                    "this call printed the same as an earlier call of this \
+                     turn. If that answers the question, reply with the \
+                     answer in plain text"
+                        .into(),
+                );
+            }
+        }
+        self.by_call.insert(
+            key_of(call),
+            Ran {
+                output: output.clone(),
+                times: 1,
+            },
+        );
+        settled
+    }
 }
 
 /// The successful calls of a turn: by name and arguments, and by what

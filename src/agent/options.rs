@@ -41,6 +41,12 @@ pub struct AgentOptions {
     /// Stream `text_delta` events token by token as well as `thinking`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_deltas: Option<bool>,
+    /// Run the tool calls of one model reply at once (at most 8), not one
+    /// after another: for models whose calls in a reply do not depend on
+    /// each other. Calls of the read-only tools (`Read`, `Glob`, `Grep`)
+    /// run at once either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxOptions>,
     /// External MCP servers by name; their tools become `mcp__{name}__{tool}`.

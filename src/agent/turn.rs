@@ -9,7 +9,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{
-    REPEATS_TO_SETTLE, TurnCalls, bound_calls, looks_like_a_call, run_tool, unreadable_call_note,
+    REPEATS_TO_SETTLE, TurnCalls, bound_calls, looks_like_a_call, run_tools, unreadable_call_note,
 };
 use super::options::AgentOptions;
 use super::tools::{ToolContext, ToolRouter};
@@ -193,7 +193,8 @@ async fn agent_loop(
             close_calls(deps, session, &reply.calls, Arc::make_mut(&mut history)).await?;
             return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
-        for (i, call) in reply.calls.iter().enumerate() {
+        let mut i = 0;
+        while i < reply.calls.len() {
             if cancel.is_cancelled() {
                 close_calls(
                     deps,
@@ -204,18 +205,23 @@ async fn agent_loop(
                 .await?;
                 return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
             }
-            let (message, settled) =
-                run_tool(deps, session, &ctx, &tools, &mut ran, call, cancel).await?;
-            tally.usage.tool_calls += 1;
-            deps.store
-                .append_messages(session.id, std::slice::from_ref(&message))
-                .await?;
-            Arc::make_mut(&mut history).push(message);
-            if let Some(answer) = settled {
+            let batch = &reply.calls[i..i + batch_len(&reply.calls[i..], options)];
+            i += batch.len();
+            let answered = run_tools(deps, session, &ctx, &tools, &mut ran, batch, cancel).await?;
+            let mut answer = None;
+            for (message, settled) in answered {
+                tally.usage.tool_calls += 1;
+                deps.store
+                    .append_messages(session.id, std::slice::from_ref(&message))
+                    .await?;
+                Arc::make_mut(&mut history).push(message);
+                answer = answer.or(settled);
+            }
+            if let Some(answer) = answer {
                 close_calls(
                     deps,
                     session,
-                    &reply.calls[i + 1..],
+                    &reply.calls[i..],
                     Arc::make_mut(&mut history),
                 )
                 .await?;
@@ -361,6 +367,24 @@ fn default_system_prompt(tools: &[ToolSpec], working_dir: Option<&str>) -> Optio
         prompt.push_str(&format!("- {}: {summary}\n", tool.name));
     }
     Some(prompt)
+}
+
+/// Tools that only read: consecutive calls of them run at once.
+const READ_ONLY_TOOLS: [&str; 3] = ["Read", "Glob", "Grep"];
+
+/// How many of `calls`, from the first, run together: every one when the
+/// session allows parallel calls (`parallel_tool_calls`), else a run of
+/// read-only calls, else one (a reply that writes a file and then runs it
+/// needs them in order).
+fn batch_len(calls: &[ToolCall], options: &AgentOptions) -> usize {
+    if options.parallel_tool_calls == Some(true) {
+        return calls.len();
+    }
+    let read_only = calls
+        .iter()
+        .take_while(|c| READ_ONLY_TOOLS.contains(&c.name.as_str()))
+        .count();
+    read_only.max(1)
 }
 
 /// Answers tool calls that will not run, so the history stays valid for the
