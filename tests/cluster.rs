@@ -199,6 +199,33 @@ impl Cluster {
         }
     }
 
+    /// Follows deliberation `task` (session `session`) on A, kills B or C
+    /// once it does a job of `kind`, and checks that the deliberation still
+    /// completes with all its `agents` answering. Answers the killed one.
+    async fn kill_a_job_doer(
+        &mut self,
+        task: &str,
+        session: &str,
+        kind: &str,
+        agents: u64,
+    ) -> usize {
+        let follow = format!("/agent/session/{session}/events?since=0&follow=true");
+        let mut events = Lines::new(self.get(0, &follow).await);
+        let victim = self.doing_a_job(kind).await;
+        self.kill(victim).await;
+        let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
+            .await
+            .expect("the deliberation ends");
+        assert_eq!(events.last().unwrap()["status"], "success");
+        let done = self.get_json(0, &format!("/deliberations/{task}")).await;
+        assert_eq!(done["status"], "COMPLETED", "{done}");
+        assert_eq!(
+            done["successful_responses"], agents,
+            "every agent answered: {done}"
+        );
+        victim
+    }
+
     /// Jobs of `kind` the replicas but `dead` took over from another.
     async fn taken_over(&self, dead: usize, kind: &str) -> f64 {
         let mut taken = 0.0;
@@ -470,22 +497,10 @@ async fn a_replica_killed_mid_job_has_its_agent_call_done_by_another() {
             json!({"task_description": "Survive a replica", "num_agents": 6}),
         )
         .await;
-    let follow = format!("/agent/session/{session}/events?since=0&follow=true");
-    let mut events = Lines::new(cluster.get(0, &follow).await);
     // B or C is making a call: kill it mid-call.
-    let victim = cluster.doing_a_job(MODEL_CALL).await;
-    cluster.kill(victim).await;
-    let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
-        .await
-        .expect("the deliberation ends");
-    assert_eq!(events.last().unwrap()["status"], "success");
-    let done = cluster.get_json(0, &format!("/deliberations/{task}")).await;
-    assert_eq!(done["status"], "COMPLETED", "{done}");
-    assert_eq!(
-        done["successful_responses"], 6,
-        "every agent answered: {done}"
-    );
-    // A survivor took over the call the killed replica did not finish.
+    let victim = cluster
+        .kill_a_job_doer(&task, &session, MODEL_CALL, 6)
+        .await;
     let taken_over = cluster.taken_over(victim, MODEL_CALL).await;
     assert!(taken_over >= 1.0, "no survivor took over a call");
 }
@@ -608,19 +623,9 @@ async fn a_tool_using_agent_whose_replica_dies_is_run_again_on_another() {
                    "num_agents": 3, "tools": true, "timeout_s": 120}),
         )
         .await;
-    let follow = format!("/agent/session/{session}/events?since=0&follow=true");
-    let mut events = Lines::new(cluster.get(0, &follow).await);
-    let victim = cluster.doing_a_job(CHILD_TURN).await;
-    cluster.kill(victim).await;
-    let events = tokio::time::timeout(Duration::from_secs(120), events.until("result"))
-        .await
-        .expect("the deliberation ends");
-    assert_eq!(events.last().unwrap()["status"], "success");
-    let done = cluster.get_json(0, &format!("/deliberations/{task}")).await;
-    assert_eq!(
-        done["successful_responses"], 3,
-        "every agent answered: {done}"
-    );
+    let victim = cluster
+        .kill_a_job_doer(&task, &session, CHILD_TURN, 3)
+        .await;
     let taken_over = cluster.taken_over(victim, CHILD_TURN).await;
     assert!(taken_over >= 1.0, "no survivor ran an agent's turn again");
 }

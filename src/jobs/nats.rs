@@ -260,7 +260,7 @@ impl NatsJobs {
             };
             self.metrics.jobs_taken_over.get_or_create(&label).inc();
         }
-        let cancelled = match self
+        let mut cancelled = match self
             .client
             .subscribe(format!("{}.{id}", self.names.cancel))
             .await
@@ -272,7 +272,6 @@ impl NatsJobs {
                 return;
             }
         };
-        let mut cancelled = cancelled;
         let still_working = async {
             let mut every = tokio::time::interval(self.config.ack_wait / 3);
             every.tick().await;

@@ -50,6 +50,9 @@ const PING_WAIT: Duration = Duration::from_secs(5);
 /// drops them (the call's result is never dropped).
 const OUTPUT_BACKLOG: usize = 256;
 
+/// The cancels of the forwarded calls running here, by call.
+type Calls = Arc<std::sync::Mutex<std::collections::HashMap<Uuid, CancellationToken>>>;
+
 /// A forwarded request, as the owner reads it.
 #[derive(Debug, Serialize, Deserialize)]
 struct Request {
@@ -249,8 +252,7 @@ impl ClusterTools {
         stop: CancellationToken,
         tasks: TaskTracker,
     ) {
-        let calls: Arc<std::sync::Mutex<std::collections::HashMap<Uuid, CancellationToken>>> =
-            Arc::default();
+        let calls: Calls = Arc::default();
         let mine = format!("{PREFIX}.{}.", self.instance);
         loop {
             let message = tokio::select! {
@@ -297,13 +299,7 @@ impl ClusterTools {
     }
 
     /// Does one forwarded request here and sends what it gives.
-    async fn answer(
-        &self,
-        leaf: &str,
-        request: Request,
-        reply: String,
-        calls: Arc<std::sync::Mutex<std::collections::HashMap<Uuid, CancellationToken>>>,
-    ) {
+    async fn answer(&self, leaf: &str, request: Request, reply: String, calls: Calls) {
         let ctx = ToolContext {
             session_id: request.session_id,
             options: Arc::new(request.options),
