@@ -14,19 +14,22 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam,
-    ClientRequest, ErrorData, Implementation, ListResourceTemplatesRequest,
-    ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListToolsRequest,
-    ListToolsResult, NotificationMetaObject, PaginatedRequestParams, ProgressNotification,
-    ProgressNotificationParam, ProgressToken, ReadResourceRequest, ReadResourceRequestParams,
+    ClientRequest, ErrorData, Implementation, JsonRpcMessage, JsonRpcNotification,
+    ListResourceTemplatesRequest, ListResourceTemplatesResult, ListResourcesRequest,
+    ListResourcesResult, ListToolsRequest, ListToolsResult, PaginatedRequestParams,
+    ProgressNotification, ProgressToken, ReadResourceRequest, ReadResourceRequestParams,
     ReadResourceResponse, ResourceUpdatedNotificationParam, ServerConfig, ServerNotification,
     ServerResult, SubscribeRequestParams, UnsubscribeRequestParams,
 };
 // IDEs speak the 2025 protocol, whose subscriptions these are.
 #[allow(deprecated)]
 use rmcp::model::{SubscribeRequest, UnsubscribeRequest};
-use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, ServiceError};
-use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::service::{
+    NotificationContext, PeerRequestOptions, RequestContext, RxJsonRpcMessage, ServiceError,
+    TxJsonRpcMessage,
+};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, Transport};
 use rmcp::{ClientHandler, Peer, RoleClient, RoleServer, ServerHandler, ServiceExt};
 
 use crate::sync::lock;
@@ -96,18 +99,10 @@ impl Relay {
     }
 }
 
-impl ClientHandler for Relay {
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        context: NotificationContext<RoleClient>,
-    ) {
-        let mut notification = ProgressNotification::new(params);
-        // `_meta.stream` says which output a chunk is; rmcp keeps a
-        // notification's `_meta` among its extensions, both ways.
-        if let Some(meta) = context.extensions.get::<NotificationMetaObject>() {
-            notification.extensions.insert(meta.clone());
-        }
+impl Relay {
+    /// Relays one progress notification under its call's stdio token, or
+    /// holds it until the call's route is set.
+    async fn progress(&self, notification: ProgressNotification) {
         let _sending = self.sending.lock().await;
         let route = lock(&self.progress)
             .get(&notification.params.progress_token)
@@ -123,7 +118,46 @@ impl ClientHandler for Relay {
             }
         }
     }
+}
 
+/// The upstream transport, relaying progress as it is read. rmcp hands
+/// each notification to a task of its own while a response goes straight
+/// to its caller, so a call's last progress could otherwise reach the stdio
+/// client after the call's result (or, its route gone, not at all).
+struct InOrder<T> {
+    inner: T,
+    relay: Relay,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        loop {
+            let message = self.inner.receive().await?;
+            match message {
+                JsonRpcMessage::Notification(JsonRpcNotification {
+                    notification: ServerNotification::ProgressNotification(progress),
+                    ..
+                }) => self.relay.progress(progress).await,
+                other => return Some(other),
+            }
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+impl ClientHandler for Relay {
     async fn on_resource_updated(
         &self,
         params: ResourceUpdatedNotificationParam,
@@ -304,9 +338,13 @@ pub async fn serve_stdio(server: &str, api_key: Option<String>) -> anyhow::Resul
         config = config.auth_header(key);
     }
     let relay = Relay::default();
+    let transport = InOrder {
+        inner: StreamableHttpClientTransport::from_config(config),
+        relay: relay.clone(),
+    };
     let upstream = relay
         .clone()
-        .serve(StreamableHttpClientTransport::from_config(config))
+        .serve(transport)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open an MCP session at {endpoint}: {e}"))?;
     let server_info = upstream
