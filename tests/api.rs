@@ -222,12 +222,7 @@ async fn session_lifecycle_message_status_events_delete() {
     assert_eq!(types(&first), vec!["status", "thinking", "result"]);
     assert_eq!(second[0]["seq"], 4, "seq continues across turns");
 
-    let status: Value = server
-        .get(&format!("/agent/session/{id}/status"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let status: Value = server.status(&id).await;
     assert_eq!(status["status"], "idle");
     assert_eq!(status["session_name"], "bugfix-auth-123");
     assert_eq!(status["last_seq"], 6);
@@ -300,12 +295,7 @@ async fn second_message_while_running_is_409_and_interrupt_closes_the_turn() {
         "the stream ends after the result"
     );
 
-    let status: Value = server
-        .get(&format!("/agent/session/{id}/status"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let status: Value = server.status(&id).await;
     assert_eq!(
         (status["status"].clone(), status["running"].clone()),
         (json!("interrupted"), json!(false))

@@ -154,12 +154,7 @@ async fn an_echo_kind_runs_through_ndjson_sse_websocket_and_replay() {
     assert_eq!(types(&since), ["thinking", "thinking", "result"]);
 
     // Status: the common fields, the kind's options and what it adds.
-    let status: Value = server
-        .get(&format!("/agent/session/{id}/status"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let status: Value = server.status(&id).await;
     assert_eq!(status["kind"], "echo");
     assert_eq!(status["status"], "idle");
     assert_eq!(status["options"], json!({"times": 2}));

@@ -114,10 +114,15 @@ async fn agent_loop(
         .system_prompt
         .clone()
         .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
-    // Shared with each model call rather than copied for it: a call costs
-    // the same at the 500th turn of a session as at the first. A push
-    // after the call has returned finds the history unshared again.
-    let mut history = Arc::new(deps.store.messages(session.id).await?);
+    // Kept by the session between turns, and shared with each model call
+    // rather than copied for it: a call costs the same at the 500th turn
+    // of a session as at the first. A push after the call has returned
+    // finds the history unshared again.
+    let mut history = Lent {
+        history: session.take_history().await?,
+        session,
+    };
+    let history = &mut history.history;
     let mut last_text = None;
     let mut retried = false;
     // Successful calls of this turn by name and arguments: a weak model
@@ -133,7 +138,7 @@ async fn agent_loop(
         let request = ChatRequest {
             model: model.upstream_model.clone(),
             system: system.clone(),
-            messages: Arc::clone(&history),
+            messages: Arc::clone(history),
             tools: tools.clone(),
             temperature: options.temperature,
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
@@ -160,10 +165,10 @@ async fn agent_loop(
         deps.store
             .append_messages(session.id, std::slice::from_ref(&assistant))
             .await?;
-        Arc::make_mut(&mut history).push(assistant);
+        Arc::make_mut(history).push(assistant);
         tally.save_usage().await?;
         if reply.interrupted {
-            close_calls(deps, session, &reply.calls, Arc::make_mut(&mut history)).await?;
+            close_calls(deps, session, &reply.calls, Arc::make_mut(history)).await?;
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
         if reply.calls.is_empty() {
@@ -182,7 +187,7 @@ async fn agent_loop(
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&nudge))
                     .await?;
-                Arc::make_mut(&mut history).push(nudge);
+                Arc::make_mut(history).push(nudge);
                 continue;
             }
             return Ok(Outcome::new(ResultStatus::Success, Some(reply.text)));
@@ -190,19 +195,13 @@ async fn agent_loop(
         if let Some(budget) = options.max_budget_usd
             && tally.usage.cost_usd >= budget
         {
-            close_calls(deps, session, &reply.calls, Arc::make_mut(&mut history)).await?;
+            close_calls(deps, session, &reply.calls, Arc::make_mut(history)).await?;
             return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
         let mut i = 0;
         while i < reply.calls.len() {
             if cancel.is_cancelled() {
-                close_calls(
-                    deps,
-                    session,
-                    &reply.calls[i..],
-                    Arc::make_mut(&mut history),
-                )
-                .await?;
+                close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
                 return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
             }
             let batch = &reply.calls[i..i + batch_len(&reply.calls[i..], options)];
@@ -214,17 +213,11 @@ async fn agent_loop(
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&message))
                     .await?;
-                Arc::make_mut(&mut history).push(message);
+                Arc::make_mut(history).push(message);
                 answer = answer.or(settled);
             }
             if let Some(answer) = answer {
-                close_calls(
-                    deps,
-                    session,
-                    &reply.calls[i..],
-                    Arc::make_mut(&mut history),
-                )
-                .await?;
+                close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
                 session.emit(EventKind::Status {
                     message: format!(
                         "The model's calls printed the same output {REPEATS_TO_SETTLE} times; it is taken as the answer."
@@ -233,6 +226,19 @@ async fn agent_loop(
                 return Ok(Outcome::new(ResultStatus::Success, Some(answer)));
             }
         }
+    }
+}
+
+/// A turn's history, given back to its session however the turn ends:
+/// every message in it is stored, so it stays a prefix of the stored one.
+struct Lent<'a> {
+    history: Arc<Vec<Message>>,
+    session: &'a Arc<Session>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        self.session.keep_history(std::mem::take(&mut self.history));
     }
 }
 

@@ -66,6 +66,7 @@ pub(super) struct Running {
     pub bus: Arc<dyn Bus>,
     pub kv: Arc<Kv>,
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
     tasks: TaskTracker,
     stop: CancellationToken,
 }
@@ -99,13 +100,19 @@ pub(super) async fn start_on(home: &Home, config: BusConfig, store: Arc<dyn Stor
     let metrics = Arc::new(Metrics::new());
     let (bus, kv): (Arc<dyn Bus>, Arc<Kv>) = match &home.nats {
         None => {
-            let bus = EmbeddedBus::start(store.clone(), &config, metrics, &tasks, stop.clone())
-                .await
-                .unwrap();
+            let bus = EmbeddedBus::start(
+                store.clone(),
+                &config,
+                metrics.clone(),
+                &tasks,
+                stop.clone(),
+            )
+            .await
+            .unwrap();
             (Arc::new(bus), Arc::new(Kv::new(store.clone(), 1024)))
         }
         Some((url, prefix)) => {
-            let bus = NatsBus::connect(url, prefix, &config, metrics, stop.clone())
+            let bus = NatsBus::connect(url, prefix, &config, metrics.clone(), stop.clone())
                 .await
                 .unwrap();
             let kv = bus.kv(store.clone(), 1024, &tasks).await.unwrap();
@@ -116,6 +123,7 @@ pub(super) async fn start_on(home: &Home, config: BusConfig, store: Arc<dyn Stor
         bus,
         kv,
         store,
+        metrics,
         tasks,
         stop,
     }
@@ -304,6 +312,26 @@ async fn a_lagging_subscriber_is_told_what_it_missed_and_never_slows_the_publish
     // Nobody reads meanwhile; every publish answers at once.
     for i in 1..=10 {
         publish(bus, "t", "chatter.x", &i.to_string()).await;
+    }
+    // On NATS a message reaches the subscription a moment after it is
+    // published: under load, read too soon, the queue would still have
+    // room for the later ones.
+    let lagged = || -> u64 {
+        let rendered = running.metrics.render();
+        rendered
+            .lines()
+            .filter(|l| l.starts_with("conclave_bus_lagged_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lagged() < 6 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} lagged",
+            lagged()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     for i in 1..=4 {
         assert_eq!(next(&mut slow).await, m("chatter.x", i, &i.to_string()));

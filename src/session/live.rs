@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::log::EventLog;
 use super::signal::Signals;
+use crate::model::Message;
 use crate::protocol::{
     Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
 };
@@ -38,6 +39,11 @@ pub struct Session {
     /// With replicas: where an interrupt goes when the turn runs on
     /// another one.
     signals: Option<Arc<Signals>>,
+    /// The conversation as the last turn here left it, always a prefix of
+    /// the stored one (messages are stored before they are kept): the next
+    /// turn reads only what came after, so a turn's cost does not grow
+    /// with the session.
+    history: Mutex<Arc<Vec<Message>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -74,6 +80,7 @@ impl Session {
             running: Mutex::new(None),
             closed,
             signals,
+            history: Mutex::default(),
         }
     }
 
@@ -153,6 +160,23 @@ impl Session {
     /// event carries its `agent_id`.
     pub fn emit_as(&self, agent_id: &str, kind: EventKind) -> Result<u64, StoreError> {
         self.log.append(kind, Some(agent_id.to_owned()))
+    }
+
+    /// The whole stored conversation, for a turn to extend; the session
+    /// holds none of it until [`Session::keep_history`].
+    pub async fn take_history(&self) -> Result<Arc<Vec<Message>>, StoreError> {
+        let mut history = std::mem::take(&mut *lock(&self.history));
+        let newer = self.store.messages_from(self.id, history.len()).await?;
+        if !newer.is_empty() {
+            Arc::make_mut(&mut history).extend(newer);
+        }
+        Ok(history)
+    }
+
+    /// Keeps a turn's history for the next turn. It must be a prefix of
+    /// the stored conversation.
+    pub fn keep_history(&self, history: Arc<Vec<Message>>) {
+        *lock(&self.history) = history;
     }
 
     /// Waits until every event emitted so far is stored.

@@ -108,7 +108,13 @@ pub trait SessionStore: Send + Sync {
     /// Appends to the conversation history, in order.
     async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError>;
 
-    async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError>;
+    async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError> {
+        self.messages_from(id, 0).await
+    }
+
+    /// The history from its `from`th message on: what a turn adds to the
+    /// history it holds already.
+    async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError>;
 }
 
 /// The durable side of a session's event log.

@@ -189,6 +189,15 @@ impl TestServer {
         body["session_id"].as_str().expect("id").to_string()
     }
 
+    /// `GET /agent/session/{id}/status`, read as JSON.
+    pub async fn status(&self, id: &str) -> Value {
+        self.get(&format!("/agent/session/{id}/status"))
+            .await
+            .json()
+            .await
+            .expect("status json")
+    }
+
     /// `POST /agent/session/{id}/message` with a body.
     pub async fn message(&self, id: &str, body: Value) -> reqwest::Response {
         self.post(&format!("/agent/session/{id}/message"), body)

@@ -270,6 +270,11 @@ pub(crate) async fn append_messages_continues_after_the_highest_index(fixture: &
     expected.push(follow_up);
     assert_eq!(store.messages(created.id).await.unwrap(), expected);
     assert_eq!(store.messages(Uuid::new_v4()).await.unwrap(), vec![]);
+    // A turn that holds the first messages reads only the rest.
+    for from in [0, 1, expected.len() - 1, expected.len(), expected.len() + 5] {
+        let tail = store.messages_from(created.id, from).await.unwrap();
+        assert_eq!(tail, expected[from.min(expected.len())..], "from {from}");
+    }
 }
 
 pub(crate) async fn messages_of_an_unknown_session_are_refused(fixture: &dyn Fixture) {

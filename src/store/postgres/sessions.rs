@@ -212,12 +212,14 @@ impl SessionStore for PostgresStore {
         Ok(())
     }
 
-    async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError> {
-        let rows =
-            sqlx::query("SELECT body::text FROM messages WHERE session_id = $1 ORDER BY idx")
-                .bind(id)
-                .fetch_all(&self.pool)
-                .await?;
+    async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT body::text FROM messages WHERE session_id = $1 AND idx >= $2 ORDER BY idx",
+        )
+        .bind(id)
+        .bind(i64::try_from(from).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
             .map(|row| decode("message", row.try_get(0)?))
             .collect()

@@ -158,14 +158,15 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError> {
+    async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError> {
         let id = id.to_string();
+        let from = i64::try_from(from).unwrap_or(i64::MAX);
         let bodies = self
             .call(move |conn| {
                 let mut statement = conn.prepare_cached(
-                    "SELECT body FROM messages WHERE session_id = ?1 ORDER BY idx",
+                    "SELECT body FROM messages WHERE session_id = ?1 AND idx >= ?2 ORDER BY idx",
                 )?;
-                let rows = statement.query_map([id], |row| row.get::<_, String>(0))?;
+                let rows = statement.query_map(params![id, from], |row| row.get::<_, String>(0))?;
                 Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
             })
             .await?;
