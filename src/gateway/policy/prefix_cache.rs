@@ -2,13 +2,14 @@
 //! its cache (after sgl-router's cache-aware policy): the prompt (each
 //! message's role and words, or `prompt`) in blocks of [`BLOCK`] words,
 //! each named by a hash of everything up to its end; the pool remembers
-//! which replica was last sent each block. The call goes to the candidate
+//! which replicas were sent each block. The call goes to the candidate
 //! sharing the longest run of leading blocks with it, unless the pool is
 //! out of balance (the busiest candidate has more than
 //! `cache_balance_abs` calls in flight above the idlest, and more than
 //! `cache_balance_rel` times as many), or no candidate shares a block:
-//! then to the least loaded. What is remembered is bounded by
-//! `cache_tree_tokens` and the least recently sent blocks go first.
+//! then to the least loaded; ties go to the less loaded. What is
+//! remembered is bounded by `cache_tree_tokens` (a block sent to two
+//! replicas counts twice) and the least recently sent go first.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -59,40 +60,105 @@ pub(super) fn blocks(body: &Map<String, Value>) -> Vec<u64> {
     hashes
 }
 
-/// Which replica was last sent each block, oldest forgotten first.
+/// Which replicas were sent each block, and when; the least recently
+/// sent (block, replica) pairs are forgotten first. A block shared by many
+/// prompts (a common system prompt) is remembered for every replica that
+/// got it, so each can still match the blocks after it.
 #[derive(Default)]
 struct Tree {
     tick: u64,
-    /// Block hash → (replica id, when).
-    owner: HashMap<u64, (Arc<str>, u64)>,
-    /// When → block hash.
-    by_age: BTreeMap<u64, u64>,
+    /// [`pair`] of a block and a replica → what is known of it there.
+    sent: HashMap<u64, Sent>,
+    /// When → the pair and its replica.
+    by_age: BTreeMap<u64, (u64, u64)>,
+    /// Pairs remembered per replica: how much of its cache the pool
+    /// believes it fills.
+    per_replica: HashMap<u64, usize>,
+}
+
+struct Sent {
+    /// When it was last sent.
+    tick: u64,
+    /// The block that followed it last time, and how often that changed:
+    /// a block that many prompts continue differently from is a shared
+    /// prefix (a common system prompt), not a conversation's own.
+    next: Option<u64>,
+    forks: u32,
+}
+
+/// Forks after which a block counts as a shared prefix.
+const SHARED: u32 = 2;
+
+/// A block and a replica as one key: the block's hash rehashed with the
+/// replica's (64 bits: a collision is not worth a thought).
+fn pair(block: u64, replica: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&block.to_le_bytes(), replica)
+}
+
+/// A replica's part of its pairs.
+fn replica_key(id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(id.as_bytes())
 }
 
 impl Tree {
-    /// Leading blocks `replica` was sent.
-    fn matched(&self, blocks: &[u64], replica: &str) -> usize {
+    /// Leading blocks the replica was sent.
+    fn matched(&self, blocks: &[u64], replica: u64) -> usize {
         blocks
             .iter()
-            .take_while(|b| self.owner.get(b).is_some_and(|(r, _)| &**r == replica))
+            .take_while(|b| self.sent.contains_key(&pair(**b, replica)))
             .count()
     }
 
-    /// Remembers the blocks as sent to `replica`, within `capacity` blocks.
-    fn record(&mut self, blocks: &[u64], replica: &Arc<str>, capacity: usize) {
-        // Last block first, so a prompt's tail is forgotten before its head.
-        for block in blocks.iter().rev() {
-            self.tick += 1;
-            if let Some((_, before)) = self.owner.insert(*block, (replica.clone(), self.tick)) {
-                self.by_age.remove(&before);
-            }
-            self.by_age.insert(self.tick, *block);
+    /// Whether prompts went on from `block` in several ways, on any of
+    /// `replicas`.
+    fn shared(&self, block: u64, replicas: impl Iterator<Item = u64>) -> bool {
+        let mut forks = 0;
+        for replica in replicas {
+            forks += self.sent.get(&pair(block, replica)).map_or(0, |s| s.forks);
         }
-        while self.owner.len() > capacity {
-            let Some((_, oldest)) = self.by_age.pop_first() else {
+        forks >= SHARED
+    }
+
+    fn remembered(&self, replica: u64) -> usize {
+        self.per_replica.get(&replica).copied().unwrap_or(0)
+    }
+
+    /// Remembers the blocks as sent to the replica, within `capacity` pairs.
+    fn record(&mut self, blocks: &[u64], replica: u64, capacity: usize) {
+        // Last block first, so a prompt's tail is forgotten before its head.
+        for (i, block) in blocks.iter().enumerate().rev() {
+            self.tick += 1;
+            let key = pair(*block, replica);
+            let next = blocks.get(i + 1).copied();
+            match self.sent.get_mut(&key) {
+                Some(sent) => {
+                    self.by_age.remove(&sent.tick);
+                    sent.tick = self.tick;
+                    if next.is_some() && sent.next != next {
+                        sent.forks += u32::from(sent.next.is_some());
+                        sent.next = next;
+                    }
+                }
+                None => {
+                    let sent = Sent {
+                        tick: self.tick,
+                        next,
+                        forks: 0,
+                    };
+                    self.sent.insert(key, sent);
+                    *self.per_replica.entry(replica).or_default() += 1;
+                }
+            }
+            self.by_age.insert(self.tick, (key, replica));
+        }
+        while self.sent.len() > capacity {
+            let Some((_, (oldest, replica))) = self.by_age.pop_first() else {
                 break;
             };
-            self.owner.remove(&oldest);
+            self.sent.remove(&oldest);
+            if let Some(count) = self.per_replica.get_mut(&replica) {
+                *count -= 1;
+            }
         }
     }
 }
@@ -114,7 +180,7 @@ impl PrefixCache {
     /// Blocks remembered now.
     #[cfg(test)]
     pub(super) fn remembered(&self) -> usize {
-        lock(&self.tree).owner.len()
+        lock(&self.tree).sent.len()
     }
 }
 
@@ -135,20 +201,35 @@ impl Policy for PrefixCache {
         let unbalanced =
             high - low > pick.balance_abs && high as f64 > low as f64 * pick.balance_rel;
         let mut tree = lock(&self.tree);
+        // The least loaded, ties to the one the pool believes has the
+        // most room in its cache.
+        let roomiest = || {
+            let count = candidates.len();
+            (0..count)
+                .map(|offset| candidates[(pick.turn + offset) % count])
+                .min_by_key(|r| (r.outstanding(), tree.remembered(replica_key(&r.id))))
+                .unwrap_or(idlest)
+        };
         let chosen = if unbalanced || blocks.is_empty() {
             idlest
         } else {
             let count = candidates.len();
-            // Ties (no match anywhere included) go round from the turn.
+            // Ties go to the less loaded, then round from the turn.
             let (best, matched) = (0..count)
                 .map(|offset| candidates[(pick.turn + offset) % count])
-                .map(|r| (r, tree.matched(&blocks, &r.id)))
+                .map(|r| (r, tree.matched(&blocks, replica_key(&r.id))))
                 .max_by_key(|(r, matched)| (*matched, std::cmp::Reverse(r.outstanding())))
                 .unwrap_or((idlest, 0));
-            if matched == 0 { idlest } else { best }
+            // Matching nothing, or only a prefix many prompts share: a new
+            // conversation, placed where there is room.
+            let keys = || candidates.iter().map(|r| replica_key(&r.id));
+            if matched == 0 || tree.shared(blocks[matched - 1], keys()) {
+                roomiest()
+            } else {
+                best
+            }
         };
-        let id: Arc<str> = chosen.id.as_str().into();
-        tree.record(&blocks, &id, self.capacity);
+        tree.record(&blocks, replica_key(&chosen.id), self.capacity);
         chosen
     }
 }
@@ -186,12 +267,45 @@ mod tests {
         for question in ["second question", "third, longer question than before"] {
             assert_eq!(pick(&pool, &chat("law", 200, question)), home);
         }
-        // Prompts sharing nothing are placed as the least loaded policy
-        // would: in turn while all are idle.
-        let others: std::collections::BTreeSet<String> = (0..4)
+        // Prompts sharing nothing go where the pool remembers least: each
+        // to a replica that has had nothing yet.
+        let others: std::collections::BTreeSet<String> = (0..3)
             .map(|i| pick(&pool, &chat(&format!("topic{i}-"), 200, "q")))
             .collect();
-        assert_eq!(others.len(), 4, "{others:?}");
+        assert_eq!(others.len(), 3, "{others:?}");
+        assert!(!others.contains(&home), "{others:?}");
+    }
+
+    #[test]
+    fn conversations_on_a_shared_system_prompt_spread_and_each_comes_back() {
+        let pool = pool();
+        let system = chat("rules", 200, "")
+            .remove("messages")
+            .unwrap_or_default();
+        // Eight conversations, each a turn at a time, all after one system
+        // prompt: every replica holds it, so new ones go to the least
+        // loaded (in turn while idle), and each later turn goes where the
+        // conversation's own words went.
+        let turn = |conversation: usize, turns: usize| {
+            let mut messages = system.as_array().cloned().unwrap_or_default();
+            messages.pop();
+            for t in 0..turns {
+                let words: Vec<String> = (0..40)
+                    .map(|w| format!("c{conversation}t{t}w{w}"))
+                    .collect();
+                messages.push(serde_json::json!({"role": "user", "content": words.join(" ")}));
+            }
+            let body = serde_json::json!({"model": "m", "messages": messages});
+            body.as_object().cloned().unwrap_or_default()
+        };
+        let homes: Vec<String> = (0..8).map(|c| pick(&pool, &turn(c, 1))).collect();
+        let spread: std::collections::BTreeSet<&String> = homes.iter().collect();
+        assert_eq!(spread.len(), 4, "{homes:?}");
+        for turns in 2..=4 {
+            for (c, home) in homes.iter().enumerate() {
+                assert_eq!(&pick(&pool, &turn(c, turns)), home, "conversation {c}");
+            }
+        }
     }
 
     #[test]
