@@ -15,39 +15,9 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 DURATION=${1:-15}
 
-apt_install wrk python3-venv
-VENV=target/routers-venv
-if [ ! -x "$VENV/bin/vllm-router" ] || [ ! -x "$VENV/bin/sglang-router" ]; then
-    log "installing sglang-router and vllm-router from PyPI into $VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q sglang-router vllm-router
-fi
-# CONCLAVE_BENCH_BIN: a release conclave binary already built.
-if [ -z "${CONCLAVE_BENCH_BIN:-}" ]; then
-    cargo build --locked --release --bin conclave
-    CONCLAVE_BENCH_BIN=target/release/conclave
-fi
-BIN=$CONCLAVE_BENCH_BIN
-WORK=$(mktemp -d)
-CLEANUP+=("rm -rf $WORK")
+source benches/routers_lib.sh
+apt_install wrk
 CLK_TCK=$(getconf CLK_TCK)
-
-# Starts a process in the background, its pid in $STARTED; killed at exit.
-start() {
-    local log=$1; shift
-    "$@" > "$WORK/$log" 2>&1 &
-    STARTED=$!
-    CLEANUP+=("kill $STARTED 2>/dev/null; wait $STARTED 2>/dev/null")
-}
-
-# Waits until URL answers 200 (60 s).
-wait_ok() {
-    for _ in $(seq 600); do
-        curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    die "$1 did not come up; logs in $WORK"
-}
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
