@@ -423,7 +423,8 @@ impl Gateway {
             };
             tried.push(replica.clone());
             body.insert("model".into(), Value::String(replica.model.clone()));
-            let payload = serde_json::to_string(&body).unwrap_or_default();
+            // Shared by the request and its trace, not copied for it.
+            let payload = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
             let guard = replica.start_call();
             match self.send(&pool, &replica, endpoint, payload.clone()).await {
                 Ok(response) => {
@@ -472,7 +473,8 @@ impl Gateway {
         // Every attempt failed: pass the last upstream answer on as it was,
         // or say why none came.
         let last = tried.last().map(|r| (r.id.as_str(), r.model.as_str()));
-        let mut trace = start.attempt(last, serde_json::to_string(&body).unwrap_or_default());
+        let request = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+        let mut trace = start.attempt(last, request);
         trace.latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         trace.status = "error";
         trace.http_status = failure
@@ -518,7 +520,7 @@ impl Gateway {
         pool: &Pool,
         replica: &Replica,
         endpoint: Endpoint,
-        payload: String,
+        payload: Bytes,
     ) -> Result<reqwest::Response, Failure> {
         let url = format!("{}/{}", replica.url, endpoint.path());
         let mut request = self

@@ -1,5 +1,12 @@
 //! Traces of gateway calls, kept in memory under a count and a byte limit,
-//! and the recorder that builds one from a response as it streams past.
+//! and the recorder that keeps a response as it streams past.
+//!
+//! A call's request and response are kept as the bytes that went by and
+//! read (parsed into text, tool calls, usage and logprobs) only when the
+//! trace is: most traces are never read, and parsing every response as it
+//! passed was a good part of the gateway's CPU per call. What must be known
+//! at once — when the first content came, whether the answer was complete —
+//! is found while the response streams, from as little parsing as it takes.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -8,7 +15,7 @@ use std::time::Instant;
 use crate::sync::lock;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -29,7 +36,10 @@ pub struct Trace {
     pub upstream_model: Option<String>,
     pub endpoint: &'static str,
     /// The request as sent to the replica (kept as its JSON text).
-    pub request: Box<RawValue>,
+    #[serde(serialize_with = "json_text")]
+    pub request: Bytes,
+    /// From here to `logprobs`: what the response said, filled in when the
+    /// trace is read ([`Trace::read`]).
     pub response_text: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<Value>,
@@ -51,6 +61,27 @@ pub struct Trace {
     /// commit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weights_version: Option<Value>,
+    /// The response as it came, until the trace is read.
+    #[serde(skip)]
+    response: Option<Arc<Kept>>,
+}
+
+/// A response as it came: SSE lines or one JSON body.
+#[derive(Debug)]
+struct Kept {
+    streamed: bool,
+    body: Vec<u8>,
+}
+
+/// JSON text as itself in the serialized trace (`null` if it is not JSON).
+fn json_text<S: Serializer>(text: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+    let raw = std::str::from_utf8(text)
+        .ok()
+        .and_then(|text| serde_json::from_str::<&RawValue>(text).ok());
+    match raw {
+        Some(raw) => raw.serialize(serializer),
+        None => serializer.serialize_unit(),
+    }
 }
 
 /// What every trace of one gateway call shares; [`TraceStart::attempt`]
@@ -69,7 +100,7 @@ pub struct TraceStart {
 impl TraceStart {
     /// A trace of an attempt on `replica` (`None`: none answered) with the
     /// request as sent: status `ok`, nothing received yet.
-    pub fn attempt(&self, replica: Option<(&str, &str)>, request: String) -> Trace {
+    pub fn attempt(&self, replica: Option<(&str, &str)>, request: Bytes) -> Trace {
         Trace {
             id: uuid::Uuid::new_v4().to_string(),
             ts: Utc::now(),
@@ -80,7 +111,7 @@ impl TraceStart {
             replica: replica.map(|(id, _)| id.to_owned()),
             upstream_model: replica.map(|(_, model)| model.to_owned()),
             endpoint: self.endpoint,
-            request: raw(request),
+            request,
             response_text: String::new(),
             tool_calls: Vec::new(),
             usage: None,
@@ -92,20 +123,32 @@ impl TraceStart {
             retries: 0,
             error: None,
             weights_version: self.weights_version.clone(),
+            response: None,
         }
     }
 }
 
-/// JSON text as a trace's raw value (it came from `serde_json`, so it is
-/// valid; `null` otherwise).
-fn raw(json: String) -> Box<RawValue> {
-    RawValue::from_string(json)
-        .unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
-}
-
 impl Trace {
     fn weight(&self) -> usize {
-        self.request.get().len() + self.response_text.len() + 512
+        let response = self.response.as_ref().map_or(0, |r| r.body.len());
+        self.request.len() + response + self.response_text.len() + 512
+    }
+
+    /// The trace with what its response said filled in.
+    pub fn read(&self) -> Trace {
+        let mut trace = self.clone();
+        if let Some(kept) = trace.response.take() {
+            let mut reading = Reading::default();
+            if kept.streamed {
+                for line in kept.body.split(|b| *b == b'\n') {
+                    reading.sse_line(&mut trace, line);
+                }
+            } else {
+                reading.body(&mut trace, &kept.body);
+            }
+            reading.finish(&mut trace);
+        }
+        trace
     }
 }
 
@@ -122,11 +165,11 @@ pub enum OwnerFilter<'a> {
 pub struct TraceLog {
     limit: usize,
     max_bytes: usize,
-    inner: Mutex<Kept>,
+    inner: Mutex<Traces>,
 }
 
 #[derive(Default)]
-struct Kept {
+struct Traces {
     traces: VecDeque<(usize, Arc<Trace>)>,
     bytes: usize,
 }
@@ -162,9 +205,9 @@ impl TraceLog {
         session_id: Option<&str>,
         model: Option<&str>,
         limit: usize,
-    ) -> Vec<Arc<Trace>> {
-        let kept = lock(&self.inner);
-        kept.traces
+    ) -> Vec<Trace> {
+        let chosen: Vec<Arc<Trace>> = lock(&self.inner)
+            .traces
             .iter()
             .rev()
             .map(|(_, trace)| trace)
@@ -176,27 +219,29 @@ impl TraceLog {
             .filter(|t| model.is_none_or(|m| t.model == m))
             .take(limit)
             .cloned()
-            .collect()
+            .collect();
+        // Read outside the lock: parsing is the slow part.
+        chosen.iter().map(|t| t.read()).collect()
     }
 }
 
-/// Builds a trace from the response body as it passes to the client.
+/// Keeps the response body for the trace as it passes to the client,
+/// noting when the first content came and whether the answer ended.
 pub struct Recorder {
     pub trace: Trace,
     started: Instant,
     streamed: bool,
-    /// SSE: the unfinished line; otherwise the whole body so far.
-    pending: Vec<u8>,
-    /// Tool call fragments of a streamed response, by index.
-    tool_parts: Vec<(String, String, String)>,
-    logprobs: Vec<Value>,
+    /// The body so far (up to [`MAX_KEPT_BODY`]).
+    body: Vec<u8>,
+    /// SSE: where the unfinished line starts, in `line`.
+    line: Vec<u8>,
     /// A `finish_reason` or `data: [DONE]` went past: a reader that stops
     /// there got the whole answer.
     pub done: bool,
 }
 
-/// A non-streamed body larger than this is passed on but not parsed.
-const MAX_PARSED_BODY: usize = 8 * 1024 * 1024;
+/// A response larger than this is passed on but kept only in part.
+const MAX_KEPT_BODY: usize = 8 * 1024 * 1024;
 
 impl Recorder {
     pub fn new(trace: Trace, started: Instant, streamed: bool) -> Recorder {
@@ -204,9 +249,8 @@ impl Recorder {
             trace,
             started,
             streamed,
-            pending: Vec::new(),
-            tool_parts: Vec::new(),
-            logprobs: Vec::new(),
+            body: Vec::new(),
+            line: Vec::new(),
             done: false,
         }
     }
@@ -216,26 +260,31 @@ impl Recorder {
     }
 
     pub fn feed(&mut self, chunk: &Bytes) {
+        if self.body.len() + chunk.len() <= MAX_KEPT_BODY {
+            self.body.extend_from_slice(chunk);
+        }
         if !self.streamed {
             if self.trace.ttft_ms.is_none() {
                 self.trace.ttft_ms = Some(self.elapsed_ms());
             }
-            if self.pending.len() + chunk.len() <= MAX_PARSED_BODY {
-                self.pending.extend_from_slice(chunk);
-            }
             return;
         }
-        self.pending.extend_from_slice(chunk);
-        let mut start = 0;
-        while let Some(end) = self.pending[start..].iter().position(|b| *b == b'\n') {
-            let line = self.pending[start..start + end].to_vec();
-            start += end + 1;
-            self.sse_line(&line);
+        let mut rest: &[u8] = chunk;
+        while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+            if self.line.is_empty() {
+                self.scan_line(&rest[..end]);
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.extend_from_slice(&rest[..end]);
+                self.scan_line(&line);
+            }
+            rest = &rest[end + 1..];
         }
-        self.pending.drain(..start);
+        self.line.extend_from_slice(rest);
     }
 
-    fn sse_line(&mut self, line: &[u8]) {
+    /// One SSE line as it passes: parsed only until the first content.
+    fn scan_line(&mut self, line: &[u8]) {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
@@ -244,29 +293,83 @@ impl Recorder {
             self.done = true;
             return;
         }
-        let Ok(chunk) = serde_json::from_slice::<Value>(data) else {
+        if self.trace.ttft_ms.is_none() {
+            let Ok(chunk) = serde_json::from_slice::<Value>(data) else {
+                return;
+            };
+            let Some(choice) = chunk.pointer("/choices/0") else {
+                return;
+            };
+            let delta = choice.get("delta").unwrap_or(choice);
+            let text = delta.get("content").or_else(|| choice.get("text"));
+            let content = text.and_then(Value::as_str).is_some_and(|t| !t.is_empty());
+            if content || delta.get("tool_calls").is_some_and(Value::is_array) {
+                self.trace.ttft_ms = Some(self.elapsed_ms());
+            }
+        }
+        if finishes(data) {
+            self.done = true;
+        }
+    }
+
+    /// Closes the trace: `status` is how the body ended.
+    pub fn finish(mut self, status: &'static str, error: Option<String>) -> Trace {
+        if !self.body.is_empty() {
+            self.trace.response = Some(Arc::new(Kept {
+                streamed: self.streamed,
+                body: std::mem::take(&mut self.body),
+            }));
+        }
+        self.trace.latency_ms = self.elapsed_ms();
+        self.trace.status = status;
+        self.trace.error = error;
+        self.trace
+    }
+}
+
+/// Whether an SSE chunk carries a `finish_reason` that is not null.
+fn finishes(data: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"finish_reason\"";
+    let Some(at) = data.windows(KEY.len()).position(|w| w == KEY) else {
+        return false;
+    };
+    let value = data[at + KEY.len()..]
+        .iter()
+        .copied()
+        .find(|b| !b.is_ascii_whitespace() && *b != b':');
+    value.is_some_and(|b| b != b'n')
+}
+
+/// A kept response being read into its trace.
+#[derive(Default)]
+struct Reading {
+    /// Tool call fragments of a streamed response, by index.
+    tool_parts: Vec<(String, String, String)>,
+    logprobs: Vec<Value>,
+}
+
+impl Reading {
+    fn sse_line(&mut self, trace: &mut Trace, line: &[u8]) {
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let Ok(chunk) = serde_json::from_slice::<Value>(data.trim_ascii()) else {
             return;
         };
         if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
-            self.trace.usage = Some(usage.clone());
+            trace.usage = Some(usage.clone());
         }
         let Some(choice) = chunk.pointer("/choices/0") else {
             return;
         };
-        if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
-            self.done = true;
-        }
         let delta = choice.get("delta").unwrap_or(choice);
         let text = delta
             .get("content")
             .or_else(|| choice.get("text"))
             .and_then(Value::as_str)
             .unwrap_or_default();
+        trace.response_text.push_str(text);
         let calls = delta.get("tool_calls").and_then(Value::as_array);
-        if (!text.is_empty() || calls.is_some()) && self.trace.ttft_ms.is_none() {
-            self.trace.ttft_ms = Some(self.elapsed_ms());
-        }
-        self.trace.response_text.push_str(text);
         for call in calls.into_iter().flatten() {
             let index = call.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
             if self.tool_parts.len() <= index {
@@ -282,6 +385,32 @@ impl Recorder {
             if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
                 part.2.push_str(args);
             }
+        }
+        self.collect_logprobs(choice);
+    }
+
+    /// A whole JSON body.
+    fn body(&mut self, trace: &mut Trace, body: &[u8]) {
+        let Ok(response) = serde_json::from_slice::<Value>(body) else {
+            trace.response_text = String::from_utf8_lossy(body).into_owned();
+            return;
+        };
+        trace.usage = response.get("usage").cloned().filter(|u| !u.is_null());
+        let Some(choice) = response.pointer("/choices/0") else {
+            return;
+        };
+        let message = choice.get("message");
+        trace.response_text = message
+            .and_then(|m| m.get("content"))
+            .or_else(|| choice.get("text"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if let Some(calls) = message
+            .and_then(|m| m.get("tool_calls"))
+            .and_then(Value::as_array)
+        {
+            trace.tool_calls = calls.clone();
         }
         self.collect_logprobs(choice);
     }
@@ -303,34 +432,9 @@ impl Recorder {
         }
     }
 
-    /// Closes the trace: `status` is how the body ended.
-    pub fn finish(mut self, status: &'static str, error: Option<String>) -> Trace {
-        if !self.streamed && !self.pending.is_empty() {
-            let body = std::mem::take(&mut self.pending);
-            if let Ok(response) = serde_json::from_slice::<Value>(&body) {
-                self.trace.usage = response.get("usage").cloned().filter(|u| !u.is_null());
-                if let Some(choice) = response.pointer("/choices/0") {
-                    let message = choice.get("message");
-                    self.trace.response_text = message
-                        .and_then(|m| m.get("content"))
-                        .or_else(|| choice.get("text"))
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string();
-                    if let Some(calls) = message
-                        .and_then(|m| m.get("tool_calls"))
-                        .and_then(Value::as_array)
-                    {
-                        self.trace.tool_calls = calls.clone();
-                    }
-                    self.collect_logprobs(choice);
-                }
-            } else {
-                self.trace.response_text = String::from_utf8_lossy(&body).into_owned();
-            }
-        }
+    fn finish(mut self, trace: &mut Trace) {
         if !self.tool_parts.is_empty() {
-            self.trace.tool_calls = self
+            trace.tool_calls = self
                 .tool_parts
                 .drain(..)
                 .map(|(id, name, arguments)| {
@@ -340,12 +444,8 @@ impl Recorder {
                 .collect();
         }
         if !self.logprobs.is_empty() {
-            self.trace.logprobs = Some(Value::Array(std::mem::take(&mut self.logprobs)));
+            trace.logprobs = Some(Value::Array(self.logprobs));
         }
-        self.trace.latency_ms = self.elapsed_ms();
-        self.trace.status = status;
-        self.trace.error = error;
-        self.trace
     }
 }
 
@@ -363,7 +463,7 @@ mod tests {
             endpoint: "chat/completions",
             weights_version: None,
         };
-        let mut trace = start.attempt(Some(("r", "m")), "{}".into());
+        let mut trace = start.attempt(Some(("r", "m")), Bytes::from_static(b"{}"));
         trace.id = "t".into();
         trace.http_status = Some(200);
         trace
@@ -383,7 +483,8 @@ mod tests {
         for piece in body.as_bytes().chunks(7) {
             recorder.feed(&Bytes::copy_from_slice(piece));
         }
-        let trace = recorder.finish("ok", None);
+        assert!(recorder.done);
+        let trace = recorder.finish("ok", None).read();
         assert_eq!(trace.response_text, "Hello");
         assert_eq!(trace.usage.unwrap()["completion_tokens"], 2);
         assert_eq!(
@@ -395,11 +496,19 @@ mod tests {
     }
 
     #[test]
+    fn a_finish_reason_ends_the_answer_unless_null() {
+        assert!(finishes(br#"{"choices":[{"finish_reason":"stop"}]}"#));
+        assert!(finishes(br#"{"choices":[{"finish_reason" : "length"}]}"#));
+        assert!(!finishes(br#"{"choices":[{"finish_reason":null}]}"#));
+        assert!(!finishes(br#"{"choices":[{"delta":{"content":"x"}}]}"#));
+    }
+
+    #[test]
     fn a_plain_body_is_parsed_at_the_end() {
         let mut recorder = Recorder::new(blank(), Instant::now(), false);
         let body = json!({"choices":[{"message":{"content":"hi"}}],"usage":{"total_tokens":5}});
         recorder.feed(&Bytes::from(body.to_string()));
-        let trace = recorder.finish("ok", None);
+        let trace = recorder.finish("ok", None).read();
         assert_eq!(trace.response_text, "hi");
         assert_eq!(trace.usage.unwrap()["total_tokens"], 5);
     }
