@@ -15,8 +15,27 @@ use crate::model::ModelRegistry;
 use crate::sandbox::SandboxManager;
 use crate::telemetry::Metrics;
 
+/// The state every handler shares, behind one `Arc`: axum clones it for
+/// each request, and counting one reference is cheaper than counting the
+/// twenty of its parts.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> AppState {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+pub struct Shared {
     pub config: Arc<Config>,
     pub sessions: Arc<SessionManager>,
     /// The models sessions name, with their aliases and prices.

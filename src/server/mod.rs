@@ -25,7 +25,7 @@ use crate::agent::turn::TurnDeps;
 use crate::agent::{AgentTask, ToolRouter};
 use crate::api;
 use crate::api::auth::Keys;
-use crate::api::state::AppState;
+use crate::api::state::{AppState, Shared};
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::jobs::Jobs;
@@ -319,7 +319,7 @@ impl Server {
             Duration::from_secs(config.bus.response_topic_wait_s),
             root.child_token(),
         ));
-        let state = AppState {
+        let state = AppState::new(Shared {
             keys: Arc::new(Keys::new(
                 &config.api_keys,
                 &config.admin_keys,
@@ -340,7 +340,7 @@ impl Server {
             deliberations,
             pipelines,
             stop: root.child_token(),
-        };
+        });
         Ok(Server {
             state,
             store,
