@@ -10,7 +10,7 @@ use futures::Stream;
 
 use super::pool::CallGuard;
 use super::trace::{Recorder, TraceLog};
-use crate::telemetry::{Metrics, ReplicaLabel};
+use crate::telemetry::Metrics;
 
 /// An upstream body passed on to the client, recording the call's trace
 /// and figures when it ends (or when the client goes away).
@@ -20,7 +20,8 @@ pub struct TracedBody {
     pub(super) call: Option<CallGuard>,
     pub(super) traces: Option<Arc<TraceLog>>,
     pub(super) metrics: Option<Arc<Metrics>>,
-    pub(super) pool: String,
+    /// The pool of the replica that answered.
+    pub(super) pool: Option<Arc<super::pool::Pool>>,
     /// The call's place at its pool's weight gate, held until the
     /// response has been passed on.
     pub(super) _admitted: Option<super::weights::Admission>,
@@ -35,7 +36,7 @@ impl TracedBody {
             call: None,
             traces: None,
             metrics: None,
-            pool: String::new(),
+            pool: None,
             _admitted: None,
         }
     }
@@ -50,17 +51,15 @@ impl TracedBody {
             _ => status,
         };
         let trace = recorder.finish(status, error);
-        if let (Some(call), Some(metrics)) = (self.call.take(), &self.metrics) {
-            let label = ReplicaLabel {
-                pool: self.pool.clone(),
-                replica: call.replica.id.clone(),
-                outcome: if status == "error" { "error" } else { "ok" },
+        if let (Some(call), Some(metrics), Some(pool)) = (self.call.take(), &self.metrics, &self.pool)
+        {
+            let figures = call.replica.figures(metrics, &pool.name);
+            let (calls, latency) = match status {
+                "error" => &figures.error,
+                _ => &figures.ok,
             };
-            metrics.gateway_calls.get_or_create(&label).inc();
-            metrics
-                .gateway_latency
-                .get_or_create(&label)
-                .observe(trace.latency_ms / 1000.0);
+            calls.inc();
+            latency.observe(trace.latency_ms / 1000.0);
         }
         if let Some(traces) = &self.traces {
             traces.push(trace);

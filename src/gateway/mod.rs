@@ -445,7 +445,7 @@ impl Gateway {
                             call: Some(guard),
                             traces: Some(self.traces.clone()),
                             metrics: Some(self.metrics.clone()),
-                            pool: pool.name.clone(),
+                            pool: Some(pool.clone()),
                             _admitted: Some(admitted),
                         },
                     });

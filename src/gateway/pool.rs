@@ -2,7 +2,7 @@
 //! (`policy/`) picks a replica for a call.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -11,6 +11,9 @@ use serde_json::{Map, Value};
 use super::config::PoolConfig;
 use super::policy::{self, Pick, Policy, Ring};
 use crate::sync::{lock, read, write};
+use crate::telemetry::{Metrics, ReplicaLabel};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// What an operator set a replica to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -59,6 +62,14 @@ pub struct Replica {
     completed: AtomicU64,
     /// The weights version committed while it was in the pool.
     weights_version: Mutex<Option<serde_json::Value>>,
+    /// Its series of the gateway's metrics, found once.
+    figures: OnceLock<Figures>,
+}
+
+/// A replica's calls and latencies by outcome, as the metrics count them.
+pub struct Figures {
+    pub ok: (Counter, Histogram),
+    pub error: (Counter, Histogram),
 }
 
 /// A replica's figures, for `GET /gateway/replicas`.
@@ -97,7 +108,30 @@ impl Replica {
             latency_us: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             weights_version: Mutex::new(None),
+            figures: OnceLock::new(),
         }
+    }
+
+    /// Its series of `metrics`, labelled with `pool` the first time: a
+    /// call then counts without building labels.
+    pub fn figures(&self, metrics: &Metrics, pool: &str) -> &Figures {
+        self.figures.get_or_init(|| {
+            let series = |outcome: &'static str| {
+                let label = ReplicaLabel {
+                    pool: pool.to_owned(),
+                    replica: self.id.clone(),
+                    outcome,
+                };
+                (
+                    metrics.gateway_calls.get_or_create(&label).clone(),
+                    metrics.gateway_latency.get_or_create(&label).clone(),
+                )
+            };
+            Figures {
+                ok: series("ok"),
+                error: series("error"),
+            }
+        })
     }
 
     pub fn weights_version(&self) -> Option<serde_json::Value> {
