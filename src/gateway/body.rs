@@ -51,7 +51,8 @@ impl TracedBody {
             _ => status,
         };
         let trace = recorder.finish(status, error);
-        if let (Some(call), Some(metrics), Some(pool)) = (self.call.take(), &self.metrics, &self.pool)
+        if let (Some(call), Some(metrics), Some(pool)) =
+            (self.call.take(), &self.metrics, &self.pool)
         {
             let figures = call.replica.figures(metrics, &pool.name);
             let (calls, latency) = match status {

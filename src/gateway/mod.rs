@@ -522,10 +522,10 @@ impl Gateway {
         endpoint: Endpoint,
         payload: Bytes,
     ) -> Result<reqwest::Response, Failure> {
-        let url = format!("{}/{}", replica.url, endpoint.path());
+        let url = replica.endpoint_url(endpoint).map_err(Failure::message)?;
         let mut request = self
             .client_for(replica)
-            .post(&url)
+            .post(url.clone())
             .header(CONTENT_TYPE, "application/json")
             .body(payload);
         if let Some(key) = &replica.api_key {

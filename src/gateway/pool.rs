@@ -64,6 +64,9 @@ pub struct Replica {
     weights_version: Mutex<Option<serde_json::Value>>,
     /// Its series of the gateway's metrics, found once.
     figures: OnceLock<Figures>,
+    /// Its chat and completions URLs, parsed once (`None` if the base URL
+    /// does not parse: the call then fails naming it).
+    urls: Option<[reqwest::Url; 2]>,
 }
 
 /// A replica's calls and latencies by outcome, as the metrics count them.
@@ -109,6 +112,30 @@ impl Replica {
             completed: AtomicU64::new(0),
             weights_version: Mutex::new(None),
             figures: OnceLock::new(),
+            urls: None,
+        }
+        .with_urls()
+    }
+
+    fn with_urls(mut self) -> Replica {
+        let url = |endpoint: super::Endpoint| {
+            reqwest::Url::parse(&format!("{}/{}", self.url, endpoint.path())).ok()
+        };
+        self.urls = url(super::Endpoint::Chat)
+            .zip(url(super::Endpoint::Completions))
+            .map(|(a, b)| [a, b]);
+        self
+    }
+
+    /// The URL of `endpoint` on this replica.
+    pub fn endpoint_url(&self, endpoint: super::Endpoint) -> Result<reqwest::Url, String> {
+        let index = match endpoint {
+            super::Endpoint::Chat => 0,
+            super::Endpoint::Completions => 1,
+        };
+        match &self.urls {
+            Some(urls) => Ok(urls[index].clone()),
+            None => Err(format!("{}/{}: not a URL", self.url, endpoint.path())),
         }
     }
 
