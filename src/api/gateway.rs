@@ -138,6 +138,9 @@ async fn forward(
     if let Some(content_type) = upstream.content_type {
         response = response.header(header::CONTENT_TYPE, content_type.as_bytes());
     }
+    if let Some(length) = upstream.content_length {
+        response = response.header(header::CONTENT_LENGTH, length);
+    }
     response
         .body(Body::from_stream(upstream.body))
         .map_err(ApiError::internal)

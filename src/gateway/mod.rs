@@ -114,6 +114,9 @@ pub enum GatewayError {
 pub struct Upstream {
     pub status: StatusCode,
     pub content_type: Option<HeaderValue>,
+    /// The body's length when the replica said it (not for streams): passed
+    /// on, so the answer goes out whole rather than in chunks.
+    pub content_length: Option<u64>,
     pub replica: String,
     /// The weights version the call ran under.
     pub weights_version: Option<Value>,
@@ -430,6 +433,7 @@ impl Gateway {
                 Ok(response) => {
                     let status = response.status();
                     let content_type = response.headers().get(CONTENT_TYPE).cloned();
+                    let content_length = response.content_length();
                     let mut trace = start.attempt(Some((&replica.id, &replica.model)), payload);
                     trace.http_status = Some(status.as_u16());
                     trace.retries = attempt;
@@ -437,11 +441,14 @@ impl Gateway {
                     return Ok(Upstream {
                         status,
                         content_type,
+                        content_length,
                         replica: replica.id.clone(),
                         weights_version: admitted.version.clone(),
                         body: TracedBody {
                             inner: Box::pin(response.bytes_stream()),
-                            recorder: Some(Recorder::new(trace, started, streamed)),
+                            recorder: Some(
+                                Recorder::new(trace, started, streamed).with_length(content_length),
+                            ),
                             call: Some(guard),
                             traces: Some(self.traces.clone()),
                             metrics: Some(self.metrics.clone()),
@@ -490,6 +497,7 @@ impl Gateway {
         match failure.response {
             Some((status, content_type, body)) => Ok(Upstream {
                 status,
+                content_length: None,
                 content_type,
                 weights_version: start.weights_version.clone(),
                 replica: tried.last().map(|r| r.id.clone()).unwrap_or_default(),

@@ -235,9 +235,13 @@ pub struct Recorder {
     body: Vec<u8>,
     /// SSE: where the unfinished line starts, in `line`.
     line: Vec<u8>,
-    /// A `finish_reason` or `data: [DONE]` went past: a reader that stops
-    /// there got the whole answer.
+    /// A `finish_reason` or `data: [DONE]` went past, or as many bytes as
+    /// the replica announced: a reader that stops there got the whole
+    /// answer.
     pub done: bool,
+    /// The body's length as the replica announced it, and the bytes seen.
+    length: Option<u64>,
+    seen: u64,
 }
 
 /// A response larger than this is passed on but kept only in part.
@@ -252,7 +256,15 @@ impl Recorder {
             body: Vec::new(),
             line: Vec::new(),
             done: false,
+            length: None,
+            seen: 0,
         }
+    }
+
+    /// Knows the body's length: once that many bytes passed, it is whole.
+    pub fn with_length(mut self, length: Option<u64>) -> Recorder {
+        self.length = length;
+        self
     }
 
     fn elapsed_ms(&self) -> f64 {
@@ -262,6 +274,10 @@ impl Recorder {
     pub fn feed(&mut self, chunk: &Bytes) {
         if self.body.len() + chunk.len() <= MAX_KEPT_BODY {
             self.body.extend_from_slice(chunk);
+        }
+        self.seen += chunk.len() as u64;
+        if self.length.is_some_and(|length| self.seen >= length) {
+            self.done = true;
         }
         if !self.streamed {
             if self.trace.ttft_ms.is_none() {
@@ -493,6 +509,15 @@ mod tests {
         );
         assert_eq!(trace.logprobs.unwrap()[0]["logprob"], -0.1);
         assert!(trace.ttft_ms.is_some());
+    }
+
+    #[test]
+    fn a_body_of_the_announced_length_is_whole() {
+        let mut recorder = Recorder::new(blank(), Instant::now(), false).with_length(Some(10));
+        recorder.feed(&Bytes::from_static(b"{\"a\":"));
+        assert!(!recorder.done);
+        recorder.feed(&Bytes::from_static(b"1234}"));
+        assert!(recorder.done);
     }
 
     #[test]
