@@ -59,6 +59,58 @@ fn consumer_name(kind: &str) -> String {
     format!("jobs_{}", kind.replace(['.', '*', '>', ' '], "_"))
 }
 
+/// Tries at opening the queue before `connect` gives up.
+const OPEN_ATTEMPTS: u32 = 3;
+
+/// The queue's stream, and a consumer for each kind `handlers` does (or
+/// those another replica made).
+async fn open(
+    jetstream: &jetstream::Context,
+    names: &Names,
+    handlers: &Handlers,
+    ack_wait: Duration,
+) -> Result<jetstream::stream::Stream, JobError> {
+    let stream = jetstream
+        .get_or_create_stream(Config {
+            name: names.stream.clone(),
+            subjects: vec![format!("{}.>", names.queue)],
+            retention: RetentionPolicy::WorkQueue,
+            storage: StorageType::File,
+            max_age: MAX_AGE,
+            ..Config::default()
+        })
+        .await
+        .map_err(queue_error)?;
+    for kind in handlers.kinds() {
+        consumer(&stream, names, kind, ack_wait).await?;
+    }
+    Ok(stream)
+}
+
+/// The durable pull consumer of `kind`'s jobs.
+async fn consumer(
+    stream: &jetstream::stream::Stream,
+    names: &Names,
+    kind: &str,
+    ack_wait: Duration,
+) -> Result<jetstream::consumer::PullConsumer, JobError> {
+    let name = consumer_name(kind);
+    stream
+        .get_or_create_consumer(
+            &name,
+            pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: format!("{}.{kind}", names.queue),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait,
+                max_deliver: MAX_DELIVER,
+                ..pull::Config::default()
+            },
+        )
+        .await
+        .map_err(queue_error)
+}
+
 /// The stream and subjects under a prefix (`conclave` in the server, one
 /// per test in the tests).
 #[derive(Clone)]
@@ -119,48 +171,35 @@ impl NatsJobs {
             .map_err(queue_error)?;
         let jetstream = jetstream::new(client.clone());
         let names = Names::new(prefix);
-        let stream = jetstream
-            .get_or_create_stream(Config {
-                name: names.stream.clone(),
-                subjects: vec![format!("{}.>", names.queue)],
-                retention: RetentionPolicy::WorkQueue,
-                storage: StorageType::File,
-                max_age: MAX_AGE,
-                ..Config::default()
-            })
-            .await
-            .map_err(queue_error)?;
-        let jobs = NatsJobs {
-            client,
-            jetstream,
-            stream,
-            names,
-            handlers,
-            config,
-            metrics,
-        };
-        for kind in jobs.handlers.kinds() {
-            jobs.consumer(kind).await?;
+        // Replicas starting together race to make the stream and its
+        // consumers; a loser (or a JetStream API call timed out on a busy
+        // server) tries again before giving up.
+        let mut attempt = 1;
+        loop {
+            match open(&jetstream, &names, &handlers, config.ack_wait).await {
+                Ok(stream) => {
+                    return Ok(NatsJobs {
+                        client,
+                        jetstream,
+                        stream,
+                        names,
+                        handlers,
+                        config,
+                        metrics,
+                    });
+                }
+                Err(e) if attempt < OPEN_ATTEMPTS => {
+                    tracing::warn!(error = %e, attempt, "cannot open the job queue yet; trying again");
+                    tokio::time::sleep(PULL_RETRY / 2).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(jobs)
     }
 
     async fn consumer(&self, kind: &str) -> Result<jetstream::consumer::PullConsumer, JobError> {
-        let name = consumer_name(kind);
-        self.stream
-            .get_or_create_consumer(
-                &name,
-                pull::Config {
-                    durable_name: Some(name.clone()),
-                    filter_subject: format!("{}.{kind}", self.names.queue),
-                    ack_policy: AckPolicy::Explicit,
-                    ack_wait: self.config.ack_wait,
-                    max_deliver: MAX_DELIVER,
-                    ..pull::Config::default()
-                },
-            )
-            .await
-            .map_err(queue_error)
+        consumer(&self.stream, &self.names, kind, self.config.ack_wait).await
     }
 
     /// Pulls jobs of `kind` one at a time while there is room, until

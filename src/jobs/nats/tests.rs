@@ -264,3 +264,25 @@ async fn a_submitter_that_stops_waiting_cancels_the_job_where_it_runs() {
     );
     clean(&prefix).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_all_open_the_queue() {
+    let prefix = prefix();
+    let url = nats_url();
+    let starts = (0..4).map(|_| {
+        NatsJobs::connect(
+            &url,
+            &prefix,
+            Handlers::default().with("double", Worker::new(Duration::ZERO, false)),
+            QueueConfig {
+                ack_wait: Duration::from_secs(5),
+                max_running: 1,
+            },
+            Arc::new(Metrics::new()),
+        )
+    });
+    for started in futures::future::join_all(starts).await {
+        assert!(started.is_ok(), "{:?}", started.err());
+    }
+    clean(&prefix).await;
+}
