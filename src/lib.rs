@@ -58,6 +58,8 @@
 //!   `Retry-After`, bounded error bodies.
 //! - [`shutdown`]: the root cancellation token and signal handling.
 //! - [`sync`]: the one poison-tolerant lock helper.
+//! - [`prefix`]: a prompt as a chain of block hashes, for the sim's prefix
+//!   cache and the gateway's `prefix_cache` strategy.
 
 pub mod agent;
 pub mod api;
@@ -72,6 +74,7 @@ pub mod mcp;
 pub mod model;
 pub mod operator;
 pub mod pipeline;
+pub mod prefix;
 pub mod protocol;
 pub mod rollout;
 pub mod sandbox;

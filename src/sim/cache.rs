@@ -9,10 +9,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use xxhash_rust::xxh3::Xxh3;
-
-/// Tokens per block.
-pub const BLOCK: usize = 16;
+pub use crate::prefix::BLOCK;
+use crate::prefix::Blocks;
 
 pub struct PrefixCache {
     /// Blocks kept at most.
@@ -38,20 +36,9 @@ impl PrefixCache {
     /// Serves a prompt: answers how many of its leading tokens were
     /// cached, then keeps its blocks (evicting the oldest past the budget).
     pub fn serve<'a>(&mut self, tokens: impl IntoIterator<Item = &'a str>) -> usize {
-        let mut hashes = Vec::new();
-        let mut hasher = Xxh3::with_seed(0);
-        let mut in_block = 0;
-        for token in tokens {
-            hasher.update(token.as_bytes());
-            hasher.update(b" ");
-            in_block += 1;
-            if in_block == BLOCK {
-                let hash = hasher.digest();
-                hashes.push(hash);
-                hasher = Xxh3::with_seed(hash);
-                in_block = 0;
-            }
-        }
+        let mut blocks = Blocks::default();
+        tokens.into_iter().for_each(|token| blocks.add(token));
+        let hashes = blocks.hashes();
         let cached = hashes
             .iter()
             .take_while(|h| self.used.contains_key(h))

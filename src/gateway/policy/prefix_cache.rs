@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use crate::prefix::Blocks;
 use serde_json::{Map, Value};
-use xxhash_rust::xxh3::Xxh3;
 
 use super::least_outstanding::least_outstanding;
 use super::{Pick, Policy};
@@ -23,41 +23,31 @@ use crate::gateway::pool::Replica;
 use crate::sync::lock;
 
 /// Words per block.
-pub(super) const BLOCK: usize = 16;
+pub(super) const BLOCK: usize = crate::prefix::BLOCK;
 
-/// The prompt's block hashes, each over everything before its end.
+/// The prompt's block hashes: each message's role and words, or `prompt`.
 pub(super) fn blocks(body: &Map<String, Value>) -> Vec<u64> {
-    let mut hashes = Vec::new();
-    let mut hasher = Xxh3::with_seed(0);
-    let mut words = 0;
-    let mut add = |word: &str| {
-        hasher.update(word.as_bytes());
-        hasher.update(b" ");
-        words += 1;
-        if words == BLOCK {
-            let hash = hasher.digest();
-            hashes.push(hash);
-            hasher = Xxh3::with_seed(hash);
-            words = 0;
-        }
-    };
+    let mut blocks = Blocks::default();
     match body.get("messages").and_then(Value::as_array) {
         Some(messages) => {
             for message in messages {
-                add(message["role"].as_str().unwrap_or("user"));
+                blocks.add(message["role"].as_str().unwrap_or("user"));
                 match &message["content"] {
-                    Value::String(text) => text.split_whitespace().for_each(&mut add),
+                    Value::String(text) => text.split_whitespace().for_each(|w| blocks.add(w)),
                     Value::Null => {}
-                    other => other.to_string().split_whitespace().for_each(&mut add),
+                    other => other
+                        .to_string()
+                        .split_whitespace()
+                        .for_each(|w| blocks.add(w)),
                 }
             }
         }
         None => {
             let prompt = body.get("prompt").and_then(Value::as_str).unwrap_or("");
-            prompt.split_whitespace().for_each(&mut add);
+            prompt.split_whitespace().for_each(|w| blocks.add(w));
         }
     }
-    hashes
+    blocks.hashes()
 }
 
 /// Which replicas were sent each block, and when; the least recently
