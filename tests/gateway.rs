@@ -192,6 +192,37 @@ async fn round_robin_shuffle_and_least_outstanding_spread_calls() {
     drop(held);
 }
 
+/// A whole answer goes out with the length the replica gave it (not in
+/// chunks) and its trace says it ended; a stream goes out as it comes.
+#[tokio::test]
+async fn a_whole_answer_keeps_its_length_and_a_stream_streams() {
+    let sim = Sim::start("a", &[]).await;
+    let server = gateway(vec![("m", pool(Strategy::RoundRobin, &[&sim]))]).await;
+    let whole = server.post("/v1/chat/completions", ask("m")).await;
+    assert_eq!(whole.status(), 200);
+    let length = whole.content_length();
+    assert!(whole.headers().get("transfer-encoding").is_none());
+    assert_eq!(length, Some(whole.bytes().await.unwrap().len() as u64));
+    let mut streamed = ask("m");
+    streamed["stream"] = json!(true);
+    let stream = server.post("/v1/chat/completions", streamed).await;
+    assert_eq!(stream.headers()["transfer-encoding"], "chunked");
+    let text = stream.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let traces: Value = server
+        .get("/gateway/traces?limit=2")
+        .await
+        .json()
+        .await
+        .unwrap();
+    for trace in traces["traces"].as_array().unwrap() {
+        assert_eq!(trace["status"], "ok", "{traces}");
+        let text = trace["response_text"].as_str().unwrap_or_default();
+        assert!(text.starts_with('a'), "{traces}");
+    }
+    assert_eq!(traces["traces"].as_array().map(Vec::len), Some(2));
+}
+
 #[tokio::test]
 async fn session_affinity_is_stable_and_survives_another_replica_leaving() {
     let sims = [
