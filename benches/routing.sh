@@ -103,27 +103,25 @@ for strategy in round_robin session_affinity prefix_cache; do
     stop "${SIM_PIDS[@]}"
 done
 
-log "sglang-router, cache_aware"
-start_sims
-port=$(free_port)
-start sglang.log "$VENV/bin/sglang-router" launch --host 127.0.0.1 --port "$port" \
-    --worker-urls "${SIMS[@]}" --policy cache_aware --log-level error \
-    --prometheus-port "$(free_port)"
-pid=$STARTED
-wait_ok "http://127.0.0.1:$port/health"
-run sglang-cache_aware "http://127.0.0.1:$port/v1/chat/completions"
-stop "$pid" "${SIM_PIDS[@]}"
+# Runs the load through a Rust router on fresh sims: NAME, then the
+# router's command up to its worker URLs and policy (port and metrics
+# port added here).
+router() {
+    local name=$1; shift
+    log "$name"
+    start_sims
+    local port
+    port=$(free_port)
+    start "$name.log" "$@" --host 127.0.0.1 --port "$port" --worker-urls "${SIMS[@]}" \
+        --log-level error --prometheus-port "$(free_port)"
+    local pid=$STARTED
+    wait_ok "http://127.0.0.1:$port/health"
+    run "$name" "http://127.0.0.1:$port/v1/chat/completions"
+    stop "$pid" "${SIM_PIDS[@]}"
+}
 
-log "vllm-router, consistent_hash"
-start_sims
-port=$(free_port)
-start vllm.log "$VENV/bin/vllm-router" --host 127.0.0.1 --port "$port" \
-    --worker-urls "${SIMS[@]}" --policy consistent_hash --log-level error \
-    --prometheus-port "$(free_port)"
-pid=$STARTED
-wait_ok "http://127.0.0.1:$port/health"
-run vllm-consistent_hash "http://127.0.0.1:$port/v1/chat/completions"
-stop "$pid" "${SIM_PIDS[@]}"
+router sglang-cache_aware "$VENV/bin/sglang-router" launch --policy cache_aware
+router vllm-consistent_hash "$VENV/bin/vllm-router" --policy consistent_hash
 
 echo
 echo "$SESSIONS conversations × $TURNS turns, four sims with a prefix cache of $CACHE_TOKENS tokens, $PREFILL_US µs per uncached token"

@@ -233,7 +233,7 @@ pub struct Recorder {
     streamed: bool,
     /// The body so far (up to [`MAX_KEPT_BODY`]).
     body: Vec<u8>,
-    /// SSE: where the unfinished line starts, in `line`.
+    /// SSE: the line not yet ended.
     line: Vec<u8>,
     /// A `finish_reason` or `data: [DONE]` went past, or as many bytes as
     /// the replica announced: a reader that stops there got the whole
@@ -244,7 +244,7 @@ pub struct Recorder {
     seen: u64,
 }
 
-/// A response larger than this is passed on but kept only in part.
+/// A response larger than this is passed on whole but kept only up to it.
 const MAX_KEPT_BODY: usize = 8 * 1024 * 1024;
 
 impl Recorder {
@@ -272,9 +272,9 @@ impl Recorder {
     }
 
     pub fn feed(&mut self, chunk: &Bytes) {
-        if self.body.len() + chunk.len() <= MAX_KEPT_BODY {
-            self.body.extend_from_slice(chunk);
-        }
+        // Past the limit the trace keeps the body's start, without gaps.
+        let room = MAX_KEPT_BODY.saturating_sub(self.body.len());
+        self.body.extend_from_slice(&chunk[..chunk.len().min(room)]);
         self.seen += chunk.len() as u64;
         if self.length.is_some_and(|length| self.seen >= length) {
             self.done = true;

@@ -9,8 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-pub use crate::prefix::BLOCK;
-use crate::prefix::Blocks;
+use crate::prefix::{BLOCK, Blocks};
 
 pub struct PrefixCache {
     /// Blocks kept at most.

@@ -6,24 +6,24 @@
 //! sharing the longest run of leading blocks with it, unless the pool is
 //! out of balance (the busiest candidate has more than
 //! `cache_balance_abs` calls in flight above the idlest, and more than
-//! `cache_balance_rel` times as many), or no candidate shares a block:
-//! then to the least loaded; ties go to the less loaded. What is
-//! remembered is bounded by `cache_tree_tokens` (a block sent to two
-//! replicas counts twice) and the least recently sent go first.
+//! `cache_balance_rel` times as many): then to the least loaded. Ties go to
+//! the less loaded. A call that shares no block, or only a prefix prompts
+//! have gone on from in several ways (a common system prompt), starts a
+//! new conversation: it goes to the least loaded, ties to the replica the
+//! pool remembers least of. What is remembered is bounded by
+//! `cache_tree_tokens` (a block sent to two replicas counts twice) and the
+//! least recently sent go first.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::prefix::Blocks;
 use serde_json::{Map, Value};
 
 use super::least_outstanding::least_outstanding;
 use super::{Pick, Policy};
 use crate::gateway::pool::Replica;
+use crate::prefix::{BLOCK, Blocks};
 use crate::sync::lock;
-
-/// Words per block.
-pub(super) const BLOCK: usize = crate::prefix::BLOCK;
 
 /// The prompt's block hashes: each message's role and words, or `prompt`.
 pub(super) fn blocks(body: &Map<String, Value>) -> Vec<u64> {
