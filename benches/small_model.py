@@ -7,7 +7,7 @@ tool calls and the time, and prints a Markdown table for benches/README.md.
 Run it through benches/small_model.sh, which installs everything first.
 
 usage: small_model.py CONCLAVE_BIN LLAMA_SERVER QWEN_GGUF [--tasks N] [--json OUT]
-       [--tool-call-mode native|json_schema]
+       [--tool-call-mode native|json_schema] [--no-answer-after-output]
 """
 
 import argparse
@@ -96,6 +96,9 @@ def main():
     parser.add_argument("--json")
     # `json_schema` constrains every reply to an answer or one call.
     parser.add_argument("--tool-call-mode", default="native", choices=["native", "json_schema"])
+    # Off, every model call of a turn is offered the tools (runs A-E).
+    parser.add_argument("--no-answer-after-output", dest="answer_after_output",
+                        action="store_false")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="conclave-small-model-")
@@ -122,6 +125,8 @@ def main():
             f'base_url = "http://127.0.0.1:{llama_port}/v1"\n'
             'tools = ["mcp__sandbox__execute_code", "Bash"]\n'
             f'tool_call_mode = "{args.tool_call_mode}"\n'
+            # After a call that printed, the model is asked for its answer.
+            f'answer_after_output = {str(args.answer_after_output).lower()}\n'
         )
     server = subprocess.Popen(
         [args.conclave, "serve", "--config", config, "--listen", f"127.0.0.1:{conclave_port}",

@@ -16,6 +16,11 @@ use serde_json::{Value, json};
 use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
 
 async fn server_for(upstream: &Upstream) -> TestServer {
+    server_answering(upstream, false).await
+}
+
+/// The `scripted` model, with `answer_after_output` as given.
+async fn server_answering(upstream: &Upstream, answer_after_output: bool) -> TestServer {
     let base_url = format!("{}/v1", upstream.url);
     TestServer::start_with(move |c| {
         c.models.insert(
@@ -27,6 +32,7 @@ async fn server_for(upstream: &Upstream) -> TestServer {
                 api_key: None,
                 tool_call_mode: Default::default(),
                 tools: None,
+                answer_after_output,
             },
         );
     })
@@ -384,4 +390,76 @@ async fn a_call_repeated_across_replies_runs_once() {
         "{events:?}"
     );
     assert_eq!(upstream.requests().len(), 3);
+}
+
+/// With `answer_after_output`, the model call after a call that printed is
+/// offered no tools, so the model answers; a call it writes anyway runs.
+/// A call that printed nothing (here one refused) leaves the tools
+/// offered. Without the option every call offers them.
+#[tokio::test]
+async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
+    let upstream = Upstream::start(vec![
+        says(r#"{"name": "Bash", "arguments": {}}"#),
+        says(r#"{"name": "Bash", "arguments": {"command": "ls"}}"#),
+        says(r#"<tool_call>{"name": "Bash", "arguments": {"command": "pwd"}}</tool_call>"#),
+        says("It printed: ran: pwd."),
+    ])
+    .await;
+    let server = server_answering(&upstream, true).await;
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": "go", "model": "scripted"}))
+            .await,
+    )
+    .await;
+    server.stop().await;
+    let offered = |upstream: &Upstream| -> Vec<bool> {
+        upstream
+            .requests()
+            .iter()
+            .map(|r| r.body.get("tools").is_some())
+            .collect()
+    };
+    assert_eq!(offered(&upstream), [true, true, false, false]);
+    // Those two end by asking for the answer, which is sent, not kept.
+    let requests = upstream.requests();
+    let last_says = |i: usize| {
+        let messages = requests[i].body["messages"].as_array().unwrap().clone();
+        let last = messages.last().unwrap().clone();
+        (
+            messages.len(),
+            last["role"].clone(),
+            last["content"].to_string(),
+        )
+    };
+    let (sent, role, text) = last_says(2);
+    assert_eq!(role, "user");
+    assert!(
+        text.contains("The question was: go") && text.contains("Do not call a tool"),
+        "{text}"
+    );
+    let (sent_next, _, _) = last_says(3);
+    assert_eq!(
+        sent_next,
+        sent + 2,
+        "the call and its result, no earlier ask"
+    );
+    assert_eq!(last_says(1).1, "tool");
+    let results = of_type(&events, "tool_result");
+    assert_eq!(results.len(), 3, "{events:?}");
+    assert_eq!(results[0]["is_error"], true);
+    assert_eq!(results[2]["output"], "ran: pwd");
+    let result = events.last().unwrap();
+    assert_eq!(
+        (&result["status"], &result["result"]),
+        (&json!("success"), &json!("It printed: ran: pwd.")),
+        "{events:?}"
+    );
+
+    let (_, upstream) = turn_with_replies(vec![
+        says(r#"{"name": "Bash", "arguments": {"command": "ls"}}"#),
+        says("Done."),
+    ])
+    .await;
+    assert_eq!(offered(&upstream), [true, true]);
 }

@@ -70,6 +70,7 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
                 api_key: None,
                 tool_call_mode: Default::default(),
                 tools: None,
+                answer_after_output: false,
             },
         );
     })

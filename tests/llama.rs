@@ -48,6 +48,7 @@ async fn a_turn_through_the_openai_provider_streams_text_and_a_result() {
                 api_key: None,
                 tool_call_mode: Default::default(),
                 tools: None,
+                answer_after_output: false,
             },
         );
     })
@@ -218,6 +219,7 @@ async fn a_small_real_model_computes_with_python_in_a_sandbox() {
                 api_key: None,
                 tool_call_mode: Default::default(),
                 tools: Some(vec!["mcp__sandbox__execute_code".into(), "Bash".into()]),
+                answer_after_output: false,
             },
         );
     })

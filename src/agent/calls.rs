@@ -147,9 +147,7 @@ pub(super) const MAX_CONCURRENT_CALLS: usize = 8;
 /// Runs a batch of a reply's tool calls: every `tool_use` first, in order;
 /// then the calls, at most [`MAX_CONCURRENT_CALLS`] at once (one failing
 /// cancels none of the others; their output streams as it comes, tagged
-/// with the call's id); then each `tool_result`, in order. Answers each
-/// call's message and, when the model's calls keep printing one answer,
-/// that answer.
+/// with the call's id); then each `tool_result`, in order.
 pub(super) async fn run_tools(
     deps: &TurnDeps,
     session: &Arc<Session>,
@@ -158,7 +156,7 @@ pub(super) async fn run_tools(
     ran: &mut TurnCalls,
     calls: &[ToolCall],
     cancel: &CancellationToken,
-) -> Result<Vec<(Message, Option<String>)>, StoreError> {
+) -> Result<Vec<Answered>, StoreError> {
     for call in calls {
         session.emit(EventKind::ToolUse {
             id: call.id.clone(),
@@ -221,9 +219,24 @@ pub(super) async fn run_tools(
             }
             (Plan::Run(..), None) => unreachable!("every planned run has an output"),
         };
-        answered.push((finish_tool(deps, session, call, output)?, settled));
+        let printed = !output.is_error && printed(&output).is_some();
+        answered.push(Answered {
+            message: finish_tool(deps, session, call, output)?,
+            settled,
+            printed,
+        });
     }
     Ok(answered)
+}
+
+/// A call of a reply, answered.
+pub(super) struct Answered {
+    /// The `tool` message that goes back to the model.
+    pub message: Message,
+    /// The turn's answer, when the model's calls keep printing one.
+    pub settled: Option<String>,
+    /// It succeeded and printed something.
+    pub printed: bool,
 }
 
 /// What makes two calls the same call.

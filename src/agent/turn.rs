@@ -128,6 +128,8 @@ async fn agent_loop(
     // Successful calls of this turn by name and arguments: a weak model
     // asks for the same call again instead of answering.
     let mut ran = TurnCalls::default();
+    // Off for the call after one that printed, with `answer_after_output`.
+    let mut offer_tools = true;
     loop {
         if cancel.is_cancelled() {
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
@@ -138,8 +140,13 @@ async fn agent_loop(
         let request = ChatRequest {
             model: model.upstream_model.clone(),
             system: system.clone(),
-            messages: Arc::clone(history),
+            messages: if offer_tools {
+                Arc::clone(history)
+            } else {
+                asking_for_the_answer(history)
+            },
             tools: tools.clone(),
+            answer_only: !offer_tools,
             temperature: options.temperature,
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
             tool_call_mode: model.tool_call_mode,
@@ -148,6 +155,7 @@ async fn agent_loop(
         };
         let deltas = options.text_deltas.unwrap_or(false);
         let mut reply = call_model(deps, session, &model, request, deltas, cancel, tally).await?;
+        offer_tools = true;
         let limit = deps.config.max_tool_calls_per_reply as usize;
         if let Some(note) = bound_calls(&mut reply.calls, limit) {
             session.emit(EventKind::Status { message: note })?;
@@ -208,13 +216,14 @@ async fn agent_loop(
             i += batch.len();
             let answered = run_tools(deps, session, &ctx, &tools, &mut ran, batch, cancel).await?;
             let mut answer = None;
-            for (message, settled) in answered {
+            for call in answered {
                 tally.usage.tool_calls += 1;
                 deps.store
-                    .append_messages(session.id, std::slice::from_ref(&message))
+                    .append_messages(session.id, std::slice::from_ref(&call.message))
                     .await?;
-                Arc::make_mut(history).push(message);
-                answer = answer.or(settled);
+                Arc::make_mut(history).push(call.message);
+                answer = answer.or(call.settled);
+                offer_tools &= !(call.printed && model.answer_after_output);
             }
             if let Some(answer) = answer {
                 close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
@@ -227,6 +236,26 @@ async fn agent_loop(
             }
         }
     }
+}
+
+/// The history with a last message asking for the answer to the turn's
+/// prompt from the output above; sent, not stored (a small model otherwise
+/// writes the call it just made again).
+fn asking_for_the_answer(history: &Arc<Vec<Message>>) -> Arc<Vec<Message>> {
+    let prompt = history.iter().rev().find_map(|m| match m {
+        Message::User { content } => Some(content.as_str()),
+        _ => None,
+    });
+    let mut messages = Vec::with_capacity(history.len() + 1);
+    messages.extend(history.iter().cloned());
+    messages.push(Message::User {
+        content: format!(
+            "The question was: {}\n\nReply with the answer to it in plain text, \
+             taken from the tool output above. Do not call a tool.",
+            prompt.unwrap_or("(see above)")
+        ),
+    });
+    Arc::new(messages)
 }
 
 /// A turn's history, given back to its session however the turn ends:

@@ -279,6 +279,12 @@ pub struct ModelAlias {
     /// with two tools than with ten.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
+    /// After a tool call that succeeded and printed something, the next
+    /// model call is offered no tools, so the model writes its answer. For
+    /// small models that otherwise call again and again; a call it still
+    /// writes as text runs.
+    #[serde(default)]
+    pub answer_after_output: bool,
 }
 
 pub(super) fn default_retries() -> u32 {

@@ -53,6 +53,11 @@ pub struct ChatRequest {
     /// that grows with the session.
     pub messages: Arc<Vec<Message>>,
     pub tools: Vec<ToolSpec>,
+    /// `tools` are not offered: the model is asked for its answer. A call
+    /// it writes into its text anyway is still read (OpenAI-compatible
+    /// providers; Anthropic's API wants the tools of a history that used
+    /// them, so it is offered them).
+    pub answer_only: bool,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
     pub tool_call_mode: ToolCallMode,

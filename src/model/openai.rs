@@ -157,7 +157,7 @@ pub(crate) fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
         .into_iter()
         .collect();
     messages.extend(request.messages.iter().map(wire_message));
-    let tools = if json_mode {
+    let tools = if json_mode || request.answer_only {
         Vec::new()
     } else {
         request
@@ -191,7 +191,9 @@ pub(crate) fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
 /// The JSON-schema protocol needs tools to choose from; without any the
 /// model simply writes text.
 fn json_mode(request: &ChatRequest) -> bool {
-    request.tool_call_mode == ToolCallMode::JsonSchema && !request.tools.is_empty()
+    request.tool_call_mode == ToolCallMode::JsonSchema
+        && !request.tools.is_empty()
+        && !request.answer_only
 }
 
 fn wire_message(message: &Message) -> WireMessage<'_> {

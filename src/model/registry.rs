@@ -44,6 +44,8 @@ pub struct ResolvedModel {
     pub tool_call_mode: ToolCallMode,
     /// Tools offered when a session names none (`models.NAME.tools`).
     pub default_tools: Option<Vec<String>>,
+    /// `models.NAME.answer_after_output`.
+    pub answer_after_output: bool,
 }
 
 /// Resolves model names to providers. Built once at start.
@@ -108,21 +110,15 @@ impl ModelRegistry {
                 (gateway, provider)
             }),
         };
-        registry.insert("demo", demo, "demo", ToolCallMode::Native, None);
+        registry.insert("demo", demo, "demo", None);
         for (alias, kind, model) in BUILTIN_ALIASES {
             if let Some(provider) = registry.provider_of(*kind) {
-                registry.insert(alias, provider, model, ToolCallMode::Native, None);
+                registry.insert(alias, provider, model, None);
             }
         }
         for (alias, spec) in &config.models {
             let provider = registry.alias_provider(config, spec)?;
-            registry.insert(
-                alias,
-                provider,
-                &spec.model,
-                spec.tool_call_mode,
-                spec.tools.clone(),
-            );
+            registry.insert(alias, provider, &spec.model, Some(spec));
         }
         registry.default_model = config
             .default_model
@@ -148,8 +144,7 @@ impl ModelRegistry {
         alias: &str,
         provider: Arc<dyn ModelProvider>,
         model: &str,
-        mode: ToolCallMode,
-        default_tools: Option<Vec<String>>,
+        spec: Option<&ModelAlias>,
     ) {
         let price = self
             .prices
@@ -163,8 +158,9 @@ impl ModelRegistry {
                 provider,
                 upstream_model: model.to_string(),
                 price,
-                tool_call_mode: mode,
-                default_tools,
+                tool_call_mode: spec.map_or(ToolCallMode::Native, |s| s.tool_call_mode),
+                default_tools: spec.and_then(|s| s.tools.clone()),
+                answer_after_output: spec.is_some_and(|s| s.answer_after_output),
             },
         );
     }
@@ -215,6 +211,7 @@ impl ModelRegistry {
                 price: self.prices.get(name).copied(),
                 tool_call_mode: ToolCallMode::Native,
                 default_tools: None,
+                answer_after_output: false,
             });
         }
         let provider = if name.starts_with("claude") && self.anthropic.is_some() {
@@ -230,6 +227,7 @@ impl ModelRegistry {
             price: self.prices.get(name).copied(),
             tool_call_mode: ToolCallMode::Native,
             default_tools: None,
+            answer_after_output: false,
         })
     }
 
