@@ -463,3 +463,38 @@ async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
     .await;
     assert_eq!(offered(&upstream), [true, true]);
 }
+
+/// A failing call asked for again as it was runs again; failing again, its
+/// result says so and the next model call is sent with some temperature,
+/// so a small model at its server's default of 0 writes something else.
+/// A session's own temperature is kept.
+#[tokio::test]
+async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
+    let refused = r#"{"name": "Bash", "arguments": {}}"#;
+    let (events, upstream) =
+        turn_with_replies(vec![says(refused), says(refused), says("Done.")]).await;
+    let results = of_type(&events, "tool_result");
+    assert_eq!(results.len(), 2, "{events:?}");
+    let first = results[0]["output"].as_str().unwrap();
+    let second = results[1]["output"].as_str().unwrap();
+    assert!(!first.contains("already failed"), "{first}");
+    assert!(second.contains("already failed in this turn"), "{second}");
+    let temperatures: Vec<Value> = upstream
+        .requests()
+        .iter()
+        .map(|r| r.body.get("temperature").cloned().unwrap_or(Value::Null))
+        .collect();
+    assert_eq!(temperatures, [Value::Null, Value::Null, json!(0.7)]);
+
+    let upstream = Upstream::start(vec![says(refused), says(refused), says("Done.")]).await;
+    let server = server_for(&upstream).await;
+    let body = json!({"prompt": "go", "model": "scripted", "temperature": 0.25});
+    ndjson(server.post("/agent/run", body).await).await;
+    server.stop().await;
+    let temperatures: Vec<Value> = upstream
+        .requests()
+        .iter()
+        .map(|r| r.body["temperature"].clone())
+        .collect();
+    assert_eq!(temperatures, [json!(0.25), json!(0.25), json!(0.25)]);
+}

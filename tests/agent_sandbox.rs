@@ -286,7 +286,8 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
 
 /// Python runs as a notebook cell: a last line that is an expression has
 /// its value printed after the cell's own output; a failing cell's
-/// traceback shows the cell's lines, not the runner's.
+/// traceback shows the cell's lines, not the runner's; a cell that is a
+/// `python -c` command line runs the code it quotes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_shows_the_value_of_a_trailing_expression() {
     let server = TestServer::start_sandboxed(|_| {}).await;
@@ -323,5 +324,32 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
     assert!(!stderr.contains("exec("), "{stderr}");
     assert_eq!(output["exit_code"], 1);
+    // A cell written as a command line runs the Python it quotes.
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": cell("python -c 'import math; print(math.factorial(20))'")}),
+            )
+            .await,
+    )
+    .await;
+    let output = &tool_results(&events)[0]["output"];
+    assert_eq!(output["stdout"], "2432902008176640000\n", "{output}");
+    assert!(
+        output["stderr"].as_str().unwrap().contains("python -c"),
+        "{output}"
+    );
+    // `python` is python3 in the image, for models that write either.
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": cell("import subprocess\nsubprocess.run(['python', '-c', 'print(6 * 7)']).returncode")}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "42\n0\n");
     server.stop_and_remove_sandboxes().await;
 }

@@ -219,11 +219,23 @@ pub(super) async fn run_tools(
             }
             (Plan::Run(..), None) => unreachable!("every planned run has an output"),
         };
+        // A failing call asked for again, as it was, failed again (it ran:
+        // what it depends on may have changed in between).
+        let failed_again = output.is_error && !ran.failed.insert(key_of(call));
+        let output = if failed_again {
+            with_notes(
+                output,
+                &["this exact call already failed in this turn; change it".into()],
+            )
+        } else {
+            output
+        };
         let printed = !output.is_error && printed(&output).is_some();
         answered.push(Answered {
             message: finish_tool(deps, session, call, output)?,
             settled,
             printed,
+            failed_again,
         });
     }
     Ok(answered)
@@ -237,6 +249,8 @@ pub(super) struct Answered {
     pub settled: Option<String>,
     /// It succeeded and printed something.
     pub printed: bool,
+    /// It failed, as it had earlier in the turn, asked for as it was.
+    pub failed_again: bool,
 }
 
 /// What makes two calls the same call.
@@ -292,6 +306,8 @@ pub(super) struct TurnCalls {
     by_call: HashMap<String, Ran>,
     /// How many different calls printed each output.
     by_output: HashMap<String, u32>,
+    /// Calls as the model asked for them that failed or were refused.
+    failed: std::collections::HashSet<String>,
 }
 
 /// A successful call of this turn and how often it was asked for.

@@ -130,6 +130,10 @@ async fn agent_loop(
     let mut ran = TurnCalls::default();
     // Off for the call after one that printed, with `answer_after_output`.
     let mut offer_tools = true;
+    // On for the call after a failing call repeated as it was: at the
+    // upstream's default temperature (often 0) a small model writes the
+    // same failing call until the turn runs out.
+    let mut vary = false;
     loop {
         if cancel.is_cancelled() {
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
@@ -147,7 +151,10 @@ async fn agent_loop(
             },
             tools: tools.clone(),
             answer_only: !offer_tools,
-            temperature: options.temperature,
+            temperature: match (options.temperature, vary) {
+                (None, true) => Some(VARIED_TEMPERATURE),
+                (set, _) => set,
+            },
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
             tool_call_mode: model.tool_call_mode,
             session_id: Some(session.id.to_string()),
@@ -156,6 +163,7 @@ async fn agent_loop(
         let deltas = options.text_deltas.unwrap_or(false);
         let mut reply = call_model(deps, session, &model, request, deltas, cancel, tally).await?;
         offer_tools = true;
+        vary = false;
         let limit = deps.config.max_tool_calls_per_reply as usize;
         if let Some(note) = bound_calls(&mut reply.calls, limit) {
             session.emit(EventKind::Status { message: note })?;
@@ -224,6 +232,7 @@ async fn agent_loop(
                 Arc::make_mut(history).push(call.message);
                 answer = answer.or(call.settled);
                 offer_tools &= !(call.printed && model.answer_after_output);
+                vary |= call.failed_again;
             }
             if let Some(answer) = answer {
                 close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
@@ -237,6 +246,10 @@ async fn agent_loop(
         }
     }
 }
+
+/// The temperature of the model call after a failing call was repeated as
+/// it was, when the session sets none.
+const VARIED_TEMPERATURE: f32 = 0.7;
 
 /// The history with a last message asking for the answer to the turn's
 /// prompt from the output above; sent, not stored (a small model otherwise
