@@ -121,8 +121,10 @@ export CONCLAVE_TEST_QWEN_GGUF=$QWEN
 # `--setup-only`: install everything, print the variables, run nothing
 # (benches/small_model.sh uses it).
 if [ "${1:-}" = "--setup-only" ]; then
-    ensure_docker
-    ensure_sandbox_images
+    # Only the variables go to stdout (it is eval'd): a docker build's
+    # progress goes to stderr.
+    ensure_docker >&2
+    ensure_sandbox_images >&2
     printf 'export CONCLAVE_TEST_PYTHON=%q CONCLAVE_TEST_LLAMA_SERVER=%q CONCLAVE_TEST_GGUF=%q CONCLAVE_TEST_QWEN_GGUF=%q\n' \
         "$CONCLAVE_TEST_PYTHON" "$LLAMA" "$GGUF" "$QWEN"
     exit 0

@@ -200,8 +200,9 @@ async fn llama_server_with(model: &str) -> (Child, String) {
 /// A real model that calls tools: Qwen2.5-Coder-0.5B-Instruct on
 /// llama-server, asked in an agent session (default options) to compute
 /// something with Python, calls `execute_code` in a real docker sandbox
-/// and answers with the result. `benches/small_model.sh` runs twenty such
-/// tasks.
+/// and answers with the result, configured as the README suggests for such
+/// a model (two tools, `answer_after_output`). `benches/small_model.sh`
+/// runs twenty such tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_real_model_computes_with_python_in_a_sandbox() {
     let model = required("CONCLAVE_TEST_QWEN_GGUF");
@@ -219,7 +220,7 @@ async fn a_small_real_model_computes_with_python_in_a_sandbox() {
                 api_key: None,
                 tool_call_mode: Default::default(),
                 tools: Some(vec!["mcp__sandbox__execute_code".into(), "Bash".into()]),
-                answer_after_output: false,
+                answer_after_output: true,
             },
         );
     })
