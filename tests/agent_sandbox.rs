@@ -287,7 +287,8 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
 /// Python runs as a notebook cell: a last line that is an expression has
 /// its value printed after the cell's own output; a failing cell's
 /// traceback shows the cell's lines, not the runner's; a cell that is a
-/// `python -c` command line runs the code it quotes.
+/// `python -c` command line runs the code it quotes; a standard module or
+/// a `math` function used without an import is imported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_shows_the_value_of_a_trailing_expression() {
     let server = TestServer::start_sandboxed(|_| {}).await;
@@ -324,20 +325,45 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
     assert!(!stderr.contains("exec("), "{stderr}");
     assert_eq!(output["exit_code"], 1);
-    // A cell written as a command line runs the Python it quotes.
+    // A cell written as a command line runs the Python it quotes; a
+    // function of `math` it uses without importing it is imported for it.
     let events = ndjson(
         server
             .post(
                 "/agent/run",
-                json!({"prompt": cell("python -c 'import math; print(math.factorial(20))'")}),
+                json!({"prompt": cell("python -c 'print(factorial(20))'")}),
             )
             .await,
     )
     .await;
     let output = &tool_results(&events)[0]["output"];
     assert_eq!(output["stdout"], "2432902008176640000\n", "{output}");
+    let stderr = output["stderr"].as_str().unwrap();
     assert!(
-        output["stderr"].as_str().unwrap().contains("python -c"),
+        stderr.contains("python -c") && stderr.contains("from math import factorial"),
+        "{output}"
+    );
+    // So is one of a few standard modules; a name nothing provides still
+    // fails as it would.
+    let events = ndjson(
+        server
+            .post(
+                "/agent/run",
+                json!({"prompt": cell("(datetime.date(2024, 3, 1) - datetime.date(2024, 1, 1)).days")}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "60\n");
+    let events = ndjson(
+        server
+            .post("/agent/run", json!({"prompt": cell("no_such_name + 1")}))
+            .await,
+    )
+    .await;
+    let output = &tool_results(&events)[0]["output"];
+    assert!(
+        output["stderr"].as_str().unwrap().contains("NameError"),
         "{output}"
     );
     // `python` is python3 in the image, for models that write either.
