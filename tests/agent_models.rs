@@ -465,8 +465,9 @@ async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
 }
 
 /// A failing call asked for again as it was runs again; failing again, its
-/// result says so and the next model call is sent with some temperature,
-/// so a small model at its server's default of 0 writes something else.
+/// result says so, and the next model call ends with the error and an ask
+/// for a fix, sent with some temperature, so a small model at its
+/// server's default of 0 writes something else.
 /// A session's own temperature is kept.
 #[tokio::test]
 async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
@@ -485,6 +486,17 @@ async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
         .map(|r| r.body.get("temperature").cloned().unwrap_or(Value::Null))
         .collect();
     assert_eq!(temperatures, [Value::Null, Value::Null, json!(0.7)]);
+    // And it is told so, with the error, in a message sent, not kept.
+    let requests = upstream.requests();
+    let last = |i: usize| requests[i].body["messages"].as_array().unwrap().clone();
+    let told = last(2).last().unwrap().clone();
+    assert_eq!(told["role"], "user");
+    let told = told["content"].as_str().unwrap();
+    assert!(
+        told.contains("failed again, the same way") && told.contains("command"),
+        "{told}"
+    );
+    assert_eq!(last(1).last().unwrap()["role"], "tool");
 
     let upstream = Upstream::start(vec![says(refused), says(refused), says("Done.")]).await;
     let server = server_for(&upstream).await;

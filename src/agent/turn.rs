@@ -130,10 +130,10 @@ async fn agent_loop(
     let mut ran = TurnCalls::default();
     // Off for the call after one that printed, with `answer_after_output`.
     let mut offer_tools = true;
-    // On for the call after a failing call repeated as it was: at the
-    // upstream's default temperature (often 0) a small model writes the
-    // same failing call until the turn runs out.
-    let mut vary = false;
+    // The error of a failing call repeated as it was, for the next call:
+    // at the upstream's default temperature (often 0) a small model writes
+    // the same failing call until the turn runs out.
+    let mut failed_again: Option<String> = None;
     loop {
         if cancel.is_cancelled() {
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
@@ -144,15 +144,15 @@ async fn agent_loop(
         let request = ChatRequest {
             model: model.upstream_model.clone(),
             system: system.clone(),
-            messages: if offer_tools {
-                Arc::clone(history)
-            } else {
-                asking_for_the_answer(history)
+            messages: match (offer_tools, &failed_again) {
+                (false, _) => asking_for_the_answer(history),
+                (true, Some(error)) => asking_for_a_fix(history, error),
+                (true, None) => Arc::clone(history),
             },
             tools: tools.clone(),
             answer_only: !offer_tools,
-            temperature: match (options.temperature, vary) {
-                (None, true) => Some(VARIED_TEMPERATURE),
+            temperature: match (options.temperature, &failed_again) {
+                (None, Some(_)) => Some(VARIED_TEMPERATURE),
                 (set, _) => set,
             },
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
@@ -163,7 +163,7 @@ async fn agent_loop(
         let deltas = options.text_deltas.unwrap_or(false);
         let mut reply = call_model(deps, session, &model, request, deltas, cancel, tally).await?;
         offer_tools = true;
-        vary = false;
+        failed_again = None;
         let limit = deps.config.max_tool_calls_per_reply as usize;
         if let Some(note) = bound_calls(&mut reply.calls, limit) {
             session.emit(EventKind::Status { message: note })?;
@@ -229,10 +229,12 @@ async fn agent_loop(
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&call.message))
                     .await?;
+                if call.failed_again {
+                    failed_again = Some(last_line(&call.message));
+                }
                 Arc::make_mut(history).push(call.message);
                 answer = answer.or(call.settled);
                 offer_tools &= !(call.printed && model.answer_after_output);
-                vary |= call.failed_again;
             }
             if let Some(answer) = answer {
                 close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
@@ -259,16 +261,53 @@ fn asking_for_the_answer(history: &Arc<Vec<Message>>) -> Arc<Vec<Message>> {
         Message::User { content } => Some(content.as_str()),
         _ => None,
     });
-    let mut messages = Vec::with_capacity(history.len() + 1);
-    messages.extend(history.iter().cloned());
-    messages.push(Message::User {
-        content: format!(
+    with_last_word(
+        history,
+        format!(
             "The question was: {}\n\nReply with the answer to it in plain text, \
              taken from the tool output above. Do not call a tool.",
             prompt.unwrap_or("(see above)")
         ),
-    });
+    )
+}
+
+/// The history with a last message saying that the last call failed as it
+/// had before, and how; sent, not stored.
+fn asking_for_a_fix(history: &Arc<Vec<Message>>, error: &str) -> Arc<Vec<Message>> {
+    with_last_word(
+        history,
+        format!(
+            "That call failed again, the same way: {error}\nDo not repeat it. Call a tool \
+             with code that fixes this error, or reply with the answer in plain text."
+        ),
+    )
+}
+
+fn with_last_word(history: &Arc<Vec<Message>>, content: String) -> Arc<Vec<Message>> {
+    let mut messages = Vec::with_capacity(history.len() + 1);
+    messages.extend(history.iter().cloned());
+    messages.push(Message::User { content });
     Arc::new(messages)
+}
+
+/// The last line a failed call's result says (an execution's stderr, else
+/// its text), at most 300 characters.
+fn last_line(message: &Message) -> String {
+    let Message::Tool { content, .. } = message else {
+        return String::new();
+    };
+    let text = serde_json::from_str::<serde_json::Value>(content)
+        .ok()
+        .and_then(|v| v.get("stderr").and_then(|e| e.as_str()).map(str::to_string))
+        .filter(|stderr| !stderr.trim().is_empty())
+        .unwrap_or_else(|| content.clone());
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with("Note:"))
+        .unwrap_or("")
+        .trim();
+    line.chars().take(300).collect()
 }
 
 /// A turn's history, given back to its session however the turn ends:
