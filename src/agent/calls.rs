@@ -230,7 +230,11 @@ pub(super) async fn run_tools(
         } else {
             output
         };
-        let printed = !output.is_error && printed(&output).is_some();
+        let printed = if output.is_error {
+            None
+        } else {
+            printed(&output)
+        };
         answered.push(Answered {
             message: finish_tool(deps, session, call, output)?,
             settled,
@@ -247,8 +251,8 @@ pub(super) struct Answered {
     pub message: Message,
     /// The turn's answer, when the model's calls keep printing one.
     pub settled: Option<String>,
-    /// It succeeded and printed something.
-    pub printed: bool,
+    /// What it printed, when it succeeded and printed something.
+    pub printed: Option<String>,
     /// It failed, as it had earlier in the turn, asked for as it was.
     pub failed_again: bool,
 }
