@@ -230,11 +230,7 @@ pub(super) async fn run_tools(
         } else {
             output
         };
-        let printed = if output.is_error {
-            None
-        } else {
-            printed(&output)
-        };
+        let printed = !output.is_error && printed(&output).is_some();
         answered.push(Answered {
             message: finish_tool(deps, session, call, output)?,
             settled,
@@ -251,8 +247,8 @@ pub(super) struct Answered {
     pub message: Message,
     /// The turn's answer, when the model's calls keep printing one.
     pub settled: Option<String>,
-    /// What it printed, when it succeeded and printed something.
-    pub printed: Option<String>,
+    /// It succeeded and printed something.
+    pub printed: bool,
     /// It failed, as it had earlier in the turn, asked for as it was.
     pub failed_again: bool,
 }

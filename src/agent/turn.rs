@@ -128,9 +128,8 @@ async fn agent_loop(
     // Successful calls of this turn by name and arguments: a weak model
     // asks for the same call again instead of answering.
     let mut ran = TurnCalls::default();
-    // With `answer_after_output`, what a call printed, for the next model
-    // call: offered no tools, it is asked for the answer from this.
-    let mut answer_from: Option<String> = None;
+    // Off for the call after one that printed, with `answer_after_output`.
+    let mut offer_tools = true;
     // The error of a failing call repeated as it was, for the next call:
     // at the upstream's default temperature (often 0) a small model writes
     // the same failing call until the turn runs out.
@@ -145,13 +144,13 @@ async fn agent_loop(
         let request = ChatRequest {
             model: model.upstream_model.clone(),
             system: system.clone(),
-            messages: match (&answer_from, &failed_again) {
-                (Some(printed), _) => asking_for_the_answer(history, printed),
-                (None, Some(error)) => asking_for_a_fix(history, error),
-                (None, None) => Arc::clone(history),
+            messages: match (offer_tools, &failed_again) {
+                (false, _) => asking_for_the_answer(history),
+                (true, Some(error)) => asking_for_a_fix(history, error),
+                (true, None) => Arc::clone(history),
             },
             tools: tools.clone(),
-            answer_only: answer_from.is_some(),
+            answer_only: !offer_tools,
             temperature: match (options.temperature, &failed_again) {
                 (None, Some(_)) => Some(VARIED_TEMPERATURE),
                 (set, _) => set,
@@ -163,7 +162,7 @@ async fn agent_loop(
         };
         let deltas = options.text_deltas.unwrap_or(false);
         let mut reply = call_model(deps, session, &model, request, deltas, cancel, tally).await?;
-        answer_from = None;
+        offer_tools = true;
         failed_again = None;
         let limit = deps.config.max_tool_calls_per_reply as usize;
         if let Some(note) = bound_calls(&mut reply.calls, limit) {
@@ -235,9 +234,7 @@ async fn agent_loop(
                 }
                 Arc::make_mut(history).push(call.message);
                 answer = answer.or(call.settled);
-                if model.answer_after_output && call.printed.is_some() {
-                    answer_from = call.printed;
-                }
+                offer_tools &= !(call.printed && model.answer_after_output);
             }
             if let Some(answer) = answer {
                 close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
@@ -257,28 +254,22 @@ async fn agent_loop(
 const VARIED_TEMPERATURE: f32 = 0.7;
 
 /// The history with a last message asking for the answer to the turn's
-/// prompt from what a call printed, quoted (of several results, a small
-/// model may not find the one that answers); sent, not stored (a small
-/// model otherwise writes the call it just made again).
-fn asking_for_the_answer(history: &Arc<Vec<Message>>, printed: &str) -> Arc<Vec<Message>> {
+/// prompt from the output above; sent, not stored (a small model otherwise
+/// writes the call it just made again).
+fn asking_for_the_answer(history: &Arc<Vec<Message>>) -> Arc<Vec<Message>> {
     let prompt = history.iter().rev().find_map(|m| match m {
         Message::User { content } => Some(content.as_str()),
         _ => None,
     });
-    let printed: String = printed.chars().take(QUOTED_OUTPUT_CHARS).collect();
     with_last_word(
         history,
         format!(
-            "The question was: {}\n\nThe tool printed:\n{printed}\n\nReply with the answer \
-             to the question in plain text, taken from what the tool printed. Do not call \
-             a tool.",
+            "The question was: {}\n\nReply with the answer to it in plain text, \
+             taken from the tool output above. Do not call a tool.",
             prompt.unwrap_or("(see above)")
         ),
     )
 }
-
-/// How much of a call's output an ask for the answer quotes.
-const QUOTED_OUTPUT_CHARS: usize = 1000;
 
 /// The history with a last message saying that the last call failed as it
 /// had before, and how; sent, not stored.
