@@ -277,8 +277,8 @@ fn asking_for_a_fix(history: &Arc<Vec<Message>>, error: &str) -> Arc<Vec<Message
     with_last_word(
         history,
         format!(
-            "That call failed again, the same way: {error}\nDo not repeat it. Call a tool \
-             with code that fixes this error, or reply with the answer in plain text."
+            "That call failed again, the same way: {error}\nDo not repeat it: call a tool \
+             with code that fixes this error."
         ),
     )
 }
