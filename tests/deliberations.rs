@@ -111,11 +111,15 @@ async fn every_agent_answers_on_the_bus_and_the_result_is_polled() {
     // The system prompt carried the role and the constraints: the demo
     // model only echoes the task, so look at the session's events instead.
     let session = polled["session_id"].as_str().unwrap();
-    let events = common::ndjson(
+    // Followed: the session's `result` comes after the bus's completion.
+    let events = Lines::new(
         server
-            .get(&format!("/agent/session/{session}/events?since=0"))
+            .get(&format!(
+                "/agent/session/{session}/events?since=0&follow=true"
+            ))
             .await,
     )
+    .until("result")
     .await;
     let kinds = types(&events);
     assert_eq!(kinds[0], "deliberation_started");
@@ -327,14 +331,17 @@ async fn a_spent_budget_ends_the_deliberation() {
     assert_eq!(done["reason"], "budget_exceeded");
     assert!(agents.iter().all(|m| m["data"]["round"] == 0), "{agents:?}");
     let polled = result(&server, &task_id).await;
-    let events = common::ndjson(
+    // The session's `result` follows `deliberation.completed` on the bus:
+    // followed, its log gets there.
+    let events = Lines::new(
         server
             .get(&format!(
-                "/agent/session/{}/events?since=0",
+                "/agent/session/{}/events?since=0&follow=true",
                 polled["session_id"].as_str().unwrap()
             ))
             .await,
     )
+    .until("result")
     .await;
     let last = events.last().unwrap();
     assert_eq!(last["type"], "result");
