@@ -39,6 +39,11 @@ impl Blocks {
         }
     }
 
+    /// Adds each whitespace-separated word of `text`.
+    pub fn add_words(&mut self, text: &str) {
+        text.split_whitespace().for_each(|word| self.add(word));
+    }
+
     /// The whole blocks' hashes, first to last.
     pub fn hashes(self) -> Vec<u64> {
         self.hashes
@@ -51,7 +56,7 @@ mod tests {
 
     fn of(text: &str) -> Vec<u64> {
         let mut blocks = Blocks::default();
-        text.split_whitespace().for_each(|w| blocks.add(w));
+        blocks.add_words(text);
         blocks.hashes()
     }
 

@@ -182,14 +182,19 @@ async fn model_calls_get_a_default_system_prompt_and_token_cap() {
 /// A model reply written as text, as a small model writes it, and the
 /// turn's events.
 async fn turn_with_replies(replies: Vec<Reply>) -> (Vec<Value>, Upstream) {
+    run_turn(replies, false, json!({"prompt": "go", "model": "scripted"})).await
+}
+
+/// One `/agent/run` of `body` against `replies`, with the `scripted`
+/// model's `answer_after_output` as given.
+async fn run_turn(
+    replies: Vec<Reply>,
+    answer_after_output: bool,
+    body: Value,
+) -> (Vec<Value>, Upstream) {
     let upstream = Upstream::start(replies).await;
-    let server = server_for(&upstream).await;
-    let events = ndjson(
-        server
-            .post("/agent/run", json!({"prompt": "go", "model": "scripted"}))
-            .await,
-    )
-    .await;
+    let server = server_answering(&upstream, answer_after_output).await;
+    let events = ndjson(server.post("/agent/run", body).await).await;
     server.stop().await;
     (events, upstream)
 }
@@ -398,21 +403,17 @@ async fn a_call_repeated_across_replies_runs_once() {
 /// offered. Without the option every call offers them.
 #[tokio::test]
 async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
-    let upstream = Upstream::start(vec![
-        says(r#"{"name": "Bash", "arguments": {}}"#),
-        says(r#"{"name": "Bash", "arguments": {"command": "ls"}}"#),
-        says(r#"<tool_call>{"name": "Bash", "arguments": {"command": "pwd"}}</tool_call>"#),
-        says("It printed: ran: pwd."),
-    ])
-    .await;
-    let server = server_answering(&upstream, true).await;
-    let events = ndjson(
-        server
-            .post("/agent/run", json!({"prompt": "go", "model": "scripted"}))
-            .await,
+    let (events, upstream) = run_turn(
+        vec![
+            says(r#"{"name": "Bash", "arguments": {}}"#),
+            says(r#"{"name": "Bash", "arguments": {"command": "ls"}}"#),
+            says(r#"<tool_call>{"name": "Bash", "arguments": {"command": "pwd"}}</tool_call>"#),
+            says("It printed: ran: pwd."),
+        ],
+        true,
+        json!({"prompt": "go", "model": "scripted"}),
     )
     .await;
-    server.stop().await;
     let offered = |upstream: &Upstream| -> Vec<bool> {
         upstream
             .requests()
@@ -498,11 +499,12 @@ async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
     );
     assert_eq!(last(1).last().unwrap()["role"], "tool");
 
-    let upstream = Upstream::start(vec![says(refused), says(refused), says("Done.")]).await;
-    let server = server_for(&upstream).await;
-    let body = json!({"prompt": "go", "model": "scripted", "temperature": 0.25});
-    ndjson(server.post("/agent/run", body).await).await;
-    server.stop().await;
+    let (_, upstream) = run_turn(
+        vec![says(refused), says(refused), says("Done.")],
+        false,
+        json!({"prompt": "go", "model": "scripted", "temperature": 0.25}),
+    )
+    .await;
     let temperatures: Vec<Value> = upstream
         .requests()
         .iter()

@@ -292,34 +292,10 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_shows_the_value_of_a_trailing_expression() {
     let server = TestServer::start_sandboxed(|_| {}).await;
-    let cell = |code: &str| format!("```python\n{code}\n```");
-    let events = ndjson(
-        server
-            .post(
-                "/agent/run",
-                json!({"prompt": cell("print('first')\nx = 2\nx ** 100")}),
-            )
-            .await,
-    )
-    .await;
-    assert_eq!(
-        tool_results(&events)[0]["output"]["stdout"],
-        "first\n1267650600228229401496703205376\n"
-    );
-    let events = ndjson(
-        server
-            .post("/agent/run", json!({"prompt": cell("y = None\ny")}))
-            .await,
-    )
-    .await;
-    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "");
-    let events = ndjson(
-        server
-            .post("/agent/run", json!({"prompt": cell("1 / 0")}))
-            .await,
-    )
-    .await;
-    let output = &tool_results(&events)[0]["output"];
+    let output = cell_output(&server, "print('first')\nx = 2\nx ** 100").await;
+    assert_eq!(output["stdout"], "first\n1267650600228229401496703205376\n");
+    assert_eq!(cell_output(&server, "y = None\ny").await["stdout"], "");
+    let output = cell_output(&server, "1 / 0").await;
     let stderr = output["stderr"].as_str().unwrap();
     assert!(stderr.contains("File \"<cell>\", line 1"), "{stderr}");
     assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
@@ -327,16 +303,7 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     assert_eq!(output["exit_code"], 1);
     // A cell written as a command line runs the Python it quotes; a
     // function of `math` it uses without importing it is imported for it.
-    let events = ndjson(
-        server
-            .post(
-                "/agent/run",
-                json!({"prompt": cell("python -c 'print(factorial(20))'")}),
-            )
-            .await,
-    )
-    .await;
-    let output = &tool_results(&events)[0]["output"];
+    let output = cell_output(&server, "python -c 'print(factorial(20))'").await;
     assert_eq!(output["stdout"], "2432902008176640000\n", "{output}");
     let stderr = output["stderr"].as_str().unwrap();
     assert!(
@@ -345,37 +312,22 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     );
     // So is one of a few standard modules; a name nothing provides still
     // fails as it would.
-    let events = ndjson(
-        server
-            .post(
-                "/agent/run",
-                json!({"prompt": cell("(datetime.date(2024, 3, 1) - datetime.date(2024, 1, 1)).days")}),
-            )
-            .await,
-    )
-    .await;
-    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "60\n");
-    let events = ndjson(
-        server
-            .post("/agent/run", json!({"prompt": cell("no_such_name + 1")}))
-            .await,
-    )
-    .await;
-    let output = &tool_results(&events)[0]["output"];
+    let days = "(datetime.date(2024, 3, 1) - datetime.date(2024, 1, 1)).days";
+    assert_eq!(cell_output(&server, days).await["stdout"], "60\n");
+    let output = cell_output(&server, "no_such_name + 1").await;
     assert!(
         output["stderr"].as_str().unwrap().contains("NameError"),
         "{output}"
     );
     // `python` is python3 in the image, for models that write either.
-    let events = ndjson(
-        server
-            .post(
-                "/agent/run",
-                json!({"prompt": cell("import subprocess\nsubprocess.run(['python', '-c', 'print(6 * 7)']).returncode")}),
-            )
-            .await,
-    )
-    .await;
-    assert_eq!(tool_results(&events)[0]["output"]["stdout"], "42\n0\n");
+    let python = "import subprocess\nsubprocess.run(['python', '-c', 'print(6 * 7)']).returncode";
+    assert_eq!(cell_output(&server, python).await["stdout"], "42\n0\n");
     server.stop_and_remove_sandboxes().await;
+}
+
+/// The output of the demo model's one `execute_code` call of a Python cell.
+async fn cell_output(server: &TestServer, code: &str) -> Value {
+    let prompt = format!("```python\n{code}\n```");
+    let events = ndjson(server.post("/agent/run", json!({"prompt": prompt})).await).await;
+    tool_results(&events)[0]["output"].clone()
 }

@@ -209,12 +209,7 @@ async fn a_whole_answer_keeps_its_length_and_a_stream_streams() {
     assert_eq!(stream.headers()["transfer-encoding"], "chunked");
     let text = stream.text().await.unwrap();
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    let traces: Value = server
-        .get("/gateway/traces?limit=2")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let traces = server.get_json("/gateway/traces?limit=2").await;
     for trace in traces["traces"].as_array().unwrap() {
         assert_eq!(trace["status"], "ok", "{traces}");
         let text = trace["response_text"].as_str().unwrap_or_default();
@@ -774,12 +769,7 @@ async fn the_openai_python_sdk_works_against_the_gateway() {
     assert_eq!(seen["models"], json!(["m", "tools"]));
     assert_eq!(seen["slug"], answer);
     assert_eq!(seen["unknown_model"], "NotFoundError");
-    let traces: Value = server
-        .get("/gateway/traces?session_id=py-1")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let traces = server.get_json("/gateway/traces?session_id=py-1").await;
     assert_eq!(traces["traces"].as_array().map(Vec::len), Some(1));
 }
 

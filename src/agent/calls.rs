@@ -221,8 +221,9 @@ pub(super) async fn run_tools(
         };
         // A failing call asked for again, as it was, failed again (it ran:
         // what it depends on may have changed in between).
-        let failed_again = output.is_error && !ran.failed.insert(key_of(call));
-        let output = if failed_again {
+        let failed_again =
+            (output.is_error && !ran.failed.insert(key_of(call))).then(|| last_error_line(&output));
+        let output = if failed_again.is_some() {
             with_notes(
                 output,
                 &["this exact call already failed in this turn; change it".into()],
@@ -249,8 +250,9 @@ pub(super) struct Answered {
     pub settled: Option<String>,
     /// It succeeded and printed something.
     pub printed: bool,
-    /// It failed, as it had earlier in the turn, asked for as it was.
-    pub failed_again: bool,
+    /// It failed, as it had earlier in the turn, asked for as it was: the
+    /// last line of its error.
+    pub failed_again: Option<String>,
 }
 
 /// What makes two calls the same call.
@@ -331,6 +333,27 @@ fn printed(output: &ToolOutput) -> Option<String> {
     };
     let text = text.trim_end();
     (!text.trim().is_empty()).then(|| text.to_string())
+}
+
+/// The last line of a failed call's error (an execution's stderr, else its
+/// stdout; a refusal's text), at most 300 characters.
+fn last_error_line(output: &ToolOutput) -> String {
+    let text = match &output.output {
+        Value::String(text) => text.as_str(),
+        Value::Object(fields) => ["stderr", "stdout"]
+            .iter()
+            .filter_map(|key| fields.get(*key).and_then(Value::as_str))
+            .find(|text| !text.trim().is_empty())
+            .unwrap_or_default(),
+        _ => "",
+    };
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    line.chars().take(300).collect()
 }
 
 /// A call's output as an answer: an execution's stdout, else the output.

@@ -229,9 +229,7 @@ async fn agent_loop(
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&call.message))
                     .await?;
-                if call.failed_again {
-                    failed_again = Some(last_line(&call.message));
-                }
+                failed_again = call.failed_again.or(failed_again);
                 Arc::make_mut(history).push(call.message);
                 answer = answer.or(call.settled);
                 offer_tools &= !(call.printed && model.answer_after_output);
@@ -288,26 +286,6 @@ fn with_last_word(history: &Arc<Vec<Message>>, content: String) -> Arc<Vec<Messa
     messages.extend(history.iter().cloned());
     messages.push(Message::User { content });
     Arc::new(messages)
-}
-
-/// The last line a failed call's result says (an execution's stderr, else
-/// its text), at most 300 characters.
-fn last_line(message: &Message) -> String {
-    let Message::Tool { content, .. } = message else {
-        return String::new();
-    };
-    let text = serde_json::from_str::<serde_json::Value>(content)
-        .ok()
-        .and_then(|v| v.get("stderr").and_then(|e| e.as_str()).map(str::to_string))
-        .filter(|stderr| !stderr.trim().is_empty())
-        .unwrap_or_else(|| content.clone());
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with("Note:"))
-        .unwrap_or("")
-        .trim();
-    line.chars().take(300).collect()
 }
 
 /// A turn's history, given back to its session however the turn ends:

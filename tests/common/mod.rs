@@ -191,11 +191,13 @@ impl TestServer {
 
     /// `GET /agent/session/{id}/status`, read as JSON.
     pub async fn status(&self, id: &str) -> Value {
-        self.get(&format!("/agent/session/{id}/status"))
-            .await
-            .json()
-            .await
-            .expect("status json")
+        self.get_json(&format!("/agent/session/{id}/status")).await
+    }
+
+    /// `GET path`, its body as JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        let response = self.get(path).await;
+        response.json().await.expect("a JSON body")
     }
 
     /// `POST /agent/session/{id}/message` with a body.

@@ -33,18 +33,15 @@ pub(super) fn blocks(body: &Map<String, Value>) -> Vec<u64> {
             for message in messages {
                 blocks.add(message["role"].as_str().unwrap_or("user"));
                 match &message["content"] {
-                    Value::String(text) => text.split_whitespace().for_each(|w| blocks.add(w)),
+                    Value::String(text) => blocks.add_words(text),
                     Value::Null => {}
-                    other => other
-                        .to_string()
-                        .split_whitespace()
-                        .for_each(|w| blocks.add(w)),
+                    other => blocks.add_words(&other.to_string()),
                 }
             }
         }
         None => {
             let prompt = body.get("prompt").and_then(Value::as_str).unwrap_or("");
-            prompt.split_whitespace().for_each(|w| blocks.add(w));
+            blocks.add_words(prompt);
         }
     }
     blocks.hashes()
