@@ -134,36 +134,64 @@ impl Rules {
     }
 }
 
-/// The resolver of [`Rules::client`]: only allowed addresses reach the
+/// The resolver of [`Rules::client`] and of the gateway's hyper client
+/// (as a `tower::Service<Name>`): only allowed addresses reach the
 /// connector.
-struct Guarded(Arc<Rules>);
+#[derive(Clone)]
+pub struct Guarded(pub Arc<Rules>);
+
+impl Guarded {
+    /// The addresses of `host` these rules allow (port 0: the connector
+    /// sets the URL's).
+    async fn allowed(self, host: String) -> Result<Vec<SocketAddr>, EgressError> {
+        let rules = self.0;
+        let addrs = resolve(&host, 0).await?;
+        let trusted = rules.allows_name(&host);
+        let mut refused = None;
+        let allowed: Vec<SocketAddr> = addrs
+            .into_iter()
+            .filter(|addr| {
+                trusted
+                    || rules
+                        .allows_addr(*addr)
+                        .map_err(|kind| refused = Some((*addr, kind)))
+                        .is_ok()
+            })
+            .map(|addr| SocketAddr::new(addr, 0))
+            .collect();
+        if allowed.is_empty() {
+            let (addr, kind) = refused.unwrap_or((IpAddr::V4(Ipv4Addr::UNSPECIFIED), "unknown"));
+            return Err(EgressError::Refused { host, addr, kind });
+        }
+        Ok(allowed)
+    }
+}
 
 impl Resolve for Guarded {
     fn resolve(&self, name: Name) -> Resolving {
-        let rules = self.0.clone();
+        let allowed = self.clone().allowed(name.as_str().to_string());
         Box::pin(async move {
-            let host = name.as_str().to_string();
-            let addrs = resolve(&host, 0).await?;
-            let trusted = rules.allows_name(&host);
-            let mut refused = None;
-            let allowed: Vec<SocketAddr> = addrs
-                .into_iter()
-                .filter(|addr| {
-                    trusted
-                        || rules
-                            .allows_addr(*addr)
-                            .map_err(|kind| refused = Some((*addr, kind)))
-                            .is_ok()
-                })
-                .map(|addr| SocketAddr::new(addr, 0))
-                .collect();
-            if allowed.is_empty() {
-                let (addr, kind) =
-                    refused.unwrap_or((IpAddr::V4(Ipv4Addr::UNSPECIFIED), "unknown"));
-                return Err(Box::new(EgressError::Refused { host, addr, kind }) as _);
-            }
+            let allowed = allowed.await.map_err(Box::new)?;
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
+    }
+}
+
+impl tower::Service<hyper_util::client::legacy::connect::dns::Name> for Guarded {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = EgressError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, EgressError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), EgressError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        let allowed = self.clone().allowed(name.as_str().to_string());
+        Box::pin(async move { Ok(allowed.await?.into_iter()) })
     }
 }
 

@@ -288,7 +288,8 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
 /// its value printed after the cell's own output; a failing cell's
 /// traceback shows the cell's lines, not the runner's; a cell that is a
 /// `python -c` command line runs the code it quotes; a standard module or
-/// a `math` function used without an import is imported.
+/// a `math` function used without an import is imported; a cell that
+/// does not parse runs after a repair that makes it parse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_shows_the_value_of_a_trailing_expression() {
     let server = TestServer::start_sandboxed(|_| {}).await;
@@ -319,6 +320,41 @@ async fn python_shows_the_value_of_a_trailing_expression() {
         output["stderr"].as_str().unwrap().contains("NameError"),
         "{output}"
     );
+    // A cell that does not parse runs after a repair that makes it parse,
+    // said on stderr: a bracket left open (issue 21's task 12), statements
+    // joined by `;` before a `with` (task 14), a string left open.
+    let repairs = [
+        (
+            "print(sum(int(d) for d in str(2**50))",
+            "76\n",
+            "closed the brackets left open",
+        ),
+        (
+            "import os; with open('n.txt', 'w') as f: f.write('1 2 3 4 5')\nsum(map(int, open('n.txt').read().split()))",
+            "15\n",
+            "split statements",
+        ),
+    ];
+    for (cell, stdout, note) in repairs {
+        let output = cell_output(&server, cell).await;
+        assert_eq!(output["stdout"], stdout, "{output}");
+        assert!(
+            output["stderr"].as_str().unwrap().contains(note),
+            "{output}"
+        );
+    }
+    let output = cell_output(&server, "python -c \"print('sandbox'[::-1])\"").await;
+    assert_eq!(output["stdout"], "xobdnas\n", "{output}");
+    let output = cell_output(&server, "print('open)").await;
+    assert_eq!(output["stdout"], "open\n", "{output}");
+    // What no repair makes whole fails with its own syntax error.
+    let output = cell_output(&server, "print(hello world).upper()").await;
+    let stderr = output["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains("SyntaxError") && !stderr.contains("repair"),
+        "{output}"
+    );
+    assert_eq!(output["exit_code"], 1);
     // `python` is python3 in the image, for models that write either.
     let python = "import subprocess\nsubprocess.run(['python', '-c', 'print(6 * 7)']).returncode";
     assert_eq!(cell_output(&server, python).await["stdout"], "42\n0\n");

@@ -12,9 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::extract::Request;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
@@ -141,15 +139,13 @@ fn public(req: &Request) -> bool {
             ))
 }
 
-pub async fn require_key(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
+/// The request with its caller (and the caller's MCP owner) in its
+/// extensions, or why it is refused.
+pub async fn identify(state: &AppState, mut req: Request) -> Result<Request, ApiError> {
     // Probes (a kubelet's, a load balancer's) carry no key; liveness and
     // readiness are all `/health` and `/ready` tell.
     if public(&req) {
-        return Ok(next.run(req).await);
+        return Ok(req);
     }
     let ticket = ws_query(&req, "ticket");
     let caller = if let Some(ticket) = ticket {
@@ -185,7 +181,7 @@ pub async fn require_key(
     req.extensions_mut()
         .insert(crate::mcp::McpOwner(caller.owner().map(str::to_string)));
     req.extensions_mut().insert(caller);
-    Ok(next.run(req).await)
+    Ok(req)
 }
 
 #[cfg(test)]

@@ -7,9 +7,8 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
@@ -21,30 +20,33 @@ pub struct BodyLimits {
     pub max_bytes: usize,
 }
 
-pub async fn read_whole(
-    State(limits): State<BodyLimits>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// The request with its body read whole, or the response that refuses it.
+pub async fn read_whole(limits: BodyLimits, request: Request) -> Result<Request, Response> {
     if matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
     ) {
-        return next.run(request).await;
+        return Ok(request);
     }
     let (parts, body) = request.into_parts();
-    let read = axum::body::to_bytes(body, limits.max_bytes);
-    let bytes = match tokio::time::timeout(limits.timeout, read).await {
+    let mut read = std::pin::pin!(axum::body::to_bytes(body, limits.max_bytes));
+    // A small body has mostly arrived with its head: read it without
+    // arming a timer.
+    let read = match futures::poll!(read.as_mut()) {
+        std::task::Poll::Ready(read) => Ok(read),
+        std::task::Poll::Pending => tokio::time::timeout(limits.timeout, read).await,
+    };
+    let bytes = match read {
         Ok(Ok(bytes)) => bytes,
         Ok(Err(e)) => {
             let too_large = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return if too_large {
+            return Err(if too_large {
                 ApiError::body_too_large()
             } else {
                 ApiError::bad_request(format!("cannot read the request body: {e}"))
             }
-            .into_response();
+            .into_response());
         }
         Err(_) => {
             let mut response = ApiError::new(
@@ -61,9 +63,8 @@ pub async fn read_whole(
                 axum::http::header::CONNECTION,
                 axum::http::HeaderValue::from_static("close"),
             );
-            return response;
+            return Err(response);
         }
     };
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    Ok(Request::from_parts(parts, Body::from(bytes)))
 }

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -75,18 +75,15 @@ pub async fn check(
     request: Request,
     next: Next,
 ) -> Response {
-    match refusal(&policy, request.method(), request.headers(), &request) {
+    match refusal(&policy, &request) {
         Some(error) => error.into_response(),
         None => next.run(request).await,
     }
 }
 
-fn refusal(
-    policy: &BrowserPolicy,
-    method: &Method,
-    headers: &HeaderMap,
-    request: &Request,
-) -> Option<ApiError> {
+/// Why `request` is refused, if it is.
+pub fn refusal(policy: &BrowserPolicy, request: &Request) -> Option<ApiError> {
+    let (method, headers) = (request.method(), request.headers());
     let host = headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())

@@ -337,16 +337,11 @@ impl BusService for GrpcBus {
     }
 }
 
-/// Gives the errors a gRPC request meets before its service (auth, the
+/// Gives an error a gRPC request met before its service (auth, the
 /// browser checks, limits) gRPC's form: the status in the headers of an
 /// HTTP 200, with the JSON error's message.
-pub async fn errors_as_status(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let grpc = is_grpc(request.headers());
-    let response = next.run(request).await;
-    if !grpc || response.status().is_success() {
+pub async fn error_as_status(response: axum::response::Response) -> axum::response::Response {
+    if response.status().is_success() {
         return response;
     }
     let status = response.status().as_u16();

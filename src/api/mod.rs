@@ -1,6 +1,8 @@
 //! HTTP transport. Every axum type of the server lives under this module.
 //!
 //! - [`router`]: the routes, the body limit, auth and JSON fallbacks.
+//! - [`guard`]: the one middleware before every route: the checks below,
+//!   in order.
 //! - [`access_log`]: one INFO line per request, with its id.
 //! - [`error`]: `ApiError`, the one error every handler returns.
 //! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
@@ -31,6 +33,7 @@ pub mod extract;
 pub mod gateway;
 pub mod grpc;
 pub mod grpc_orchestrator;
+pub mod guard;
 pub mod mcp;
 pub mod ops;
 pub mod pipelines;
@@ -97,7 +100,14 @@ impl utoipa::Modify for BearerAuth {
 
 pub fn router(state: AppState) -> Router {
     let limit = state.config.max_body_bytes;
-    let policy = Arc::new(browser::BrowserPolicy::new(&state.config));
+    let guard = Arc::new(guard::Guard {
+        state: state.clone(),
+        policy: browser::BrowserPolicy::new(&state.config),
+        limits: body::BodyLimits {
+            timeout: std::time::Duration::from_secs(state.config.http.body_timeout_s),
+            max_bytes: limit,
+        },
+    });
     let mut router = Router::new();
     if let Some(mcp) = mcp::routes(&state) {
         router = router.merge(mcp);
@@ -202,21 +212,8 @@ pub fn router(state: AppState) -> Router {
                 "method not allowed on this route",
             )
         })
-        .layer(axum::middleware::from_fn_with_state(
-            body::BodyLimits {
-                timeout: std::time::Duration::from_secs(state.config.http.body_timeout_s),
-                max_bytes: limit,
-            },
-            body::read_whole,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_key,
-        ))
-        .layer(axum::middleware::from_fn_with_state(policy, browser::check))
         .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn(grpc::errors_as_status))
-        .layer(axum::middleware::from_fn(access_log::log))
+        .layer(axum::middleware::from_fn_with_state(guard, guard::run))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .with_state(state)

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, TryStreamExt};
+
+pub use super::client::BodyError;
 
 use super::pool::CallGuard;
 use super::trace::{Recorder, TraceLog};
@@ -15,7 +17,7 @@ use crate::telemetry::Metrics;
 /// An upstream body passed on to the client, recording the call's trace
 /// and figures when it ends (or when the client goes away).
 pub struct TracedBody {
-    pub(super) inner: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    pub(super) inner: Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>,
     pub(super) recorder: Option<Recorder>,
     pub(super) call: Option<CallGuard>,
     pub(super) traces: Option<Arc<TraceLog>>,
@@ -28,6 +30,13 @@ pub struct TracedBody {
 }
 
 impl TracedBody {
+    /// The data of a replica's response body.
+    pub(super) fn data(
+        body: super::client::Body,
+    ) -> Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>> {
+        Box::pin(http_body_util::BodyDataStream::new(body).map_err(BodyError::from))
+    }
+
     /// A body already read (an upstream error passed on), traced already.
     pub(super) fn ready(body: Bytes) -> TracedBody {
         TracedBody {
@@ -69,7 +78,7 @@ impl TracedBody {
 }
 
 impl Stream for TracedBody {
-    type Item = reqwest::Result<Bytes>;
+    type Item = Result<Bytes, BodyError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let next = self.inner.as_mut().poll_next(cx);
@@ -80,7 +89,7 @@ impl Stream for TracedBody {
                 }
             }
             Poll::Ready(Some(Err(e))) => {
-                let message = super::describe(e);
+                let message = e.0.clone();
                 self.finish("error", Some(message));
             }
             Poll::Ready(None) => self.finish("ok", None),

@@ -20,7 +20,7 @@ impl Gateway {
         let replicas = pool.replicas();
         let checks = replicas.iter().cloned().map(|replica| {
             let url = format!("{}{}", replica.url, health.path);
-            let mut request = self.client_for(&replica).get(&url).timeout(Duration::from_millis(health.timeout_ms));
+            let mut request = self.clients.reqwest_for(&replica).get(&url).timeout(Duration::from_millis(health.timeout_ms));
             if let Some(key) = &replica.api_key {
                 request = request.header(AUTHORIZATION, format!("Bearer {key}"));
             }

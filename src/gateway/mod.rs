@@ -13,6 +13,7 @@
 //! - [`litellm`]: LiteLLM `model_list` import and export.
 
 pub mod body;
+pub mod client;
 pub mod config;
 mod health;
 pub mod litellm;
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use reqwest::StatusCode;
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value};
 
 use body::TracedBody;
@@ -43,7 +44,7 @@ const PASSED_ON_ERROR_BODY: usize = 64 * 1024;
 
 use crate::sync::{read, write};
 use crate::telemetry::{Metrics, ReplicaLabel};
-use crate::upstream::{bounded_body, describe, retry_after};
+use crate::upstream::retry_after;
 
 /// Which OpenAI endpoint a call is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,11 +127,10 @@ pub struct Upstream {
 /// The gateway: pools by model name, HTTP clients, the traces.
 pub struct Gateway {
     pools: RwLock<BTreeMap<String, Arc<Pool>>>,
-    /// For the config file's replicas, which the operator chose.
-    client: reqwest::Client,
-    /// For replicas added by requests: connects only where
-    /// `gateway.allowed_upstreams` allows, after DNS.
-    guarded_client: reqwest::Client,
+    /// hyper for `http://` replicas, reqwest for `https://`; those added
+    /// by requests connect only where `gateway.allowed_upstreams` allows,
+    /// after DNS.
+    clients: client::Clients,
     upstreams: Arc<crate::egress::Rules>,
     pub traces: Arc<TraceLog>,
     metrics: Arc<Metrics>,
@@ -143,16 +143,7 @@ impl Gateway {
             crate::egress::Rules::parse(&config.allowed_upstreams)
                 .map_err(|e| format!("gateway.allowed_upstreams: {e}"))?,
         );
-        let build = |builder: reqwest::ClientBuilder| {
-            builder
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .pool_idle_timeout(Duration::from_secs(90))
-                .build()
-                .map_err(|e| format!("cannot build the gateway's HTTP client: {e}"))
-        };
-        let client = build(reqwest::Client::builder())?;
-        let guarded_client = build(upstreams.client())?;
+        let clients = client::Clients::new(&upstreams)?;
         let pools = config
             .pools
             .iter()
@@ -178,8 +169,7 @@ impl Gateway {
             .collect();
         Ok(Gateway {
             pools: RwLock::new(pools),
-            client,
-            guarded_client,
+            clients,
             upstreams,
             traces: Arc::new(TraceLog::new(config.trace_limit, config.trace_max_bytes)),
             metrics,
@@ -239,14 +229,6 @@ impl Gateway {
 
     /// The client for a replica: the guarded one for those added by
     /// requests.
-    fn client_for(&self, replica: &Replica) -> &reqwest::Client {
-        if replica.guarded {
-            &self.guarded_client
-        } else {
-            &self.client
-        }
-    }
-
     /// Adds a replica to a pool, making the pool (with default settings)
     /// when there is none of that name. Its connections pass
     /// `gateway.allowed_upstreams`; callers check the URL first
@@ -433,7 +415,7 @@ impl Gateway {
                 Ok(response) => {
                     let status = response.status();
                     let content_type = response.headers().get(CONTENT_TYPE).cloned();
-                    let content_length = response.content_length();
+                    let content_length = hyper::body::Body::size_hint(response.body()).exact();
                     let mut trace = start.attempt(Some((&replica.id, &replica.model)), payload);
                     trace.http_status = Some(status.as_u16());
                     trace.retries = attempt;
@@ -445,7 +427,7 @@ impl Gateway {
                         replica: replica.id.clone(),
                         weights_version: admitted.version.clone(),
                         body: TracedBody {
-                            inner: Box::pin(response.bytes_stream()),
+                            inner: TracedBody::data(response.into_body()),
                             recorder: Some(
                                 Recorder::new(trace, started, streamed).with_length(content_length),
                             ),
@@ -529,25 +511,18 @@ impl Gateway {
         replica: &Replica,
         endpoint: Endpoint,
         payload: Bytes,
-    ) -> Result<reqwest::Response, Failure> {
-        let url = replica.endpoint_url(endpoint).map_err(Failure::message)?;
-        let mut request = self
-            .client_for(replica)
-            .post(url.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .body(payload);
-        if let Some(key) = &replica.api_key {
-            request = request.header(AUTHORIZATION, format!("Bearer {key}"));
-        }
+    ) -> Result<http::Response<client::Body>, Failure> {
+        let url = format!("{}/{}", replica.url, endpoint.path());
         let timeout = Duration::from_secs(pool.config.timeout_s);
-        let response = match tokio::time::timeout(timeout, request.send()).await {
+        let sent = self.clients.post(replica, endpoint, payload);
+        let response = match tokio::time::timeout(timeout, sent).await {
             Err(_) => {
                 return Err(Failure::message(format!(
                     "{url}: no response within {}s",
                     pool.config.timeout_s
                 )));
             }
-            Ok(Err(e)) => return Err(Failure::message(format!("{url}: {}", describe(&e)))),
+            Ok(Err(e)) => return Err(Failure::message(format!("{url}: {e}"))),
             Ok(Ok(response)) => response,
         };
         let status = response.status();
@@ -559,7 +534,7 @@ impl Gateway {
         let content_type = response.headers().get(CONTENT_TYPE).cloned();
         // Kept to pass on if this was the last attempt; bounded, as an
         // upstream's error body can be anything.
-        let (body, _) = bounded_body(response, PASSED_ON_ERROR_BODY).await;
+        let body = client::bounded(response.into_body(), PASSED_ON_ERROR_BODY).await;
         Err(Failure {
             message: format!(
                 "{url} answered {status}: {}",

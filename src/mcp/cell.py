@@ -6,8 +6,13 @@
 # small models write) runs the code it quotes, with a note on stderr. A name
 # the cell uses but never binds is imported for it when it is one of a few
 # standard modules (`math`, `datetime`, ...) or a function of `math`
-# (`factorial`), again with a note: the cell would only fail on it.
-import ast, builtins, importlib, linecache, math, shlex, sys, traceback
+# (`factorial`), again with a note: the cell would only fail on it. A cell
+# that does not parse is run after the first of a few repairs that makes it
+# parse (brackets left open closed, a string left open closed, statements
+# joined by `;` before a `with`/`for`/`if` split, Python 2 `print x`), with
+# a note saying what was repaired; a cell no repair makes whole fails with
+# its own syntax error.
+import ast, builtins, importlib, linecache, math, re, shlex, sys, traceback
 
 MODULES = ("math", "random", "datetime", "itertools", "functools", "collections",
            "statistics", "string", "re", "json", "os", "sys", "time", "fractions")
@@ -47,21 +52,137 @@ def quoted_code(source):
     try:
         words = shlex.split(source.strip())
     except ValueError:
-        return None
+        # Quoting a shell cannot read: the rest of the line, its outer
+        # quotes taken off, for the repairs below.
+        match = re.match(r"\s*python3?\s+-c\s+(['\"])(.*?)\1?\s*$", source, re.S)
+        return match.group(2) if match else None
     if len(words) >= 3 and words[0] in ("python", "python3") and words[1] == "-c":
         return words[2]
     return None
 
 
+def parses(source):
+    try:
+        ast.parse(source, "<cell>", "exec")
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
+CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def scan(line, stack, quote):
+    """Walks one line, keeping the brackets open (with the line each opened
+    on) and the string left open; returns the quote still open at its end."""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif line.startswith(quote, i):
+                i += len(quote) - 1
+                quote = None
+        elif c == "#":
+            break
+        elif c in "'\"":
+            quote = c * 3 if line.startswith(c * 3, i) else c
+            i += len(quote) - 1
+        elif c in CLOSERS:
+            stack.append(c)
+        elif c in ")]}" and stack and CLOSERS[stack[-1]] == c:
+            stack.pop()
+        i += 1
+    return quote if quote and len(quote) == 3 else None
+
+
+def close_brackets(source):
+    """Closes the brackets each line leaves open at the end of that line."""
+    lines, stack, quote = source.split("\n"), [], None
+    for n, line in enumerate(lines):
+        depth = len(stack)
+        quote = scan(line, stack, quote)
+        if len(stack) > depth and quote is None:
+            opened = stack[depth:]
+            del stack[depth:]
+            lines[n] = line.rstrip() + "".join(CLOSERS[b] for b in reversed(opened))
+    return "\n".join(lines)
+
+
+def close_strings(source):
+    """Closes a one-line string left open, before the line's last closers."""
+    lines = source.split("\n")
+    for n, line in enumerate(lines):
+        quote, i = None, 0
+        while i < len(line):
+            c = line[i]
+            if quote and c == "\\":
+                i += 1
+            elif quote and c == quote:
+                quote = None
+            elif not quote and c in "'\"":
+                quote, start = c, i
+            elif not quote and c == "#":
+                break
+            i += 1
+        if quote:
+            body = line.rstrip()
+            tail = len(body) - len(body.rstrip(")]}:"))
+            end = max(len(body) - tail, start + 1)
+            lines[n] = body[:end] + quote + body[end:]
+    return "\n".join(lines)
+
+
+def split_compound(source):
+    """`import os; with open(...) as f: ...` becomes two lines."""
+    def split(line):
+        indent = line[: len(line) - len(line.lstrip())]
+        return re.sub(r";\s*(?=(with|for|if|while|try|def|class)\b)", "\n" + indent, line)
+    return "\n".join(split(line) for line in source.split("\n"))
+
+
+def print_statements(source):
+    """Python 2's `print x` becomes `print(x)`."""
+    return re.sub(r"(?m)^(\s*)print\s+(?![(\s=])(.+?)\s*$", r"\1print(\2)", source)
+
+
+REPAIRS = (("closed the brackets left open", close_brackets),
+           ("closed a string left open", close_strings),
+           ("split statements joined by `;`", split_compound),
+           ("made `print x` a call", print_statements))
+
+
+def repaired(source):
+    """The cell after the first repair that makes it parse, or after all of
+    them in turn; with what was done. None when nothing does."""
+    for what, repair in REPAIRS:
+        candidate = repair(source)
+        if candidate != source and parses(candidate):
+            return candidate, [what]
+    current, done = source, []
+    for what, repair in REPAIRS:
+        candidate = repair(current)
+        if candidate != current:
+            current, done = candidate, done + [what]
+            if parses(current):
+                return current, done
+    return None
+
+
 source = sys.stdin.read()
-try:
-    ast.parse(source, "<cell>", "exec")
-except SyntaxError:
+if not parses(source):
     code = quoted_code(source)
     if code is not None:
         print("note: the cell was a `python -c` command line; ran the code it quotes",
               file=sys.stderr)
         source = code
+if not parses(source):
+    fixed = repaired(source)
+    if fixed is not None:
+        source = fixed[0]
+        print(f"note: the cell did not parse; ran it after a repair ({'; '.join(fixed[1])}):\n"
+              + source, file=sys.stderr)
 linecache.cache["<cell>"] = (len(source), None, source.splitlines(True), "<cell>")
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 try:

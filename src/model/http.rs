@@ -165,8 +165,8 @@ pub(crate) fn spawn_sse(response: Response, decoder: impl SseDecoder) -> ModelSt
 }
 
 /// [`spawn_sse`] over any stream of body bytes (the gateway's, in process).
-pub(crate) fn spawn_sse_bytes(
-    body: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+pub(crate) fn spawn_sse_bytes<E: std::error::Error + Send + 'static>(
+    body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
     mut decoder: impl SseDecoder,
 ) -> ModelStream {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -199,7 +199,7 @@ pub(crate) fn spawn_sse_bytes(
     Box::pin(ReceiverStream::new(rx))
 }
 
-fn sse_error(error: EventStreamError<reqwest::Error>) -> ModelError {
+fn sse_error<E: std::error::Error>(error: EventStreamError<E>) -> ModelError {
     match error {
         EventStreamError::Transport(error) => {
             ModelError::Upstream(format!("the stream broke off: {}", describe(&error)))

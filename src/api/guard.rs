@@ -1,0 +1,59 @@
+//! The one middleware every request passes on its way to a route, doing in
+//! order what would otherwise be five layers (each a boxed future and a
+//! clone of the rest of the stack, for every call the gateway forwards):
+//!
+//! 1. its access-log line begins ([`access_log`](super::access_log));
+//! 2. the browser checks ([`browser`](super::browser));
+//! 3. the caller is identified by its key or ticket
+//!    ([`auth`](super::auth));
+//! 4. a body is read whole within its deadline and limit
+//!    ([`body`](super::body));
+//! 5. the route answers; an error met before a gRPC service is given gRPC's
+//!    form ([`grpc`](super::grpc)) and the log line is written.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::access_log::Line;
+use super::body::BodyLimits;
+use super::browser::{self, BrowserPolicy};
+use super::state::AppState;
+use super::{auth, body, grpc};
+
+/// What the checks need.
+pub struct Guard {
+    pub state: AppState,
+    pub policy: BrowserPolicy,
+    pub limits: BodyLimits,
+}
+
+pub async fn run(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    let line = Line::start(&request);
+    let grpc = grpc::is_grpc(request.headers());
+    let mut response = match admit(&guard, request).await {
+        Ok(request) => next.run(request).await,
+        Err(refused) => refused,
+    };
+    if grpc {
+        response = grpc::error_as_status(response).await;
+    }
+    if let Some(line) = line {
+        line.finish(&response);
+    }
+    response
+}
+
+/// The request, checked, identified and with its body read; or the answer
+/// that refuses it.
+async fn admit(guard: &Guard, request: Request) -> Result<Request, Response> {
+    if let Some(refused) = browser::refusal(&guard.policy, &request) {
+        return Err(refused.into_response());
+    }
+    let request = auth::identify(&guard.state, request)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    body::read_whole(guard.limits, request).await
+}
