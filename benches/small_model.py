@@ -71,6 +71,13 @@ def normalized(text):
     return re.sub(r"(?<=\d),(?=\d{3})", "", text or "")
 
 
+def answers(expected, answer):
+    """The expected text stands in the answer on its own: `-60` or `1600`
+    does not answer `60`."""
+    pattern = r"(?<![\w.-])" + re.escape(expected) + r"(?![\w]|\.\d)"
+    return re.search(pattern, normalized(answer)) is not None
+
+
 def run_task(base, prompt):
     request = urllib.request.Request(
         f"{base}/agent/run",
@@ -141,7 +148,7 @@ def main():
         for i, (prompt, expected) in enumerate(TASKS[: args.tasks], 1):
             result, events, elapsed = run_task(base, prompt)
             answer = result.get("result") or ""
-            correct = result.get("status") == "success" and expected in normalized(answer)
+            correct = result.get("status") == "success" and answers(expected, answer)
             row = {
                 "task": i,
                 "prompt": prompt,

@@ -322,7 +322,8 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     );
     // A cell that does not parse runs after a repair that makes it parse,
     // said on stderr: a bracket left open (issue 21's task 12), statements
-    // joined by `;` before a `with` (task 14), a string left open.
+    // joined by `;` before a `with`, a line break inside a string and a
+    // `for` after a `with` on one line (task 14), a string left open.
     let repairs = [
         (
             "print(sum(int(d) for d in str(2**50))",
@@ -333,6 +334,14 @@ async fn python_shows_the_value_of_a_trailing_expression() {
             "import os; with open('n.txt', 'w') as f: f.write('1 2 3 4 5')\nsum(map(int, open('n.txt').read().split()))",
             "15\n",
             "split statements",
+        ),
+        // Task 14 of the small-model bench as the model sent it: its
+        // `'\n'` arrived as a real line break, and a `for` follows the
+        // `with` on one line.
+        (
+            "import sys; with open('n.txt', 'w') as f: for i in range(1, 6): f.write(str(i) + '\n')\nsum(int(x) for x in open('n.txt'))",
+            "15\n",
+            "nested the statements after a `:`",
         ),
     ];
     for (cell, stdout, note) in repairs {

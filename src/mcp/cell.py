@@ -8,10 +8,11 @@
 # standard modules (`math`, `datetime`, ...) or a function of `math`
 # (`factorial`), again with a note: the cell would only fail on it. A cell
 # that does not parse is run after the first of a few repairs that makes it
-# parse (brackets left open closed, a string left open closed, statements
-# joined by `;` before a `with`/`for`/`if` split, Python 2 `print x`), with
-# a note saying what was repaired; a cell no repair makes whole fails with
-# its own syntax error.
+# parse (a line break inside a string written as `\n`, brackets left open
+# closed, a string left open closed, statements joined by `;` before a
+# `with`/`for`/`if` split, `with ...: for ...:` on one line nested, Python
+# 2 `print x`), with a note saying what was repaired; a cell no repair
+# makes whole fails with its own syntax error.
 import ast, builtins, importlib, linecache, math, re, shlex, sys, traceback
 
 MODULES = ("math", "random", "datetime", "itertools", "functools", "collections",
@@ -134,6 +135,57 @@ def close_strings(source):
     return "\n".join(lines)
 
 
+def escape_line_breaks(source):
+    """A line break inside a one-line string was meant as `\\n` (a model's
+    `'\\n'` in JSON arrives as a real line break)."""
+    out, quote, i = [], None, 0
+    while i < len(source):
+        c = source[i]
+        if quote is None:
+            if c == "#":
+                end = source.find("\n", i)
+                end = len(source) if end < 0 else end
+                out.append(source[i:end])
+                i = end
+                continue
+            if c in "'\"":
+                quote = c * 3 if source.startswith(c * 3, i) else c
+                out.append(quote)
+                i += len(quote)
+                continue
+        elif c == "\\":
+            out.append(source[i:i + 2])
+            i += 2
+            continue
+        elif source.startswith(quote, i):
+            out.append(quote)
+            i += len(quote)
+            quote = None
+            continue
+        elif c == "\n" and len(quote) == 1:
+            out.append("\\n")
+            i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def nest_compound(source):
+    """`with f: for x in y: ...` on one line becomes nested lines."""
+    out = []
+    for line in source.split("\n"):
+        parts = re.split(r":[ \t]*(?=(?:with|for|if|while|try)\b)", line)
+        if len(parts) == 1 or not re.match(r"\s*(with|for|if|elif|else|while|try|def|class)\b", line):
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        for depth, part in enumerate(parts):
+            text = part.strip() + (":" if depth < len(parts) - 1 else "")
+            out.append(indent + "    " * depth + text)
+    return "\n".join(out)
+
+
 def split_compound(source):
     """`import os; with open(...) as f: ...` becomes two lines."""
     def split(line):
@@ -147,9 +199,11 @@ def print_statements(source):
     return re.sub(r"(?m)^(\s*)print\s+(?![(\s=])(.+?)\s*$", r"\1print(\2)", source)
 
 
-REPAIRS = (("closed the brackets left open", close_brackets),
+REPAIRS = (("a line break in a string written as \\n", escape_line_breaks),
+           ("closed the brackets left open", close_brackets),
            ("closed a string left open", close_strings),
            ("split statements joined by `;`", split_compound),
+           ("nested the statements after a `:`", nest_compound),
            ("made `print x` a call", print_statements))
 
 
