@@ -7,6 +7,7 @@ use std::error::Error;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use reqwest::Response;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 
@@ -37,14 +38,21 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     Some(wait.min(MAX_RETRY_AFTER))
 }
 
-/// The start of a response's body, at most `limit` bytes, read no further
-/// than needed; true when there was more.
-pub async fn bounded_body(mut response: Response, limit: usize) -> (Bytes, bool) {
+/// The start of a response body (reqwest's or hyper's), at most `limit`
+/// bytes, read no further than needed; true when there was more.
+pub async fn bounded_body<B>(mut body: B, limit: usize) -> (Bytes, bool)
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
     let mut bytes = Vec::new();
     while bytes.len() <= limit {
-        match response.chunk().await {
-            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                }
+            }
+            Some(Err(_)) | None => break,
         }
     }
     let cut = bytes.len() > limit;
@@ -54,7 +62,7 @@ pub async fn bounded_body(mut response: Response, limit: usize) -> (Bytes, bool)
 
 /// An error response's body as text, at most `limit` bytes, `…` when cut.
 pub async fn error_text(response: Response, limit: usize) -> String {
-    let (bytes, cut) = bounded_body(response, limit).await;
+    let (bytes, cut) = bounded_body(reqwest::Body::from(response), limit).await;
     let mut body = String::from_utf8_lossy(&bytes).trim().to_string();
     if cut {
         body.push('…');

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use futures::{Stream, TryStreamExt};
 
-pub use super::client::BodyError;
+use super::client::BodyError;
 
 use super::pool::CallGuard;
 use super::trace::{Recorder, TraceLog};

@@ -140,23 +140,6 @@ fn hyper() -> hyper_util::client::legacy::Builder {
     builder
 }
 
-/// The start of a body, at most `limit` bytes, read no further.
-pub async fn bounded(mut body: Body, limit: usize) -> Bytes {
-    let mut bytes = Vec::new();
-    while bytes.len() <= limit {
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    bytes.extend_from_slice(&data);
-                }
-            }
-            Some(Err(_)) | None => break,
-        }
-    }
-    bytes.truncate(limit);
-    Bytes::from(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,7 +214,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        assert_eq!(bounded(response.into_body(), 100).await, "{}");
+        let (body, _) = crate::upstream::bounded_body(response.into_body(), 100).await;
+        assert_eq!(body, "{}");
         let request = server.await.unwrap();
         assert!(
             request.starts_with("POST /v1/completions HTTP/1.1\r\n"),

@@ -44,7 +44,7 @@ const PASSED_ON_ERROR_BODY: usize = 64 * 1024;
 
 use crate::sync::{read, write};
 use crate::telemetry::{Metrics, ReplicaLabel};
-use crate::upstream::retry_after;
+use crate::upstream::{bounded_body, retry_after};
 
 /// Which OpenAI endpoint a call is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,8 +227,6 @@ impl Gateway {
         self.upstreams.check_url(url).await
     }
 
-    /// The client for a replica: the guarded one for those added by
-    /// requests.
     /// Adds a replica to a pool, making the pool (with default settings)
     /// when there is none of that name. Its connections pass
     /// `gateway.allowed_upstreams`; callers check the URL first
@@ -512,17 +510,19 @@ impl Gateway {
         endpoint: Endpoint,
         payload: Bytes,
     ) -> Result<http::Response<client::Body>, Failure> {
-        let url = format!("{}/{}", replica.url, endpoint.path());
+        // Only for messages: not built for a call that goes well.
+        let url = || format!("{}/{}", replica.url, endpoint.path());
         let timeout = Duration::from_secs(pool.config.timeout_s);
         let sent = self.clients.post(replica, endpoint, payload);
         let response = match tokio::time::timeout(timeout, sent).await {
             Err(_) => {
                 return Err(Failure::message(format!(
-                    "{url}: no response within {}s",
+                    "{}: no response within {}s",
+                    url(),
                     pool.config.timeout_s
                 )));
             }
-            Ok(Err(e)) => return Err(Failure::message(format!("{url}: {e}"))),
+            Ok(Err(e)) => return Err(Failure::message(format!("{}: {e}", url()))),
             Ok(Ok(response)) => response,
         };
         let status = response.status();
@@ -534,10 +534,11 @@ impl Gateway {
         let content_type = response.headers().get(CONTENT_TYPE).cloned();
         // Kept to pass on if this was the last attempt; bounded, as an
         // upstream's error body can be anything.
-        let body = client::bounded(response.into_body(), PASSED_ON_ERROR_BODY).await;
+        let (body, _) = bounded_body(response.into_body(), PASSED_ON_ERROR_BODY).await;
         Err(Failure {
             message: format!(
-                "{url} answered {status}: {}",
+                "{} answered {status}: {}",
+                url(),
                 String::from_utf8_lossy(&body[..body.len().min(300)])
             ),
             cooldown,

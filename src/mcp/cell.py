@@ -74,9 +74,11 @@ CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 
 def scan(line, stack, quote):
-    """Walks one line, keeping the brackets open (with the line each opened
-    on) and the string left open; returns the quote still open at its end."""
-    i = 0
+    """Walks one line, from inside the string `quote` opened on an earlier
+    line (None: from code), pushing the brackets it leaves open on `stack`.
+    Returns the quote still open at the line's end and where on the line
+    it opened (-1: on an earlier line)."""
+    start, i = -1, 0
     while i < len(line):
         c = line[i]
         if quote:
@@ -88,14 +90,18 @@ def scan(line, stack, quote):
         elif c == "#":
             break
         elif c in "'\"":
-            quote = c * 3 if line.startswith(c * 3, i) else c
+            quote, start = (c * 3 if line.startswith(c * 3, i) else c), i
             i += len(quote) - 1
         elif c in CLOSERS:
             stack.append(c)
         elif c in ")]}" and stack and CLOSERS[stack[-1]] == c:
             stack.pop()
         i += 1
-    return quote if quote and len(quote) == 3 else None
+    return quote, start
+
+
+def one_line(quote):
+    return quote is not None and len(quote) == 1
 
 
 def close_brackets(source):
@@ -103,7 +109,10 @@ def close_brackets(source):
     lines, stack, quote = source.split("\n"), [], None
     for n, line in enumerate(lines):
         depth = len(stack)
-        quote = scan(line, stack, quote)
+        quote, _ = scan(line, stack, quote)
+        # A one-line string left open ends with its line (`close_strings`
+        # closes it before these closers).
+        quote = None if one_line(quote) else quote
         if len(stack) > depth and quote is None:
             opened = stack[depth:]
             del stack[depth:]
@@ -115,19 +124,8 @@ def close_strings(source):
     """Closes a one-line string left open, before the line's last closers."""
     lines = source.split("\n")
     for n, line in enumerate(lines):
-        quote, i = None, 0
-        while i < len(line):
-            c = line[i]
-            if quote and c == "\\":
-                i += 1
-            elif quote and c == quote:
-                quote = None
-            elif not quote and c in "'\"":
-                quote, start = c, i
-            elif not quote and c == "#":
-                break
-            i += 1
-        if quote:
+        quote, start = scan(line, [], None)
+        if one_line(quote):
             body = line.rstrip()
             tail = len(body) - len(body.rstrip(")]}:"))
             end = max(len(body) - tail, start + 1)
@@ -138,37 +136,14 @@ def close_strings(source):
 def escape_line_breaks(source):
     """A line break inside a one-line string was meant as `\\n` (a model's
     `'\\n'` in JSON arrives as a real line break)."""
-    out, quote, i = [], None, 0
-    while i < len(source):
-        c = source[i]
-        if quote is None:
-            if c == "#":
-                end = source.find("\n", i)
-                end = len(source) if end < 0 else end
-                out.append(source[i:end])
-                i = end
-                continue
-            if c in "'\"":
-                quote = c * 3 if source.startswith(c * 3, i) else c
-                out.append(quote)
-                i += len(quote)
-                continue
-        elif c == "\\":
-            out.append(source[i:i + 2])
-            i += 2
-            continue
-        elif source.startswith(quote, i):
-            out.append(quote)
-            i += len(quote)
-            quote = None
-            continue
-        elif c == "\n" and len(quote) == 1:
-            out.append("\\n")
-            i += 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
+    out, quote = [], None
+    for line in source.split("\n"):
+        if one_line(quote):
+            out[-1] += "\\n" + line
+        else:
+            out.append(line)
+        quote, _ = scan(line, [], quote)
+    return "\n".join(out)
 
 
 def nest_compound(source):
