@@ -1,25 +1,34 @@
 //! How the gateway calls a replica. A replica on `http://` (an inference
-//! server on the local network, the usual case) is called with hyper's
-//! pooled client directly: its URI is parsed once, when the replica is
-//! added, and a call builds one request and nothing else. reqwest, which
-//! the gateway used for every call before, parses each request's URL again
-//! for its redirect policy and passes it through retry and redirect layers
-//! of its own: about 8 % of the gateway's CPU per call in the profile of
-//! issue 20 (`benches/README.md`). A replica on `https://` goes through
-//! reqwest with rustls. Replicas added at run time resolve through the
-//! rules of `gateway.allowed_upstreams` with either client.
+//! server on the local network, the usual case) is called over hyper's
+//! HTTP/1 connections directly: its paths and `Host` header are made once,
+//! when the replica is added ([`Plain`]), and its idle connections wait in
+//! a list of its own, so a call builds one request, takes a connection and
+//! gives it back when the response has been read. reqwest, which the
+//! gateway used for every call before, parses each request's URL again for
+//! its redirect policy and passes it through retry and redirect layers of
+//! its own (about 8 % of the gateway's CPU per call in the profile of issue
+//! 20, `benches/README.md`); hyper-util's pooled client, used after it,
+//! formats the `Host` header, hashes the pool key and goes through its
+//! checkout futures on every call (about 5 % more). A replica on
+//! `https://` goes through reqwest with rustls. Replicas added at run time
+//! resolve through the rules of `gateway.allowed_upstreams` with either.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::Uri;
+use http::header::HOST;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as Hyper;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::GaiResolver;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use tower::ServiceExt;
 
 use super::pool::Replica;
 use crate::egress::{Guarded, Rules};
@@ -42,11 +51,87 @@ impl From<BoxError> for BodyError {
 }
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// An idle connection older than this is closed rather than used.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle connections kept per replica; more are closed when given back.
+const MAX_IDLE: usize = 256;
+
+/// A replica served on `http://`: what its requests need, made once, and
+/// its idle connections.
+pub struct Plain {
+    /// `http://host:port`, what the connector dials.
+    origin: Uri,
+    /// The chat and completions paths (origin form).
+    paths: [Uri; 2],
+    host: HeaderValue,
+    idle: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
+}
+
+impl Plain {
+    /// `None` unless both URLs are `http://` and parse as URIs.
+    pub fn new(chat: &reqwest::Url, completions: &reqwest::Url) -> Option<Plain> {
+        (chat.scheme() == "http").then_some(())?;
+        let path = |url: &reqwest::Url| {
+            let path = match url.query() {
+                Some(query) => format!("{}?{query}", url.path()),
+                None => url.path().to_string(),
+            };
+            path.parse::<Uri>().ok()
+        };
+        let host = match chat.port() {
+            Some(port) => format!("{}:{port}", chat.host_str()?),
+            None => chat.host_str()?.to_string(),
+        };
+        Some(Plain {
+            origin: format!("http://{host}").parse().ok()?,
+            paths: [path(chat)?, path(completions)?],
+            host: HeaderValue::try_from(host).ok()?,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The path of `endpoint`, origin form.
+    pub fn path(&self, endpoint: super::Endpoint) -> &Uri {
+        match endpoint {
+            super::Endpoint::Chat => &self.paths[0],
+            super::Endpoint::Completions => &self.paths[1],
+        }
+    }
+
+    /// An idle connection ready for a request: the newest one ready now,
+    /// else the newest still open once it is ready (its last response may
+    /// be finishing). Closed ones are dropped, and one idle too long.
+    async fn checkout(&self) -> Option<SendRequest<Full<Bytes>>> {
+        loop {
+            let (mut sender, since) = {
+                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                idle.retain(|(sender, _)| !sender.is_closed());
+                let pick = idle
+                    .iter()
+                    .rposition(|(sender, _)| sender.is_ready())
+                    .or(idle.len().checked_sub(1))?;
+                idle.remove(pick)
+            };
+            if since.elapsed() <= IDLE_TIMEOUT && sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    fn give_back(&self, sender: SendRequest<Full<Bytes>>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push((sender, Instant::now()));
+        }
+    }
+}
 
 pub struct Clients {
-    plain: Hyper<HttpConnector<GaiResolver>, Full<Bytes>>,
-    guarded_plain: Hyper<HttpConnector<Guarded>, Full<Bytes>>,
+    plain: HttpConnector<GaiResolver>,
+    guarded_plain: HttpConnector<Guarded>,
     tls: reqwest::Client,
     guarded_tls: reqwest::Client,
 }
@@ -62,10 +147,8 @@ impl Clients {
                 .map_err(|e| format!("cannot build the gateway's HTTP client: {e}"))
         };
         Ok(Clients {
-            plain: hyper().build(connector(HttpConnector::new())),
-            guarded_plain: hyper().build(connector(HttpConnector::new_with_resolver(Guarded(
-                upstreams.clone(),
-            )))),
+            plain: connector(HttpConnector::new()),
+            guarded_plain: connector(HttpConnector::new_with_resolver(Guarded(upstreams.clone()))),
             tls: tls(reqwest::Client::builder())?,
             guarded_tls: tls(upstreams.client())?,
         })
@@ -85,8 +168,9 @@ impl Clients {
             .map(|key| HeaderValue::try_from(format!("Bearer {key}")))
             .transpose()
             .map_err(|_| "the replica's api_key holds characters a header cannot carry")?;
-        if let Some(uri) = replica.plain_uri(endpoint) {
-            let mut request = http::Request::post(uri.clone())
+        if let Some(plain) = replica.plain() {
+            let mut request = http::Request::post(plain.path(endpoint).clone())
+                .header(HOST, plain.host.clone())
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             if let Some(key) = key {
                 request = request.header(AUTHORIZATION, key);
@@ -94,14 +178,7 @@ impl Clients {
             let request = request
                 .body(Full::new(payload))
                 .map_err(|e| e.to_string())?;
-            let sent = if replica.guarded {
-                self.guarded_plain.request(request).await
-            } else {
-                self.plain.request(request).await
-            };
-            return sent
-                .map(|response| response.map(|body| body.map_err(BoxError::from).boxed_unsync()))
-                .map_err(|e| describe(&e));
+            return self.send_plain(plain, replica.guarded, request).await;
         }
         let url = replica.endpoint_url(endpoint)?;
         let mut request = self
@@ -116,6 +193,56 @@ impl Clients {
         Ok(http::Response::from(response).map(|body| body.map_err(BoxError::from).boxed_unsync()))
     }
 
+    /// Sends `request` over an idle connection of `plain` or a new one. A
+    /// request an idle connection could not take (it closed meanwhile) goes
+    /// out again over a new connection.
+    async fn send_plain(
+        &self,
+        plain: &Arc<Plain>,
+        guarded: bool,
+        mut request: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<Body>, String> {
+        loop {
+            let (mut sender, reused) = match plain.checkout().await {
+                Some(sender) => (sender, true),
+                None => (self.connect(plain, guarded).await?, false),
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let back = Some((sender, plain.clone()));
+                    return Ok(response.map(|body| Returning { body, back }.boxed_unsync()));
+                }
+                Err(mut error) => match error.take_message() {
+                    Some(again) if reused => request = again,
+                    _ => return Err(describe(error.error())),
+                },
+            }
+        }
+    }
+
+    async fn connect(
+        &self,
+        plain: &Plain,
+        guarded: bool,
+    ) -> Result<SendRequest<Full<Bytes>>, String> {
+        let uri = plain.origin.clone();
+        let io = if guarded {
+            self.guarded_plain.clone().oneshot(uri).await
+        } else {
+            self.plain.clone().oneshot(uri).await
+        }
+        .map_err(|e| format!("cannot connect to {}: {}", plain.origin, describe(&e)))?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| describe(&e))?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(error = %describe(&error), "a replica connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
     /// The reqwest client for other calls to `replica` (health checks).
     pub fn reqwest_for(&self, replica: &Replica) -> &reqwest::Client {
         if replica.guarded {
@@ -126,18 +253,61 @@ impl Clients {
     }
 }
 
+/// A response body that gives its connection back to the replica's idle
+/// list once it has been read to the end (dropped earlier, the connection
+/// closes with it).
+struct Returning {
+    body: Incoming,
+    back: Option<(SendRequest<Full<Bytes>>, Arc<Plain>)>,
+}
+
+impl Returning {
+    fn give_back(&mut self) {
+        if let Some((sender, plain)) = self.back.take() {
+            plain.give_back(sender);
+        }
+    }
+}
+
+impl hyper::body::Body for Returning {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Ok(_))) if self.is_end_stream() => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.back = None,
+            _ => {}
+        }
+        polled.map(|frame| frame.map(|frame| frame.map_err(BoxError::from)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        if hyper::body::Body::is_end_stream(&self.body) {
+            self.give_back();
+        }
+    }
+}
+
 fn connector<R>(mut connector: HttpConnector<R>) -> HttpConnector<R> {
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
     connector
-}
-
-fn hyper() -> hyper_util::client::legacy::Builder {
-    let mut builder = Hyper::builder(TokioExecutor::new());
-    builder
-        .pool_idle_timeout(IDLE_TIMEOUT)
-        .pool_timer(TokioTimer::new());
-    builder
 }
 
 #[cfg(test)]
@@ -164,7 +334,7 @@ mod tests {
             "m".into(),
             None,
         );
-        assert!(replica.plain_uri(Endpoint::Chat).is_some());
+        assert!(replica.plain().is_some());
         replica.guarded = true;
         let error = clients
             .post(&replica, Endpoint::Chat, Bytes::from_static(b"{}"))
@@ -174,6 +344,73 @@ mod tests {
             error.contains("a loopback address, which the allow list does not include"),
             "{error}"
         );
+    }
+
+    /// Serves each request on one accepted connection with `response`,
+    /// `requests` times, and returns how many connections it accepted.
+    async fn replica_serving(
+        response: &'static [u8],
+        requests: usize,
+    ) -> (u16, tokio::task::JoinHandle<usize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut accepted, mut served) = (0, 0);
+            while served < requests {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                accepted += 1;
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while served < requests {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.ends_with(b"{}") {
+                        seen.clear();
+                        socket.write_all(response).await.unwrap();
+                        served += 1;
+                    }
+                }
+            }
+            accepted
+        });
+        (port, server)
+    }
+
+    /// Makes `calls` calls to a replica answering each with `response`
+    /// (its body `"ok"`) and returns how many connections it accepted.
+    async fn connections_for(response: &'static [u8], calls: usize) -> usize {
+        let (port, server) = replica_serving(response, calls).await;
+        let clients = Clients::new(&rules(&[])).unwrap();
+        let url = format!("http://127.0.0.1:{port}/v1");
+        let replica = Replica::new("r".into(), &url, "m".into(), None);
+        for _ in 0..calls {
+            let response = clients
+                .post(&replica, Endpoint::Chat, Bytes::from_static(b"{}"))
+                .await
+                .unwrap();
+            let (body, _) = crate::upstream::bounded_body(response.into_body(), 100).await;
+            assert_eq!(body, "\"ok\"");
+        }
+        server.await.unwrap()
+    }
+
+    /// A connection whose response was read is used again by the next call.
+    #[tokio::test]
+    async fn calls_in_a_row_share_one_connection() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n\"ok\"";
+        assert_eq!(connections_for(ok, 3).await, 1);
+    }
+
+    /// A connection the replica closed after its response is not used
+    /// again: the next call opens another and succeeds.
+    #[tokio::test]
+    async fn a_connection_the_replica_closed_is_replaced() {
+        let close = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 4\r\n\r\n\"ok\"";
+        assert_eq!(connections_for(close, 2).await, 2);
     }
 
     /// The same replica from the config file (not guarded) is called, with

@@ -67,8 +67,9 @@ pub struct Replica {
     /// Its chat and completions URLs, parsed once (`None` if the base URL
     /// does not parse: the call then fails naming it).
     urls: Option<[reqwest::Url; 2]>,
-    /// The same as URIs when the scheme is `http` (see `client`).
-    plain_uris: Option<[http::Uri; 2]>,
+    /// What a call over `http` needs, and its idle connections (see
+    /// `client`).
+    plain: Option<Arc<super::client::Plain>>,
 }
 
 /// A replica's calls and latencies by outcome, as the metrics count them.
@@ -115,7 +116,7 @@ impl Replica {
             weights_version: Mutex::new(None),
             figures: OnceLock::new(),
             urls: None,
-            plain_uris: None,
+            plain: None,
         }
         .with_urls()
     }
@@ -127,21 +128,15 @@ impl Replica {
         self.urls = url(super::Endpoint::Chat)
             .zip(url(super::Endpoint::Completions))
             .map(|(a, b)| [a, b]);
-        self.plain_uris = self.urls.as_ref().and_then(|[chat, completions]| {
-            let uri = |url: &reqwest::Url| url.as_str().parse::<http::Uri>().ok();
-            (chat.scheme() == "http").then_some(())?;
-            Some([uri(chat)?, uri(completions)?])
+        self.plain = self.urls.as_ref().and_then(|[chat, completions]| {
+            super::client::Plain::new(chat, completions).map(Arc::new)
         });
         self
     }
 
-    /// The URI of `endpoint` on this replica when it is served on `http`.
-    pub fn plain_uri(&self, endpoint: super::Endpoint) -> Option<&http::Uri> {
-        let uris = self.plain_uris.as_ref()?;
-        Some(match endpoint {
-            super::Endpoint::Chat => &uris[0],
-            super::Endpoint::Completions => &uris[1],
-        })
+    /// How to call it when it is served on `http`.
+    pub fn plain(&self) -> Option<&Arc<super::client::Plain>> {
+        self.plain.as_ref()
     }
 
     /// The URL of `endpoint` on this replica.
