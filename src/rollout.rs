@@ -375,7 +375,7 @@ impl Rollouts {
             .gateway
             .forward(Call {
                 endpoint,
-                body,
+                body: crate::gateway::json::Object::from_map(body),
                 metadata,
                 session_id: None,
                 owner,

@@ -532,8 +532,24 @@ async fn bad_requests_get_clear_errors() {
             .body(body)
             .send()
     };
-    let malformed = raw("/v1/chat/completions", "{nope").await.unwrap();
-    assert_eq!(malformed.status(), 400);
+    // Not JSON, at the top or deep inside (the gateway keeps nested values
+    // as written, but checks them), is 400; JSON that is not an object 422;
+    // a model that is not a string 400.
+    for (text, status, code) in [
+        ("{nope", 400, "malformed_json"),
+        (
+            r#"{"model": "m", "messages": [{"role": "user", "content": x}]}"#,
+            400,
+            "malformed_json",
+        ),
+        ("[1, 2]", 422, "invalid_request"),
+        (r#"{"model": 7, "messages": []}"#, 400, "bad_request"),
+    ] {
+        let response = raw("/v1/chat/completions", text).await.unwrap();
+        assert_eq!(response.status(), status, "{text}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], code, "{text}: {body}");
+    }
     let (status, _, body) = chat(&server, "/v1/chat/completions", json!({"messages": []})).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),

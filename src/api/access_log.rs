@@ -1,7 +1,7 @@
 //! One INFO line per request: its id, method, path, status and the time to
 //! its response head (a stream's body goes on after that; its session's
-//! turn has a line of its own). tower-http's request-id layers, outside this
-//! one, take the client's `x-request-id` or make one and send it back.
+//! turn has a line of its own). The guard (`guard.rs`) has by then taken the
+//! client's `x-request-id` or made one, and sends it back.
 
 use std::time::Instant;
 

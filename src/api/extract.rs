@@ -9,37 +9,69 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use crate::gateway::json::Object;
 
 /// A JSON object body.
 pub struct JsonObject(pub Map<String, Value>);
+
+/// A JSON object body with its top-level values kept as written: what the
+/// gateway forwards (`gateway::json`).
+pub struct RawJsonObject(pub Object);
+
+/// The whole body; a body over the limit is 413.
+async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    // The Content-Type was checked before routing (`browser::check`).
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::body_too_large()
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {rejection}"))
+        }
+    })
+}
+
+fn malformed(error: serde_json::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        format!("malformed JSON: {error}"),
+    )
+}
+
+fn not_an_object() -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_request",
+        "the body must be a JSON object",
+    )
+}
 
 impl<S: Send + Sync> FromRequest<S> for JsonObject {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        // The Content-Type was checked before routing (`browser::check`).
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::body_too_large()
-            } else {
-                ApiError::bad_request(format!("cannot read the request body: {rejection}"))
-            }
-        })?;
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "malformed_json",
-                format!("malformed JSON: {e}"),
-            )
-        })?;
-        match value {
+        let bytes = body_bytes(req, state).await?;
+        match serde_json::from_slice(&bytes).map_err(malformed)? {
             Value::Object(map) => Ok(JsonObject(map)),
-            _ => Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_request",
-                "the body must be a JSON object",
-            )),
+            _ => Err(not_an_object()),
         }
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for RawJsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = body_bytes(req, state).await?;
+        Object::parse(&bytes).map(RawJsonObject).map_err(|e| {
+            if e.classify() == serde_json::error::Category::Data {
+                // Valid JSON of another type (a nested value that is not
+                // JSON is a syntax error).
+                not_an_object()
+            } else {
+                malformed(e)
+            }
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
-use super::extract::{ApiQuery, JsonObject};
+use super::extract::{ApiQuery, JsonObject, RawJsonObject};
 use crate::gateway::pool::ReplicaState;
 use crate::gateway::trace::OwnerFilter;
 use crate::gateway::{Call, Endpoint, GatewayError, ReplicaConfig, slug};
@@ -46,7 +46,7 @@ pub async fn chat(
     state: State<AppState>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: JsonObject,
+    body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     forward(state, &caller, Endpoint::Chat, Map::new(), &headers, body).await
 }
@@ -57,7 +57,7 @@ pub async fn completions(
     state: State<AppState>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: JsonObject,
+    body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     forward(
         state,
@@ -77,7 +77,7 @@ pub async fn meta_chat(
     Extension(caller): Extension<Caller>,
     Path(slug): Path<String>,
     headers: HeaderMap,
-    body: JsonObject,
+    body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
     forward(state, &caller, Endpoint::Chat, metadata, &headers, body).await
@@ -90,7 +90,7 @@ pub async fn meta_completions(
     Extension(caller): Extension<Caller>,
     Path(slug): Path<String>,
     headers: HeaderMap,
-    body: JsonObject,
+    body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
     forward(
@@ -110,7 +110,7 @@ async fn forward(
     endpoint: Endpoint,
     metadata: Map<String, Value>,
     headers: &HeaderMap,
-    JsonObject(body): JsonObject,
+    RawJsonObject(body): RawJsonObject,
 ) -> Result<Response, ApiError> {
     let session_id = metadata
         .get("session_id")

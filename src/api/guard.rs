@@ -1,7 +1,9 @@
 //! The one middleware every request passes on its way to a route, doing in
-//! order what would otherwise be five layers (each a boxed future and a
+//! order what would otherwise be six layers (each a boxed future and a
 //! clone of the rest of the stack, for every call the gateway forwards):
 //!
+//! 0. the request keeps the client's `x-request-id` or gets a new one (a
+//!    UUID), which its response carries back;
 //! 1. its access-log line begins ([`access_log`](super::access_log));
 //! 2. the browser checks ([`browser`](super::browser));
 //! 3. the caller is identified by its key or ticket
@@ -14,6 +16,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -30,7 +33,16 @@ pub struct Guard {
     pub limits: BodyLimits,
 }
 
-pub async fn run(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+const X_REQUEST_ID: &str = "x-request-id";
+
+pub async fn run(State(guard): State<Arc<Guard>>, mut request: Request, next: Next) -> Response {
+    let id = request.headers().get(X_REQUEST_ID).cloned().or_else(|| {
+        let mut text = uuid::Uuid::encode_buffer();
+        let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+        let id = HeaderValue::from_str(id).ok()?;
+        request.headers_mut().insert(X_REQUEST_ID, id.clone());
+        Some(id)
+    });
     let line = Line::start(&request);
     let grpc = grpc::is_grpc(request.headers());
     let mut response = match admit(&guard, request).await {
@@ -42,6 +54,9 @@ pub async fn run(State(guard): State<Arc<Guard>>, request: Request, next: Next) 
     }
     if let Some(line) = line {
         line.finish(&response);
+    }
+    if let Some(id) = id {
+        response.headers_mut().entry(X_REQUEST_ID).or_insert(id);
     }
     response
 }

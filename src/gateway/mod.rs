@@ -16,6 +16,7 @@ pub mod body;
 pub mod client;
 pub mod config;
 mod health;
+pub mod json;
 pub mod litellm;
 pub mod params;
 mod policy;
@@ -65,7 +66,7 @@ impl Endpoint {
 /// A call for the gateway: the client's JSON body and who it is for.
 pub struct Call {
     pub endpoint: Endpoint,
-    pub body: Map<String, Value>,
+    pub body: json::Object,
     /// From the `/meta/{slug}` path, else empty.
     pub metadata: Map<String, Value>,
     /// From the metadata, else the `x-session-id` header.
@@ -357,11 +358,9 @@ impl Gateway {
             session_id,
             owner,
         } = call;
-        let model = body
-            .get("model")
-            .and_then(Value::as_str)
-            .ok_or_else(|| GatewayError::BadRequest("the request needs a \"model\" string".into()))?
-            .to_string();
+        let model = body.get::<String>("model").ok_or_else(|| {
+            GatewayError::BadRequest("the request needs a \"model\" string".into())
+        })?;
         let pool = self
             .pool(&model)
             .ok_or_else(|| GatewayError::UnknownModel {
@@ -395,7 +394,7 @@ impl Gateway {
             endpoint: endpoint.path(),
             weights_version: admitted.version.clone(),
         };
-        let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let streamed = body.get::<bool>("stream").unwrap_or(false);
         let started = Instant::now();
         let mut tried: Vec<Arc<Replica>> = Vec::new();
         let mut last_failure: Option<Failure> = None;
@@ -405,9 +404,9 @@ impl Gateway {
                 break;
             };
             tried.push(replica.clone());
-            body.insert("model".into(), Value::String(replica.model.clone()));
+            body.set_str("model", &replica.model);
             // Shared by the request and its trace, not copied for it.
-            let payload = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+            let payload = body.to_bytes();
             let guard = replica.start_call();
             match self.send(&pool, &replica, endpoint, payload.clone()).await {
                 Ok(response) => {
@@ -460,7 +459,7 @@ impl Gateway {
         // Every attempt failed: pass the last upstream answer on as it was,
         // or say why none came.
         let last = tried.last().map(|r| (r.id.as_str(), r.model.as_str()));
-        let request = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+        let request = body.to_bytes();
         let mut trace = start.attempt(last, request);
         trace.latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         trace.status = "error";

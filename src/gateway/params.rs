@@ -1,8 +1,7 @@
 //! The OpenAI parameters a pool passes on, drops and injects.
 
-use serde_json::{Map, Value};
-
 use super::config::PoolConfig;
+use super::json::Object;
 
 /// The parameters of OpenAI's chat and completions APIs: with
 /// `drop_params`, anything else is removed before a call.
@@ -44,14 +43,14 @@ const OPENAI_PARAMS: &[&str] = &[
 ];
 
 /// Drops and injects parameters as the pool says.
-pub(super) fn shape_request(pool: &PoolConfig, body: &mut Map<String, Value>) {
+pub(super) fn shape_request(pool: &PoolConfig, body: &mut Object) {
     if pool.drop_params {
-        body.retain(|key, _| OPENAI_PARAMS.contains(&key.as_str()));
+        body.retain(|key| OPENAI_PARAMS.contains(&key));
     }
     for key in &pool.additional_drop_params {
         body.remove(key);
     }
     for (key, value) in &pool.inject {
-        body.insert(key.clone(), value.clone());
+        body.set(key, value);
     }
 }

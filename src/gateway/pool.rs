@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{Map, Value};
 
 use super::config::PoolConfig;
 use super::policy::{self, Pick, Policy, Ring};
@@ -351,7 +350,7 @@ impl Pool {
     pub fn pick(
         &self,
         session: Option<&str>,
-        body: Option<&Map<String, Value>>,
+        body: Option<&super::json::Object>,
         tried: &[Arc<Replica>],
     ) -> Option<Arc<Replica>> {
         let members = self.members();

@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 use super::http::spawn_sse_bytes;
 use super::openai::{ChunkDecoder, wire_request};
 use super::{ChatRequest, ModelError, ModelProvider, ModelStream};
+use crate::gateway::json::Object;
 use crate::gateway::{Call, Endpoint, Gateway, GatewayError};
 
 pub struct GatewayProvider {
@@ -37,7 +38,7 @@ impl ModelProvider for GatewayProvider {
         }
         let call = Call {
             endpoint: Endpoint::Chat,
-            body,
+            body: Object::from_map(body),
             metadata,
             session_id: request.session_id.clone(),
             owner: request.owner.clone(),

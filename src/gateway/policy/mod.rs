@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 pub(super) use affinity::Ring;
 
-use serde_json::{Map, Value};
+use super::json::Object;
 
 use super::config::{PoolConfig, Strategy};
 use super::pool::Replica;
@@ -32,7 +32,7 @@ pub(super) struct Pick<'a> {
     /// `affinity_load_factor` of the pool.
     pub load_factor: f64,
     /// The call's body, when the policy reads it (`prefix_cache`).
-    pub body: Option<&'a Map<String, Value>>,
+    pub body: Option<&'a Object>,
     /// `cache_balance_abs` and `cache_balance_rel` of the pool.
     pub balance_abs: u64,
     pub balance_rel: f64,

@@ -17,18 +17,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::least_outstanding::least_outstanding;
 use super::{Pick, Policy};
+use crate::gateway::json::Object;
 use crate::gateway::pool::Replica;
 use crate::prefix::{BLOCK, Blocks};
 use crate::sync::lock;
 
 /// The prompt's block hashes: each message's role and words, or `prompt`.
-pub(super) fn blocks(body: &Map<String, Value>) -> Vec<u64> {
+pub(super) fn blocks(body: &Object) -> Vec<u64> {
     let mut blocks = Blocks::default();
-    match body.get("messages").and_then(Value::as_array) {
+    match body.get::<Vec<Value>>("messages") {
         Some(messages) => {
             for message in messages {
                 blocks.add(message["role"].as_str().unwrap_or("user"));
@@ -40,8 +41,8 @@ pub(super) fn blocks(body: &Map<String, Value>) -> Vec<u64> {
             }
         }
         None => {
-            let prompt = body.get("prompt").and_then(Value::as_str).unwrap_or("");
-            blocks.add_words(prompt);
+            let prompt = body.get::<String>("prompt").unwrap_or_default();
+            blocks.add_words(&prompt);
         }
     }
     blocks.hashes()
@@ -233,15 +234,15 @@ mod tests {
 
     /// A chat body: a system prompt of `words` words named by `topic`,
     /// then `question`.
-    fn chat(topic: &str, words: usize, question: &str) -> Map<String, Value> {
+    fn chat(topic: &str, words: usize, question: &str) -> Object {
         let system: Vec<String> = (0..words).map(|i| format!("{topic}{i}")).collect();
         let body = serde_json::json!({"model": "m", "messages": [
             {"role": "system", "content": system.join(" ")},
             {"role": "user", "content": question}]});
-        body.as_object().cloned().unwrap_or_default()
+        Object::from_map(body.as_object().cloned().unwrap_or_default())
     }
 
-    fn pick(pool: &Pool, body: &Map<String, Value>) -> String {
+    fn pick(pool: &Pool, body: &Object) -> String {
         pool.pick(None, Some(body), &[])
             .map(|r| r.id.clone())
             .unwrap_or_default()
@@ -267,7 +268,7 @@ mod tests {
     fn conversations_on_a_shared_system_prompt_spread_and_each_comes_back() {
         let pool = pool();
         let system = chat("rules", 200, "")
-            .remove("messages")
+            .get::<Value>("messages")
             .unwrap_or_default();
         // Eight conversations, each a turn at a time, all after one system
         // prompt: every replica holds it, so new ones go to the least
@@ -283,7 +284,7 @@ mod tests {
                 messages.push(serde_json::json!({"role": "user", "content": words.join(" ")}));
             }
             let body = serde_json::json!({"model": "m", "messages": messages});
-            body.as_object().cloned().unwrap_or_default()
+            Object::from_map(body.as_object().cloned().unwrap_or_default())
         };
         let homes: Vec<String> = (0..8).map(|c| pick(&pool, &turn(c, 1))).collect();
         let spread: std::collections::BTreeSet<&String> = homes.iter().collect();
