@@ -386,7 +386,7 @@ impl Rollouts {
         let (replica, weights_version) =
             (upstream.replica.clone(), upstream.weights_version.clone());
         let mut bytes = Vec::new();
-        let mut body = upstream.body;
+        let mut body = http_body_util::BodyDataStream::new(upstream.body);
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| format!("reading the replica's answer: {e}"))?;
             if bytes.len() + chunk.len() > MAX_COMPLETION_BYTES {

@@ -3,8 +3,9 @@
 //! `/gateway/traces` show and steer them.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
@@ -45,10 +46,10 @@ impl From<GatewayError> for ApiError {
 pub async fn chat(
     state: State<AppState>,
     Extension(caller): Extension<Caller>,
-    headers: HeaderMap,
+    SessionHeader(session): SessionHeader,
     body: RawJsonObject,
 ) -> Result<Response, ApiError> {
-    forward(state, &caller, Endpoint::Chat, Map::new(), &headers, body).await
+    forward(state, &caller, Endpoint::Chat, Map::new(), session, body).await
 }
 
 #[utoipa::path(post, path = "/v1/completions", request_body(content = Object, description = "An OpenAI completion request; `model` names a pool"),
@@ -56,7 +57,7 @@ pub async fn chat(
 pub async fn completions(
     state: State<AppState>,
     Extension(caller): Extension<Caller>,
-    headers: HeaderMap,
+    SessionHeader(session): SessionHeader,
     body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     forward(
@@ -64,7 +65,7 @@ pub async fn completions(
         &caller,
         Endpoint::Completions,
         Map::new(),
-        &headers,
+        session,
         body,
     )
     .await
@@ -76,11 +77,11 @@ pub async fn meta_chat(
     state: State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(slug): Path<String>,
-    headers: HeaderMap,
+    SessionHeader(session): SessionHeader,
     body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
-    forward(state, &caller, Endpoint::Chat, metadata, &headers, body).await
+    forward(state, &caller, Endpoint::Chat, metadata, session, body).await
 }
 
 #[utoipa::path(post, path = "/meta/{slug}/v1/completions", params(("slug" = String, Path)),
@@ -89,7 +90,7 @@ pub async fn meta_completions(
     state: State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(slug): Path<String>,
-    headers: HeaderMap,
+    SessionHeader(session): SessionHeader,
     body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
@@ -98,10 +99,25 @@ pub async fn meta_completions(
         &caller,
         Endpoint::Completions,
         metadata,
-        &headers,
+        session,
         body,
     )
     .await
+}
+
+/// The `x-session-id` header, read without copying the other headers (as
+/// a `HeaderMap` argument would, for every call).
+pub struct SessionHeader(Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for SessionHeader {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let header = parts.headers.get("x-session-id");
+        Ok(SessionHeader(
+            header.and_then(|v| v.to_str().ok()).map(str::to_string),
+        ))
+    }
 }
 
 async fn forward(
@@ -109,19 +125,14 @@ async fn forward(
     caller: &Caller,
     endpoint: Endpoint,
     metadata: Map<String, Value>,
-    headers: &HeaderMap,
+    session: Option<String>,
     RawJsonObject(body): RawJsonObject,
 ) -> Result<Response, ApiError> {
     let session_id = metadata
         .get("session_id")
         .and_then(Value::as_str)
         .map(str::to_string)
-        .or_else(|| {
-            headers
-                .get("x-session-id")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        });
+        .or(session);
     let upstream = state
         .gateway
         .forward(Call {
@@ -132,9 +143,10 @@ async fn forward(
             owner: caller.owner.clone(),
         })
         .await?;
-    let mut response = Response::builder()
-        .status(upstream.status.as_u16())
-        .header("x-conclave-replica", upstream.replica.as_str());
+    let mut response = Response::builder().status(upstream.status.as_u16()).header(
+        HeaderName::from_static("x-conclave-replica"),
+        upstream.replica.as_str(),
+    );
     if let Some(content_type) = upstream.content_type {
         response = response.header(header::CONTENT_TYPE, content_type.as_bytes());
     }
@@ -142,7 +154,7 @@ async fn forward(
         response = response.header(header::CONTENT_LENGTH, length);
     }
     response
-        .body(Body::from_stream(upstream.body))
+        .body(Body::new(upstream.body))
         .map_err(ApiError::internal)
 }
 

@@ -6,18 +6,21 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::{Stream, TryStreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, SizeHint};
 
-use super::client::BodyError;
+use super::client::{BodyError, BoxError};
 
 use super::pool::CallGuard;
 use super::trace::{Recorder, TraceLog};
 use crate::telemetry::Metrics;
 
 /// An upstream body passed on to the client, recording the call's trace
-/// and figures when it ends (or when the client goes away).
+/// and figures when it ends (or when the client goes away). An HTTP body
+/// itself (a stream would be wrapped again to be sent), with the
+/// replica's length as its size.
 pub struct TracedBody {
-    pub(super) inner: Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>,
+    pub(super) inner: super::client::Body,
     pub(super) recorder: Option<Recorder>,
     pub(super) call: Option<CallGuard>,
     pub(super) traces: Option<Arc<TraceLog>>,
@@ -30,17 +33,12 @@ pub struct TracedBody {
 }
 
 impl TracedBody {
-    /// The data of a replica's response body.
-    pub(super) fn data(
-        body: super::client::Body,
-    ) -> Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>> {
-        Box::pin(http_body_util::BodyDataStream::new(body).map_err(BodyError::from))
-    }
-
     /// A body already read (an upstream error passed on), traced already.
     pub(super) fn ready(body: Bytes) -> TracedBody {
         TracedBody {
-            inner: Box::pin(futures::stream::iter([Ok(body)])),
+            inner: Full::new(body)
+                .map_err(|never| -> BoxError { match never {} })
+                .boxed_unsync(),
             recorder: None,
             call: None,
             traces: None,
@@ -77,25 +75,40 @@ impl TracedBody {
     }
 }
 
-impl Stream for TracedBody {
-    type Item = Result<Bytes, BodyError>;
+impl Body for TracedBody {
+    type Data = Bytes;
+    type Error = BodyError;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let next = self.inner.as_mut().poll_next(cx);
-        match &next {
-            Poll::Ready(Some(Ok(chunk))) => {
-                if let Some(recorder) = self.recorder.as_mut() {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(chunk), Some(recorder)) = (frame.data_ref(), self.recorder.as_mut()) {
                     recorder.feed(chunk);
                 }
+                Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => {
-                let message = e.0.clone();
-                self.finish("error", Some(message));
+            Poll::Ready(Some(Err(error))) => {
+                let error = BodyError::from(error);
+                self.finish("error", Some(error.0.clone()));
+                Poll::Ready(Some(Err(error)))
             }
-            Poll::Ready(None) => self.finish("ok", None),
-            Poll::Pending => {}
+            Poll::Ready(None) => {
+                self.finish("ok", None);
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
         }
-        next
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

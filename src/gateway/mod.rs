@@ -424,7 +424,7 @@ impl Gateway {
                         replica: replica.id.clone(),
                         weights_version: admitted.version.clone(),
                         body: TracedBody {
-                            inner: TracedBody::data(response.into_body()),
+                            inner: response.into_body(),
                             recorder: Some(
                                 Recorder::new(trace, started, streamed).with_length(content_length),
                             ),

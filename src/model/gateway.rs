@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use http_body_util::BodyDataStream;
 use serde_json::{Map, Value, json};
 
 use super::http::spawn_sse_bytes;
@@ -55,7 +56,7 @@ impl ModelProvider for GatewayProvider {
         if !upstream.status.is_success() {
             let status = upstream.status.as_u16();
             let mut body = Vec::new();
-            let mut stream = upstream.body;
+            let mut stream = BodyDataStream::new(upstream.body);
             while let Some(Ok(chunk)) = stream.next().await {
                 body.extend_from_slice(&chunk);
             }
@@ -64,6 +65,9 @@ impl ModelProvider for GatewayProvider {
                 body: String::from_utf8_lossy(&body).into_owned(),
             });
         }
-        Ok(spawn_sse_bytes(upstream.body, ChunkDecoder::new(request)))
+        Ok(spawn_sse_bytes(
+            BodyDataStream::new(upstream.body),
+            ChunkDecoder::new(request),
+        ))
     }
 }
