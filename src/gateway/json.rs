@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::{RawValue, to_raw_value};
 use serde_json::{Map, Value};
@@ -36,13 +37,8 @@ impl Object {
         serde_json::from_str(self.0.get(key)?.get()).ok()
     }
 
-    pub fn set(&mut self, key: &str, value: &Value) {
-        if let Ok(raw) = to_raw_value(value) {
-            self.0.insert(key.to_string(), raw);
-        }
-    }
-
-    pub fn set_str(&mut self, key: &str, value: &str) {
+    /// Sets `key` to `value` written as JSON.
+    pub fn set<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) {
         if let Ok(raw) = to_raw_value(value) {
             self.0.insert(key.to_string(), raw);
         }
@@ -77,7 +73,7 @@ mod tests {
         assert_eq!(object.get::<String>("model").as_deref(), Some("a"));
         assert_eq!(object.get::<bool>("model"), None);
         assert_eq!(object.get::<bool>("stream"), None);
-        object.set_str("model", "b\"c");
+        object.set("model", "b\"c");
         object.set("logprobs", &json!(true));
         object.remove("drop");
         let written = object.to_bytes();

@@ -404,7 +404,7 @@ impl Gateway {
                 break;
             };
             tried.push(replica.clone());
-            body.set_str("model", &replica.model);
+            body.set("model", replica.model.as_str());
             // Shared by the request and its trace, not copied for it.
             let payload = body.to_bytes();
             let guard = replica.start_call();
