@@ -170,6 +170,13 @@ async fn model_calls_get_a_default_system_prompt_and_token_cap() {
         "{system}"
     );
     assert!(system.contains("/workspace"), "{system}");
+    // A worked call, in the shape a small model copies.
+    assert!(
+        system.contains(
+            "You call: {\"name\": \"Bash\", \"arguments\": {\"command\":\"wc -l < notes.txt\"}}"
+        ),
+        "{system}"
+    );
     let second = &requests[1].body;
     assert_eq!(second["max_tokens"], 50, "{second}");
     assert_eq!(
@@ -336,6 +343,21 @@ async fn an_unreadable_call_is_retried_once() {
     let (events, upstream) =
         turn_with_replies(vec![says(unreadable), says(unreadable), says("never")]).await;
     assert_eq!(events.last().unwrap()["result"], unreadable);
+    assert_eq!(upstream.requests().len(), 2);
+}
+
+/// An empty reply after a call (Qwen2.5-Coder-0.5B's, task 6) answers
+/// nothing: the model is asked once more.
+#[tokio::test]
+async fn an_empty_reply_is_asked_again_once() {
+    let call = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
+    let empty = || Reply::sse(vec![finish("stop"), chunk_usage(5, 1), end()]);
+    let (events, upstream) = turn_with_replies(vec![says(call), empty(), says("Done.")]).await;
+    assert_eq!(events.last().unwrap()["result"], "Done.", "{events:?}");
+    let asked = upstream.requests()[2].body["messages"].to_string();
+    assert!(asked.contains("Your last reply was empty"), "{asked}");
+    let (events, upstream) = turn_with_replies(vec![empty(), empty(), says("never")]).await;
+    assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
     assert_eq!(upstream.requests().len(), 2);
 }
 
@@ -511,4 +533,24 @@ async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
         .map(|r| r.body["temperature"].clone())
         .collect();
     assert_eq!(temperatures, [json!(0.25), json!(0.25), json!(0.25)]);
+}
+
+/// A call the model wrote as text, looping until its stream was cut, goes
+/// back to it once, as a call: not also as the text it came from (which a
+/// small model copies again).
+#[tokio::test]
+async fn a_call_written_as_text_goes_back_once_as_a_call() {
+    let line = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
+    let looped = format!("{}\n{{\"name\": \"Ba", [line; 3].join("\n"));
+    let (events, upstream) = turn_with_replies(vec![says(&looped), says("Done.")]).await;
+    assert_eq!(events.last().unwrap()["result"], "Done.", "{events:?}");
+    let second = &upstream.requests()[1].body["messages"];
+    let assistant = &second[2];
+    assert_eq!(assistant["role"], "assistant", "{second}");
+    assert!(assistant["content"].is_null(), "{assistant}");
+    assert_eq!(assistant["tool_calls"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["arguments"],
+        r#"{"command":"ls"}"#
+    );
 }

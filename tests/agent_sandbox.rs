@@ -323,7 +323,8 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     // A cell that does not parse runs after a repair that makes it parse,
     // said on stderr: a bracket left open (issue 21's task 12), statements
     // joined by `;` before a `with`, a line break inside a string and a
-    // `for` after a `with` on one line (task 14), a string left open.
+    // `for` after a `with` on one line (task 14), a bracket that closes
+    // nothing, a block not indented, pasted output, a string left open.
     let repairs = [
         (
             "print(sum(int(d) for d in str(2**50))",
@@ -342,6 +343,19 @@ async fn python_shows_the_value_of_a_trailing_expression() {
             "import sys; with open('n.txt', 'w') as f: for i in range(1, 6): f.write(str(i) + '\n')\nsum(int(x) for x in open('n.txt'))",
             "15\n",
             "nested the statements after a `:`",
+        ),
+        // Task 19: the `}` of the call's JSON written inside the code.
+        (
+            "numbers = [5, 3, 9, 1]\nnumbers.sort()\nprint(numbers)}",
+            "[1, 3, 5, 9]\n",
+            "dropped brackets that close nothing",
+        ),
+        // Task 13: the lines after two `with`s not indented, and the
+        // error the model read pasted after its code.
+        (
+            "with open('notes.txt', 'w') as file:\nfile.write('alpha beta')\nwith open('notes.txt', 'r') as file:\nprint(file.read())\nexit_code: 1\nstatus: error\nstderr: File '<cell>', line 2",
+            "alpha beta\n",
+            "dropped tool output pasted after the code; indented the line after a `:`",
         ),
     ];
     for (cell, stdout, note) in repairs {

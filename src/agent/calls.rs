@@ -418,10 +418,7 @@ fn finish_tool(
     output: ToolOutput,
 ) -> Result<Message, StoreError> {
     let output = truncate(output, deps.config.max_tool_output_bytes);
-    let content = match &output.output {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    let content = as_text(&output.output);
     session.emit(EventKind::ToolResult {
         id: call.id.clone(),
         tool: call.name.clone(),
@@ -434,6 +431,37 @@ fn finish_tool(
         content,
         is_error: output.is_error,
     })
+}
+
+/// A tool's output as the model reads it: a string as it is; an object
+/// (an exec's `stdout`, `stderr`, `exit_code`…) as `key: value` lines, its
+/// printed text last and verbatim under its own line, without the empty
+/// fields and the flags that are off. Shown as escaped JSON, a small model
+/// reads the quotes and `\n`s of the output as its own and continues them
+/// in its next call.
+fn as_text(output: &Value) -> String {
+    let fields = match output {
+        Value::String(s) => return s.clone(),
+        Value::Object(fields) => fields,
+        other => return other.to_string(),
+    };
+    let mut lines = Vec::new();
+    let mut texts = Vec::new();
+    for (key, value) in fields {
+        match value {
+            Value::Null | Value::Bool(false) => {}
+            Value::String(s) if s.is_empty() => {}
+            Value::String(s) if s.contains('\n') => texts.push((key, s)),
+            Value::String(s) => lines.push(format!("{key}: {s}")),
+            other => lines.push(format!("{key}: {other}")),
+        }
+    }
+    // The printed output before the errors, as a terminal shows it.
+    texts.sort_by_key(|(key, _)| (key.as_str() != "stdout", key.as_str() != "stderr"));
+    for (key, text) in texts {
+        lines.push(format!("{key}:\n{}", text.trim_end_matches('\n')));
+    }
+    lines.join("\n")
 }
 
 /// Keeps a string output under `max` bytes, marking the cut.
@@ -529,5 +557,28 @@ mod tests {
         assert_eq!(out.output["exit_code"], 0);
         let stdout = out.output["stdout"].as_str().expect("stdout");
         assert!(stdout.contains("[... truncated"), "{stdout}");
+    }
+
+    /// The exact error of Qwen2.5-Coder-0.5B's task 14 cell: read as
+    /// lines, with the printed text verbatim, not as escaped JSON.
+    #[test]
+    fn an_exec_result_reads_as_lines_for_the_model() {
+        let output = serde_json::json!({
+            "duration_ms": 51, "exit_code": 1, "status": "error", "truncated": false,
+            "stdout": "", "stderr": "  File \"<cell>\", line 1\nSyntaxError: unterminated string literal\n",
+            "note": "one line",
+        });
+        assert_eq!(
+            as_text(&output),
+            "duration_ms: 51\nexit_code: 1\nnote: one line\nstatus: error\n\
+             stderr:\n  File \"<cell>\", line 1\nSyntaxError: unterminated string literal"
+        );
+        let printed =
+            serde_json::json!({"stdout": "1\n2\n", "stderr": "warning\n", "exit_code": 0});
+        assert_eq!(
+            as_text(&printed),
+            "exit_code: 0\nstdout:\n1\n2\nstderr:\nwarning"
+        );
+        assert_eq!(as_text(&Value::String("as is".into())), "as is");
     }
 }

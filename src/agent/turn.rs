@@ -175,7 +175,7 @@ async fn agent_loop(
             last_text = Some(reply.text.clone());
         }
         let assistant = Message::Assistant {
-            content: reply.text.clone(),
+            content: text_beside_calls(&reply, &tools),
             tool_calls: reply.calls.clone(),
         };
         deps.store
@@ -190,15 +190,25 @@ async fn agent_loop(
         if reply.calls.is_empty() {
             // A reply that tried to call a tool and could not be read gets
             // one more chance, with the format in front of the model.
-            if !retried && !tools.is_empty() && looks_like_a_call(&reply.text) {
+            // So does an empty reply, which answers nothing.
+            let empty = reply.text.trim().is_empty();
+            if !retried && !tools.is_empty() && (empty || looks_like_a_call(&reply.text)) {
                 retried = true;
                 session.emit(EventKind::Status {
-                    message: "The model's reply looked like a tool call but could not be read; \
-                              asking it once more."
-                        .into(),
+                    message: if empty {
+                        "The model's reply was empty; asking it once more."
+                    } else {
+                        "The model's reply looked like a tool call but could not be read; \
+                         asking it once more."
+                    }
+                    .into(),
                 })?;
                 let nudge = Message::User {
-                    content: unreadable_call_note(&tools),
+                    content: if empty {
+                        EMPTY_REPLY_NOTE.into()
+                    } else {
+                        unreadable_call_note(&tools)
+                    },
                 };
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&nudge))
@@ -414,6 +424,10 @@ fn still_writing(
     Ok(())
 }
 
+/// What a model whose reply was empty is told.
+const EMPTY_REPLY_NOTE: &str =
+    "Your last reply was empty. Reply with your answer in plain text, or call a tool.";
+
 /// Tells a model that does not read the `tools` field (many small ones do
 /// not: their chat template drops it) what it can call and where it works.
 /// Only sent when the session gives no system prompt and has tools.
@@ -431,7 +445,60 @@ fn default_system_prompt(tools: &[ToolSpec], working_dir: Option<&str>) -> Optio
         let summary = tool.description.lines().next().unwrap_or("").trim();
         prompt.push_str(&format!("- {}: {summary}\n", tool.name));
     }
+    if let Some(example) = worked_example(tools) {
+        prompt.push_str(&example);
+    }
     Some(prompt)
+}
+
+/// One call and its answer written out, for the code or shell tool when
+/// the session has one: a small model copies the shape of an example far
+/// more reliably than it follows a description of it.
+fn worked_example(tools: &[ToolSpec]) -> Option<String> {
+    let (tool, task, arguments, output) = if let Some(code) =
+        tools.iter().find(|t| t.name.ends_with("execute_code"))
+    {
+        (
+            code,
+            "Use Python to find the average of 4, 8 and 15.",
+            serde_json::json!({"code": "numbers = [4, 8, 15]\nprint(sum(numbers) / len(numbers))"}),
+            "9.0",
+        )
+    } else if let Some(shell) = tools.iter().find(|t| t.name == "Bash") {
+        (
+            shell,
+            "How many lines does notes.txt have?",
+            serde_json::json!({"command": "wc -l < notes.txt"}),
+            "3",
+        )
+    } else {
+        return None;
+    };
+    // Written by hand: the name first, as models write their calls.
+    let call = format!(
+        "{{\"name\": \"{}\", \"arguments\": {arguments}}}",
+        tool.name
+    );
+    Some(format!(
+        "\nExample:\nUser: {task}\nYou call: {call}\nThe tool returns: {output}\nYou reply: {output}\n"
+    ))
+}
+
+/// The text a reply's history message keeps: all of it, unless its calls
+/// were read out of it (a model that writes calls as text), when only what
+/// stands beside them. The calls are in the message once, in the format the
+/// model's template gives them; a weak model shown its own call twice, or
+/// twenty times when its reply looped, copies that again.
+fn text_beside_calls(reply: &Reply, tools: &[ToolSpec]) -> String {
+    if reply.calls.is_empty() {
+        return reply.text.clone();
+    }
+    match crate::model::lenient::recover_tool_calls(&reply.text, tools) {
+        // A looping reply cut mid-call leaves the start of one more.
+        Some(rest) if looks_like_a_call(&rest.text) => String::new(),
+        Some(rest) => rest.text.trim().to_string(),
+        None => reply.text.clone(),
+    }
 }
 
 /// Tools that only read: consecutive calls of them run at once.

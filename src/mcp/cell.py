@@ -11,8 +11,10 @@
 # parse (a line break inside a string written as `\n`, brackets left open
 # closed, a string left open closed, statements joined by `;` before a
 # `with`/`for`/`if` split, `with ...: for ...:` on one line nested, Python
-# 2 `print x`), with a note saying what was repaired; a cell no repair
-# makes whole fails with its own syntax error.
+# 2 `print x`, brackets that close nothing dropped, the line after a
+# block's header indented, a tool result pasted after the code cut), with a
+# note saying what was repaired; a cell no repair makes whole fails with its
+# own syntax error.
 import ast, builtins, importlib, linecache, math, re, shlex, sys, traceback
 
 MODULES = ("math", "random", "datetime", "itertools", "functools", "collections",
@@ -169,17 +171,80 @@ def split_compound(source):
     return "\n".join(split(line) for line in source.split("\n"))
 
 
+def drop_pasted_output(source):
+    """Cuts the cell at a line of a tool result pasted into it (a small
+    model continues the last result it read into its next call)."""
+    lines = source.split("\n")
+    for n, line in enumerate(lines):
+        if n and PASTED.match(line):
+            return "\n".join(lines[:n])
+    return source
+
+
+PASTED = re.compile(r"\s*(exit_code|status|stderr|stdout|duration_ms): |"
+                    r"\s*Traceback \(most recent call last\):|\s*File \"<cell>\", line ")
+
+
+def drop_closers(source):
+    """Drops the closing brackets that close nothing (a `}` or `]` of the
+    call's JSON written inside its code)."""
+    out, stack, quote = [], [], None
+    for line in source.split("\n"):
+        kept, i = [], 0
+        while i < len(line):
+            c, step = line[i], 1
+            if quote:
+                if c == "\\":
+                    step = 2
+                elif line.startswith(quote, i):
+                    step, quote = len(quote), None
+            elif c == "#":
+                step = len(line) - i
+            elif c in "'\"":
+                quote = c * 3 if line.startswith(c * 3, i) else c
+                step = len(quote)
+            elif c in CLOSERS:
+                stack.append(c)
+            elif c in ")]}":
+                if not (stack and CLOSERS[stack[-1]] == c):
+                    i += 1
+                    continue
+                stack.pop()
+            kept.append(line[i:i + step])
+            i += step
+        out.append("".join(kept))
+        quote = None if one_line(quote) else quote
+    return "\n".join(out)
+
+
+def indent_blocks(source):
+    """Indents the one line after a block's header (`with ...:`, `for
+    ...:`) that is not indented under it."""
+    lines = source.split("\n")
+    for n in range(len(lines) - 1):
+        header, body = lines[n], lines[n + 1]
+        indent = len(header) - len(header.lstrip())
+        if (re.match(r"\s*(with|for|if|elif|else|while|try|except|finally|def|class)\b", header)
+                and header.rstrip().endswith(":") and body.strip()
+                and len(body) - len(body.lstrip()) <= indent):
+            lines[n + 1] = " " * (indent + 4) + body.lstrip()
+    return "\n".join(lines)
+
+
 def print_statements(source):
     """Python 2's `print x` becomes `print(x)`."""
     return re.sub(r"(?m)^(\s*)print\s+(?![(\s=])(.+?)\s*$", r"\1print(\2)", source)
 
 
-REPAIRS = (("a line break in a string written as \\n", escape_line_breaks),
+REPAIRS = (("dropped tool output pasted after the code", drop_pasted_output),
+           ("a line break in a string written as \\n", escape_line_breaks),
            ("closed the brackets left open", close_brackets),
            ("closed a string left open", close_strings),
            ("split statements joined by `;`", split_compound),
            ("nested the statements after a `:`", nest_compound),
-           ("made `print x` a call", print_statements))
+           ("made `print x` a call", print_statements),
+           ("dropped brackets that close nothing", drop_closers),
+           ("indented the line after a `:`", indent_blocks))
 
 
 def repaired(source):

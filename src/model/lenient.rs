@@ -307,10 +307,20 @@ fn offered(name: &str, tools: &[ToolSpec]) -> bool {
 
 /// Whether `text` ends in one fragment (8 to 200 bytes, with at least three
 /// different characters, so rules and padding do not count) repeated four
-/// times or more in a row: a model that loops.
+/// times or more in a row, or in one character repeated 256 times: a model
+/// that loops.
 pub fn repeats_itself(text: &str) -> bool {
     const TIMES: usize = 4;
     let bytes = text.as_bytes();
+    // Or in one character written 256 times: `1000…0` for ever.
+    const RUN: usize = 256;
+    if bytes.len() >= RUN
+        && bytes[bytes.len() - RUN..]
+            .iter()
+            .all(|b| *b == bytes[bytes.len() - 1])
+    {
+        return true;
+    }
     (8..=200).any(|unit| {
         let span = unit * TIMES;
         if bytes.len() < span {
@@ -743,6 +753,10 @@ mod tests {
             fragment.repeat(5)
         )));
         assert!(!repeats_itself(&format!("Title\n{}\n", "=".repeat(80))));
+        // One character for ever (issue 21's task 12: `sum(...) / 1000…`).
+        let zeros = format!("{{\"code\": \"sum(x) / 1{}", "0".repeat(256));
+        assert!(repeats_itself(&zeros));
+        assert!(!repeats_itself(&zeros[..zeros.len() - 1]));
         assert!(!repeats_itself(
             "The answer is 42. It was computed with Python."
         ));
