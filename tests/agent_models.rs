@@ -535,6 +535,35 @@ async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
     assert_eq!(temperatures, [json!(0.25), json!(0.25), json!(0.25)]);
 }
 
+/// A call that failed twice, asked for a third time as it was, is not run
+/// and not kept: the model is asked for a fix again from the same history
+/// (Qwen2.5-Coder-0.5B wrote `sum(int(str(2**50)))` twenty times).
+#[tokio::test]
+async fn a_call_that_failed_twice_is_not_run_a_third_time() {
+    let refused = r#"{"name": "Bash", "arguments": {}}"#;
+    let replies = vec![says(refused), says(refused), says(refused), says("Done.")];
+    let (events, upstream) = turn_with_replies(replies).await;
+    assert_eq!(of_type(&events, "tool_result").len(), 2, "{events:?}");
+    assert!(
+        of_type(&events, "status")
+            .iter()
+            .any(|e| e["message"].as_str().unwrap().contains("failed twice")),
+        "{events:?}"
+    );
+    assert_eq!(events.last().unwrap()["result"], "Done.");
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 4);
+    // The fourth model call sees what the third saw: the third reply is
+    // not in the history, and the ask for a fix is sent again.
+    assert_eq!(requests[3].body["messages"], requests[2].body["messages"]);
+    assert_eq!(requests[3].body["temperature"], json!(0.7));
+    // With a new seed each time: a server started with a fixed one would
+    // otherwise sample the same reply to the same request.
+    assert!(requests[0].body.get("seed").is_none());
+    assert!(requests[2].body["seed"].is_u64(), "{}", requests[2].body);
+    assert_ne!(requests[3].body["seed"], requests[2].body["seed"]);
+}
+
 /// A call the model wrote as text, looping until its stream was cut, goes
 /// back to it once, as a call: not also as the text it came from (which a
 /// small model copies again).

@@ -357,6 +357,12 @@ async fn python_shows_the_value_of_a_trailing_expression() {
             "alpha beta\n",
             "dropped tool output pasted after the code; indented the line after a `:`",
         ),
+        // Task 10: the cell's result given with a `return`.
+        (
+            "x = 6 * 7\nreturn x",
+            "42\n",
+            "took a `return` outside a function",
+        ),
     ];
     for (cell, stdout, note) in repairs {
         let output = cell_output(&server, cell).await;

@@ -335,6 +335,7 @@ async fn openai_request_body_and_headers() {
         tools: vec![tool("Bash")],
         answer_only: false,
         temperature: Some(0.5),
+        seed: Some(3),
         max_tokens: Some(256),
         tool_call_mode: ToolCallMode::Native,
         session_id: Some("5f0c7a52-session".into()),
@@ -371,6 +372,7 @@ async fn openai_request_body_and_headers() {
                 "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}
             }}],
             "temperature": 0.5,
+            "seed": 3,
             "max_tokens": 256,
             "user": "5f0c7a52-session"
         })
@@ -679,6 +681,7 @@ async fn anthropic_request_body_and_headers() {
         tools: vec![tool("Bash")],
         answer_only: false,
         temperature: Some(0.25),
+        seed: Some(7),
         max_tokens: None,
         tool_call_mode: ToolCallMode::Native,
         session_id: Some("5f0c7a52-session".into()),

@@ -221,8 +221,7 @@ pub(super) async fn run_tools(
         };
         // A failing call asked for again, as it was, failed again (it ran:
         // what it depends on may have changed in between).
-        let failed_again =
-            (output.is_error && !ran.failed.insert(key_of(call))).then(|| last_error_line(&output));
+        let failed_again = output.is_error.then(|| ran.failed(call, &output)).flatten();
         let output = if failed_again.is_some() {
             with_notes(
                 output,
@@ -261,6 +260,28 @@ fn key_of(call: &ToolCall) -> String {
 }
 
 impl TurnCalls {
+    /// Counts a failure of `call`; its error line when it had failed before.
+    fn failed(&mut self, call: &ToolCall, output: &ToolOutput) -> Option<String> {
+        let line = last_error_line(output);
+        let (times, error) = self
+            .failed
+            .entry(key_of(call))
+            .or_insert_with(|| (0, line.clone()));
+        *times += 1;
+        *error = line;
+        (*times > 1).then(|| error.clone())
+    }
+
+    /// The error of a call that failed twice in this turn, asked for as it
+    /// was: a third time it is not run, nor kept in the history (a small
+    /// model copies the calls it sees; it is asked again instead).
+    pub(super) fn failed_twice(&self, call: &ToolCall) -> Option<&str> {
+        match self.failed.get(&key_of(call)) {
+            Some((times, error)) if *times >= 2 => Some(error),
+            _ => None,
+        }
+    }
+
     /// Keeps a call that ran; answers its printed output when different
     /// calls printed it often enough to be the answer (a note says so
     /// before that).
@@ -308,8 +329,9 @@ pub(super) struct TurnCalls {
     by_call: HashMap<String, Ran>,
     /// How many different calls printed each output.
     by_output: HashMap<String, u32>,
-    /// Calls as the model asked for them that failed or were refused.
-    failed: std::collections::HashSet<String>,
+    /// Calls as the model asked for them that failed or were refused: how
+    /// often, and the last line of the error.
+    failed: HashMap<String, (u32, String)>,
 }
 
 /// A successful call of this turn and how often it was asked for.

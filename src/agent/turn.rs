@@ -155,6 +155,9 @@ async fn agent_loop(
                 (None, Some(_)) => Some(VARIED_TEMPERATURE),
                 (set, _) => set,
             },
+            // A new seed for each ask for a fix: the same request with the
+            // server's own fixed seed would sample the same call again.
+            seed: failed_again.as_ref().map(|_| tally.usage.turns),
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
             tool_call_mode: model.tool_call_mode,
             session_id: Some(session.id.to_string()),
@@ -173,6 +176,16 @@ async fn agent_loop(
                 content: reply.text.clone(),
             })?;
             last_text = Some(reply.text.clone());
+        }
+        if let Some(error) = only_calls_failed_twice(&reply.calls, &ran) {
+            session.emit(EventKind::Status {
+                message: "The model asked again for a call that failed twice; \
+                          it is not run again, and the model is asked for a fix."
+                    .into(),
+            })?;
+            tally.save_usage().await?;
+            failed_again = Some(error);
+            continue;
         }
         let assistant = Message::Assistant {
             content: text_beside_calls(&reply, &tools),
@@ -255,6 +268,14 @@ async fn agent_loop(
             }
         }
     }
+}
+
+/// The error of a reply's calls when every one is a call that already
+/// failed twice in this turn, asked for as it was.
+fn only_calls_failed_twice(calls: &[ToolCall], ran: &TurnCalls) -> Option<String> {
+    let mut errors = calls.iter().map(|call| ran.failed_twice(call));
+    let first = errors.next()??;
+    errors.all(|e| e.is_some()).then(|| first.to_string())
 }
 
 /// The temperature of the model call after a failing call was repeated as

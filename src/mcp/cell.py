@@ -12,7 +12,8 @@
 # closed, a string left open closed, statements joined by `;` before a
 # `with`/`for`/`if` split, `with ...: for ...:` on one line nested, Python
 # 2 `print x`, brackets that close nothing dropped, the line after a
-# block's header indented, a tool result pasted after the code cut), with a
+# block's header indented, a tool result pasted after the code cut, a
+# `return` outside a function taken as the cell's value), with a
 # note saying what was repaired; a cell no repair makes whole fails with its
 # own syntax error.
 import ast, builtins, importlib, linecache, math, re, shlex, sys, traceback
@@ -65,8 +66,9 @@ def quoted_code(source):
 
 
 def parses(source):
+    # Compiled, not only parsed: `return` outside a function parses.
     try:
-        ast.parse(source, "<cell>", "exec")
+        compile(source, "<cell>", "exec", dont_inherit=True)
         return True
     except (SyntaxError, ValueError):
         return False
@@ -231,6 +233,12 @@ def indent_blocks(source):
     return "\n".join(lines)
 
 
+def top_level_return(source):
+    """A `return` outside any function gives the cell's value."""
+    source = re.sub(r"(?m)^return\s+(.+)$", r"\1", source)
+    return re.sub(r"(?m)^return\s*$", "pass", source)
+
+
 def print_statements(source):
     """Python 2's `print x` becomes `print(x)`."""
     return re.sub(r"(?m)^(\s*)print\s+(?![(\s=])(.+?)\s*$", r"\1print(\2)", source)
@@ -244,7 +252,8 @@ REPAIRS = (("dropped tool output pasted after the code", drop_pasted_output),
            ("nested the statements after a `:`", nest_compound),
            ("made `print x` a call", print_statements),
            ("dropped brackets that close nothing", drop_closers),
-           ("indented the line after a `:`", indent_blocks))
+           ("indented the line after a `:`", indent_blocks),
+           ("took a `return` outside a function as the cell's value", top_level_return))
 
 
 def repaired(source):

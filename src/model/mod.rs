@@ -59,6 +59,10 @@ pub struct ChatRequest {
     /// them, so it is offered them).
     pub answer_only: bool,
     pub temperature: Option<f32>,
+    /// The sampling seed, sent to OpenAI-compatible servers: a request
+    /// asked again as it was gets a new sample only with a new seed from a
+    /// server started with a fixed one (llama-server's `--seed`).
+    pub seed: Option<u64>,
     pub max_tokens: Option<u32>,
     pub tool_call_mode: ToolCallMode,
     /// Carried so gateways and traces can route and group per session.

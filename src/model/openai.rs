@@ -80,6 +80,8 @@ pub(crate) struct WireRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
     /// The session id, so a gateway can keep a session on one replica.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,6 +185,7 @@ pub(crate) fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
         tools,
         response_format: json_mode.then(|| lenient::answer_or_call_format(&request.tools)),
         temperature: request.temperature,
+        seed: request.seed,
         max_tokens: request.max_tokens,
         user: request.session_id.as_deref(),
     }
