@@ -347,18 +347,24 @@ async fn an_unreadable_call_is_retried_once() {
 }
 
 /// An empty reply after a call (Qwen2.5-Coder-0.5B's, task 6) answers
-/// nothing: the model is asked once more.
+/// nothing: it is not kept, and the same request goes again, with a new
+/// seed each time and some temperature.
 #[tokio::test]
-async fn an_empty_reply_is_asked_again_once() {
+async fn an_empty_reply_is_asked_again() {
     let call = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
     let empty = || Reply::sse(vec![finish("stop"), chunk_usage(5, 1), end()]);
-    let (events, upstream) = turn_with_replies(vec![says(call), empty(), says("Done.")]).await;
+    let replies = vec![says(call), empty(), empty(), says("Done.")];
+    let (events, upstream) = turn_with_replies(replies).await;
     assert_eq!(events.last().unwrap()["result"], "Done.", "{events:?}");
-    let asked = upstream.requests()[2].body["messages"].to_string();
-    assert!(asked.contains("Your last reply was empty"), "{asked}");
-    let (events, upstream) = turn_with_replies(vec![empty(), empty(), says("never")]).await;
-    assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
-    assert_eq!(upstream.requests().len(), 2);
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 4);
+    let body = |i: usize| &requests[i].body;
+    assert_eq!(body(2)["messages"], body(1)["messages"]);
+    assert_eq!(body(3)["messages"], body(1)["messages"]);
+    assert!(body(1).get("seed").is_none(), "{}", body(1));
+    assert!(body(2)["seed"].is_u64() && body(3)["seed"].is_u64());
+    assert_ne!(body(2)["seed"], body(3)["seed"]);
+    assert_eq!(body(3)["temperature"], json!(0.7));
 }
 
 /// The same call asked for again in a later reply is not run twice: its

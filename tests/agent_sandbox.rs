@@ -390,6 +390,42 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     server.stop_and_remove_sandboxes().await;
 }
 
+/// A session's Python cells see what its earlier cells left (plain values,
+/// imports, definitions), as a notebook's do (Qwen2.5-Coder-0.5B set
+/// `sandbox = 'sandbox'` in one cell and used it in the next); another
+/// session's cells do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_cells_of_a_session_share_their_values() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    let id = server.create_session(json!({})).await;
+    let cell = |code: &str| format!("```python\n{code}\n```");
+    let first =
+        "import json\nword = 'sandbox'\ndef twice(n):\n    return 2 * n\nfh = open('f.txt', 'w')";
+    let events = server.turn(&id, &cell(first)).await;
+    assert_eq!(
+        tool_results(&events)[0]["output"]["exit_code"],
+        0,
+        "{events:?}"
+    );
+    let events = server
+        .turn(
+            &id,
+            &cell("print(word[::-1], twice(21), json.dumps([1]), 'fh' in dir())"),
+        )
+        .await;
+    assert_eq!(
+        tool_results(&events)[0]["output"]["stdout"],
+        "xobdnas 42 [1] False\n",
+        "{events:?}"
+    );
+    let output = cell_output(&server, "print(word)").await;
+    assert!(
+        output["stderr"].as_str().unwrap().contains("NameError"),
+        "{output}"
+    );
+    server.stop_and_remove_sandboxes().await;
+}
+
 /// The output of the demo model's one `execute_code` call of a Python cell.
 async fn cell_output(server: &TestServer, code: &str) -> Value {
     let prompt = format!("```python\n{code}\n```");

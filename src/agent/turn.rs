@@ -134,6 +134,8 @@ async fn agent_loop(
     // at the upstream's default temperature (often 0) a small model writes
     // the same failing call until the turn runs out.
     let mut failed_again: Option<String> = None;
+    // The last reply was empty: the same request goes again, sampled anew.
+    let mut resample = false;
     loop {
         if cancel.is_cancelled() {
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
@@ -151,13 +153,13 @@ async fn agent_loop(
             },
             tools: tools.clone(),
             answer_only: !offer_tools,
-            temperature: match (options.temperature, &failed_again) {
-                (None, Some(_)) => Some(VARIED_TEMPERATURE),
-                (set, _) => set,
+            temperature: match options.temperature {
+                None if resample || failed_again.is_some() => Some(VARIED_TEMPERATURE),
+                set => set,
             },
             // A new seed for each ask for a fix: the same request with the
             // server's own fixed seed would sample the same call again.
-            seed: failed_again.as_ref().map(|_| tally.usage.turns),
+            seed: (resample || failed_again.is_some()).then_some(tally.usage.turns),
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
             tool_call_mode: model.tool_call_mode,
             session_id: Some(session.id.to_string()),
@@ -165,6 +167,19 @@ async fn agent_loop(
         };
         let deltas = options.text_deltas.unwrap_or(false);
         let mut reply = call_model(deps, session, &model, request, deltas, cancel, tally).await?;
+        // An empty reply answers nothing (a small model's is often a
+        // sample that ended at once): not kept; the request goes again.
+        resample = !tools.is_empty()
+            && !reply.interrupted
+            && reply.calls.is_empty()
+            && reply.text.trim().is_empty();
+        if resample {
+            session.emit(EventKind::Status {
+                message: "The model's reply was empty; asking again.".into(),
+            })?;
+            tally.save_usage().await?;
+            continue;
+        }
         offer_tools = true;
         failed_again = None;
         let limit = deps.config.max_tool_calls_per_reply as usize;
@@ -203,25 +218,15 @@ async fn agent_loop(
         if reply.calls.is_empty() {
             // A reply that tried to call a tool and could not be read gets
             // one more chance, with the format in front of the model.
-            // So does an empty reply, which answers nothing.
-            let empty = reply.text.trim().is_empty();
-            if !retried && !tools.is_empty() && (empty || looks_like_a_call(&reply.text)) {
+            if !retried && !tools.is_empty() && looks_like_a_call(&reply.text) {
                 retried = true;
                 session.emit(EventKind::Status {
-                    message: if empty {
-                        "The model's reply was empty; asking it once more."
-                    } else {
-                        "The model's reply looked like a tool call but could not be read; \
-                         asking it once more."
-                    }
-                    .into(),
+                    message: "The model's reply looked like a tool call but could not be read; \
+                              asking it once more."
+                        .into(),
                 })?;
                 let nudge = Message::User {
-                    content: if empty {
-                        EMPTY_REPLY_NOTE.into()
-                    } else {
-                        unreadable_call_note(&tools)
-                    },
+                    content: unreadable_call_note(&tools),
                 };
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&nudge))
@@ -444,10 +449,6 @@ fn still_writing(
     })?;
     Ok(())
 }
-
-/// What a model whose reply was empty is told.
-const EMPTY_REPLY_NOTE: &str =
-    "Your last reply was empty. Reply with your answer in plain text, or call a tool.";
 
 /// Tells a model that does not read the `tools` field (many small ones do
 /// not: their chat template drops it) what it can call and where it works.

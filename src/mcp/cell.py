@@ -1,7 +1,10 @@
 # Runs the Python source on stdin as a notebook cell: like `python3 -`, and
 # then, when the last statement is an expression, prints its repr (unless it
 # is None), as Jupyter and E2B's code interpreter do. Tracebacks show the
-# cell's own frames and lines only. Each call is a fresh interpreter.
+# cell's own frames and lines only. Each call is a fresh interpreter, but
+# values of plain types (numbers, strings, lists, dicts...), imports and the
+# functions and classes a cell defines carry over to the session's next
+# cells, kept in `.conclave/cell-state.pickle` in the working directory.
 # A cell that is a command line running Python (`python3 -c 'print(1)'`, as
 # small models write) runs the code it quotes, with a note on stderr. A name
 # the cell uses but never binds is imported for it when it is one of a few
@@ -16,7 +19,7 @@
 # `return` outside a function taken as the cell's value), with a
 # note saying what was repaired; a cell no repair makes whole fails with its
 # own syntax error.
-import ast, builtins, importlib, linecache, math, re, shlex, sys, traceback
+import ast, builtins, importlib, linecache, math, os, pickle, re, shlex, sys, traceback
 
 MODULES = ("math", "random", "datetime", "itertools", "functools", "collections",
            "statistics", "string", "re", "json", "os", "sys", "time", "fractions")
@@ -41,6 +44,8 @@ def unbound_names(tree):
 def imports_for(tree, namespace):
     notes = []
     for name in unbound_names(tree):
+        if name in namespace:
+            continue
         if name in MODULES:
             namespace[name] = importlib.import_module(name)
             notes.append(f"import {name}")
@@ -273,6 +278,54 @@ def repaired(source):
     return None
 
 
+# What a session's cells leave to its next cells: values of plain types,
+# imports, and the functions and classes they define; kept in the working
+# directory, which is the session's own.
+STATE = os.path.join(os.getcwd(), ".conclave", "cell-state.pickle")
+PLAIN = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
+
+
+def load_state(namespace):
+    """Restores the earlier cells' state; returns their definitions."""
+    try:
+        with open(STATE, "rb") as f:
+            state = pickle.load(f)
+        definitions, values = dict(state["definitions"]), dict(state["values"])
+    except Exception:
+        return {}
+    for source in definitions.values():
+        try:
+            exec(compile(source, "<earlier cell>", "exec"), namespace)
+        except Exception:
+            pass
+    namespace.update(values)
+    return definitions
+
+
+def save_state(namespace, definitions, tree):
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            definitions[node.name] = ast.unparse(node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            definitions[ast.unparse(node)] = ast.unparse(node)
+    values = {}
+    for name, value in namespace.items():
+        if name.startswith("_") or name in definitions or not isinstance(value, PLAIN):
+            continue
+        try:
+            if len(pickle.dumps(value)) <= 1 << 20:
+                values[name] = value
+        except Exception:
+            pass
+    try:
+        os.makedirs(os.path.dirname(STATE), exist_ok=True)
+        with open(STATE + ".new", "wb") as f:
+            pickle.dump({"definitions": definitions, "values": values}, f)
+        os.replace(STATE + ".new", STATE)
+    except OSError:
+        pass
+
+
 source = sys.stdin.read()
 if not parses(source):
     code = quoted_code(source)
@@ -288,6 +341,8 @@ if not parses(source):
               + source, file=sys.stderr)
 linecache.cache["<cell>"] = (len(source), None, source.splitlines(True), "<cell>")
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+definitions = load_state(namespace)
+tree = None
 try:
     tree = ast.parse(source, "<cell>", "exec")
     imports_for(tree, namespace)
@@ -308,3 +363,6 @@ except BaseException as error:
         frames = frames.tb_next
     traceback.print_exception(type(error), error, frames)
     sys.exit(1)
+finally:
+    if tree is not None:
+        save_state(namespace, definitions, tree)

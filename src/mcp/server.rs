@@ -184,7 +184,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Run a program (python by default, or bash/sh) in the session's sandbox and return its output and exit code. Python runs as a notebook cell: the value of a last line that is an expression is printed. Each call is a fresh process (no variables carry over); files in /workspace stay."
+        description = "Run a program (python by default, or bash/sh) in the session's sandbox and return its output and exit code. Python runs as a notebook cell: the value of a last line that is an expression is printed. Each call is a fresh process, but values of plain types (numbers, strings, lists, dicts...), imports and the functions and classes a cell defines carry over to the session's next Python cells; other objects (open files, generators) do not. Files in /workspace stay."
     )]
     async fn execute_code(
         &self,
