@@ -262,13 +262,9 @@ fn key_of(call: &ToolCall) -> String {
 impl TurnCalls {
     /// Counts a failure of `call`; its error line when it had failed before.
     fn failed(&mut self, call: &ToolCall, output: &ToolOutput) -> Option<String> {
-        let line = last_error_line(output);
-        let (times, error) = self
-            .failed
-            .entry(key_of(call))
-            .or_insert_with(|| (0, line.clone()));
+        let (times, error) = self.failed.entry(key_of(call)).or_default();
         *times += 1;
-        *error = line;
+        *error = last_error_line(output);
         (*times > 1).then(|| error.clone())
     }
 

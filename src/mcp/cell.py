@@ -82,9 +82,10 @@ def parses(source):
 CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 
-def scan(line, stack, quote):
+def scan(line, stack, quote, strays=None):
     """Walks one line, from inside the string `quote` opened on an earlier
-    line (None: from code), pushing the brackets it leaves open on `stack`.
+    line (None: from code), pushing the brackets it leaves open on `stack`
+    and the positions of closing brackets that close nothing on `strays`.
     Returns the quote still open at the line's end and where on the line
     it opened (-1: on an earlier line)."""
     start, i = -1, 0
@@ -105,6 +106,8 @@ def scan(line, stack, quote):
             stack.append(c)
         elif c in ")]}" and stack and CLOSERS[stack[-1]] == c:
             stack.pop()
+        elif c in ")]}" and strays is not None:
+            strays.append(i)
         i += 1
     return quote, start
 
@@ -178,6 +181,10 @@ def split_compound(source):
     return "\n".join(split(line) for line in source.split("\n"))
 
 
+PASTED = re.compile(r"\s*(exit_code|status|stderr|stdout|duration_ms): |"
+                    r"\s*Traceback \(most recent call last\):|\s*File \"<cell>\", line ")
+
+
 def drop_pasted_output(source):
     """Cuts the cell at a line of a tool result pasted into it (a small
     model continues the last result it read into its next call)."""
@@ -188,39 +195,15 @@ def drop_pasted_output(source):
     return source
 
 
-PASTED = re.compile(r"\s*(exit_code|status|stderr|stdout|duration_ms): |"
-                    r"\s*Traceback \(most recent call last\):|\s*File \"<cell>\", line ")
-
-
 def drop_closers(source):
     """Drops the closing brackets that close nothing (a `}` or `]` of the
     call's JSON written inside its code)."""
     out, stack, quote = [], [], None
     for line in source.split("\n"):
-        kept, i = [], 0
-        while i < len(line):
-            c, step = line[i], 1
-            if quote:
-                if c == "\\":
-                    step = 2
-                elif line.startswith(quote, i):
-                    step, quote = len(quote), None
-            elif c == "#":
-                step = len(line) - i
-            elif c in "'\"":
-                quote = c * 3 if line.startswith(c * 3, i) else c
-                step = len(quote)
-            elif c in CLOSERS:
-                stack.append(c)
-            elif c in ")]}":
-                if not (stack and CLOSERS[stack[-1]] == c):
-                    i += 1
-                    continue
-                stack.pop()
-            kept.append(line[i:i + step])
-            i += step
-        out.append("".join(kept))
+        strays = []
+        quote, _ = scan(line, stack, quote, strays)
         quote = None if one_line(quote) else quote
+        out.append("".join(c for i, c in enumerate(line) if i not in strays))
     return "\n".join(out)
 
 
