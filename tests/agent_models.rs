@@ -493,6 +493,54 @@ async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
     assert_eq!(offered(&upstream), [true, true]);
 }
 
+/// With `answer_after_output`, the calls of a reply after one that printed
+/// are not run (Qwen2.5-Coder-0.5B printed `xobdnas`, then `sandbox` in
+/// the same reply, and answered from the last): each is answered as not
+/// run, a status event says so, and the next model call asks for the
+/// answer. A call before it that printed nothing runs.
+#[tokio::test]
+async fn calls_after_one_that_printed_are_not_run() {
+    let reply = [
+        r#"{"name": "Bash", "arguments": {}}"#,
+        r#"{"name": "Bash", "arguments": {"command": "pwd"}}"#,
+        r#"{"name": "Bash", "arguments": {"command": "ls"}}"#,
+        r#"{"name": "Bash", "arguments": {"command": "id"}}"#,
+    ]
+    .join("\n");
+    let (events, upstream) = run_turn(
+        vec![says(&reply), says("ran: pwd")],
+        true,
+        json!({"prompt": "go", "model": "scripted"}),
+    )
+    .await;
+    assert_eq!(of_type(&events, "tool_use").len(), 2, "{events:?}");
+    let results = of_type(&events, "tool_result");
+    assert_eq!(results.len(), 2, "{events:?}");
+    assert_eq!(results[1]["output"], "ran: pwd");
+    assert!(
+        of_type(&events, "status")
+            .iter()
+            .any(|e| e["message"].as_str().unwrap().starts_with("2 more call(s)")),
+        "{events:?}"
+    );
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[1].body.get("tools").is_none());
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    let not_run: Vec<&Value> = messages
+        .iter()
+        .filter(|m| {
+            m["role"] == "tool"
+                && m["content"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not run: an earlier call of this reply printed its output")
+        })
+        .collect();
+    assert_eq!(not_run.len(), 2, "{messages:?}");
+    assert_eq!(events.last().unwrap()["result"], "ran: pwd");
+}
+
 /// A failing call asked for again as it was runs again; failing again, its
 /// result says so, and the next model call ends with the error and an ask
 /// for a fix, sent with some temperature, so a small model at its

@@ -289,7 +289,8 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
 /// traceback shows the cell's lines, not the runner's; a cell that is a
 /// `python -c` command line runs the code it quotes; a standard module or
 /// a `math` function used without an import is imported; a cell that
-/// does not parse runs after a repair that makes it parse.
+/// does not parse runs after a repair that makes it parse; methods called
+/// on print's result are called inside it; an undefined name gets a hint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_shows_the_value_of_a_trailing_expression() {
     let server = TestServer::start_sandboxed(|_| {}).await;
@@ -342,7 +343,7 @@ async fn python_shows_the_value_of_a_trailing_expression() {
         (
             "import sys; with open('n.txt', 'w') as f: for i in range(1, 6): f.write(str(i) + '\n')\nsum(int(x) for x in open('n.txt'))",
             "15\n",
-            "nested the statements after a `:`",
+            "wrote the blocks on one line as lines",
         ),
         // Task 19: the `}` of the call's JSON written inside the code.
         (
@@ -362,6 +363,19 @@ async fn python_shows_the_value_of_a_trailing_expression() {
             "x = 6 * 7\nreturn x",
             "42\n",
             "took a `return` outside a function",
+        ),
+        // Task 9: a recursive function, an `else` without its `:`, and the
+        // call, all on one line.
+        (
+            "def fibonacci(n): if n <= 1: return n else return fibonacci(n-1) + fibonacci(n-2) return fibonacci(20)",
+            "6765\n",
+            "wrote the blocks on one line as lines",
+        ),
+        // Task 7: parses, and would print and then fail on print's None.
+        (
+            "print('hello world').upper()",
+            "HELLO WORLD\n",
+            "ran `print('hello world'.upper())`",
         ),
     ];
     for (cell, stdout, note) in repairs {
@@ -384,6 +398,21 @@ async fn python_shows_the_value_of_a_trailing_expression() {
         "{output}"
     );
     assert_eq!(output["exit_code"], 1);
+    // A name nothing defines fails, with a hint: quote it when used as a
+    // value (task 6), define it when called (task 10).
+    let hints = [
+        ("print(sandbox[::-1])", "write it in quotes: 'sandbox'"),
+        ("print(is_prime(7))", "define it with `def is_prime(...):`"),
+    ];
+    for (cell, hint) in hints {
+        let output = cell_output(&server, cell).await;
+        let stderr = output["stderr"].as_str().unwrap();
+        assert!(
+            stderr.contains("NameError") && stderr.contains(hint),
+            "{output}"
+        );
+        assert_eq!(output["exit_code"], 1);
+    }
     // `python` is python3 in the image, for models that write either.
     let python = "import subprocess\nsubprocess.run(['python', '-c', 'print(6 * 7)']).returncode";
     assert_eq!(cell_output(&server, python).await["stdout"], "42\n0\n");

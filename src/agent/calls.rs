@@ -474,8 +474,17 @@ fn as_text(output: &Value) -> String {
             other => lines.push(format!("{key}: {other}")),
         }
     }
-    // The printed output before the errors, as a terminal shows it.
-    texts.sort_by_key(|(key, _)| (key.as_str() != "stdout", key.as_str() != "stderr"));
+    // A failure's error last, after what it printed, as a terminal shows
+    // it; a success's output last, after the notes on stderr: the model
+    // answers from what it read last (Qwen2.5-Coder-0.5B, shown `6765`
+    // and then its repaired code, answered with a made-up number).
+    let failed = fields.get("status").and_then(Value::as_str) == Some("error")
+        || fields
+            .get("exit_code")
+            .and_then(Value::as_i64)
+            .is_some_and(|c| c != 0);
+    let last = if failed { "stderr" } else { "stdout" };
+    texts.sort_by_key(|(key, _)| (key.as_str() == last, key.as_str() != "stdout"));
     for (key, text) in texts {
         lines.push(format!("{key}:\n{}", text.trim_end_matches('\n')));
     }
@@ -578,7 +587,9 @@ mod tests {
     }
 
     /// The exact error of Qwen2.5-Coder-0.5B's task 14 cell: read as
-    /// lines, with the printed text verbatim, not as escaped JSON.
+    /// lines, with the printed text verbatim, not as escaped JSON; what
+    /// a success printed comes last, after its notes, and a failure's
+    /// error after what it printed.
     #[test]
     fn an_exec_result_reads_as_lines_for_the_model() {
         let output = serde_json::json!({
@@ -595,8 +606,10 @@ mod tests {
             serde_json::json!({"stdout": "1\n2\n", "stderr": "warning\n", "exit_code": 0});
         assert_eq!(
             as_text(&printed),
-            "exit_code: 0\nstdout:\n1\n2\nstderr:\nwarning"
+            "exit_code: 0\nstderr:\nwarning\nstdout:\n1\n2"
         );
+        let failed = serde_json::json!({"stdout": "1\n", "stderr": "Error\n", "exit_code": 2});
+        assert_eq!(as_text(&failed), "exit_code: 2\nstdout:\n1\nstderr:\nError");
         assert_eq!(as_text(&Value::String("as is".into())), "as is");
     }
 }

@@ -7,11 +7,14 @@
 //! - [`calls`]: a turn's tool calls, from a reply to their results.
 //! - [`coerce`]: tool arguments brought to the tool's schema.
 //! - [`options`]: the agent's options, validated.
+//! - [`prompts`]: what a turn says to the model beyond the session's
+//!   messages: the default system prompt, the asks for an answer or a fix.
 //! - [`tools`]: the `ToolRouter` seam to whatever executes tools.
 
 pub mod calls;
 pub mod coerce;
 pub mod options;
+pub mod prompts;
 pub mod task;
 pub mod tools;
 pub mod turn;

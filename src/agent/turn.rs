@@ -12,6 +12,9 @@ use super::calls::{
     REPEATS_TO_SETTLE, TurnCalls, bound_calls, looks_like_a_call, run_tools, unreadable_call_note,
 };
 use super::options::AgentOptions;
+use super::prompts::{
+    VARIED_TEMPERATURE, asking_for_a_fix, asking_for_the_answer, default_system_prompt,
+};
 use super::tools::{ToolContext, ToolRouter};
 use crate::config::AgentConfig;
 use crate::model::{
@@ -212,7 +215,7 @@ async fn agent_loop(
         Arc::make_mut(history).push(assistant);
         tally.save_usage().await?;
         if reply.interrupted {
-            close_calls(deps, session, &reply.calls, Arc::make_mut(history)).await?;
+            close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
         if reply.calls.is_empty() {
@@ -239,16 +242,32 @@ async fn agent_loop(
         if let Some(budget) = options.max_budget_usd
             && tally.usage.cost_usd >= budget
         {
-            close_calls(deps, session, &reply.calls, Arc::make_mut(history)).await?;
+            close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
             return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
+        let calls = &reply.calls;
         let mut i = 0;
-        while i < reply.calls.len() {
+        while i < calls.len() {
+            // The answer is asked for from the first output: a small
+            // model's later calls in one reply are variations that print
+            // something else (`print(word)` after `print(word[::-1])`).
+            if !offer_tools {
+                let rest = &calls[i..];
+                close_calls(deps, session, rest, Arc::make_mut(history), AFTER_OUTPUT).await?;
+                session.emit(EventKind::Status {
+                    message: format!(
+                        "{} more call(s) of the reply not run: the answer is asked for \
+                         from the output of the call before them.",
+                        rest.len()
+                    ),
+                })?;
+                break;
+            }
             if cancel.is_cancelled() {
-                close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
+                close_calls(deps, session, &calls[i..], Arc::make_mut(history), STOPPED).await?;
                 return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
             }
-            let batch = &reply.calls[i..i + batch_len(&reply.calls[i..], options)];
+            let batch = &calls[i..i + batch_len(&calls[i..], options)];
             i += batch.len();
             let answered = run_tools(deps, session, &ctx, &tools, &mut ran, batch, cancel).await?;
             let mut answer = None;
@@ -263,7 +282,7 @@ async fn agent_loop(
                 offer_tools &= !(call.printed && model.answer_after_output);
             }
             if let Some(answer) = answer {
-                close_calls(deps, session, &reply.calls[i..], Arc::make_mut(history)).await?;
+                close_calls(deps, session, &calls[i..], Arc::make_mut(history), STOPPED).await?;
                 session.emit(EventKind::Status {
                     message: format!(
                         "The model's calls printed the same output {REPEATS_TO_SETTLE} times; it is taken as the answer."
@@ -281,47 +300,6 @@ fn only_calls_failed_twice(calls: &[ToolCall], ran: &TurnCalls) -> Option<String
     let mut errors = calls.iter().map(|call| ran.failed_twice(call));
     let first = errors.next()??;
     errors.all(|e| e.is_some()).then(|| first.to_string())
-}
-
-/// The temperature of the model call after a failing call was repeated as
-/// it was, when the session sets none.
-const VARIED_TEMPERATURE: f32 = 0.7;
-
-/// The history with a last message asking for the answer to the turn's
-/// prompt from the output above; sent, not stored (a small model otherwise
-/// writes the call it just made again).
-fn asking_for_the_answer(history: &Arc<Vec<Message>>) -> Arc<Vec<Message>> {
-    let prompt = history.iter().rev().find_map(|m| match m {
-        Message::User { content } => Some(content.as_str()),
-        _ => None,
-    });
-    with_last_word(
-        history,
-        format!(
-            "The question was: {}\n\nReply with the answer to it in plain text, \
-             taken from the tool output above. Do not call a tool.",
-            prompt.unwrap_or("(see above)")
-        ),
-    )
-}
-
-/// The history with a last message saying that the last call failed as it
-/// had before, and how; sent, not stored.
-fn asking_for_a_fix(history: &Arc<Vec<Message>>, error: &str) -> Arc<Vec<Message>> {
-    with_last_word(
-        history,
-        format!(
-            "That call failed again, the same way: {error}\nDo not repeat it: call a tool \
-             with code that fixes this error."
-        ),
-    )
-}
-
-fn with_last_word(history: &Arc<Vec<Message>>, content: String) -> Arc<Vec<Message>> {
-    let mut messages = Vec::with_capacity(history.len() + 1);
-    messages.extend(history.iter().cloned());
-    messages.push(Message::User { content });
-    Arc::new(messages)
 }
 
 /// A turn's history, given back to its session however the turn ends:
@@ -450,62 +428,6 @@ fn still_writing(
     Ok(())
 }
 
-/// Tells a model that does not read the `tools` field (many small ones do
-/// not: their chat template drops it) what it can call and where it works.
-/// Only sent when the session gives no system prompt and has tools.
-fn default_system_prompt(tools: &[ToolSpec], working_dir: Option<&str>) -> Option<String> {
-    if tools.is_empty() {
-        return None;
-    }
-    let mut prompt = format!(
-        "You are an agent with tools that run in a sandbox. Your workspace is {}. \
-         To act, call a tool with JSON arguments that match its schema; when you have \
-         the answer, reply with it in plain text and call no tool.\n\nYour tools:\n",
-        working_dir.unwrap_or(crate::sandbox::WORKSPACE)
-    );
-    for tool in tools {
-        let summary = tool.description.lines().next().unwrap_or("").trim();
-        prompt.push_str(&format!("- {}: {summary}\n", tool.name));
-    }
-    if let Some(example) = worked_example(tools) {
-        prompt.push_str(&example);
-    }
-    Some(prompt)
-}
-
-/// One call and its answer written out, for the code or shell tool when
-/// the session has one: a small model copies the shape of an example far
-/// more reliably than it follows a description of it.
-fn worked_example(tools: &[ToolSpec]) -> Option<String> {
-    let (tool, task, arguments, output) = if let Some(code) =
-        tools.iter().find(|t| t.name.ends_with("execute_code"))
-    {
-        (
-            code,
-            "Use Python to find the average of 4, 8 and 15.",
-            serde_json::json!({"code": "numbers = [4, 8, 15]\nprint(sum(numbers) / len(numbers))"}),
-            "9.0",
-        )
-    } else if let Some(shell) = tools.iter().find(|t| t.name == "Bash") {
-        (
-            shell,
-            "How many lines does notes.txt have?",
-            serde_json::json!({"command": "wc -l < notes.txt"}),
-            "3",
-        )
-    } else {
-        return None;
-    };
-    // Written by hand: the name first, as models write their calls.
-    let call = format!(
-        "{{\"name\": \"{}\", \"arguments\": {arguments}}}",
-        tool.name
-    );
-    Some(format!(
-        "\nExample:\nUser: {task}\nYou call: {call}\nThe tool returns: {output}\nYou reply: {output}\n"
-    ))
-}
-
 /// The text a reply's history message keeps: all of it, unless its calls
 /// were read out of it (a model that writes calls as text), when only what
 /// stands beside them. The calls are in the message once, in the format the
@@ -541,6 +463,13 @@ fn batch_len(calls: &[ToolCall], options: &AgentOptions) -> usize {
     read_only.max(1)
 }
 
+/// The result of a call the turn's end left unrun.
+const STOPPED: &str = "not run: the turn was stopped";
+
+/// The result of a call after one of the same reply that printed, with
+/// `answer_after_output`.
+const AFTER_OUTPUT: &str = "not run: an earlier call of this reply printed its output";
+
 /// Answers tool calls that will not run, so the history stays valid for the
 /// next model call (every call needs its result).
 async fn close_calls(
@@ -548,6 +477,7 @@ async fn close_calls(
     session: &Arc<Session>,
     calls: &[ToolCall],
     history: &mut Vec<Message>,
+    why: &str,
 ) -> Result<(), StoreError> {
     if calls.is_empty() {
         return Ok(());
@@ -557,7 +487,7 @@ async fn close_calls(
         .map(|call| Message::Tool {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            content: "not run: the turn was stopped".into(),
+            content: why.into(),
             is_error: true,
         })
         .collect();
@@ -577,5 +507,5 @@ pub(super) async fn close_cut_off(
         Some(Message::Assistant { tool_calls, .. }) => tool_calls.clone(),
         _ => Vec::new(),
     };
-    close_calls(deps, session, &pending, &mut history).await
+    close_calls(deps, session, &pending, &mut history, STOPPED).await
 }

@@ -13,13 +13,19 @@
 # that does not parse is run after the first of a few repairs that makes it
 # parse (a line break inside a string written as `\n`, brackets left open
 # closed, a string left open closed, statements joined by `;` before a
-# `with`/`for`/`if` split, `with ...: for ...:` on one line nested, Python
+# `with`/`for`/`if` split, blocks written on one line (`with ...: for ...:
+# ...`, a whole function with its `if`/`else`) broken into lines, Python
 # 2 `print x`, brackets that close nothing dropped, the line after a
 # block's header indented, a tool result pasted after the code cut, a
 # `return` outside a function taken as the cell's value), with a
 # note saying what was repaired; a cell no repair makes whole fails with its
-# own syntax error.
-import ast, builtins, importlib, linecache, math, os, pickle, re, shlex, sys, traceback
+# own syntax error. `print(x).upper()`, which prints and then fails on
+# print's None, runs as `print(x.upper())`, again with a note. A name
+# used as a value that nothing defines fails with a hint to quote it when
+# the text was meant (`print(sandbox[::-1])`), a function nothing defines
+# with a hint to define it.
+import ast, builtins, importlib, io, linecache, math, os, pickle, re, shlex, sys, tokenize
+import traceback
 
 MODULES = ("math", "random", "datetime", "itertools", "functools", "collections",
            "statistics", "string", "re", "json", "os", "sys", "time", "fractions")
@@ -158,21 +164,6 @@ def escape_line_breaks(source):
     return "\n".join(out)
 
 
-def nest_compound(source):
-    """`with f: for x in y: ...` on one line becomes nested lines."""
-    out = []
-    for line in source.split("\n"):
-        parts = re.split(r":[ \t]*(?=(?:with|for|if|while|try)\b)", line)
-        if len(parts) == 1 or not re.match(r"\s*(with|for|if|elif|else|while|try|def|class)\b", line):
-            out.append(line)
-            continue
-        indent = line[: len(line) - len(line.lstrip())]
-        for depth, part in enumerate(parts):
-            text = part.strip() + (":" if depth < len(parts) - 1 else "")
-            out.append(indent + "    " * depth + text)
-    return "\n".join(out)
-
-
 def split_compound(source):
     """`import os; with open(...) as f: ...` becomes two lines."""
     def split(line):
@@ -227,6 +218,69 @@ def top_level_return(source):
     return re.sub(r"(?m)^return\s*$", "pass", source)
 
 
+HEADERS = ("def", "class", "if", "elif", "else", "for", "while", "with", "try", "except",
+           "finally")
+# The headers a clause (`else`, `elif`, `except`, `finally`) continues.
+CONTINUES = {"else": ("if", "elif", "for", "while", "try", "except"), "elif": ("if", "elif"),
+             "except": ("try", "except"), "finally": ("try", "except", "else")}
+
+
+def statements(line):
+    """The statements of one line written as if it had line breaks: cut
+    after a header's `:`, before a `return` inside the line, and before an
+    `else`/`elif` that closes no `x if y else z` of its own."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.strip()).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return [line.strip()]
+    cuts, depth, head, ifs, after_header = [0], 0, None, 0, False
+    for token in tokens:
+        if token.type in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
+            continue
+        text, column = token.string, token.start[1]
+        if head is None or after_header:
+            if after_header:
+                cuts.append(column)
+            head, ifs, after_header = text, 0, False
+        elif depth == 0 and (text == "return" or text in ("else", "elif") and ifs == 0):
+            cuts.append(column)
+            head, ifs = text, 0
+        elif depth == 0 and text in ("if", "else"):
+            ifs += 1 if text == "if" else -1
+        depth += (text in "([{") - (text in ")]}") if token.type == tokenize.OP else 0
+        after_header = depth == 0 and text == ":" and head in HEADERS
+    text = line.strip()
+    return [text[a:b].strip() for a, b in zip(cuts, cuts[1:] + [len(text)])]
+
+
+def one_line_blocks(source):
+    """A block written on one line (`def f(n): if n <= 1: return n else
+    return f(n-1) + f(n-2) return f(20)`) becomes lines: a statement after a
+    header goes one level in, a clause back to its header's level, and a
+    `return` right after another `return` out of the function."""
+    out = []
+    for line in source.split("\n"):
+        base, level, blocks, last = line[: len(line) - len(line.lstrip())], 0, [], None
+        for statement in statements(line):
+            word = re.match(r"\w*", statement).group()
+            if word in CONTINUES:
+                while blocks and blocks[-1][0] not in CONTINUES[word]:
+                    blocks.pop()
+                level = blocks.pop()[1] if blocks else level
+            elif word == "return" and last == "return":
+                while blocks and blocks[-1][0] != "def":
+                    blocks.pop()
+                level = blocks.pop()[1] if blocks else level
+            if word in HEADERS and not statement.endswith(":"):
+                statement += ":"
+            out.append(base + "    " * level + statement)
+            if word in HEADERS:
+                blocks.append((word, level))
+                level += 1
+            last = word
+    return "\n".join(out)
+
+
 def print_statements(source):
     """Python 2's `print x` becomes `print(x)`."""
     return re.sub(r"(?m)^(\s*)print\s+(?![(\s=])(.+?)\s*$", r"\1print(\2)", source)
@@ -237,7 +291,7 @@ REPAIRS = (("dropped tool output pasted after the code", drop_pasted_output),
            ("closed the brackets left open", close_brackets),
            ("closed a string left open", close_strings),
            ("split statements joined by `;`", split_compound),
-           ("nested the statements after a `:`", nest_compound),
+           ("wrote the blocks on one line as lines", one_line_blocks),
            ("made `print x` a call", print_statements),
            ("dropped brackets that close nothing", drop_closers),
            ("indented the line after a `:`", indent_blocks),
@@ -309,6 +363,61 @@ def save_state(namespace, definitions, tree):
         pass
 
 
+def base_print(node):
+    """The `print(x)` call at the base of a chain of methods, attributes
+    and subscripts (`print(x).upper()[0]`), with the node holding it;
+    None when the chain does not start with such a call."""
+    holder = None
+    while True:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "print" and len(node.args) == 1 and holder is not None):
+            return node, holder
+        if isinstance(node, ast.Call):
+            holder, node = node, node.func
+        elif isinstance(node, (ast.Attribute, ast.Subscript)):
+            holder, node = node, node.value
+        else:
+            return None
+
+
+def print_outside(tree):
+    """`print(x).upper()` prints x and fails: print returns None. Runs
+    `print(x.upper())`, which is what was meant, with a note."""
+    for statement in ast.walk(tree):
+        if not isinstance(statement, ast.Expr):
+            continue
+        found = base_print(statement.value)
+        if found is None:
+            continue
+        call, holder = found
+        before = ast.unparse(statement)
+        setattr(holder, "func" if isinstance(holder, ast.Call) and holder.func is call else "value",
+                call.args[0])
+        call.args = [statement.value]
+        statement.value = call
+        print(f"note: print() returns None; ran `{ast.unparse(statement)}` for `{before}`",
+              file=sys.stderr)
+    ast.fix_missing_locations(tree)
+
+
+def quote_hint(error, trees):
+    """For a name used as a value that nothing defines: the text in quotes
+    may have been meant (a small model's `print(sandbox[::-1])`); for a
+    function nothing defines, where to define it."""
+    name = getattr(error, "name", None)
+    if not isinstance(error, NameError) or not name:
+        return
+    nodes = [node for tree in trees if tree is not None for node in ast.walk(tree)]
+    called = {id(node.func) for node in nodes if isinstance(node, ast.Call)}
+    uses = [node for node in nodes if isinstance(node, ast.Name) and node.id == name]
+    if any(id(node) not in called for node in uses):
+        print(f"hint: `{name}` is not a variable; if you meant the text {name}, write it in "
+              f"quotes: '{name}'", file=sys.stderr)
+    elif uses:
+        print(f"hint: no function `{name}` exists here; define it with `def {name}(...):` in "
+              "the cell, before the line that calls it", file=sys.stderr)
+
+
 source = sys.stdin.read()
 if not parses(source):
     code = quoted_code(source)
@@ -325,11 +434,11 @@ if not parses(source):
 linecache.cache["<cell>"] = (len(source), None, source.splitlines(True), "<cell>")
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 definitions = load_state(namespace)
-tree = None
+tree = last = None
 try:
     tree = ast.parse(source, "<cell>", "exec")
+    print_outside(tree)
     imports_for(tree, namespace)
-    last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     exec(compile(tree, "<cell>", "exec"), namespace)
@@ -345,6 +454,7 @@ except BaseException as error:
     while frames is not None and frames.tb_frame.f_code.co_filename != "<cell>":
         frames = frames.tb_next
     traceback.print_exception(type(error), error, frames)
+    quote_hint(error, (tree, last))
     sys.exit(1)
 finally:
     if tree is not None:
