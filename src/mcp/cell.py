@@ -247,7 +247,8 @@ def statements(line):
             head, ifs = text, 0
         elif depth == 0 and text in ("if", "else"):
             ifs += 1 if text == "if" else -1
-        depth += (text in "([{") - (text in ")]}") if token.type == tokenize.OP else 0
+        if token.type == tokenize.OP:
+            depth += (text in ("(", "[", "{")) - (text in (")", "]", "}"))
         after_header = depth == 0 and text == ":" and head in HEADERS
     text = line.strip()
     return [text[a:b].strip() for a, b in zip(cuts, cuts[1:] + [len(text)])]
@@ -397,17 +398,16 @@ def print_outside(tree):
         statement.value = call
         print(f"note: print() returns None; ran `{ast.unparse(statement)}` for `{before}`",
               file=sys.stderr)
-    ast.fix_missing_locations(tree)
 
 
-def quote_hint(error, trees):
+def name_hint(error, tree):
     """For a name used as a value that nothing defines: the text in quotes
     may have been meant (a small model's `print(sandbox[::-1])`); for a
     function nothing defines, where to define it."""
     name = getattr(error, "name", None)
     if not isinstance(error, NameError) or not name:
         return
-    nodes = [node for tree in trees if tree is not None for node in ast.walk(tree)]
+    nodes = list(ast.walk(tree)) if tree is not None else []
     called = {id(node.func) for node in nodes if isinstance(node, ast.Call)}
     uses = [node for node in nodes if isinstance(node, ast.Name) and node.id == name]
     if any(id(node) not in called for node in uses):
@@ -434,14 +434,15 @@ if not parses(source):
 linecache.cache["<cell>"] = (len(source), None, source.splitlines(True), "<cell>")
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 definitions = load_state(namespace)
-tree = last = None
+tree = None
 try:
     tree = ast.parse(source, "<cell>", "exec")
     print_outside(tree)
     imports_for(tree, namespace)
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, "<cell>", "exec"), namespace)
+    body, last = tree.body, None
+    if body and isinstance(body[-1], ast.Expr):
+        body, last = body[:-1], ast.Expression(body[-1].value)
+    exec(compile(ast.Module(body, type_ignores=[]), "<cell>", "exec"), namespace)
     if last is not None:
         value = eval(compile(last, "<cell>", "eval"), namespace)
         if value is not None:
@@ -454,7 +455,7 @@ except BaseException as error:
     while frames is not None and frames.tb_frame.f_code.co_filename != "<cell>":
         frames = frames.tb_next
     traceback.print_exception(type(error), error, frames)
-    quote_hint(error, (tree, last))
+    name_hint(error, tree)
     sys.exit(1)
 finally:
     if tree is not None:
