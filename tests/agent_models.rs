@@ -1,7 +1,9 @@
 //! The turn loop against scripted model upstreams, through the real server:
 //! a broken stream closes the turn with an `error` event and an `error`
 //! result and the server goes on; an OpenAI tool call runs through the
-//! tool router and its result goes back to the model.
+//! tool router and its result goes back to the model. The small harness's
+//! aids, each against the replies a small model writes (calls as text,
+//! loops, repeats, empty replies), and what it says it did.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,16 +13,16 @@ mod common;
 mod upstream;
 
 use common::{TestServer, ndjson, stable, types};
-use conclave::config::{ModelAlias, ProviderKind};
+use conclave::config::{HarnessKind, ModelAlias, ProviderKind};
 use serde_json::{Value, json};
 use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
 
 async fn server_for(upstream: &Upstream) -> TestServer {
-    server_answering(upstream, false).await
+    server_answering(upstream, HarnessKind::Strict).await
 }
 
-/// The `scripted` model, with `answer_after_output` as given.
-async fn server_answering(upstream: &Upstream, answer_after_output: bool) -> TestServer {
+/// The `scripted` model, under the harness given.
+async fn server_answering(upstream: &Upstream, harness: HarnessKind) -> TestServer {
     let base_url = format!("{}/v1", upstream.url);
     TestServer::start_with(move |c| {
         c.models.insert(
@@ -30,9 +32,8 @@ async fn server_answering(upstream: &Upstream, answer_after_output: bool) -> Tes
                 model: "small-model".into(),
                 base_url: Some(base_url),
                 api_key: None,
-                tool_call_mode: Default::default(),
-                tools: None,
-                answer_after_output,
+                harness: Some(harness),
+                ..Default::default()
             },
         );
     })
@@ -137,10 +138,11 @@ async fn an_openai_tool_call_runs_and_its_result_goes_back_to_the_model() {
     server.stop().await;
 }
 
-/// A session that gives no system prompt still tells the model its tools and
-/// its workspace (small models' chat templates often drop `tools`), and a
-/// model call is capped by `agent.max_tokens` unless the session says
-/// otherwise; a session's own prompt and cap replace both.
+/// A session that gives no system prompt still tells the model its
+/// workspace (the small harness adds its tools, whose `tools` field small
+/// models' chat templates often drop, and a worked call), and a model call
+/// is capped by `agent.max_tokens` unless the session says otherwise; a
+/// session's own prompt and cap replace both.
 #[tokio::test]
 async fn model_calls_get_a_default_system_prompt_and_token_cap() {
     let done = || {
@@ -151,7 +153,7 @@ async fn model_calls_get_a_default_system_prompt_and_token_cap() {
             end(),
         ])
     };
-    let upstream = Upstream::start(vec![done(), done()]).await;
+    let upstream = Upstream::start(vec![done(), done(), done()]).await;
     let server = server_for(&upstream).await;
     for body in [
         json!({"prompt": "hi", "model": "scripted"}),
@@ -160,22 +162,21 @@ async fn model_calls_get_a_default_system_prompt_and_token_cap() {
         let events = ndjson(server.post("/agent/run", body).await).await;
         assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
     }
+    server.stop().await;
+    let small = server_answering(&upstream, HarnessKind::Small).await;
+    ndjson(
+        small
+            .post("/agent/run", json!({"prompt": "hi", "model": "scripted"}))
+            .await,
+    )
+    .await;
+    small.stop().await;
     let requests = upstream.requests();
     let first = &requests[0].body;
     assert_eq!(first["max_tokens"], 4096, "{first}");
-    let system = first["messages"][0]["content"].as_str().unwrap();
-    assert_eq!(first["messages"][0]["role"], "system");
-    assert!(
-        system.contains("- Bash: Echoes the command back"),
-        "{system}"
-    );
-    assert!(system.contains("/workspace"), "{system}");
-    // A worked call, in the shape a small model copies.
-    assert!(
-        system.contains(
-            "You call: {\"name\": \"Bash\", \"arguments\": {\"command\":\"wc -l < notes.txt\"}}"
-        ),
-        "{system}"
+    assert_eq!(
+        first["messages"][0],
+        json!({"role": "system", "content": "You are an agent with tools that run in a sandbox. Your workspace is /workspace."})
     );
     let second = &requests[1].body;
     assert_eq!(second["max_tokens"], 50, "{second}");
@@ -183,24 +184,44 @@ async fn model_calls_get_a_default_system_prompt_and_token_cap() {
         second["messages"][0],
         json!({"role": "system", "content": "Be brief."})
     );
-    server.stop().await;
+    let system = requests[2].body["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        system.starts_with("You are an agent with tools that run in a sandbox.")
+            && system.contains("- Bash: Echoes the command back"),
+        "{system}"
+    );
+    // A worked call, in the shape a small model copies.
+    assert!(
+        system.contains(
+            "You call: {\"name\": \"Bash\", \"arguments\": {\"command\":\"wc -l < notes.txt\"}}"
+        ),
+        "{system}"
+    );
 }
 
-/// A model reply written as text, as a small model writes it, and the
-/// turn's events.
+/// Model replies written as text, as a small model writes them, under the
+/// small harness, and the turn's events.
 async fn turn_with_replies(replies: Vec<Reply>) -> (Vec<Value>, Upstream) {
-    run_turn(replies, false, json!({"prompt": "go", "model": "scripted"})).await
+    run_turn(
+        replies,
+        HarnessKind::Small,
+        json!({"prompt": "go", "model": "scripted"}),
+    )
+    .await
 }
 
 /// One `/agent/run` of `body` against `replies`, with the `scripted`
-/// model's `answer_after_output` as given.
+/// model under `harness`.
 async fn run_turn(
     replies: Vec<Reply>,
-    answer_after_output: bool,
+    harness: HarnessKind,
     body: Value,
 ) -> (Vec<Value>, Upstream) {
     let upstream = Upstream::start(replies).await;
-    let server = server_answering(&upstream, answer_after_output).await;
+    let server = server_answering(&upstream, harness).await;
     let events = ndjson(server.post("/agent/run", body).await).await;
     server.stop().await;
     (events, upstream)
@@ -217,6 +238,27 @@ fn says(text: &str) -> Reply {
 
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// The `kind`s of a turn's `intervention` events, in order.
+fn interventions(events: &[Value]) -> Vec<&str> {
+    of_type(events, "intervention")
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect()
+}
+
+/// A reply that is one native tool call.
+fn calls(name: &str, arguments: &str) -> Reply {
+    Reply::sse(vec![
+        delta(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": name, "arguments": arguments}}]}),
+        ),
+        finish("tool_calls"),
+        chunk_usage(5, 5),
+        end(),
+    ])
 }
 
 /// `"timeout": "5"` is read as 5, an unknown field is dropped, and the
@@ -346,8 +388,7 @@ async fn an_unreadable_call_is_retried_once() {
     assert_eq!(upstream.requests().len(), 2);
 }
 
-/// An empty reply after a call (Qwen2.5-Coder-0.5B's, task 6) answers
-/// nothing: it is not kept, and the same request goes again, with a new
+/// An empty reply after a call answers nothing: it is not kept, and the same request goes again, with a new
 /// seed each time and some temperature.
 #[tokio::test]
 async fn an_empty_reply_is_asked_again() {
@@ -367,27 +408,27 @@ async fn an_empty_reply_is_asked_again() {
     assert_eq!(body(3)["temperature"], json!(0.7));
 }
 
-/// The same call asked for again in a later reply is not run twice: its
-/// result comes back with a note asking for the answer; the third time
-/// (or the third call that prints the same) settles the answer.
+/// The same call asked for again in a later reply runs again (a shell
+/// call may change what it prints); different calls printing the same
+/// output get a note that it may be the answer, and the third time the
+/// harness takes it as the answer and says so.
 #[tokio::test]
-async fn a_call_repeated_across_replies_runs_once() {
+async fn an_output_printed_three_times_settles_the_answer() {
     let call = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
     let (events, _) = turn_with_replies(vec![says(call), says(call), says("Done.")]).await;
     let results = of_type(&events, "tool_result");
     assert_eq!(results.len(), 2);
+    let second = results[1]["output"].as_str().unwrap();
     assert!(
-        results[1]["output"]
-            .as_str()
-            .unwrap()
-            .contains("already ran in this turn"),
-        "{:?}",
-        results[1]
+        second.starts_with("ran: ls") && second.contains("printed the same as an earlier call"),
+        "{second}"
     );
     assert_eq!(events.last().unwrap()["result"], "Done.");
     // Asked for a third time, its output is taken as the answer.
     let (events, upstream) =
         turn_with_replies(vec![says(call), says(call), says(call), says("never")]).await;
+    assert_eq!(of_type(&events, "tool_result").len(), 3);
+    assert_eq!(interventions(&events).last(), Some(&"answer_settled"));
     let result = events.last().unwrap();
     assert_eq!(
         (&result["status"], &result["result"]),
@@ -396,8 +437,7 @@ async fn a_call_repeated_across_replies_runs_once() {
     );
     assert_eq!(upstream.requests().len(), 3);
     // Different calls that print the same (here the same command with
-    // other timeouts) give the same answer again: the second is told so,
-    // the third's output is taken as the answer.
+    // other timeouts) give the same answer again.
     let variant =
         |t: u32| format!(r#"{{"name": "Bash", "arguments": {{"command": "ls", "timeout": {t}}}}}"#);
     let (events, upstream) = turn_with_replies(vec![
@@ -407,15 +447,6 @@ async fn a_call_repeated_across_replies_runs_once() {
         says("never"),
     ])
     .await;
-    let results = of_type(&events, "tool_result");
-    assert!(
-        results[1]["output"]
-            .as_str()
-            .unwrap()
-            .contains("printed the same as an earlier call"),
-        "{:?}",
-        results[1]
-    );
     let result = events.last().unwrap();
     assert_eq!(
         (&result["status"], &result["result"]),
@@ -425,10 +456,10 @@ async fn a_call_repeated_across_replies_runs_once() {
     assert_eq!(upstream.requests().len(), 3);
 }
 
-/// With `answer_after_output`, the model call after a call that printed is
+/// Under the small harness, the model call after a call that printed is
 /// offered no tools, so the model answers; a call it writes anyway runs.
 /// A call that printed nothing (here one refused) leaves the tools
-/// offered. Without the option every call offers them.
+/// offered. Under the strict one every call offers them.
 #[tokio::test]
 async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
     let (events, upstream) = run_turn(
@@ -438,7 +469,7 @@ async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
             says(r#"<tool_call>{"name": "Bash", "arguments": {"command": "pwd"}}</tool_call>"#),
             says("It printed: ran: pwd."),
         ],
-        true,
+        HarnessKind::Small,
         json!({"prompt": "go", "model": "scripted"}),
     )
     .await;
@@ -485,19 +516,30 @@ async fn after_a_printed_output_the_model_is_asked_for_its_answer() {
         "{events:?}"
     );
 
-    let (_, upstream) = turn_with_replies(vec![
-        says(r#"{"name": "Bash", "arguments": {"command": "ls"}}"#),
-        says("Done."),
-    ])
+    assert_eq!(
+        interventions(&events)
+            .into_iter()
+            .filter(|k| *k == "answer_asked")
+            .count(),
+        2,
+        "{events:?}"
+    );
+
+    let (events, upstream) = run_turn(
+        vec![calls("Bash", r#"{"command": "ls"}"#), says("Done.")],
+        HarnessKind::Strict,
+        json!({"prompt": "go", "model": "scripted"}),
+    )
     .await;
     assert_eq!(offered(&upstream), [true, true]);
+    assert!(interventions(&events).is_empty(), "{events:?}");
 }
 
-/// With `answer_after_output`, the calls of a reply after one that printed
-/// are not run (Qwen2.5-Coder-0.5B printed `xobdnas`, then `sandbox` in
-/// the same reply, and answered from the last): each is answered as not
-/// run, a status event says so, and the next model call asks for the
-/// answer. A call before it that printed nothing runs.
+/// Under the small harness, the calls of a reply after one that printed
+/// are not run (a small model's later calls of a reply are variations that
+/// print something else): each is answered as not run, an intervention
+/// says so, and the next model call asks for the answer. A call before it
+/// that printed nothing runs.
 #[tokio::test]
 async fn calls_after_one_that_printed_are_not_run() {
     let reply = [
@@ -509,18 +551,27 @@ async fn calls_after_one_that_printed_are_not_run() {
     .join("\n");
     let (events, upstream) = run_turn(
         vec![says(&reply), says("ran: pwd")],
-        true,
+        HarnessKind::Small,
         json!({"prompt": "go", "model": "scripted"}),
     )
     .await;
-    assert_eq!(of_type(&events, "tool_use").len(), 2, "{events:?}");
     let results = of_type(&events, "tool_result");
-    assert_eq!(results.len(), 2, "{events:?}");
+    assert_eq!(results.len(), 4, "{events:?}");
     assert_eq!(results[1]["output"], "ran: pwd");
-    assert!(
-        of_type(&events, "status")
-            .iter()
-            .any(|e| e["message"].as_str().unwrap().starts_with("2 more call(s)")),
+    for skipped in &results[2..] {
+        assert_eq!(
+            skipped["output"],
+            "not run: an earlier call of this reply printed its output"
+        );
+    }
+    assert_eq!(
+        interventions(&events),
+        [
+            "call_recovered",
+            "calls_skipped",
+            "calls_skipped",
+            "answer_asked"
+        ],
         "{events:?}"
     );
     let requests = upstream.requests();
@@ -577,7 +628,7 @@ async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
 
     let (_, upstream) = run_turn(
         vec![says(refused), says(refused), says("Done.")],
-        false,
+        HarnessKind::Small,
         json!({"prompt": "go", "model": "scripted", "temperature": 0.25}),
     )
     .await;
@@ -591,17 +642,24 @@ async fn a_failing_call_repeated_as_it_was_varies_the_next_reply() {
 
 /// A call that failed twice, asked for a third time as it was, is not run
 /// and not kept: the model is asked for a fix again from the same history
-/// (Qwen2.5-Coder-0.5B wrote `sum(int(str(2**50)))` twenty times).
+/// (a small model at temperature 0 writes the same failing call until the
+/// turn runs out).
 #[tokio::test]
 async fn a_call_that_failed_twice_is_not_run_a_third_time() {
     let refused = r#"{"name": "Bash", "arguments": {}}"#;
     let replies = vec![says(refused), says(refused), says(refused), says("Done.")];
     let (events, upstream) = turn_with_replies(replies).await;
     assert_eq!(of_type(&events, "tool_result").len(), 2, "{events:?}");
-    assert!(
-        of_type(&events, "status")
-            .iter()
-            .any(|e| e["message"].as_str().unwrap().contains("failed twice")),
+    assert_eq!(
+        interventions(&events),
+        [
+            "call_recovered",
+            "call_recovered",
+            "fix_asked",
+            "call_recovered",
+            "reply_discarded",
+            "fix_asked"
+        ],
         "{events:?}"
     );
     assert_eq!(events.last().unwrap()["result"], "Done.");

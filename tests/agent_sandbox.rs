@@ -287,13 +287,16 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
 /// Python runs as a notebook cell: a last line that is an expression has
 /// its value printed after the cell's own output; a failing cell's
 /// traceback shows the cell's lines, not the runner's; a cell that is a
-/// `python -c` command line runs the code it quotes; a standard module or
-/// a `math` function used without an import is imported; a cell that
-/// does not parse runs after a repair that makes it parse; methods called
-/// on print's result are called inside it; an undefined name gets a hint.
+/// Under the small harness (which asks for repairs): a `python -c` command
+/// line runs the code it quotes; a standard module or a `math` function
+/// used without an import is imported; a cell that does not parse runs
+/// after a repair that makes it parse; methods called on print's result
+/// are called inside it; an undefined name gets a hint. Each repair is
+/// said on stderr and as an `intervention`. Without it (the strict
+/// default) the same cells run as Python runs them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_shows_the_value_of_a_trailing_expression() {
-    let server = TestServer::start_sandboxed(|_| {}).await;
+    let server = TestServer::start_sandboxed(with_small_demo).await;
     let output = cell_output(&server, "print('first')\nx = 2\nx ** 100").await;
     assert_eq!(output["stdout"], "first\n1267650600228229401496703205376\n");
     assert_eq!(cell_output(&server, "y = None\ny").await["stdout"], "");
@@ -303,9 +306,25 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
     assert!(!stderr.contains("exec("), "{stderr}");
     assert_eq!(output["exit_code"], 1);
+    // Plain Python, for a caller that did not ask for repairs.
+    let plain = [
+        ("print('hello world').upper()", "AttributeError"),
+        ("python -c 'print(1)'", "SyntaxError"),
+        ("factorial(5)", "NameError: name 'factorial' is not defined"),
+        ("x = 6 * 7\nreturn x", "SyntaxError"),
+    ];
+    for (cell, error) in plain {
+        let output = cell_output(&server, cell).await;
+        let stderr = output["stderr"].as_str().unwrap();
+        assert!(
+            stderr.contains(error) && !stderr.contains("repair") && !stderr.contains("hint"),
+            "{output}"
+        );
+        assert_eq!(output["exit_code"], 1, "{output}");
+    }
     // A cell written as a command line runs the Python it quotes; a
     // function of `math` it uses without importing it is imported for it.
-    let output = cell_output(&server, "python -c 'print(factorial(20))'").await;
+    let output = repaired_cell_output(&server, "python -c 'print(factorial(20))'").await;
     assert_eq!(output["stdout"], "2432902008176640000\n", "{output}");
     let stderr = output["stderr"].as_str().unwrap();
     assert!(
@@ -315,17 +334,17 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     // So is one of a few standard modules; a name nothing provides still
     // fails as it would.
     let days = "(datetime.date(2024, 3, 1) - datetime.date(2024, 1, 1)).days";
-    assert_eq!(cell_output(&server, days).await["stdout"], "60\n");
-    let output = cell_output(&server, "no_such_name + 1").await;
+    assert_eq!(repaired_cell_output(&server, days).await["stdout"], "60\n");
+    let output = repaired_cell_output(&server, "no_such_name + 1").await;
     assert!(
         output["stderr"].as_str().unwrap().contains("NameError"),
         "{output}"
     );
     // A cell that does not parse runs after a repair that makes it parse,
-    // said on stderr: a bracket left open (issue 21's task 12), statements
-    // joined by `;` before a `with`, a line break inside a string and a
-    // `for` after a `with` on one line (task 14), a bracket that closes
-    // nothing, a block not indented, pasted output, a string left open.
+    // said on stderr: a bracket left open, statements joined by `;` before
+    // a `with`, a line break inside a string and a `for` after a `with` on
+    // one line, a bracket that closes nothing, a block not indented,
+    // pasted output, a string left open.
     let repairs = [
         (
             "print(sum(int(d) for d in str(2**50))",
@@ -337,41 +356,40 @@ async fn python_shows_the_value_of_a_trailing_expression() {
             "15\n",
             "split statements",
         ),
-        // Task 14 of the small-model bench as the model sent it: its
-        // `'\n'` arrived as a real line break, and a `for` follows the
-        // `with` on one line.
+        // A `'\n'` that arrived as a real line break, and a `for` after
+        // the `with` on one line.
         (
             "import sys; with open('n.txt', 'w') as f: for i in range(1, 6): f.write(str(i) + '\n')\nsum(int(x) for x in open('n.txt'))",
             "15\n",
             "wrote the blocks on one line as lines",
         ),
-        // Task 19: the `}` of the call's JSON written inside the code.
+        // The `}` of the call's JSON written inside the code.
         (
             "numbers = [5, 3, 9, 1]\nnumbers.sort()\nprint(numbers)}",
             "[1, 3, 5, 9]\n",
             "dropped brackets that close nothing",
         ),
-        // Task 13: the lines after two `with`s not indented, and the
-        // error the model read pasted after its code.
+        // The lines after two `with`s not indented, and the error the
+        // model read pasted after its code.
         (
             "with open('notes.txt', 'w') as file:\nfile.write('alpha beta')\nwith open('notes.txt', 'r') as file:\nprint(file.read())\nexit_code: 1\nstatus: error\nstderr: File '<cell>', line 2",
             "alpha beta\n",
             "dropped tool output pasted after the code; indented the line after a `:`",
         ),
-        // Task 10: the cell's result given with a `return`.
+        // The cell's result given with a `return`.
         (
             "x = 6 * 7\nreturn x",
             "42\n",
             "took a `return` outside a function",
         ),
-        // Task 9: a recursive function, an `else` without its `:`, and the
-        // call, all on one line.
+        // A recursive function, an `else` without its `:`, and the call,
+        // all on one line.
         (
             "def fibonacci(n): if n <= 1: return n else return fibonacci(n-1) + fibonacci(n-2) return fibonacci(20)",
             "6765\n",
             "wrote the blocks on one line as lines",
         ),
-        // Task 7: parses, and would print and then fail on print's None.
+        // Parses, and would print and then fail on print's None.
         (
             "print('hello world').upper()",
             "HELLO WORLD\n",
@@ -379,19 +397,19 @@ async fn python_shows_the_value_of_a_trailing_expression() {
         ),
     ];
     for (cell, stdout, note) in repairs {
-        let output = cell_output(&server, cell).await;
+        let output = repaired_cell_output(&server, cell).await;
         assert_eq!(output["stdout"], stdout, "{output}");
         assert!(
             output["stderr"].as_str().unwrap().contains(note),
             "{output}"
         );
     }
-    let output = cell_output(&server, "python -c \"print('sandbox'[::-1])\"").await;
+    let output = repaired_cell_output(&server, "python -c \"print('sandbox'[::-1])\"").await;
     assert_eq!(output["stdout"], "xobdnas\n", "{output}");
-    let output = cell_output(&server, "print('open)").await;
+    let output = repaired_cell_output(&server, "print('open)").await;
     assert_eq!(output["stdout"], "open\n", "{output}");
     // What no repair makes whole fails with its own syntax error.
-    let output = cell_output(&server, "print(hello world).upper()").await;
+    let output = repaired_cell_output(&server, "print(hello world).upper()").await;
     let stderr = output["stderr"].as_str().unwrap();
     assert!(
         stderr.contains("SyntaxError") && !stderr.contains("repair"),
@@ -399,13 +417,13 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     );
     assert_eq!(output["exit_code"], 1);
     // A name nothing defines fails, with a hint: quote it when used as a
-    // value (task 6), define it when called (task 10).
+    // value, define it when called.
     let hints = [
         ("print(sandbox[::-1])", "write it in quotes: 'sandbox'"),
         ("print(is_prime(7))", "define it with `def is_prime(...):`"),
     ];
     for (cell, hint) in hints {
-        let output = cell_output(&server, cell).await;
+        let output = repaired_cell_output(&server, cell).await;
         let stderr = output["stderr"].as_str().unwrap();
         assert!(
             stderr.contains("NameError") && stderr.contains(hint),
@@ -415,7 +433,10 @@ async fn python_shows_the_value_of_a_trailing_expression() {
     }
     // `python` is python3 in the image, for models that write either.
     let python = "import subprocess\nsubprocess.run(['python', '-c', 'print(6 * 7)']).returncode";
-    assert_eq!(cell_output(&server, python).await["stdout"], "42\n0\n");
+    assert_eq!(
+        repaired_cell_output(&server, python).await["stdout"],
+        "42\n0\n"
+    );
     server.stop_and_remove_sandboxes().await;
 }
 
@@ -460,4 +481,38 @@ async fn cell_output(server: &TestServer, code: &str) -> Value {
     let prompt = format!("```python\n{code}\n```");
     let events = ndjson(server.post("/agent/run", json!({"prompt": prompt})).await).await;
     tool_results(&events)[0]["output"].clone()
+}
+
+/// The demo model under the small harness, as `demo-small`.
+fn with_small_demo(config: &mut conclave::config::Config) {
+    config.models.insert(
+        "demo-small".into(),
+        conclave::config::ModelAlias {
+            provider: conclave::config::ProviderKind::Demo,
+            model: "demo".into(),
+            harness: Some(conclave::config::HarnessKind::Small),
+            ..Default::default()
+        },
+    );
+}
+
+/// [`cell_output`] under the small harness: the cell runs with repairs,
+/// and each repair that ran is an `intervention` too.
+async fn repaired_cell_output(server: &TestServer, code: &str) -> Value {
+    let prompt = format!("```python\n{code}\n```");
+    let body = json!({"prompt": prompt, "model": "demo-small"});
+    let events = ndjson(server.post("/agent/run", body).await).await;
+    let output = tool_results(&events)[0]["output"].clone();
+    let said: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "intervention" && e["kind"] == "cell_repaired")
+        .filter_map(|e| e["detail"].as_str())
+        .collect();
+    let stderr = output["stderr"].as_str().unwrap_or_default();
+    let repairs: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("repair: "))
+        .collect();
+    assert_eq!(said, repairs, "{events:?}");
+    output
 }

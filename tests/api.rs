@@ -125,9 +125,7 @@ async fn budget_stops_the_turn_and_unpriced_models_say_cost_is_unknown() {
                 model: "demo-unpriced".into(),
                 base_url: None,
                 api_key: None,
-                tool_call_mode: Default::default(),
-                tools: None,
-                answer_after_output: false,
+                ..Default::default()
             },
         );
     })

@@ -68,9 +68,7 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
                 model: "small-model".into(),
                 base_url: Some(base_url),
                 api_key: None,
-                tool_call_mode: Default::default(),
-                tools: None,
-                answer_after_output: false,
+                ..Default::default()
             },
         );
     })

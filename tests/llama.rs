@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{TestServer, ndjson, types};
-use conclave::config::{ModelAlias, ProviderKind};
+use conclave::config::{HarnessKind, ModelAlias, ProviderKind};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
@@ -46,9 +46,7 @@ async fn a_turn_through_the_openai_provider_streams_text_and_a_result() {
                 model: "smollm2".into(),
                 base_url: Some(format!("{base}/v1")),
                 api_key: None,
-                tool_call_mode: Default::default(),
-                tools: None,
-                answer_after_output: false,
+                ..Default::default()
             },
         );
     })
@@ -201,7 +199,7 @@ async fn llama_server_with(model: &str) -> (Child, String) {
 /// llama-server, asked in an agent session (default options) to compute
 /// something with Python, calls `execute_code` in a real docker sandbox
 /// and answers with the result, configured as the README suggests for such
-/// a model (two tools, `answer_after_output`). `benches/small_model.sh`
+/// a model (two tools, `harness = "small"`). `benches/small_model.sh`
 /// runs twenty such tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_real_model_computes_with_python_in_a_sandbox() {
@@ -218,9 +216,9 @@ async fn a_small_real_model_computes_with_python_in_a_sandbox() {
                 model: "qwen2.5-coder-0.5b-instruct".into(),
                 base_url: Some(format!("{base}/v1")),
                 api_key: None,
-                tool_call_mode: Default::default(),
                 tools: Some(vec!["mcp__sandbox__execute_code".into(), "Bash".into()]),
-                answer_after_output: true,
+                harness: Some(HarnessKind::Small),
+                ..Default::default()
             },
         );
     })

@@ -83,7 +83,7 @@ fn check(seen: &Value, served: bool) {
         schema["timeout"]["minimum"], 0,
         "unsigned integers keep their bound: {schema}"
     );
-    for field in ["code", "language", "session_id", "timeout"] {
+    for field in ["code", "language", "session_id", "timeout", "repair"] {
         assert!(
             schema.get(field).is_some(),
             "execute_code lacks {field}: {schema}"
@@ -95,6 +95,26 @@ fn check(seen: &Value, served: bool) {
     assert_eq!(code["status"], "success");
     assert_eq!(code["truncated"], false);
     assert!(code["duration_ms"].is_u64());
+    // Python's own error for a caller that did not ask for repairs; the
+    // repair, said on stderr, for one that did.
+    let plain = &seen["plain_cell"];
+    assert_eq!(plain["stdout"], "a\n", "{plain}");
+    let stderr = plain["stderr"].as_str().expect("stderr");
+    assert!(
+        stderr.contains("AttributeError: 'NoneType' object has no attribute 'upper'")
+            && !stderr.contains("repair"),
+        "{plain}"
+    );
+    assert_eq!(plain["exit_code"], 1);
+    let repaired = &seen["repaired_cell"];
+    assert_eq!(repaired["stdout"], "A\n", "{repaired}");
+    assert!(
+        repaired["stderr"]
+            .as_str()
+            .expect("stderr")
+            .starts_with("repair: print() returns None"),
+        "{repaired}"
+    );
     assert_eq!(seen["read_file"]["content"], "hello from mcp\n");
     assert_eq!(
         seen["execute_shell"]["stdout"],

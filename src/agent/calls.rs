@@ -1,9 +1,8 @@
 //! A turn's tool calls, from a model reply to the messages that answer
-//! them: bounded per reply, names resolved against the offered tools,
-//! arguments brought to the tool's schema, a repeated call answered from its
-//! first run, output streamed as `tool_output` events and cut to size.
+//! them: bounded per reply, names matched to the offered tools, arguments
+//! checked against the tool's schema, the harness asked before and after
+//! each, output streamed as `tool_output` events and cut to size.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -11,9 +10,10 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::coerce::coerce;
+use super::harness::{Harness, Say};
 use super::tools::{ToolChunk, ToolContext, ToolOutput};
 use super::turn::TurnDeps;
-use crate::model::{Message, ToolCall, ToolSpec, lenient};
+use crate::model::{Message, ToolCall, ToolSpec};
 use crate::protocol::EventKind;
 use crate::session::Session;
 use crate::store::StoreError;
@@ -48,32 +48,35 @@ pub(super) fn bound_calls(calls: &mut Vec<ToolCall>, limit: usize) -> Option<Str
     })
 }
 
-/// Whether text that made no call was meant as one: JSON, a JSON fence or
-/// a tool-call tag.
-pub(super) fn looks_like_a_call(text: &str) -> bool {
-    let text = text.trim_start();
-    text.starts_with('{')
-        || text.starts_with('[')
-        || text.contains("```json")
-        || text.contains("<tool_call>")
-        || (text.contains("\"arguments\"") && text.contains("\"name\""))
+/// The offered tool a call names: its exact name, or the name with an
+/// `mcp__{server}__` prefix added or dropped when that fits one tool.
+fn offered_name<'a>(name: &str, tools: &'a [ToolSpec]) -> Option<&'a str> {
+    let names = || tools.iter().map(|t| t.name.as_str());
+    if let Some(exact) = names().find(|t| *t == name) {
+        return Some(exact);
+    }
+    let unprefixed = name
+        .strip_prefix("mcp__")
+        .and_then(|rest| rest.split_once("__"))
+        .map(|(_, tool)| tool);
+    let mut fitting = names().filter(|t| {
+        Some(*t) == unprefixed
+            || t.strip_prefix("mcp__")
+                .and_then(|rest| rest.split_once("__"))
+                .is_some_and(|(_, tool)| tool == name)
+    });
+    match (fitting.next(), fitting.next()) {
+        (Some(one), None) => Some(one),
+        _ => None,
+    }
 }
 
-/// What a model whose call could not be read is told.
-pub(super) fn unreadable_call_note(tools: &[ToolSpec]) -> String {
-    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-    format!(
-        "Your last reply could not be read as a tool call. To call a tool, reply with \
-         only {{\"name\": \"<tool>\", \"arguments\": {{...}}}} using one of: {}. \
-         To give your final answer, reply in plain text.",
-        names.join(", ")
-    )
-}
-
-/// The offered tool a call means and its arguments brought to that tool's
-/// schema, with notes on what was assumed; or why it cannot run.
-fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<(ToolCall, Vec<String>), String> {
-    let Some(resolved) = lenient::resolve_tool_name(&call.name, &call.arguments, tools) else {
+/// The offered tool a call names, with its arguments checked against that
+/// tool's schema; or why it cannot run.
+fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<ToolCall, String> {
+    let Some(spec) =
+        offered_name(&call.name, tools).and_then(|name| tools.iter().find(|t| t.name == name))
+    else {
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
         return Err(if names.is_empty() {
             format!(
@@ -88,30 +91,18 @@ fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<(ToolCall, Vec<St
             )
         });
     };
-    // A resolved name is one of `tools`; this only guards the invariant.
-    let Some(spec) = tools.iter().find(|t| t.name == resolved.name) else {
-        return Err(format!(
-            "there is no tool '{}' in this session",
-            resolved.name
-        ));
-    };
-    let coerced = coerce(call.arguments.clone(), &spec.input_schema)
+    let checked = coerce(call.arguments.clone(), &spec.input_schema, false)
         .map_err(|e| format!("{}: {e}", spec.name))?;
-    let mut notes: Vec<String> = resolved.note.into_iter().collect();
-    notes.extend(coerced.notes);
-    Ok((
-        ToolCall {
-            id: call.id.clone(),
-            name: resolved.name,
-            arguments: coerced.arguments,
-        },
-        notes,
-    ))
+    Ok(ToolCall {
+        id: call.id.clone(),
+        name: spec.name.clone(),
+        arguments: checked.arguments,
+    })
 }
 
 /// Adds what was assumed about a call to its output, where the model
 /// reads it.
-fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput {
+pub(super) fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput {
     if notes.is_empty() {
         return output;
     }
@@ -135,9 +126,9 @@ fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput {
 enum Plan {
     /// It cannot run (unknown tool, arguments that do not fit).
     Refused(String),
-    /// It ran earlier in this turn: its result again.
-    Repeated(ToolOutput, Vec<String>, Option<String>),
-    /// It runs now, prepared, with notes on what was assumed.
+    /// The harness answered it without running it.
+    Answered(ToolOutput, Vec<String>),
+    /// It runs now, with notes on what the harness changed.
     Run(ToolCall, Vec<String>),
 }
 
@@ -145,15 +136,18 @@ enum Plan {
 pub(super) const MAX_CONCURRENT_CALLS: usize = 8;
 
 /// Runs a batch of a reply's tool calls: every `tool_use` first, in order;
-/// then the calls, at most [`MAX_CONCURRENT_CALLS`] at once (one failing
+/// then the harness sees each call (it may change it or answer it); then
+/// the calls run, at most [`MAX_CONCURRENT_CALLS`] at once (one failing
 /// cancels none of the others; their output streams as it comes, tagged
-/// with the call's id); then each `tool_result`, in order.
+/// with the call's id); then each `tool_result`, in order, after the
+/// harness saw it. A call's answer is the turn's answer when the harness
+/// settles on one.
 pub(super) async fn run_tools(
     deps: &TurnDeps,
     session: &Arc<Session>,
     ctx: &ToolContext,
     tools: &[ToolSpec],
-    ran: &mut TurnCalls,
+    harness: &mut Harness,
     calls: &[ToolCall],
     cancel: &CancellationToken,
 ) -> Result<Vec<Answered>, StoreError> {
@@ -164,28 +158,23 @@ pub(super) async fn run_tools(
             input: call.arguments.clone(),
         })?;
     }
+    let mut said = Say::new();
     // `tools` holds only what the session allows.
     let plans: Vec<Plan> = calls
         .iter()
-        .map(|call| match prepare_call(call, tools) {
-            Err(message) => Plan::Refused(message),
-            Ok((call, mut notes)) => match ran.by_call.get_mut(&key_of(&call)) {
-                Some(earlier) => {
-                    earlier.times += 1;
-                    let settled =
-                        (earlier.times >= REPEATS_TO_SETTLE).then(|| answer_of(&earlier.output));
-                    notes.push(
-                        "this exact call already ran in this turn and was not run again; \
-                         its result is repeated here. If it answers the question, reply \
-                         with the answer in plain text"
-                            .into(),
-                    );
-                    Plan::Repeated(earlier.output.clone(), notes, settled)
-                }
-                None => Plan::Run(call, notes),
-            },
+        .map(|asked| {
+            let mut call = asked.clone();
+            let mut notes = Vec::new();
+            if let Some(output) = harness.on_call(&mut call, tools, &mut notes, &mut said) {
+                return Plan::Answered(output, notes);
+            }
+            match prepare_call(&call, tools) {
+                Ok(call) => Plan::Run(call, notes),
+                Err(message) => Plan::Refused(message),
+            }
         })
         .collect();
+    tell(session, &mut said)?;
     // Boxed with their type spelled out: the stream of borrowing futures
     // must stay `Send` for the session task.
     type Running<'a> = std::pin::Pin<
@@ -208,182 +197,40 @@ pub(super) async fn run_tools(
         .collect()
         .await;
     let mut answered = Vec::with_capacity(calls.len());
-    for ((call, plan), output) in calls.iter().zip(plans).zip(outputs) {
-        let (output, settled) = match (plan, output) {
-            (Plan::Refused(message), _) => (ToolOutput::error(message), None),
-            (Plan::Repeated(output, notes, settled), _) => (with_notes(output, &notes), settled),
-            (Plan::Run(prepared, mut notes), Some(output)) => {
-                let output = output?;
-                let settled = ran.record(&prepared, &output, &mut notes);
-                (with_notes(output, &notes), settled)
-            }
+    for ((asked, plan), output) in calls.iter().zip(plans).zip(outputs) {
+        let mut output = match (plan, output) {
+            (Plan::Refused(message), _) => ToolOutput::error(message),
+            (Plan::Answered(output, notes), _) => with_notes(output, &notes),
+            (Plan::Run(_, notes), Some(output)) => with_notes(output?, &notes),
             (Plan::Run(..), None) => unreachable!("every planned run has an output"),
         };
-        // A failing call asked for again, as it was, failed again (it ran:
-        // what it depends on may have changed in between).
-        let failed_again = output.is_error.then(|| ran.failed(call, &output)).flatten();
-        let output = if failed_again.is_some() {
-            with_notes(
-                output,
-                &["this exact call already failed in this turn; change it".into()],
-            )
-        } else {
-            output
-        };
-        let printed = !output.is_error && printed(&output).is_some();
+        let settled = harness.on_result(asked, &mut output, &mut said);
+        tell(session, &mut said)?;
         answered.push(Answered {
-            message: finish_tool(deps, session, call, output)?,
+            message: finish_tool(deps, session, asked, output)?,
             settled,
-            printed,
-            failed_again,
         });
     }
     Ok(answered)
+}
+
+/// Sends what the harness did as `intervention` events.
+pub(super) fn tell(session: &Session, said: &mut Say) -> Result<(), StoreError> {
+    for intervention in said.drain(..) {
+        session.emit(EventKind::Intervention {
+            kind: intervention.kind,
+            detail: intervention.detail,
+        })?;
+    }
+    Ok(())
 }
 
 /// A call of a reply, answered.
 pub(super) struct Answered {
     /// The `tool` message that goes back to the model.
     pub message: Message,
-    /// The turn's answer, when the model's calls keep printing one.
+    /// The turn's answer, when the harness settled on one.
     pub settled: Option<String>,
-    /// It succeeded and printed something.
-    pub printed: bool,
-    /// It failed, as it had earlier in the turn, asked for as it was: the
-    /// last line of its error.
-    pub failed_again: Option<String>,
-}
-
-/// What makes two calls the same call.
-fn key_of(call: &ToolCall) -> String {
-    format!("{} {}", call.name, call.arguments)
-}
-
-impl TurnCalls {
-    /// Counts a failure of `call`; its error line when it had failed before.
-    fn failed(&mut self, call: &ToolCall, output: &ToolOutput) -> Option<String> {
-        let (times, error) = self.failed.entry(key_of(call)).or_default();
-        *times += 1;
-        *error = last_error_line(output);
-        (*times > 1).then(|| error.clone())
-    }
-
-    /// The error of a call that failed twice in this turn, asked for as it
-    /// was: a third time it is not run, nor kept in the history (a small
-    /// model copies the calls it sees; it is asked again instead).
-    pub(super) fn failed_twice(&self, call: &ToolCall) -> Option<&str> {
-        match self.failed.get(&key_of(call)) {
-            Some((times, error)) if *times >= 2 => Some(error),
-            _ => None,
-        }
-    }
-
-    /// Keeps a call that ran; answers its printed output when different
-    /// calls printed it often enough to be the answer (a note says so
-    /// before that).
-    fn record(
-        &mut self,
-        call: &ToolCall,
-        output: &ToolOutput,
-        notes: &mut Vec<String>,
-    ) -> Option<String> {
-        if output.is_error {
-            return None;
-        }
-        let mut settled = None;
-        // Different code printing what earlier code printed is the same
-        // answer again.
-        if let Some(printed) = printed(output) {
-            let times = self.by_output.entry(printed.clone()).or_insert(0);
-            *times += 1;
-            if *times >= REPEATS_TO_SETTLE {
-                settled = Some(printed);
-            } else if *times > 1 {
-                notes.push(
-                    "this call printed the same as an earlier call of this \
-                     turn. If that answers the question, reply with the \
-                     answer in plain text"
-                        .into(),
-                );
-            }
-        }
-        self.by_call.insert(
-            key_of(call),
-            Ran {
-                output: output.clone(),
-                times: 1,
-            },
-        );
-        settled
-    }
-}
-
-/// The successful calls of a turn: by name and arguments, and by what
-/// they printed.
-#[derive(Default)]
-pub(super) struct TurnCalls {
-    by_call: HashMap<String, Ran>,
-    /// How many different calls printed each output.
-    by_output: HashMap<String, u32>,
-    /// Calls as the model asked for them that failed or were refused: how
-    /// often, and the last line of the error.
-    failed: HashMap<String, (u32, String)>,
-}
-
-/// A successful call of this turn and how often it was asked for.
-struct Ran {
-    output: ToolOutput,
-    times: u32,
-}
-
-/// A model that asks this many times for a call that already succeeded
-/// (when told its result answers) has its answer: that result. Tiny models
-/// often cannot stop calling to write a reply.
-pub(super) const REPEATS_TO_SETTLE: u32 = 3;
-
-/// What a successful call printed, when it printed something: its text,
-/// or an execution's stdout.
-fn printed(output: &ToolOutput) -> Option<String> {
-    let text = match &output.output {
-        Value::String(text) => text.as_str(),
-        Value::Object(fields) => fields.get("stdout").and_then(Value::as_str)?,
-        _ => return None,
-    };
-    let text = text.trim_end();
-    (!text.trim().is_empty()).then(|| text.to_string())
-}
-
-/// The last line of a failed call's error (an execution's stderr, else its
-/// stdout; a refusal's text), at most 300 characters.
-fn last_error_line(output: &ToolOutput) -> String {
-    let text = match &output.output {
-        Value::String(text) => text.as_str(),
-        Value::Object(fields) => ["stderr", "stdout"]
-            .iter()
-            .filter_map(|key| fields.get(*key).and_then(Value::as_str))
-            .find(|text| !text.trim().is_empty())
-            .unwrap_or_default(),
-        _ => "",
-    };
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim();
-    line.chars().take(300).collect()
-}
-
-/// A call's output as an answer: an execution's stdout, else the output.
-fn answer_of(output: &ToolOutput) -> String {
-    match &output.output {
-        Value::String(text) => text.trim_end().to_string(),
-        Value::Object(fields) => match fields.get("stdout").and_then(Value::as_str) {
-            Some(stdout) if !stdout.trim().is_empty() => stdout.trim_end().to_string(),
-            _ => Value::Object(fields.clone()).to_string(),
-        },
-        other => other.to_string(),
-    }
 }
 
 /// Runs a call whose name and arguments are settled, streaming what it
@@ -454,9 +301,9 @@ fn finish_tool(
 /// A tool's output as the model reads it: a string as it is; an object
 /// (an exec's `stdout`, `stderr`, `exit_code`…) as `key: value` lines, its
 /// printed text last and verbatim under its own line, without the empty
-/// fields and the flags that are off. Shown as escaped JSON, a small model
-/// reads the quotes and `\n`s of the output as its own and continues them
-/// in its next call.
+/// fields and the flags that are off: printed text reads as it was
+/// printed, not as escaped JSON (whose quotes and `\n`s a model may take
+/// for its own and continue in its next call).
 fn as_text(output: &Value) -> String {
     let fields = match output {
         Value::String(s) => return s.clone(),
@@ -475,9 +322,8 @@ fn as_text(output: &Value) -> String {
         }
     }
     // A failure's error last, after what it printed, as a terminal shows
-    // it; a success's output last, after the notes on stderr: the model
-    // answers from what it read last (Qwen2.5-Coder-0.5B, shown `6765`
-    // and then its repaired code, answered with a made-up number).
+    // it; a success's output last, after the notes on stderr: a model
+    // answers from what it read last.
     let failed = fields.get("status").and_then(Value::as_str) == Some("error")
         || fields
             .get("exit_code")
@@ -586,10 +432,9 @@ mod tests {
         assert!(stdout.contains("[... truncated"), "{stdout}");
     }
 
-    /// The exact error of Qwen2.5-Coder-0.5B's task 14 cell: read as
-    /// lines, with the printed text verbatim, not as escaped JSON; what
-    /// a success printed comes last, after its notes, and a failure's
-    /// error after what it printed.
+    /// An exec result reads as lines, with the printed text verbatim, not
+    /// as escaped JSON; what a success printed comes last, after its notes,
+    /// and a failure's error after what it printed.
     #[test]
     fn an_exec_result_reads_as_lines_for_the_model() {
         let output = serde_json::json!({

@@ -4,6 +4,10 @@
 //! list is expected, fields the schema does not know dropped. What cannot
 //! be read (a required field missing, `"five"` for a number) is refused
 //! with the expected shape, so the model can fix its call.
+//!
+//! Not lenient (the strict harness), nothing is changed: a call that does
+//! not fit its schema is refused with what does not fit (an argument the
+//! schema does not know only where it forbids other fields).
 
 use serde_json::{Map, Value};
 
@@ -14,9 +18,10 @@ pub struct Coerced {
     pub notes: Vec<String>,
 }
 
-/// Brings `arguments` to `schema` (an object schema with `properties`);
-/// the error says what is wrong and what was expected.
-pub fn coerce(arguments: Value, schema: &Value) -> Result<Coerced, String> {
+/// Brings `arguments` to `schema` (an object schema with `properties`),
+/// or only checks them against it when not `lenient`; the error says what
+/// is wrong and what was expected.
+pub fn coerce(arguments: Value, schema: &Value, lenient: bool) -> Result<Coerced, String> {
     let mut notes = Vec::new();
     let mut object = match arguments {
         Value::Object(object) => object,
@@ -30,15 +35,24 @@ pub fn coerce(arguments: Value, schema: &Value) -> Result<Coerced, String> {
     };
     let properties = schema["properties"].as_object();
     if let Some(properties) = properties {
-        rename_lone_argument(&mut object, schema, properties, &mut notes);
-        let open = schema["additionalProperties"] != Value::Bool(false)
-            && !schema["additionalProperties"].is_null();
-        if !open {
-            let unknown: Vec<String> = object
-                .keys()
-                .filter(|k| !properties.contains_key(*k))
-                .cloned()
-                .collect();
+        if lenient {
+            rename_lone_argument(&mut object, schema, properties, &mut notes);
+        }
+        let closed = schema["additionalProperties"] == Value::Bool(false);
+        let open = !closed && !schema["additionalProperties"].is_null();
+        let unknown: Vec<String> = object
+            .keys()
+            .filter(|k| !properties.contains_key(*k))
+            .cloned()
+            .collect();
+        if !lenient && closed && !unknown.is_empty() {
+            return Err(format!(
+                "unknown argument(s) {}; expected {}",
+                unknown.join(", "),
+                shape(schema)
+            ));
+        }
+        if lenient && !open {
             for key in unknown {
                 object.remove(&key);
                 notes.push(format!("dropped unknown argument '{key}'"));
@@ -53,7 +67,7 @@ pub fn coerce(arguments: Value, schema: &Value) -> Result<Coerced, String> {
         });
         for (key, value) in object.iter_mut() {
             if let Some(property) = properties.get(key) {
-                coerce_value(key, value, property, &mut notes)
+                coerce_value(key, value, property, lenient, &mut notes)
                     .map_err(|e| format!("{e}; expected {}", shape(schema)))?;
             }
         }
@@ -133,6 +147,7 @@ fn coerce_value(
     key: &str,
     value: &mut Value,
     schema: &Value,
+    lenient: bool,
     notes: &mut Vec<String>,
 ) -> Result<(), String> {
     let types = types_of(schema);
@@ -147,17 +162,18 @@ fn coerce_value(
         _ => false,
     };
     if types.is_empty() || types.iter().any(|t| fits(t)) {
-        clamp(key, value, schema, notes);
-        return Ok(());
+        return clamp(key, value, schema, lenient, notes);
     }
     let before = value.to_string();
-    let converted = types.iter().find_map(|t| convert(value, t, schema));
+    let converted = types
+        .iter()
+        .filter(|_| lenient)
+        .find_map(|t| convert(value, t, schema));
     match converted {
         Some(new) => {
             notes.push(format!("'{key}': {before} was read as {new}"));
             *value = new;
-            clamp(key, value, schema, notes);
-            Ok(())
+            clamp(key, value, schema, lenient, notes)
         }
         None => Err(format!(
             "'{key}' is {before}, which is not {}",
@@ -167,18 +183,32 @@ fn coerce_value(
 }
 
 /// A number outside the schema's `minimum`/`maximum` is brought inside
-/// (a timeout of 1000 s where 600 is the most becomes 600).
-fn clamp(key: &str, value: &mut Value, schema: &Value, notes: &mut Vec<String>) {
+/// (a timeout of 1000 s where 600 is the most becomes 600), or refused
+/// when not `lenient`.
+fn clamp(
+    key: &str,
+    value: &mut Value,
+    schema: &Value,
+    lenient: bool,
+    notes: &mut Vec<String>,
+) -> Result<(), String> {
     let Some(n) = value.as_f64() else {
-        return;
+        return Ok(());
     };
     let low = schema["minimum"].as_f64();
     let high = schema["maximum"].as_f64();
     let bounded = match (low, high) {
         (Some(low), _) if n < low => low,
         (_, Some(high)) if n > high => high,
-        _ => return,
+        _ => return Ok(()),
     };
+    if !lenient {
+        return Err(format!(
+            "'{key}' is {value}, outside {} to {}",
+            low.map_or("-∞".into(), |l| l.to_string()),
+            high.map_or("∞".into(), |h| h.to_string())
+        ));
+    }
     let new = if value.is_f64() {
         serde_json::Number::from_f64(bounded).map_or(Value::Null, Value::Number)
     } else {
@@ -188,6 +218,7 @@ fn clamp(key: &str, value: &mut Value, schema: &Value, notes: &mut Vec<String>) 
         "'{key}': {value} is out of range and was taken as {new}"
     ));
     *value = new;
+    Ok(())
 }
 
 /// `value` as type `t`, where that reading is unambiguous.
@@ -213,7 +244,7 @@ fn convert(value: &Value, t: &str, schema: &Value) -> Option<Value> {
         ("array", single) if !single.is_null() => {
             let mut item = single.clone();
             let mut ignored = Vec::new();
-            coerce_value("item", &mut item, &schema["items"], &mut ignored).ok()?;
+            coerce_value("item", &mut item, &schema["items"], true, &mut ignored).ok()?;
             Some(Value::Array(vec![item]))
         }
         _ => None,
@@ -273,6 +304,7 @@ mod tests {
         let coerced = coerce(
             json!({"code": "1", "timeout": "5", "background": "true", "paths": "a.py", "colour": "red"}),
             &execute_code(),
+            true,
         )
         .unwrap();
         assert_eq!(
@@ -289,6 +321,7 @@ mod tests {
         let coerced = coerce(
             json!({"command": "2**100", "timeout": 1000}),
             &execute_code(),
+            true,
         )
         .unwrap();
         assert_eq!(coerced.arguments, json!({"code": "2**100", "timeout": 600}));
@@ -298,29 +331,68 @@ mod tests {
                 .iter()
                 .any(|n| n.contains("'command' was taken as 'code'"))
         );
-        let coerced = coerce(json!({"code": "1", "timeout": "0"}), &execute_code()).unwrap();
+        let coerced = coerce(json!({"code": "1", "timeout": "0"}), &execute_code(), true).unwrap();
         assert_eq!(coerced.arguments["timeout"], 1);
     }
 
     #[test]
     fn values_that_fit_are_left_alone() {
         let arguments = json!({"code": "print(1)", "timeout": 5, "language": null});
-        let coerced = coerce(arguments.clone(), &execute_code()).unwrap();
+        let coerced = coerce(arguments.clone(), &execute_code(), true).unwrap();
         assert_eq!(coerced.arguments, arguments);
         assert!(coerced.notes.is_empty());
     }
 
     #[test]
     fn what_cannot_be_read_is_refused_with_the_shape() {
-        let err = coerce(json!({"code": "1", "timeout": "five"}), &execute_code()).unwrap_err();
+        let err = coerce(
+            json!({"code": "1", "timeout": "five"}),
+            &execute_code(),
+            true,
+        )
+        .unwrap_err();
         assert!(err.contains("'timeout' is \"five\""), "{err}");
         assert!(err.contains("code: string"), "{err}");
         assert!(err.contains("timeout?: integer"), "{err}");
-        let coerced = coerce(json!({"code": "1", "background": null}), &execute_code()).unwrap();
+        let coerced = coerce(
+            json!({"code": "1", "background": null}),
+            &execute_code(),
+            true,
+        )
+        .unwrap();
         assert_eq!(coerced.arguments, json!({"code": "1"}), "null is not given");
-        let err = coerce(json!({"language": "python"}), &execute_code()).unwrap_err();
+        let err = coerce(json!({"language": "python"}), &execute_code(), true).unwrap_err();
         assert!(err.contains("missing required argument(s) code"), "{err}");
-        let err = coerce(json!("print(1)"), &execute_code()).unwrap_err();
+        let err = coerce(json!("print(1)"), &execute_code(), true).unwrap_err();
         assert!(err.contains("must be an object"), "{err}");
+    }
+
+    /// Not lenient, a call that does not fit is refused with what does not
+    /// fit, and one that fits passes as it is, unknown fields included
+    /// where the schema does not forbid them.
+    #[test]
+    fn strict_checks_change_nothing() {
+        let err = coerce(json!({"code": "1", "timeout": "5"}), &execute_code(), false).unwrap_err();
+        assert!(
+            err.contains("'timeout' is \"5\", which is not integer"),
+            "{err}"
+        );
+        let err = coerce(
+            json!({"code": "1", "timeout": 1000}),
+            &execute_code(),
+            false,
+        )
+        .unwrap_err();
+        assert!(err.contains("'timeout' is 1000, outside 1 to 600"), "{err}");
+        let err = coerce(json!({"command": "2**100"}), &execute_code(), false).unwrap_err();
+        assert!(err.contains("missing required argument(s) code"), "{err}");
+        let given = json!({"code": "1", "colour": "red", "language": null});
+        let checked = coerce(given, &execute_code(), false).unwrap();
+        assert_eq!(checked.arguments, json!({"code": "1", "colour": "red"}));
+        assert!(checked.notes.is_empty());
+        let mut closed = execute_code();
+        closed["additionalProperties"] = json!(false);
+        let err = coerce(json!({"code": "1", "colour": "red"}), &closed, false).unwrap_err();
+        assert!(err.contains("unknown argument(s) colour"), "{err}");
     }
 }

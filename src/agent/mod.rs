@@ -13,6 +13,7 @@
 
 pub mod calls;
 pub mod coerce;
+pub mod harness;
 pub mod options;
 pub mod prompts;
 pub mod task;

@@ -8,13 +8,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::calls::{
-    REPEATS_TO_SETTLE, TurnCalls, bound_calls, looks_like_a_call, run_tools, unreadable_call_note,
-};
+use super::calls::{bound_calls, run_tools, tell};
+use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Reply, Say};
 use super::options::AgentOptions;
-use super::prompts::{
-    VARIED_TEMPERATURE, asking_for_a_fix, asking_for_the_answer, default_system_prompt,
-};
+use super::prompts::default_system_prompt;
 use super::tools::{ToolContext, ToolRouter};
 use crate::config::AgentConfig;
 use crate::model::{
@@ -117,6 +114,8 @@ async fn agent_loop(
         .system_prompt
         .clone()
         .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
+    let mut harness = Harness::new(model.harness, model.tool_call_mode);
+    let mut said = Say::new();
     // Kept by the session between turns, and shared with each model call
     // rather than copied for it: a call costs the same at the 500th turn
     // of a session as at the first. A push after the call has returned
@@ -127,18 +126,6 @@ async fn agent_loop(
     };
     let history = &mut history.history;
     let mut last_text = None;
-    let mut retried = false;
-    // Successful calls of this turn by name and arguments: a weak model
-    // asks for the same call again instead of answering.
-    let mut ran = TurnCalls::default();
-    // Off for the call after one that printed, with `answer_after_output`.
-    let mut offer_tools = true;
-    // The error of a failing call repeated as it was, for the next call:
-    // at the upstream's default temperature (often 0) a small model writes
-    // the same failing call until the turn runs out.
-    let mut failed_again: Option<String> = None;
-    // The last reply was empty: the same request goes again, sampled anew.
-    let mut resample = false;
     loop {
         if cancel.is_cancelled() {
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
@@ -146,45 +133,45 @@ async fn agent_loop(
         if tally.usage.turns >= u64::from(max_calls) {
             return Ok(Outcome::new(ResultStatus::MaxTurns, last_text));
         }
-        let request = ChatRequest {
+        let mut request = ChatRequest {
             model: model.upstream_model.clone(),
             system: system.clone(),
-            messages: match (offer_tools, &failed_again) {
-                (false, _) => asking_for_the_answer(history),
-                (true, Some(error)) => asking_for_a_fix(history, error),
-                (true, None) => Arc::clone(history),
-            },
+            messages: Arc::clone(history),
             tools: tools.clone(),
-            answer_only: !offer_tools,
-            temperature: match options.temperature {
-                None if resample || failed_again.is_some() => Some(VARIED_TEMPERATURE),
-                set => set,
-            },
-            // A new seed for each ask for a fix: the same request with the
-            // server's own fixed seed would sample the same call again.
-            seed: (resample || failed_again.is_some()).then_some(tally.usage.turns),
+            temperature: options.temperature,
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
-            tool_call_mode: model.tool_call_mode,
             session_id: Some(session.id.to_string()),
             owner: session.owner.clone(),
+            ..ChatRequest::default()
         };
+        harness.before_call(
+            &mut NextCall {
+                request: &mut request,
+                history,
+                default_system: options.system_prompt.is_none(),
+                calls_made: tally.usage.turns,
+            },
+            &mut said,
+        );
+        tell(session, &mut said)?;
         let deltas = options.text_deltas.unwrap_or(false);
-        let mut reply = call_model(deps, session, &model, request, deltas, cancel, tally).await?;
-        // An empty reply answers nothing (a small model's is often a
-        // sample that ended at once): not kept; the request goes again.
-        resample = !tools.is_empty()
-            && !reply.interrupted
-            && reply.calls.is_empty()
-            && reply.text.trim().is_empty();
-        if resample {
-            session.emit(EventKind::Status {
-                message: "The model's reply was empty; asking again.".into(),
-            })?;
+        let watch = Watch {
+            deltas,
+            cancel,
+            harness: &mut harness,
+            tools: &tools,
+        };
+        let mut reply = call_model(deps, session, &model, request, tally, watch).await?;
+        let next = if reply.interrupted {
+            OnReply::Keep
+        } else {
+            harness.on_reply(&mut reply, &tools, &mut said)
+        };
+        tell(session, &mut said)?;
+        if next == OnReply::AskAgain {
             tally.save_usage().await?;
             continue;
         }
-        offer_tools = true;
-        failed_again = None;
         let limit = deps.config.max_tool_calls_per_reply as usize;
         if let Some(note) = bound_calls(&mut reply.calls, limit) {
             session.emit(EventKind::Status { message: note })?;
@@ -195,18 +182,8 @@ async fn agent_loop(
             })?;
             last_text = Some(reply.text.clone());
         }
-        if let Some(error) = only_calls_failed_twice(&reply.calls, &ran) {
-            session.emit(EventKind::Status {
-                message: "The model asked again for a call that failed twice; \
-                          it is not run again, and the model is asked for a fix."
-                    .into(),
-            })?;
-            tally.save_usage().await?;
-            failed_again = Some(error);
-            continue;
-        }
         let assistant = Message::Assistant {
-            content: text_beside_calls(&reply, &tools),
+            content: reply.text.clone(),
             tool_calls: reply.calls.clone(),
         };
         deps.store
@@ -218,25 +195,15 @@ async fn agent_loop(
             close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
+        if let OnReply::Tell(content) = next {
+            let told = Message::User { content };
+            deps.store
+                .append_messages(session.id, std::slice::from_ref(&told))
+                .await?;
+            Arc::make_mut(history).push(told);
+            continue;
+        }
         if reply.calls.is_empty() {
-            // A reply that tried to call a tool and could not be read gets
-            // one more chance, with the format in front of the model.
-            if !retried && !tools.is_empty() && looks_like_a_call(&reply.text) {
-                retried = true;
-                session.emit(EventKind::Status {
-                    message: "The model's reply looked like a tool call but could not be read; \
-                              asking it once more."
-                        .into(),
-                })?;
-                let nudge = Message::User {
-                    content: unreadable_call_note(&tools),
-                };
-                deps.store
-                    .append_messages(session.id, std::slice::from_ref(&nudge))
-                    .await?;
-                Arc::make_mut(history).push(nudge);
-                continue;
-            }
             return Ok(Outcome::new(ResultStatus::Success, Some(reply.text)));
         }
         if let Some(budget) = options.max_budget_usd
@@ -248,58 +215,29 @@ async fn agent_loop(
         let calls = &reply.calls;
         let mut i = 0;
         while i < calls.len() {
-            // The answer is asked for from the first output: a small
-            // model's later calls in one reply are variations that print
-            // something else (`print(word)` after `print(word[::-1])`).
-            if !offer_tools {
-                let rest = &calls[i..];
-                close_calls(deps, session, rest, Arc::make_mut(history), AFTER_OUTPUT).await?;
-                session.emit(EventKind::Status {
-                    message: format!(
-                        "{} more call(s) of the reply not run: the answer is asked for \
-                         from the output of the call before them.",
-                        rest.len()
-                    ),
-                })?;
-                break;
-            }
             if cancel.is_cancelled() {
                 close_calls(deps, session, &calls[i..], Arc::make_mut(history), STOPPED).await?;
                 return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
             }
             let batch = &calls[i..i + batch_len(&calls[i..], options)];
             i += batch.len();
-            let answered = run_tools(deps, session, &ctx, &tools, &mut ran, batch, cancel).await?;
+            let answered =
+                run_tools(deps, session, &ctx, &tools, &mut harness, batch, cancel).await?;
             let mut answer = None;
             for call in answered {
                 tally.usage.tool_calls += 1;
                 deps.store
                     .append_messages(session.id, std::slice::from_ref(&call.message))
                     .await?;
-                failed_again = call.failed_again.or(failed_again);
                 Arc::make_mut(history).push(call.message);
                 answer = answer.or(call.settled);
-                offer_tools &= !(call.printed && model.answer_after_output);
             }
             if let Some(answer) = answer {
                 close_calls(deps, session, &calls[i..], Arc::make_mut(history), STOPPED).await?;
-                session.emit(EventKind::Status {
-                    message: format!(
-                        "The model's calls printed the same output {REPEATS_TO_SETTLE} times; it is taken as the answer."
-                    ),
-                })?;
                 return Ok(Outcome::new(ResultStatus::Success, Some(answer)));
             }
         }
     }
-}
-
-/// The error of a reply's calls when every one is a call that already
-/// failed twice in this turn, asked for as it was.
-fn only_calls_failed_twice(calls: &[ToolCall], ran: &TurnCalls) -> Option<String> {
-    let mut errors = calls.iter().map(|call| ran.failed_twice(call));
-    let first = errors.next()??;
-    errors.all(|e| e.is_some()).then(|| first.to_string())
 }
 
 /// A turn's history, given back to its session however the turn ends:
@@ -315,11 +253,14 @@ impl Drop for Lent<'_> {
     }
 }
 
-/// What one model call produced.
-struct Reply {
-    text: String,
-    calls: Vec<ToolCall>,
-    interrupted: bool,
+/// What a model call watches as it streams.
+struct Watch<'a> {
+    /// Send each token chunk as a `text_delta` event.
+    deltas: bool,
+    cancel: &'a CancellationToken,
+    /// Asked after each chunk whether to stop reading.
+    harness: &'a mut Harness,
+    tools: &'a [ToolSpec],
 }
 
 async fn call_model(
@@ -327,16 +268,18 @@ async fn call_model(
     session: &Arc<Session>,
     model: &ResolvedModel,
     request: ChatRequest,
-    deltas: bool,
-    cancel: &CancellationToken,
     tally: &mut Turn,
+    watch: Watch<'_>,
 ) -> Result<Reply, LoopError> {
+    let Watch {
+        deltas,
+        cancel,
+        harness,
+        tools,
+    } = watch;
     let started = Instant::now();
-    let mut reply = Reply {
-        text: String::new(),
-        calls: Vec::new(),
-        interrupted: false,
-    };
+    let mut reply = Reply::default();
+    let mut said = Say::new();
     let (mut input_tokens, mut output_tokens) = (0, 0);
     // A client without `text_delta` events would see nothing for the whole
     // call: a `status` event every interval says the model is still at it.
@@ -380,6 +323,12 @@ async fn call_model(
                     })?;
                 }
                 reply.text.push_str(&text);
+                // Ending the stream here closes the connection and frees
+                // the model server.
+                if harness.cut(&reply.text, tools, &mut said) {
+                    tell(session, &mut said)?;
+                    break;
+                }
             }
             Some(Ok(StreamEvent::ToolCall(call))) => reply.calls.push(call),
             Some(Ok(StreamEvent::Usage {
@@ -428,26 +377,6 @@ fn still_writing(
     Ok(())
 }
 
-/// The text a reply's history message keeps: all of it, unless its calls
-/// were read out of it (a model that writes calls as text), when only what
-/// stands beside them. The calls are in the message once, in the format the
-/// model's template gives them; a weak model shown its own call twice, or
-/// twenty times when its reply looped, copies that again.
-fn text_beside_calls(reply: &Reply, tools: &[ToolSpec]) -> String {
-    if reply.calls.is_empty() {
-        return reply.text.clone();
-    }
-    match crate::model::lenient::recover_tool_calls(&reply.text, tools) {
-        // A looping reply cut mid-call leaves the start of one more.
-        Some(rest) if looks_like_a_call(&rest.text) => String::new(),
-        Some(rest) => rest.text.trim().to_string(),
-        None => reply.text.clone(),
-    }
-}
-
-/// Tools that only read: consecutive calls of them run at once.
-const READ_ONLY_TOOLS: [&str; 3] = ["Read", "Glob", "Grep"];
-
 /// How many of `calls`, from the first, run together: every one when the
 /// session allows parallel calls (`parallel_tool_calls`), else a run of
 /// read-only calls, else one (a reply that writes a file and then runs it
@@ -465,10 +394,6 @@ fn batch_len(calls: &[ToolCall], options: &AgentOptions) -> usize {
 
 /// The result of a call the turn's end left unrun.
 const STOPPED: &str = "not run: the turn was stopped";
-
-/// The result of a call after one of the same reply that printed, with
-/// `answer_after_output`.
-const AFTER_OUTPUT: &str = "not run: an earlier call of this reply printed its output";
 
 /// Answers tool calls that will not run, so the history stays valid for the
 /// next model call (every call needs its result).

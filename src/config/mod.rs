@@ -442,6 +442,17 @@ impl Config {
                 ProviderKind::Anthropic => self.anthropic.is_some() || model.api_key.is_some(),
                 ProviderKind::Demo => true,
             };
+            if model.harness == Some(HarnessKind::Strict)
+                && let Some(key) = model.deprecated_keys().first()
+            {
+                return Err(field(
+                    &format!("{base}.harness"),
+                    format!(
+                        "\"strict\" runs no small-model aid, but {base} sets {key} (deprecated); \
+                         use harness = \"small\", or drop that key"
+                    ),
+                ));
+            }
             if !configured {
                 return Err(field(
                     &format!("{base}.provider"),

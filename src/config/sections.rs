@@ -253,15 +253,16 @@ pub struct ProviderConfig {
     pub timeout_s: u64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
+    #[default]
     Openai,
     Anthropic,
     Demo,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelAlias {
     pub provider: ProviderKind,
@@ -272,6 +273,13 @@ pub struct ModelAlias {
     pub base_url: Option<String>,
     #[serde(default)]
     pub api_key: Option<String>,
+    /// How the agent loop treats this model's replies: `strict` (unset)
+    /// runs what the model asked for and nothing else; `small` adds the
+    /// aids a weak model needs, each one reported as it acts.
+    #[serde(default)]
+    pub harness: Option<HarnessKind>,
+    /// Deprecated: `json_schema` now means `harness = "small"` with every
+    /// reply constrained to an answer or one call.
     #[serde(default)]
     pub tool_call_mode: ToolCallMode,
     /// The tools offered to a session of this model that sets no
@@ -279,12 +287,51 @@ pub struct ModelAlias {
     /// with two tools than with ten.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
-    /// After a tool call that succeeded and printed something, the next
-    /// model call is offered no tools, so the model writes its answer. For
-    /// small models that otherwise call again and again; a call it still
-    /// writes as text runs.
+    /// Deprecated: `true` now means `harness = "small"`, which asks for
+    /// the answer after a call that printed.
     #[serde(default)]
     pub answer_after_output: bool,
+}
+
+impl ModelAlias {
+    /// The harness this alias runs under: `harness`, else `small` when a
+    /// deprecated small-model key asks for one of its aids.
+    pub fn harness(&self) -> HarnessKind {
+        self.harness
+            .unwrap_or(if self.deprecated_keys().is_empty() {
+                HarnessKind::Strict
+            } else {
+                HarnessKind::Small
+            })
+    }
+
+    /// The deprecated keys this alias sets to something other than their
+    /// default, as `key = value`.
+    pub fn deprecated_keys(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        if self.tool_call_mode == ToolCallMode::JsonSchema {
+            keys.push("tool_call_mode = \"json_schema\"");
+        }
+        if self.answer_after_output {
+            keys.push("answer_after_output = true");
+        }
+        keys
+    }
+}
+
+/// The agent loop's treatment of a model (`models.NAME.harness`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum HarnessKind {
+    /// Every call the model makes runs; calls come only from the
+    /// provider's tool-call channel; the turn's result is the model's own
+    /// text.
+    #[default]
+    Strict,
+    /// The strict loop plus the aids a small model needs (calls read from
+    /// text, fuzzy names, loop cuts, the answer asked for, repairs of
+    /// Python cells ...), each reported as an `intervention` event.
+    Small,
 }
 
 pub(super) fn default_retries() -> u32 {
@@ -309,12 +356,11 @@ impl Default for AgentConfig {
     }
 }
 
-/// How a provider should make a small model produce parseable tool calls.
+/// How a request asks for tool calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolCallMode {
-    /// Use the API's native tool calling, and also recover calls written as
-    /// JSON in the content.
+    /// The API's native tool calling.
     #[default]
     Native,
     /// Constrain the whole output with a JSON schema (`response_format`) that

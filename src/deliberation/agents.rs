@@ -251,7 +251,6 @@ impl Handler for ModelCalls {
             }]),
             temperature: Some(call.temperature),
             max_tokens: call.max_tokens,
-            tool_call_mode: model.tool_call_mode,
             session_id: Some(call.session_id),
             owner: call.owner,
             ..ChatRequest::default()

@@ -5,25 +5,27 @@
 # values of plain types (numbers, strings, lists, dicts...), imports and the
 # functions and classes a cell defines carry over to the session's next
 # cells, kept in `.conclave/cell-state.pickle` in the working directory.
-# A cell that is a command line running Python (`python3 -c 'print(1)'`, as
-# small models write) runs the code it quotes, with a note on stderr. A name
-# the cell uses but never binds is imported for it when it is one of a few
-# standard modules (`math`, `datetime`, ...) or a function of `math`
-# (`factorial`), again with a note: the cell would only fail on it. A cell
-# that does not parse is run after the first of a few repairs that makes it
-# parse (a line break inside a string written as `\n`, brackets left open
-# closed, a string left open closed, statements joined by `;` before a
-# `with`/`for`/`if` split, blocks written on one line (`with ...: for ...:
-# ...`, a whole function with its `if`/`else`) broken into lines, Python
-# 2 `print x`, brackets that close nothing dropped, the line after a
-# block's header indented, a tool result pasted after the code cut, a
-# `return` outside a function taken as the cell's value), with a
-# note saying what was repaired; a cell no repair makes whole fails with its
-# own syntax error. `print(x).upper()`, which prints and then fails on
-# print's None, runs as `print(x.upper())`, again with a note. A name
-# used as a value that nothing defines fails with a hint to quote it when
-# the text was meant (`print(sandbox[::-1])`), a function nothing defines
-# with a hint to define it.
+#
+# With `--repair` (execute_code's `repair: true`, which the small-model
+# harness sets), code whose intent is plain but which would fail is fixed
+# first, and each fix is said on stderr on a line starting `repair: `:
+# - only for a cell that does not parse: a cell that is a `python -c '...'`
+#   command line runs the code it quotes; otherwise the first of a few
+#   repairs that makes it parse (a line break inside a string written as
+#   `\n`, brackets or a string left open closed, statements joined by `;`
+#   before a `with`/`for`/`if` split, blocks written on one line broken into
+#   lines, Python 2's `print x`, brackets that close nothing dropped, the
+#   line after a block's header indented, a tool result pasted after the
+#   code cut, a `return` outside a function taken as the cell's value); a
+#   cell no repair makes whole fails with its own syntax error;
+# - `print(x).upper()`, which with the builtin print prints and then fails
+#   on print's None, runs as `print(x.upper())`;
+# - a name the cell uses that nothing binds (it would fail with NameError)
+#   is imported when it is one of a few standard modules (`math`,
+#   `datetime`, ...) or a function of `math` (`factorial`);
+# - a NameError ends with a hint (quote the name if text was meant, define
+#   the function if one was called).
+# Without `--repair` the cell runs as Python runs it.
 import ast, builtins, importlib, io, linecache, math, os, pickle, re, shlex, sys, tokenize
 import traceback
 
@@ -31,7 +33,7 @@ MODULES = ("math", "random", "datetime", "itertools", "functools", "collections"
            "statistics", "string", "re", "json", "os", "sys", "time", "fractions")
 
 
-def unbound_names(tree):
+def unbound_names(tree, builtins_too=False):
     loaded, bound = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -44,7 +46,7 @@ def unbound_names(tree):
             bound.add((node.asname or node.name).split(".")[0])
         elif isinstance(node, ast.ExceptHandler) and node.name:
             bound.add(node.name)
-    return sorted(n for n in loaded - bound if not hasattr(builtins, n))
+    return sorted(n for n in loaded - bound if builtins_too or not hasattr(builtins, n))
 
 
 def imports_for(tree, namespace):
@@ -59,7 +61,7 @@ def imports_for(tree, namespace):
             namespace[name] = getattr(math, name)
             notes.append(f"from math import {name}")
     if notes:
-        print(f"note: the cell uses names it does not define; ran it after {'; '.join(notes)}",
+        print(f"repair: the cell uses names it does not define; ran it after {'; '.join(notes)}",
               file=sys.stderr)
 
 
@@ -381,9 +383,12 @@ def base_print(node):
             return None
 
 
-def print_outside(tree):
-    """`print(x).upper()` prints x and fails: print returns None. Runs
-    `print(x.upper())`, which is what was meant, with a note."""
+def print_outside(tree, namespace):
+    """`print(x).upper()` prints x and fails: the builtin print returns
+    None. Runs `print(x.upper())`, which is what was meant, with a note;
+    not when the cell or an earlier one rebinds `print`."""
+    if "print" in namespace or "print" not in unbound_names(tree, builtins_too=True):
+        return
     for statement in ast.walk(tree):
         if not isinstance(statement, ast.Expr):
             continue
@@ -396,7 +401,7 @@ def print_outside(tree):
                 call.args[0])
         call.args = [statement.value]
         statement.value = call
-        print(f"note: print() returns None; ran `{ast.unparse(statement)}` for `{before}`",
+        print(f"repair: print() returns None; ran `{ast.unparse(statement)}` for `{before}`",
               file=sys.stderr)
 
 
@@ -418,27 +423,30 @@ def name_hint(error, tree):
               "the cell, before the line that calls it", file=sys.stderr)
 
 
+repair = "--repair" in sys.argv[1:]
 source = sys.stdin.read()
-if not parses(source):
+if repair and not parses(source):
     code = quoted_code(source)
     if code is not None:
-        print("note: the cell was a `python -c` command line; ran the code it quotes",
+        print("repair: the cell was a `python -c` command line; ran the code it quotes",
               file=sys.stderr)
         source = code
-if not parses(source):
+if repair and not parses(source):
     fixed = repaired(source)
     if fixed is not None:
         source = fixed[0]
-        print(f"note: the cell did not parse; ran it after a repair ({'; '.join(fixed[1])}):\n"
-              + source, file=sys.stderr)
+        print(f"repair: the cell did not parse; ran it after: {'; '.join(fixed[1])}",
+              file=sys.stderr)
+        print(source, file=sys.stderr)
 linecache.cache["<cell>"] = (len(source), None, source.splitlines(True), "<cell>")
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 definitions = load_state(namespace)
 tree = None
 try:
     tree = ast.parse(source, "<cell>", "exec")
-    print_outside(tree)
-    imports_for(tree, namespace)
+    if repair:
+        print_outside(tree, namespace)
+        imports_for(tree, namespace)
     body, last = tree.body, None
     if body and isinstance(body[-1], ast.Expr):
         body, last = body[:-1], ast.Expression(body[-1].value)
@@ -455,7 +463,8 @@ except BaseException as error:
     while frames is not None and frames.tb_frame.f_code.co_filename != "<cell>":
         frames = frames.tb_next
     traceback.print_exception(type(error), error, frames)
-    name_hint(error, tree)
+    if repair:
+        name_hint(error, tree)
     sys.exit(1)
 finally:
     if tree is not None:

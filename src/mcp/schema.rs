@@ -59,6 +59,12 @@ pub struct ExecuteCode {
     /// Seconds before the whole process tree is killed.
     #[serde(default)]
     pub timeout: Option<u64>,
+    /// Python only: fix code whose intent is plain but that would fail (a
+    /// cell that does not parse, `print(x).upper()`, a standard module
+    /// used without its import), saying each fix on stderr on a line
+    /// starting `repair: `. Off by default: the cell runs as Python runs it.
+    #[serde(default)]
+    pub repair: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -23,7 +23,7 @@ use super::schema::*;
 use crate::sandbox::{ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
 
 /// Runs Python from stdin as a notebook cell (the last expression's value
-/// is printed).
+/// is printed); with `--repair`, after the repairs it names.
 const PYTHON_CELL: &str = include_str!("cell.py");
 
 /// One MCP connection's view of the sandbox tools.
@@ -184,7 +184,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Run a program (python by default, or bash/sh) in the session's sandbox and return its output and exit code. Python runs as a notebook cell: the value of a last line that is an expression is printed. Each call is a fresh process, but values of plain types (numbers, strings, lists, dicts...), imports and the functions and classes a cell defines carry over to the session's next Python cells; other objects (open files, generators) do not. Files in /workspace stay."
+        description = "Run a program (python by default, or bash/sh) in the session's sandbox and return its output and exit code. Python runs as a notebook cell: the value of a last line that is an expression is printed; otherwise it runs as Python runs it. Each call is a fresh process, but values of plain types (numbers, strings, lists, dicts...), imports and the functions and classes a cell defines carry over to the session's next Python cells; other objects (open files, generators) do not. Files in /workspace stay. With repair: true (off by default), Python code that does not parse, or that would fail in a way whose intent is plain (print(x).upper(), a standard module used without its import), is fixed first, and each fix is said on stderr on a line starting 'repair: '."
     )]
     async fn execute_code(
         &self,
@@ -201,10 +201,13 @@ impl SandboxServer {
                 )));
             }
         };
-        let command = match interpreter {
+        let mut command = match interpreter {
             "python3" => vec!["python3".into(), "-c".into(), PYTHON_CELL.into()],
             shell => vec![shell.to_string(), "-".to_string()],
         };
+        if args.repair && interpreter == "python3" {
+            command.push("--repair".into());
+        }
         let stdin = Some(Bytes::from(args.code));
         self.exec(
             args.session_id.as_deref(),

@@ -16,7 +16,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::http::{SseDecoder, Transport, endpoint, malformed, secret_header, spawn_sse};
-use super::lenient;
 use super::{
     ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, ToolCall,
 };
@@ -360,7 +359,7 @@ impl SseDecoder for EventDecoder {
                     let arguments = if tool_use.json.trim().is_empty() {
                         tool_use.input
                     } else {
-                        lenient::parse_arguments(&tool_use.json)
+                        super::native_arguments(&tool_use.json)
                     };
                     out.push(StreamEvent::ToolCall(ToolCall {
                         id: tool_use.id,

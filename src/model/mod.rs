@@ -9,7 +9,9 @@
 //! - [`gateway`]: the provider of a model that names a gateway pool, in
 //!   process.
 //! - `http`: the shared transport: retries honouring `Retry-After`, SSE.
-//! - [`lenient`]: recovers tool calls that small models write into their text.
+//! - [`lenient`]: reads tool calls and JSON that small models write loosely
+//!   (used by the small harness, and to read deliberation and pipeline
+//!   answers).
 //! - [`registry`]: model aliases → provider + upstream model name, and prices.
 
 pub mod anthropic;
@@ -53,10 +55,9 @@ pub struct ChatRequest {
     /// that grows with the session.
     pub messages: Arc<Vec<Message>>,
     pub tools: Vec<ToolSpec>,
-    /// `tools` are not offered: the model is asked for its answer. A call
-    /// it writes into its text anyway is still read (OpenAI-compatible
-    /// providers; Anthropic's API wants the tools of a history that used
-    /// them, so it is offered them).
+    /// `tools` are not offered: the model is asked for its answer
+    /// (OpenAI-compatible providers; Anthropic's API wants the tools of a
+    /// history that used them, so it is offered them).
     pub answer_only: bool,
     pub temperature: Option<f32>,
     /// The sampling seed, sent to OpenAI-compatible servers: a request
@@ -70,6 +71,16 @@ pub struct ChatRequest {
     /// The key hash owning the session, so that only it reads the
     /// gateway's traces of the call.
     pub owner: Option<String>,
+}
+
+/// A native tool call's arguments as the model sent them: the JSON value,
+/// `{}` for none, or the text itself when it is not JSON (the call is then
+/// refused, or read by a harness that repairs arguments).
+pub fn native_arguments(raw: &str) -> Value {
+    if raw.trim().is_empty() {
+        return Value::Object(Default::default());
+    }
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
 }
 
 /// Why the model stopped.

@@ -2,8 +2,8 @@
 //! LiteLLM, the gateway): `POST {base_url}/chat/completions`, streamed as SSE.
 //!
 //! - Tool-call fragments are put together per `index` and emitted whole when
-//!   the choice finishes; when tools were offered and the model wrote its
-//!   calls into the text instead, [`lenient`] recovers them at the end.
+//!   the choice finishes. Calls come only from that channel: text is text
+//!   (a harness may read calls out of it; see `agent::harness`).
 //! - [`ToolCallMode::JsonSchema`] sends a `response_format` in place of the
 //!   tools and reads the answer or call from the JSON the model wrote.
 //! - The HTTP side — retries with backoff that honour `Retry-After`, error
@@ -289,18 +289,16 @@ struct PartialCall {
 
 /// Turns chat-completion chunks into stream events.
 pub(crate) struct ChunkDecoder {
-    /// The tools offered, to recover calls written into the text.
+    /// The tools offered, to read the JSON-schema protocol's calls.
     tools: Vec<ToolSpec>,
     json_mode: bool,
-    /// The content so far, kept only when it may hold tool calls.
+    /// The content so far, kept only in the JSON-schema protocol.
     text: String,
     /// Calls of the current choice by `index`, emitted in index order.
     pending: BTreeMap<u32, PartialCall>,
     called: bool,
     stop: Option<StopReason>,
     usage: Option<Usage>,
-    /// `text`'s length at the last check for a loop.
-    checked: usize,
 }
 
 impl ChunkDecoder {
@@ -313,20 +311,7 @@ impl ChunkDecoder {
             called: false,
             stop: None,
             usage: None,
-            checked: 0,
         }
-    }
-
-    /// Whether the text has started to loop (a weak model repeating one
-    /// call or one fragment until its tokens run out); checked every 32
-    /// bytes of text.
-    fn looping(&mut self) -> bool {
-        if self.text.len() < self.checked + 32 {
-            return false;
-        }
-        self.checked = self.text.len();
-        lenient::repeats_itself(&self.text)
-            || (!self.tools.is_empty() && lenient::writes_too_many_calls(&self.text))
     }
 
     fn flush_calls(&mut self, out: &mut Vec<StreamEvent>) {
@@ -340,7 +325,7 @@ impl ChunkDecoder {
                 ToolCall {
                     id,
                     name: call.name,
-                    arguments: lenient::parse_arguments(&call.arguments),
+                    arguments: super::native_arguments(&call.arguments),
                 },
                 out,
             );
@@ -361,13 +346,6 @@ impl ChunkDecoder {
                 out.push(StreamEvent::TextDelta(read.text));
             }
             for call in read.calls {
-                self.emit_call(call, out);
-            }
-        } else if !self.tools.is_empty()
-            && !self.called
-            && let Some(recovered) = lenient::recover_tool_calls(&self.text, &self.tools)
-        {
-            for call in recovered.calls {
                 self.emit_call(call, out);
             }
         }
@@ -408,20 +386,10 @@ impl SseDecoder for ChunkDecoder {
                 .map(|delta| (delta.content, delta.tool_calls))
                 .unwrap_or_default();
             if let Some(text) = content.filter(|text| !text.is_empty()) {
-                if !self.tools.is_empty() {
+                if self.json_mode {
                     self.text.push_str(&text);
-                }
-                if !self.json_mode {
+                } else {
                     out.push(StreamEvent::TextDelta(text));
-                }
-                // Reading on would only buy more copies: end here (which
-                // closes the connection and frees the server) with what
-                // was written so far; repeated calls count once.
-                if !self.tools.is_empty() && self.looping() {
-                    // The calls decide the stop reason, as at a normal end.
-                    self.stop = None;
-                    self.end(out);
-                    return Ok(true);
                 }
             }
             for (position, fragment) in tool_calls.into_iter().flatten().enumerate() {

@@ -10,7 +10,7 @@ use super::gateway::GatewayProvider;
 use super::openai::OpenAiProvider;
 use super::{ModelError, ModelProvider, ToolCallMode};
 pub use crate::config::Price;
-use crate::config::{Config, ModelAlias, ProviderConfig, ProviderKind};
+use crate::config::{Config, HarnessKind, ModelAlias, ProviderConfig, ProviderKind};
 use crate::gateway::Gateway;
 
 /// Built-in prices; `prices` in the config extends and overrides them.
@@ -41,11 +41,13 @@ pub struct ResolvedModel {
     pub upstream_model: String,
     /// `None` when the model has no price: its cost is unknown.
     pub price: Option<Price>,
+    /// How the small harness asks for calls (`json_schema`: every reply
+    /// constrained to an answer or one call); the strict one asks natively.
     pub tool_call_mode: ToolCallMode,
     /// Tools offered when a session names none (`models.NAME.tools`).
     pub default_tools: Option<Vec<String>>,
-    /// `models.NAME.answer_after_output`.
-    pub answer_after_output: bool,
+    /// `models.NAME.harness`: the turn loop's treatment of the model.
+    pub harness: HarnessKind,
 }
 
 /// Resolves model names to providers. Built once at start.
@@ -146,6 +148,14 @@ impl ModelRegistry {
         model: &str,
         spec: Option<&ModelAlias>,
     ) {
+        if let Some(spec) = spec {
+            for key in spec.deprecated_keys() {
+                tracing::warn!(
+                    "models.{alias}: {key} is deprecated; it now selects harness = \"small\" \
+                     (set that instead)"
+                );
+            }
+        }
         let price = self
             .prices
             .get(model)
@@ -160,7 +170,7 @@ impl ModelRegistry {
                 price,
                 tool_call_mode: spec.map_or(ToolCallMode::Native, |s| s.tool_call_mode),
                 default_tools: spec.and_then(|s| s.tools.clone()),
-                answer_after_output: spec.is_some_and(|s| s.answer_after_output),
+                harness: spec.map_or(HarnessKind::Strict, ModelAlias::harness),
             },
         );
     }
@@ -211,7 +221,7 @@ impl ModelRegistry {
                 price: self.prices.get(name).copied(),
                 tool_call_mode: ToolCallMode::Native,
                 default_tools: None,
-                answer_after_output: false,
+                harness: HarnessKind::Strict,
             });
         }
         let provider = if name.starts_with("claude") && self.anthropic.is_some() {
@@ -227,7 +237,7 @@ impl ModelRegistry {
             price: self.prices.get(name).copied(),
             tool_call_mode: ToolCallMode::Native,
             default_tools: None,
-            answer_after_output: false,
+            harness: HarnessKind::Strict,
         })
     }
 

@@ -64,6 +64,14 @@ pub enum EventKind {
         output: Value,
         is_error: bool,
     },
+    /// What the model's harness did on its own (`models.NAME.harness =
+    /// "small"`): a call read from the reply's text, a name resolved, a
+    /// reply cut, an answer asked for or settled on … The strict harness
+    /// sends none.
+    Intervention {
+        kind: InterventionKind,
+        detail: String,
+    },
     /// The end of a turn; exactly one per turn.
     Result {
         status: ResultStatus,
@@ -160,6 +168,43 @@ impl EventKind {
     pub fn type_name(&self) -> &'static str {
         self.into()
     }
+}
+
+/// The kinds of [`EventKind::Intervention`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, strum::IntoStaticStr,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum InterventionKind {
+    /// Calls were read out of the reply's text.
+    CallRecovered,
+    /// Arguments that were not a JSON object were read as one.
+    ArgumentsRepaired,
+    /// Arguments were brought to the tool's schema.
+    ArgumentsCoerced,
+    /// A tool name that is not offered was taken as one that is.
+    NameResolved,
+    /// The reply was cut while streaming: it looped.
+    ReplyCut,
+    /// The reply was empty, or repeated a call that failed twice: it was
+    /// not kept, and the model was asked again.
+    ReplyDiscarded,
+    /// A reply that looked like an unreadable call: the model was told the
+    /// format and asked again.
+    FormatExplained,
+    /// The model was asked for its answer, offered no tools.
+    AnswerAsked,
+    /// The model was asked for a fix after a call failed the same way twice.
+    FixAsked,
+    /// Calls of a reply were not run.
+    CallsSkipped,
+    /// A repeated read was answered from its earlier output, not run.
+    RepeatAnswered,
+    /// The harness took an output as the turn's answer.
+    AnswerSettled,
+    /// A Python cell was run with repairs.
+    CellRepaired,
 }
 
 /// How a turn ended.

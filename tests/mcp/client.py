@@ -65,6 +65,15 @@ async def exercise(read, write, session_id):
         )
         seen["execute_code"] = structured(result)
 
+        # Plain Python unless the caller asks for repairs.
+        seen["plain_cell"] = structured(await session.call_tool(
+            "execute_code", {"code": "print('a').upper()", "session_id": session_id}
+        ))
+        seen["repaired_cell"] = structured(await session.call_tool(
+            "execute_code",
+            {"code": "print('a').upper()", "repair": True, "session_id": session_id},
+        ))
+
         result = await session.call_tool(
             "write_file",
             {"path": "notes/a.txt", "content": "hello from mcp\n", "session_id": session_id},

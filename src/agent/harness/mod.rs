@@ -1,0 +1,193 @@
+//! A model's harness: what the turn loop does beyond model → tools →
+//! model, chosen per model (`models.NAME.harness`).
+//!
+//! The loop asks the harness at fixed points: before each model call
+//! ([`Aid::before_call`]), while a reply streams ([`Aid::cut`]), when the
+//! reply is complete ([`Aid::on_reply`]), before each of its calls runs
+//! ([`Aid::on_call`]) and on each result ([`Aid::on_result`]). A harness
+//! is a list of aids, each one file implementing the points it needs; the
+//! loop asks them in order. Everything an aid does is reported as an
+//! `intervention` event.
+//!
+//! - `strict` (the default) has no aids: every call the model makes runs,
+//!   calls come only from the provider's tool-call channel, and the turn's
+//!   result is the model's own text.
+//! - [`small`]: the aids a small local model needs.
+
+pub mod small;
+
+use std::sync::Arc;
+
+use super::tools::ToolOutput;
+use crate::config::{HarnessKind, ToolCallMode};
+use crate::model::{ChatRequest, Message, ToolCall, ToolSpec};
+use crate::protocol::InterventionKind;
+
+/// What an aid did, for an `intervention` event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Intervention {
+    pub kind: InterventionKind,
+    pub detail: String,
+}
+
+/// Where aids report what they did; the loop sends each as an event.
+pub type Say = Vec<Intervention>;
+
+pub(crate) fn say(out: &mut Say, kind: InterventionKind, detail: impl Into<String>) {
+    out.push(Intervention {
+        kind,
+        detail: detail.into(),
+    });
+}
+
+/// A model call about to be made.
+pub struct NextCall<'a> {
+    pub request: &'a mut ChatRequest,
+    /// The turn's history as stored (the request's messages start as it).
+    pub history: &'a Arc<Vec<Message>>,
+    /// The request's system prompt is the server's default, not the
+    /// session's own.
+    pub default_system: bool,
+    /// Model calls made in this turn so far.
+    pub calls_made: u64,
+}
+
+/// A model's reply, as the loop collected it.
+#[derive(Debug, Default)]
+pub struct Reply {
+    pub text: String,
+    pub calls: Vec<ToolCall>,
+    pub interrupted: bool,
+}
+
+/// What happens to a reply after [`Aid::on_reply`].
+#[derive(Debug, PartialEq)]
+pub enum OnReply {
+    /// Kept, and its calls run (none: it is the answer).
+    Keep,
+    /// Not kept: the model is asked again.
+    AskAgain,
+    /// Kept, then this message is added and the model asked again.
+    Tell(String),
+}
+
+/// One aid of a harness; every point is optional.
+pub trait Aid: Send {
+    /// Before a model call: the request may change (its messages, tools,
+    /// sampling).
+    fn before_call(&mut self, _next: &mut NextCall<'_>, _say: &mut Say) {}
+
+    /// While the reply streams (`text` so far): true stops reading it.
+    fn cut(&mut self, _text: &str, _tools: &[ToolSpec], _say: &mut Say) -> bool {
+        false
+    }
+
+    /// On the whole reply, before it is kept: it may change, or not be kept.
+    fn on_reply(&mut self, _reply: &mut Reply, _tools: &[ToolSpec], _say: &mut Say) -> OnReply {
+        OnReply::Keep
+    }
+
+    /// Before a call of the reply runs: the call may change (notes for its
+    /// result say how), or be answered here instead of running.
+    fn on_call(
+        &mut self,
+        _call: &mut ToolCall,
+        _tools: &[ToolSpec],
+        _notes: &mut Vec<String>,
+        _say: &mut Say,
+    ) -> Option<ToolOutput> {
+        None
+    }
+
+    /// On the result of a call (`asked`: the call as the model wrote it):
+    /// the output may change; an answer returned ends the turn with it.
+    fn on_result(
+        &mut self,
+        _asked: &ToolCall,
+        _output: &mut ToolOutput,
+        _say: &mut Say,
+    ) -> Option<String> {
+        None
+    }
+}
+
+/// The aids of one turn, in the order they are asked.
+pub struct Harness {
+    aids: Vec<Box<dyn Aid>>,
+}
+
+impl Harness {
+    /// The harness of a turn of a model of `kind`.
+    pub fn new(kind: HarnessKind, tool_call_mode: ToolCallMode) -> Harness {
+        Harness {
+            aids: match kind {
+                HarnessKind::Strict => Vec::new(),
+                HarnessKind::Small => small::aids(tool_call_mode),
+            },
+        }
+    }
+
+    pub fn before_call(&mut self, next: &mut NextCall<'_>, say: &mut Say) {
+        for aid in &mut self.aids {
+            aid.before_call(next, say);
+        }
+    }
+
+    pub fn cut(&mut self, text: &str, tools: &[ToolSpec], say: &mut Say) -> bool {
+        self.aids.iter_mut().any(|aid| aid.cut(text, tools, say))
+    }
+
+    /// The first aid that does not keep the reply decides.
+    pub fn on_reply(&mut self, reply: &mut Reply, tools: &[ToolSpec], say: &mut Say) -> OnReply {
+        for aid in &mut self.aids {
+            match aid.on_reply(reply, tools, say) {
+                OnReply::Keep => {}
+                other => return other,
+            }
+        }
+        OnReply::Keep
+    }
+
+    pub fn on_call(
+        &mut self,
+        call: &mut ToolCall,
+        tools: &[ToolSpec],
+        notes: &mut Vec<String>,
+        say: &mut Say,
+    ) -> Option<ToolOutput> {
+        self.aids
+            .iter_mut()
+            .find_map(|aid| aid.on_call(call, tools, notes, say))
+    }
+
+    /// Every aid sees the result; the first answer wins.
+    pub fn on_result(
+        &mut self,
+        asked: &ToolCall,
+        output: &mut ToolOutput,
+        say: &mut Say,
+    ) -> Option<String> {
+        let mut answer = None;
+        for aid in &mut self.aids {
+            let settled = aid.on_result(asked, output, say);
+            answer = answer.or(settled);
+        }
+        answer
+    }
+}
+
+/// Tools that only read: a repeat of one with nothing in between that may
+/// have changed the sandbox reads the same; consecutive calls of them run
+/// at once.
+pub const READ_ONLY_TOOLS: [&str; 3] = ["Read", "Glob", "Grep"];
+
+/// Whether a call may change what later calls see (any write, edit, shell
+/// or code call; any tool of an external server).
+pub fn may_change_state(call: &ToolCall) -> bool {
+    !READ_ONLY_TOOLS.contains(&call.name.as_str())
+}
+
+/// What makes two calls the same call.
+pub fn key_of(call: &ToolCall) -> String {
+    format!("{} {}", call.name, call.arguments)
+}

@@ -1,0 +1,112 @@
+//! A small model asks again for calls that already ran instead of
+//! answering. A read repeated with nothing in between that may have
+//! changed the sandbox (a write, an edit, a shell or code call) is answered
+//! from its earlier output; anything else runs again, against the
+//! sandbox's current state. When different calls keep printing the same
+//! output, a note says it may be the answer, and the third time the
+//! harness takes it as the turn's answer (announced as the harness's, not
+//! the model's).
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::printed;
+use crate::agent::calls::with_notes;
+use crate::agent::harness::{Aid, Say, key_of, may_change_state, say};
+use crate::agent::tools::ToolOutput;
+use crate::model::{ToolCall, ToolSpec};
+use crate::protocol::InterventionKind;
+
+/// Successful calls printing the same output this many times settle the
+/// turn's answer: tiny models often cannot stop calling to write a reply.
+pub const REPEATS_TO_SETTLE: u32 = 3;
+
+#[derive(Default)]
+pub struct Repeats {
+    /// Reads that succeeded since the last call that may change state.
+    reads: HashMap<String, ToolOutput>,
+    /// How many successful calls printed each output.
+    by_output: HashMap<String, u32>,
+}
+
+impl Aid for Repeats {
+    fn on_call(
+        &mut self,
+        call: &mut ToolCall,
+        _tools: &[ToolSpec],
+        notes: &mut Vec<String>,
+        out: &mut Say,
+    ) -> Option<ToolOutput> {
+        let earlier = self.reads.get(&key_of(call))?;
+        say(
+            out,
+            InterventionKind::RepeatAnswered,
+            format!(
+                "{} asked again with the same arguments and nothing changed since; \
+                 answered from its earlier output, not run",
+                call.name
+            ),
+        );
+        notes.push(
+            "this exact call already ran in this turn and nothing changed since; its result \
+             is repeated here. If it answers the question, reply with the answer in plain text"
+                .into(),
+        );
+        Some(earlier.clone())
+    }
+
+    fn on_result(
+        &mut self,
+        asked: &ToolCall,
+        output: &mut ToolOutput,
+        out: &mut Say,
+    ) -> Option<String> {
+        if may_change_state(asked) {
+            self.reads.clear();
+        }
+        if output.is_error {
+            return None;
+        }
+        if !may_change_state(asked) {
+            self.reads.insert(key_of(asked), output.clone());
+        }
+        let printed = printed(output)?;
+        let times = self.by_output.entry(printed.clone()).or_insert(0);
+        *times += 1;
+        if *times >= REPEATS_TO_SETTLE {
+            say(
+                out,
+                InterventionKind::AnswerSettled,
+                format!(
+                    "the model's calls printed the same output {REPEATS_TO_SETTLE} times; \
+                     the harness takes it as the turn's answer"
+                ),
+            );
+            return Some(answer_of(output));
+        }
+        if *times > 1 {
+            *output = with_notes(
+                std::mem::replace(output, ToolOutput::error("")),
+                &[
+                    "this call printed the same as an earlier call of this turn. If that \
+                   answers the question, reply with the answer in plain text"
+                        .into(),
+                ],
+            );
+        }
+        None
+    }
+}
+
+/// A call's output as an answer: an execution's stdout, else the output.
+fn answer_of(output: &ToolOutput) -> String {
+    match &output.output {
+        Value::String(text) => text.trim_end().to_string(),
+        Value::Object(fields) => match fields.get("stdout").and_then(Value::as_str) {
+            Some(stdout) if !stdout.trim().is_empty() => stdout.trim_end().to_string(),
+            _ => Value::Object(fields.clone()).to_string(),
+        },
+        other => other.to_string(),
+    }
+}
