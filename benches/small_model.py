@@ -7,7 +7,7 @@ tool calls and the time, and prints a Markdown table for benches/README.md.
 Run it through benches/small_model.sh, which installs everything first.
 
 usage: small_model.py CONCLAVE_BIN LLAMA_SERVER QWEN_GGUF [--tasks N] [--json OUT]
-       [--tool-call-mode native|json_schema] [--no-answer-after-output]
+       [--harness small|strict] [--tool-call-mode native|json_schema]
 """
 
 import argparse
@@ -101,11 +101,12 @@ def main():
     parser.add_argument("gguf")
     parser.add_argument("--tasks", type=int, default=len(TASKS))
     parser.add_argument("--json")
-    # `json_schema` constrains every reply to an answer or one call.
+    # `small` carries the aids for weak models; `strict` is every model's
+    # default, which runs what the model asked for and nothing else.
+    parser.add_argument("--harness", default="small", choices=["small", "strict"])
+    # `json_schema` (small harness only) constrains every reply to an
+    # answer or one call.
     parser.add_argument("--tool-call-mode", default="native", choices=["native", "json_schema"])
-    # Off, every model call of a turn is offered the tools (runs A-E).
-    parser.add_argument("--no-answer-after-output", dest="answer_after_output",
-                        action="store_false")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="conclave-small-model-")
@@ -131,9 +132,8 @@ def main():
             'model = "qwen2.5-coder-0.5b-instruct"\n'
             f'base_url = "http://127.0.0.1:{llama_port}/v1"\n'
             'tools = ["mcp__sandbox__execute_code", "Bash"]\n'
-            f'tool_call_mode = "{args.tool_call_mode}"\n'
-            # After a call that printed, the model is asked for its answer.
-            f'answer_after_output = {str(args.answer_after_output).lower()}\n'
+            f'harness = "{args.harness}"\n'
+            + (f'tool_call_mode = "{args.tool_call_mode}"\n' if args.tool_call_mode != "native" else "")
         )
     server = subprocess.Popen(
         [args.conclave, "serve", "--config", config, "--listen", f"127.0.0.1:{conclave_port}",
@@ -159,8 +159,7 @@ def main():
                 "model_calls": result.get("turns"),
                 "tool_calls": result.get("usage", {}).get("tool_calls"),
                 "seconds": round(elapsed, 1),
-                "repaired": sum(1 for e in events if e["type"] == "tool_result"
-                                and isinstance(e.get("output"), dict) and "note" in e["output"]),
+                "interventions": sum(1 for e in events if e["type"] == "intervention"),
             }
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
@@ -173,9 +172,10 @@ def main():
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     right = sum(r["correct"] for r in rows)
-    print(f"{right} of {len(rows)} answered correctly; "
+    print(f"harness = {args.harness!r}: {right} of {len(rows)} answered correctly; "
           f"{sum(r['model_calls'] or 0 for r in rows)} model calls, "
           f"{sum(r['tool_calls'] or 0 for r in rows)} tool calls, "
+          f"{sum(r['interventions'] for r in rows)} interventions, "
           f"{sum(r['seconds'] for r in rows):.0f} s in all\n")
     print("| # | task | right | model calls | tool calls | s | answer |")
     print("|---|------|-------|-------------|------------|---|--------|")

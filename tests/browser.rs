@@ -28,6 +28,27 @@ async fn in_chromium_a_session_streams_runs_a_sandbox_tool_interrupts_and_surviv
     server.stop_and_remove_sandboxes().await;
 }
 
+/// What the small harness did shows in the chat as the harness's, apart
+/// from the model's text.
+#[tokio::test]
+async fn in_chromium_a_small_harness_intervention_shows_in_the_chat() {
+    let server = TestServer::start_sandboxed(|c| {
+        c.models.insert(
+            "demo-small".into(),
+            conclave::config::ModelAlias {
+                provider: conclave::config::ProviderKind::Demo,
+                model: "demo".into(),
+                harness: Some(conclave::config::HarnessKind::Small),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let facts = browser("interventions", &server, &[]).await;
+    assert_eq!(facts["interventions"], 1, "{facts}");
+    server.stop_and_remove_sandboxes().await;
+}
+
 /// A session of 10,000 events opens whole (every seq once, in order) and
 /// scrolls end to end with only a window of them in the page.
 #[tokio::test]

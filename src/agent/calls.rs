@@ -396,6 +396,34 @@ fn cut_string(s: &mut String, max: usize) {
 mod tests {
     use super::*;
 
+    fn spec(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    /// A name matches exactly, or with an `mcp__server__` prefix added or
+    /// dropped when that fits one tool; nothing else (no case, no guess).
+    #[test]
+    fn offered_names_match_exactly_up_to_an_mcp_prefix() {
+        let tools = [
+            spec("Bash"),
+            spec("mcp__sandbox__execute_code"),
+            spec("mcp__a__search"),
+            spec("mcp__b__search"),
+        ];
+        let found = |name: &str| offered_name(name, &tools);
+        assert_eq!(found("Bash"), Some("Bash"));
+        assert_eq!(found("mcp__x__Bash"), Some("Bash"));
+        assert_eq!(found("execute_code"), Some("mcp__sandbox__execute_code"));
+        assert_eq!(found("bash"), None);
+        assert_eq!(found("Python"), None);
+        assert_eq!(found("search"), None, "two tools fit");
+        assert_eq!(found("mcp__a__search"), Some("mcp__a__search"));
+    }
+
     #[test]
     fn truncation_marks_the_cut_on_a_char_boundary() {
         let out = truncate(

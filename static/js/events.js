@@ -114,6 +114,16 @@ class StatusBlock extends Block {
   guess() { return 10 + this.events.length * 20; }
 }
 
+/** What the model's harness did on its own: said apart from the model's text. */
+class InterventionBlock extends Block {
+  constructor(log) { super(log, 'intervention', 30); }
+  apply(ev) {
+    this.el.append(evEl('div', ev, { class: 'ev-intervention', title: 'Done by the harness, not the model' },
+      agentChip(ev), h('strong', null, `Harness · ${String(ev.kind || '').replaceAll('_', ' ')}`), h('span', null, ev.detail || '')));
+  }
+  guess() { return 10 + this.events.length * 22; }
+}
+
 class TextBlock extends Block {
   constructor(log, agent) {
     super(log, 'text', 60);
@@ -421,6 +431,7 @@ export class EventLog {
     this.rounds = new Map();
     this.node = null;
     this.status = null;
+    this.intervention = null;
     this.decision = null;
   }
 
@@ -451,6 +462,7 @@ export class EventLog {
     const type = ev.type;
     const agent = ev.agent_id || '';
     if (type !== 'status') this.status = null;
+    if (type !== 'intervention') this.intervention = null;
     if (type !== 'text_delta' && type !== 'thinking' && type !== 'status') this.text.delete(agent);
     if (type === 'status') {
       if (!this.status) this.status = this.block(new StatusBlock(this));
@@ -472,6 +484,9 @@ export class EventLog {
       b.push(ev);
     } else if (type === 'error') {
       this.block(new ErrorBlock(this)).push(ev);
+    } else if (type === 'intervention') {
+      if (!this.intervention) this.intervention = this.block(new InterventionBlock(this));
+      this.intervention.push(ev);
     } else if (ROUND_TYPES.has(type)) {
       let b = this.rounds.get(ev.round);
       if (!b) {

@@ -16,7 +16,7 @@ class Failure(Exception):
     """A scenario's expectation that did not hold."""
 
 
-NAMES = ["sessions", "deliberations", "pipelines", "gateway", "views", "auth", "bigsession"]
+NAMES = ["sessions", "deliberations", "pipelines", "gateway", "views", "auth", "bigsession", "interventions"]
 
 CODE_PROMPT = "```python\nprint('hello from the sandbox', 6 * 7)\n```"
 LONG_PROMPT = " ".join(f"word{i}" for i in range(1, 401))
@@ -515,3 +515,28 @@ def scenario_bigsession(b, args):
     if timing["most_in_dom"] > 1000:
         raise Failure(f"the list is not virtualised: {timing['most_in_dom']} events in the DOM at once")
     return {"session_id": sid, "events": last, "turns": turns, "open_s": open_s, "scroll": {k: round(v, 1) if isinstance(v, float) else v for k, v in timing.items()}}
+
+
+def scenario_interventions(b, args):
+    """A session of the demo model under the small harness (`demo-small`,
+    which the test configures): a Python cell that would fail runs
+    repaired, and the chat shows the harness's intervention as such,
+    apart from the model's text."""
+    b.open("/ui/sessions")
+    b.tid("new-session")
+    status, body = b.api("POST", "/agent/session", {"session_name": "small", "options": {"model": "demo-small"}})
+    if status not in (200, 201):
+        raise Failure(f"creating the session answered {status}: {body}")
+    sid = body["session_id"]
+    b.open(f"/ui/sessions/{sid}")
+    wait_connected(b)
+    mark = max_seq(b)
+    send_prompt(b, "```python\nprint('shout').upper()\n```")
+    wait_result(b, mark, 120, "success")
+    said = b.wait(lambda: events_after(b, mark, "intervention"), 10, "an intervention event in the chat")
+    text = said[0]["text"]
+    if "Harness" not in text or "cell repaired" not in text or "print() returns None" not in text:
+        raise Failure(f"the intervention reads {text!r}")
+    b.shot("session-intervention")
+    return {"interventions": len(said)}
+
