@@ -198,13 +198,14 @@ pub(super) async fn run_tools(
         .await;
     let mut answered = Vec::with_capacity(calls.len());
     for ((asked, plan), output) in calls.iter().zip(plans).zip(outputs) {
+        let ran = !matches!(plan, Plan::Answered(..));
         let mut output = match (plan, output) {
             (Plan::Refused(message), _) => ToolOutput::error(message),
             (Plan::Answered(output, notes), _) => with_notes(output, &notes),
             (Plan::Run(_, notes), Some(output)) => with_notes(output?, &notes),
             (Plan::Run(..), None) => unreachable!("every planned run has an output"),
         };
-        let settled = harness.on_result(asked, &mut output, &mut said);
+        let settled = harness.on_result(asked, ran, &mut output, &mut said);
         tell(session, &mut said)?;
         answered.push(Answered {
             message: finish_tool(deps, session, asked, output)?,

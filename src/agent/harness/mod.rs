@@ -99,11 +99,13 @@ pub trait Aid: Send {
         None
     }
 
-    /// On the result of a call (`asked`: the call as the model wrote it):
-    /// the output may change; an answer returned ends the turn with it.
+    /// On the result of a call (`asked`: the call as the model wrote it;
+    /// `ran`: false when an aid answered it without running it): the output
+    /// may change; an answer returned ends the turn with it.
     fn on_result(
         &mut self,
         _asked: &ToolCall,
+        _ran: bool,
         _output: &mut ToolOutput,
         _say: &mut Say,
     ) -> Option<String> {
@@ -164,12 +166,13 @@ impl Harness {
     pub fn on_result(
         &mut self,
         asked: &ToolCall,
+        ran: bool,
         output: &mut ToolOutput,
         say: &mut Say,
     ) -> Option<String> {
         let mut answer = None;
         for aid in &mut self.aids {
-            let settled = aid.on_result(asked, output, say);
+            let settled = aid.on_result(asked, ran, output, say);
             answer = answer.or(settled);
         }
         answer

@@ -76,6 +76,7 @@ impl Aid for AnswerAfterOutput {
     fn on_result(
         &mut self,
         _asked: &ToolCall,
+        _ran: bool,
         output: &mut ToolOutput,
         _say: &mut Say,
     ) -> Option<String> {

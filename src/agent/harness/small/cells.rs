@@ -51,6 +51,7 @@ impl Aid for Cells {
     fn on_result(
         &mut self,
         asked: &ToolCall,
+        _ran: bool,
         output: &mut ToolOutput,
         out: &mut Say,
     ) -> Option<String> {

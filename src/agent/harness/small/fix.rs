@@ -65,9 +65,13 @@ impl Aid for Fix {
     fn on_result(
         &mut self,
         asked: &ToolCall,
+        ran: bool,
         output: &mut ToolOutput,
         _say: &mut Say,
     ) -> Option<String> {
+        if !ran {
+            return None;
+        }
         if !output.is_error {
             if may_change_state(asked) {
                 self.failed.clear();

@@ -59,6 +59,7 @@ impl Aid for Repeats {
     fn on_result(
         &mut self,
         asked: &ToolCall,
+        _ran: bool,
         output: &mut ToolOutput,
         out: &mut Say,
     ) -> Option<String> {
