@@ -121,3 +121,58 @@ fn last_error_line(output: &ToolOutput) -> String {
         .trim();
     line.chars().take(300).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(name: &str, arguments: Value) -> ToolCall {
+        ToolCall {
+            id: "c".into(),
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    fn reply_of(call: &ToolCall) -> Reply {
+        Reply {
+            calls: vec![call.clone()],
+            ..Reply::default()
+        }
+    }
+
+    /// A call that failed twice is not asked again as it was, until a call
+    /// that may change the sandbox succeeds; a call the harness answered
+    /// counts as no failure.
+    #[test]
+    fn failures_are_forgotten_after_a_change() {
+        let mut fix = Fix::default();
+        let mut said = Say::new();
+        let cat = call("Bash", json!({"command": "cat missing"}));
+        let failed = || ToolOutput::error("cat: missing: No such file");
+        fix.on_result(&cat, false, &mut failed(), &mut said);
+        fix.on_result(&cat, true, &mut failed(), &mut said);
+        assert_eq!(
+            fix.on_reply(&mut reply_of(&cat), &[], &mut said),
+            OnReply::Keep
+        );
+        let mut second = failed();
+        fix.on_result(&cat, true, &mut second, &mut said);
+        assert!(second.output.as_str().unwrap().contains("already failed"));
+        assert_eq!(
+            fix.on_reply(&mut reply_of(&cat), &[], &mut said),
+            OnReply::AskAgain
+        );
+        let write = call("Write", json!({"file_path": "missing", "content": "x"}));
+        let mut wrote = ToolOutput {
+            output: Value::String("ok".into()),
+            is_error: false,
+        };
+        fix.on_result(&write, true, &mut wrote, &mut said);
+        assert_eq!(
+            fix.on_reply(&mut reply_of(&cat), &[], &mut said),
+            OnReply::Keep
+        );
+    }
+}

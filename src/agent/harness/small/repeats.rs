@@ -111,3 +111,69 @@ fn answer_of(output: &ToolOutput) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(name: &str, arguments: Value) -> ToolCall {
+        ToolCall {
+            id: "c".into(),
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    fn printed(text: &str) -> ToolOutput {
+        ToolOutput {
+            output: Value::String(text.into()),
+            is_error: false,
+        }
+    }
+
+    /// A read asked again is answered from its earlier output until a call
+    /// that may change the sandbox runs; a shell call always runs again.
+    #[test]
+    fn reads_are_answered_again_only_while_nothing_changed() {
+        let mut repeats = Repeats::default();
+        let mut said = Say::new();
+        let mut notes = Vec::new();
+        let read = call("Read", json!({"file_path": "f"}));
+        let shell = call("Bash", json!({"command": "cat f"}));
+        let mut ask = |repeats: &mut Repeats, c: &ToolCall| {
+            repeats.on_call(&mut c.clone(), &[], &mut notes, &mut said)
+        };
+        assert_eq!(ask(&mut repeats, &read), None);
+        repeats.on_result(&read, true, &mut printed("one"), &mut Say::new());
+        assert_eq!(ask(&mut repeats, &read), Some(printed("one")));
+        assert_eq!(ask(&mut repeats, &shell), None);
+        repeats.on_result(&shell, true, &mut printed("one"), &mut Say::new());
+        assert_eq!(
+            ask(&mut repeats, &read),
+            None,
+            "the shell call may have written f"
+        );
+        assert_eq!(ask(&mut repeats, &shell), None);
+    }
+
+    /// The third successful call printing one output settles the answer,
+    /// and says the harness chose it.
+    #[test]
+    fn an_output_printed_three_times_is_the_harness_s_answer() {
+        let mut repeats = Repeats::default();
+        let mut said = Say::new();
+        let shell = call("Bash", json!({"command": "echo 42"}));
+        for _ in 0..2 {
+            assert_eq!(
+                repeats.on_result(&shell, true, &mut printed("42\n"), &mut said),
+                None
+            );
+        }
+        assert_eq!(
+            repeats.on_result(&shell, true, &mut printed("42\n"), &mut said),
+            Some("42".into())
+        );
+        assert_eq!(said.last().unwrap().kind, InterventionKind::AnswerSettled);
+    }
+}
