@@ -296,7 +296,7 @@ async fn a_long_commands_output_streams_as_tool_output_events() {
 /// default) the same cells run as Python runs them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_shows_the_value_of_a_trailing_expression() {
-    let server = TestServer::start_sandboxed(with_small_demo).await;
+    let server = TestServer::start_sandboxed(common::with_small_demo).await;
     let output = cell_output(&server, "print('first')\nx = 2\nx ** 100").await;
     assert_eq!(output["stdout"], "first\n1267650600228229401496703205376\n");
     assert_eq!(cell_output(&server, "y = None\ny").await["stdout"], "");
@@ -481,19 +481,6 @@ async fn cell_output(server: &TestServer, code: &str) -> Value {
     let prompt = format!("```python\n{code}\n```");
     let events = ndjson(server.post("/agent/run", json!({"prompt": prompt})).await).await;
     tool_results(&events)[0]["output"].clone()
-}
-
-/// The demo model under the small harness, as `demo-small`.
-fn with_small_demo(config: &mut conclave::config::Config) {
-    config.models.insert(
-        "demo-small".into(),
-        conclave::config::ModelAlias {
-            provider: conclave::config::ProviderKind::Demo,
-            model: "demo".into(),
-            harness: Some(conclave::config::HarnessKind::Small),
-            ..Default::default()
-        },
-    );
 }
 
 /// [`cell_output`] under the small harness: the cell runs with repairs,

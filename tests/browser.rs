@@ -32,18 +32,7 @@ async fn in_chromium_a_session_streams_runs_a_sandbox_tool_interrupts_and_surviv
 /// from the model's text.
 #[tokio::test]
 async fn in_chromium_a_small_harness_intervention_shows_in_the_chat() {
-    let server = TestServer::start_sandboxed(|c| {
-        c.models.insert(
-            "demo-small".into(),
-            conclave::config::ModelAlias {
-                provider: conclave::config::ProviderKind::Demo,
-                model: "demo".into(),
-                harness: Some(conclave::config::HarnessKind::Small),
-                ..Default::default()
-            },
-        );
-    })
-    .await;
+    let server = TestServer::start_sandboxed(common::with_small_demo).await;
     let facts = browser("interventions", &server, &[]).await;
     assert_eq!(facts["interventions"], 1, "{facts}");
     server.stop_and_remove_sandboxes().await;

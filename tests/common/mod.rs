@@ -30,6 +30,19 @@ pub struct TestServer {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// Adds `demo-small`: the demo model under the small harness.
+pub fn with_small_demo(config: &mut Config) {
+    config.models.insert(
+        "demo-small".into(),
+        conclave::config::ModelAlias {
+            provider: conclave::config::ProviderKind::Demo,
+            model: "demo".into(),
+            harness: Some(conclave::config::HarnessKind::Small),
+            ..Default::default()
+        },
+    );
+}
+
 /// A test tool router: `Bash` answers `ran: {command}`, except `block`,
 /// which runs until the turn is cancelled.
 pub struct EchoTools;

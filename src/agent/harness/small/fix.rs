@@ -127,13 +127,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn call(name: &str, arguments: Value) -> ToolCall {
-        ToolCall {
-            id: "c".into(),
-            name: name.into(),
-            arguments,
-        }
-    }
+    use super::super::test_call as call;
 
     fn reply_of(call: &ToolCall) -> Reply {
         Reply {

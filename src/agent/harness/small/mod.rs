@@ -94,3 +94,12 @@ fn printed(output: &ToolOutput) -> Option<String> {
     let text = text.trim_end();
     (!text.trim().is_empty()).then(|| text.to_string())
 }
+
+#[cfg(test)]
+pub(crate) fn test_call(name: &str, arguments: Value) -> crate::model::ToolCall {
+    crate::model::ToolCall {
+        id: "c".into(),
+        name: name.into(),
+        arguments,
+    }
+}
