@@ -386,7 +386,7 @@ mod tests {
         assert!(err.contains("'timeout' is 1000, outside 1 to 600"), "{err}");
         let err = coerce(json!({"command": "2**100"}), &execute_code(), false).unwrap_err();
         assert!(err.contains("missing required argument(s) code"), "{err}");
-        let given = json!({"code": "1", "colour": "red", "language": null});
+        let given = json!({"code": "1", "colour": "red", "background": null});
         let checked = coerce(given, &execute_code(), false).unwrap();
         assert_eq!(checked.arguments, json!({"code": "1", "colour": "red"}));
         assert!(checked.notes.is_empty());
