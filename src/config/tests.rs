@@ -185,3 +185,42 @@ fn a_shared_store_bus_and_cluster_are_checked_naming_the_field() {
     );
     assert_eq!(config.bus.url.as_deref(), Some("nats://nats:4222"));
 }
+
+/// A model runs under `strict` unless its config says `small`; the
+/// deprecated small-model keys still select `small`, and clash with an
+/// explicit `strict`, naming the field.
+#[test]
+fn harnesses_and_the_deprecated_keys_that_select_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let load = |models: &str| {
+        std::fs::write(&path, models).unwrap();
+        Config::load(Some(&path), &Overrides::default())
+    };
+    let model = "[models.m]\nprovider = \"demo\"\nmodel = \"demo\"\n";
+    let harness = |extra: &str| load(&format!("{model}{extra}")).unwrap().models["m"].harness();
+    assert_eq!(harness(""), HarnessKind::Strict);
+    assert_eq!(harness("harness = \"small\"\n"), HarnessKind::Small);
+    assert_eq!(harness("answer_after_output = true\n"), HarnessKind::Small);
+    assert_eq!(
+        harness("tool_call_mode = \"json_schema\"\n"),
+        HarnessKind::Small
+    );
+    assert_eq!(
+        harness("answer_after_output = false\n"),
+        HarnessKind::Strict
+    );
+    let err = load(&format!(
+        "{model}harness = \"strict\"\nanswer_after_output = true\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("models.m.harness") && err.contains("answer_after_output"),
+        "{err}"
+    );
+    let err = load(&format!("{model}harness = \"tiny\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("harness"), "{err}");
+}

@@ -753,7 +753,7 @@ mod tests {
             fragment.repeat(5)
         )));
         assert!(!repeats_itself(&format!("Title\n{}\n", "=".repeat(80))));
-        // One character for ever (issue 21's task 12: `sum(...) / 1000…`).
+        // One character for ever (a sum that prints `1000…` without end).
         let zeros = format!("{{\"code\": \"sum(x) / 1{}", "0".repeat(256));
         assert!(repeats_itself(&zeros));
         assert!(!repeats_itself(&zeros[..zeros.len() - 1]));
