@@ -695,3 +695,33 @@ async fn a_call_written_as_text_goes_back_once_as_a_call() {
         r#"{"command":"ls"}"#
     );
 }
+
+/// A reply that loops (one call written 200 times) is cut while it
+/// streams under the small harness, which says so and runs the call once;
+/// under the strict one it arrives whole, as text, and nothing runs.
+#[tokio::test]
+async fn a_looping_reply_is_cut_only_under_the_small_harness() {
+    let line = "{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n";
+    let looping = || {
+        let mut events: Vec<String> = (0..200).map(|_| content(line)).collect();
+        events.extend([finish("length"), chunk_usage(5, 5), end()]);
+        Reply::sse(events)
+    };
+    let body = json!({"prompt": "go", "model": "scripted"});
+    let (events, _) = run_turn(
+        vec![looping(), says("Done.")],
+        HarnessKind::Small,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(
+        interventions(&events)[..2],
+        ["reply_cut", "call_recovered"],
+        "{events:?}"
+    );
+    assert_eq!(of_type(&events, "tool_result").len(), 1, "{events:?}");
+    assert_eq!(events.last().unwrap()["result"], "Done.");
+    let (events, _) = run_turn(vec![looping()], HarnessKind::Strict, body).await;
+    assert!(of_type(&events, "tool_use").is_empty(), "{events:?}");
+    assert_eq!(events.last().unwrap()["result"], line.repeat(200));
+}
