@@ -48,6 +48,12 @@ pub(super) fn bound_calls(calls: &mut Vec<ToolCall>, limit: usize) -> Option<Str
     })
 }
 
+/// The tool part of `mcp__{server}__{tool}`.
+fn without_server(name: &str) -> Option<&str> {
+    let (_, tool) = name.strip_prefix("mcp__")?.split_once("__")?;
+    Some(tool)
+}
+
 /// The offered tool a call names: its exact name, or the name with an
 /// `mcp__{server}__` prefix added or dropped when that fits one tool.
 fn offered_name<'a>(name: &str, tools: &'a [ToolSpec]) -> Option<&'a str> {
@@ -55,16 +61,8 @@ fn offered_name<'a>(name: &str, tools: &'a [ToolSpec]) -> Option<&'a str> {
     if let Some(exact) = names().find(|t| *t == name) {
         return Some(exact);
     }
-    let unprefixed = name
-        .strip_prefix("mcp__")
-        .and_then(|rest| rest.split_once("__"))
-        .map(|(_, tool)| tool);
-    let mut fitting = names().filter(|t| {
-        Some(*t) == unprefixed
-            || t.strip_prefix("mcp__")
-                .and_then(|rest| rest.split_once("__"))
-                .is_some_and(|(_, tool)| tool == name)
-    });
+    let mut fitting =
+        names().filter(|t| Some(*t) == without_server(name) || without_server(t) == Some(name));
     match (fitting.next(), fitting.next()) {
         (Some(one), None) => Some(one),
         _ => None,
@@ -102,9 +100,9 @@ fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<ToolCall, String>
 
 /// Adds what was assumed about a call to its output, where the model
 /// reads it.
-pub(super) fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput {
+pub(super) fn add_notes(output: &mut ToolOutput, notes: &[String]) {
     if notes.is_empty() {
-        return output;
+        return;
     }
     let note = format!("Note: {}.", notes.join("; "));
     match &mut output.output {
@@ -119,7 +117,6 @@ pub(super) fn with_notes(mut output: ToolOutput, notes: &[String]) -> ToolOutput
             *other = serde_json::json!({"output": other.clone(), "note": note});
         }
     }
-    output
 }
 
 /// How a call of a batch will be answered.
@@ -201,8 +198,15 @@ pub(super) async fn run_tools(
         let ran = !matches!(plan, Plan::Answered(..));
         let mut output = match (plan, output) {
             (Plan::Refused(message), _) => ToolOutput::error(message),
-            (Plan::Answered(output, notes), _) => with_notes(output, &notes),
-            (Plan::Run(_, notes), Some(output)) => with_notes(output?, &notes),
+            (Plan::Answered(mut output, notes), _) => {
+                add_notes(&mut output, &notes);
+                output
+            }
+            (Plan::Run(_, notes), Some(output)) => {
+                let mut output = output?;
+                add_notes(&mut output, &notes);
+                output
+            }
             (Plan::Run(..), None) => unreachable!("every planned run has an output"),
         };
         let settled = harness.on_result(asked, ran, &mut output, &mut said);

@@ -165,10 +165,11 @@ fn coerce_value(
         return clamp(key, value, schema, lenient, notes);
     }
     let before = value.to_string();
-    let converted = types
-        .iter()
-        .filter(|_| lenient)
-        .find_map(|t| convert(value, t, schema));
+    let converted = if lenient {
+        types.iter().find_map(|t| convert(value, t, schema))
+    } else {
+        None
+    };
     match converted {
         Some(new) => {
             notes.push(format!("'{key}': {before} was read as {new}"));

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::with_last_word;
-use crate::agent::calls::with_notes;
+use crate::agent::calls::add_notes;
 use crate::agent::harness::{Aid, NextCall, OnReply, Reply, Say, key_of, may_change_state, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
@@ -83,8 +83,8 @@ impl Aid for Fix {
         *error = last_error_line(output);
         if *times > 1 {
             self.ask = Some(error.clone());
-            *output = with_notes(
-                std::mem::replace(output, ToolOutput::error("")),
+            add_notes(
+                output,
                 &["this exact call already failed in this turn; change it".into()],
             );
         }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::printed;
-use crate::agent::calls::with_notes;
+use crate::agent::calls::add_notes;
 use crate::agent::harness::{Aid, Say, key_of, may_change_state, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
@@ -87,8 +87,8 @@ impl Aid for Repeats {
             return Some(answer_of(output));
         }
         if *times > 1 {
-            *output = with_notes(
-                std::mem::replace(output, ToolOutput::error("")),
+            add_notes(
+                output,
                 &[
                     "this call printed the same as an earlier call of this turn. If that \
                    answers the question, reply with the answer in plain text"
