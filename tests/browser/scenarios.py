@@ -8,6 +8,7 @@ not hold.
 import time
 import urllib.parse
 
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 
@@ -269,9 +270,20 @@ def scenario_pipelines(b, args):
     b.tid("graph")
     saw_current = None
     if mock:
+        # One query reads the node: a node is current for ~300 ms, so a second
+        # query after the wait can find none.
+        def current_node():
+            nonlocal saw_current
+            for el in b.css('[data-testid="graph-node"].current'):
+                try:
+                    saw_current = el.get_attribute("data-node")
+                except StaleElementReferenceException:
+                    continue
+                return True
+            return False
+
         try:
-            b.wait(lambda: b.css('[data-testid="graph-node"].current'), 10, "a node running now")
-            saw_current = b.css('[data-testid="graph-node"].current')[0].get_attribute("data-node")
+            b.wait(current_node, 10, "a node running now")
         except Failure:
             saw_current = None
     b.wait(lambda: b.tid("run-status").get_attribute("data-status") == "completed", 90, "run-status completed")
