@@ -400,7 +400,8 @@ struct Setup {
 }
 
 /// In the container's init, still privileged (root, or root of its user
-/// namespace): bring up loopback, drop root, exec. Returns only on failure,
+/// namespace): leave the server's session, bring up loopback, drop root,
+/// exec. Returns only on failure,
 /// with the exit status to report.
 fn become_sandbox(setup: Setup, program: &CStr, argv: &[CString], envp: &[CString]) -> i32 {
     let fail = |msg: &[u8], status: i32| {
@@ -408,6 +409,13 @@ fn become_sandbox(setup: Setup, program: &CStr, argv: &[CString], envp: &[CStrin
         unsafe { libc::write(libc::STDERR_FILENO, msg.as_ptr().cast(), msg.len()) };
         status
     };
+    // A session of its own, without a controlling terminal: nothing in the
+    // sandbox can reach the terminal the server was started from (`/dev/tty`
+    // answers ENXIO, and TIOCSTI has no terminal to type into).
+    // SAFETY: setsid(2) takes no arguments.
+    if unsafe { libc::setsid() } < 0 {
+        return fail(b"conclave: cannot start a new session\n", 125);
+    }
     if setup.loopback && sys::loopback_up().is_err() {
         return fail(b"conclave: cannot bring up the loopback interface\n", 125);
     }

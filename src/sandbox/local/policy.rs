@@ -43,8 +43,9 @@ pub(super) fn landlock_rules(system_dirs: &[&str]) -> Ruleset {
 /// Docker's default profile refuses to a container without capabilities:
 /// new namespaces (a user namespace would hand the sandbox root inside it),
 /// mounts, kernel modules and keyrings, BPF, perf, userfaultfd, io_uring,
-/// clock and swap changes. Most need capabilities the sandbox lacks anyway;
-/// this keeps the kernel code behind them out of reach.
+/// clock and swap changes; and typing into a terminal (TIOCSTI, TIOCLINUX).
+/// Most need capabilities the sandbox lacks anyway; this keeps the kernel
+/// code behind them out of reach.
 pub(super) fn seccomp_filter() -> Filter {
     const DENIED: [&str; 48] = [
         "acct",
@@ -119,6 +120,22 @@ pub(super) fn seccomp_filter() -> Filter {
             eperm,
             "clone",
             &[ArgCmp::new(0, ArgCmpOp::MaskedEq, flag, flag)],
+        );
+    }
+    // Typing into a terminal (TIOCSTI) and the console's ioctls (TIOCLINUX
+    // can also type): a sandbox has no terminal of its own, and must never
+    // push input to one of the host's. The kernel reads the request as a
+    // 32-bit int, so only the low half is compared.
+    for request in [libc::TIOCSTI, libc::TIOCLINUX] {
+        filter.add_rule_conditional(
+            eperm,
+            "ioctl",
+            &[ArgCmp::new(
+                1,
+                ArgCmpOp::MaskedEq,
+                u64::from(u32::MAX),
+                request,
+            )],
         );
     }
     // clone3 passes its flags in memory, out of a filter's sight; ENOSYS
