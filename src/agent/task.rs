@@ -48,17 +48,13 @@ impl AgentTask {
                         )
                     })?;
                 }
-                McpServerSpec::Stdio { command, .. } => {
-                    if !self.mcp.stdio_commands.contains(command) {
-                        return Err(OptionError::new(
-                            format!("options.mcp_servers.{name}.command"),
-                            format!(
-                                "{command:?} is not in mcp.stdio_commands; stdio MCP servers run \
-                                 on the server's host, so the operator allows each command"
-                            ),
-                        )
-                        .into());
-                    }
+                McpServerSpec::Stdio { command, args, env } => {
+                    self.mcp.check_stdio_command(command, args).map_err(|e| {
+                        OptionError::new(format!("options.mcp_servers.{name}.command"), e)
+                    })?;
+                    self.mcp.check_stdio_env(env.keys()).map_err(|e| {
+                        OptionError::new(format!("options.mcp_servers.{name}.env"), e)
+                    })?;
                 }
             }
         }

@@ -535,6 +535,9 @@ impl Config {
         self.pipelines
             .validate()
             .map_err(|(field, message)| ConfigError::Field { field, message })?;
+        self.mcp
+            .validate()
+            .map_err(|(field, message)| ConfigError::Field { field, message })?;
         crate::egress::Rules::parse(&self.gateway.allowed_upstreams)
             .map_err(|e| field("gateway.allowed_upstreams", e))?;
         Ok(())

@@ -3,7 +3,10 @@
 //! `mcp__{server}__{tool}`.
 //!
 //! A stdio server is a process on the server's host, outside any sandbox,
-//! so only commands the operator allows (`mcp.stdio_commands`) start. An
+//! so only commands the operator allows (`mcp.stdio_commands`, a program
+//! or a whole command line) start, in a session of their own, with a clean
+//! environment: the variables `mcp.stdio_env` names from the server's, and
+//! those `mcp.stdio_session_env` lets the session set. An
 //! HTTP server is reached only where `mcp.allowed_http_servers` allows,
 //! checked on every connection after DNS ([`crate::egress`]).
 
@@ -113,14 +116,30 @@ impl ExternalServers {
     async fn connect(&self, spec: &McpServerSpec) -> Result<Connected, String> {
         let client = match spec {
             McpServerSpec::Stdio { command, args, env } => {
-                if !self.config.stdio_commands.iter().any(|c| c == command) {
-                    return Err(format!(
-                        "the command '{command}' is not in mcp.stdio_commands; \
-                         stdio MCP servers run on the server's host, so the operator must allow each"
-                    ));
-                }
+                self.config.check_stdio_command(command, args)?;
+                self.config.check_stdio_env(env.keys())?;
                 let mut cmd = tokio::process::Command::new(command);
+                // A clean environment: the server's own (its API keys)
+                // stays with the server.
+                cmd.env_clear();
+                for name in &self.config.stdio_env {
+                    if let Some(value) = std::env::var_os(name) {
+                        cmd.env(name, value);
+                    }
+                }
                 cmd.args(args).envs(env).kill_on_drop(true);
+                // A session of its own: the child never shares the
+                // terminal the server was started from.
+                // SAFETY: setsid(2) is async-signal-safe and takes no
+                // arguments; nothing else runs between fork and exec.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        if libc::setsid() < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
                 let transport = TokioChildProcess::new(cmd).map_err(|e| e.to_string())?;
                 ().serve(transport).await.map_err(|e| e.to_string())?
             }
