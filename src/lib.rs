@@ -58,6 +58,7 @@
 //!   `Retry-After`, bounded error bodies.
 //! - [`shutdown`]: the root cancellation token and signal handling.
 //! - [`sync`]: the one poison-tolerant lock helper.
+//! - [`yaml`]: bounds on YAML's size and nesting, checked before parsing.
 //! - [`prefix`]: a prompt as a chain of block hashes, for the sim's prefix
 //!   cache and the gateway's `prefix_cache` strategy.
 
@@ -86,3 +87,4 @@ pub mod store;
 pub mod sync;
 pub mod telemetry;
 pub mod upstream;
+pub mod yaml;

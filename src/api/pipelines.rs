@@ -156,22 +156,24 @@ pub async fn validate(
 ) -> Result<Json<Value>, ApiError> {
     let yaml = body.take_text("yaml")?;
     body.deny_rest()?;
-    let known = |model: &str| {
-        state
-            .models
-            .resolve(model)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    };
-    let definition = crate::pipeline::Definition::parse(&yaml, "request")
-        .and_then(|d| d.check_models(&yaml, "request", &known).map(|()| d))
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_pipeline",
-                e.to_string(),
-            )
-        })?;
+    let models = state.models.clone();
+    let known = move |model: &str| models.resolve(model).map(|_| ()).map_err(|e| e.to_string());
+    // Off the async workers: a parse is bounded (size and depth are
+    // checked first) but not free, and other tenants' requests must not
+    // wait behind it.
+    let parsed = tokio::task::spawn_blocking(move || {
+        crate::pipeline::Definition::parse(&yaml, "request")
+            .and_then(|d| d.check_models(&yaml, "request", &known).map(|()| d))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("validating a pipeline: {e}")))?;
+    let definition = parsed.map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_pipeline",
+            e.to_string(),
+        )
+    })?;
     Ok(Json(json!({"valid": true, "pipeline": {
         "name": definition.name, "start": definition.start, "terminal": definition.terminal,
         "nodes": definition.nodes.keys().collect::<Vec<_>>(), "counters": definition.counters}})))

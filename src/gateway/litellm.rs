@@ -74,8 +74,12 @@ pub struct Settings {
     pub other: BTreeMap<String, Value>,
 }
 
+/// The largest LiteLLM config read.
+const MAX_CONFIG_BYTES: usize = 4 * 1024 * 1024;
+
 /// Reads a LiteLLM config file's text into pools.
 pub fn import(yaml: &str) -> Result<GatewayConfig, String> {
+    crate::yaml::check(yaml, MAX_CONFIG_BYTES).map_err(|e| format!("not a LiteLLM config: {e}"))?;
     let config: LiteLlmConfig =
         yaml_serde::from_str(yaml).map_err(|e| format!("not a LiteLLM config: {e}"))?;
     if config.model_list.is_empty() {

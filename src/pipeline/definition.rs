@@ -92,6 +92,10 @@ pub struct DefinitionError {
     pub message: String,
 }
 
+/// The largest definition read: ample for dozens of nodes with long
+/// prompts.
+pub const MAX_DEFINITION_BYTES: usize = 256 * 1024;
+
 /// The built-in connector pipeline of seed 004.
 pub const CONNECTOR_YAML: &str = include_str!("connector.yaml");
 
@@ -113,6 +117,15 @@ pub enum Route {
 impl Definition {
     /// Reads and checks a definition; `file` names it in errors.
     pub fn parse(yaml: &str, file: &str) -> Result<Definition, DefinitionError> {
+        crate::yaml::check(yaml, MAX_DEFINITION_BYTES).map_err(|e| DefinitionError {
+            file: file.to_owned(),
+            line: match e {
+                crate::yaml::Refused::TooDeep { line } => line,
+                crate::yaml::Refused::TooLarge { .. } => 0,
+            },
+            place: "document".into(),
+            message: e.to_string(),
+        })?;
         let definition: Definition = yaml_serde::from_str(yaml).map_err(|e| DefinitionError {
             file: file.to_owned(),
             line: e.location().map_or(0, |l| l.line()),

@@ -1,0 +1,220 @@
+//! Bounds on YAML before it is parsed: its size and how deep it nests.
+//!
+//! The YAML parser reads a whole document into events before anything
+//! checks its depth, and deeply nested flow collections (`a: [[[[…`) cost
+//! it time that grows with the square of the depth: 200,000 brackets took
+//! 46 s. [`check`] scans the text once, in linear time, and refuses it
+//! before the parser sees it.
+//!
+//! The scan estimates the nesting from the text: block collections by
+//! their indentation (each deeper indent one level, each compact `- ` or
+//! `? ` on a line one more), flow collections by their brackets, skipping
+//! comments, quoted scalars and block scalars (`|`, `>`). Brackets inside
+//! a plain scalar of a block collection (`title: see [docs]`) open
+//! nothing, as in YAML itself. The estimate never counts less than the
+//! parser will nest, so a document it passes cannot nest deeper.
+
+use std::fmt;
+
+/// The deepest a document the server reads may nest. Pipeline
+/// definitions and LiteLLM configs need fewer than ten levels.
+pub const MAX_DEPTH: usize = 64;
+
+/// Why a document was refused before parsing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Larger than `limit` bytes.
+    TooLarge { bytes: usize, limit: usize },
+    /// Nests deeper than [`MAX_DEPTH`], first at `line` (1-based).
+    TooDeep { line: usize },
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::TooLarge { bytes, limit } => {
+                write!(f, "the document is {bytes} bytes; the limit is {limit}")
+            }
+            Refused::TooDeep { line } => write!(
+                f,
+                "the document nests deeper than {MAX_DEPTH} levels (line {line})"
+            ),
+        }
+    }
+}
+
+/// Refuses `text` when it is larger than `max_bytes` or nests deeper than
+/// [`MAX_DEPTH`].
+pub fn check(text: &str, max_bytes: usize) -> Result<(), Refused> {
+    if text.len() > max_bytes {
+        return Err(Refused::TooLarge {
+            bytes: text.len(),
+            limit: max_bytes,
+        });
+    }
+    let mut scan = Scan::default();
+    for (number, line) in text.lines().enumerate() {
+        if scan.line(line) > MAX_DEPTH {
+            return Err(Refused::TooDeep { line: number + 1 });
+        }
+    }
+    Ok(())
+}
+
+/// Where the scan is between lines.
+#[derive(Default)]
+struct Scan {
+    /// The indents of the open block collections, innermost last.
+    indents: Vec<usize>,
+    /// Open flow collections (`[`, `{`).
+    flow: usize,
+    /// Inside a quoted scalar that goes on past the line end.
+    quote: Option<u8>,
+    /// Inside a block scalar: lines indented more than this belong to it.
+    block_scalar: Option<usize>,
+}
+
+impl Scan {
+    /// Reads one line and answers the deepest nesting seen on it.
+    fn line(&mut self, line: &str) -> usize {
+        let bytes = line.as_bytes();
+        let indent = bytes.iter().take_while(|&&b| b == b' ').count();
+        let blank = bytes[indent..].iter().all(|b| b.is_ascii_whitespace());
+        if let Some(parent) = self.block_scalar {
+            if blank || indent > parent {
+                return self.indents.len();
+            }
+            self.block_scalar = None;
+        }
+        if blank && self.quote.is_none() {
+            return self.indents.len() + self.flow;
+        }
+        let mut at = 0;
+        if self.quote.is_none() && self.flow == 0 {
+            while self.indents.last().is_some_and(|&top| top > indent) {
+                self.indents.pop();
+            }
+            if self.indents.last().is_none_or(|&top| top < indent) {
+                self.indents.push(indent);
+            }
+            at = indent;
+        }
+        let mut deepest = self.indents.len() + self.flow;
+        // Whether a value may start here: a bracket there opens a flow
+        // collection (inside one, any bracket does).
+        let mut value_start = true;
+        let mut compact = 0;
+        while at < bytes.len() {
+            let byte = bytes[at];
+            if let Some(quote) = self.quote {
+                match byte {
+                    b'\\' if quote == b'"' => at += 1,
+                    b'\'' if quote == b'\'' && bytes.get(at + 1) == Some(&b'\'') => at += 1,
+                    _ if byte == quote => self.quote = None,
+                    _ => {}
+                }
+                at += 1;
+                continue;
+            }
+            let after_space = at == 0 || bytes[at - 1] == b' ' || bytes[at - 1] == b'\t';
+            match byte {
+                b'#' if after_space => break,
+                b'"' | b'\'' if value_start || self.flow > 0 => {
+                    self.quote = Some(byte);
+                    value_start = false;
+                }
+                b'[' | b'{' if value_start || self.flow > 0 => {
+                    self.flow += 1;
+                    value_start = true;
+                }
+                b']' | b'}' if self.flow > 0 => {
+                    self.flow -= 1;
+                    value_start = false;
+                }
+                b',' if self.flow > 0 => value_start = true,
+                b'-' | b'?' | b':'
+                    if bytes.get(at + 1).is_none_or(|b| *b == b' ' || *b == b'\t') =>
+                {
+                    if byte != b':' && value_start && self.flow == 0 {
+                        compact += 1;
+                    }
+                    value_start = true;
+                }
+                b'|' | b'>' if value_start && self.flow == 0 => {
+                    // The rest of the line holds only indicators and a
+                    // comment; the following lines are the scalar's text.
+                    self.block_scalar = Some(indent);
+                    break;
+                }
+                b' ' | b'\t' => {}
+                b'&' | b'!' if value_start => {
+                    // An anchor or a tag before the value: skip its name.
+                    while at + 1 < bytes.len() && bytes[at + 1] != b' ' {
+                        at += 1;
+                    }
+                }
+                _ => value_start = false,
+            }
+            deepest = deepest.max(self.indents.len() + compact + self.flow);
+            at += 1;
+        }
+        deepest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BIG: usize = 1 << 20;
+
+    #[test]
+    fn ordinary_documents_pass() {
+        for text in [
+            crate::pipeline::CONNECTOR_YAML,
+            "a: 1\nb:\n  c: [1, 2, {d: 3}]\n  e:\n    - f\n    - - g\n",
+            "title: see [docs] and {this}\nnote: 'it''s [ok'\n",
+            "text: |\n  [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n  more\nnext: 1\n",
+            "q: \"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"\n",
+            "# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n",
+        ] {
+            assert_eq!(check(text, BIG), Ok(()), "{text}");
+        }
+    }
+
+    #[test]
+    fn deep_flow_block_and_compact_nesting_are_refused_in_linear_time() {
+        let flow = format!("a: {}", "[".repeat(200_000));
+        assert_eq!(check(&flow, BIG), Err(Refused::TooDeep { line: 1 }));
+        let mapping = format!("a: {}", "{b: ".repeat(100));
+        assert!(check(&mapping, BIG).is_err());
+        let block: String = (0..100)
+            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+            .collect();
+        assert_eq!(check(&block, BIG), Err(Refused::TooDeep { line: 65 }));
+        let compact = format!("{}x\n", "- ".repeat(100));
+        assert!(check(&compact, BIG).is_err());
+        // Across lines, and closed ones do not count.
+        let lines = format!("a: {}\n", "[\n".repeat(70));
+        assert!(check(&lines, BIG).is_err());
+        let closed = format!("a: [{}[1]]\n", "[1], ".repeat(1000));
+        assert_eq!(check(&closed, BIG), Ok(()));
+    }
+
+    #[test]
+    fn size_is_checked_first() {
+        assert_eq!(
+            check("a: 1\n", 3),
+            Err(Refused::TooLarge { bytes: 5, limit: 3 })
+        );
+    }
+
+    #[test]
+    fn whatever_passes_parses_within_the_parsers_own_limit() {
+        // 60 flow levels pass the scan and the parser reads them.
+        let text = format!("a: {}1{}", "[".repeat(60), "]".repeat(60));
+        assert_eq!(check(&text, BIG), Ok(()));
+        let value: yaml_serde::Value = yaml_serde::from_str(&text).unwrap();
+        assert!(value.get("a").is_some());
+    }
+}
