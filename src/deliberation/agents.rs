@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::prompts::Prompt;
 use crate::jobs::{self, Handler, Jobs};
 use crate::model::{ChatRequest, Message, ModelRegistry, ResolvedModel};
 use crate::protocol::{ResultStatus, Usage};
@@ -94,7 +95,7 @@ pub enum Worker {
     /// whichever replica takes the job.
     Model {
         model: ResolvedModel,
-        system: String,
+        system: Prompt,
         jobs: Arc<dyn Jobs>,
     },
     /// A turn of its own agent session per round (tools and a sandbox),
@@ -109,7 +110,8 @@ pub enum Worker {
 /// One agent's work in one round.
 pub struct Call {
     pub agent_id: String,
-    pub prompt: String,
+    /// Rendered when the call starts, not before.
+    pub prompt: Prompt,
     pub temperature: f32,
     pub max_tokens: Option<u32>,
     pub timeout: Duration,
@@ -169,8 +171,8 @@ impl Worker {
             } => {
                 let job = ModelCall {
                     model: model.name.clone(),
-                    system: system.clone(),
-                    prompt: call.prompt.clone(),
+                    system: system.render(),
+                    prompt: call.prompt.render(),
                     temperature: call.temperature,
                     max_tokens: call.max_tokens,
                     session_id: call.parent.id.to_string(),
@@ -280,7 +282,7 @@ async fn turn_of(
         manager,
         jobs,
         session,
-        call.prompt.clone(),
+        call.prompt.render(),
         crate::session::TurnOptions::default(),
         &call.parent,
         &call.agent_id,

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::agents::{Call, Worker};
 use super::engine::Run;
-use super::prompts;
+use super::prompts::{self, Prompt};
 use crate::protocol::EventKind;
 use crate::protocol::deliberation::{Aggregate, Decision};
 use crate::session::Turn;
@@ -54,7 +54,7 @@ fn time_left(run: &Run<'_>) -> Duration {
 }
 
 /// A plain model worker on `model` with `system`.
-fn model_worker(run: &Run<'_>, model: &str, system: String) -> Result<Worker, String> {
+fn model_worker(run: &Run<'_>, model: &str, system: Prompt) -> Result<Worker, String> {
     run.deps
         .models
         .resolve(model)
@@ -83,7 +83,6 @@ async fn judge(
             proposals.len()
         ),
     })?;
-    let texts: Vec<&str> = proposals.iter().map(|(_, p)| *p).collect();
     let first = |why: String| Decision {
         method: Aggregate::Judge,
         choice: run.slots[proposals[0].0].agent_id.clone(),
@@ -91,14 +90,19 @@ async fn judge(
         reasoning: format!("{why}; the first proposal is kept"),
         votes: None,
     };
-    let worker = match model_worker(run, &model, prompts::judge_system(&run.options.role)) {
+    let system = Prompt::Text(prompts::judge_system(&run.options.role).into());
+    let worker = match model_worker(run, &model, system) {
         Ok(worker) => worker,
         Err(e) => return Ok(first(format!("the judge could not start: {e}"))),
     };
     let answer = worker
         .answer(Call {
             agent_id: format!("judge-{}", run.options.role.to_lowercase()),
-            prompt: prompts::choose(&run.task, &texts, false),
+            prompt: Prompt::Choose {
+                task: run.task.clone(),
+                proposals: proposals.iter().map(|&(i, _)| run.proposal_of(i)).collect(),
+                voter: false,
+            },
             temperature: 0.0,
             max_tokens: Some(run.max_tokens(1)),
             timeout: time_left(run),
@@ -144,24 +148,18 @@ async fn vote(
     })?;
     let mut ballots = FuturesUnordered::new();
     for &(voter, _) in proposals {
-        // What this voter sees: every proposal but its own, in order.
-        let candidates: Vec<(usize, &str)> = proposals
-            .iter()
-            .copied()
-            .filter(|(i, _)| *i != voter)
-            .collect();
-        let texts: Vec<&str> = candidates.iter().map(|(_, p)| *p).collect();
+        // What this voter sees: the proposals of the agents after it, in
+        // turn (at most `PEERS_SHOWN`), in agent order, never its own.
+        let candidates = run.peers_of(voter);
         let slot = &run.slots[voter];
-        let system = prompts::system(
-            &slot.agent_id,
-            &run.options.role,
-            run.options.num_agents,
-            &run.options.constraints,
-        );
-        let worker = model_worker(run, &slot.model, system);
+        let worker = model_worker(run, &slot.model, run.system_prompt(&slot.agent_id));
         let call = Call {
             agent_id: slot.agent_id.clone(),
-            prompt: prompts::choose(&run.task, &texts, true),
+            prompt: Prompt::Choose {
+                task: run.task.clone(),
+                proposals: candidates.iter().map(|&i| run.proposal_of(i)).collect(),
+                voter: true,
+            },
             temperature: 0.0,
             max_tokens: Some(run.max_tokens(proposals.len() as u64)),
             timeout: time_left(run),
@@ -184,7 +182,7 @@ async fn vote(
             turn.usage.add(&answer.usage);
             if let Ok(text) = answer.result {
                 pick = prompts::read_choice(&text, candidates.len())
-                    .map(|choice| candidates[choice.number - 1].0);
+                    .map(|choice| candidates[choice.number - 1]);
             }
         }
         chosen.push((voter, pick));

@@ -18,6 +18,7 @@ use uuid::Uuid;
 use super::DeliberationOptions;
 use super::agents::{Answer, Call};
 use super::engine::{COMPLETED, Deps, FAILED, Run};
+use super::prompts::Prompt;
 use crate::bus::{Bus, Delivery, Pattern, Since, Subject};
 use crate::protocol::EventKind;
 use crate::protocol::deliberation::{Aggregate, Proposal};
@@ -48,7 +49,7 @@ impl Run<'_> {
     pub(super) async fn round(
         &mut self,
         round: u32,
-        inputs: Vec<(usize, String)>,
+        inputs: Vec<(usize, Prompt)>,
         turn: &mut Turn,
     ) -> Result<Option<&'static str>, StoreError> {
         let namespace = Deps::namespace(&self.session).to_owned();
@@ -216,7 +217,7 @@ impl Run<'_> {
         slot.duration_ms = duration_ms;
         match result {
             Ok(content) => {
-                slot.proposal = Some(content.clone());
+                slot.proposal = Some(content.as_str().into());
                 slot.error = None;
                 self.session.emit_as(
                     &slot.agent_id,

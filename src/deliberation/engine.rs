@@ -13,8 +13,9 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::agents::{Budget, Worker};
+use super::prompts::{self, PEERS_SHOWN, Prompt};
 use super::records::{self, Stored};
-use super::{DeliberationOptions, aggregate, prompts};
+use super::{DeliberationOptions, aggregate};
 use crate::bus::{Bus, Subject};
 use crate::jobs::Jobs;
 use crate::model::ModelRegistry;
@@ -54,7 +55,7 @@ pub(super) struct Slot {
     pub agent_id: String,
     pub model: String,
     pub worker: Result<Worker, String>,
-    pub proposal: Option<String>,
+    pub proposal: Option<Arc<str>>,
     pub error: Option<String>,
     pub duration_ms: u64,
 }
@@ -63,7 +64,12 @@ pub(super) struct Run<'a> {
     pub deps: &'a Deps,
     pub session: Arc<Session>,
     pub options: DeliberationOptions,
-    pub task: String,
+    /// The task, shared by every prompt.
+    pub task: Arc<str>,
+    /// The role and the rendered constraints, shared by every system
+    /// prompt.
+    pub role: Arc<str>,
+    pub constraints: Arc<str>,
     pub task_id: Uuid,
     pub slots: Vec<Slot>,
     pub budget: Arc<Budget>,
@@ -75,6 +81,11 @@ pub(super) async fn run(deps: &Deps, turn: &mut Turn, task: String) -> Result<Ou
     let session = turn.session.clone();
     let options: DeliberationOptions = serde_json::from_value((*session.options).clone())
         .map_err(|e| StoreError::Corrupt(format!("deliberation options: {e}")))?;
+    // `POST /deliberations` checked its task already; a message to a
+    // session of the kind is checked here.
+    if let Err(e) = options.check_prompt_bytes("message", task.len()) {
+        return Ok(Outcome::new(ResultStatus::Error, Some(e.to_string())));
+    }
     let store = deps.store.as_ref();
     let owner = session.owner.clone();
     // `POST /deliberations` runs one in an ephemeral session of its own,
@@ -111,8 +122,10 @@ pub(super) async fn run(deps: &Deps, turn: &mut Turn, task: String) -> Result<Ou
     let mut run = Run {
         deps,
         session: session.clone(),
+        role: options.role.as_str().into(),
+        constraints: prompts::render_constraints(&options.constraints).into(),
         options,
-        task,
+        task: task.into(),
         task_id,
         slots: Vec::new(),
         budget,
@@ -239,12 +252,7 @@ impl Run<'_> {
                     .resolve(&model)
                     .map(|model| Worker::Model {
                         model,
-                        system: prompts::system(
-                            &agent_id,
-                            &options.role,
-                            options.num_agents,
-                            &options.constraints,
-                        ),
+                        system: self.system_prompt(&agent_id),
                         jobs: self.deps.jobs.clone(),
                     })
                     .map_err(|e| e.to_string())
@@ -311,7 +319,7 @@ impl Run<'_> {
     /// the deliberation ended early.
     async fn rounds(&mut self, turn: &mut Turn) -> Result<Option<&'static str>, StoreError> {
         for round in 0..=self.options.rounds {
-            let inputs: Vec<(usize, String)> = if round == 0 {
+            let inputs: Vec<(usize, Prompt)> = if round == 0 {
                 (0..self.slots.len())
                     .filter(|&i| self.slots[i].worker.is_ok())
                     .map(|i| (i, self.first_prompt(i)))
@@ -356,34 +364,58 @@ impl Run<'_> {
         Ok(None)
     }
 
-    fn first_prompt(&self, index: usize) -> String {
-        match &self.slots[index].worker {
-            // A tool-using agent keeps the tools' system prompt; its role
-            // and constraints lead its message instead.
-            Ok(Worker::Session { .. }) => format!(
-                "{}\n\n{}",
-                prompts::system(
-                    &self.slots[index].agent_id,
-                    &self.options.role,
-                    self.options.num_agents,
-                    &self.options.constraints
-                ),
-                prompts::task(&self.task)
-            ),
-            _ => prompts::task(&self.task),
+    /// An agent's system prompt.
+    pub(super) fn system_prompt(&self, agent_id: &str) -> Prompt {
+        Prompt::System {
+            agent_id: agent_id.to_owned(),
+            role: self.role.clone(),
+            num_agents: self.options.num_agents,
+            constraints: self.constraints.clone(),
         }
     }
 
-    fn critique_prompt(&self, index: usize) -> String {
-        let own = self.slots[index].proposal.as_deref().unwrap_or_default();
-        let others: Vec<&str> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != index)
-            .filter_map(|(_, slot)| slot.proposal.as_deref())
+    fn first_prompt(&self, index: usize) -> Prompt {
+        // A tool-using agent keeps the tools' system prompt; its role and
+        // constraints lead its message instead.
+        let lead = matches!(self.slots[index].worker, Ok(Worker::Session { .. }))
+            .then(|| Box::new(self.system_prompt(&self.slots[index].agent_id)));
+        Prompt::Task {
+            lead,
+            task: self.task.clone(),
+        }
+    }
+
+    fn critique_prompt(&self, index: usize) -> Prompt {
+        let own = self.proposal_of(index);
+        let others = self
+            .peers_of(index)
+            .into_iter()
+            .map(|i| self.proposal_of(i))
             .collect();
-        prompts::critique(&self.task, own, &others)
+        Prompt::Critique {
+            task: self.task.clone(),
+            own,
+            others,
+        }
+    }
+
+    /// The proposal of agent `index` (empty if it has none).
+    pub(super) fn proposal_of(&self, index: usize) -> Arc<str> {
+        self.slots[index].proposal.clone().unwrap_or_default()
+    }
+
+    /// The agents with a proposal whose work agent `index` reads: those
+    /// after it, in turn, at most [`PEERS_SHOWN`], in agent order (with
+    /// fewer agents than that, every other one).
+    pub(super) fn peers_of(&self, index: usize) -> Vec<usize> {
+        let count = self.slots.len();
+        let mut peers: Vec<usize> = (1..count)
+            .map(|step| (index + step) % count)
+            .filter(|&i| self.slots[i].proposal.is_some())
+            .take(PEERS_SHOWN)
+            .collect();
+        peers.sort_unstable();
+        peers
     }
 
     /// The agents' outcomes, in agent order.
@@ -394,7 +426,7 @@ impl Run<'_> {
                 agent_id: slot.agent_id.clone(),
                 role: self.options.role.clone(),
                 proposal: slot.proposal.as_ref().map(|content| Proposal {
-                    content: content.clone(),
+                    content: content.to_string(),
                     author_id: slot.agent_id.clone(),
                     author_role: self.options.role.clone(),
                 }),

@@ -55,6 +55,13 @@ pub const MAX_AGENTS: u32 = 1024;
 pub const MAX_CONCURRENT_AGENTS: usize = 512;
 /// The most critique rounds.
 pub const MAX_ROUNDS: u32 = 5;
+/// The most agent calls one deliberation may make: each agent once in the
+/// first round and once in each critique round, and once more for a vote
+/// (a judge is one call).
+pub const MAX_AGENT_CALLS: u64 = 2048;
+/// The most prompt text one deliberation may send: its task and its
+/// constraints go into every call.
+pub const MAX_PROMPT_BYTES: u64 = 256 * 1024 * 1024;
 
 /// A deliberation's options (a `deliberation` session's, or the body of
 /// `POST /deliberations` besides `task_description`).
@@ -127,6 +134,38 @@ impl DeliberationOptions {
         Ok(options)
     }
 
+    /// The agent calls the deliberation makes at most (see
+    /// [`MAX_AGENT_CALLS`]).
+    pub fn calls(&self) -> u64 {
+        let agents = u64::from(self.num_agents);
+        let aggregation = match self.aggregate {
+            Aggregate::None => 0,
+            Aggregate::Judge => 1,
+            Aggregate::Vote => agents,
+        };
+        agents * u64::from(self.rounds + 1) + aggregation
+    }
+
+    /// Refuses a task (of `task_bytes`) that with the constraints would
+    /// make the deliberation send more than [`MAX_PROMPT_BYTES`]; `field`
+    /// is named.
+    pub fn check_prompt_bytes(&self, field: &str, task_bytes: usize) -> Result<(), OptionError> {
+        let constraints = prompts::render_constraints(&self.constraints).len();
+        let each = (task_bytes + constraints) as u64;
+        let total = each.saturating_mul(self.calls());
+        if total > MAX_PROMPT_BYTES {
+            return Err(OptionError::new(
+                field,
+                format!(
+                    "the task and constraints ({each} bytes) go into each of {} agent calls, \
+                     {total} bytes in all; a deliberation sends at most {MAX_PROMPT_BYTES}",
+                    self.calls()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn check(&self) -> Result<(), OptionError> {
         let role_ok = !self.role.is_empty()
             && self.role.len() <= 64
@@ -152,6 +191,24 @@ impl DeliberationOptions {
                 format!("at most {MAX_ROUNDS} critique rounds"),
             ));
         }
+        let calls = self.calls();
+        if calls > MAX_AGENT_CALLS {
+            let votes = if self.aggregate == Aggregate::Vote {
+                " and a vote"
+            } else {
+                ""
+            };
+            return Err(OptionError::new(
+                "options.num_agents",
+                format!(
+                    "{} agents over {} round(s){votes} make {calls} agent calls; a deliberation \
+                     makes at most {MAX_AGENT_CALLS} (fewer agents or rounds)",
+                    self.num_agents,
+                    self.rounds + 1
+                ),
+            ));
+        }
+        self.check_prompt_bytes("options.constraints", 0)?;
         if !(1..=86_400).contains(&self.timeout_s) {
             return Err(OptionError::new(
                 "options.timeout_s",

@@ -2,16 +2,86 @@
 //! voter's answer is read (leniently: small models write JSON loosely, or
 //! not at all).
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
+
+/// A prompt, kept as the pieces it is made of until its call starts: a
+/// deliberation's agents share the task, the constraints and each other's
+/// proposals, so its pending calls hold pointers to them, not copies, and
+/// only the calls running at once (the server's agent permits) hold the
+/// text ([`Prompt::render`]).
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// An agent's system prompt: its role, the constraints (rendered once
+    /// per deliberation), and that its answer is a proposal among others.
+    System {
+        agent_id: String,
+        role: Arc<str>,
+        num_agents: u32,
+        constraints: Arc<str>,
+    },
+    /// The task; a tool-using agent's first message leads with its system
+    /// prompt.
+    Task {
+        lead: Option<Box<Prompt>>,
+        task: Arc<str>,
+    },
+    /// A critique round: the agent's own proposal and some of the others'
+    /// (at most [`PEERS_SHOWN`]), anonymised.
+    Critique {
+        task: Arc<str>,
+        own: Arc<str>,
+        others: Vec<Arc<str>>,
+    },
+    /// A judge's or a voter's choice over numbered proposals.
+    Choose {
+        task: Arc<str>,
+        proposals: Vec<Arc<str>>,
+        voter: bool,
+    },
+    /// Text as it is.
+    Text(Arc<str>),
+}
+
+/// The most other proposals a critique or a ballot shows: the agents
+/// after this one, in turn. With more agents each reads a different few,
+/// so a prompt's size does not grow with the deliberation's.
+pub const PEERS_SHOWN: usize = 8;
+
+/// How much of one proposal another agent's prompt shows; the rest is
+/// cut, and the prompt says how much.
+pub const SHOWN_BYTES: usize = 16 * 1024;
+
+impl Prompt {
+    /// The prompt's text.
+    pub fn render(&self) -> String {
+        match self {
+            Prompt::System {
+                agent_id,
+                role,
+                num_agents,
+                constraints,
+            } => system(agent_id, role, *num_agents, constraints),
+            Prompt::Task { lead: None, task } => format!("Task:\n{task}"),
+            Prompt::Task {
+                lead: Some(lead),
+                task,
+            } => format!("{}\n\nTask:\n{task}", lead.render()),
+            Prompt::Critique { task, own, others } => critique(task, own, others),
+            Prompt::Choose {
+                task,
+                proposals,
+                voter,
+            } => choose(task, proposals, *voter),
+            Prompt::Text(text) => text.to_string(),
+        }
+    }
+}
 
 /// The system prompt of an agent: its role, the constraints, and that its
 /// answer is a proposal among others.
-pub fn system(
-    agent_id: &str,
-    role: &str,
-    num_agents: u32,
-    constraints: &Map<String, Value>,
-) -> String {
+fn system(agent_id: &str, role: &str, num_agents: u32, constraints: &str) -> String {
     let mut prompt = format!(
         "You are {agent_id}, an agent with the role {role}. {others}Write your own proposal for \
          the task you are given and answer with the proposal itself, nothing around it.",
@@ -24,12 +94,28 @@ pub fn system(
             String::new()
         }
     );
-    let rendered = render_constraints(constraints);
-    if !rendered.is_empty() {
+    if !constraints.is_empty() {
         prompt.push_str("\n\n");
-        prompt.push_str(&rendered);
+        prompt.push_str(constraints);
     }
     prompt
+}
+
+/// At most [`SHOWN_BYTES`] of a proposal, cut on a character boundary.
+fn shown(proposal: &str) -> std::borrow::Cow<'_, str> {
+    if proposal.len() <= SHOWN_BYTES {
+        return proposal.into();
+    }
+    let mut end = SHOWN_BYTES;
+    while !proposal.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}\n[… {} more bytes not shown]",
+        &proposal[..end],
+        proposal.len() - end
+    )
+    .into()
 }
 
 /// The constraints as lines: the seed's `rubric`, `requirements` and
@@ -59,19 +145,14 @@ fn text(value: &Value) -> String {
     }
 }
 
-/// The first message of an agent on the task.
-pub fn task(task: &str) -> String {
-    format!("Task:\n{task}")
-}
-
 /// A critique round: the agent's own proposal and the others',
 /// anonymised, and the request to revise or keep it.
-pub fn critique(task: &str, own: &str, others: &[&str]) -> String {
+fn critique(task: &str, own: &str, others: &[Arc<str>]) -> String {
     let mut prompt = format!(
         "Task:\n{task}\n\nYour proposal:\n{own}\n\nThe other agents proposed (authors withheld):"
     );
     for (i, other) in others.iter().enumerate() {
-        prompt.push_str(&format!("\n\nProposal {}:\n{other}", label(i)));
+        prompt.push_str(&format!("\n\nProposal {}:\n{}", label(i), shown(other)));
     }
     prompt.push_str(
         "\n\nWeigh them against yours. Answer with your revised proposal, or with yours \
@@ -81,10 +162,10 @@ pub fn critique(task: &str, own: &str, others: &[&str]) -> String {
 }
 
 /// A judge's or a voter's prompt over numbered proposals.
-pub fn choose(task: &str, proposals: &[&str], voter: bool) -> String {
+fn choose(task: &str, proposals: &[Arc<str>], voter: bool) -> String {
     let mut prompt = format!("Task:\n{task}\n\nProposals:");
     for (i, proposal) in proposals.iter().enumerate() {
-        prompt.push_str(&format!("\n\n[{}]\n{proposal}", i + 1));
+        prompt.push_str(&format!("\n\n[{}]\n{}", i + 1, shown(proposal)));
     }
     let who = if voter {
         "Vote for the best proposal (yours is not among them)."
@@ -210,8 +291,19 @@ mod tests {
 
     #[test]
     fn critique_withholds_authors() {
-        let prompt = critique("sort", "mine", &["theirs", "another"]);
+        let prompt = critique("sort", "mine", &["theirs".into(), "another".into()]);
         assert!(prompt.contains("Proposal A:\ntheirs") && prompt.contains("Proposal B:\nanother"));
         assert!(!prompt.contains("agent-"), "{prompt}");
+    }
+
+    #[test]
+    fn a_long_proposal_is_shown_cut_and_says_so() {
+        let long: Arc<str> = "é".repeat(SHOWN_BYTES).into();
+        let prompt = choose("t", std::slice::from_ref(&long), false);
+        assert!(prompt.len() < SHOWN_BYTES + 512, "{}", prompt.len());
+        assert!(prompt.contains(&format!("[… {} more bytes not shown]", SHOWN_BYTES)));
+        // Its own proposal an agent sees whole.
+        let own = critique("t", &long, std::slice::from_ref(&long));
+        assert!(own.contains(&*long));
     }
 }

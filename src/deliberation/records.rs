@@ -289,6 +289,7 @@ impl Deliberations {
         let options_json = task.options(body, &["task_description"]).await?;
         let options: DeliberationOptions = serde_json::from_value(options_json.clone())
             .map_err(|e| SessionError::Internal(format!("reading stored options: {e}")))?;
+        options.check_prompt_bytes("task_description", task_description.len())?;
         let session = self
             .sessions
             .create(NewSession {
