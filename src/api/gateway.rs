@@ -8,14 +8,14 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject, RawJsonObject};
 use crate::gateway::pool::ReplicaState;
-use crate::gateway::trace::OwnerFilter;
+use crate::gateway::trace::{OwnerFilter, Trace};
 use crate::gateway::{Call, Endpoint, GatewayError, ReplicaConfig, slug};
 
 /// Longest pool, replica or upstream model name accepted.
@@ -312,7 +312,7 @@ pub async fn traces(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<TraceQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TraceList>, ApiError> {
     let owner = if query.all == Some(true) {
         caller.require_admin("reading every key's traces")?;
         OwnerFilter::Any
@@ -325,5 +325,14 @@ pub async fn traces(
         query.model.as_deref(),
         query.limit.unwrap_or(100).min(10_000),
     );
-    Ok(Json(json!({"traces": traces})))
+    // Serialized straight to text: a request kept as its JSON text goes
+    // out as it came, however deep it nests (a `Value` would parse it
+    // again, and fail past serde_json's depth limit).
+    Ok(Json(TraceList { traces }))
+}
+
+/// `{traces: [...]}`.
+#[derive(Serialize)]
+pub struct TraceList {
+    traces: Vec<Trace>,
 }

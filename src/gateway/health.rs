@@ -46,7 +46,15 @@ impl Gateway {
         let probes = tokio_util::task::TaskTracker::new();
         loop {
             let now = Instant::now();
-            for pool in self.pools() {
+            let pools = self.pools();
+            // A pool removed (or its checks turned off) leaves no deadline
+            // behind: a past one would wake this loop at once, for ever.
+            next_due.retain(|name, _| {
+                pools
+                    .iter()
+                    .any(|p| &p.name == name && p.config.health.enabled)
+            });
+            for pool in pools {
                 if !pool.config.health.enabled {
                     continue;
                 }
