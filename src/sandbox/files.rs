@@ -4,7 +4,10 @@
 //! Paths are confined to the workspace twice: lexically here (a `..` that
 //! climbs out is refused before anything runs), and inside the sandbox,
 //! where `realpath` resolves symlinks and a path that lands outside
-//! `/workspace` is refused with the same kind of error.
+//! `/workspace` is refused with the same kind of error. `read` and `write`
+//! check the file they opened, not the path, so a symlink swapped in after
+//! the check sends them nowhere (see [`RESOLVE`]); `list` and `grep` check
+//! their starting directory by path and follow no symlinks below it.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -23,9 +26,17 @@ const ESCAPE_STATUS: i64 = 97;
 pub const MAX_READ_BYTES: usize = 4 * 1024 * 1024;
 
 /// Resolves `$1` with symlinks followed and refuses it when it lands
-/// outside the workspace; the checked path is left in `$p`.
-const RESOLVE: &str = r#"p=$(realpath -m -- "$1") || exit 97
-case "$p" in /workspace|/workspace/*) ;; *) echo "path '$1' resolves to '$p', outside /workspace" >&2; exit 97;; esac
+/// outside the workspace; the checked path is left in `$p`. `confined Q`
+/// refuses a resolved path `Q` outside the workspace the same way.
+///
+/// A check by path alone races: a symlink swapped in between it and the
+/// open sends the open elsewhere. So `read` and `write` open first (on
+/// descriptor 3) and then check what was opened, read back from
+/// `/proc/$$/fd/3`, which names the file itself whatever happens to the
+/// path since; they then read or write through that descriptor only.
+const RESOLVE: &str = r#"confined() { case "$1" in /workspace|/workspace/*) ;; *) echo "path '$2' resolves to '$1', outside /workspace" >&2; exit 97;; esac; }
+p=$(realpath -m -- "$1") || exit 97
+confined "$p" "$1"
 "#;
 
 /// Makes `path` absolute against `workdir` and refuses anything that is
@@ -106,7 +117,9 @@ async fn run(
 /// The file's bytes (at most [`MAX_READ_BYTES`]) and whether it was longer.
 pub async fn read(sandbox: &dyn Sandbox, path: &str) -> Result<(Vec<u8>, bool)> {
     let script = r#"[ -d "$p" ] && { echo "'$1' is a directory" >&2; exit 1; }
-exec cat -- "$p""#;
+exec 3< "$p" || exit 1
+confined "$(readlink "/proc/$$/fd/3")" "$1"
+exec cat <&3"#;
     run(sandbox, script, &[path], None, MAX_READ_BYTES)
         .await
         .map_err(|e| reword_missing(e, path))
@@ -114,7 +127,12 @@ exec cat -- "$p""#;
 
 /// Writes `data` to `path`, creating parent directories.
 pub async fn write(sandbox: &dyn Sandbox, path: &str, data: Bytes) -> Result<()> {
-    let script = r#"mkdir -p -- "$(dirname -- "$p")" && cat > "$p""#;
+    // Opened without truncating, checked, then truncated and written
+    // through the descriptor's own /proc link (the file that was checked).
+    let script = r#"mkdir -p -- "$(dirname -- "$p")" || exit 1
+exec 3<> "$p" || exit 1
+confined "$(readlink "/proc/$$/fd/3")" "$1"
+exec cat > "/proc/$$/fd/3""#;
     run(sandbox, script, &[path], Some(data), 4096)
         .await
         .map(|_| ())
