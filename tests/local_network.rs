@@ -219,13 +219,17 @@ async fn a_network_sandbox_listens_on_its_own_interface_only_and_reaches_the_int
     // In one exec (each is a namespace of its own): reach the neighbour's
     // public and reserved addresses, then listen on every interface and
     // check the listener answers on the sandbox's own address.
+    // A service of the host on every interface, as the review's attack used.
+    let host_service = TcpListener::bind("0.0.0.0:0").expect("a host service");
+    let host_port = host_service.local_addr().expect("its address").port();
     let inside_port = free_port();
     let script = format!(
         "import socket,subprocess,time\n\
-         def connect(a):\n s=socket.socket();s.settimeout(5)\n r=s.connect_ex((a,{outside_port}))\n \
-         return s.recv(64).decode().strip() if r==0 else r\n\
+         def connect(a,p={outside_port}):\n s=socket.socket();s.settimeout(5)\n r=s.connect_ex((a,p))\n \
+         return (s.recv(64).decode().strip() or 'connected') if r==0 and p=={outside_port} else r\n\
          print('public', connect('{public}'), flush=True)\n\
          print('reserved', connect('{reserved}'), flush=True)\n\
+         print('host', connect('{host}',{host_port}), connect('127.0.0.1',{host_port}), flush=True)\n\
          addr=subprocess.run(['ip','-4','-o','addr','show','dev','eth0'],capture_output=True,\
          text=True).stdout.split()[3].split('/')[0]\n\
          l=socket.socket();l.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
@@ -235,6 +239,7 @@ async fn a_network_sandbox_listens_on_its_own_interface_only_and_reaches_the_int
          time.sleep(120)\n",
         public = neighbour.public,
         reserved = neighbour.reserved,
+        host = host_address(),
     );
     let (tx, mut rx) = mpsc::channel(64);
     let cancel = CancellationToken::new();
@@ -262,7 +267,10 @@ async fn a_network_sandbox_listens_on_its_own_interface_only_and_reaches_the_int
     assert_eq!(lines[0], ["public", "neighbour"], "{stdout}{stderr}");
     // REJECT: refused at once (ECONNREFUSED).
     assert_eq!(lines[1], ["reserved", "111"], "{stdout}{stderr}");
-    let sandbox_addr = lines[2][1].to_string();
+    // The host's own address is refused; its 127.0.0.1 is not the
+    // sandbox's.
+    assert_eq!(lines[2], ["host", "111", "111"], "{stdout}{stderr}");
+    let sandbox_addr = lines[3][1].to_string();
 
     // Another machine with a route to the sandboxes' range, and anyone at
     // the host's addresses, find nothing.
