@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 
 ensure_rust
 apt_install python3 python3-venv ca-certificates
+# Sandboxes given network: their firewall, and the local backend's veths
+# (`ip`, and `nsenter` from util-linux, which Debian always has).
+apt_install iproute2 iptables
 # The scale-out tests: PostgreSQL and nats-server from Debian.
 apt_install postgresql nats-server
 # The dashboard's browser tests drive Debian's Chromium with its driver.

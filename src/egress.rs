@@ -12,10 +12,10 @@
 //! rebinding) connects nowhere it should not. Redirects are not followed:
 //! one to an address literal would skip the resolver.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// One allow entry.
@@ -236,62 +236,49 @@ fn canonical(addr: IpAddr) -> IpAddr {
     }
 }
 
-fn net4(text: &str) -> Ipv4Net {
-    text.parse().unwrap_or_default()
-}
-
-fn net6(text: &str) -> Ipv6Net {
-    text.parse().unwrap_or_default()
-}
+/// Every address range that is not the public internet, and its kind; the
+/// first range holding an address names it. Besides the checks here, the
+/// sandbox firewall rejects every one of them, so what the server may not
+/// reach for a caller and what a sandbox may not reach are this one list.
+pub const NOT_PUBLIC: &[(&str, &str)] = &[
+    ("127.0.0.0/8", "loopback"),
+    ("::1/128", "loopback"),
+    ("10.0.0.0/8", "private"),
+    ("172.16.0.0/12", "private"),
+    ("192.168.0.0/16", "private"),
+    ("100.64.0.0/10", "private"),
+    ("fc00::/7", "private"),
+    // 169.254.169.254 is the cloud metadata service.
+    ("169.254.0.0/16", "link-local"),
+    ("fe80::/10", "link-local"),
+    ("0.0.0.0/8", "reserved"),
+    ("192.0.0.0/24", "reserved"),
+    // The three documentation ranges: some networks use them as LANs.
+    ("192.0.2.0/24", "reserved"),
+    ("198.51.100.0/24", "reserved"),
+    ("203.0.113.0/24", "reserved"),
+    ("198.18.0.0/15", "reserved"),
+    // Multicast, then the old class E with the broadcast address.
+    ("224.0.0.0/4", "reserved"),
+    ("240.0.0.0/4", "reserved"),
+    // The unspecified address and the IPv4-compatible ones.
+    ("::/96", "reserved"),
+    // Mapped and NAT64 addresses and 6to4 carry IPv4 addresses that could
+    // be anything (the checks here judge a mapped one by its IPv4 address).
+    ("::ffff:0:0/96", "reserved"),
+    ("64:ff9b::/96", "reserved"),
+    ("2002::/16", "reserved"),
+    ("2001:db8::/32", "reserved"),
+    ("fec0::/10", "reserved"),
+    ("ff00::/8", "reserved"),
+];
 
 /// What kind of address this is: `public`, or why it is not.
 fn kind_of(addr: IpAddr) -> &'static str {
-    match addr {
-        IpAddr::V4(v4) => kind_of_v4(v4),
-        IpAddr::V6(v6) => kind_of_v6(v6),
-    }
-}
-
-fn kind_of_v4(addr: Ipv4Addr) -> &'static str {
-    if addr.is_loopback() {
-        "loopback"
-    } else if addr.is_private() || net4("100.64.0.0/10").contains(&addr) {
-        "private"
-    } else if addr.is_link_local() {
-        // 169.254.169.254 is the cloud metadata service.
-        "link-local"
-    } else if addr.is_unspecified()
-        || addr.is_broadcast()
-        || addr.is_multicast()
-        || addr.is_documentation()
-        || ["0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "240.0.0.0/4"]
-            .iter()
-            .any(|net| net4(net).contains(&addr))
-    {
-        "reserved"
-    } else {
-        "public"
-    }
-}
-
-fn kind_of_v6(addr: Ipv6Addr) -> &'static str {
-    if addr.is_loopback() {
-        "loopback"
-    } else if net6("fc00::/7").contains(&addr) {
-        "private"
-    } else if net6("fe80::/10").contains(&addr) {
-        "link-local"
-    } else if addr.is_unspecified()
-        || addr.is_multicast()
-        // NAT64 and 6to4 carry IPv4 addresses that could be anything.
-        || ["64:ff9b::/96", "2002::/16", "2001:db8::/32", "fec0::/10", "::/96"]
-            .iter()
-            .any(|net| net6(net).contains(&addr))
-    {
-        "reserved"
-    } else {
-        "public"
-    }
+    NOT_PUBLIC
+        .iter()
+        .find(|(net, _)| net.parse::<IpNet>().is_ok_and(|net| net.contains(&addr)))
+        .map_or("public", |(_, kind)| kind)
 }
 
 #[cfg(test)]
@@ -312,6 +299,13 @@ mod tests {
             ("100.64.0.1", "private"),
             ("169.254.169.254", "link-local"),
             ("0.0.0.0", "reserved"),
+            ("255.255.255.255", "reserved"),
+            ("224.0.0.1", "reserved"),
+            ("192.0.2.2", "reserved"),
+            ("198.51.100.7", "reserved"),
+            ("203.0.113.9", "reserved"),
+            ("::", "reserved"),
+            ("ff02::1", "reserved"),
             ("::1", "loopback"),
             ("::ffff:127.0.0.1", "loopback"),
             ("::ffff:169.254.169.254", "link-local"),

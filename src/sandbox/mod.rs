@@ -285,14 +285,11 @@ async fn guard_network(
                 .await?;
             firewall::Hook::Bridge(firewall::DOCKER_BRIDGE.into())
         }
-        (None, "local") if local::is_root() => {
-            let first = config.local.uid_base;
-            firewall::Hook::Uids(first, first + (config.local.uid_count - 1))
-        }
+        (None, "local") if local::is_root() => local::network_hook(),
         (None, "local") => {
             return Err(unavailable(
-                "the local backend tells sandboxes apart by uid only as root; run it as root \
-                 or turn sandbox.allow_network off"
+                "the local backend gives sandboxes a network of their own only as root; \
+                 run it as root or turn sandbox.allow_network off"
                     .into(),
             ));
         }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use hakoniwa::{Command, Container, MountOptions, Namespace, Rlimit, Runctl, Stdio};
 
 use super::{policy, sys};
-use crate::sandbox::{ExecRequest, SandboxSpec, WORKSPACE};
+use crate::sandbox::{ExecRequest, SandboxSpec, WORKSPACE, firewall};
 
 /// The uid (and gid) processes have inside a user namespace when the server
 /// is not root, as `--user 1000` gives in a container.
@@ -113,7 +113,7 @@ impl Layout {
         self.dir.join("tmp")
     }
 
-    /// The generated `passwd`, `group` and `hosts`.
+    /// The generated `passwd`, `group`, `hosts` and `resolv.conf`.
     fn etc(&self) -> PathBuf {
         self.dir.join("etc")
     }
@@ -154,6 +154,13 @@ impl Layout {
                 format!("root:x:0:\nnogroup:x:65534:\n{USER}:x:{uid}:\n"),
             ),
             (
+                "resolv.conf",
+                firewall::resolvers()
+                    .iter()
+                    .map(|server| format!("nameserver {server}\n"))
+                    .collect(),
+            ),
+            (
                 "hosts",
                 format!(
                     "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
@@ -191,6 +198,8 @@ pub(super) struct Jail {
     /// Whether the exec has a network namespace of its own, whose loopback
     /// interface must be brought up.
     private_network: bool,
+    /// Whether that namespace gets an interface to the host (`net`).
+    veth: bool,
     cpu_rlimit_cpus: Option<f64>,
     env: BTreeMap<String, String>,
 }
@@ -241,7 +250,10 @@ impl Jail {
                 }
             }
         }
-        if spec.network {
+        // As root, a sandbox given network has a namespace of its own and
+        // an interface to the host (see `net`); otherwise it shares the host's.
+        let veth = spec.network && matches!(identity, Identity::HostUid(_));
+        if spec.network && !veth {
             // Only useful, and only meaningful, with the host's network.
             etc.push("/etc/resolv.conf".into());
         }
@@ -251,7 +263,12 @@ impl Jail {
                 c.bindmount_ro(&path, &path);
             }
         }
-        for name in ["passwd", "group", "hosts"] {
+        let generated: &[&str] = if veth {
+            &["passwd", "group", "hosts", "resolv.conf"]
+        } else {
+            &["passwd", "group", "hosts"]
+        };
+        for name in generated {
             let host = layout.etc().join(name);
             c.bindmount_ro(&host.to_string_lossy(), &format!("/etc/{name}"));
         }
@@ -277,7 +294,7 @@ impl Jail {
             c.unshare(Namespace::User);
             c.uidmap(MAPPED_UID).gidmap(MAPPED_UID);
         }
-        if !spec.network {
+        if !spec.network || veth {
             c.unshare(Namespace::Network);
         }
 
@@ -312,10 +329,17 @@ impl Jail {
         Jail {
             container: c,
             identity,
-            private_network: !spec.network,
+            private_network: !spec.network || veth,
+            veth,
             cpu_rlimit_cpus: (fallbacks.cpu && spec.cpus > 0.0).then_some(spec.cpus),
             env,
         }
+    }
+
+    /// Whether each exec's network namespace must be linked to the host
+    /// before the command runs.
+    pub(super) fn veth(&self) -> bool {
+        self.veth
     }
 
     /// The command for one exec in root directory `root` (see
@@ -430,6 +454,13 @@ fn become_sandbox(setup: Setup, program: &CStr, argv: &[CString], envp: &[CStrin
         };
         if !switched {
             return fail(b"conclave: cannot switch to the sandbox's uid\n", 125);
+        }
+        // Changing uid cleared the parent-death signal hakoniwa set; without
+        // it, killing the server (and so the monitor) would leave the
+        // sandbox running. It comes back here, microseconds later.
+        // SAFETY: prctl(2) with two integer arguments touches no memory.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+            return fail(b"conclave: cannot set the parent-death signal\n", 125);
         }
     }
     let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {

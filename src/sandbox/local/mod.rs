@@ -12,6 +12,8 @@
 //!   namespaces, rlimits, and the last steps its init takes itself.
 //! - `policy`: the landlock and seccomp rules.
 //! - `run`: one exec: the thread that starts it, stdin, streaming, kills.
+//! - `net`: the veth pair that links an exec's network namespace to the
+//!   host, for sandboxes given network.
 //! - `cgroup`: cgroup v1 limits and accounting.
 //! - `sys`: the few system calls made directly (pidfds, loopback, mounts).
 //!
@@ -31,9 +33,20 @@
 //! (so the disk limit holds for the workspace as a whole, as docker's tmpfs
 //! does, and the files live as long as the host does). Otherwise a user
 //! namespace maps the server's uid to 1000, only rlimits apply, and the
-//! disk limit caps each file, not the total. `spec.network = true` shares
-//! the host's network stack, as Docker's `--network host` does: no
-//! isolation of ports or addresses.
+//! disk limit caps each file, not the total.
+//!
+//! `spec.network = true`, as root, gives each exec a network namespace of
+//! its own linked to the host by a veth pair (`net`), as docker's bridge
+//! networks do: its listeners are on its own `eth0` and loopback, never on
+//! the host's interfaces or ports, and its traffic leaves masqueraded
+//! through the firewall's chain (`crate::sandbox::firewall`), which the
+//! server installs when `sandbox.allow_network` is on. Its `resolv.conf`
+//! names the host's name servers, less loopback stubs, which a namespace
+//! cannot reach. Not root, `spec.network` shares the host's network stack
+//! as Docker's `--network host` does (no isolation of ports or addresses);
+//! the server refuses `sandbox.allow_network` then, so only direct users of
+//! the backend get that. Each exec's init keeps a parent-death signal, so
+//! the whole exec dies with the server, however the server dies.
 //! `spec.image` is recorded but unused: the host's system directories are the
 //! image.
 
@@ -41,6 +54,7 @@ mod cgroup;
 mod config;
 mod jail;
 mod meta;
+mod net;
 mod policy;
 mod run;
 mod sandbox;
@@ -98,6 +112,12 @@ struct Host {
 /// their traffic filter need.
 pub fn is_root() -> bool {
     sys::is_root()
+}
+
+/// Where the firewall catches the traffic of local sandboxes given network
+/// (as root: their veth pairs).
+pub fn network_hook() -> super::firewall::Hook {
+    net::hook()
 }
 
 /// Sandboxes in Linux namespaces on this host.

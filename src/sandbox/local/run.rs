@@ -27,6 +27,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::cgroup::SandboxCgroup;
 use super::lock;
+use super::net;
 use super::sys::{self, PidFd};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use crate::sandbox::{ExecChunk, ExecStatus, SandboxError};
@@ -75,6 +76,8 @@ pub(super) struct Launch {
     /// The exec's root directory, made before and removed after it.
     pub(super) root: PathBuf,
     pub(super) cgroup: Arc<SandboxCgroup>,
+    /// Link the exec's network namespace to the host (`net`).
+    pub(super) veth: bool,
     pub(super) switch: Arc<KillSwitch>,
     /// Held until the container has exited, so that destroying the sandbox
     /// can wait for all of its execs to be gone.
@@ -229,6 +232,7 @@ fn run(
         mut command,
         root,
         cgroup,
+        veth,
         switch,
         token: _token,
     } = launch;
@@ -257,7 +261,7 @@ fn run(
         }),
         _ => Err(SandboxError::Backend("the container has no pipes".into())),
     }
-    .and_then(|pipes| confine(child.id(), &cgroup, &switch).map(|()| pipes));
+    .and_then(|pipes| confine(child.id(), &cgroup, veth, &switch).map(|()| pipes));
     if pipes.is_err() {
         // Dropping the pipes unblocks the gate with end of input, which
         // makes it exit; the kill makes sure.
@@ -274,9 +278,15 @@ fn run(
     let _ = finished.send(status);
 }
 
-/// Arms the kill switch with the pid namespace's init and moves it into the
-/// sandbox's cgroups, while it still waits at the gate.
-fn confine(monitor: u32, cgroup: &SandboxCgroup, switch: &KillSwitch) -> Result<(), SandboxError> {
+/// Arms the kill switch with the pid namespace's init, moves it into the
+/// sandbox's cgroups and, with `veth`, links its network namespace to the
+/// host, while it still waits at the gate.
+fn confine(
+    monitor: u32,
+    cgroup: &SandboxCgroup,
+    veth: bool,
+    switch: &KillSwitch,
+) -> Result<(), SandboxError> {
     let failed = |e: io::Error| SandboxError::Backend(format!("cannot confine an exec: {e}"));
     // hakoniwa reports the container started only after forking the init,
     // so a monitor without a child is one whose init has already exited
@@ -294,5 +304,10 @@ fn confine(monitor: u32, cgroup: &SandboxCgroup, switch: &KillSwitch) -> Result<
         return Ok(());
     }
     switch.arm(init);
-    cgroup.add(pid).map_err(failed)
+    cgroup.add(pid).map_err(failed)?;
+    if veth {
+        net::attach(pid)
+            .map_err(|e| SandboxError::Backend(format!("cannot give an exec its network: {e}")))?;
+    }
+    Ok(())
 }

@@ -118,6 +118,7 @@ impl Sandbox for LocalSandbox {
                 .map_err(SandboxError::Backend)?,
             root,
             cgroup: self.cgroup.clone(),
+            veth: self.jail.veth(),
             switch,
             token,
         };

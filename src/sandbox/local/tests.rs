@@ -263,7 +263,7 @@ async fn only_loopback_and_it_is_up() {
 }
 
 #[tokio::test]
-async fn network_true_shares_the_hosts_interfaces() {
+async fn network_true_gets_an_interface_of_its_own_linked_to_the_host() {
     let f = fixture();
     let sandbox = f
         .backend
@@ -273,16 +273,24 @@ async fn network_true_shares_the_hosts_interfaces() {
         })
         .await
         .expect("create");
-    let (_, stdout, _) = sh(&*sandbox, "cat /proc/net/dev", SHORT).await;
-    let host = fs::read_to_string("/proc/self/net/dev").expect("host /proc/net/dev");
-    let names = |dev: &str| -> Vec<String> {
-        dev.lines()
-            .skip(2)
-            .filter_map(|l| l.split(':').next())
-            .map(|n| n.trim().to_string())
-            .collect()
-    };
-    assert_eq!(names(&stdout), names(&host));
+    let (_, stdout, stderr) = sh(
+        &*sandbox,
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' '; echo; \
+         ip -4 -o addr show dev eth0 | awk '{print $4}'; ip route show default",
+        SHORT,
+    )
+    .await;
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"eth0 lo "), "{stdout}{stderr}");
+    let addr: ipnet::Ipv4Net = lines[1].parse().expect("an address");
+    assert!(
+        "10.213.0.0/16"
+            .parse::<ipnet::Ipv4Net>()
+            .expect("a CIDR")
+            .contains(&addr),
+        "{addr}"
+    );
+    assert!(lines[2].starts_with("default via 10.213."), "{stdout}");
     sandbox.destroy().await.expect("destroy");
 }
 
