@@ -190,6 +190,23 @@ impl SandboxCgroup {
         read(self.dir_of(Controller::Memory)?, "memory.usage_in_bytes")
     }
 
+    /// The memory limit and how much of the cgroup's memory is tmpfs
+    /// (the sandbox's `/workspace` and `/tmp` as root, `/dev/shm`): files
+    /// that stay charged until they are deleted.
+    pub(super) fn memory_in_files(&self) -> Option<(u64, u64)> {
+        let dir = self.dir_of(Controller::Memory)?;
+        let limit = read(dir, "memory.limit_in_bytes")?;
+        let stat = fs::read_to_string(dir.join("memory.stat")).ok()?;
+        let shmem = stat
+            .lines()
+            .find_map(|line| line.strip_prefix("total_shmem "))
+            .or_else(|| stat.lines().find_map(|line| line.strip_prefix("shmem ")))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some((limit, shmem))
+    }
+
     pub(super) fn pids(&self) -> Option<u64> {
         read(self.dir_of(Controller::Pids)?, "pids.current")
     }

@@ -57,6 +57,32 @@ impl Drop for ExecGuard<'_> {
     }
 }
 
+impl LocalSandbox {
+    /// After a command was killed with SIGKILL: when files take most of
+    /// the sandbox's memory, says so on its stderr. Files in tmpfs stay
+    /// charged to the sandbox, so later commands are mostly killed too
+    /// (`rm` included), with no other clue why.
+    async fn explain_memory_kill(&self, stderr: &mpsc::Sender<ExecChunk>) {
+        let Some((limit, in_files)) = self.cgroup.memory_in_files() else {
+            return;
+        };
+        if in_files.saturating_mul(2) < limit {
+            return;
+        }
+        const MIB: u64 = 1024 * 1024;
+        let message = format!(
+            "\nconclave: killed for lack of memory: files in /workspace, /tmp and /dev/shm \
+             (memory-backed) take {} MiB of the sandbox's {} MiB, so later commands are likely \
+             to be killed too, even one that deletes them; delete files, or reset the sandbox \
+             (DELETE /sandboxes/{}: the session gets a fresh one at its next call)\n",
+            in_files / MIB,
+            limit / MIB,
+            self.id
+        );
+        let _ = stderr.send(ExecChunk::Stderr(message.into())).await;
+    }
+}
+
 #[async_trait]
 impl Sandbox for LocalSandbox {
     fn id(&self) -> &str {
@@ -122,7 +148,12 @@ impl Sandbox for LocalSandbox {
             switch,
             token,
         };
-        run::execute(launch, request.stdin, output, deadline, cancel).await
+        let note = output.clone();
+        let status = run::execute(launch, request.stdin, output, deadline, cancel).await?;
+        if status.exit_code == Some(137) && !status.timed_out && !status.cancelled {
+            self.explain_memory_kill(&note).await;
+        }
+        Ok(status)
     }
 
     async fn stats(&self) -> Result<SandboxStats> {

@@ -528,6 +528,38 @@ async fn memory_hog_is_killed() {
 }
 
 #[tokio::test]
+async fn a_full_tmpfs_is_named_when_it_gets_commands_killed() {
+    let f = fixture();
+    if !f.backend.host.is_root || !f.backend.host.cgroups.has(Controller::Memory) {
+        // Without root there is no tmpfs, and without the memory cgroup no
+        // kill to explain.
+        return;
+    }
+    let spec = SandboxSpec {
+        memory_mb: 64,
+        disk_mb: 256,
+        ..spec()
+    };
+    let sandbox = f.backend.create(&spec).await.expect("create");
+    let (status, _, stderr) = sh(&*sandbox, "head -c 200M /dev/zero > /tmp/fill", SHORT).await;
+    assert_eq!(status.exit_code, Some(137), "{stderr}");
+    assert!(stderr.contains("killed for lack of memory"), "{stderr}");
+    assert!(stderr.contains("DELETE /sandboxes/"), "{stderr}");
+    // What the note warns of: even the command that would delete them is
+    // often killed (and then says why).
+    let (status, _, stderr) = sh(&*sandbox, "rm -f /tmp/fill", SHORT).await;
+    if status.exit_code == Some(137) {
+        assert!(stderr.contains("reset the sandbox"), "{stderr}");
+    }
+    sandbox.destroy().await.expect("destroy");
+    // A reset is a fresh sandbox, which works.
+    let sandbox = f.backend.create(&spec).await.expect("create");
+    let (status, _, _) = sh(&*sandbox, "true", SHORT).await;
+    assert_eq!(status.exit_code, Some(0));
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
 async fn stats_come_from_the_cgroups() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
