@@ -3,7 +3,11 @@
 //! The stream is the container's, so the reader trusts none of it: lines
 //! are cut from each chunk as it comes, with no rescan of what came
 //! before, and held to [`MAX_LINE`] bytes (the helper's replies are under
-//! `PIPE_BUF`), a longer line being dropped whole. Whatever is not a reply
+//! `PIPE_BUF`), a longer line being dropped whole. The whole stream is
+//! read at [`CHANNEL_RATE`] at most, after a burst of [`CHANNEL_BURST`]
+//! (more than the largest file read), so a command that writes without
+//! end (`yes`) backs up in its own pipe instead of costing the server a
+//! core per sandbox. Whatever is not a reply
 //! of the helper (a line that does not parse, an overlong one, anything on
 //! stderr) is the sandbox's own output: counted, logged at most once every
 //! [`LOG_EVERY`] with its counts, and let through at [`FOREIGN_RATE`] only:
@@ -31,8 +35,13 @@ use crate::sync::lock;
 /// The longest line kept: the helper's replies are under `PIPE_BUF`
 /// (4096 bytes), so anything longer is not one.
 pub(super) const MAX_LINE: usize = 8 * 1024;
-/// Bytes per second of foreign output read at full speed, after a burst
-/// of [`FOREIGN_BURST`]; beyond, the reader waits for the rate to allow it.
+/// Bytes per second read off a container's stdout after a burst of
+/// [`CHANNEL_BURST`]; beyond, the reader waits for the rate to allow it.
+/// Replies are hex, so a run's output comes at half this, and the burst
+/// holds a whole file read (`files::MAX_READ_BYTES`).
+const CHANNEL_RATE: f64 = 1024.0 * 1024.0;
+const CHANNEL_BURST: f64 = 10.0 * 1024.0 * 1024.0;
+/// The same for foreign output.
 const FOREIGN_RATE: f64 = 64.0 * 1024.0;
 const FOREIGN_BURST: f64 = 1024.0 * 1024.0;
 /// The shortest pause, so a steady flood costs a wake-up per pause, not
@@ -71,6 +80,7 @@ pub(super) async fn read_replies(
 ) {
     let _closed = closed.drop_guard();
     let mut lines = Lines::default();
+    let mut channel = Pace::new(CHANNEL_RATE, CHANNEL_BURST);
     let mut foreign = Foreign::new(container);
     while let Some(Ok(chunk)) = output.next().await {
         let data = match chunk {
@@ -81,6 +91,7 @@ pub(super) async fn read_replies(
             }
             LogOutput::StdIn { .. } => continue,
         };
+        channel.take(data.len()).await;
         lines.push(data);
         while let Some(line) = lines.next_line() {
             match line {
@@ -172,10 +183,7 @@ impl Lines {
 /// and then, and read no faster than [`FOREIGN_RATE`].
 struct Foreign {
     container: String,
-    /// Bytes the rate still lets through at once (a token bucket); below
-    /// zero, the reader owes a pause.
-    allowance: f64,
-    refilled: Instant,
+    pace: Pace,
     /// Counts since the last log line, and the first bytes seen since.
     bytes: u64,
     lines: u64,
@@ -187,8 +195,7 @@ impl Foreign {
     fn new(container: String) -> Foreign {
         Foreign {
             container,
-            allowance: FOREIGN_BURST,
-            refilled: Instant::now(),
+            pace: Pace::new(FOREIGN_RATE, FOREIGN_BURST),
             bytes: 0,
             lines: 0,
             quoted: Vec::new(),
@@ -215,12 +222,38 @@ impl Foreign {
             (self.bytes, self.lines, self.logged) = (0, 0, Some(now));
             self.quoted.clear();
         }
-        let elapsed = now - self.refilled;
+        self.pace.take(data.len()).await;
+    }
+}
+
+/// A byte rate with a burst (a token bucket).
+struct Pace {
+    rate: f64,
+    burst: f64,
+    /// Bytes the rate still lets through at once; below zero, the reader
+    /// owes a pause.
+    allowance: f64,
+    refilled: Instant,
+}
+
+impl Pace {
+    fn new(rate: f64, burst: f64) -> Pace {
+        Pace {
+            rate,
+            burst,
+            allowance: burst,
+            refilled: Instant::now(),
+        }
+    }
+
+    /// Counts `bytes`, waiting first when they are over the rate.
+    async fn take(&mut self, bytes: usize) {
+        let now = Instant::now();
+        let earned = (now - self.refilled).as_secs_f64() * self.rate;
         self.refilled = now;
-        self.allowance = (self.allowance + elapsed.as_secs_f64() * FOREIGN_RATE).min(FOREIGN_BURST)
-            - data.len() as f64;
+        self.allowance = (self.allowance + earned).min(self.burst) - bytes as f64;
         if self.allowance < 0.0 {
-            let owed = Duration::from_secs_f64(-self.allowance / FOREIGN_RATE);
+            let owed = Duration::from_secs_f64(-self.allowance / self.rate);
             tokio::time::sleep(owed.max(MIN_PAUSE)).await;
         }
     }
@@ -359,6 +392,35 @@ mod tests {
         assert!(matches!(replies.recv().await, Some(Reply::Exit(0))));
         // Past the burst the reader took the flood at the rate only.
         let paced = (FLOOD as f64 - FOREIGN_BURST) / FOREIGN_RATE;
+        assert!(
+            started.elapsed().as_secs_f64() >= paced,
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replies_are_read_at_the_channel_rate() {
+        let line = Bytes::from(format!("o 5 {}\n", "79".repeat(1024)));
+        let count = (16 << 20) / line.len();
+        let replies = std::iter::repeat_n(line.clone(), count)
+            .map(|message| Ok(LogOutput::StdOut { message }));
+        let routes = Routes::default();
+        let (tx, mut received) = mpsc::channel(8);
+        lock(&routes).insert(5, tx);
+        let started = Instant::now();
+        let reader = tokio::spawn(read_replies(
+            futures::stream::iter(replies),
+            routes,
+            CancellationToken::new(),
+            "chatty".into(),
+        ));
+        for _ in 0..count {
+            let reply = received.recv().await;
+            assert!(matches!(reply, Some(Reply::Stdout(d)) if d.len() == 1024));
+        }
+        reader.await.expect("the reader");
+        let paced = ((count * line.len()) as f64 - CHANNEL_BURST) / CHANNEL_RATE;
         assert!(
             started.elapsed().as_secs_f64() >= paced,
             "{:?}",
