@@ -12,7 +12,8 @@
 //! every free-form field hex-encoded (nothing but `[0-9a-z -]` on the wire,
 //! so docker's detach keys never appear in it). Requests, on stdin:
 //!
-//! - `h ID`: answer `h ID` (the server checks the helper is up);
+//! - `h ID`: answer `h ID LANDLOCK` (the server checks the helper is up,
+//!   and learns whether runs are sealed off from the channel, see below);
 //! - `r ID WORKDIR STDIN ARGC ARG… ENVC KEY=VALUE…`: run a command in its
 //!   own process group, `STDIN` being `-` for none;
 //! - `k ID`: kill that run's process group and every process carrying its
@@ -26,11 +27,25 @@
 //! parse is skipped: a connection that starts mid-line picks up at the next
 //! newline.
 //!
+//! The channel is this process's stdin and stdout, which docker-init and
+//! the boot shell hold too; every process in the container runs as the
+//! same user, so without more a run could open `/proc/1/fd/1` and write
+//! replies the server would take for the helper's (a forged tool result),
+//! or read `/proc/1/fd/0` and take the server's requests. So each run's
+//! command enters a Landlock domain of its own before it starts (it and
+//! everything it starts stay in it): Landlock refuses a process in a
+//! domain every ptrace-class access to processes outside it, which
+//! includes their `/proc/PID/fd`, `mem` and `environ`. The ruleset handles
+//! one access right no process here has anyway (making block devices) and
+//! grants nothing else away: the domain only scopes. `LANDLOCK` in the
+//! hello answer is the kernel's Landlock ABI version, 0 when the kernel
+//! offers none: then runs are not sealed, and the server says so.
+//!
 //! Nothing here may panic or exit: when this process ends, so does the
 //! sandbox. Every failure becomes an `f` reply instead.
 
 use std::collections::HashMap;
-use std::ffi::c_ulong;
+use std::ffi::{c_long, c_ulong};
 use std::fs::File;
 use std::io::{self, BufRead, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -70,6 +85,81 @@ struct PollFd {
 unsafe extern "C" {
     fn kill(pid: i32, signal: i32) -> i32;
     fn poll(fds: *mut PollFd, count: c_ulong, timeout_ms: i32) -> i32;
+    fn prctl(option: i32, ...) -> i32;
+    fn syscall(number: c_long, ...) -> c_long;
+}
+
+/// Landlock's system calls (the same numbers on every architecture) and
+/// the constants they take.
+const SYS_LANDLOCK_CREATE_RULESET: c_long = 444;
+const SYS_LANDLOCK_RESTRICT_SELF: c_long = 446;
+const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+const LANDLOCK_ACCESS_FS_MAKE_BLOCK: u64 = 1 << 11;
+const PR_SET_NO_NEW_PRIVS: i32 = 38;
+
+/// The Landlock ruleset every run's command enters (see the module docs).
+#[derive(Clone, Copy)]
+struct Seal {
+    ruleset: i32,
+    /// The kernel's Landlock ABI version, reported in the hello answer.
+    abi: c_long,
+}
+
+impl Seal {
+    /// Makes the ruleset, or `None` where the kernel (or a seccomp profile)
+    /// offers no Landlock. Its descriptor is close-on-exec: no run gets it.
+    fn open() -> Option<Seal> {
+        // SAFETY: a null attribute with size 0 and the version flag only
+        // asks for the ABI version.
+        let abi = unsafe {
+            syscall(
+                SYS_LANDLOCK_CREATE_RULESET,
+                std::ptr::null::<u64>(),
+                0usize,
+                LANDLOCK_CREATE_RULESET_VERSION,
+            )
+        };
+        if abi < 1 {
+            return None;
+        }
+        // `struct landlock_ruleset_attr` as ABI 1 has it: the handled
+        // filesystem rights alone.
+        let handled: u64 = LANDLOCK_ACCESS_FS_MAKE_BLOCK;
+        // SAFETY: the attribute points at a live u64 whose size is given.
+        let ruleset = unsafe {
+            syscall(
+                SYS_LANDLOCK_CREATE_RULESET,
+                &handled as *const u64,
+                std::mem::size_of::<u64>(),
+                0u32,
+            )
+        };
+        Some(Seal {
+            ruleset: i32::try_from(ruleset).ok().filter(|fd| *fd >= 0)?,
+            abi,
+        })
+    }
+
+    /// Puts the calling process in the ruleset's domain. Runs in a forked
+    /// child before exec, so it only makes system calls.
+    fn enter(self) -> io::Result<()> {
+        // SAFETY: prctl and landlock_restrict_self take plain integers.
+        let entered = unsafe {
+            prctl(
+                PR_SET_NO_NEW_PRIVS,
+                1 as c_ulong,
+                0 as c_ulong,
+                0 as c_ulong,
+                0 as c_ulong,
+            ) == 0
+                && syscall(SYS_LANDLOCK_RESTRICT_SELF, self.ruleset, 0u32) == 0
+        };
+        if entered {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }
 
 /// Sends a signal; `pid` below zero names a process group, and -1 every
@@ -175,6 +265,8 @@ fn main() {
     // written only through this handle from here on.
     let replies = Replies(Arc::new(Mutex::new(unsafe { File::from_raw_fd(1) })));
     let running: Running = Arc::default();
+    let seal = Seal::open();
+    let landlock = seal.map_or(0, |seal| seal.abi);
     let mut input = io::stdin().lock();
     let mut line = Vec::new();
     loop {
@@ -191,10 +283,10 @@ fn main() {
             continue;
         };
         match fields[0] {
-            "h" if fields.len() == 2 => replies.send(&format!("h {id}")),
+            "h" if fields.len() == 2 => replies.send(&format!("h {id} {landlock}")),
             "k" if fields.len() == 2 => kill_run(&running, id),
             "r" => match Run::parse(&fields[2..]) {
-                Some(run) => start(id, run, &running, &replies),
+                Some(run) => start(id, run, seal, &running, &replies),
                 None => replies.send(&format!("f {id} {}", hex(b"malformed run request"))),
             },
             _ => {}
@@ -207,14 +299,19 @@ fn main() {
     }
 }
 
-fn start(id: u64, run: Run, running: &Running, replies: &Replies) {
-    let fail = |message: String| replies.send(&format!("f {id} {}", hex(message.as_bytes())));
+fn start(id: u64, run: Run, seal: Option<Seal>, running: &Running, replies: &Replies) {
+    // Cut to a chunk, so the reply stays one atomic write (a command's
+    // name can be long).
+    let fail = |message: String| {
+        let message = &message.as_bytes()[..message.len().min(CHUNK)];
+        replies.send(&format!("f {id} {}", hex(message)));
+    };
     if lock(running).contains_key(&id) {
         return fail(format!("run {id} is already running"));
     }
     let mut freed = false;
     for attempt in 0..=SPAWN_RETRIES {
-        match launch(id, &run, running, replies) {
+        match launch(id, &run, seal, running, replies) {
             Ok(()) => return,
             // Out of processes: what earlier runs left in the background
             // holds every pid the sandbox may have (a fork bomb whose shell
@@ -241,6 +338,7 @@ fn start(id: u64, run: Run, running: &Running, replies: &Replies) {
 fn launch(
     id: u64,
     run: &Run,
+    seal: Option<Seal>,
     running: &Running,
     replies: &Replies,
 ) -> Result<(), (String, io::Error)> {
@@ -262,7 +360,15 @@ fn launch(
         })
         .map_err(|err| ("cannot watch the run".to_string(), err))?;
     let marker = format!("{}-{id}", std::process::id());
-    let mut child = Command::new(&run.argv[0])
+    let mut command = Command::new(&run.argv[0]);
+    if let Some(seal) = seal {
+        // SAFETY: `enter` only makes system calls, which is what may run
+        // between fork and exec.
+        unsafe {
+            command.pre_exec(move || seal.enter());
+        }
+    }
+    let mut child = command
         .args(&run.argv[1..])
         .current_dir(&run.workdir)
         .envs(run.env.iter().map(|(key, value)| (key, value)))

@@ -8,7 +8,10 @@
 //! read-only root filesystem, tmpfs `/workspace` (sized to the disk limit)
 //! and `/tmp`, user 1000, every capability dropped, `no-new-privileges`,
 //! pid, memory and CPU limits, and no log (its stdout is the helper's
-//! replies).
+//! replies). Each run's command enters a Landlock domain, so no process a
+//! run starts can reach the helper's channel through `/proc` to forge
+//! replies or read requests; what reaches the channel that is not a reply
+//! is dropped at a bounded rate (see [`agent`]).
 //!
 //! The helper kills a run's processes itself. When a run cannot start
 //! because processes earlier runs left behind hold every pid the sandbox may
@@ -44,6 +47,7 @@ use super::{
 };
 
 mod agent;
+mod replies;
 mod sandbox;
 
 /// Name prefix of the containers of sessions; the rest is the session id,

@@ -6,26 +6,25 @@
 //! helper. [`Agent::connect`] attaches to the container, sends the helper
 //! when it is not running yet, and checks that it answers. From then on an
 //! exec is a line written on that open connection, and its output comes
-//! back as lines on the same one, told apart by the run's id.
+//! back as lines on the same one, told apart by the run's id (read by
+//! [`read_replies`], which holds the container's stream to bounded memory
+//! and CPU). Where the helper reports no Landlock, runs are not sealed off
+//! from that connection; the server logs a warning and carries on.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
 use bollard::Docker;
-use bollard::container::LogOutput;
 use bollard::query_parameters::AttachContainerOptions;
-use bytes::Bytes;
-use futures::StreamExt;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::replies::{Reply, Routes, read_replies};
 use crate::sandbox::ExecRequest;
 use crate::sync::lock;
 
@@ -57,19 +56,6 @@ pub(super) enum Boot {
     /// Either the helper or the boot script: probe first.
     Unknown,
 }
-
-/// One reply of the helper for a run.
-#[derive(Debug)]
-pub(super) enum Reply {
-    Stdout(Bytes),
-    Stderr(Bytes),
-    Exit(i32),
-    /// The run could not start; the message says why.
-    Failed(String),
-    Hello,
-}
-
-type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<Reply>>>>;
 
 /// An open connection to one container's helper.
 pub(super) struct Agent {
@@ -129,18 +115,32 @@ impl Agent {
             _reader: AbortOnDropHandle::new(reader),
         };
         // A server that died mid-line left half a request: end that line.
-        if boot == Boot::Unknown && agent.hello(b"\n", PROBE_TIMEOUT).await.is_ok() {
-            return Ok(agent);
+        let probed = match boot {
+            Boot::Unknown => agent.hello(b"\n", PROBE_TIMEOUT).await.ok(),
+            Boot::Fresh => None,
+        };
+        let landlock = match probed {
+            Some(landlock) => landlock,
+            None => {
+                let encoded = base64::engine::general_purpose::STANDARD.encode(HELPER);
+                let mut payload = format!("conclave-exec {}\n", encoded.len()).into_bytes();
+                payload.extend_from_slice(encoded.as_bytes());
+                agent.hello(&payload, BOOT_TIMEOUT).await?
+            }
+        };
+        if landlock == 0 {
+            tracing::warn!(
+                %container,
+                "no Landlock for the exec helper's runs: processes in this sandbox can \
+                 write to its channel (forge command output) and read the server's requests"
+            );
         }
-        let encoded = base64::engine::general_purpose::STANDARD.encode(HELPER);
-        let mut payload = format!("conclave-exec {}\n", encoded.len()).into_bytes();
-        payload.extend_from_slice(encoded.as_bytes());
-        agent.hello(&payload, BOOT_TIMEOUT).await?;
         Ok(agent)
     }
 
-    /// Writes `before`, then a hello, and waits for its answer.
-    async fn hello(&self, before: &[u8], timeout: Duration) -> Result<(), String> {
+    /// Writes `before`, then a hello, and waits for its answer: the
+    /// Landlock ABI version the helper seals runs with, 0 for none.
+    async fn hello(&self, before: &[u8], timeout: Duration) -> Result<u32, String> {
         let mut run = self.route();
         let mut message = before.to_vec();
         message.extend_from_slice(format!("\nh {}\n", run.id).as_bytes());
@@ -151,7 +151,7 @@ impl Agent {
             Ok::<_, String>(run.replies.recv().await)
         });
         match answered.await {
-            Ok(Ok(Some(Reply::Hello))) => Ok(()),
+            Ok(Ok(Some(Reply::Hello { landlock }))) => Ok(landlock),
             Ok(Ok(_)) => Err("the connection closed before the helper answered".into()),
             Ok(Err(message)) => Err(message),
             Err(_) => Err(format!(
@@ -217,93 +217,9 @@ fn rand_u32() -> u32 {
     uuid::Uuid::new_v4().as_u128() as u32
 }
 
-/// Splits the helper's stdout into lines and routes each reply to its run.
-/// What the container writes on stderr (the boot script's complaints) is
-/// logged.
-async fn read_replies(
-    mut output: Pin<
-        Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
-    >,
-    routes: Routes,
-    closed: CancellationToken,
-    container: String,
-) {
-    let _closed = closed.drop_guard();
-    let mut pending: Vec<u8> = Vec::new();
-    while let Some(Ok(chunk)) = output.next().await {
-        let data = match chunk {
-            LogOutput::StdOut { message } | LogOutput::Console { message } => message,
-            LogOutput::StdErr { message } => {
-                tracing::debug!(%container, stderr = %String::from_utf8_lossy(&message), "sandbox boot");
-                continue;
-            }
-            LogOutput::StdIn { .. } => continue,
-        };
-        pending.extend_from_slice(&data);
-        let mut start = 0;
-        while let Some(end) = pending[start..].iter().position(|b| *b == b'\n') {
-            let line = &pending[start..start + end];
-            start += end + 1;
-            let Some((id, reply)) = parse_reply(line) else {
-                continue;
-            };
-            let route = lock(&routes).get(&id).cloned();
-            if let Some(route) = route {
-                // A run whose caller went away just loses its replies.
-                let _ = route.send(reply).await;
-            }
-        }
-        pending.drain(..start);
-    }
-}
-
-fn parse_reply(line: &[u8]) -> Option<(u64, Reply)> {
-    let line = std::str::from_utf8(line).ok()?;
-    let mut fields = line.split(' ');
-    let (tag, id) = (fields.next()?, fields.next()?.parse().ok()?);
-    let data = fields.next();
-    if fields.next().is_some() {
-        return None;
-    }
-    let reply = match (tag, data) {
-        ("o", Some(data)) => Reply::Stdout(hex::decode(data).ok()?.into()),
-        ("e", Some(data)) => Reply::Stderr(hex::decode(data).ok()?.into()),
-        ("x", Some(code)) => Reply::Exit(code.parse().ok()?),
-        ("f", Some(message)) => {
-            Reply::Failed(String::from_utf8_lossy(&hex::decode(message).ok()?).into_owned())
-        }
-        ("h", None) => Reply::Hello,
-        _ => return None,
-    };
-    Some((id, reply))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn replies_parse_and_garbage_is_skipped() {
-        assert!(matches!(parse_reply(b"o 7 6869"), Some((7, Reply::Stdout(d))) if &d[..] == b"hi"));
-        assert!(matches!(parse_reply(b"e 7 "), Some((7, Reply::Stderr(d))) if d.is_empty()));
-        assert!(matches!(
-            parse_reply(b"x 9 137"),
-            Some((9, Reply::Exit(137)))
-        ));
-        assert!(matches!(parse_reply(b"h 3"), Some((3, Reply::Hello))));
-        assert!(matches!(parse_reply(b"f 1 6e6f"), Some((1, Reply::Failed(m))) if m == "no"));
-        for garbage in [
-            &b"6869"[..],
-            b"o x 68",
-            b"o 1 zz",
-            b"x 1",
-            b"h 1 2",
-            b"",
-            b"\xff",
-        ] {
-            assert!(parse_reply(garbage).is_none(), "{garbage:?}");
-        }
-    }
 
     #[test]
     fn the_helper_is_embedded_and_static() {

@@ -17,7 +17,8 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::agent::{Agent, Boot, Reply};
+use super::agent::{Agent, Boot};
+use super::replies::Reply;
 use super::{SESSION_PREFIX, backend_error, is_not_found, remove_container};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use bollard::errors::Error as DockerError;
@@ -125,7 +126,7 @@ impl DockerSandbox {
                         let _ = output.send(ExecChunk::Stderr(line)).await;
                         return Ok(127);
                     }
-                    Some(Reply::Hello) => {}
+                    Some(Reply::Hello { .. }) => {}
                     None => return Err(SandboxError::Gone(self.id.clone())),
                 }
             }
