@@ -905,6 +905,17 @@ async fn an_unknown_model_is_refused_with_the_known_names() {
         message.starts_with("options.model: unknown model 'gpt-4o'; known models: demo"),
         "{message}"
     );
+    // A Claude name says which key serves it.
+    let response = server
+        .post(
+            "/agent/session",
+            json!({"options": {"model": "claude-sonnet-4-5"}}),
+        )
+        .await;
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("set ANTHROPIC_API_KEY"), "{message}");
     server.stop().await;
 }
 

@@ -250,7 +250,12 @@ impl ModelRegistry {
         known.sort();
         known.dedup();
         let mut known = known.join(", ");
-        if self.openai.is_none() {
+        if name.starts_with("claude") && self.anthropic.is_none() {
+            known.push_str(
+                " (claude-* names go to Anthropic: set ANTHROPIC_API_KEY or [anthropic] to use \
+                 them)",
+            );
+        } else if self.openai.is_none() {
             known.push_str(
                 " (other names pass through to an OpenAI-compatible provider: \
                  set OPENAI_BASE_URL or [openai] to use one)",
