@@ -492,3 +492,88 @@ async fn metrics_and_the_openapi_document_cover_the_bus() {
     }
     server.stop().await;
 }
+
+/// Sends `request` as it is on a new connection and reads until `until`
+/// shows up (or the server closes); answers everything read.
+async fn raw_http(server: &TestServer, request: &str, until: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = server
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(until) {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("the server answers within 10 s")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buffer[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test]
+async fn a_raw_greater_than_in_the_query_subscribes_as_written() {
+    let server = TestServer::start().await;
+    publish(&server, "sync/weights_ready", json!({"version": 3})).await;
+    // As curl sends the README's example: `>` unencoded.
+    let answer = raw_http(
+        &server,
+        "GET /bus/subscribe?subjects=sync.>&since=all HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "weights_ready",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains(r#""subject":"sync/weights_ready""#),
+        "{answer}"
+    );
+    // The table's form, after a request whose body holds `<>` on the same
+    // connection (bodies pass as they are).
+    let answer = raw_http(
+        &server,
+        "POST /bus/publish/a/b HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: 11\r\n\r\n{\"x\": \"<>\"}\
+         GET /bus/subscribe?subjects=a.*,sync/>&since=all HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "weights_ready",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    assert!(answer.contains("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("weights_ready"), "{answer}");
+    // A route that does not exist answers the server's JSON error.
+    let answer = raw_http(
+        &server,
+        "GET /nowhere?a=> HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "}",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(answer.contains(r#""code":"not_found""#), "{answer}");
+
+    // Python's urllib sends it raw too.
+    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect("CONCLAVE_TEST_PYTHON");
+    let script = "import sys, urllib.request\n\
+                  r = urllib.request.urlopen(sys.argv[1], timeout=10)\n\
+                  print(r.status, r.readline().decode())";
+    let url = server.url("/bus/subscribe?subjects=sync.>&since=all");
+    let output = tokio::process::Command::new(python)
+        .args(["-c", script, &url])
+        .output()
+        .await
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.starts_with("200 ") && printed.contains("weights_ready"),
+        "{printed} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    server.stop().await;
+}

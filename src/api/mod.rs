@@ -13,6 +13,8 @@
 //! - [`body`]: request bodies read whole within a deadline.
 //! - [`state`]: `AppState`, what every handler shares.
 //! - [`serve`]: the listener, with connection caps and header deadlines.
+//! - `raw_target`: request targets as clients send them (a raw `>` in a
+//!   query).
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`dashboard`]: the embedded browser dashboard and its auth calls.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
@@ -37,6 +39,7 @@ pub mod guard;
 pub mod mcp;
 pub mod ops;
 pub mod pipelines;
+mod raw_target;
 pub mod rollouts;
 pub mod sandboxes;
 pub mod serve;

@@ -10,6 +10,10 @@
 //!   server that is busy rather than dead; past those, a connection is
 //!   closed at once.
 //!
+//! Each HTTP/1 request line's target is read as clients send it: a raw
+//! `>` (a NATS subject in a query) is percent-encoded before the parser
+//! refuses it (see `raw_target`).
+//!
 //! A connection's slot lives as long as its socket, an upgraded WebSocket's
 //! too. On shutdown the listener closes, each connection finishes its
 //! request in flight, and `serve` returns when they are gone.
@@ -23,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use super::raw_target::Targets;
 use crate::sync::lock;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -156,10 +161,15 @@ fn acquire(slots: &Arc<Mutex<Slots>>, limits: &Limits, client: IpAddr) -> Option
     })
 }
 
-/// A socket that holds its slot for as long as it lives.
+/// A socket that holds its slot for as long as it lives, and reads its
+/// requests' targets as clients send them ([`Targets`]).
 struct Counted {
     stream: TcpStream,
     _slot: Slot,
+    targets: Targets,
+    /// Rewritten bytes not yet read, from `read_at` on.
+    rewritten: Vec<u8>,
+    read_at: usize,
 }
 
 impl AsyncRead for Counted {
@@ -168,7 +178,28 @@ impl AsyncRead for Counted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        loop {
+            if this.read_at < this.rewritten.len() {
+                let left = &this.rewritten[this.read_at..];
+                let take = left.len().min(buf.remaining());
+                buf.put_slice(&left[..take]);
+                this.read_at += take;
+                return Poll::Ready(Ok(()));
+            }
+            if this.targets.is_passthrough() {
+                return Pin::new(&mut this.stream).poll_read(cx, buf);
+            }
+            let mut chunk = [0u8; 8192];
+            let mut read = ReadBuf::new(&mut chunk);
+            std::task::ready!(Pin::new(&mut this.stream).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            this.rewritten.clear();
+            this.read_at = 0;
+            this.targets.feed(read.filled(), &mut this.rewritten);
+        }
     }
 }
 
@@ -262,6 +293,9 @@ pub async fn serve(
             let io = TokioIo::new(Counted {
                 stream,
                 _slot: slot,
+                targets: Targets::default(),
+                rewritten: Vec::new(),
+                read_at: 0,
             });
             // HTTP/1.1, or HTTP/2 with prior knowledge (gRPC clients).
             let mut builder = auto::Builder::new(TokioExecutor::new());
