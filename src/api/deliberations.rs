@@ -48,7 +48,7 @@ pub async fn submit(
     let body = json!({
         "task_id": pending.task_id,
         "status": "SUBMITTED",
-        "message": format!("deliberation submitted to {} {} agent(s)", pending.total_agents, pending.role),
+        "message": crate::deliberation::submitted_message(pending.total_agents, &pending.role),
         "session_id": pending.session_id,
     });
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())

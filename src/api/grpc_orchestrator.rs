@@ -172,10 +172,7 @@ impl Orchestrator for GrpcOrchestrator {
         Ok(Response::new(proto::DeliberateResponse {
             task_id: pending.task_id.to_string(),
             status: "SUBMITTED".into(),
-            message: format!(
-                "deliberation submitted to {} {} agent(s)",
-                pending.total_agents, pending.role
-            ),
+            message: crate::deliberation::submitted_message(pending.total_agents, &pending.role),
             session_id: pending.session_id.to_string(),
         }))
     }

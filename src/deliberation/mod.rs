@@ -46,6 +46,12 @@ use crate::session::OptionError;
 
 pub const KIND: SessionKind = SessionKind::named("deliberation");
 
+/// What `POST /deliberations` (and gRPC's `Deliberate`) says it did.
+pub fn submitted_message(total_agents: u32, role: &str) -> String {
+    let agents = if total_agents == 1 { "agent" } else { "agents" };
+    format!("deliberation submitted to {total_agents} {agents} (role {role})")
+}
+
 /// The most agents one deliberation runs.
 pub const MAX_AGENTS: u32 = 1024;
 /// Agent calls (model calls or tool-using turns) running at once across
@@ -265,6 +271,18 @@ impl DeliberationOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_submitted_message_counts_agents_apart_from_their_role() {
+        assert_eq!(
+            submitted_message(3, "agent"),
+            "deliberation submitted to 3 agents (role agent)"
+        );
+        assert_eq!(
+            submitted_message(1, "DEV"),
+            "deliberation submitted to 1 agent (role DEV)"
+        );
+    }
     use serde_json::json;
 
     fn parse(body: Value) -> Result<DeliberationOptions, OptionError> {
