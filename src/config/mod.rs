@@ -12,8 +12,9 @@
 //! file's directory; one from the environment, a flag or a default from the
 //! working directory at start.
 //!
-//! This file holds the top level, loading and validation; `sections` the
-//! other sections' types and defaults.
+//! This file holds the top level and loading; `validate` the checks of
+//! values types cannot make; `sections` the other sections' types and
+//! defaults.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,6 +26,7 @@ use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod sections;
+mod validate;
 pub use sections::*;
 use sections::{default_retries, default_timeout_s};
 
@@ -317,231 +319,6 @@ impl Config {
             (None, None) => {}
         }
     }
-
-    /// Checks what types alone cannot; every error names its field.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let field = |field: &str, message: String| ConfigError::Field {
-            field: field.into(),
-            message,
-        };
-        if let Some(store) = &self.store {
-            let scheme = store.split_once("://").map(|(scheme, _)| scheme);
-            if !matches!(scheme, Some("postgres" | "postgresql")) {
-                return Err(field(
-                    "store",
-                    format!(
-                        "{store:?} is not a PostgreSQL URL (postgres://user@host/db); leave it unset for SQLite in data_dir"
-                    ),
-                ));
-            }
-        }
-        self.cluster
-            .validate()
-            .map_err(|(name, message)| field(&name, message))?;
-        if self.api_keys.is_empty() && self.admin_keys.is_empty() && !self.listen.ip().is_loopback()
-        {
-            return Err(field(
-                "listen",
-                format!(
-                    "{} is not a loopback address and no api_keys are configured; \
-                     set CONCLAVE_API_KEYS (or api_keys in the config file) to listen there",
-                    self.listen
-                ),
-            ));
-        }
-        for (name, keys) in [
-            ("api_keys", &self.api_keys),
-            ("admin_keys", &self.admin_keys),
-        ] {
-            if let Some(i) = keys.iter().position(|k| k.trim().len() < 8) {
-                return Err(field(
-                    &format!("{name}[{i}]"),
-                    "a key must have at least 8 characters".into(),
-                ));
-            }
-        }
-        if let Some(i) = self.allowed_hosts.iter().position(|h| h.trim().is_empty()) {
-            return Err(field(
-                &format!("allowed_hosts[{i}]"),
-                "must not be empty".into(),
-            ));
-        }
-        for (i, origin) in self.allowed_origins.iter().enumerate() {
-            let parsed = reqwest::Url::parse(origin).ok().filter(|u| {
-                matches!(u.scheme(), "http" | "https")
-                    && u.host().is_some()
-                    && u.path() == "/"
-                    && u.query().is_none()
-                    && !origin.ends_with('/')
-            });
-            if parsed.is_none() {
-                return Err(field(
-                    &format!("allowed_origins[{i}]"),
-                    format!(
-                        "{origin:?} is not an origin like https://app.example.com or http://localhost:3000"
-                    ),
-                ));
-            }
-        }
-        if self.http.header_timeout_s == 0 || self.http.body_timeout_s == 0 {
-            return Err(field(
-                if self.http.header_timeout_s == 0 {
-                    "http.header_timeout_s"
-                } else {
-                    "http.body_timeout_s"
-                },
-                "must be at least 1".into(),
-            ));
-        }
-        crate::egress::Rules::parse(&self.mcp.allowed_http_servers)
-            .map_err(|e| field("mcp.allowed_http_servers", e))?;
-        for (name, path) in [
-            ("data_dir", Some(&self.data_dir)),
-            ("sandbox.local.root", self.sandbox.local.root.as_ref()),
-        ] {
-            if let Some(path) = path
-                && !path.is_absolute()
-            {
-                return Err(field(
-                    name,
-                    format!("{} is not an absolute path", path.display()),
-                ));
-            }
-        }
-        if self.max_body_bytes < 1024 {
-            return Err(field("max_body_bytes", "must be at least 1024".into()));
-        }
-        if self.agent.max_turns == 0 {
-            return Err(field("agent.max_turns", "must be at least 1".into()));
-        }
-        for (name, value) in [
-            ("agent.max_tokens", u64::from(self.agent.max_tokens)),
-            ("agent.turn_timeout_s", self.agent.turn_timeout_s),
-            ("agent.status_interval_ms", self.agent.status_interval_ms),
-            (
-                "agent.max_tool_calls_per_reply",
-                u64::from(self.agent.max_tool_calls_per_reply),
-            ),
-        ] {
-            if value == 0 {
-                return Err(field(name, "must be at least 1".into()));
-            }
-        }
-        for (name, provider) in [("openai", &self.openai), ("anthropic", &self.anthropic)] {
-            if let Some(p) = provider {
-                check_url(&format!("{name}.base_url"), &p.base_url)?;
-            }
-        }
-        for (alias, model) in &self.models {
-            let base = format!("models.{alias}");
-            if let Some(url) = &model.base_url {
-                check_url(&format!("{base}.base_url"), url)?;
-            }
-            let configured = match model.provider {
-                ProviderKind::Openai => self.openai.is_some() || model.base_url.is_some(),
-                ProviderKind::Anthropic => self.anthropic.is_some() || model.api_key.is_some(),
-                ProviderKind::Demo => true,
-            };
-            if model.harness == Some(HarnessKind::Strict)
-                && let Some(key) = model.deprecated_keys().first()
-            {
-                return Err(field(
-                    &format!("{base}.harness"),
-                    format!(
-                        "\"strict\" runs no small-model aid, but {base} sets {key} (deprecated); \
-                         use harness = \"small\", or drop that key"
-                    ),
-                ));
-            }
-            if !configured {
-                return Err(field(
-                    &format!("{base}.provider"),
-                    format!(
-                        "provider {:?} is not configured; give {base}.base_url or configure the provider",
-                        model.provider
-                    ),
-                ));
-            }
-        }
-        let sandbox = &self.sandbox;
-        // The kernel's CFS quota cannot go below 1 ms per 100 ms period.
-        if !(sandbox.min_cpus >= 0.01 && sandbox.min_cpus <= sandbox.max_cpus) {
-            return Err(field(
-                "sandbox.min_cpus",
-                format!("must be 0.01 to sandbox.max_cpus ({})", sandbox.max_cpus),
-            ));
-        }
-        if !(sandbox.cpus >= sandbox.min_cpus && sandbox.cpus <= sandbox.max_cpus) {
-            return Err(field(
-                "sandbox.cpus",
-                format!(
-                    "must be sandbox.min_cpus ({}) to sandbox.max_cpus ({})",
-                    sandbox.min_cpus, sandbox.max_cpus
-                ),
-            ));
-        }
-        if sandbox.min_memory_mb < 16 || sandbox.min_memory_mb > sandbox.max_memory_mb {
-            return Err(field(
-                "sandbox.min_memory_mb",
-                format!(
-                    "must be 16 to sandbox.max_memory_mb ({})",
-                    sandbox.max_memory_mb
-                ),
-            ));
-        }
-        if sandbox.memory_mb < sandbox.min_memory_mb || sandbox.memory_mb > sandbox.max_memory_mb {
-            return Err(field(
-                "sandbox.memory_mb",
-                format!(
-                    "must be sandbox.min_memory_mb ({}) to sandbox.max_memory_mb ({})",
-                    sandbox.min_memory_mb, sandbox.max_memory_mb
-                ),
-            ));
-        }
-        for (name, value) in [
-            ("sandbox.pids", u64::from(sandbox.pids)),
-            ("sandbox.disk_mb", sandbox.disk_mb),
-            ("sandbox.exec_timeout_s", sandbox.exec_timeout_s),
-            ("sandbox.max_live", sandbox.max_live as u64),
-        ] {
-            if value == 0 {
-                return Err(field(name, "must be at least 1".into()));
-            }
-        }
-        if sandbox.exec_timeout_s > sandbox.max_exec_timeout_s {
-            return Err(field(
-                "sandbox.exec_timeout_s",
-                "must not exceed sandbox.max_exec_timeout_s".into(),
-            ));
-        }
-        for (i, net) in sandbox.network_allow.iter().enumerate() {
-            parse_net(net).map_err(|e| field(&format!("sandbox.network_allow[{i}]"), e))?;
-        }
-        if sandbox.image.trim().is_empty() {
-            return Err(field("sandbox.image", "must not be empty".into()));
-        }
-        for (model, price) in &self.prices {
-            if price.input_per_mtok < 0.0 || price.output_per_mtok < 0.0 {
-                return Err(field(
-                    &format!("prices.{model}"),
-                    "prices cannot be negative".into(),
-                ));
-            }
-        }
-        self.gateway.validate().map_err(ConfigError::Invalid)?;
-        self.bus
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        self.pipelines
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        self.mcp
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        crate::egress::Rules::parse(&self.gateway.allowed_upstreams)
-            .map_err(|e| field("gateway.allowed_upstreams", e))?;
-        Ok(())
-    }
 }
 
 /// Names the field (as a config key) and where its value came from.
@@ -566,20 +343,6 @@ fn describe(errors: figment::Error) -> ConfigError {
         })
         .collect();
     ConfigError::Invalid(messages.join("; "))
-}
-
-fn check_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    match reqwest::Url::parse(url) {
-        Ok(u) if u.scheme() == "http" || u.scheme() == "https" => Ok(()),
-        Ok(u) => Err(ConfigError::Field {
-            field: field.into(),
-            message: format!("scheme {} is not http or https", u.scheme()),
-        }),
-        Err(e) => Err(ConfigError::Field {
-            field: field.into(),
-            message: format!("'{url}' is not a URL: {e}"),
-        }),
-    }
 }
 
 /// Accepts `["a", "b"]` or `"a,b"` (the form an environment variable has).
