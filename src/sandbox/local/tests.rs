@@ -547,9 +547,15 @@ async fn a_full_tmpfs_is_named_when_it_gets_commands_killed() {
     assert!(stderr.contains("DELETE /sandboxes/"), "{stderr}");
     // What the note warns of: even the command that would delete them is
     // often killed (and then says why).
+    // The OOM killer may take the shell while its rm still unlinks the
+    // file: then the files are gone, and so is the note.
     let (status, _, stderr) = sh(&*sandbox, "rm -f /tmp/fill", SHORT).await;
     if status.exit_code == Some(137) {
-        assert!(stderr.contains("reset the sandbox"), "{stderr}");
+        let in_files = sandbox.stats().await.expect("stats").memory_bytes;
+        assert!(
+            stderr.contains("reset the sandbox") || in_files < Some(32 << 20),
+            "{stderr} {in_files:?}"
+        );
     }
     sandbox.destroy().await.expect("destroy");
     // A reset is a fresh sandbox, which works.
