@@ -487,12 +487,37 @@ async fn a_pipeline_session_streams_its_run_and_only_its_owner_sees_it() {
 }
 
 #[tokio::test]
+async fn a_run_with_mock_agents_completes_on_a_server_outside_test_mode() {
+    // The default server, whose model is the demo: `mock` makes this run's
+    // nodes mock agents, and every node_started says so.
+    let server = TestServer::start().await;
+    let (thread, session) = start(
+        &server,
+        json!({"connector_name": "google-sheets", "mock": {}}),
+    )
+    .await;
+    let events = until_result(&server, &session).await;
+    let started: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "node_started")
+        .collect();
+    assert_eq!(started.len(), 6, "{events:?}");
+    assert!(started.iter().all(|e| e["mock"] == true), "{started:?}");
+    let status = status_of(&server, &thread).await;
+    assert_eq!(status["status"], "completed", "{status}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn bad_input_is_refused_with_the_field_named() {
     let server = TestServer::start().await;
     for (body, field) in [
         (json!({"pipeline": "nope"}), "options.pipeline"),
         (json!({"input": {"secret": 1}}), "options.input.secret"),
-        (json!({"mock": {}}), "options.mock"),
+        (
+            json!({"mock": {"delay_ms": 3_600_000}}),
+            "options.mock.delay_ms",
+        ),
         (json!({"what": 1}), "options.what"),
     ] {
         let response = server

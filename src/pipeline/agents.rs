@@ -21,7 +21,11 @@ use crate::jobs::{self, Handler};
 use crate::protocol::{ResultStatus, Usage};
 use crate::session::{Session, SessionManager, TurnOptions};
 
-/// What test mode's mock agents do, per run (`options.mock`).
+/// The longest a mock node may take: long enough to watch, cancel and
+/// resume a run, short of holding a run slot for the pipeline timeout.
+pub const MAX_MOCK_DELAY_MS: u64 = 60_000;
+
+/// What mock agents do, per run (`options.mock`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MockScript {

@@ -141,6 +141,7 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
             session.emit(EventKind::NodeStarted {
                 node: node.clone(),
                 step,
+                mock: mocked(deps, &options),
             })?;
             let visit = visits.get(&node).copied().unwrap_or(0);
             let answer = answer(
@@ -352,6 +353,13 @@ fn initial(definition: &Definition, options: &PipelineOptions, input: &str) -> M
 /// Runs a node until it answers usably or its retries are spent (each
 /// unusable answer goes into `errors`). `Err` only for the store.
 #[allow(clippy::too_many_arguments)]
+/// Whether a run's nodes are answered by mock agents: every run in test
+/// mode, and a run started with `mock` on any server (no model is called,
+/// and each `node_started` says so).
+fn mocked(deps: &Deps, options: &PipelineOptions) -> bool {
+    deps.config.test_mode || options.mock.is_some()
+}
+
 async fn answer(
     deps: &Deps,
     session: &Arc<Session>,
@@ -369,7 +377,7 @@ async fn answer(
         if turn.cancel.is_cancelled() {
             return Ok(Err("cancelled".into()));
         }
-        let result = if deps.config.test_mode {
+        let result = if mocked(deps, options) {
             let job = agents::MockNode {
                 pipeline: definition.name.clone(),
                 node: node.to_owned(),

@@ -56,7 +56,8 @@ pub struct PipelineOptions {
     /// The model of the nodes' agent.
     #[serde(default)]
     pub model: Option<String>,
-    /// Test mode only: what the mock agents answer.
+    /// Mock agents answer this run's nodes, as this script says (`{}`:
+    /// the happy path), whether or not the server is in test mode.
     #[serde(default)]
     pub mock: Option<agents::MockScript>,
 }

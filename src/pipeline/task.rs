@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::engine::{self, Deps};
-use super::{KIND, PipelineOptions, runs};
+use super::{KIND, PipelineOptions, agents, runs};
 use crate::protocol::SessionKind;
 use crate::session::{OptionError, Outcome, SessionError, SessionTask, Turn};
 use crate::store::StoreError;
@@ -58,10 +58,12 @@ impl SessionTask for PipelineTask {
             )
             .into());
         }
-        if options.mock.is_some() && !self.deps.config.test_mode {
+        if let Some(mock) = &options.mock
+            && mock.delay_ms > agents::MAX_MOCK_DELAY_MS
+        {
             return Err(OptionError::new(
-                "options.mock",
-                "mock agents run only in test mode (pipelines.test_mode)",
+                "options.mock.delay_ms",
+                format!("at most {} ms", agents::MAX_MOCK_DELAY_MS),
             )
             .into());
         }

@@ -122,7 +122,14 @@ pub enum EventKind {
         decision: Decision,
     },
     /// A pipeline's node began (`step` counts the run's nodes from 1).
-    NodeStarted { node: String, step: u64 },
+    NodeStarted {
+        node: String,
+        step: u64,
+        /// The node is answered by a mock agent (test mode, or the run's
+        /// `mock` option), not a model.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        mock: bool,
+    },
     /// A node answered; its checkpoint follows.
     NodeCompleted {
         node: String,

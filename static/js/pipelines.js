@@ -27,7 +27,10 @@ function mountList(main, ctx) {
   const inputJson = h('textarea', { rows: 3, 'aria-label': 'Input state (JSON)', class: 'mono', value: '{}' });
   const model = h('input', { 'aria-label': 'Model for the nodes', placeholder: 'server default', autocomplete: 'off' });
   const delay = h('input', { type: 'number', min: 0, max: 60000, value: 300, 'aria-label': 'Mock delay per node in milliseconds', testid: 'mock-delay' });
-  const mockBox = h('div', { hidden: true }, field('Mock delay per node (ms)', delay, 'Test mode: nodes are mock agents'));
+  const mockOn = h('input', { type: 'checkbox', 'aria-label': 'Mock agents', testid: 'mock-on' });
+  const mockBox = h('div', null,
+    h('label', { class: 'check' }, mockOn, ' Mock agents: no model is called, each node answers its happy-path decision'),
+    field('Mock delay per node (ms)', delay));
   const connectorFields = h('div', { class: 'form-grid' }, field('Connector name', name), field('Connector type', type));
   const requestField = field('Request', request);
   const genericField = field('Input state (JSON)', inputJson, 'Initial values of state fields');
@@ -54,7 +57,8 @@ function mountList(main, ctx) {
     showFields();
   }).catch((e) => err.replaceChildren(errorBox(e)));
   api.get('/orchestrator/health').then((hl) => {
-    mockBox.hidden = !hl?.test_mode;
+    // In test mode every run is mocked: the box is ticked for good.
+    if (hl?.test_mode) { mockOn.checked = true; mockOn.disabled = true; }
     form.dataset.testMode = String(!!hl?.test_mode);
   }).catch(() => { form.dataset.testMode = 'unknown'; });
 
@@ -73,7 +77,7 @@ function mountList(main, ctx) {
     if (!requestField.hidden && request.value.trim()) input.original_request = request.value.trim();
     if (Object.keys(input).length) body.input = input;
     if (model.value.trim()) body.model = model.value.trim();
-    if (!mockBox.hidden) body.mock = { delay_ms: Number(delay.value) || 0 };
+    if (mockOn.checked) body.mock = { delay_ms: Number(delay.value) || 0 };
     start.disabled = true;
     try {
       const started = await api.post('/orchestrator/pipeline/start', body);
