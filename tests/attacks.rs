@@ -373,7 +373,7 @@ async fn deep_json_through_the_gateway_leaves_the_traces_readable() {
     let sim = Sim::start("s", &[]).await;
     let server = TestServer::start_with(|c| {
         common::sim::pools(c, &[("m", &sim)]);
-        c.gateway.allowed_upstreams = vec!["127.0.0.0/8".into()];
+        c.gateway.allowed_upstreams = Some(vec!["127.0.0.0/8".into()]);
     })
     .await;
     let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));

@@ -43,7 +43,7 @@ async fn gateway(pools: Vec<(&str, PoolConfig)>) -> TestServer {
                 .map(|(name, pool)| (name.to_string(), pool))
                 .collect(),
             // The sim replicas added at run time listen on loopback.
-            allowed_upstreams: vec!["127.0.0.0/8".into()],
+            allowed_upstreams: Some(vec!["127.0.0.0/8".into()]),
             ..GatewayConfig::default()
         };
     })

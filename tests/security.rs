@@ -172,7 +172,10 @@ async fn traces_belong_to_their_key_and_pools_to_admins() {
 async fn replica_and_mcp_urls_pass_the_allow_rules_after_dns() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let server = TestServer::start_with(|_| {}).await;
+    // The list as an operator of a server on loopback may set it: public
+    // addresses only (unset, loopback would pass there).
+    let server =
+        TestServer::start_with(|c| c.gateway.allowed_upstreams = Some(vec!["public".into()])).await;
     for url in [
         format!("http://127.0.0.1:{port}/v1"),
         format!("http://localhost:{port}/v1"),
@@ -238,7 +241,7 @@ async fn replica_and_mcp_urls_pass_the_allow_rules_after_dns() {
 
     // An operator's entry lets one address through, and only it.
     let allowing = TestServer::start_with(|c| {
-        c.gateway.allowed_upstreams = vec!["127.0.0.1".into()];
+        c.gateway.allowed_upstreams = Some(vec!["127.0.0.1".into()]);
     })
     .await;
     let added = allowing
@@ -690,7 +693,7 @@ async fn the_bearer_scheme_is_case_insensitive() {
 #[tokio::test]
 async fn list_limits_and_names_are_bounded() {
     let server = TestServer::start_with(|c| {
-        c.gateway.allowed_upstreams = vec!["127.0.0.1".into()];
+        c.gateway.allowed_upstreams = Some(vec!["127.0.0.1".into()]);
     })
     .await;
     for query in ["limit=-1", "limit=0", "limit=10001"] {

@@ -224,3 +224,27 @@ fn harnesses_and_the_deprecated_keys_that_select_one() {
         .to_string();
     assert!(err.contains("harness"), "{err}");
 }
+
+#[test]
+fn replicas_added_at_run_time_may_be_on_loopback_only_where_the_server_is() {
+    let on = |listen: &str, list: Option<Vec<String>>| {
+        let mut config = Config {
+            listen: listen.parse().unwrap(),
+            ..Config::default()
+        };
+        config.gateway.allowed_upstreams = list;
+        config.allowed_upstreams()
+    };
+    assert_eq!(on("127.0.0.1:8080", None), ["public", "127.0.0.0/8", "::1"]);
+    assert_eq!(on("[::1]:8080", None), ["public", "127.0.0.0/8", "::1"]);
+    assert_eq!(on("0.0.0.0:8080", None), ["public"]);
+    // What the operator writes is the list, wherever the server listens.
+    assert_eq!(
+        on("127.0.0.1:8080", Some(vec!["public".into()])),
+        ["public"]
+    );
+    assert_eq!(
+        on("0.0.0.0:8080", Some(vec!["10.0.0.0/8".into()])),
+        ["10.0.0.0/8"]
+    );
+}

@@ -224,9 +224,27 @@ impl Config {
         self.mcp
             .validate()
             .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        crate::egress::Rules::parse(&self.gateway.allowed_upstreams)
+        crate::egress::Rules::parse(&self.allowed_upstreams())
             .map_err(|e| field("gateway.allowed_upstreams", e))?;
         Ok(())
+    }
+}
+
+impl Config {
+    /// Where replicas added at run time may be: `gateway.allowed_upstreams`
+    /// as configured; unset, public addresses, and loopback ones too when
+    /// the server listens on loopback. There only processes of this host
+    /// reach the admin routes (browser pages are refused by the Host and
+    /// Origin checks, sandboxes have network namespaces of their own), and
+    /// they reach the host's loopback services directly anyway.
+    pub fn allowed_upstreams(&self) -> Vec<String> {
+        match &self.gateway.allowed_upstreams {
+            Some(list) => list.clone(),
+            None if self.listen.ip().is_loopback() => {
+                ["public", "127.0.0.0/8", "::1"].map(String::from).to_vec()
+            }
+            None => vec!["public".into()],
+        }
     }
 }
 

@@ -19,8 +19,10 @@ pub struct GatewayConfig {
     /// Where replicas added at run time (`POST /gateway/replicas`) may
     /// be: `"public"` (any public address), host names, addresses and
     /// CIDRs. Loopback, private and link-local addresses need an entry;
-    /// replicas in this file are the operator's and always allowed.
-    pub allowed_upstreams: Vec<String>,
+    /// replicas in this file are the operator's and always allowed. Unset,
+    /// see [`crate::config::Config::allowed_upstreams`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_upstreams: Option<Vec<String>>,
 }
 
 impl Default for GatewayConfig {
@@ -29,7 +31,7 @@ impl Default for GatewayConfig {
             pools: BTreeMap::new(),
             trace_limit: 10_000,
             trace_max_bytes: 64 * 1024 * 1024,
-            allowed_upstreams: vec!["public".into()],
+            allowed_upstreams: None,
         }
     }
 }

@@ -90,12 +90,24 @@ pub fn definitions(
         place: "file".into(),
         message,
     };
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        unreadable(
-            dir.display().to_string(),
-            format!("cannot read the directory: {e}"),
-        )
-    })?;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // An optional directory that is not there yet holds no pipelines:
+        // the server starts, and says where it looked.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!(
+                dir = %dir.display(),
+                "pipelines.dir does not exist; only the built-in pipelines are loaded"
+            );
+            return Ok(all);
+        }
+        Err(e) => {
+            return Err(unreadable(
+                dir.display().to_string(),
+                format!("cannot read the directory: {e}"),
+            ));
+        }
+    };
     let mut files: Vec<std::path::PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {

@@ -136,8 +136,12 @@ impl Server {
             kv,
             event_logs,
         } = shared::connect_bus(&config, &store, &metrics, &bus_tasks, &root).await?;
-        let gateway =
-            Arc::new(Gateway::new(&config.gateway, metrics.clone()).map_err(StartError::Model)?);
+        let upstreams = config.allowed_upstreams();
+        tracing::info!(?upstreams, "replicas added at run time may be at");
+        let gateway = Arc::new(
+            Gateway::new(&config.gateway, &upstreams, metrics.clone())
+                .map_err(StartError::Model)?,
+        );
         for pool in gateway.pools() {
             let replicas: Vec<String> = pool.replicas().iter().map(|r| r.url.clone()).collect();
             tracing::info!(pool = %pool.name, strategy = ?pool.config.strategy, ?replicas, "gateway pool");
