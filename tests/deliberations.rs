@@ -253,12 +253,12 @@ async fn the_agents_vote_and_a_tie_goes_to_the_earliest() {
     let (_, done) = until_done(&mut bus, &task_id).await;
     let decision = &done["decision"];
     assert_eq!(decision["method"], "vote");
-    assert_eq!(decision["choice"], "agent-agent-001");
-    assert_eq!(decision["votes"]["tally"]["agent-agent-001"], 2);
-    assert_eq!(decision["votes"]["tally"]["agent-agent-002"], 1);
+    assert_eq!(decision["choice"], "agent-general-001");
+    assert_eq!(decision["votes"]["tally"]["agent-general-001"], 2);
+    assert_eq!(decision["votes"]["tally"]["agent-general-002"], 1);
     assert_eq!(
-        decision["votes"]["ballots"]["agent-agent-001"],
-        "agent-agent-002"
+        decision["votes"]["ballots"]["agent-general-001"],
+        "agent-general-002"
     );
     assert!(!decision["reasoning"].as_str().unwrap().contains("tie"));
     // The agents' calls, as the gateway traced them: the seed's diversity
@@ -291,9 +291,9 @@ async fn the_agents_vote_and_a_tie_goes_to_the_earliest() {
     assert_eq!(
         proposals,
         [
-            ("agent-agent-001".to_string(), 0.7),
-            ("agent-agent-002".to_string(), 0.9),
-            ("agent-agent-003".to_string(), 0.9)
+            ("agent-general-001".to_string(), 0.7),
+            ("agent-general-002".to_string(), 0.9),
+            ("agent-general-003".to_string(), 0.9)
         ],
         "{traces}"
     );
@@ -305,7 +305,7 @@ async fn the_agents_vote_and_a_tie_goes_to_the_earliest() {
     )
     .await;
     let (_, done) = until_done(&mut bus, &task_id).await;
-    assert_eq!(done["decision"]["choice"], "agent-agent-001");
+    assert_eq!(done["decision"]["choice"], "agent-general-001");
     let reasoning = done["decision"]["reasoning"].as_str().unwrap();
     assert!(
         reasoning.contains("tie went to the earliest agent"),
@@ -488,9 +488,9 @@ async fn another_key_sees_nothing_and_forged_answers_are_ignored() {
     // Key A forges an answer for an agent the deliberation does not have,
     // and one for another task: neither counts.
     for forged in [
-        json!({"task_id": task_id, "agent_id": "agent-agent-009", "round": 0, "status": "completed",
-               "proposal": {"content": "x", "author_id": "agent-agent-009", "author_role": "agent"}}),
-        json!({"task_id": uuid::Uuid::new_v4(), "agent_id": "agent-agent-001", "round": 0,
+        json!({"task_id": task_id, "agent_id": "agent-general-009", "round": 0, "status": "completed",
+               "proposal": {"content": "x", "author_id": "agent-general-009", "author_role": "agent"}}),
+        json!({"task_id": uuid::Uuid::new_v4(), "agent_id": "agent-general-001", "round": 0,
                "status": "failed", "error": "forged"}),
     ] {
         let response = a(

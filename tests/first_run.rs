@@ -445,7 +445,7 @@ async fn a_deliberation_cut_by_kill_9_is_finished_on_restart() {
     assert_eq!(result["status"], "COMPLETED", "{result}");
     assert_eq!(result["reason"], "restarted");
     assert_eq!(result["successful_responses"], 2);
-    assert_eq!(result["results"][1]["agent_id"], "agent-agent-002");
+    assert_eq!(result["results"][1]["agent_id"], "agent-general-002");
     assert_eq!(result["results"][1]["status"], "failed");
     assert_eq!(result["results"][1]["error"], "restarted");
     assert_eq!(result["results"][0]["status"], "completed");

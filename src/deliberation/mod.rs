@@ -117,7 +117,7 @@ pub struct DeliberationOptions {
 }
 
 fn default_role() -> String {
-    "agent".into()
+    "general".into()
 }
 
 fn default_agents() -> u32 {
@@ -275,8 +275,8 @@ mod tests {
     #[test]
     fn the_submitted_message_counts_agents_apart_from_their_role() {
         assert_eq!(
-            submitted_message(3, "agent"),
-            "deliberation submitted to 3 agents (role agent)"
+            submitted_message(3, "general"),
+            "deliberation submitted to 3 agents (role general)"
         );
         assert_eq!(
             submitted_message(1, "DEV"),
