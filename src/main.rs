@@ -77,6 +77,10 @@ enum Command {
         /// running as this user, else ~/.local/share/conclave).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// A PostgreSQL store (postgres://user@host/db) for the tools
+        /// served here; default: SQLite in the data directory.
+        #[arg(long)]
+        store: Option<String>,
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
         sandbox: Option<SandboxBackendKind>,
     },
@@ -272,6 +276,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             api_key,
             config,
             data_dir,
+            store,
             sandbox,
         } => {
             let (default, source) = conclave::locate::default_mcp_data_dir();
@@ -279,6 +284,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 config.as_deref(),
                 &Overrides {
                     data_dir,
+                    store,
                     sandbox,
                     default_data_dir: Some(default.clone()),
                     ..Overrides::default()
@@ -309,7 +315,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             };
             tracing::info!(data_dir = %config.data_dir.display(), from, "conclave mcp: data directory");
-            conclave::mcp::serve_stdio(config).await?;
+            conclave::server::serve_mcp_stdio(config).await?;
             Ok(())
         }
         Command::Health { url } => {
