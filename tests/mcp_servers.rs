@@ -1,12 +1,13 @@
-//! What `conclave mcp` serves itself when no server is meant: the real
-//! binaries, driven by the official Python SDK (`mcp` from PyPI) over
-//! stdio, as an IDE starts them.
+//! How `conclave mcp` finds the server its user means among the
+//! `conclave serve`s running as that user, and what it serves itself when
+//! none is meant: the real binaries, driven by the official Python SDK
+//! (`mcp` from PyPI) over stdio, as an IDE starts them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::binary::{serve_command, spawn_server, stop};
 use common::postgres::{TestDatabase, test_server};
@@ -53,6 +54,33 @@ impl User {
         self.env(&mut command, cwd).env("RUST_LOG", "warn");
         spawn_server(&mut command).await
     }
+
+    /// What `conclave mcp ARGS`, started in `cwd`, offers an MCP client,
+    /// and its log.
+    async fn offers(&self, cwd: &Path, args: &[&str]) -> (Value, String) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/offers.py");
+        let mut command = Command::new(common::python("the mcp package"));
+        self.env(&mut command, cwd)
+            .args([
+                script,
+                env!("CARGO_BIN_EXE_conclave"),
+                "mcp",
+                "--sandbox",
+                "local",
+            ])
+            .args(args);
+        let output = command.output().await.unwrap();
+        let log = String::from_utf8_lossy(&output.stderr).to_string();
+        assert!(output.status.success(), "{log}");
+        (serde_json::from_slice(&output.stdout).unwrap(), log)
+    }
+
+    /// The servers' record files.
+    fn records(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.state.path().join("conclave/servers"))
+            .map(|dir| dir.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
 }
 
 async fn create_session(url: &str) -> String {
@@ -65,6 +93,92 @@ async fn create_session(url: &str) -> String {
     assert_eq!(response.status(), 201);
     let body: Value = response.json().await.unwrap();
     body["session_id"].as_str().unwrap().to_string()
+}
+
+fn resources_of(session: &str) -> Value {
+    let uri = format!("conclave://sessions/{session}");
+    json!([uri.clone(), format!("{uri}/events")])
+}
+
+fn lists(seen: &Value, tool: &str) -> bool {
+    seen["tools"].as_array().unwrap().iter().any(|t| t == tool)
+}
+
+/// Two servers as one user, each started in its project: `conclave mcp`
+/// relays to the one on its data directory (./data where it starts, or
+/// --data-dir), refuses to guess between them elsewhere, still finds the
+/// first after the second stops (which removes only its own record), takes
+/// the only one left from anywhere, and ignores a killed one's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conclave_mcp_relays_to_the_server_of_its_data_dir_among_several() {
+    let user = User::new();
+    let (a_dir, b_dir, elsewhere) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let (mut a, a_url) = user.serve(a_dir.path(), &[]).await;
+    let (mut b, b_url) = user.serve(b_dir.path(), &[]).await;
+    let (a_session, b_session) = (create_session(&a_url).await, create_session(&b_url).await);
+    assert_eq!(user.records().len(), 2);
+
+    let (seen, log) = user.offers(a_dir.path(), &[]).await;
+    assert_eq!(seen["resources"], resources_of(&a_session), "{log}");
+    assert!(lists(&seen, "run_agent"), "{seen}");
+    assert!(log.contains(&format!("url={a_url}")), "{log}");
+    let b_data = b_dir.path().join("data").display().to_string();
+    let (seen, log) = user
+        .offers(elsewhere.path(), &["--data-dir", &b_data])
+        .await;
+    assert_eq!(seen["resources"], resources_of(&b_session), "{log}");
+
+    // Elsewhere, with no data directory: which one is meant is unknown.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_conclave"));
+    user.env(&mut command, elsewhere.path())
+        .args(["mcp", "--sandbox", "local"])
+        .stdin(std::process::Stdio::null());
+    let refused = command.output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    let here = elsewhere.path().join("data");
+    assert!(
+        stderr.contains(&format!(
+            "2 conclave servers run as this user and none of them on {}",
+            here.display()
+        )),
+        "{stderr}"
+    );
+    for (child, url, dir) in [(&a, &a_url, &a_dir), (&b, &b_url, &b_dir)] {
+        let data_dir = std::fs::canonicalize(dir.path().join("data")).unwrap();
+        let line = format!(
+            "  {url}  data dir {}  pid {}",
+            data_dir.display(),
+            child.id().unwrap()
+        );
+        assert!(stderr.contains(&line), "{line:?} in {stderr}");
+    }
+
+    // The second server stopping leaves the first one's record.
+    stop(&mut b).await;
+    assert_eq!(user.records().len(), 1);
+    let (seen, log) = user.offers(a_dir.path(), &[]).await;
+    assert_eq!(seen["resources"], resources_of(&a_session), "{log}");
+    assert!(lists(&seen, "run_agent"), "{seen}");
+    let (seen, log) = user.offers(elsewhere.path(), &[]).await;
+    assert_eq!(seen["resources"], resources_of(&a_session), "{log}");
+    assert!(log.contains("the only one running as this user"), "{log}");
+
+    // Killed, the first leaves its record, which is ignored and removed:
+    // the tools are served here, on the per-user data directory.
+    a.kill().await.unwrap();
+    let (seen, log) = user.offers(elsewhere.path(), &[]).await;
+    assert_eq!(seen["server"], "conclave-sandbox", "{log}");
+    assert!(
+        !lists(&seen, "run_agent") && seen.get("resources").is_none(),
+        "{seen}"
+    );
+    assert!(log.contains("the per-user default"), "{log}");
+    assert_eq!(user.records(), Vec::<PathBuf>::new());
 }
 
 /// `conclave mcp` serving the tools itself builds them as `conclave serve`
