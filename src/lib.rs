@@ -49,8 +49,8 @@
 //! - [`server`]: wires the parts (the store, the providers into the model
 //!   registry, the gateway, the sandboxes, the session kinds) and serves
 //!   them on a listener until a shutdown signal, so tests bind `127.0.0.1:0`.
-//! - [`locate`]: the running server's data directory, recorded per user for
-//!   `conclave mcp` started without `--data-dir`.
+//! - [`locate`]: the running servers, one record each per user, and which
+//!   of them `conclave mcp` relays to.
 //! - [`operator`]: `conclave sandboxes list|prune`, across data directories.
 //! - [`telemetry`]: logging and the Prometheus metrics registry.
 //! - [`upstream`]: what every client of an upstream HTTP server needs

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use conclave::config::{Config, Overrides, SandboxBackendKind};
-use conclave::locate::{DataDirSource, ServerRecord};
+use conclave::locate::Target;
 use conclave::operator::Prune;
 use conclave::server::{Server, Tools};
 use tokio_util::sync::CancellationToken;
@@ -57,11 +57,14 @@ enum Command {
         litellm_config: Option<PathBuf>,
     },
     /// Serve MCP over stdio, for IDEs that start their MCP servers as
-    /// commands. With a server to relay to (--server, else the
-    /// `conclave serve` running as this user unless a data directory is
-    /// given) it is that server's `/mcp` under the key in CONCLAVE_API_KEY:
-    /// its tools, run_agent and the key's sessions as resources. Without
-    /// one it serves the sandbox tools itself from the data directory.
+    /// commands. With a server to relay to it is that server's `/mcp` under
+    /// the key in CONCLAVE_API_KEY: its tools, run_agent and the key's
+    /// sessions as resources. The server is --server, else the
+    /// `conclave serve` running as this user on the given data directory,
+    /// else (none given) the one on ./data here, else the only one running;
+    /// several running and none of those is an error that lists them.
+    /// Without one it serves the sandbox tools itself, on the store of the
+    /// given data directory or config (else ~/.local/share/conclave).
     Mcp {
         /// Base URL of the server to relay to (e.g. http://127.0.0.1:8080).
         #[arg(long, env = "CONCLAVE_SERVER")]
@@ -73,10 +76,14 @@ enum Command {
         /// TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Directory of the store (default: that of the `conclave serve`
-        /// running as this user, else ~/.local/share/conclave).
+        /// Directory of the store: relays to the server running on it, if
+        /// any (default: see above).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// A PostgreSQL store (postgres://user@host/db) for the tools
+        /// served here; default: SQLite in the data directory.
+        #[arg(long)]
+        store: Option<String>,
         #[arg(long, value_enum, env = "CONCLAVE_SANDBOX")]
         sandbox: Option<SandboxBackendKind>,
     },
@@ -243,18 +250,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // One plain line on stdout, for people and for scripts that
             // started the server on port 0.
             println!("conclave listening on http://{addr}");
-            let pid = std::process::id();
-            let record = ServerRecord {
-                pid,
-                data_dir: server.state.config.data_dir.clone(),
-                url: format!("http://{addr}"),
-            };
-            match conclave::locate::record(&record) {
-                Ok(path) => tracing::debug!(path = %path.display(), "recorded for conclave mcp"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot record the data directory for conclave mcp")
+            let recorded = match conclave::locate::record(addr, &server.state.config.data_dir) {
+                Ok((record, path)) => {
+                    tracing::debug!(path = %path.display(), "recorded for conclave mcp");
+                    Some(record)
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot record this server for conclave mcp");
+                    None
+                }
+            };
             tracing::info!(
                 listen = %addr,
                 model = server.state.models.default_model(),
@@ -262,7 +267,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "conclave serving"
             );
             let served = server.run_draining(listener, drain).await;
-            conclave::locate::forget(pid);
+            if let Some(record) = &recorded {
+                conclave::locate::forget(record);
+            }
             served?;
             tracing::info!("stopped");
             Ok(())
@@ -272,45 +279,40 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             api_key,
             config,
             data_dir,
+            store,
             sandbox,
         } => {
-            let (default, source) = conclave::locate::default_mcp_data_dir();
+            let per_user = std::env::current_dir()?.join(conclave::locate::user_data_dir());
             let config = Config::load(
                 config.as_deref(),
                 &Overrides {
                     data_dir,
+                    store,
                     sandbox,
-                    default_data_dir: Some(default.clone()),
+                    default_data_dir: Some(per_user.clone()),
                     ..Overrides::default()
                 },
             )?;
-            let given_data_dir = config.data_dir != default;
-            let relay_to = match (server, &source) {
-                (Some(url), _) => Some((url, "given (--server or CONCLAVE_SERVER)".to_string())),
-                (None, DataDirSource::RunningServer { pid, url }) if !given_data_dir => {
-                    Some((url.clone(), format!("the server running as pid {pid}")))
-                }
-                _ => None,
-            };
-            if let Some((url, from)) = relay_to {
+            if let Some(url) = server {
+                let from = "given (--server or CONCLAVE_SERVER)";
                 tracing::info!(%url, from, "conclave mcp: relaying to a running server");
                 return conclave::mcp::proxy::serve_stdio(&url, api_key).await;
             }
-            let from = if given_data_dir {
-                "given (--data-dir, CONCLAVE_DATA_DIR or the config file)".to_string()
-            } else {
-                match source {
-                    DataDirSource::RunningServer { pid, url } => {
-                        format!("that of the server running as pid {pid} on {url}")
-                    }
-                    DataDirSource::PerUser => {
-                        "the per-user default: no conclave serve is running".to_string()
-                    }
+            // The per-user directory is where the tools are served when no
+            // server runs; named explicitly, it counts as not given.
+            let given = (config.data_dir != per_user).then_some(config.data_dir.as_path());
+            let here = std::env::current_dir()?.join("data");
+            let running = conclave::locate::running_servers();
+            match conclave::locate::choose(running, given, &here)? {
+                Target::Relay { server, why } => {
+                    tracing::info!(url = %server.url, from = why, "conclave mcp: relaying to a running server");
+                    conclave::mcp::proxy::serve_stdio(&server.url, api_key).await
                 }
-            };
-            tracing::info!(data_dir = %config.data_dir.display(), from, "conclave mcp: data directory");
-            conclave::mcp::serve_stdio(config).await?;
-            Ok(())
+                Target::InProcess { why } => {
+                    tracing::info!(data_dir = %config.data_dir.display(), from = why, "conclave mcp: data directory");
+                    conclave::server::serve_mcp_stdio(config).await
+                }
+            }
         }
         Command::Health { url } => {
             let response = reqwest::Client::new()

@@ -96,9 +96,7 @@ pub async fn prune(config: &Config, how: Prune) -> anyhow::Result<String> {
     if instance.is_none() {
         return Ok(report);
     }
-    let running =
-        crate::locate::running_server().filter(|server| server.data_dir == config.data_dir);
-    match running {
+    match crate::locate::running_on(&config.data_dir) {
         Some(server) => report.push_str(&format!(
             "kept this data directory's other sandboxes: its server runs (pid {}), and reaps its own\n",
             server.pid

@@ -5,7 +5,7 @@
 //! - [`server`]: the rmcp server of sandbox tools (`execute_code`,
 //!   `execute_shell`, `read_file`, `write_file`, `edit_file`, `list_files`,
 //!   `glob`, `grep`), served over streamable HTTP at `/mcp` and over stdio by
-//!   `conclave mcp`.
+//!   `conclave mcp` (which the server module builds as it builds its own).
 //! - [`background`]: commands started with `background: true`, listed and
 //!   killable.
 //! - [`schema`]: the tools' parameters and results.
@@ -41,14 +41,9 @@ pub mod server;
 
 use std::sync::Arc;
 
-use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
-
-use crate::config::Config;
-use crate::sandbox::{self, SandboxManager};
-use crate::store::{SqliteStore, Store};
 
 pub use client::SandboxTools;
 pub use host::{Caller, McpHost, McpOwner};
@@ -71,51 +66,4 @@ pub fn http_service(
         Arc::new(LocalSessionManager::default()),
         config,
     )
-}
-
-/// Serves the sandbox tools over stdin/stdout until the client closes them.
-/// A call naming a session uses that session's sandbox, the one the server
-/// on the same data directory uses (made by whichever process came first),
-/// and leaves it running at exit for the session's next turn; calls that
-/// name no session share a scratch sandbox destroyed at exit.
-pub async fn serve_stdio(config: Config) -> anyhow::Result<()> {
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&config.data_dir.join("conclave.db"))?);
-    let backend = sandbox::connect(&config.sandbox, &config.data_dir).await?;
-    tracing::info!(
-        backend = backend.name(),
-        "conclave mcp: serving sandbox tools on stdio"
-    );
-    let instance = sandbox::instance_id(&config.data_dir)?;
-    let sandboxes = Arc::new(SandboxManager::new(
-        backend,
-        config.sandbox.clone(),
-        instance,
-    ));
-    let host = Arc::new(McpHost {
-        sandboxes: sandboxes.clone(),
-        store: store.clone(),
-        max_output_bytes: 1024 * 1024,
-        max_entries: 2000,
-        background: Default::default(),
-        deliberations: Default::default(),
-        pipelines: Default::default(),
-        sessions: Default::default(),
-    });
-    let server = SandboxServer::new(host, Caller::Trusted);
-    let running = server.serve(rmcp::transport::stdio()).await?;
-    let ended = running.waiting().await;
-    let mut sessions = std::collections::HashSet::new();
-    for id in sandboxes.leased_sessions() {
-        if let Ok(Some(record)) = store.get_session(id).await
-            && record.status != crate::protocol::SessionStatus::Closed
-        {
-            sessions.insert(id);
-        }
-    }
-    sandboxes
-        .release_all_except(|id| sessions.contains(&id))
-        .await;
-    store.close().await?;
-    ended?;
-    Ok(())
 }

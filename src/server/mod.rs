@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 mod shared;
+mod tools;
+
+pub use tools::serve_mcp_stdio;
 
 use crate::deliberation::{self, DeliberationTask, Deliberations};
 use crate::pipeline::{self, PipelineTask};
@@ -29,10 +32,10 @@ use crate::api::state::{AppState, Shared};
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::jobs::Jobs;
-use crate::mcp::{McpHost, SandboxTools};
+use crate::mcp::SandboxTools;
 use crate::model::ModelRegistry;
 use crate::protocol::SessionStatus;
-use crate::sandbox::{self, SandboxManager};
+use crate::sandbox::SandboxManager;
 use crate::session::child::ChildTurns;
 use crate::session::lease::TurnLeases;
 use crate::session::{Limits, SessionManager, SessionTask, Tasks};
@@ -61,11 +64,6 @@ pub enum Tools {
     /// A router of the caller's own (tests); no sandboxes, no `/mcp`.
     Custom(Arc<dyn ToolRouter>),
 }
-
-/// Bytes of each output stream an MCP execution returns.
-const MCP_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
-/// Entries a listing, glob or grep returns.
-const MCP_MAX_ENTRIES: usize = 2000;
 
 /// Binds with a deep accept backlog: a burst of clients must not overflow
 /// the default 128 and wait a second for a SYN retry.
@@ -153,29 +151,7 @@ impl Server {
         let (tools, sandboxes, mcp): (Arc<dyn ToolRouter>, _, _) = match tools {
             Tools::Custom(router) => (router, None, None),
             Tools::Sandboxed => {
-                let backend = sandbox::connect(&config.sandbox, &config.data_dir)
-                    .await
-                    .map_err(|e| StartError::Sandbox(e.to_string()))?;
-                let instance =
-                    sandbox::instance_id(&config.data_dir).map_err(|e| StartError::Store {
-                        dir: config.data_dir.display().to_string(),
-                        message: format!("instance-id: {e}"),
-                    })?;
-                let sandboxes = Arc::new(SandboxManager::new(
-                    backend,
-                    config.sandbox.clone(),
-                    instance.clone(),
-                ));
-                let host = Arc::new(McpHost {
-                    sandboxes: sandboxes.clone(),
-                    store: store.clone(),
-                    max_output_bytes: MCP_MAX_OUTPUT_BYTES,
-                    max_entries: MCP_MAX_ENTRIES,
-                    background: Default::default(),
-                    deliberations: Default::default(),
-                    pipelines: Default::default(),
-                    sessions: Default::default(),
-                });
+                let (sandboxes, host, instance) = tools::sandbox_host(&config, &store).await?;
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;

@@ -423,14 +423,18 @@ pub async fn browser_scenario(scenario: &str, url: &str, extra: &[&str]) -> Valu
     facts
 }
 
+/// The Python of `CONCLAVE_TEST_PYTHON`, which must have `needs` installed.
+pub fn python(needs: &str) -> String {
+    std::env::var("CONCLAVE_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("CONCLAVE_TEST_PYTHON must name a python with {needs} (scripts/test.sh sets it)")
+    })
+}
+
 /// Runs one of the tests' Python clients (`script` under the repository)
 /// with the Python of `CONCLAVE_TEST_PYTHON`, which must have `needs`
 /// installed, and reads the one JSON object it prints.
 pub async fn python_json(script: &str, args: &[&str], needs: &str) -> Value {
-    let python = std::env::var("CONCLAVE_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("CONCLAVE_TEST_PYTHON must name a python with {needs} (scripts/test.sh sets it)")
-    });
-    let output = tokio::process::Command::new(python)
+    let output = tokio::process::Command::new(python(needs))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .arg(script)
         .args(args)

@@ -1,0 +1,91 @@
+//! The sandboxes and the MCP host over them, built the same way for
+//! `conclave serve` and for `conclave mcp` serving the tools itself, so
+//! both use the configured store (PostgreSQL or the data directory's
+//! SQLite) and the same limits.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use rmcp::ServiceExt;
+
+use super::{StartError, shared};
+use crate::config::Config;
+use crate::mcp::{Caller, McpHost, SandboxServer};
+use crate::protocol::SessionStatus;
+use crate::sandbox::{self, SandboxManager};
+use crate::store::{Store, postgres};
+
+/// Bytes of each output stream an MCP execution returns.
+const MCP_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+/// Entries a listing, glob or grep returns.
+const MCP_MAX_ENTRIES: usize = 2000;
+
+/// The configured backend's sandboxes, as the data directory's instance,
+/// and the MCP host over them and `store`. Also returns the instance id.
+pub(super) async fn sandbox_host(
+    config: &Config,
+    store: &Arc<dyn Store>,
+) -> Result<(Arc<SandboxManager>, Arc<McpHost>, String), StartError> {
+    let backend = sandbox::connect(&config.sandbox, &config.data_dir)
+        .await
+        .map_err(|e| StartError::Sandbox(e.to_string()))?;
+    let instance = sandbox::instance_id(&config.data_dir).map_err(|e| StartError::Store {
+        dir: config.data_dir.display().to_string(),
+        message: format!("instance-id: {e}"),
+    })?;
+    let sandboxes = Arc::new(SandboxManager::new(
+        backend,
+        config.sandbox.clone(),
+        instance.clone(),
+    ));
+    let host = Arc::new(McpHost {
+        sandboxes: sandboxes.clone(),
+        store: store.clone(),
+        max_output_bytes: MCP_MAX_OUTPUT_BYTES,
+        max_entries: MCP_MAX_ENTRIES,
+        background: Default::default(),
+        deliberations: Default::default(),
+        pipelines: Default::default(),
+        sessions: Default::default(),
+    });
+    Ok((sandboxes, host, instance))
+}
+
+/// Serves the sandbox tools over stdin/stdout until the client closes
+/// them, on the store and sandboxes `conclave serve` would use with this
+/// config; no HTTP, and no sessions run here (so no `run_agent`). A call
+/// naming a session uses that session's sandbox, the one a server on the
+/// same data directory uses (made by whichever process came first), and
+/// leaves it running at exit for the session's next turn; calls that name
+/// no session share a scratch sandbox destroyed at exit.
+///
+/// Unlike [`super::Server::build`], this closes no turns and removes no
+/// sandboxes at start: a server on the same store may be running them.
+pub async fn serve_mcp_stdio(config: Config) -> anyhow::Result<()> {
+    let store = shared::open_store(&config).await?;
+    let (sandboxes, host, _) = sandbox_host(&config, &store).await?;
+    let store_name = match &config.store {
+        Some(url) => postgres::redact(url),
+        None => "sqlite in the data directory".to_string(),
+    };
+    tracing::info!(
+        backend = sandboxes.backend_name(),
+        store = %store_name,
+        "conclave mcp: serving sandbox tools on stdio"
+    );
+    let server = SandboxServer::new(host, Caller::Trusted);
+    let running = server.serve(rmcp::transport::stdio()).await?;
+    let ended = running.waiting().await;
+    let mut live = HashSet::new();
+    for id in sandboxes.leased_sessions() {
+        if let Ok(Some(record)) = store.get_session(id).await
+            && record.status != SessionStatus::Closed
+        {
+            live.insert(id);
+        }
+    }
+    sandboxes.release_all_except(|id| live.contains(&id)).await;
+    store.close().await?;
+    ended?;
+    Ok(())
+}
