@@ -132,10 +132,27 @@ async fn a_prices_entry_prices_the_listed_model() {
 #[tokio::test]
 async fn a_listing_that_cannot_be_read_at_start_is_asked_again_at_first_use() {
     let loading = || Reply::status(503, r#"{"error": {"message": "Loading model"}}"#);
-    let upstream = Upstream::start(vec![loading(), loading(), listing(), answer()]).await;
+    let upstream =
+        Upstream::start(vec![loading(), loading(), loading(), listing(), answer()]).await;
     let dir = tempfile::tempdir().unwrap();
     let (mut child, url) = spawn_server(&mut command(&upstream, dir.path(), "")).await;
     assert_eq!(health_default(&url).await, Value::Null, "not known yet");
+
+    // A deliberation whose agents would all use the default is refused
+    // before it starts any of them.
+    let response = reqwest::Client::new()
+        .post(format!("{url}/deliberations"))
+        .json(&json!({"task_description": "Pick a name."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    let error: Value = response.json().await.unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("options.models") && message.contains("OPENAI_MODEL"),
+        "{message}"
+    );
 
     let refused = run(&url).await;
     assert_eq!(
@@ -163,9 +180,10 @@ async fn a_listing_that_cannot_be_read_at_start_is_asked_again_at_first_use() {
             "/v1/models",
             "/v1/models",
             "/v1/models",
+            "/v1/models",
             "/v1/chat/completions"
         ]
     );
-    assert_eq!(upstream.requests()[3].body["model"], LISTED);
+    assert_eq!(upstream.requests()[4].body["model"], LISTED);
     stop(&mut child).await;
 }
