@@ -262,7 +262,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             tracing::info!(
                 listen = %addr,
-                model = server.state.models.default_model(),
+                model = server.state.models.default_model().unwrap_or("not known yet"),
                 auth = server.state.keys.enabled(),
                 "conclave serving"
             );

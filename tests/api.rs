@@ -565,7 +565,15 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
                 .await,
             422,
             "invalid_request",
-            "max_turnz",
+            "options.max_turnz: unknown field; did you mean max_turns?",
+        ),
+        (
+            server
+                .post("/agent/run", json!({"promt": "x", "max_turns": 1}))
+                .await,
+            422,
+            "invalid_request",
+            "promt: unknown field; did you mean prompt?",
         ),
         (
             server

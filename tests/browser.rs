@@ -92,7 +92,14 @@ async fn in_chromium_the_sandboxes_and_bus_views_show_live_state() {
         .await
         .unwrap();
     assert!(put.status().is_success(), "{:?}", put.text().await);
-    browser("views", &server, &[]).await;
+    let facts = browser("views", &server, &[]).await;
+    // The scenario checked each shows one decimal; both were shown.
+    for shown in ["sandbox_cpu", "session_sandbox_cpu"] {
+        assert!(
+            facts[shown].as_str().is_some_and(|cpu| cpu.ends_with(" %")),
+            "{shown}: {facts}"
+        );
+    }
     server.stop_and_remove_sandboxes().await;
 }
 

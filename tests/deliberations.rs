@@ -543,7 +543,14 @@ async fn bad_input_is_refused_with_the_field_named() {
             json!({"task_description": "t", "aggregate": "coin"}),
             "options.aggregate",
         ),
-        (json!({"task_description": "t", "what": 1}), "options"),
+        (
+            json!({"task_description": "t", "what": 1}),
+            "what: unknown field",
+        ),
+        (
+            json!({"task_description": "t", "num_agent": 2}),
+            "num_agent: unknown field; did you mean num_agents?",
+        ),
     ] {
         let response = server.post("/deliberations", body.clone()).await;
         assert_eq!(response.status(), 422, "{body}");

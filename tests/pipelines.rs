@@ -222,7 +222,11 @@ async fn each_limit_ends_the_run_failed_with_its_reason() {
             "research_retries reached its limit of 1",
         ),
     ] {
-        let (thread, session) = start(&server, json!({"mock": {"decisions": script}})).await;
+        let (thread, session) = start(
+            &server,
+            json!({"connector_name": "crm", "mock": {"decisions": script}}),
+        )
+        .await;
         let events = until_result(&server, &session).await;
         assert_eq!(events.last().unwrap()["status"], "error");
         let status = status_of(&server, &thread).await;
@@ -231,10 +235,18 @@ async fn each_limit_ends_the_run_failed_with_its_reason() {
         assert!(why.starts_with(reason), "{why}");
     }
     // Approved at 90 %: published as degraded; at 50 %: not published.
-    let status = finished(&server, json!({"mock": {"coverage": 0.9}})).await;
+    let status = finished(
+        &server,
+        json!({"connector_name": "crm", "mock": {"coverage": 0.9}}),
+    )
+    .await;
     assert_eq!(status["status"], "completed");
     assert_eq!(status["state"]["degraded"], true);
-    let status = finished(&server, json!({"mock": {"coverage": 0.5}})).await;
+    let status = finished(
+        &server,
+        json!({"connector_name": "crm", "mock": {"coverage": 0.5}}),
+    )
+    .await;
     assert_eq!(status["status"], "failed");
     assert!(
         status["reason"]
@@ -248,7 +260,11 @@ async fn each_limit_ends_the_run_failed_with_its_reason() {
 #[tokio::test]
 async fn a_node_error_is_retried_within_its_limit_and_noted_in_errors() {
     let server = test_mode(|_| {}).await;
-    let (thread, session) = start(&server, json!({"mock": {"fail": {"tester": 2}}})).await;
+    let (thread, session) = start(
+        &server,
+        json!({"connector_name": "crm", "mock": {"fail": {"tester": 2}}}),
+    )
+    .await;
     let events = until_result(&server, &session).await;
     assert_eq!(
         types(&events)
@@ -261,7 +277,11 @@ async fn a_node_error_is_retried_within_its_limit_and_noted_in_errors() {
     assert_eq!(status["status"], "completed");
     assert_eq!(status["state"]["errors"].as_array().unwrap().len(), 2);
     // Past pipelines.node_retries (2): the run fails, resumable at the node.
-    let status = finished(&server, json!({"mock": {"fail": {"tester": 9}}})).await;
+    let status = finished(
+        &server,
+        json!({"connector_name": "crm", "mock": {"fail": {"tester": 9}}}),
+    )
+    .await;
     assert_eq!(status["status"], "failed");
     assert!(
         status["reason"]
@@ -275,7 +295,11 @@ async fn a_node_error_is_retried_within_its_limit_and_noted_in_errors() {
 #[tokio::test]
 async fn cancel_stops_the_node_and_resume_never_reruns_a_completed_one() {
     let server = test_mode(|_| {}).await;
-    let (thread, session) = start(&server, json!({"mock": {"delay_ms": 1000}})).await;
+    let (thread, session) = start(
+        &server,
+        json!({"connector_name": "crm", "mock": {"delay_ms": 1000}}),
+    )
+    .await;
     let mut events = Lines::new(
         server
             .get(&format!(
@@ -361,7 +385,11 @@ async fn runs_past_the_cap_queue_and_a_run_past_its_timeout_fails() {
         c.pipelines.max_concurrent_pipelines = 1;
     })
     .await;
-    let (first, first_session) = start(&server, json!({"mock": {"delay_ms": 300}})).await;
+    let (first, first_session) = start(
+        &server,
+        json!({"connector_name": "crm", "mock": {"delay_ms": 300}}),
+    )
+    .await;
     // The first run holds the one place once its first node started.
     let mut first_events = Lines::new(
         server
@@ -371,7 +399,7 @@ async fn runs_past_the_cap_queue_and_a_run_past_its_timeout_fails() {
             .await,
     );
     first_events.until("node_started").await;
-    let (second, second_session) = start(&server, json!({})).await;
+    let (second, second_session) = start(&server, json!({"connector_name": "crm"})).await;
     let mut events = Lines::new(
         server
             .get(&format!(
@@ -395,7 +423,11 @@ async fn runs_past_the_cap_queue_and_a_run_past_its_timeout_fails() {
     server.stop().await;
 
     let server = test_mode(|c| c.pipelines.pipeline_timeout_s = 1).await;
-    let status = finished(&server, json!({"mock": {"delay_ms": 5000}})).await;
+    let status = finished(
+        &server,
+        json!({"connector_name": "crm", "mock": {"delay_ms": 5000}}),
+    )
+    .await;
     assert_eq!(status["status"], "failed");
     assert!(status["reason"].as_str().unwrap().starts_with("timeout"));
     server.stop().await;
@@ -515,10 +547,22 @@ async fn bad_input_is_refused_with_the_field_named() {
         (json!({"pipeline": "nope"}), "options.pipeline"),
         (json!({"input": {"secret": 1}}), "options.input.secret"),
         (
-            json!({"mock": {"delay_ms": 3_600_000}}),
+            json!({"connector_name": "crm", "mock": {"delay_ms": 3_600_000}}),
             "options.mock.delay_ms",
         ),
-        (json!({"what": 1}), "options.what"),
+        (json!({"what": 1}), "what: unknown field"),
+        (
+            json!({"conector_name": "stripe"}),
+            "conector_name: unknown field; did you mean connector_name?",
+        ),
+        (
+            json!({"input": {"original_request": "rows"}}),
+            "connector_name: is required by the connector pipeline",
+        ),
+        (
+            json!({"connector_name": " "}),
+            "connector_name: must not be empty",
+        ),
     ] {
         let response = server
             .post("/orchestrator/pipeline/start", body.clone())

@@ -192,7 +192,10 @@ async fn kinds_and_their_options_are_checked_before_a_session_exists() {
             json!({"kind": "echo", "times": 9}),
             "options.times: must be 1 to 5",
         ),
-        (json!({"kind": "echo", "model": "demo"}), "options"),
+        (
+            json!({"kind": "echo", "model": "demo"}),
+            "model: unknown field; known fields: options, session_name, times",
+        ),
         (json!({"kind": 3}), "kind"),
     ] {
         let response = server.post("/agent/session", body.clone()).await;

@@ -80,10 +80,12 @@ impl SessionTask for AgentTask {
     }
 
     fn describe(&self, options: &Value) -> Map<String, Value> {
+        // `null` while the default model is a provider's listing that has
+        // not been read yet.
         let model = options
             .get("model")
             .and_then(Value::as_str)
-            .unwrap_or_else(|| self.deps.models.default_model());
+            .or_else(|| self.deps.models.default_model());
         Map::from_iter([("model".to_owned(), Value::from(model))])
     }
 

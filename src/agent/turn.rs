@@ -53,7 +53,7 @@ pub(super) async fn run(
             deps.metrics
                 .model_errors
                 .get_or_create(&ModelLabel {
-                    model: model_name(deps, &options),
+                    model: model_label(deps, &options),
                 })
                 .inc();
             session.emit(EventKind::Error {
@@ -76,11 +76,23 @@ impl From<StoreError> for LoopError {
     }
 }
 
-fn model_name(deps: &TurnDeps, options: &AgentOptions) -> String {
+/// The model the session names, else the default one (which a provider
+/// may have to be asked for).
+async fn model_name(deps: &TurnDeps, options: &AgentOptions) -> Result<String, ModelError> {
+    match &options.model {
+        Some(name) => Ok(name.clone()),
+        None => deps.models.default_model_now().await,
+    }
+}
+
+/// The model's name for the metrics; `default` while it is not known.
+fn model_label(deps: &TurnDeps, options: &AgentOptions) -> String {
     options
         .model
-        .clone()
-        .unwrap_or_else(|| deps.models.default_model().to_string())
+        .as_deref()
+        .or_else(|| deps.models.default_model())
+        .unwrap_or("default")
+        .to_string()
 }
 
 async fn agent_loop(
@@ -90,7 +102,7 @@ async fn agent_loop(
 ) -> Result<Outcome, LoopError> {
     let session = &tally.session.clone();
     let cancel = &tally.cancel.clone();
-    let name = model_name(deps, options);
+    let name = model_name(deps, options).await.map_err(LoopError::Model)?;
     let model = deps.models.resolve(&name).map_err(LoopError::Model)?;
     tally.cost_known = model.price.is_some();
     let ctx = ToolContext {

@@ -19,7 +19,9 @@ pub struct Health {
     pub status: String,
     pub version: String,
     pub uptime_s: u64,
-    pub default_model: String,
+    /// `null` while the default model is the first one a provider lists
+    /// and it has not answered yet.
+    pub default_model: Option<String>,
 }
 
 /// Liveness and basic facts: `200` while the process serves, draining
@@ -31,7 +33,7 @@ pub async fn health(State(state): State<AppState>) -> Json<Health> {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         uptime_s: state.started.elapsed().as_secs(),
-        default_model: state.models.default_model().to_string(),
+        default_model: state.models.default_model().map(str::to_owned),
     })
 }
 

@@ -31,7 +31,9 @@ impl From<RunError> for ApiError {
 
 /// `{pipeline = "connector", connector_name, connector_type, input, model,
 /// mock}` → `202 {thread_id, session_id, pipeline, status: "started"}` at
-/// once; the run's events stream on its session.
+/// once; the run's events stream on its session. `connector_name` is
+/// required by a pipeline whose state has it with no default (the built-in
+/// `connector`); a `422` names it when it is missing.
 #[utoipa::path(post, path = "/orchestrator/pipeline/start",
     request_body(content = Object, description = "{pipeline, connector_name, connector_type, input, model, mock}"),
     responses((status = 202, description = "{thread_id, session_id, pipeline, status}"), (status = 422, body = ErrorBody)))]

@@ -71,7 +71,12 @@ async fn judge(
     turn: &mut Turn,
     proposals: &[(usize, &str)],
 ) -> Result<Decision, StoreError> {
-    let default = run.deps.models.default_model().to_owned();
+    let default = run
+        .deps
+        .models
+        .default_model()
+        .unwrap_or_default()
+        .to_owned();
     let model = run
         .options
         .judge_model

@@ -104,7 +104,8 @@ pub(super) async fn run(deps: &Deps, turn: &mut Turn, task: String) -> Result<Ou
             session.last_seq(),
             &task,
             &options,
-            deps.models.default_model(),
+            // Known whenever an agent uses it: the options were checked.
+            deps.models.default_model().unwrap_or_default(),
         ),
     };
     session.emit(EventKind::DeliberationStarted {
@@ -232,7 +233,12 @@ impl Run<'_> {
     /// agents use tools.
     async fn workers(&self, stored: &mut Stored) -> Vec<Slot> {
         let options = &self.options;
-        let default = self.deps.models.default_model().to_owned();
+        let default = self
+            .deps
+            .models
+            .default_model()
+            .unwrap_or_default()
+            .to_owned();
         let calls = u64::from(options.num_agents) * u64::from(options.rounds + 1);
         let mut slots = Vec::with_capacity(options.num_agents as usize);
         for index in 0..options.num_agents as usize {

@@ -310,7 +310,8 @@ mod tests {
             (json!({"aggregate": "dice"}), "options.aggregate"),
             (json!({"max_budget_usd": -1}), "options.max_budget_usd"),
             (json!({"options": {"timeout_s": 0}}), "options.timeout_s"),
-            (json!({"nonsense": 1}), "options.nonsense"),
+            (json!({"nonsense": 1}), "nonsense"),
+            (json!({"options": {"nonsense": 1}}), "options.nonsense"),
         ] {
             let err = parse(body.clone()).unwrap_err();
             assert_eq!(err.field, field, "{body}: {err}");

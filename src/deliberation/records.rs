@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::{DeliberationOptions, KIND};
+use crate::model::ModelRegistry;
 use crate::protocol::deliberation::{AgentResult, DeliberationResult, DeliberationStatus};
 use crate::protocol::{Event, EventKind};
 use crate::session::{NewSession, OptionError, Session, SessionError, SessionManager};
@@ -251,7 +252,8 @@ pub async fn remove(
 pub struct Deliberations {
     sessions: Arc<SessionManager>,
     store: Arc<dyn Store>,
-    default_model: String,
+    /// For the models of a pending record's agents.
+    models: Arc<ModelRegistry>,
 }
 
 /// The most a listing returns.
@@ -261,12 +263,12 @@ impl Deliberations {
     pub fn new(
         sessions: Arc<SessionManager>,
         store: Arc<dyn Store>,
-        default_model: String,
+        models: Arc<ModelRegistry>,
     ) -> Deliberations {
         Deliberations {
             sessions,
             store,
-            default_model,
+            models,
         }
     }
 
@@ -307,7 +309,8 @@ impl Deliberations {
             0,
             &task_description,
             &options,
-            &self.default_model,
+            // Known whenever an agent uses it: the options were checked.
+            self.models.default_model().unwrap_or_default(),
         );
         put(self.store.as_ref(), &stored).await?;
         self.sessions

@@ -47,6 +47,16 @@ impl SessionTask for DeliberationTask {
                 OptionError::new(field, e.to_string())
             })?;
         }
+        // Agents that name no model use the default, which may have to be
+        // read from a provider's listing: a deliberation without one is
+        // refused here rather than failing in each of its agents.
+        if options.models.is_empty() {
+            self.deps
+                .models
+                .default_model_now()
+                .await
+                .map_err(|e| OptionError::new("options.models", e.to_string()))?;
+        }
         serde_json::to_value(&options)
             .map_err(|e| SessionError::Internal(format!("storing options: {e}")))
     }

@@ -293,6 +293,8 @@ pub struct StartPipeline {
     /// The pipeline (`connector` by default; see GET /orchestrator/pipelines).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline: Option<String>,
+    /// The service the connector is for (`stripe`); required by the
+    /// `connector` pipeline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connector_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

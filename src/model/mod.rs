@@ -12,6 +12,8 @@
 //! - [`lenient`]: reads tool calls and JSON that small models write loosely
 //!   (used by the small harness, and to read deliberation and pipeline
 //!   answers).
+//! - `listing`: the models an OpenAI-compatible server lists, whose first
+//!   is the default at a base URL other than OpenAI's.
 //! - [`registry`]: model aliases → provider + upstream model name, and prices.
 
 pub mod anthropic;
@@ -19,6 +21,7 @@ pub mod demo;
 pub mod gateway;
 pub(crate) mod http;
 pub mod lenient;
+mod listing;
 pub mod openai;
 pub mod registry;
 
@@ -124,6 +127,11 @@ pub enum ModelError {
     Protocol(String),
     #[error("unknown model '{model}'; known models: {known}")]
     UnknownModel { model: String, known: String },
+    #[error(
+        "no model was named, and the default one is the first that {url} lists, which cannot \
+         be read ({message}); name a model, or set OPENAI_MODEL (or default_model)"
+    )]
+    NoDefaultModel { url: String, message: String },
     #[error("model error: {0}")]
     Upstream(String),
 }
@@ -136,6 +144,7 @@ impl ModelError {
             ModelError::Http { .. } => "model_http_error",
             ModelError::Protocol(_) => "model_protocol_error",
             ModelError::UnknownModel { .. } => "unknown_model",
+            ModelError::NoDefaultModel { .. } => "no_default_model",
             ModelError::Upstream(_) => "model_error",
         }
     }

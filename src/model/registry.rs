@@ -1,4 +1,9 @@
 //! Model aliases, provider instances and the price table.
+//!
+//! A built-in price belongs to its provider: `gpt-4o-mini` costs what
+//! OpenAI charges only at OpenAI's own API, and a local server serving a
+//! model under that name (or any other) has no price unless the config's
+//! `[prices]` gives one, which holds whatever provider serves the name.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,23 +12,40 @@ use std::time::Duration;
 use super::anthropic::AnthropicProvider;
 use super::demo::DemoProvider;
 use super::gateway::GatewayProvider;
+use super::listing::Listing;
 use super::openai::OpenAiProvider;
 use super::{ModelError, ModelProvider, ToolCallMode};
 pub use crate::config::Price;
 use crate::config::{Config, HarnessKind, ModelAlias, ProviderConfig, ProviderKind};
 use crate::gateway::Gateway;
 
-/// Built-in prices; `prices` in the config extends and overrides them.
-const BUILTIN_PRICES: &[(&str, f64, f64)] = &[
-    ("demo", 0.0, 0.0),
-    ("claude-opus-4-1", 15.0, 75.0),
-    ("claude-sonnet-4-5", 3.0, 15.0),
-    ("claude-haiku-4-5", 1.0, 5.0),
-    ("gpt-4o", 2.5, 10.0),
-    ("gpt-4o-mini", 0.15, 0.6),
-    ("gpt-4.1", 2.0, 8.0),
-    ("gpt-4.1-mini", 0.4, 1.6),
+/// Whose price list a provider's names are read in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tariff {
+    Demo,
+    /// OpenAI's own API (`api.openai.com`).
+    OpenAi,
+    /// Anthropic's own API (`api.anthropic.com`).
+    Anthropic,
+    /// Any other server: only `[prices]` prices its names.
+    Own,
+}
+
+/// Built-in prices, each for its provider; `prices` in the config extends
+/// and overrides them.
+const BUILTIN_PRICES: &[(Tariff, &str, f64, f64)] = &[
+    (Tariff::Demo, "demo", 0.0, 0.0),
+    (Tariff::Anthropic, "claude-opus-4-1", 15.0, 75.0),
+    (Tariff::Anthropic, "claude-sonnet-4-5", 3.0, 15.0),
+    (Tariff::Anthropic, "claude-haiku-4-5", 1.0, 5.0),
+    (Tariff::OpenAi, "gpt-4o", 2.5, 10.0),
+    (Tariff::OpenAi, "gpt-4o-mini", 0.15, 0.6),
+    (Tariff::OpenAi, "gpt-4.1", 2.0, 8.0),
+    (Tariff::OpenAi, "gpt-4.1-mini", 0.4, 1.6),
 ];
+
+/// The default model at OpenAI's own API when none is named.
+const OPENAI_DEFAULT: &str = "gpt-4o-mini";
 
 /// Aliases every server knows; config aliases of the same name win.
 const BUILTIN_ALIASES: &[(&str, ProviderKind, &str)] = &[
@@ -31,6 +53,47 @@ const BUILTIN_ALIASES: &[(&str, ProviderKind, &str)] = &[
     ("opus", ProviderKind::Anthropic, "claude-opus-4-1"),
     ("haiku", ProviderKind::Anthropic, "claude-haiku-4-5"),
 ];
+
+impl Tariff {
+    /// The tariff of a provider of `kind` at `base_url`: a provider's own
+    /// prices hold only at its own API, not at a server that speaks its
+    /// protocol (llama-server speaks both).
+    fn of(kind: ProviderKind, base_url: &str) -> Tariff {
+        let host = reqwest::Url::parse(base_url)
+            .ok()
+            .and_then(|url| url.host_str().map(str::to_ascii_lowercase));
+        match (kind, host.as_deref()) {
+            (ProviderKind::Demo, _) => Tariff::Demo,
+            (ProviderKind::Openai, Some("api.openai.com")) => Tariff::OpenAi,
+            (ProviderKind::Anthropic, Some("api.anthropic.com")) => Tariff::Anthropic,
+            _ => Tariff::Own,
+        }
+    }
+
+    fn builtin(self, model: &str) -> Option<Price> {
+        BUILTIN_PRICES
+            .iter()
+            .find(|(tariff, name, _, _)| *tariff == self && *name == model)
+            .map(|(_, _, input, output)| Price {
+                input_per_mtok: *input,
+                output_per_mtok: *output,
+            })
+    }
+}
+
+/// A provider, with the price list its names are read in.
+#[derive(Clone)]
+struct Served {
+    provider: Arc<dyn ModelProvider>,
+    tariff: Tariff,
+}
+
+/// The model a session uses when it names none.
+enum DefaultModel {
+    Named(String),
+    /// The first one the OpenAI-compatible provider lists.
+    Listed(Listing),
+}
 
 /// What a session's model name resolves to.
 #[derive(Clone)]
@@ -53,10 +116,11 @@ pub struct ResolvedModel {
 /// Resolves model names to providers. Built once at start.
 pub struct ModelRegistry {
     aliases: HashMap<String, ResolvedModel>,
-    openai: Option<Arc<dyn ModelProvider>>,
-    anthropic: Option<Arc<dyn ModelProvider>>,
+    openai: Option<Served>,
+    anthropic: Option<Served>,
+    /// The config's `[prices]`, for every provider.
     prices: HashMap<String, Price>,
-    default_model: String,
+    default_model: DefaultModel,
     /// Pool names resolve to the gateway (checked at each resolve: pools
     /// can be added at run time).
     gateway: Option<(Arc<Gateway>, Arc<dyn ModelProvider>)>,
@@ -72,40 +136,26 @@ impl ModelRegistry {
         config: &Config,
         gateway: Option<Arc<Gateway>>,
     ) -> Result<ModelRegistry, ModelError> {
-        let mut prices: HashMap<String, Price> = BUILTIN_PRICES
-            .iter()
-            .map(|(name, input, output)| {
-                (
-                    name.to_string(),
-                    Price {
-                        input_per_mtok: *input,
-                        output_per_mtok: *output,
-                    },
-                )
-            })
-            .collect();
-        prices.extend(config.prices.iter().map(|(k, v)| (k.clone(), *v)));
-
-        let openai = config
-            .openai
-            .as_ref()
-            .map(|p| openai_provider(p))
-            .transpose()?;
+        let prices = config.prices.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let openai = config.openai.as_ref().map(openai_provider).transpose()?;
         let anthropic = config
             .anthropic
             .as_ref()
-            .map(|p| anthropic_provider(p))
+            .map(anthropic_provider)
             .transpose()?;
-        let demo: Arc<dyn ModelProvider> = Arc::new(DemoProvider::new(Duration::from_millis(
-            config.demo.chunk_delay_ms,
-        )));
+        let demo = Served {
+            provider: Arc::new(DemoProvider::new(Duration::from_millis(
+                config.demo.chunk_delay_ms,
+            ))),
+            tariff: Tariff::Demo,
+        };
 
         let mut registry = ModelRegistry {
             aliases: HashMap::new(),
             openai,
             anthropic,
             prices,
-            default_model: String::new(),
+            default_model: DefaultModel::Named(String::new()),
             gateway: gateway.map(|gateway| {
                 let provider: Arc<dyn ModelProvider> =
                     Arc::new(GatewayProvider::new(gateway.clone()));
@@ -122,32 +172,34 @@ impl ModelRegistry {
             let provider = registry.alias_provider(config, spec)?;
             registry.insert(alias, provider, &spec.model, Some(spec));
         }
-        registry.default_model = config
-            .default_model
-            .clone()
-            .or_else(|| {
-                if registry.anthropic.is_some() {
-                    Some("sonnet".into())
-                } else {
-                    config.openai.as_ref().map(|p| {
-                        p.default_model
-                            .clone()
-                            .unwrap_or_else(|| "gpt-4o-mini".into())
-                    })
-                }
-            })
-            .unwrap_or_else(|| "demo".into());
-        registry.resolve(&registry.default_model.clone())?;
+        registry.default_model = registry.choose_default(config)?;
+        if let DefaultModel::Named(name) = &registry.default_model {
+            registry.resolve(name)?;
+        }
         Ok(registry)
     }
 
-    fn insert(
-        &mut self,
-        alias: &str,
-        provider: Arc<dyn ModelProvider>,
-        model: &str,
-        spec: Option<&ModelAlias>,
-    ) {
+    /// `default_model`, else `sonnet` with Anthropic, else the OpenAI
+    /// provider's: the one it names, `gpt-4o-mini` at OpenAI's own API, or
+    /// the first one a server elsewhere lists; else `demo`.
+    fn choose_default(&self, config: &Config) -> Result<DefaultModel, ModelError> {
+        if let Some(name) = &config.default_model {
+            return Ok(DefaultModel::Named(name.clone()));
+        }
+        if self.anthropic.is_some() {
+            return Ok(DefaultModel::Named("sonnet".into()));
+        }
+        let (Some(openai), Some(provider)) = (&self.openai, &config.openai) else {
+            return Ok(DefaultModel::Named("demo".into()));
+        };
+        Ok(match (&provider.default_model, openai.tariff) {
+            (Some(name), _) => DefaultModel::Named(name.clone()),
+            (None, Tariff::OpenAi) => DefaultModel::Named(OPENAI_DEFAULT.into()),
+            (None, _) => DefaultModel::Listed(Listing::new(provider)?),
+        })
+    }
+
+    fn insert(&mut self, alias: &str, served: Served, model: &str, spec: Option<&ModelAlias>) {
         if let Some(spec) = spec {
             for key in spec.deprecated_keys() {
                 tracing::warn!(
@@ -157,15 +209,13 @@ impl ModelRegistry {
             }
         }
         let price = self
-            .prices
-            .get(model)
-            .or_else(|| self.prices.get(alias))
-            .copied();
+            .price(served.tariff, model)
+            .or_else(|| self.price(served.tariff, alias));
         self.aliases.insert(
             alias.to_string(),
             ResolvedModel {
                 name: alias.to_string(),
-                provider,
+                provider: served.provider,
                 upstream_model: model.to_string(),
                 price,
                 tool_call_mode: spec.map_or(ToolCallMode::Native, |s| s.tool_call_mode),
@@ -175,19 +225,26 @@ impl ModelRegistry {
         );
     }
 
-    fn provider_of(&self, kind: ProviderKind) -> Option<Arc<dyn ModelProvider>> {
+    /// `[prices]` first, then the built-in price of the provider's own API.
+    fn price(&self, tariff: Tariff, model: &str) -> Option<Price> {
+        self.prices
+            .get(model)
+            .copied()
+            .or_else(|| tariff.builtin(model))
+    }
+
+    fn provider_of(&self, kind: ProviderKind) -> Option<Served> {
         match kind {
             ProviderKind::Openai => self.openai.clone(),
             ProviderKind::Anthropic => self.anthropic.clone(),
-            ProviderKind::Demo => self.aliases.get("demo").map(|m| m.provider.clone()),
+            ProviderKind::Demo => self.aliases.get("demo").map(|m| Served {
+                provider: m.provider.clone(),
+                tariff: Tariff::Demo,
+            }),
         }
     }
 
-    fn alias_provider(
-        &self,
-        config: &Config,
-        spec: &ModelAlias,
-    ) -> Result<Arc<dyn ModelProvider>, ModelError> {
+    fn alias_provider(&self, config: &Config, spec: &ModelAlias) -> Result<Served, ModelError> {
         let overridden = spec.base_url.is_some() || spec.api_key.is_some();
         match (spec.provider, overridden) {
             (ProviderKind::Openai, true) => openai_provider(&merged(config.openai.as_ref(), spec)),
@@ -200,9 +257,23 @@ impl ModelRegistry {
         }
     }
 
-    /// The model a session uses when it names none.
-    pub fn default_model(&self) -> &str {
-        &self.default_model
+    /// The model a session uses when it names none, as far as it is known
+    /// now: `None` while the provider whose listing names it has not
+    /// answered (see [`ModelRegistry::default_model_now`]).
+    pub fn default_model(&self) -> Option<&str> {
+        match &self.default_model {
+            DefaultModel::Named(name) => Some(name),
+            DefaultModel::Listed(listing) => listing.known(),
+        }
+    }
+
+    /// The model a session uses when it names none, asking the provider
+    /// for its listing when it has not answered yet.
+    pub async fn default_model_now(&self) -> Result<String, ModelError> {
+        match &self.default_model {
+            DefaultModel::Named(name) => Ok(name.clone()),
+            DefaultModel::Listed(listing) => listing.first().await,
+        }
     }
 
     /// An alias, else an upstream name: `claude-*` goes to Anthropic when it
@@ -218,7 +289,7 @@ impl ModelRegistry {
                 name: name.to_string(),
                 provider: provider.clone(),
                 upstream_model: name.to_string(),
-                price: self.prices.get(name).copied(),
+                price: self.price(Tariff::Own, name),
                 tool_call_mode: ToolCallMode::Native,
                 default_tools: None,
                 harness: HarnessKind::Strict,
@@ -229,12 +300,12 @@ impl ModelRegistry {
         } else {
             self.openai.clone()
         };
-        let provider = provider.ok_or_else(|| self.unknown(name))?;
+        let served = provider.ok_or_else(|| self.unknown(name))?;
         Ok(ResolvedModel {
             name: name.to_string(),
-            provider,
+            provider: served.provider,
             upstream_model: name.to_string(),
-            price: self.prices.get(name).copied(),
+            price: self.price(served.tariff, name),
             tool_call_mode: ToolCallMode::Native,
             default_tools: None,
             harness: HarnessKind::Strict,
@@ -292,20 +363,111 @@ fn merged(base: Option<&ProviderConfig>, spec: &ModelAlias) -> ProviderConfig {
     }
 }
 
-fn openai_provider(p: &ProviderConfig) -> Result<Arc<dyn ModelProvider>, ModelError> {
-    Ok(Arc::new(OpenAiProvider::new(
-        &p.base_url,
-        p.api_key.clone(),
-        p.max_retries,
-        Duration::from_secs(p.timeout_s),
-    )?))
+fn openai_provider(p: &ProviderConfig) -> Result<Served, ModelError> {
+    Ok(Served {
+        provider: Arc::new(OpenAiProvider::new(
+            &p.base_url,
+            p.api_key.clone(),
+            p.max_retries,
+            Duration::from_secs(p.timeout_s),
+        )?),
+        tariff: Tariff::of(ProviderKind::Openai, &p.base_url),
+    })
 }
 
-fn anthropic_provider(p: &ProviderConfig) -> Result<Arc<dyn ModelProvider>, ModelError> {
-    Ok(Arc::new(AnthropicProvider::new(
-        &p.base_url,
-        p.api_key.clone(),
-        p.max_retries,
-        Duration::from_secs(p.timeout_s),
-    )?))
+fn anthropic_provider(p: &ProviderConfig) -> Result<Served, ModelError> {
+    Ok(Served {
+        provider: Arc::new(AnthropicProvider::new(
+            &p.base_url,
+            p.api_key.clone(),
+            p.max_retries,
+            Duration::from_secs(p.timeout_s),
+        )?),
+        tariff: Tariff::of(ProviderKind::Anthropic, &p.base_url),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn openai_at(base_url: &str) -> Config {
+        Config {
+            openai: Some(ProviderConfig {
+                base_url: base_url.into(),
+                api_key: None,
+                default_model: None,
+                max_retries: 0,
+                timeout_s: 5,
+            }),
+            ..Config::default()
+        }
+    }
+
+    fn price_of(config: &Config, model: &str) -> Option<Price> {
+        ModelRegistry::from_config(config)
+            .unwrap()
+            .resolve(model)
+            .unwrap()
+            .price
+    }
+
+    #[test]
+    fn a_provider_s_prices_hold_only_at_its_own_api() {
+        let official = Price {
+            input_per_mtok: 0.15,
+            output_per_mtok: 0.6,
+        };
+        let openai = openai_at("https://api.openai.com/v1");
+        assert_eq!(price_of(&openai, "gpt-4o-mini"), Some(official));
+        let local = openai_at("http://127.0.0.1:8081/v1");
+        assert_eq!(price_of(&local, "gpt-4o-mini"), None);
+        assert_eq!(price_of(&local, "claude-sonnet-4-5"), None);
+
+        let mut anthropic = Config {
+            anthropic: local.openai.clone(),
+            ..Config::default()
+        };
+        assert_eq!(
+            price_of(&anthropic, "sonnet"),
+            None,
+            "an Anthropic-speaking server"
+        );
+        anthropic.anthropic.as_mut().unwrap().base_url = "https://api.anthropic.com".into();
+        assert_eq!(
+            price_of(&anthropic, "sonnet").map(|p| p.input_per_mtok),
+            Some(3.0)
+        );
+    }
+
+    #[test]
+    fn config_prices_hold_for_any_provider() {
+        let own = Price {
+            input_per_mtok: 1.0,
+            output_per_mtok: 2.0,
+        };
+        let mut local = openai_at("http://127.0.0.1:8081/v1");
+        local.prices.insert("qwen".into(), own);
+        local.prices.insert("gpt-4o-mini".into(), own);
+        assert_eq!(price_of(&local, "qwen"), Some(own));
+        assert_eq!(price_of(&local, "gpt-4o-mini"), Some(own));
+        assert_eq!(price_of(&local, "other"), None);
+    }
+
+    #[test]
+    fn the_default_model_is_listed_only_at_a_server_elsewhere() {
+        let default = |config: &Config| {
+            ModelRegistry::from_config(config)
+                .unwrap()
+                .default_model()
+                .map(str::to_owned)
+        };
+        assert_eq!(default(&Config::default()).as_deref(), Some("demo"));
+        let openai = openai_at("https://api.openai.com/v1");
+        assert_eq!(default(&openai).as_deref(), Some(OPENAI_DEFAULT));
+        let mut local = openai_at("http://127.0.0.1:8081/v1");
+        assert_eq!(default(&local), None, "read from the server's listing");
+        local.openai.as_mut().unwrap().default_model = Some("qwen".into());
+        assert_eq!(default(&local).as_deref(), Some("qwen"));
+    }
 }

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::engine::{self, Deps};
-use super::{KIND, PipelineOptions, agents, runs};
+use super::{Definition, KIND, PipelineOptions, agents, runs};
 use crate::protocol::SessionKind;
 use crate::session::{OptionError, Outcome, SessionError, SessionTask, Turn};
 use crate::store::StoreError;
@@ -67,6 +67,7 @@ impl SessionTask for PipelineTask {
             )
             .into());
         }
+        check_connector_name(definition, &options)?;
         serde_json::to_value(&options)
             .map_err(|e| SessionError::Internal(format!("storing options: {e}")))
     }
@@ -97,5 +98,37 @@ impl SessionTask for PipelineTask {
             Ok(None) => {}
             Err(e) => tracing::warn!(%session, error = %e, "removing a pipeline run"),
         }
+    }
+}
+
+/// A definition whose state has a `connector_name` with no default (the
+/// built-in connector's does) writes it into its agents' prompts, which
+/// would otherwise ask for a connector to `null`; one without that field
+/// (a triage pipeline of the user's own) needs none.
+fn check_connector_name(
+    definition: &Definition,
+    options: &PipelineOptions,
+) -> Result<(), OptionError> {
+    let needed = definition
+        .state
+        .get("connector_name")
+        .is_some_and(|spec| spec.default.is_none());
+    let given = options
+        .connector_name
+        .as_deref()
+        .or_else(|| options.input.get("connector_name").and_then(Value::as_str));
+    match given {
+        Some(name) if name.trim().is_empty() => {
+            Err(OptionError::new("connector_name", "must not be empty"))
+        }
+        None if needed => Err(OptionError::new(
+            "connector_name",
+            format!(
+                "is required by the {} pipeline (the name of the service to connect, \
+                 e.g. \"stripe\")",
+                definition.name
+            ),
+        )),
+        _ => Ok(()),
     }
 }

@@ -148,6 +148,13 @@ impl Server {
             ModelRegistry::with_gateway(&config, Some(gateway.clone()))
                 .map_err(|e| StartError::Model(e.to_string()))?,
         );
+        // A provider whose listing names the default model is asked now, so
+        // the log says which model that is; one not up yet is no reason to
+        // refuse to start (sandboxes, the bus and named models work without
+        // it), and the first turn that needs the default asks again.
+        if let Err(e) = models.default_model_now().await {
+            tracing::warn!(error = %e, "default model not known yet; asked again at first use");
+        }
         let (tools, sandboxes, mcp): (Arc<dyn ToolRouter>, _, _) = match tools {
             Tools::Custom(router) => (router, None, None),
             Tools::Sandboxed => {
@@ -254,7 +261,7 @@ impl Server {
         let deliberations = Arc::new(Deliberations::new(
             sessions.clone(),
             store.clone(),
-            models.default_model().to_owned(),
+            models.clone(),
         ));
         let pipelines = Arc::new(pipeline::runs::Runs::new(
             sessions.clone(),

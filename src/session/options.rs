@@ -1,7 +1,7 @@
 //! Options of every session kind: accepted nested under `options` or flat
 //! at the top level of a request, with errors that name the option.
 
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned, Visitor};
 use serde_json::{Map, Value};
 
 /// A request field that is wrong, named by its path (`options.max_turns`).
@@ -23,11 +23,17 @@ impl OptionError {
 
 /// Builds a kind's options from a request body: `options` nested, and
 /// every top-level key not in `reserved` taken as a flat option. A key
-/// given both ways must agree. Errors name the option's path.
+/// given both ways must agree. Errors name the option's path; a key that
+/// is neither an option nor one of `reserved` is named where the request
+/// wrote it (`promt`, `options.max_turnz`), with the known name it is
+/// closest to.
 pub fn from_body<T: DeserializeOwned>(
     body: &Map<String, Value>,
     reserved: &[&str],
 ) -> Result<T, OptionError> {
+    if let Some(fields) = fields_of::<T>() {
+        check_names(body, reserved, fields)?;
+    }
     let mut merged = match body.get("options") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(map)) => map.clone(),
@@ -61,4 +67,173 @@ pub fn from_body<T: DeserializeOwned>(
         };
         OptionError::new(field, inner)
     })
+}
+
+/// Refuses the first key that names nothing, at the top level or under
+/// `options` (serde would name it in its message only, and as an option
+/// even when it was a typo of one of the route's own fields).
+fn check_names(
+    body: &Map<String, Value>,
+    reserved: &[&str],
+    fields: &[&str],
+) -> Result<(), OptionError> {
+    let top = fields.iter().chain(reserved).copied().chain(["options"]);
+    if let Some(key) = body.keys().find(|k| !top.clone().any(|known| known == *k)) {
+        return Err(unknown(key.clone(), key, top));
+    }
+    if let Some(Value::Object(nested)) = body.get("options")
+        && let Some(key) = nested.keys().find(|k| !fields.contains(&k.as_str()))
+    {
+        return Err(unknown(
+            format!("options.{key}"),
+            key,
+            fields.iter().copied(),
+        ));
+    }
+    Ok(())
+}
+
+fn unknown<'a>(
+    field: String,
+    key: &str,
+    known: impl Iterator<Item = &'a str> + Clone,
+) -> OptionError {
+    let message = match closest(key, known.clone()) {
+        Some(name) => format!("unknown field; did you mean {name}?"),
+        None => {
+            let mut names: Vec<&str> = known.collect();
+            names.sort_unstable();
+            format!("unknown field; known fields: {}", names.join(", "))
+        }
+    };
+    OptionError::new(field, message)
+}
+
+/// The known name a typo most likely meant: the nearest by edits, when it
+/// is at most two edits (one for short names) away.
+fn closest<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let key = key.to_ascii_lowercase();
+    let limit = if key.chars().count() <= 4 { 1 } else { 2 };
+    known
+        .map(|name| (edits(&key, name), name))
+        .filter(|(distance, _)| *distance <= limit)
+        .min()
+        .map(|(_, name)| name)
+}
+
+/// Levenshtein distance.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The field names of `T` when it deserializes as a struct (as serde's
+/// derive lists them for its own unknown-field message); `None` for a map
+/// or anything else, whose keys serde checks itself.
+fn fields_of<T: DeserializeOwned>() -> Option<&'static [&'static str]> {
+    let mut fields = None;
+    let _ = T::deserialize(FieldNames(&mut fields));
+    fields
+}
+
+/// A deserializer that only records the field list a struct asks for.
+struct FieldNames<'a>(&'a mut Option<&'static [&'static str]>);
+
+impl<'de> de::Deserializer<'de> for FieldNames<'_> {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom("not a struct"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = Some(fields);
+        Err(de::Error::custom("only the field names were asked for"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Options {
+        #[allow(dead_code)]
+        max_turns: Option<u32>,
+    }
+
+    fn refused(body: Value) -> OptionError {
+        let Value::Object(body) = body else {
+            panic!("an object")
+        };
+        from_body::<Options>(&body, &["prompt"]).unwrap_err()
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_where_it_was_written() {
+        let top = refused(json!({"promt": "hi"}));
+        assert_eq!(
+            (top.field.as_str(), top.message.as_str()),
+            ("promt", "unknown field; did you mean prompt?")
+        );
+        let nested = refused(json!({"prompt": "hi", "options": {"max_turnz": 2}}));
+        assert_eq!(
+            (nested.field.as_str(), nested.message.as_str()),
+            (
+                "options.max_turnz",
+                "unknown field; did you mean max_turns?"
+            )
+        );
+        let far = refused(json!({"colour": "red"}));
+        assert_eq!(
+            far.message,
+            "unknown field; known fields: max_turns, options, prompt"
+        );
+        let reserved = refused(json!({"options": {"prompt": "hi"}}));
+        assert_eq!(reserved.field, "options.prompt", "not an option");
+    }
+
+    #[test]
+    fn a_map_s_keys_are_all_options() {
+        let Value::Object(body) = json!({"anything": 1}) else {
+            unreachable!()
+        };
+        let options: Map<String, Value> = from_body(&body, &[]).unwrap();
+        assert_eq!(options["anything"], 1);
+    }
+
+    #[test]
+    fn edits_count_insertions_deletions_and_substitutions() {
+        assert_eq!(edits("promt", "prompt"), 1);
+        assert_eq!(edits("max_turnz", "max_turns"), 1);
+        assert_eq!(edits("", "abc"), 3);
+        assert_eq!(edits("kitten", "sitting"), 3);
+    }
 }

@@ -3,8 +3,25 @@
 // queue and interrupt, and the session's details beside it.
 
 import * as api from './api.js';
-import { h, icon, pill, put, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt, fmtDate, shortId, toast, confirmButton, copyButton, jsonBlock, fmtMs } from './ui.js';
+import { h, icon, pill, put, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt, fmtDate, fmtBytes, fmtPercent, shortId, toast, confirmButton, copyButton, jsonBlock, fmtMs } from './ui.js';
 import { EventLog } from './events.js';
+
+/** A session's sandbox as the sandboxes view shows it: its numbers
+ * formatted (CPU to one decimal, memory in units), what the backend cannot
+ * tell left out. */
+function sandboxProps(sb) {
+  const known = (v) => v !== null && v !== undefined && v !== '';
+  const rows = [
+    ['Backend', sb.backend],
+    ['State', sb.state],
+    ['Image', sb.image],
+    ['CPU', known(sb.cpu_percent) ? fmtPercent(sb.cpu_percent) : null],
+    ['Memory', known(sb.memory_bytes) ? fmtBytes(sb.memory_bytes) : null],
+    ['PIDs', known(sb.pids) ? String(sb.pids) : null],
+  ];
+  return rows.filter(([, v]) => known(v))
+    .flatMap(([k, v]) => [h('dt', null, k), h('dd', { class: 'small', testid: `sandbox-${k.toLowerCase()}` }, String(v))]);
+}
 
 /** A link to the richer view of a pipeline run or a submitted deliberation. */
 function relatedLink(status, id) {
@@ -295,10 +312,10 @@ export function mountChat(main, id, ctx) {
             h('dt', null, 'Output'), h('dd', null, `${fmtTokens(u.output_tokens)} tokens`),
             h('dt', null, 'Model calls'), h('dd', null, fmtInt(u.turns)),
             h('dt', null, 'Tool calls'), h('dd', null, fmtInt(u.tool_calls)))),
-        kind !== 'agent' && !sb ? null : h('div', { class: 'card side-card' }, h('h2', null, 'Sandbox'),
+        kind !== 'agent' && !sb ? null : h('div', { class: 'card side-card', testid: 'sandbox-card' }, h('h2', null, 'Sandbox'),
           sb ? h('dl', { class: 'props' },
             h('dt', null, 'ID'), h('dd', { class: 'mono small', title: sb.id }, shortId(sb.id || sb.sandbox_id, 12)),
-            ...Object.entries(sb).filter(([k]) => k !== 'id' && typeof sb[k] !== 'object').slice(0, 6).flatMap(([k, v]) => [h('dt', null, k), h('dd', { class: 'small' }, String(v))]),
+            ...sandboxProps(sb),
             h('dt', null, ''), h('dd', null, h('a', { href: '/ui/sandboxes' }, 'All sandboxes →')))
             : h('p', { class: 'muted small', style: { marginTop: '8px' } }, 'None yet: one is made at the first tool call.')),
         calls.length ? h('div', { class: 'card side-card' }, h('h2', null, 'Gateway calls'),

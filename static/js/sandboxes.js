@@ -2,7 +2,7 @@
 // and age; destroy one (its session gets a fresh one at its next tool call).
 
 import * as api from './api.js';
-import { h, pill, put, empty, errorBox, loading, fmtAgo, fmtBytes, shortId, toast, confirmButton, reconcile } from './ui.js';
+import { h, pill, put, empty, errorBox, loading, fmtAgo, fmtBytes, fmtPercent, shortId, toast, confirmButton, reconcile } from './ui.js';
 
 export function mount(main, params, ctx) {
   let alive = true;
@@ -39,7 +39,7 @@ export function mount(main, params, ctx) {
 
   const unknown = () => h('span', { class: 'muted', title: 'the backend cannot tell' }, '—');
   const row = (first) => {
-    const cpu = h('td', { class: 'num' });
+    const cpu = h('td', { class: 'num', testid: 'sandbox-cpu' });
     const mem = h('td', { class: 'num' });
     const pids = h('td', { class: 'num hide-sm' });
     const age = h('td', { class: 'hide-sm muted', title: first.created_at || '' });
@@ -59,7 +59,7 @@ export function mount(main, params, ctx) {
         refresh();
       }, { testid: 'destroy', 'aria-label': `Destroy sandbox ${shortId(first.id, 12)}` })));
     tr.__update = (sb) => {
-      put(cpu, sb.cpu_percent === null || sb.cpu_percent === undefined ? unknown() : `${Number(sb.cpu_percent).toFixed(1)} %`);
+      put(cpu, sb.cpu_percent === null || sb.cpu_percent === undefined ? unknown() : fmtPercent(sb.cpu_percent));
       put(mem, sb.memory_bytes === null || sb.memory_bytes === undefined ? unknown() : fmtBytes(sb.memory_bytes));
       put(pids, sb.pids === null || sb.pids === undefined ? unknown() : String(sb.pids));
       age.textContent = sb.created_at ? fmtAgo(sb.created_at).replace(' ago', '') : '—';

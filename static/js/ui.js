@@ -110,6 +110,12 @@ export function fmtMs(ms) {
   return `${m} min ${Math.round((ms % 60000) / 1000)} s`;
 }
 
+/** A percentage to one decimal (`12.3 %`); a backend reports CPU use as a raw float. */
+export function fmtPercent(p) {
+  if (p === undefined || p === null) return '—';
+  return `${Number(p).toFixed(1)} %`;
+}
+
 export function fmtBytes(b) {
   if (b === undefined || b === null) return '—';
   const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];

@@ -5,6 +5,7 @@ answers facts for the JSON line, raising Failure when an expectation does
 not hold.
 """
 
+import re
 import time
 import urllib.parse
 
@@ -377,8 +378,22 @@ def scenario_views(b, args):
     b.wait(lambda: b.css('[data-testid="sandbox-row"]'), 30, "a sandbox row")
     rows = b.css('[data-testid="sandbox-row"]')
     facts["sandboxes"] = len(rows)
-    facts["sandbox_row"] = " ".join(rows[0].text.split())
+    # CPU use shows to one decimal ("0.3 %"), not as the backend's float;
+    # the first sample comes a poll or two after the view opens.
+    rounded = re.compile(r"^\d+\.\d %$")
+    cpu = lambda: b.css('[data-testid="sandbox-row"] [data-testid="sandbox-cpu"]')[0].text.strip()
+    b.wait(lambda: rounded.match(cpu()), 30, "the sandbox's CPU use, rounded")
+    facts["sandbox_cpu"] = cpu()
+    facts["sandbox_row"] = " ".join(b.css('[data-testid="sandbox-row"]')[0].text.split())
     b.shot("sandboxes")
+    # The session's page shows the same sandbox the same way.
+    session = b.css('[data-testid="sandbox-row"]')[0].get_attribute("data-session")
+    if session:
+        b.open(f"/ui/sessions/{session}")
+        shown = b.tid("sandbox-cpu").text.strip()
+        if not rounded.match(shown):
+            raise Failure(f"the session's sandbox card shows CPU as {shown!r}")
+        facts["session_sandbox_cpu"] = shown
 
     b.open("/ui/bus")
     pattern = b.tid("pattern-input")
