@@ -20,7 +20,8 @@ pub struct GatewayConfig {
     /// be: `"public"` (any public address), host names, addresses and
     /// CIDRs. Loopback, private and link-local addresses need an entry;
     /// replicas in this file are the operator's and always allowed. Unset,
-    /// see [`crate::config::Config::allowed_upstreams`].
+    /// public addresses, and loopback ones when the server listens on
+    /// loopback (`Config::allowed_upstreams` in the config module).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_upstreams: Option<Vec<String>>,
 }
