@@ -4,7 +4,10 @@
 //! - [`guard`]: the one middleware before every route: the checks below,
 //!   in order.
 //! - [`access_log`]: one INFO line per request, with its id.
-//! - [`error`]: `ApiError`, the one error every handler returns.
+//! - [`error`]: `ApiError`, the one error every handler returns, and the
+//!   one place the errors of the parts under it map to HTTP statuses.
+//! - [`grpc_error`]: the same for gRPC: those errors as gRPC statuses,
+//!   and a refusal met before a gRPC service in gRPC's form.
 //! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
 //! - [`auth`]: bearer keys, roles and the caller identity.
 //! - [`browser`]: `Host`, `Origin` and content-type checks against web
@@ -34,6 +37,7 @@ pub mod error;
 pub mod extract;
 pub mod gateway;
 pub mod grpc;
+pub mod grpc_error;
 pub mod grpc_orchestrator;
 pub mod guard;
 pub mod mcp;
