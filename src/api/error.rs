@@ -86,12 +86,16 @@ impl ApiError {
             "internal server error; see the server log",
         )
     }
+
+    /// The JSON body: `{"error": {"code", "message"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = (self.status, Json(self.body())).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

@@ -18,6 +18,7 @@
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - `raw_target`: request targets as clients send them (a raw `>` in a
 //!   query).
+//! - `refusal`: the JSON error for requests the HTTP/1 parser refuses.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`dashboard`]: the embedded browser dashboard and its auth calls.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
@@ -44,6 +45,7 @@ pub mod mcp;
 pub mod ops;
 pub mod pipelines;
 mod raw_target;
+mod refusal;
 pub mod rollouts;
 pub mod sandboxes;
 pub mod serve;
