@@ -10,9 +10,11 @@
 //!
 //! - [`protocol`]: the wire format: events and their kinds, usage, result
 //!   status, messages and tool calls, a session's kind, status and record.
-//! - [`api`]: every axum type lives here: router, error mapping (once, in
-//!   `api/error.rs`), NDJSON/SSE and WebSocket transport, auth, the state
-//!   handlers share.
+//! - [`api`]: every axum and tonic type lives here: router, NDJSON/SSE,
+//!   WebSocket and gRPC transport, auth, the state handlers share, and
+//!   the error mapping, one place per transport: every part's errors
+//!   become HTTP statuses in `api/error.rs` and gRPC statuses in
+//!   `api/grpc_error.rs`.
 //! - [`session`]: the machinery every session kind shares: the live session
 //!   (durable event log, streams with replay, interrupt), the turn lock and
 //!   `queue`, the closing `result`, status and usage, turns a crash cut
@@ -42,7 +44,8 @@
 //!   tests and benchmarks, with its own axum app.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
 //!   backends, with the per-session manager and warm pool.
-//! - [`store`]: the durable `Store` trait and its SQLite implementation.
+//! - [`store`]: the durable `Store` trait and its two implementations:
+//!   SQLite (the embedded default) and PostgreSQL (shared by replicas).
 //! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
 //! - [`egress`]: the allow rules for connections a request can make the
 //!   server open (gateway replicas, HTTP MCP servers), checked after DNS.

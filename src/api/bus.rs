@@ -22,7 +22,6 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::ApiQuery;
 use super::state::AppState;
 use super::stream::json_stream;
-use crate::bus::kv::KvError;
 use crate::bus::{BusError, KvChange, Pattern, Since, Subject};
 use crate::store::{Expect, KvEntry, KvWrite};
 
@@ -35,51 +34,6 @@ const LIST_MAX: usize = 10_000;
 /// The caller's bus namespace: its key's hash, or `local` without auth.
 pub fn namespace(caller: &Caller) -> &str {
     caller.owner().unwrap_or("local")
-}
-
-impl From<BusError> for ApiError {
-    fn from(error: BusError) -> ApiError {
-        match error {
-            BusError::Subject(e) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "bad_subject", e.to_string())
-            }
-            BusError::TooLarge { .. } => ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                error.to_string(),
-            ),
-            BusError::Closed => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                error.to_string(),
-            ),
-            BusError::Store(e) => ApiError::internal(e),
-            BusError::Nats(e) => {
-                tracing::error!(error = %e, "the NATS bus failed");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "bus_unavailable",
-                    "the bus is unavailable; see the server log",
-                )
-            }
-        }
-    }
-}
-
-impl From<KvError> for ApiError {
-    fn from(error: KvError) -> ApiError {
-        match error {
-            KvError::BadKey { .. } => {
-                ApiError::new(StatusCode::BAD_REQUEST, "bad_key", error.to_string())
-            }
-            KvError::TooLarge { .. } => ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                error.to_string(),
-            ),
-            KvError::Store(e) => ApiError::internal(e),
-        }
-    }
 }
 
 /// The request body as a JSON payload, checked.

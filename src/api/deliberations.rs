@@ -13,18 +13,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::JsonObject;
 use super::state::AppState;
-use crate::deliberation::records::DeliberationError;
 use crate::protocol::deliberation::DeliberationResult;
-
-impl From<DeliberationError> for ApiError {
-    fn from(error: DeliberationError) -> ApiError {
-        match error {
-            DeliberationError::NotFound(_) => ApiError::not_found(error.to_string()),
-            DeliberationError::Session(e) => e.into(),
-            DeliberationError::Store(e) => ApiError::internal(e),
-        }
-    }
-}
 
 /// `{task_description, role, num_agents = 3, constraints, rounds,
 /// aggregate, models, judge_model, tools, timeout_s, agent_timeout_s,

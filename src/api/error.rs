@@ -1,4 +1,6 @@
-//! One error type for every handler, mapped to a status code once.
+//! One error type for every handler, and the one place where the errors
+//! of the parts under it (sessions, the bus and its KV, the gateway,
+//! deliberations, pipeline runs, rollouts) map to status codes.
 //!
 //! The body is always `{"error": {"code", "message"}}`. 4xx messages say
 //! exactly what was wrong with the request; 5xx messages never carry
@@ -11,6 +13,12 @@ use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use crate::bus::BusError;
+use crate::bus::kv::KvError;
+use crate::deliberation::records::DeliberationError;
+use crate::gateway::GatewayError;
+use crate::pipeline::runs::RunError;
+use crate::rollout::RolloutError;
 use crate::session::SessionError;
 
 #[derive(Debug)]
@@ -78,12 +86,16 @@ impl ApiError {
             "internal server error; see the server log",
         )
     }
+
+    /// The JSON body: `{"error": {"code", "message"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = (self.status, Json(self.body())).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
@@ -123,5 +135,116 @@ impl From<SessionError> for ApiError {
 impl From<crate::session::OptionError> for ApiError {
     fn from(error: crate::session::OptionError) -> ApiError {
         ApiError::invalid(&error.field, &error.message)
+    }
+}
+
+/// The bus: a bad subject or an oversized payload is the caller's; NATS
+/// trouble is answered as unavailable, with the cause in the log.
+impl From<BusError> for ApiError {
+    fn from(error: BusError) -> ApiError {
+        match error {
+            BusError::Subject(e) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_subject", e.to_string())
+            }
+            BusError::TooLarge { .. } => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                error.to_string(),
+            ),
+            BusError::Closed => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                error.to_string(),
+            ),
+            BusError::Store(e) => ApiError::internal(e),
+            BusError::Nats(e) => {
+                tracing::error!(error = %e, "the NATS bus failed");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "bus_unavailable",
+                    "the bus is unavailable; see the server log",
+                )
+            }
+        }
+    }
+}
+
+/// The KV: a bad key or an oversized value is the caller's.
+impl From<KvError> for ApiError {
+    fn from(error: KvError) -> ApiError {
+        match error {
+            KvError::BadKey { .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_key", error.to_string())
+            }
+            KvError::TooLarge { .. } => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                error.to_string(),
+            ),
+            KvError::Store(e) => ApiError::internal(e),
+        }
+    }
+}
+
+/// The gateway: each failure of a pool or its replicas, with its code.
+impl From<GatewayError> for ApiError {
+    fn from(error: GatewayError) -> ApiError {
+        let (status, code) = match &error {
+            GatewayError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            GatewayError::UnknownModel { .. } => (StatusCode::NOT_FOUND, "model_not_found"),
+            GatewayError::NoReplica(_) | GatewayError::EmptyPool(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "no_replica")
+            }
+            GatewayError::UnknownPool(_) => (StatusCode::NOT_FOUND, "not_found"),
+            GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
+            GatewayError::UnknownReplica(_) => (StatusCode::NOT_FOUND, "not_found"),
+            GatewayError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            GatewayError::Paused { .. } => (StatusCode::SERVICE_UNAVAILABLE, "pool_paused"),
+            GatewayError::StillBusy { .. } => (StatusCode::GATEWAY_TIMEOUT, "pool_busy"),
+        };
+        ApiError::new(status, code, error.to_string())
+    }
+}
+
+/// Deliberations.
+impl From<DeliberationError> for ApiError {
+    fn from(error: DeliberationError) -> ApiError {
+        match error {
+            DeliberationError::NotFound(_) => ApiError::not_found(error.to_string()),
+            DeliberationError::Session(e) => e.into(),
+            DeliberationError::Store(e) => ApiError::internal(e),
+        }
+    }
+}
+
+/// Pipeline runs: a run that is not in a state to do what was asked is a
+/// conflict.
+impl From<RunError> for ApiError {
+    fn from(error: RunError) -> ApiError {
+        match error {
+            RunError::NotFound(_) => ApiError::not_found(error.to_string()),
+            RunError::Conflict(..) => {
+                ApiError::new(StatusCode::CONFLICT, "run_conflict", error.to_string())
+            }
+            RunError::Session(e) => e.into(),
+            RunError::Store(e) => ApiError::internal(e),
+        }
+    }
+}
+
+/// Rollouts.
+impl From<RolloutError> for ApiError {
+    fn from(error: RolloutError) -> ApiError {
+        match error {
+            RolloutError::Invalid { field, message } => ApiError::invalid(field, message),
+            RolloutError::UnknownModel(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "model_not_found", error.to_string())
+            }
+            RolloutError::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                error.to_string(),
+            ),
+        }
     }
 }

@@ -16,30 +16,11 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiQuery, JsonObject, RawJsonObject};
 use crate::gateway::pool::ReplicaState;
 use crate::gateway::trace::{OwnerFilter, Trace};
-use crate::gateway::{Call, Endpoint, GatewayError, ReplicaConfig, slug};
+use crate::gateway::{Call, Endpoint, ReplicaConfig, slug};
 
 /// Longest pool, replica or upstream model name accepted.
 const MAX_NAME_BYTES: usize = 256;
 use super::state::AppState;
-
-impl From<GatewayError> for ApiError {
-    fn from(error: GatewayError) -> ApiError {
-        let (status, code) = match &error {
-            GatewayError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            GatewayError::UnknownModel { .. } => (StatusCode::NOT_FOUND, "model_not_found"),
-            GatewayError::NoReplica(_) | GatewayError::EmptyPool(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "no_replica")
-            }
-            GatewayError::UnknownPool(_) => (StatusCode::NOT_FOUND, "not_found"),
-            GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
-            GatewayError::UnknownReplica(_) => (StatusCode::NOT_FOUND, "not_found"),
-            GatewayError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-            GatewayError::Paused { .. } => (StatusCode::SERVICE_UNAVAILABLE, "pool_paused"),
-            GatewayError::StillBusy { .. } => (StatusCode::GATEWAY_TIMEOUT, "pool_busy"),
-        };
-        ApiError::new(status, code, error.to_string())
-    }
-}
 
 #[utoipa::path(post, path = "/v1/chat/completions", request_body(content = Object, description = "An OpenAI chat completion request; `model` names a pool"),
     responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]

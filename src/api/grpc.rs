@@ -1,7 +1,7 @@
 //! The bus over gRPC (`proto/bus.proto`), served on the HTTP listener
 //! (HTTP/2) under `/conclave.bus.v1.Bus/`. The same behaviour as the HTTP
 //! routes: the caller's key picks the namespace, errors map to the
-//! matching status codes.
+//! matching status codes (in `grpc_error`).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -13,9 +13,8 @@ use tonic::{Request, Response, Status};
 use super::auth::Caller;
 use super::bus::namespace;
 use super::state::AppState;
-use crate::bus::kv::KvError;
 use crate::bus::{BusError, Delivery, Pattern, Since, Subject};
-use crate::rollout::{Input, RolloutError, RolloutRequest};
+use crate::rollout::{Input, RolloutRequest};
 use crate::store::{Expect, KvWrite};
 
 /// The code generated from `proto/bus.proto`.
@@ -51,36 +50,6 @@ pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
 
 pub struct GrpcBus {
     state: AppState,
-}
-
-impl From<BusError> for Status {
-    fn from(error: BusError) -> Status {
-        match error {
-            BusError::Subject(e) => Status::invalid_argument(e.to_string()),
-            BusError::TooLarge { .. } => Status::resource_exhausted(error.to_string()),
-            BusError::Closed => Status::unavailable(error.to_string()),
-            BusError::Store(e) => internal(e),
-            BusError::Nats(e) => {
-                tracing::error!(error = %e, "the NATS bus failed");
-                Status::unavailable("the bus is unavailable; see the server log")
-            }
-        }
-    }
-}
-
-impl From<KvError> for Status {
-    fn from(error: KvError) -> Status {
-        match error {
-            KvError::BadKey { .. } => Status::invalid_argument(error.to_string()),
-            KvError::TooLarge { .. } => Status::resource_exhausted(error.to_string()),
-            KvError::Store(e) => internal(e),
-        }
-    }
-}
-
-fn internal(error: impl std::fmt::Display) -> Status {
-    tracing::error!(%error, "internal error");
-    Status::internal("internal server error; see the server log")
 }
 
 fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
@@ -302,12 +271,7 @@ impl BusService for GrpcBus {
         let id = self
             .state
             .rollouts
-            .start(namespace(&caller), caller.owner.clone(), request)
-            .map_err(|e| match e {
-                RolloutError::Invalid { .. } => Status::invalid_argument(e.to_string()),
-                RolloutError::UnknownModel(_) => Status::not_found(e.to_string()),
-                RolloutError::ShuttingDown => Status::unavailable(e.to_string()),
-            })?;
+            .start(namespace(&caller), caller.owner.clone(), request)?;
         Ok(Response::new(proto::RolloutReply {
             rollout_id: id.to_string(),
         }))
@@ -335,35 +299,4 @@ impl BusService for GrpcBus {
             });
         Ok(Response::new(Box::pin(changes)))
     }
-}
-
-/// Gives an error a gRPC request met before its service (auth, the
-/// browser checks, limits) gRPC's form: the status in the headers of an
-/// HTTP 200, with the JSON error's message.
-pub async fn error_as_status(response: axum::response::Response) -> axum::response::Response {
-    if response.status().is_success() {
-        return response;
-    }
-    let status = response.status().as_u16();
-    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let message = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| format!("HTTP {status}"));
-    refusal(status, &message)
-}
-
-fn refusal(status: u16, message: &str) -> axum::response::Response {
-    let status = match status {
-        401 => Status::unauthenticated(message),
-        403 => Status::permission_denied(message),
-        404 => Status::unimplemented(message),
-        413 => Status::resource_exhausted(message),
-        503 => Status::unavailable(message),
-        _ => Status::invalid_argument(message),
-    };
-    let (parts, body) = status.into_http::<tonic::body::Body>().into_parts();
-    axum::response::Response::from_parts(parts, axum::body::Body::new(body))
 }

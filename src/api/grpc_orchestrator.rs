@@ -9,9 +9,7 @@ use uuid::Uuid;
 
 use super::auth::Caller;
 use super::state::AppState;
-use crate::deliberation::records::DeliberationError;
 use crate::protocol::deliberation::{DeliberationResult, DeliberationStatus};
-use crate::session::SessionError;
 
 /// The code generated from `proto/orchestrator.proto`.
 #[allow(
@@ -33,24 +31,6 @@ pub fn service(state: AppState) -> OrchestratorServer<GrpcOrchestrator> {
 
 pub struct GrpcOrchestrator {
     state: AppState,
-}
-
-impl From<DeliberationError> for Status {
-    fn from(error: DeliberationError) -> Status {
-        match error {
-            DeliberationError::NotFound(_) => Status::not_found(error.to_string()),
-            DeliberationError::Session(SessionError::Option(e)) => {
-                Status::invalid_argument(e.to_string())
-            }
-            DeliberationError::Session(SessionError::ShuttingDown) => {
-                Status::unavailable(error.to_string())
-            }
-            other => {
-                tracing::error!(error = %other, "internal error");
-                Status::internal("internal server error; see the server log")
-            }
-        }
-    }
 }
 
 fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {

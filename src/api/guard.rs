@@ -24,7 +24,7 @@ use super::access_log::Line;
 use super::body::BodyLimits;
 use super::browser::{self, BrowserPolicy};
 use super::state::AppState;
-use super::{auth, body, grpc};
+use super::{auth, body, grpc, grpc_error};
 
 /// What the checks need.
 pub struct Guard {
@@ -50,7 +50,7 @@ pub async fn run(State(guard): State<Arc<Guard>>, mut request: Request, next: Ne
         Err(refused) => refused,
     };
     if grpc {
-        response = grpc::error_as_status(response).await;
+        response = grpc_error::error_as_status(response).await;
     }
     if let Some(line) = line {
         line.finish(&response);

@@ -4,7 +4,10 @@
 //! - [`guard`]: the one middleware before every route: the checks below,
 //!   in order.
 //! - [`access_log`]: one INFO line per request, with its id.
-//! - [`error`]: `ApiError`, the one error every handler returns.
+//! - [`error`]: `ApiError`, the one error every handler returns, and the
+//!   one place the errors of the parts under it map to HTTP statuses.
+//! - [`grpc_error`]: the same for gRPC: those errors as gRPC statuses,
+//!   and a refusal met before a gRPC service in gRPC's form.
 //! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
 //! - [`auth`]: bearer keys, roles and the caller identity.
 //! - [`browser`]: `Host`, `Origin` and content-type checks against web
@@ -15,6 +18,7 @@
 //! - [`serve`]: the listener, with connection caps and header deadlines.
 //! - `raw_target`: request targets as clients send them (a raw `>` in a
 //!   query).
+//! - `refusal`: the JSON error for requests the HTTP/1 parser refuses.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`dashboard`]: the embedded browser dashboard and its auth calls.
 //! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
@@ -34,12 +38,14 @@ pub mod error;
 pub mod extract;
 pub mod gateway;
 pub mod grpc;
+pub mod grpc_error;
 pub mod grpc_orchestrator;
 pub mod guard;
 pub mod mcp;
 pub mod ops;
 pub mod pipelines;
 mod raw_target;
+mod refusal;
 pub mod rollouts;
 pub mod sandboxes;
 pub mod serve;

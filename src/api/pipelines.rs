@@ -14,20 +14,6 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::JsonObject;
 use super::state::AppState;
-use crate::pipeline::runs::RunError;
-
-impl From<RunError> for ApiError {
-    fn from(error: RunError) -> ApiError {
-        match error {
-            RunError::NotFound(_) => ApiError::not_found(error.to_string()),
-            RunError::Conflict(..) => {
-                ApiError::new(StatusCode::CONFLICT, "run_conflict", error.to_string())
-            }
-            RunError::Session(e) => e.into(),
-            RunError::Store(e) => ApiError::internal(e),
-        }
-    }
-}
 
 /// `{pipeline = "connector", connector_name, connector_type, input, model,
 /// mock}` → `202 {thread_id, session_id, pipeline, status: "started"}` at

@@ -1,23 +1,26 @@
 //! Request targets as clients send them.
 //!
 //! NATS users write subjects as they are (`sync.>`), and curl, Python's
-//! urllib and a browser's `fetch` send a literal `>` in a query unencoded.
-//! The URI parser under the HTTP server refuses `<`, `>`, `"` and `` ` ``
-//! there, before any route runs, with an empty `400`. [`Targets`] reads
-//! an HTTP/1 connection's bytes as they come in and percent-encodes those
-//! four in each request line's target, which means the same to every
-//! route (queries and paths are percent-decoded when read); bodies pass
-//! untouched. Whatever it cannot follow for certain (HTTP/2, a chunked
-//! body, an upgrade, a line past its bound) it passes through unchanged
-//! from there on, which is what the connection got before.
+//! urllib and a browser's `fetch` send a literal `>` in a query unencoded;
+//! some clients send non-ASCII bytes raw too. The URI parser under the
+//! HTTP server refuses `<`, `>`, `"` and `` ` `` there, and bytes that are
+//! not UTF-8, before any route runs. [`Targets`] reads an HTTP/1
+//! connection's bytes as they come in and percent-encodes those in each
+//! request line's target, which means the same to every route (queries
+//! and paths are percent-decoded when read); bodies pass untouched.
+//! Control characters stay as they are: a target holding one is
+//! malformed, not merely unencoded, and is refused (with the JSON error,
+//! see `refusal`). Whatever it cannot follow for certain (HTTP/2, a
+//! chunked body, an upgrade, a line past its bound) it passes through
+//! unchanged from there on, which is what the connection got before.
 
 /// What the reader is in.
 #[derive(Debug)]
 enum State {
     /// Before or in a request line's method (`len` bytes of it so far).
     Method { len: usize, pri: bool },
-    /// In the request target, up to the space that ends it.
-    Target,
+    /// In the request target, held up to the space that ends it.
+    Target(Vec<u8>),
     /// The rest of the request line.
     Line,
     /// In the headers; `line` holds the current one.
@@ -40,17 +43,22 @@ struct Headers {
 const MAX_LINE: usize = 16 * 1024;
 /// The longest method.
 const MAX_METHOD: usize = 32;
+/// The longest target held; past it the bytes pass as they came, and the
+/// parser refuses the target as too long (its bound is 65,534 bytes).
+const MAX_TARGET: usize = 64 * 1024;
 
 /// Rewrites the targets of one connection's requests.
 #[derive(Debug)]
 pub(super) struct Targets {
     state: State,
+    http2: bool,
 }
 
 impl Default for Targets {
     fn default() -> Self {
         Targets {
             state: State::Method { len: 0, pri: false },
+            http2: false,
         }
     }
 }
@@ -59,6 +67,11 @@ impl Targets {
     /// Whether every later byte passes as it is.
     pub(super) fn is_passthrough(&self) -> bool {
         matches!(self.state, State::Passthrough)
+    }
+
+    /// Whether the connection opened with HTTP/2's preface.
+    pub(super) fn is_http2(&self) -> bool {
+        self.http2
     }
 
     /// Appends `input`, rewritten, to `out`.
@@ -87,8 +100,11 @@ impl Targets {
                         // Blank lines before a request are allowed.
                         b'\r' | b'\n' if *len == 0 => {}
                         // HTTP/2's preface (`PRI * HTTP/2.0`).
-                        b' ' if *pri => self.state = State::Passthrough,
-                        b' ' if *len > 0 => self.state = State::Target,
+                        b' ' if *pri => {
+                            self.http2 = true;
+                            self.state = State::Passthrough;
+                        }
+                        b' ' if *len > 0 => self.state = State::Target(Vec::new()),
                         b'A'..=b'Z' | b'a'..=b'z' | b'-' | b'_' if *len < MAX_METHOD => {
                             *pri = (*len == 0 && byte == b'P')
                                 || (*pri
@@ -99,23 +115,27 @@ impl Targets {
                         _ => self.state = State::Passthrough,
                     }
                 }
-                State::Target => {
+                State::Target(target) => {
                     let byte = input[at];
                     at += 1;
                     match byte {
-                        b'<' | b'>' | b'"' | b'`' => {
-                            out.extend_from_slice(format!("%{byte:02X}").as_bytes());
-                        }
                         b' ' => {
+                            encode(target, out);
                             out.push(byte);
                             self.state = State::Line;
                         }
                         b'\r' | b'\n' => {
                             // HTTP/0.9 or garbage: not ours to follow.
+                            out.extend_from_slice(target);
                             out.push(byte);
                             self.state = State::Passthrough;
                         }
-                        _ => out.push(byte),
+                        _ if target.len() >= MAX_TARGET => {
+                            out.extend_from_slice(target);
+                            out.push(byte);
+                            self.state = State::Passthrough;
+                        }
+                        _ => target.push(byte),
                     }
                 }
                 State::Line => {
@@ -159,6 +179,34 @@ impl Targets {
             }
         }
     }
+}
+
+/// Appends `target` to `out` with what the URI parser refuses but means
+/// one thing percent-encoded: `<`, `>`, `"`, `` ` `` and each byte of a
+/// sequence that is not UTF-8. UTF-8 passes as it is (the parser takes
+/// it), and so do control characters, which no client sends unencoded in
+/// a well-formed target.
+fn encode(target: &[u8], out: &mut Vec<u8>) {
+    for chunk in target.utf8_chunks() {
+        for byte in chunk.valid().bytes() {
+            match byte {
+                b'<' | b'>' | b'"' | b'`' => percent(byte, out),
+                _ => out.push(byte),
+            }
+        }
+        for byte in chunk.invalid() {
+            percent(*byte, out);
+        }
+    }
+}
+
+fn percent(byte: u8, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.extend_from_slice(&[
+        b'%',
+        HEX[usize::from(byte >> 4)],
+        HEX[usize::from(byte & 0xF)],
+    ]);
 }
 
 impl Headers {
@@ -243,6 +291,32 @@ mod tests {
         }
         let mut targets = Targets::default();
         targets.feed(b"PRI * HTTP/2.0\r\n", &mut Vec::new());
+        assert!(targets.is_passthrough() && targets.is_http2());
+        let mut targets = Targets::default();
+        targets.feed(
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            &mut Vec::new(),
+        );
+        assert!(targets.is_passthrough() && !targets.is_http2());
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_encoded_and_utf8_and_controls_kept() {
+        let input = b"GET /a/{b|c}^\xc3\xa9?q=\xff\xc3x&r=\xe2\x82\xac<\x01 HTTP/1.1\r\n\r\n";
+        let expected = b"GET /a/{b|c}^\xc3\xa9?q=%FF%C3x&r=\xe2\x82\xac%3C\x01 HTTP/1.1\r\n\r\n";
+        assert_eq!(rewrite(input), expected);
+        let parsed: http::Uri = "/a?q=%FF%C3x".parse().unwrap();
+        assert_eq!(parsed.query(), Some("q=%FF%C3x"));
+    }
+
+    #[test]
+    fn a_target_past_its_bound_passes_as_it_came() {
+        let target = format!("/{}>", "a".repeat(MAX_TARGET));
+        let input = format!("GET {target} HTTP/1.1\r\n\r\nGET /> HTTP/1.1\r\n\r\n");
+        let mut targets = Targets::default();
+        let mut out = Vec::new();
+        targets.feed(input.as_bytes(), &mut out);
+        assert_eq!(out, input.as_bytes());
         assert!(targets.is_passthrough());
     }
 }

@@ -13,23 +13,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::JsonObject;
 use super::state::AppState;
 use crate::bus::Subject;
-use crate::rollout::{Input, RolloutError, RolloutRequest};
-
-impl From<RolloutError> for ApiError {
-    fn from(error: RolloutError) -> ApiError {
-        match error {
-            RolloutError::Invalid { field, message } => ApiError::invalid(field, message),
-            RolloutError::UnknownModel(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "model_not_found", error.to_string())
-            }
-            RolloutError::ShuttingDown => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                error.to_string(),
-            ),
-        }
-    }
-}
+use crate::rollout::{Input, RolloutRequest};
 
 /// Sampling parameters a rollout passes on.
 const SAMPLING: [&str; 6] = [

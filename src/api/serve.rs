@@ -12,7 +12,9 @@
 //!
 //! Each HTTP/1 request line's target is read as clients send it: a raw
 //! `>` (a NATS subject in a query) is percent-encoded before the parser
-//! refuses it (see `raw_target`).
+//! refuses it (see `raw_target`). A request the parser refuses all the
+//! same gets the server's JSON error, not hyper's empty one (see
+//! `refusal`).
 //!
 //! A connection's slot lives as long as its socket, an upgraded WebSocket's
 //! too. On shutdown the listener closes, each connection finishes its
@@ -28,6 +30,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::raw_target::Targets;
+use super::refusal::{Refusals, SharedExchanges, Watched, Write};
 use crate::sync::lock;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -161,8 +164,9 @@ fn acquire(slots: &Arc<Mutex<Slots>>, limits: &Limits, client: IpAddr) -> Option
     })
 }
 
-/// A socket that holds its slot for as long as it lives, and reads its
-/// requests' targets as clients send them ([`Targets`]).
+/// A socket that holds its slot for as long as it lives, reads its
+/// requests' targets as clients send them ([`Targets`]) and answers the
+/// requests hyper refuses in JSON ([`Refusals`]).
 struct Counted {
     stream: TcpStream,
     _slot: Slot,
@@ -170,6 +174,48 @@ struct Counted {
     /// Rewritten bytes not yet read, from `read_at` on.
     rewritten: Vec<u8>,
     read_at: usize,
+    refusals: Refusals,
+    exchanges: SharedExchanges,
+}
+
+impl Counted {
+    fn new(stream: TcpStream, slot: Slot, exchanges: SharedExchanges) -> Counted {
+        Counted {
+            stream,
+            _slot: slot,
+            targets: Targets::default(),
+            rewritten: Vec::new(),
+            read_at: 0,
+            refusals: Refusals::default(),
+            exchanges,
+        }
+    }
+
+    /// What becomes of a write starting with `buf`, once what [`Refusals`]
+    /// holds back is sent.
+    fn poll_judge(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<Write>> {
+        if self.refusals.is_passthrough() {
+            return Poll::Ready(Ok(Write::Pass));
+        }
+        std::task::ready!(self.poll_pending(cx))?;
+        let (exchanges, http2) = (&self.exchanges, self.targets.is_http2());
+        Poll::Ready(Ok(self.refusals.write(buf, || (*lock(exchanges), http2))))
+    }
+
+    /// Sends what [`Refusals`] has to send before anything else.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let pending = self.refusals.pending();
+            if pending.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            let n = std::task::ready!(Pin::new(&mut self.stream).poll_write(cx, pending))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.refusals.sent(n);
+        }
+    }
 }
 
 impl AsyncRead for Counted {
@@ -209,15 +255,30 @@ impl AsyncWrite for Counted {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let this = &mut *self;
+        match std::task::ready!(this.poll_judge(cx, buf))? {
+            Write::Pass => Pin::new(&mut this.stream).poll_write(cx, buf),
+            Write::Held(n) => Poll::Ready(Ok(n)),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let this = &mut *self;
+        if this.refusals.is_passthrough() {
+            return Pin::new(&mut this.stream).poll_flush(cx);
+        }
+        this.refusals.flushing();
+        std::task::ready!(this.poll_pending(cx))?;
+        std::task::ready!(Pin::new(&mut this.stream).poll_flush(cx))?;
+        this.refusals.flushed(*lock(&this.exchanges));
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        let this = &mut *self;
+        this.refusals.flushing();
+        std::task::ready!(this.poll_pending(cx))?;
+        Pin::new(&mut this.stream).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -225,7 +286,17 @@ impl AsyncWrite for Counted {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        // A write is judged by where it starts: passed, it goes whole; held,
+        // only its first slice is taken.
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(&[][..], |b| &**b);
+        match std::task::ready!(this.poll_judge(cx, first))? {
+            Write::Pass => Pin::new(&mut this.stream).poll_write_vectored(cx, bufs),
+            Write::Held(n) => Poll::Ready(Ok(n)),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -290,13 +361,9 @@ pub async fn serve(
                 tracing::debug!("connection closed: nothing sent within the header deadline");
                 return;
             }
-            let io = TokioIo::new(Counted {
-                stream,
-                _slot: slot,
-                targets: Targets::default(),
-                rewritten: Vec::new(),
-                read_at: 0,
-            });
+            let exchanges = SharedExchanges::default();
+            let io = TokioIo::new(Counted::new(stream, slot, exchanges.clone()));
+            let service = Watched::new(TowerToHyperService::new(service), exchanges);
             // HTTP/1.1, or HTTP/2 with prior knowledge (gRPC clients).
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
@@ -308,8 +375,7 @@ pub async fn serve(
                 .http2()
                 .timer(TokioTimer::new())
                 .keep_alive_interval(Some(H2_PING_EVERY));
-            let connection =
-                builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
+            let connection = builder.serve_connection_with_upgrades(io, service);
             tokio::pin!(connection);
             let served = tokio::select! {
                 served = connection.as_mut() => served,
