@@ -230,6 +230,11 @@ async fn round_through_session_logs(store: &Arc<dyn Store>) -> anyhow::Result<f6
             tools: Arc::new(NoTools),
             config: config.agent.clone(),
             metrics: metrics.clone(),
+            approvals: Arc::new(conclave::session::approvals::Approvals::new(
+                store.clone(),
+                None,
+            )),
+            hooks: Arc::new(conclave::agent::hook::Hooks::new(&[])),
         },
         config.mcp.clone(),
     );

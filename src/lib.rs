@@ -77,6 +77,7 @@ pub mod locate;
 pub mod mcp;
 pub mod model;
 pub mod operator;
+pub mod permission;
 pub mod pipeline;
 pub mod prefix;
 pub mod protocol;

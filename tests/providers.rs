@@ -86,6 +86,7 @@ fn tool(name: &str) -> ToolSpec {
         name: name.into(),
         description: format!("Runs {name}."),
         input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+        read_only: false,
     }
 }
 

@@ -62,6 +62,7 @@ impl ToolRouter for Readings {
             input_schema: json!({"type": "object", "properties": {
                 "command": {"type": "string"}
             }, "required": ["command"]}),
+            read_only: false,
         }]
     }
 

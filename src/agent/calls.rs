@@ -9,6 +9,7 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::approve::{self, Gate, Gated};
 use super::coerce::coerce;
 use super::harness::{Harness, Say};
 use super::tools::{ToolChunk, ToolContext, ToolOutput};
@@ -71,7 +72,7 @@ fn offered_name<'a>(name: &str, tools: &'a [ToolSpec]) -> Option<&'a str> {
 
 /// The offered tool a call names, with its arguments checked against that
 /// tool's schema; or why it cannot run.
-fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<ToolCall, String> {
+pub(super) fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<ToolCall, String> {
     let Some(spec) =
         offered_name(&call.name, tools).and_then(|name| tools.iter().find(|t| t.name == name))
     else {
@@ -143,7 +144,7 @@ pub(super) async fn run_tools(
     deps: &TurnDeps,
     session: &Arc<Session>,
     ctx: &ToolContext,
-    tools: &[ToolSpec],
+    (tools, gate): (&[ToolSpec], &Gate),
     harness: &mut Harness,
     calls: &[ToolCall],
     cancel: &CancellationToken,
@@ -172,6 +173,18 @@ pub(super) async fn run_tools(
         })
         .collect();
     tell(session, &mut said)?;
+    // The permissions see each call as it will run, one after another: a
+    // person decides one call at a time.
+    let mut plans = plans;
+    for plan in &mut plans {
+        let Plan::Run(call, _) = plan else {
+            continue;
+        };
+        match approve::gate(deps, session, gate, call.clone(), tools, cancel).await? {
+            Gated::Run(checked) => *call = checked,
+            Gated::Refused(why) => *plan = Plan::Refused(why),
+        }
+    }
     // Boxed with their type spelled out: the stream of borrowing futures
     // must stay `Send` for the session task.
     type Running<'a> = std::pin::Pin<
@@ -406,6 +419,7 @@ mod tests {
             name: name.into(),
             description: String::new(),
             input_schema: serde_json::json!({"type": "object"}),
+            read_only: false,
         }
     }
 

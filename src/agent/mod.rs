@@ -5,21 +5,26 @@
 //!   its options checked before the session exists, its turns.
 //! - [`turn`]: the agent loop.
 //! - [`calls`]: a turn's tool calls, from a reply to their results.
+//! - [`approve`]: whether a call runs, or waits for a decision.
+//! - [`hook`]: the HTTP hook asked before a call waits for a person.
 //! - [`coerce`]: tool arguments brought to the tool's schema.
 //! - [`options`]: the agent's options, validated.
 //! - [`prompts`]: what a turn says to the model beyond the session's
 //!   messages: the default system prompt, the asks for an answer or a fix.
 //! - [`tools`]: the `ToolRouter` seam to whatever executes tools.
 
+pub mod approve;
 pub mod calls;
 pub mod coerce;
 pub mod harness;
+pub mod hook;
 pub mod options;
 pub mod prompts;
 pub mod task;
 pub mod tools;
 pub mod turn;
 
+pub use harness::READ_ONLY_TOOLS;
 pub use options::{AgentOptions, McpServerSpec};
 pub use task::AgentTask;
 pub use tools::{NoTools, ToolChunk, ToolContext, ToolOutput, ToolRouter};

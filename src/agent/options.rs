@@ -52,6 +52,11 @@ pub struct AgentOptions {
     /// External MCP servers by name; their tools become `mcp__{name}__{tool}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp_servers: Option<BTreeMap<String, McpServerSpec>>,
+    /// Which tool calls wait for a person's decision (`mode`, `allow`,
+    /// `deny`, `hook_url`, `approval_timeout_s`); the server's
+    /// `[agent.permissions]` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<crate::permission::Permissions>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -151,6 +156,11 @@ impl AgentOptions {
             && model.trim().is_empty()
         {
             return Err(OptionError::new("options.model", "must not be empty"));
+        }
+        if let Some(permissions) = &self.permissions {
+            permissions
+                .validate("options.permissions")
+                .map_err(|e| OptionError::new(e.field, e.message))?;
         }
         Ok(())
     }

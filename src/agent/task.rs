@@ -38,6 +38,18 @@ impl AgentTask {
         }
         self.deps.tools.check_options(options).await?;
         let rules = crate::egress::Rules::parse(&self.mcp.allowed_http_servers).unwrap_or_default();
+        if let Some(url) = options
+            .permissions
+            .as_ref()
+            .and_then(|p| p.hook_url.as_ref())
+        {
+            rules.check_url(url).await.map_err(|e| {
+                OptionError::new(
+                    "options.permissions.hook_url",
+                    format!("{e} (mcp.allowed_http_servers)"),
+                )
+            })?;
+        }
         for (name, spec) in options.mcp_servers.iter().flatten() {
             match spec {
                 McpServerSpec::Http { url, .. } => {
@@ -103,5 +115,8 @@ impl SessionTask for AgentTask {
 
     async fn delete(&self, session: Uuid) {
         self.deps.tools.delete(session).await;
+        if let Err(e) = self.deps.approvals.forget_rules(session).await {
+            tracing::warn!(%session, error = %e, "the session's remembered permission rules stay stored");
+        }
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::approve::Gate;
 use super::calls::{bound_calls, run_tools, tell};
 use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Reply, Say};
 use super::options::AgentOptions;
@@ -17,7 +18,8 @@ use crate::config::AgentConfig;
 use crate::model::{
     ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall, ToolSpec,
 };
-use crate::protocol::{EventKind, ResultStatus};
+use crate::permission::PLAN_NOTE;
+use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{Metrics, ModelLabel};
@@ -29,6 +31,10 @@ pub struct TurnDeps {
     pub tools: Arc<dyn ToolRouter>,
     pub config: AgentConfig,
     pub metrics: Arc<Metrics>,
+    /// Calls that wait for a decision.
+    pub approvals: Arc<crate::session::approvals::Approvals>,
+    /// The permission hooks' client, under the MCP servers' allow list.
+    pub hooks: Arc<super::hook::Hooks>,
 }
 
 /// Runs one turn on `prompt`: its events up to (not including) the
@@ -122,10 +128,17 @@ async fn agent_loop(
         )
         .collect();
     let max_calls = options.max_turns.unwrap_or(deps.config.max_turns);
-    let system = options
+    let gate = Gate::new(&deps.config, options, session.owner.as_deref());
+    let mut system = options
         .system_prompt
         .clone()
         .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
+    if gate.plans() {
+        system = Some(match system {
+            Some(prompt) => format!("{prompt}\n\n{PLAN_NOTE}"),
+            None => PLAN_NOTE.to_string(),
+        });
+    }
     let mut harness = Harness::new(model.harness, model.tool_call_mode);
     let mut said = Say::new();
     // Kept by the session between turns, and shared with each model call
@@ -233,8 +246,16 @@ async fn agent_loop(
             }
             let batch = &calls[i..i + batch_len(&calls[i..], options)];
             i += batch.len();
-            let answered =
-                run_tools(deps, session, &ctx, &tools, &mut harness, batch, cancel).await?;
+            let answered = run_tools(
+                deps,
+                session,
+                &ctx,
+                (&tools, &gate),
+                &mut harness,
+                batch,
+                cancel,
+            )
+            .await?;
             let mut answer = None;
             for call in answered {
                 tally.usage.tool_calls += 1;
@@ -434,15 +455,52 @@ async fn close_calls(
 }
 
 /// Answers the tool calls a crash left without results, so the history
-/// stays valid for the next turn.
+/// stays valid for the next turn. A call that was waiting for a decision
+/// is denied by the restart, and a `status` event lists it: the turn is
+/// not resumed (what the model was told and had run before the crash is
+/// in the history; a new message starts from there).
 pub(super) async fn close_cut_off(
     deps: &TurnDeps,
     session: &Arc<Session>,
 ) -> Result<(), StoreError> {
+    let owner = session.owner.as_deref();
+    let waiting = deps.approvals.of_session(owner, session.id).await?;
+    for pending in &waiting {
+        session.emit(EventKind::ApprovalDecided {
+            call_id: pending.call_id.clone(),
+            decision: Approval::Deny,
+            by: "restart".into(),
+            message: Some("the server restarted while the call waited".into()),
+            input: None,
+            remembered: None,
+        })?;
+    }
+    if !waiting.is_empty() {
+        let listed: Vec<String> = waiting
+            .iter()
+            .map(|p| format!("{} ({} {})", p.call_id, p.tool, p.input))
+            .collect();
+        session.emit(EventKind::Status {
+            message: format!(
+                "The server restarted while {} call(s) waited for approval: {}. They did not run; \
+                 send a message to go on.",
+                waiting.len(),
+                listed.join(", ")
+            ),
+        })?;
+    }
+    deps.approvals.clear(owner, session.id).await?;
     let mut history = deps.store.messages(session.id).await?;
     let pending: Vec<ToolCall> = match history.last() {
         Some(Message::Assistant { tool_calls, .. }) => tool_calls.clone(),
         _ => Vec::new(),
     };
-    close_calls(deps, session, &pending, &mut history, STOPPED).await
+    let (asked, others): (Vec<ToolCall>, Vec<ToolCall>) = pending
+        .into_iter()
+        .partition(|call| waiting.iter().any(|p| p.call_id == call.id));
+    close_calls(deps, session, &others, &mut history, STOPPED).await?;
+    close_calls(deps, session, &asked, &mut history, RESTARTED_WAITING).await
 }
+
+/// The result of a call that waited for approval when the server stopped.
+const RESTARTED_WAITING: &str = "not run: the server restarted while the call waited for approval";

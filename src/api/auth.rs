@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::Request;
-use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::state::AppState;
@@ -99,7 +98,7 @@ impl Keys {
 }
 
 fn hash(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
+    crate::config::key_owner(key)
 }
 
 /// The token of an `Authorization: Bearer TOKEN` value; the scheme is

@@ -21,12 +21,13 @@
 //! - `refusal`: the JSON error for requests the HTTP/1 parser refuses.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`dashboard`]: the embedded browser dashboard and its auth calls.
-//! - [`agent`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
+//! - [`agent`], [`approvals`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
 //!   [`bus`], [`bus_ws`], [`grpc`], [`grpc_orchestrator`], [`rollouts`],
 //!   [`deliberations`], [`pipelines`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
+pub mod approvals;
 pub mod auth;
 pub mod body;
 pub mod browser;
@@ -71,7 +72,7 @@ use state::AppState;
     info(title = "Conclave", description = "Streaming agent server with sandbox isolation"),
     paths(
         agent::run, agent::create_session, agent::message, agent::interrupt, agent::status,
-        agent::events, agent::delete, agent::list, ws::upgrade, ops::health, ops::ready, ops::metrics, ops::openapi,
+        agent::events, agent::delete, agent::list, approvals::post, approvals::list, ws::upgrade, ops::health, ops::ready, ops::metrics, ops::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
@@ -132,6 +133,11 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/session/{id}/events", get(agent::events))
         .route("/agent/session/{id}", delete(agent::delete))
         .route("/agent/sessions", get(agent::list))
+        .route(
+            "/agent/session/{id}/approvals/{call_id}",
+            post(approvals::post),
+        )
+        .route("/agent/approvals", get(approvals::list))
         .route("/agent/ws", get(ws::upgrade))
         .route("/v1/chat/completions", post(gateway::chat))
         .route("/v1/completions", post(gateway::completions))

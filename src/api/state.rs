@@ -61,6 +61,8 @@ pub struct Shared {
     pub deliberations: Arc<crate::deliberation::Deliberations>,
     /// Pipeline runs: start, status, history, resume, cancel.
     pub pipelines: Arc<crate::pipeline::runs::Runs>,
+    /// Tool calls that wait for a decision.
+    pub approvals: Arc<crate::session::approvals::Approvals>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

@@ -1,6 +1,8 @@
 //! `GET /agent/ws?session_id=ID[&since=SEQ]`: the session's events out,
-//! `{"type":"message","prompt":…}` and `{"type":"interrupt"}` in (the
-//! latter answered `{"type":"interrupted","interrupted":bool}`).
+//! `{"type":"message","prompt":…}`, `{"type":"interrupt"}` and
+//! `{"type":"approval","call_id":…,"decision":…}` in (answered
+//! `{"type":"interrupted","interrupted":bool}` and `{"type":
+//! "approval_sent",…}`, or an `error` frame).
 //!
 //! A reader loop and a writer task under `select!`; the writer forwards the
 //! session's events (replayed from `since`, then live) and the replies to
@@ -68,7 +70,7 @@ pub async fn upgrade(
         .read_buffer_size(READ_BUFFER)
         .write_buffer_size(0)
         .max_message_size(MAX_MESSAGE)
-        .on_upgrade(move |socket| serve(socket, state, session, since)))
+        .on_upgrade(move |socket| serve(socket, state, caller, session, since)))
 }
 
 /// What the reader hands the writer besides the session's events.
@@ -81,7 +83,13 @@ enum Reply {
 /// RFC 6455: a message too big to process.
 const CLOSE_TOO_BIG: u16 = 1009;
 
-async fn serve(socket: WebSocket, state: AppState, session: Arc<Session>, since: u64) {
+async fn serve(
+    socket: WebSocket,
+    state: AppState,
+    caller: Caller,
+    session: Arc<Session>,
+    since: u64,
+) {
     state.metrics.websocket_connections.inc();
     let (mut sink, mut incoming) = socket.split();
     let (replies, mut reply_rx) = mpsc::channel::<Reply>(16);
@@ -124,7 +132,7 @@ async fn serve(socket: WebSocket, state: AppState, session: Arc<Session>, since:
     let reader = async {
         while let Some(frame) = incoming.next().await {
             let reply = match frame {
-                Ok(Message::Text(text)) => handle_frame(&state, &session, &text)
+                Ok(Message::Text(text)) => handle_frame(&state, &caller, &session, &text)
                     .await
                     .map(Reply::Frame),
                 Ok(Message::Binary(_)) => Some(Reply::Frame(bad_frame(
@@ -172,17 +180,50 @@ fn bad_frame(session_id: uuid::Uuid, message: String) -> Value {
 
 /// Acts on one client frame; returns a reply frame when there is one to send.
 /// Replies are not part of the event log, so they carry no `seq`.
-async fn handle_frame(state: &AppState, session: &Arc<Session>, text: &str) -> Option<Value> {
+async fn handle_frame(
+    state: &AppState,
+    caller: &Caller,
+    session: &Arc<Session>,
+    text: &str,
+) -> Option<Value> {
     let error = |code: &str, message: String| {
         Some(json!({"type": "error", "session_id": session.id, "code": code, "message": message}))
     };
+    if let Ok(Value::Object(mut frame)) = serde_json::from_str::<Value>(text)
+        && frame.get("type").and_then(Value::as_str) == Some("approval")
+    {
+        frame.remove("type");
+        let Some(Value::String(call_id)) = frame.remove("call_id") else {
+            return error("invalid_request", "call_id: a string is required".into());
+        };
+        let decided = match super::approvals::parse_decision(Value::Object(frame)) {
+            Ok(decision) => {
+                let verdict = decision.decision;
+                super::approvals::decide(state, caller, session, &call_id, decision)
+                    .await
+                    .map(|()| verdict)
+            }
+            Err(e) => Err(e),
+        };
+        // Answered as `POST …/approvals/{call_id}` is.
+        return match decided {
+            Ok(verdict) => Some(json!({
+                "type": "approval_sent",
+                "session_id": session.id,
+                "call_id": call_id,
+                "decision": verdict,
+            })),
+            Err(e) => error(e.code, e.message),
+        };
+    }
     let frame: ClientFrame = match serde_json::from_str(text) {
         Ok(frame) => frame,
         Err(e) => {
             return error(
                 "bad_frame",
                 format!(
-                    "expected {{\"type\":\"message\",\"prompt\":…}} or {{\"type\":\"interrupt\"}}: {e}"
+                    "expected {{\"type\":\"message\",\"prompt\":…}}, {{\"type\":\"interrupt\"}} \
+                     or {{\"type\":\"approval\",\"call_id\":…,\"decision\":…}}: {e}"
                 ),
             );
         }

@@ -28,6 +28,13 @@ use serde::{Deserialize, Deserializer, Serialize};
 mod sections;
 mod validate;
 pub use sections::*;
+
+/// Who a key is to the server: its SHA-256, hex; sessions, traces and
+/// approvals belong to it.
+pub fn key_owner(key: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(key.trim().as_bytes()))
+}
 use sections::{default_retries, default_timeout_s};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -301,6 +301,10 @@ pub struct AgentConfig {
     /// rest are dropped with a note (a weak model may repeat one call until
     /// its tokens run out).
     pub max_tool_calls_per_reply: u32,
+    /// Which tool calls wait for a decision: the default policy of
+    /// sessions that set no `permissions`, and per API key a policy its
+    /// sessions cannot loosen.
+    pub permissions: crate::permission::ServerPermissions,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -426,6 +430,7 @@ impl Default for AgentConfig {
             status_interval_ms: 5000,
             ephemeral_retention_s: 24 * 3600,
             max_tool_calls_per_reply: 8,
+            permissions: crate::permission::ServerPermissions::default(),
         }
     }
 }

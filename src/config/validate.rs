@@ -46,6 +46,26 @@ impl Config {
                 ));
             }
         }
+        let permissions = &self.agent.permissions;
+        permissions
+            .default_policy()
+            .validate("agent.permissions")
+            .map_err(|e| field(&e.field, e.message))?;
+        for (i, (key, policy)) in permissions.keys.iter().enumerate() {
+            // The key itself is a secret: errors name its place, not it.
+            let at = format!("agent.permissions.keys[{i}]");
+            if !self
+                .api_keys
+                .iter()
+                .chain(&self.admin_keys)
+                .any(|k| k.trim() == key.trim())
+            {
+                return Err(field(&at, "is not one of api_keys or admin_keys".into()));
+            }
+            policy
+                .validate(&at)
+                .map_err(|e| field(&e.field, e.message))?;
+        }
         if let Some(i) = self.allowed_hosts.iter().position(|h| h.trim().is_empty()) {
             return Err(field(
                 &format!("allowed_hosts[{i}]"),

@@ -77,6 +77,7 @@ fn spec(name: &str, description: &str, input_schema: Value) -> ToolSpec {
         name: name.into(),
         description: description.into(),
         input_schema,
+        read_only: crate::agent::READ_ONLY_TOOLS.contains(&name),
     }
 }
 

@@ -178,10 +178,17 @@ impl ExternalServers {
         let mut offered = Vec::new();
         for name in specs.keys() {
             match self.connected(session, specs, name).await {
-                Ok(connected) => offered.extend(connected.tools.iter().map(|tool| ToolSpec {
-                    name: format!("mcp__{name}__{}", tool.name),
-                    description: tool.description.clone().unwrap_or_default().into(),
-                    input_schema: Value::Object((*tool.input_schema).clone()),
+                Ok(connected) => offered.extend(connected.tools.iter().map(|tool| {
+                    ToolSpec {
+                        name: format!("mcp__{name}__{}", tool.name),
+                        description: tool.description.clone().unwrap_or_default().into(),
+                        input_schema: Value::Object((*tool.input_schema).clone()),
+                        read_only: tool
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.read_only_hint)
+                            .unwrap_or(false),
+                    }
                 })),
                 Err(e) => tracing::warn!(%session, error = %e, "external MCP server unavailable"),
             }

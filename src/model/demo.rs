@@ -212,6 +212,7 @@ mod tests {
             name: name.into(),
             description: String::new(),
             input_schema: json!({"type": "object"}),
+            read_only: false,
         }
     }
 

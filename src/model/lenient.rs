@@ -557,6 +557,7 @@ mod tests {
                 name: name.to_string(),
                 description: format!("the {name} tool"),
                 input_schema: json!({"type": "object"}),
+                read_only: false,
             })
             .collect()
     }
@@ -715,6 +716,7 @@ mod tests {
             name: name.into(),
             description: String::new(),
             input_schema: json!({"type": "object", "required": required}),
+            read_only: false,
         })
         .collect()
     }

@@ -44,6 +44,10 @@ pub struct ToolSpec {
     pub description: String,
     /// JSON Schema of the arguments object.
     pub input_schema: Value,
+    /// The tool only reads (an MCP server's `readOnlyHint`); permission
+    /// modes that ask before writes let it run.
+    #[serde(default, skip)]
+    pub read_only: bool,
 }
 
 pub use crate::config::ToolCallMode;

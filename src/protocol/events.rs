@@ -72,6 +72,30 @@ pub enum EventKind {
         kind: InterventionKind,
         detail: String,
     },
+    /// A tool call waits for a decision (`options.permissions`): a person
+    /// answers it before `expires_at` or it is denied.
+    ApprovalRequested {
+        call_id: String,
+        tool: String,
+        input: Value,
+        reason: String,
+        expires_at: DateTime<Utc>,
+    },
+    /// How a call that needed a decision was decided, and by whom
+    /// (`user`, `admin`, `hook`, `timeout`, `interrupt`).
+    ApprovalDecided {
+        call_id: String,
+        decision: Approval,
+        by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        /// The input the call runs with, when the decision edited it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input: Option<Value>,
+        /// The allow rule the decision added for the rest of the session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remembered: Option<String>,
+    },
     /// The end of a turn; exactly one per turn.
     Result {
         status: ResultStatus,
@@ -168,6 +192,14 @@ pub enum EventKind {
         reason: Option<String>,
         duration_ms: u64,
     },
+}
+
+/// A decision on a call that waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    Allow,
+    Deny,
 }
 
 impl EventKind {

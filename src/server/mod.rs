@@ -24,6 +24,7 @@ pub use tools::serve_mcp_stdio;
 use crate::deliberation::{self, DeliberationTask, Deliberations};
 use crate::pipeline::{self, PipelineTask};
 
+use crate::agent::hook::Hooks;
 use crate::agent::turn::TurnDeps;
 use crate::agent::{AgentTask, ToolRouter};
 use crate::api;
@@ -36,6 +37,7 @@ use crate::mcp::SandboxTools;
 use crate::model::ModelRegistry;
 use crate::protocol::SessionStatus;
 use crate::sandbox::SandboxManager;
+use crate::session::approvals::Approvals;
 use crate::session::child::ChildTurns;
 use crate::session::lease::TurnLeases;
 use crate::session::{Limits, SessionManager, SessionTask, Tasks};
@@ -174,8 +176,16 @@ impl Server {
                 (router, Some(sandboxes), Some(host))
             }
         };
+        // With replicas a decision may reach one that does not run the
+        // call's turn: it goes on over the bus.
+        let approvals = Arc::new(Approvals::new(
+            store.clone(),
+            config.store.is_some().then(|| bus.clone()),
+        ));
         let agent = AgentTask::new(
             TurnDeps {
+                approvals: approvals.clone(),
+                hooks: Arc::new(Hooks::new(&config.mcp.allowed_http_servers)),
                 store: store.clone(),
                 models: models.clone(),
                 tools,
@@ -326,6 +336,7 @@ impl Server {
             rollouts,
             deliberations,
             pipelines,
+            approvals,
             stop: root.child_token(),
         });
         Ok(Server {
@@ -400,6 +411,7 @@ impl Server {
         }
         if self.state.config.store.is_some() {
             background.spawn(sessions.clone().listen(root.child_token()));
+            background.spawn(self.state.approvals.clone().listen(root.child_token()));
             let sessions = sessions.clone();
             let root = root.clone();
             // Turns of replicas that died are closed a third of a lease

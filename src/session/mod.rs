@@ -16,6 +16,7 @@
 //!   the option.
 //! - [`task`]: the [`SessionTask`] seam and the registry of kinds.
 
+pub mod approvals;
 pub mod child;
 pub mod lease;
 #[cfg(test)]

@@ -57,6 +57,7 @@ impl ToolRouter for EchoTools {
                 "command": {"type": "string"},
                 "timeout": {"type": "integer", "minimum": 1, "maximum": 600}
             }, "required": ["command"]}),
+            read_only: false,
         }]
     }
 

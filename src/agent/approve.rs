@@ -1,0 +1,373 @@
+//! Whether a call the model asked for runs: the session's permissions and
+//! its API key's decide, and a call they ask about waits for a decision
+//! (from the hook, else from a person) while its turn's limit runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+
+use super::calls::prepare_call;
+use super::hook::{DEFAULT_HOOK_TIMEOUT_MS, HookCall};
+use super::options::AgentOptions;
+use super::turn::TurnDeps;
+use crate::config::AgentConfig;
+use crate::model::{ToolCall, ToolSpec};
+use crate::permission::{
+    Call, DEFAULT_APPROVAL_TIMEOUT_S, Mode, Permissions, Policy, Rule, Verdict,
+};
+use crate::protocol::{Approval, EventKind};
+use crate::session::Session;
+use crate::session::approvals::{Decided, Pending, Remember};
+use crate::store::StoreError;
+
+/// Where relative paths start when the session names no working directory.
+const WORKSPACE: &str = "/workspace";
+/// How long a decision that claimed a call as its wait ended may take to
+/// arrive.
+const CLAIMED_GRACE: Duration = Duration::from_secs(5);
+
+/// A turn's permissions: the session's (or the server's default) and its
+/// API key's.
+pub struct Gate {
+    session: Policy,
+    key: Option<Policy>,
+    timeout: Duration,
+    hook: Option<(String, Duration)>,
+    working_dir: String,
+}
+
+/// A policy that was validated when it was stored; one that no longer
+/// parses asks about every call rather than letting them run.
+fn compiled(permissions: &Permissions, whose: &'static str) -> Policy {
+    Policy::compile(permissions, "permissions")
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a stored permission policy does not parse; every call asks");
+            Policy::compile(
+                &Permissions {
+                    mode: Some(Mode::Ask),
+                    ..Permissions::default()
+                },
+                "permissions",
+            )
+            .unwrap_or_default()
+        })
+        .of(whose)
+}
+
+impl Gate {
+    pub fn new(config: &AgentConfig, options: &AgentOptions, owner: Option<&str>) -> Gate {
+        let own = options
+            .permissions
+            .clone()
+            .unwrap_or_else(|| config.permissions.default_policy());
+        let key = owner.and_then(|owner| config.permissions.of_owner(owner));
+        let seconds = own
+            .approval_timeout_s
+            .or(config.permissions.approval_timeout_s)
+            .unwrap_or(DEFAULT_APPROVAL_TIMEOUT_S);
+        let hook_timeout = own
+            .hook_timeout_ms
+            .or(config.permissions.hook_timeout_ms)
+            .unwrap_or(DEFAULT_HOOK_TIMEOUT_MS);
+        Gate {
+            session: compiled(&own, "the session's"),
+            key: key.map(|key| compiled(key, "the API key's")),
+            timeout: Duration::from_secs(seconds),
+            hook: own
+                .hook_url
+                .clone()
+                .map(|url| (url, Duration::from_millis(hook_timeout))),
+            working_dir: options
+                .working_dir
+                .clone()
+                .unwrap_or_else(|| WORKSPACE.into()),
+        }
+    }
+
+    /// Whether nothing that changes state may run (the model is told).
+    pub fn plans(&self) -> bool {
+        self.session.mode == Mode::Plan || self.key.as_ref().is_some_and(|k| k.mode == Mode::Plan)
+    }
+
+    /// Whether every call runs without a look (the common case: no await).
+    fn verdict(&self, call: &ToolCall, read_only: bool) -> Verdict {
+        let view = Call {
+            tool: &call.name,
+            input: &call.arguments,
+            read_only,
+            working_dir: &self.working_dir,
+        };
+        let own = self.session.verdict(&view);
+        match &self.key {
+            Some(key) => own.stricter(key.verdict(&view)),
+            None => own,
+        }
+    }
+
+    fn call_view<'a>(&'a self, call: &'a ToolCall, read_only: bool) -> Call<'a> {
+        Call {
+            tool: &call.name,
+            input: &call.arguments,
+            read_only,
+            working_dir: &self.working_dir,
+        }
+    }
+}
+
+/// What becomes of a call.
+pub(super) enum Gated {
+    Run(ToolCall),
+    /// It does not run; the model reads why.
+    Refused(String),
+}
+
+fn read_only(call: &ToolCall, tools: &[ToolSpec]) -> bool {
+    tools.iter().any(|t| t.name == call.name && t.read_only)
+}
+
+/// Decides whether `call` (named and checked against its schema) runs,
+/// waiting for a decision where the permissions ask for one.
+pub(super) async fn gate(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    gate: &Gate,
+    call: ToolCall,
+    tools: &[ToolSpec],
+    cancel: &CancellationToken,
+) -> Result<Gated, StoreError> {
+    let read_only = read_only(&call, tools);
+    let reason = match gate.verdict(&call, read_only) {
+        Verdict::Allow => return Ok(Gated::Run(call)),
+        Verdict::Deny(reason) => return Ok(Gated::Refused(format!("not run: {reason}"))),
+        Verdict::Ask(reason) => reason,
+    };
+    let remembered = deps.approvals.remembered(session.id).await?;
+    if !remembered.is_empty() {
+        let rules = remembered
+            .iter()
+            .filter_map(|r| Rule::parse(r).ok())
+            .collect();
+        if Policy::allowing(rules).allows(&gate.call_view(&call, read_only)) {
+            return Ok(Gated::Run(call));
+        }
+    }
+    if let Some((url, timeout)) = &gate.hook {
+        let asked = HookCall {
+            session_id: session.id,
+            call_id: &call.id,
+            tool: &call.name,
+            input: &call.arguments,
+            reason: &reason,
+        };
+        match deps.hooks.consult(url, asked, *timeout).await {
+            Ok(Some(decision)) => {
+                let decided = Decided {
+                    decision,
+                    by: "hook".into(),
+                };
+                return apply(deps, session, gate, call, tools, decided).await;
+            }
+            Ok(None) => {}
+            Err(why) => {
+                session.emit(EventKind::Status {
+                    message: format!(
+                        "The permission hook was not asked about call {}: {why}. The call waits for a decision.",
+                        call.id
+                    ),
+                })?;
+            }
+        }
+    }
+    wait(
+        deps,
+        session,
+        gate,
+        (call, read_only),
+        tools,
+        reason,
+        cancel,
+    )
+    .await
+}
+
+/// Stores the call as pending, says so, and waits for a decision, the
+/// timeout, or the turn's end.
+async fn wait(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    gate: &Gate,
+    (call, read_only): (ToolCall, bool),
+    tools: &[ToolSpec],
+    reason: String,
+    cancel: &CancellationToken,
+) -> Result<Gated, StoreError> {
+    let now = Utc::now();
+    let expires_at =
+        now + chrono::TimeDelta::from_std(gate.timeout).unwrap_or(chrono::TimeDelta::seconds(300));
+    let schema = tools
+        .iter()
+        .find(|t| t.name == call.name)
+        .map(|t| t.input_schema.clone())
+        .unwrap_or_default();
+    let pending = Pending {
+        session_id: session.id,
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        input: call.arguments.clone(),
+        reason: reason.clone(),
+        requested_at: now,
+        expires_at,
+        read_only,
+        agent_id: None,
+        schema,
+    };
+    let owner = session.owner.as_deref();
+    let mut waiting = deps.approvals.request(owner, &pending).await?;
+    session.emit(EventKind::ApprovalRequested {
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        input: call.arguments.clone(),
+        reason,
+        expires_at,
+    })?;
+    let ended = tokio::select! {
+        biased;
+        decided = &mut waiting.decided => {
+            deps.approvals.done(session.id, &call.id);
+            return match decided {
+                Ok(decided) => apply(deps, session, gate, call, tools, decided).await,
+                Err(_) => Ok(Gated::Refused("not run: its decision was lost".into())),
+            };
+        }
+        _ = cancel.cancelled() => "interrupt",
+        _ = tokio::time::sleep(gate.timeout) => "timeout",
+    };
+    let withdrawn = deps.approvals.withdraw(&waiting).await;
+    deps.approvals.done(session.id, &call.id);
+    if !withdrawn? {
+        // A decision claimed the call first: it is on its way.
+        if let Ok(Ok(decided)) = tokio::time::timeout(CLAIMED_GRACE, waiting.decided).await
+            && ended == "timeout"
+        {
+            return apply(deps, session, gate, call, tools, decided).await;
+        }
+    }
+    let (message, why) = if ended == "timeout" {
+        let seconds = gate.timeout.as_secs();
+        (
+            format!("no decision within {seconds} s"),
+            format!(
+                "not run: it needed a person's approval and none came within {seconds} s (approval_timeout_s); \
+                 it was denied"
+            ),
+        )
+    } else {
+        (
+            "the turn was stopped".to_string(),
+            "not run: the turn was stopped while the call waited for approval".to_string(),
+        )
+    };
+    session.emit(EventKind::ApprovalDecided {
+        call_id: call.id.clone(),
+        decision: Approval::Deny,
+        by: ended.into(),
+        message: Some(message),
+        input: None,
+        remembered: None,
+    })?;
+    Ok(Gated::Refused(why))
+}
+
+/// Carries out a decision: says it, remembers its rule, runs an edited
+/// input once it fits the schema and the deny rules.
+async fn apply(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    gate: &Gate,
+    call: ToolCall,
+    tools: &[ToolSpec],
+    decided: Decided,
+) -> Result<Gated, StoreError> {
+    let Decided { decision, by } = decided;
+    let allow = decision.decision == Approval::Allow;
+    let remembered = match (&decision.remember, allow) {
+        (Some(Remember::Session), true) => {
+            let rule = decision.rule.clone().unwrap_or_else(|| call.name.clone());
+            match Rule::parse(&rule) {
+                Ok(_) => {
+                    deps.approvals.remember(session.id, &rule).await?;
+                    Some(rule)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a remembered rule that does not parse");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    session.emit(EventKind::ApprovalDecided {
+        call_id: call.id.clone(),
+        decision: decision.decision,
+        by: by.clone(),
+        message: decision.message.clone(),
+        input: decision.input.clone(),
+        remembered,
+    })?;
+    if !allow {
+        let told = decision
+            .message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_else(|| " (no reason given)".into());
+        return Ok(Gated::Refused(format!(
+            "not run: the call was denied by the {by}{told}"
+        )));
+    }
+    let Some(input) = decision.input else {
+        return Ok(Gated::Run(call));
+    };
+    let edited = ToolCall {
+        arguments: input,
+        ..call
+    };
+    let edited = match prepare_call(&edited, tools) {
+        Ok(edited) => edited,
+        Err(e) => {
+            return Ok(Gated::Refused(format!(
+                "not run: the input the {by} gave does not fit the tool: {e}"
+            )));
+        }
+    };
+    match gate.verdict(&edited, read_only(&edited, tools)) {
+        Verdict::Deny(reason) => Ok(Gated::Refused(format!(
+            "not run: the input the {by} gave is denied: {reason}"
+        ))),
+        _ => Ok(Gated::Run(edited)),
+    }
+}
+
+/// Checks an edited input before a decision claims its call: it must fit
+/// the tool's schema, and no rule may deny it. The error says why not.
+pub fn check_edited(
+    config: &AgentConfig,
+    options: &AgentOptions,
+    owner: Option<&str>,
+    pending: &Pending,
+    input: &serde_json::Value,
+) -> Result<(), String> {
+    let checked = super::coerce::coerce(input.clone(), &pending.schema, false)
+        .map_err(|e| format!("{}: {e}", pending.tool))?;
+    let gate = Gate::new(config, options, owner);
+    let edited = ToolCall {
+        id: pending.call_id.clone(),
+        name: pending.tool.clone(),
+        arguments: checked.arguments,
+    };
+    match gate.verdict(&edited, pending.read_only) {
+        Verdict::Deny(reason) => Err(reason),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,398 @@
+//! Tool calls that wait for a decision. A waiting call is a record in the
+//! store (so every replica sees it, `GET /agent/approvals` lists it, and a
+//! restart finds it) and a channel on the replica that runs its turn. A
+//! decision claims the record (a compare-and-delete: of two decisions one
+//! wins, the other finds nothing pending) and then travels to the turn:
+//! directly on this replica, over the bus to the others.
+//!
+//! Records live in namespaces no API key can name: `_approvals`, keyed
+//! `{owner}/{session}/{call}`, and `_approval_rules`, the allow rules a
+//! decision asked to remember, keyed by session.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::bus::{Bus, Delivery, Pattern, Since, Subject};
+use crate::protocol::Approval;
+use crate::store::{Expect, KvWrite, Store, StoreError};
+use crate::sync::lock;
+
+const NAMESPACE: &str = "_approvals";
+const RULES: &str = "_approval_rules";
+const SIGNALS: &str = "_cluster";
+const SUBJECT: &str = "session.approval";
+/// The most pending calls one owner lists.
+pub const MAX_LISTED: usize = 1000;
+
+/// A call waiting for a decision, as stored and listed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Pending {
+    pub session_id: Uuid,
+    pub call_id: String,
+    pub tool: String,
+    pub input: Value,
+    /// Why it waits: which policy asked.
+    pub reason: String,
+    pub requested_at: DateTime<Utc>,
+    /// When it is denied if nobody decides.
+    pub expires_at: DateTime<Utc>,
+    /// The tool only reads.
+    #[serde(default)]
+    pub read_only: bool,
+    /// The deliberation agent or pipeline node whose call it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The tool's input schema, which an edited input must fit.
+    #[serde(default, skip_serializing)]
+    pub schema: Value,
+}
+
+/// A decision as a client gives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    /// `allow` or `deny`.
+    pub decision: Approval,
+    /// What the model reads with the call's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The input the call runs with instead (checked against the tool's
+    /// schema and the rules again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    /// `session`: allow the rest of this session's calls of this tool
+    /// (or of `rule`) without asking.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remember: Option<Remember>,
+    /// The allow rule to remember instead of the whole tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Remember {
+    Session,
+}
+
+/// A decision on its way to the turn, with who gave it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decided {
+    pub decision: Decision,
+    /// `user`, `admin`, `hook`.
+    pub by: String,
+}
+
+/// A decision on the bus, for the replica running the turn.
+#[derive(Serialize, Deserialize)]
+struct Signal {
+    session_id: Uuid,
+    call_id: String,
+    decided: Decided,
+}
+
+/// A call this replica's turn waits on.
+pub struct Waiting {
+    pub decided: oneshot::Receiver<Decided>,
+    key: String,
+    revision: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    #[error("call {0} is not waiting for a decision (it was decided, timed out, or never asked)")]
+    NotPending(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+type Key = (Uuid, String);
+
+/// The waiting calls of every session.
+pub struct Approvals {
+    store: Arc<dyn Store>,
+    waiting: Mutex<HashMap<Key, oneshot::Sender<Decided>>>,
+    /// With replicas: where decisions for another replica's turns go.
+    bus: Option<Arc<dyn Bus>>,
+}
+
+fn namespace_of(owner: Option<&str>) -> &str {
+    owner.unwrap_or("local")
+}
+
+fn key(owner: Option<&str>, session: Uuid, call_id: &str) -> String {
+    format!("{}/{session}/{call_id}", namespace_of(owner))
+}
+
+fn corrupt(e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt(format!("pending approval: {e}"))
+}
+
+impl Approvals {
+    /// `bus` carries decisions between replicas; `None` on a server of
+    /// its own.
+    pub fn new(store: Arc<dyn Store>, bus: Option<Arc<dyn Bus>>) -> Approvals {
+        Approvals {
+            store,
+            waiting: Mutex::default(),
+            bus,
+        }
+    }
+
+    /// Stores the call as pending and starts waiting for its decision.
+    pub async fn request(
+        &self,
+        owner: Option<&str>,
+        pending: &Pending,
+    ) -> Result<Waiting, StoreError> {
+        let (tell, decided) = oneshot::channel();
+        let id = (pending.session_id, pending.call_id.clone());
+        lock(&self.waiting).insert(id.clone(), tell);
+        let key = key(owner, pending.session_id, &pending.call_id);
+        let value = serde_json::to_vec(&StoredPending(pending)).map_err(corrupt)?;
+        let written = self
+            .store
+            .kv_put(NAMESPACE, &key, &value, Expect::Any)
+            .await;
+        let revision = match written {
+            Ok(KvWrite::Done(revision)) => revision,
+            Ok(KvWrite::Conflict { .. }) => unreachable!("an unconditional write never conflicts"),
+            Err(e) => {
+                lock(&self.waiting).remove(&id);
+                return Err(e);
+            }
+        };
+        Ok(Waiting {
+            decided,
+            key,
+            revision,
+        })
+    }
+
+    /// Takes the call back when nobody decided in time: true if it was
+    /// still pending; false if a decision claimed it first (it is on its
+    /// way, and `waiting.decided` gets it).
+    pub async fn withdraw(&self, waiting: &Waiting) -> Result<bool, StoreError> {
+        let deleted = self
+            .store
+            .kv_delete(NAMESPACE, &waiting.key, Expect::Revision(waiting.revision))
+            .await?;
+        Ok(matches!(deleted, KvWrite::Done(_)))
+    }
+
+    /// Forgets this replica's channel for a call (its wait is over).
+    pub fn done(&self, session: Uuid, call_id: &str) {
+        lock(&self.waiting).remove(&(session, call_id.to_string()));
+    }
+
+    /// The pending call of a session, if it is pending.
+    pub async fn pending(
+        &self,
+        owner: Option<&str>,
+        session: Uuid,
+        call_id: &str,
+    ) -> Result<Option<(Pending, u64)>, StoreError> {
+        let Some(entry) = self
+            .store
+            .kv_get(NAMESPACE, &key(owner, session, call_id))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let pending = serde_json::from_slice(&entry.value).map_err(corrupt)?;
+        Ok(Some((pending, entry.revision)))
+    }
+
+    /// Claims a pending call for `decided` and sends it to the turn. The
+    /// caller has checked that the decider may decide for the session and
+    /// that an edited input fits (`revision` is what it checked).
+    pub async fn decide(
+        &self,
+        owner: Option<&str>,
+        pending: &Pending,
+        revision: u64,
+        decided: Decided,
+    ) -> Result<(), DecideError> {
+        let key = key(owner, pending.session_id, &pending.call_id);
+        let claimed = self
+            .store
+            .kv_delete(NAMESPACE, &key, Expect::Revision(revision))
+            .await?;
+        if !matches!(claimed, KvWrite::Done(_)) {
+            return Err(DecideError::NotPending(pending.call_id.clone()));
+        }
+        if self.deliver_here(pending.session_id, &pending.call_id, decided.clone()) {
+            return Ok(());
+        }
+        match &self.bus {
+            Some(bus) => {
+                let signal = Signal {
+                    session_id: pending.session_id,
+                    call_id: pending.call_id.clone(),
+                    decided,
+                };
+                let payload = serde_json::to_vec(&signal).map_err(corrupt)?;
+                let subject = Subject::parse(SUBJECT)
+                    .map_err(|e| StoreError::Corrupt(format!("approval subject: {e}")))?;
+                if let Err(e) = bus.publish(SIGNALS, &subject, Bytes::from(payload)).await {
+                    tracing::warn!(session = %pending.session_id, error = %e,
+                        "sending a decision to the other replicas failed");
+                }
+            }
+            None => tracing::warn!(session = %pending.session_id, call = %pending.call_id,
+                "a decision for a call no turn here waits on"),
+        }
+        Ok(())
+    }
+
+    fn deliver_here(&self, session: Uuid, call_id: &str, decided: Decided) -> bool {
+        let tell = lock(&self.waiting).remove(&(session, call_id.to_string()));
+        tell.is_some_and(|tell| tell.send(decided).is_ok())
+    }
+
+    /// The owner's pending calls, oldest session first, at most
+    /// [`MAX_LISTED`].
+    pub async fn list(&self, owner: Option<&str>) -> Result<Vec<Pending>, StoreError> {
+        self.listed(&format!("{}/", namespace_of(owner))).await
+    }
+
+    /// A session's pending calls.
+    pub async fn of_session(
+        &self,
+        owner: Option<&str>,
+        session: Uuid,
+    ) -> Result<Vec<Pending>, StoreError> {
+        self.listed(&format!("{}/{session}/", namespace_of(owner)))
+            .await
+    }
+
+    async fn listed(&self, prefix: &str) -> Result<Vec<Pending>, StoreError> {
+        let entries = self.store.kv_list(NAMESPACE, prefix, MAX_LISTED).await?;
+        let mut pending: Vec<Pending> = entries
+            .iter()
+            .map(|e| serde_json::from_slice(&e.value).map_err(corrupt))
+            .collect::<Result<_, _>>()?;
+        pending.sort_by_key(|p| p.requested_at);
+        Ok(pending)
+    }
+
+    /// Removes a session's pending calls (its turn was closed after a
+    /// restart).
+    pub async fn clear(&self, owner: Option<&str>, session: Uuid) -> Result<(), StoreError> {
+        for pending in self.of_session(owner, session).await? {
+            let key = key(owner, session, &pending.call_id);
+            self.store.kv_delete(NAMESPACE, &key, Expect::Any).await?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the allow rules decisions remembered for a deleted session.
+    pub async fn forget_rules(&self, session: Uuid) -> Result<(), StoreError> {
+        self.store
+            .kv_delete(RULES, &session.to_string(), Expect::Any)
+            .await
+            .map(drop)
+    }
+
+    /// The allow rules decisions remembered for the session.
+    pub async fn remembered(&self, session: Uuid) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .store
+            .kv_get(RULES, &session.to_string())
+            .await?
+            .map(|entry| serde_json::from_slice(&entry.value))
+            .transpose()
+            .map_err(corrupt)?
+            .unwrap_or_default())
+    }
+
+    /// Adds an allow rule for the rest of the session.
+    pub async fn remember(&self, session: Uuid, rule: &str) -> Result<(), StoreError> {
+        let key = session.to_string();
+        loop {
+            let entry = self.store.kv_get(RULES, &key).await?;
+            let (mut rules, expect): (Vec<String>, _) = match &entry {
+                Some(e) => (
+                    serde_json::from_slice(&e.value).map_err(corrupt)?,
+                    Expect::Revision(e.revision),
+                ),
+                None => (Vec::new(), Expect::Absent),
+            };
+            if rules.iter().any(|r| r == rule) {
+                return Ok(());
+            }
+            rules.push(rule.to_string());
+            let value = serde_json::to_vec(&rules).map_err(corrupt)?;
+            if let KvWrite::Done(_) = self.store.kv_put(RULES, &key, &value, expect).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Takes decisions other replicas received for this replica's turns,
+    /// until `stop` (nothing to do on a server of its own).
+    pub async fn listen(self: Arc<Self>, stop: CancellationToken) {
+        let Some(bus) = self.bus.clone() else {
+            return;
+        };
+        let subscribed = match Pattern::parse(SUBJECT) {
+            Ok(pattern) => bus.subscribe(SIGNALS, vec![pattern], Since::New).await,
+            Err(e) => {
+                tracing::error!(error = %e, "the approval subject does not parse");
+                return;
+            }
+        };
+        let mut signals = match subscribed {
+            Ok(signals) => signals,
+            Err(e) => {
+                tracing::error!(error = %e, "this replica cannot take decisions from the others");
+                return;
+            }
+        };
+        loop {
+            let delivery = tokio::select! {
+                delivery = signals.next() => delivery,
+                _ = stop.cancelled() => return,
+            };
+            match delivery {
+                None => return,
+                Some(Delivery::Message(message)) => {
+                    match serde_json::from_slice::<Signal>(&message.payload) {
+                        Ok(s) => {
+                            self.deliver_here(s.session_id, &s.call_id, s.decided);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "a decision signal that does not parse")
+                        }
+                    }
+                }
+                Some(_) => tracing::warn!(
+                    "decisions were lost (the bus said this replica lagged); their calls time out"
+                ),
+            }
+        }
+    }
+}
+
+/// A pending call with its schema, as stored (the schema is not listed).
+struct StoredPending<'a>(&'a Pending);
+
+impl Serialize for StoredPending<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut value = serde_json::to_value(self.0).map_err(serde::ser::Error::custom)?;
+        if let Value::Object(fields) = &mut value {
+            fields.insert("schema".into(), self.0.schema.clone());
+        }
+        value.serialize(s)
+    }
+}
