@@ -256,6 +256,44 @@ async fn only_the_sessions_key_or_an_admin_decides_and_a_key_policy_holds() {
     server.stop().await;
 }
 
+/// Deleting a session ends its call's wait: the turn ends and nothing is
+/// left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_session_ends_its_wait() {
+    let upstream = Upstream::start(vec![bash("d1", "echo never")]).await;
+    let url = upstream.url.clone();
+    let server = TestServer::start_with(move |c| capable(c, &url)).await;
+    let id = server
+        .create_session(json!({"model": "capable", "permissions": {"mode": "ask"}}))
+        .await;
+    let mut turn = start_turn(&server, &id, "go").await;
+    until_asked(&mut turn, "d1").await;
+    let deleted = server
+        .http
+        .delete(server.url(&format!("/agent/session/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    let rest = turn.until("result").await;
+    assert_eq!(of_type(&rest, "approval_decided")[0]["by"], "interrupt");
+    let result = of_type(&rest, "tool_result")[0]["output"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        result.starts_with("not run: the turn was stopped"),
+        "{result}"
+    );
+    assert_eq!(
+        server.get_json("/agent/approvals").await["approvals"],
+        json!([])
+    );
+    let (status, _) = decide(&server, None, &id, "d1", json!({"decision": "allow"})).await;
+    assert_eq!(status, 404);
+    server.stop().await;
+}
+
 /// A server killed while a call waits: at restart the turn is closed as
 /// interrupted, the call denied by the restart and listed; the next turn
 /// starts from a valid history that says the call did not run.
