@@ -62,7 +62,14 @@ impl Gate {
             .permissions
             .clone()
             .unwrap_or_else(|| config.permissions.default_policy());
-        let key = owner.and_then(|owner| config.permissions.of_owner(owner));
+        let key = owner.and_then(|owner| {
+            config
+                .permissions
+                .keys
+                .iter()
+                .find(|(key, _)| crate::config::key_owner(key) == owner)
+                .map(|(_, policy)| policy)
+        });
         let seconds = own
             .approval_timeout_s
             .or(config.permissions.approval_timeout_s)

@@ -146,14 +146,6 @@ impl ServerPermissions {
             hook_timeout_ms: self.hook_timeout_ms,
         }
     }
-
-    /// The policy of the key whose owner (hash) this is.
-    pub fn of_owner(&self, owner: &str) -> Option<&Permissions> {
-        self.keys
-            .iter()
-            .find(|(key, _)| crate::config::key_owner(key) == owner)
-            .map(|(_, policy)| policy)
-    }
 }
 
 /// A call as the policy sees it.
