@@ -103,7 +103,11 @@ async fn run_agent_asks_an_eliciting_client_and_its_answer_decides() {
         !progress.iter().any(|l| l.contains("POST ")),
         "{progress:#?}"
     );
-    assert_eq!(seen["http"], json!([]));
+    // Decided already: a decision over HTTP finds nothing pending.
+    let late = &seen["http"];
+    assert_eq!(late.as_array().unwrap().len(), 1, "{late}");
+    assert_eq!(late[0]["status"], 409, "{late}");
+    assert_eq!(late[0]["body"]["error"]["code"], "not_pending", "{late}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

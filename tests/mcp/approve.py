@@ -3,7 +3,8 @@
 what it saw as one JSON object; tests/mcp/approvals.rs asserts on it.
 
 usage: approve.py MODE MCP_URL BASE_URL API_KEY
-  MODE elicit: the client answers the server's elicitation with allow.
+  MODE elicit: the client answers the server's elicitation with allow (a
+               decision over HTTP after the turn finds nothing pending).
   MODE http:   the client declares no elicitation; it reads the HTTP
                instructions from the progress lines and decides over HTTP.
   MODE race:   the client's elicitation callback first allows the call over
@@ -96,6 +97,12 @@ async def main():
             seen["approval_events"] = [
                 e for e in map(json.loads, lines) if e["type"].startswith("approval_")
             ]
+            if mode == "elicit":
+                # Decided already: a decision over HTTP finds nothing pending.
+                call = seen["approval_events"][0]["call_id"]
+                await decide_over_http(
+                    f"/agent/session/{sid}/approvals/{call}", {"decision": "deny"}
+                )
     print(json.dumps(seen))
 
 
