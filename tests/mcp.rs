@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "mcp/approvals.rs"]
+mod approvals;
 mod common;
 
 use std::process::Command;

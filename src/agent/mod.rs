@@ -16,6 +16,7 @@
 pub mod approve;
 pub mod calls;
 pub mod coerce;
+pub mod decide;
 pub mod harness;
 pub mod hook;
 pub mod options;

@@ -22,10 +22,10 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::JsonObject;
 use super::state::AppState;
-use crate::agent::AgentOptions;
+use crate::agent::decide::Refused;
 use crate::protocol::Approval;
 use crate::session::Session;
-use crate::session::approvals::{DecideError, Decided, Decision, Pending};
+use crate::session::approvals::{Decision, Pending};
 
 /// What a decision did.
 #[derive(Debug, Serialize, ToSchema)]
@@ -84,42 +84,22 @@ pub async fn decide(
     call_id: &str,
     decision: Decision,
 ) -> Result<(), ApiError> {
-    let owner = session.owner.as_deref();
-    let not_pending = || {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "not_pending",
-            DecideError::NotPending(call_id.to_string()).to_string(),
-        )
-    };
-    let (pending, revision) = state
-        .approvals
-        .pending(owner, session.id, call_id)
-        .await
-        .map_err(ApiError::internal)?
-        .ok_or_else(not_pending)?;
-    if let Some(input) = &decision.input {
-        let options = AgentOptions::stored(&session.options).map_err(ApiError::internal)?;
-        crate::agent::approve::check_edited(&state.config.agent, &options, owner, &pending, input)
-            .map_err(|e| ApiError::invalid("input", e))?;
-    }
-    let by = if caller.owner.is_some() && caller.owner.as_deref() != owner {
+    let by = if caller.owner.is_some() && caller.owner.as_deref() != session.owner.as_deref() {
         "admin"
     } else {
         "user"
     };
-    let decided = Decided {
-        decision,
-        by: by.into(),
-    };
-    match state
-        .approvals
-        .decide(owner, &pending, revision, decided)
-        .await
-    {
+    let approvals = &state.approvals;
+    let config = &state.config.agent;
+    match crate::agent::decide::decide(approvals, config, session, call_id, decision, by).await {
         Ok(()) => Ok(()),
-        Err(DecideError::NotPending(_)) => Err(not_pending()),
-        Err(DecideError::Store(e)) => Err(ApiError::internal(e)),
+        Err(Refused::NotPending(e)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_pending",
+            e.to_string(),
+        )),
+        Err(Refused::Input(e)) => Err(ApiError::invalid("input", e)),
+        Err(Refused::Store(e)) => Err(ApiError::internal(e)),
     }
 }
 

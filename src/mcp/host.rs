@@ -50,6 +50,9 @@ pub struct McpHost {
     /// The server's sessions, for `run_agent` and the session resources;
     /// set with `deliberations`.
     pub sessions: std::sync::OnceLock<Arc<crate::session::SessionManager>>,
+    /// Decides the calls of `run_agent` turns that wait for approval, from
+    /// the client's answer to an elicitation; set with `sessions`.
+    pub decider: std::sync::OnceLock<crate::agent::decide::Decider>,
 }
 
 fn invalid(message: impl Into<String>) -> ErrorData {

@@ -16,6 +16,8 @@
 //! - [`run_agent`], [`deliberate`], [`pipeline`]: the tools that hand a
 //!   task to agents of the server's sessions (only on `/mcp`), following
 //!   the session's turn with [`follow`] into progress notifications.
+//! - [`approval`]: a `run_agent` call that waits for approval, put to
+//!   the client as an elicitation, or explained as the HTTP decision.
 //! - [`resources`]: the caller's sessions as resources, with update
 //!   notifications to subscribers.
 //! - [`proxy`]: `conclave mcp` relaying stdio to a running server's `/mcp`
@@ -24,6 +26,7 @@
 //! - [`client`]: the agent's [`crate::agent::ToolRouter`]: Claude Code's
 //!   built-in tools mapped onto the server's, through an in-process client.
 
+pub mod approval;
 pub mod background;
 pub mod client;
 pub mod deliberate;

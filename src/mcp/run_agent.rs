@@ -5,13 +5,16 @@
 //! and with it the commands it runs in the sandbox.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rmcp::RoleServer;
 use rmcp::model::{CallToolResult, ContentBlock, ErrorData};
 use rmcp::service::RequestContext;
 use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::approval::{self, Asker};
 use super::follow::{follow, http_owner};
 use super::host::{Caller, McpHost};
 use super::schema::RunAgent;
@@ -125,22 +128,43 @@ pub async fn run(
         Ok(turn) => turn,
         Err(e) => return refusal(e),
     };
-    let mut lines = 0u32;
-    let ended = follow(
-        &turn.session,
-        turn.since,
-        &ctx,
-        None,
-        async {
-            turn.session.interrupt();
-        },
-        |event| {
-            let line = progress_line(event)?;
-            lines += 1;
-            Some((f64::from(lines), line))
-        },
-    )
-    .await;
+    let lines = AtomicU32::new(0);
+    let elicits = approval::elicits(&ctx.peer);
+    let done = CancellationToken::new();
+    let followed = async {
+        let ended = follow(
+            &turn.session,
+            turn.since,
+            &ctx,
+            None,
+            async {
+                turn.session.interrupt();
+            },
+            |event| {
+                let line = progress_line(event, elicits)?;
+                let line_number = lines.fetch_add(1, Ordering::Relaxed) + 1;
+                Some((f64::from(line_number), line))
+            },
+        )
+        .await;
+        done.cancel();
+        ended
+    };
+    // The client is asked from this task, so that its requests go out on
+    // this call's stream.
+    let asking = async {
+        if let (true, Some(decider)) = (elicits, host.decider.get()) {
+            let asker = Asker {
+                peer: &ctx.peer,
+                decider,
+                session: &turn.session,
+                token: ctx.meta.get_progress_token(),
+                lines: &lines,
+            };
+            asker.run(turn.since, done.clone()).await;
+        }
+    };
+    let (ended, ()) = tokio::join!(followed, asking);
     Ok(answer(&turn.session, ended.as_deref()))
 }
 
@@ -177,8 +201,11 @@ fn answer(session: &Session, ended: Option<&Event>) -> CallToolResult {
 
 /// An event as one short readable line: a tool call and its input, the
 /// start of its output, the agent's text; `None` for what says nothing new.
-fn progress_line(event: &Event) -> Option<String> {
+fn progress_line(event: &Event, elicits: bool) -> Option<String> {
     Some(match &event.kind {
+        EventKind::ApprovalRequested { .. } | EventKind::ApprovalDecided { .. } => {
+            return approval::approval_line(event.session_id, &event.kind, elicits);
+        }
         EventKind::ToolUse { tool, input, .. } => {
             format!("{tool} {}", short(&input_text(input)))
         }
@@ -249,7 +276,7 @@ mod tests {
             input: json!({"code": "print(6 * 7)\nprint('done')"}),
         });
         assert_eq!(
-            progress_line(&call).as_deref(),
+            progress_line(&call, false).as_deref(),
             Some("mcp__sandbox__execute_code print(6 * 7) ⏎ print('done')")
         );
         let result = event(EventKind::ToolResult {
@@ -258,13 +285,16 @@ mod tests {
             output: json!({"stdout": "x".repeat(500), "stderr": "", "exit_code": 0}),
             is_error: false,
         });
-        let line = progress_line(&result).unwrap();
+        let line = progress_line(&result, false).unwrap();
         assert!(line.starts_with("mcp__sandbox__execute_code returned: xxx"));
         assert!(line.ends_with("x…"), "{line}");
         assert_eq!(
-            progress_line(&event(EventKind::Status {
-                message: "Starting".into()
-            })),
+            progress_line(
+                &event(EventKind::Status {
+                    message: "Starting".into()
+                }),
+                false
+            ),
             None
         );
     }

@@ -24,6 +24,7 @@ pub use tools::serve_mcp_stdio;
 use crate::deliberation::{self, DeliberationTask, Deliberations};
 use crate::pipeline::{self, PipelineTask};
 
+use crate::agent::decide::Decider;
 use crate::agent::hook::Hooks;
 use crate::agent::turn::TurnDeps;
 use crate::agent::{AgentTask, ToolRouter};
@@ -284,6 +285,10 @@ impl Server {
             let _ = host.deliberations.set(deliberations.clone());
             let _ = host.pipelines.set(pipelines.clone());
             let _ = host.sessions.set(sessions.clone());
+            let _ = host.decider.set(Decider {
+                approvals: approvals.clone(),
+                config: Arc::new(config.agent.clone()),
+            });
         }
         let recovered = sessions
             .recover()

@@ -47,6 +47,7 @@ pub(super) async fn sandbox_host(
         deliberations: Default::default(),
         pipelines: Default::default(),
         sessions: Default::default(),
+        decider: Default::default(),
     });
     Ok((sandboxes, host, instance))
 }
