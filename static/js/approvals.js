@@ -173,6 +173,9 @@ export class ApprovalDock {
 
   failed(c, message) {
     clearTimeout(c.unanswered);
+    // An answer that never came must not be taken for a later one.
+    const i = this.inflight.indexOf(c.id);
+    if (i >= 0) this.inflight.splice(i, 1);
     if (c.state !== 'sending') return;
     this.setState(c, 'pending');
     c.note.textContent = message;

@@ -112,7 +112,6 @@ def scenario_approvals(b, args):
     send_prompt(b, "$ echo refused", via="enter")
     card = waiting(b, "echo refused", focused=True)
     box = b.tid("prompt")
-    box.click()
     box.send_keys("no")
     b.wait(lambda: box.get_attribute("value") == "no", 5, "the composer to hold what was typed")
     if b.driver.execute_script(PENDING_JS) is None:
@@ -152,5 +151,23 @@ def scenario_approvals(b, args):
     ran(b, mark, "ran: echo remembered")
     if events_after(b, mark, "approval_requested") or b.driver.execute_script(PENDING_JS):
         raise Failure("a call of the remembered tool waited for a decision")
+
+    # No decision in time: the timeout denies it, and the card says so.
+    status, body = b.api("POST", "/agent/session", {"session_name": "short wait", "options": {
+        "permissions": {"mode": "ask", "approval_timeout_s": 1}}})
+    if status not in (200, 201):
+        raise Failure(f"creating the session with a 1 s timeout answered {status}: {body}")
+    b.open(f"/ui/sessions/{body['session_id']}")
+    wait_connected(b)
+    mark = max_seq(b)
+    send_prompt(b, "$ echo late", via="enter")
+    # The call waits a second only: the wait is for its outcome, which
+    # the card keeps, not for the moment it waited.
+    call_id = b.wait(lambda: b.attr('[data-testid="approval"][data-state="denied"]', "data-call-id"), 30,
+                     "the call of 'echo late' to be denied")
+    shown = decided(b, call_id, "denied")
+    if "by the timeout" not in shown["outcome"]:
+        raise Failure(f"the card denied by the timeout reads {shown['outcome']!r}")
+    ran(b, mark, "not run")
 
     return {"session_id": sid, "seconds_to_first": t["click_s"]}
