@@ -39,6 +39,40 @@ async fn in_chromium_a_small_harness_intervention_shows_in_the_chat() {
     server.stop_and_remove_sandboxes().await;
 }
 
+/// A session made with the permission mode `ask` in the form: each call
+/// waits in the chat with its input, and is decided by a click, by keys
+/// (`y`, `n`, `a`; typing in the composer decides nothing) and by another
+/// client over the API; each turn goes on once its call is decided.
+#[tokio::test]
+async fn in_chromium_a_waiting_tool_call_is_decided_by_click_keys_and_another_client() {
+    let server = TestServer::start().await;
+    let facts = browser("approvals", &server, &[]).await;
+    // The server's log agrees with what the page did: five calls waited,
+    // decided in order by the page (approve, y, n), the API (deny) and `a`,
+    // which remembered Bash; six turns ended.
+    let id = facts["session_id"].as_str().unwrap();
+    let events = common::ndjson(server.get(&format!("/agent/session/{id}/events")).await).await;
+    let of = |kind: &str| -> Vec<&Value> { events.iter().filter(|e| e["type"] == kind).collect() };
+    assert_eq!(of("approval_requested").len(), 5, "{events:?}");
+    let decided: Vec<(&str, &str)> = of("approval_decided")
+        .iter()
+        .map(|e| (e["decision"].as_str().unwrap(), e["by"].as_str().unwrap()))
+        .collect();
+    let by_user = |d| (d, "user");
+    assert_eq!(
+        decided,
+        ["allow", "allow", "deny", "deny", "allow"].map(by_user),
+        "{events:?}"
+    );
+    assert_eq!(
+        of("approval_decided")[4]["remembered"],
+        "Bash",
+        "{events:?}"
+    );
+    assert_eq!(of("result").len(), 6, "{events:?}");
+    server.stop().await;
+}
+
 /// A session of 10,000 events opens whole (every seq once, in order) and
 /// scrolls end to end with only a window of them in the page.
 #[tokio::test]

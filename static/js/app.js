@@ -189,6 +189,7 @@ function showShortcuts() {
       h('div', { class: 'shortcuts' },
         row(['Enter'], 'Send the message'), row(['Shift', 'Enter'], 'New line in the message'),
         row(['Ctrl', 'Enter'], 'Send, queued after the running turn'), row(['Esc'], 'Interrupt the running turn'),
+        row(['y'], 'Approve the tool call that waits'), row(['n'], 'Deny it (or Esc)'), row(['a'], 'Approve it and allow its tool for the session'),
         row(['/'], 'Focus the message box'), row(['g', 's'], 'Sessions'), row(['g', 'd'], 'Deliberations'), row(['g', 'p'], 'Pipelines'),
         row(['g', 'w'], 'Gateway'), row(['g', 'x'], 'Sandboxes'), row(['g', 'b'], 'Bus'), row(['?'], 'This help')),
       h('form', { method: 'dialog' }, h('button', { class: 'primary' }, 'Close')));

@@ -5,6 +5,7 @@
 import * as api from './api.js';
 import { h, icon, pill, put, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt, fmtDate, fmtBytes, fmtPercent, shortId, toast, confirmButton, copyButton, jsonBlock, fmtMs } from './ui.js';
 import { EventLog } from './events.js';
+import { ApprovalDock } from './approvals.js';
 
 /** A session's sandbox as the sandboxes view shows it: its numbers
  * formatted (CPU to one decimal, memory in units), what the backend cannot
@@ -78,8 +79,10 @@ export function mountChat(main, id, ctx) {
     const interrupt = h('button', { type: 'button', class: 'danger', testid: 'interrupt', 'aria-label': 'Interrupt the running turn (Esc)', disabled: true }, icon('stop', 16), 'Interrupt');
     const pendingBox = h('div', { class: 'pending', 'aria-live': 'polite' });
     const side = h('aside', { class: 'chat-side', 'aria-label': 'Session details' });
+    // Decisions go out on the socket once it is there (POST otherwise).
+    const dock = new ApprovalDock(id, { send: (frame) => sock?.send(frame) ?? false, prompt });
     const composer = h('form', { class: 'composer', 'aria-label': 'Send a message' },
-      pendingBox,
+      dock.el, pendingBox,
       h('div', { class: 'composer-box' }, prompt,
         h('div', { class: 'composer-bar' },
           h('label', { class: 'check', for: 'queue-box' }, queue, 'Queue if busy'),
@@ -96,8 +99,10 @@ export function mountChat(main, id, ctx) {
     log = new EventLog(scroller, {
       kind,
       onStick: (stuck) => { jump.hidden = stuck; },
+      onApproval: (ev) => dock.seen(ev),
       onTurn: (inTurn, index) => {
         running = inTurn;
+        if (inTurn) dock.clear();
         // The oldest message this page sent is the one that just started;
         // the status refresh below corrects it if another client sent one.
         if (inTurn && pending.length) {
@@ -144,6 +149,7 @@ export function mountChat(main, id, ctx) {
         if (!raf) raf = requestAnimationFrame(flush);
         return;
       }
+      if (dock.reply(m)) return;
       if (m.type === 'interrupted') {
         toast(m.interrupted ? 'Interrupted' : 'Nothing was running');
       } else if (m.type === 'error') {
@@ -199,7 +205,7 @@ export function mountChat(main, id, ctx) {
       onMessage,
       onState,
     }).start();
-    cleanups.push(() => { sock.stop(); clearInterval(countdown); cancelAnimationFrame(raf); log.destroy(); });
+    cleanups.push(() => { sock.stop(); clearInterval(countdown); cancelAnimationFrame(raf); log.destroy(); dock.destroy(); });
 
     // ---- composer ----
     const autosize = () => { prompt.style.height = 'auto'; prompt.style.height = `${Math.min(240, prompt.scrollHeight + 2)}px`; };
@@ -245,6 +251,8 @@ export function mountChat(main, id, ctx) {
       }
     });
     const onKey = (e) => {
+      // A waiting call takes y, n, a, Enter and Esc first.
+      if (dock.key(e)) return;
       if (e.key === 'Escape' && running && !document.querySelector('dialog[open]')) {
         e.preventDefault();
         doInterrupt();
@@ -301,6 +309,7 @@ export function mountChat(main, id, ctx) {
             h('dt', null, 'Kind'), h('dd', null, status.kind),
             status.model || opts.model ? [h('dt', null, 'Model'), h('dd', { class: 'mono' }, status.model || opts.model)] : null,
             status.pipeline ? [h('dt', null, 'Pipeline'), h('dd', null, status.pipeline)] : null,
+            opts.permissions?.mode ? [h('dt', null, 'Permissions'), h('dd', { class: 'mono', testid: 'permission-mode-shown' }, opts.permissions.mode)] : null,
             h('dt', null, 'Created'), h('dd', null, fmtDate(status.created_at)),
             h('dt', null, 'Updated'), h('dd', null, ago(status.updated_at)),
             h('dt', null, 'Events'), h('dd', null, fmtInt(Math.max(status.last_seq || 0, log.lastSeq))),

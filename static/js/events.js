@@ -185,8 +185,7 @@ class ToolBlock extends Block {
   apply(ev) {
     if (ev.agent_id && !this.agent.childElementCount) this.agent.append(agentChip(ev));
     if (ev.type === 'tool_use') {
-      this.name.textContent = toolName(ev.tool);
-      this.name.title = ev.tool;
+      this.named(ev.tool, true);
       this.body.prepend(evEl('div', ev, { class: 'tool-input' }, h('div', { class: 'label' }, 'Input'), toolInput(ev.tool, ev.input)));
     } else if (ev.type === 'tool_output') {
       if (!this.live) {
@@ -196,24 +195,39 @@ class ToolBlock extends Block {
       }
       this.livePre.append(evEl('span', ev, { class: ev.stream === 'stderr' ? 'stream-err' : '' }, ev.content));
     } else if (ev.type === 'tool_result') {
-      if (!this.name.textContent) { this.name.textContent = toolName(ev.tool); this.name.title = ev.tool; }
+      this.named(ev.tool);
       if (this.live) this.live.hidden = true;
       const out = ev.output;
       const failed = ev.is_error || (out && typeof out === 'object' && ((out.exit_code ?? 0) !== 0 || out.status === 'error'));
-      const st = h('span', { class: `pill ${failed ? 'danger' : 'ok'}` }, failed ? (out?.exit_code !== undefined ? `exit ${out.exit_code}` : 'error') : 'ok');
-      this.state.replaceWith(st);
-      this.state = st;
+      this.setState(h('span', { class: `pill ${failed ? 'danger' : 'ok'}` }, failed ? (out?.exit_code !== undefined ? `exit ${out.exit_code}` : 'error') : 'ok'));
       if (out && typeof out === 'object' && out.duration_ms !== undefined) this.meta.textContent = fmtMs(out.duration_ms);
       this.body.append(evEl('div', ev, { class: 'tool-output' }, toolOutput(out)));
+    } else if (ev.type === 'approval_requested') {
+      this.named(ev.tool);
+      this.setState(pill('waiting for approval', 'warn live'));
+      this.body.append(evEl('div', ev, { class: 'tool-approval small' }, h('span', { class: 'label' }, 'Approval'), ev.reason || 'it needs a decision'));
+    } else if (ev.type === 'approval_decided') {
+      const allowed = ev.decision === 'allow';
+      if (allowed) this.setState(pill('running', 'info live'));
+      this.body.append(evEl('div', ev, { class: 'tool-approval small' }, pill(allowed ? 'approved' : 'denied', allowed ? 'ok' : 'danger'),
+        `by ${ev.by}`, ev.message ? ` · ${ev.message}` : '', ev.remembered ? ` · ${ev.remembered} allowed for the session` : ''));
     }
   }
 
+  /** Names the call, unless it has its name (`again`: from its tool_use). */
+  named(tool, again = false) {
+    if (this.name.textContent && !again) return;
+    this.name.textContent = toolName(tool);
+    this.name.title = tool;
+  }
+
+  setState(st) {
+    this.state.replaceWith(st);
+    this.state = st;
+  }
+
   close() {
-    if (this.state?.textContent === 'running') {
-      const st = pill('no result', 'warn');
-      this.state.replaceWith(st);
-      this.state = st;
-    }
+    if (this.state?.textContent === 'running' || this.state?.textContent === 'waiting for approval') this.setState(pill('no result', 'warn'));
   }
 
   guess() {
@@ -407,7 +421,7 @@ class NoteBlock extends Block {
   }
 }
 
-const TOOL_TYPES = new Set(['tool_use', 'tool_output', 'tool_result']);
+const TOOL_TYPES = new Set(['tool_use', 'tool_output', 'tool_result', 'approval_requested', 'approval_decided']);
 const ROUND_TYPES = new Set(['round_started', 'agent_started', 'agent_completed', 'agent_failed']);
 const NODE_TYPES = new Set(['node_started', 'node_completed', 'node_failed', 'route', 'checkpoint']);
 
@@ -415,11 +429,13 @@ export class EventLog {
   /**
    * `kind`: the session's kind; `onTurn(inTurn, turnIndex)` when a turn
    * starts or ends; `onStick(stuck)` when the reader leaves or reaches the
-   * bottom.
+   * bottom; `onApproval(ev)` for each `approval_requested` and
+   * `approval_decided`.
    */
-  constructor(scroller, { kind = 'agent', onTurn, onStick } = {}) {
+  constructor(scroller, { kind = 'agent', onTurn, onStick, onApproval } = {}) {
     this.kind = kind;
     this.onTurn = onTurn;
+    this.onApproval = onApproval;
     this.vl = new VirtualList(scroller, { onStickChange: onStick });
     this.lastSeq = 0;
     this.count = 0;
@@ -476,12 +492,15 @@ export class EventLog {
       b.push(ev);
       if (type === 'thinking') this.text.delete(agent);
     } else if (TOOL_TYPES.has(type)) {
-      let b = this.tools.get(ev.id);
+      // An approval names its call by `call_id`, the `id` of its tool_use.
+      const id = ev.id ?? ev.call_id;
+      let b = this.tools.get(id);
       if (!b) {
-        b = this.block(new ToolBlock(this, ev.id));
-        this.tools.set(ev.id, b);
+        b = this.block(new ToolBlock(this, id));
+        this.tools.set(id, b);
       }
       b.push(ev);
+      if (type.startsWith('approval_')) this.onApproval?.(ev);
     } else if (type === 'error') {
       this.block(new ErrorBlock(this)).push(ev);
     } else if (type === 'intervention') {

@@ -151,9 +151,17 @@ function newSessionForm(ctx) {
   const sandbox = h('input', { type: 'checkbox', checked: true, 'aria-label': 'Tools in a sandbox' });
   const agents = h('input', { type: 'number', min: 1, max: 64, value: 3, 'aria-label': 'Agents per task' });
   const aggregate = h('select', { 'aria-label': 'Aggregate' }, ['judge', 'vote', 'none'].map((a) => h('option', { value: a }, a)));
-  const agentOnly = h('div', { class: 'row wrap', style: { gap: '16px' } },
-    h('label', { class: 'check' }, deltas, 'Stream text as it is written'),
-    h('label', { class: 'check' }, sandbox, 'Tools in a sandbox'));
+  // Which tool calls wait for a person's decision (the server's default
+  // policy when left as it is).
+  const permission = h('select', { testid: 'permission-mode', 'aria-label': 'Permission mode' },
+    h('option', { value: '' }, 'server default'),
+    [['auto', 'auto: run every call'], ['ask', 'ask: approve every call'], ['ask_writes', 'ask_writes: approve calls that change state'], ['plan', 'plan: run only read-only calls']]
+      .map(([v, label]) => h('option', { value: v }, label)));
+  const agentOnly = h('div', { class: 'stack' },
+    h('div', { class: 'row wrap', style: { gap: '16px' } },
+      h('label', { class: 'check' }, deltas, 'Stream text as it is written'),
+      h('label', { class: 'check' }, sandbox, 'Tools in a sandbox')),
+    h('div', { class: 'form-grid' }, field('Permission mode', permission, 'Which tool calls wait for your approval')));
   const delibOnly = h('div', { class: 'form-grid', hidden: true }, field('Agents per task', agents), field('Aggregate', aggregate));
   const err = h('div', { role: 'alert' });
   const create = h('button', { type: 'submit', class: 'primary', testid: 'create-session' }, 'Create session');
@@ -176,6 +184,7 @@ function newSessionForm(ctx) {
     if (kind.value === 'agent') {
       if (deltas.checked) options.text_deltas = true;
       if (!sandbox.checked) options.sandbox_enabled = false;
+      if (permission.value) options.permissions = { mode: permission.value };
     } else {
       delete options.model;
       if (model.value.trim()) options.models = [model.value.trim()];

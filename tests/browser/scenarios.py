@@ -18,7 +18,7 @@ class Failure(Exception):
     """A scenario's expectation that did not hold."""
 
 
-NAMES = ["sessions", "deliberations", "pipelines", "gateway", "views", "auth", "bigsession", "interventions"]
+NAMES = ["sessions", "deliberations", "pipelines", "gateway", "views", "auth", "bigsession", "interventions", "approvals"]
 
 CODE_PROMPT = "```python\nprint('hello from the sandbox', 6 * 7)\n```"
 LONG_PROMPT = " ".join(f"word{i}" for i in range(1, 401))
@@ -568,3 +568,7 @@ def scenario_interventions(b, args):
     b.shot("session-intervention")
     return {"interventions": len(said)}
 
+
+# In a module of its own to keep files short; imported last, once the
+# helpers it uses are defined.
+from approvals import scenario_approvals  # noqa: E402,F401
