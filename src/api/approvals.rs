@@ -3,10 +3,13 @@
 //! `approval` frame, which shares [`decide`]) and `GET /agent/approvals`.
 //!
 //! Only the session's key, or an admin key, decides; another key's
-//! session is "not found". A call that is not waiting (decided, timed
-//! out, never asked) is a 409, and of two decisions at once one wins and
-//! the other gets the 409. An edited input is checked against the tool's
+//! session is "not found". A deliberation's or pipeline's session also
+//! decides its agents' calls (their sessions have its owner). A call that
+//! is not waiting (decided, timed out, never asked) is a 409, and of two
+//! decisions at once one wins and the other gets the 409. An edited input is checked against the tool's
 //! schema and the deny rules before it claims the call.
+
+use std::sync::Arc;
 
 use axum::Extension;
 use axum::Json;
@@ -30,9 +33,13 @@ use crate::session::approvals::{DecideError, Decided, Decision, Pending};
 /// What a decision did.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DecisionTaken {
+    /// The session whose call it was: a deliberation agent's or pipeline
+    /// node's own when decided through its deliberation or pipeline.
     pub session_id: Uuid,
     pub call_id: String,
     pub decision: Approval,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
 }
 
 /// The caller's calls that wait for a decision.
@@ -71,19 +78,70 @@ pub async fn decider_session(
     state: &AppState,
     caller: &Caller,
     id: Uuid,
-) -> Result<std::sync::Arc<Session>, ApiError> {
+) -> Result<Arc<Session>, ApiError> {
     let owner = if caller.admin { None } else { caller.owner() };
     Ok(state.sessions.get(id, owner).await?)
 }
 
-/// Decides a waiting call of `session` for `caller`.
+/// The waiting call `call_id` of `session`, or of one of its agents when
+/// it is a deliberation or a pipeline (the agents' sessions have its
+/// owner, so whoever may decide for it may decide for them), with the
+/// options of the session whose call it is.
+async fn waiting_call(
+    state: &AppState,
+    session: &Session,
+    call_id: &str,
+    agent_id: Option<&str>,
+) -> Result<Option<(Pending, u64, Arc<Value>)>, ApiError> {
+    let owner = session.owner.as_deref();
+    if agent_id.is_none()
+        && let Some((pending, revision)) = state
+            .approvals
+            .pending(owner, session.id, call_id)
+            .await
+            .map_err(ApiError::internal)?
+    {
+        return Ok(Some((pending, revision, session.options.clone())));
+    }
+    let mut found = state
+        .approvals
+        .of_agents(owner, session.id, Some(call_id), agent_id)
+        .await
+        .map_err(ApiError::internal)?;
+    if found.len() > 1 {
+        let agents: Vec<&str> = found.iter().filter_map(|p| p.agent_id.as_deref()).collect();
+        return Err(ApiError::invalid(
+            "agent_id",
+            format!(
+                "agents {} each wait on a call {call_id}: name one with agent_id",
+                agents.join(", ")
+            ),
+        ));
+    }
+    let Some(child) = found.pop() else {
+        return Ok(None);
+    };
+    let Some((pending, revision)) = state
+        .approvals
+        .pending(owner, child.session_id, call_id)
+        .await
+        .map_err(ApiError::internal)?
+    else {
+        return Ok(None);
+    };
+    let child = state.sessions.get(child.session_id, owner).await?;
+    Ok(Some((pending, revision, child.options.clone())))
+}
+
+/// Decides a waiting call of `session` (or of one of its agents) for
+/// `caller`; answers the call decided.
 pub async fn decide(
     state: &AppState,
     caller: &Caller,
     session: &Session,
     call_id: &str,
     decision: Decision,
-) -> Result<(), ApiError> {
+) -> Result<Pending, ApiError> {
     let owner = session.owner.as_deref();
     let not_pending = || {
         ApiError::new(
@@ -92,14 +150,12 @@ pub async fn decide(
             DecideError::NotPending(call_id.to_string()).to_string(),
         )
     };
-    let (pending, revision) = state
-        .approvals
-        .pending(owner, session.id, call_id)
-        .await
-        .map_err(ApiError::internal)?
-        .ok_or_else(not_pending)?;
+    let (pending, revision, options) =
+        waiting_call(state, session, call_id, decision.agent_id.as_deref())
+            .await?
+            .ok_or_else(not_pending)?;
     if let Some(input) = &decision.input {
-        let options = AgentOptions::stored(&session.options).map_err(ApiError::internal)?;
+        let options = AgentOptions::stored(&options).map_err(ApiError::internal)?;
         crate::agent::approve::check_edited(&state.config.agent, &options, owner, &pending, input)
             .map_err(|e| ApiError::invalid("input", e))?;
     }
@@ -117,7 +173,7 @@ pub async fn decide(
         .decide(owner, &pending, revision, decided)
         .await
     {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(pending),
         Err(DecideError::NotPending(_)) => Err(not_pending()),
         Err(DecideError::Store(e)) => Err(ApiError::internal(e)),
     }
@@ -139,11 +195,12 @@ pub async fn post(
     let session = decider_session(&state, &caller, parse_id(&id)?).await?;
     let decision = parse_decision(Value::Object(body))?;
     let verdict = decision.decision;
-    decide(&state, &caller, &session, &call_id, decision).await?;
+    let decided = decide(&state, &caller, &session, &call_id, decision).await?;
     Ok(Json(DecisionTaken {
-        session_id: session.id,
+        session_id: decided.session_id,
         call_id,
         decision: verdict,
+        agent_id: decided.agent_id,
     }))
 }
 
