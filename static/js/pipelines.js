@@ -27,6 +27,8 @@ function mountList(main, ctx) {
   const request = h('textarea', { rows: 3, 'aria-label': 'Request', placeholder: 'What the connector should do', testid: 'pipeline-request' });
   const inputJson = h('textarea', { rows: 3, 'aria-label': 'Input state (JSON)', class: 'mono', value: '{}' });
   const model = h('input', { 'aria-label': 'Model for the nodes', placeholder: 'server default', autocomplete: 'off' });
+  const mode = h('select', { 'aria-label': 'Permission mode of the nodes', testid: 'permission-mode' },
+    h('option', { value: '' }, 'server default'), ['auto', 'ask', 'ask_writes', 'plan'].map((m) => h('option', { value: m }, m)));
   const delay = h('input', { type: 'number', min: 0, max: 60000, value: 300, 'aria-label': 'Mock delay per node in milliseconds', testid: 'mock-delay' });
   const mockOn = h('input', { type: 'checkbox', 'aria-label': 'Mock agents', testid: 'mock-on' });
   const mockBox = h('div', null,
@@ -41,7 +43,9 @@ function mountList(main, ctx) {
   const form = h('form', { class: 'card', testid: 'start-form', 'aria-label': 'Start a pipeline run' },
     h('div', { class: 'card-head' }, h('h2', null, 'Start a run')),
     h('div', { class: 'card-body stack' }, field('Pipeline', select), desc, connectorFields, requestField, genericField,
-      h('div', { class: 'form-grid' }, field('Model', model), mockBox), err, h('div', null, start)));
+      h('div', { class: 'form-grid' }, field('Model', model), mockBox),
+      field('Permission mode', mode, 'ask: each tool call of a node waits for your decision here; plan: only calls that read run'),
+      err, h('div', null, start)));
   let defs = [];
   const showFields = () => {
     const d = defs.find((x) => x.name === select.value);
@@ -78,6 +82,7 @@ function mountList(main, ctx) {
     if (!requestField.hidden && request.value.trim()) input.original_request = request.value.trim();
     if (Object.keys(input).length) body.input = input;
     if (model.value.trim()) body.model = model.value.trim();
+    if (mode.value) body.permissions = { mode: mode.value };
     if (mockOn.checked) body.mock = { delay_ms: Number(delay.value) || 0 };
     start.disabled = true;
     try {
@@ -220,9 +225,15 @@ function mountRun(main, threadId, ctx) {
     }
     refresh();
   };
+  let waitShown = '';
   const drawWaiting = () => {
     const running = status?.status === 'running';
     const calls = running ? [...live.waiting.values()] : [];
+    // Drawn again only when the calls change: a refresh must not replace
+    // the buttons under a person's click.
+    const shown = JSON.stringify(calls.map((w) => `${w.node}/${w.call_id}`));
+    if (shown === waitShown) return;
+    waitShown = shown;
     put(waitBox, calls.length ? h('div', { class: 'banner warn stack', style: { marginBottom: '12px', alignItems: 'stretch' } },
       calls.map((w) => {
         const allow = h('button', { type: 'button', class: 'primary', testid: 'approve-call' }, 'Allow');
