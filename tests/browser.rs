@@ -97,6 +97,21 @@ async fn in_chromium_a_pipeline_shows_its_path_and_history() {
     server.stop().await;
 }
 
+/// A pipeline node whose agent waits for approval shows so in the graph,
+/// and the call is allowed from the run's page.
+#[tokio::test]
+async fn in_chromium_a_pipeline_node_waiting_for_approval_is_shown_and_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let gated = "name: gated\nstart: run\nterminal: [run]\nstate:\n  code: {reducer: replace}\n\
+                 nodes:\n  run:\n    prompt: '{code}'\n    tools: [Bash]\n";
+    std::fs::write(dir.path().join("gated.yaml"), gated).unwrap();
+    let path = dir.path().to_path_buf();
+    let server = TestServer::start_with(|c| c.pipelines.dir = Some(path)).await;
+    let facts = browser("pipeline_approvals", &server, &[]).await;
+    assert_eq!(facts["label"], "waiting for approval", "{facts}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn in_chromium_a_drained_replica_changes_state() {
     let (r1, r2) = (Sim::start("r1", &[]).await, Sim::start("r2", &[]).await);

@@ -18,8 +18,8 @@ use crate::permission::{
     Call, DEFAULT_APPROVAL_TIMEOUT_S, Mode, Permissions, Policy, Rule, Verdict,
 };
 use crate::protocol::{Approval, EventKind};
-use crate::session::Session;
 use crate::session::approvals::{Decided, Pending, Remember};
+use crate::session::{OnBehalfOf, Session};
 use crate::store::StoreError;
 
 /// Where relative paths start when the session names no working directory.
@@ -36,6 +36,8 @@ pub struct Gate {
     timeout: Duration,
     hook: Option<(String, Duration)>,
     working_dir: String,
+    /// The deliberation or pipeline the turn works for.
+    on_behalf_of: Option<OnBehalfOf>,
 }
 
 /// A policy that was validated when it was stored; one that no longer
@@ -90,7 +92,16 @@ impl Gate {
                 .working_dir
                 .clone()
                 .unwrap_or_else(|| WORKSPACE.into()),
+            on_behalf_of: None,
         }
+    }
+
+    /// The same gate for a turn run for another session (a deliberation
+    /// agent's, a pipeline node's): its waiting calls name that session
+    /// and the agent.
+    pub fn on_behalf_of(mut self, parent: Option<OnBehalfOf>) -> Gate {
+        self.on_behalf_of = parent;
+        self
     }
 
     /// Whether nothing that changes state may run (the model is told).
@@ -227,7 +238,8 @@ async fn wait(
         requested_at: now,
         expires_at,
         read_only,
-        agent_id: None,
+        agent_id: gate.on_behalf_of.as_ref().map(|o| o.agent_id.clone()),
+        parent_id: gate.on_behalf_of.as_ref().map(|o| o.parent),
         schema,
     };
     let owner = session.owner.as_deref();

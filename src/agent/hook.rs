@@ -119,6 +119,7 @@ impl Hooks {
             input: answered.input,
             remember: None,
             rule: None,
+            agent_id: None,
         }))
     }
 }

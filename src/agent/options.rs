@@ -210,6 +210,7 @@ mod tests {
         let turn = TurnOptions {
             model: Some("sonnet".into()),
             allowed_tools: Some(vec!["Bash".into(), "Write".into()]),
+            ..TurnOptions::default()
         };
         let options = session.clone().for_turn(&turn);
         assert_eq!(options.model.as_deref(), Some("sonnet"));

@@ -128,7 +128,8 @@ async fn agent_loop(
         )
         .collect();
     let max_calls = options.max_turns.unwrap_or(deps.config.max_turns);
-    let gate = Gate::new(&deps.config, options, session.owner.as_deref());
+    let gate = Gate::new(&deps.config, options, session.owner.as_deref())
+        .on_behalf_of(tally.options.on_behalf_of.clone());
     let mut system = options
         .system_prompt
         .clone()

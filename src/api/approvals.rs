@@ -3,10 +3,13 @@
 //! `approval` frame, which shares [`decide`]) and `GET /agent/approvals`.
 //!
 //! Only the session's key, or an admin key, decides; another key's
-//! session is "not found". A call that is not waiting (decided, timed
-//! out, never asked) is a 409, and of two decisions at once one wins and
-//! the other gets the 409. An edited input is checked against the tool's
+//! session is "not found". A deliberation's or pipeline's session also
+//! decides its agents' calls (their sessions have its owner). A call that
+//! is not waiting (decided, timed out, never asked) is a 409, and of two
+//! decisions at once one wins and the other gets the 409. An edited input is checked against the tool's
 //! schema and the deny rules before it claims the call.
+
+use std::sync::Arc;
 
 use axum::Extension;
 use axum::Json;
@@ -25,14 +28,18 @@ use super::state::AppState;
 use crate::agent::decide::Refused;
 use crate::protocol::Approval;
 use crate::session::Session;
-use crate::session::approvals::{Decision, Pending};
+use crate::session::approvals::{DecideError, Decision, Pending};
 
 /// What a decision did.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DecisionTaken {
+    /// The session whose call it was: a deliberation agent's or pipeline
+    /// node's own when decided through its deliberation or pipeline.
     pub session_id: Uuid,
     pub call_id: String,
     pub decision: Approval,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
 }
 
 /// The caller's calls that wait for a decision.
@@ -71,33 +78,81 @@ pub async fn decider_session(
     state: &AppState,
     caller: &Caller,
     id: Uuid,
-) -> Result<std::sync::Arc<Session>, ApiError> {
+) -> Result<Arc<Session>, ApiError> {
     let owner = if caller.admin { None } else { caller.owner() };
     Ok(state.sessions.get(id, owner).await?)
 }
 
-/// Decides a waiting call of `session` for `caller`.
+/// The session whose waiting call `call_id` is: `session`'s own, or one
+/// of its agents' when it is a deliberation or a pipeline (the agents'
+/// sessions have its owner, so whoever may decide for it may decide for
+/// them), with the agent's id.
+async fn whose_call(
+    state: &AppState,
+    session: &Arc<Session>,
+    call_id: &str,
+    agent_id: Option<&str>,
+) -> Result<Option<(Arc<Session>, Option<String>)>, ApiError> {
+    let owner = session.owner.as_deref();
+    if agent_id.is_none()
+        && state
+            .approvals
+            .pending(owner, session.id, call_id)
+            .await
+            .map_err(ApiError::internal)?
+            .is_some()
+    {
+        return Ok(Some((session.clone(), None)));
+    }
+    let mut found = state
+        .approvals
+        .of_agents(owner, session.id, Some(call_id), agent_id)
+        .await
+        .map_err(ApiError::internal)?;
+    if found.len() > 1 {
+        let agents: Vec<&str> = found.iter().filter_map(|p| p.agent_id.as_deref()).collect();
+        return Err(ApiError::invalid(
+            "agent_id",
+            format!(
+                "agents {} each wait on a call {call_id}: name one with agent_id",
+                agents.join(", ")
+            ),
+        ));
+    }
+    let Some(child) = found.pop() else {
+        return Ok(None);
+    };
+    let agent = state.sessions.get(child.session_id, owner).await?;
+    Ok(Some((agent, child.agent_id)))
+}
+
+/// Decides a waiting call of `session` (or of one of its agents) for
+/// `caller`; answers the session whose call it was, and its agent.
 pub async fn decide(
     state: &AppState,
     caller: &Caller,
-    session: &Session,
+    session: &Arc<Session>,
     call_id: &str,
     decision: Decision,
-) -> Result<(), ApiError> {
-    let by = if caller.owner.is_some() && caller.owner.as_deref() != session.owner.as_deref() {
+) -> Result<(Uuid, Option<String>), ApiError> {
+    let not_pending = |e: String| ApiError::new(StatusCode::CONFLICT, "not_pending", e);
+    let Some((target, agent_id)) =
+        whose_call(state, session, call_id, decision.agent_id.as_deref()).await?
+    else {
+        return Err(not_pending(
+            DecideError::NotPending(call_id.to_string()).to_string(),
+        ));
+    };
+    let by = if caller.owner.is_some() && caller.owner.as_deref() != target.owner.as_deref() {
         "admin"
     } else {
         "user"
     };
     let approvals = &state.approvals;
     let config = &state.config.agent;
-    match crate::agent::decide::decide(approvals, config, session, call_id, decision, by).await {
-        Ok(()) => Ok(()),
-        Err(Refused::NotPending(e)) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_pending",
-            e.to_string(),
-        )),
+    match crate::agent::decide::decide(approvals, config, &target, call_id, decision, by).await {
+        Ok(()) => Ok((target.id, agent_id)),
+        Err(Refused::NotPending(e)) => Err(not_pending(e.to_string())),
         Err(Refused::Input(e)) => Err(ApiError::invalid("input", e)),
         Err(Refused::Store(e)) => Err(ApiError::internal(e)),
     }
@@ -119,11 +174,12 @@ pub async fn post(
     let session = decider_session(&state, &caller, parse_id(&id)?).await?;
     let decision = parse_decision(Value::Object(body))?;
     let verdict = decision.decision;
-    decide(&state, &caller, &session, &call_id, decision).await?;
+    let (session_id, agent_id) = decide(&state, &caller, &session, &call_id, decision).await?;
     Ok(Json(DecisionTaken {
-        session_id: session.id,
+        session_id,
         call_id,
         decision: verdict,
+        agent_id,
     }))
 }
 

@@ -201,7 +201,7 @@ async fn handle_frame(
                 let verdict = decision.decision;
                 super::approvals::decide(state, caller, session, &call_id, decision)
                     .await
-                    .map(|()| verdict)
+                    .map(|_| verdict)
             }
             Err(e) => Err(e),
         };

@@ -295,6 +295,12 @@ impl Run<'_> {
         if let Some(share) = self.budget.usd_share(u64::from(self.options.num_agents)) {
             options["max_budget_usd"] = json!(share);
         }
+        // The agent's calls follow the deliberation's policy; the agent's
+        // session has the deliberation's owner, so that owner's key policy
+        // applies as well.
+        if let Some(permissions) = &self.options.permissions {
+            options["permissions"] = json!(permissions);
+        }
         let session = manager
             .create(NewSession {
                 name: Some(format!("{agent_id} of deliberation {}", self.task_id)),

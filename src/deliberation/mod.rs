@@ -114,6 +114,10 @@ pub struct DeliberationOptions {
     /// Cap on tokens per model call.
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// Tool-using agents' calls: what runs, what waits for a decision,
+    /// what never runs (as an agent session's `permissions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<crate::permission::Permissions>,
 }
 
 fn default_role() -> String {
@@ -244,6 +248,11 @@ impl DeliberationOptions {
         }
         if self.max_tokens == Some(0) {
             return Err(OptionError::new("options.max_tokens", "must be at least 1"));
+        }
+        if let Some(permissions) = &self.permissions {
+            permissions
+                .validate("options.permissions")
+                .map_err(|e| OptionError::new(e.field, e.message))?;
         }
         Ok(())
     }

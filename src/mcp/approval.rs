@@ -199,6 +199,7 @@ fn decision_of(result: ElicitResult) -> Result<Decision, String> {
         input: None,
         remember: (allow && answer.remember).then_some(Remember::Session),
         rule: None,
+        agent_id: None,
     })
 }
 

@@ -252,6 +252,7 @@ pub async fn agent(
     let options = TurnOptions {
         model: spec.model.clone(),
         allowed_tools: spec.tools.clone(),
+        ..TurnOptions::default()
     };
     let done =
         crate::session::child::run_turn(manager, jobs, worker, prompt, options, parent, node)

@@ -464,6 +464,11 @@ async fn worker_of(
             if let Some(model) = &options.model {
                 agent["model"] = json!(model);
             }
+            // The nodes' calls follow the run's policy; the worker has the
+            // run's owner, so that owner's key policy applies as well.
+            if let Some(permissions) = &options.permissions {
+                agent["permissions"] = json!(permissions);
+            }
             let child = manager
                 .create(NewSession {
                     name: Some(format!("nodes of pipeline session {}", session.id)),

@@ -60,6 +60,11 @@ pub struct PipelineOptions {
     /// the happy path), whether or not the server is in test mode.
     #[serde(default)]
     pub mock: Option<agents::MockScript>,
+    /// The nodes' tool calls: what runs, what waits for a decision, what
+    /// never runs (as an agent session's `permissions`); a node that
+    /// waits shows so in the run's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<crate::permission::Permissions>,
 }
 
 fn default_pipeline() -> String {

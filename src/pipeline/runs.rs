@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::engine::{END, Step, step_of};
 use super::{KIND, PipelineOptions};
 use crate::protocol::{SessionRecord, SessionStatus};
+use crate::session::approvals::Approvals;
 use crate::session::{NewSession, OptionError, Session, SessionError, SessionManager};
 use crate::store::{Expect, KvStore, SessionFilter, Store, StoreError, kv_json};
 
@@ -200,6 +201,7 @@ pub struct Runs {
     queued: Arc<std::sync::Mutex<std::collections::HashSet<Uuid>>>,
     definitions: Arc<std::collections::BTreeMap<String, Arc<super::Definition>>>,
     config: super::PipelineConfig,
+    approvals: Arc<Approvals>,
 }
 
 impl Runs {
@@ -209,6 +211,7 @@ impl Runs {
         queued: Arc<std::sync::Mutex<std::collections::HashSet<Uuid>>>,
         definitions: Arc<std::collections::BTreeMap<String, Arc<super::Definition>>>,
         config: super::PipelineConfig,
+        approvals: Arc<Approvals>,
     ) -> Runs {
         Runs {
             sessions,
@@ -216,6 +219,7 @@ impl Runs {
             queued,
             definitions,
             config,
+            approvals,
         }
     }
 
@@ -312,7 +316,9 @@ impl Runs {
     }
 
     /// Where a run stands: queued, running, completed, failed, cancelled
-    /// or interrupted; its node, state, counters and timing.
+    /// or interrupted; its node (`node_status` says whether it runs or
+    /// waits for a decision on the `waiting` tool calls), state, counters
+    /// and timing.
     pub async fn status(&self, owner: Option<&str>, thread_id: &str) -> Result<Value, RunError> {
         let (record, session) = self.find(owner, thread_id).await?;
         let steps = self.steps(session.id).await?;
@@ -344,6 +350,29 @@ impl Runs {
             ),
             None => (None, json!({}), json!({}), None),
         };
+        // A node whose agent waits for a decision on a tool call says so,
+        // with the calls (decided through this run's session).
+        let waiting = if status == "running" {
+            self.approvals
+                .of_agents(record.owner.as_deref(), session.id, None, None)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let node = node.or_else(|| waiting.first().and_then(|p| p.agent_id.clone()));
+        let node_status = match (status.as_str(), waiting.is_empty()) {
+            ("running", true) => Some("running"),
+            ("running", false) => Some("waiting_approval"),
+            _ => None,
+        };
+        let waiting: Vec<Value> = waiting
+            .iter()
+            .map(|p| {
+                json!({"call_id": p.call_id, "tool": p.tool, "input": p.input,
+                       "reason": p.reason, "node": p.agent_id, "session_id": p.session_id,
+                       "requested_at": p.requested_at, "expires_at": p.expires_at})
+            })
+            .collect();
         let updated = last.map_or(record.created_at, |(_, at, _)| *at);
         Ok(json!({
             "thread_id": record.thread_id,
@@ -351,6 +380,8 @@ impl Runs {
             "pipeline": record.pipeline,
             "status": status,
             "node": node,
+            "node_status": node_status,
+            "waiting": waiting,
             "state": state,
             "counters": counters,
             "reason": reason,

@@ -67,6 +67,11 @@ impl SessionTask for PipelineTask {
             )
             .into());
         }
+        if let Some(permissions) = &options.permissions {
+            permissions
+                .validate("options.permissions")
+                .map_err(|e| OptionError::new(e.field, e.message))?;
+        }
         check_connector_name(definition, &options)?;
         serde_json::to_value(&options)
             .map_err(|e| SessionError::Internal(format!("storing options: {e}")))

@@ -280,6 +280,7 @@ impl Server {
             queued,
             definitions,
             config.pipelines.clone(),
+            approvals.clone(),
         ));
         if let Some(host) = &mcp {
             let _ = host.deliberations.set(deliberations.clone());

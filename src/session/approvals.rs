@@ -52,6 +52,10 @@ pub struct Pending {
     /// The deliberation agent or pipeline node whose call it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
+    /// The deliberation or pipeline session the call's agent works for:
+    /// its owner decides the call there too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<Uuid>,
     /// The tool's input schema, which an edited input must fit.
     #[serde(default, skip_serializing)]
     pub schema: Value,
@@ -77,6 +81,11 @@ pub struct Decision {
     /// The allow rule to remember instead of the whole tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// Deciding through a deliberation or pipeline session: the agent (or
+    /// node) whose call it is, needed only when two of its agents wait on
+    /// calls of the same id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -284,6 +293,24 @@ impl Approvals {
             .collect::<Result<_, _>>()?;
         pending.sort_by_key(|p| p.requested_at);
         Ok(pending)
+    }
+
+    /// The pending calls the agents of `parent` (a deliberation's, a
+    /// pipeline's) wait on: of id `call_id` and of `agent_id` when given.
+    pub async fn of_agents(
+        &self,
+        owner: Option<&str>,
+        parent: Uuid,
+        call_id: Option<&str>,
+        agent_id: Option<&str>,
+    ) -> Result<Vec<Pending>, StoreError> {
+        let mut found = self.list(owner).await?;
+        found.retain(|p| {
+            p.parent_id == Some(parent)
+                && call_id.is_none_or(|c| p.call_id == c)
+                && agent_id.is_none_or(|a| p.agent_id.as_deref() == Some(a))
+        });
+        Ok(found)
     }
 
     /// Removes a session's pending calls (its turn was closed after a

@@ -19,7 +19,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{Session, SessionManager, TurnOptions};
+use super::{OnBehalfOf, Session, SessionManager, TurnOptions};
 use crate::jobs::{self, Handler, Jobs};
 use crate::protocol::{EventKind, ResultStatus, Usage};
 
@@ -65,8 +65,9 @@ impl Drop for InterruptOnDrop {
 
 /// Runs a turn of `child` on `prompt` with `options` (after any turn it
 /// is running) wherever `jobs` runs it, and forwards its events, but its
-/// `result`, into `parent` with `tag` as their `agent_id`. An error says
-/// why no result came.
+/// `result`, into `parent` with `tag` as their `agent_id`. The turn's
+/// calls that wait for a decision name `parent` and `tag`, so the parent's
+/// owner decides them there. An error says why no result came.
 pub async fn run_turn(
     manager: &SessionManager,
     jobs: &dyn Jobs,
@@ -81,6 +82,13 @@ pub async fn run_turn(
         .await
         .map_err(|e| e.to_string())?;
     let mut events = child.subscribe(since, false);
+    let options = TurnOptions {
+        on_behalf_of: Some(OnBehalfOf {
+            parent: parent.id,
+            agent_id: tag.to_owned(),
+        }),
+        ..options
+    };
     let job = ChildTurn {
         child: child.id,
         prompt,

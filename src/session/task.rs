@@ -110,6 +110,18 @@ pub struct TurnOptions {
     pub model: Option<String>,
     /// Only these of the session's tools, for this turn.
     pub allowed_tools: Option<Vec<String>>,
+    /// The session this turn runs for and the agent (or node) it is
+    /// there: its calls that wait for a decision say so, and the parent
+    /// session's owner can decide them through the parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_behalf_of: Option<OnBehalfOf>,
+}
+
+/// The parent session and agent id of a child session's turn.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OnBehalfOf {
+    pub parent: Uuid,
+    pub agent_id: String,
 }
 
 impl Turn {

@@ -183,10 +183,13 @@ export function buildGraph(def, { onNode } = {}) {
     nodeEls.set(n, { g, sub, role: roleText });
   }
 
-  /** marks: {current, visited: Set, taken: Set of edgeKey, failed, selected, visits: Map, decisions: Map}. */
+  /** marks: {current, visited: Set, taken: Set of edgeKey, failed, selected, visits: Map, decisions: Map,
+   *  waiting: Set of nodes whose agent waits for a decision on a tool call}. */
   function update(marks) {
     for (const [n, { g, sub, role }] of nodeEls) {
+      const waits = !!marks.waiting?.has(n);
       g.classList.toggle('current', marks.current === n);
+      g.classList.toggle('waiting', waits);
       g.classList.toggle('visited', marks.visited.has(n) && marks.current !== n);
       g.classList.toggle('failed', marks.failed === n);
       g.classList.toggle('selected', marks.selected === n);
@@ -194,7 +197,8 @@ export function buildGraph(def, { onNode } = {}) {
       const visits = marks.visits?.get(n) || 0;
       const decision = marks.decisions?.get(n);
       const bits = [];
-      if (marks.current === n) bits.push('running…');
+      if (waits) bits.push('waiting for approval');
+      else if (marks.current === n) bits.push('running…');
       else if (marks.resumeAt === n) bits.push('resumes here');
       else if (decision) bits.push(decision);
       if (visits > 1) bits.push(`×${visits}`);

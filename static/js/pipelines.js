@@ -1,5 +1,6 @@
 // Pipelines: start a run of a definition; a run's graph with the node
-// running now and the path taken, its checkpoint history with the state at
+// running now (or waiting for a decision on a tool call, which can be
+// given here) and the path taken, its checkpoint history with the state at
 // each step (and what changed since the step before), cancel and resume.
 
 import * as api from './api.js';
@@ -26,6 +27,8 @@ function mountList(main, ctx) {
   const request = h('textarea', { rows: 3, 'aria-label': 'Request', placeholder: 'What the connector should do', testid: 'pipeline-request' });
   const inputJson = h('textarea', { rows: 3, 'aria-label': 'Input state (JSON)', class: 'mono', value: '{}' });
   const model = h('input', { 'aria-label': 'Model for the nodes', placeholder: 'server default', autocomplete: 'off' });
+  const mode = h('select', { 'aria-label': 'Permission mode of the nodes', testid: 'permission-mode' },
+    h('option', { value: '' }, 'server default'), ['auto', 'ask', 'ask_writes', 'plan'].map((m) => h('option', { value: m }, m)));
   const delay = h('input', { type: 'number', min: 0, max: 60000, value: 300, 'aria-label': 'Mock delay per node in milliseconds', testid: 'mock-delay' });
   const mockOn = h('input', { type: 'checkbox', 'aria-label': 'Mock agents', testid: 'mock-on' });
   const mockBox = h('div', null,
@@ -40,7 +43,9 @@ function mountList(main, ctx) {
   const form = h('form', { class: 'card', testid: 'start-form', 'aria-label': 'Start a pipeline run' },
     h('div', { class: 'card-head' }, h('h2', null, 'Start a run')),
     h('div', { class: 'card-body stack' }, field('Pipeline', select), desc, connectorFields, requestField, genericField,
-      h('div', { class: 'form-grid' }, field('Model', model), mockBox), err, h('div', null, start)));
+      h('div', { class: 'form-grid' }, field('Model', model), mockBox),
+      field('Permission mode', mode, 'ask: each tool call of a node waits for your decision here; plan: only calls that read run'),
+      err, h('div', null, start)));
   let defs = [];
   const showFields = () => {
     const d = defs.find((x) => x.name === select.value);
@@ -77,6 +82,7 @@ function mountList(main, ctx) {
     if (!requestField.hidden && request.value.trim()) input.original_request = request.value.trim();
     if (Object.keys(input).length) body.input = input;
     if (model.value.trim()) body.model = model.value.trim();
+    if (mode.value) body.permissions = { mode: mode.value };
     if (mockOn.checked) body.mock = { delay_ms: Number(delay.value) || 0 };
     start.disabled = true;
     try {
@@ -113,7 +119,8 @@ function mountList(main, ctx) {
         const tr = h('tr', { class: 'clickable', testid: 'run-row', dataset: { thread: st.thread_id } },
           h('td', { class: 'title-cell' }, h('a', { href }, st.thread_id), h('div', { class: 'id' }, st.pipeline || '')),
           h('td', null, pill(st.status)),
-          h('td', { class: 'hide-sm mono small' }, st.node || '—'),
+          h('td', { class: 'hide-sm mono small' }, st.node || '—',
+            st.node_status === 'waiting_approval' ? h('span', { class: 'tag', testid: 'run-waiting' }, 'waiting for approval') : null),
           h('td', { class: 'num hide-sm' }, String(st.steps)),
           h('td', { class: 'hide-sm muted' }, ago(st.started_at)));
         tr.addEventListener('click', (e) => { if (!e.target.closest('a')) ctx.navigate(href); });
@@ -133,7 +140,8 @@ function mountRun(main, threadId, ctx) {
   let graph = null;
   let selected = null; // step number
   let lastSeq = 0;
-  const live = { current: null, taken: new Set(), visited: new Set(), decisions: new Map() };
+  // waiting: `${node}/${call_id}` → the call a node's agent waits on.
+  const live = { current: null, taken: new Set(), visited: new Set(), decisions: new Map(), waiting: new Map() };
   const enc = encodeURIComponent(threadId);
 
   const runStatus = h('span', { class: 'pill', testid: 'run-status', role: 'status' }, '…');
@@ -145,12 +153,14 @@ function mountRun(main, threadId, ctx) {
   const steps = h('ol', { class: 'steps', 'aria-label': 'Checkpoints' });
   const stateBox = h('div', { class: 'card-body', testid: 'step-state', 'aria-live': 'polite' });
   const notice = h('div');
+  const waitBox = h('div', { testid: 'waiting-calls', 'aria-live': 'polite' });
 
   put(main,
     h('a', { href: '/ui/pipelines', class: 'crumb' }, icon('back', 14), 'Pipelines'),
     h('div', { class: 'page-head' }, h('div', { class: 'grow' }, h('h1', { class: 'mono', style: { fontSize: '17px' } }, threadId), meta), runStatus, conn, cancel, resume),
     notice,
-    h('div', { class: 'card' }, h('div', { class: 'card-head' }, h('h2', null, 'Graph'), h('span', { class: 'muted small' }, 'green: the path taken · outlined: running now · dashed: retry edges')), graphBox),
+    waitBox,
+    h('div', { class: 'card' }, h('div', { class: 'card-head' }, h('h2', null, 'Graph'), h('span', { class: 'muted small' }, 'green: the path taken · outlined: running now · amber: waiting for approval · dashed: retry edges')), graphBox),
     h('div', { class: 'run-grid' },
       h('div', { class: 'card' }, h('div', { class: 'card-head' }, h('h2', null, 'History'), h('span', { class: 'muted small' }, 'one checkpoint per node')), steps),
       h('div', { class: 'card' }, h('div', { class: 'card-head' }, h('h2', null, 'State')), stateBox)));
@@ -177,7 +187,8 @@ function mountRun(main, threadId, ctx) {
     // Where a stopped run resumes.
     const last = history[history.length - 1];
     const resumeAt = !running && last && last.node === '(end)' ? last.next : null;
-    return { current, visited, taken, decisions, visits, failed: failed && !running ? failed : null, selected: sel, resumeAt };
+    const waiting = new Set(running ? [...live.waiting.values()].map((w) => w.node) : []);
+    return { current, visited, taken, decisions, visits, waiting, failed: failed && !running ? failed : null, selected: sel, resumeAt };
   };
   const drawGraph = () => { if (graph) graph.update(marks()); };
 
@@ -199,6 +210,41 @@ function mountRun(main, threadId, ctx) {
       ? `Stopped before ${last.next} (${status.reason || st}). Resume continues from there, after step ${history.filter((x) => x.node !== '(end)').length}.`
       : status.reason;
     put(notice, text && st !== 'completed' && st !== 'running' ? h('div', { class: 'banner warn', style: { marginBottom: '12px' } }, icon('alert', 16), text) : null);
+  };
+
+  // The calls nodes wait on, each with Allow and Deny: decided through the
+  // run's session, which finds the call of its node's agent.
+  const decide = async (w, decision, buttons) => {
+    buttons.forEach((b) => { b.disabled = true; });
+    try {
+      await api.post(`/agent/session/${status.session_id}/approvals/${encodeURIComponent(w.call_id)}`, { decision, agent_id: w.node });
+      toast(`${decision === 'allow' ? 'Allowed' : 'Denied'} ${w.tool} of ${w.node}`, decision === 'allow' ? 'ok' : '');
+    } catch (e) {
+      toast(e.message, 'danger');
+      buttons.forEach((b) => { b.disabled = false; });
+    }
+    refresh();
+  };
+  let waitShown = '';
+  const drawWaiting = () => {
+    const running = status?.status === 'running';
+    const calls = running ? [...live.waiting.values()] : [];
+    // Drawn again only when the calls change: a refresh must not replace
+    // the buttons under a person's click.
+    const shown = JSON.stringify(calls.map((w) => `${w.node}/${w.call_id}`));
+    if (shown === waitShown) return;
+    waitShown = shown;
+    put(waitBox, calls.length ? h('div', { class: 'banner warn stack', style: { marginBottom: '12px', alignItems: 'stretch' } },
+      calls.map((w) => {
+        const allow = h('button', { type: 'button', class: 'primary', testid: 'approve-call' }, 'Allow');
+        const deny = h('button', { type: 'button', class: 'danger', testid: 'deny-call' }, 'Deny');
+        allow.addEventListener('click', () => decide(w, 'allow', [allow, deny]));
+        deny.addEventListener('click', () => decide(w, 'deny', [allow, deny]));
+        return h('div', { class: 'row wrap', testid: 'waiting-call', dataset: { node: w.node, call: w.call_id } },
+          icon('alert', 16), h('strong', null, w.node), h('span', null, 'waits for approval:'),
+          h('span', { class: 'mono small' }, `${w.tool} ${jsonLine(w.input, 200)}`),
+          w.reason ? h('span', { class: 'muted small' }, w.reason) : null, h('span', { class: 'grow' }), allow, deny);
+      })) : null);
   };
 
   const drawHistory = () => {
@@ -266,9 +312,13 @@ function mountRun(main, threadId, ctx) {
       if (!alive) return;
       status = st;
       history = hist.history || [];
+      // The status is where the waiting calls are known for sure (events
+      // may have been missed while the socket reconnected).
+      live.waiting = new Map((st.waiting || []).map((w) => [`${w.node}/${w.call_id}`, w]));
       if (!FINAL.has(st.status) && st.status !== 'running' && st.status !== 'queued') live.current = null;
       if (selected === null && history.length && !(st.status === 'running')) selected = history[history.length - 1].step;
       drawStatus();
+      drawWaiting();
       drawHistory();
       if (selected !== null) drawState();
       drawGraph();
@@ -301,6 +351,16 @@ function mountRun(main, threadId, ctx) {
         break;
       case 'checkpoint':
         refresh();
+        break;
+      case 'approval_requested':
+        if (!ev.agent_id) return;
+        live.waiting.set(`${ev.agent_id}/${ev.call_id}`, { node: ev.agent_id, call_id: ev.call_id, tool: ev.tool, input: ev.input, reason: ev.reason });
+        drawWaiting();
+        break;
+      case 'approval_decided':
+        if (!ev.agent_id) return;
+        live.waiting.delete(`${ev.agent_id}/${ev.call_id}`);
+        drawWaiting();
         break;
       case 'pipeline_completed':
       case 'result':

@@ -171,3 +171,32 @@ def scenario_approvals(b, args):
     ran(b, mark, "not run")
 
     return {"session_id": sid, "seconds_to_first": t["click_s"]}
+
+
+def scenario_pipeline_approvals(b, args):
+    """A node waiting for approval shows so; Allow on its call lets the run complete."""
+    b.open("/ui/pipelines")
+    select = b.tid("pipeline-select")
+    b.wait(lambda: "gated" in [o.get_attribute("value") for o in select.find_elements("css selector", "option")], 15, "the gated pipeline")
+    b.set_value(select, "gated")
+    b.set_value(b.one('textarea[aria-label="Input state (JSON)"]'), '{"code": "$ echo gated"}')
+    b.set_value(b.tid("permission-mode"), "ask")
+    b.click("start-pipeline")
+    b.wait(lambda: b.path().startswith("/ui/pipelines/pipeline-"), 15, "the run's page")
+    node = '[data-testid="graph-node"][data-node="run"]'
+    def classes():
+        return (b.attr(node, "class") or "").split()
+    b.wait(lambda: "waiting" in classes(), 20, "the node marked waiting")
+    label = b.driver.execute_script("return document.querySelector(arguments[0]).textContent", f"{node} text.sub")
+    shown = b.wait(lambda: b.driver.execute_script(
+        "const el = document.querySelector('[data-testid=\"waiting-call\"][data-node=\"run\"]'); return el && el.textContent;"),
+        10, "the node's waiting call")
+    if "Bash" not in shown:
+        raise Failure(f"the waiting call shows {shown!r}")
+    b.shot("pipeline-approval")
+    b.click_css('[data-testid="approve-call"]')
+    b.wait(lambda: b.tid("run-status").get_attribute("data-status") == "completed", 30, "run-status completed")
+    b.wait(lambda: "visited" in classes() and "waiting" not in classes(), 10, "the node visited, not waiting")
+    if b.css('[data-testid="waiting-call"]'):
+        raise Failure("the call still shows as waiting after the run completed")
+    return {"label": label}
