@@ -20,7 +20,9 @@ use axum::Json;
 use axum::extract::State;
 use common::TestServer;
 use common::binary::{serve_command, spawn_server};
-use script::{bash, capable, decide, of_type, says, start_turn, told, until_asked};
+use script::{
+    allow, bash, capable, decide, of_type, says, start_turn, status_says, told, until_asked,
+};
 use serde_json::{Value, json};
 use upstream::Upstream;
 
@@ -115,27 +117,13 @@ async fn the_hook_allows_denies_and_falls_back_to_a_person() {
             .unwrap()
             .contains("the hook says no")
     );
-    let said = of_type(&before, "status");
     assert!(
-        said.iter().any(|s| s["message"]
-            .as_str()
-            .unwrap()
-            .contains("did not answer within 300 ms")),
+        status_says(&before, "did not answer within 300 ms"),
         "{before:?}"
     );
-    assert_eq!(
-        decide(&server, None, &id, "h3", json!({"decision": "allow"}))
-            .await
-            .0,
-        200
-    );
+    allow(&server, &id, "h3").await;
     until_asked(&mut turn, "h4").await;
-    assert_eq!(
-        decide(&server, None, &id, "h4", json!({"decision": "allow"}))
-            .await
-            .0,
-        200
-    );
+    allow(&server, &id, "h4").await;
     let rest = turn.until("result").await;
     assert_eq!(rest.last().unwrap()["status"], "success");
     let seen = asked.lock().unwrap().clone();
@@ -157,20 +145,8 @@ async fn the_hook_allows_denies_and_falls_back_to_a_person() {
         .await;
     let mut turn = start_turn(&server, &id, "go").await;
     let before = until_asked(&mut turn, "u1").await;
-    let said = of_type(&before, "status");
-    assert!(
-        said.iter().any(|s| s["message"]
-            .as_str()
-            .unwrap()
-            .contains("could not be reached")),
-        "{before:?}"
-    );
-    assert_eq!(
-        decide(&server, None, &id, "u1", json!({"decision": "allow"}))
-            .await
-            .0,
-        200
-    );
+    assert!(status_says(&before, "could not be reached"), "{before:?}");
+    allow(&server, &id, "u1").await;
     turn.until("result").await;
     server.stop().await;
 }

@@ -15,7 +15,7 @@ mod upstream;
 
 use common::TestServer;
 use futures::{SinkExt, StreamExt};
-use script::{bash, calls, capable, decide, of_type, says, start_turn, told, until_asked};
+use script::{allow, bash, calls, capable, decide, of_type, says, start_turn, told, until_asked};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use upstream::Upstream;
@@ -74,8 +74,7 @@ async fn a_read_runs_a_write_waits_and_a_denied_call_reaches_the_model() {
     let listed = server.get_json("/agent/approvals").await;
     assert_eq!(listed["approvals"][0]["call_id"], "c3", "{listed}");
     assert_eq!(listed["approvals"][0]["session_id"], id.as_str());
-    let (status, body) = decide(&server, None, &id, "c3", json!({"decision": "allow"})).await;
-    assert_eq!(status, 200, "{body}");
+    allow(&server, &id, "c3").await;
     let rest = turn.until("result").await;
     let decided = of_type(&rest, "approval_decided");
     assert_eq!(decided[0]["decision"], "allow");

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::calls::prepare_call;
 use super::hook::{DEFAULT_HOOK_TIMEOUT_MS, HookCall};
 use super::options::AgentOptions;
 use super::turn::TurnDeps;
@@ -109,14 +109,10 @@ impl Gate {
         self.session.mode == Mode::Plan || self.key.as_ref().is_some_and(|k| k.mode == Mode::Plan)
     }
 
-    /// Whether every call runs without a look (the common case: no await).
+    /// What the permissions say about a call: the session's, made
+    /// stricter by the key's (a plain check, no await).
     fn verdict(&self, call: &ToolCall, read_only: bool) -> Verdict {
-        let view = Call {
-            tool: &call.name,
-            input: &call.arguments,
-            read_only,
-            working_dir: &self.working_dir,
-        };
+        let view = self.call_view(call, read_only);
         let own = self.session.verdict(&view);
         match &self.key {
             Some(key) => own.stricter(key.verdict(&view)),
@@ -130,6 +126,44 @@ impl Gate {
             input: &call.arguments,
             read_only,
             working_dir: &self.working_dir,
+        }
+    }
+
+    /// `call` with a decision's edited `input`, once it fits the tool's
+    /// schema and no deny rule matches it (a person's approval answers an
+    /// ask, never a deny).
+    fn edited(
+        &self,
+        call: &ToolCall,
+        input: Value,
+        schema: &Value,
+        read_only: bool,
+    ) -> Result<ToolCall, EditRefused> {
+        let checked = super::coerce::coerce(input, schema, false)
+            .map_err(|e| EditRefused::Unfit(format!("{}: {e}", call.name)))?;
+        let edited = ToolCall {
+            arguments: checked.arguments,
+            ..call.clone()
+        };
+        match self.verdict(&edited, read_only) {
+            Verdict::Deny(reason) => Err(EditRefused::Denied(reason)),
+            _ => Ok(edited),
+        }
+    }
+}
+
+/// Why an edited input cannot run.
+enum EditRefused {
+    /// It does not fit the tool's schema.
+    Unfit(String),
+    /// A deny rule (or `plan`) refuses it.
+    Denied(String),
+}
+
+impl EditRefused {
+    fn into_message(self) -> String {
+        match self {
+            EditRefused::Unfit(e) | EditRefused::Denied(e) => e,
         }
     }
 }
@@ -224,11 +258,7 @@ async fn wait(
     let now = Utc::now();
     let expires_at =
         now + chrono::TimeDelta::from_std(gate.timeout).unwrap_or(chrono::TimeDelta::seconds(300));
-    let schema = tools
-        .iter()
-        .find(|t| t.name == call.name)
-        .map(|t| t.input_schema.clone())
-        .unwrap_or_default();
+    let schema = schema_of(&call, tools).clone();
     let pending = Pending {
         session_id: session.id,
         call_id: call.id.clone(),
@@ -348,24 +378,25 @@ async fn apply(
     let Some(input) = decision.input else {
         return Ok(Gated::Run(call));
     };
-    let edited = ToolCall {
-        arguments: input,
-        ..call
-    };
-    let edited = match prepare_call(&edited, tools) {
-        Ok(edited) => edited,
-        Err(e) => {
-            return Ok(Gated::Refused(format!(
-                "not run: the input the {by} gave does not fit the tool: {e}"
-            )));
-        }
-    };
-    match gate.verdict(&edited, read_only(&edited, tools)) {
-        Verdict::Deny(reason) => Ok(Gated::Refused(format!(
+    let read_only = read_only(&call, tools);
+    match gate.edited(&call, input, schema_of(&call, tools), read_only) {
+        Ok(edited) => Ok(Gated::Run(edited)),
+        Err(EditRefused::Unfit(e)) => Ok(Gated::Refused(format!(
+            "not run: the input the {by} gave does not fit the tool: {e}"
+        ))),
+        Err(EditRefused::Denied(reason)) => Ok(Gated::Refused(format!(
             "not run: the input the {by} gave is denied: {reason}"
         ))),
-        _ => Ok(Gated::Run(edited)),
     }
+}
+
+/// The input schema of the offered tool a call names.
+fn schema_of<'a>(call: &ToolCall, tools: &'a [ToolSpec]) -> &'a Value {
+    static NONE: Value = Value::Null;
+    tools
+        .iter()
+        .find(|t| t.name == call.name)
+        .map_or(&NONE, |t| &t.input_schema)
 }
 
 /// Checks an edited input before a decision claims its call: it must fit
@@ -377,16 +408,13 @@ pub fn check_edited(
     pending: &Pending,
     input: &serde_json::Value,
 ) -> Result<(), String> {
-    let checked = super::coerce::coerce(input.clone(), &pending.schema, false)
-        .map_err(|e| format!("{}: {e}", pending.tool))?;
-    let gate = Gate::new(config, options, owner);
-    let edited = ToolCall {
+    let call = ToolCall {
         id: pending.call_id.clone(),
         name: pending.tool.clone(),
-        arguments: checked.arguments,
+        arguments: pending.input.clone(),
     };
-    match gate.verdict(&edited, pending.read_only) {
-        Verdict::Deny(reason) => Err(reason),
-        _ => Ok(()),
-    }
+    Gate::new(config, options, owner)
+        .edited(&call, input.clone(), &pending.schema, pending.read_only)
+        .map(drop)
+        .map_err(EditRefused::into_message)
 }

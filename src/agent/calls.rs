@@ -72,7 +72,7 @@ fn offered_name<'a>(name: &str, tools: &'a [ToolSpec]) -> Option<&'a str> {
 
 /// The offered tool a call names, with its arguments checked against that
 /// tool's schema; or why it cannot run.
-pub(super) fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<ToolCall, String> {
+fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<ToolCall, String> {
     let Some(spec) =
         offered_name(&call.name, tools).and_then(|name| tools.iter().find(|t| t.name == name))
     else {

@@ -9,7 +9,7 @@ use super::approve::check_edited;
 use super::options::AgentOptions;
 use crate::config::AgentConfig;
 use crate::session::Session;
-use crate::session::approvals::{Approvals, DecideError, Decided, Decision};
+use crate::session::approvals::{Approvals, DecideError, Decided, Decision, Pending};
 use crate::store::StoreError;
 
 /// Why a decision did not reach its call.
@@ -37,12 +37,24 @@ pub async fn decide(
     decision: Decision,
     by: &str,
 ) -> Result<(), Refused> {
-    let owner = session.owner.as_deref();
     let not_pending = || Refused::NotPending(DecideError::NotPending(call_id.to_string()));
-    let (pending, revision) = approvals
-        .pending(owner, session.id, call_id)
+    let waiting = approvals
+        .pending(session.owner.as_deref(), session.id, call_id)
         .await?
         .ok_or_else(not_pending)?;
+    decide_read(approvals, config, session, waiting, decision, by).await
+}
+
+/// [`decide`] for a waiting call already read (`pending` at `revision`).
+pub async fn decide_read(
+    approvals: &Approvals,
+    config: &AgentConfig,
+    session: &Session,
+    (pending, revision): (Pending, u64),
+    decision: Decision,
+    by: &str,
+) -> Result<(), Refused> {
+    let owner = session.owner.as_deref();
     if let Some(input) = &decision.input {
         let options = AgentOptions::stored(&session.options)?;
         check_edited(config, &options, owner, &pending, input).map_err(Refused::Input)?;
@@ -53,7 +65,9 @@ pub async fn decide(
     };
     match approvals.decide(owner, &pending, revision, decided).await {
         Ok(()) => Ok(()),
-        Err(DecideError::NotPending(_)) => Err(not_pending()),
+        Err(DecideError::NotPending(_)) => Err(Refused::NotPending(DecideError::NotPending(
+            pending.call_id.clone(),
+        ))),
         Err(DecideError::Store(e)) => Err(Refused::Store(e)),
     }
 }

@@ -25,7 +25,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::JsonObject;
 use super::state::AppState;
-use crate::agent::decide::Refused;
+use crate::agent::decide::{Refused, decide_read};
 use crate::protocol::Approval;
 use crate::session::Session;
 use crate::session::approvals::{DecideError, Decision, Pending};
@@ -83,26 +83,22 @@ pub async fn decider_session(
     Ok(state.sessions.get(id, owner).await?)
 }
 
-/// The session whose waiting call `call_id` is: `session`'s own, or one
-/// of its agents' when it is a deliberation or a pipeline (the agents'
-/// sessions have its owner, so whoever may decide for it may decide for
-/// them), with the agent's id.
+/// The waiting call `call_id` of `session`, or of one of its agents when
+/// it is a deliberation or a pipeline (the agents' sessions have its
+/// owner, so whoever may decide for it may decide for them): the session
+/// whose call it is, its agent, and the call as read.
 async fn whose_call(
     state: &AppState,
     session: &Arc<Session>,
     call_id: &str,
     agent_id: Option<&str>,
-) -> Result<Option<(Arc<Session>, Option<String>)>, ApiError> {
+) -> Result<Option<Waiting>, ApiError> {
     let owner = session.owner.as_deref();
+    let read = |id| state.approvals.pending(owner, id, call_id);
     if agent_id.is_none()
-        && state
-            .approvals
-            .pending(owner, session.id, call_id)
-            .await
-            .map_err(ApiError::internal)?
-            .is_some()
+        && let Some(own) = read(session.id).await.map_err(ApiError::internal)?
     {
-        return Ok(Some((session.clone(), None)));
+        return Ok(Some((session.clone(), None, own)));
     }
     let mut found = state
         .approvals
@@ -122,9 +118,16 @@ async fn whose_call(
     let Some(child) = found.pop() else {
         return Ok(None);
     };
+    let Some(waiting) = read(child.session_id).await.map_err(ApiError::internal)? else {
+        return Ok(None);
+    };
     let agent = state.sessions.get(child.session_id, owner).await?;
-    Ok(Some((agent, child.agent_id)))
+    Ok(Some((agent, child.agent_id, waiting)))
 }
+
+/// A waiting call: the session whose call it is, its agent, the call and
+/// its record's revision.
+type Waiting = (Arc<Session>, Option<String>, (Pending, u64));
 
 /// Decides a waiting call of `session` (or of one of its agents) for
 /// `caller`; answers the session whose call it was, and its agent.
@@ -136,7 +139,7 @@ pub async fn decide(
     decision: Decision,
 ) -> Result<(Uuid, Option<String>), ApiError> {
     let not_pending = |e: String| ApiError::new(StatusCode::CONFLICT, "not_pending", e);
-    let Some((target, agent_id)) =
+    let Some((target, agent_id, waiting)) =
         whose_call(state, session, call_id, decision.agent_id.as_deref()).await?
     else {
         return Err(not_pending(
@@ -148,9 +151,8 @@ pub async fn decide(
     } else {
         "user"
     };
-    let approvals = &state.approvals;
-    let config = &state.config.agent;
-    match crate::agent::decide::decide(approvals, config, &target, call_id, decision, by).await {
+    let (approvals, config) = (&state.approvals, &state.config.agent);
+    match decide_read(approvals, config, &target, waiting, decision, by).await {
         Ok(()) => Ok((target.id, agent_id)),
         Err(Refused::NotPending(e)) => Err(not_pending(e.to_string())),
         Err(Refused::Input(e)) => Err(ApiError::invalid("input", e)),

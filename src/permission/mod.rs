@@ -121,6 +121,10 @@ impl Permissions {
 /// What the server's configuration says (`[agent.permissions]`): a
 /// default policy for sessions that set none, and per API key a policy
 /// every call of its sessions is also checked against.
+///
+/// The fields of [`Permissions`] are spelled out rather than flattened:
+/// serde does not refuse unknown keys of a struct with a flattened field,
+/// and a misspelt key here must be an error at start-up.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerPermissions {

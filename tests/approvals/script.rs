@@ -101,3 +101,16 @@ pub fn told(request: &Value, call_id: &str) -> String {
         .unwrap_or_else(|| panic!("no tool message for {call_id} in {request}"))
         .to_string()
 }
+
+/// Allows a waiting call over HTTP, which must answer 200.
+pub async fn allow(server: &TestServer, id: &str, call: &str) {
+    let (status, body) = decide(server, None, id, call, json!({"decision": "allow"})).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Whether a `status` event of `events` says `text`.
+pub fn status_says(events: &[Value], text: &str) -> bool {
+    of_type(events, "status")
+        .iter()
+        .any(|s| s["message"].as_str().unwrap_or_default().contains(text))
+}
