@@ -17,6 +17,7 @@ pub mod approve;
 pub mod calls;
 pub mod coerce;
 pub mod decide;
+pub mod fork;
 pub mod harness;
 pub mod hook;
 pub mod options;

@@ -74,6 +74,10 @@ pub struct SandboxOptions {
     pub network: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,
+    /// A snapshot (`snapshot_id`) whose workspace the session's sandbox
+    /// starts with; a fork sets it to the source's snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
 }
 
 /// An external MCP server: a command over stdio, or a URL.

@@ -109,6 +109,12 @@ impl SessionTask for AgentTask {
         turn::close_cut_off(&self.deps, session).await
     }
 
+    fn turn_ended(&self, session: &Arc<Session>, seq: u64) {
+        self.deps
+            .tools
+            .turn_ended(session.id, session.owner.as_deref(), seq);
+    }
+
     async fn release(&self, session: Uuid) {
         self.deps.tools.release(session).await;
     }

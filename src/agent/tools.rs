@@ -105,6 +105,10 @@ pub trait ToolRouter: Send + Sync {
         false
     }
 
+    /// A turn of the session ended at `seq` (its `result`): snapshot the
+    /// workspace for forks. Returns at once; the work runs on its own.
+    fn turn_ended(&self, _session_id: Uuid, _owner: Option<&str>, _seq: u64) {}
+
     /// Frees what the session holds (its sandbox) when its last turn is over.
     async fn release(&self, _session_id: Uuid) {}
 

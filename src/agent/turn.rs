@@ -52,7 +52,11 @@ pub(super) async fn run(
         .append_messages(session.id, &[Message::User { content: prompt }])
         .await?;
     let options = Arc::new(AgentOptions::stored(&session.options)?.for_turn(&turn.options));
-    match agent_loop(deps, turn, &options).await {
+    let outcome = agent_loop(deps, turn, &options).await;
+    // Every message the loop stored it also kept, so the history it gave
+    // back is the stored one: a fork at this turn's end keeps this many.
+    turn.history_len = Some(session.history_len() as u64);
+    match outcome {
         Ok(outcome) => Ok(outcome),
         Err(LoopError::Store(e)) => Err(e),
         Err(LoopError::Model(e)) => {

@@ -152,6 +152,9 @@ pub async fn run(
         .require(SessionKind::AGENT.as_str(), "kind")?
         .options(&body.0, RUN_FIELDS)
         .await?;
+    // An ephemeral run restores the snapshot at its first call; its one
+    // turn needs no pin to keep it.
+    super::fork::checked_seed(&state, &caller, &options).await?;
     let prompt = body.take_text("prompt")?;
     let name = body.take::<String>("session_name")?;
     body.take::<bool>("queue")?;
@@ -190,6 +193,7 @@ pub async fn create_session(
         .require(&kind, "kind")?
         .options(&body.0, &["session_name"])
         .await?;
+    let seed = super::fork::checked_seed(&state, &caller, &options).await?;
     let name = body.take::<String>("session_name")?;
     let kind = SessionKind::new(kind);
     let session = state
@@ -202,6 +206,9 @@ pub async fn create_session(
             ephemeral: false,
         })
         .await?;
+    if let Some(snapshot) = seed {
+        super::fork::pin(&state, &snapshot, session.id).await?;
+    }
     Ok((
         StatusCode::CREATED,
         Json(CreatedSession {

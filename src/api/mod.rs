@@ -37,6 +37,7 @@ pub mod dashboard;
 pub mod deliberations;
 pub mod error;
 pub mod extract;
+pub mod fork;
 pub mod gateway;
 pub mod grpc;
 pub mod grpc_error;
@@ -72,7 +73,8 @@ use state::AppState;
     info(title = "Conclave", description = "Streaming agent server with sandbox isolation"),
     paths(
         agent::run, agent::create_session, agent::message, agent::interrupt, agent::status,
-        agent::events, agent::delete, agent::list, approvals::post, approvals::list, ws::upgrade, ops::health, ops::ready, ops::metrics, ops::openapi,
+        agent::events, agent::delete, agent::list, fork::fork, fork::session_snapshots, fork::name,
+        fork::named, fork::delete, approvals::post, approvals::list, ws::upgrade, ops::health, ops::ready, ops::metrics, ops::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
@@ -133,6 +135,13 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/session/{id}/events", get(agent::events))
         .route("/agent/session/{id}", delete(agent::delete))
         .route("/agent/sessions", get(agent::list))
+        .route("/agent/session/{id}/fork", post(fork::fork))
+        .route(
+            "/agent/session/{id}/snapshots",
+            get(fork::session_snapshots),
+        )
+        .route("/sandboxes/snapshots", post(fork::name).get(fork::named))
+        .route("/sandboxes/snapshots/{id}", delete(fork::delete))
         .route(
             "/agent/session/{id}/approvals/{call_id}",
             post(approvals::post),

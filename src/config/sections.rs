@@ -239,8 +239,28 @@ pub struct SandboxConfig {
     pub max_live: usize,
     /// Ready sandboxes kept for new sessions of the default spec.
     pub warm_pool: usize,
+    /// Snapshots of each session's workspace at its turn ends, for forks.
+    pub snapshots: SnapshotsConfig,
     pub kubernetes: KubernetesConfig,
     pub local: LocalConfig,
+}
+
+/// `[sandbox.snapshots]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnapshotsConfig {
+    /// Turn-end snapshots kept per session, the latest ones; 0 takes none
+    /// (a fork then starts with an empty workspace, or 409 past the first
+    /// turn that had a sandbox). Each costs about the workspace's size on
+    /// disk, except after a turn that used no tool: it shares the previous
+    /// one.
+    pub keep_last: usize,
+}
+
+impl Default for SnapshotsConfig {
+    fn default() -> Self {
+        SnapshotsConfig { keep_last: 3 }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
@@ -273,6 +293,7 @@ impl Default for SandboxConfig {
             max_lifetime_s: 24 * 3600,
             max_live: 64,
             warm_pool: 2,
+            snapshots: Default::default(),
             kubernetes: Default::default(),
             local: Default::default(),
         }
@@ -305,6 +326,8 @@ pub struct AgentConfig {
     /// sessions that set no `permissions`, and per API key a policy its
     /// sessions cannot loosen.
     pub permissions: crate::permission::ServerPermissions,
+    /// The most sessions one fork request may make (`count`).
+    pub max_forks: u32,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -431,6 +454,7 @@ impl Default for AgentConfig {
             ephemeral_retention_s: 24 * 3600,
             max_tool_calls_per_reply: 8,
             permissions: crate::permission::ServerPermissions::default(),
+            max_forks: 64,
         }
     }
 }

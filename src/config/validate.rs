@@ -128,6 +128,7 @@ impl Config {
                 "agent.max_tool_calls_per_reply",
                 u64::from(self.agent.max_tool_calls_per_reply),
             ),
+            ("agent.max_forks", u64::from(self.agent.max_forks)),
         ] {
             if value == 0 {
                 return Err(field(name, "must be at least 1".into()));

@@ -359,6 +359,10 @@ impl ToolRouter for SandboxTools {
         }
     }
 
+    fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
+        self.host.sandboxes.snapshot_turn(session_id, owner, seq);
+    }
+
     async fn release(&self, session_id: Uuid) {
         self.external.release(session_id).await;
         self.host.sandboxes.release(session_id).await;
@@ -367,6 +371,7 @@ impl ToolRouter for SandboxTools {
     async fn delete(&self, session_id: Uuid) {
         self.external.release(session_id).await;
         self.host.sandboxes.release_shared(session_id).await;
+        self.host.sandboxes.forget_snapshots(session_id).await;
     }
 }
 

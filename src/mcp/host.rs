@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::agent::AgentOptions;
 use crate::config::SandboxConfig;
 use crate::protocol::SessionStatus;
+use crate::sandbox::snapshots::Seed;
 use crate::sandbox::{Lease, SandboxManager, SandboxSpec};
 use crate::session::OptionError;
 use crate::store::Store;
@@ -47,6 +48,8 @@ pub struct McpHost {
     pub deliberations: std::sync::OnceLock<Arc<crate::deliberation::Deliberations>>,
     /// The `start_pipeline` tool's; set with `deliberations`.
     pub pipelines: std::sync::OnceLock<Arc<crate::pipeline::runs::Runs>>,
+    /// The most sessions one `fork_session` call makes (`agent.max_forks`).
+    pub max_forks: u32,
     /// The server's sessions, for `run_agent` and the session resources;
     /// set with `deliberations`.
     pub sessions: std::sync::OnceLock<Arc<crate::session::SessionManager>>,
@@ -101,8 +104,8 @@ impl McpHost {
         scratch: Uuid,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Lease, ErrorData> {
-        let (session, spec) = match session_id {
-            None => (scratch, self.sandboxes.default_spec()),
+        let (session, spec, seed) = match session_id {
+            None => (scratch, self.sandboxes.default_spec(), None),
             Some(text) => {
                 let id = Uuid::parse_str(text)
                     .map_err(|_| invalid(format!("session_id '{text}' is not a UUID")))?;
@@ -125,14 +128,25 @@ impl McpHost {
                         "session '{text}' was created with sandbox_enabled: false"
                     )));
                 }
+                let seed = options
+                    .sandbox
+                    .as_ref()
+                    .and_then(|s| s.from_snapshot.clone())
+                    .map(|snapshot| (snapshot, record.owner.clone()));
                 (
                     id,
                     spec_for(&self.sandboxes, &options).map_err(|e| invalid(e.to_string()))?,
+                    seed,
                 )
             }
         };
+        let seed = seed.as_ref().map(|(snapshot, owner)| Seed {
+            snapshot,
+            session,
+            owner: owner.as_deref(),
+        });
         self.sandboxes
-            .lease(session, spec)
+            .lease_from(session, spec, seed)
             .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }

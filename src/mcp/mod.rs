@@ -32,6 +32,7 @@ pub mod client;
 pub mod deliberate;
 pub mod external;
 pub mod follow;
+pub mod fork;
 pub mod host;
 pub mod pipeline;
 pub mod progress;

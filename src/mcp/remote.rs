@@ -546,6 +546,12 @@ impl ToolRouter for ClusterTools {
         self.local.check_options(options).await
     }
 
+    /// The replica holding the session's sandbox snapshots it; on any
+    /// other the local manager has no slot for it and does nothing.
+    fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
+        self.local.turn_ended(session_id, owner, seq);
+    }
+
     async fn release(&self, session_id: Uuid) {
         self.settle(session_id, "release").await;
     }

@@ -307,6 +307,28 @@ pub struct StartPipeline {
     pub model: Option<String>,
 }
 
+/// A fork of an agent session (`fork_session`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct ForkSession {
+    /// The agent session of the caller to fork.
+    pub session_id: String,
+    /// Fork at the last turn that ended at or before this event seq;
+    /// omitted, at the session's last turn end.
+    #[serde(default)]
+    pub at_seq: Option<u64>,
+    /// How many forks to make (default 1).
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// The forks' name, numbered when there are several.
+    #[serde(default)]
+    pub session_name: Option<String>,
+    /// Options changed from the source's (merged on top of them), as
+    /// `POST /agent/session` takes them.
+    #[serde(default)]
+    pub options: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
 /// A turn for an agent session (`run_agent`).
 #[derive(Debug, Deserialize, JsonSchema)]
 #[schemars(transform = RestrictFormats::default())]

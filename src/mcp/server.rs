@@ -90,6 +90,7 @@ impl SandboxServer {
                 }
                 if host.sessions.get().is_none() {
                     router.remove_route("run_agent");
+                    router.remove_route("fork_session");
                 }
                 router
             },
@@ -385,6 +386,17 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         super::run_agent::run(&self.host, &self.caller, args, ctx).await
+    }
+
+    #[tool(
+        description = "Fork an agent session of the caller at a turn end: makes count new sessions (default 1) whose history is the session's up to that turn and whose sandbox starts from its workspace as it was then; options are the session's with the given ones on top. Returns the new session ids as structured content; continue one with run_agent."
+    )]
+    async fn fork_session(
+        &self,
+        Parameters(args): Parameters<super::schema::ForkSession>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        super::fork::run(&self.host, &self.caller, args, &ctx).await
     }
 
     #[tool(description = "List a directory of the workspace.")]

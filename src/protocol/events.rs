@@ -107,6 +107,10 @@ pub enum EventKind {
         turns: u32,
         usage: Usage,
         duration_ms: u64,
+        /// How many messages the session's history held when the turn
+        /// ended (agent sessions): a fork at this turn keeps that many.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        history_len: Option<u64>,
     },
     /// Something went wrong; a `result` with status `error` follows.
     Error { message: String, code: String },
@@ -176,6 +180,9 @@ pub enum EventKind {
     },
     /// The run's state after `step` is stored: a resume starts after it.
     Checkpoint { step: u64, node: String },
+    /// The first event of a session forked from another: the source and
+    /// the seq of the turn end it was forked at.
+    Forked { from_session: Uuid, at_seq: u64 },
     /// The run is over: `completed` or `failed` (with the reason).
     PipelineCompleted {
         thread_id: String,

@@ -49,6 +49,11 @@ struct Slot {
     /// backend's stats (docker's take tens of milliseconds).
     sampled: Mutex<Option<stats::Sample>>,
     sampling: std::sync::atomic::AtomicBool,
+    /// Leased since the last snapshot of its workspace.
+    dirty: std::sync::atomic::AtomicBool,
+    /// True while a turn end's snapshot runs; a lease waits for it, so
+    /// the next turn's calls change nothing the snapshot is reading.
+    snapshotting: watch::Sender<bool>,
 }
 
 pub struct SandboxManager {
@@ -69,6 +74,10 @@ pub struct SandboxManager {
     found: Mutex<HashMap<Uuid, String>>,
     /// Relabelling of claimed pool sandboxes, running in the background.
     assigning: TaskTracker,
+    /// Turn-end snapshots of workspaces; `None` takes none.
+    snapshots: Option<Arc<super::snapshots::Snapshots>>,
+    /// Snapshots being taken, waited for at shutdown.
+    snapshotting: TaskTracker,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -114,6 +123,8 @@ impl SandboxManager {
             pool_size: watch::Sender::new(0),
             found: Mutex::new(HashMap::new()),
             assigning: TaskTracker::new(),
+            snapshots: None,
+            snapshotting: TaskTracker::new(),
         }
     }
 
@@ -174,6 +185,17 @@ impl SandboxManager {
     /// The session's sandbox, created (or taken from the pool, or taken over
     /// from a previous run) at the first call.
     pub async fn lease(&self, session: Uuid, spec: SandboxSpec) -> Result<Lease> {
+        self.lease_from(session, spec, None).await
+    }
+
+    /// [`SandboxManager::lease`] for a session whose sandbox starts from a
+    /// snapshot's workspace (`seed`) when it is first made.
+    pub async fn lease_from(
+        &self,
+        session: Uuid,
+        spec: SandboxSpec,
+        seed: Option<super::snapshots::Seed<'_>>,
+    ) -> Result<Lease> {
         let slot = {
             let mut slots = lock(&self.slots);
             match slots.get(&session) {
@@ -190,6 +212,8 @@ impl SandboxManager {
                         last_used: Mutex::new(Instant::now()),
                         sampled: Mutex::new(None),
                         sampling: Default::default(),
+                        dirty: Default::default(),
+                        snapshotting: watch::Sender::new(false),
                     });
                     slots.insert(session, slot.clone());
                     slot
@@ -199,13 +223,24 @@ impl SandboxManager {
         let hold = Hold::new(slot.clone());
         let made = slot
             .sandbox
-            .get_or_try_init(|| self.provision(session, &slot.spec))
+            .get_or_try_init(|| self.provision(session, &slot.spec, seed))
             .await;
         match made {
-            Ok(sandbox) => Ok(Lease {
-                sandbox: sandbox.clone(),
-                _hold: hold,
-            }),
+            Ok(sandbox) => {
+                let sandbox = sandbox.clone();
+                // A snapshot of the previous turn's end reads the workspace:
+                // this lease's calls wait until it has.
+                let _ = slot
+                    .snapshotting
+                    .subscribe()
+                    .wait_for(|running| !running)
+                    .await;
+                slot.dirty.store(true, Ordering::Release);
+                Ok(Lease {
+                    sandbox,
+                    _hold: hold,
+                })
+            }
             Err(e) => {
                 let mut slots = lock(&self.slots);
                 if slots
@@ -219,7 +254,12 @@ impl SandboxManager {
         }
     }
 
-    async fn provision(&self, session: Uuid, spec: &SandboxSpec) -> Result<Arc<dyn Sandbox>> {
+    async fn provision(
+        &self,
+        session: Uuid,
+        spec: &SandboxSpec,
+        seed: Option<super::snapshots::Seed<'_>>,
+    ) -> Result<Arc<dyn Sandbox>> {
         let previous = lock(&self.found).remove(&session);
         if let Some(id) = previous
             && let Some(sandbox) = self.backend.attach(&id).await?
@@ -251,7 +291,7 @@ impl SandboxManager {
                         tracing::warn!(%session, error = %e, "a claimed pool sandbox could not be relabelled; a restart will not find it");
                     }
                 });
-                return Ok(sandbox);
+                return self.seeded(session, sandbox, seed).await;
             } else {
                 self.drawn.notify_one();
             }
@@ -262,7 +302,7 @@ impl SandboxManager {
             .insert(LABEL_SESSION.into(), session.to_string());
         let sandbox = self.backend.create(&spec).await?;
         tracing::info!(%session, sandbox = sandbox.id(), backend = self.backend.name(), "sandbox created");
-        Ok(sandbox)
+        self.seeded(session, sandbox, seed).await
     }
 
     /// Waits until nothing uses the session's sandbox (an interrupted
@@ -458,6 +498,7 @@ fn pool_label(image: &str) -> String {
 }
 
 mod shared;
+mod snapshot;
 mod stats;
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod firewall;
 pub mod kubernetes;
 pub mod local;
 pub mod manager;
+pub mod snapshots;
 pub mod supervise;
 
 use std::collections::BTreeMap;

@@ -33,16 +33,23 @@ pub(super) async fn sandbox_host(
         dir: config.data_dir.display().to_string(),
         message: format!("instance-id: {e}"),
     })?;
-    let sandboxes = Arc::new(SandboxManager::new(
-        backend,
-        config.sandbox.clone(),
+    let snapshots = sandbox::snapshots::Snapshots::new(
+        store.clone(),
+        config.data_dir.join("snapshots"),
+        config.sandbox.snapshots.keep_last,
         instance.clone(),
-    ));
+        std::time::Duration::from_secs(config.sandbox.max_exec_timeout_s),
+    );
+    let sandboxes = Arc::new(
+        SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
+            .with_snapshots(snapshots),
+    );
     let host = Arc::new(McpHost {
         sandboxes: sandboxes.clone(),
         store: store.clone(),
         max_output_bytes: MCP_MAX_OUTPUT_BYTES,
         max_entries: MCP_MAX_ENTRIES,
+        max_forks: config.agent.max_forks,
         background: Default::default(),
         deliberations: Default::default(),
         pipelines: Default::default(),

@@ -179,6 +179,11 @@ impl Session {
         *lock(&self.history) = history;
     }
 
+    /// How many messages the history the session keeps holds.
+    pub fn history_len(&self) -> usize {
+        lock(&self.history).len()
+    }
+
     /// Waits until every event emitted so far is stored.
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.log.flush().await

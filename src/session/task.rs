@@ -65,6 +65,11 @@ pub trait SessionTask: Send + Sync + 'static {
         false
     }
 
+    /// Called once a turn's `result` (at `seq`) is stored, before the next
+    /// turn can start: the agent snapshots the session's workspace here.
+    /// Whatever it does at length must not hold the caller.
+    fn turn_ended(&self, _session: &Arc<Session>, _seq: u64) {}
+
     /// Frees what an ephemeral session held once its one turn is over.
     async fn release(&self, _session: Uuid) {}
 
@@ -97,6 +102,9 @@ pub struct Turn {
     pub cost_known: bool,
     /// What this turn changes from the session's options.
     pub options: TurnOptions,
+    /// The messages in the session's history once the turn is over, set
+    /// by a task that keeps one; its `result` carries it for forks.
+    pub history_len: Option<u64>,
     /// The session's usage before the turn.
     pub(super) before: Usage,
 }
@@ -136,6 +144,7 @@ impl Turn {
             options,
             usage: Usage::default(),
             cost_known: true,
+            history_len: None,
             before: session.usage(),
         }
     }

@@ -85,6 +85,7 @@ fn success() -> EventKind {
         turns: 1,
         usage: Usage::default(),
         duration_ms: 0,
+        history_len: None,
     }
 }
 

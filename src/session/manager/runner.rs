@@ -115,7 +115,7 @@ impl Runner {
         if session.ephemeral {
             self.task.release(session.id).await;
         }
-        session.emit(EventKind::Result {
+        let seq = session.emit(EventKind::Result {
             status: outcome.status,
             result: outcome.text,
             cost_usd: turn.usage.cost_usd,
@@ -123,11 +123,17 @@ impl Runner {
             turns: turn.usage.turns as u32,
             usage: turn.usage.clone(),
             duration_ms: started.elapsed().as_millis() as u64,
+            history_len: turn.history_len,
         })?;
         // Past its result the turn can no longer be interrupted, and a
         // message that comes now waits for it instead of being refused.
         *lock(&session.running) = None;
         session.flush().await?;
+        // Before the turn lock is let go, so the next turn's first tool
+        // call finds the workspace's snapshot under way.
+        if !session.ephemeral {
+            self.task.turn_ended(session, seq);
+        }
         // A crash before this line leaves `running` with a `result` stored,
         // which the restart only has to mark as settled.
         session

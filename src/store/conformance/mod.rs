@@ -201,6 +201,7 @@ pub(crate) fn event(session_id: Uuid, seq: u64) -> Event {
                 tool_calls: 1,
             },
             duration_ms: 1500,
+            history_len: None,
         },
     };
     Event {

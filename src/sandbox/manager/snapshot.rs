@@ -1,0 +1,129 @@
+//! The manager's side of workspace snapshots ([`crate::sandbox::snapshots`]):
+//! one at each turn end of a session whose sandbox lives, and a new
+//! sandbox seeded from one.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use uuid::Uuid;
+
+use super::{Hold, SandboxManager, lock};
+use crate::sandbox::snapshots::{Seed, Snapshots, TurnEnd};
+use crate::sandbox::{Result, Sandbox};
+
+impl SandboxManager {
+    /// Takes a snapshot of each session's workspace at its turn ends.
+    pub fn with_snapshots(mut self, snapshots: Snapshots) -> SandboxManager {
+        self.snapshots = Some(Arc::new(snapshots));
+        self
+    }
+
+    /// The snapshots, where this server takes them.
+    pub fn snapshots(&self) -> Option<&Arc<Snapshots>> {
+        self.snapshots.as_ref()
+    }
+
+    /// Starts the snapshot of the session's workspace at the turn end
+    /// `seq`, if its sandbox lives here; the session's next lease waits
+    /// for it. Returns at once.
+    pub fn snapshot_turn(&self, session: Uuid, owner: Option<&str>, seq: u64) {
+        let Some(snapshots) = self.snapshots.clone().filter(|s| s.keep_last() > 0) else {
+            return;
+        };
+        let Some(slot) = lock(&self.slots).get(&session).cloned() else {
+            return;
+        };
+        let Some(sandbox) = slot.sandbox.get().cloned() else {
+            return;
+        };
+        // Marked before this returns: the turn lock is still held, so no
+        // call of the next turn has leased the sandbox yet.
+        slot.snapshotting.send_replace(true);
+        let dirty = slot.dirty.swap(false, Ordering::AcqRel);
+        let hold = Hold::new(slot.clone());
+        let owner = owner.map(str::to_owned);
+        let backend = self.backend.name();
+        self.snapshotting.spawn(async move {
+            let end = TurnEnd {
+                session,
+                owner: owner.as_deref(),
+                seq,
+                dirty,
+                backend,
+                image: &slot.spec.image,
+            };
+            let started = std::time::Instant::now();
+            match snapshots.take(end, sandbox.as_ref()).await {
+                Ok(()) => tracing::debug!(%session, seq, ms = started.elapsed().as_millis() as u64, dirty, "workspace snapshot taken"),
+                Err(e) => {
+                    // The next turn's calls must not be lost for it: the
+                    // turn end simply has no snapshot to fork from.
+                    slot.dirty.store(true, Ordering::Release);
+                    tracing::warn!(%session, seq, error = %e, "the workspace snapshot of a turn end failed");
+                }
+            }
+            slot.snapshotting.send_replace(false);
+            drop(hold);
+        });
+    }
+
+    /// Drops the deleted session's snapshots (those another session
+    /// started from stay).
+    pub async fn forget_snapshots(&self, session: Uuid) {
+        if let Some(snapshots) = &self.snapshots
+            && let Err(e) = snapshots.forget_session(session).await
+        {
+            tracing::warn!(%session, error = %e, "the deleted session's snapshots stay stored");
+        }
+    }
+
+    /// Waits until the snapshot of the session's last turn end, if one
+    /// is under way, is recorded.
+    pub async fn snapshot_settled(&self, session: Uuid) {
+        let Some(slot) = lock(&self.slots).get(&session).cloned() else {
+            return;
+        };
+        let _ = slot
+            .snapshotting
+            .subscribe()
+            .wait_for(|running| !running)
+            .await;
+    }
+
+    /// Waits for the snapshots under way (a stopping server).
+    pub async fn snapshots_settled(&self) {
+        self.snapshotting.close();
+        self.snapshotting.wait().await;
+        self.snapshotting.reopen();
+    }
+
+    /// Fills a sandbox just made for `session` from the snapshot `seed`,
+    /// unless the session already had a sandbox of its own at a turn end
+    /// (then a new sandbox is a fresh one, as for any session whose
+    /// sandbox went idle). A sandbox that cannot be filled is destroyed.
+    pub(super) async fn seeded(
+        &self,
+        session: Uuid,
+        sandbox: Arc<dyn Sandbox>,
+        seed: Option<Seed<'_>>,
+    ) -> Result<Arc<dyn Sandbox>> {
+        let (Some(seed), Some(snapshots)) = (seed, self.snapshots.as_ref()) else {
+            return Ok(sandbox);
+        };
+        let filled = async {
+            if snapshots.has_any(session).await? {
+                return Ok(());
+            }
+            snapshots.restore(seed, sandbox.as_ref()).await
+        };
+        match filled.await {
+            Ok(()) => Ok(sandbox),
+            Err(e) => {
+                if let Err(destroyed) = sandbox.destroy().await {
+                    tracing::warn!(%session, error = %destroyed, "destroying a sandbox that could not be filled failed");
+                }
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,573 @@
+//! Workspace snapshots: a sandbox's `/workspace` as it was at a turn end,
+//! kept so that a fork (or a session started `from_snapshot`) begins with
+//! a copy of it.
+//!
+//! A snapshot is a tar of the workspace made inside the sandbox (`tar -c`
+//! through an exec, the same on every backend and never reading the
+//! sandbox's files on the host, where a symlink could point anywhere),
+//! stored as one file under the data directory. A turn that leased no
+//! sandbox changed nothing that Conclave saw, so its turn end points at
+//! the previous file instead of writing another: such a turn costs a key,
+//! not a copy. Restoring is the reverse (`tar -x` in the new sandbox, its
+//! stdin the file, read once and shared by forks starting together).
+//!
+//! The records live in the store's KV (namespace [`NAMESPACE`], which no
+//! API key can name):
+//!
+//! - `blob/{id}`: a [`Snapshot`] with what refers to it: the turn ends of
+//!   its session it stands for, the sessions started from it, and whether
+//!   a caller named it. A snapshot nothing refers to is deleted.
+//! - `turn/{session}/{seq}`: the snapshot of the session's workspace at
+//!   the turn end `seq`; the last `sandbox.snapshots.keep_last` are kept.
+//! - `first/{session}`: the turn end of the session's first snapshot, so a
+//!   fork at an earlier turn end knows the sandbox did not exist yet.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{ExecChunk, ExecRequest, Result, Sandbox, SandboxError, WORKSPACE};
+use crate::store::{Expect, Store, StoreError, kv_json};
+use crate::sync::lock;
+
+/// The KV namespace of the snapshot records.
+pub const NAMESPACE: &str = "_snapshots";
+/// Bytes of a failed tar's stderr kept for its error.
+const STDERR_KEPT: usize = 4096;
+
+/// One stored workspace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub snapshot_id: String,
+    /// The session whose workspace it is.
+    pub session_id: Uuid,
+    /// The turn end it was taken at.
+    pub seq: u64,
+    /// The turn ends of its session it stands for (later turns that leased
+    /// no sandbox share it).
+    pub turns: Vec<u64>,
+    /// Bytes on disk (a tar of the workspace, uncompressed).
+    pub size_bytes: u64,
+    pub created_at: DateTime<Utc>,
+    /// Named by `POST /sandboxes/snapshots`: kept until it is deleted.
+    pub named: bool,
+    /// Sessions started from it (forks and `from_snapshot`), which keep it
+    /// after its own session is gone.
+    pub used_by: Vec<Uuid>,
+    /// The backend and image of the sandbox it came from.
+    pub backend: String,
+    pub image: String,
+    /// The key that owns its session; only that key may use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub owner: Option<String>,
+    /// The server instance whose data directory holds its file.
+    #[schema(ignore)]
+    pub instance: String,
+}
+
+impl Snapshot {
+    /// Whether nothing refers to it any more.
+    fn unused(&self) -> bool {
+        self.turns.is_empty() && self.used_by.is_empty() && !self.named
+    }
+
+    /// Whether `owner` (a key's owner id; `None`: the server has no keys
+    /// or the caller is an admin) may see and use it.
+    pub fn visible_to(&self, owner: Option<&str>) -> bool {
+        owner.is_none() || self.owner.as_deref() == owner
+    }
+}
+
+/// What the workspace of a session was at a turn end.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AtTurn {
+    /// This snapshot.
+    Kept(Snapshot),
+    /// The session had no sandbox yet: an empty workspace (or the one its
+    /// own `from_snapshot` gives).
+    Before,
+    /// Its snapshot is no longer kept; these turn ends are.
+    Dropped(Vec<u64>),
+}
+
+/// The snapshot a new sandbox starts from, and the owner of the session
+/// it is for.
+#[derive(Debug, Clone, Copy)]
+pub struct Seed<'a> {
+    pub snapshot: &'a str,
+    pub session: Uuid,
+    pub owner: Option<&'a str>,
+}
+
+/// Where a turn-end snapshot comes from.
+pub struct TurnEnd<'a> {
+    pub session: Uuid,
+    pub owner: Option<&'a str>,
+    pub seq: u64,
+    /// Whether the sandbox was leased since the previous snapshot.
+    pub dirty: bool,
+    pub backend: &'a str,
+    pub image: &'a str,
+}
+
+pub struct Snapshots {
+    store: Arc<dyn Store>,
+    dir: PathBuf,
+    keep_last: usize,
+    instance: String,
+    timeout: Duration,
+    /// One change of the records at a time in this process (their
+    /// reference lists are read, changed and written back).
+    edit: tokio::sync::Mutex<()>,
+    /// The file last read for a restore, shared by forks starting at once.
+    read: Mutex<Option<(String, Bytes)>>,
+}
+
+impl Snapshots {
+    pub fn new(
+        store: Arc<dyn Store>,
+        dir: PathBuf,
+        keep_last: usize,
+        instance: String,
+        timeout: Duration,
+    ) -> Snapshots {
+        Snapshots {
+            store,
+            dir,
+            keep_last,
+            instance,
+            timeout,
+            edit: tokio::sync::Mutex::new(()),
+            read: Mutex::new(None),
+        }
+    }
+
+    /// How many turn-end snapshots a session keeps; 0 takes none.
+    pub fn keep_last(&self) -> usize {
+        self.keep_last
+    }
+
+    fn file(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.tar"))
+    }
+
+    /// Records the workspace of `sandbox` at a turn end and drops the
+    /// session's turn ends past `keep_last`.
+    pub async fn take(&self, end: TurnEnd<'_>, sandbox: &dyn Sandbox) -> Result<()> {
+        let previous = self.turn_entries(end.session).await?.pop();
+        let shared = match previous {
+            Some((_, id)) if !end.dirty => {
+                let _edit = self.edit.lock().await;
+                self.change(&id, |s| s.turns.push(end.seq)).await?
+            }
+            _ => None,
+        };
+        let snapshot = match shared {
+            Some(snapshot) => snapshot,
+            None => self.write(&end, sandbox).await?,
+        };
+        let _edit = self.edit.lock().await;
+        self.put(&turn_key(end.session, end.seq), &snapshot.snapshot_id)
+            .await?;
+        let first = first_key(end.session);
+        if self
+            .store
+            .kv_get(NAMESPACE, &first)
+            .await
+            .map_err(store)?
+            .is_none()
+        {
+            self.put(&first, &end.seq).await?;
+        }
+        self.prune(end.session).await
+    }
+
+    /// Tars the workspace into a new file and stores its record.
+    async fn write(&self, end: &TurnEnd<'_>, sandbox: &dyn Sandbox) -> Result<Snapshot> {
+        let id = Uuid::new_v4().simple().to_string();
+        tokio::fs::create_dir_all(&self.dir)
+            .await
+            .map_err(|e| SandboxError::File(format!("snapshot directory: {e}")))?;
+        let path = self.file(&id);
+        let size = match self.tar_out(sandbox, &path).await {
+            Ok(size) => size,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&path).await;
+                return Err(e);
+            }
+        };
+        let snapshot = Snapshot {
+            snapshot_id: id.clone(),
+            session_id: end.session,
+            seq: end.seq,
+            turns: vec![end.seq],
+            size_bytes: size,
+            created_at: Utc::now(),
+            named: false,
+            used_by: Vec::new(),
+            backend: end.backend.to_owned(),
+            image: end.image.to_owned(),
+            owner: end.owner.map(str::to_owned),
+            instance: self.instance.clone(),
+        };
+        let _edit = self.edit.lock().await;
+        self.put(&blob_key(&id), &snapshot).await?;
+        Ok(snapshot)
+    }
+
+    /// Streams `tar -c` of the workspace into `path`; its size.
+    async fn tar_out(&self, sandbox: &dyn Sandbox, path: &std::path::Path) -> Result<u64> {
+        let mut file = tokio::fs::File::create(path)
+            .await
+            .map_err(|e| SandboxError::File(format!("creating {}: {e}", path.display())))?;
+        let request = tar_request(&["-cf", "-", "."], None, self.timeout);
+        let (tx, mut rx) = mpsc::channel(64);
+        let run = sandbox.exec(request, tx, CancellationToken::new());
+        tokio::pin!(run);
+        let mut size = 0u64;
+        let mut stderr = Vec::new();
+        let mut written = Ok(());
+        let take = |chunk: ExecChunk, stderr: &mut Vec<u8>| match chunk {
+            ExecChunk::Stdout(data) => Some(data),
+            ExecChunk::Stderr(data) => {
+                let room = STDERR_KEPT.saturating_sub(stderr.len());
+                stderr.extend_from_slice(&data[..data.len().min(room)]);
+                None
+            }
+        };
+        let status = loop {
+            tokio::select! {
+                status = &mut run => break status?,
+                Some(chunk) = rx.recv() => {
+                    if let Some(data) = take(chunk, &mut stderr) && written.is_ok() {
+                        size += data.len() as u64;
+                        written = file.write_all(&data).await;
+                    }
+                }
+            }
+        };
+        while let Ok(chunk) = rx.try_recv() {
+            if let Some(data) = take(chunk, &mut stderr)
+                && written.is_ok()
+            {
+                size += data.len() as u64;
+                written = file.write_all(&data).await;
+            }
+        }
+        written
+            .and(file.flush().await)
+            .map_err(|e| SandboxError::File(format!("writing {}: {e}", path.display())))?;
+        check(&status, &stderr, "tar -c")?;
+        Ok(size)
+    }
+
+    /// Unpacks a snapshot into a fresh sandbox's workspace, for a session
+    /// of its owner or one it was given to (a fork made by an admin);
+    /// to any other it is as good as absent.
+    pub async fn restore(&self, seed: Seed<'_>, sandbox: &dyn Sandbox) -> Result<()> {
+        let id = seed.snapshot;
+        let snapshot = self
+            .get(id)
+            .await?
+            .filter(|s| {
+                seed.owner.is_none()
+                    || s.owner.as_deref() == seed.owner
+                    || s.used_by.contains(&seed.session)
+            })
+            .ok_or_else(|| {
+                SandboxError::File(format!("snapshot {id} is gone (deleted, or never made)"))
+            })?;
+        let data = self.read_file(&snapshot).await?;
+        let request = tar_request(&["-xf", "-"], Some(data), self.timeout);
+        let (status, collected) = super::exec_collect(
+            sandbox,
+            request,
+            STDERR_KEPT,
+            CancellationToken::new(),
+            |_| {},
+        )
+        .await?;
+        check(&status, &collected.stderr, "tar -x")
+    }
+
+    async fn read_file(&self, snapshot: &Snapshot) -> Result<Bytes> {
+        let id = &snapshot.snapshot_id;
+        if let Some((cached, data)) = lock(&self.read).as_ref()
+            && cached == id
+        {
+            return Ok(data.clone());
+        }
+        let data = match tokio::fs::read(self.file(id)).await {
+            Ok(data) => Bytes::from(data),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && snapshot.instance != self.instance =>
+            {
+                return Err(SandboxError::File(format!(
+                    "snapshot {id} is stored by another server instance ({}), whose data directory this one cannot read",
+                    snapshot.instance
+                )));
+            }
+            Err(e) => return Err(SandboxError::File(format!("reading snapshot {id}: {e}"))),
+        };
+        *lock(&self.read) = Some((id.clone(), data.clone()));
+        Ok(data)
+    }
+
+    /// A snapshot by id, whoever owns it.
+    pub async fn get(&self, id: &str) -> Result<Option<Snapshot>> {
+        kv_json(
+            self.store.as_ref(),
+            NAMESPACE,
+            &blob_key(id),
+            "a snapshot record",
+        )
+        .await
+        .map_err(store)
+    }
+
+    /// The session's kept turn-end snapshots, oldest first.
+    pub async fn of_session(&self, session: Uuid) -> Result<Vec<Snapshot>> {
+        let mut kept: Vec<Snapshot> = Vec::new();
+        for (_, id) in self.turn_entries(session).await? {
+            if kept.last().is_some_and(|s| s.snapshot_id == id) {
+                continue;
+            }
+            if let Some(snapshot) = self.get(&id).await? {
+                kept.push(snapshot);
+            }
+        }
+        Ok(kept)
+    }
+
+    /// The named snapshots `owner` may see (`None`: all).
+    pub async fn named(&self, owner: Option<&str>) -> Result<Vec<Snapshot>> {
+        let blobs = self
+            .store
+            .kv_list(NAMESPACE, "blob/", usize::MAX)
+            .await
+            .map_err(store)?;
+        Ok(blobs
+            .iter()
+            .filter_map(|entry| serde_json::from_slice::<Snapshot>(&entry.value).ok())
+            .filter(|s| s.named && s.visible_to(owner))
+            .collect())
+    }
+
+    /// What the session's workspace was at the turn end `seq`.
+    pub async fn at_turn(&self, session: Uuid, seq: u64) -> Result<AtTurn> {
+        let entries = self.turn_entries(session).await?;
+        if let Some((_, id)) = entries.iter().find(|(at, _)| *at == seq)
+            && let Some(snapshot) = self.get(id).await?
+        {
+            return Ok(AtTurn::Kept(snapshot));
+        }
+        let first: Option<u64> = kv_json(
+            self.store.as_ref(),
+            NAMESPACE,
+            &first_key(session),
+            "a first snapshot",
+        )
+        .await
+        .map_err(store)?;
+        Ok(match first {
+            Some(first) if first <= seq => {
+                AtTurn::Dropped(entries.into_iter().map(|(at, _)| at).collect())
+            }
+            _ => AtTurn::Before,
+        })
+    }
+
+    /// Whether the session ever had a turn-end snapshot (its sandbox
+    /// existed at a turn end).
+    pub async fn has_any(&self, session: Uuid) -> Result<bool> {
+        Ok(self
+            .store
+            .kv_get(NAMESPACE, &first_key(session))
+            .await
+            .map_err(store)?
+            .is_some())
+    }
+
+    /// Marks a snapshot as named (`true`) or not; an unnamed one nothing
+    /// else refers to is deleted. `None` when there is no such snapshot.
+    pub async fn set_named(&self, id: &str, named: bool) -> Result<Option<Snapshot>> {
+        let _edit = self.edit.lock().await;
+        self.change(id, |s| s.named = named).await
+    }
+
+    /// Records that `session` starts from the snapshot, which it keeps.
+    pub async fn add_user(&self, id: &str, session: Uuid) -> Result<Option<Snapshot>> {
+        let _edit = self.edit.lock().await;
+        self.change(id, |s| {
+            if !s.used_by.contains(&session) {
+                s.used_by.push(session);
+            }
+        })
+        .await
+    }
+
+    /// Drops everything the session refers to: its turn ends and its use
+    /// of the snapshot it started from. Snapshots nothing else refers to
+    /// are deleted with their files.
+    pub async fn forget_session(&self, session: Uuid) -> Result<()> {
+        let _edit = self.edit.lock().await;
+        for (seq, id) in self.turn_entries(session).await? {
+            self.store
+                .kv_delete(NAMESPACE, &turn_key(session, seq), Expect::Any)
+                .await
+                .map_err(store)?;
+            self.change(&id, |s| s.turns.retain(|t| *t != seq)).await?;
+        }
+        self.store
+            .kv_delete(NAMESPACE, &first_key(session), Expect::Any)
+            .await
+            .map_err(store)?;
+        let blobs = self
+            .store
+            .kv_list(NAMESPACE, "blob/", usize::MAX)
+            .await
+            .map_err(store)?;
+        for entry in blobs {
+            let Ok(snapshot) = serde_json::from_slice::<Snapshot>(&entry.value) else {
+                continue;
+            };
+            if snapshot.used_by.contains(&session) {
+                self.change(&snapshot.snapshot_id, |s| {
+                    s.used_by.retain(|u| *u != session)
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The session's turn ends past `keep_last`, oldest first, dropped.
+    async fn prune(&self, session: Uuid) -> Result<()> {
+        let entries = self.turn_entries(session).await?;
+        let over = entries.len().saturating_sub(self.keep_last);
+        for (seq, id) in entries.into_iter().take(over) {
+            self.store
+                .kv_delete(NAMESPACE, &turn_key(session, seq), Expect::Any)
+                .await
+                .map_err(store)?;
+            self.change(&id, |s| s.turns.retain(|t| *t != seq)).await?;
+        }
+        Ok(())
+    }
+
+    /// Applies `edit` to a record and writes it back, or deletes it with
+    /// its file when nothing refers to it any more. The caller holds
+    /// `edit`. `None` when the record is gone.
+    async fn change(&self, id: &str, edit: impl FnOnce(&mut Snapshot)) -> Result<Option<Snapshot>> {
+        let Some(mut snapshot) = self.get(id).await? else {
+            return Ok(None);
+        };
+        edit(&mut snapshot);
+        if snapshot.unused() {
+            self.store
+                .kv_delete(NAMESPACE, &blob_key(id), Expect::Any)
+                .await
+                .map_err(store)?;
+            {
+                let mut read = lock(&self.read);
+                if read.as_ref().is_some_and(|(cached, _)| cached == id) {
+                    *read = None;
+                }
+            }
+            match tokio::fs::remove_file(self.file(id)).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(snapshot = id, error = %e, "a snapshot's file stays on disk")
+                }
+            }
+        } else {
+            self.put(&blob_key(id), &snapshot).await?;
+        }
+        Ok(Some(snapshot))
+    }
+
+    /// `(seq, snapshot id)` of the session's kept turn ends, oldest first.
+    async fn turn_entries(&self, session: Uuid) -> Result<Vec<(u64, String)>> {
+        let prefix = format!("turn/{session}/");
+        let entries = self
+            .store
+            .kv_list(NAMESPACE, &prefix, usize::MAX)
+            .await
+            .map_err(store)?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|entry| {
+                let seq = entry.key.strip_prefix(&prefix)?.parse().ok()?;
+                let id = serde_json::from_slice(&entry.value).ok()?;
+                Some((seq, id))
+            })
+            .collect())
+    }
+
+    async fn put(&self, key: &str, value: &impl Serialize) -> Result<()> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|e| SandboxError::Backend(format!("encoding a snapshot record: {e}")))?;
+        self.store
+            .kv_put(NAMESPACE, key, &bytes, Expect::Any)
+            .await
+            .map_err(store)?;
+        Ok(())
+    }
+}
+
+fn blob_key(id: &str) -> String {
+    format!("blob/{id}")
+}
+
+/// Zero-padded so that keys sort in seq order.
+fn turn_key(session: Uuid, seq: u64) -> String {
+    format!("turn/{session}/{seq:020}")
+}
+
+fn first_key(session: Uuid) -> String {
+    format!("first/{session}")
+}
+
+fn store(e: StoreError) -> SandboxError {
+    SandboxError::Backend(format!("snapshot records: {e}"))
+}
+
+/// `tar -C /workspace ARGS`, run in the workspace.
+fn tar_request(args: &[&str], stdin: Option<Bytes>, timeout: Duration) -> ExecRequest {
+    let mut command = vec!["tar".to_owned(), "-C".to_owned(), WORKSPACE.to_owned()];
+    command.extend(args.iter().map(|a| (*a).to_owned()));
+    ExecRequest {
+        command,
+        stdin,
+        timeout,
+        workdir: WORKSPACE.into(),
+        env: Default::default(),
+    }
+}
+
+fn check(status: &super::ExecStatus, stderr: &[u8], what: &str) -> Result<()> {
+    if status.exit_code == Some(0) {
+        return Ok(());
+    }
+    let why = if status.timed_out {
+        "timed out".to_owned()
+    } else {
+        format!("exited {:?}", status.exit_code)
+    };
+    Err(SandboxError::File(format!(
+        "{what} of the workspace {why}: {}",
+        String::from_utf8_lossy(stderr).trim()
+    )))
+}
