@@ -286,26 +286,31 @@ async fn a_running_run_forks_from_what_it_has_stored_and_runs_on() {
     let forked = server.post(&path, json!({"step": 1})).await;
     assert_eq!(forked.status(), 202);
     let forked: Value = forked.json().await.unwrap();
-    let thread = forked["thread_id"].as_str().unwrap();
     let status: Value = server
         .get_json(&format!("/orchestrator/pipeline/status/{source}"))
         .await;
     assert_eq!(status["status"], "running", "{status}");
-    // The source goes on to its end, untouched by the fork, and so does
-    // the fork from its own step 1.
-    events.until("result").await;
-    let fork_events = Lines::new(
-        server
-            .get(&format!(
-                "/agent/session/{}/events?since=0&follow=true",
-                forked["session_id"].as_str().unwrap()
-            ))
-            .await,
-    )
-    .until("result")
-    .await;
-    assert_eq!(fork_events[0]["type"], "forked");
-    assert_eq!(fork_events.last().unwrap()["status"], "success");
+    // The source is cancelled; the fork runs on from its own step 1.
+    let cancel = server
+        .post(
+            &format!("/orchestrator/pipeline/cancel/{source}"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cancel.status(), 202);
+    let rest = events.until("result").await;
+    assert_eq!(rest.last().unwrap()["status"], "interrupted");
+    // A stopped run forks from the step that records how it stopped (by
+    // default its last): the node it stopped before runs first, and the
+    // fork's `at_seq` is the source's `pipeline_completed`.
+    let stopped = server.post(&path, json!({})).await;
+    assert_eq!(stopped.status(), 202);
+    let stopped: Value = stopped.json().await.unwrap();
+    assert_eq!(stopped["from_step"], 2);
+    let ended = rest
+        .iter()
+        .find(|e| e["type"] == "pipeline_completed")
+        .unwrap();
     let all = [
         "research",
         "generator",
@@ -314,11 +319,38 @@ async fn a_running_run_forks_from_what_it_has_stored_and_runs_on() {
         "reviewer",
         "publisher",
     ];
-    for run in [source, thread] {
+    for (run, at_seq, ran) in [
+        (&forked, None, all.to_vec()),
+        (
+            &stopped,
+            Some(&ended["seq"]),
+            [&all[..1], &["(end)"], &all[1..]].concat(),
+        ),
+    ] {
+        let fork_events = Lines::new(
+            server
+                .get(&format!(
+                    "/agent/session/{}/events?since=0&follow=true",
+                    run["session_id"].as_str().unwrap()
+                ))
+                .await,
+        )
+        .until("result")
+        .await;
+        assert_eq!(fork_events[0]["type"], "forked");
+        if let Some(at_seq) = at_seq {
+            assert_eq!(&fork_events[0]["at_seq"], at_seq);
+        }
+        assert_eq!(fork_events.last().unwrap()["status"], "success");
+        let thread = run["thread_id"].as_str().unwrap();
         let history = server
-            .get_json(&format!("/orchestrator/pipeline/history/{run}"))
+            .get_json(&format!("/orchestrator/pipeline/history/{thread}"))
             .await;
-        assert_eq!(nodes(&history), all, "{run}: {history}");
+        assert_eq!(nodes(&history), ran, "{thread}: {history}");
     }
+    let history = server
+        .get_json(&format!("/orchestrator/pipeline/history/{source}"))
+        .await;
+    assert_eq!(nodes(&history), ["research", "(end)"], "{history}");
     server.stop().await;
 }
