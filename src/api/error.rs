@@ -223,6 +223,9 @@ impl From<RunError> for ApiError {
     fn from(error: RunError) -> ApiError {
         match error {
             RunError::NotFound(_) => ApiError::not_found(error.to_string()),
+            RunError::UnknownStep { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_step", error.to_string())
+            }
             RunError::Conflict(..) => {
                 ApiError::new(StatusCode::CONFLICT, "run_conflict", error.to_string())
             }

@@ -81,7 +81,7 @@ use state::AppState;
         sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
         bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
         deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
-        pipelines::status, pipelines::history, pipelines::resume, pipelines::cancel,
+        pipelines::status, pipelines::history, pipelines::resume, pipelines::fork, pipelines::cancel,
         pipelines::active, pipelines::runs, pipelines::health, pipelines::definitions, pipelines::validate,
         dashboard::me, dashboard::ticket
     ),
@@ -206,6 +206,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/orchestrator/pipeline/resume/{thread_id}",
             post(pipelines::resume),
+        )
+        .route(
+            "/orchestrator/pipeline/fork/{thread_id}",
+            post(pipelines::fork),
         )
         .route(
             "/orchestrator/pipeline/cancel/{thread_id}",

@@ -1,8 +1,9 @@
 //! The seed's orchestrator paths: `POST /orchestrator/pipeline/start`,
 //! `GET …/status/{thread_id}`, `GET …/history/{thread_id}`, `POST
-//! …/resume/{thread_id}`, `POST …/cancel/{thread_id}`, `GET
-//! /orchestrator/runs/active`, `GET /orchestrator/health`, and `GET
-//! /orchestrator/pipelines` (the definitions).
+//! …/resume/{thread_id}`, `POST …/fork/{thread_id}`, `POST
+//! …/cancel/{thread_id}`, `GET /orchestrator/runs/active`, `GET
+//! /orchestrator/health`, and `GET /orchestrator/pipelines` (the
+//! definitions).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -14,6 +15,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::JsonObject;
 use super::state::AppState;
+use crate::pipeline::fork::ForkRequest;
 
 /// `{pipeline = "connector", connector_name, connector_type, input, model,
 /// mock}` → `202 {thread_id, session_id, pipeline, status: "started"}` at
@@ -69,6 +71,37 @@ pub async fn resume(
 ) -> Result<Response, ApiError> {
     let resumed = state.pipelines.resume(caller.owner(), &thread_id).await?;
     Ok((StatusCode::ACCEPTED, Json(resumed)).into_response())
+}
+
+/// `{step?, state?, session_name?}` → `202 {thread_id, session_id,
+/// pipeline, status: "started", from_thread, from_step}`: a new run of the
+/// caller's whose history is this run's up to checkpoint `step` (the last
+/// when not given), whose state there is the checkpoint's with `state`'s
+/// fields on top, and whose routing after that step is decided again on
+/// it. The source is not touched (it may still run). `404` for another
+/// key's run or a step it has not stored (the message lists its steps),
+/// `409` when the run would end at that step, `422` naming a bad field.
+#[utoipa::path(post, path = "/orchestrator/pipeline/fork/{thread_id}", params(("thread_id" = String, Path)),
+    request_body(content = Object, description = "{step, state, session_name}"),
+    responses((status = 202, description = "{thread_id, session_id, pipeline, status: started, from_thread, from_step}"),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn fork(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(thread_id): Path<String>,
+    mut body: JsonObject,
+) -> Result<Response, ApiError> {
+    let request = ForkRequest {
+        step: body.take("step")?,
+        state: body.take("state")?,
+        session_name: body.take("session_name")?,
+    };
+    body.deny_rest()?;
+    let forked = state
+        .pipelines
+        .fork(caller.owner.clone(), &thread_id, request)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(forked)).into_response())
 }
 
 /// Stops a running run (the node's turn and its sandbox processes); `409`

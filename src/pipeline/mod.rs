@@ -1,6 +1,6 @@
 //! Pipelines (seed 004): graphs of agent nodes with conditional routing,
 //! retry counters with limits, state reducers and a durable checkpoint
-//! after every node; start, status, history, resume and cancel.
+//! after every node; start, status, history, resume, fork and cancel.
 //!
 //! - [`definition`]: a pipeline read from YAML and checked (errors name
 //!   the file, line and place), its routing, and the built-in `connector`
@@ -13,6 +13,8 @@
 //!   turn with real tools in the run's sandbox.
 //! - [`runs`]: `thread_id`s and the REST paths' start, status, history,
 //!   resume, cancel and active runs.
+//! - [`fork`]: a new run from one of another run's checkpoints, its state
+//!   patched and its routing decided again.
 //! - [`task`]: the `pipeline` session kind.
 //! - [`config`]: the `pipelines` section of the configuration.
 
@@ -20,6 +22,7 @@ pub mod agents;
 pub mod config;
 pub mod definition;
 pub mod engine;
+pub mod fork;
 pub mod runs;
 pub mod state;
 pub mod task;

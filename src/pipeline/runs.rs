@@ -51,6 +51,13 @@ pub enum RunError {
     NotFound(String),
     #[error("pipeline run {0:?} is {1}")]
     Conflict(String, String),
+    /// A fork at a step the run has no checkpoint of.
+    #[error("pipeline run {thread_id:?} has no step {step}; its steps: {steps}")]
+    UnknownStep {
+        thread_id: String,
+        step: u64,
+        steps: String,
+    },
     #[error(transparent)]
     Session(#[from] SessionError),
     #[error(transparent)]
@@ -196,10 +203,10 @@ pub async fn remove(store: &dyn KvStore, session: Uuid) -> Result<Option<Uuid>, 
 
 /// The runs service of the REST routes.
 pub struct Runs {
-    sessions: Arc<SessionManager>,
-    store: Arc<dyn Store>,
+    pub(super) sessions: Arc<SessionManager>,
+    pub(super) store: Arc<dyn Store>,
     queued: Arc<std::sync::Mutex<std::collections::HashSet<Uuid>>>,
-    definitions: Arc<std::collections::BTreeMap<String, Arc<super::Definition>>>,
+    pub(super) definitions: Arc<std::collections::BTreeMap<String, Arc<super::Definition>>>,
     config: super::PipelineConfig,
     approvals: Arc<Approvals>,
 }
@@ -287,7 +294,7 @@ impl Runs {
         Ok(self.sessions.get(id, None).await?)
     }
 
-    async fn find(
+    pub(super) async fn find(
         &self,
         owner: Option<&str>,
         thread_id: &str,
