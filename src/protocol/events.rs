@@ -199,8 +199,6 @@ pub enum EventKind {
         reason: Option<String>,
         duration_ms: u64,
     },
-    /// The first event of a session forked from another: the source and the seq of the turn end it was forked at.
-    Forked { from_session: Uuid, at_seq: u64 },
 }
 
 /// A decision on a call that waits.
