@@ -34,7 +34,7 @@ async fn run_streams_ndjson_ending_in_one_result() {
             json!({"type": "result", "status": "success", "result": "You said: hello",
                    "cost_usd": 0.0, "cost_known": true, "turns": 1,
                    "usage": {"input_tokens": 1, "output_tokens": 3, "cost_usd": 0.0, "turns": 1, "tool_calls": 0},
-                   "seq": 3}),
+                   "history_len": 2, "seq": 3}),
         ]
     );
     let id = events[0]["session_id"].as_str().unwrap();
@@ -67,7 +67,7 @@ async fn tool_calls_go_through_the_router_and_back_to_the_model() {
             json!({"type": "result", "status": "success", "result": "The tool Bash returned: ran: echo hi",
                    "cost_usd": 0.0, "cost_known": true, "turns": 2,
                    "usage": {"input_tokens": 16, "output_tokens": 15, "cost_usd": 0.0, "turns": 2, "tool_calls": 1},
-                   "seq": 6}),
+                   "history_len": 4, "seq": 6}),
         ]
     );
     server.stop().await;
@@ -324,7 +324,7 @@ async fn interrupt_during_a_tool_call_stops_the_tool_and_the_turn() {
             json!({"type": "result", "status": "interrupted", "result": "I'll run that with 1 tool call(s).",
                    "cost_usd": 0.0, "cost_known": true, "turns": 1,
                    "usage": {"input_tokens": 2, "output_tokens": 8, "cost_usd": 0.0, "turns": 1, "tool_calls": 1},
-                   "seq": 5}),
+                   "history_len": 3, "seq": 5}),
         ]
     );
     server.stop().await;

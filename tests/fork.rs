@@ -406,3 +406,70 @@ async fn another_key_cannot_fork_or_use_a_snapshot() {
     );
     server.stop_and_remove_sandboxes().await;
 }
+
+/// The real binary as the README starts it (a fresh data directory, its
+/// default sandbox backend, a config naming the model): a fork at turn 1
+/// of 2 over plain HTTP has turn 1's files only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_forks_a_session_with_its_workspace() {
+    use common::binary::{serve_command, spawn_server, stop};
+    let mut replies = shell_turn("a", "echo 1 > /workspace/first.txt");
+    replies.extend(shell_turn("b", "echo 2 > /workspace/second.txt"));
+    replies.extend(shell_turn("c", "ls /workspace"));
+    let upstream = Upstream::start(replies).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("conclave.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[models.capable]\nprovider = \"openai\"\nmodel = \"capable-model\"\nbase_url = \"{}/v1\"\n",
+            upstream.url
+        ),
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let mut command = serve_command(&[]);
+    command
+        .current_dir(dir.path())
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--config")
+        .arg(&config);
+    let (mut child, url) = spawn_server(&mut command).await;
+    let http = reqwest::Client::new();
+    let post = |path: String, body: Value| {
+        let request = http.post(format!("{url}{path}")).json(&body);
+        async move { request.send().await.unwrap() }
+    };
+    let created: Value = post("/agent/session".into(), json!({"model": "capable"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = created["session_id"].as_str().unwrap().to_string();
+    let message = format!("/agent/session/{id}/message");
+    let first = common::ndjson(post(message.clone(), json!({"prompt": "one"})).await).await;
+    let first_end = first.last().unwrap()["seq"].as_u64().unwrap();
+    common::ndjson(post(message, json!({"prompt": "two"})).await).await;
+    let response = post(
+        format!("/agent/session/{id}/fork"),
+        json!({"at_seq": first_end}),
+    )
+    .await;
+    assert_eq!(response.status(), 201);
+    let forked: Value = response.json().await.unwrap();
+    let fork_id = forked["sessions"][0]["session_id"].as_str().unwrap();
+    let events = common::ndjson(
+        post(
+            format!("/agent/session/{fork_id}/message"),
+            json!({"prompt": "look"}),
+        )
+        .await,
+    )
+    .await;
+    let listing = printed(&events);
+    assert!(listing.contains("first.txt"), "{listing}");
+    assert!(!listing.contains("second.txt"), "{listing}");
+    stop(&mut child).await;
+    common::remove_sandboxes_of(&data).await;
+}

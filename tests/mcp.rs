@@ -36,8 +36,8 @@ fn run_client(args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).expect("client prints JSON")
 }
 
-/// What an MCP client saw; `deliberate`, `start_pipeline` and `run_agent`
-/// are listed by the server's `/mcp`
+/// What an MCP client saw; `deliberate`, `start_pipeline`, `run_agent` and
+/// `fork_session` are listed by the server's `/mcp`
 /// (which runs sessions), not by the stdio `conclave mcp`.
 fn check(seen: &Value, served: bool) {
     let tools: Vec<&str> = seen["tools"]
@@ -46,7 +46,10 @@ fn check(seen: &Value, served: bool) {
         .iter()
         .filter_map(Value::as_str)
         .filter(|name| {
-            let server_only = matches!(*name, "deliberate" | "start_pipeline" | "run_agent");
+            let server_only = matches!(
+                *name,
+                "deliberate" | "start_pipeline" | "run_agent" | "fork_session"
+            );
             assert!(served || !server_only, "stdio lists {name}");
             served || !server_only
         })
@@ -54,7 +57,7 @@ fn check(seen: &Value, served: bool) {
     let tools: Vec<&str> = if served {
         tools
     } else {
-        let mut all: Vec<&str> = ["deliberate", "run_agent", "start_pipeline"]
+        let mut all: Vec<&str> = ["deliberate", "fork_session", "run_agent", "start_pipeline"]
             .into_iter()
             .chain(tools)
             .collect();
@@ -68,6 +71,7 @@ fn check(seen: &Value, served: bool) {
             "edit_file",
             "execute_code",
             "execute_shell",
+            "fork_session",
             "glob",
             "grep",
             "kill_background",
@@ -588,6 +592,7 @@ async fn check_agent_script(args: &[&str]) {
         *other,
         json!({
             "run_agent": format!("session '{id}' not found"),
+            "fork_session": format!("session {id} not found"),
             "read": format!("no resource {uri}"),
             "read_events": format!("no resource {uri}/events"),
             "subscribe": format!("no resource {uri}"),
@@ -599,6 +604,18 @@ async fn check_agent_script(args: &[&str]) {
 
 /// What `tests/mcp/agent.py` saw as the session's owner.
 fn check_agent(seen: &Value) {
+    // fork_session made two sessions of the owner from the first turn's end.
+    let forked = &seen["forked"];
+    assert_eq!(forked["is_error"], false, "{forked}");
+    assert_eq!(
+        forked["structured"]["from_session"],
+        seen["first"]["structured"]["session_id"]
+    );
+    assert_eq!(
+        forked["structured"]["sessions"].as_array().unwrap().len(),
+        2,
+        "{forked}"
+    );
     assert!(
         seen["tools"]
             .as_array()
@@ -663,10 +680,17 @@ fn check_agent(seen: &Value) {
     assert!(at("second", "progress", "You said") < at("second", "result", ""));
     // The resources: listed, read, and updates while the turn ran.
     let uri = format!("conclave://sessions/{id}");
-    assert_eq!(
-        seen["listed"],
-        json!([uri.clone(), format!("{uri}/events")])
-    );
+    // The session and the two forks fork_session made.
+    let mut listed = vec![uri.clone(), format!("{uri}/events")];
+    for fork in seen["forked"]["structured"]["sessions"].as_array().unwrap() {
+        let fork = format!(
+            "conclave://sessions/{}",
+            fork["session_id"].as_str().unwrap()
+        );
+        listed.extend([fork.clone(), format!("{fork}/events")]);
+    }
+    listed.sort();
+    assert_eq!(seen["listed"], json!(listed));
     assert_eq!(seen["updated"], json!([format!("{uri}/events")]));
     let status = &seen["status"];
     assert_eq!(status["status"], "idle");

@@ -123,6 +123,9 @@ async def owner_side(session, notes):
     sid = first["structured"]["session_id"]
     seen["list_changed_after_first"] = notes.list_changed
 
+    forked = await session.call_tool("fork_session", {"session_id": sid, "count": 2})
+    seen["forked"] = {"is_error": forked.is_error, "structured": forked.structured_content}
+
     status_uri = f"conclave://sessions/{sid}"
     events_uri = f"{status_uri}/events"
     await session.subscribe_resource(events_uri)
@@ -185,6 +188,7 @@ async def other_side(session, sid):
     seen["run_agent"] = await error_of(
         session.call_tool("run_agent", {"prompt": "hi", "session_id": sid})
     )
+    seen["fork_session"] = await error_of(session.call_tool("fork_session", {"session_id": sid}))
     seen["read"] = await error_of(session.read_resource(uri))
     seen["read_events"] = await error_of(session.read_resource(f"{uri}/events"))
     seen["subscribe"] = await error_of(session.subscribe_resource(uri))
