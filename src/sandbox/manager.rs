@@ -30,7 +30,8 @@ use crate::sync::lock;
 pub struct SandboxInfo {
     pub backend: String,
     pub id: String,
-    /// `running`, or `gone` when the backend no longer has it.
+    /// `running`, `paused` (idle for `sandbox.pause_after_s`; the next
+    /// tool call resumes it), or `gone` when the backend no longer has it.
     pub state: String,
     pub image: String,
     #[serde(flatten)]
@@ -49,6 +50,7 @@ struct Slot {
     /// backend's stats (docker's take tens of milliseconds).
     sampled: Mutex<Option<stats::Sample>>,
     sampling: std::sync::atomic::AtomicBool,
+    pause: pause::PauseState,
 }
 
 pub struct SandboxManager {
@@ -69,11 +71,13 @@ pub struct SandboxManager {
     found: Mutex<HashMap<Uuid, String>>,
     /// Relabelling of claimed pool sandboxes, running in the background.
     assigning: TaskTracker,
+    pause_metrics: pause::PauseMetrics,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
 /// idle, and dropping it starts the idle clock again.
 pub struct Lease {
+    _background: Option<pause::Background>,
     _hold: Hold,
     pub sandbox: Arc<dyn Sandbox>,
 }
@@ -114,6 +118,7 @@ impl SandboxManager {
             pool_size: watch::Sender::new(0),
             found: Mutex::new(HashMap::new()),
             assigning: TaskTracker::new(),
+            pause_metrics: Default::default(),
         }
     }
 
@@ -190,6 +195,7 @@ impl SandboxManager {
                         last_used: Mutex::new(Instant::now()),
                         sampled: Mutex::new(None),
                         sampling: Default::default(),
+                        pause: Default::default(),
                     });
                     slots.insert(session, slot.clone());
                     slot
@@ -202,10 +208,14 @@ impl SandboxManager {
             .get_or_try_init(|| self.provision(session, &slot.spec))
             .await;
         match made {
-            Ok(sandbox) => Ok(Lease {
-                sandbox: sandbox.clone(),
-                _hold: hold,
-            }),
+            Ok(sandbox) => {
+                self.resume_paused(&slot, sandbox.as_ref()).await?;
+                Ok(Lease {
+                    sandbox: sandbox.clone(),
+                    _background: None,
+                    _hold: hold,
+                })
+            }
             Err(e) => {
                 let mut slots = lock(&self.slots);
                 if slots
@@ -349,7 +359,7 @@ impl SandboxManager {
             let expired: Vec<Uuid> = slots
                 .iter()
                 .filter(|(_, slot)| {
-                    slot.leases.load(Ordering::Acquire) == 0
+                    slot.unused()
                         && slot.sandbox.initialized()
                         && lock(&slot.last_used).elapsed() >= ttl
                 })
@@ -457,8 +467,11 @@ fn pool_label(image: &str) -> String {
         .collect()
 }
 
+mod pause;
 mod shared;
 mod stats;
+
+pub use pause::PauseMetrics;
 
 #[cfg(test)]
 #[path = "manager_tests.rs"]
