@@ -25,6 +25,10 @@ pub struct SandboxView {
     pub kind: String,
     pub session_id: Option<Uuid>,
     pub backend: String,
+    /// `running`, or `paused` (idle for `sandbox.pause_after_s`; the
+    /// session's next tool call resumes it), or `gone` when the backend no
+    /// longer has it.
+    pub state: String,
     /// When every Conclave instance on the host may remove it.
     pub expires_at: Option<DateTime<Utc>>,
     /// When it was made (its age).
@@ -105,20 +109,24 @@ async fn view(
     session_id: Option<Uuid>,
     sandboxes: &SandboxManager,
 ) -> SandboxView {
-    let stats = match session_id {
+    let info = match session_id {
         Some(session) => sandboxes
             .info(session)
             .await
-            .filter(|info| info.id == managed.id)
-            .map(|info| info.stats)
-            .unwrap_or_default(),
-        None => Default::default(),
+            .filter(|info| info.id == managed.id),
+        None => None,
+    };
+    // Only this server pauses its sessions' sandboxes: any other is running.
+    let (state, stats) = match info {
+        Some(info) => (info.state, info.stats),
+        None => ("running".to_string(), Default::default()),
     };
     SandboxView {
         id: managed.id.clone(),
         kind: kind.into(),
         session_id,
         backend: sandboxes.backend_name().into(),
+        state,
         expires_at: managed
             .expires
             .and_then(|at| DateTime::from_timestamp(at, 0)),

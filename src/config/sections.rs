@@ -231,6 +231,13 @@ pub struct SandboxConfig {
     /// A sandbox unused this long is destroyed (its session keeps working
     /// and gets a fresh one at its next tool call).
     pub idle_ttl_s: u64,
+    /// A sandbox unused this long is paused (docker pause, the cgroup
+    /// freezer of local sandboxes; Kubernetes Pods keep running): its
+    /// processes, background runs included, are frozen with its files
+    /// until the session's next tool call resumes it. 0, the default,
+    /// never pauses: a paused sandbox's background jobs (a build left
+    /// running between turns) stop making progress.
+    pub pause_after_s: u64,
     /// Longest a sandbox lives, used or not: its expiry label, which every
     /// Conclave instance on the host honours, so the sandboxes of a server
     /// that stopped (or whose data directory is gone) do not run forever.
@@ -290,6 +297,7 @@ impl Default for SandboxConfig {
             exec_timeout_s: 60,
             max_exec_timeout_s: 600,
             idle_ttl_s: 900,
+            pause_after_s: 0,
             max_lifetime_s: 24 * 3600,
             max_live: 64,
             warm_pool: 2,

@@ -248,3 +248,24 @@ fn replicas_added_at_run_time_may_be_on_loopback_only_where_the_server_is() {
         ["10.0.0.0/8"]
     );
 }
+
+/// Pausing is off unless asked for, and a pause that would come no sooner
+/// than the idle TTL's destruction is refused, naming the field.
+#[test]
+fn sandbox_pause_after_s_is_off_by_default_and_below_the_idle_ttl() {
+    let base = || Config {
+        data_dir: PathBuf::from("/var/lib/conclave"),
+        ..Config::default()
+    };
+    assert_eq!(base().sandbox.pause_after_s, 0);
+    base().validate().unwrap();
+    let mut config = base();
+    config.sandbox.pause_after_s = 60;
+    config.validate().unwrap();
+    config.sandbox.pause_after_s = config.sandbox.idle_ttl_s;
+    let err = config.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("sandbox.pause_after_s") && err.contains("idle_ttl_s"),
+        "{err}"
+    );
+}

@@ -215,6 +215,16 @@ impl Config {
                 return Err(field(name, "must be at least 1".into()));
             }
         }
+        if sandbox.pause_after_s > 0 && sandbox.pause_after_s >= sandbox.idle_ttl_s {
+            return Err(field(
+                "sandbox.pause_after_s",
+                format!(
+                    "must be less than sandbox.idle_ttl_s ({}), which destroys an idle \
+                     sandbox, or 0 to never pause",
+                    sandbox.idle_ttl_s
+                ),
+            ));
+        }
         if sandbox.exec_timeout_s > sandbox.max_exec_timeout_s {
             return Err(field(
                 "sandbox.exec_timeout_s",

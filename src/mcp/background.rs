@@ -6,7 +6,8 @@
 //!
 //! A run is an ordinary exec of the sandbox with the longest timeout
 //! allowed (`sandbox.max_exec_timeout_s`), holding a lease on the sandbox
-//! so the idle reaper leaves it alone while it runs. Runs belong to the
+//! so the idle reaper leaves it alone while it runs (though an idle sandbox
+//! is still paused, `sandbox.pause_after_s`, and the run with it). Runs belong to the
 //! sandbox they run in (a session's, or an MCP connection's scratch one):
 //! a caller sees and kills only runs of a sandbox it may use, and they end
 //! when that sandbox goes.
@@ -149,6 +150,9 @@ impl BackgroundRuns {
             run
         };
         let view = run.view();
+        // Its lease keeps the sandbox from the idle reaper, not from being
+        // paused: the run is frozen with it and goes on when it resumes.
+        let lease = lease.into_background();
         tokio::spawn(async move {
             let result = exec_collect(
                 lease.sandbox.as_ref(),

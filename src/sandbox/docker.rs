@@ -190,6 +190,17 @@ fn is_not_found(e: &DockerError) -> bool {
     )
 }
 
+/// Docker refuses an exec into a paused container with a conflict.
+fn is_paused(e: &DockerError) -> bool {
+    matches!(
+        e,
+        DockerError::DockerResponseServerError {
+            status_code: 409,
+            message,
+        } if message.contains("is paused")
+    )
+}
+
 fn host_config(spec: &SandboxSpec) -> HostConfig {
     let memory = i64::try_from(spec.memory_mb.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
     let tmpfs = HashMap::from([
@@ -261,11 +272,22 @@ impl SandboxBackend for DockerBackend {
     async fn attach(&self, id: &str) -> Result<Option<Arc<dyn Sandbox>>> {
         match self.docker.inspect_container(id, None).await {
             Ok(info) => {
-                let running = info.state.and_then(|s| s.running).unwrap_or(false);
-                Ok(running.then(|| {
-                    let id = info.id.unwrap_or_else(|| id.to_string());
-                    Arc::new(self.sandbox(id, Boot::Unknown)) as Arc<dyn Sandbox>
-                }))
+                let state = info.state.unwrap_or_default();
+                if !state.running.unwrap_or(false) {
+                    return Ok(None);
+                }
+                let id = info.id.unwrap_or_else(|| id.to_string());
+                let sandbox = self.sandbox(id, Boot::Unknown);
+                // A sandbox is attached to be used: one the server paused
+                // while idle is resumed, as the server's own next call would.
+                if state.paused.unwrap_or(false) {
+                    sandbox.resume().await?;
+                    tracing::info!(
+                        sandbox = sandbox.id(),
+                        "resumed a paused sandbox to attach it"
+                    );
+                }
+                Ok(Some(Arc::new(sandbox) as Arc<dyn Sandbox>))
             }
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(backend_error(e)),

@@ -417,6 +417,14 @@ impl Sandbox for PodSandbox {
         })
     }
 
+    /// A Pod cannot be frozen through the API, and scaling it to zero
+    /// would lose its workspace (an `emptyDir`, which lives as long as the
+    /// Pod) and every process in it: an idle Pod keeps running until the
+    /// idle TTL removes it.
+    async fn pause(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     async fn destroy(&self) -> Result<()> {
         delete_pod(&self.pods, &self.name).await
     }

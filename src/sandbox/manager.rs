@@ -30,7 +30,8 @@ use crate::sync::lock;
 pub struct SandboxInfo {
     pub backend: String,
     pub id: String,
-    /// `running`, or `gone` when the backend no longer has it.
+    /// `running`, `paused` (idle for `sandbox.pause_after_s`; the next
+    /// tool call resumes it), or `gone` when the backend no longer has it.
     pub state: String,
     pub image: String,
     #[serde(flatten)]
@@ -54,6 +55,7 @@ struct Slot {
     /// True while a turn end's snapshot runs; a lease waits for it, so
     /// the next turn's calls change nothing the snapshot is reading.
     snapshotting: watch::Sender<bool>,
+    pause: pause::PauseState,
 }
 
 pub struct SandboxManager {
@@ -78,11 +80,13 @@ pub struct SandboxManager {
     snapshots: Option<Arc<super::snapshots::Snapshots>>,
     /// Snapshots being taken, waited for at shutdown.
     snapshotting: TaskTracker,
+    pause_metrics: pause::PauseMetrics,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
 /// idle, and dropping it starts the idle clock again.
 pub struct Lease {
+    _background: Option<pause::Background>,
     _hold: Hold,
     pub sandbox: Arc<dyn Sandbox>,
 }
@@ -125,6 +129,7 @@ impl SandboxManager {
             assigning: TaskTracker::new(),
             snapshots: None,
             snapshotting: TaskTracker::new(),
+            pause_metrics: Default::default(),
         }
     }
 
@@ -214,6 +219,7 @@ impl SandboxManager {
                         sampling: Default::default(),
                         dirty: Default::default(),
                         snapshotting: watch::Sender::new(false),
+                        pause: Default::default(),
                     });
                     slots.insert(session, slot.clone());
                     slot
@@ -236,8 +242,10 @@ impl SandboxManager {
                     .wait_for(|running| !running)
                     .await;
                 slot.dirty.store(true, Ordering::Release);
+                self.resume_paused(&slot, sandbox.as_ref()).await?;
                 Ok(Lease {
                     sandbox,
+                    _background: None,
                     _hold: hold,
                 })
             }
@@ -389,7 +397,7 @@ impl SandboxManager {
             let expired: Vec<Uuid> = slots
                 .iter()
                 .filter(|(_, slot)| {
-                    slot.leases.load(Ordering::Acquire) == 0
+                    slot.unused()
                         && slot.sandbox.initialized()
                         && lock(&slot.last_used).elapsed() >= ttl
                 })
@@ -497,9 +505,12 @@ fn pool_label(image: &str) -> String {
         .collect()
 }
 
+mod pause;
 mod shared;
 mod snapshot;
 mod stats;
+
+pub use pause::PauseMetrics;
 
 #[cfg(test)]
 #[path = "manager_tests.rs"]

@@ -18,6 +18,8 @@ struct Memory {
     /// How long a stats sample takes, and how many were taken.
     stats_delay: Mutex<Duration>,
     sampled: AtomicUsize,
+    /// Pauses asked for; this backend cannot pause.
+    pause_asks: AtomicUsize,
 }
 
 struct Fake {
@@ -101,6 +103,11 @@ impl Sandbox for Fake {
             pids: Some(n),
             ..SandboxStats::default()
         })
+    }
+
+    async fn pause(&self) -> Result<bool> {
+        self.backend.pause_asks.fetch_add(1, Ordering::SeqCst);
+        Ok(false)
     }
 
     async fn destroy(&self) -> Result<()> {
@@ -314,4 +321,30 @@ async fn status_answers_from_the_last_sample() {
     let fresh = manager.info(session).await.unwrap();
     assert_eq!(fresh.stats.pids, Some(2));
     assert_eq!(memory.sampled.load(Ordering::SeqCst), 2);
+}
+
+/// A sandbox its backend cannot pause is asked once, and goes on running.
+#[tokio::test]
+async fn a_sandbox_that_cannot_pause_is_asked_once() {
+    let (memory, manager) = manager(|c| c.pause_after_s = 1);
+    let session = Uuid::new_v4();
+    drop(
+        manager
+            .lease(session, manager.default_spec())
+            .await
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while memory.pause_asks.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "no pause was asked for");
+        assert_eq!(manager.pause_idle().await, 0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(manager.pause_idle().await, 0);
+    }
+    assert_eq!(memory.pause_asks.load(Ordering::SeqCst), 1);
+    assert!(!manager.is_paused(session));
+    assert_eq!(manager.info(session).await.unwrap().state, "running");
+    assert_eq!(manager.pause_metrics().pauses.get(), 0);
 }

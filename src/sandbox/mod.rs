@@ -12,7 +12,8 @@
 //! - [`files`]: file reads and writes built on exec, so every backend gets
 //!   them the same way, with paths confined to the workspace.
 //! - [`manager`]: one sandbox per session, created at its first tool call,
-//!   an idle TTL, a cap on live sandboxes, the warm pool and orphan reaping.
+//!   an idle TTL, pausing idle ones, a cap on live sandboxes, the warm pool
+//!   and orphan reaping.
 
 pub mod docker;
 pub mod files;
@@ -413,7 +414,20 @@ pub trait Sandbox: Send + Sync {
 
     async fn stats(&self) -> Result<SandboxStats>;
 
-    /// Destroys the sandbox and everything in it.
+    /// Freezes every process in the sandbox, keeping them and its files
+    /// (an idle sandbox, `sandbox.pause_after_s`). `Ok(false)` says this
+    /// backend or host cannot pause it, and nothing changed.
+    async fn pause(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Lets the processes of a paused sandbox run again; a sandbox that is
+    /// not paused is left as it is.
+    async fn resume(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Destroys the sandbox and everything in it, paused or not.
     async fn destroy(&self) -> Result<()>;
 }
 

@@ -162,6 +162,7 @@ impl Server {
             Tools::Custom(router) => (router, None, None),
             Tools::Sandboxed => {
                 let (sandboxes, host, instance) = tools::sandbox_host(&config, &store).await?;
+                metrics.register_sandbox_pauses(sandboxes.pause_metrics());
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;
@@ -449,6 +450,16 @@ impl Server {
                         sandboxes.reap_idle().await;
                     }
                 };
+                let pauser = async {
+                    let Some(period) = sandboxes.pause_every() else {
+                        return std::future::pending().await;
+                    };
+                    let mut every = tokio::time::interval(period);
+                    loop {
+                        every.tick().await;
+                        sandboxes.pause_idle().await;
+                    }
+                };
                 // Expired sandboxes of every instance on the host go too.
                 let prune_every =
                     Duration::from_secs((sandboxes.config().max_lifetime_s / 4).clamp(1, 60));
@@ -464,6 +475,7 @@ impl Server {
                 tokio::select! {
                     _ = sandboxes.run_pool(root.clone()) => {}
                     _ = reaper => {}
+                    _ = pauser => {}
                     _ = pruner => {}
                 }
             })

@@ -57,3 +57,14 @@ pub async fn stop(child: &mut Child) {
     let exit = child.wait().await.expect("exit");
     assert!(exit.success(), "{exit}");
 }
+
+/// The JSON body of the answer to `request`.
+pub async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request
+        .send()
+        .await
+        .expect("the server answers")
+        .json()
+        .await
+        .expect("a JSON body")
+}

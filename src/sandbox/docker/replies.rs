@@ -110,6 +110,9 @@ pub(super) async fn read_replies(
             }
         }
     }
+    // The container is gone (removed, or stopped): runs waiting for replies
+    // are told so by their channel closing, rather than wait to time out.
+    lock(&routes).clear();
 }
 
 /// What [`Lines`] cuts from the stream.

@@ -2,6 +2,7 @@
 //! (or `docker exec` where the image cannot boot it), stats and removal.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -19,7 +20,7 @@ use uuid::Uuid;
 
 use super::agent::{Agent, Boot};
 use super::replies::Reply;
-use super::{SESSION_PREFIX, backend_error, is_not_found, remove_container};
+use super::{SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use bollard::errors::Error as DockerError;
 
@@ -35,6 +36,10 @@ pub(super) struct DockerSandbox {
     /// `stats` reports use since the last call rather than since start.
     last_cpu: Mutex<Option<(u64, u64)>>,
     agent: Mutex<AgentState>,
+    /// Paused by [`Sandbox::pause`] here: a run killed meanwhile (its
+    /// timeout passed) unpauses it first, since frozen processes cannot
+    /// act on the kill.
+    paused: AtomicBool,
 }
 
 /// Where a sandbox's exec helper stands.
@@ -53,6 +58,18 @@ impl DockerSandbox {
             id,
             last_cpu: Mutex::new(None),
             agent: Mutex::new(AgentState::Pending(boot)),
+            paused: AtomicBool::new(false),
+        }
+    }
+
+    /// Unpauses the container before a kill: the helper and the run's
+    /// processes are frozen while it is paused, and a kill that cannot end
+    /// the run would restart the container, losing its workspace.
+    async fn thaw_for_kill(&self) {
+        if self.paused.load(Ordering::Acquire)
+            && let Err(e) = self.resume().await
+        {
+            tracing::warn!(sandbox = %self.id, error = %e, "cannot unpause a sandbox to kill a run");
         }
     }
 
@@ -134,6 +151,7 @@ impl DockerSandbox {
         let done = supervise(replies, request.timeout, &cancel, KILL_GRACE, || {
             let agent = agent.clone();
             Box::pin(async move {
+                self.thaw_for_kill().await;
                 let _ = agent.kill(id).await;
             })
         })
@@ -158,6 +176,7 @@ impl DockerSandbox {
     /// Kills every process of the exec marked `marker`, restarting the
     /// container if the kill itself cannot run.
     async fn kill_exec(&self, marker: &str) {
+        self.thaw_for_kill().await;
         let killed = tokio::time::timeout(KILL_GRACE, async {
             let exec = self
                 .docker
@@ -238,6 +257,15 @@ impl Sandbox for DockerSandbox {
             .map_err(|e| {
                 if is_not_found(&e) {
                     SandboxError::Gone(self.id.clone())
+                } else if is_paused(&e) {
+                    // Paused by the server that owns it (`conclave mcp`
+                    // sharing the session's sandbox, which attached to it
+                    // before): an exec would wait for as long as it stays so.
+                    SandboxError::Backend(format!(
+                        "sandbox {} is paused (idle); the session's next tool call \
+                         through the server resumes it",
+                        self.id
+                    ))
                 } else {
                     backend_error(e)
                 }
@@ -340,7 +368,37 @@ impl Sandbox for DockerSandbox {
         })
     }
 
+    async fn pause(&self) -> Result<bool> {
+        match self.docker.pause_container(&self.id).await {
+            Ok(()) => {}
+            // By another process on this data directory.
+            Err(DockerError::DockerResponseServerError { message, .. })
+                if message.contains("already paused") => {}
+            Err(e) if is_not_found(&e) => return Err(SandboxError::Gone(self.id.clone())),
+            Err(e) => return Err(backend_error(e)),
+        }
+        self.paused.store(true, Ordering::Release);
+        Ok(true)
+    }
+
+    async fn resume(&self) -> Result<()> {
+        match self.docker.unpause_container(&self.id).await {
+            Ok(()) => {}
+            // Unpaused meanwhile: by another process attaching it, or by a
+            // kill (`thaw_for_kill`).
+            Err(DockerError::DockerResponseServerError { message, .. })
+                if message.contains("not paused") => {}
+            Err(e) if is_not_found(&e) => return Err(SandboxError::Gone(self.id.clone())),
+            Err(e) => return Err(backend_error(e)),
+        }
+        self.paused.store(false, Ordering::Release);
+        Ok(())
+    }
+
     async fn destroy(&self) -> Result<()> {
+        // Force removal kills a paused container too, but the attach stream
+        // of its helper is then left open, and a run waiting on it with it.
+        self.thaw_for_kill().await;
         remove_container(&self.docker, &self.id).await
     }
 }

@@ -4,7 +4,8 @@
 //! controllers the host has mounted as v1 and lets this process write:
 //! `memory` (memory.limit_in_bytes, and memory.memsw.limit_in_bytes where
 //! swap is accounted, so the limit cannot be dodged by swapping), `pids`
-//! (pids.max), `cpu` (cfs quota) and `cpuacct` (usage for stats). Every exec
+//! (pids.max), `cpu` (cfs quota), `cpuacct` (usage for stats) and `freezer`
+//! (pausing an idle sandbox, see [`SandboxCgroup::freeze`]). Every exec
 //! of the sandbox is moved into them before it runs any user code, so the
 //! limits hold for all of its execs together, as for one container. The
 //! directories outlive the server, which lets a restarted server find and
@@ -24,14 +25,16 @@ pub(super) enum Controller {
     Pids,
     Cpu,
     Cpuacct,
+    Freezer,
 }
 
 impl Controller {
-    const ALL: [Controller; 4] = [
+    const ALL: [Controller; 5] = [
         Controller::Memory,
         Controller::Pids,
         Controller::Cpu,
         Controller::Cpuacct,
+        Controller::Freezer,
     ];
 
     fn name(self) -> &'static str {
@@ -40,6 +43,7 @@ impl Controller {
             Controller::Pids => "pids",
             Controller::Cpu => "cpu",
             Controller::Cpuacct => "cpuacct",
+            Controller::Freezer => "freezer",
         }
     }
 
@@ -51,6 +55,7 @@ impl Controller {
             Controller::Pids => "pids.max",
             Controller::Cpu => "cpu.cfs_quota_us",
             Controller::Cpuacct => "cpuacct.usage",
+            Controller::Freezer => "freezer.state",
         }
     }
 }
@@ -93,7 +98,10 @@ impl Hierarchy {
                 continue;
             };
             hierarchy.controllers.push(controller);
-            hierarchy.by_controller.push((controller, base.clone()));
+            // A sandbox has no use for a view of its freezer state.
+            if controller != Controller::Freezer {
+                hierarchy.by_controller.push((controller, base.clone()));
+            }
             if !hierarchy.bases.contains(&base) {
                 hierarchy.bases.push(base);
             }
@@ -136,6 +144,8 @@ pub(super) struct SandboxCgroup {
 }
 
 const MIB: u64 = 1024 * 1024;
+/// How long freezing may take before a pause gives up.
+const FREEZE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 const CFS_PERIOD_US: u64 = 100_000;
 
 impl SandboxCgroup {
@@ -216,9 +226,55 @@ impl SandboxCgroup {
         read(self.dir_of(Controller::Cpuacct)?, "cpuacct.usage")
     }
 
+    /// Whether the sandbox can be frozen: the host gave it a freezer cgroup.
+    pub(super) fn can_freeze(&self) -> bool {
+        self.dir_of(Controller::Freezer).is_some()
+    }
+
+    /// Freezes every process of the sandbox, waiting until the kernel says
+    /// all are (`FREEZING` turns `FROZEN`; a task in an uninterruptible
+    /// wait holds it back, so the request is repeated). Processes an exec
+    /// adds later are frozen as they join.
+    pub(super) async fn freeze(&self) -> io::Result<()> {
+        let Some(dir) = self.dir_of(Controller::Freezer) else {
+            return Err(io::Error::other("no freezer cgroup"));
+        };
+        let deadline = tokio::time::Instant::now() + FREEZE_WITHIN;
+        loop {
+            write(dir, "freezer.state", "FROZEN")?;
+            if fs::read_to_string(dir.join("freezer.state"))?.trim() == "FROZEN" {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                // Half frozen is worse than running: let it all go again.
+                let _ = write(dir, "freezer.state", "THAWED");
+                return Err(io::Error::other(format!(
+                    "the sandbox's processes did not freeze within {FREEZE_WITHIN:?}"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Lets frozen processes run again; a sandbox not frozen is left alone.
+    pub(super) fn thaw(&self) -> io::Result<()> {
+        match self.dir_of(Controller::Freezer) {
+            Some(dir) => write(dir, "freezer.state", "THAWED"),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the sandbox is frozen, or being frozen.
+    pub(super) fn frozen(&self) -> bool {
+        self.dir_of(Controller::Freezer)
+            .and_then(|dir| fs::read_to_string(dir.join("freezer.state")).ok())
+            .is_some_and(|state| state.trim() != "THAWED")
+    }
+
     /// Kills every live process in the cgroups and waits until they have
     /// exited. Killing a pid-namespace init takes its whole namespace with
-    /// it, so this converges even while a fork bomb runs.
+    /// it, so this converges even while a fork bomb runs. A frozen sandbox
+    /// is thawed after the kill is sent: a frozen process acts on no signal.
     pub(super) async fn kill_all(&self) {
         loop {
             let mut alive = Vec::new();
@@ -235,6 +291,9 @@ impl SandboxCgroup {
             }
             if alive.is_empty() {
                 return;
+            }
+            if let Err(e) = self.thaw() {
+                tracing::warn!(error = %e, "cannot thaw a sandbox's cgroup to kill its processes");
             }
             for process in alive {
                 process.exited().await;

@@ -101,6 +101,7 @@ pub(super) async fn execute(
 ) -> Result<ExecStatus, SandboxError> {
     let started_at = Instant::now();
     let switch = launch.switch.clone();
+    let cgroup = launch.cgroup.clone();
     let io_switch = launch.switch.clone();
     let (started_tx, started_rx) = oneshot::channel();
     let (finished_tx, finished_rx) = oneshot::channel();
@@ -139,6 +140,11 @@ pub(super) async fn execute(
     let timeout = deadline.saturating_duration_since(Instant::now());
     let done = supervise(run, timeout, &cancel, KILL_GRACE, || {
         switch.kill();
+        // A run of a paused sandbox (its timeout passed meanwhile) acts on
+        // the kill only once thawed; the sandbox runs on from then.
+        if let Err(e) = cgroup.thaw() {
+            tracing::warn!(error = %e, "cannot thaw a sandbox to kill a run");
+        }
         Box::pin(async {})
     })
     .await;

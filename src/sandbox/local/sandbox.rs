@@ -119,6 +119,15 @@ impl Sandbox for LocalSandbox {
         if !self.layout.meta().exists() {
             return Err(SandboxError::Gone(self.id.clone()));
         }
+        // Paused by the server that owns it (this is `conclave mcp` sharing
+        // the session's sandbox): the exec would freeze as it joined.
+        if self.cgroup.frozen() {
+            return Err(SandboxError::Backend(format!(
+                "sandbox {} is paused (idle); the session's next tool call through \
+                 the server resumes it",
+                self.id
+            )));
+        }
         let deadline = Instant::now() + request.timeout;
         let switch = Arc::new(KillSwitch::default());
         let (key, token) = {
@@ -172,6 +181,32 @@ impl Sandbox for LocalSandbox {
         })
     }
 
+    /// Freezes the sandbox's cgroup; a host that gave it no freezer cgroup
+    /// (not root, or cgroup v2 only) cannot pause it.
+    async fn pause(&self) -> Result<bool> {
+        if !self.cgroup.can_freeze() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::info!(
+                    "local sandboxes cannot be paused here: no writable cgroup v1 freezer \
+                     (run as root on a host that mounts it); idle ones keep running"
+                );
+            });
+            return Ok(false);
+        }
+        self.cgroup
+            .freeze()
+            .await
+            .map_err(|e| SandboxError::Backend(format!("pausing sandbox {}: {e}", self.id)))?;
+        Ok(true)
+    }
+
+    async fn resume(&self) -> Result<()> {
+        self.cgroup
+            .thaw()
+            .map_err(|e| SandboxError::Backend(format!("resuming sandbox {}: {e}", self.id)))
+    }
+
     async fn destroy(&self) -> Result<()> {
         let running: Vec<_> = {
             let mut execs = lock(&self.execs);
@@ -180,6 +215,10 @@ impl Sandbox for LocalSandbox {
         };
         for switch in running {
             switch.kill();
+        }
+        // A paused sandbox's processes act on the kill once thawed.
+        if let Err(e) = self.cgroup.thaw() {
+            tracing::warn!(sandbox = %self.id, error = %e, "cannot thaw a sandbox to destroy it");
         }
         self.tracker.close();
         self.tracker.wait().await;

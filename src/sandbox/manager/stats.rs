@@ -66,10 +66,14 @@ impl SandboxManager {
                 cached
             }
         };
+        let state = match current.state {
+            "running" if slot.paused() => "paused",
+            state => state,
+        };
         Some(SandboxInfo {
             backend: self.backend.name().into(),
             id: sandbox.id().into(),
-            state: current.state.into(),
+            state: state.into(),
             image: slot.spec.image.clone(),
             stats: current.stats,
         })
