@@ -117,7 +117,7 @@ async fn an_openai_tool_call_runs_and_its_result_goes_back_to_the_model() {
             json!({"type": "thinking", "content": "Done.", "seq": 4}),
             json!({"type": "result", "status": "success", "result": "Done.", "cost_usd": 0.0, "cost_known": false,
                    "turns": 2, "usage": {"input_tokens": 30, "output_tokens": 7, "cost_usd": 0.0, "turns": 2, "tool_calls": 1},
-                   "seq": 5}),
+                   "history_len": 4, "seq": 5}),
         ]
     );
     let requests = upstream.requests();
