@@ -286,8 +286,8 @@ export function mountChat(main, id, ctx) {
 
     function setPrompts() {
       const prompts = (status.history || []).filter((m) => m.role === 'user').map((m) => m.content);
-      if (!forked) { log.setPrompts(prompts); return; }
-      if (inherited === null && kind === 'agent' && !status.running && !running && log.lastSeq >= (status.last_seq || 0)) {
+      if (!forked || kind !== 'agent') { log.setPrompts(prompts); return; }
+      if (inherited === null && !status.running && !running && log.lastSeq >= (status.last_seq || 0)) {
         inherited = Math.max(0, prompts.length - log.turns.length);
         log.setInherited(prompts.slice(0, inherited));
       }
