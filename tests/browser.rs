@@ -73,6 +73,24 @@ async fn in_chromium_a_waiting_tool_call_is_decided_by_click_keys_and_another_cl
     server.stop().await;
 }
 
+/// A turn's Fork button makes a session from that turn's end, which opens
+/// saying where it came from, with that turn's history and workspace, and
+/// runs on; the source stays as it was; a refused fork shows the server's
+/// message.
+#[tokio::test]
+async fn in_chromium_a_turn_is_forked_into_a_session_that_runs_on() {
+    let server = TestServer::start_sandboxed(|c| c.sandbox.warm_pool = 0).await;
+    let facts = browser("fork", &server, &[]).await;
+    // The server agrees: the fork's log starts with where it came from.
+    let fork = facts["fork"].as_str().unwrap();
+    let events = common::ndjson(server.get(&format!("/agent/session/{fork}/events")).await).await;
+    assert_eq!(events[0]["type"], "forked", "{events:?}");
+    assert_eq!(events[0]["from_session"], facts["source"], "{events:?}");
+    assert_eq!(events[0]["at_seq"], facts["at_seq"], "{events:?}");
+    assert_eq!(events.last().unwrap()["type"], "result", "{events:?}");
+    server.stop_and_remove_sandboxes().await;
+}
+
 /// A session of 10,000 events opens whole (every seq once, in order) and
 /// scrolls end to end with only a window of them in the page.
 #[tokio::test]

@@ -6,6 +6,7 @@ import * as api from './api.js';
 import { h, icon, pill, put, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt, fmtDate, fmtBytes, fmtPercent, shortId, toast, confirmButton, copyButton, jsonBlock, fmtMs } from './ui.js';
 import { EventLog } from './events.js';
 import { ApprovalDock } from './approvals.js';
+import { forkAt, snapshotsCard } from './fork.js';
 
 /** A session's sandbox as the sandboxes view shows it: its numbers
  * formatted (CPU to one decimal, memory in units), what the backend cannot
@@ -96,10 +97,17 @@ export function mountChat(main, id, ctx) {
       h('div', { class: 'chat-log' }, banner, scroller, jump),
       composer, side));
 
+    // A fork's history starts with its source's prompts, which have no
+    // turn in its log: they are told apart once the page has every event
+    // the status counted and no turn runs (each turn of its own added one).
+    let forked = false;
+    let inherited = null;
     log = new EventLog(scroller, {
       kind,
       onStick: (stuck) => { jump.hidden = stuck; },
       onApproval: (ev) => dock.seen(ev),
+      onFork: kind === 'agent' ? (seq, button) => forkAt(id, status.session_name, seq, button, ctx.navigate) : undefined,
+      onForked: () => { forked = true; setPrompts(); },
       onTurn: (inTurn, index) => {
         running = inTurn;
         if (inTurn) dock.clear();
@@ -278,7 +286,12 @@ export function mountChat(main, id, ctx) {
 
     function setPrompts() {
       const prompts = (status.history || []).filter((m) => m.role === 'user').map((m) => m.content);
-      log.setPrompts(prompts);
+      if (!forked || kind !== 'agent') { log.setPrompts(prompts); return; }
+      if (inherited === null && !status.running && !running && log.lastSeq >= (status.last_seq || 0)) {
+        inherited = Math.max(0, prompts.length - log.turns.length);
+        log.setInherited(prompts.slice(0, inherited));
+      }
+      log.setPrompts(inherited === null ? [] : prompts.slice(inherited));
     }
 
     let statusTimer = null;
@@ -297,7 +310,22 @@ export function mountChat(main, id, ctx) {
     }
     cleanups.push(() => clearTimeout(statusTimer));
 
+    // The kept snapshots, read again whenever the status is (a turn end
+    // adds one); a server without sandboxes has none to show.
+    let snapshots = null;
+    let snapshotsAsked = -1;
+    function readSnapshots() {
+      if (kind !== 'agent' || snapshotsAsked === status.last_seq) return;
+      snapshotsAsked = status.last_seq;
+      snapshotsCard(id).then((card) => {
+        if (!alive || snapshots === card) return;
+        snapshots = card;
+        drawSide();
+      });
+    }
+
     function drawSide() {
+      readSnapshots();
       const u = status.usage || {};
       const sb = status.sandbox;
       const calls = status.gateway_calls || [];
@@ -330,6 +358,7 @@ export function mountChat(main, id, ctx) {
         calls.length ? h('div', { class: 'card side-card' }, h('h2', null, 'Gateway calls'),
           h('ul', { class: 'small', style: { paddingLeft: '18px', margin: '8px 0 0' } }, calls.slice(0, 8).map((c) => h('li', null, `${c.replica || '—'} · ${c.status} · ${fmtMs(c.latency_ms)}`))),
           h('a', { class: 'small', href: `/ui/gateway?session_id=${id}` }, 'Traces of this session →')) : null,
+        snapshots,
         Object.keys(opts).length ? h('div', { class: 'card side-card' }, h('h2', null, 'Options'), h('div', { style: { marginTop: '8px' } }, jsonBlock(opts, { lines: 10 }))) : null,
         h('div', { class: 'side-card' }, confirmButton('Delete session', async () => {
           try {

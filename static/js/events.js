@@ -7,6 +7,7 @@
 
 import { h, icon, pill, fmtMs, fmtCost, fmtTokens, fmtTime, codeBlock, jsonBlock, richText } from './ui.js';
 import { VirtualList } from './vlist.js';
+import { forkButton, forkedLine, inheritedPrompts } from './fork.js';
 
 function evEl(tag, ev, props = {}, ...children) {
   return h(tag, { ...props, testid: 'event', dataset: { seq: ev.seq, type: ev.type, ...(props.dataset || {}) }, title: props.title || fmtTime(ev.ts) }, ...children);
@@ -297,7 +298,28 @@ class ResultBlock extends Block {
       kv('model calls', String(ev.turns ?? u.turns ?? 0)),
       u.tool_calls ? kv('tools', String(u.tool_calls)) : null,
       kv('time', fmtMs(ev.duration_ms)),
-      this.log.kind !== 'agent' && ev.result ? h('span', { class: 'muted ellipsis', style: { maxWidth: '100%' } }, ev.result) : null));
+      this.log.kind !== 'agent' && ev.result ? h('span', { class: 'muted ellipsis', style: { maxWidth: '100%' } }, ev.result) : null,
+      this.log.onFork && this.log.kind === 'agent' ? forkButton(ev.seq, this.log.onFork) : null));
+  }
+}
+
+/** A fork's first event: where it came from, and the prompts it carries. */
+class ForkedBlock extends Block {
+  constructor(log) { super(log, 'forked', 40); }
+  render(el) {
+    this.inherited = h('div');
+    el.append(this.inherited);
+    this.showInherited();
+  }
+  apply(ev) {
+    this.inherited.before(evEl('div', ev, { class: 'mini forked' }, forkedLine(ev)));
+  }
+  setInherited(prompts) {
+    this.prompts = prompts;
+    if (this.el) this.showInherited();
+  }
+  showInherited() {
+    this.inherited.replaceChildren(...[inheritedPrompts(this.prompts || [])].filter(Boolean));
   }
 }
 
@@ -430,12 +452,16 @@ export class EventLog {
    * `kind`: the session's kind; `onTurn(inTurn, turnIndex)` when a turn
    * starts or ends; `onStick(stuck)` when the reader leaves or reaches the
    * bottom; `onApproval(ev)` for each `approval_requested` and
-   * `approval_decided`.
+   * `approval_decided`; `onFork(seq, button)` from a turn's Fork button
+   * (none without it); `onForked(ev)` when the log starts with `forked`.
    */
-  constructor(scroller, { kind = 'agent', onTurn, onStick, onApproval } = {}) {
+  constructor(scroller, { kind = 'agent', onTurn, onStick, onApproval, onFork, onForked } = {}) {
     this.kind = kind;
     this.onTurn = onTurn;
     this.onApproval = onApproval;
+    this.onFork = onFork;
+    this.onForked = onForked;
+    this.forked = null;
     this.vl = new VirtualList(scroller, { onStickChange: onStick });
     this.lastSeq = 0;
     this.count = 0;
@@ -468,6 +494,13 @@ export class EventLog {
     if (ev.seq <= this.lastSeq) return false;
     this.lastSeq = ev.seq;
     this.count += 1;
+    // A fork's first event comes before any turn of its own.
+    if (ev.type === 'forked' && !this.inTurn) {
+      this.forked = this.block(new ForkedBlock(this));
+      this.forked.push(ev);
+      this.onForked?.(ev);
+      return true;
+    }
     if (!this.inTurn) {
       this.inTurn = true;
       const t = this.block(new TurnBlock(this, this.turns.length));
@@ -534,6 +567,11 @@ export class EventLog {
       this.block(new GenericBlock(this, type)).push(ev);
     }
     return true;
+  }
+
+  /** The prompts a fork carries from its source, shown under its `forked` line. */
+  setInherited(prompts) {
+    this.forked?.setInherited(prompts);
   }
 
   scrollToBottom() {

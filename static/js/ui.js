@@ -69,6 +69,7 @@ const ICONS = {
   pause: 'M8 5h3v14H8zM13 5h3v14h-3z',
   drain: 'M12 4v10M7 10l5 5 5-5M5 20h14',
   keyboard: 'M3 7h18v10H3zM7 11h.01M11 11h.01M15 11h.01M7 14h10',
+  fork: 'M6 3v5a4 4 0 0 0 4 4h4a4 4 0 0 0 4-4V3M12 12v9M6 3h.01M18 3h.01',
 };
 
 export function icon(name, size = 18) {
