@@ -148,6 +148,10 @@ async fn fork_after_turn_two_of_three(backend: SandboxBackendKind) {
     assert_eq!(events[0]["type"], "forked", "{events:?}");
     assert_eq!(events[0]["from_session"], id.as_str());
     assert_eq!(events[0]["at_seq"], second_end);
+    assert_eq!(
+        events[0]["history_len"],
+        status["history"].as_array().unwrap().len()
+    );
 
     // Its workspace holds turn 2's files, not turn 3's, and it runs on.
     let next = turn(&server, &fork_id, "look").await;

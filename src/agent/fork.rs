@@ -195,6 +195,7 @@ impl Forks {
             fork.emit(EventKind::Forked {
                 from_session: source,
                 at_seq: point.seq,
+                history_len: Some(history.len() as u64),
             })
             .map_err(SessionError::from)?;
             fork.flush().await.map_err(SessionError::from)?;

@@ -111,6 +111,7 @@ impl Runs {
         fork.emit(EventKind::Forked {
             from_session: session.id,
             at_seq,
+            history_len: None,
         })?;
         self.sessions.start_turn(fork, String::new(), false).await?;
         Ok(Forked {

@@ -181,8 +181,14 @@ pub enum EventKind {
     /// The run's state after `step` is stored: a resume starts after it.
     Checkpoint { step: u64, node: String },
     /// The first event of a session forked from another: the source and
-    /// the seq of the turn end it was forked at.
-    Forked { from_session: Uuid, at_seq: u64 },
+    /// the seq of the turn end it was forked at; for an agent session,
+    /// how many messages of the source's history it carries.
+    Forked {
+        from_session: Uuid,
+        at_seq: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        history_len: Option<u64>,
+    },
     /// The run is over: `completed` or `failed` (with the reason).
     PipelineCompleted {
         thread_id: String,

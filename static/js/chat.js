@@ -97,17 +97,20 @@ export function mountChat(main, id, ctx) {
       h('div', { class: 'chat-log' }, banner, scroller, jump),
       composer, side));
 
-    // A fork's history starts with its source's prompts, which have no
-    // turn in its log: they are told apart once the page has every event
-    // the status counted and no turn runs (each turn of its own added one).
+    // A fork's history starts with its source's messages, whose prompts
+    // have no turn in its log: its `forked` event says how many messages
+    // it carries. (An older server's event lacks the count: then they are
+    // told apart once the page has every event and no turn runs, each turn
+    // of its own having added one prompt.)
     let forked = false;
+    let carried = null;
     let inherited = null;
     log = new EventLog(scroller, {
       kind,
       onStick: (stuck) => { jump.hidden = stuck; },
       onApproval: (ev) => dock.seen(ev),
       onFork: kind === 'agent' ? (seq, button) => forkAt(id, status.session_name, seq, button, ctx.navigate) : undefined,
-      onForked: () => { forked = true; setPrompts(); },
+      onForked: (ev) => { forked = true; carried = Number.isInteger(ev.history_len) ? ev.history_len : null; setPrompts(); },
       onTurn: (inTurn, index) => {
         running = inTurn;
         if (inTurn) dock.clear();
@@ -287,7 +290,10 @@ export function mountChat(main, id, ctx) {
     function setPrompts() {
       const prompts = (status.history || []).filter((m) => m.role === 'user').map((m) => m.content);
       if (!forked || kind !== 'agent') { log.setPrompts(prompts); return; }
-      if (inherited === null && !status.running && !running && log.lastSeq >= (status.last_seq || 0)) {
+      if (inherited === null && carried !== null) {
+        inherited = (status.history || []).slice(0, carried).filter((m) => m.role === 'user').length;
+        log.setInherited(prompts.slice(0, inherited));
+      } else if (inherited === null && !status.running && !running && log.lastSeq >= (status.last_seq || 0)) {
         inherited = Math.max(0, prompts.length - log.turns.length);
         log.setInherited(prompts.slice(0, inherited));
       }
