@@ -412,6 +412,18 @@ pub trait Sandbox: Send + Sync {
         cancel: CancellationToken,
     ) -> Result<ExecStatus>;
 
+    /// [`Sandbox::exec`] for bulk data the server moves itself (the tar of
+    /// a workspace snapshot, in or out): run where throughput is best,
+    /// which is the same path on most backends.
+    async fn exec_bulk(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        self.exec(request, output, cancel).await
+    }
+
     async fn stats(&self) -> Result<SandboxStats>;
 
     /// Freezes every process in the sandbox, keeping them and its files

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ExecChunk, ExecRequest, Result, Sandbox, SandboxError, WORKSPACE};
+use super::{ExecChunk, ExecRequest, ExecStatus, Result, Sandbox, SandboxError, WORKSPACE};
 use crate::store::{Expect, Store, StoreError, kv_json};
 use crate::sync::lock;
 
@@ -231,44 +231,14 @@ impl Snapshots {
             .await
             .map_err(|e| SandboxError::File(format!("creating {}: {e}", path.display())))?;
         let request = tar_request(&["-cf", "-", "."], None, self.timeout);
-        let (tx, mut rx) = mpsc::channel(64);
-        let run = sandbox.exec(request, tx, CancellationToken::new());
-        tokio::pin!(run);
-        let mut size = 0u64;
-        let mut stderr = Vec::new();
-        let mut written = Ok(());
-        let take = |chunk: ExecChunk, stderr: &mut Vec<u8>| match chunk {
-            ExecChunk::Stdout(data) => Some(data),
-            ExecChunk::Stderr(data) => {
-                let room = STDERR_KEPT.saturating_sub(stderr.len());
-                stderr.extend_from_slice(&data[..data.len().min(room)]);
-                None
-            }
+        let out = bulk(sandbox, request, Some(&mut file)).await?;
+        let written = match out.failed {
+            Some(e) => Err(e),
+            None => file.flush().await,
         };
-        let status = loop {
-            tokio::select! {
-                status = &mut run => break status?,
-                Some(chunk) = rx.recv() => {
-                    if let Some(data) = take(chunk, &mut stderr) && written.is_ok() {
-                        size += data.len() as u64;
-                        written = file.write_all(&data).await;
-                    }
-                }
-            }
-        };
-        while let Ok(chunk) = rx.try_recv() {
-            if let Some(data) = take(chunk, &mut stderr)
-                && written.is_ok()
-            {
-                size += data.len() as u64;
-                written = file.write_all(&data).await;
-            }
-        }
-        written
-            .and(file.flush().await)
-            .map_err(|e| SandboxError::File(format!("writing {}: {e}", path.display())))?;
-        check(&status, &stderr, "tar -c")?;
-        Ok(size)
+        written.map_err(|e| SandboxError::File(format!("writing {}: {e}", path.display())))?;
+        check(&out.status, &out.stderr, "tar -c")?;
+        Ok(out.written)
     }
 
     /// Unpacks a snapshot into a fresh sandbox's workspace, for a session
@@ -289,15 +259,8 @@ impl Snapshots {
             })?;
         let data = self.read_file(&snapshot).await?;
         let request = tar_request(&["-xf", "-"], Some(data), self.timeout);
-        let (status, collected) = super::exec_collect(
-            sandbox,
-            request,
-            STDERR_KEPT,
-            CancellationToken::new(),
-            |_| {},
-        )
-        .await?;
-        check(&status, &collected.stderr, "tar -x")
+        let out = bulk(sandbox, request, None).await?;
+        check(&out.status, &out.stderr, "tar -x")
     }
 
     async fn read_file(&self, snapshot: &Snapshot) -> Result<Bytes> {
@@ -545,6 +508,61 @@ fn store(e: StoreError) -> SandboxError {
 }
 
 /// `tar -C /workspace ARGS`, run in the workspace.
+/// How a tar on the bulk path ended.
+struct Bulk {
+    status: ExecStatus,
+    /// The start of its stderr.
+    stderr: Vec<u8>,
+    /// Bytes of stdout written to the sink, and the first write error.
+    written: u64,
+    failed: Option<std::io::Error>,
+}
+
+/// Runs a tar on the sandbox's bulk path, writing its stdout to `sink`
+/// as it comes (dropped without one).
+async fn bulk(
+    sandbox: &dyn Sandbox,
+    request: ExecRequest,
+    mut sink: Option<&mut tokio::fs::File>,
+) -> Result<Bulk> {
+    let (tx, mut rx) = mpsc::channel(64);
+    let run = sandbox.exec_bulk(request, tx, CancellationToken::new());
+    tokio::pin!(run);
+    let mut stderr = Vec::new();
+    let (mut written, mut failed) = (0u64, None);
+    let mut take = async |chunk: ExecChunk| match chunk {
+        ExecChunk::Stdout(data) => {
+            if let Some(file) = sink.as_deref_mut()
+                && failed.is_none()
+            {
+                match file.write_all(&data).await {
+                    Ok(()) => written += data.len() as u64,
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        ExecChunk::Stderr(data) => {
+            let room = STDERR_KEPT.saturating_sub(stderr.len());
+            stderr.extend_from_slice(&data[..data.len().min(room)]);
+        }
+    };
+    let status = loop {
+        tokio::select! {
+            status = &mut run => break status?,
+            Some(chunk) = rx.recv() => take(chunk).await,
+        }
+    };
+    while let Ok(chunk) = rx.try_recv() {
+        take(chunk).await;
+    }
+    Ok(Bulk {
+        status,
+        stderr,
+        written,
+        failed,
+    })
+}
+
 fn tar_request(args: &[&str], stdin: Option<Bytes>, timeout: Duration) -> ExecRequest {
     let mut command = vec!["tar".to_owned(), "-C".to_owned(), WORKSPACE.to_owned()];
     command.extend(args.iter().map(|a| (*a).to_owned()));
@@ -557,7 +575,7 @@ fn tar_request(args: &[&str], stdin: Option<Bytes>, timeout: Duration) -> ExecRe
     }
 }
 
-fn check(status: &super::ExecStatus, stderr: &[u8], what: &str) -> Result<()> {
+fn check(status: &ExecStatus, stderr: &[u8], what: &str) -> Result<()> {
     if status.exit_code == Some(0) {
         return Ok(());
     }

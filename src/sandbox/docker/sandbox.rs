@@ -116,6 +116,113 @@ impl DockerSandbox {
         }
     }
 
+    /// Runs an exec with `docker exec`.
+    async fn exec_direct(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        let started = Instant::now();
+        let marker = Uuid::new_v4().simple().to_string();
+        let mut env: Vec<String> = request
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        env.push(format!("{EXEC_MARKER}={marker}"));
+        let exec = self
+            .docker
+            .create_exec(
+                &self.id,
+                CreateExecOptions {
+                    cmd: Some(request.command.clone()),
+                    env: Some(env),
+                    working_dir: Some(request.workdir.clone()),
+                    attach_stdin: Some(request.stdin.is_some()),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| {
+                if is_not_found(&e) {
+                    SandboxError::Gone(self.id.clone())
+                } else if is_paused(&e) {
+                    // Paused by the server that owns it (`conclave mcp`
+                    // sharing the session's sandbox, which attached to it
+                    // before): an exec would wait for as long as it stays so.
+                    SandboxError::Backend(format!(
+                        "sandbox {} is paused (idle); the session's next tool call \
+                         through the server resumes it",
+                        self.id
+                    ))
+                } else {
+                    backend_error(e)
+                }
+            })?;
+        let options = StartExecOptions {
+            output_capacity: Some(64 * 1024),
+            ..Default::default()
+        };
+        let StartExecResults::Attached {
+            output: mut stream,
+            mut input,
+        } = self
+            .docker
+            .start_exec(&exec.id, Some(options))
+            .await
+            .map_err(backend_error)?
+        else {
+            return Err(SandboxError::Backend("exec started detached".into()));
+        };
+        if let Some(stdin) = request.stdin {
+            // A command that exits without reading its input is not an error.
+            let _ = input.write_all(&stdin).await;
+            let _ = input.shutdown().await;
+        }
+        drop(input);
+
+        let pump = async {
+            while let Some(chunk) = stream.next().await {
+                match chunk {
+                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                        let _ = output.send(ExecChunk::Stdout(message)).await;
+                    }
+                    Ok(LogOutput::StdErr { message }) => {
+                        let _ = output.send(ExecChunk::Stderr(message)).await;
+                    }
+                    Ok(LogOutput::StdIn { .. }) => {}
+                    Err(e) => return Err(backend_error(e)),
+                }
+            }
+            Ok(())
+        };
+        let done = supervise(pump, request.timeout, &cancel, KILL_GRACE, || {
+            Box::pin(self.kill_exec(&marker))
+        })
+        .await;
+        let killed = done.killed();
+        match done.ended {
+            Some(pumped) => pumped?,
+            None => {
+                tracing::warn!(sandbox = %self.id, "a killed exec did not end; restarting the container");
+                self.restart().await;
+            }
+        }
+        let exit_code = match self.docker.inspect_exec(&exec.id).await {
+            Ok(inspect) if !killed => inspect.exit_code,
+            _ => None,
+        };
+        Ok(ExecStatus {
+            exit_code,
+            timed_out: done.timed_out,
+            cancelled: done.cancelled,
+            duration: started.elapsed(),
+        })
+    }
+
     /// Runs an exec through the helper.
     async fn exec_with_agent(
         &self,
@@ -231,104 +338,19 @@ impl Sandbox for DockerSandbox {
         if let Some(agent) = self.agent().await {
             return self.exec_with_agent(agent, request, output, cancel).await;
         }
-        let started = Instant::now();
-        let marker = Uuid::new_v4().simple().to_string();
-        let mut env: Vec<String> = request
-            .env
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        env.push(format!("{EXEC_MARKER}={marker}"));
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(request.command.clone()),
-                    env: Some(env),
-                    working_dir: Some(request.workdir.clone()),
-                    attach_stdin: Some(request.stdin.is_some()),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| {
-                if is_not_found(&e) {
-                    SandboxError::Gone(self.id.clone())
-                } else if is_paused(&e) {
-                    // Paused by the server that owns it (`conclave mcp`
-                    // sharing the session's sandbox, which attached to it
-                    // before): an exec would wait for as long as it stays so.
-                    SandboxError::Backend(format!(
-                        "sandbox {} is paused (idle); the session's next tool call \
-                         through the server resumes it",
-                        self.id
-                    ))
-                } else {
-                    backend_error(e)
-                }
-            })?;
-        let options = StartExecOptions {
-            output_capacity: Some(64 * 1024),
-            ..Default::default()
-        };
-        let StartExecResults::Attached {
-            output: mut stream,
-            mut input,
-        } = self
-            .docker
-            .start_exec(&exec.id, Some(options))
-            .await
-            .map_err(backend_error)?
-        else {
-            return Err(SandboxError::Backend("exec started detached".into()));
-        };
-        if let Some(stdin) = request.stdin {
-            // A command that exits without reading its input is not an error.
-            let _ = input.write_all(&stdin).await;
-            let _ = input.shutdown().await;
-        }
-        drop(input);
+        self.exec_direct(request, output, cancel).await
+    }
 
-        let pump = async {
-            while let Some(chunk) = stream.next().await {
-                match chunk {
-                    Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                        let _ = output.send(ExecChunk::Stdout(message)).await;
-                    }
-                    Ok(LogOutput::StdErr { message }) => {
-                        let _ = output.send(ExecChunk::Stderr(message)).await;
-                    }
-                    Ok(LogOutput::StdIn { .. }) => {}
-                    Err(e) => return Err(backend_error(e)),
-                }
-            }
-            Ok(())
-        };
-        let done = supervise(pump, request.timeout, &cancel, KILL_GRACE, || {
-            Box::pin(self.kill_exec(&marker))
-        })
-        .await;
-        let killed = done.killed();
-        match done.ended {
-            Some(pumped) => pumped?,
-            None => {
-                tracing::warn!(sandbox = %self.id, "a killed exec did not end; restarting the container");
-                self.restart().await;
-            }
-        }
-        let exit_code = match self.docker.inspect_exec(&exec.id).await {
-            Ok(inspect) if !killed => inspect.exit_code,
-            _ => None,
-        };
-        Ok(ExecStatus {
-            exit_code,
-            timed_out: done.timed_out,
-            cancelled: done.cancelled,
-            duration: started.elapsed(),
-        })
+    /// Through `docker exec` rather than the helper, whose channel carries
+    /// output as hex lines read at a paced rate (a few MB/s): fine for a
+    /// command's output, far too slow for the tar of a workspace.
+    async fn exec_bulk(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        self.exec_direct(request, output, cancel).await
     }
 
     async fn stats(&self) -> Result<SandboxStats> {
