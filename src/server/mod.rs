@@ -100,6 +100,8 @@ where
 /// How often sessions nobody uses are dropped from memory (they stay in
 /// the store and load again on their next use).
 const EVICT_EVERY: Duration = Duration::from_secs(30);
+/// How long a stopping server waits for workspace snapshots under way.
+const SNAPSHOT_GRACE: Duration = Duration::from_secs(60);
 
 pub struct Server {
     pub state: AppState,
@@ -519,6 +521,14 @@ impl Server {
         // Scratch sandboxes of MCP connections and those of sessions gone
         // meanwhile go now, not at the next start; live sessions keep theirs.
         if let Some(sandboxes) = &self.state.sandboxes {
+            // A turn end's snapshot under way is finished rather than cut
+            // off, so that turn end stays forkable after the restart.
+            let settled = sandboxes.snapshots_settled();
+            if tokio::time::timeout(SNAPSHOT_GRACE, settled).await.is_err() {
+                tracing::warn!(
+                    "a workspace snapshot was still being taken at shutdown; its turn end has none"
+                );
+            }
             match reap_orphans(self.store.as_ref(), sandboxes).await {
                 Ok(0) => {}
                 Ok(removed) => tracing::info!(removed, "removed sandboxes no live session owns"),
