@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::profiles::merge_patch;
 use crate::protocol::{EventKind, SessionKind, SessionStatus};
 use crate::sandbox::SandboxManager;
 use crate::sandbox::snapshots::{AtTurn, Snapshots};
@@ -146,7 +147,7 @@ impl Forks {
         let seed = self.workspace_at(source, point.seq).await?;
         let mut options = Value::clone(&session.options);
         if let Some(overlay) = request.options {
-            merge(&mut options, Value::Object(overlay));
+            merge_patch(&mut options, Value::Object(overlay));
         }
         if let Some(snapshot) = &seed {
             set_seed(&mut options, snapshot);
@@ -354,44 +355,11 @@ fn set_seed(options: &mut Value, snapshot: &str) {
     }
 }
 
-/// RFC 7396 merge patch: objects merge key by key, `null` removes a key,
-/// anything else replaces.
-fn merge(target: &mut Value, patch: Value) {
-    match patch {
-        Value::Object(patch) => {
-            if !target.is_object() {
-                *target = Value::Object(Map::new());
-            }
-            if let Some(map) = target.as_object_mut() {
-                for (key, value) in patch {
-                    if value.is_null() {
-                        map.remove(&key);
-                    } else {
-                        merge(map.entry(key).or_insert(Value::Null), value);
-                    }
-                }
-            }
-        }
-        other => *target = other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn merge_patch_merges_objects_and_removes_nulls() {
-        let mut options =
-            json!({"model": "a", "sandbox": {"cpus": 1.0, "image": "x"}, "max_turns": 3});
-        merge(
-            &mut options,
-            json!({"model": "b", "sandbox": {"cpus": 2.0, "image": null}, "max_turns": null}),
-        );
-        assert_eq!(options, json!({"model": "b", "sandbox": {"cpus": 2.0}}));
-    }
 
     #[test]
     fn a_seed_is_set_however_the_options_look() {

@@ -21,6 +21,7 @@ pub mod fork;
 pub mod harness;
 pub mod hook;
 pub mod options;
+pub mod profiles;
 pub mod prompts;
 pub mod task;
 pub mod tools;

@@ -46,6 +46,7 @@ pub mod guard;
 pub mod mcp;
 pub mod ops;
 pub mod pipelines;
+pub mod profiles;
 mod raw_target;
 mod refusal;
 pub mod rollouts;
@@ -83,7 +84,7 @@ use state::AppState;
         deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
         pipelines::status, pipelines::history, pipelines::resume, pipelines::fork, pipelines::cancel,
         pipelines::active, pipelines::runs, pipelines::health, pipelines::definitions, pipelines::validate,
-        dashboard::me, dashboard::ticket
+        dashboard::me, dashboard::ticket, profiles::list, profiles::get
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -135,6 +136,8 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/session/{id}/events", get(agent::events))
         .route("/agent/session/{id}", delete(agent::delete))
         .route("/agent/sessions", get(agent::list))
+        .route("/agents", get(profiles::list))
+        .route("/agents/{name}", get(profiles::get))
         .route("/agent/session/{id}/fork", post(fork::fork))
         .route(
             "/agent/session/{id}/snapshots",

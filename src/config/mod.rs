@@ -92,6 +92,9 @@ pub struct Config {
     pub bus: crate::bus::BusConfig,
     /// Pipelines: test mode, the concurrency cap, the timeout, limits.
     pub pipelines: crate::pipeline::PipelineConfig,
+    /// Named agents (`[agents.NAME]`): a session kind and its options,
+    /// which AG-UI, the LangGraph API and `GET /agents` address by name.
+    pub agents: BTreeMap<String, AgentProfile>,
 }
 
 impl Default for Config {
@@ -119,6 +122,7 @@ impl Default for Config {
             gateway: crate::gateway::GatewayConfig::default(),
             bus: crate::bus::BusConfig::default(),
             pipelines: crate::pipeline::PipelineConfig::default(),
+            agents: BTreeMap::new(),
         }
     }
 }

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use super::string_or_list;
 
@@ -565,4 +566,18 @@ pub fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
         .map(|net| net.trunc())
         .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
         .map_err(|_| format!("{text:?} is not a CIDR or an address"))
+}
+
+/// One configured agent (`[agents.NAME]`), resolved by
+/// [`crate::agent::profiles`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentProfile {
+    /// What the agent is for, shown to clients that list agents.
+    pub description: Option<String>,
+    /// The kind of its sessions (default `agent`).
+    pub kind: Option<String>,
+    /// Session options, as `POST /agent/session` takes them (`model`,
+    /// `system_prompt`, `allowed_tools`, `permissions`, `sandbox`, …).
+    pub options: Map<String, Value>,
 }

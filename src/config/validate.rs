@@ -21,6 +21,28 @@ impl Config {
                 ));
             }
         }
+        for (name, profile) in &self.agents {
+            let named_well = (1..=64).contains(&name.len())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && name.starts_with(|c: char| c.is_ascii_alphanumeric());
+            if !named_well {
+                return Err(field(
+                    &format!("agents.{name}"),
+                    "an agent's name is 1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit".into(),
+                ));
+            }
+            if matches!(name.as_str(), "agent" | "deliberation" | "pipeline") {
+                return Err(field(
+                    &format!("agents.{name}"),
+                    format!("{name:?} is the name of a session kind; name the agent otherwise"),
+                ));
+            }
+            if profile.kind.as_deref() == Some("") {
+                return Err(field(&format!("agents.{name}.kind"), "empty".into()));
+            }
+        }
         self.cluster
             .validate()
             .map_err(|(name, message)| field(&name, message))?;

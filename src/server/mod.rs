@@ -57,6 +57,8 @@ pub enum StartError {
     Recover(String),
     #[error("sandbox backend: {0}")]
     Sandbox(String),
+    #[error("agent profile: {0}")]
+    Agents(String),
 }
 
 /// What runs the agent's tool calls.
@@ -272,6 +274,9 @@ impl Server {
             }
         });
         let _ = child_turns.sessions.set(Arc::downgrade(&sessions));
+        crate::agent::profiles::check(&config, sessions.tasks())
+            .await
+            .map_err(StartError::Agents)?;
         let deliberations = Arc::new(Deliberations::new(
             sessions.clone(),
             store.clone(),
