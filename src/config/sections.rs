@@ -568,8 +568,8 @@ pub fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
         .map_err(|_| format!("{text:?} is not a CIDR or an address"))
 }
 
-/// One configured agent (`[agents.NAME]`), resolved by
-/// [`crate::agent::profiles`].
+/// One configured agent (`[agents.NAME]`), resolved by name in the
+/// agent module's `profiles`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentProfile {
