@@ -164,8 +164,10 @@ fn without_providers(command: &mut Command) {
     }
 }
 
-/// A directory of what blocks find on `PATH` first: `conclave`, and a
-/// `curl` that fails on HTTP errors.
+/// A directory of what blocks find on `PATH` first: `conclave`, a
+/// `curl` that fails on HTTP errors, and as `python3` the test venv's
+/// (with the client packages a user of a block would have installed:
+/// `langgraph-sdk`, `ag-ui-protocol`, `openai`, `mcp`).
 fn path_dir(dir: &Path) -> String {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -177,6 +179,13 @@ fn path_dir(dir: &Path) -> String {
     .unwrap();
     std::fs::set_permissions(&curl, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_conclave"), bin.join("conclave")).unwrap();
+    let python = std::env::var("CONCLAVE_TEST_PYTHON")
+        .expect("CONCLAVE_TEST_PYTHON must name the test venv's python (scripts/test.sh sets it)");
+    // A script, not a link: a venv's python finds its packages by the
+    // path it is started as.
+    let wrapper = bin.join("python3");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nexec {python} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     format!("{}:{}", bin.display(), std::env::var("PATH").unwrap())
 }
 
