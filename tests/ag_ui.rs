@@ -123,7 +123,7 @@ async fn every_event_passes_the_python_sdk_in_each_case() {
     );
 
     // Input the run cannot use is a RUN_ERROR that says why.
-    for case in ["not_user", "bad_option"] {
+    for case in ["not_user", "bad_option", "other_kind"] {
         let events = seen["bad_input"][case].as_array().unwrap();
         let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
         assert_eq!(types, ["RUN_STARTED", "RUN_ERROR"], "{case}: {events:?}");
@@ -132,6 +132,10 @@ async fn every_event_passes_the_python_sdk_in_each_case() {
         .as_str()
         .unwrap();
     assert!(message.contains("max_turns"), "{message}");
+    let message = seen["bad_input"]["other_kind"][1]["message"]
+        .as_str()
+        .unwrap();
+    assert!(message.contains("agent session"), "{message}");
 
     // A request that is no run at all is a JSON error.
     assert_eq!(seen["not_uuid"]["status"], 422, "{seen}");
@@ -261,7 +265,8 @@ async fn a_page_of_another_origin_cannot_post_a_run() {
     server.stop().await;
 }
 
-/// A tool the model calls runs in a docker sandbox; its call streams as
+/// A tool the model calls runs in a docker sandbox (a shell works out
+/// the `$((…))`); its call streams as
 /// TOOL_CALL_START/ARGS/END and its output as TOOL_CALL_RESULT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_call_runs_in_a_docker_sandbox() {
@@ -291,12 +296,12 @@ async fn a_tool_call_runs_in_a_docker_sandbox() {
     );
     assert_eq!(seen["calls"][0]["toolCallName"], "Bash");
     let args: Value = serde_json::from_str(seen["calls"][1]["delta"].as_str().unwrap()).unwrap();
-    assert_eq!(args["command"], "echo from-the-sandbox");
+    assert_eq!(args["command"], "echo from-the-$((40 + 2))");
     assert!(
         seen["calls"][3]["content"]
             .as_str()
             .unwrap()
-            .contains("from-the-sandbox"),
+            .contains("from-the-42"),
         "{seen}"
     );
     assert_eq!(seen["last"]["outcome"]["type"], "success", "{seen}");

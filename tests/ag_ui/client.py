@@ -173,7 +173,9 @@ def core(args):
         AssistantMessage(id="a1", content="I speak first")]))
     bad_option = client.run("agent", run_input(str(uuid.uuid4()), "hi",
                                                {"max_turns": "many"}))
-    seen["bad_input"] = {"not_user": not_user, "bad_option": bad_option}
+    other_kind = client.run("pipeline", run_input(thread, "connect"))
+    seen["bad_input"] = {"not_user": not_user, "bad_option": bad_option,
+                         "other_kind": other_kind}
 
     seen["not_uuid"] = status_and_body(
         client.post("/ag-ui/agent", run_input("thread-1", "hi")))
@@ -199,7 +201,7 @@ def status_and_body(response):
 
 def tools(args):
     client = Client(args.url, args.key)
-    events = client.run("agent", run_input(str(uuid.uuid4()), "$ echo from-the-sandbox"))
+    events = client.run("agent", run_input(str(uuid.uuid4()), "$ echo from-the-$((40 + 2))"))
     return {"types": types(events),
             "calls": [e for e in events if e["type"].startswith("TOOL_CALL")],
             "last": events[-1]}

@@ -175,12 +175,18 @@ async fn begin(
         ));
     }
     let mut opening = Vec::new();
-    let kind = existing
-        .as_ref()
-        .map(|s| s.kind.as_str().to_owned())
-        .unwrap_or_else(|| profile.kind.clone());
+    let kind = profile.kind.as_str();
+    if let Some(session) = &existing
+        && session.kind.as_str() != kind
+    {
+        return Err(Refusal::Input(format!(
+            "this thread is a {} session: run it with an agent of that kind, not {} ({kind})",
+            session.kind.as_str(),
+            profile.name
+        )));
+    }
     if kind != SessionKind::AGENT.as_str() {
-        opening.push(mapper.state_snapshot(&kind));
+        opening.push(mapper.state_snapshot(kind));
     }
     if !input.resume.is_empty() {
         let Some(session) = existing else {
