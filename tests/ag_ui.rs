@@ -2,7 +2,8 @@
 //! Python SDK (`ag-ui-protocol`, tests/ag_ui/client.py), whose event models
 //! every event must pass, and the JavaScript client's `HttpAgent`
 //! (`@ag-ui/client`, tests/ag_ui/http_agent.mjs). Plain, streamed and
-//! reconnecting runs, an approval interrupt and its resume, a deliberation
+//! reconnecting runs, an approval interrupt and its resume, a front-end
+//! tool's round trip, a deliberation
 //! and a pipeline with their state, bad input, another key's thread, a
 //! page of another origin, and a tool that runs in a docker sandbox.
 
@@ -98,6 +99,28 @@ async fn every_event_passes_the_python_sdk_in_each_case() {
         "{seen}"
     );
     assert_eq!(seen["resumed"]["last"]["outcome"]["type"], "success");
+
+    // A front-end tool's call ends the run with the call pending; the next
+    // run's tool message answers it and the turn goes on from it.
+    let page = &seen["client_tool"];
+    let first = page["first"]["types"].as_array().unwrap();
+    assert!(first.contains(&json!("TOOL_CALL_END")), "{page}");
+    assert!(!first.contains(&json!("TOOL_CALL_RESULT")), "{page}");
+    let pending = &page["first"]["last"]["outcome"]["pendingToolCallIds"];
+    assert_eq!(pending.as_array().map(Vec::len), Some(1), "{page}");
+    let args: Value = serde_json::from_str(page["first"]["args"].as_str().unwrap()).unwrap();
+    assert_eq!(args["command"], "echo on-the-page");
+    assert_eq!(
+        page["second"]["last"]["outcome"],
+        json!({"type": "success"})
+    );
+    assert!(
+        page["second"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Bash returned: page says hi"),
+        "{page}"
+    );
 
     // A deliberation and a pipeline show their state as it changes.
     let panel = &seen["deliberation"];

@@ -21,7 +21,8 @@ import urllib.error
 import urllib.request
 from pydantic import BaseModel, TypeAdapter
 
-from ag_ui.core import Event, RunAgentInput, UserMessage, AssistantMessage, ResumeEntry
+from ag_ui.core import (AssistantMessage, Event, FunctionCall, ResumeEntry, RunAgentInput, Tool,
+                        ToolCall, ToolMessage, UserMessage)
 
 EVENT = TypeAdapter(Event)
 
@@ -98,12 +99,33 @@ def dump(run_input):
     return run_input.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def run_input(thread, text=None, forwarded=None, resume=None, messages=None):
+def run_input(thread, text=None, forwarded=None, resume=None, messages=None, tools=()):
     if messages is None:
         messages = [UserMessage(id=str(uuid.uuid4()), content=text)]
     return RunAgentInput(
         thread_id=thread, run_id=str(uuid.uuid4()), state={}, messages=messages,
-        tools=[], context=[], forwarded_props=forwarded, resume=resume)
+        tools=list(tools), context=[], forwarded_props=forwarded, resume=resume)
+
+
+def client_tool(client):
+    """A tool the page runs: its call ends the run, the next answers it."""
+    thread = str(uuid.uuid4())
+    page = Tool(name="Bash", description="Runs a command on the page",
+                parameters={"type": "object", "properties": {"command": {"type": "string"}},
+                            "required": ["command"]})
+    ask = UserMessage(id="u1", content="$ echo on-the-page")
+    first = client.run("agent", run_input(thread, messages=[ask], tools=[page]))
+    calls = [e for e in first if e["type"] == "TOOL_CALL_START"]
+    call = calls[0]["toolCallId"] if calls else "none"
+    args = "".join(e["delta"] for e in first if e["type"] == "TOOL_CALL_ARGS")
+    answered = [ask, AssistantMessage(id="a1", tool_calls=[ToolCall(
+        id=call, function=FunctionCall(name="Bash", arguments=args))]),
+        ToolMessage(id="t1", tool_call_id=call, content="page says hi")]
+    second = client.run("agent", run_input(thread, messages=answered, tools=[page]))
+    return {"first": {"types": types(first), "args": args, "last": first[-1]},
+            "second": {"types": types(second), "last": second[-1],
+                       "text": "".join(e["delta"] for e in second
+                                       if e["type"] == "TEXT_MESSAGE_CONTENT")}}
 
 
 def types(events):
@@ -159,6 +181,8 @@ def core(args):
                        "results": [e["content"] for e in resumed
                                    if e["type"] == "TOOL_CALL_RESULT"],
                        "last": resumed[-1]}
+
+    seen["client_tool"] = client_tool(client)
 
     panel = client.run("deliberation", run_input(
         str(uuid.uuid4()), "Pick a name for a cat", {"num_agents": 2, "rounds": 0}))

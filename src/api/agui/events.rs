@@ -17,6 +17,9 @@ pub struct Mapper {
     run_id: String,
     open_text: HashMap<Option<String>, String>,
     state: Value,
+    /// Calls of this run with no result yet: at a successful end, the
+    /// front-end's to answer.
+    pending: Vec<String>,
 }
 
 /// What one session event came to: the AG-UI events, and whether the run
@@ -33,6 +36,7 @@ impl Mapper {
             run_id,
             open_text: HashMap::new(),
             state: Value::Object(Map::new()),
+            pending: Vec::new(),
         }
     }
 
@@ -92,6 +96,9 @@ impl Mapper {
             },
             EventKind::ToolUse { id, tool, input } => {
                 self.close_text(&agent, ts, &mut out);
+                if agent.is_none() {
+                    self.pending.push(id.clone());
+                }
                 out.push(json!({"type": "TOOL_CALL_START", "toolCallId": id,
                     "toolCallName": tool, "timestamp": ts}));
                 out.push(json!({"type": "TOOL_CALL_ARGS", "toolCallId": id,
@@ -99,6 +106,7 @@ impl Mapper {
                 out.push(json!({"type": "TOOL_CALL_END", "toolCallId": id, "timestamp": ts}));
             }
             EventKind::ToolResult { id, output, .. } => {
+                self.pending.retain(|p| p != id);
                 out.push(
                     json!({"type": "TOOL_CALL_RESULT", "messageId": format!("{id}-result"),
                     "toolCallId": id, "content": text_of(output), "role": "tool",
@@ -263,9 +271,15 @@ impl Mapper {
             "outputTokens": usage.output_tokens,
             "totalTokens": usage.input_tokens + usage.output_tokens}]);
         match status {
-            ResultStatus::Success => json!({"type": "RUN_FINISHED", "threadId": self.thread_id,
-                "runId": self.run_id, "result": result, "outcome": {"type": "success"},
-                "usage": usage, "timestamp": ts}),
+            ResultStatus::Success => {
+                let mut outcome = json!({"type": "success"});
+                if !self.pending.is_empty() {
+                    outcome["pendingToolCallIds"] = json!(self.pending);
+                }
+                json!({"type": "RUN_FINISHED", "threadId": self.thread_id,
+                "runId": self.run_id, "result": result, "outcome": outcome,
+                "usage": usage, "timestamp": ts})
+            }
             ResultStatus::Interrupted => json!({"type": "RUN_FINISHED",
                 "threadId": self.thread_id, "runId": self.run_id,
                 "outcome": {"type": "cancelled"}, "usage": usage, "timestamp": ts}),

@@ -8,7 +8,9 @@
 //! ([`events`]); a run on a thread that has turns starts with a
 //! `MESSAGES_SNAPSHOT` of its history. A tool call waiting for approval
 //! ends the run with an `interrupt` outcome; the next run's `resume`
-//! decides it and streams the rest of the same turn. `docs/ag-ui.md` has
+//! decides it and streams the rest of the same turn. The front-end's
+//! `tools` are offered to the model for the run; a call of one ends the
+//! run with the call pending, and the next run's tool messages answer it. `docs/ag-ui.md` has
 //! the table of what maps to what.
 
 mod events;
@@ -30,8 +32,9 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::JsonObject;
 use super::state::AppState;
+use crate::model::ToolSpec;
 use crate::protocol::{Event, EventKind, SessionKind};
-use crate::session::{NewSession, Session, SessionError};
+use crate::session::{NewSession, Session, SessionError, ToolAnswer, TurnOptions};
 use events::{Mapper, messages_snapshot};
 
 /// The fields of AG-UI's `RunAgentInput` that Conclave reads; `context`,
@@ -169,11 +172,11 @@ async fn begin(
     input: &RunAgentInput,
     mapper: &mut Mapper,
 ) -> Result<Begun, Refusal> {
-    if !input.tools.is_empty() {
-        return Err(Refusal::Input(
-            "front-end tools are not supported yet: send the run without `tools`".into(),
-        ));
-    }
+    let turn_options = TurnOptions {
+        client_tools: client_tools(&input.tools)?,
+        tool_answers: tool_answers(&input.messages),
+        ..TurnOptions::default()
+    };
     let mut opening = Vec::new();
     let kind = profile.kind.as_str();
     if let Some(session) = &existing
@@ -200,17 +203,24 @@ async fn begin(
             events: session.subscribe(since, true),
         });
     }
-    let prompt = last_user_text(&input.messages);
+    let answers = turn_options.tool_answers.len();
+    let prompt = last_user_text(&input.messages).or_else(|| (answers > 0).then(String::new));
     let session = match (existing, prompt.as_deref()) {
         (Some(session), prompt) => {
             let history = state.sessions.history(&session).await?;
             // A client that holds fewer messages than the thread (a page
             // opened again) gets them all first; one that sent them all
             // (HttpAgent keeps its messages) needs none.
-            let prior = input.messages.len() - usize::from(prompt.is_some());
+            let sent = if answers > 0 {
+                answers
+            } else {
+                usize::from(prompt.is_some())
+            };
+            let prior = input.messages.len() - sent;
             if prior < history.len() {
                 let mut snapshot = messages_snapshot(&session.id.to_string(), &history);
                 let id = input.messages.last().and_then(|m| m.get("id")).cloned();
+                let prompt = prompt.filter(|p| !p.is_empty());
                 if let (Some(prompt), Some(messages)) =
                     (prompt, snapshot["messages"].as_array_mut())
                 {
@@ -230,15 +240,23 @@ async fn begin(
             }
             session
         }
-        (None, Some(_)) => create(state, caller, profile, thread, input).await?,
-        (None, None) => {
+        (None, Some(prompt)) if !prompt.is_empty() => {
+            create(state, caller, profile, thread, input).await?
+        }
+        (None, _) => {
             return Err(Refusal::Input(
                 "`messages` must end with a user message with text content".into(),
             ));
         }
     };
     let prompt = prompt.unwrap_or_default();
-    let turn = state.sessions.start_turn(session, prompt, false).await?;
+    if state.sessions.is_draining() {
+        return Err(SessionError::ShuttingDown.into());
+    }
+    let turn = state
+        .sessions
+        .start_turn_with(session, prompt, false, turn_options)
+        .await?;
     Ok(Begun {
         opening,
         events: turn.session.subscribe(turn.since, true),
@@ -327,22 +345,71 @@ async fn asked_at(session: &Session, call_id: &str) -> Option<u64> {
     })
 }
 
+/// The front-end's tools, offered to the model for this run.
+fn client_tools(tools: &[Value]) -> Result<Vec<ToolSpec>, Refusal> {
+    tools
+        .iter()
+        .map(|tool| {
+            let name = tool.get("name").and_then(Value::as_str);
+            let Some(name) = name.filter(|n| !n.is_empty()) else {
+                return Err(Refusal::Input("each of `tools` needs a `name`".into()));
+            };
+            Ok(ToolSpec {
+                name: name.to_owned(),
+                description: text(tool.get("description")).unwrap_or_default(),
+                input_schema: tool
+                    .get("parameters")
+                    .filter(|p| p.is_object())
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object"})),
+                read_only: false,
+            })
+        })
+        .collect()
+}
+
+/// The tool messages the input ends with: the front-end's answers to the
+/// calls of its tools that ended the last run.
+fn tool_answers(messages: &[Value]) -> Vec<ToolAnswer> {
+    let mut answers: Vec<ToolAnswer> = messages
+        .iter()
+        .rev()
+        .take_while(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+        .filter_map(|m| {
+            Some(ToolAnswer {
+                call_id: m.get("toolCallId")?.as_str()?.to_owned(),
+                content: text(m.get("content")).unwrap_or_default(),
+                is_error: m.get("error").is_some_and(|e| !e.is_null()),
+            })
+        })
+        .collect();
+    answers.reverse();
+    answers
+}
+
+/// A message's content as text: a string, or its text parts joined.
+fn text(content: Option<&Value>) -> Option<String> {
+    match content? {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => None,
+    }
+}
+
 /// The text of the last message when it is the user's.
 fn last_user_text(messages: &[Value]) -> Option<String> {
     let last = messages.last()?;
     if last.get("role")?.as_str()? != "user" {
         return None;
     }
-    let text = match last.get("content")? {
-        Value::String(text) => text.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => return None,
-    };
+    let text = text(last.get("content"))?;
     (!text.trim().is_empty()).then_some(text)
 }
 
