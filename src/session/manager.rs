@@ -166,10 +166,21 @@ impl SessionManager {
     }
 
     pub async fn create(&self, new: NewSession) -> Result<Arc<Session>, SessionError> {
+        self.create_with_id(Uuid::new_v4(), new).await
+    }
+
+    /// [`SessionManager::create`] with an id the caller chose: a protocol
+    /// whose clients name their threads (AG-UI's `threadId`). The caller
+    /// makes sure no session has it.
+    pub async fn create_with_id(
+        &self,
+        id: Uuid,
+        new: NewSession,
+    ) -> Result<Arc<Session>, SessionError> {
         self.tasks.require(new.kind.as_str(), "kind")?;
         let now = Utc::now();
         let record = SessionRecord {
-            id: Uuid::new_v4(),
+            id,
             name: new.name,
             kind: new.kind,
             owner: new.owner,

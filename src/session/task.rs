@@ -123,6 +123,24 @@ pub struct TurnOptions {
     /// session's owner can decide them through the parent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_behalf_of: Option<OnBehalfOf>,
+    /// Tools a client runs itself (AG-UI's front-end tools), offered for
+    /// this turn besides the session's (one of the same name takes its
+    /// place). A call of one ends the turn with the call unanswered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<crate::model::ToolSpec>,
+    /// The client's answers to the calls the previous turn left
+    /// unanswered; the turn starts from them (with no prompt, when it has
+    /// none). A call left without an answer is answered as an error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_answers: Vec<ToolAnswer>,
+}
+
+/// A client's answer to a call of one of its tools.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ToolAnswer {
+    pub call_id: String,
+    pub content: String,
+    pub is_error: bool,
 }
 
 /// The parent session and agent id of a child session's turn.
