@@ -41,6 +41,9 @@ log "installing test packages from PyPI"
 # The dashboard's browser tests drive Chromium with selenium.
 "$VENV/bin/pip" install -q --disable-pip-version-check selenium==4.51.0 \
     || die "pip could not install selenium"
+# tests/langgraph.rs drives /langgraph with the official LangGraph client.
+"$VENV/bin/pip" install -q --disable-pip-version-check langgraph-sdk==0.4.14 \
+    || die "pip could not install langgraph-sdk"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 # The MCP Inspector's CLI (npm) checks what /mcp lists.
 command -v npm >/dev/null || apt_install nodejs npm

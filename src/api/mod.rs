@@ -43,6 +43,7 @@ pub mod grpc;
 pub mod grpc_error;
 pub mod grpc_orchestrator;
 pub mod guard;
+pub mod langgraph;
 pub mod mcp;
 pub mod ops;
 pub mod pipelines;
@@ -226,6 +227,7 @@ pub fn router(state: AppState) -> Router {
             "/orchestrator/pipelines/validate",
             post(pipelines::validate),
         )
+        .nest("/langgraph", langgraph::router())
         .route("/rollouts", post(rollouts::start))
         .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))
