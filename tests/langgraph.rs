@@ -22,6 +22,10 @@ api_keys = ["lg-test-key-a-0123456789", "lg-test-key-b-0123456789"]
 [demo]
 chunk_delay_ms = 40
 
+[agents.chatty]
+description = "Streams its text a word at a time"
+options = { text_deltas = true }
+
 [agents.sync]
 kind = "pipeline"
 description = "Syncs a sheet (mock agents)"
@@ -59,7 +63,7 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
 
     assert_eq!(
         seen["assistants"],
-        json!(["sync", "agent", "deliberation", "pipeline"])
+        json!(["chatty", "sync", "agent", "deliberation", "pipeline"])
     );
     assert_eq!(seen["unknown_assistant"], 404);
     assert_eq!(seen["unknown_run_assistant"], 404);
@@ -88,6 +92,18 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     assert_eq!(
         messages[0][1][0]["content"],
         "You said: hello messages-tuple"
+    );
+    // With text deltas, a chunk per word, all of one message id.
+    let deltas = seen["deltas"].as_array().unwrap();
+    assert!(deltas.len() > 3, "{deltas:?}");
+    let text: String = deltas
+        .iter()
+        .map(|d| d[0]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "You said: say it a word at a time");
+    assert!(
+        deltas.iter().all(|d| d[0]["id"] == deltas[0][0]["id"]),
+        "{deltas:?}"
     );
     let events: Vec<&Value> = frames(&seen, "events")
         .iter()

@@ -50,6 +50,11 @@ out["modes"] = {}
 for mode in ["values", "updates", "messages-tuple", "events", "custom"]:
     parts = a.runs.stream(tid, "agent", input=msg(f"hello {mode}"), stream_mode=mode)
     out["modes"][mode] = [[p.event, p.data] for p in parts]
+chatty = a.threads.create(graph_id="chatty")["thread_id"]
+parts = a.runs.stream(
+    chatty, "chatty", input=msg("say it a word at a time"), stream_mode="messages-tuple"
+)
+out["deltas"] = [p.data for p in parts if p.event == "messages"]
 out["bad_mode"] = status_of(
     lambda: a.runs.stream(tid, "agent", input=msg("x"), stream_mode="bogus")
 )

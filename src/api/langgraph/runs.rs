@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -409,16 +409,16 @@ fn sse(
     let meta = json!({"run_id": run_id(turn.since), "thread_id": session.id});
     let first = stream::iter([frame("metadata", &meta)]);
     let state = state.clone();
-    let streamed = Arc::new(AtomicBool::new(false));
+    let texts = Arc::new(Texts {
+        run: turn.since,
+        streamed: AtomicBool::new(false),
+        done: AtomicU64::new(0),
+    });
     let mapped = events
         .then(move |event| {
-            let (state, session, streamed, modes) = (
-                state.clone(),
-                session.clone(),
-                streamed.clone(),
-                modes.clone(),
-            );
-            async move { frames(&state, &session, &modes, &streamed, &event).await }
+            let (state, session, texts, modes) =
+                (state.clone(), session.clone(), texts.clone(), modes.clone());
+            async move { frames(&state, &session, &modes, &texts, &event).await }
         })
         .flat_map(stream::iter);
     let mut response = Sse::new(first.chain(mapped))
@@ -431,6 +431,23 @@ fn sse(
     response
 }
 
+/// Where a run's assistant texts are: a text's deltas and its whole
+/// `thinking` share one message id, so that a client merges the chunks.
+struct Texts {
+    run: u64,
+    /// Deltas came for the text under way: its whole text is not sent again.
+    streamed: AtomicBool,
+    /// Texts finished so far.
+    done: AtomicU64,
+}
+
+impl Texts {
+    fn chunk(&self, content: &str) -> Value {
+        let id = format!("run-{}-{}", self.run, self.done.load(Ordering::Relaxed));
+        json!({"type": "AIMessageChunk", "id": id, "content": content})
+    }
+}
+
 fn frame(name: &str, data: &Value) -> Result<SseEvent, Infallible> {
     Ok(SseEvent::default().event(name).data(data.to_string()))
 }
@@ -440,7 +457,7 @@ async fn frames(
     state: &AppState,
     session: &Session,
     modes: &[Mode],
-    streamed: &AtomicBool,
+    texts: &Texts,
     event: &Event,
 ) -> Vec<Result<SseEvent, Infallible>> {
     let meta = json!({"thread_id": session.id, "langgraph_node": "agent"});
@@ -457,17 +474,15 @@ async fn frames(
                 | EventKind::ApprovalDecided { .. },
             ) => out.push(frame("custom", &json!(event))),
             (Mode::MessagesTuple, EventKind::TextDelta { content }) => {
-                streamed.store(true, Ordering::Relaxed);
-                let chunk = json!({"type": "AIMessageChunk", "id": format!("run-{}", event.seq), "content": content});
-                out.push(frame("messages", &json!([chunk, meta])));
+                texts.streamed.store(true, Ordering::Relaxed);
+                out.push(frame("messages", &json!([texts.chunk(content), meta])));
             }
-            // Whole texts only where no deltas came (the session streams
-            // text only when it opted in).
+            // A whole text only where no deltas came (a session streams
+            // deltas only with `text_deltas`).
             (Mode::MessagesTuple, EventKind::Thinking { content })
-                if !streamed.load(Ordering::Relaxed) =>
+                if !texts.streamed.load(Ordering::Relaxed) =>
             {
-                let chunk = json!({"type": "AIMessageChunk", "id": format!("run-{}", event.seq), "content": content});
-                out.push(frame("messages", &json!([chunk, meta])));
+                out.push(frame("messages", &json!([texts.chunk(content), meta])));
             }
             (Mode::Updates, EventKind::Thinking { content }) => {
                 let message = json!({"type": "ai", "content": content});
@@ -489,6 +504,10 @@ async fn frames(
             }
             _ => {}
         }
+    }
+    if let EventKind::Thinking { .. } = &event.kind {
+        texts.streamed.store(false, Ordering::Relaxed);
+        texts.done.fetch_add(1, Ordering::Relaxed);
     }
     if let EventKind::Error { message, code } = &event.kind {
         out.push(frame("error", &json!({"error": code, "message": message})));
