@@ -44,6 +44,9 @@ log "installing test packages from PyPI"
 # The AG-UI tests check every event against the official Python SDK's models.
 "$VENV/bin/pip" install -q --disable-pip-version-check ag-ui-protocol==1.0.0 \
     || die "pip could not install ag-ui-protocol"
+# tests/langgraph.rs drives /langgraph with the official LangGraph client.
+"$VENV/bin/pip" install -q --disable-pip-version-check langgraph-sdk==0.4.14 \
+    || die "pip could not install langgraph-sdk"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 # The MCP Inspector's CLI (npm) checks what /mcp lists.
 command -v npm >/dev/null || apt_install nodejs npm

@@ -165,7 +165,8 @@ pub async fn identify(state: &AppState, mut req: Request) -> Result<Request, Api
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(bearer_token)
-            .map(str::to_string);
+            .map(str::to_string)
+            .or_else(|| langgraph_key(&req));
         let presented = header.or_else(|| ws_query(&req, "token")).ok_or_else(|| {
             ApiError::unauthorized("missing API key: send Authorization: Bearer KEY")
         })?;
@@ -181,6 +182,19 @@ pub async fn identify(state: &AppState, mut req: Request) -> Result<Request, Api
         .insert(crate::mcp::McpOwner(caller.owner().map(str::to_string)));
     req.extensions_mut().insert(caller);
     Ok(req)
+}
+
+/// The `x-api-key` header, on the LangGraph routes only: the official
+/// `langgraph-sdk` client sends its key there, not as a bearer token.
+fn langgraph_key(req: &Request) -> Option<String> {
+    if !req.uri().path().starts_with("/langgraph/") {
+        return None;
+    }
+    req.headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 #[cfg(test)]

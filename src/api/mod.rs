@@ -45,6 +45,7 @@ pub mod grpc;
 pub mod grpc_error;
 pub mod grpc_orchestrator;
 pub mod guard;
+pub mod langgraph;
 pub mod mcp;
 pub mod ops;
 pub mod pipelines;
@@ -229,6 +230,7 @@ pub fn router(state: AppState) -> Router {
             "/orchestrator/pipelines/validate",
             post(pipelines::validate),
         )
+        .nest("/langgraph", langgraph::router())
         .route("/rollouts", post(rollouts::start))
         .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))

@@ -326,6 +326,13 @@ impl Runs {
     /// or interrupted; its node (`node_status` says whether it runs or
     /// waits for a decision on the `waiting` tool calls), state, counters
     /// and timing.
+    /// The `thread_id` of a session's run, once its first turn made one.
+    pub async fn thread_of(&self, session: Uuid) -> Result<Option<String>, RunError> {
+        Ok(by_session(self.store.as_ref(), session)
+            .await?
+            .map(|record| record.thread_id))
+    }
+
     pub async fn status(&self, owner: Option<&str>, thread_id: &str) -> Result<Value, RunError> {
         let (record, session) = self.find(owner, thread_id).await?;
         let steps = self.steps(session.id).await?;

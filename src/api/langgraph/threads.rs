@@ -1,0 +1,302 @@
+//! Assistants and threads: agents and sessions as LangGraph names them.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use std::sync::Arc;
+
+use super::{PIPELINE, assistant, assistant_json, current_values, thread_id, values};
+use crate::agent::profiles::{self, Agent};
+use crate::api::auth::Caller;
+use crate::api::error::ApiError;
+use crate::api::extract::JsonObject;
+use crate::api::state::AppState;
+use crate::protocol::{EventKind, SessionKind, SessionStatus};
+use crate::session::{NewSession, Session};
+use crate::store::SessionFilter;
+
+/// Threads a search returns by default and at most.
+const SEARCH_DEFAULT: usize = 10;
+const SEARCH_MAX: usize = 1000;
+
+/// `POST /assistants/search`: every agent (profiles, then session kinds).
+pub async fn search_assistants(State(state): State<AppState>) -> Json<Vec<Value>> {
+    Json(
+        profiles::list(&state.config, state.sessions.tasks())
+            .iter()
+            .map(assistant_json)
+            .collect(),
+    )
+}
+
+/// `GET /assistants/{id}`.
+pub async fn get_assistant(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(assistant_json(&assistant(&state, &id)?)))
+}
+
+/// A new session of `agent` for the caller, its options checked by its
+/// kind as `POST /agent/session` checks them.
+pub(super) async fn new_session(
+    state: &AppState,
+    caller: &Caller,
+    agent: &Agent,
+    ephemeral: bool,
+) -> Result<Arc<Session>, ApiError> {
+    let body = Map::from_iter([(
+        "options".to_owned(),
+        Value::Object(agent.options_with(None)),
+    )]);
+    let options = state
+        .sessions
+        .tasks()
+        .require(&agent.kind, "assistant")?
+        .options(&body, &[])
+        .await?;
+    crate::api::fork::checked_seed(state, caller, &options).await?;
+    Ok(state
+        .sessions
+        .create(NewSession {
+            name: None,
+            kind: SessionKind::new(agent.kind.clone()),
+            owner: caller.owner.clone(),
+            options,
+            ephemeral,
+        })
+        .await?)
+}
+
+fn status_name(status: SessionStatus) -> &'static str {
+    match status {
+        SessionStatus::Running => "busy",
+        SessionStatus::Interrupted => "interrupted",
+        SessionStatus::Idle | SessionStatus::Closed => "idle",
+    }
+}
+
+fn thread_json(
+    id: uuid::Uuid,
+    kind: &SessionKind,
+    status: SessionStatus,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+) -> Value {
+    json!({
+        "thread_id": id,
+        "created_at": created_at,
+        "updated_at": updated_at,
+        "metadata": {"graph_id": kind.as_str()},
+        "status": status_name(status),
+        "values": {},
+        "interrupts": {},
+    })
+}
+
+fn session_json(session: &Session) -> Value {
+    thread_json(
+        session.id,
+        &session.kind,
+        session.status(),
+        session.created_at,
+        session.updated_at(),
+    )
+}
+
+/// `POST /threads`: a new persistent session. `metadata.graph_id` (or
+/// `metadata.assistant_id`) names its assistant; the default is `agent`.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    mut body: JsonObject,
+) -> Result<Json<Value>, ApiError> {
+    let metadata = body
+        .take::<Map<String, Value>>("metadata")?
+        .unwrap_or_default();
+    if body.take::<String>("thread_id")?.is_some() {
+        return Err(ApiError::invalid(
+            "thread_id",
+            "is chosen by the server: Conclave makes a thread's id",
+        ));
+    }
+    let default = SessionKind::AGENT;
+    let name = ["assistant_id", "graph_id"]
+        .iter()
+        .find_map(|field| metadata.get(*field).and_then(Value::as_str))
+        .unwrap_or(default.as_str());
+    let agent = assistant(&state, name)?;
+    let session = new_session(&state, &caller, &agent, false).await?;
+    Ok(Json(session_json(&session)))
+}
+
+/// `GET /threads/{id}`, with its values.
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let session = state.sessions.get(thread_id(&id)?, caller.owner()).await?;
+    let mut thread = session_json(&session);
+    thread["values"] = current_values(&state, &session).await?;
+    Ok(Json(thread))
+}
+
+/// `DELETE /threads/{id}`: deletes the session.
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .sessions
+        .delete(thread_id(&id)?, caller.owner())
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /threads/search`: the caller's sessions, newest first. `limit`,
+/// `offset` and `status` filter; metadata filters only by `graph_id`.
+pub async fn search(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    mut body: JsonObject,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let limit = body.take::<usize>("limit")?.unwrap_or(SEARCH_DEFAULT);
+    if !(1..=SEARCH_MAX).contains(&limit) {
+        return Err(ApiError::invalid("limit", "must be 1 to 1000"));
+    }
+    let offset = body.take::<usize>("offset")?.unwrap_or(0);
+    let status = body.take::<String>("status")?;
+    let kind = body
+        .take::<Map<String, Value>>("metadata")?
+        .and_then(|m| m.get("graph_id").and_then(Value::as_str).map(str::to_owned))
+        .map(SessionKind::new);
+    let filter = SessionFilter {
+        owner: caller.owner().map(str::to_owned),
+        status: None,
+        kind,
+        before: None,
+        limit: Some(offset + limit),
+    };
+    let threads = state
+        .sessions
+        .list(&filter)
+        .await?
+        .into_iter()
+        .filter(|r| !r.ephemeral)
+        .map(|r| thread_json(r.id, &r.kind, r.status, r.created_at, r.updated_at))
+        .filter(|t| status.as_deref().is_none_or(|s| t["status"] == s))
+        .skip(offset)
+        .take(limit)
+        .collect();
+    Ok(Json(threads))
+}
+
+/// A thread state: values and the checkpoint they are at (the `seq` of the
+/// turn's `result`, 0 before any turn).
+fn state_json(id: uuid::Uuid, values: Value, seq: u64, ts: Option<DateTime<Utc>>) -> Value {
+    json!({
+        "values": values,
+        "next": [],
+        "tasks": [],
+        "metadata": {"step": seq},
+        "created_at": ts,
+        "checkpoint": {"thread_id": id, "checkpoint_ns": "", "checkpoint_id": seq.to_string()},
+        "parent_checkpoint": null,
+        "interrupts": [],
+    })
+}
+
+/// `GET /threads/{id}/state`: the conversation now.
+pub async fn state(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let session = state.sessions.get(thread_id(&id)?, caller.owner()).await?;
+    let values = current_values(&state, &session).await?;
+    Ok(Json(state_json(
+        session.id,
+        values,
+        session.last_seq(),
+        Some(session.updated_at()),
+    )))
+}
+
+/// `POST /threads/{id}/history`: one state per finished turn, newest
+/// first: the conversation as it stood at that turn's `result`
+/// (`history_len` messages of it). `limit` (default 10) caps them.
+pub async fn history(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    mut body: JsonObject,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let limit = body.take::<usize>("limit")?.unwrap_or(SEARCH_DEFAULT);
+    let session = state.sessions.get(thread_id(&id)?, caller.owner()).await?;
+    if session.kind.as_str() == PIPELINE {
+        return pipeline_history(&state, &session, limit).await.map(Json);
+    }
+    let history = state.sessions.history(&session).await?;
+    let ends: Vec<(u64, DateTime<Utc>, usize)> = session
+        .replay(0)
+        .filter_map(|event| async move {
+            match event.kind {
+                EventKind::Result {
+                    history_len: Some(len),
+                    ..
+                } => Some((event.seq, event.ts, len as usize)),
+                _ => None,
+            }
+        })
+        .collect()
+        .await;
+    let states = ends
+        .iter()
+        .rev()
+        .take(limit)
+        .map(|(seq, ts, len)| {
+            let kept = &history[..(*len).min(history.len())];
+            state_json(session.id, values(kept), *seq, Some(*ts))
+        })
+        .collect();
+    Ok(Json(states))
+}
+
+/// A pipeline thread's history: its run's checkpoints, newest first, each
+/// step's state as the values and the step as the checkpoint id.
+async fn pipeline_history(
+    state: &AppState,
+    session: &Session,
+    limit: usize,
+) -> Result<Vec<Value>, ApiError> {
+    let Some(thread) = state.pipelines.thread_of(session.id).await? else {
+        return Ok(Vec::new());
+    };
+    let history = state
+        .pipelines
+        .history(session.owner.as_deref(), &thread)
+        .await?;
+    let steps = history["history"].as_array().cloned().unwrap_or_default();
+    Ok(steps
+        .iter()
+        .rev()
+        .take(limit)
+        .map(|step| {
+            let mut checkpoint = state_json(
+                session.id,
+                step["state"].clone(),
+                step["step"].as_u64().unwrap_or(0),
+                step["at"].as_str().and_then(|at| at.parse().ok()),
+            );
+            checkpoint["metadata"] = json!({"step": step["step"], "node": step["node"],
+                "decision": step["decision"], "status": step["status"]});
+            checkpoint["next"] = json!(step["next"].as_str().into_iter().collect::<Vec<_>>());
+            checkpoint
+        })
+        .collect())
+}

@@ -1,0 +1,277 @@
+//! The LangGraph Agent Protocol at `/langgraph`, through the official
+//! `langgraph-sdk` Python client against the real binary: assistants,
+//! threads, runs in every served stream mode and multitask strategy, a
+//! pipeline thread's state and history, cancel, join, the store, and two
+//! keys that cannot see each other's threads.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::binary::{serve_command, spawn_server, stop};
+use serde_json::{Value, json};
+
+const KEY_A: &str = "lg-test-key-a-0123456789";
+const KEY_B: &str = "lg-test-key-b-0123456789";
+
+/// Two keys; the demo model paced so that a long prompt's turn runs for
+/// seconds; a pipeline assistant with mock agents.
+const CONFIG: &str = r#"
+api_keys = ["lg-test-key-a-0123456789", "lg-test-key-b-0123456789"]
+
+[demo]
+chunk_delay_ms = 40
+
+[agents.chatty]
+description = "Streams its text a word at a time"
+options = { text_deltas = true }
+
+[agents.sync]
+kind = "pipeline"
+description = "Syncs a sheet (mock agents)"
+options = { connector_name = "google-sheets", mock = {} }
+"#;
+
+/// The binary serving CONFIG from a fresh directory.
+async fn serve() -> (tempfile::TempDir, tokio::process::Child, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("conclave.toml"), CONFIG).unwrap();
+    let mut command = serve_command(&["--sandbox", "local", "--config", "conclave.toml"]);
+    command.current_dir(dir.path());
+    let (child, url) = spawn_server(&mut command).await;
+    (dir, child, url)
+}
+
+/// The frames of one streamed mode, without the leading `metadata`.
+fn frames<'a>(seen: &'a Value, mode: &str) -> &'a [Value] {
+    let all = seen["modes"][mode].as_array().unwrap();
+    assert_eq!(all[0][0], "metadata", "{mode}: {all:?}");
+    assert!(all[0][1]["run_id"].is_string(), "{all:?}");
+    &all[1..]
+}
+
+#[tokio::test]
+async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
+    let (_dir, mut child, url) = serve().await;
+
+    let seen = common::python_json(
+        "tests/langgraph/client.py",
+        &[&url, KEY_A, KEY_B],
+        "langgraph-sdk",
+    )
+    .await;
+
+    assert_eq!(
+        seen["assistants"],
+        json!(["chatty", "sync", "agent", "deliberation", "pipeline"])
+    );
+    assert_eq!(seen["unknown_assistant"], 404);
+    assert_eq!(seen["unknown_run_assistant"], 404);
+    assert_eq!(seen["no_key"], 401);
+    assert_eq!(seen["thread_status"], "idle");
+
+    // Each mode maps the turn's events its own way.
+    let values = frames(&seen, "values");
+    assert_eq!(values.len(), 1, "{values:?}");
+    assert_eq!(values[0][0], "values");
+    assert_eq!(
+        values[0][1]["messages"][1],
+        json!({"type": "ai", "id": "msg-1", "content": "You said: hello values", "tool_calls": []})
+    );
+    let updates = frames(&seen, "updates");
+    assert_eq!(
+        updates,
+        [
+            json!(["updates", {"agent": {"messages": [{"type": "ai", "content": "You said: hello updates"}]}}])
+        ]
+    );
+    let messages = frames(&seen, "messages-tuple");
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert_eq!(messages[0][0], "messages");
+    assert_eq!(messages[0][1][0]["type"], "AIMessageChunk");
+    assert_eq!(
+        messages[0][1][0]["content"],
+        "You said: hello messages-tuple"
+    );
+    // With text deltas, a chunk per word, all of one message id.
+    let deltas = seen["deltas"].as_array().unwrap();
+    assert!(deltas.len() > 3, "{deltas:?}");
+    let text: String = deltas
+        .iter()
+        .map(|d| d[0]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "You said: say it a word at a time");
+    assert!(
+        deltas.iter().all(|d| d[0]["id"] == deltas[0][0]["id"]),
+        "{deltas:?}"
+    );
+    let events: Vec<&Value> = frames(&seen, "events")
+        .iter()
+        .map(|f| &f[1]["type"])
+        .collect();
+    assert_eq!(events, ["status", "thinking", "result"]);
+    let custom = frames(&seen, "custom");
+    assert_eq!(custom.len(), 1, "{custom:?}");
+    assert_eq!(custom[0][1]["type"], "status");
+    assert_eq!(seen["bad_mode"], 422);
+
+    assert_eq!(seen["wait"][11], "You said: wait please");
+    assert_eq!(
+        seen["stateless"],
+        json!(["no thread", "You said: no thread"])
+    );
+
+    // reject is the session's 409; enqueue runs after the first run, which
+    // ends well; interrupt stops it; rollback is refused.
+    assert_eq!(seen["reject"], 409);
+    assert_eq!(seen["rollback"], 422);
+    assert!(
+        seen["enqueue"][1]
+            .as_str()
+            .unwrap()
+            .starts_with("You said: word word"),
+        "{seen}"
+    );
+    assert_eq!(seen["enqueue"][2], "enqueued");
+    assert_eq!(seen["enqueue"][3], "You said: enqueued");
+    assert_eq!(seen["enqueue_first"], "success");
+    assert_eq!(
+        seen["interrupt"],
+        json!(["after interrupt", "You said: after interrupt"])
+    );
+    assert_eq!(seen["interrupted_status"], "interrupted");
+    assert_eq!(seen["cancelled_status"], "interrupted");
+    assert_eq!(seen["join"], "You said: joined");
+
+    // The history is one state per finished turn, newest first, the
+    // newest being the state now.
+    let lens: Vec<u64> = seen["history_lens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(lens[0], seen["state_len"].as_u64().unwrap());
+    assert!(lens.windows(2).all(|w| w[0] > w[1]), "{lens:?}");
+    assert_eq!(*lens.last().unwrap(), 2);
+
+    // The other key sees none of it.
+    assert_eq!(seen["search_a"], true);
+    assert_eq!(seen["search_b"], false);
+    for call in ["b_get", "b_state", "b_run", "b_delete"] {
+        assert_eq!(seen[call], 404, "{call}");
+    }
+
+    let pipeline = &seen["pipeline"];
+    assert_eq!(pipeline["final_is_state"], true, "{pipeline}");
+    assert_eq!(pipeline["newest_is_state"], true, "{pipeline}");
+    assert_eq!(
+        pipeline["history_nodes"],
+        json!([
+            "publisher",
+            "reviewer",
+            "test_reviewer",
+            "tester",
+            "generator",
+            "research"
+        ])
+    );
+    assert!(
+        pipeline["state_keys"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("original_request"))
+    );
+    assert_eq!(seen["wrong_kind"], 422);
+
+    assert_eq!(seen["store_get"], json!({"theme": "dark"}));
+    assert_eq!(seen["store_search"], json!([[["users", "u1"], "prefs"]]));
+    assert_eq!(
+        seen["store_namespaces"],
+        json!([["users", "u1"], ["users", "u2"]])
+    );
+    assert_eq!(seen["store_b_get"], 404);
+    assert_eq!(seen["store_deleted"], 404);
+    assert_eq!(seen["deleted_get"], 404);
+
+    stop(&mut child).await;
+}
+
+#[tokio::test]
+async fn bad_runs_get_json_errors_and_streams_say_their_run() {
+    let (_dir, mut child, url) = serve().await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        http.post(format!("{url}/langgraph{path}"))
+            .header("x-api-key", KEY_A)
+            .json(&body)
+            .send()
+    };
+
+    let thread: Value = post("/threads", json!({}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = thread["thread_id"].as_str().unwrap();
+    let input = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let cases = [
+        (
+            json!({"assistant_id": "agent", "input": input, "stream_mode": "debug"}),
+            422,
+            "stream_mode",
+        ),
+        (
+            json!({"assistant_id": "agent", "input": input, "multitask_strategy": "later"}),
+            422,
+            "multitask_strategy",
+        ),
+        (
+            json!({"assistant_id": "agent", "input": {"messages": []}}),
+            422,
+            "input",
+        ),
+        (json!({"input": input}), 422, "assistant_id"),
+        (
+            json!({"assistant_id": "nobody", "input": input}),
+            404,
+            "nobody",
+        ),
+    ];
+    for (body, status, names) in cases {
+        let response = post(&format!("/threads/{id}/runs/stream"), body.clone())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status, "{body}");
+        let error: Value = response.json().await.unwrap();
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{body}: {error}");
+    }
+
+    let response = post(
+        &format!("/threads/{id}/runs/stream"),
+        json!({"assistant_id": "agent", "input": input}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    let location = response.headers()["content-location"].to_str().unwrap();
+    assert!(
+        location.starts_with(&format!("/langgraph/threads/{id}/runs/")),
+        "{location}"
+    );
+    let body = response.text().await.unwrap();
+    assert!(body.starts_with("event: metadata\n"), "{body}");
+
+    // The key goes in x-api-key on these routes only.
+    let elsewhere = http
+        .get(format!("{url}/agent/sessions"))
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.status(), 401);
+
+    stop(&mut child).await;
+}
