@@ -118,15 +118,30 @@ fn run_request(body: &mut JsonObject) -> Result<RunRequest, ApiError> {
     })
 }
 
-/// A run id: the `seq` its turn started after.
+/// Marks a run id as one of this adapter's (bytes 0..6 of a version 8
+/// UUID, whose bytes 9..16 hold the seq).
+const RUN_TAG: [u8; 6] = *b"cl-run";
+
+/// A run id: the `seq` its turn started after, as a version 8 UUID (so a
+/// thread's first run is not the nil UUID).
 fn run_id(since: u64) -> Uuid {
-    Uuid::from_u64_pair(0, since)
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&RUN_TAG);
+    bytes[9..].copy_from_slice(&since.to_be_bytes()[1..]);
+    Uuid::new_v8(bytes)
 }
 
 fn run_since(id: &str) -> Result<u64, ApiError> {
-    match Uuid::parse_str(id).map(|u| u.as_u64_pair()) {
-        Ok((0, since)) => Ok(since),
-        _ => Err(ApiError::not_found(format!("run {id} not found"))),
+    let parsed = Uuid::parse_str(id)
+        .ok()
+        .filter(|u| u.get_version_num() == 8 && u.as_bytes()[..6] == RUN_TAG);
+    match parsed {
+        Some(u) => {
+            let mut seq = [0u8; 8];
+            seq[1..].copy_from_slice(&u.as_bytes()[9..]);
+            Ok(u64::from_be_bytes(seq))
+        }
+        None => Err(ApiError::not_found(format!("run {id} not found"))),
     }
 }
 
@@ -513,4 +528,22 @@ async fn frames(
         out.push(frame("error", &json!({"error": code, "message": message})));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_round_trip_and_others_are_not_found() {
+        for since in [0, 1, 41, (1 << 56) - 1] {
+            let id = run_id(since);
+            assert_eq!(id.get_version_num(), 8);
+            assert!(!id.is_nil());
+            assert_eq!(run_since(&id.to_string()).ok(), Some(since));
+        }
+        assert!(run_since(&Uuid::nil().to_string()).is_err());
+        assert!(run_since(&Uuid::new_v4().to_string()).is_err());
+        assert!(run_since("not-a-uuid").is_err());
+    }
 }
