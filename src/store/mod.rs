@@ -115,6 +115,11 @@ pub trait SessionStore: Send + Sync {
     /// The history from its `from`th message on: what a turn adds to the
     /// history it holds already.
     async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError>;
+
+    /// Cuts the history back to its first `len` messages (a rewind to an
+    /// earlier turn end); the next append continues after them. A history
+    /// no longer than `len` is left as it is.
+    async fn truncate_messages(&self, id: Uuid, len: usize) -> Result<(), StoreError>;
 }
 
 /// The durable side of a session's event log.

@@ -277,6 +277,47 @@ pub(crate) async fn append_messages_continues_after_the_highest_index(fixture: &
     }
 }
 
+pub(crate) async fn truncate_messages_cuts_the_history_and_appends_continue(
+    fixture: &dyn Fixture,
+) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    let conversation = conversation();
+    assert!(conversation.len() >= 2);
+    store
+        .append_messages(created.id, &conversation)
+        .await
+        .unwrap();
+
+    // Longer than the history: nothing goes.
+    store
+        .truncate_messages(created.id, conversation.len() + 3)
+        .await
+        .unwrap();
+    assert_eq!(store.messages(created.id).await.unwrap(), conversation);
+
+    store.truncate_messages(created.id, 1).await.unwrap();
+    assert_eq!(store.messages(created.id).await.unwrap(), conversation[..1]);
+
+    // The next message takes the place of the first one cut.
+    let retry = Message::User {
+        content: "start over".into(),
+    };
+    store
+        .append_messages(created.id, std::slice::from_ref(&retry))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.messages(created.id).await.unwrap(),
+        vec![conversation[0].clone(), retry.clone()]
+    );
+    assert_eq!(store.messages_from(created.id, 1).await.unwrap(), vec![retry]);
+
+    store.truncate_messages(created.id, 0).await.unwrap();
+    assert_eq!(store.messages(created.id).await.unwrap(), vec![]);
+}
+
 pub(crate) async fn messages_of_an_unknown_session_are_refused(fixture: &dyn Fixture) {
     let store = fixture.open().await;
 

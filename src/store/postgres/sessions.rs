@@ -224,6 +224,15 @@ impl SessionStore for PostgresStore {
             .map(|row| decode("message", row.try_get(0)?))
             .collect()
     }
+
+    async fn truncate_messages(&self, id: Uuid, len: usize) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM messages WHERE session_id = $1 AND idx >= $2")
+            .bind(id)
+            .bind(i64::try_from(len).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

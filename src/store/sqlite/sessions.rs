@@ -172,4 +172,15 @@ impl SessionStore for SqliteStore {
             .await?;
         bodies.iter().map(|body| decode("message", body)).collect()
     }
+
+    async fn truncate_messages(&self, id: Uuid, len: usize) -> Result<(), StoreError> {
+        let id = id.to_string();
+        let len = i64::try_from(len).unwrap_or(i64::MAX);
+        self.call(move |conn| {
+            conn.prepare_cached("DELETE FROM messages WHERE session_id = ?1 AND idx >= ?2")?
+                .execute(params![id, len])?;
+            Ok(())
+        })
+        .await
+    }
 }
