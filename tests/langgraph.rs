@@ -122,9 +122,8 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     );
 
     // reject is the session's 409; enqueue runs after the first run, which
-    // ends well; interrupt stops it; rollback is refused.
+    // ends well; interrupt stops it.
     assert_eq!(seen["reject"], 409);
-    assert_eq!(seen["rollback"], 422);
     assert!(
         seen["enqueue"][1]
             .as_str()
@@ -141,6 +140,7 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     );
     assert_eq!(seen["interrupted_status"], "interrupted");
     assert_eq!(seen["cancelled_status"], "interrupted");
+    rolled_back(&url, &seen).await;
     assert_eq!(seen["join"], "You said: joined");
 
     // The history is one state per finished turn, newest first, the
@@ -195,6 +195,44 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     assert_eq!(seen["deleted_get"], 404);
 
     stop(&mut child).await;
+}
+
+/// rollback stopped the slow run and left nothing of it in the thread:
+/// its values and history hold the turn before it and the new run only,
+/// and the session's log says it was rewound to the turn end before it.
+async fn rolled_back(url: &str, seen: &Value) {
+    let kept = json!(["kept", "You said: kept"]);
+    let after = json!(["kept", "You said: kept", "instead", "You said: instead"]);
+    assert_eq!(seen["rollback"], after, "{seen}");
+    assert_eq!(seen["rollback_state"], after);
+    assert_eq!(seen["rollback_history"], json!([after, kept]));
+
+    let thread = seen["rollback_thread"].as_str().unwrap();
+    let response = reqwest::Client::new()
+        .get(format!("{url}/agent/session/{thread}/events"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    let events = common::ndjson(response).await;
+    let log = Value::from(events.clone());
+    let results: Vec<&Value> = events.iter().filter(|e| e["type"] == "result").collect();
+    assert_eq!(results.len(), 3, "{log}");
+    assert_eq!(results[1]["status"], "interrupted", "{log}");
+    let rewound: Vec<&Value> = events.iter().filter(|e| e["type"] == "rewound").collect();
+    assert_eq!(rewound.len(), 1, "{log}");
+    assert_eq!(rewound[0]["to_seq"], results[0]["seq"], "{log}");
+    assert_eq!(rewound[0]["history_len"], 2);
+    assert_eq!(rewound[0]["workspace"], "kept");
+    // Between the stopped turn's result and the new turn.
+    assert!(
+        rewound[0]["seq"].as_u64().unwrap() > results[1]["seq"].as_u64().unwrap(),
+        "{log}"
+    );
+    assert!(
+        rewound[0]["seq"].as_u64().unwrap() < results[2]["seq"].as_u64().unwrap(),
+        "{log}"
+    );
 }
 
 #[tokio::test]

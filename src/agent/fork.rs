@@ -234,6 +234,17 @@ impl Forks {
                         ends.push((event.seq, *history_len));
                         last_turn_event = event.seq;
                     }
+                    // A rewind undid the turns after the end it went back
+                    // to, and is itself where the history is known.
+                    EventKind::Rewound {
+                        to_seq,
+                        history_len,
+                        ..
+                    } => {
+                        ends.retain(|(seq, _)| seq <= to_seq);
+                        ends.push((event.seq, Some(*history_len)));
+                        last_turn_event = event.seq;
+                    }
                     EventKind::Forked { .. } => {}
                     _ => last_turn_event = event.seq,
                 }
@@ -283,7 +294,7 @@ impl Forks {
         Ok(page
             .iter()
             .take_while(|e| e.seq <= until)
-            .any(|e| !matches!(e.kind, EventKind::Forked { .. })))
+            .any(|e| !matches!(e.kind, EventKind::Forked { .. } | EventKind::Rewound { .. })))
     }
 
     /// The snapshot of the source's workspace at the turn end `seq`;

@@ -189,6 +189,16 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         history_len: Option<u64>,
     },
+    /// The session was rewound to the turn end `to_seq`: its history is
+    /// cut back to the `history_len` messages it had there, and the turns
+    /// after it are left out of what the next turn sees (the log keeps
+    /// them). `workspace` says whether the sandbox's files went back too
+    /// (`restored`) or stay as the last turn left them (`kept`).
+    Rewound {
+        to_seq: u64,
+        history_len: u64,
+        workspace: String,
+    },
     /// The run is over: `completed` or `failed` (with the reason).
     PipelineCompleted {
         thread_id: String,

@@ -179,6 +179,19 @@ impl Session {
         *lock(&self.history) = history;
     }
 
+    /// Cuts the conversation back to its first `len` messages, the kept
+    /// one before the stored one, so that the kept one stays a prefix of
+    /// the stored one even when the store fails.
+    pub(super) async fn rewind_history(&self, len: usize) -> Result<(), StoreError> {
+        {
+            let mut history = lock(&self.history);
+            if history.len() > len {
+                Arc::make_mut(&mut history).truncate(len);
+            }
+        }
+        self.store.truncate_messages(self.id, len).await
+    }
+
     /// How many messages the history the session keeps holds.
     pub fn history_len(&self) -> usize {
         lock(&self.history).len()

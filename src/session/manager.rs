@@ -25,6 +25,7 @@ use crate::sync::lock;
 use crate::telemetry::Metrics;
 
 mod replicas;
+mod rewind;
 mod runner;
 
 use runner::Runner;
@@ -392,6 +393,14 @@ impl SessionManager {
                 held.release().await;
             }
             return Err(SessionError::Closed(session.id));
+        }
+        if let Some(at_seq) = options.rewind_to
+            && let Err(e) = self.rewind(&session, at_seq).await
+        {
+            if let Some(held) = held {
+                held.release().await;
+            }
+            return Err(e);
         }
         *lock(&session.running) = Some(cancel.clone());
         let since = session.last_seq();

@@ -133,6 +133,11 @@ pub struct TurnOptions {
     /// none). A call left without an answer is answered as an error.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_answers: Vec<ToolAnswer>,
+    /// Before the turn starts, rewind the session to its last turn end at
+    /// or before this seq (the turns after it are undone: LangGraph's
+    /// `rollback`). Read where the turn is started, never by the task.
+    #[serde(skip)]
+    pub rewind_to: Option<u64>,
 }
 
 /// A client's answer to a call of one of its tools.

@@ -68,9 +68,6 @@ first = a.runs.create(tid, "agent", input=msg(SLOW))
 out["reject"] = status_of(
     lambda: a.runs.wait(tid, "agent", input=msg("rejected"), multitask_strategy="reject")
 )
-out["rollback"] = status_of(
-    lambda: a.runs.wait(tid, "agent", input=msg("rolled"), multitask_strategy="rollback")
-)
 enqueued = a.runs.wait(tid, "agent", input=msg("enqueued"), multitask_strategy="enqueue")
 out["enqueue"] = texts(enqueued)[-4:]
 out["enqueue_first"] = a.runs.get(tid, first["run_id"])["status"]
@@ -79,6 +76,17 @@ second = a.runs.create(tid, "agent", input=msg(SLOW))
 after = a.runs.wait(tid, "agent", input=msg("after interrupt"), multitask_strategy="interrupt")
 out["interrupt"] = texts(after)[-2:]
 out["interrupted_status"] = a.runs.get(tid, second["run_id"])["status"]
+
+# rollback stops the running run and takes it out of the thread (a thread
+# of its own, so that the main thread's history stays one per turn).
+rb = a.threads.create()["thread_id"]
+a.runs.wait(rb, "agent", input=msg("kept"))
+a.runs.create(rb, "agent", input=msg("rolled " + SLOW))
+rolled = a.runs.wait(rb, "agent", input=msg("instead"), multitask_strategy="rollback")
+out["rollback"] = texts(rolled)
+out["rollback_state"] = texts(a.threads.get_state(rb)["values"])
+out["rollback_history"] = [texts(h["values"]) for h in a.threads.get_history(rb, limit=10)]
+out["rollback_thread"] = rb
 
 third = a.runs.create(tid, "agent", input=msg(SLOW))
 a.runs.cancel(tid, third["run_id"], wait=True)

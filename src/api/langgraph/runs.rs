@@ -24,7 +24,7 @@ use crate::api::extract::{ApiQuery, JsonObject};
 use crate::api::state::AppState;
 use crate::api::stream::cancel_on_hangup;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::session::{Session, StartedTurn};
+use crate::session::{Session, SessionError, StartedTurn, TurnOptions};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -60,6 +60,7 @@ enum Strategy {
     Reject,
     Enqueue,
     Interrupt,
+    Rollback,
 }
 
 /// A run as the request asks for it.
@@ -97,16 +98,11 @@ fn run_request(body: &mut JsonObject) -> Result<RunRequest, ApiError> {
         None | Some("reject") => Strategy::Reject,
         Some("enqueue") => Strategy::Enqueue,
         Some("interrupt") => Strategy::Interrupt,
-        Some("rollback") => {
-            return Err(ApiError::invalid(
-                "multitask_strategy",
-                "rollback is not served: use interrupt (the interrupted turn stays in the thread)",
-            ));
-        }
+        Some("rollback") => Strategy::Rollback,
         Some(other) => {
             return Err(ApiError::invalid(
                 "multitask_strategy",
-                format!("{other:?}: must be reject, enqueue or interrupt"),
+                format!("{other:?}: must be reject, enqueue, interrupt or rollback"),
             ));
         }
     };
@@ -147,12 +143,15 @@ fn run_since(id: &str) -> Result<u64, ApiError> {
 
 /// Starts the turn under the run's multitask strategy: `reject` is the
 /// session's own 409, `enqueue` its queue, `interrupt` stops the running
-/// turn and then queues behind it.
+/// turn and then queues behind it, `rollback` does the same and then
+/// rewinds the session to the turn end before the stopped turn, so that
+/// nothing of it is left in the thread.
 async fn start(
     state: &AppState,
     session: Arc<Session>,
     run: &RunRequest,
 ) -> Result<StartedTurn, ApiError> {
+    let mut options = TurnOptions::default();
     let queue = match run.strategy {
         Strategy::Reject => false,
         Strategy::Enqueue => true,
@@ -160,10 +159,22 @@ async fn start(
             session.interrupt();
             true
         }
+        Strategy::Rollback => {
+            // Read before the interrupt: the stopped turn's result comes
+            // after it, so the last turn end up to here is the one before.
+            let before = session.last_seq();
+            if session.interrupt() {
+                options.rewind_to = Some(before);
+            }
+            true
+        }
     };
+    if state.sessions.is_draining() {
+        return Err(SessionError::ShuttingDown.into());
+    }
     Ok(state
         .sessions
-        .start_turn(session, run.prompt.clone(), queue)
+        .start_turn_with(session, run.prompt.clone(), queue, options)
         .await?)
 }
 

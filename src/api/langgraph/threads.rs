@@ -242,19 +242,19 @@ pub async fn history(
         return pipeline_history(&state, &session, limit).await.map(Json);
     }
     let history = state.sessions.history(&session).await?;
-    let ends: Vec<(u64, DateTime<Utc>, usize)> = session
-        .replay(0)
-        .filter_map(|event| async move {
-            match event.kind {
-                EventKind::Result {
-                    history_len: Some(len),
-                    ..
-                } => Some((event.seq, event.ts, len as usize)),
-                _ => None,
-            }
-        })
-        .collect()
-        .await;
+    let mut ends: Vec<(u64, DateTime<Utc>, usize)> = Vec::new();
+    let mut events = session.replay(0);
+    while let Some(event) = events.next().await {
+        match &event.kind {
+            EventKind::Result {
+                history_len: Some(len),
+                ..
+            } => ends.push((event.seq, event.ts, *len as usize)),
+            // A rewind undid the turns after the end it went back to.
+            EventKind::Rewound { to_seq, .. } => ends.retain(|(seq, ..)| seq <= to_seq),
+            _ => {}
+        }
+    }
     let states = ends
         .iter()
         .rev()

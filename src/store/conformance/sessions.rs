@@ -277,9 +277,7 @@ pub(crate) async fn append_messages_continues_after_the_highest_index(fixture: &
     }
 }
 
-pub(crate) async fn truncate_messages_cuts_the_history_and_appends_continue(
-    fixture: &dyn Fixture,
-) {
+pub(crate) async fn truncate_messages_cuts_the_history_and_appends_continue(fixture: &dyn Fixture) {
     let store = fixture.open().await;
     let created = session(None, Utc::now());
     store.create_session(&created).await.unwrap();
@@ -312,7 +310,10 @@ pub(crate) async fn truncate_messages_cuts_the_history_and_appends_continue(
         store.messages(created.id).await.unwrap(),
         vec![conversation[0].clone(), retry.clone()]
     );
-    assert_eq!(store.messages_from(created.id, 1).await.unwrap(), vec![retry]);
+    assert_eq!(
+        store.messages_from(created.id, 1).await.unwrap(),
+        vec![retry]
+    );
 
     store.truncate_messages(created.id, 0).await.unwrap();
     assert_eq!(store.messages(created.id).await.unwrap(), vec![]);
