@@ -25,6 +25,8 @@ pub mod live;
 pub mod log;
 pub mod manager;
 pub mod options;
+#[cfg(test)]
+mod rewind_tests;
 pub mod signal;
 pub mod task;
 #[cfg(test)]
