@@ -98,11 +98,9 @@ pub async fn check(config: &Config, tasks: &Tasks) -> Result<(), String> {
     for (name, profile) in &config.agents {
         let agent = agent(name, profile);
         let body = Map::from_iter([("options".to_owned(), Value::Object(agent.options.clone()))]);
-        let checked = match tasks.require(&agent.kind, "kind") {
-            Ok(task) => task.options(&body, &[]).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
-        checked.map_err(|e: SessionError| format!("agents.{name}: {e}"))?;
+        let wrong = |e: SessionError| format!("agents.{name}: {e}");
+        let task = tasks.require(&agent.kind, "kind").map_err(wrong)?;
+        task.options(&body, &[]).await.map_err(wrong)?;
     }
     Ok(())
 }
