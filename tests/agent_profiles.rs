@@ -43,7 +43,14 @@ async fn configured_agents_are_listed_with_the_session_kinds() {
         .collect();
     assert_eq!(
         names,
-        ["coder", "panel", "agent", "deliberation", "pipeline"],
+        [
+            "coder",
+            "panel",
+            "agent",
+            "deliberation",
+            "pipeline",
+            "pipeline:connector"
+        ],
         "{body}"
     );
     let (status, coder) = get(&format!("{url}/agents/coder")).await;
@@ -53,6 +60,10 @@ async fn configured_agents_are_listed_with_the_session_kinds() {
     assert_eq!(coder["description"], "Writes and runs Python");
     // The profile's prompt is the server's own: it is not handed out.
     assert!(coder.get("options").is_none(), "{coder}");
+    // A pipeline definition is an agent of its own.
+    let (status, connector) = get(&format!("{url}/agents/pipeline:connector")).await;
+    assert_eq!(status, 200, "{connector}");
+    assert_eq!(connector["kind"], "pipeline");
     let (_, panel) = get(&format!("{url}/agents/panel")).await;
     assert_eq!(panel["kind"], "deliberation");
     let (status, missing) = get(&format!("{url}/agents/nobody")).await;

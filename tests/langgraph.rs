@@ -15,7 +15,8 @@ const KEY_A: &str = "lg-test-key-a-0123456789";
 const KEY_B: &str = "lg-test-key-b-0123456789";
 
 /// Two keys; the demo model paced so that a long prompt's turn runs for
-/// seconds; a pipeline assistant with mock agents.
+/// seconds; a pipeline assistant with mock agents; a pipeline definition
+/// of the user's own in `pipelines.dir`.
 const CONFIG: &str = r#"
 api_keys = ["lg-test-key-a-0123456789", "lg-test-key-b-0123456789"]
 
@@ -30,12 +31,31 @@ options = { text_deltas = true }
 kind = "pipeline"
 description = "Syncs a sheet (mock agents)"
 options = { connector_name = "google-sheets", mock = {} }
+
+[pipelines]
+dir = "pipelines"
 "#;
+
+/// A pipeline of the user's own: it is an assistant named `pipeline:triage`.
+const TRIAGE: &str = "name: triage
+description: Sorts a ticket
+start: read
+terminal: [answer]
+nodes:
+  read:
+    prompt: read the ticket
+  answer:
+    prompt: answer
+edges:
+  - {from: read, to: answer}
+";
 
 /// The binary serving CONFIG from a fresh directory.
 async fn serve() -> (tempfile::TempDir, tokio::process::Child, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("conclave.toml"), CONFIG).unwrap();
+    std::fs::create_dir(dir.path().join("pipelines")).unwrap();
+    std::fs::write(dir.path().join("pipelines/triage.yaml"), TRIAGE).unwrap();
     let mut command = serve_command(&["--sandbox", "local", "--config", "conclave.toml"]);
     command.current_dir(dir.path());
     let (child, url) = spawn_server(&mut command).await;
@@ -63,7 +83,23 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
 
     assert_eq!(
         seen["assistants"],
-        json!(["chatty", "sync", "agent", "deliberation", "pipeline"])
+        json!([
+            "chatty",
+            "sync",
+            "agent",
+            "deliberation",
+            "pipeline",
+            "pipeline:connector",
+            "pipeline:triage"
+        ])
+    );
+    assert_eq!(
+        seen["triage"],
+        json!({"graph_id": "pipeline", "description": "Sorts a ticket"})
+    );
+    assert_eq!(
+        seen["triage_thread"],
+        json!({"graph_id": "pipeline", "values": {}})
     );
     assert_eq!(seen["unknown_assistant"], 404);
     assert_eq!(seen["unknown_run_assistant"], 404);

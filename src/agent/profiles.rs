@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use crate::config::{AgentProfile, Config};
 use crate::protocol::SessionKind;
-use crate::session::{SessionError, Tasks};
+use crate::session::{Preset, SessionError, Tasks};
 
 /// An agent resolved by name: what a new session of it is made with.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -43,22 +43,25 @@ impl Agent {
 }
 
 /// The agent named `name`: a configured profile, else a session kind this
-/// server runs.
+/// server runs, else one of a kind's presets (`pipeline:triage`).
 pub fn resolve(config: &Config, tasks: &Tasks, name: &str) -> Option<Agent> {
     if let Some(profile) = config.agents.get(name) {
         return Some(agent(name, profile));
     }
-    tasks.get(name)?;
-    Some(Agent {
-        name: name.to_owned(),
-        description: Some(format!("a plain {name} session")),
-        kind: name.to_owned(),
-        options: Map::new(),
-        model: None,
-    })
+    if tasks.get(name).is_some() {
+        return Some(plain(name));
+    }
+    let (kind, preset) = name.split_once(':')?;
+    let preset = tasks
+        .get(kind)?
+        .presets()
+        .into_iter()
+        .find(|p| p.name == preset)?;
+    Some(from_preset(kind, preset))
 }
 
-/// Every agent: the configured profiles, then the session kinds.
+/// Every agent: the configured profiles, then each session kind followed
+/// by its presets.
 pub fn list(config: &Config, tasks: &Tasks) -> Vec<Agent> {
     let mut agents: Vec<Agent> = config
         .agents
@@ -67,12 +70,39 @@ pub fn list(config: &Config, tasks: &Tasks) -> Vec<Agent> {
         .collect();
     let mut kinds = tasks.kinds();
     kinds.sort_unstable();
-    agents.extend(
-        kinds
-            .into_iter()
-            .filter_map(|kind| resolve(config, tasks, kind)),
-    );
+    // A profile's name is never a kind's (config validation) nor has a
+    // ':', so nothing here hides anything else.
+    for kind in kinds {
+        agents.push(plain(kind));
+        let presets = tasks.get(kind).map(|t| t.presets()).unwrap_or_default();
+        agents.extend(presets.into_iter().map(|p| from_preset(kind, p)));
+    }
     agents
+}
+
+/// A session kind as an agent: no options of its own.
+fn plain(kind: &str) -> Agent {
+    Agent {
+        name: kind.to_owned(),
+        description: Some(format!("a plain {kind} session")),
+        kind: kind.to_owned(),
+        options: Map::new(),
+        model: None,
+    }
+}
+
+fn from_preset(kind: &str, preset: Preset) -> Agent {
+    Agent {
+        name: format!("{kind}:{}", preset.name),
+        description: Some(preset.description),
+        kind: kind.to_owned(),
+        model: preset
+            .options
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        options: preset.options,
+    }
 }
 
 fn agent(name: &str, profile: &AgentProfile) -> Agent {
@@ -165,5 +195,61 @@ mod tests {
             Value::Object(options),
             json!({"model": "demo", "permissions": {}, "max_turns": 2})
         );
+    }
+
+    /// A kind with two ready-made agents.
+    struct Kinded;
+
+    #[async_trait::async_trait]
+    impl crate::session::SessionTask for Kinded {
+        fn kind(&self) -> SessionKind {
+            SessionKind::new("flow".to_owned())
+        }
+
+        async fn options(
+            &self,
+            _body: &Map<String, Value>,
+            _fields: &[&str],
+        ) -> Result<Value, SessionError> {
+            Ok(json!({}))
+        }
+
+        fn presets(&self) -> Vec<Preset> {
+            ["b", "a"]
+                .map(|name| Preset {
+                    name: name.to_owned(),
+                    description: format!("flow {name}"),
+                    options: json!({"flow": name})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
+                })
+                .into()
+        }
+
+        async fn run(
+            &self,
+            _turn: &mut crate::session::Turn,
+            _input: String,
+        ) -> Result<crate::session::Outcome, crate::store::StoreError> {
+            Ok(crate::session::Outcome::new(
+                crate::protocol::ResultStatus::Success,
+                None,
+            ))
+        }
+    }
+
+    #[test]
+    fn a_kind_s_presets_are_agents_named_kind_colon_name() {
+        let config = Config::default();
+        let tasks = Tasks::new().with(std::sync::Arc::new(Kinded));
+        let names: Vec<String> = list(&config, &tasks).into_iter().map(|a| a.name).collect();
+        assert_eq!(names, ["flow", "flow:b", "flow:a"]);
+        let preset = resolve(&config, &tasks, "flow:a").expect("a preset");
+        assert_eq!(preset.kind, "flow");
+        assert_eq!(preset.description.as_deref(), Some("flow a"));
+        assert_eq!(Value::Object(preset.options), json!({"flow": "a"}));
+        assert_eq!(resolve(&config, &tasks, "flow:c"), None);
+        assert_eq!(resolve(&config, &tasks, "other:a"), None);
     }
 }

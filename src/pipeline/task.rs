@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::engine::{self, Deps};
 use super::{Definition, KIND, PipelineOptions, agents, runs};
 use crate::protocol::SessionKind;
-use crate::session::{OptionError, Outcome, SessionError, SessionTask, Turn};
+use crate::session::{OptionError, Outcome, Preset, SessionError, SessionTask, Turn};
 use crate::store::StoreError;
 
 pub struct PipelineTask {
@@ -83,6 +83,22 @@ impl SessionTask for PipelineTask {
             shown.insert("pipeline".into(), pipeline.clone());
         }
         shown
+    }
+
+    fn presets(&self) -> Vec<Preset> {
+        self.deps
+            .definitions
+            .values()
+            .map(|definition| Preset {
+                name: definition.name.clone(),
+                description: if definition.description.is_empty() {
+                    format!("the {} pipeline", definition.name)
+                } else {
+                    definition.description.clone()
+                },
+                options: Map::from_iter([("pipeline".to_owned(), definition.name.clone().into())]),
+            })
+            .collect()
     }
 
     async fn run(&self, turn: &mut Turn, input: String) -> Result<Outcome, StoreError> {

@@ -37,7 +37,7 @@ use uuid::Uuid;
 pub use live::Session;
 pub use manager::{Limits, NewSession, SessionManager, StartedTurn};
 pub use options::OptionError;
-pub use task::{OnBehalfOf, Outcome, SessionTask, Tasks, ToolAnswer, Turn, TurnOptions};
+pub use task::{OnBehalfOf, Outcome, Preset, SessionTask, Tasks, ToolAnswer, Turn, TurnOptions};
 
 use crate::protocol::SessionKind;
 use crate::store::StoreError;

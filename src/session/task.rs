@@ -44,6 +44,13 @@ pub trait SessionTask: Send + Sync + 'static {
         Map::new()
     }
 
+    /// Ready-made agents of this kind besides its plain self, each named
+    /// `KIND:NAME` where clients address agents by name (a pipeline: one
+    /// per definition the server loaded).
+    fn presets(&self) -> Vec<Preset> {
+        Vec::new()
+    }
+
     /// Runs one turn on `input` until it ends: emits its events to
     /// `turn.session` and adds what it spends to `turn.usage`. The
     /// machinery has already emitted nothing and will emit the `result`;
@@ -75,6 +82,15 @@ pub trait SessionTask: Send + Sync + 'static {
 
     /// Frees everything the session holds; it is being deleted.
     async fn delete(&self, _session: Uuid) {}
+}
+
+/// A ready-made agent a session kind offers: a name within the kind, what
+/// it does, and the options its sessions start with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preset {
+    pub name: String,
+    pub description: String,
+    pub options: Map<String, Value>,
 }
 
 /// How a turn ended, before it becomes the `result` event.

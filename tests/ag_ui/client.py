@@ -187,7 +187,8 @@ def core(args):
     panel = client.run("deliberation", run_input(
         str(uuid.uuid4()), "Pick a name for a cat", {"num_agents": 2, "rounds": 0}))
     seen["deliberation"] = {"types": types(panel), "state": final_state(panel)}
-    pipeline = client.run("pipeline", run_input(
+    # A pipeline definition is an agent of its own, `pipeline:NAME`.
+    pipeline = client.run("pipeline:connector", run_input(
         str(uuid.uuid4()), "connect", {"connector_name": "stripe", "mock": {}}))
     seen["pipeline"] = {"types": types(pipeline), "state": final_state(pipeline),
                         "steps": [e["stepName"] for e in pipeline

@@ -40,6 +40,12 @@ def texts(values):
 
 out["assistants"] = [x["assistant_id"] for x in a.assistants.search()]
 out["unknown_assistant"] = status_of(lambda: a.assistants.get("nope"))
+# A pipeline definition of the server's is an assistant of its own.
+triage = a.assistants.get("pipeline:triage")
+out["triage"] = {"graph_id": triage["graph_id"], "description": triage["description"]}
+made = a.threads.create(graph_id="pipeline:triage")
+out["triage_thread"] = {"graph_id": made["metadata"]["graph_id"],
+                        "values": a.threads.get_state(made["thread_id"])["values"]}
 out["no_key"] = status_of(lambda: get_sync_client(url=url, api_key=None).threads.create())
 
 thread = a.threads.create()
