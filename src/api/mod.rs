@@ -26,6 +26,7 @@
 //!   [`bus`], [`bus_ws`], [`grpc`], [`grpc_orchestrator`], [`rollouts`],
 //!   [`deliberations`], [`pipelines`]: the handlers.
 
+pub mod a2a;
 pub mod access_log;
 pub mod agent;
 pub mod agui;
@@ -231,6 +232,7 @@ pub fn router(state: AppState) -> Router {
             post(pipelines::validate),
         )
         .nest("/langgraph", langgraph::router())
+        .merge(a2a::router())
         .route("/rollouts", post(rollouts::start))
         .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))

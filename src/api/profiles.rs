@@ -2,14 +2,21 @@
 //! profiles, then the session kinds), which AG-UI and the LangGraph API
 //! address.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::Serialize;
+use serde_json::{Map, Value};
 use utoipa::ToSchema;
+use uuid::Uuid;
 
+use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
 use crate::agent::profiles::{self, Agent};
+use crate::protocol::SessionKind;
+use crate::session::{NewSession, Session};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Agents {
@@ -36,4 +43,46 @@ pub async fn get(
         .ok_or_else(|| {
             ApiError::not_found(format!("no agent named {name:?}; GET /agents lists them"))
         })
+}
+
+/// What a protocol adapter opens a session of a named agent with.
+pub struct Opening<'a> {
+    /// The session's id when the client chose it (an AG-UI thread, an A2A
+    /// context); a new one otherwise.
+    pub id: Option<Uuid>,
+    /// The caller's options on top of the agent's (a JSON merge patch).
+    pub overrides: Option<&'a Map<String, Value>>,
+    pub ephemeral: bool,
+    /// The field a wrong kind is reported under.
+    pub field: &'a str,
+}
+
+/// A new session of `agent` for the caller, its options checked by its
+/// kind as `POST /agent/session` checks them.
+pub async fn open_session(
+    state: &AppState,
+    caller: &Caller,
+    agent: &Agent,
+    opening: Opening<'_>,
+) -> Result<Arc<Session>, ApiError> {
+    let options = agent.options_with(opening.overrides);
+    let body = Map::from_iter([("options".to_owned(), Value::Object(options))]);
+    let options = state
+        .sessions
+        .tasks()
+        .require(&agent.kind, opening.field)?
+        .options(&body, &[])
+        .await?;
+    super::fork::checked_seed(state, caller, &options).await?;
+    let new = NewSession {
+        name: None,
+        kind: SessionKind::new(agent.kind.clone()),
+        owner: caller.owner.clone(),
+        options,
+        ephemeral: opening.ephemeral,
+    };
+    Ok(match opening.id {
+        Some(id) => state.sessions.create_with_id(id, new).await?,
+        None => state.sessions.create(new).await?,
+    })
 }

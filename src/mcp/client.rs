@@ -81,6 +81,14 @@ fn spec(name: &str, description: &str, input_schema: Value) -> ToolSpec {
     }
 }
 
+/// The built-in tools' names and descriptions, for an agent's card.
+pub fn builtin_tools() -> Vec<(String, String)> {
+    builtin_specs(60)
+        .into_iter()
+        .map(|s| (s.name, s.description))
+        .collect()
+}
+
 /// The agent's tools; timeouts bounded by the sandbox's longest exec.
 fn builtin_specs(max_timeout_s: u64) -> Vec<ToolSpec> {
     let seconds = json!({"type": "integer", "description": "Seconds", "minimum": 1, "maximum": max_timeout_s});

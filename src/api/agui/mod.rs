@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::auth::Caller;
@@ -34,7 +34,7 @@ use super::extract::JsonObject;
 use super::state::AppState;
 use crate::model::ToolSpec;
 use crate::protocol::{Event, EventKind, SessionKind};
-use crate::session::{NewSession, Session, SessionError, ToolAnswer, TurnOptions};
+use crate::session::{Session, SessionError, ToolAnswer, TurnOptions};
 use events::{Mapper, messages_snapshot};
 
 /// The fields of AG-UI's `RunAgentInput` that Conclave reads; `context`,
@@ -281,28 +281,13 @@ async fn create(
             ));
         }
     };
-    let options = profile.options_with(overrides);
-    let body = Map::from_iter([("options".to_owned(), Value::Object(options))]);
-    let options = state
-        .sessions
-        .tasks()
-        .require(&profile.kind, "kind")?
-        .options(&body, &[])
-        .await?;
-    super::fork::checked_seed(state, caller, &options).await?;
-    Ok(state
-        .sessions
-        .create_with_id(
-            thread,
-            NewSession {
-                name: None,
-                kind: SessionKind::new(profile.kind.clone()),
-                owner: caller.owner.clone(),
-                options,
-                ephemeral: false,
-            },
-        )
-        .await?)
+    let opening = super::profiles::Opening {
+        id: Some(thread),
+        overrides,
+        ephemeral: false,
+        field: "kind",
+    };
+    Ok(super::profiles::open_session(state, caller, profile, opening).await?)
 }
 
 /// Decides the interrupts the entries answer (`resolved` with the

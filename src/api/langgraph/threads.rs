@@ -13,9 +13,10 @@ use crate::agent::profiles::{self, Agent};
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
 use crate::api::extract::JsonObject;
+use crate::api::profiles::{Opening, open_session};
 use crate::api::state::AppState;
 use crate::protocol::{EventKind, SessionKind, SessionStatus};
-use crate::session::{NewSession, Session};
+use crate::session::Session;
 use crate::store::SessionFilter;
 
 /// Threads a search returns by default and at most.
@@ -40,35 +41,20 @@ pub async fn get_assistant(
     Ok(Json(assistant_json(&assistant(&state, &id)?)))
 }
 
-/// A new session of `agent` for the caller, its options checked by its
-/// kind as `POST /agent/session` checks them.
+/// A new session of `agent` for the caller.
 pub(super) async fn new_session(
     state: &AppState,
     caller: &Caller,
     agent: &Agent,
     ephemeral: bool,
 ) -> Result<Arc<Session>, ApiError> {
-    let body = Map::from_iter([(
-        "options".to_owned(),
-        Value::Object(agent.options_with(None)),
-    )]);
-    let options = state
-        .sessions
-        .tasks()
-        .require(&agent.kind, "assistant")?
-        .options(&body, &[])
-        .await?;
-    crate::api::fork::checked_seed(state, caller, &options).await?;
-    Ok(state
-        .sessions
-        .create(NewSession {
-            name: None,
-            kind: SessionKind::new(agent.kind.clone()),
-            owner: caller.owner.clone(),
-            options,
-            ephemeral,
-        })
-        .await?)
+    let opening = Opening {
+        id: None,
+        overrides: None,
+        ephemeral,
+        field: "assistant",
+    };
+    open_session(state, caller, agent, opening).await
 }
 
 fn status_name(status: SessionStatus) -> &'static str {

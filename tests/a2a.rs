@@ -1,0 +1,136 @@
+//! A2A 1.0 at `/a2a/{agent}`, through the official `a2a-sdk` Python client
+//! against the real binary: the card, send (blocking, streamed, at once),
+//! get, list, an approval as `INPUT_REQUIRED` and its decision, a push
+//! notification to a local receiver (and one to a forbidden address
+//! refused), subscribe and cancel, another key refused, bad requests.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::binary::{serve_command, spawn_server, stop};
+use serde_json::{Value, json};
+
+const KEY_A: &str = "a2a-test-key-a-0123456789";
+const KEY_B: &str = "a2a-test-key-b-0123456789";
+
+/// Two keys; the demo model paced so that a long prompt's turn runs for
+/// seconds; push notifications may reach this host only.
+const CONFIG: &str = r#"
+api_keys = ["a2a-test-key-a-0123456789", "a2a-test-key-b-0123456789"]
+
+[demo]
+chunk_delay_ms = 40
+
+[mcp]
+allowed_http_servers = ["127.0.0.1"]
+"#;
+
+#[tokio::test]
+async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("conclave.toml"), CONFIG).unwrap();
+    let mut command = serve_command(&["--sandbox", "local", "--config", "conclave.toml"]);
+    command.current_dir(dir.path());
+    let (mut child, url) = spawn_server(&mut command).await;
+
+    let seen = common::python_json("tests/a2a/client.py", &[&url, KEY_A, KEY_B], "a2a-sdk").await;
+
+    let card = &seen["card"];
+    assert_eq!(card["name"], "agent", "{seen}");
+    assert_eq!(card["url"], format!("{url}/a2a/agent"));
+    assert_eq!(card["binding"], "JSONRPC");
+    assert_eq!(card["version"], "1.0");
+    assert_eq!(card["streaming"], true);
+    assert_eq!(card["schemes"], json!(["bearer"]));
+    let skills: Vec<&str> = card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(skills[0], "agent");
+    assert!(skills.contains(&"tool:Bash"), "{skills:?}");
+    assert_eq!(seen["root_card"], "agent");
+    assert_eq!(seen["no_key"], 401);
+    assert_eq!(
+        seen["bad"],
+        json!({"no_version": -32009, "unknown": -32601, "not_json": -32700})
+    );
+
+    let send = &seen["send"];
+    assert_eq!(send["state"], "TASK_STATE_COMPLETED", "{seen}");
+    assert_eq!(send["texts"], json!(["You said: hello there"]));
+    assert_eq!(send["history"], 2);
+
+    // The streamed task: the task first, then status updates, the result
+    // as an artifact, and the final status last; in the same context.
+    let stream = &seen["stream"];
+    let kinds: Vec<&str> = stream["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(kinds.first(), Some(&"task"), "{stream}");
+    assert_eq!(kinds.last(), Some(&"status_update"));
+    assert!(kinds.contains(&"artifact_update"), "{stream}");
+    assert_eq!(stream["last_state"], "TASK_STATE_COMPLETED");
+    assert_eq!(stream["texts"], json!(["You said: and again"]));
+    assert_eq!(stream["context"], send["context"]);
+
+    assert_eq!(
+        seen["get"],
+        json!({"state": "TASK_STATE_COMPLETED", "texts": ["You said: and again"]})
+    );
+    assert_eq!(seen["list"]["total"], 2, "{seen}");
+    assert_eq!(seen["second_first"], true);
+
+    // Approval: the task waits with the call, the decision finishes it,
+    // and the receiver heard each state with the config's token.
+    assert_eq!(
+        seen["approval"],
+        json!({"state": "TASK_STATE_INPUT_REQUIRED", "tool": "Bash"})
+    );
+    assert_eq!(seen["push_refused"], "InvalidParamsError", "{seen}");
+    assert_eq!(
+        seen["decided"],
+        json!({"state": "TASK_STATE_COMPLETED", "same": true, "made": true})
+    );
+    assert_eq!(seen["push_done"], true, "{seen}");
+    let pushed: Vec<&str> = seen["push"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            assert_eq!(p["token"], "tok-1");
+            p["state"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        pushed.first(),
+        Some(&"TASK_STATE_INPUT_REQUIRED"),
+        "{pushed:?}"
+    );
+    assert!(pushed.contains(&"TASK_STATE_WORKING"), "{pushed:?}");
+    assert_eq!(pushed.last(), Some(&"TASK_STATE_COMPLETED"));
+
+    // A long task returned at once, followed, then cancelled.
+    assert_ne!(seen["at_once"], "TASK_STATE_COMPLETED", "{seen}");
+    assert_eq!(
+        seen["cancel"],
+        json!({"state": "TASK_STATE_CANCELED", "first": "task", "last": "TASK_STATE_CANCELED"})
+    );
+    assert_eq!(seen["cancel_again"], seen["not_cancelable"]);
+    assert_eq!(seen["subscribe_ended"], seen["unsupported"]);
+
+    let not_found = &seen["not_found"];
+    let other = &seen["other"];
+    assert_eq!(other["get"], *not_found, "{other}");
+    assert_eq!(other["cancel"], *not_found);
+    assert_eq!(other["list"], 0);
+    assert_eq!(other["context"], *not_found);
+    assert_eq!(other["subscribe"], *not_found);
+
+    stop(&mut child).await;
+}
