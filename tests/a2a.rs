@@ -26,13 +26,19 @@ chunk_delay_ms = 40
 allowed_http_servers = ["127.0.0.1"]
 "#;
 
-#[tokio::test]
-async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
+/// The binary serving CONFIG from a fresh directory.
+async fn serve() -> (tempfile::TempDir, tokio::process::Child, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("conclave.toml"), CONFIG).unwrap();
     let mut command = serve_command(&["--sandbox", "local", "--config", "conclave.toml"]);
     command.current_dir(dir.path());
-    let (mut child, url) = spawn_server(&mut command).await;
+    let (child, url) = spawn_server(&mut command).await;
+    (dir, child, url)
+}
+
+#[tokio::test]
+async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
+    let (_dir, mut child, url) = serve().await;
 
     let seen = common::python_json("tests/a2a/client.py", &[&url, KEY_A, KEY_B], "a2a-sdk").await;
 
@@ -132,5 +138,41 @@ async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
     assert_eq!(other["context"], *not_found);
     assert_eq!(other["subscribe"], *not_found);
 
+    stop(&mut child).await;
+}
+
+/// The official JavaScript SDK streams a task and goes on in its context.
+#[tokio::test]
+async fn the_javascript_sdk_streams_a_task() {
+    let prefix = std::env::var("CONCLAVE_TEST_A2A_JS").expect(
+        "CONCLAVE_TEST_A2A_JS must name the npm prefix of @a2a-js/sdk (scripts/test.sh installs it)",
+    );
+    let (_dir, mut child, url) = serve().await;
+    let output = tokio::process::Command::new("node")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/a2a/js_client.mjs"
+        ))
+        .args([&prefix, &url, KEY_A])
+        .output()
+        .await
+        .expect("node starts");
+    assert!(
+        output.status.success(),
+        "js_client.mjs failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen["kinds"][0], "task", "{seen}");
+    assert_eq!(
+        seen["states"].as_array().unwrap().last().unwrap(),
+        "TASK_STATE_COMPLETED"
+    );
+    assert_eq!(seen["texts"], json!(["You said: hello from js"]));
+    assert_eq!(
+        seen["again"],
+        json!({"state": "TASK_STATE_COMPLETED", "context": true})
+    );
+    assert_eq!(seen["got"], "TASK_STATE_COMPLETED");
     stop(&mut child).await;
 }
