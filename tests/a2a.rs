@@ -58,7 +58,8 @@ async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
     assert_eq!(skills[0], "agent");
     assert!(skills.contains(&"tool:Bash"), "{skills:?}");
     assert_eq!(seen["root_card"], "agent");
-    assert_eq!(seen["no_key"], 401);
+    assert_eq!(seen["no_key_card"], 200);
+    assert_eq!(seen["no_key_call"], 401);
     assert_eq!(
         seen["bad"],
         json!({"no_version": -32009, "unknown": -32601, "not_json": -32700})
@@ -137,6 +138,10 @@ async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
     assert_eq!(other["list"], 0);
     assert_eq!(other["context"], *not_found);
     assert_eq!(other["subscribe"], *not_found);
+    assert_eq!(
+        seen["named"],
+        json!({"echoed": ["shared-name", "shared-name"], "mine": true, "theirs": true})
+    );
 
     stop(&mut child).await;
 }
@@ -175,4 +180,37 @@ async fn the_javascript_sdk_streams_a_task() {
     );
     assert_eq!(seen["got"], "TASK_STATE_COMPLETED");
     stop(&mut child).await;
+}
+
+/// `[a2a] public_cards = false` asks a key for cards too.
+#[tokio::test]
+async fn cards_can_need_a_key() {
+    let server = common::TestServer::start_with(|c| {
+        c.api_keys = vec![KEY_A.into()];
+        c.a2a.public_cards = false;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    for path in [
+        "/.well-known/agent-card.json",
+        "/a2a/agent/.well-known/agent-card.json",
+    ] {
+        let anonymous = http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(anonymous.status(), 401, "{path}");
+        let keyed = http
+            .get(server.url(path))
+            .bearer_auth(KEY_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(keyed.status(), 200, "{path}");
+    }
+    let missing = http
+        .get(server.url("/a2a/nobody/.well-known/agent-card.json"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    server.stop().await;
 }

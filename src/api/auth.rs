@@ -138,12 +138,23 @@ fn public(req: &Request) -> bool {
             ))
 }
 
+/// A GET of an A2A agent card, which clients read before they have a key.
+fn agent_card(req: &Request) -> bool {
+    let path = req.uri().path();
+    let card = path == "/.well-known/agent-card.json"
+        || (path.starts_with("/a2a/") && path.ends_with("/.well-known/agent-card.json"));
+    card && matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    )
+}
+
 /// The request with its caller (and the caller's MCP owner) in its
 /// extensions, or why it is refused.
 pub async fn identify(state: &AppState, mut req: Request) -> Result<Request, ApiError> {
     // Probes (a kubelet's, a load balancer's) carry no key; liveness and
     // readiness are all `/health` and `/ready` tell.
-    if public(&req) {
+    if public(&req) || (state.config.a2a.public_cards && agent_card(&req)) {
         return Ok(req);
     }
     let ticket = ws_query(&req, "ticket");

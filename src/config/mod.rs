@@ -86,6 +86,7 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     pub sandbox: SandboxConfig,
     pub mcp: McpConfig,
+    pub a2a: A2aConfig,
     /// Model pools of the OpenAI-compatible gateway.
     pub gateway: crate::gateway::GatewayConfig,
     /// Durable bus subjects and the bus's limits.
@@ -119,6 +120,7 @@ impl Default for Config {
             prices: BTreeMap::new(),
             sandbox: SandboxConfig::default(),
             mcp: McpConfig::default(),
+            a2a: A2aConfig::default(),
             gateway: crate::gateway::GatewayConfig::default(),
             bus: crate::bus::BusConfig::default(),
             pipelines: crate::pipeline::PipelineConfig::default(),

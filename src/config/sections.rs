@@ -128,6 +128,23 @@ pub struct McpConfig {
     pub allowed_http_servers: Vec<String>,
 }
 
+/// The A2A server (`/a2a/{agent}`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct A2aConfig {
+    /// Agent cards are served without a key, as A2A clients discover them:
+    /// a card shows an agent's name, description and built-in tool names,
+    /// and the bearer scheme that every call needs. `false` asks a key for
+    /// cards too.
+    pub public_cards: bool,
+}
+
+impl Default for A2aConfig {
+    fn default() -> Self {
+        A2aConfig { public_cards: true }
+    }
+}
+
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {

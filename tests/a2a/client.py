@@ -116,9 +116,13 @@ async def main():
         out["bad"] = {"no_version": no_version["error"]["code"],
                       "unknown": unknown["error"]["code"],
                       "not_json": not_json["error"]["code"]}
-    async with http(key) as h:
-        out["no_key"] = (await httpx.AsyncClient().get(
+    async with httpx.AsyncClient() as anonymous:
+        # The card is public; a call is not.
+        out["no_key_card"] = (await anonymous.get(
             f"{url}/a2a/agent/.well-known/agent-card.json")).status_code
+        out["no_key_call"] = (await anonymous.post(
+            f"{url}/a2a/agent", json={"jsonrpc": "2.0", "id": 1, "method": "ListTasks"},
+            headers={"A2A-Version": "1.0"})).status_code
 
     # A blocking send: the task once it has ended.
     blocking = await client(key)
@@ -212,6 +216,16 @@ async def main():
         "context": await error_of(send(other, user("intrude", context=context))),
         "subscribe": await error_of(
             anext(aiter(other_stream.subscribe(SubscribeToTaskRequest(id=long_id))))),
+    }
+    # A context the client names: each key's "shared-name" is its own.
+    [mine] = await send(blocking, user("named context", context="shared-name"))
+    [theirs] = await send(other, user("also named", context="shared-name"))
+    out["named"] = {
+        "echoed": [mine.task.context_id, theirs.task.context_id],
+        "mine": [t.id for t in (await blocking.list_tasks(
+            ListTasksRequest(context_id="shared-name"))).tasks] == [mine.task.id],
+        "theirs": [t.id for t in (await other.list_tasks(
+            ListTasksRequest(context_id="shared-name"))).tasks] == [theirs.task.id],
     }
     out["not_found"] = TaskNotFoundError.__name__
     print(json.dumps(out))

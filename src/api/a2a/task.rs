@@ -40,6 +40,23 @@ pub fn owner_part(owner: Option<&str>) -> &str {
     owner.unwrap_or("local")
 }
 
+/// The longest context id a client may choose.
+pub const MAX_CONTEXT: usize = 256;
+
+/// The session a client's context id names: the session of that id when
+/// it is a UUID, else one derived from the text and the caller's key, so
+/// that two keys choosing the same name never share a session.
+pub fn context_session(owner: Option<&str>, context: &str) -> Uuid {
+    if let Ok(id) = Uuid::parse_str(context) {
+        return id;
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("a2a-context\n{}\n{context}", owner_part(owner)));
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    Uuid::new_v8(bytes)
+}
+
 /// What is kept of a task beside the session's events.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TaskRecord {
@@ -47,6 +64,9 @@ pub struct TaskRecord {
     pub agent: String,
     /// The message that started it, as the client sent it.
     pub message: Value,
+    /// The client's own context id, when it is not the session's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -104,7 +124,8 @@ struct Waiting {
 /// a stream of it.
 pub struct Task {
     pub id: String,
-    pub context: Uuid,
+    /// The context id as the client knows it.
+    pub context: String,
     pub state: State,
     status_message: Option<Value>,
     pub timestamp: DateTime<Utc>,
@@ -119,10 +140,14 @@ pub struct Task {
 }
 
 impl Task {
-    pub fn new(session: Uuid, since: u64, created: DateTime<Utc>) -> Task {
+    pub fn new(session: Uuid, since: u64, record: &TaskRecord) -> Task {
+        let created = record.created_at;
         Task {
             id: task_id(session, since),
-            context: session,
+            context: record
+                .context
+                .clone()
+                .unwrap_or_else(|| session.to_string()),
             state: State::Submitted,
             status_message: None,
             timestamp: created,
@@ -375,7 +400,13 @@ mod tests {
 
     #[test]
     fn a_turn_folds_into_states_files_and_a_result() {
-        let mut task = Task::new(Uuid::nil(), 3, Utc::now());
+        let record = TaskRecord {
+            agent: "agent".into(),
+            message: json!({}),
+            context: None,
+            created_at: Utc::now(),
+        };
+        let mut task = Task::new(Uuid::nil(), 3, &record);
         assert_eq!(task.state, State::Submitted);
         let write = json!({"file_path": "/workspace/a.txt", "content": "hi"});
         task.apply(&event(
