@@ -10,7 +10,7 @@ mod common;
 
 use common::TestServer;
 use common::sim::{Sim, checked_pool, gateway, gateway_with, sdk_script};
-use conclave::gateway::{PoolConfig, ReplicaConfig, Strategy};
+use conclave::gateway::{HealthConfig, PoolConfig, ReplicaConfig, Strategy};
 use serde_json::{Value, json};
 
 /// Runs `tests/gateway/openai_responses.py` in `phase` (`both` replicas
@@ -42,7 +42,17 @@ async fn post_as(server: &TestServer, key: Option<&str>, path: &str, body: Value
 async fn the_openai_sdk_uses_responses_and_embeddings_through_the_gateway() {
     let a = Sim::start("a", &[]).await;
     let mut b = Sim::start("b", &[]).await;
-    let server = gateway(vec![("m", checked_pool(Strategy::RoundRobin, &[&a, &b]))]).await;
+    // No health checks and no cooldown: a stopped replica stays in turn,
+    // so every other call meets it and must go on to the other.
+    let pool = PoolConfig {
+        cooldown_s: 0,
+        health: HealthConfig {
+            enabled: false,
+            ..HealthConfig::default()
+        },
+        ..checked_pool(Strategy::RoundRobin, &[&a, &b])
+    };
+    let server = gateway(vec![("m", pool)]).await;
     let seen = sdk(&server, "both").await;
     let chain: Vec<&str> = seen["chain"]
         .as_array()
@@ -133,6 +143,17 @@ async fn the_openai_sdk_uses_responses_and_embeddings_through_the_gateway() {
     assert_eq!(seen["spread"], json!(["a"]));
     assert_eq!(seen["stream_text"], words);
     assert_eq!(seen["embedding_count"], 2);
+    let traces = server.get_json("/gateway/traces?limit=1000").await;
+    for endpoint in ["responses", "embeddings"] {
+        let retried = traces["traces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["endpoint"] == endpoint && t["retries"].as_u64() > Some(0))
+            .inspect(|t| assert_eq!(t["replica"], "a", "{t}"))
+            .count();
+        assert!(retried > 0, "no {endpoint} call met the stopped replica");
+    }
 }
 
 /// `/tokenize` and `/detokenize` pass through (a round trip gives the
