@@ -3,6 +3,11 @@
 //! health checks, run-time membership, and a trace of every call.
 //!
 //! - [`config`]: `[gateway]` and its pools.
+//! - [`endpoint`]: the endpoints balanced (chat, completions, responses,
+//!   embeddings, tokenize, detokenize), where each lives on a replica, and
+//!   the checks a body passes before one is called.
+//! - [`responses`]: which replica made each Responses API response, so a
+//!   follow-up goes there.
 //! - [`pool`]: replicas, their states and figures.
 //! - `policy`: how a pool picks a replica, one file per strategy behind
 //!   one trait.

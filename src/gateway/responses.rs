@@ -25,7 +25,7 @@ pub struct Route {
     pub replica: String,
 }
 
-/// Response id → its [`Route`], the newest [`REMEMBERED`].
+/// Response id → its [`Route`], for the newest 100 000 responses.
 #[derive(Default)]
 pub struct ResponseRoutes {
     inner: Mutex<Routes>,
