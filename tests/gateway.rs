@@ -12,43 +12,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::TestServer;
-use common::sim::Sim;
-use conclave::gateway::{GatewayConfig, HealthConfig, PoolConfig, Strategy};
+use common::sim::{Sim, checked_pool as pool, gateway, sdk_script};
+use conclave::gateway::Strategy;
 use futures::future::join_all;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
-
-fn pool(strategy: Strategy, sims: &[&Sim]) -> PoolConfig {
-    PoolConfig {
-        strategy,
-        cooldown_s: 1,
-        health: HealthConfig {
-            interval_ms: 100,
-            timeout_ms: 500,
-            failure_threshold: 2,
-            success_threshold: 2,
-            ..HealthConfig::default()
-        },
-        replicas: sims.iter().map(|s| s.replica()).collect(),
-        ..PoolConfig::default()
-    }
-}
-
-async fn gateway(pools: Vec<(&str, PoolConfig)>) -> TestServer {
-    TestServer::start_with(move |config| {
-        config.gateway = GatewayConfig {
-            pools: pools
-                .into_iter()
-                .map(|(name, pool)| (name.to_string(), pool))
-                .collect(),
-            // The sim replicas added at run time listen on loopback.
-            allowed_upstreams: Some(vec!["127.0.0.0/8".into()]),
-            ..GatewayConfig::default()
-        };
-    })
-    .await
-}
 
 /// One chat call: its status, replica header and body.
 async fn chat(server: &TestServer, path: &str, body: Value) -> (u16, String, Value) {
@@ -727,9 +696,6 @@ async fn agent_sessions_call_pools_through_the_gateway() {
 /// completions, models, a slug, an error.
 #[tokio::test]
 async fn the_openai_python_sdk_works_against_the_gateway() {
-    let python = std::env::var("CONCLAVE_TEST_PYTHON").expect(
-        "CONCLAVE_TEST_PYTHON must name a python with the openai package (scripts/test.sh sets it)",
-    );
     let plain = Sim::start("a", &[]).await;
     let tools = Sim::start(
         "t",
@@ -744,27 +710,7 @@ async fn the_openai_python_sdk_works_against_the_gateway() {
         ("tools", pool(Strategy::RoundRobin, &[&tools])),
     ])
     .await;
-    let slug = conclave::gateway::slug::encode(json!({"session_id": "py-1"}).as_object().unwrap());
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/gateway/openai_client.py"
-    );
-    let output = Command::new(python)
-        .args([
-            script,
-            &server.url("/v1"),
-            &server.url(&format!("/meta/{slug}/v1")),
-        ])
-        .output()
-        .await
-        .expect("python runs");
-    assert!(
-        output.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&output.stdout).expect("the script prints JSON");
+    let seen = sdk_script(&server, "openai_client.py", "py-1", &[]).await;
     let answer = "a t1 t2 t3 t4 t5 t6 t7 t8 t9 t10 t11 t12 t13 t14 t15";
     assert_eq!(seen["plain"], answer);
     assert_eq!(seen["plain_usage"], 16);

@@ -199,6 +199,8 @@ impl From<GatewayError> for ApiError {
             GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
             GatewayError::UnknownReplica(_) => (StatusCode::NOT_FOUND, "not_found"),
             GatewayError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            GatewayError::UnknownResponse(_) => (StatusCode::NOT_FOUND, "response_not_found"),
+            GatewayError::NotServed { .. } => (StatusCode::NOT_FOUND, "endpoint_not_served"),
             GatewayError::Paused { .. } => (StatusCode::SERVICE_UNAVAILABLE, "pool_paused"),
             GatewayError::StillBusy { .. } => (StatusCode::GATEWAY_TIMEOUT, "pool_busy"),
         };

@@ -1,5 +1,6 @@
-//! The OpenAI-compatible gateway's routes: `/v1/…` and `/meta/{slug}/v1/…`
-//! pass calls to a pool's replicas; `/gateway/replicas` and
+//! The OpenAI-compatible gateway's routes: `/v1/…` (chat, completions,
+//! responses, embeddings), `/tokenize`, `/detokenize` and their
+//! `/meta/{slug}/…` forms pass calls to a pool's replicas; `/gateway/replicas` and
 //! `/gateway/traces` show and steer them.
 
 use axum::body::Body;
@@ -22,68 +23,104 @@ use crate::gateway::{Call, Endpoint, ReplicaConfig, slug};
 const MAX_NAME_BYTES: usize = 256;
 use super::state::AppState;
 
-#[utoipa::path(post, path = "/v1/chat/completions", request_body(content = Object, description = "An OpenAI chat completion request; `model` names a pool"),
-    responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
-pub async fn chat(
-    state: State<AppState>,
-    Extension(caller): Extension<Caller>,
-    SessionHeader(session): SessionHeader,
-    body: RawJsonObject,
-) -> Result<Response, ApiError> {
-    forward(state, &caller, Endpoint::Chat, Map::new(), session, body).await
+/// The two handlers of a balanced endpoint: its own path and its
+/// `/meta/{slug}/…` form, each with its OpenAPI attributes.
+macro_rules! balanced {
+    ($(#[$plain:meta])* $name:ident, $(#[$meta:meta])* $meta_name:ident, $endpoint:expr) => {
+        $(#[$plain])*
+        pub async fn $name(
+            state: State<AppState>,
+            Extension(caller): Extension<Caller>,
+            SessionHeader(session): SessionHeader,
+            body: RawJsonObject,
+        ) -> Result<Response, ApiError> {
+            forward(state, &caller, $endpoint, Map::new(), session, body).await
+        }
+
+        $(#[$meta])*
+        pub async fn $meta_name(
+            state: State<AppState>,
+            Extension(caller): Extension<Caller>,
+            Path(slug): Path<String>,
+            SessionHeader(session): SessionHeader,
+            body: RawJsonObject,
+        ) -> Result<Response, ApiError> {
+            meta_forward(state, &caller, $endpoint, &slug, session, body).await
+        }
+    };
 }
 
-#[utoipa::path(post, path = "/v1/completions", request_body(content = Object, description = "An OpenAI completion request; `model` names a pool"),
-    responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
-pub async fn completions(
-    state: State<AppState>,
-    Extension(caller): Extension<Caller>,
-    SessionHeader(session): SessionHeader,
-    body: RawJsonObject,
-) -> Result<Response, ApiError> {
-    forward(
-        state,
-        &caller,
-        Endpoint::Completions,
-        Map::new(),
-        session,
-        body,
-    )
-    .await
-}
+balanced!(
+    #[utoipa::path(post, path = "/v1/chat/completions", request_body(content = Object, description = "An OpenAI chat completion request; `model` names a pool"),
+        responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    chat,
+    #[utoipa::path(post, path = "/meta/{slug}/v1/chat/completions", params(("slug" = String, Path, description = "`conclave1:` or `rllm1:` + base64url JSON metadata")),
+        request_body(content = Object), responses((status = 200, description = "As /v1/chat/completions"), (status = 400, body = ErrorBody)))]
+    meta_chat,
+    Endpoint::Chat
+);
 
-#[utoipa::path(post, path = "/meta/{slug}/v1/chat/completions", params(("slug" = String, Path, description = "`conclave1:` or `rllm1:` + base64url JSON metadata")),
-    request_body(content = Object), responses((status = 200, description = "As /v1/chat/completions"), (status = 400, body = ErrorBody)))]
-pub async fn meta_chat(
-    state: State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(slug): Path<String>,
-    SessionHeader(session): SessionHeader,
-    body: RawJsonObject,
-) -> Result<Response, ApiError> {
-    let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
-    forward(state, &caller, Endpoint::Chat, metadata, session, body).await
-}
+balanced!(
+    #[utoipa::path(post, path = "/v1/completions", request_body(content = Object, description = "An OpenAI completion request; `model` names a pool"),
+        responses((status = 200, description = "The replica's answer, JSON or SSE, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    completions,
+    #[utoipa::path(post, path = "/meta/{slug}/v1/completions", params(("slug" = String, Path)),
+        request_body(content = Object), responses((status = 200, description = "As /v1/completions"), (status = 400, body = ErrorBody)))]
+    meta_completions,
+    Endpoint::Completions
+);
 
-#[utoipa::path(post, path = "/meta/{slug}/v1/completions", params(("slug" = String, Path)),
-    request_body(content = Object), responses((status = 200, description = "As /v1/completions"), (status = 400, body = ErrorBody)))]
-pub async fn meta_completions(
+balanced!(
+    #[utoipa::path(post, path = "/v1/responses", request_body(content = Object, description = "An OpenAI Responses API request; `model` names a pool, and a `previous_response_id` goes to the replica that made that response (404 when another key's call made it)"),
+        responses((status = 200, description = "The replica's answer, JSON or SSE events, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses,
+    #[utoipa::path(post, path = "/meta/{slug}/v1/responses", params(("slug" = String, Path)),
+        request_body(content = Object), responses((status = 200, description = "As /v1/responses"), (status = 400, body = ErrorBody)))]
+    meta_responses,
+    Endpoint::Responses
+);
+
+balanced!(
+    #[utoipa::path(post, path = "/v1/embeddings", request_body(content = Object, description = "An OpenAI embeddings request; `model` names a pool"),
+        responses((status = 200, description = "The replica's answer, passed on"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    embeddings,
+    #[utoipa::path(post, path = "/meta/{slug}/v1/embeddings", params(("slug" = String, Path)),
+        request_body(content = Object), responses((status = 200, description = "As /v1/embeddings"), (status = 400, body = ErrorBody)))]
+    meta_embeddings,
+    Endpoint::Embeddings
+);
+
+balanced!(
+    #[utoipa::path(post, path = "/tokenize", request_body(content = Object, description = "`{model, prompt}` (vLLM's and SGLang's `/tokenize`); `model` names a pool"),
+        responses((status = 200, description = "`{tokens, count, max_model_len}` from the replica"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody, description = "No such pool, or the replica does not serve /tokenize"), (status = 502, body = ErrorBody)))]
+    tokenize,
+    #[utoipa::path(post, path = "/meta/{slug}/tokenize", params(("slug" = String, Path)),
+        request_body(content = Object), responses((status = 200, description = "As /tokenize"), (status = 400, body = ErrorBody)))]
+    meta_tokenize,
+    Endpoint::Tokenize
+);
+
+balanced!(
+    #[utoipa::path(post, path = "/detokenize", request_body(content = Object, description = "`{model, tokens}`; `model` names a pool"),
+        responses((status = 200, description = "`{prompt}` from the replica"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody, description = "No such pool, or the replica does not serve /detokenize"), (status = 502, body = ErrorBody)))]
+    detokenize,
+    #[utoipa::path(post, path = "/meta/{slug}/detokenize", params(("slug" = String, Path)),
+        request_body(content = Object), responses((status = 200, description = "As /detokenize"), (status = 400, body = ErrorBody)))]
+    meta_detokenize,
+    Endpoint::Detokenize
+);
+
+/// A `/meta/{slug}/…` call: the slug's metadata goes with it.
+async fn meta_forward(
     state: State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(slug): Path<String>,
-    SessionHeader(session): SessionHeader,
+    caller: &Caller,
+    endpoint: Endpoint,
+    slug: &str,
+    session: Option<String>,
     body: RawJsonObject,
 ) -> Result<Response, ApiError> {
-    let metadata = slug::decode(&slug).map_err(ApiError::bad_request)?;
-    forward(
-        state,
-        &caller,
-        Endpoint::Completions,
-        metadata,
-        session,
-        body,
-    )
-    .await
+    let metadata = slug::decode(slug).map_err(ApiError::bad_request)?;
+    forward(state, caller, endpoint, metadata, session, body).await
 }
 
 /// The `x-session-id` header, read without copying the other headers (as

@@ -81,7 +81,9 @@ use state::AppState;
         agent::events, agent::delete, agent::list, fork::fork, fork::session_snapshots, fork::name,
         fork::named, fork::delete, approvals::post, approvals::list, ws::upgrade, ops::health, ops::ready, ops::metrics, ops::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
-        gateway::meta_models, gateway::replicas, gateway::add_replica, gateway::remove_replica,
+        gateway::meta_models, gateway::responses, gateway::embeddings, gateway::tokenize,
+        gateway::detokenize, gateway::meta_responses, gateway::meta_embeddings,
+        gateway::meta_tokenize, gateway::meta_detokenize, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
         sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
         bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
@@ -165,6 +167,14 @@ pub fn router(state: AppState) -> Router {
             post(gateway::meta_completions),
         )
         .route("/meta/{slug}/v1/models", get(gateway::meta_models))
+        .route("/v1/responses", post(gateway::responses))
+        .route("/v1/embeddings", post(gateway::embeddings))
+        .route("/tokenize", post(gateway::tokenize))
+        .route("/detokenize", post(gateway::detokenize))
+        .route("/meta/{slug}/v1/responses", post(gateway::meta_responses))
+        .route("/meta/{slug}/v1/embeddings", post(gateway::meta_embeddings))
+        .route("/meta/{slug}/tokenize", post(gateway::meta_tokenize))
+        .route("/meta/{slug}/detokenize", post(gateway::meta_detokenize))
         .route(
             "/gateway/replicas",
             get(gateway::replicas).post(gateway::add_replica),

@@ -61,15 +61,17 @@ const MAX_IDLE: usize = 256;
 pub struct Plain {
     /// `http://host:port`, what the connector dials.
     origin: Uri,
-    /// The chat and completions paths (origin form).
-    paths: [Uri; 2],
+    /// Each endpoint's path (origin form), in the order of `Endpoint::ALL`.
+    paths: [Uri; 6],
     host: HeaderValue,
     idle: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
 }
 
 impl Plain {
-    /// `None` unless both URLs are `http://` and parse as URIs.
-    pub fn new(chat: &reqwest::Url, completions: &reqwest::Url) -> Option<Plain> {
+    /// `None` unless the URLs (of one server, in the order of
+    /// `Endpoint::ALL`) are `http://` and parse as URIs.
+    pub fn new(urls: &[reqwest::Url; 6]) -> Option<Plain> {
+        let chat = &urls[0];
         (chat.scheme() == "http").then_some(())?;
         let path = |url: &reqwest::Url| {
             let path = match url.query() {
@@ -84,7 +86,12 @@ impl Plain {
         };
         Some(Plain {
             origin: format!("http://{host}").parse().ok()?,
-            paths: [path(chat)?, path(completions)?],
+            paths: urls
+                .iter()
+                .map(path)
+                .collect::<Option<Vec<Uri>>>()?
+                .try_into()
+                .ok()?,
             host: HeaderValue::try_from(host).ok()?,
             idle: Mutex::new(Vec::new()),
         })
@@ -92,10 +99,7 @@ impl Plain {
 
     /// The path of `endpoint`, origin form.
     pub fn path(&self, endpoint: super::Endpoint) -> &Uri {
-        match endpoint {
-            super::Endpoint::Chat => &self.paths[0],
-            super::Endpoint::Completions => &self.paths[1],
-        }
+        &self.paths[endpoint.index()]
     }
 
     /// An idle connection ready for a request: the newest one ready now,

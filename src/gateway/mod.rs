@@ -3,6 +3,11 @@
 //! health checks, run-time membership, and a trace of every call.
 //!
 //! - [`config`]: `[gateway]` and its pools.
+//! - [`endpoint`]: the endpoints balanced (chat, completions, responses,
+//!   embeddings, tokenize, detokenize), where each lives on a replica, and
+//!   the checks a body passes before one is called.
+//! - [`responses`]: which replica made each Responses API response, so a
+//!   follow-up goes there.
 //! - [`pool`]: replicas, their states and figures.
 //! - `policy`: how a pool picks a replica, one file per strategy behind
 //!   one trait.
@@ -12,32 +17,38 @@
 //! - [`slug`]: the `/meta/{slug}/v1/…` metadata codec.
 //! - [`litellm`]: LiteLLM `model_list` import and export.
 
+mod attempt;
 pub mod body;
 pub mod client;
 pub mod config;
+pub mod endpoint;
 mod health;
 pub mod json;
 pub mod litellm;
 pub mod params;
 mod policy;
 pub mod pool;
+pub mod responses;
 pub mod slug;
 pub mod trace;
+mod trace_read;
 pub mod weights;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value};
 
+use attempt::Failure;
 use body::TracedBody;
 pub use config::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
+pub use endpoint::Endpoint;
 use params::shape_request;
 use pool::{Pool, Replica, ReplicaState, ReplicaView};
+use responses::ResponseRoutes;
 use trace::{Recorder, TraceLog, TraceStart};
 
 /// The most of a replica's error body kept to pass on to the client.
@@ -45,23 +56,6 @@ const PASSED_ON_ERROR_BODY: usize = 64 * 1024;
 
 use crate::sync::{read, write};
 use crate::telemetry::{Metrics, ReplicaLabel};
-use crate::upstream::{bounded_body, retry_after};
-
-/// Which OpenAI endpoint a call is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-}
-
-impl Endpoint {
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat/completions",
-            Endpoint::Completions => "completions",
-        }
-    }
-}
 
 /// A call for the gateway: the client's JSON body and who it is for.
 pub struct Call {
@@ -99,6 +93,18 @@ pub enum GatewayError {
     UnknownReplica(String),
     #[error("{0}")]
     Conflict(String),
+    /// A `previous_response_id` another key's call made.
+    #[error("no response {0:?}")]
+    UnknownResponse(String),
+    #[error(
+        "replica {replica:?} of pool {pool:?} does not serve /{path} (it answered 404); \
+         vLLM and SGLang serve it"
+    )]
+    NotServed {
+        pool: String,
+        replica: String,
+        path: &'static str,
+    },
     #[error("pool {pool:?} is paused for a weight update and was not resumed within {waited_s} s")]
     Paused { pool: String, waited_s: u64 },
     #[error(
@@ -135,6 +141,8 @@ pub struct Gateway {
     upstreams: Arc<crate::egress::Rules>,
     pub traces: Arc<TraceLog>,
     metrics: Arc<Metrics>,
+    /// Which replica made each Responses API response.
+    responses: Arc<ResponseRoutes>,
 }
 
 impl Gateway {
@@ -180,6 +188,7 @@ impl Gateway {
             upstreams,
             traces: Arc::new(TraceLog::new(config.trace_limit, config.trace_max_bytes)),
             metrics,
+            responses: Arc::default(),
         })
     }
 
@@ -367,6 +376,11 @@ impl Gateway {
         let model = body.get::<String>("model").ok_or_else(|| {
             GatewayError::BadRequest("the request needs a \"model\" string".into())
         })?;
+        endpoint.check(&body)?;
+        let pinned = match endpoint {
+            Endpoint::Responses => self.pinned(&body, owner.as_deref())?,
+            _ => None,
+        };
         let pool = self
             .pool(&model)
             .ok_or_else(|| GatewayError::UnknownModel {
@@ -382,7 +396,7 @@ impl Gateway {
                         .join(", "),
                 },
             })?;
-        shape_request(&pool.config, &mut body);
+        shape_request(endpoint, &pool.config, &mut body);
         let wait = pool.config.weights_wait_s;
         let admitted = pool
             .weights
@@ -400,13 +414,17 @@ impl Gateway {
             endpoint: endpoint.path(),
             weights_version: admitted.version.clone(),
         };
-        let streamed = body.get::<bool>("stream").unwrap_or(false);
+        let streamed = endpoint.generates() && body.get::<bool>("stream").unwrap_or(false);
         let started = Instant::now();
         let mut tried: Vec<Arc<Replica>> = Vec::new();
         let mut last_failure: Option<Failure> = None;
         let attempts = pool.config.num_retries + 1;
         for attempt in 0..attempts {
-            let Some(replica) = pool.pick(start.session_id.as_deref(), Some(&body), &tried) else {
+            // A follow-up goes where its previous response is, while it can.
+            let pinned = pinned.as_deref().and_then(|id| pool.pinned(id, &tried));
+            let Some(replica) =
+                pinned.or_else(|| pool.pick(start.session_id.as_deref(), Some(&body), &tried))
+            else {
                 break;
             };
             tried.push(replica.clone());
@@ -415,6 +433,22 @@ impl Gateway {
             let payload = body.to_bytes();
             let guard = replica.start_call();
             match self.send(&pool, &replica, endpoint, payload.clone()).await {
+                Ok(response)
+                    if endpoint.at_root() && response.status() == StatusCode::NOT_FOUND =>
+                {
+                    let mut trace = start.attempt(Some((&replica.id, &replica.model)), payload);
+                    trace.http_status = Some(404);
+                    trace.status = "error";
+                    let error = GatewayError::NotServed {
+                        pool: pool.name.clone(),
+                        replica: replica.id.clone(),
+                        path: endpoint.path(),
+                    };
+                    trace.error = Some(error.to_string());
+                    self.traces.push(trace);
+                    self.count(&pool.name, &replica.id, "error");
+                    return Err(error);
+                }
                 Ok(response) => {
                     let status = response.status();
                     let content_type = response.headers().get(CONTENT_TYPE).cloned();
@@ -423,6 +457,11 @@ impl Gateway {
                     trace.http_status = Some(status.as_u16());
                     trace.retries = attempt;
                     let streamed = streamed && status.is_success();
+                    let mut recorder =
+                        Recorder::new(trace, started, streamed).with_length(content_length);
+                    if endpoint == Endpoint::Responses {
+                        recorder = recorder.remembering(self.responses.clone());
+                    }
                     return Ok(Upstream {
                         status,
                         content_type,
@@ -431,9 +470,7 @@ impl Gateway {
                         weights_version: admitted.version.clone(),
                         body: TracedBody {
                             inner: response.into_body(),
-                            recorder: Some(
-                                Recorder::new(trace, started, streamed).with_length(content_length),
-                            ),
+                            recorder: Some(recorder),
                             call: Some(guard),
                             traces: Some(self.traces.clone()),
                             metrics: Some(self.metrics.clone()),
@@ -496,6 +533,25 @@ impl Gateway {
         }
     }
 
+    /// The replica that made the response a Responses API call follows
+    /// on from, if known. A response another key's call made is refused
+    /// as unknown: its id alone must not let a caller read on from
+    /// another's conversation.
+    fn pinned(
+        &self,
+        body: &json::Object,
+        owner: Option<&str>,
+    ) -> Result<Option<String>, GatewayError> {
+        let Some(id) = body.get::<String>("previous_response_id") else {
+            return Ok(None);
+        };
+        match self.responses.find(&id) {
+            Some(route) if route.owner.as_deref() == owner => Ok(Some(route.replica)),
+            Some(_) => Err(GatewayError::UnknownResponse(id)),
+            None => Ok(None),
+        }
+    }
+
     fn count(&self, pool: &str, replica: &str, outcome: &'static str) {
         self.metrics
             .gateway_calls
@@ -505,67 +561,5 @@ impl Gateway {
                 outcome,
             })
             .inc();
-    }
-
-    /// One attempt: a response to pass on, or a failure worth retrying.
-    async fn send(
-        &self,
-        pool: &Pool,
-        replica: &Replica,
-        endpoint: Endpoint,
-        payload: Bytes,
-    ) -> Result<http::Response<client::Body>, Failure> {
-        // Only for messages: not built for a call that goes well.
-        let url = || format!("{}/{}", replica.url, endpoint.path());
-        let timeout = Duration::from_secs(pool.config.timeout_s);
-        let sent = self.clients.post(replica, endpoint, payload);
-        let response = match tokio::time::timeout(timeout, sent).await {
-            Err(_) => {
-                return Err(Failure::message(format!(
-                    "{}: no response within {}s",
-                    url(),
-                    pool.config.timeout_s
-                )));
-            }
-            Ok(Err(e)) => return Err(Failure::message(format!("{}: {e}", url()))),
-            Ok(Ok(response)) => response,
-        };
-        let status = response.status();
-        if !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS) {
-            return Ok(response);
-        }
-        let cooldown = retry_after(response.headers(), SystemTime::now())
-            .map(|d| d.max(Duration::from_secs(pool.config.cooldown_s)));
-        let content_type = response.headers().get(CONTENT_TYPE).cloned();
-        // Kept to pass on if this was the last attempt; bounded, as an
-        // upstream's error body can be anything.
-        let (body, _) = bounded_body(response.into_body(), PASSED_ON_ERROR_BODY).await;
-        Err(Failure {
-            message: format!(
-                "{} answered {status}: {}",
-                url(),
-                String::from_utf8_lossy(&body[..body.len().min(300)])
-            ),
-            cooldown,
-            response: Some((status, content_type, body)),
-        })
-    }
-}
-
-/// A failed attempt: why, how long to cool the replica down, and the
-/// upstream answer to pass on if it was the last attempt.
-struct Failure {
-    message: String,
-    cooldown: Option<Duration>,
-    response: Option<(StatusCode, Option<HeaderValue>, Bytes)>,
-}
-
-impl Failure {
-    fn message(message: String) -> Failure {
-        Failure {
-            message,
-            cooldown: None,
-            response: None,
-        }
     }
 }

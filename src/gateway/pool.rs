@@ -63,9 +63,10 @@ pub struct Replica {
     weights_version: Mutex<Option<serde_json::Value>>,
     /// Its series of the gateway's metrics, found once.
     figures: OnceLock<Figures>,
-    /// Its chat and completions URLs, parsed once (`None` if the base URL
-    /// does not parse: the call then fails naming it).
-    urls: Option<[reqwest::Url; 2]>,
+    /// Its endpoints' URLs, parsed once, in the order of `Endpoint::ALL`
+    /// (`None` if the base URL does not parse: the call then fails naming
+    /// it).
+    urls: Option<[reqwest::Url; 6]>,
     /// What a call over `http` needs, and its idle connections (see
     /// `client`).
     plain: Option<Arc<super::client::Plain>>,
@@ -121,15 +122,15 @@ impl Replica {
     }
 
     fn with_urls(mut self) -> Replica {
-        let url = |endpoint: super::Endpoint| {
-            reqwest::Url::parse(&format!("{}/{}", self.url, endpoint.path())).ok()
-        };
-        self.urls = url(super::Endpoint::Chat)
-            .zip(url(super::Endpoint::Completions))
-            .map(|(a, b)| [a, b]);
-        self.plain = self.urls.as_ref().and_then(|[chat, completions]| {
-            super::client::Plain::new(chat, completions).map(Arc::new)
-        });
+        let urls: Option<Vec<reqwest::Url>> = super::Endpoint::ALL
+            .iter()
+            .map(|endpoint| reqwest::Url::parse(&endpoint.url_on(&self.url)).ok())
+            .collect();
+        self.urls = urls.and_then(|urls| urls.try_into().ok());
+        self.plain = self
+            .urls
+            .as_ref()
+            .and_then(|urls| super::client::Plain::new(urls).map(Arc::new));
         self
     }
 
@@ -140,13 +141,9 @@ impl Replica {
 
     /// The URL of `endpoint` on this replica.
     pub fn endpoint_url(&self, endpoint: super::Endpoint) -> Result<reqwest::Url, String> {
-        let index = match endpoint {
-            super::Endpoint::Chat => 0,
-            super::Endpoint::Completions => 1,
-        };
         match &self.urls {
-            Some(urls) => Ok(urls[index].clone()),
-            None => Err(format!("{}/{}: not a URL", self.url, endpoint.path())),
+            Some(urls) => Ok(urls[endpoint.index()].clone()),
+            None => Err(format!("{}: not a URL", endpoint.url_on(&self.url))),
         }
     }
 
@@ -380,6 +377,15 @@ impl Pool {
             balance_rel: self.config.cache_balance_rel,
         });
         Some(chosen.clone())
+    }
+
+    /// Replica `id`, when it is a member that may take calls and was not
+    /// tried (one cooling down too: no other has what the call needs).
+    pub fn pinned(&self, id: &str, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
+        let members = self.members();
+        let replica = members.replicas.iter().find(|r| r.id == id)?;
+        let open = replica.usable() && !tried.iter().any(|t| Arc::ptr_eq(t, replica));
+        open.then(|| replica.clone())
     }
 
     /// Ids of the draining replicas with nothing in flight, removed.

@@ -12,6 +12,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::responses::{self, ResponseRoutes, Route};
+use super::trace_read::Reading;
 use crate::sync::lock;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -242,6 +244,10 @@ pub struct Recorder {
     /// The body's length as the replica announced it, and the bytes seen.
     length: Option<u64>,
     seen: u64,
+    /// A Responses API call's: where the response's id is remembered,
+    /// and whether it was.
+    responses: Option<Arc<ResponseRoutes>>,
+    remembered: bool,
 }
 
 /// A response larger than this is passed on whole but kept only up to it.
@@ -258,6 +264,40 @@ impl Recorder {
             done: false,
             length: None,
             seen: 0,
+            responses: None,
+            remembered: false,
+        }
+    }
+
+    /// A Responses API call: its response's id is remembered in `routes`
+    /// as soon as it passes, before the client can name it in a follow-up.
+    pub fn remembering(mut self, routes: Arc<ResponseRoutes>) -> Recorder {
+        self.responses = Some(routes);
+        self
+    }
+
+    /// A Responses API call whose response id is not yet remembered.
+    fn remembers(&self) -> bool {
+        self.responses.is_some() && !self.remembered
+    }
+
+    fn remember(&mut self, id: Option<String>) {
+        let ok = self
+            .trace
+            .http_status
+            .is_some_and(|s| (200..300).contains(&s));
+        if let (Some(id), Some(replica), true) = (id, &self.trace.replica, ok)
+            && let Some(routes) = &self.responses
+        {
+            self.remembered = true;
+            let owner = self.trace.owner.clone();
+            routes.remember(
+                id,
+                Route {
+                    owner,
+                    replica: replica.clone(),
+                },
+            );
         }
     }
 
@@ -282,6 +322,9 @@ impl Recorder {
         if !self.streamed {
             if self.trace.ttft_ms.is_none() {
                 self.trace.ttft_ms = Some(self.elapsed_ms());
+            }
+            if self.done && self.remembers() {
+                self.remember(responses::body_id(&self.body));
             }
             return;
         }
@@ -309,6 +352,9 @@ impl Recorder {
             self.done = true;
             return;
         }
+        if self.responses.is_some() {
+            return self.scan_event(data);
+        }
         if self.trace.ttft_ms.is_none() {
             let Ok(chunk) = serde_json::from_slice::<Value>(data) else {
                 return;
@@ -328,8 +374,24 @@ impl Recorder {
         }
     }
 
+    /// One event of a Responses stream: parsed whole (into the little
+    /// it needs), as its type is what tells where the stream is.
+    fn scan_event(&mut self, data: &[u8]) {
+        let seen = responses::scan_event(data);
+        if seen.content && self.trace.ttft_ms.is_none() {
+            self.trace.ttft_ms = Some(self.elapsed_ms());
+        }
+        self.done |= seen.ends;
+        if seen.id.is_some() && self.remembers() {
+            self.remember(seen.id);
+        }
+    }
+
     /// Closes the trace: `status` is how the body ended.
     pub fn finish(mut self, status: &'static str, error: Option<String>) -> Trace {
+        if !self.streamed && self.remembers() && status == "ok" {
+            self.remember(responses::body_id(&self.body));
+        }
         if !self.body.is_empty() {
             self.trace.response = Some(Arc::new(Kept {
                 streamed: self.streamed,
@@ -354,115 +416,6 @@ fn finishes(data: &[u8]) -> bool {
         .copied()
         .find(|b| !b.is_ascii_whitespace() && *b != b':');
     value.is_some_and(|b| b != b'n')
-}
-
-/// A kept response being read into its trace.
-#[derive(Default)]
-struct Reading {
-    /// Tool call fragments of a streamed response, by index.
-    tool_parts: Vec<(String, String, String)>,
-    logprobs: Vec<Value>,
-}
-
-impl Reading {
-    fn sse_line(&mut self, trace: &mut Trace, line: &[u8]) {
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        let Ok(chunk) = serde_json::from_slice::<Value>(data.trim_ascii()) else {
-            return;
-        };
-        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
-            trace.usage = Some(usage.clone());
-        }
-        let Some(choice) = chunk.pointer("/choices/0") else {
-            return;
-        };
-        let delta = choice.get("delta").unwrap_or(choice);
-        let text = delta
-            .get("content")
-            .or_else(|| choice.get("text"))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        trace.response_text.push_str(text);
-        let calls = delta.get("tool_calls").and_then(Value::as_array);
-        for call in calls.into_iter().flatten() {
-            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-            if self.tool_parts.len() <= index {
-                self.tool_parts.resize(index + 1, Default::default());
-            }
-            let part = &mut self.tool_parts[index];
-            if let Some(id) = call.get("id").and_then(Value::as_str) {
-                part.0 = id.to_string();
-            }
-            if let Some(name) = call.pointer("/function/name").and_then(Value::as_str) {
-                part.1.push_str(name);
-            }
-            if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
-                part.2.push_str(args);
-            }
-        }
-        self.collect_logprobs(choice);
-    }
-
-    /// A whole JSON body.
-    fn body(&mut self, trace: &mut Trace, body: &[u8]) {
-        let Ok(response) = serde_json::from_slice::<Value>(body) else {
-            trace.response_text = String::from_utf8_lossy(body).into_owned();
-            return;
-        };
-        trace.usage = response.get("usage").cloned().filter(|u| !u.is_null());
-        let Some(choice) = response.pointer("/choices/0") else {
-            return;
-        };
-        let message = choice.get("message");
-        trace.response_text = message
-            .and_then(|m| m.get("content"))
-            .or_else(|| choice.get("text"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if let Some(calls) = message
-            .and_then(|m| m.get("tool_calls"))
-            .and_then(Value::as_array)
-        {
-            trace.tool_calls = calls.clone();
-        }
-        self.collect_logprobs(choice);
-    }
-
-    fn collect_logprobs(&mut self, choice: &Value) {
-        match choice.get("logprobs") {
-            Some(Value::Object(lp)) => {
-                if let Some(Value::Array(tokens)) = lp.get("content") {
-                    self.logprobs.extend(tokens.iter().cloned());
-                } else if !lp.is_empty() {
-                    self.logprobs.push(Value::Object(lp.clone()));
-                }
-            }
-            Some(other) if !other.is_null() => self.logprobs.push(other.clone()),
-            _ => {}
-        }
-        if let Some(ids) = choice.get("token_ids").filter(|v| !v.is_null()) {
-            self.logprobs.push(serde_json::json!({"token_ids": ids}));
-        }
-    }
-
-    fn finish(mut self, trace: &mut Trace) {
-        if !self.tool_parts.is_empty() {
-            trace.tool_calls = self
-                .tool_parts
-                .drain(..)
-                .map(|(id, name, arguments)| {
-                    serde_json::json!({"id": id, "type": "function",
-                                       "function": {"name": name, "arguments": arguments}})
-                })
-                .collect();
-        }
-        if !self.logprobs.is_empty() {
-            trace.logprobs = Some(Value::Array(self.logprobs));
-        }
-    }
 }
 
 #[cfg(test)]

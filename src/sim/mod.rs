@@ -1,6 +1,8 @@
 //! `conclave sim`: an OpenAI-compatible upstream simulator for tests and
-//! benchmarks. It answers `/v1/chat/completions` and `/v1/completions`
-//! (streamed or not), `/v1/models` and `/health`, with a configurable time
+//! benchmarks. It answers `/v1/chat/completions`, `/v1/completions` and
+//! `/v1/responses` (streamed or not, [`responses`]), `/v1/embeddings`,
+//! `/tokenize` and `/detokenize` ([`vectors`]), `/v1/models` and
+//! `/health`, with a configurable time
 //! to first token, tokens per second, extra latency, failure rate and a
 //! scripted tool call. `POST /sim/config` changes any of it while it runs
 //! (a test can make a replica fail its health checks, then recover), and
@@ -11,6 +13,8 @@
 //! latency.
 
 mod cache;
+mod responses;
+mod vectors;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -100,6 +104,8 @@ struct Sim {
     /// The prefix cache of `prefix_cache_tokens`, made anew when that
     /// changes.
     cache: Arc<std::sync::Mutex<Option<cache::PrefixCache>>>,
+    /// The ids of the Responses API responses it made.
+    responses: Arc<responses::Stored>,
 }
 
 impl Sim {
@@ -116,10 +122,15 @@ pub fn router(config: SimConfig) -> Router {
         config: Arc::new(RwLock::new(config)),
         stats: Arc::default(),
         cache: Arc::new(std::sync::Mutex::new(cache)),
+        responses: Arc::default(),
     };
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses::responses))
+        .route("/v1/embeddings", post(vectors::embeddings))
+        .route("/tokenize", post(vectors::tokenize))
+        .route("/detokenize", post(vectors::detokenize))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/sim/config", get(show_config).post(set_config))
@@ -497,6 +508,11 @@ fn stream_answer(config: SimConfig, ask: Ask) -> Response {
         }
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
     });
+    sse(rx)
+}
+
+/// An SSE response of what `rx` receives.
+fn sse(rx: tokio::sync::mpsc::Receiver<Result<Bytes, Infallible>>) -> Response {
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")

@@ -26,10 +26,14 @@ use crate::gateway::pool::Replica;
 use crate::prefix::{BLOCK, Blocks};
 use crate::sync::lock;
 
-/// The prompt's block hashes: each message's role and words, or `prompt`.
+/// The prompt's block hashes: each message's role and words, or `prompt`
+/// (a Responses API call's `input`, a string or items, is read as either).
 pub(super) fn blocks(body: &Object) -> Vec<u64> {
     let mut blocks = Blocks::default();
-    match body.get::<Vec<Value>>("messages") {
+    let messages = body
+        .get::<Vec<Value>>("messages")
+        .or_else(|| body.get::<Vec<Value>>("input"));
+    match messages {
         Some(messages) => {
             for message in messages {
                 blocks.add(message["role"].as_str().unwrap_or("user"));
@@ -41,7 +45,10 @@ pub(super) fn blocks(body: &Object) -> Vec<u64> {
             }
         }
         None => {
-            let prompt = body.get::<String>("prompt").unwrap_or_default();
+            let prompt = body
+                .get::<String>("prompt")
+                .or_else(|| body.get::<String>("input"))
+                .unwrap_or_default();
             blocks.add_words(&prompt);
         }
     }
@@ -310,6 +317,24 @@ mod tests {
         // 33: out of balance, the call goes to an idle replica.
         busy.push(at_home[0].start_call());
         assert_ne!(pick(&pool, &body), home);
+    }
+
+    #[test]
+    fn a_responses_input_is_read_as_messages_or_a_prompt() {
+        let parse = |text: &str| Object::parse(text.as_bytes()).unwrap();
+        let words = "w ".repeat(40);
+        let chat = parse(&format!(
+            r#"{{"messages": [{{"role": "user", "content": "{words}"}}]}}"#
+        ));
+        let items = parse(&format!(
+            r#"{{"input": [{{"role": "user", "content": "{words}"}}]}}"#
+        ));
+        assert!(!blocks(&chat).is_empty());
+        assert_eq!(blocks(&chat), blocks(&items));
+        let prompt = parse(r#"{"prompt": "a b c d e f g h i j k l m n o p q"}"#);
+        let input = parse(r#"{"input": "a b c d e f g h i j k l m n o p q"}"#);
+        assert!(!blocks(&prompt).is_empty());
+        assert_eq!(blocks(&prompt), blocks(&input));
     }
 
     #[test]
