@@ -47,6 +47,9 @@ log "installing test packages from PyPI"
 # tests/langgraph.rs drives /langgraph with the official LangGraph client.
 "$VENV/bin/pip" install -q --disable-pip-version-check langgraph-sdk==0.4.14 \
     || die "pip could not install langgraph-sdk"
+# tests/a2a_client.rs calls remote agents served with the official A2A SDK.
+"$VENV/bin/pip" install -q --disable-pip-version-check 'a2a-sdk[http-server]==1.3.0' \
+    || die "pip could not install a2a-sdk"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
 # The MCP Inspector's CLI (npm) checks what /mcp lists.
 command -v npm >/dev/null || apt_install nodejs npm

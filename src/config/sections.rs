@@ -140,6 +140,16 @@ impl Default for McpConfig {
 }
 
 impl McpConfig {
+    /// The allow list of `allowed_http_servers`: where a session's options
+    /// may make the server connect (HTTP MCP servers, A2A agents, the
+    /// approval hook). The config was validated at load; a list that does
+    /// not parse allows nothing.
+    pub fn http_rules(&self) -> std::sync::Arc<crate::egress::Rules> {
+        std::sync::Arc::new(
+            crate::egress::Rules::parse(&self.allowed_http_servers).unwrap_or_default(),
+        )
+    }
+
     /// Whether `mcp.stdio_commands` lets a session start `command` with
     /// `args`, and if not, why.
     pub fn check_stdio_command(&self, command: &str, args: &[String]) -> Result<(), String> {
