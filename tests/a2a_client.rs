@@ -8,6 +8,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "approvals/script.rs"]
+#[allow(dead_code)]
+mod script;
 #[path = "providers/upstream.rs"]
 #[allow(dead_code)]
 mod upstream;
@@ -15,12 +18,13 @@ mod upstream;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Lines, TestServer};
-use conclave::config::{ModelAlias, ProviderKind, SandboxBackendKind};
+use common::TestServer;
+use conclave::config::SandboxBackendKind;
+use script::{calls, capable, says, start_turn};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout};
-use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
+use upstream::Upstream;
 
 /// The Python agents, and the lines they print.
 struct Agents {
@@ -64,44 +68,25 @@ impl Agents {
     }
 }
 
-fn tool_call(id: &str, name: &str, arguments: Value) -> Reply {
-    Reply::sse(vec![
-        delta(json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
-            "function": {"name": name, "arguments": arguments.to_string()}}]})),
-        finish("tool_calls"),
-        chunk_usage(10, 5),
-        end(),
-    ])
-}
-
-fn done() -> Reply {
-    Reply::sse(vec![
-        content("Done."),
-        finish("stop"),
-        chunk_usage(5, 1),
-        end(),
-    ])
-}
-
 /// A server whose model is the scripted `upstream`, reaching loopback
 /// only (where the agents are).
 async fn server(upstream: &Upstream) -> TestServer {
-    let base_url = format!("{}/v1", upstream.url);
+    let url = upstream.url.clone();
     TestServer::start_sandboxed(move |c| {
         c.sandbox.backend = SandboxBackendKind::Local;
         c.sandbox.warm_pool = 0;
         c.mcp.allowed_http_servers = vec!["127.0.0.1".into()];
-        c.models.insert(
-            "scripted".into(),
-            ModelAlias {
-                provider: ProviderKind::Openai,
-                model: "small-model".into(),
-                base_url: Some(base_url),
-                ..Default::default()
-            },
-        );
+        capable(c, &url);
     })
     .await
+}
+
+fn session_body(agents: Value) -> Value {
+    json!({"model": "capable", "sandbox_enabled": false, "a2a_agents": agents})
+}
+
+async fn session(server: &TestServer, agents: Value) -> String {
+    server.create_session(session_body(agents)).await
 }
 
 /// The `tool_output` events of a turn, as (stream, content).
@@ -137,27 +122,25 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
 async fn a_remote_agent_streams_its_answer_and_keeps_its_context() {
     let mut agents = Agents::start().await;
     let upstream = Upstream::start(vec![
-        tool_call("call_1", "a2a__echo", json!({"message": "hello"})),
-        done(),
-        tool_call("call_2", "a2a__echo", json!({"message": "again"})),
-        done(),
-        tool_call("call_3", "a2a__plain", json!({"message": "quietly"})),
-        done(),
+        calls("call_1", "a2a__echo", json!({"message": "hello"})),
+        says("Done."),
+        calls("call_2", "a2a__echo", json!({"message": "again"})),
+        says("Done."),
+        calls("call_3", "a2a__plain", json!({"message": "quietly"})),
+        says("Done."),
     ])
     .await;
     let server = server(&upstream).await;
-    let id = server
-        .create_session(json!({
-            "model": "scripted",
-            "sandbox_enabled": false,
-            "a2a_agents": {
-                "echo": format!("{}/echo", agents.url),
-                // The card's own URL, and headers, work as well.
-                "plain": {"url": format!("{}/plain/.well-known/agent-card.json", agents.url),
-                          "headers": {"authorization": "Bearer test-token"}},
-            },
-        }))
-        .await;
+    let id = session(
+        &server,
+        json!({
+            "echo": format!("{}/echo", agents.url),
+            // The card's own URL, and headers, work as well.
+            "plain": {"url": format!("{}/plain/.well-known/agent-card.json", agents.url),
+                      "headers": {"authorization": "Bearer test-token"}},
+        }),
+    )
+    .await;
 
     let first = server.turn(&id, "ask echo").await;
     assert_eq!(
@@ -179,22 +162,13 @@ async fn a_remote_agent_streams_its_answer_and_keeps_its_context() {
 
     // The second call continues the remote conversation.
     let second = server.turn(&id, "ask echo again").await;
-    assert_eq!(
-        result_of(&second),
-        (json!("echo #2: AGAIN"), json!(false))
-    );
+    assert_eq!(result_of(&second), (json!("echo #2: AGAIN"), json!(false)));
     assert_eq!(agents.line("context ").await, context);
 
     // An agent whose card says it does not stream is sent SendMessage.
     let third = server.turn(&id, "ask plain").await;
-    assert_eq!(
-        result_of(&third),
-        (json!("echo #1: QUIETLY"), json!(false))
-    );
-    assert_eq!(
-        shown(&third),
-        pairs(&[("info", "[completed]\n")])
-    );
+    assert_eq!(result_of(&third), (json!("echo #1: QUIETLY"), json!(false)));
+    assert_eq!(shown(&third), pairs(&[("info", "[completed]\n")]));
     assert_ne!(agents.line("context ").await, context);
 
     let requests = upstream.requests();
@@ -219,24 +193,15 @@ async fn a_remote_agent_streams_its_answer_and_keeps_its_context() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_turn_cancels_the_remote_task() {
     let mut agents = Agents::start().await;
-    let upstream = Upstream::start(vec![tool_call(
+    let upstream = Upstream::start(vec![calls(
         "call_1",
         "a2a__slow",
         json!({"message": "take your time"}),
     )])
     .await;
     let server = server(&upstream).await;
-    let id = server
-        .create_session(json!({
-            "model": "scripted",
-            "sandbox_enabled": false,
-            "a2a_agents": {"slow": format!("{}/slow", agents.url)},
-        }))
-        .await;
-    let response = server
-        .message(&id, json!({"prompt": "start the slow work"}))
-        .await;
-    let mut lines = Lines::new(response);
+    let id = session(&server, json!({"slow": format!("{}/slow", agents.url)})).await;
+    let mut lines = start_turn(&server, &id, "start the slow work").await;
     loop {
         let event = lines.next().await.expect("the turn goes on");
         if event["type"] == "tool_output" && event["content"] == "[working] slow work started\n" {
@@ -261,44 +226,51 @@ async fn an_interrupted_turn_cancels_the_remote_task() {
     server.stop().await;
 }
 
+/// The status and error message of a session created with `agents`.
+async fn refusal(server: &TestServer, agents: Value) -> (u16, Value) {
+    let refused = server.post("/agent/session", session_body(agents)).await;
+    let status = refused.status().as_u16();
+    let body: Value = refused.json().await.unwrap();
+    (status, body["error"]["message"].clone())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_where_no_connection_is_allowed_is_refused() {
     let upstream = Upstream::start(Vec::new()).await;
     let server = server(&upstream).await;
     // A cloud metadata address: link-local, which the allow list (only
     // 127.0.0.1) does not include.
-    let refused = server
-        .post(
-            "/agent/session",
-            json!({"model": "scripted", "sandbox_enabled": false,
-                   "a2a_agents": {"metadata": "http://169.254.169.254/latest"}}),
-        )
-        .await;
-    assert_eq!(refused.status(), 422);
-    let body: Value = refused.json().await.unwrap();
     assert_eq!(
-        body["error"]["message"],
-        "options.a2a_agents.metadata: 169.254.169.254 resolves to 169.254.169.254, a link-local address, which the allow list does not include (mcp.allowed_http_servers)"
+        refusal(
+            &server,
+            json!({"metadata": "http://169.254.169.254/latest"})
+        )
+        .await,
+        (
+            422,
+            json!(
+                "options.a2a_agents.metadata: 169.254.169.254 resolves to 169.254.169.254, a link-local address, which the allow list does not include (mcp.allowed_http_servers)"
+            )
+        )
     );
-    // An agent name that makes no tool name is refused too.
-    let refused = server
-        .post(
-            "/agent/session",
-            json!({"model": "scripted", "a2a_agents": {"two words": "http://127.0.0.1:1"}}),
-        )
-        .await;
-    assert_eq!(refused.status(), 422);
-    let refused = server
-        .post(
-            "/agent/session",
-            json!({"model": "scripted", "a2a_agents": {"a": "ftp://127.0.0.1/"}}),
-        )
-        .await;
-    assert_eq!(refused.status(), 422);
-    let body: Value = refused.json().await.unwrap();
     assert_eq!(
-        body["error"]["message"],
-        "options.a2a_agents.a: \"ftp://127.0.0.1/\" is not an http or https URL with a host (mcp.allowed_http_servers)"
+        refusal(&server, json!({"a": "ftp://127.0.0.1/"})).await,
+        (
+            422,
+            json!(
+                "options.a2a_agents.a: \"ftp://127.0.0.1/\" is not an http or https URL with a host (mcp.allowed_http_servers)"
+            )
+        )
+    );
+    // A name that makes no tool name.
+    assert_eq!(
+        refusal(&server, json!({"two words": "http://127.0.0.1:1"})).await,
+        (
+            422,
+            json!(
+                "options.a2a_agents.two words: an agent's name is 1 to 48 letters, digits, `_` or `-` (it names the tool a2a__NAME)"
+            )
+        )
     );
     server.stop().await;
 }

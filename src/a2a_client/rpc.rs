@@ -171,14 +171,14 @@ pub enum Events {
         idle: Duration,
     },
     /// A server that answered with one JSON-RPC response, not a stream.
-    One(Option<StreamResponse>),
+    One(Option<Box<StreamResponse>>),
 }
 
 impl Events {
     /// The next event; `None` once the stream ended.
     pub async fn next(&mut self) -> Option<Result<StreamResponse, String>> {
         let (events, idle) = match self {
-            Events::One(one) => return one.take().map(Ok),
+            Events::One(one) => return one.take().map(|event| Ok(*event)),
             Events::Sse { events, idle } => (events, *idle),
         };
         loop {
@@ -234,7 +234,7 @@ pub async fn stream(
         let result = result_of(parse(&body, "its JSON-RPC answer")?)?;
         let event =
             serde_json::from_value(result).map_err(|e| format!("its result is not valid: {e}"))?;
-        return Ok(Events::One(Some(event)));
+        return Ok(Events::One(Some(Box::new(event))));
     }
     let capped = response.bytes_stream().scan(0usize, |seen, chunk| {
         let chunk = chunk
