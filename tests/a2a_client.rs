@@ -170,6 +170,7 @@ async fn a_remote_agent_streams_its_answer_and_keeps_its_context() {
     assert_eq!(result_of(&third), (json!("echo #1: QUIETLY"), json!(false)));
     assert_eq!(shown(&third), pairs(&[("info", "[completed]\n")]));
     assert_ne!(agents.line("context ").await, context);
+    assert_eq!(agents.line("authorization ").await, "Bearer test-token");
 
     let requests = upstream.requests();
     let tools = requests[0].body["tools"].as_array().expect("tools");

@@ -162,6 +162,26 @@ pub async fn call<T: DeserializeOwned>(
         .map_err(|_| format!("{method}: no answer within {}s", timeout.as_secs()))?
 }
 
+/// `body`, ending in an error once it passed `cap` bytes.
+fn capped<E: std::fmt::Display>(
+    body: impl Stream<Item = Result<Bytes, E>>,
+    cap: usize,
+) -> impl Stream<Item = Result<Bytes, ReadError>> {
+    body.scan(0usize, move |seen, chunk| {
+        let chunk = chunk
+            .map_err(|e| ReadError(format!("the stream broke off: {e}")))
+            .and_then(|bytes| {
+                *seen += bytes.len();
+                if *seen > cap {
+                    Err(ReadError(format!("the stream passed {cap} bytes")))
+                } else {
+                    Ok(bytes)
+                }
+            });
+        futures::future::ready(Some(chunk))
+    })
+}
+
 type SseStream = Pin<Box<dyn Stream<Item = Result<Event, String>> + Send>>;
 
 /// The events of one `SendStreamingMessage` call.
@@ -236,21 +256,7 @@ pub async fn stream(
             serde_json::from_value(result).map_err(|e| format!("its result is not valid: {e}"))?;
         return Ok(Events::One(Some(Box::new(event))));
     }
-    let capped = response.bytes_stream().scan(0usize, |seen, chunk| {
-        let chunk = chunk
-            .map_err(|e| ReadError(format!("the stream broke off: {e}")))
-            .and_then(|bytes: Bytes| {
-                *seen += bytes.len();
-                if *seen > MAX_STREAM_BYTES {
-                    Err(ReadError(format!(
-                        "the stream passed {MAX_STREAM_BYTES} bytes"
-                    )))
-                } else {
-                    Ok(bytes)
-                }
-            });
-        futures::future::ready(Some(chunk))
-    });
+    let capped = capped(response.bytes_stream(), MAX_STREAM_BYTES);
     let events = capped.eventsource().map(|event| {
         event.map_err(|e| match e {
             eventsource_stream::EventStreamError::Transport(e) => e.0,
@@ -261,4 +267,156 @@ pub async fn stream(
         events: Box::pin(events),
         idle,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::HeaderMap as Headers;
+    use axum::routing::{get, post};
+
+    async fn serve(app: Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    fn endpoint(url: String) -> Endpoint {
+        Endpoint {
+            url,
+            tenant: Some("t1".into()),
+            headers: HeaderMap::new(),
+        }
+    }
+
+    fn sse(body: Body) -> axum::response::Response {
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(body)
+            .unwrap()
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    async fn open(http: &reqwest::Client, url: &str, path: &str) -> Events {
+        stream(http, &endpoint(format!("{url}/{path}")), json!({}), SECOND)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_call_carries_the_version_and_the_tenant() {
+        let url = serve(Router::new().route(
+            "/",
+            post(|headers: Headers, body: axum::Json<Value>| async move {
+                axum::Json(json!({"jsonrpc": "2.0", "id": body["id"], "result": {
+                    "version": headers["a2a-version"].to_str().unwrap(),
+                    "method": body["method"], "params": body["params"]}}))
+            }),
+        ))
+        .await;
+        let http = reqwest::Client::new();
+        let answer: Value = call(&http, &endpoint(url), "GetTask", json!({"id": "x"}), SECOND)
+            .await
+            .unwrap();
+        assert_eq!(
+            answer,
+            json!({"version": "1.0", "method": "GetTask", "params": {"id": "x", "tenant": "t1"}})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_card_past_the_cap_is_refused_with_or_without_a_length() {
+        let big = || "x".repeat(MAX_CARD_BYTES + 1);
+        let url = serve(
+            Router::new()
+                .route("/sized", get(move || async move { big() }))
+                .route(
+                    "/chunked",
+                    get(|| async {
+                        let chunks = (0..=MAX_CARD_BYTES / 1024)
+                            .map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; 1024])));
+                        Body::from_stream(futures::stream::iter(chunks))
+                    }),
+                ),
+        )
+        .await;
+        let http = reqwest::Client::new();
+        for path in ["sized", "chunked"] {
+            let err = card(&http, &format!("{url}/{path}"), &HeaderMap::new(), SECOND)
+                .await
+                .unwrap_err();
+            assert!(
+                err.ends_with("the answer is larger than 1048576 bytes"),
+                "{err}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_passes_its_events_and_ends_on_an_error_or_silence() {
+        let url = serve(
+            Router::new()
+                .route(
+                    "/error",
+                    post(|| async {
+                        sse(Body::from(concat!(
+                            "data: {\"jsonrpc\": \"2.0\", \"id\": 1, \"result\": {\"message\": {\"parts\": [{\"text\": \"hi\"}]}}}\n\n",
+                            "event: error\ndata: {\"jsonrpc\": \"2.0\", \"id\": 1, \"error\": {\"code\": -32603, \"message\": \"boom\"}}\n\n",
+                        )))
+                    }),
+                )
+                .route(
+                    "/silent",
+                    post(|| async {
+                        sse(Body::from_stream(futures::stream::pending::<
+                            Result<Bytes, std::io::Error>,
+                        >()))
+                    }),
+                )
+                .route(
+                    "/json",
+                    post(|| async {
+                        axum::Json(json!({"jsonrpc": "2.0", "id": 1,
+                            "result": {"task": {"id": "t", "status": {"state": "TASK_STATE_COMPLETED"}}}}))
+                    }),
+                ),
+        )
+        .await;
+        let http = reqwest::Client::new();
+        let mut events = open(&http, &url, "error").await;
+        let first = events.next().await.unwrap().unwrap();
+        assert_eq!(
+            crate::a2a_client::wire::text_of(&first.message.unwrap().parts),
+            "hi"
+        );
+        assert_eq!(
+            events.next().await.unwrap().unwrap_err(),
+            "it answered with an error: boom (JSON-RPC -32603)"
+        );
+        let mut silent = open(&http, &url, "silent").await;
+        assert_eq!(
+            silent.next().await.unwrap().unwrap_err(),
+            "it sent nothing for 1s"
+        );
+        let mut one = open(&http, &url, "json").await;
+        assert_eq!(one.next().await.unwrap().unwrap().task.unwrap().id, "t");
+        assert!(one.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_cap_ends_in_an_error() {
+        let chunks = (0..3).map(|_| Ok::<_, std::io::Error>(Bytes::from_static(b"0123456789")));
+        let read: Vec<Result<Bytes, ReadError>> =
+            capped(futures::stream::iter(chunks), 25).collect().await;
+        assert_eq!(read.len(), 3);
+        assert!(read[0].is_ok() && read[1].is_ok());
+        assert_eq!(
+            read[2].as_ref().unwrap_err().to_string(),
+            "the stream passed 25 bytes"
+        );
+    }
 }

@@ -9,7 +9,8 @@ for tests/a2a_client.rs.
 
 Prints `listening http://127.0.0.1:PORT` once serving, then one line
 `cancelled TASK_ID` for every task CancelTask reaches, and `context ID`
-for every message the echo agent gets.
+for every message the echo agent gets (then `authorization VALUE` when
+the request had that header).
 
 Needs a2a-sdk[http-server] and uvicorn (which the mcp package brings).
 """
@@ -59,6 +60,9 @@ class Echo(AgentExecutor):
         count = self.seen.get(updater.context_id, 0) + 1
         self.seen[updater.context_id] = count
         say(f"context {updater.context_id}")
+        headers = context.call_context.state.get("headers", {})
+        if "authorization" in headers:
+            say(f"authorization {headers['authorization']}")
         await updater.start_work(
             new_text_message(f"echoing {text!r}", role=Role.ROLE_AGENT)
         )
