@@ -121,7 +121,8 @@ pub struct McpConfig {
     /// default: a variable such as `NODE_OPTIONS` or `LD_PRELOAD` runs code
     /// of the caller's choosing.
     pub stdio_session_env: Vec<String>,
-    /// Where a session's HTTP MCP servers may be: `"public"` (any public
+    /// Where a session's HTTP MCP servers and A2A agents (their cards and
+    /// the interfaces the cards name) may be: `"public"` (any public
     /// address), host names, addresses and CIDRs; empty turns URLs off.
     /// Loopback, private and link-local addresses need an entry.
     #[serde(deserialize_with = "string_or_list")]
