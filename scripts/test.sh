@@ -47,8 +47,8 @@ log "installing test packages from PyPI"
 # tests/langgraph.rs drives /langgraph with the official LangGraph client.
 "$VENV/bin/pip" install -q --disable-pip-version-check langgraph-sdk==0.4.14 \
     || die "pip could not install langgraph-sdk"
-# tests/a2a.rs drives /a2a with the official A2A client (and, as a remote
-# agent for the A2A tool, its server).
+# tests/a2a.rs drives /a2a with the official A2A client, and
+# tests/a2a_client.rs calls remote agents served with its server.
 "$VENV/bin/pip" install -q --disable-pip-version-check 'a2a-sdk[http-server]==1.3.0' \
     || die "pip could not install a2a-sdk"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python

@@ -1,5 +1,5 @@
 //! Where the server may connect on a caller's behalf: gateway replicas added
-//! at run time and a session's HTTP MCP servers. A URL from a request could
+//! at run time, a session's HTTP MCP servers and its A2A agents. A URL from a request could
 //! otherwise point the server at itself, at services on its host or its
 //! private network, or at a cloud metadata endpoint.
 //!

@@ -26,6 +26,8 @@
 //!   vote; a session kind, with `POST /deliberations` on top.
 //! - [`mcp`]: the rmcp server of sandbox tools (`/mcp`, `conclave mcp`) and
 //!   the agent's in-process client of it.
+//! - [`a2a_client`]: a session's remote A2A agents (`options.a2a_agents`),
+//!   each a tool of its agent.
 //! - [`model`]: the streaming `ModelProvider` trait and its providers
 //!   (OpenAI-compatible, Anthropic, demo, a gateway pool), aliases, prices.
 //! - [`gateway`]: the OpenAI-compatible gateway: pools of inference
@@ -48,7 +50,8 @@
 //!   SQLite (the embedded default) and PostgreSQL (shared by replicas).
 //! - [`config`]: typed configuration (TOML file, then `CONCLAVE_*` env, then flags).
 //! - [`egress`]: the allow rules for connections a request can make the
-//!   server open (gateway replicas, HTTP MCP servers), checked after DNS.
+//!   server open (gateway replicas, HTTP MCP servers, A2A agents), checked
+//!   after DNS.
 //! - [`server`]: wires the parts (the store, the providers into the model
 //!   registry, the gateway, the sandboxes, the session kinds) and serves
 //!   them on a listener until a shutdown signal, so tests bind `127.0.0.1:0`.
@@ -65,6 +68,7 @@
 //! - [`prefix`]: a prompt as a chain of block hashes, for the sim's prefix
 //!   cache and the gateway's `prefix_cache` strategy.
 
+pub mod a2a_client;
 pub mod agent;
 pub mod api;
 pub mod bus;

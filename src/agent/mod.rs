@@ -28,6 +28,6 @@ pub mod tools;
 pub mod turn;
 
 pub use harness::READ_ONLY_TOOLS;
-pub use options::{AgentOptions, McpServerSpec};
+pub use options::{A2aAgentSpec, AgentOptions, McpServerSpec};
 pub use task::AgentTask;
 pub use tools::{NoTools, ToolChunk, ToolContext, ToolOutput, ToolRouter};

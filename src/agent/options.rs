@@ -52,6 +52,9 @@ pub struct AgentOptions {
     /// External MCP servers by name; their tools become `mcp__{name}__{tool}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp_servers: Option<BTreeMap<String, McpServerSpec>>,
+    /// Remote A2A agents by name; each becomes the tool `a2a__{name}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a_agents: Option<BTreeMap<String, A2aAgentSpec>>,
     /// Which tool calls wait for a person's decision (`mode`, `allow`,
     /// `deny`, `hook_url`, `approval_timeout_s`); the server's
     /// `[agent.permissions]` when unset.
@@ -96,6 +99,69 @@ pub enum McpServerSpec {
         #[serde(default)]
         headers: BTreeMap<String, String>,
     },
+}
+
+/// A remote A2A agent: the URL of its card (or of the base its card is
+/// under, at `/.well-known/agent-card.json`), with headers sent on every
+/// request to it (a bearer token) when given as an object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum A2aAgentSpec {
+    Url(String),
+    WithHeaders {
+        url: String,
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// The longest agent name: `a2a__{name}` stays within the 64 characters
+/// model APIs allow a tool name.
+const MAX_AGENT_NAME: usize = 48;
+
+impl A2aAgentSpec {
+    pub fn url(&self) -> &str {
+        match self {
+            A2aAgentSpec::Url(url) | A2aAgentSpec::WithHeaders { url, .. } => url,
+        }
+    }
+
+    pub fn headers(&self) -> Option<&BTreeMap<String, String>> {
+        match self {
+            A2aAgentSpec::Url(_) => None,
+            A2aAgentSpec::WithHeaders { headers, .. } => Some(headers),
+        }
+    }
+
+    /// The agent's name must make a tool name, and its headers must be
+    /// ones HTTP can send.
+    fn validate(&self, name: &str) -> Result<(), OptionError> {
+        let field = format!("options.a2a_agents.{name}");
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_AGENT_NAME
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+        if !name_ok {
+            return Err(OptionError::new(
+                field,
+                format!(
+                    "an agent's name is 1 to {MAX_AGENT_NAME} letters, digits, `_` or `-` (it names the tool a2a__NAME)"
+                ),
+            ));
+        }
+        for (header, value) in self.headers().into_iter().flatten() {
+            let valid = http::HeaderName::try_from(header.as_str()).is_ok()
+                && http::HeaderValue::try_from(value.as_str()).is_ok();
+            if !valid {
+                return Err(OptionError::new(
+                    format!("{field}.headers"),
+                    format!("'{header}' is not a valid HTTP header name and value"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl AgentOptions {
@@ -160,6 +226,9 @@ impl AgentOptions {
             && model.trim().is_empty()
         {
             return Err(OptionError::new("options.model", "must not be empty"));
+        }
+        for (name, agent) in self.a2a_agents.iter().flatten() {
+            agent.validate(name)?;
         }
         if let Some(permissions) = &self.permissions {
             permissions
@@ -276,6 +345,40 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.field, "max_turns");
+    }
+
+    #[test]
+    fn a2a_agents_take_a_url_or_a_url_with_headers() {
+        let options = AgentOptions::from_body(
+            &body(json!({"a2a_agents": {
+                "plain": "https://agents.example/echo",
+                "keyed": {"url": "https://agents.example/x", "headers": {"authorization": "Bearer t"}},
+            }})),
+            &[],
+        )
+        .unwrap();
+        let agents = options.a2a_agents.unwrap();
+        assert_eq!(
+            agents["plain"],
+            A2aAgentSpec::Url("https://agents.example/echo".into())
+        );
+        assert_eq!(agents["keyed"].url(), "https://agents.example/x");
+        assert_eq!(
+            agents["keyed"].headers().unwrap()["authorization"],
+            "Bearer t"
+        );
+        let err = AgentOptions::from_body(
+            &body(json!({"a2a_agents": {"no spaces": "https://agents.example"}})),
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "options.a2a_agents.no spaces");
+        let err = AgentOptions::from_body(
+            &body(json!({"a2a_agents": {"x": {"url": "https://a.example", "headers": {"bad header": "v"}}}})),
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "options.a2a_agents.x.headers");
     }
 
     #[test]

@@ -28,7 +28,9 @@ impl AgentTask {
 
     /// Validates options as a route takes them: the model must resolve,
     /// the tools must accept them, and each MCP server must be one the
-    /// operator allows (HTTP ones checked after DNS).
+    /// operator allows (HTTP ones checked after DNS), and so must each
+    /// A2A agent's URL (its card's interface URL is checked when the card
+    /// is read).
     pub async fn check(&self, options: &AgentOptions) -> Result<(), SessionError> {
         if let Some(model) = &options.model {
             self.deps
@@ -37,7 +39,7 @@ impl AgentTask {
                 .map_err(|e| OptionError::new("options.model", e.to_string()))?;
         }
         self.deps.tools.check_options(options).await?;
-        let rules = crate::egress::Rules::parse(&self.mcp.allowed_http_servers).unwrap_or_default();
+        let rules = self.mcp.http_rules();
         if let Some(url) = options
             .permissions
             .as_ref()
@@ -69,6 +71,14 @@ impl AgentTask {
                     })?;
                 }
             }
+        }
+        for (name, agent) in options.a2a_agents.iter().flatten() {
+            rules.check_url(agent.url()).await.map_err(|e| {
+                OptionError::new(
+                    format!("options.a2a_agents.{name}"),
+                    format!("{e} (mcp.allowed_http_servers)"),
+                )
+            })?;
         }
         Ok(())
     }

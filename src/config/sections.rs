@@ -121,7 +121,8 @@ pub struct McpConfig {
     /// default: a variable such as `NODE_OPTIONS` or `LD_PRELOAD` runs code
     /// of the caller's choosing.
     pub stdio_session_env: Vec<String>,
-    /// Where a session's HTTP MCP servers may be: `"public"` (any public
+    /// Where a session's HTTP MCP servers and A2A agents (their cards and
+    /// the interfaces the cards name) may be: `"public"` (any public
     /// address), host names, addresses and CIDRs; empty turns URLs off.
     /// Loopback, private and link-local addresses need an entry.
     #[serde(deserialize_with = "string_or_list")]
@@ -157,6 +158,16 @@ impl Default for McpConfig {
 }
 
 impl McpConfig {
+    /// The allow list of `allowed_http_servers`: where a session's options
+    /// may make the server connect (HTTP MCP servers, A2A agents, the
+    /// approval hook). The config was validated at load; a list that does
+    /// not parse allows nothing.
+    pub fn http_rules(&self) -> std::sync::Arc<crate::egress::Rules> {
+        std::sync::Arc::new(
+            crate::egress::Rules::parse(&self.allowed_http_servers).unwrap_or_default(),
+        )
+    }
+
     /// Whether `mcp.stdio_commands` lets a session start `command` with
     /// `args`, and if not, why.
     pub fn check_stdio_command(&self, command: &str, args: &[String]) -> Result<(), String> {

@@ -20,6 +20,7 @@ use super::external::ExternalServers;
 use super::host::{Caller, McpHost};
 use super::progress::ProgressRouter;
 use super::server::SandboxServer;
+use crate::a2a_client::{RemoteAgents, TOOL_PREFIX};
 use crate::agent::{AgentOptions, ToolChunk, ToolContext, ToolOutput, ToolRouter};
 use crate::config::McpConfig;
 use crate::model::ToolSpec;
@@ -34,6 +35,7 @@ pub struct SandboxTools {
     progress: ProgressRouter,
     host: Arc<McpHost>,
     external: ExternalServers,
+    agents: RemoteAgents,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +65,7 @@ impl SandboxTools {
             client,
             progress,
             host,
+            agents: RemoteAgents::new(&mcp),
             external: ExternalServers::new(mcp),
         })
     }
@@ -312,6 +315,9 @@ impl ToolRouter for SandboxTools {
         if let Some(servers) = &ctx.options.mcp_servers {
             specs.extend(self.external.specs(ctx.session_id, servers).await);
         }
+        if let Some(agents) = &ctx.options.a2a_agents {
+            specs.extend(self.agents.specs(ctx.session_id, agents).await);
+        }
         specs
     }
 
@@ -372,11 +378,13 @@ impl ToolRouter for SandboxTools {
     }
 
     async fn release(&self, session_id: Uuid) {
+        self.agents.release(session_id);
         self.external.release(session_id).await;
         self.host.sandboxes.release(session_id).await;
     }
 
     async fn delete(&self, session_id: Uuid) {
+        self.agents.release(session_id);
         self.external.release(session_id).await;
         self.host.sandboxes.release_shared(session_id).await;
         self.host.sandboxes.forget_snapshots(session_id).await;
@@ -399,6 +407,14 @@ impl SandboxTools {
             return self
                 .external
                 .call(ctx.session_id, servers, server, tool, input, cancel)
+                .await;
+        }
+        if let Some(agent) = name.strip_prefix(TOOL_PREFIX)
+            && let Some(agents) = &ctx.options.a2a_agents
+        {
+            return self
+                .agents
+                .call(ctx.session_id, agents, agent, &input, cancel, output)
                 .await;
         }
         if ctx.options.sandbox_enabled == Some(false) {

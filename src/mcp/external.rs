@@ -57,10 +57,7 @@ impl Default for ExternalServers {
 
 impl ExternalServers {
     pub fn new(config: McpConfig) -> ExternalServers {
-        // The config was validated at load; a list that does not parse
-        // allows nothing.
-        let rules =
-            Arc::new(crate::egress::Rules::parse(&config.allowed_http_servers).unwrap_or_default());
+        let rules = config.http_rules();
         let http = (!config.allowed_http_servers.is_empty())
             .then(|| rules.client().build().ok())
             .flatten();
