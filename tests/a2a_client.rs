@@ -275,3 +275,95 @@ async fn an_agent_where_no_connection_is_allowed_is_refused() {
     );
     server.stop().await;
 }
+
+const PEER_KEY: &str = "a2a-peer-key-0123456789";
+
+/// A second Conclave, started as the README does, whose agents are served
+/// over A2A; its demo model paced so that a long prompt runs for seconds.
+async fn peer() -> (tempfile::TempDir, Child, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("api_keys = [\"{PEER_KEY}\"]\n[demo]\nchunk_delay_ms = 40\n");
+    std::fs::write(dir.path().join("conclave.toml"), config).unwrap();
+    let mut command =
+        common::binary::serve_command(&["--sandbox", "local", "--config", "conclave.toml"]);
+    command.current_dir(dir.path());
+    let (child, url) = common::binary::spawn_server(&mut command).await;
+    (dir, child, url)
+}
+
+/// A task of the peer, read over A2A with the peer's key.
+async fn peer_task(url: &str, id: &str) -> Value {
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{url}/a2a/agent"))
+        .bearer_auth(PEER_KEY)
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": id}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    answer["result"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conclave_agent_calls_another_conclave_over_a2a_and_cancels_it() {
+    let (_dir, mut peer_child, peer_url) = peer().await;
+    let upstream = Upstream::start(vec![
+        calls("call_1", "a2a__peer", json!({"message": "hello peer"})),
+        says("Done."),
+        calls(
+            "call_2",
+            "a2a__peer",
+            json!({"message": "count ".repeat(300)}),
+        ),
+    ])
+    .await;
+    let server = server(&upstream).await;
+    let agents = json!({"peer": {"url": format!("{peer_url}/a2a/agent"),
+        "headers": {"authorization": format!("Bearer {PEER_KEY}")}}});
+    let id = session(&server, agents).await;
+
+    // Streamed: the peer's progress is the call's live output, its result
+    // artifact the call's result.
+    let first = server.turn(&id, "ask the peer").await;
+    assert_eq!(
+        result_of(&first),
+        (json!("You said: hello peer"), json!(false)),
+        "{first:?}"
+    );
+    let live = shown(&first);
+    assert!(live.len() > 2, "{live:?}");
+    assert_eq!(live.last().unwrap().1, "[completed] You said: hello peer\n");
+    assert!(live.contains(&("stdout".into(), "You said: hello peer".into())));
+
+    // Interrupting the turn cancels the peer's task.
+    let mut lines = start_turn(&server, &id, "ask the peer to count").await;
+    loop {
+        let event = lines.next().await.expect("the turn goes on");
+        let content = event["content"].as_str().unwrap_or_default();
+        if event["type"] == "tool_output" && content.starts_with("[working]") {
+            break;
+        }
+    }
+    server
+        .post(&format!("/agent/session/{id}/interrupt"), json!({}))
+        .await;
+    let rest = lines.until("result").await;
+    let (said, is_error) = result_of(&rest);
+    assert_eq!(is_error, json!(true));
+    let said = said.as_str().unwrap().to_string();
+    let task = said
+        .split("cancel its task ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert_eq!(
+        peer_task(&peer_url, task).await["status"]["state"],
+        "TASK_STATE_CANCELED",
+        "{said}"
+    );
+    server.stop().await;
+    common::binary::stop(&mut peer_child).await;
+}

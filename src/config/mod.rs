@@ -25,8 +25,10 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod outbound;
 mod sections;
 mod validate;
+pub use outbound::*;
 pub use sections::*;
 
 /// Who a key is to the server: its SHA-256, hex; sessions, traces and

@@ -45,7 +45,7 @@ pub async fn create(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> 
 /// Keeps a config for the task and starts notifying, unless it has ended.
 pub async fn register(call: &Call<'_>, found: &Found, config: &Value) -> Result<Value, RpcError> {
     let url = rpc::text(config, "url")?;
-    let rules = Rules::parse(&call.state.config.mcp.allowed_http_servers).map_err(internal)?;
+    let rules = call.state.config.mcp.http_rules();
     rules
         .check_url(url)
         .await
@@ -93,7 +93,7 @@ pub async fn register(call: &Call<'_>, found: &Found, config: &Value) -> Result<
             state: call.state.clone(),
             found: found.clone(),
             key,
-            rules: Arc::new(rules),
+            rules,
         };
         tokio::spawn(notifier.run(task, mark));
     }
