@@ -38,11 +38,14 @@ pub async fn get(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Agent>, ApiError> {
-    profiles::resolve(&state.config, state.sessions.tasks(), &name)
-        .map(Json)
-        .ok_or_else(|| {
-            ApiError::not_found(format!("no agent named {name:?}; GET /agents lists them"))
-        })
+    named(&state, &name).map(Json)
+}
+
+/// The agent `name`, or a 404 that says where the list is.
+pub fn named(state: &AppState, name: &str) -> Result<Agent, ApiError> {
+    profiles::resolve(&state.config, state.sessions.tasks(), name).ok_or_else(|| {
+        ApiError::not_found(format!("no agent named {name:?}; GET /agents lists them"))
+    })
 }
 
 /// What a protocol adapter opens a session of a named agent with.

@@ -23,8 +23,9 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::profiles::named as agent;
 use super::state::AppState;
-use crate::agent::profiles::{self, Agent};
+use crate::agent::profiles::Agent;
 use crate::protocol::SessionKind;
 
 /// The protocol version served; requests must say it in `A2A-Version`.
@@ -35,13 +36,6 @@ pub fn router() -> Router<AppState> {
         .route("/.well-known/agent-card.json", get(default_card))
         .route("/a2a/{agent}/.well-known/agent-card.json", get(card))
         .route("/a2a/{agent}", post(rpc::handle))
-}
-
-/// The agent `name`, or a 404 that says where the list is.
-fn agent(state: &AppState, name: &str) -> Result<Agent, ApiError> {
-    profiles::resolve(&state.config, state.sessions.tasks(), name).ok_or_else(|| {
-        ApiError::not_found(format!("no agent named {name:?}; GET /agents lists them"))
-    })
 }
 
 async fn default_card(State(state): State<AppState>, headers: HeaderMap) -> Response {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::rpc::{self, RpcError};
@@ -505,9 +505,8 @@ pub async fn list_tasks(call: &Call<'_>, params: &Value) -> Result<Value, RpcErr
             continue;
         }
         let mut json = task.to_json(&found.record, history);
-        if !artifacts {
-            json.as_object_mut()
-                .map(|t: &mut Map<String, Value>| t.remove("artifacts"));
+        if !artifacts && let Some(task) = json.as_object_mut() {
+            task.remove("artifacts");
         }
         tasks.push(json);
     }

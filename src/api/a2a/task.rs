@@ -242,7 +242,7 @@ impl Task {
                 let text = self
                     .result
                     .clone()
-                    .unwrap_or_else(|| format!("the turn ended: {}", status_name(*status)));
+                    .unwrap_or_else(|| format!("the turn ended: {}", <&str>::from(*status)));
                 self.status_message = Some(self.message(vec![json!({"text": text})]));
                 out.push(self.update(self.status_message.clone()));
             }
@@ -351,10 +351,6 @@ fn data_message(task: &Task, event: &Event) -> Value {
         data["agent_id"] = json!(agent);
     }
     task.message(vec![json!({"data": data, "mediaType": "application/json"})])
-}
-
-fn status_name(status: ResultStatus) -> &'static str {
-    status.into()
 }
 
 /// A protobuf JSON timestamp.
