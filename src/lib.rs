@@ -85,6 +85,7 @@ pub mod permission;
 pub mod pipeline;
 pub mod prefix;
 pub mod protocol;
+pub mod quota;
 pub mod rollout;
 pub mod sandbox;
 pub mod server;

@@ -9,7 +9,6 @@
 //! the key itself never goes into a URL. The dashboard's files (`/`,
 //! `/ui/…`, `/static/…`) need no key: they hold no data.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::Request;
@@ -17,6 +16,7 @@ use axum::extract::Request;
 use super::error::ApiError;
 use super::state::AppState;
 use super::tickets::Tickets;
+use crate::quota::KeyTable;
 use crate::store::{Store, StoreError};
 
 /// Who is calling; handlers read it from the request extensions.
@@ -58,22 +58,25 @@ impl Caller {
     }
 }
 
-/// The accepted keys, stored only as hashes, each with whether it is an
-/// admin key; and the WebSocket tickets (in the store, for every replica).
+/// The accepted keys, known only by their hashes, each with its name,
+/// whether it administers and its quota; and the WebSocket tickets (in
+/// the store, for every replica).
 pub struct Keys {
-    hashes: HashMap<String, bool>,
+    table: Arc<KeyTable>,
     tickets: Tickets,
 }
 
 impl Keys {
-    pub fn new(keys: &[String], admin_keys: &[String], store: Arc<dyn Store>) -> Keys {
-        let mut hashes: HashMap<String, bool> =
-            keys.iter().map(|k| (hash(k.trim()), false)).collect();
-        hashes.extend(admin_keys.iter().map(|k| (hash(k.trim()), true)));
+    pub fn new(table: Arc<KeyTable>, store: Arc<dyn Store>) -> Keys {
         Keys {
-            hashes,
+            table,
             tickets: Tickets::new(store),
         }
+    }
+
+    /// The keys' names and quotas, by owner id.
+    pub fn table(&self) -> &Arc<KeyTable> {
+        &self.table
     }
 
     /// A fresh single-use ticket standing for `caller`; `None` when the
@@ -83,13 +86,13 @@ impl Keys {
     }
 
     pub fn enabled(&self) -> bool {
-        !self.hashes.is_empty()
+        !self.table.is_empty()
     }
 
     /// The caller a presented key stands for, if it is one of ours.
     fn check(&self, key: &str) -> Option<Caller> {
         let hashed = hash(key);
-        let admin = *self.hashes.get(&hashed)?;
+        let admin = self.table.get(&hashed)?.admin;
         Some(Caller {
             owner: Some(hashed),
             admin,

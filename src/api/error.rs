@@ -26,6 +26,10 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// More fields of the error object (a quota's name and reset).
+    pub detail: Option<serde_json::Value>,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
 }
 
 /// The JSON shape of every error, for the OpenAPI document.
@@ -46,6 +50,8 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            detail: None,
+            retry_after: None,
         }
     }
 
@@ -87,9 +93,18 @@ impl ApiError {
         )
     }
 
-    /// The JSON body: `{"error": {"code", "message"}}`.
+    /// The JSON body: `{"error": {"code", "message"}}`, and the
+    /// detail's fields beside them.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"code": self.code, "message": self.message}})
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let (Some(serde_json::Value::Object(detail)), Some(fields)) =
+            (&self.detail, error.as_object_mut())
+        {
+            for (name, value) in detail {
+                fields.entry(name.clone()).or_insert_with(|| value.clone());
+            }
+        }
+        json!({ "error": error })
     }
 }
 
@@ -102,7 +117,26 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("Bearer"),
             );
         }
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
         response
+    }
+}
+
+/// Past a quota: 429 with `Retry-After`, naming the quota and its reset.
+impl From<crate::quota::QuotaExceeded> for ApiError {
+    fn from(error: crate::quota::QuotaExceeded) -> ApiError {
+        let mut api = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota_exceeded",
+            error.to_string(),
+        );
+        api.detail = Some(error.detail());
+        api.retry_after = Some(error.retry_after.as_secs().max(1));
+        api
     }
 }
 

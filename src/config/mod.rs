@@ -25,9 +25,11 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod keys;
 mod outbound;
 mod sections;
 mod validate;
+pub use keys::*;
 pub use outbound::*;
 pub use sections::*;
 
@@ -61,6 +63,12 @@ pub struct Config {
     /// valid API keys too.
     #[serde(deserialize_with = "string_or_list")]
     pub admin_keys: Vec<String>,
+    /// Named keys (`[keys.NAME]`), each with its quota; the name labels
+    /// its metrics and usage.
+    pub keys: BTreeMap<String, NamedKey>,
+    /// The quota of every key that sets none (and of each field a
+    /// `[keys.NAME]` leaves out); none applies while auth is off.
+    pub default_quota: Quota,
     /// `Host` values the server answers (a name matches any port), against
     /// DNS rebinding; `"*"` answers any. The `listen` address is added when
     /// it is a specific one.
@@ -109,6 +117,8 @@ impl Default for Config {
             data_dir: PathBuf::from("data"),
             api_keys: Vec::new(),
             admin_keys: Vec::new(),
+            keys: BTreeMap::new(),
+            default_quota: Quota::builtin_default(),
             allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             allowed_origins: Vec::new(),
             http: HttpConfig::default(),

@@ -46,28 +46,8 @@ impl Config {
         self.cluster
             .validate()
             .map_err(|(name, message)| field(&name, message))?;
-        if self.api_keys.is_empty() && self.admin_keys.is_empty() && !self.listen.ip().is_loopback()
-        {
-            return Err(field(
-                "listen",
-                format!(
-                    "{} is not a loopback address and no api_keys are configured; \
-                     set CONCLAVE_API_KEYS (or api_keys in the config file) to listen there",
-                    self.listen
-                ),
-            ));
-        }
-        for (name, keys) in [
-            ("api_keys", &self.api_keys),
-            ("admin_keys", &self.admin_keys),
-        ] {
-            if let Some(i) = keys.iter().position(|k| k.trim().len() < 8) {
-                return Err(field(
-                    &format!("{name}[{i}]"),
-                    "a key must have at least 8 characters".into(),
-                ));
-            }
-        }
+        self.validate_keys()
+            .map_err(|(name, message)| field(&name, message))?;
         let permissions = &self.agent.permissions;
         permissions
             .default_policy()
@@ -76,13 +56,11 @@ impl Config {
         for (i, (key, policy)) in permissions.keys.iter().enumerate() {
             // The key itself is a secret: errors name its place, not it.
             let at = format!("agent.permissions.keys[{i}]");
-            if !self
-                .api_keys
-                .iter()
-                .chain(&self.admin_keys)
-                .any(|k| k.trim() == key.trim())
-            {
-                return Err(field(&at, "is not one of api_keys or admin_keys".into()));
+            if !self.key_entries().iter().any(|k| k.secret == key.trim()) {
+                return Err(field(
+                    &at,
+                    "is not one of api_keys, admin_keys or [keys.NAME]".into(),
+                ));
             }
             policy
                 .validate(&at)

@@ -135,6 +135,8 @@ impl Server {
     ) -> Result<Server, StartError> {
         let store = shared::open_store(&config).await?;
         let metrics = Arc::new(Metrics::new());
+        // Each key's name and quota, for auth, the quotas and usage.
+        let key_table = Arc::new(crate::quota::KeyTable::new(&config));
         let bus_tasks = TaskTracker::new();
         let shared::Bus {
             bus,
@@ -331,11 +333,7 @@ impl Server {
             root.child_token(),
         ));
         let state = AppState::new(Shared {
-            keys: Arc::new(Keys::new(
-                &config.api_keys,
-                &config.admin_keys,
-                store.clone(),
-            )),
+            keys: Arc::new(Keys::new(key_table, store.clone())),
             config: Arc::new(config),
             sessions,
             models,
