@@ -161,6 +161,7 @@ impl From<SessionError> for ApiError {
             ),
             SessionError::Internal(e) => ApiError::internal(e),
             SessionError::Store(e) => ApiError::internal(e),
+            SessionError::Quota(e) => ApiError::from(e),
         }
     }
 }

@@ -68,4 +68,7 @@ pub enum SessionError {
     Internal(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The session's key is past one of its quotas.
+    #[error(transparent)]
+    Quota(#[from] crate::quota::QuotaExceeded),
 }
