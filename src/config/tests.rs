@@ -269,3 +269,39 @@ fn sandbox_pause_after_s_is_off_by_default_and_below_the_idle_ttl() {
         "{err}"
     );
 }
+
+#[test]
+fn named_keys_and_the_default_quota_load_and_are_checked_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let load = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        Config::load(Some(&path), &Overrides::default()).map_err(|e| e.to_string())
+    };
+    let config = load(
+        "listen = \"0.0.0.0:8080\"\n[keys.alice]\nkey = \"alice-secret-1\"\nmax_sandboxes = 2\n\
+         [default_quota]\ntokens_per_day = 5000\n",
+    )
+    .unwrap();
+    let alice = &config.key_entries()[0];
+    assert_eq!(alice.name, "alice");
+    assert_eq!(alice.quota.max_sandboxes, Some(2));
+    assert_eq!(alice.quota.tokens_per_day, Some(5000));
+    // The built-in default still bounds storage though the file set
+    // another field of [default_quota].
+    assert_eq!(alice.quota.storage_mb, Some(1024));
+
+    let err = load("[keys.alice]\nkey = \"short\"\n").unwrap_err();
+    assert!(err.contains("keys.alice.key"), "{err}");
+    let err = load("[keys.\"a b\"]\nkey = \"alice-secret-1\"\n").unwrap_err();
+    assert!(err.contains("keys.a b"), "{err}");
+    let err = load("[keys.alice]\nkey = \"alice-secret-1\"\nusd_per_day = -1\n").unwrap_err();
+    assert!(err.contains("keys.alice.usd_per_day"), "{err}");
+    let err = load("[keys.alice]\nkey = \"alice-secret-1\"\nmax_sandbox = 1\n").unwrap_err();
+    assert!(err.contains("max_sandbox"), "{err}");
+    let err = load("api_keys = [\"alice-secret-1\"]\n[keys.alice]\nkey = \"alice-secret-1\"\n")
+        .unwrap_err();
+    assert!(err.contains("configured twice"), "{err}");
+    // Never the secret in an error.
+    assert!(!err.contains("alice-secret-1"), "{err}");
+}
