@@ -46,9 +46,15 @@ struct Server {
 
 impl Server {
     async fn start(sandbox: &str) -> Server {
+        Server::start_with(sandbox, &[]).await
+    }
+
+    /// With more flags: a replica's shared `--store` and `--bus`.
+    async fn start_with(sandbox: &str, args: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("conclave.toml"), CONFIG).unwrap();
         let mut command = serve_command(&["--sandbox", sandbox, "--config", "conclave.toml"]);
+        command.args(args);
         command.current_dir(dir.path());
         let (child, url) = spawn_server(&mut command).await;
         Server {
@@ -195,8 +201,8 @@ async fn sessions_turns_and_gateway_requests_past_their_quota_answer_429() {
         "result"
     );
     running.until("result").await;
-    // The slot goes back as the turn ends.
-    let events = turn_when_free(&server, &second).await;
+    // The slot goes back before the turn's result is sent.
+    let events = server.turn(GREEDY, &second, "hi").await;
     assert_eq!(events.last().unwrap()["type"], "result");
 
     // max_concurrent_sessions = 3: two open, one more, then refused; a
@@ -262,19 +268,78 @@ async fn sessions_turns_and_gateway_requests_past_their_quota_answer_429() {
     server.stop().await;
 }
 
-/// A turn of `session`, asked again while the key's previous turn is
-/// still giving its slot back (its result is sent just before).
-async fn turn_when_free(server: &Server, session: &str) -> Vec<Value> {
-    let path = format!("/agent/session/{session}/message");
-    for _ in 0..100 {
-        let response = server
-            .send(GREEDY, Method::POST, &path, json!({"prompt": "hi"}))
-            .await;
-        if response.status() != StatusCode::TOO_MANY_REQUESTS {
-            assert_eq!(response.status(), StatusCode::OK);
-            return ndjson(response).await;
+/// Two replicas on one PostgreSQL database and one nats-server, as the
+/// scale-out runs them: each quota counts the key's sessions, turns and
+/// requests on both (needs `CONCLAVE_TEST_POSTGRES` and
+/// `CONCLAVE_TEST_NATS_SERVER`, as tests/cluster.rs does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_postgres_and_nats_share_each_quota() {
+    let database = common::postgres::TestDatabase::create(&common::postgres::test_server()).await;
+    let nats = common::nats::NatsServer::start(true).await;
+    let url = database.url();
+    let shared = ["--store", url.as_str(), "--bus", nats.url.as_str()];
+    let a = Server::start_with("local", &shared).await;
+    let b = Server::start_with("local", &shared).await;
+
+    // A turn running on one replica fills the key's one turn slot on both.
+    let first = a.session(GREEDY).await;
+    let second = b.session(GREEDY).await;
+    let running = a
+        .send(
+            GREEDY,
+            Method::POST,
+            &format!("/agent/session/{first}/message"),
+            json!({"prompt": long_prompt(200)}),
+        )
+        .await;
+    let mut running = Lines::new(running);
+    running.until("status").await;
+    let path = format!("/agent/session/{second}/message");
+    let refused = b
+        .send(GREEDY, Method::POST, &path, json!({"prompt": "hi"}))
+        .await;
+    assert_quota(refused, "max_concurrent_turns", 60).await;
+    running.until("result").await;
+    let events = b.turn(GREEDY, &second, "hi").await;
+    assert_eq!(events.last().unwrap()["type"], "result");
+
+    // Two sessions open (one made on each replica), a third on A, and
+    // the fourth is refused on B.
+    a.session(GREEDY).await;
+    let refused = b
+        .send(GREEDY, Method::POST, "/agent/session", json!({}))
+        .await;
+    assert_quota(refused, "max_concurrent_sessions", 60).await;
+
+    // Gateway requests: one on each replica, and the third on either is
+    // past the minute's two.
+    loop {
+        let minute = chrono::Utc::now().timestamp() / 60;
+        let mut statuses = Vec::new();
+        for server in [&a, &b, &a] {
+            let response = server
+                .send(
+                    GREEDY,
+                    Method::POST,
+                    "/v1/chat/completions",
+                    json!({"model": "none"}),
+                )
+                .await;
+            statuses.push(response.status());
         }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if chrono::Utc::now().timestamp() / 60 != minute {
+            continue;
+        }
+        assert_eq!(
+            statuses,
+            [
+                StatusCode::NOT_FOUND,
+                StatusCode::NOT_FOUND,
+                StatusCode::TOO_MANY_REQUESTS
+            ]
+        );
+        break;
     }
-    panic!("the key's turn slot never came back");
+    a.stop().await;
+    b.stop().await;
 }

@@ -428,6 +428,7 @@ impl SessionManager {
             task,
             metrics: self.metrics.clone(),
             turn_timeout: self.limits.turn_timeout,
+            turn_slot: std::sync::Mutex::new(quota),
         };
         let turn_session = session.clone();
         let turn_cancel = cancel.clone();
@@ -436,9 +437,6 @@ impl SessionManager {
             *lock(&turn_session.running) = None;
             if let Some(held) = held {
                 held.release().await;
-            }
-            if let Some(quota) = quota {
-                quota.release().await;
             }
             drop(guard);
         });
@@ -486,6 +484,7 @@ impl SessionManager {
                 task: task.clone(),
                 metrics: self.metrics.clone(),
                 turn_timeout: self.limits.turn_timeout,
+                turn_slot: Default::default(),
             };
             runner.close_cut_off(&session, CUT_OFF_BY_RESTART).await?;
             closed += 1;
