@@ -261,3 +261,64 @@ impl From<QuotaError> for crate::api::error::ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, key_owner};
+    use crate::store::SqliteStore;
+
+    fn quotas(config: &Config, dir: &tempfile::TempDir) -> Quotas {
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("conclave.db")).unwrap());
+        let table = Arc::new(KeyTable::new(config));
+        Quotas::new(table, store, Duration::from_secs(60))
+    }
+
+    /// A key of `api_keys` with no quota configured gets the built-in
+    /// default: 16 sandboxes, never all 64 of `max_live`; another key has
+    /// its own 16; a sandbox given back makes room.
+    #[tokio::test]
+    async fn the_builtin_default_bounds_each_keys_sandboxes() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config {
+            api_keys: vec![
+                "first-key-0123456789".into(),
+                "second-key-0123456789".into(),
+            ],
+            ..Config::default()
+        };
+        let quotas = quotas(&config, &dir);
+        let (first, second) = (
+            key_owner("first-key-0123456789"),
+            key_owner("second-key-0123456789"),
+        );
+        let mut held = Vec::new();
+        for _ in 0..16 {
+            held.push(quotas.take_sandbox(Some(&first)).await.unwrap().unwrap());
+        }
+        let refused = quotas.take_sandbox(Some(&first)).await;
+        let Err(QuotaError::Exceeded(refused)) = refused else {
+            panic!("the 17th sandbox was not refused");
+        };
+        assert_eq!(
+            (refused.quota, refused.limit.as_str()),
+            ("max_sandboxes", "16")
+        );
+        assert!(refused.key.starts_with("key-"), "{}", refused.key);
+        assert!(quotas.take_sandbox(Some(&second)).await.unwrap().is_some());
+        held.pop().unwrap().release().await;
+        assert!(quotas.take_sandbox(Some(&first)).await.unwrap().is_some());
+    }
+
+    /// Without keys nothing is counted: no slot, no limit.
+    #[tokio::test]
+    async fn auth_off_counts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let quotas = quotas(&Config::default(), &dir);
+        assert!(quotas.take_sandbox(None).await.unwrap().is_none());
+        assert!(quotas.take_turn(None).await.unwrap().is_none());
+        quotas.admit_session(None).await.unwrap();
+        quotas.admit_request(None).await.unwrap();
+    }
+}
