@@ -146,6 +146,7 @@ async fn forward(
     session: Option<String>,
     RawJsonObject(body): RawJsonObject,
 ) -> Result<Response, ApiError> {
+    state.quotas.admit_request(caller.owner.as_deref()).await?;
     let session_id = metadata
         .get("session_id")
         .and_then(Value::as_str)

@@ -42,6 +42,8 @@ pub struct Shared {
     pub models: Arc<ModelRegistry>,
     pub metrics: Arc<Metrics>,
     pub keys: Arc<Keys>,
+    /// The keys' quotas, enforced through the store.
+    pub quotas: Arc<crate::quota::Quotas>,
     pub started: Instant,
     /// Sessions, events and the bus's messages; `/ready` pings it.
     pub store: Arc<dyn crate::store::Store>,

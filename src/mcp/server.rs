@@ -56,7 +56,7 @@ impl Drop for Scratch {
 fn tool_error(e: SandboxError) -> ErrorData {
     match e {
         SandboxError::InvalidPath(m) | SandboxError::File(m) => ErrorData::invalid_params(m, None),
-        SandboxError::Capacity(_) | SandboxError::ImageNotFound(_) => {
+        SandboxError::Capacity(_) | SandboxError::ImageNotFound(_) | SandboxError::Quota(_) => {
             ErrorData::internal_error(e.to_string(), None)
         }
         other => {

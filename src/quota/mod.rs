@@ -6,6 +6,10 @@
 //! an owner the config no longer names (a key removed since its sessions
 //! were made) has no quota.
 
+mod enforce;
+
+pub use enforce::{HeldSlot, QuotaError, Quotas};
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

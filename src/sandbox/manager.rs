@@ -56,6 +56,9 @@ struct Slot {
     /// the next turn's calls change nothing the snapshot is reading.
     snapshotting: watch::Sender<bool>,
     pause: pause::PauseState,
+    /// The key's quota slot this sandbox holds, given back when the slot
+    /// goes (the sandbox is destroyed or reaped).
+    quota: Mutex<Option<crate::quota::HeldSlot>>,
 }
 
 pub struct SandboxManager {
@@ -81,6 +84,8 @@ pub struct SandboxManager {
     /// Snapshots being taken, waited for at shutdown.
     snapshotting: TaskTracker,
     pause_metrics: pause::PauseMetrics,
+    /// The keys' `max_sandboxes`; `None` counts none.
+    quotas: Option<quota::SandboxQuotas>,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -130,7 +135,18 @@ impl SandboxManager {
             snapshots: None,
             snapshotting: TaskTracker::new(),
             pause_metrics: Default::default(),
+            quotas: None,
         }
+    }
+
+    /// Counts each session's sandbox against its key's `max_sandboxes`.
+    pub fn with_quotas(
+        mut self,
+        quotas: Arc<crate::quota::Quotas>,
+        store: Arc<dyn crate::store::Store>,
+    ) -> SandboxManager {
+        self.quotas = Some(quota::SandboxQuotas { quotas, store });
+        self
     }
 
     /// Whether the backend can start sandboxes of `image`.
@@ -201,6 +217,13 @@ impl SandboxManager {
         spec: SandboxSpec,
         seed: Option<super::snapshots::Seed<'_>>,
     ) -> Result<Lease> {
+        // A session without a sandbox yet takes one of its key's slots
+        // first (a store round trip, so outside the map's lock).
+        let known = lock(&self.slots).contains_key(&session);
+        let mut quota = match (&self.quotas, known) {
+            (Some(quotas), false) => quotas.take_sandbox(session).await?,
+            _ => None,
+        };
         let slot = {
             let mut slots = lock(&self.slots);
             match slots.get(&session) {
@@ -210,6 +233,7 @@ impl SandboxManager {
                         return Err(SandboxError::Capacity(self.config.max_live));
                     }
                     let slot = Arc::new(Slot {
+                        quota: Mutex::new(quota.take()),
                         spec,
                         sandbox: OnceCell::new(),
                         leases: AtomicUsize::new(0),
@@ -338,6 +362,12 @@ impl SandboxManager {
     pub async fn release(&self, session: Uuid) {
         let slot = lock(&self.slots).remove(&session);
         let found = lock(&self.found).remove(&session);
+        // Given back now, not when the slot's last reference goes: the
+        // key's next sandbox may be asked for at once.
+        let quota = slot.as_ref().and_then(|s| lock(&s.quota).take());
+        if let Some(quota) = quota {
+            quota.release().await;
+        }
         if let Some(sandbox) = slot.as_ref().and_then(|s| s.sandbox.get())
             && let Err(e) = sandbox.destroy().await
         {
@@ -506,6 +536,7 @@ fn pool_label(image: &str) -> String {
 }
 
 mod pause;
+mod quota;
 mod shared;
 mod snapshot;
 mod stats;

@@ -202,6 +202,9 @@ pub enum SandboxError {
     ImageNotFound(String),
     #[error("too many live sandboxes (limit {0}); try again when one is released")]
     Capacity(usize),
+    /// The session's key holds as many live sandboxes as its quota allows.
+    #[error(transparent)]
+    Quota(crate::quota::QuotaExceeded),
     #[error("sandbox {0} is gone")]
     Gone(String),
     #[error("{0}")]

@@ -137,6 +137,13 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         // Each key's name and quota, for auth, the quotas and usage.
         let key_table = Arc::new(crate::quota::KeyTable::new(&config));
+        // Their quotas, counted in the store so replicas share them; a
+        // dead replica's sandboxes and turns free after one turn lease.
+        let quotas = Arc::new(crate::quota::Quotas::new(
+            key_table.clone(),
+            store.clone(),
+            Duration::from_secs(config.cluster.turn_lease_s),
+        ));
         let bus_tasks = TaskTracker::new();
         let shared::Bus {
             bus,
@@ -167,7 +174,8 @@ impl Server {
         let (tools, sandboxes, mcp): (Arc<dyn ToolRouter>, _, _) = match tools {
             Tools::Custom(router) => (router, None, None),
             Tools::Sandboxed => {
-                let (sandboxes, host, instance) = tools::sandbox_host(&config, &store).await?;
+                let (sandboxes, host, instance) =
+                    tools::sandbox_host(&config, &store, Some(quotas.clone())).await?;
                 metrics.register_sandbox_pauses(sandboxes.pause_metrics());
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -262,7 +270,8 @@ impl Server {
             let manager = match event_logs {
                 Some(logs) => manager.with_logs(logs),
                 None => manager,
-            };
+            }
+            .with_quotas(quotas.clone());
             // A shared store means other replicas: turns take leases there,
             // and interrupts reach them over the bus.
             match config.store {
@@ -334,6 +343,7 @@ impl Server {
         ));
         let state = AppState::new(Shared {
             keys: Arc::new(Keys::new(key_table, store.clone())),
+            quotas,
             config: Arc::new(config),
             sessions,
             models,
@@ -386,6 +396,7 @@ impl Server {
                 .clone()
                 .run_health_checks(root.child_token()),
         );
+        background.spawn(self.state.quotas.clone().renew(root.child_token()));
         {
             let sessions = sessions.clone();
             let root = root.clone();

@@ -21,10 +21,12 @@ const MCP_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
 const MCP_MAX_ENTRIES: usize = 2000;
 
 /// The configured backend's sandboxes, as the data directory's instance,
-/// and the MCP host over them and `store`. Also returns the instance id.
+/// and the MCP host over them and `store`, counting sandboxes against the
+/// keys' quotas when given. Also returns the instance id.
 pub(super) async fn sandbox_host(
     config: &Config,
     store: &Arc<dyn Store>,
+    quotas: Option<Arc<crate::quota::Quotas>>,
 ) -> Result<(Arc<SandboxManager>, Arc<McpHost>, String), StartError> {
     let backend = sandbox::connect(&config.sandbox, &config.data_dir)
         .await
@@ -40,10 +42,12 @@ pub(super) async fn sandbox_host(
         instance.clone(),
         std::time::Duration::from_secs(config.sandbox.max_exec_timeout_s),
     );
-    let sandboxes = Arc::new(
-        SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
-            .with_snapshots(snapshots),
-    );
+    let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
+        .with_snapshots(snapshots);
+    let sandboxes = Arc::new(match quotas {
+        Some(quotas) => sandboxes.with_quotas(quotas, store.clone()),
+        None => sandboxes,
+    });
     let host = Arc::new(McpHost {
         sandboxes: sandboxes.clone(),
         store: store.clone(),
@@ -71,7 +75,8 @@ pub(super) async fn sandbox_host(
 /// sandboxes at start: a server on the same store may be running them.
 pub async fn serve_mcp_stdio(config: Config) -> anyhow::Result<()> {
     let store = shared::open_store(&config).await?;
-    let (sandboxes, host, _) = sandbox_host(&config, &store).await?;
+    // The one trusted local client: no key, no quota.
+    let (sandboxes, host, _) = sandbox_host(&config, &store, None).await?;
     let store_name = match &config.store {
         Some(url) => postgres::redact(url),
         None => "sqlite in the data directory".to_string(),

@@ -79,6 +79,8 @@ pub struct SessionManager {
     leases: Option<Arc<TurnLeases>>,
     /// With replicas: interrupts for turns that run on another one.
     signals: Option<Arc<Signals>>,
+    /// The keys' `max_concurrent_sessions` and `max_concurrent_turns`.
+    quotas: Option<Arc<crate::quota::Quotas>>,
     /// Parent of every turn's token: cancelled at shutdown.
     shutdown: CancellationToken,
     /// Set when the replica is told to stop: it takes no new turns and lets
@@ -110,6 +112,7 @@ impl SessionManager {
             live: Mutex::new(HashMap::new()),
             leases: None,
             signals: None,
+            quotas: None,
             shutdown,
             draining: std::sync::atomic::AtomicBool::new(false),
             followers: CancellationToken::new(),
@@ -127,6 +130,12 @@ impl SessionManager {
     /// Runs turns under leases in the store, for replicas sharing it.
     pub fn with_leases(mut self, leases: TurnLeases) -> SessionManager {
         self.leases = Some(Arc::new(leases));
+        self
+    }
+
+    /// Holds each key to its open sessions and running turns.
+    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Quotas>) -> SessionManager {
+        self.quotas = Some(quotas);
         self
     }
 
@@ -179,6 +188,9 @@ impl SessionManager {
         new: NewSession,
     ) -> Result<Arc<Session>, SessionError> {
         self.tasks.require(new.kind.as_str(), "kind")?;
+        if let Some(quotas) = &self.quotas {
+            quotas.admit_session(new.owner.as_deref()).await?;
+        }
         let now = Utc::now();
         let record = SessionRecord {
             id,
@@ -380,6 +392,14 @@ impl SessionManager {
         if session.closed.is_cancelled() {
             return Err(SessionError::NotFound(session.id));
         }
+        // A turn run for another session's (a deliberation's agent, a
+        // pipeline's node) is part of that turn and counts as none.
+        let quota = match &self.quotas {
+            Some(quotas) if options.on_behalf_of.is_none() => {
+                quotas.take_turn(session.owner.as_deref()).await?
+            }
+            _ => None,
+        };
         let cancel = self.shutdown.child_token();
         let (held, session) = match &self.leases {
             Some(leases) => {
@@ -408,6 +428,7 @@ impl SessionManager {
             task,
             metrics: self.metrics.clone(),
             turn_timeout: self.limits.turn_timeout,
+            turn_slot: std::sync::Mutex::new(quota),
         };
         let turn_session = session.clone();
         let turn_cancel = cancel.clone();
@@ -463,6 +484,7 @@ impl SessionManager {
                 task: task.clone(),
                 metrics: self.metrics.clone(),
                 turn_timeout: self.limits.turn_timeout,
+                turn_slot: Default::default(),
             };
             runner.close_cut_off(&session, CUT_OFF_BY_RESTART).await?;
             closed += 1;

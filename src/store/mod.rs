@@ -5,7 +5,8 @@
 //!   (the durable event log), [`KvStore`] (namespaced keys with revisions),
 //!   [`CheckpointStore`] (a run's state after each step), [`BusStore`]
 //!   (the retained messages of durable bus subjects), [`LeaseStore`] (one
-//!   replica at a time for a name). [`Store`] is all of them; the server
+//!   replica at a time for a name), [`QuotaStore`] (per-key quota slots
+//!   and counters). [`Store`] is all of them; the server
 //!   holds it as `Arc<dyn Store>`.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
@@ -17,6 +18,7 @@
 
 mod codec;
 pub mod postgres;
+mod quota;
 pub mod sqlite;
 
 #[cfg(test)]
@@ -32,6 +34,7 @@ use serde_json::Value;
 use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 
 pub use postgres::PostgresStore;
+pub use quota::QuotaStore;
 pub use sqlite::SqliteStore;
 
 /// Which sessions a listing returns. The default selects all of them.
@@ -363,7 +366,7 @@ pub trait LeaseStore: Send + Sync {
 /// second backend implements the seams one by one).
 #[async_trait]
 pub trait Store:
-    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore
+    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore + QuotaStore
 {
     /// Answers once the backend has answered a trivial query: what the
     /// readiness probe asks.

@@ -26,6 +26,7 @@ mod checkpoints;
 mod events;
 mod kv;
 mod leases;
+mod quota;
 mod sessions;
 
 /// Connections one replica holds at most: enough for its concurrent
@@ -133,6 +134,24 @@ const MIGRATIONS: &[(&str, &str)] = &[
             fence BIGINT NOT NULL
         );
         CREATE INDEX leases_by_expiry ON leases (expires_at);",
+    ),
+    (
+        "quotas",
+        // A row per sandbox or turn held, renewed by its replica so that a
+        // dead one's expire; a counter per key and minute.
+        "CREATE TABLE quota_slots (
+            pool TEXT COLLATE \"C\" NOT NULL,
+            holder TEXT NOT NULL,
+            replica TEXT NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (pool, holder)
+        );
+        CREATE INDEX quota_slots_by_replica ON quota_slots (replica);
+        CREATE TABLE quota_windows (
+            name TEXT COLLATE \"C\" PRIMARY KEY,
+            started BIGINT NOT NULL,
+            count BIGINT NOT NULL
+        );",
     ),
 ];
 

@@ -140,6 +140,24 @@ const MIGRATION_STEPS: &[M<'static>] = &[
     ) STRICT;
     CREATE INDEX leases_by_expiry ON leases (expires_us);",
     ),
+    // Per-key quotas shared by the processes on this file: a row per
+    // sandbox or turn held (renewed by its replica, so a dead one's
+    // expire), and a counter per key and minute.
+    M::up(
+        "CREATE TABLE quota_slots (
+        pool TEXT NOT NULL,
+        holder TEXT NOT NULL,
+        replica TEXT NOT NULL,
+        expires_us INTEGER NOT NULL,
+        PRIMARY KEY (pool, holder)
+    ) STRICT;
+    CREATE INDEX quota_slots_by_replica ON quota_slots (replica);
+    CREATE TABLE quota_windows (
+        name TEXT PRIMARY KEY NOT NULL,
+        started INTEGER NOT NULL,
+        count INTEGER NOT NULL
+    ) STRICT;",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
@@ -156,6 +174,7 @@ mod events;
 mod kv;
 mod leases;
 mod listing;
+mod quota;
 mod rows;
 mod sessions;
 mod wal;

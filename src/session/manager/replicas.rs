@@ -200,6 +200,7 @@ impl SessionManager {
                 task,
                 metrics: self.metrics.clone(),
                 turn_timeout: self.limits.turn_timeout,
+                turn_slot: Default::default(),
             };
             runner.close_cut_off(&session, message).await?;
             Ok::<_, SessionError>(true)

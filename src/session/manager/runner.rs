@@ -18,6 +18,10 @@ pub(super) struct Runner {
     pub(super) task: Arc<dyn SessionTask>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) turn_timeout: Duration,
+    /// The key's `max_concurrent_turns` slot this turn holds: given back
+    /// just before the `result`, so a client that starts its next turn as
+    /// soon as it reads one finds the slot free.
+    pub(super) turn_slot: std::sync::Mutex<Option<crate::quota::HeldSlot>>,
 }
 
 impl Runner {
@@ -110,6 +114,10 @@ impl Runner {
         started: Instant,
     ) -> Result<(), StoreError> {
         let session = &turn.session;
+        let slot = lock(&self.turn_slot).take();
+        if let Some(slot) = slot {
+            slot.release().await;
+        }
         // An ephemeral session's one turn is over and nothing will use what
         // it held: it is gone by the time the client reads the result.
         if session.ephemeral {

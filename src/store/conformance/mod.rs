@@ -31,6 +31,7 @@ mod bus;
 mod events;
 mod kv;
 mod leases;
+mod quota;
 mod replicas;
 mod sessions;
 
@@ -137,6 +138,10 @@ suite!(
     bus::bus_messages_read_back_in_publish_order_from_a_cursor,
     bus::pruning_keeps_positions_and_last_seqs,
     leases::one_holder_at_a_time,
+    quota::slots_hold_a_limit_across_replicas,
+    quota::expired_slots_free_themselves,
+    quota::racing_takers_never_pass_the_limit,
+    quota::window_counts_restart_each_window,
     leases::a_race_has_one_winner,
     leases::acquires_racing_releases_always_answer,
 );

@@ -1,0 +1,95 @@
+//! Quota slots and window counters: a limit holds across two stores on one
+//! database (two replicas), racing takers never pass it, expired slots
+//! free themselves, a replica's renewal keeps its own.
+
+use std::time::Duration;
+
+use super::Fixture;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Two replicas share a pool's limit; a holder taking again renews its
+/// slot; a release frees room; a replica's renewal covers only its slots.
+pub(crate) async fn slots_hold_a_limit_across_replicas(fixture: &dyn Fixture) {
+    let (a, b) = (fixture.open().await, fixture.open().await);
+    assert!(a.slot_take("turns:k", "a/1", "a", 2, LONG).await.unwrap());
+    assert!(b.slot_take("turns:k", "b/1", "b", 2, LONG).await.unwrap());
+    assert!(!a.slot_take("turns:k", "a/2", "a", 2, LONG).await.unwrap());
+    assert!(
+        a.slot_take("turns:k", "a/1", "a", 2, LONG).await.unwrap(),
+        "a holder's own slot renews"
+    );
+    assert!(
+        b.slot_take("turns:other", "b/2", "b", 1, LONG)
+            .await
+            .unwrap(),
+        "pools count apart"
+    );
+    assert_eq!(a.slots_held("turns:k").await.unwrap(), 2);
+    assert_eq!(a.slots_renew("a", LONG).await.unwrap(), 1);
+    b.slot_release("turns:k", "b/1").await.unwrap();
+    b.slot_release("turns:k", "b/1").await.unwrap();
+    assert!(a.slot_take("turns:k", "a/2", "a", 2, LONG).await.unwrap());
+    assert_eq!(b.slots_held("turns:k").await.unwrap(), 2);
+}
+
+/// A dead replica's slot stops counting once it has expired.
+pub(crate) async fn expired_slots_free_themselves(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let short = Duration::from_millis(300);
+    assert!(
+        store
+            .slot_take("sandboxes:k", "dead/1", "dead", 1, short)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .slot_take("sandboxes:k", "live/1", "live", 1, LONG)
+            .await
+            .unwrap()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // The expiry is the store's clock: ask until it has passed.
+    while store.slots_held("sandboxes:k").await.unwrap() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        store
+            .slot_take("sandboxes:k", "live/1", "live", 1, LONG)
+            .await
+            .unwrap()
+    );
+}
+
+/// Sixteen takers racing for three slots: exactly three win.
+pub(crate) async fn racing_takers_never_pass_the_limit(fixture: &dyn Fixture) {
+    let (a, b) = (fixture.open().await, fixture.open().await);
+    let takers = (0..16).map(|i| {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tokio::spawn(async move {
+            store
+                .slot_take("turns:race", &format!("r/{i}"), "r", 3, LONG)
+                .await
+                .unwrap()
+        })
+    });
+    let mut granted = 0;
+    for taker in takers {
+        granted += usize::from(taker.await.unwrap());
+    }
+    assert_eq!(granted, 3);
+}
+
+/// A window counts up, and a new window starts again at one.
+pub(crate) async fn window_counts_restart_each_window(fixture: &dyn Fixture) {
+    let (a, b) = (fixture.open().await, fixture.open().await);
+    assert_eq!(a.window_count("rpm:k", 60).await.unwrap(), 1);
+    assert_eq!(b.window_count("rpm:k", 60).await.unwrap(), 2);
+    assert_eq!(a.window_count("rpm:other", 60).await.unwrap(), 1);
+    assert_eq!(b.window_count("rpm:k", 120).await.unwrap(), 1);
+}

@@ -1,0 +1,47 @@
+//! What per-key quotas keep in the store, so that every replica sharing it
+//! counts the same: slots (one row per sandbox or turn held, with an
+//! expiry its replica renews) and counters per time window (requests per
+//! minute).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::StoreError;
+
+/// Concurrency slots and window counters, shared by the replicas.
+#[async_trait]
+pub trait QuotaStore: Send + Sync {
+    /// Takes a slot of `pool` (e.g. `turns:{owner}`) for `holder` until
+    /// `ttl` from now, unless `limit` slots of the pool are held and
+    /// unexpired already; true when granted (or `holder` had it). Taking
+    /// and counting are one step, so two replicas never both take the
+    /// last slot. Expired slots of the pool (a dead replica's) are removed
+    /// on the way.
+    async fn slot_take(
+        &self,
+        pool: &str,
+        holder: &str,
+        replica: &str,
+        limit: u64,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives a slot back; nothing when it is not held.
+    async fn slot_release(&self, pool: &str, holder: &str) -> Result<(), StoreError>;
+
+    /// Renews every slot `replica` holds until `ttl` from now; answers how
+    /// many it holds.
+    async fn slots_renew(&self, replica: &str, ttl: Duration) -> Result<u64, StoreError>;
+
+    /// The unexpired slots of `pool`.
+    async fn slots_held(&self, pool: &str) -> Result<u64, StoreError>;
+
+    /// Counts one more for `name` in the window starting at `window`
+    /// (Unix seconds; a new window starts again at 1) and answers the
+    /// count with it.
+    async fn window_count(&self, name: &str, window: i64) -> Result<u64, StoreError>;
+
+    /// The sessions of `owner` that are open: neither closed nor deleted.
+    async fn open_sessions(&self, owner: &str) -> Result<u64, StoreError>;
+}
