@@ -25,6 +25,7 @@ max_sandboxes = 2
 max_concurrent_sessions = 3
 max_concurrent_turns = 1
 requests_per_minute = 2
+storage_mb = 1
 
 [keys.other]
 key = "other-key-0123456789"
@@ -272,6 +273,99 @@ async fn sessions_turns_and_gateway_requests_past_their_quota_answer_429() {
 /// scale-out runs them: each quota counts the key's sessions, turns and
 /// requests on both (needs `CONCLAVE_TEST_POSTGRES` and
 /// `CONCLAVE_TEST_NATS_SERVER`, as tests/cluster.rs does).
+/// 300,000 bytes of JSON: a fourth of them passes greedy's 1 MiB.
+fn chunk() -> Value {
+    json!("x".repeat(299_998))
+}
+
+/// Kept bus messages and KV values count against `storage_mb`; messages
+/// that are not kept, another key's, and room freed by a delete do not.
+async fn storage_fills_and_frees(first: &Server, second: &Server) {
+    for server in [first, second, first] {
+        let response = server
+            .send(GREEDY, Method::POST, "/bus/publish/agent.notes", chunk())
+            .await;
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+    }
+    let refused = second
+        .send(GREEDY, Method::POST, "/bus/publish/agent.notes", chunk())
+        .await;
+    let body = assert_quota(refused, "storage_mb", 60).await;
+    assert_eq!(body["error"]["limit"], "1", "{body}");
+    let refused = first.send(GREEDY, Method::PUT, "/kv/big", chunk()).await;
+    assert_quota(refused, "storage_mb", 60).await;
+    // Not kept: no disk, no refusal.
+    let response = first
+        .send(GREEDY, Method::POST, "/bus/publish/chat.live", chunk())
+        .await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    // Another key keeps its own.
+    let response = second
+        .send(OTHER, Method::POST, "/bus/publish/agent.notes", chunk())
+        .await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_bus_messages_and_kv_values_past_storage_mb_answer_429() {
+    let server = Server::start("local").await;
+    // A small value first, whose delete frees its room again below.
+    let small = json!("y".repeat(200_000));
+    let response = server.send(GREEDY, Method::PUT, "/kv/small", small).await;
+    assert!(response.status().is_success(), "{}", response.status());
+    let response = server
+        .send(GREEDY, Method::POST, "/bus/publish/agent.notes", chunk())
+        .await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let response = server
+        .send(GREEDY, Method::POST, "/bus/publish/agent.notes", chunk())
+        .await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let refused = server
+        .send(GREEDY, Method::POST, "/bus/publish/agent.notes", chunk())
+        .await;
+    assert_quota(refused, "storage_mb", 60).await;
+    let response = server
+        .send(GREEDY, Method::DELETE, "/kv/small", json!({}))
+        .await;
+    assert!(response.status().is_success(), "{}", response.status());
+    let response = server
+        .send(GREEDY, Method::POST, "/bus/publish/agent.notes", chunk())
+        .await;
+    assert_eq!(
+        response.status(),
+        StatusCode::ACCEPTED,
+        "a delete frees room"
+    );
+    // Nothing accepted was lost: the three kept messages read back.
+    let response = server
+        .http
+        .get(format!(
+            "{}/bus/subscribe?subjects=agent.notes&since=all",
+            server.url
+        ))
+        .bearer_auth(GREEDY)
+        .send()
+        .await
+        .unwrap();
+    let mut lines = Lines::new(response);
+    for _ in 0..3 {
+        let read = lines.until("message").await;
+        let message = read.last().unwrap();
+        assert_eq!(
+            message["data"].as_str().unwrap().len(),
+            299_998,
+            "{message:.200}"
+        );
+    }
+    server.stop().await;
+
+    // The same from empty on a fresh server, split over "two" calls.
+    let fresh = Server::start("local").await;
+    storage_fills_and_frees(&fresh, &fresh).await;
+    fresh.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_and_nats_share_each_quota() {
     let database = common::postgres::TestDatabase::create(&common::postgres::test_server()).await;
@@ -340,6 +434,9 @@ async fn two_replicas_on_postgres_and_nats_share_each_quota() {
         );
         break;
     }
+
+    // Kept bytes on NATS JetStream, counted by either replica.
+    storage_fills_and_frees(&a, &b).await;
     a.stop().await;
     b.stop().await;
 }

@@ -192,6 +192,7 @@ impl From<BusError> for ApiError {
                 error.to_string(),
             ),
             BusError::Store(e) => ApiError::internal(e),
+            BusError::Quota(e) => ApiError::from(e),
             BusError::Nats(e) => {
                 tracing::error!(error = %e, "the NATS bus failed");
                 ApiError::new(
@@ -217,6 +218,7 @@ impl From<KvError> for ApiError {
                 error.to_string(),
             ),
             KvError::Store(e) => ApiError::internal(e),
+            KvError::Quota(e) => ApiError::from(e),
         }
     }
 }

@@ -18,6 +18,7 @@ impl From<BusError> for Status {
             BusError::TooLarge { .. } => Status::resource_exhausted(error.to_string()),
             BusError::Closed => Status::unavailable(error.to_string()),
             BusError::Store(e) => internal(e),
+            BusError::Quota(e) => Status::resource_exhausted(e.to_string()),
             BusError::Nats(e) => {
                 tracing::error!(error = %e, "the NATS bus failed");
                 Status::unavailable("the bus is unavailable; see the server log")
@@ -32,6 +33,7 @@ impl From<KvError> for Status {
             KvError::BadKey { .. } => Status::invalid_argument(error.to_string()),
             KvError::TooLarge { .. } => Status::resource_exhausted(error.to_string()),
             KvError::Store(e) => internal(e),
+            KvError::Quota(e) => Status::resource_exhausted(e.to_string()),
         }
     }
 }

@@ -124,7 +124,7 @@ pub(super) struct Retention {
 
 /// The durable patterns, parsed once.
 #[derive(Debug, Clone)]
-pub(super) struct Retentions(Vec<(Pattern, Retention)>);
+pub(crate) struct Retentions(Vec<(Pattern, Retention)>);
 
 impl Retentions {
     pub fn new(config: &BusConfig) -> Retentions {
@@ -150,8 +150,13 @@ impl Retentions {
         )
     }
 
+    /// Whether a stream's messages are kept.
+    pub(crate) fn keeps(&self, stream: &str) -> bool {
+        self.of(stream).is_some()
+    }
+
     /// The retention of a stream; `None` when it is not durable.
-    pub fn of(&self, stream: &str) -> Option<&Retention> {
+    pub(super) fn of(&self, stream: &str) -> Option<&Retention> {
         self.0
             .iter()
             .find(|(pattern, _)| pattern.matches_stream(stream))

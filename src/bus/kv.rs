@@ -46,6 +46,9 @@ pub enum KvError {
     TooLarge { size: usize, max: usize },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The namespace's key is past its `storage_mb`.
+    #[error(transparent)]
+    Quota(crate::quota::QuotaExceeded),
 }
 
 pub struct Kv {
@@ -54,6 +57,9 @@ pub struct Kv {
     max_value: usize,
     /// None when this replica is the only one.
     peers: Option<Arc<dyn KvPeers>>,
+    /// Bounds each key's kept bytes; set once the bus it measures too
+    /// exists.
+    meter: std::sync::OnceLock<Arc<crate::quota::StorageMeter>>,
 }
 
 /// Checks a key: not empty, at most 512 bytes, no control characters.
@@ -80,6 +86,7 @@ impl Kv {
             changes: broadcast::Sender::new(CHANGES),
             max_value,
             peers: None,
+            meter: std::sync::OnceLock::new(),
         }
     }
 
@@ -87,6 +94,7 @@ impl Kv {
     pub fn with_peers(store: Arc<dyn Store>, max_value: usize, peers: Arc<dyn KvPeers>) -> Kv {
         Kv {
             peers: Some(peers),
+            meter: std::sync::OnceLock::new(),
             ..Kv::new(store, max_value)
         }
     }
@@ -113,6 +121,11 @@ impl Kv {
         Ok(())
     }
 
+    /// Measures each put against its key's `storage_mb` from now on.
+    pub fn meter_with(&self, meter: Arc<crate::quota::StorageMeter>) {
+        let _ = self.meter.set(meter);
+    }
+
     pub async fn get(&self, namespace: &str, key: &str) -> Result<Option<KvEntry>, KvError> {
         check_key(key)?;
         Ok(self.store.kv_get(namespace, key).await?)
@@ -131,6 +144,18 @@ impl Kv {
                 size: value.len(),
                 max: self.max_value,
             });
+        }
+        if let Some(meter) = self.meter.get() {
+            meter
+                .admit(namespace, value.len())
+                .await
+                .map_err(|e| match e {
+                    crate::quota::StorageError::Exceeded(e) => KvError::Quota(e),
+                    crate::quota::StorageError::Store(e) => KvError::Store(e),
+                    crate::quota::StorageError::Bus(e) => {
+                        KvError::Store(StoreError::Io(format!("measuring the bus: {e}")))
+                    }
+                })?;
         }
         let write = self.store.kv_put(namespace, key, &value, expect).await?;
         if let KvWrite::Done(revision) = write {

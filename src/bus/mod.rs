@@ -52,6 +52,9 @@ pub enum BusError {
     Store(#[from] StoreError),
     #[error("NATS: {0}")]
     Nats(#[source] async_nats::Error),
+    /// The namespace's key is past its `storage_mb`.
+    #[error(transparent)]
+    Quota(crate::quota::QuotaExceeded),
 }
 
 /// What every bus checks before it takes a message.
@@ -245,6 +248,12 @@ pub trait Bus: Send + Sync {
     /// Answers once the bus can take messages: what the readiness probe
     /// asks (a shared bus: its server answered).
     async fn ping(&self) -> Result<(), BusError>;
+
+    /// The bytes of `namespace`'s kept messages that live outside the
+    /// store (the store counts its own): none for the embedded bus.
+    async fn kept_bytes(&self, _namespace: &str) -> Result<u64, BusError> {
+        Ok(0)
+    }
 }
 
 #[cfg(test)]

@@ -292,4 +292,40 @@ impl Bus for NatsBus {
         self.0.jetstream.query_account().await.map_err(nats)?;
         Ok(())
     }
+
+    /// JetStream tells messages per subject but not bytes: each durable
+    /// stream's count of the namespace's messages, at the stream's mean
+    /// message size.
+    async fn kept_bytes(&self, namespace: &str) -> Result<u64, BusError> {
+        let mut bytes = 0.0;
+        for (class, stream) in self.0.names.classes().iter().zip(&self.0.streams) {
+            if !class.durable() {
+                continue;
+            }
+            let name = &stream.cached_info().config.name;
+            let filter = self.0.names.filter(namespace, class, None);
+            let info: serde_json::Value = self
+                .0
+                .jetstream
+                .request(
+                    format!("STREAM.INFO.{name}"),
+                    &serde_json::json!({"subjects_filter": filter}),
+                )
+                .await
+                .map_err(nats)?;
+            let state = &info["state"];
+            let (all, size) = (state["messages"].as_f64(), state["bytes"].as_f64());
+            let (Some(all), Some(size)) = (all, size) else {
+                return Err(BusError::Nats(format!("STREAM.INFO {name}: {info}").into()));
+            };
+            let mine: f64 = state["subjects"]
+                .as_object()
+                .map(|subjects| subjects.values().filter_map(|n| n.as_f64()).sum())
+                .unwrap_or(0.0);
+            if all > 0.0 {
+                bytes += mine * size / all;
+            }
+        }
+        Ok(bytes as u64)
+    }
 }

@@ -124,4 +124,16 @@ impl QuotaStore for PostgresStore {
                 .await?;
         unsigned("open sessions", open)
     }
+
+    async fn stored_bytes(&self, namespace: &str) -> Result<u64, StoreError> {
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT (SELECT coalesce(sum(octet_length(value)), 0) FROM kv WHERE namespace = $1)::BIGINT
+                  + (SELECT coalesce(sum(octet_length(payload)), 0) FROM bus_messages
+                     WHERE namespace = $1)::BIGINT",
+        )
+        .bind(namespace)
+        .fetch_one(&self.pool)
+        .await?;
+        unsigned("stored bytes", bytes)
+    }
 }

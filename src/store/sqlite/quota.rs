@@ -121,4 +121,18 @@ impl QuotaStore for SqliteStore {
         })
         .await
     }
+
+    async fn stored_bytes(&self, namespace: &str) -> Result<u64, StoreError> {
+        let namespace = namespace.to_owned();
+        self.call(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT (SELECT coalesce(sum(length(value)), 0) FROM kv WHERE namespace = ?1)
+                          + (SELECT coalesce(sum(length(payload)), 0) FROM bus_messages
+                             WHERE namespace = ?1)",
+                )?
+                .query_row(params![namespace], |row| row.get(0))?)
+        })
+        .await
+    }
 }
