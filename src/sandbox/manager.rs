@@ -46,6 +46,9 @@ struct Slot {
     /// Signalled whenever a lease ends.
     released: Notify,
     last_used: Mutex<Instant>,
+    /// When the session took the slot: its sandbox's wall time is counted
+    /// from here.
+    born: Instant,
     /// The latest resource sample, so a status call never waits on the
     /// backend's stats (docker's take tens of milliseconds).
     sampled: Mutex<Option<stats::Sample>>,
@@ -81,6 +84,8 @@ pub struct SandboxManager {
     /// Snapshots being taken, waited for at shutdown.
     snapshotting: TaskTracker,
     pause_metrics: pause::PauseMetrics,
+    /// Told each session sandbox's CPU and wall time as it is removed.
+    removed: std::sync::OnceLock<usage::OnRemoved>,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -130,6 +135,7 @@ impl SandboxManager {
             snapshots: None,
             snapshotting: TaskTracker::new(),
             pause_metrics: Default::default(),
+            removed: Default::default(),
         }
     }
 
@@ -215,6 +221,7 @@ impl SandboxManager {
                         leases: AtomicUsize::new(0),
                         released: Notify::new(),
                         last_used: Mutex::new(Instant::now()),
+                        born: Instant::now(),
                         sampled: Mutex::new(None),
                         sampling: Default::default(),
                         dirty: Default::default(),
@@ -338,8 +345,8 @@ impl SandboxManager {
     pub async fn release(&self, session: Uuid) {
         let slot = lock(&self.slots).remove(&session);
         let found = lock(&self.found).remove(&session);
-        if let Some(sandbox) = slot.as_ref().and_then(|s| s.sandbox.get())
-            && let Err(e) = sandbox.destroy().await
+        if let Some(slot) = &slot
+            && let Err(e) = self.destroy_counted(session, slot).await
         {
             tracing::warn!(%session, error = %e, "destroying a sandbox failed");
         }
@@ -411,7 +418,7 @@ impl SandboxManager {
         for (session, slot) in &idle {
             if let Some(sandbox) = slot.sandbox.get() {
                 tracing::info!(%session, sandbox = sandbox.id(), "idle sandbox destroyed");
-                let _ = sandbox.destroy().await;
+                let _ = self.destroy_counted(*session, slot).await;
             }
         }
         idle.len()
@@ -509,6 +516,8 @@ mod pause;
 mod shared;
 mod snapshot;
 mod stats;
+mod usage;
+pub use usage::OnRemoved;
 
 pub use pause::PauseMetrics;
 

@@ -137,6 +137,11 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         // Each key's name and quota, for auth, the quotas and usage.
         let key_table = Arc::new(crate::quota::KeyTable::new(&config));
+        let usage = Arc::new(crate::usage::Recorder::new(
+            store.clone(),
+            key_table.clone(),
+            &metrics,
+        ));
         let bus_tasks = TaskTracker::new();
         let shared::Bus {
             bus,
@@ -168,6 +173,7 @@ impl Server {
             Tools::Custom(router) => (router, None, None),
             Tools::Sandboxed => {
                 let (sandboxes, host, instance) = tools::sandbox_host(&config, &store).await?;
+                sandboxes.on_removed(usage.sandbox_hook());
                 metrics.register_sandbox_pauses(sandboxes.pause_metrics());
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -199,6 +205,7 @@ impl Server {
                 tools,
                 config: config.agent.clone(),
                 metrics: metrics.clone(),
+                usage: usage.clone(),
             },
             config.mcp.clone(),
         );
@@ -259,6 +266,7 @@ impl Server {
                 metrics.clone(),
                 root.child_token(),
             );
+            let manager = manager.with_usage(usage.clone());
             let manager = match event_logs {
                 Some(logs) => manager.with_logs(logs),
                 None => manager,
@@ -349,6 +357,7 @@ impl Server {
             deliberations,
             pipelines,
             approvals,
+            usage,
             stop: root.child_token(),
         });
         Ok(Server {

@@ -5,7 +5,8 @@
 //!   (the durable event log), [`KvStore`] (namespaced keys with revisions),
 //!   [`CheckpointStore`] (a run's state after each step), [`BusStore`]
 //!   (the retained messages of durable bus subjects), [`LeaseStore`] (one
-//!   replica at a time for a name). [`Store`] is all of them; the server
+//!   replica at a time for a name), [`UsageStore`] (what each key spent,
+//!   per day and model). [`Store`] is all of them; the server
 //!   holds it as `Arc<dyn Store>`.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
@@ -18,6 +19,7 @@
 mod codec;
 pub mod postgres;
 pub mod sqlite;
+pub mod usage;
 
 #[cfg(test)]
 pub(crate) mod conformance;
@@ -33,6 +35,7 @@ use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+pub use usage::{UsageCounts, UsageRow, UsageStore};
 
 /// Which sessions a listing returns. The default selects all of them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -363,7 +366,7 @@ pub trait LeaseStore: Send + Sync {
 /// second backend implements the seams one by one).
 #[async_trait]
 pub trait Store:
-    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore
+    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore + UsageStore
 {
     /// Answers once the backend has answered a trivial query: what the
     /// readiness probe asks.

@@ -140,6 +140,23 @@ const MIGRATION_STEPS: &[M<'static>] = &[
     ) STRICT;
     CREATE INDEX leases_by_expiry ON leases (expires_us);",
     ),
+    // Usage per key, UTC day and model.
+    M::up(
+        "CREATE TABLE key_usage (
+        owner TEXT NOT NULL,
+        day TEXT NOT NULL,
+        model TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cost_usd REAL NOT NULL,
+        turns INTEGER NOT NULL,
+        tool_calls INTEGER NOT NULL,
+        sandbox_cpu_s REAL NOT NULL,
+        sandbox_wall_s REAL NOT NULL,
+        PRIMARY KEY (owner, day, model)
+    ) STRICT;
+    CREATE INDEX key_usage_by_day ON key_usage (day);",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
@@ -158,6 +175,7 @@ mod leases;
 mod listing;
 mod rows;
 mod sessions;
+mod usage;
 mod wal;
 
 use wal::Checkpointer;

@@ -33,6 +33,7 @@ mod kv;
 mod leases;
 mod replicas;
 mod sessions;
+mod usage;
 
 /// An empty database of one backend.
 #[async_trait]
@@ -139,6 +140,8 @@ suite!(
     leases::one_holder_at_a_time,
     leases::a_race_has_one_winner,
     leases::acquires_racing_releases_always_answer,
+    usage::usage_adds_up_per_owner_day_and_model,
+    usage::concurrent_usage_adds_all_land,
 );
 
 /// Tests of two replicas on one database: PostgreSQL only, the backend
