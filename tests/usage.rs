@@ -40,6 +40,29 @@ fn group<'a>(usage: &'a Value, name: &str) -> Option<&'a Value> {
         .find(|g| g["group"] == name)
 }
 
+/// A POST to the server at `url` with `key`.
+async fn post_as(url: &str, key: &str, path: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{url}{path}"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// `GET /usage{query}` of the server at `url` as `key`.
+async fn usage_at(url: &str, key: &str, query: &str) -> Value {
+    let response = reqwest::Client::new()
+        .get(format!("{url}/usage{query}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turns_tokens_and_sandbox_cpu_land_under_its_key_only() {
     let server = TestServer::start_sandboxed(|config| {
@@ -184,19 +207,11 @@ async fn daily_budgets_end_a_running_turn_and_refuse_new_turns_and_gateway_calls
         command.env_remove(name);
     }
     let (mut child, url) = spawn_server(&mut command).await;
-    let http = reqwest::Client::new();
-    let post = |key: &str, path: &str, body: Value| {
-        let request = http
-            .post(format!("{url}{path}"))
-            .bearer_auth(key)
-            .json(&body);
-        async move { request.send().await.unwrap() }
-    };
 
     // The first model call asks for a shell command and spends more than
     // the budget: the turn ends there, the command not run, and says why.
     let turn = json!({"prompt": "$ echo never-run", "model": "demo"});
-    let events = ndjson(post(ALICE, "/agent/run", turn.clone()).await).await;
+    let events = ndjson(post_as(&url, ALICE, "/agent/run", &turn).await).await;
     let result = events.last().unwrap();
     assert_eq!(result["type"], "result");
     assert_eq!(result["status"], "budget_exceeded", "{events:?}");
@@ -222,7 +237,7 @@ async fn daily_budgets_end_a_running_turn_and_refuse_new_turns_and_gateway_calls
         ("/agent/run", turn),
         ("/v1/chat/completions", gateway_call.clone()),
     ] {
-        let response = post(ALICE, path, body).await;
+        let response = post_as(&url, ALICE, path, &body).await;
         assert_eq!(response.status(), 429, "{path}");
         let retry_after: u64 = response.headers()["retry-after"]
             .to_str()
@@ -239,21 +254,13 @@ async fn daily_budgets_end_a_running_turn_and_refuse_new_turns_and_gateway_calls
 
     // A key without a budget goes on, and its gateway call's reported
     // tokens are counted under it once the response has passed.
-    let response = post(OPS, "/v1/chat/completions", gateway_call).await;
+    let response = post_as(&url, OPS, "/v1/chat/completions", &gateway_call).await;
     assert_eq!(response.status(), 200);
     let answer: Value = response.json().await.unwrap();
     let reported = answer["usage"]["prompt_tokens"].as_u64().unwrap();
     let counted = async {
         loop {
-            let usage: Value = http
-                .get(format!("{url}/usage?group_by=model"))
-                .bearer_auth(OPS)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let usage = usage_at(&url, OPS, "?group_by=model").await;
             if group(&usage, "simpool").is_some() {
                 break usage;
             }
@@ -264,15 +271,7 @@ async fn daily_budgets_end_a_running_turn_and_refuse_new_turns_and_gateway_calls
         .await
         .expect("the gateway call's usage is counted");
     assert_eq!(group(&usage, "simpool").unwrap()["input_tokens"], reported);
-    let by_key: Value = http
-        .get(format!("{url}/usage?group_by=key"))
-        .bearer_auth(OPS)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let by_key = usage_at(&url, OPS, "?group_by=key").await;
     assert!(
         group(&by_key, "alice").unwrap()["input_tokens"]
             .as_u64()
@@ -281,4 +280,52 @@ async fn daily_budgets_end_a_running_turn_and_refuse_new_turns_and_gateway_calls
     );
     assert_eq!(group(&by_key, "ops").unwrap()["input_tokens"], reported);
     stop(&mut child).await;
+}
+
+/// On PostgreSQL, a second server reads the usage the first wrote, and
+/// refuses a turn of the key whose budget the first server's turn spent:
+/// budgets are the store's, not a process's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_spent_on_one_server_binds_the_next_on_postgres() {
+    use common::postgres::{TestDatabase, test_server};
+    let database = TestDatabase::create(&test_server()).await;
+    let store = database.url();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[keys.alice]\nkey = \"{ALICE}\"\ntokens_per_day = 5\n\n[keys.ops]\nkey = \"{OPS}\"\nadmin = true\n"
+    );
+    std::fs::write(dir.path().join("conclave.toml"), config).unwrap();
+    let serve = |data: &str| {
+        let mut command = serve_command(&[
+            "--sandbox",
+            "local",
+            "--config",
+            "conclave.toml",
+            "--store",
+            &store,
+        ]);
+        command
+            .current_dir(dir.path())
+            .arg("--data-dir")
+            .arg(dir.path().join(data));
+        command
+    };
+    let turn = json!({"prompt": "$ echo never-run", "model": "demo"});
+
+    let (mut first, url) = spawn_server(&mut serve("first")).await;
+    let events = ndjson(post_as(&url, ALICE, "/agent/run", &turn).await).await;
+    let result = events.last().unwrap();
+    assert_eq!(result["status"], "budget_exceeded", "{events:?}");
+    stop(&mut first).await;
+
+    let (mut second, url) = spawn_server(&mut serve("second")).await;
+    let refused = post_as(&url, ALICE, "/agent/run", &turn).await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let usage = usage_at(&url, OPS, "?group_by=key").await;
+    let alice = group(&usage, "alice").expect("alice's usage from the first server");
+    assert_eq!(alice["input_tokens"], result["usage"]["input_tokens"]);
+    assert_eq!(alice["output_tokens"], result["usage"]["output_tokens"]);
+    assert_eq!(alice["turns"], 1);
+    stop(&mut second).await;
 }

@@ -228,6 +228,7 @@ impl Server {
             &definitions,
             &metrics,
             child_turns.clone(),
+            &usage,
         )
         .await?;
         let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
