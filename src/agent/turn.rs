@@ -23,7 +23,7 @@ use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{Metrics, ModelLabel};
-use crate::usage::turn::TurnSpend;
+use crate::usage::turn::{TurnSpend, over_budget};
 
 /// What every turn uses, shared by all sessions.
 pub struct TurnDeps {
@@ -263,7 +263,7 @@ async fn agent_loop(
         if next == OnReply::AskAgain {
             tally.save_usage().await?;
             if let Some(past) = past_budget {
-                return over_budget(session, &past, last_text);
+                return Ok(over_budget(session, &past, last_text)?);
             }
             continue;
         }
@@ -309,7 +309,7 @@ async fn agent_loop(
         }
         if let Some(past) = past_budget {
             close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
-            return over_budget(session, &past, last_text);
+            return Ok(over_budget(session, &past, last_text)?);
         }
         // A client's calls are its own to run: the turn ends once the
         // server's have run, and the client's answers start the next one.
@@ -362,19 +362,6 @@ async fn agent_loop(
             return Ok(Outcome::new(ResultStatus::Success, last_text));
         }
     }
-}
-
-/// Ends a turn whose key reached a daily budget with its last model call,
-/// saying which budget in a `status` event before the `result`.
-fn over_budget(
-    session: &Session,
-    past: &crate::quota::QuotaExceeded,
-    last_text: Option<String>,
-) -> Result<Outcome, LoopError> {
-    session.emit(EventKind::Status {
-        message: format!("The turn stopped: {past}."),
-    })?;
-    Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text))
 }
 
 /// A turn's history, given back to its session however the turn ends:

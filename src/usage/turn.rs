@@ -2,9 +2,10 @@
 //! the call spent (and the tool calls run since the last one), at the
 //! turn's end the rest and the turn itself.
 
-use crate::protocol::Usage;
+use crate::protocol::{EventKind, ResultStatus, Usage};
 use crate::quota::QuotaExceeded;
-use crate::store::UsageCounts;
+use crate::session::{Outcome, Session};
+use crate::store::{StoreError, UsageCounts};
 
 use super::Recorder;
 
@@ -49,4 +50,17 @@ impl TurnSpend {
         let totals = recorder.add(owner, &self.model, add).await?;
         recorder.past_budget(owner, &totals)
     }
+}
+
+/// Ends a turn whose key reached a daily budget with its last model call,
+/// saying which budget in a `status` event before the `result`.
+pub fn over_budget(
+    session: &Session,
+    past: &QuotaExceeded,
+    last_text: Option<String>,
+) -> Result<Outcome, StoreError> {
+    session.emit(EventKind::Status {
+        message: format!("The turn stopped: {past}."),
+    })?;
+    Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text))
 }
