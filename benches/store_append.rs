@@ -235,6 +235,11 @@ async fn round_through_session_logs(store: &Arc<dyn Store>) -> anyhow::Result<f6
                 None,
             )),
             hooks: Arc::new(conclave::agent::hook::Hooks::new(&[])),
+            usage: Arc::new(conclave::usage::Recorder::new(
+                store.clone(),
+                Arc::new(conclave::quota::KeyTable::new(&config)),
+                &metrics,
+            )),
         },
         config.mcp.clone(),
     );

@@ -96,4 +96,5 @@ pub mod store;
 pub mod sync;
 pub mod telemetry;
 pub mod upstream;
+pub mod usage;
 pub mod yaml;

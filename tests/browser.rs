@@ -190,3 +190,37 @@ async fn in_chromium_a_wrong_key_is_refused_and_a_key_sees_only_its_sessions() {
     .await;
     server.stop().await;
 }
+
+/// The Usage view, signed in with an admin key: a bar per day with
+/// today's tokens (the turn's, as the API counts them), the breakdown by
+/// model and by key name, never a key.
+#[tokio::test]
+async fn in_chromium_the_usage_view_charts_days_and_breaks_down_by_model_and_key() {
+    let server = TestServer::start_with(|c| {
+        for (name, key, admin) in [("alice", KEY_A, false), ("ops", KEY_B, true)] {
+            c.keys.insert(
+                name.into(),
+                conclave::config::NamedKey {
+                    key: key.into(),
+                    admin,
+                    quota: Default::default(),
+                },
+            );
+        }
+    })
+    .await;
+    let run = server.send_as(
+        KEY_A,
+        reqwest::Method::POST,
+        "/agent/run",
+        Some(json!({"prompt": "$ echo counted"})),
+    );
+    let events = common::ndjson(run.await).await;
+    let usage = &events.last().unwrap()["usage"];
+    let tokens = usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap();
+    let facts = browser("usage", &server, &["--key", KEY_B, "--secret", KEY_A]).await;
+    assert_eq!(facts["today"]["tokens"], tokens, "{facts}");
+    assert_eq!(facts["models"], json!(["demo"]), "{facts}");
+    assert_eq!(facts["keys"], json!(["alice"]), "{facts}");
+    server.stop().await;
+}

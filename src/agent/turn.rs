@@ -23,6 +23,7 @@ use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{Metrics, ModelLabel};
+use crate::usage::turn::{TurnSpend, over_budget};
 
 /// What every turn uses, shared by all sessions.
 pub struct TurnDeps {
@@ -35,6 +36,8 @@ pub struct TurnDeps {
     pub approvals: Arc<crate::session::approvals::Approvals>,
     /// The permission hooks' client, under the MCP servers' allow list.
     pub hooks: Arc<super::hook::Hooks>,
+    /// Usage per key and the daily budgets.
+    pub usage: Arc<crate::usage::Recorder>,
 }
 
 /// Runs one turn on `prompt`: its events up to (not including) the
@@ -51,7 +54,11 @@ pub(super) async fn run(
     let opening = opening_messages(&session, prompt, &turn.options.tool_answers).await?;
     deps.store.append_messages(session.id, &opening).await?;
     let options = Arc::new(AgentOptions::stored(&session.options)?.for_turn(&turn.options));
-    let outcome = agent_loop(deps, turn, &options).await;
+    let mut spend = TurnSpend::new(session.owner.clone(), model_label(deps, &options));
+    let outcome = agent_loop(deps, turn, &options, &mut spend).await;
+    // The turn itself and the tool calls since its last model call; a key
+    // past its budget now is refused its next turn, not this one's result.
+    spend.record(&deps.usage, &turn.usage, true).await;
     // Every message the loop stored it also kept, so the history it gave
     // back is the stored one: a fork at this turn's end keeps this many.
     turn.history_len = Some(session.history_len() as u64);
@@ -155,11 +162,13 @@ async fn agent_loop(
     deps: &TurnDeps,
     tally: &mut Turn,
     options: &Arc<AgentOptions>,
+    spend: &mut TurnSpend,
 ) -> Result<Outcome, LoopError> {
     let session = &tally.session.clone();
     let cancel = &tally.cancel.clone();
     let name = model_name(deps, options).await.map_err(LoopError::Model)?;
     let model = deps.models.resolve(&name).map_err(LoopError::Model)?;
+    spend.model = model.name.clone();
     tally.cost_known = model.price.is_some();
     let ctx = ToolContext {
         session_id: session.id,
@@ -242,6 +251,9 @@ async fn agent_loop(
             tools: &tools,
         };
         let mut reply = call_model(deps, session, &model, request, tally, watch).await?;
+        // One store write per model call, which answers the key's totals
+        // for today across replicas: the budget is checked on them.
+        let past_budget = spend.record(&deps.usage, &tally.usage, false).await;
         let next = if reply.interrupted {
             OnReply::Keep
         } else {
@@ -250,6 +262,9 @@ async fn agent_loop(
         tell(session, &mut said)?;
         if next == OnReply::AskAgain {
             tally.save_usage().await?;
+            if let Some(past) = past_budget {
+                return Ok(over_budget(session, &past, last_text)?);
+            }
             continue;
         }
         let limit = deps.config.max_tool_calls_per_reply as usize;
@@ -291,6 +306,10 @@ async fn agent_loop(
         {
             close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
             return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
+        }
+        if let Some(past) = past_budget {
+            close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
+            return Ok(over_budget(session, &past, last_text)?);
         }
         // A client's calls are its own to run: the turn ends once the
         // server's have run, and the client's answers start the next one.

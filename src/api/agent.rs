@@ -158,6 +158,8 @@ pub async fn run(
     let prompt = body.take_text("prompt")?;
     let name = body.take::<String>("session_name")?;
     body.take::<bool>("queue")?;
+    // Before the session is made: a refused run leaves no session behind.
+    state.usage.check_budget(caller.owner()).await?;
     let session = state
         .sessions
         .create(NewSession {

@@ -152,7 +152,9 @@ async fn forward(
         .and_then(Value::as_str)
         .map(str::to_string)
         .or(session);
-    let upstream = state
+    // Only a key with a daily budget pays a store read here.
+    state.usage.check_budget(caller.owner()).await?;
+    let mut upstream = state
         .gateway
         .forward(Call {
             endpoint,
@@ -162,6 +164,7 @@ async fn forward(
             owner: caller.owner.clone(),
         })
         .await?;
+    count_usage(&state, &mut upstream.body);
     let mut response = Response::builder().status(upstream.status.as_u16()).header(
         HeaderName::from_static("x-conclave-replica"),
         upstream.replica.as_str(),
@@ -175,6 +178,24 @@ async fn forward(
     response
         .body(Body::new(upstream.body))
         .map_err(ApiError::internal)
+}
+
+/// Adds the tokens the replica reported to the calling key's usage once
+/// the response has passed, off the response's path.
+fn count_usage(state: &AppState, body: &mut crate::gateway::body::TracedBody) {
+    let usage = state.usage.clone();
+    body.on_done(Box::new(move |trace| {
+        let Some((input_tokens, output_tokens)) = trace.reported_tokens() else {
+            return;
+        };
+        let (owner, model) = (trace.owner.clone(), trace.model.clone());
+        let add = crate::store::UsageCounts {
+            input_tokens,
+            output_tokens,
+            ..Default::default()
+        };
+        tokio::spawn(async move { usage.add(owner.as_deref(), &model, add).await });
+    }));
 }
 
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "The pools, OpenAI list format")))]

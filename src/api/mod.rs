@@ -59,6 +59,7 @@ pub mod serve;
 pub mod state;
 pub mod stream;
 pub mod tickets;
+pub mod usage;
 pub mod weights;
 pub mod ws;
 
@@ -90,7 +91,7 @@ use state::AppState;
         deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
         pipelines::status, pipelines::history, pipelines::resume, pipelines::fork, pipelines::cancel,
         pipelines::active, pipelines::runs, pipelines::health, pipelines::definitions, pipelines::validate,
-        dashboard::me, dashboard::ticket, profiles::list, profiles::get, agui::run
+        dashboard::me, dashboard::ticket, profiles::list, profiles::get, agui::run, usage::usage
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -191,6 +192,7 @@ pub fn router(state: AppState) -> Router {
             post(gateway::replica_action),
         )
         .route("/gateway/traces", get(gateway::traces))
+        .route("/usage", get(usage::usage))
         .route("/bus/publish/{*subject}", post(bus::publish))
         .route("/bus/subscribe", get(bus::subscribe))
         .route("/bus/ws", get(bus_ws::upgrade))

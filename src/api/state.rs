@@ -65,6 +65,8 @@ pub struct Shared {
     pub pipelines: Arc<crate::pipeline::runs::Runs>,
     /// Tool calls that wait for a decision.
     pub approvals: Arc<crate::session::approvals::Approvals>,
+    /// Usage per key and the daily budgets.
+    pub usage: Arc<crate::usage::Recorder>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

@@ -235,6 +235,8 @@ pub struct ModelAnswer {
 /// Makes the model calls of deliberations, whichever replica runs them.
 pub struct ModelCalls {
     pub models: Arc<ModelRegistry>,
+    /// Counts each call under the deliberation's key.
+    pub usage: Arc<crate::usage::Recorder>,
 }
 
 #[async_trait]
@@ -254,7 +256,7 @@ impl Handler for ModelCalls {
             temperature: Some(call.temperature),
             max_tokens: call.max_tokens,
             session_id: Some(call.session_id),
-            owner: call.owner,
+            owner: call.owner.clone(),
             ..ChatRequest::default()
         };
         let response = model
@@ -262,6 +264,17 @@ impl Handler for ModelCalls {
             .complete(request)
             .await
             .map_err(|e| e.to_string())?;
+        let spent = crate::store::UsageCounts {
+            input_tokens: response.input_tokens,
+            output_tokens: response.output_tokens,
+            cost_usd: model.price.map_or(0.0, |p| {
+                p.cost(response.input_tokens, response.output_tokens)
+            }),
+            ..Default::default()
+        };
+        self.usage
+            .add(call.owner.as_deref(), &model.name, spent)
+            .await;
         jobs::answer(&ModelAnswer {
             text: response.text,
             input_tokens: response.input_tokens,

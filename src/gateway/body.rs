@@ -30,7 +30,12 @@ pub struct TracedBody {
     /// The call's place at its pool's weight gate, held until the
     /// response has been passed on.
     pub(super) _admitted: Option<super::weights::Admission>,
+    /// Told the finished trace (the API's gateway routes count usage).
+    pub(super) on_done: Option<OnDone>,
 }
+
+/// What is told a call's finished trace.
+pub type OnDone = Box<dyn FnOnce(&super::trace::Trace) + Send + Sync>;
 
 impl TracedBody {
     /// A body already read (an upstream error passed on), traced already.
@@ -45,6 +50,15 @@ impl TracedBody {
             metrics: None,
             pool: None,
             _admitted: None,
+            on_done: None,
+        }
+    }
+
+    /// Tells `done` the call's trace once the body has passed (not for a
+    /// body already read: a failed call's, which reports no usage).
+    pub fn on_done(&mut self, done: OnDone) {
+        if self.recorder.is_some() {
+            self.on_done = Some(done);
         }
     }
 
@@ -68,6 +82,9 @@ impl TracedBody {
             };
             calls.inc();
             latency.observe(trace.latency_ms / 1000.0);
+        }
+        if let Some(done) = self.on_done.take() {
+            done(&trace);
         }
         if let Some(traces) = &self.traces {
             traces.push(trace);

@@ -476,6 +476,7 @@ impl Gateway {
                             metrics: Some(self.metrics.clone()),
                             pool: Some(pool.clone()),
                             _admitted: Some(admitted),
+                            on_done: None,
                         },
                     });
                 }

@@ -154,6 +154,35 @@ impl Trace {
     }
 }
 
+impl Trace {
+    /// The tokens the replica reported (`usage.prompt_tokens` and
+    /// `completion_tokens`, or the Responses API's `input_tokens` and
+    /// `output_tokens`), from the last `"usage"` object of the kept
+    /// response: read without parsing the rest of it.
+    pub fn reported_tokens(&self) -> Option<(u64, u64)> {
+        const KEY: &[u8] = b"\"usage\"";
+        let body = &self.response.as_ref()?.body;
+        let at = body.windows(KEY.len()).rposition(|w| w == KEY)? + KEY.len();
+        let rest = body[at..]
+            .iter()
+            .position(|b| !b.is_ascii_whitespace() && *b != b':')
+            .map(|start| &body[at + start..])?;
+        let usage: Value = serde_json::Deserializer::from_slice(rest)
+            .into_iter::<Value>()
+            .next()?
+            .ok()?;
+        let tokens = |names: [&str; 2]| {
+            names
+                .iter()
+                .find_map(|name| usage.get(*name).and_then(Value::as_u64))
+                .unwrap_or(0)
+        };
+        let input = tokens(["prompt_tokens", "input_tokens"]);
+        let output = tokens(["completion_tokens", "output_tokens"]);
+        (input > 0 || output > 0).then_some((input, output))
+    }
+}
+
 /// Whose traces a query returns.
 #[derive(Debug, Clone, Copy)]
 pub enum OwnerFilter<'a> {
@@ -453,7 +482,9 @@ mod tests {
             recorder.feed(&Bytes::copy_from_slice(piece));
         }
         assert!(recorder.done);
-        let trace = recorder.finish("ok", None).read();
+        let finished = recorder.finish("ok", None);
+        assert_eq!(finished.reported_tokens(), Some((3, 2)));
+        let trace = finished.read();
         assert_eq!(trace.response_text, "Hello");
         assert_eq!(trace.usage.unwrap()["completion_tokens"], 2);
         assert_eq!(

@@ -46,6 +46,9 @@ struct Slot {
     /// Signalled whenever a lease ends.
     released: Notify,
     last_used: Mutex<Instant>,
+    /// When the session took the slot: its sandbox's wall time is counted
+    /// from here.
+    born: Instant,
     /// The latest resource sample, so a status call never waits on the
     /// backend's stats (docker's take tens of milliseconds).
     sampled: Mutex<Option<stats::Sample>>,
@@ -86,6 +89,8 @@ pub struct SandboxManager {
     pause_metrics: pause::PauseMetrics,
     /// The keys' `max_sandboxes`; `None` counts none.
     quotas: Option<quota::SandboxQuotas>,
+    /// Told each session sandbox's CPU and wall time as it is removed.
+    removed: std::sync::OnceLock<usage::OnRemoved>,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -136,6 +141,7 @@ impl SandboxManager {
             snapshotting: TaskTracker::new(),
             pause_metrics: Default::default(),
             quotas: None,
+            removed: Default::default(),
         }
     }
 
@@ -239,6 +245,7 @@ impl SandboxManager {
                         leases: AtomicUsize::new(0),
                         released: Notify::new(),
                         last_used: Mutex::new(Instant::now()),
+                        born: Instant::now(),
                         sampled: Mutex::new(None),
                         sampling: Default::default(),
                         dirty: Default::default(),
@@ -368,8 +375,8 @@ impl SandboxManager {
         if let Some(quota) = quota {
             quota.release().await;
         }
-        if let Some(sandbox) = slot.as_ref().and_then(|s| s.sandbox.get())
-            && let Err(e) = sandbox.destroy().await
+        if let Some(slot) = &slot
+            && let Err(e) = self.destroy_counted(session, slot).await
         {
             tracing::warn!(%session, error = %e, "destroying a sandbox failed");
         }
@@ -441,7 +448,7 @@ impl SandboxManager {
         for (session, slot) in &idle {
             if let Some(sandbox) = slot.sandbox.get() {
                 tracing::info!(%session, sandbox = sandbox.id(), "idle sandbox destroyed");
-                let _ = sandbox.destroy().await;
+                let _ = self.destroy_counted(*session, slot).await;
             }
         }
         idle.len()
@@ -540,6 +547,8 @@ mod quota;
 mod shared;
 mod snapshot;
 mod stats;
+mod usage;
+pub use usage::OnRemoved;
 
 pub use pause::PauseMetrics;
 

@@ -429,6 +429,13 @@ pub trait Sandbox: Send + Sync {
 
     async fn stats(&self) -> Result<SandboxStats>;
 
+    /// The CPU time the sandbox's processes have used since it started,
+    /// in seconds, where the backend can tell: its key's usage counts it
+    /// when the sandbox is removed.
+    async fn cpu_seconds(&self) -> Option<f64> {
+        None
+    }
+
     /// Freezes every process in the sandbox, keeping them and its files
     /// (an idle sandbox, `sandbox.pause_after_s`). `Ok(false)` says this
     /// backend or host cannot pause it, and nothing changed.

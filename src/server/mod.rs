@@ -144,6 +144,12 @@ impl Server {
             store.clone(),
             Duration::from_secs(config.cluster.turn_lease_s),
         ));
+        // What each key spends, per day and model, in the store.
+        let usage = Arc::new(crate::usage::Recorder::new(
+            store.clone(),
+            key_table.clone(),
+            &metrics,
+        ));
         let bus_tasks = TaskTracker::new();
         let shared::Bus {
             bus,
@@ -189,6 +195,7 @@ impl Server {
             Tools::Sandboxed => {
                 let (sandboxes, host, instance) =
                     tools::sandbox_host(&config, &store, Some(quotas.clone())).await?;
+                sandboxes.on_removed(usage.sandbox_hook());
                 metrics.register_sandbox_pauses(sandboxes.pause_metrics());
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -220,6 +227,7 @@ impl Server {
                 tools,
                 config: config.agent.clone(),
                 metrics: metrics.clone(),
+                usage: usage.clone(),
             },
             config.mcp.clone(),
         );
@@ -242,6 +250,7 @@ impl Server {
             &definitions,
             &metrics,
             child_turns.clone(),
+            &usage,
         )
         .await?;
         let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
@@ -280,6 +289,7 @@ impl Server {
                 metrics.clone(),
                 root.child_token(),
             );
+            let manager = manager.with_usage(usage.clone());
             let manager = match event_logs {
                 Some(logs) => manager.with_logs(logs),
                 None => manager,
@@ -372,6 +382,7 @@ impl Server {
             deliberations,
             pipelines,
             approvals,
+            usage,
             stop: root.child_token(),
         });
         Ok(Server {

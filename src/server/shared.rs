@@ -131,6 +131,7 @@ pub(super) async fn start_jobs(
     definitions: &Arc<std::collections::BTreeMap<String, Arc<Definition>>>,
     metrics: &Arc<Metrics>,
     child_turns: Arc<ChildTurns>,
+    usage: &Arc<crate::usage::Recorder>,
 ) -> Result<Arc<dyn Jobs>, StartError> {
     let handlers = Handlers::default()
         .with(CHILD_TURN, child_turns)
@@ -138,6 +139,7 @@ pub(super) async fn start_jobs(
             deliberation::agents::MODEL_CALL,
             Arc::new(deliberation::agents::ModelCalls {
                 models: models.clone(),
+                usage: usage.clone(),
             }),
         )
         .with(

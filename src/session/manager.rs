@@ -90,6 +90,9 @@ pub struct SessionManager {
     /// the turns have written their results, ending follow streams.
     followers: CancellationToken,
     turns: TaskTracker,
+    /// Refuses a turn of a key past its daily budget; `None` in tests
+    /// that run no budgets.
+    usage: Option<Arc<crate::usage::Recorder>>,
 }
 
 impl SessionManager {
@@ -117,7 +120,14 @@ impl SessionManager {
             draining: std::sync::atomic::AtomicBool::new(false),
             followers: CancellationToken::new(),
             turns: TaskTracker::new(),
+            usage: None,
         }
+    }
+
+    /// Checks each new turn against its key's daily budgets.
+    pub fn with_usage(mut self, usage: Arc<crate::usage::Recorder>) -> SessionManager {
+        self.usage = Some(usage);
+        self
     }
 
     /// Replaces the embedded event logs (the scale-out's fan out over a
@@ -374,6 +384,9 @@ impl SessionManager {
             return Err(SessionError::ShuttingDown);
         }
         let task = self.task_of(&session)?.clone();
+        if let Some(usage) = &self.usage {
+            usage.check_budget(session.owner.as_deref()).await?;
+        }
         let guard = if queue {
             tokio::select! {
                 guard = session.turn_lock.clone().lock_owned() => guard,

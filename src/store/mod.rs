@@ -6,7 +6,8 @@
 //!   [`CheckpointStore`] (a run's state after each step), [`BusStore`]
 //!   (the retained messages of durable bus subjects), [`LeaseStore`] (one
 //!   replica at a time for a name), [`QuotaStore`] (per-key quota slots
-//!   and counters). [`Store`] is all of them; the server
+//!   and counters), [`UsageStore`] (what each key spent, per day and
+//!   model). [`Store`] is all of them; the server
 //!   holds it as `Arc<dyn Store>`.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
@@ -20,6 +21,7 @@ mod codec;
 pub mod postgres;
 mod quota;
 pub mod sqlite;
+pub mod usage;
 
 #[cfg(test)]
 pub(crate) mod conformance;
@@ -36,6 +38,7 @@ use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 pub use postgres::PostgresStore;
 pub use quota::QuotaStore;
 pub use sqlite::SqliteStore;
+pub use usage::{UsageCounts, UsageRow, UsageStore};
 
 /// Which sessions a listing returns. The default selects all of them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -366,7 +369,7 @@ pub trait LeaseStore: Send + Sync {
 /// second backend implements the seams one by one).
 #[async_trait]
 pub trait Store:
-    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore + QuotaStore
+    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore + QuotaStore + UsageStore
 {
     /// Answers once the backend has answered a trivial query: what the
     /// readiness probe asks.

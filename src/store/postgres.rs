@@ -28,6 +28,7 @@ mod kv;
 mod leases;
 mod quota;
 mod sessions;
+mod usage;
 
 /// Connections one replica holds at most: enough for its concurrent
 /// appenders, few enough that several replicas fit in PostgreSQL's default
@@ -152,6 +153,24 @@ const MIGRATIONS: &[(&str, &str)] = &[
             started BIGINT NOT NULL,
             count BIGINT NOT NULL
         );",
+    ),
+    (
+        "usage per key",
+        // Days are `YYYY-MM-DD` text in the `C` collation, as in SQLite.
+        "CREATE TABLE key_usage (
+            owner TEXT COLLATE \"C\" NOT NULL,
+            day TEXT COLLATE \"C\" NOT NULL,
+            model TEXT COLLATE \"C\" NOT NULL,
+            input_tokens BIGINT NOT NULL,
+            output_tokens BIGINT NOT NULL,
+            cost_usd DOUBLE PRECISION NOT NULL,
+            turns BIGINT NOT NULL,
+            tool_calls BIGINT NOT NULL,
+            sandbox_cpu_s DOUBLE PRECISION NOT NULL,
+            sandbox_wall_s DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (owner, day, model)
+        );
+        CREATE INDEX key_usage_by_day ON key_usage (day);",
     ),
 ];
 

@@ -158,6 +158,23 @@ const MIGRATION_STEPS: &[M<'static>] = &[
         count INTEGER NOT NULL
     ) STRICT;",
     ),
+    // Usage per key, UTC day and model.
+    M::up(
+        "CREATE TABLE key_usage (
+        owner TEXT NOT NULL,
+        day TEXT NOT NULL,
+        model TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cost_usd REAL NOT NULL,
+        turns INTEGER NOT NULL,
+        tool_calls INTEGER NOT NULL,
+        sandbox_cpu_s REAL NOT NULL,
+        sandbox_wall_s REAL NOT NULL,
+        PRIMARY KEY (owner, day, model)
+    ) STRICT;
+    CREATE INDEX key_usage_by_day ON key_usage (day);",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
@@ -177,6 +194,7 @@ mod listing;
 mod quota;
 mod rows;
 mod sessions;
+mod usage;
 mod wal;
 
 use wal::Checkpointer;

@@ -13,6 +13,7 @@ const VIEWS = [
   { id: 'gateway', label: 'Gateway', path: '/ui/gateway', load: () => import('./gateway.js') },
   { id: 'sandboxes', label: 'Sandboxes', path: '/ui/sandboxes', load: () => import('./sandboxes.js') },
   { id: 'bus', label: 'Bus', path: '/ui/bus', load: () => import('./bus.js') },
+  { id: 'usage', label: 'Usage', path: '/ui/usage', load: () => import('./usage.js') },
 ];
 
 const root = document.getElementById('root');

@@ -51,6 +51,7 @@ const ICONS = {
   gateway: 'M4 6h16M4 12h16M4 18h16M8 4v4M14 10v4M10 16v4',
   sandboxes: 'M12 3l8 4.5v9L12 21l-8-4.5v-9zM12 12l8-4.5M12 12v9M12 12L4 7.5',
   bus: 'M4 12h4l2-6 4 12 2-6h4',
+  usage: 'M5 20V11M10 20V5M15 20v-7M20 20V8M3 20h18',
   plus: 'M12 5v14M5 12h14',
   stop: 'M7 7h10v10H7z',
   send: 'M5 12h13M13 6l6 6-6 6',

@@ -202,6 +202,7 @@ def main():
     parser.add_argument("--url", required=True)
     parser.add_argument("--key")
     parser.add_argument("--wrong-key")
+    parser.add_argument("--secret", action="append", help="text that must never be on the page (another key)")
     parser.add_argument("--screenshots")
     args = parser.parse_args()
 

@@ -353,6 +353,22 @@ impl Sandbox for DockerSandbox {
         self.exec_direct(request, output, cancel).await
     }
 
+    /// The container's cgroup CPU usage as the daemon reports it.
+    async fn cpu_seconds(&self) -> Option<f64> {
+        let options = StatsOptions {
+            stream: false,
+            one_shot: true,
+        };
+        let sample = self
+            .docker
+            .stats(&self.id, Some(options))
+            .next()
+            .await?
+            .ok()?;
+        let used = sample.cpu_stats?.cpu_usage?.total_usage?;
+        Some(used as f64 / 1e9)
+    }
+
     async fn stats(&self) -> Result<SandboxStats> {
         let options = StatsOptions {
             stream: false,

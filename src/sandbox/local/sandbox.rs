@@ -165,6 +165,11 @@ impl Sandbox for LocalSandbox {
         Ok(status)
     }
 
+    /// The sandbox's cgroup's CPU accounting.
+    async fn cpu_seconds(&self) -> Option<f64> {
+        self.cgroup.cpu_usage_ns().map(|ns| ns as f64 / 1e9)
+    }
+
     async fn stats(&self) -> Result<SandboxStats> {
         let now = Instant::now();
         let cpu_percent = self.cgroup.cpu_usage_ns().map(|usage| {

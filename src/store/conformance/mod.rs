@@ -34,6 +34,7 @@ mod leases;
 mod quota;
 mod replicas;
 mod sessions;
+mod usage;
 
 /// An empty database of one backend.
 #[async_trait]
@@ -144,6 +145,8 @@ suite!(
     quota::window_counts_restart_each_window,
     leases::a_race_has_one_winner,
     leases::acquires_racing_releases_always_answer,
+    usage::usage_adds_up_per_owner_day_and_model,
+    usage::concurrent_usage_adds_all_land,
 );
 
 /// Tests of two replicas on one database: PostgreSQL only, the backend

@@ -1,0 +1,39 @@
+//! A session sandbox's CPU and wall time, read just before it is removed
+//! and handed to whoever counts usage (the server: the session's key).
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use uuid::Uuid;
+
+use super::{SandboxManager, Slot};
+use crate::sandbox::Result;
+
+/// Told a removed sandbox's session, CPU seconds (when the backend can
+/// tell) and wall seconds; its future runs before the removal returns.
+pub type OnRemoved = Arc<dyn Fn(Uuid, Option<f64>, f64) -> BoxFuture<'static, ()> + Send + Sync>;
+
+impl SandboxManager {
+    /// Counts every session sandbox removed from now on with `removed`;
+    /// a second call changes nothing.
+    pub fn on_removed(&self, removed: OnRemoved) {
+        let _ = self.removed.set(removed);
+    }
+
+    /// Destroys the slot's sandbox, if it was made, reading its CPU time
+    /// first (the container's cgroup goes with it).
+    pub(super) async fn destroy_counted(&self, session: Uuid, slot: &Slot) -> Result<()> {
+        let Some(sandbox) = slot.sandbox.get() else {
+            return Ok(());
+        };
+        let cpu = match self.removed.get() {
+            Some(_) => sandbox.cpu_seconds().await,
+            None => None,
+        };
+        let destroyed = sandbox.destroy().await;
+        if let Some(removed) = self.removed.get() {
+            removed(session, cpu, slot.born.elapsed().as_secs_f64()).await;
+        }
+        destroyed
+    }
+}

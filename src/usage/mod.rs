@@ -1,0 +1,234 @@
+//! Usage per key: what each key's turns, tool calls, gateway calls and
+//! sandboxes spent, kept in the store per UTC day and model
+//! ([`crate::store::UsageStore`]), counted in Prometheus by the key's
+//! name, and checked against the key's daily budgets (`tokens_per_day`,
+//! `usd_per_day`).
+//!
+//! - [`Recorder`]: adds what was spent (one store write per model call,
+//!   turn end or removed sandbox; a failure is logged, never the caller's)
+//!   and refuses a key past its budget for today.
+//! - [`report`]: `GET /usage`'s grouping of the stored rows.
+//!
+//! Budgets are read from the store, which every replica writes, so two
+//! replicas overspend a budget by at most the calls under way when it was
+//! reached.
+
+pub mod report;
+pub mod turn;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use chrono::{NaiveDate, Utc};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::quota::{KeyTable, QuotaExceeded, next_day};
+use crate::store::{Store, UsageCounts};
+
+/// The owner usage is kept under while auth is off.
+pub const LOCAL: &str = "local";
+/// The model of what no model did (a sandbox's time).
+pub const NO_MODEL: &str = "-";
+
+/// A key by its configured name (never the key or its hash).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabel {
+    pub key: String,
+}
+
+/// A key by name and a token direction (`input`, `output`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabel {
+    pub key: String,
+    pub direction: &'static str,
+}
+
+/// The Prometheus counters of usage, registered with the server's
+/// metrics by [`crate::telemetry::Metrics::register_usage`].
+#[derive(Default)]
+pub struct UsageMetrics {
+    pub tokens: Family<TokenLabel, Counter>,
+    pub cost_usd: Family<KeyLabel, Counter<f64, AtomicU64>>,
+    pub turns: Family<KeyLabel, Counter>,
+    pub tool_calls: Family<KeyLabel, Counter>,
+    pub sandbox_cpu_seconds: Family<KeyLabel, Counter<f64, AtomicU64>>,
+}
+
+impl UsageMetrics {
+    fn count(&self, key: &str, add: &UsageCounts) {
+        let label = KeyLabel { key: key.into() };
+        for (direction, tokens) in [("input", add.input_tokens), ("output", add.output_tokens)] {
+            if tokens > 0 {
+                self.tokens
+                    .get_or_create(&TokenLabel {
+                        key: key.into(),
+                        direction,
+                    })
+                    .inc_by(tokens);
+            }
+        }
+        if add.cost_usd > 0.0 {
+            self.cost_usd.get_or_create(&label).inc_by(add.cost_usd);
+        }
+        if add.turns > 0 {
+            self.turns.get_or_create(&label).inc_by(add.turns);
+        }
+        if add.tool_calls > 0 {
+            self.tool_calls.get_or_create(&label).inc_by(add.tool_calls);
+        }
+        if add.sandbox_cpu_s > 0.0 {
+            self.sandbox_cpu_seconds
+                .get_or_create(&label)
+                .inc_by(add.sandbox_cpu_s);
+        }
+    }
+}
+
+/// The owner usage is kept under: the key's hash, or [`LOCAL`].
+pub fn owner_id(owner: Option<&str>) -> &str {
+    owner.unwrap_or(LOCAL)
+}
+
+/// Today, UTC: the day usage is added to and budgets are checked on.
+pub fn today() -> NaiveDate {
+    Utc::now().date_naive()
+}
+
+/// Records usage and checks the daily budgets; one per server.
+pub struct Recorder {
+    store: Arc<dyn Store>,
+    keys: Arc<KeyTable>,
+    metrics: Arc<UsageMetrics>,
+}
+
+impl Recorder {
+    pub fn new(
+        store: Arc<dyn Store>,
+        keys: Arc<KeyTable>,
+        metrics: &crate::telemetry::Metrics,
+    ) -> Recorder {
+        let counters = Arc::new(UsageMetrics::default());
+        metrics.register_usage(&counters);
+        Recorder {
+            store,
+            keys,
+            metrics: counters,
+        }
+    }
+
+    pub fn keys(&self) -> &Arc<KeyTable> {
+        &self.keys
+    }
+
+    /// Adds `add` to `owner`'s usage of `model` today and answers the
+    /// owner's totals for today; `None` when the store failed (logged:
+    /// usage is never a reason to fail the work it counts).
+    pub async fn add(
+        &self,
+        owner: Option<&str>,
+        model: &str,
+        add: UsageCounts,
+    ) -> Option<UsageCounts> {
+        if add.is_empty() {
+            return None;
+        }
+        self.metrics.count(&self.keys.name(owner), &add);
+        match self
+            .store
+            .usage_add(owner_id(owner), today(), model, &add)
+            .await
+        {
+            Ok(totals) => Some(totals),
+            Err(e) => {
+                tracing::warn!(key = %self.keys.name(owner), model, error = %e, "usage not recorded");
+                None
+            }
+        }
+    }
+
+    /// Counts a removed sandbox's CPU and wall time under its session's
+    /// key (read from the store: the sandbox manager knows sessions only).
+    pub fn sandbox_hook(self: &Arc<Self>) -> crate::sandbox::manager::OnRemoved {
+        let recorder = self.clone();
+        Arc::new(move |session, cpu, wall| {
+            let recorder = recorder.clone();
+            Box::pin(async move {
+                let owner = match recorder.store.get_session(session).await {
+                    Ok(Some(record)) => record.owner,
+                    Ok(None) => return,
+                    Err(e) => {
+                        tracing::warn!(%session, error = %e, "sandbox usage not recorded");
+                        return;
+                    }
+                };
+                let add = UsageCounts {
+                    sandbox_cpu_s: cpu.unwrap_or(0.0),
+                    sandbox_wall_s: wall,
+                    ..UsageCounts::default()
+                };
+                recorder.add(owner.as_deref(), NO_MODEL, add).await;
+            })
+        })
+    }
+
+    /// Whether `owner` has a daily budget at all: only then is the store
+    /// read before its work.
+    pub fn has_budget(&self, owner: Option<&str>) -> bool {
+        let quota = self.keys.quota(owner);
+        quota.tokens_per_day.is_some() || quota.usd_per_day.is_some()
+    }
+
+    /// Refuses `owner` when it is at or past a daily budget today, by the
+    /// store's totals (every replica's). A store that does not answer
+    /// refuses nothing: it is logged.
+    pub async fn check_budget(&self, owner: Option<&str>) -> Result<(), QuotaExceeded> {
+        if !self.has_budget(owner) {
+            return Ok(());
+        }
+        match self.store.usage_day(owner_id(owner), today()).await {
+            Ok(totals) => self.past_budget(owner, &totals).map_or(Ok(()), Err),
+            Err(e) => {
+                tracing::warn!(key = %self.keys.name(owner), error = %e, "daily budget not checked");
+                Ok(())
+            }
+        }
+    }
+
+    /// The budget `totals` (today's) has reached, if any.
+    pub fn past_budget(&self, owner: Option<&str>, totals: &UsageCounts) -> Option<QuotaExceeded> {
+        let quota = self.keys.quota(owner);
+        let past = |quota: &'static str, limit: String, spent: String| {
+            let now = Utc::now();
+            let reset = next_day(now);
+            Some(QuotaExceeded {
+                key: self.keys.name(owner),
+                quota,
+                limit,
+                why: format!("{spent} spent today (UTC); the budget resets at midnight UTC"),
+                reset: Some(reset),
+                retry_after: (reset - now).to_std().unwrap_or_default(),
+            })
+        };
+        if let Some(limit) = quota.tokens_per_day
+            && totals.tokens() >= limit
+        {
+            return past(
+                "tokens_per_day",
+                limit.to_string(),
+                format!("{} tokens", totals.tokens()),
+            );
+        }
+        if let Some(limit) = quota.usd_per_day
+            && totals.cost_usd >= limit
+        {
+            return past(
+                "usd_per_day",
+                limit.to_string(),
+                format!("${:.4}", totals.cost_usd),
+            );
+        }
+        None
+    }
+}
