@@ -27,9 +27,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 mod outbound;
 mod sections;
+mod telemetry;
 mod validate;
 pub use outbound::*;
 pub use sections::*;
+pub use telemetry::TelemetryConfig;
 
 /// Who a key is to the server: its SHA-256, hex; sessions, traces and
 /// approvals belong to it.
@@ -98,6 +100,8 @@ pub struct Config {
     /// Named agents (`[agents.NAME]`): a session kind and its options,
     /// which AG-UI, the LangGraph API and `GET /agents` address by name.
     pub agents: BTreeMap<String, AgentProfile>,
+    /// OpenTelemetry trace export (`[telemetry]`).
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for Config {
@@ -127,6 +131,7 @@ impl Default for Config {
             bus: crate::bus::BusConfig::default(),
             pipelines: crate::pipeline::PipelineConfig::default(),
             agents: BTreeMap::new(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -210,6 +215,7 @@ impl Config {
         let mut config: Config = figment.extract().map_err(describe)?;
         config.resolve_declared_paths(&figment)?;
         config.apply_provider_env(|name| std::env::var(name).ok());
+        config.telemetry.apply_env(|name| std::env::var(name).ok());
         if let Some(listen) = overrides.listen {
             config.listen = listen;
         }

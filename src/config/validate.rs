@@ -46,6 +46,9 @@ impl Config {
         self.cluster
             .validate()
             .map_err(|(name, message)| field(&name, message))?;
+        self.telemetry
+            .validate()
+            .map_err(|(name, message)| field(&name, message))?;
         if self.api_keys.is_empty() && self.admin_keys.is_empty() && !self.listen.ip().is_loopback()
         {
             return Err(field(
