@@ -14,6 +14,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::background::{RunList, RunView};
@@ -21,6 +22,7 @@ use super::host::{Caller, McpHost};
 use super::progress::OutputReporter;
 use super::schema::*;
 use crate::sandbox::{ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
+use crate::telemetry::{otel, spans};
 
 /// Runs Python from stdin as a notebook cell (the last expression's value
 /// is printed); with `--repair`, after the repairs it names.
@@ -138,6 +140,12 @@ impl SandboxServer {
             .get_progress_token()
             .map(|token| OutputReporter::start(ctx.peer.clone(), token));
         let limit = self.host.max_output_bytes;
+        let span = spans::exec(
+            self.host.sandboxes.backend_name(),
+            lease.sandbox.id(),
+            session_id,
+        );
+        otel::continue_from_json(&span, &ctx.meta);
         let collected = exec_collect(
             lease.sandbox.as_ref(),
             request,
@@ -149,7 +157,17 @@ impl SandboxServer {
                 }
             },
         )
+        .instrument(span.clone())
         .await;
+        match &collected {
+            Ok((status, _)) => {
+                if let Some(code) = status.exit_code {
+                    span.record("process.exit.code", code);
+                }
+                span.record("conclave.exec.timed_out", status.timed_out);
+            }
+            Err(_) => otel::fail(&span, "sandbox_error"),
+        }
         if let Some(reporter) = reporter {
             reporter.finish().await;
         }

@@ -189,6 +189,19 @@ pub fn current_json() -> Option<serde_json::Map<String, serde_json::Value>> {
     Some(carrier)
 }
 
+/// Copies the trace context carried in a JSON object to HTTP headers.
+pub fn copy_json_to_headers(
+    carrier: &serde_json::Map<String, serde_json::Value>,
+    headers: &mut http::HeaderMap,
+) {
+    if !carrier.contains_key("traceparent") {
+        return;
+    }
+    let propagator = TraceContextPropagator::new();
+    let context = propagator.extract(&Json(carrier));
+    propagator.inject_context(&context, &mut HeadersMut(headers));
+}
+
 /// Marks `span` failed with an `error.type`.
 pub fn fail(span: &Span, error_type: &str) {
     span.record("error.type", error_type);
