@@ -330,6 +330,16 @@ async fn turn_of(
     }
 }
 
+/// `error.type` of an agent's span: the reason when it is one of ours,
+/// else the model's error, said as one class.
+fn error_type(error: &str) -> &'static str {
+    match error {
+        TIMEOUT => TIMEOUT,
+        BUDGET_EXCEEDED => BUDGET_EXCEEDED,
+        _ => "agent_error",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,15 +364,5 @@ mod tests {
         let dollars = Budget::new(Some(1.0), None);
         assert_eq!(dollars.usd_share(4), Some(0.25));
         assert_eq!(dollars.token_share(4), None);
-    }
-}
-
-/// `error.type` of an agent's span: the reason when it is one of ours,
-/// else the model's error, said as one class.
-fn error_type(error: &str) -> &'static str {
-    match error {
-        TIMEOUT => TIMEOUT,
-        BUDGET_EXCEEDED => BUDGET_EXCEEDED,
-        _ => "agent_error",
     }
 }
