@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 
 use common::binary::{json_of, serve_command, spawn_server, stop};
 use common::sim::Sim;
+use futures::SinkExt;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
+use tokio_tungstenite::tungstenite::Message;
 
 /// A `phoenix serve` on free ports in a temporary directory, killed when
 /// dropped.
@@ -282,39 +284,64 @@ async fn a_tool_calling_turn_on_docker_is_one_trace_that_continues_the_clients()
     )
     .await;
     let session = events[0]["session_id"].as_str().unwrap();
-    let own = find_turn(&phoenix, session).await;
+    let own = turns_of(&phoenix, session, 1).await.remove(0);
     assert_ne!(own, trace);
     let spans = phoenix
         .wait(&own, |s| !named(s, "POST /agent/run").is_empty())
         .await;
     assert_eq!(one(&spans, "POST /agent/run")["parent_id"], Value::Null);
 
+    // Each turn over one long-lived WebSocket is a trace of its own, its
+    // turn the root.
+    let session = json_of(http.post(format!("{url}/agent/session")).json(&json!({}))).await;
+    let session = session["session_id"].as_str().unwrap();
+    let ws = format!(
+        "{}/agent/ws?session_id={session}&since=0",
+        url.replace("http", "ws")
+    );
+    let (mut socket, _) = tokio_tungstenite::connect_async(ws).await.unwrap();
+    for prompt in ["one", "two"] {
+        let message = json!({"type": "message", "prompt": prompt}).to_string();
+        socket.send(Message::Text(message.into())).await.unwrap();
+        common::ws_until(&mut socket, "result").await;
+    }
+    let traces = turns_of(&phoenix, session, 2).await;
+    assert_ne!(traces[0], traces[1]);
+    for trace in &traces {
+        let spans = phoenix
+            .wait(trace, |s| !named(s, "chat demo").is_empty())
+            .await;
+        assert_eq!(one(&spans, "invoke_agent agent")["parent_id"], Value::Null);
+    }
+
     stop(&mut server).await;
     common::remove_sandboxes_of(&dir.path().join("data")).await;
 }
 
-/// The trace id of the turn of `session`, found by its conversation id.
-async fn find_turn(phoenix: &Phoenix, session: &str) -> String {
+/// The trace ids of the first `count` turns of `session`, found by their
+/// conversation id.
+async fn turns_of(phoenix: &Phoenix, session: &str, count: usize) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let found: Value = reqwest::get(format!(
+        let found = json_of(reqwest::Client::new().get(format!(
             "{}/v1/projects/default/spans?name=invoke_agent%20agent&limit=1000",
             phoenix.url
-        ))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-        let turn = found["data"]
+        )))
+        .await;
+        let turns: Vec<String> = found["data"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|s| attr(s, "gen_ai.conversation.id") == session);
-        if let Some(turn) = turn {
-            return turn["context"]["trace_id"].as_str().unwrap().to_string();
+            .filter(|s| attr(s, "gen_ai.conversation.id") == session)
+            .map(|s| s["context"]["trace_id"].as_str().unwrap().to_string())
+            .collect();
+        if turns.len() >= count {
+            return turns;
         }
-        assert!(Instant::now() < deadline, "no turn of {session} in 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "{count} turns of {session} not in 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -433,6 +460,59 @@ replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}" }}]
     assert!(input.contains("okapi7"), "{input}");
     let output = attr(chat, "gen_ai.output.messages").as_str().unwrap();
     assert!(output.contains("assistant"), "{output}");
+
+    // An MCP client's run_agent continues the trace of the HTTP request
+    // that carried the call.
+    let (trace, parent, traceparent) = client_context();
+    let http = reqwest::Client::new();
+    let mcp = |session: Option<&str>, body: Value| {
+        let mut request = http
+            .post(format!("{url}/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .header("traceparent", &traceparent)
+            .json(&body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        request.send()
+    };
+    let opened = mcp(
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+               "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                          "clientInfo": {"name": "traced", "version": "1"}}}),
+    )
+    .await
+    .unwrap();
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let _ = opened.text().await;
+    mcp(
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await
+    .unwrap();
+    let called = mcp(
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": "run_agent", "arguments": {"prompt": "hello"}}}),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(called.contains("You said: hello"), "{called}");
+    let spans = phoenix
+        .wait(&trace, |s| !named(s, "invoke_agent agent").is_empty())
+        .await;
+    let call = one(&spans, "tools/call run_agent");
+    assert_eq!(call["parent_id"], parent.as_str());
+    assert_eq!(one(&spans, "invoke_agent agent")["parent_id"], id(call));
 
     // A deliberation: its agents are children of its turn, each agent's
     // model call a child of the agent.

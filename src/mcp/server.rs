@@ -159,15 +159,8 @@ impl SandboxServer {
         )
         .instrument(span.clone())
         .await;
-        match &collected {
-            Ok((status, _)) => {
-                if let Some(code) = status.exit_code {
-                    span.record("process.exit.code", code);
-                }
-                span.record("conclave.exec.timed_out", status.timed_out);
-            }
-            Err(_) => otel::fail(&span, "sandbox_error"),
-        }
+        let ended = collected.as_ref().ok();
+        spans::exec_ended(&span, ended.map(|(s, _)| (s.exit_code, s.timed_out)));
         if let Some(reporter) = reporter {
             reporter.finish().await;
         }
@@ -381,7 +374,10 @@ impl SandboxServer {
         Parameters(args): Parameters<Deliberate>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        super::deliberate::run(&self.host, &self.caller, args, ctx).await
+        let span = super::follow::call_span("deliberate", &ctx);
+        super::deliberate::run(&self.host, &self.caller, args, ctx)
+            .instrument(span)
+            .await
     }
 
     #[tool(
@@ -392,7 +388,10 @@ impl SandboxServer {
         Parameters(args): Parameters<StartPipeline>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        super::pipeline::run(&self.host, &self.caller, args, ctx).await
+        let span = super::follow::call_span("start_pipeline", &ctx);
+        super::pipeline::run(&self.host, &self.caller, args, ctx)
+            .instrument(span)
+            .await
     }
 
     #[tool(
@@ -403,7 +402,10 @@ impl SandboxServer {
         Parameters(args): Parameters<RunAgent>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        super::run_agent::run(&self.host, &self.caller, args, ctx).await
+        let span = super::follow::call_span("run_agent", &ctx);
+        super::run_agent::run(&self.host, &self.caller, args, ctx)
+            .instrument(span)
+            .await
     }
 
     #[tool(

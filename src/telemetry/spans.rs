@@ -24,6 +24,30 @@ pub fn request(method: &str, route: &str, headers: &http::HeaderMap) -> Span {
     span
 }
 
+/// An MCP `tools/call` that starts work (`run_agent`, `deliberate`): it
+/// continues the trace in the call's `_meta`, else the one in the headers
+/// of the HTTP request that carried it.
+pub fn mcp_call(
+    tool: &str,
+    meta: &serde_json::Map<String, serde_json::Value>,
+    headers: Option<&http::HeaderMap>,
+) -> Span {
+    let span = tracing::info_span!(
+        "mcp",
+        otel.name = %format_args!("tools/call {tool}"),
+        otel.kind = "server",
+        mcp.method.name = "tools/call",
+        gen_ai.tool.name = %tool,
+        gen_ai.operation.name = "execute_tool",
+    );
+    if meta.contains_key("traceparent") {
+        super::otel::continue_from_json(&span, meta);
+    } else if let Some(headers) = headers {
+        super::otel::continue_from_headers(&span, headers);
+    }
+    span
+}
+
 /// A turn of a session (`invoke_agent {agent}`), its conversation the
 /// session.
 pub fn turn(session_id: &str, agent: &str, kind: &str) -> Span {
@@ -139,6 +163,20 @@ pub fn exec(backend: &str, sandbox_id: &str, session_id: Option<&str>) -> Span {
         error.type = Empty,
         otel.status_code = Empty,
     )
+}
+
+/// How an exec ended: its exit code (none when killed) and whether it
+/// timed out; `None` when the sandbox failed to run it.
+pub fn exec_ended(span: &Span, ended: Option<(Option<i64>, bool)>) {
+    match ended {
+        Some((code, timed_out)) => {
+            if let Some(code) = code {
+                span.record("process.exit.code", code);
+            }
+            span.record("conclave.exec.timed_out", timed_out);
+        }
+        None => super::otel::fail(span, "sandbox_error"),
+    }
 }
 
 /// A call of the gateway's `/v1/chat/completions` (or in-process pool):
