@@ -52,6 +52,20 @@ log "installing test packages from PyPI"
 "$VENV/bin/pip" install -q --disable-pip-version-check 'a2a-sdk[http-server]==1.3.0' \
     || die "pip could not install a2a-sdk"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
+# tests/telemetry.rs reads the server's OpenTelemetry spans back from Arize
+# Phoenix, a real OTLP collector. It has a venv of its own: its many
+# dependencies must not move the test venv's pinned packages.
+PHOENIX_VENV=$PWD/target/phoenix-venv
+PHOENIX_VERSION=20.26.1
+if [ ! -x "$PHOENIX_VENV/bin/phoenix" ] \
+    || [ "$("$PHOENIX_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("arize-phoenix"))' 2>/dev/null)" != "$PHOENIX_VERSION" ]; then
+    log "installing arize-phoenix $PHOENIX_VERSION from PyPI"
+    [ -x "$PHOENIX_VENV/bin/pip" ] || python3 -m venv "$PHOENIX_VENV" \
+        || die "python3 -m venv failed for $PHOENIX_VENV"
+    "$PHOENIX_VENV/bin/pip" install -q --disable-pip-version-check "arize-phoenix==$PHOENIX_VERSION" \
+        || die "pip could not install arize-phoenix"
+fi
+export CONCLAVE_TEST_PHOENIX=$PHOENIX_VENV/bin/phoenix
 # The MCP Inspector's CLI (npm) checks what /mcp lists.
 command -v npm >/dev/null || apt_install nodejs npm
 INSPECTOR_DIR=$PWD/target/npm
@@ -154,8 +168,8 @@ if [ "${1:-}" = "--setup-only" ]; then
     # progress goes to stderr.
     ensure_docker >&2
     ensure_sandbox_images >&2
-    printf 'export CONCLAVE_TEST_PYTHON=%q CONCLAVE_TEST_LLAMA_SERVER=%q CONCLAVE_TEST_GGUF=%q CONCLAVE_TEST_QWEN_GGUF=%q\n' \
-        "$CONCLAVE_TEST_PYTHON" "$LLAMA" "$GGUF" "$QWEN"
+    printf 'export CONCLAVE_TEST_PYTHON=%q CONCLAVE_TEST_LLAMA_SERVER=%q CONCLAVE_TEST_GGUF=%q CONCLAVE_TEST_QWEN_GGUF=%q CONCLAVE_TEST_PHOENIX=%q\n' \
+        "$CONCLAVE_TEST_PYTHON" "$LLAMA" "$GGUF" "$QWEN" "$CONCLAVE_TEST_PHOENIX"
     exit 0
 fi
 

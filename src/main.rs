@@ -199,7 +199,11 @@ enum GatewayCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    conclave::telemetry::init_logging();
+    // `serve` starts its log once its config is read, as the config says
+    // where traces go.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        conclave::telemetry::init_logging();
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -239,36 +243,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     default_data_dir: None,
                 },
             )?;
-            raise_fd_limit();
-            let listener = conclave::server::bind(config.listen)
-                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-            let root = CancellationToken::new();
-            let drain = CancellationToken::new();
-            conclave::shutdown::on_signal(drain.clone(), root.clone());
-            let server = Server::build(config, Tools::Sandboxed, root).await?;
-            let addr = listener.local_addr()?;
-            // One plain line on stdout, for people and for scripts that
-            // started the server on port 0.
-            println!("conclave listening on http://{addr}");
-            let recorded = match conclave::locate::record(addr, &server.state.config.data_dir) {
-                Ok((record, path)) => {
-                    tracing::debug!(path = %path.display(), "recorded for conclave mcp");
-                    Some(record)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot record this server for conclave mcp");
-                    None
-                }
-            };
-            tracing::info!(
-                listen = %addr,
-                model = server.state.models.default_model().unwrap_or("not known yet"),
-                auth = server.state.keys.enabled(),
-                "conclave serving"
-            );
-            let served = server.run_draining(listener, drain).await;
-            if let Some(record) = &recorded {
-                conclave::locate::forget(record);
+            let exporter = conclave::telemetry::init(&config.telemetry)
+                .map_err(|e| anyhow::anyhow!("telemetry: {e}"))?;
+            if let Some(url) = config.telemetry.traces_url() {
+                tracing::info!(%url, "exporting traces over OTLP/HTTP");
+            }
+            let served = serve(config).await;
+            // The spans of the last turns are still buffered.
+            if let Some(exporter) = exporter {
+                let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
             }
             served?;
             tracing::info!("stopped");
@@ -410,6 +393,43 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             conclave::sim::serve(listen, config).await
         }
     }
+}
+
+/// `conclave serve` once its config is read and its log started.
+async fn serve(config: Config) -> anyhow::Result<()> {
+    raise_fd_limit();
+    let listener = conclave::server::bind(config.listen)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let root = CancellationToken::new();
+    let drain = CancellationToken::new();
+    conclave::shutdown::on_signal(drain.clone(), root.clone());
+    let server = Server::build(config, Tools::Sandboxed, root).await?;
+    let addr = listener.local_addr()?;
+    // One plain line on stdout, for people and for scripts that
+    // started the server on port 0.
+    println!("conclave listening on http://{addr}");
+    let recorded = match conclave::locate::record(addr, &server.state.config.data_dir) {
+        Ok((record, path)) => {
+            tracing::debug!(path = %path.display(), "recorded for conclave mcp");
+            Some(record)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot record this server for conclave mcp");
+            None
+        }
+    };
+    tracing::info!(
+        listen = %addr,
+        model = server.state.models.default_model().unwrap_or("not known yet"),
+        auth = server.state.keys.enabled(),
+        "conclave serving"
+    );
+    let served = server.run_draining(listener, drain).await;
+    if let Some(record) = &recorded {
+        conclave::locate::forget(record);
+    }
+    served?;
+    Ok(())
 }
 
 /// Each stream and WebSocket holds a descriptor: lift the soft limit to the

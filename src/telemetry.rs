@@ -14,17 +14,50 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub mod otel;
+pub mod spans;
+
 /// Logs to stderr; `RUST_LOG` filters (default `info`, rmcp's at `warn`).
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    // With export off there is no exporter to fail.
+    let _ = init(&crate::config::TelemetryConfig::default());
+}
+
+/// Logs to stderr as [`init_logging`] does and, when `telemetry` names an
+/// OTLP endpoint, exports this crate's spans there. The exporter returned
+/// must be shut down at exit to send the spans still buffered.
+pub fn init(telemetry: &crate::config::TelemetryConfig) -> Result<Option<otel::Exporter>, String> {
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+
+    let filter = EnvFilter::try_from_default_env()
         // rmcp logs every MCP handshake's whole parameters at INFO.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
-    // A second call (tests) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    // The log keeps its lines as they were: spans are for the traces.
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter.and(filter_fn(|meta| !meta.is_span())));
+    let (exporter, tracer) = match otel::exporter(telemetry)? {
+        Some((exporter, tracer)) => (Some(exporter), Some(tracer)),
+        None => (None, None),
+    };
+    let traces = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_filter(filter_fn(otel::takes))
+    });
+    // A second call (tests) keeps the first subscriber.
+    let _ = tracing_subscriber::registry()
+        .with(traces)
+        .with(log)
         .try_init();
+    Ok(exporter)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::approve::{self, Gate, Gated};
 use super::coerce::coerce;
@@ -18,6 +19,7 @@ use crate::model::{Message, ToolCall, ToolSpec};
 use crate::protocol::EventKind;
 use crate::session::Session;
 use crate::store::StoreError;
+use crate::telemetry::spans;
 
 /// `tool_output` chunks that may wait for the turn to emit them; a tool
 /// printing faster loses progress chunks, never its result.
@@ -190,18 +192,27 @@ pub(super) async fn run_tools(
     type Running<'a> = std::pin::Pin<
         Box<dyn std::future::Future<Output = Option<Result<ToolOutput, StoreError>>> + Send + 'a>,
     >;
-    let running: Vec<Running<'_>> =
-        plans
-            .iter()
-            .map(|plan| -> Running<'_> {
-                match plan {
-                    Plan::Run(call, _) => Box::pin(async move {
-                        Some(run_prepared(deps, session, ctx, call, cancel).await)
-                    }),
-                    _ => Box::pin(async { None }),
-                }
-            })
-            .collect();
+    let running: Vec<Running<'_>> = plans
+        .iter()
+        .map(|plan| -> Running<'_> {
+            match plan {
+                Plan::Run(call, _) => Box::pin(async move {
+                    let span = spans::tool(&call.name, &call.id, &call.arguments);
+                    let output = run_prepared(deps, session, ctx, call, cancel)
+                        .instrument(span.clone())
+                        .await;
+                    if let Ok(output) = &output {
+                        spans::tool_result(&span, &output.output);
+                        if output.is_error {
+                            crate::telemetry::otel::fail(&span, "tool_error");
+                        }
+                    }
+                    Some(output)
+                }),
+                _ => Box::pin(async { None }),
+            }
+        })
+        .collect();
     let outputs: Vec<Option<Result<ToolOutput, StoreError>>> = futures::stream::iter(running)
         .buffered(MAX_CONCURRENT_CALLS)
         .collect()

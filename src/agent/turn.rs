@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::approve::Gate;
 use super::calls::{bound_calls, run_tools, tell};
@@ -22,7 +23,7 @@ use crate::permission::PLAN_NOTE;
 use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
 use crate::store::{Store, StoreError};
-use crate::telemetry::{Metrics, ModelLabel};
+use crate::telemetry::{Metrics, ModelLabel, spans};
 use crate::usage::turn::{TurnSpend, over_budget};
 
 /// What every turn uses, shared by all sessions.
@@ -250,7 +251,21 @@ async fn agent_loop(
             harness: &mut harness,
             tools: &tools,
         };
-        let mut reply = call_model(deps, session, &model, request, tally, watch).await?;
+        let span = spans::chat(
+            model.provider.provider_name(),
+            &model.upstream_model,
+            Some(&session.id.to_string()),
+        );
+        spans::chat_input(&span, request.system.as_deref(), &*request.messages);
+        let reply = call_model(deps, session, &model, request, tally, watch)
+            .instrument(span.clone())
+            .await;
+        match &reply {
+            Ok(reply) => spans::chat_output(&span, &reply.text, &reply.calls),
+            Err(LoopError::Model(e)) => crate::telemetry::otel::fail(&span, e.code()),
+            Err(LoopError::Store(_)) => crate::telemetry::otel::fail(&span, "store"),
+        }
+        let mut reply = reply?;
         // One store write per model call, which answers the key's totals
         // for today across replicas: the budget is checked on them.
         let past_budget = spend.record(&deps.usage, &tally.usage, false).await;
@@ -471,6 +486,7 @@ async fn call_model(
             model: model.name.clone(),
         })
         .observe(started.elapsed().as_secs_f64());
+    spans::usage(&tracing::Span::current(), input_tokens, output_tokens);
     tally.usage.turns += 1;
     tally.usage.input_tokens += input_tokens;
     tally.usage.output_tokens += output_tokens;

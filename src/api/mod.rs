@@ -59,6 +59,7 @@ pub mod serve;
 pub mod state;
 pub mod stream;
 pub mod tickets;
+mod traced;
 pub mod usage;
 pub mod weights;
 pub mod ws;
@@ -253,6 +254,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
+        .route_layer(axum::middleware::from_fn(traced::run))
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -28,10 +28,12 @@ use serde::{Deserialize, Deserializer, Serialize};
 mod keys;
 mod outbound;
 mod sections;
+mod telemetry;
 mod validate;
 pub use keys::*;
 pub use outbound::*;
 pub use sections::*;
+pub use telemetry::TelemetryConfig;
 
 /// Who a key is to the server: its SHA-256, hex; sessions, traces and
 /// approvals belong to it.
@@ -106,6 +108,8 @@ pub struct Config {
     /// Named agents (`[agents.NAME]`): a session kind and its options,
     /// which AG-UI, the LangGraph API and `GET /agents` address by name.
     pub agents: BTreeMap<String, AgentProfile>,
+    /// OpenTelemetry trace export (`[telemetry]`).
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for Config {
@@ -137,6 +141,7 @@ impl Default for Config {
             bus: crate::bus::BusConfig::default(),
             pipelines: crate::pipeline::PipelineConfig::default(),
             agents: BTreeMap::new(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -220,6 +225,7 @@ impl Config {
         let mut config: Config = figment.extract().map_err(describe)?;
         config.resolve_declared_paths(&figment)?;
         config.apply_provider_env(|name| std::env::var(name).ok());
+        config.telemetry.apply_env(|name| std::env::var(name).ok());
         if let Some(listen) = overrides.listen {
             config.listen = listen;
         }

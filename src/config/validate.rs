@@ -46,6 +46,9 @@ impl Config {
         self.cluster
             .validate()
             .map_err(|(name, message)| field(&name, message))?;
+        self.telemetry
+            .validate()
+            .map_err(|(name, message)| field(&name, message))?;
         self.validate_keys()
             .map_err(|(name, message)| field(&name, message))?;
         let permissions = &self.agent.permissions;

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::prompts::Prompt;
 use crate::jobs::{self, Handler, Jobs};
@@ -21,6 +22,7 @@ use crate::model::{ChatRequest, Message, ModelRegistry, ResolvedModel};
 use crate::protocol::{ResultStatus, Usage};
 use crate::session::{Session, SessionManager};
 use crate::sync::lock;
+use crate::telemetry::{otel, spans};
 
 /// The budget of a whole deliberation, in dollars and/or tokens: each call
 /// gets a share of what is left, and once it is spent every agent still
@@ -139,6 +141,15 @@ pub const BUDGET_EXCEEDED: &str = "budget_exceeded";
 impl Worker {
     /// Runs the call within its time limit and the budget.
     pub async fn answer(&self, call: Call) -> Answer {
+        let span = spans::agent(&call.agent_id, &call.parent.id.to_string());
+        let answer = self.answer_in_span(call).instrument(span.clone()).await;
+        if let Err(error) = &answer.result {
+            otel::fail(&span, error_type(error));
+        }
+        answer
+    }
+
+    async fn answer_in_span(&self, call: Call) -> Answer {
         let started = Instant::now();
         let mut usage = Usage::default();
         let result = if call.budget.is_exceeded() {
@@ -177,6 +188,7 @@ impl Worker {
                     max_tokens: call.max_tokens,
                     session_id: call.parent.id.to_string(),
                     owner: call.parent.owner.clone(),
+                    trace: otel::current_json(),
                 };
                 let answer: ModelAnswer = jobs::run_json(jobs.as_ref(), MODEL_CALL, &job)
                     .await
@@ -222,6 +234,10 @@ pub struct ModelCall {
     /// The deliberation's session, grouping the call's traces.
     pub session_id: String,
     pub owner: Option<String>,
+    /// The agent's trace context, so that the call's span is its child
+    /// on whichever replica makes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// What the model answered and what it counted.
@@ -259,11 +275,24 @@ impl Handler for ModelCalls {
             owner: call.owner.clone(),
             ..ChatRequest::default()
         };
+        let span = spans::chat(
+            model.provider.provider_name(),
+            &model.upstream_model,
+            request.session_id.as_deref(),
+        );
+        if let Some(trace) = &call.trace {
+            otel::continue_from_json(&span, trace);
+        }
+        spans::chat_input(&span, request.system.as_deref(), &*request.messages);
         let response = model
             .provider
             .complete(request)
+            .instrument(span.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                otel::fail(&span, e.code());
+                e.to_string()
+            })?;
         let spent = crate::store::UsageCounts {
             input_tokens: response.input_tokens,
             output_tokens: response.output_tokens,
@@ -275,6 +304,8 @@ impl Handler for ModelCalls {
         self.usage
             .add(call.owner.as_deref(), &model.name, spent)
             .await;
+        spans::usage(&span, response.input_tokens, response.output_tokens);
+        spans::chat_output(&span, &response.text, &response.tool_calls);
         jobs::answer(&ModelAnswer {
             text: response.text,
             input_tokens: response.input_tokens,
@@ -309,6 +340,16 @@ async fn turn_of(
         }
         (ResultStatus::Success, _) => Err("the agent answered nothing".into()),
         (status, _) => Err(format!("the agent's turn ended {}", status.as_str())),
+    }
+}
+
+/// `error.type` of an agent's span: the reason when it is one of ours,
+/// else the model's error, said as one class.
+fn error_type(error: &str) -> &'static str {
+    match error {
+        TIMEOUT => TIMEOUT,
+        BUDGET_EXCEEDED => BUDGET_EXCEEDED,
+        _ => "agent_error",
     }
 }
 

@@ -7,13 +7,69 @@ use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
+use tracing::Instrument;
+
 use super::pool::{Pool, Replica};
-use super::{Endpoint, Gateway, PASSED_ON_ERROR_BODY, client};
+use super::{Call, Endpoint, Gateway, GatewayError, PASSED_ON_ERROR_BODY, Upstream, client};
+use crate::telemetry::{otel, spans};
 use crate::upstream::{bounded_body, retry_after};
 
 impl Gateway {
-    /// One attempt: a response to pass on, or a failure worth retrying.
+    /// Runs a call (see `forward_call`) in a span of its own, whose
+    /// children are its attempts.
+    pub async fn forward(&self, call: Call) -> Result<Upstream, GatewayError> {
+        if !otel::exporting() {
+            return self.forward_call(call).await;
+        }
+        let model = call.body.get::<String>("model").unwrap_or_default();
+        let span = spans::gateway(&model, call.session_id.as_deref());
+        let forwarded = self.forward_call(call).instrument(span.clone()).await;
+        match &forwarded {
+            Ok(upstream) => {
+                span.record("conclave.gateway.replica", upstream.replica.as_str());
+                if upstream.status.is_server_error() {
+                    otel::fail(&span, upstream.status.as_str());
+                }
+            }
+            Err(e) => otel::fail(&span, error_type(e)),
+        }
+        forwarded
+    }
+
+    /// One attempt, the `attempt`th of its call, in a span of its own.
     pub(super) async fn send(
+        &self,
+        pool: &Pool,
+        replica: &Replica,
+        endpoint: Endpoint,
+        payload: Bytes,
+        attempt: u32,
+    ) -> Result<http::Response<client::Body>, Failure> {
+        if !otel::exporting() {
+            return self.send_once(pool, replica, endpoint, payload).await;
+        }
+        let span = spans::attempt(&pool.name, &replica.id, attempt, &replica.url);
+        let sent = self
+            .send_once(pool, replica, endpoint, payload)
+            .instrument(span.clone())
+            .await;
+        match &sent {
+            Ok(response) => {
+                span.record("http.response.status_code", response.status().as_u16());
+            }
+            Err(failure) => match &failure.response {
+                Some((status, _, _)) => {
+                    span.record("http.response.status_code", status.as_u16());
+                    otel::fail(&span, status.as_str());
+                }
+                None => otel::fail(&span, "unreachable"),
+            },
+        }
+        sent
+    }
+
+    /// One attempt: a response to pass on, or a failure worth retrying.
+    async fn send_once(
         &self,
         pool: &Pool,
         replica: &Replica,
@@ -54,6 +110,25 @@ impl Gateway {
             cooldown,
             response: Some((status, content_type, body)),
         })
+    }
+}
+
+/// `error.type` of a call's span: the variant's name, as OpenTelemetry
+/// wants a low-cardinality class of error.
+fn error_type(error: &GatewayError) -> &'static str {
+    match error {
+        GatewayError::BadRequest(_) => "bad_request",
+        GatewayError::UnknownModel { .. } => "unknown_model",
+        GatewayError::NoReplica(_) => "no_replica",
+        GatewayError::EmptyPool(_) => "empty_pool",
+        GatewayError::UnknownPool(_) => "unknown_pool",
+        GatewayError::Unreachable { .. } => "unreachable",
+        GatewayError::UnknownReplica(_) => "unknown_replica",
+        GatewayError::Conflict(_) => "conflict",
+        GatewayError::UnknownResponse(_) => "unknown_response",
+        GatewayError::NotServed { .. } => "not_served",
+        GatewayError::Paused { .. } => "paused",
+        GatewayError::StillBusy { .. } => "still_busy",
     }
 }
 

@@ -179,9 +179,11 @@ impl Clients {
             if let Some(key) = key {
                 request = request.header(AUTHORIZATION, key);
             }
-            let request = request
+            let mut request = request
                 .body(Full::new(payload))
                 .map_err(|e| e.to_string())?;
+            // The replica's own traces join the caller's.
+            crate::telemetry::otel::inject_headers(request.headers_mut());
             return self.send_plain(plain, replica.guarded, request).await;
         }
         let url = replica.endpoint_url(endpoint)?;
@@ -192,6 +194,11 @@ impl Clients {
             .body(payload);
         if let Some(key) = key {
             request = request.header(AUTHORIZATION, key);
+        }
+        if crate::telemetry::otel::exporting() {
+            let mut headers = http::HeaderMap::new();
+            crate::telemetry::otel::inject_headers(&mut headers);
+            request = request.headers(headers);
         }
         let response = request.send().await.map_err(|e| describe(&e))?;
         Ok(http::Response::from(response).map(|body| body.map_err(BoxError::from).boxed_unsync()))

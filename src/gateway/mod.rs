@@ -364,8 +364,9 @@ impl Gateway {
 
     /// Runs a call: picks a replica, retries on another after a connect
     /// error, a 5xx or a 429 (up to the pool's `num_retries`), and returns
-    /// the first response worth passing on.
-    pub async fn forward(&self, call: Call) -> Result<Upstream, GatewayError> {
+    /// the first response worth passing on. [`Gateway::forward`] wraps it
+    /// in the call's span.
+    async fn forward_call(&self, call: Call) -> Result<Upstream, GatewayError> {
         let Call {
             endpoint,
             mut body,
@@ -432,7 +433,8 @@ impl Gateway {
             // Shared by the request and its trace, not copied for it.
             let payload = body.to_bytes();
             let guard = replica.start_call();
-            match self.send(&pool, &replica, endpoint, payload.clone()).await {
+            let sent = self.send(&pool, &replica, endpoint, payload.clone(), attempt + 1);
+            match sent.await {
                 Ok(response)
                     if endpoint.at_root() && response.status() == StatusCode::NOT_FOUND =>
                 {

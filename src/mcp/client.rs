@@ -437,7 +437,12 @@ impl SandboxTools {
         };
         arguments.retain(|_, v| !v.is_null());
         arguments.insert("session_id".into(), json!(ctx.session_id.to_string()));
-        let params = CallToolRequestParams::new(tool).with_arguments(arguments);
+        let mut params = CallToolRequestParams::new(tool).with_arguments(arguments);
+        // The server runs the call in its own task: the trace context goes
+        // in `_meta`, where MCP carries it (`traceparent`).
+        if let Some(carrier) = crate::telemetry::otel::current_json() {
+            params.meta = Some(rmcp::model::RequestMetaObject(carrier.into()));
+        }
         let result = self.send(ctx, params, cancel, output).await;
         let result = match result {
             Some(result) => result,

@@ -157,7 +157,8 @@ impl ExternalServers {
                 }
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(custom);
-                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+                let client = super::traced_http::TracedHttp(http.clone());
+                let transport = StreamableHttpClientTransport::with_client(client, config);
                 ().serve(transport).await.map_err(|e| e.to_string())?
             }
         };
@@ -210,6 +211,11 @@ impl ExternalServers {
         let mut params = CallToolRequestParams::new(tool.to_string());
         if let Value::Object(arguments) = input {
             params = params.with_arguments(arguments);
+        }
+        // MCP's place for the trace context (SEP-414); over HTTP it goes
+        // in the headers too (`traced_http`).
+        if let Some(carrier) = crate::telemetry::otel::current_json() {
+            params.meta = Some(rmcp::model::RequestMetaObject(carrier.into()));
         }
         let result = tokio::select! {
             result = connected.client.call_tool(params) => result,

@@ -42,6 +42,7 @@ pub mod resources;
 pub mod run_agent;
 pub mod schema;
 pub mod server;
+mod traced_http;
 
 use std::sync::Arc;
 

@@ -14,6 +14,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::background::{RunList, RunView};
@@ -21,6 +22,7 @@ use super::host::{Caller, McpHost};
 use super::progress::OutputReporter;
 use super::schema::*;
 use crate::sandbox::{ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
+use crate::telemetry::{otel, spans};
 
 /// Runs Python from stdin as a notebook cell (the last expression's value
 /// is printed); with `--repair`, after the repairs it names.
@@ -138,6 +140,12 @@ impl SandboxServer {
             .get_progress_token()
             .map(|token| OutputReporter::start(ctx.peer.clone(), token));
         let limit = self.host.max_output_bytes;
+        let span = spans::exec(
+            self.host.sandboxes.backend_name(),
+            lease.sandbox.id(),
+            session_id,
+        );
+        otel::continue_from_json(&span, &ctx.meta);
         let collected = exec_collect(
             lease.sandbox.as_ref(),
             request,
@@ -149,7 +157,10 @@ impl SandboxServer {
                 }
             },
         )
+        .instrument(span.clone())
         .await;
+        let ended = collected.as_ref().ok();
+        spans::exec_ended(&span, ended.map(|(s, _)| (s.exit_code, s.timed_out)));
         if let Some(reporter) = reporter {
             reporter.finish().await;
         }
@@ -363,7 +374,10 @@ impl SandboxServer {
         Parameters(args): Parameters<Deliberate>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        super::deliberate::run(&self.host, &self.caller, args, ctx).await
+        let span = super::follow::call_span("deliberate", &ctx);
+        super::deliberate::run(&self.host, &self.caller, args, ctx)
+            .instrument(span)
+            .await
     }
 
     #[tool(
@@ -374,7 +388,10 @@ impl SandboxServer {
         Parameters(args): Parameters<StartPipeline>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        super::pipeline::run(&self.host, &self.caller, args, ctx).await
+        let span = super::follow::call_span("start_pipeline", &ctx);
+        super::pipeline::run(&self.host, &self.caller, args, ctx)
+            .instrument(span)
+            .await
     }
 
     #[tool(
@@ -385,7 +402,10 @@ impl SandboxServer {
         Parameters(args): Parameters<RunAgent>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        super::run_agent::run(&self.host, &self.caller, args, ctx).await
+        let span = super::follow::call_span("run_agent", &ctx);
+        super::run_agent::run(&self.host, &self.caller, args, ctx)
+            .instrument(span)
+            .await
     }
 
     #[tool(

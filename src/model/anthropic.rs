@@ -51,6 +51,10 @@ impl AnthropicProvider {
 
 #[async_trait]
 impl ModelProvider for AnthropicProvider {
+    fn provider_name(&self) -> &'static str {
+        "anthropic"
+    }
+
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
         let body = serde_json::to_vec(&wire_request(&request))
             .map_err(|e| ModelError::Protocol(format!("cannot encode the request: {e}")))?;

@@ -166,6 +166,10 @@ fn chunks(text: &str) -> Vec<String> {
 
 #[async_trait]
 impl ModelProvider for DemoProvider {
+    fn provider_name(&self) -> &'static str {
+        "conclave.demo"
+    }
+
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
         let Reply { text, calls } = reply(&request);
         let input_tokens: u64 = request

@@ -28,6 +28,10 @@ impl GatewayProvider {
 
 #[async_trait]
 impl ModelProvider for GatewayProvider {
+    fn provider_name(&self) -> &'static str {
+        "conclave.gateway"
+    }
+
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
         let body = match serde_json::to_value(wire_request(&request)) {
             Ok(Value::Object(body)) => body,

@@ -73,6 +73,10 @@ impl Transport {
         body: Vec<u8>,
     ) -> Result<Response, ModelError> {
         let body = Bytes::from(body);
+        // The provider's own traces (a vLLM or a proxy that traces) join
+        // the turn's.
+        let mut headers = headers;
+        crate::telemetry::otel::inject_headers(&mut headers);
         let attempt = || {
             let request = self
                 .client

@@ -158,6 +158,10 @@ pub type ModelStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, ModelError>
 
 #[async_trait]
 pub trait ModelProvider: Send + Sync {
+    /// `gen_ai.provider.name` of its calls' spans (`openai`, `anthropic`,
+    /// or Conclave's own `conclave.demo`, `conclave.gateway`).
+    fn provider_name(&self) -> &'static str;
+
     /// Starts one model call and streams its output. Errors before the first
     /// byte (after retries) are returned here; errors mid-stream are items.
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError>;

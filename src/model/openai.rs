@@ -53,6 +53,10 @@ impl OpenAiProvider {
 
 #[async_trait]
 impl ModelProvider for OpenAiProvider {
+    fn provider_name(&self) -> &'static str {
+        "openai"
+    }
+
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
         let body = serde_json::to_vec(&wire_request(&request))
             .map_err(|e| ModelError::Protocol(format!("cannot encode the request: {e}")))?;

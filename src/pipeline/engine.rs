@@ -12,6 +12,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::agents::{self, Answer};
@@ -23,6 +24,7 @@ use crate::protocol::{EventKind, ResultStatus, SessionKind};
 use crate::session::{NewSession, Outcome, Session, SessionManager, Turn};
 use crate::store::{Checkpoint, Store, StoreError};
 use crate::sync::lock;
+use crate::telemetry::{otel, spans};
 
 /// What every run uses.
 pub struct Deps {
@@ -144,6 +146,8 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
                 mock: mocked(deps, &options),
             })?;
             let visit = visits.get(&node).copied().unwrap_or(0);
+            // Each node a child span of the run's turn.
+            let span = spans::agent(&node, &session.id.to_string());
             let answer = answer(
                 deps,
                 &session,
@@ -155,7 +159,11 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
                 &mut worker,
                 turn,
             )
+            .instrument(span.clone())
             .await?;
+            if answer.is_err() {
+                otel::fail(&span, "node_failed");
+            }
             let Ok(answer) = answer else {
                 if cancel.is_cancelled() {
                     return Ok(Ending::Stopped(node.clone()));

@@ -10,6 +10,7 @@ use chrono::Utc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::SessionError;
@@ -445,14 +446,20 @@ impl SessionManager {
         };
         let turn_session = session.clone();
         let turn_cancel = cancel.clone();
-        self.turns.spawn(async move {
-            runner.run(&turn_session, input, options, turn_cancel).await;
-            *lock(&turn_session.running) = None;
-            if let Some(held) = held {
-                held.release().await;
+        // The turn's span: a child of the request that started it (if any
+        // is being traced), a trace of its own otherwise.
+        let span = runner::turn_span(&session);
+        self.turns.spawn(
+            async move {
+                runner.run(&turn_session, input, options, turn_cancel).await;
+                *lock(&turn_session.running) = None;
+                if let Some(held) = held {
+                    held.release().await;
+                }
+                drop(guard);
             }
-            drop(guard);
-        });
+            .instrument(span),
+        );
         Ok(StartedTurn {
             session,
             since,

@@ -13,6 +13,14 @@ use crate::store::StoreError;
 use crate::sync::lock;
 use crate::telemetry::{Metrics, StatusLabel};
 
+/// The span of a turn of `session` (`invoke_agent {name}`), its parent the
+/// current span.
+pub(super) fn turn_span(session: &Session) -> tracing::Span {
+    let kind = session.kind.to_string();
+    let agent = session.name.as_deref().unwrap_or(&kind);
+    crate::telemetry::spans::turn(&session.id.to_string(), agent, &kind)
+}
+
 /// Runs a turn of one task with the machinery around it.
 pub(super) struct Runner {
     pub(super) task: Arc<dyn SessionTask>,
@@ -151,6 +159,11 @@ impl Runner {
             )
             .await?;
         let status = outcome.status.as_str();
+        let span = tracing::Span::current();
+        span.record("conclave.result.status", status);
+        if outcome.status == ResultStatus::Error {
+            crate::telemetry::otel::fail(&span, status);
+        }
         tracing::info!(
             session = %session.id,
             kind = %session.kind,
