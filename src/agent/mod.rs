@@ -20,6 +20,7 @@ pub mod decide;
 pub mod fork;
 pub mod harness;
 pub mod hook;
+mod model_call;
 pub mod options;
 pub mod profiles;
 pub mod prompts;

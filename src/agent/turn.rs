@@ -3,27 +3,21 @@
 //! session machinery ([`crate::session`]) writes the turn's `result`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use futures::StreamExt;
-use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::approve::Gate;
 use super::calls::{bound_calls, run_tools, tell};
-use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Reply, Say};
+use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Say};
+use super::model_call::{Watch, traced_call};
 use super::options::AgentOptions;
 use super::prompts::default_system_prompt;
 use super::tools::{ToolContext, ToolRouter};
 use crate::config::AgentConfig;
-use crate::model::{
-    ChatRequest, Message, ModelError, ModelRegistry, ResolvedModel, StreamEvent, ToolCall, ToolSpec,
-};
+use crate::model::{ChatRequest, Message, ModelError, ModelRegistry, ToolCall};
 use crate::permission::PLAN_NOTE;
 use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
 use crate::store::{Store, StoreError};
-use crate::telemetry::{Metrics, ModelLabel, spans};
+use crate::telemetry::{Metrics, ModelLabel};
 use crate::usage::turn::{TurnSpend, over_budget};
 
 /// What every turn uses, shared by all sessions.
@@ -129,7 +123,7 @@ async fn opening_messages(
     Ok(opening)
 }
 
-enum LoopError {
+pub(super) enum LoopError {
     Store(StoreError),
     Model(ModelError),
 }
@@ -251,21 +245,7 @@ async fn agent_loop(
             harness: &mut harness,
             tools: &tools,
         };
-        let span = spans::chat(
-            model.provider.provider_name(),
-            &model.upstream_model,
-            Some(&session.id.to_string()),
-        );
-        spans::chat_input(&span, request.system.as_deref(), &*request.messages);
-        let reply = call_model(deps, session, &model, request, tally, watch)
-            .instrument(span.clone())
-            .await;
-        match &reply {
-            Ok(reply) => spans::chat_output(&span, &reply.text, &reply.calls),
-            Err(LoopError::Model(e)) => crate::telemetry::otel::fail(&span, e.code()),
-            Err(LoopError::Store(_)) => crate::telemetry::otel::fail(&span, "store"),
-        }
-        let mut reply = reply?;
+        let mut reply = traced_call(deps, session, &model, request, tally, watch).await?;
         // One store write per model call, which answers the key's totals
         // for today across replicas: the budget is checked on them.
         let past_budget = spend.record(&deps.usage, &tally.usage, false).await;
@@ -390,131 +370,6 @@ impl Drop for Lent<'_> {
     fn drop(&mut self) {
         self.session.keep_history(std::mem::take(&mut self.history));
     }
-}
-
-/// What a model call watches as it streams.
-struct Watch<'a> {
-    /// Send each token chunk as a `text_delta` event.
-    deltas: bool,
-    cancel: &'a CancellationToken,
-    /// Asked after each chunk whether to stop reading.
-    harness: &'a mut Harness,
-    tools: &'a [ToolSpec],
-}
-
-async fn call_model(
-    deps: &TurnDeps,
-    session: &Arc<Session>,
-    model: &ResolvedModel,
-    request: ChatRequest,
-    tally: &mut Turn,
-    watch: Watch<'_>,
-) -> Result<Reply, LoopError> {
-    let Watch {
-        deltas,
-        cancel,
-        harness,
-        tools,
-    } = watch;
-    let started = Instant::now();
-    let mut reply = Reply::default();
-    let mut said = Say::new();
-    let (mut input_tokens, mut output_tokens) = (0, 0);
-    // A client without `text_delta` events would see nothing for the whole
-    // call: a `status` event every interval says the model is still at it.
-    let every = Duration::from_millis(deps.config.status_interval_ms);
-    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let opening = model.provider.stream(request);
-    tokio::pin!(opening);
-    let stream = loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => {
-                reply.interrupted = true;
-                return Ok(reply);
-            }
-            stream = &mut opening => break stream.map_err(LoopError::Model)?,
-            _ = heartbeat.tick(), if !deltas => still_writing(session, &reply, started)?,
-        }
-    };
-    tokio::pin!(stream);
-    loop {
-        let item = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => {
-                reply.interrupted = true;
-                break;
-            }
-            item = stream.next() => item,
-            _ = heartbeat.tick(), if !deltas => {
-                still_writing(session, &reply, started)?;
-                continue;
-            }
-        };
-        match item {
-            None => break,
-            Some(Err(e)) => return Err(LoopError::Model(e)),
-            Some(Ok(StreamEvent::TextDelta(text))) => {
-                if deltas {
-                    session.emit(EventKind::TextDelta {
-                        content: text.clone(),
-                    })?;
-                }
-                reply.text.push_str(&text);
-                // Ending the stream here closes the connection and frees
-                // the model server.
-                if harness.cut(&reply.text, tools, &mut said) {
-                    tell(session, &mut said)?;
-                    break;
-                }
-            }
-            Some(Ok(StreamEvent::ToolCall(call))) => reply.calls.push(call),
-            Some(Ok(StreamEvent::Usage {
-                input_tokens: input,
-                output_tokens: output,
-            })) => {
-                input_tokens = input;
-                output_tokens = output;
-            }
-            Some(Ok(StreamEvent::Done(_))) => {}
-        }
-    }
-    deps.metrics
-        .model_latency
-        .get_or_create(&ModelLabel {
-            model: model.name.clone(),
-        })
-        .observe(started.elapsed().as_secs_f64());
-    spans::usage(&tracing::Span::current(), input_tokens, output_tokens);
-    tally.usage.turns += 1;
-    tally.usage.input_tokens += input_tokens;
-    tally.usage.output_tokens += output_tokens;
-    if let Some(price) = model.price {
-        tally.usage.cost_usd += price.cost(input_tokens, output_tokens);
-    }
-    // Calls a cut-off stream had not finished are dropped with it.
-    if reply.interrupted {
-        reply.calls.clear();
-    }
-    Ok(reply)
-}
-
-/// The heartbeat of a model call that streams without `text_delta` events.
-fn still_writing(
-    session: &Arc<Session>,
-    reply: &Reply,
-    started: Instant,
-) -> Result<(), StoreError> {
-    session.emit(EventKind::Status {
-        message: format!(
-            "The model is still writing ({} characters, {} tool call(s) so far, {} s).",
-            reply.text.chars().count(),
-            reply.calls.len(),
-            started.elapsed().as_secs()
-        ),
-    })?;
-    Ok(())
 }
 
 /// How many of `calls`, from the first, run together: every one when the

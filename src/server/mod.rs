@@ -156,19 +156,7 @@ impl Server {
             kv,
             event_logs,
         } = shared::connect_bus(&config, &store, &metrics, &bus_tasks, &root).await?;
-        // With keys, durable publishes and KV puts are measured against
-        // each key's storage_mb; without, nothing is.
-        let bus: Arc<dyn crate::bus::Bus> = if key_table.is_empty() {
-            bus
-        } else {
-            let meter = Arc::new(crate::quota::StorageMeter::new(
-                key_table.clone(),
-                store.clone(),
-                bus.clone(),
-            ));
-            kv.meter_with(meter.clone());
-            Arc::new(crate::quota::MeteredBus::new(bus, meter, &config.bus))
-        };
+        let bus = shared::metered(bus, &kv, &key_table, &store, &config);
         let upstreams = config.allowed_upstreams();
         tracing::info!(?upstreams, "replicas added at run time may be at");
         let gateway = Arc::new(

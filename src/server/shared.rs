@@ -49,6 +49,27 @@ pub(super) struct Bus {
     pub event_logs: Option<Arc<dyn EventLogs>>,
 }
 
+/// With keys, the bus and KV measuring durable publishes and puts against
+/// each key's `storage_mb`; without, as they are.
+pub(super) fn metered(
+    bus: Arc<dyn crate::bus::Bus>,
+    kv: &Kv,
+    keys: &Arc<crate::quota::KeyTable>,
+    store: &Arc<dyn Store>,
+    config: &Config,
+) -> Arc<dyn crate::bus::Bus> {
+    if keys.is_empty() {
+        return bus;
+    }
+    let meter = Arc::new(crate::quota::StorageMeter::new(
+        keys.clone(),
+        store.clone(),
+        bus.clone(),
+    ));
+    kv.meter_with(meter.clone());
+    Arc::new(crate::quota::MeteredBus::new(bus, meter, &config.bus))
+}
+
 /// The embedded bus on the store, or NATS at `bus.url`.
 pub(super) async fn connect_bus(
     config: &Config,

@@ -369,7 +369,14 @@ pub trait LeaseStore: Send + Sync {
 /// second backend implements the seams one by one).
 #[async_trait]
 pub trait Store:
-    SessionStore + EventStore + KvStore + CheckpointStore + BusStore + LeaseStore + QuotaStore + UsageStore
+    SessionStore
+    + EventStore
+    + KvStore
+    + CheckpointStore
+    + BusStore
+    + LeaseStore
+    + QuotaStore
+    + UsageStore
 {
     /// Answers once the backend has answered a trivial query: what the
     /// readiness probe asks.

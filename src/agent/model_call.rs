@@ -1,0 +1,170 @@
+//! One model call of an agent turn: streamed, watched (deltas, the
+//! heartbeat, the harness's early stop, an interrupt), counted, and traced
+//! as a GenAI `chat` span.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::calls::tell;
+use super::harness::{Harness, Reply, Say};
+use super::turn::{LoopError, TurnDeps};
+use crate::model::{ChatRequest, ResolvedModel, StreamEvent, ToolSpec};
+use crate::protocol::EventKind;
+use crate::session::{Session, Turn};
+use crate::store::StoreError;
+use crate::telemetry::{ModelLabel, spans};
+
+/// [`call_model`] in its `chat` span, which records the outcome.
+pub(super) async fn traced_call(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    model: &ResolvedModel,
+    request: ChatRequest,
+    tally: &mut Turn,
+    watch: Watch<'_>,
+) -> Result<Reply, LoopError> {
+    let span = spans::chat(
+        model.provider.provider_name(),
+        &model.upstream_model,
+        Some(&session.id.to_string()),
+    );
+    spans::chat_input(&span, request.system.as_deref(), &*request.messages);
+    let reply = call_model(deps, session, model, request, tally, watch)
+        .instrument(span.clone())
+        .await;
+    match &reply {
+        Ok(reply) => spans::chat_output(&span, &reply.text, &reply.calls),
+        Err(LoopError::Model(e)) => crate::telemetry::otel::fail(&span, e.code()),
+        Err(LoopError::Store(_)) => crate::telemetry::otel::fail(&span, "store"),
+    }
+    reply
+}
+
+/// What a model call watches as it streams.
+pub(super) struct Watch<'a> {
+    /// Send each token chunk as a `text_delta` event.
+    pub(super) deltas: bool,
+    pub(super) cancel: &'a CancellationToken,
+    /// Asked after each chunk whether to stop reading.
+    pub(super) harness: &'a mut Harness,
+    pub(super) tools: &'a [ToolSpec],
+}
+
+async fn call_model(
+    deps: &TurnDeps,
+    session: &Arc<Session>,
+    model: &ResolvedModel,
+    request: ChatRequest,
+    tally: &mut Turn,
+    watch: Watch<'_>,
+) -> Result<Reply, LoopError> {
+    let Watch {
+        deltas,
+        cancel,
+        harness,
+        tools,
+    } = watch;
+    let started = Instant::now();
+    let mut reply = Reply::default();
+    let mut said = Say::new();
+    let (mut input_tokens, mut output_tokens) = (0, 0);
+    // A client without `text_delta` events would see nothing for the whole
+    // call: a `status` event every interval says the model is still at it.
+    let every = Duration::from_millis(deps.config.status_interval_ms);
+    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let opening = model.provider.stream(request);
+    tokio::pin!(opening);
+    let stream = loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                reply.interrupted = true;
+                return Ok(reply);
+            }
+            stream = &mut opening => break stream.map_err(LoopError::Model)?,
+            _ = heartbeat.tick(), if !deltas => still_writing(session, &reply, started)?,
+        }
+    };
+    tokio::pin!(stream);
+    loop {
+        let item = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                reply.interrupted = true;
+                break;
+            }
+            item = stream.next() => item,
+            _ = heartbeat.tick(), if !deltas => {
+                still_writing(session, &reply, started)?;
+                continue;
+            }
+        };
+        match item {
+            None => break,
+            Some(Err(e)) => return Err(LoopError::Model(e)),
+            Some(Ok(StreamEvent::TextDelta(text))) => {
+                if deltas {
+                    session.emit(EventKind::TextDelta {
+                        content: text.clone(),
+                    })?;
+                }
+                reply.text.push_str(&text);
+                // Ending the stream here closes the connection and frees
+                // the model server.
+                if harness.cut(&reply.text, tools, &mut said) {
+                    tell(session, &mut said)?;
+                    break;
+                }
+            }
+            Some(Ok(StreamEvent::ToolCall(call))) => reply.calls.push(call),
+            Some(Ok(StreamEvent::Usage {
+                input_tokens: input,
+                output_tokens: output,
+            })) => {
+                input_tokens = input;
+                output_tokens = output;
+            }
+            Some(Ok(StreamEvent::Done(_))) => {}
+        }
+    }
+    deps.metrics
+        .model_latency
+        .get_or_create(&ModelLabel {
+            model: model.name.clone(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    spans::usage(&tracing::Span::current(), input_tokens, output_tokens);
+    tally.usage.turns += 1;
+    tally.usage.input_tokens += input_tokens;
+    tally.usage.output_tokens += output_tokens;
+    if let Some(price) = model.price {
+        tally.usage.cost_usd += price.cost(input_tokens, output_tokens);
+    }
+    // Calls a cut-off stream had not finished are dropped with it.
+    if reply.interrupted {
+        reply.calls.clear();
+    }
+    Ok(reply)
+}
+
+/// The heartbeat of a model call that streams without `text_delta` events.
+fn still_writing(
+    session: &Arc<Session>,
+    reply: &Reply,
+    started: Instant,
+) -> Result<(), StoreError> {
+    session.emit(EventKind::Status {
+        message: format!(
+            "The model is still writing ({} characters, {} tool call(s) so far, {} s).",
+            reply.text.chars().count(),
+            reply.calls.len(),
+            started.elapsed().as_secs()
+        ),
+    })?;
+    Ok(())
+}
