@@ -294,35 +294,9 @@ impl Metrics {
         );
     }
 
-    /// Registers the counters of usage per key (labelled by the key's
-    /// configured name, never the key).
-    pub fn register_usage(&self, usage: &crate::usage::UsageMetrics) {
-        let mut registry = lock(&self.registry);
-        registry.register(
-            "usage_tokens",
-            "Model tokens, by key name and direction (input, output)",
-            usage.tokens.clone(),
-        );
-        registry.register(
-            "usage_cost_usd",
-            "Cost of priced model calls in USD, by key name",
-            usage.cost_usd.clone(),
-        );
-        registry.register(
-            "usage_turns",
-            "Turns finished, by key name",
-            usage.turns.clone(),
-        );
-        registry.register(
-            "usage_tool_calls",
-            "Tool calls run, by key name",
-            usage.tool_calls.clone(),
-        );
-        registry.register(
-            "usage_sandbox_cpu_seconds",
-            "CPU time of removed sandboxes, by key name",
-            usage.sandbox_cpu_seconds.clone(),
-        );
+    /// Lets another part register its own metrics (usage per key).
+    pub fn register_with(&self, register: impl FnOnce(&mut Registry)) {
+        register(&mut lock(&self.registry));
     }
 
     /// The Prometheus text exposition of every metric.

@@ -24,6 +24,7 @@ mod model_call;
 pub mod options;
 pub mod profiles;
 pub mod prompts;
+mod spend;
 pub mod task;
 pub mod tools;
 pub mod turn;

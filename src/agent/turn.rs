@@ -10,6 +10,7 @@ use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Say};
 use super::model_call::{Watch, traced_call};
 use super::options::AgentOptions;
 use super::prompts::default_system_prompt;
+use super::spend::{TurnSpend, over_budget};
 use super::tools::{ToolContext, ToolRouter};
 use crate::config::AgentConfig;
 use crate::model::{ChatRequest, Message, ModelError, ModelRegistry, ToolCall};
@@ -18,7 +19,6 @@ use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{Metrics, ModelLabel};
-use crate::usage::turn::{TurnSpend, over_budget};
 
 /// What every turn uses, shared by all sessions.
 pub struct TurnDeps {

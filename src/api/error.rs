@@ -140,6 +140,15 @@ impl From<crate::quota::QuotaExceeded> for ApiError {
     }
 }
 
+impl From<crate::quota::QuotaError> for ApiError {
+    fn from(error: crate::quota::QuotaError) -> Self {
+        match error {
+            crate::quota::QuotaError::Exceeded(e) => e.into(),
+            crate::quota::QuotaError::Store(e) => ApiError::internal(e),
+        }
+    }
+}
+
 impl From<SessionError> for ApiError {
     fn from(error: SessionError) -> ApiError {
         match error {

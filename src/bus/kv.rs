@@ -59,7 +59,7 @@ pub struct Kv {
     peers: Option<Arc<dyn KvPeers>>,
     /// Bounds each key's kept bytes; set once the bus it measures too
     /// exists.
-    meter: std::sync::OnceLock<Arc<crate::quota::StorageMeter>>,
+    meter: std::sync::OnceLock<Arc<super::StorageMeter>>,
 }
 
 /// Checks a key: not empty, at most 512 bytes, no control characters.
@@ -122,7 +122,7 @@ impl Kv {
     }
 
     /// Measures each put against its key's `storage_mb` from now on.
-    pub fn meter_with(&self, meter: Arc<crate::quota::StorageMeter>) {
+    pub fn meter_with(&self, meter: Arc<super::StorageMeter>) {
         let _ = self.meter.set(meter);
     }
 
@@ -150,9 +150,9 @@ impl Kv {
                 .admit(namespace, value.len())
                 .await
                 .map_err(|e| match e {
-                    crate::quota::StorageError::Exceeded(e) => KvError::Quota(e),
-                    crate::quota::StorageError::Store(e) => KvError::Store(e),
-                    crate::quota::StorageError::Bus(e) => {
+                    super::StorageError::Exceeded(e) => KvError::Quota(e),
+                    super::StorageError::Store(e) => KvError::Store(e),
+                    super::StorageError::Bus(e) => {
                         KvError::Store(StoreError::Io(format!("measuring the bus: {e}")))
                     }
                 })?;

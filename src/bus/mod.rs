@@ -19,6 +19,7 @@ pub mod config;
 mod embedded;
 pub mod kv;
 mod nats;
+mod storage;
 pub mod subject;
 mod subscription;
 
@@ -36,6 +37,7 @@ pub use config::{BusConfig, Durable};
 pub use embedded::EmbeddedBus;
 pub use kv::{Kv, KvChange};
 pub use nats::NatsBus;
+pub use storage::{MeteredBus, StorageError, StorageMeter};
 pub use subject::{Pattern, Subject, SubjectError};
 
 use crate::store::StoreError;

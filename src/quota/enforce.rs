@@ -244,24 +244,6 @@ impl Quotas {
     }
 }
 
-impl From<QuotaError> for crate::session::SessionError {
-    fn from(error: QuotaError) -> Self {
-        match error {
-            QuotaError::Exceeded(e) => crate::session::SessionError::Quota(e),
-            QuotaError::Store(e) => crate::session::SessionError::Store(e),
-        }
-    }
-}
-
-impl From<QuotaError> for crate::api::error::ApiError {
-    fn from(error: QuotaError) -> Self {
-        match error {
-            QuotaError::Exceeded(e) => e.into(),
-            QuotaError::Store(e) => crate::api::error::ApiError::internal(e),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

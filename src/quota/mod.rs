@@ -7,10 +7,8 @@
 //! were made) has no quota.
 
 mod enforce;
-mod storage;
 
 pub use enforce::{HeldSlot, QuotaError, Quotas};
-pub use storage::{MeteredBus, StorageError, StorageMeter};
 
 use std::collections::HashMap;
 use std::sync::Arc;

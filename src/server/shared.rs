@@ -61,13 +61,13 @@ pub(super) fn metered(
     if keys.is_empty() {
         return bus;
     }
-    let meter = Arc::new(crate::quota::StorageMeter::new(
+    let meter = Arc::new(crate::bus::StorageMeter::new(
         keys.clone(),
         store.clone(),
         bus.clone(),
     ));
     kv.meter_with(meter.clone());
-    Arc::new(crate::quota::MeteredBus::new(bus, meter, &config.bus))
+    Arc::new(crate::bus::MeteredBus::new(bus, meter, &config.bus))
 }
 
 /// The embedded bus on the store, or NATS at `bus.url`.

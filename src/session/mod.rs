@@ -72,3 +72,12 @@ pub enum SessionError {
     #[error(transparent)]
     Quota(#[from] crate::quota::QuotaExceeded),
 }
+
+impl From<crate::quota::QuotaError> for SessionError {
+    fn from(error: crate::quota::QuotaError) -> Self {
+        match error {
+            crate::quota::QuotaError::Exceeded(e) => SessionError::Quota(e),
+            crate::quota::QuotaError::Store(e) => SessionError::Store(e),
+        }
+    }
+}

@@ -14,7 +14,6 @@
 //! reached.
 
 pub mod report;
-pub mod turn;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -46,7 +45,7 @@ pub struct TokenLabel {
 }
 
 /// The Prometheus counters of usage, registered with the server's
-/// metrics by [`crate::telemetry::Metrics::register_usage`].
+/// metrics with [`crate::telemetry::Metrics::register_with`].
 #[derive(Default)]
 pub struct UsageMetrics {
     pub tokens: Family<TokenLabel, Counter>,
@@ -57,6 +56,36 @@ pub struct UsageMetrics {
 }
 
 impl UsageMetrics {
+    /// Registers the counters, labelled by the key's configured name,
+    /// never the key.
+    fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "usage_tokens",
+            "Model tokens, by key name and direction (input, output)",
+            self.tokens.clone(),
+        );
+        registry.register(
+            "usage_cost_usd",
+            "Cost of priced model calls in USD, by key name",
+            self.cost_usd.clone(),
+        );
+        registry.register(
+            "usage_turns",
+            "Turns finished, by key name",
+            self.turns.clone(),
+        );
+        registry.register(
+            "usage_tool_calls",
+            "Tool calls run, by key name",
+            self.tool_calls.clone(),
+        );
+        registry.register(
+            "usage_sandbox_cpu_seconds",
+            "CPU time of removed sandboxes, by key name",
+            self.sandbox_cpu_seconds.clone(),
+        );
+    }
+
     fn count(&self, key: &str, add: &UsageCounts) {
         let label = KeyLabel { key: key.into() };
         for (direction, tokens) in [("input", add.input_tokens), ("output", add.output_tokens)] {
@@ -110,7 +139,7 @@ impl Recorder {
         metrics: &crate::telemetry::Metrics,
     ) -> Recorder {
         let counters = Arc::new(UsageMetrics::default());
-        metrics.register_usage(&counters);
+        metrics.register_with(|registry| counters.register(registry));
         Recorder {
             store,
             keys,

@@ -7,7 +7,7 @@ use crate::quota::QuotaExceeded;
 use crate::session::{Outcome, Session};
 use crate::store::{StoreError, UsageCounts};
 
-use super::Recorder;
+use crate::usage::Recorder;
 
 /// What one turn has recorded so far.
 pub struct TurnSpend {

@@ -21,9 +21,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use super::{KeyTable, QuotaExceeded};
-use crate::bus::config::Retentions;
-use crate::bus::{Bus, BusConfig, BusError, Delivery, Pattern, Since, Subject};
+use super::config::Retentions;
+use super::{Bus, BusConfig, BusError, Delivery, Pattern, Since, Subject};
+use crate::quota::{KeyTable, QuotaExceeded};
 use crate::store::{Store, StoreError};
 use crate::sync::lock;
 
