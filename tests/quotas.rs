@@ -128,6 +128,46 @@ async fn assert_quota(response: reqwest::Response, quota: &str, max_wait: u64) -
     body
 }
 
+/// Three gateway requests of greedy's within one UTC minute, through
+/// `servers` in turn: two pass (to a 404 for the unknown model) and the
+/// third is past `requests_per_minute`, its reset at the minute's end.
+async fn three_requests_in_one_minute(servers: [&Server; 3]) {
+    loop {
+        let minute = chrono::Utc::now().timestamp() / 60;
+        let mut statuses = Vec::new();
+        for server in servers {
+            let response = server
+                .send(
+                    GREEDY,
+                    Method::POST,
+                    "/v1/chat/completions",
+                    json!({"model": "none", "messages": []}),
+                )
+                .await;
+            statuses.push(response.status());
+            if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                let body = assert_quota(response, "requests_per_minute", 60).await;
+                let reset = body["error"]["reset"].as_str().unwrap();
+                let reset = chrono::DateTime::parse_from_rfc3339(reset).unwrap();
+                assert_eq!(reset.timestamp() % 60, 0, "{reset}");
+            }
+        }
+        // Calls that straddled a minute's end count in two minutes: again.
+        if chrono::Utc::now().timestamp() / 60 != minute {
+            continue;
+        }
+        assert_eq!(
+            statuses,
+            [
+                StatusCode::NOT_FOUND,
+                StatusCode::NOT_FOUND,
+                StatusCode::TOO_MANY_REQUESTS
+            ]
+        );
+        break;
+    }
+}
+
 fn tool_result(events: &[Value]) -> &Value {
     events
         .iter()
@@ -219,40 +259,7 @@ async fn sessions_turns_and_gateway_requests_past_their_quota_answer_429() {
     // requests_per_minute = 2 on the gateway: the third call in a minute
     // is refused until the minute's end (no pool is named, so the calls
     // let through answer 404).
-    loop {
-        let minute = chrono::Utc::now().timestamp() / 60;
-        let mut statuses = Vec::new();
-        for _ in 0..3 {
-            let response = server
-                .send(
-                    GREEDY,
-                    Method::POST,
-                    "/v1/chat/completions",
-                    json!({"model": "none", "messages": []}),
-                )
-                .await;
-            statuses.push(response.status());
-            if response.status() == StatusCode::TOO_MANY_REQUESTS {
-                let body = assert_quota(response, "requests_per_minute", 60).await;
-                let reset = body["error"]["reset"].as_str().unwrap();
-                let reset = chrono::DateTime::parse_from_rfc3339(reset).unwrap();
-                assert_eq!(reset.timestamp() % 60, 0, "{reset}");
-            }
-        }
-        // Calls that straddled a minute's end count in two minutes: again.
-        if chrono::Utc::now().timestamp() / 60 != minute {
-            continue;
-        }
-        assert_eq!(
-            statuses,
-            [
-                StatusCode::NOT_FOUND,
-                StatusCode::NOT_FOUND,
-                StatusCode::TOO_MANY_REQUESTS
-            ]
-        );
-        break;
-    }
+    three_requests_in_one_minute([&server, &server, &server]).await;
     let response = server
         .send(
             OTHER,
@@ -407,33 +414,7 @@ async fn two_replicas_on_postgres_and_nats_share_each_quota() {
 
     // Gateway requests: one on each replica, and the third on either is
     // past the minute's two.
-    loop {
-        let minute = chrono::Utc::now().timestamp() / 60;
-        let mut statuses = Vec::new();
-        for server in [&a, &b, &a] {
-            let response = server
-                .send(
-                    GREEDY,
-                    Method::POST,
-                    "/v1/chat/completions",
-                    json!({"model": "none"}),
-                )
-                .await;
-            statuses.push(response.status());
-        }
-        if chrono::Utc::now().timestamp() / 60 != minute {
-            continue;
-        }
-        assert_eq!(
-            statuses,
-            [
-                StatusCode::NOT_FOUND,
-                StatusCode::NOT_FOUND,
-                StatusCode::TOO_MANY_REQUESTS
-            ]
-        );
-        break;
-    }
+    three_requests_in_one_minute([&a, &b, &a]).await;
 
     // Kept bytes on NATS JetStream, counted by either replica.
     storage_fills_and_frees(&a, &b).await;
