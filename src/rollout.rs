@@ -379,6 +379,7 @@ impl Rollouts {
                 metadata,
                 session_id: None,
                 owner,
+                parent: crate::telemetry::otel::Parent::Current,
             })
             .await
             .map_err(|e: GatewayError| e.to_string())?;

@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub mod call;
 pub mod otel;
 pub mod spans;
 
@@ -50,6 +51,11 @@ pub fn init(telemetry: &crate::config::TelemetryConfig) -> Result<Option<otel::E
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
+            // Nothing here reads the active OpenTelemetry context (spans
+            // are read through `tracing`), and activating it costs each
+            // poll of each traced future.
+            .with_context_activation(false)
+            .with_target(false)
             .with_filter(filter_fn(otel::takes))
     });
     // A second call (tests) keeps the first subscriber.

@@ -392,7 +392,7 @@ allowed_upstreams = ["127.0.0.0/8"]
 strategy = "round_robin"
 num_retries = 1
 health = {{ enabled = false }}
-replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}" }}]
+replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}", model = "up-model" }}]
 "#,
         up.url
     );
@@ -412,7 +412,7 @@ replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}" }}]
         assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
         traces.push(trace);
     }
-    let mut retried = None;
+    let (mut retried, mut direct) = (None, None);
     for trace in &traces {
         // Children end, and are sent, before their parents: once the
         // turn is there, so are its attempts.
@@ -423,8 +423,20 @@ replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}" }}]
             .await;
         if !named(&spans, "chat m attempt 2").is_empty() {
             retried = Some(spans);
+        } else {
+            direct = Some(spans);
         }
     }
+    // A call its first attempt serves is one span, naming the replica.
+    let spans = direct.expect("one call served by its first replica");
+    let gateway = one(&spans, "gateway m");
+    assert_eq!(gateway["parent_id"], id(one(&spans, "chat m")));
+    assert_eq!(attr(gateway, "conclave.gateway.replica"), "up");
+    assert_eq!(int(gateway, "conclave.gateway.attempt"), 1);
+    assert_eq!(int(gateway, "conclave.gateway.attempts"), 1);
+    assert_eq!(int(gateway, "http.response.status_code"), 200);
+    assert_eq!(attr(gateway, "gen_ai.response.model"), "up-model");
+    assert!(named(&spans, "chat m attempt 1").is_empty(), "{spans:?}");
     let spans = retried.expect("one call retried on another replica");
     let turn = one(&spans, "invoke_agent agent");
     let chat = one(&spans, "chat m");
@@ -433,6 +445,7 @@ replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}" }}]
     let gateway = one(&spans, "gateway m");
     assert_eq!(gateway["parent_id"], id(chat));
     assert_eq!(attr(gateway, "conclave.gateway.replica"), "up");
+    assert_eq!(int(gateway, "conclave.gateway.attempts"), 2);
     let first = one(&spans, "chat m attempt 1");
     let second = one(&spans, "chat m attempt 2");
     for attempt in [first, second] {
@@ -447,19 +460,43 @@ replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}" }}]
     assert_eq!(attr(second, "conclave.gateway.replica"), "up");
     assert_eq!(int(second, "conclave.gateway.attempt"), 2);
     assert_eq!(int(second, "http.response.status_code"), 200);
-    // The failing replica was sent the trace, as the first attempt's child.
+    // The failing replica was sent the trace under the call (its span
+    // for the first attempt is made once the attempt failed).
     let trace = spans[0]["context"]["trace_id"].as_str().unwrap();
     let sent = seen.lock().unwrap().clone();
     assert!(
-        sent.contains(&format!("00-{trace}-{}-01", id(first))),
-        "{sent:?} lacks trace {trace} under attempt {}",
-        id(first)
+        sent.contains(&format!("00-{trace}-{}-01", id(gateway))),
+        "{sent:?} lacks trace {trace} under the call {}",
+        id(gateway)
     );
     // capture_content: the prompt and the answer are in the model call.
     let input = attr(chat, "gen_ai.input.messages").as_str().unwrap();
     assert!(input.contains("okapi7"), "{input}");
     let output = attr(chat, "gen_ai.output.messages").as_str().unwrap();
     assert!(output.contains("assistant"), "{output}");
+
+    // A client's gateway call is one trace under the client's span: the
+    // call's span is the request's (no request span of its own).
+    let (trace, parent, traceparent) = client_context();
+    let answer = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("traceparent", &traceparent)
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
+    let spans = phoenix
+        .wait(&trace, |s| !named(s, "gateway m").is_empty())
+        .await;
+    let gateway = one(&spans, "gateway m");
+    assert_eq!(gateway["parent_id"], parent.as_str());
+    assert_eq!(attr(gateway, "conclave.gateway.replica"), "up");
+    assert!(
+        named(&spans, "POST /v1/chat/completions").is_empty(),
+        "{:?}",
+        names(&spans)
+    );
 
     // An MCP client's run_agent continues the trace of the HTTP request
     // that carried the call.

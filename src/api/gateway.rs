@@ -18,6 +18,7 @@ use super::extract::{ApiQuery, JsonObject, RawJsonObject};
 use crate::gateway::pool::ReplicaState;
 use crate::gateway::trace::{OwnerFilter, Trace};
 use crate::gateway::{Call, Endpoint, ReplicaConfig, slug};
+use crate::telemetry::otel::Parent;
 
 /// Longest pool, replica or upstream model name accepted.
 const MAX_NAME_BYTES: usize = 256;
@@ -31,10 +32,10 @@ macro_rules! balanced {
         pub async fn $name(
             state: State<AppState>,
             Extension(caller): Extension<Caller>,
-            SessionHeader(session): SessionHeader,
+            headers: CallHeaders,
             body: RawJsonObject,
         ) -> Result<Response, ApiError> {
-            forward(state, &caller, $endpoint, Map::new(), session, body).await
+            forward(state, &caller, $endpoint, Map::new(), headers, body).await
         }
 
         $(#[$meta])*
@@ -42,10 +43,10 @@ macro_rules! balanced {
             state: State<AppState>,
             Extension(caller): Extension<Caller>,
             Path(slug): Path<String>,
-            SessionHeader(session): SessionHeader,
+            headers: CallHeaders,
             body: RawJsonObject,
         ) -> Result<Response, ApiError> {
-            meta_forward(state, &caller, $endpoint, &slug, session, body).await
+            meta_forward(state, &caller, $endpoint, &slug, headers, body).await
         }
     };
 }
@@ -116,25 +117,32 @@ async fn meta_forward(
     caller: &Caller,
     endpoint: Endpoint,
     slug: &str,
-    session: Option<String>,
+    headers: CallHeaders,
     body: RawJsonObject,
 ) -> Result<Response, ApiError> {
     let metadata = slug::decode(slug).map_err(ApiError::bad_request)?;
-    forward(state, caller, endpoint, metadata, session, body).await
+    forward(state, caller, endpoint, metadata, headers, body).await
 }
 
-/// The `x-session-id` header, read without copying the other headers (as
-/// a `HeaderMap` argument would, for every call).
-pub struct SessionHeader(Option<String>);
+/// What a gateway call reads of its request's headers: the
+/// `x-session-id` header and the trace context, read without copying the
+/// other headers (as a `HeaderMap` argument would, for every call).
+pub struct CallHeaders {
+    session: Option<String>,
+    parent: Parent,
+}
 
-impl<S: Send + Sync> FromRequestParts<S> for SessionHeader {
+impl<S: Send + Sync> FromRequestParts<S> for CallHeaders {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let header = parts.headers.get("x-session-id");
-        Ok(SessionHeader(
-            header.and_then(|v| v.to_str().ok()).map(str::to_string),
-        ))
+        Ok(CallHeaders {
+            session: header.and_then(|v| v.to_str().ok()).map(str::to_string),
+            // The call's span is the request's: the routes that forward
+            // calls make no request span of their own.
+            parent: Parent::of_request(&parts.headers),
+        })
     }
 }
 
@@ -143,7 +151,7 @@ async fn forward(
     caller: &Caller,
     endpoint: Endpoint,
     metadata: Map<String, Value>,
-    session: Option<String>,
+    CallHeaders { session, parent }: CallHeaders,
     RawJsonObject(body): RawJsonObject,
 ) -> Result<Response, ApiError> {
     state.quotas.admit_request(caller.owner.as_deref()).await?;
@@ -162,6 +170,7 @@ async fn forward(
             metadata,
             session_id,
             owner: caller.owner.clone(),
+            parent,
         })
         .await?;
     count_usage(&state, &mut upstream.body);

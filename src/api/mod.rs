@@ -160,23 +160,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/agent/approvals", get(approvals::list))
         .route("/agent/ws", get(ws::upgrade))
-        .route("/v1/chat/completions", post(gateway::chat))
-        .route("/v1/completions", post(gateway::completions))
         .route("/v1/models", get(gateway::models))
-        .route("/meta/{slug}/v1/chat/completions", post(gateway::meta_chat))
-        .route(
-            "/meta/{slug}/v1/completions",
-            post(gateway::meta_completions),
-        )
         .route("/meta/{slug}/v1/models", get(gateway::meta_models))
-        .route("/v1/responses", post(gateway::responses))
-        .route("/v1/embeddings", post(gateway::embeddings))
-        .route("/tokenize", post(gateway::tokenize))
-        .route("/detokenize", post(gateway::detokenize))
-        .route("/meta/{slug}/v1/responses", post(gateway::meta_responses))
-        .route("/meta/{slug}/v1/embeddings", post(gateway::meta_embeddings))
-        .route("/meta/{slug}/tokenize", post(gateway::meta_tokenize))
-        .route("/meta/{slug}/detokenize", post(gateway::meta_detokenize))
         .route(
             "/gateway/replicas",
             get(gateway::replicas).post(gateway::add_replica),
@@ -255,6 +240,23 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
         .route_layer(axum::middleware::from_fn(traced::run))
+        // The calls the gateway forwards: each call's span is made by the
+        // gateway, as the request's span (the hot path pays one span).
+        .route("/v1/chat/completions", post(gateway::chat))
+        .route("/v1/completions", post(gateway::completions))
+        .route("/meta/{slug}/v1/chat/completions", post(gateway::meta_chat))
+        .route(
+            "/meta/{slug}/v1/completions",
+            post(gateway::meta_completions),
+        )
+        .route("/v1/responses", post(gateway::responses))
+        .route("/v1/embeddings", post(gateway::embeddings))
+        .route("/tokenize", post(gateway::tokenize))
+        .route("/detokenize", post(gateway::detokenize))
+        .route("/meta/{slug}/v1/responses", post(gateway::meta_responses))
+        .route("/meta/{slug}/v1/embeddings", post(gateway::meta_embeddings))
+        .route("/meta/{slug}/tokenize", post(gateway::meta_tokenize))
+        .route("/meta/{slug}/detokenize", post(gateway::meta_detokenize))
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

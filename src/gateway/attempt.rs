@@ -7,64 +7,57 @@ use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
-use tracing::Instrument;
-
 use super::pool::{Pool, Replica};
 use super::{Call, Endpoint, Gateway, GatewayError, PASSED_ON_ERROR_BODY, Upstream, client};
-use crate::telemetry::{otel, spans};
+use crate::telemetry::call::{CallSpan, Outcome};
+use crate::telemetry::otel;
 use crate::upstream::{bounded_body, retry_after};
 
 impl Gateway {
-    /// Runs a call (see `forward_call`) in a span of its own, whose
-    /// children are its attempts.
+    /// Runs a call (see `forward_call`) in a span of its own, with a
+    /// child span for each attempt when it takes more than one.
     pub async fn forward(&self, call: Call) -> Result<Upstream, GatewayError> {
-        if !otel::exporting() {
-            return self.forward_call(call).await;
-        }
-        let model = call.body.get::<String>("model").unwrap_or_default();
-        let span = spans::gateway(&model, call.session_id.as_deref());
-        let forwarded = self.forward_call(call).instrument(span.clone()).await;
+        let mut span = match otel::exporting() {
+            true => CallSpan::start(
+                call.body
+                    .get::<String>("model")
+                    .as_deref()
+                    .unwrap_or_default(),
+                call.session_id.as_deref(),
+                &call.parent,
+            ),
+            false => CallSpan::off(),
+        };
+        let forwarded = self.forward_call(call, &mut span).await;
         match &forwarded {
             Ok(upstream) => {
-                span.record("conclave.gateway.replica", upstream.replica.as_str());
-                if upstream.status.is_server_error() {
-                    otel::fail(&span, upstream.status.as_str());
-                }
+                let error = upstream.status.is_server_error().then_some("server_error");
+                span.end(Some(&upstream.replica), error);
             }
-            Err(e) => otel::fail(&span, error_type(e)),
+            Err(e) => span.end(None, Some(error_type(e))),
         }
         forwarded
     }
 
-    /// One attempt, the `attempt`th of its call, in a span of its own.
+    /// One attempt, the `number`th of its call, traced in `span`.
     pub(super) async fn send(
         &self,
         pool: &Pool,
         replica: &Replica,
         endpoint: Endpoint,
         payload: Bytes,
-        attempt: u32,
+        number: u32,
+        span: &mut CallSpan,
     ) -> Result<http::Response<client::Body>, Failure> {
-        if !otel::exporting() {
-            return self.send_once(pool, replica, endpoint, payload).await;
-        }
-        let span = spans::attempt(&pool.name, &replica.id, attempt, &replica.url);
+        let attempt = span.attempt(number, &replica.id, &replica.url, &replica.model);
         let sent = self
-            .send_once(pool, replica, endpoint, payload)
-            .instrument(span.clone())
+            .send_once(pool, replica, endpoint, payload, attempt.context())
             .await;
-        match &sent {
-            Ok(response) => {
-                span.record("http.response.status_code", response.status().as_u16());
-            }
-            Err(failure) => match &failure.response {
-                Some((status, _, _)) => {
-                    span.record("http.response.status_code", status.as_u16());
-                    otel::fail(&span, status.as_str());
-                }
-                None => otel::fail(&span, "unreachable"),
-            },
-        }
+        let outcome = match &sent {
+            Ok(response) => Outcome::Answered(response.status().as_u16()),
+            Err(failure) => Outcome::Failed(failure.response.as_ref().map(|r| r.0.as_u16())),
+        };
+        span.attempt_ended(attempt, outcome);
         sent
     }
 
@@ -75,11 +68,12 @@ impl Gateway {
         replica: &Replica,
         endpoint: Endpoint,
         payload: Bytes,
+        trace: Option<&opentelemetry::Context>,
     ) -> Result<http::Response<client::Body>, Failure> {
         // Only for messages: not built for a call that goes well.
         let url = || endpoint.url_on(&replica.url);
         let timeout = Duration::from_secs(pool.config.timeout_s);
-        let sent = self.clients.post(replica, endpoint, payload);
+        let sent = self.clients.post(replica, endpoint, payload, trace);
         let response = match tokio::time::timeout(timeout, sent).await {
             Err(_) => {
                 return Err(Failure::message(format!(

@@ -165,6 +165,7 @@ impl Clients {
         replica: &Replica,
         endpoint: super::Endpoint,
         payload: Bytes,
+        trace: Option<&opentelemetry::Context>,
     ) -> Result<http::Response<Body>, String> {
         let key = replica
             .api_key
@@ -183,7 +184,9 @@ impl Clients {
                 .body(Full::new(payload))
                 .map_err(|e| e.to_string())?;
             // The replica's own traces join the caller's.
-            crate::telemetry::otel::inject_headers(request.headers_mut());
+            if let Some(cx) = trace {
+                crate::telemetry::otel::inject_context(cx, request.headers_mut());
+            }
             return self.send_plain(plain, replica.guarded, request).await;
         }
         let url = replica.endpoint_url(endpoint)?;
@@ -195,9 +198,9 @@ impl Clients {
         if let Some(key) = key {
             request = request.header(AUTHORIZATION, key);
         }
-        if crate::telemetry::otel::exporting() {
+        if let Some(cx) = trace {
             let mut headers = http::HeaderMap::new();
-            crate::telemetry::otel::inject_headers(&mut headers);
+            crate::telemetry::otel::inject_context(cx, &mut headers);
             request = request.headers(headers);
         }
         let response = request.send().await.map_err(|e| describe(&e))?;
@@ -348,7 +351,7 @@ mod tests {
         assert!(replica.plain().is_some());
         replica.guarded = true;
         let error = clients
-            .post(&replica, Endpoint::Chat, Bytes::from_static(b"{}"))
+            .post(&replica, Endpoint::Chat, Bytes::from_static(b"{}"), None)
             .await
             .unwrap_err();
         assert!(
@@ -400,7 +403,7 @@ mod tests {
         let replica = Replica::new("r".into(), &url, "m".into(), None);
         for _ in 0..calls {
             let response = clients
-                .post(&replica, Endpoint::Chat, Bytes::from_static(b"{}"))
+                .post(&replica, Endpoint::Chat, Bytes::from_static(b"{}"), None)
                 .await
                 .unwrap();
             let (body, _) = crate::upstream::bounded_body(response.into_body(), 100).await;
@@ -458,6 +461,7 @@ mod tests {
                 &replica,
                 Endpoint::Completions,
                 Bytes::from_static(b"{\"a\":1}"),
+                None,
             )
             .await
             .unwrap();

@@ -55,6 +55,7 @@ use trace::{Recorder, TraceLog, TraceStart};
 const PASSED_ON_ERROR_BODY: usize = 64 * 1024;
 
 use crate::sync::{read, write};
+use crate::telemetry::call::CallSpan;
 use crate::telemetry::{Metrics, ReplicaLabel};
 
 /// A call for the gateway: the client's JSON body and who it is for.
@@ -68,6 +69,8 @@ pub struct Call {
     /// The key hash of the caller, which alone reads the call's trace;
     /// `None` when auth is off.
     pub owner: Option<String>,
+    /// Where the call's span hangs in its trace.
+    pub parent: crate::telemetry::otel::Parent,
 }
 
 /// Why a call got no upstream response to pass on.
@@ -366,13 +369,18 @@ impl Gateway {
     /// error, a 5xx or a 429 (up to the pool's `num_retries`), and returns
     /// the first response worth passing on. [`Gateway::forward`] wraps it
     /// in the call's span.
-    async fn forward_call(&self, call: Call) -> Result<Upstream, GatewayError> {
+    async fn forward_call(
+        &self,
+        call: Call,
+        span: &mut CallSpan,
+    ) -> Result<Upstream, GatewayError> {
         let Call {
             endpoint,
             mut body,
             metadata,
             session_id,
             owner,
+            parent: _,
         } = call;
         let model = body.get::<String>("model").ok_or_else(|| {
             GatewayError::BadRequest("the request needs a \"model\" string".into())
@@ -433,7 +441,14 @@ impl Gateway {
             // Shared by the request and its trace, not copied for it.
             let payload = body.to_bytes();
             let guard = replica.start_call();
-            let sent = self.send(&pool, &replica, endpoint, payload.clone(), attempt + 1);
+            let sent = self.send(
+                &pool,
+                &replica,
+                endpoint,
+                payload.clone(),
+                attempt + 1,
+                span,
+            );
             match sent.await {
                 Ok(response)
                     if endpoint.at_root() && response.status() == StatusCode::NOT_FOUND =>

@@ -15,6 +15,7 @@ use super::openai::{ChunkDecoder, wire_request};
 use super::{ChatRequest, ModelError, ModelProvider, ModelStream};
 use crate::gateway::json::Object;
 use crate::gateway::{Call, Endpoint, Gateway, GatewayError};
+use crate::telemetry::otel::Parent;
 
 pub struct GatewayProvider {
     gateway: Arc<Gateway>,
@@ -47,6 +48,7 @@ impl ModelProvider for GatewayProvider {
             metadata,
             session_id: request.session_id.clone(),
             owner: request.owner.clone(),
+            parent: Parent::Current,
         };
         let upstream = self.gateway.forward(call).await.map_err(|e| match e {
             GatewayError::Unreachable { .. }

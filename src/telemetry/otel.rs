@@ -12,6 +12,7 @@
 //! off, the layer's filter refuses them, so each costs one filter call.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
@@ -26,6 +27,9 @@ use crate::config::TelemetryConfig;
 
 /// Set once export starts: spans and propagation do nothing before.
 static EXPORTING: AtomicBool = AtomicBool::new(false);
+/// The tracer of the export, for the spans made without `tracing` (the
+/// gateway's calls).
+static TRACER: OnceLock<opentelemetry_sdk::trace::Tracer> = OnceLock::new();
 /// `telemetry.capture_content`.
 static CAPTURE_CONTENT: AtomicBool = AtomicBool::new(false);
 
@@ -83,9 +87,53 @@ pub(super) fn exporter(
         .build();
     let tracer = provider.tracer("conclave");
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    // A second export in one process (tests) keeps the first, as the
+    // subscriber does.
+    let _ = TRACER.set(tracer.clone());
     CAPTURE_CONTENT.store(config.capture_content, Ordering::Relaxed);
     EXPORTING.store(true, Ordering::Relaxed);
     Ok(Some((Exporter { provider }, tracer)))
+}
+
+/// The tracer of a running export.
+pub(super) fn tracer() -> Option<&'static opentelemetry_sdk::trace::Tracer> {
+    if !exporting() {
+        return None;
+    }
+    TRACER.get()
+}
+
+/// Where a span made without `tracing` hangs.
+#[derive(Clone, Debug, Default)]
+pub enum Parent {
+    /// Under the current `tracing` span (work done in-process).
+    #[default]
+    Current,
+    /// At the root of an HTTP request: the client's trace when it sent a
+    /// `traceparent`, else a trace of its own.
+    Request(Option<opentelemetry::Context>),
+}
+
+impl Parent {
+    /// The parent of the span of a request with these headers.
+    pub fn of_request(headers: &http::HeaderMap) -> Parent {
+        if !exporting() || !headers.contains_key("traceparent") {
+            return Parent::Request(None);
+        }
+        Parent::Request(Some(
+            TraceContextPropagator::new().extract(&Headers(headers)),
+        ))
+    }
+}
+
+/// The OpenTelemetry context of the current `tracing` span.
+pub(super) fn current_context() -> opentelemetry::Context {
+    Span::current().context()
+}
+
+/// Adds the trace context `cx` to outgoing headers.
+pub fn inject_context(cx: &opentelemetry::Context, headers: &mut http::HeaderMap) {
+    TraceContextPropagator::new().inject_context(cx, &mut HeadersMut(headers));
 }
 
 /// Whether the OpenTelemetry layer takes this callsite: the spans of this

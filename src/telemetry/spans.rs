@@ -179,40 +179,6 @@ pub fn exec_ended(span: &Span, ended: Option<(Option<i64>, bool)>) {
     }
 }
 
-/// A call of the gateway's `/v1/chat/completions` (or in-process pool):
-/// its attempts are children.
-pub fn gateway(pool: &str, session_id: Option<&str>) -> Span {
-    tracing::info_span!(
-        "gateway",
-        otel.name = %format_args!("gateway {pool}"),
-        otel.kind = "internal",
-        gen_ai.operation.name = "chat",
-        gen_ai.request.model = %pool,
-        gen_ai.conversation.id = session_id,
-        conclave.gateway.attempts = Empty,
-        conclave.gateway.replica = Empty,
-        error.type = Empty,
-        otel.status_code = Empty,
-    )
-}
-
-/// One attempt of a gateway call on one replica.
-pub fn attempt(pool: &str, replica: &str, attempt: u32, url: &str) -> Span {
-    tracing::info_span!(
-        "attempt",
-        otel.name = %format_args!("chat {pool} attempt {attempt}"),
-        otel.kind = "client",
-        gen_ai.operation.name = "chat",
-        gen_ai.request.model = %pool,
-        conclave.gateway.replica = %replica,
-        conclave.gateway.attempt = attempt,
-        server.address = %url,
-        http.response.status_code = Empty,
-        error.type = Empty,
-        otel.status_code = Empty,
-    )
-}
-
 /// A deliberation agent's work in one round, or a pipeline node.
 pub fn agent(name: &str, session_id: &str) -> Span {
     tracing::info_span!(
