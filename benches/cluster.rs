@@ -11,20 +11,26 @@
 //!   at a time, round-robin over the replicas on one warm connection each,
 //!   timed from the call that sends the request to the first complete NDJSON
 //!   line; every stream is read to a `success` result.
-//! - turns per second: `SESSIONS` sessions, session `i` made on and driven
-//!   through replica `i mod n`, all at once, each sending `TURNS` short
+//! - turns per second: SESSIONS sessions, session `i` made on and driven
+//!   through replica `i mod n`, all at once, each sending TURNS short
 //!   messages back to back (the next when the last one's `result` arrives).
 //!
-//! CPU time of the replicas and nats-server per turn is read from `/proc`
-//! (PostgreSQL's backends are not counted), with the whole machine's busy
-//! share, since everything here shares the same cores.
+//! Over the turns, per turn: the CPU time of the replicas, nats-server and
+//! PostgreSQL's processes from `/proc`, with the whole machine's busy share
+//! (everything here shares the same cores); the PostgreSQL statements (and
+//! round trips) and the NATS messages (see `common/backends.rs`).
+//!
+//! usage: cargo bench --bench cluster [-- SESSIONS TURNS] (default 60 10)
 //!
 //! Needs `CONCLAVE_BENCH_POSTGRES` (a PostgreSQL server URL the bench may
-//! create databases in) and `CONCLAVE_BENCH_NATS_SERVER` (the nats-server
+//! create databases in, started with `shared_preload_libraries =
+//! pg_stat_statements`) and `CONCLAVE_BENCH_NATS_SERVER` (the nats-server
 //! binary).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/backends.rs"]
+mod backends;
 #[path = "common/lines.rs"]
 mod lines;
 #[path = "common/server.rs"]
@@ -41,13 +47,17 @@ use tokio::process::{Child, Command};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
+use backends::Backends;
 use lines::Lines;
 use server::{ServerProcess, loadavg};
 
 const WARMUP_RUNS: usize = 60;
 const FIRST_EVENT_RUNS: usize = 500;
-const SESSIONS: usize = 60;
-const TURNS: usize = 10;
+/// Sessions and turns of each by default.
+const LOAD: Load = Load {
+    sessions: 60,
+    turns: 10,
+};
 const PROMPT: &str = "hello";
 /// A refused message (409: the session's last turn is not yet released
 /// everywhere) is sent again after this pause; refusals are counted.
@@ -101,24 +111,37 @@ impl Database {
     }
 }
 
+/// How many sessions the turns phase drives, and turns in each.
+#[derive(Clone, Copy)]
+struct Load {
+    sessions: usize,
+    turns: usize,
+}
+
 /// A nats-server with JetStream of the deployment's own; killed on drop.
 struct Nats {
     child: Child,
     _dir: tempfile::TempDir,
     url: String,
+    /// Its monitoring endpoint (`/varz`).
+    monitor: String,
 }
 
 impl Nats {
     async fn start() -> Result<Nats, String> {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .map_err(|e| format!("cannot make nats-server's directory: {e}"))?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| format!("cannot pick a port: {e}"))?
-            .port();
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .map(|addr| addr.port())
+                .map_err(|e| format!("cannot pick a port: {e}"))
+        };
+        let (port, monitor) = (free_port()?, free_port()?);
         let binary = required("CONCLAVE_BENCH_NATS_SERVER");
         let child = Command::new(&binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-m"])
+            .args([monitor.to_string().as_str(), "-js", "-sd"])
             .arg(dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -139,6 +162,7 @@ impl Nats {
             child,
             _dir: dir,
             url: format!("nats://127.0.0.1:{port}"),
+            monitor: format!("http://127.0.0.1:{monitor}"),
         })
     }
 }
@@ -319,7 +343,16 @@ fn print_percentiles(label: &str, mut times: Vec<Duration>) -> (Duration, Durati
 /// What one deployment measured.
 struct Figures {
     first_event: (Duration, Duration),
-    turns_per_s: f64,
+    turns: Turns,
+}
+
+/// What the turns phase measured, per turn where it says so.
+struct Turns {
+    per_s: f64,
+    replicas_cpu: Duration,
+    system_cpu: Duration,
+    statements: f64,
+    nats_messages: f64,
 }
 
 /// `WARMUP_RUNS` then `FIRST_EVENT_RUNS` runs one at a time, round-robin.
@@ -346,12 +379,13 @@ async fn measure_first_event(deployment: &Deployment) -> Result<(Duration, Durat
     Ok(print_percentiles("first event", first_events))
 }
 
-/// `TURNS` back-to-back turns in each of `SESSIONS` sessions at once.
-/// Returns turns per second.
-async fn measure_turns(deployment: &Deployment) -> Result<f64, String> {
-    let mut urls = Vec::with_capacity(SESSIONS);
+/// `load.turns` back-to-back turns in each of `load.sessions` sessions at
+/// once.
+async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, String> {
+    let Load { sessions, turns } = load;
+    let mut urls = Vec::with_capacity(sessions);
     let maker = client()?;
-    for i in 0..SESSIONS {
+    for i in 0..sessions {
         let base = deployment.base(i);
         let created: Value = maker
             .post(format!("{base}/agent/session"))
@@ -368,15 +402,15 @@ async fn measure_turns(deployment: &Deployment) -> Result<f64, String> {
             .ok_or_else(|| format!("no session_id in {created}"))?;
         urls.push(format!("{base}/agent/session/{id}/message"));
     }
-    let start = Arc::new(Barrier::new(SESSIONS + 1));
+    let start = Arc::new(Barrier::new(sessions + 1));
     let refused = Arc::new(AtomicU64::new(0));
-    let mut sessions = JoinSet::new();
+    let mut running = JoinSet::new();
     for url in urls {
         let (start, refused, client) = (start.clone(), refused.clone(), client()?);
-        sessions.spawn(async move {
-            let mut turn_times = Vec::with_capacity(TURNS);
+        running.spawn(async move {
+            let mut turn_times = Vec::with_capacity(turns);
             start.wait().await;
-            while turn_times.len() < TURNS {
+            while turn_times.len() < turns {
                 match one_turn(&client, &url).await? {
                     Some((_, result)) => turn_times.push(result),
                     None => {
@@ -388,20 +422,27 @@ async fn measure_turns(deployment: &Deployment) -> Result<f64, String> {
             Ok::<_, String>(turn_times)
         });
     }
+    let nats = deployment.nats.as_ref().map(|nats| nats.monitor.clone());
+    let database = deployment.database.as_ref().map(|d| d.url.as_str());
+    let mut backends = Backends::connect(database, nats).await?;
+    backends.reset().await?;
+    let counted_before = backends.read().await?;
     let (cpu_before, machine_before) = (deployment.cpu()?, machine_ticks());
     start.wait().await;
     let started = Instant::now();
-    let mut turn_times = Vec::with_capacity(SESSIONS * TURNS);
-    while let Some(session) = sessions.join_next().await {
+    let mut turn_times = Vec::with_capacity(sessions * turns);
+    while let Some(session) = running.join_next().await {
         turn_times.extend(session.map_err(|e| format!("a session task panicked: {e}"))??);
     }
     let wall = started.elapsed();
     let (cpu_after, machine_after) = (deployment.cpu()?, machine_ticks());
+    let counted_after = backends.read().await?;
     let turns = turn_times.len() as f64;
     let turns_per_s = turns / wall.as_secs_f64();
     println!(
-        "  turns, {SESSIONS} sessions × {TURNS} back-to-back turns at once, session i on \
+        "  turns, {sessions} sessions × {} back-to-back turns at once, session i on \
          replica i mod {}:",
+        load.turns,
         deployment.replicas.len()
     );
     print_percentiles("turn", turn_times);
@@ -412,24 +453,43 @@ async fn measure_turns(deployment: &Deployment) -> Result<f64, String> {
         refused.load(Ordering::Relaxed),
     );
     let per_turn = |cpu: Duration| cpu.as_secs_f64() * 1e6 / turns;
+    let (replicas_cpu, nats_cpu) = (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1);
     println!(
-        "  CPU per turn replicas {:.0} µs, nats-server {:.0} µs (PostgreSQL not counted); \
-         machine {:.0} % busy",
-        per_turn(cpu_after.0 - cpu_before.0),
-        per_turn(cpu_after.1 - cpu_before.1),
+        "  CPU per turn replicas {:.0} µs, nats-server {:.0} µs; machine {:.0} % busy",
+        per_turn(replicas_cpu),
+        per_turn(nats_cpu),
         100.0 * (machine_after.0 - machine_before.0) as f64
             / (machine_after.1 - machine_before.1).max(1) as f64,
     );
-    Ok(turns_per_s)
+    let postgres_cpu = backends::print_per_turn(&counted_before, &counted_after, turns);
+    for line in backends.top_statements(turns).await? {
+        println!("    {line}");
+    }
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / turns;
+    Ok(Turns {
+        per_s: turns_per_s,
+        replicas_cpu: replicas_cpu.div_f64(turns),
+        system_cpu: (replicas_cpu + nats_cpu + postgres_cpu).div_f64(turns),
+        statements: per(counted_before.statements(), counted_after.statements()),
+        nats_messages: per(
+            counted_before.nats_messages(),
+            counted_after.nats_messages(),
+        ),
+    })
 }
 
-async fn measure(label: &'static str, replicas: usize, shared: bool) -> Result<Figures, String> {
+async fn measure(
+    label: &'static str,
+    replicas: usize,
+    shared: bool,
+    load: Load,
+) -> Result<Figures, String> {
     println!("{label} (load average {})", loadavg());
     let deployment = Deployment::start(label, replicas, shared).await?;
     let figures = async {
         Ok::<_, String>(Figures {
             first_event: measure_first_event(&deployment).await?,
-            turns_per_s: measure_turns(&deployment).await?,
+            turns: measure_turns(&deployment, load).await?,
         })
     }
     .await
@@ -464,7 +524,48 @@ fn print_summary(embedded: &Figures, one: &Figures, three: &Figures) {
         &|f: &Figures| millis(f.first_event.1),
         " ms",
     );
-    row("turns/s", &|f: &Figures| f.turns_per_s, "");
+    row("turns/s", &|f: &Figures| f.turns.per_s, "");
+    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    row(
+        "replicas' CPU per turn",
+        &|f: &Figures| micros(f.turns.replicas_cpu),
+        " µs",
+    );
+    row(
+        "whole-system CPU per turn (replicas, nats-server, PostgreSQL)",
+        &|f: &Figures| micros(f.turns.system_cpu),
+        " µs",
+    );
+    row(
+        "PostgreSQL statements (round trips) per turn",
+        &|f: &Figures| f.turns.statements,
+        "",
+    );
+    row(
+        "NATS messages (in + out) per turn",
+        &|f: &Figures| f.turns.nats_messages,
+        "",
+    );
+}
+
+/// SESSIONS and TURNS from the command line (cargo passes `--bench`).
+fn load() -> Result<Load, String> {
+    let numbers: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let parse = |i: usize, default: usize| match numbers.get(i) {
+        None => Ok(default),
+        Some(n) => n
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("usage: cluster [SESSIONS TURNS]: {n:?} is not a count")),
+    };
+    Ok(Load {
+        sessions: parse(0, LOAD.sessions)?,
+        turns: parse(1, LOAD.turns)?,
+    })
 }
 
 #[tokio::main]
@@ -477,9 +578,16 @@ async fn main() -> ExitCode {
     required("CONCLAVE_BENCH_POSTGRES");
     required("CONCLAVE_BENCH_NATS_SERVER");
     let outcome = async {
-        let embedded = measure("embedded (SQLite, in-process bus), 1 replica", 1, false).await?;
-        let one = measure("PostgreSQL + NATS, 1 replica", 1, true).await?;
-        let three = measure("PostgreSQL + NATS, 3 replicas", 3, true).await?;
+        let load = load()?;
+        let embedded = measure(
+            "embedded (SQLite, in-process bus), 1 replica",
+            1,
+            false,
+            load,
+        )
+        .await?;
+        let one = measure("PostgreSQL + NATS, 1 replica", 1, true, load).await?;
+        let three = measure("PostgreSQL + NATS, 3 replicas", 3, true, load).await?;
         print_summary(&embedded, &one, &three);
         Ok::<_, String>(())
     }

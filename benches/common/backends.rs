@@ -1,0 +1,186 @@
+//! What a deployment's backends did over a measure (issue 42): the
+//! PostgreSQL statements its replicas ran (from `pg_stat_statements`, reset
+//! for the deployment's database before the measure), the messages its
+//! nats-server took in and sent out (its monitoring endpoint's `/varz`),
+//! and the CPU time of every PostgreSQL process on the machine (`/proc`).
+//!
+//! sqlx sends each statement with its own Sync, so the statements are also
+//! the round trips (`BEGIN` and `COMMIT` included; preparing a statement a
+//! connection has not seen costs one more, once per connection).
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{Connection, PgConnection, Row};
+
+/// The counters read at one moment.
+pub struct Counters {
+    statements: u64,
+    brackets: u64,
+    nats_in: u64,
+    nats_out: u64,
+    postgres_cpu: Duration,
+}
+
+impl Counters {
+    pub fn statements(&self) -> u64 {
+        self.statements
+    }
+
+    /// Messages in and out of nats-server.
+    pub fn nats_messages(&self) -> u64 {
+        self.nats_in + self.nats_out
+    }
+}
+
+/// Reads a deployment's counters: its database (`None` when embedded) and
+/// its nats-server's monitoring URL.
+pub struct Backends {
+    database: Option<PgConnection>,
+    nats_monitor: Option<String>,
+}
+
+/// Only the deployment's database, and not the bench's own reads.
+const OURS: &str = "dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                    AND query NOT LIKE '%pg_stat_statements%'";
+
+impl Backends {
+    pub async fn connect(
+        database_url: Option<&str>,
+        nats_monitor: Option<String>,
+    ) -> Result<Self, String> {
+        let database = match database_url {
+            None => None,
+            Some(url) => {
+                let mut connection = PgConnection::connect(url)
+                    .await
+                    .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+                sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                    .execute(&mut connection)
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "pg_stat_statements: {e} (start PostgreSQL with \
+                             shared_preload_libraries = pg_stat_statements, as scripts/lib.sh does)"
+                        )
+                    })?;
+                Some(connection)
+            }
+        };
+        Ok(Backends {
+            database,
+            nats_monitor,
+        })
+    }
+
+    /// Forgets the statements run so far in the deployment's database.
+    pub async fn reset(&mut self) -> Result<(), String> {
+        if let Some(connection) = &mut self.database {
+            sqlx::query(
+                "SELECT pg_stat_statements_reset(0, \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()), 0)",
+            )
+            .execute(connection)
+            .await
+            .map_err(|e| format!("pg_stat_statements_reset: {e}"))?;
+        }
+        Ok(())
+    }
+
+    pub async fn read(&mut self) -> Result<Counters, String> {
+        let (mut statements, mut brackets) = (0, 0);
+        if let Some(connection) = &mut self.database {
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT coalesce(sum(calls), 0)::int8, \
+                 coalesce(sum(calls) FILTER (WHERE query IN ('BEGIN', 'COMMIT', 'ROLLBACK')), 0)::int8 \
+                 FROM pg_stat_statements WHERE {OURS}"
+            )))
+            .fetch_one(connection)
+            .await
+            .map_err(|e| format!("reading pg_stat_statements: {e}"))?;
+            statements = row.get::<i64, _>(0) as u64;
+            brackets = row.get::<i64, _>(1) as u64;
+        }
+        let (mut nats_in, mut nats_out) = (0, 0);
+        if let Some(monitor) = &self.nats_monitor {
+            let varz: Value = reqwest::get(format!("{monitor}/varz"))
+                .await
+                .and_then(reqwest::Response::error_for_status)
+                .map_err(|e| format!("{monitor}/varz: {e}"))?
+                .json()
+                .await
+                .map_err(|e| format!("{monitor}/varz: {e}"))?;
+            nats_in = varz["in_msgs"].as_u64().unwrap_or(0);
+            nats_out = varz["out_msgs"].as_u64().unwrap_or(0);
+        }
+        Ok(Counters {
+            statements,
+            brackets,
+            nats_in,
+            nats_out,
+            postgres_cpu: postgres_cpu(),
+        })
+    }
+
+    /// The statements run most often since the reset, per turn.
+    pub async fn top_statements(&mut self, turns: f64) -> Result<Vec<String>, String> {
+        let Some(connection) = &mut self.database else {
+            return Ok(Vec::new());
+        };
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT calls, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
+             WHERE {OURS} ORDER BY calls DESC LIMIT 15"
+        )))
+        .fetch_all(connection)
+        .await
+        .map_err(|e| format!("reading pg_stat_statements: {e}"))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let query: String = row.get(1);
+                let shown: String = query.chars().take(110).collect();
+                format!("{:>6.2}  {shown}", row.get::<i64, _>(0) as f64 / turns)
+            })
+            .collect())
+    }
+}
+
+/// Prints what happened between `before` and `after`, per turn.
+pub fn print_per_turn(before: &Counters, after: &Counters, turns: f64) -> Duration {
+    let per = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / turns;
+    let postgres_cpu = after.postgres_cpu.saturating_sub(before.postgres_cpu);
+    println!(
+        "  per turn     PostgreSQL {:.2} statements = round trips ({:.2} of them BEGIN/COMMIT), \
+         {:.0} µs CPU; NATS {:.2} messages in, {:.2} out",
+        per(before.statements, after.statements),
+        per(before.brackets, after.brackets),
+        postgres_cpu.as_secs_f64() * 1e6 / turns,
+        per(before.nats_in, after.nats_in),
+        per(before.nats_out, after.nats_out),
+    );
+    postgres_cpu
+}
+
+/// User plus system CPU time of every process named `postgres`.
+fn postgres_cpu() -> Duration {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    let mut ticks = 0;
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.ends_with("(postgres") {
+            continue;
+        }
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        ticks += fields
+            .get(11..13)
+            .map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    }
+    Duration::from_millis(ticks * 10)
+}
