@@ -156,6 +156,15 @@ async fn serve(
     config: &str,
     args: &[&str],
 ) -> (Child, String, tempfile::TempDir) {
+    serve_with(phoenix, config, args, &[]).await
+}
+
+async fn serve_with(
+    phoenix: Option<&Phoenix>,
+    config: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Child, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("conclave.toml");
     std::fs::write(&path, config).unwrap();
@@ -172,6 +181,7 @@ async fn serve(
     if let Some(phoenix) = phoenix {
         command.env("OTEL_EXPORTER_OTLP_ENDPOINT", &phoenix.url);
     }
+    command.envs(env.iter().copied());
     let (child, url) = spawn_server(&mut command).await;
     (child, url, dir)
 }
@@ -592,5 +602,47 @@ replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}", model =
         }
     }
 
+    stop(&mut server).await;
+}
+
+/// `OTEL_TRACES_SAMPLER` is honoured: with `parentbased_always_off` a turn
+/// a client started its own sampled trace for is kept, and a turn with no
+/// `traceparent` is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standard_sampler_variables_choose_what_is_exported() {
+    let phoenix = Phoenix::start().await;
+    let sampler = [("OTEL_TRACES_SAMPLER", "parentbased_always_off")];
+    let (mut server, url, _dir) =
+        serve_with(Some(&phoenix), "", &["--sandbox", "local"], &sampler).await;
+    let unsampled = common::ndjson(
+        reqwest::Client::new()
+            .post(format!("{url}/agent/run"))
+            .json(&json!({"prompt": "hello"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let unsampled = unsampled[0]["session_id"].as_str().unwrap().to_string();
+    let (trace, _, traceparent) = client_context();
+    let events = run(&url, &traceparent, json!({"prompt": "hello"})).await;
+    let sampled = events[0]["session_id"].as_str().unwrap();
+    // Spans go out in the order they end: once the later turn is in, the
+    // earlier one would be too.
+    phoenix
+        .wait(&trace, |s| !named(s, "POST /agent/run").is_empty())
+        .await;
+    let found = json_of(reqwest::Client::new().get(format!(
+        "{}/v1/projects/default/spans?name=invoke_agent%20agent&limit=1000",
+        phoenix.url
+    )))
+    .await;
+    let sessions: Vec<&str> = found["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| attr(s, "gen_ai.conversation.id").as_str())
+        .collect();
+    assert_eq!(sessions, [sampled], "only {sampled}, not {unsampled}");
     stop(&mut server).await;
 }
