@@ -121,6 +121,7 @@ suite!(
     sessions::expired_ephemeral_sessions_are_found_oldest_first,
     sessions::sessions_with_status_finds_only_that_status,
     sessions::append_messages_continues_after_the_highest_index,
+    sessions::racing_message_appends_all_land_in_order,
     sessions::truncate_messages_cuts_the_history_and_appends_continue,
     sessions::messages_of_an_unknown_session_are_refused,
     sessions::delete_session_cascades_to_messages_and_events,

@@ -1,12 +1,14 @@
 //! Sessions and their messages.
 
+use std::sync::Arc;
+
 use chrono::{TimeDelta, Utc};
 use uuid::Uuid;
 
 use super::{Fixture, conversation, event, session};
 use crate::model::Message;
 use crate::protocol::{SessionRecord, SessionStatus, Usage};
-use crate::store::{SessionFilter, SessionKind, StoreError};
+use crate::store::{SessionFilter, SessionKind, Store, StoreError};
 
 pub(crate) async fn created_session_reads_back_whole(fixture: &dyn Fixture) {
     let store = fixture.open().await;
@@ -275,6 +277,58 @@ pub(crate) async fn append_messages_continues_after_the_highest_index(fixture: &
         let tail = store.messages_from(created.id, from).await.unwrap();
         assert_eq!(tail, expected[from.min(expected.len())..], "from {from}");
     }
+}
+
+/// Appends racing from two stores on one database (two replicas, for
+/// PostgreSQL) to one session all land, each writer's in its order, with
+/// no index taken twice and none skipped.
+pub(crate) async fn racing_message_appends_all_land_in_order(fixture: &dyn Fixture) {
+    const WRITERS: usize = 16;
+    const EACH: usize = 10;
+    let stores: [Arc<dyn Store>; 2] = [fixture.open().await, fixture.open().await];
+    let created = session(None, Utc::now());
+    stores[0].create_session(&created).await.unwrap();
+    let writers = (0..WRITERS).map(|writer| {
+        let store = stores[writer % 2].clone();
+        tokio::spawn(async move {
+            for n in 0..EACH {
+                let message = Message::User {
+                    content: format!("{writer}:{n}"),
+                };
+                store
+                    .append_messages(created.id, std::slice::from_ref(&message))
+                    .await
+                    .unwrap();
+            }
+        })
+    });
+    for writer in futures::future::join_all(writers).await {
+        writer.unwrap();
+    }
+    let messages = stores[1].messages(created.id).await.unwrap();
+    assert_eq!(messages.len(), WRITERS * EACH);
+    let mut next = [0; WRITERS];
+    for message in &messages {
+        let Message::User { content } = message else {
+            panic!("{message:?}");
+        };
+        let (writer, n) = content.split_once(':').unwrap();
+        let writer: usize = writer.parse().unwrap();
+        assert_eq!(n.parse::<usize>().unwrap(), next[writer], "{content}");
+        next[writer] += 1;
+    }
+    // After a truncation the next append takes the first index cut.
+    stores[0].truncate_messages(created.id, 3).await.unwrap();
+    let retry = Message::User {
+        content: "again".into(),
+    };
+    stores[1]
+        .append_messages(created.id, std::slice::from_ref(&retry))
+        .await
+        .unwrap();
+    let messages = stores[0].messages(created.id).await.unwrap();
+    assert_eq!(messages.len(), 4);
+    assert_eq!(messages[3], retry);
 }
 
 pub(crate) async fn truncate_messages_cuts_the_history_and_appends_continue(fixture: &dyn Fixture) {

@@ -182,8 +182,11 @@ impl SessionStore for PostgresStore {
         Ok(deleted.rows_affected() > 0)
     }
 
-    /// Locks the session's row first, so that two writers appending to one
-    /// session (two replicas) take their indices one after the other.
+    /// One statement: raising the session's `next_message` locks its row,
+    /// so two writers appending to one session (two replicas) take their
+    /// indices one after the other, and the second, once the first has
+    /// committed, reads the index the first left (READ COMMITTED rereads an
+    /// updated row after waiting for it).
     async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
         if messages.is_empty() {
             return Ok(());
@@ -192,23 +195,26 @@ impl SessionStore for PostgresStore {
             .iter()
             .map(|message| encode("message", message))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO messages (session_id, idx, body)
-             SELECT $1, next.idx + m.ord - 1, m.body::json
-             FROM (SELECT COALESCE(MAX(idx) + 1, 0) AS idx FROM messages WHERE session_id = $1)
-                  AS next,
-                  UNNEST($2::text[]) WITH ORDINALITY AS m(body, ord)",
+        let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
+        let appended = sqlx::query(
+            "WITH slot AS (
+                 UPDATE sessions SET next_message = next_message + $3 WHERE id = $1
+                 RETURNING next_message - $3 AS first
+             )
+             INSERT INTO messages (session_id, idx, body)
+             SELECT $1, slot.first + m.ord - 1, m.body::json
+             FROM slot, UNNEST($2::text[]) WITH ORDINALITY AS m(body, ord)",
         )
         .bind(id)
         .bind(bodies)
-        .execute(&mut *tx)
+        .bind(count)
+        .execute(&self.pool)
         .await?;
-        tx.commit().await?;
+        if appended.rows_affected() == 0 {
+            return Err(StoreError::Io(format!(
+                "no session {id} to append messages to"
+            )));
+        }
         Ok(())
     }
 
@@ -225,12 +231,22 @@ impl SessionStore for PostgresStore {
             .collect()
     }
 
+    /// The session's row is taken first (as appends take it), then the
+    /// messages cut, in one transaction.
     async fn truncate_messages(&self, id: Uuid, len: usize) -> Result<(), StoreError> {
+        let len = i64::try_from(len).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE sessions SET next_message = LEAST(next_message, $2) WHERE id = $1")
+            .bind(id)
+            .bind(len)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("DELETE FROM messages WHERE session_id = $1 AND idx >= $2")
             .bind(id)
-            .bind(i64::try_from(len).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+            .bind(len)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 }
