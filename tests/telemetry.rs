@@ -186,14 +186,13 @@ async fn serve_with(
     (child, url, dir)
 }
 
-async fn run(url: &str, traceparent: &str, body: Value) -> Vec<Value> {
-    let response = reqwest::Client::new()
-        .post(format!("{url}/agent/run"))
-        .header("traceparent", traceparent)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+/// A run's events; under the client's trace when `traceparent` is given.
+async fn run(url: &str, traceparent: Option<&str>, body: Value) -> Vec<Value> {
+    let mut request = reqwest::Client::new().post(format!("{url}/agent/run"));
+    if let Some(traceparent) = traceparent {
+        request = request.header("traceparent", traceparent);
+    }
+    let response = request.json(&body).send().await.unwrap();
     assert_eq!(response.status(), 200);
     common::ndjson(response).await
 }
@@ -284,15 +283,7 @@ async fn a_tool_calling_turn_on_docker_is_one_trace_that_continues_the_clients()
 
     // A turn with no traceparent is a trace of its own, rooted at its
     // request (a run's session is gone after it, and so is its sandbox).
-    let events = common::ndjson(
-        reqwest::Client::new()
-            .post(format!("{url}/agent/run"))
-            .json(&json!({"prompt": "hello"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let events = run(&url, None, json!({"prompt": "hello"})).await;
     let session = events[0]["session_id"].as_str().unwrap();
     let own = turns_of(&phoenix, session, 1).await.remove(0);
     assert_ne!(own, trace);
@@ -328,19 +319,23 @@ async fn a_tool_calling_turn_on_docker_is_one_trace_that_continues_the_clients()
     common::remove_sandboxes_of(&dir.path().join("data")).await;
 }
 
+/// Every turn's span (`invoke_agent agent`) Phoenix holds.
+async fn turn_spans(phoenix: &Phoenix) -> Vec<Value> {
+    let found = json_of(reqwest::Client::new().get(format!(
+        "{}/v1/projects/default/spans?name=invoke_agent%20agent&limit=1000",
+        phoenix.url
+    )))
+    .await;
+    found["data"].as_array().unwrap().clone()
+}
+
 /// The trace ids of the first `count` turns of `session`, found by their
 /// conversation id.
 async fn turns_of(phoenix: &Phoenix, session: &str, count: usize) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let found = json_of(reqwest::Client::new().get(format!(
-            "{}/v1/projects/default/spans?name=invoke_agent%20agent&limit=1000",
-            phoenix.url
-        )))
-        .await;
-        let turns: Vec<String> = found["data"]
-            .as_array()
-            .unwrap()
+        let turns: Vec<String> = turn_spans(phoenix)
+            .await
             .iter()
             .filter(|s| attr(s, "gen_ai.conversation.id") == session)
             .map(|s| s["context"]["trace_id"].as_str().unwrap().to_string())
@@ -415,7 +410,7 @@ replicas = [{{ id = "down", url = "{down}" }}, {{ id = "up", url = "{}", model =
         let (trace, _, traceparent) = client_context();
         let events = run(
             &url,
-            &traceparent,
+            Some(&traceparent),
             json!({"prompt": "say okapi7", "model": "m"}),
         )
         .await;
@@ -614,34 +609,24 @@ async fn the_standard_sampler_variables_choose_what_is_exported() {
     let sampler = [("OTEL_TRACES_SAMPLER", "parentbased_always_off")];
     let (mut server, url, _dir) =
         serve_with(Some(&phoenix), "", &["--sandbox", "local"], &sampler).await;
-    let unsampled = common::ndjson(
-        reqwest::Client::new()
-            .post(format!("{url}/agent/run"))
-            .json(&json!({"prompt": "hello"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let unsampled = run(&url, None, json!({"prompt": "hello"})).await;
     let unsampled = unsampled[0]["session_id"].as_str().unwrap().to_string();
     let (trace, _, traceparent) = client_context();
-    let events = run(&url, &traceparent, json!({"prompt": "hello"})).await;
+    let events = run(&url, Some(&traceparent), json!({"prompt": "hello"})).await;
     let sampled = events[0]["session_id"].as_str().unwrap();
     // Spans go out in the order they end: once the later turn is in, the
     // earlier one would be too.
     phoenix
         .wait(&trace, |s| !named(s, "POST /agent/run").is_empty())
         .await;
-    let found = json_of(reqwest::Client::new().get(format!(
-        "{}/v1/projects/default/spans?name=invoke_agent%20agent&limit=1000",
-        phoenix.url
-    )))
-    .await;
-    let sessions: Vec<&str> = found["data"]
-        .as_array()
-        .unwrap()
+    let sessions: Vec<String> = turn_spans(&phoenix)
+        .await
         .iter()
-        .filter_map(|s| attr(s, "gen_ai.conversation.id").as_str())
+        .filter_map(|s| {
+            attr(s, "gen_ai.conversation.id")
+                .as_str()
+                .map(str::to_string)
+        })
         .collect();
     assert_eq!(sessions, [sampled], "only {sampled}, not {unsampled}");
     stop(&mut server).await;
