@@ -104,10 +104,9 @@ pub(super) fn tracer() -> Option<&'static opentelemetry_sdk::trace::Tracer> {
 }
 
 /// Where a span made without `tracing` hangs.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub enum Parent {
     /// Under the current `tracing` span (work done in-process).
-    #[default]
     Current,
     /// At the root of an HTTP request: the client's trace when it sent a
     /// `traceparent`, else a trace of its own.
