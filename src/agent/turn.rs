@@ -256,7 +256,7 @@ async fn agent_loop(
         };
         tell(session, &mut said)?;
         if next == OnReply::AskAgain {
-            tally.save_usage().await?;
+            tally.save_usage()?;
             if let Some(past) = past_budget {
                 return Ok(over_budget(session, &past, last_text)?);
             }
@@ -280,7 +280,7 @@ async fn agent_loop(
             .append_messages(session.id, std::slice::from_ref(&assistant))
             .await?;
         Arc::make_mut(history).push(assistant);
-        tally.save_usage().await?;
+        tally.save_usage()?;
         if reply.interrupted {
             close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));

@@ -184,7 +184,7 @@ impl Run<'_> {
                 }
             }
         }
-        turn.save_usage().await?;
+        turn.save_usage()?;
         Ok(reason)
     }
 

@@ -14,7 +14,7 @@ use crate::model::Message;
 use crate::protocol::{
     Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
 };
-use crate::store::{Store, StoreError};
+use crate::store::{SessionState, Store, StoreError};
 use crate::sync::lock;
 
 pub struct Session {
@@ -44,13 +44,6 @@ pub struct Session {
     /// turn reads only what came after, so a turn's cost does not grow
     /// with the session.
     history: Mutex<Arc<Vec<Message>>>,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct SessionState {
-    pub status: SessionStatus,
-    pub usage: Usage,
-    pub updated_at: DateTime<Utc>,
 }
 
 impl Session {
@@ -132,34 +125,75 @@ impl Session {
         lock(&self.state)
     }
 
-    /// Saves status and usage, in memory and in the store.
+    /// Sets status and usage (unchanged when `None`) in memory and answers
+    /// the state to store.
+    fn change_state(&self, status: SessionStatus, usage: Option<&Usage>) -> SessionState {
+        let mut state = self.lock_state();
+        state.status = status;
+        if let Some(usage) = usage {
+            state.usage = usage.clone();
+        }
+        state.updated_at = Utc::now();
+        state.clone()
+    }
+
+    /// Saves status and usage, in memory and in the store, and waits until
+    /// they are stored. They go through the log, so they land in order
+    /// with the states staged before; when the log has stopped, straight
+    /// to the store.
     pub(super) async fn set_state(
         &self,
         status: SessionStatus,
         usage: Option<&Usage>,
     ) -> Result<(), StoreError> {
-        let usage = {
-            let mut state = self.lock_state();
-            state.status = status;
-            if let Some(usage) = usage {
-                state.usage = usage.clone();
+        let state = self.change_state(status, usage);
+        match self.log.stage(state.clone(), false) {
+            Ok(()) => self.log.flush().await,
+            Err(_) => {
+                self.store
+                    .update_session(self.id, state.status, &state.usage)
+                    .await
             }
-            state.updated_at = Utc::now();
-            state.usage.clone()
-        };
-        self.store.update_session(self.id, status, &usage).await
+        }
+    }
+
+    /// Sets status and usage in memory; they are stored with the next
+    /// events, in the same write, never after them. With `soon` their
+    /// write starts now (events appended before it starts join it), so
+    /// they land promptly even if no event follows for long; without,
+    /// they wait for the next event or [`Session::flush`].
+    pub(super) fn stage_state(
+        &self,
+        status: SessionStatus,
+        usage: Option<&Usage>,
+        soon: bool,
+    ) -> Result<(), StoreError> {
+        self.log.stage(self.change_state(status, usage), soon)
     }
 
     /// Gives the event its `seq` and appends it to the log; it reaches
     /// subscribers once stored. Fails once the store has refused this log.
     pub fn emit(&self, kind: EventKind) -> Result<u64, StoreError> {
-        self.log.append(kind, None)
+        self.log.append(kind, None, None)
+    }
+
+    /// [`Session::emit`] with the session's new status and usage, stored
+    /// in the same write as the event (a turn's `result` and the status
+    /// it leaves).
+    pub(super) fn emit_with_state(
+        &self,
+        kind: EventKind,
+        status: SessionStatus,
+        usage: &Usage,
+    ) -> Result<u64, StoreError> {
+        let state = self.change_state(status, Some(usage));
+        self.log.append(kind, None, Some(state))
     }
 
     /// [`Session::emit`] for the work of one agent of a deliberation: the
     /// event carries its `agent_id`.
     pub fn emit_as(&self, agent_id: &str, kind: EventKind) -> Result<u64, StoreError> {
-        self.log.append(kind, Some(agent_id.to_owned()))
+        self.log.append(kind, Some(agent_id.to_owned()), None)
     }
 
     /// The whole stored conversation, for a turn to extend; the session

@@ -196,11 +196,11 @@ impl Turn {
     }
 
     /// Saves the usage so far with the session (status stays `running`),
-    /// so a status read during the turn shows it.
-    pub async fn save_usage(&self) -> Result<(), StoreError> {
+    /// so a status read during the turn shows it: in memory now, in the
+    /// store with the turn's next events. Fails once the log has stopped.
+    pub fn save_usage(&self) -> Result<(), StoreError> {
         self.session
-            .set_state(SessionStatus::Running, Some(&self.session_total()))
-            .await
+            .stage_state(SessionStatus::Running, Some(&self.session_total()), false)
     }
 }
 

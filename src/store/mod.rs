@@ -74,6 +74,15 @@ pub enum StoreError {
     Conflict(String),
 }
 
+/// What a session's row holds that its turns change: status, usage and
+/// the time of the last change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionState {
+    pub status: SessionStatus,
+    pub usage: Usage,
+    pub updated_at: DateTime<Utc>,
+}
+
 /// Sessions and their conversation history.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
@@ -133,7 +142,23 @@ pub trait SessionStore: Send + Sync {
 pub trait EventStore: Send + Sync {
     /// Appends events, all or none. When this returns they survive a crash
     /// of the process, so they may be sent to clients.
-    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError>;
+    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
+        match events.first() {
+            Some(first) => self.append_batch(first.session_id, events, None).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Appends events and, when `state` is given, saves it as `session`'s
+    /// status and usage, all or none in one write: a turn's status rides
+    /// with its events instead of costing a write of its own. Events may
+    /// be empty. An unknown session's state is left alone.
+    async fn append_batch(
+        &self,
+        session: Uuid,
+        events: &[Event],
+        state: Option<&SessionState>,
+    ) -> Result<(), StoreError>;
 
     /// Events with `seq > since`, in order, at most `limit`.
     async fn events_since(
@@ -384,4 +409,14 @@ pub trait Store:
 
     /// Writes out everything accepted so far and stops taking writes.
     async fn close(&self) -> Result<(), StoreError>;
+
+    /// The session's record and the last `seq` of its log, as one read
+    /// where the backend can (what a replica that takes a session's turn
+    /// must learn first).
+    async fn session_at_end(&self, id: Uuid) -> Result<Option<(SessionRecord, u64)>, StoreError> {
+        let Some(record) = self.get_session(id).await? else {
+            return Ok(None);
+        };
+        Ok(Some((record, self.last_seq(id).await?)))
+    }
 }

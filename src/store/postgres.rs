@@ -296,6 +296,13 @@ impl Store for PostgresStore {
         self.pool.close().await;
         Ok(())
     }
+
+    async fn session_at_end(
+        &self,
+        id: uuid::Uuid,
+    ) -> Result<Option<(crate::protocol::SessionRecord, u64)>, StoreError> {
+        sessions::session_at_end(self, id).await
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{Store, StoreError};
+use crate::store::{SessionState, Store, StoreError};
 use crate::sync::lock;
 use crate::telemetry::{EventLabel, Metrics};
 
@@ -29,7 +29,8 @@ pub(super) struct Core {
     pub id: Uuid,
     pub store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    /// Events given a `seq` and not yet stored.
+    /// Events given a `seq` and not yet stored, and the session's state
+    /// waiting to be saved with them.
     log: Mutex<Log>,
     /// How far the log is known stored (and so may be sent), or why it
     /// stopped.
@@ -48,6 +49,11 @@ struct Log {
     /// The `seq` of the next event.
     next_seq: u64,
     pending: Vec<Event>,
+    /// The session's latest state not yet stored: saved with the next
+    /// batch, in the same write.
+    state: Option<SessionState>,
+    /// How many states were staged, the one pending included.
+    staged: u64,
     /// Whether a writer task is running; at most one is.
     writing: bool,
 }
@@ -56,6 +62,9 @@ struct Log {
 pub(super) struct Stored {
     /// The highest `seq` known committed to the store.
     pub seq: u64,
+    /// How many staged states are known stored (or replaced by a later
+    /// one that is).
+    pub states: u64,
     /// Set when the store refused a batch: the log takes no more events.
     pub failure: Option<Arc<str>>,
 }
@@ -77,10 +86,13 @@ impl Core {
             log: Mutex::new(Log {
                 next_seq: last_seq + 1,
                 pending: Vec::new(),
+                state: None,
+                staged: 0,
                 writing: false,
             }),
             stored: watch::Sender::new(Stored {
                 seq: last_seq,
+                states: 0,
                 failure: None,
             }),
             hub,
@@ -89,16 +101,16 @@ impl Core {
         }
     }
 
-    /// Gives the event its `seq` and queues it for the store; it reaches
+    /// Gives the event its `seq` and queues it for the store, with the
+    /// session's new `state` if any (both land in one write); it reaches
     /// subscribers once stored. Fails once the store has refused this log.
     pub fn append(
         self: &Arc<Self>,
         kind: EventKind,
         agent_id: Option<String>,
+        state: Option<SessionState>,
     ) -> Result<u64, StoreError> {
-        if let Some(failure) = &self.stored.borrow().failure {
-            return Err(StoreError::Io(failure.to_string()));
-        }
+        self.refused()?;
         let mut log = lock(&self.log);
         let seq = log.next_seq;
         log.next_seq += 1;
@@ -109,37 +121,82 @@ impl Core {
             ts: Utc::now(),
             agent_id,
         });
+        if let Some(state) = state {
+            log.state = Some(state);
+            log.staged += 1;
+        }
+        self.start_writer(&mut log);
+        Ok(seq)
+    }
+
+    /// Queues the session's new state: it is saved with the next batch of
+    /// events. With `soon` a write starts for it now unless one is under
+    /// way (events appended before it starts join it); without, it waits
+    /// for the next event or [`Core::flush`], so a state staged just
+    /// before an event always goes in the event's write.
+    pub fn stage(self: &Arc<Self>, state: SessionState, soon: bool) -> Result<(), StoreError> {
+        self.refused()?;
+        let mut log = lock(&self.log);
+        log.state = Some(state);
+        log.staged += 1;
+        if soon {
+            self.start_writer(&mut log);
+        }
+        Ok(())
+    }
+
+    fn refused(&self) -> Result<(), StoreError> {
+        match &self.stored.borrow().failure {
+            Some(failure) => Err(StoreError::Io(failure.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn start_writer(self: &Arc<Self>, log: &mut Log) {
         if !log.writing {
             log.writing = true;
             tokio::spawn(self.clone().write_pending());
         }
-        Ok(seq)
     }
 
     /// The writer task: stores what is queued, batch by batch, and
     /// broadcasts each batch once committed.
     async fn write_pending(self: Arc<Self>) {
         loop {
-            let batch = {
+            let (batch, state, staged) = {
                 let mut log = lock(&self.log);
-                if log.pending.is_empty() {
+                if log.pending.is_empty() && log.state.is_none() {
                     log.writing = false;
                     return;
                 }
-                std::mem::take(&mut log.pending)
+                (
+                    std::mem::take(&mut log.pending),
+                    log.state.take(),
+                    log.staged,
+                )
             };
-            if let Err(e) = self.store.append_events(&batch).await {
+            if let Err(e) = self
+                .store
+                .append_batch(self.id, &batch, state.as_ref())
+                .await
+            {
                 tracing::error!(session = %self.id, error = %e, "storing events failed; the log stops");
                 let mut log = lock(&self.log);
                 log.pending.clear();
+                log.state = None;
                 log.writing = false;
                 self.stored
                     .send_modify(|stored| stored.failure = Some(e.to_string().into()));
                 return;
             }
             let last = batch.last().map_or(0, |event| event.seq);
-            self.stored
-                .send_modify(|stored| stored.seq = stored.seq.max(last));
+            self.stored.send_modify(|stored| {
+                stored.seq = stored.seq.max(last);
+                stored.states = staged;
+            });
+            if batch.is_empty() {
+                continue;
+            }
             let mut sent = Vec::new();
             for event in batch {
                 self.metrics
@@ -180,12 +237,20 @@ impl Core {
         }
     }
 
-    /// Waits until every event emitted so far is stored.
-    pub async fn flush(&self) -> Result<(), StoreError> {
-        let target = lock(&self.log).next_seq - 1;
+    /// Waits until every event emitted and state staged so far is stored.
+    pub async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
+        let (target, staged) = {
+            let mut log = lock(&self.log);
+            if log.state.is_some() {
+                self.start_writer(&mut log);
+            }
+            (log.next_seq - 1, log.staged)
+        };
         let mut stored = self.stored.subscribe();
         let stored = stored
-            .wait_for(|stored| stored.seq >= target || stored.failure.is_some())
+            .wait_for(|stored| {
+                (stored.seq >= target && stored.states >= staged) || stored.failure.is_some()
+            })
             .await
             .map_err(|_| StoreError::Closed)?;
         match &stored.failure {

@@ -32,7 +32,7 @@ use uuid::Uuid;
 use self::core::Core;
 pub use self::nats::NatsLogs;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{Store, StoreError};
+use crate::store::{SessionState, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// One session's event log.
@@ -41,10 +41,22 @@ pub trait EventLog: Send + Sync {
     /// Gives the event the next `seq` and appends it; it reaches
     /// subscribers once durable. Fails once the log has stopped (its store
     /// refused a write). `agent_id` tags the work of one agent of a
-    /// deliberation.
-    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError>;
+    /// deliberation; `state`, the session's new status and usage, is
+    /// stored in the same write as the event.
+    fn append(
+        &self,
+        kind: EventKind,
+        agent_id: Option<String>,
+        state: Option<SessionState>,
+    ) -> Result<u64, StoreError>;
 
-    /// Waits until every event appended so far is durable.
+    /// Queues the session's new status and usage, to be stored with the
+    /// next events. With `soon` a write starts for it now unless one is
+    /// under way (events appended meanwhile join it); without, it waits
+    /// for the next event or flush. Fails once the log has stopped.
+    fn stage(&self, state: SessionState, soon: bool) -> Result<(), StoreError>;
+
+    /// Waits until every event appended and state staged so far is durable.
     async fn flush(&self) -> Result<(), StoreError>;
 
     /// The highest durable `seq`, and so the highest visible to clients.
@@ -93,8 +105,17 @@ struct EmbeddedLog(Arc<Core>);
 
 #[async_trait]
 impl EventLog for EmbeddedLog {
-    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError> {
-        self.0.append(kind, agent_id)
+    fn append(
+        &self,
+        kind: EventKind,
+        agent_id: Option<String>,
+        state: Option<SessionState>,
+    ) -> Result<u64, StoreError> {
+        self.0.append(kind, agent_id, state)
+    }
+
+    fn stage(&self, state: SessionState, soon: bool) -> Result<(), StoreError> {
+        self.0.stage(state, soon)
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

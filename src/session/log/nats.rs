@@ -33,7 +33,7 @@ use uuid::Uuid;
 use super::core::{Core, REPLAY_PAGE};
 use super::{EventLog, EventLogs};
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{Store, StoreError};
+use crate::store::{SessionState, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// The subjects of a session are `conclave.events.<session>.<leaf>`.
@@ -119,8 +119,17 @@ struct NatsLog {
 
 #[async_trait]
 impl EventLog for NatsLog {
-    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError> {
-        self.core.append(kind, agent_id)
+    fn append(
+        &self,
+        kind: EventKind,
+        agent_id: Option<String>,
+        state: Option<SessionState>,
+    ) -> Result<u64, StoreError> {
+        self.core.append(kind, agent_id, state)
+    }
+
+    fn stage(&self, state: SessionState, soon: bool) -> Result<(), StoreError> {
+        self.core.stage(state, soon)
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -120,12 +120,11 @@ impl SessionManager {
 
     /// The session as stored, its log continuing from the stored events.
     async fn resync(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
-        let record = self
+        let (record, last_seq) = self
             .store
-            .get_session(session.id)
+            .session_at_end(session.id)
             .await?
             .ok_or(SessionError::NotFound(session.id))?;
-        let last_seq = self.store.last_seq(session.id).await?;
         if last_seq == session.last_seq() {
             session.update_from(&record);
             return Ok(session);

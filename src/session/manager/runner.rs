@@ -63,10 +63,13 @@ impl Runner {
         cancel: CancellationToken,
     ) -> Result<(), StoreError> {
         let started = Instant::now();
-        // `running` is stored before any event of the turn: a crash after
-        // the first event always leaves a turn to close at restart.
+        // `running` is stored before the turn's first event or in its
+        // write: a crash after the first event always leaves a turn to
+        // close at restart. Its write starts now, so other replicas see the
+        // turn (and forward interrupts) even while the task is silent; the
+        // task's first event usually joins it.
         if session.status() != SessionStatus::Running {
-            session.set_state(SessionStatus::Running, None).await?;
+            session.stage_state(SessionStatus::Running, None, true)?;
         }
         // The turn's own token: cancelled by an interrupt (its parent) or
         // when the wall-clock limit passes, which only this timer does.
@@ -131,16 +134,22 @@ impl Runner {
         if session.ephemeral {
             self.task.release(session.id).await;
         }
-        let seq = session.emit(EventKind::Result {
-            status: outcome.status,
-            result: outcome.text,
-            cost_usd: turn.usage.cost_usd,
-            cost_known: turn.cost_known,
-            turns: turn.usage.turns as u32,
-            usage: turn.usage.clone(),
-            duration_ms: started.elapsed().as_millis() as u64,
-            history_len: turn.history_len,
-        })?;
+        // The status the turn leaves is stored with its `result`, in one
+        // write: a client that reads the result finds the session idle.
+        let seq = session.emit_with_state(
+            EventKind::Result {
+                status: outcome.status,
+                result: outcome.text,
+                cost_usd: turn.usage.cost_usd,
+                cost_known: turn.cost_known,
+                turns: turn.usage.turns as u32,
+                usage: turn.usage.clone(),
+                duration_ms: started.elapsed().as_millis() as u64,
+                history_len: turn.history_len,
+            },
+            status_after(session, outcome.status),
+            &turn.session_total(),
+        )?;
         // Past its result the turn can no longer be interrupted, and a
         // message that comes now waits for it instead of being refused.
         *lock(&session.running) = None;
@@ -150,14 +159,6 @@ impl Runner {
         if !session.ephemeral {
             self.task.turn_ended(session, seq);
         }
-        // A crash before this line leaves `running` with a `result` stored,
-        // which the restart only has to mark as settled.
-        session
-            .set_state(
-                status_after(session, outcome.status),
-                Some(&turn.session_total()),
-            )
-            .await?;
         let status = outcome.status.as_str();
         let span = tracing::Span::current();
         span.record("conclave.result.status", status);

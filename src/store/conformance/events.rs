@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{Fixture, conversation, event, session};
 use crate::protocol::{Event, SessionRecord, SessionStatus, Usage};
-use crate::store::{SessionFilter, StoreError};
+use crate::store::{SessionFilter, SessionState, StoreError};
 
 pub(crate) async fn events_since_pages_in_order_and_last_seq_tracks_the_end(fixture: &dyn Fixture) {
     let store = fixture.open().await;
@@ -214,4 +214,72 @@ pub(crate) async fn appending_several_events_is_all_or_nothing(fixture: &dyn Fix
     assert!(store.append_events(&clashing).await.is_err());
     assert_eq!(store.events_since(created.id, 0, 10).await.unwrap(), batch);
     assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
+}
+
+pub(crate) async fn a_batch_saves_the_sessions_state_with_its_events_or_neither(
+    fixture: &dyn Fixture,
+) {
+    let store = fixture.open().await;
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    let running = SessionState {
+        status: SessionStatus::Running,
+        usage: Usage {
+            input_tokens: 7,
+            ..Usage::default()
+        },
+        updated_at: created.updated_at + chrono::TimeDelta::seconds(1),
+    };
+    let first = vec![event(created.id, 1), event(created.id, 2)];
+    store
+        .append_batch(created.id, &first, Some(&running))
+        .await
+        .unwrap();
+    let stored = store.get_session(created.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, &stored.usage, stored.updated_at),
+        (running.status, &running.usage, running.updated_at)
+    );
+    assert_eq!(store.events_since(created.id, 0, 10).await.unwrap(), first);
+
+    // A batch refused (seq 2 again) leaves the state as it was.
+    let idle = SessionState {
+        status: SessionStatus::Idle,
+        usage: Usage::default(),
+        updated_at: running.updated_at + chrono::TimeDelta::seconds(1),
+    };
+    let clashing = vec![event(created.id, 3), event(created.id, 2)];
+    assert!(
+        store
+            .append_batch(created.id, &clashing, Some(&idle))
+            .await
+            .is_err()
+    );
+    let stored = store.get_session(created.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, &stored.usage),
+        (running.status, &running.usage)
+    );
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
+
+    // A batch of no events saves the state alone; one with no state
+    // leaves it; another session's state is left alone.
+    store
+        .append_batch(created.id, &[], Some(&idle))
+        .await
+        .unwrap();
+    store
+        .append_batch(created.id, &[event(created.id, 3)], None)
+        .await
+        .unwrap();
+    store
+        .append_batch(Uuid::new_v4(), &[], Some(&running))
+        .await
+        .unwrap();
+    let stored = store.get_session(created.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.usage, stored.updated_at),
+        (idle.status, idle.usage, idle.updated_at)
+    );
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 3);
 }

@@ -8,12 +8,39 @@ use uuid::Uuid;
 
 use super::{PostgresStore, bigint, unsigned};
 use crate::protocol::Event;
-use crate::store::codec::{decode, encode_event};
-use crate::store::{EventStore, StoreError};
+use crate::store::codec::{decode, encode, encode_event, encode_time};
+use crate::store::{EventStore, SessionState, StoreError};
+
+/// Inserts the events bound as arrays in `$1`–`$5`.
+macro_rules! insert_events {
+    () => {
+        "INSERT INTO events (session_id, seq, type, ts, body)
+         SELECT session_id, seq, type, ts, body::json
+         FROM UNNEST($1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::text[])
+              AS e(session_id, seq, type, ts, body)"
+    };
+}
+
+/// Saves a session's state, its parameters numbered after the events'
+/// five whether or not events come with it.
+macro_rules! update_state {
+    () => {
+        "UPDATE sessions SET status = $7, usage = $8::json, updated_at = $9 WHERE id = $6"
+    };
+}
+
+/// A batch of no events: the state alone, numbered from `$1`.
+pub(super) const UPDATE_STATE: &str =
+    "UPDATE sessions SET status = $2, usage = $3::json, updated_at = $4 WHERE id = $1";
 
 #[async_trait]
 impl EventStore for PostgresStore {
-    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
+    async fn append_batch(
+        &self,
+        session: Uuid,
+        events: &[Event],
+        state: Option<&SessionState>,
+    ) -> Result<(), StoreError> {
         let mut sessions: Vec<Uuid> = Vec::with_capacity(events.len());
         let mut seqs: Vec<i64> = Vec::with_capacity(events.len());
         let mut kinds = Vec::with_capacity(events.len());
@@ -27,19 +54,31 @@ impl EventStore for PostgresStore {
             times.push(event.ts);
             bodies.push(body);
         }
-        sqlx::query(
-            "INSERT INTO events (session_id, seq, type, ts, body)
-             SELECT session_id, seq, type, ts, body::json
-             FROM UNNEST($1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::text[])
-                  AS e(session_id, seq, type, ts, body)",
-        )
-        .bind(sessions)
-        .bind(seqs)
-        .bind(kinds)
-        .bind(times)
-        .bind(bodies)
-        .execute(&self.pool)
-        .await?;
+        // A data-modifying CTE runs once whatever reads it, and the one
+        // statement commits or fails whole.
+        let sql = match (state.is_some(), events.is_empty()) {
+            (false, true) => return Ok(()),
+            (false, false) => insert_events!(),
+            (true, true) => UPDATE_STATE,
+            (true, false) => concat!("WITH state AS (", update_state!(), ") ", insert_events!()),
+        };
+        let mut query = sqlx::query(sql);
+        if !events.is_empty() {
+            query = query
+                .bind(sessions)
+                .bind(seqs)
+                .bind(kinds)
+                .bind(times)
+                .bind(bodies);
+        }
+        if let Some(state) = state {
+            query = query
+                .bind(session)
+                .bind(state.status.as_str())
+                .bind(encode("session usage", &state.usage)?)
+                .bind(encode_time(state.updated_at));
+        }
+        query.execute(&self.pool).await?;
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::{PostgresStore, bigint};
+use super::{PostgresStore, bigint, unsigned};
 use crate::model::Message;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::store::codec::{decode, decode_time, encode, encode_time};
@@ -74,6 +74,27 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<String>) {
     (sql, params)
 }
 
+/// [`crate::store::Store::session_at_end`]: one statement, so the record
+/// and the `seq` are of one moment.
+pub(super) async fn session_at_end(
+    store: &PostgresStore,
+    id: Uuid,
+) -> Result<Option<(SessionRecord, u64)>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS}, (SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = $1)
+         FROM sessions WHERE id = $1"
+    );
+    let row = sqlx::query(AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_optional(&store.pool)
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let last: i64 = row.try_get(10)?;
+    Ok(Some((session(&row)?, unsigned("last seq", last)?)))
+}
+
 #[async_trait]
 impl SessionStore for PostgresStore {
     async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
@@ -105,15 +126,13 @@ impl SessionStore for PostgresStore {
         status: SessionStatus,
         usage: &Usage,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE sessions SET status = $2, usage = $3::json, updated_at = $4 WHERE id = $1",
-        )
-        .bind(id)
-        .bind(status.as_str())
-        .bind(encode("session usage", usage)?)
-        .bind(encode_time(Utc::now()))
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(super::events::UPDATE_STATE)
+            .bind(id)
+            .bind(status.as_str())
+            .bind(encode("session usage", usage)?)
+            .bind(encode_time(Utc::now()))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -4,15 +4,24 @@ use async_trait::async_trait;
 use rusqlite::{Connection, params};
 use uuid::Uuid;
 
-use super::rows::{decode, encode_time};
+use super::rows::{decode, encode, encode_time};
 use super::{SqliteStore, in_savepoint};
 use crate::protocol::Event;
 use crate::store::codec::encode_event;
-use crate::store::{EventStore, StoreError};
+use crate::store::{EventStore, SessionState, StoreError};
+
+/// Saves a session's status, usage and `updated_at`.
+pub(super) const UPDATE_STATE: &str =
+    "UPDATE sessions SET status = ?2, usage = ?3, updated_at = ?4 WHERE id = ?1";
 
 #[async_trait]
 impl EventStore for SqliteStore {
-    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
+    async fn append_batch(
+        &self,
+        session: Uuid,
+        events: &[Event],
+        state: Option<&SessionState>,
+    ) -> Result<(), StoreError> {
         let rows = events
             .iter()
             .map(|event| {
@@ -26,18 +35,39 @@ impl EventStore for SqliteStore {
                 ))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
+        let state = match state {
+            Some(state) => Some((
+                session.to_string(),
+                state.status.as_str(),
+                encode("session usage", &state.usage)?,
+                encode_time(state.updated_at),
+            )),
+            None => None,
+        };
+        if rows.is_empty() && state.is_none() {
+            return Ok(());
+        }
         self.call(move |conn| {
-            let insert = |conn: &Connection| -> Result<(), StoreError> {
+            let write = |conn: &Connection| -> Result<(), StoreError> {
                 let mut statement = conn.prepare_cached(
                     "INSERT INTO events (session_id, seq, type, ts, body) VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?;
                 for (id, seq, kind, ts, body) in &rows {
                     statement.execute(params![id, seq, kind, ts, body])?;
                 }
+                if let Some((id, status, usage, updated_at)) = &state {
+                    conn.prepare_cached(UPDATE_STATE)?
+                        .execute(params![id, status, usage, updated_at])?;
+                }
                 Ok(())
             };
-            // One row undoes itself when it fails; several need a savepoint.
-            if rows.len() == 1 { insert(conn) } else { in_savepoint(conn, insert) }
+            // One statement undoes itself when it fails; several need a
+            // savepoint.
+            if rows.len() + usize::from(state.is_some()) == 1 {
+                write(conn)
+            } else {
+                in_savepoint(conn, write)
+            }
         })
         .await
     }

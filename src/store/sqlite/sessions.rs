@@ -50,10 +50,8 @@ impl SessionStore for SqliteStore {
         let usage = encode("session usage", usage)?;
         let updated_at = encode_time(Utc::now());
         self.call(move |conn| {
-            conn.prepare_cached(
-                "UPDATE sessions SET status = ?2, usage = ?3, updated_at = ?4 WHERE id = ?1",
-            )?
-            .execute(params![id, status.as_str(), usage, updated_at])?;
+            conn.prepare_cached(super::events::UPDATE_STATE)?
+                .execute(params![id, status.as_str(), usage, updated_at])?;
             Ok(())
         })
         .await
