@@ -2,6 +2,8 @@
 //! the call spent (and the tool calls run since the last one), at the
 //! turn's end the rest and the turn itself.
 
+use std::time::{Duration, Instant};
+
 use crate::protocol::{EventKind, ResultStatus, Usage};
 use crate::quota::QuotaExceeded;
 use crate::session::{Outcome, Session};
@@ -9,12 +11,22 @@ use crate::store::{StoreError, UsageCounts};
 
 use crate::usage::Recorder;
 
+/// For a key without a daily budget, how often a running turn writes what
+/// it spent; the rest is written at its end. A key with one has every
+/// model call written, since the budget is checked on the totals that
+/// write answers.
+const WRITE_EVERY: Duration = Duration::from_secs(1);
+
 /// What one turn has recorded so far.
 pub struct TurnSpend {
     owner: Option<String>,
     /// The model the turn calls: what its tokens are kept under.
     pub model: String,
     recorded: Usage,
+    /// When the turn started or last wrote its usage.
+    written: Instant,
+    /// [`WRITE_EVERY`], but for tests.
+    every: Duration,
 }
 
 impl TurnSpend {
@@ -23,18 +35,29 @@ impl TurnSpend {
             owner,
             model,
             recorded: Usage::default(),
+            written: Instant::now(),
+            every: WRITE_EVERY,
         }
     }
 
     /// Records what the turn's tally `now` has beyond what was recorded,
     /// plus the turn itself when it has `ended`, in one store write; answers
-    /// the daily budget the key has now reached, if any.
+    /// the daily budget the key has now reached, if any. Before the end,
+    /// a key without a budget writes at most every [`WRITE_EVERY`]: a
+    /// quick turn is one write.
     pub async fn record(
         &mut self,
         recorder: &Recorder,
         now: &Usage,
         ended: bool,
     ) -> Option<QuotaExceeded> {
+        if !ended
+            && self.written.elapsed() < self.every
+            && !recorder.has_budget(self.owner.as_deref())
+        {
+            return None;
+        }
+        self.written = Instant::now();
         let add = UsageCounts {
             input_tokens: now.input_tokens.saturating_sub(self.recorded.input_tokens),
             output_tokens: now
@@ -63,4 +86,48 @@ pub fn over_budget(
         message: format!("The turn stopped: {past}."),
     })?;
     Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::quota::KeyTable;
+    use crate::store::{SqliteStore, Store};
+    use crate::usage::{LOCAL, today};
+
+    #[tokio::test]
+    async fn a_quick_turn_without_a_budget_writes_its_usage_once_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+        let recorder = Recorder::new(
+            store.clone(),
+            Arc::new(KeyTable::default()),
+            &crate::telemetry::Metrics::new(),
+        );
+        let mut spend = TurnSpend::new(None, "m".into());
+        // However slow the machine, the calls come within it.
+        spend.every = Duration::from_secs(24 * 3600);
+        let mut tally = Usage::default();
+        for _ in 0..2 {
+            tally.input_tokens += 10;
+            tally.output_tokens += 3;
+            tally.tool_calls += 1;
+            assert!(spend.record(&recorder, &tally, false).await.is_none());
+        }
+        let written = store.usage_day(LOCAL, today()).await.unwrap();
+        assert_eq!(written, UsageCounts::default(), "nothing before the end");
+        spend.record(&recorder, &tally, true).await;
+        let written = store.usage_day(LOCAL, today()).await.unwrap();
+        assert_eq!(
+            (
+                written.input_tokens,
+                written.output_tokens,
+                written.tool_calls,
+                written.turns
+            ),
+            (20, 6, 2, 1)
+        );
+    }
 }

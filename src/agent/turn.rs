@@ -246,8 +246,9 @@ async fn agent_loop(
             tools: &tools,
         };
         let mut reply = traced_call(deps, session, &model, request, tally, watch).await?;
-        // One store write per model call, which answers the key's totals
-        // for today across replicas: the budget is checked on them.
+        // For a key with a daily budget, one store write per model call,
+        // which answers the key's totals for today across replicas: the
+        // budget is checked on them. Without one, at most a write a second.
         let past_budget = spend.record(&deps.usage, &tally.usage, false).await;
         let next = if reply.interrupted {
             OnReply::Keep

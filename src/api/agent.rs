@@ -234,7 +234,10 @@ pub async fn message(
     headers: HeaderMap,
     mut body: JsonObject,
 ) -> Result<Response, ApiError> {
-    let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
+    let session = state
+        .sessions
+        .get_to_start(parse_id(&id)?, caller.owner())
+        .await?;
     let prompt = body.take_text("prompt")?;
     let queue = body.take::<bool>("queue")?.unwrap_or(false);
     body.deny_rest()?;

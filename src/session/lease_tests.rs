@@ -298,3 +298,30 @@ async fn an_interrupt_or_a_delete_on_one_replica_stops_the_turn_on_another() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_turn_started_from_a_copy_learns_of_a_delete_on_another_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let (a, b) = (
+        replica(&store, Duration::from_secs(15)),
+        replica(&store, Duration::from_secs(15)),
+    );
+    let session = create(&a).await;
+    // B holds a copy, then A deletes the session: B's copy is not read
+    // again before a turn, but taking the turn reads the store.
+    let held = b.get(session.id, None).await.unwrap();
+    a.delete(session.id, None).await.unwrap();
+    let copy = b.get_to_start(session.id, None).await.unwrap();
+    assert!(Arc::ptr_eq(&copy, &held));
+    let refused = b.start_turn(copy, "one".into(), false).await;
+    assert!(
+        matches!(refused, Err(SessionError::NotFound(id)) if id == session.id),
+        "{:?}",
+        refused.map(|turn| turn.since)
+    );
+    assert!(matches!(
+        b.get(session.id, None).await,
+        Err(SessionError::NotFound(_))
+    ));
+}

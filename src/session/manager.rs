@@ -229,9 +229,30 @@ impl SessionManager {
 
     /// Finds a session the caller may see; another owner's is "not found".
     pub async fn get(&self, id: Uuid, owner: Option<&str>) -> Result<Arc<Session>, SessionError> {
+        self.find(id, owner, true).await
+    }
+
+    /// [`SessionManager::get`] for a caller about to start a turn: with
+    /// replicas a copy held here is not read again, since taking the
+    /// turn's lease reads the session as stored (a session deleted
+    /// elsewhere is "not found" then).
+    pub async fn get_to_start(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+    ) -> Result<Arc<Session>, SessionError> {
+        self.find(id, owner, false).await
+    }
+
+    async fn find(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        refresh: bool,
+    ) -> Result<Arc<Session>, SessionError> {
         let cached = self.live().get(&id).cloned();
         let session = match cached {
-            Some(session) if self.leases.is_some() => self.refreshed(session).await?,
+            Some(session) if refresh && self.leases.is_some() => self.refreshed(session).await?,
             Some(session) => session,
             None => {
                 let record = self
