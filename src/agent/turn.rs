@@ -46,11 +46,19 @@ pub(super) async fn run(
     session.emit(EventKind::Status {
         message: "Starting agent...".into(),
     })?;
-    let opening = opening_messages(&session, prompt, &turn.options.tool_answers).await?;
+    let mut history = session.take_history().await?;
+    let opening = opening_messages(&history, prompt, &turn.options.tool_answers);
     deps.store.append_messages(session.id, &opening).await?;
+    // Stored, so kept: the loop starts from the stored conversation
+    // without reading it again.
+    Arc::make_mut(&mut history).extend(opening);
+    let history = Lent {
+        history,
+        session: &session,
+    };
     let options = Arc::new(AgentOptions::stored(&session.options)?.for_turn(&turn.options));
     let mut spend = TurnSpend::new(session.owner.clone(), model_label(deps, &options));
-    let outcome = agent_loop(deps, turn, &options, &mut spend).await;
+    let outcome = agent_loop(deps, turn, &options, &mut spend, history).await;
     // The turn itself and the tool calls since its last model call; a key
     // past its budget now is refused its next turn, not this one's result.
     spend.record(&deps.usage, &turn.usage, true).await;
@@ -76,16 +84,15 @@ pub(super) async fn run(
     }
 }
 
-/// What a turn adds before its model call: an answer to each call the
-/// last turn left for a client (the client's, else an error saying it gave
-/// none, since a model must see every call answered), then the prompt,
-/// unless the turn only carries answers.
-async fn opening_messages(
-    session: &Session,
+/// What a turn adds to `history` before its model call: an answer to each
+/// call the last turn left for a client (the client's, else an error
+/// saying it gave none, since a model must see every call answered), then
+/// the prompt, unless the turn only carries answers.
+fn opening_messages(
+    history: &[Message],
     prompt: String,
     answers: &[crate::session::ToolAnswer],
-) -> Result<Vec<Message>, StoreError> {
-    let history = session.take_history().await?;
+) -> Vec<Message> {
     let mut opening = Vec::new();
     let last = history
         .iter()
@@ -116,11 +123,10 @@ async fn opening_messages(
             });
         }
     }
-    session.keep_history(history);
     if !prompt.is_empty() || opening.is_empty() {
         opening.push(Message::User { content: prompt });
     }
-    Ok(opening)
+    opening
 }
 
 pub(super) enum LoopError {
@@ -158,6 +164,7 @@ async fn agent_loop(
     tally: &mut Turn,
     options: &Arc<AgentOptions>,
     spend: &mut TurnSpend,
+    mut history: Lent<'_>,
 ) -> Result<Outcome, LoopError> {
     let session = &tally.session.clone();
     let cancel = &tally.cancel.clone();
@@ -204,10 +211,6 @@ async fn agent_loop(
     // rather than copied for it: a call costs the same at the 500th turn
     // of a session as at the first. A push after the call has returned
     // finds the history unshared again.
-    let mut history = Lent {
-        history: session.take_history().await?,
-        session,
-    };
     let history = &mut history.history;
     let mut last_text = None;
     loop {

@@ -147,7 +147,7 @@ impl Session {
         usage: Option<&Usage>,
     ) -> Result<(), StoreError> {
         let state = self.change_state(status, usage);
-        match self.log.stage(state.clone(), false) {
+        match self.log.stage(state.clone()) {
             Ok(()) => self.log.flush().await,
             Err(_) => {
                 self.store
@@ -158,17 +158,19 @@ impl Session {
     }
 
     /// Sets status and usage in memory; they are stored with the next
-    /// events, in the same write, never after them. With `soon` their
-    /// write starts now (events appended before it starts join it), so
-    /// they land promptly even if no event follows for long; without,
-    /// they wait for the next event or [`Session::flush`].
+    /// events, in the same write, never after them, or by
+    /// [`Session::write_soon`] or [`Session::flush`] when none come first.
     pub(super) fn stage_state(
         &self,
         status: SessionStatus,
         usage: Option<&Usage>,
-        soon: bool,
     ) -> Result<(), StoreError> {
-        self.log.stage(self.change_state(status, usage), soon)
+        self.log.stage(self.change_state(status, usage))
+    }
+
+    /// Starts storing a staged state now, without waiting for it.
+    pub(super) fn write_soon(&self) {
+        self.log.write_soon();
     }
 
     /// Gives the event its `seq` and appends it to the log; it reaches

@@ -200,7 +200,7 @@ impl Turn {
     /// store with the turn's next events. Fails once the log has stopped.
     pub fn save_usage(&self) -> Result<(), StoreError> {
         self.session
-            .stage_state(SessionStatus::Running, Some(&self.session_total()), false)
+            .stage_state(SessionStatus::Running, Some(&self.session_total()))
     }
 }
 

@@ -130,19 +130,25 @@ impl Core {
     }
 
     /// Queues the session's new state: it is saved with the next batch of
-    /// events. With `soon` a write starts for it now unless one is under
-    /// way (events appended before it starts join it); without, it waits
-    /// for the next event or [`Core::flush`], so a state staged just
+    /// events, or by [`Core::write_soon`] or [`Core::flush`] when none
+    /// comes first. It starts no write of its own, so a state staged just
     /// before an event always goes in the event's write.
-    pub fn stage(self: &Arc<Self>, state: SessionState, soon: bool) -> Result<(), StoreError> {
+    pub fn stage(&self, state: SessionState) -> Result<(), StoreError> {
         self.refused()?;
         let mut log = lock(&self.log);
         log.state = Some(state);
         log.staged += 1;
-        if soon {
+        Ok(())
+    }
+
+    /// Starts writing a staged state now, unless a write is under way
+    /// (which takes it next); events appended before the write starts
+    /// join it.
+    pub fn write_soon(self: &Arc<Self>) {
+        let mut log = lock(&self.log);
+        if log.state.is_some() {
             self.start_writer(&mut log);
         }
-        Ok(())
     }
 
     fn refused(&self) -> Result<(), StoreError> {
@@ -240,10 +246,8 @@ impl Core {
     /// Waits until every event emitted and state staged so far is stored.
     pub async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
         let (target, staged) = {
-            let mut log = lock(&self.log);
-            if log.state.is_some() {
-                self.start_writer(&mut log);
-            }
+            self.write_soon();
+            let log = lock(&self.log);
             (log.next_seq - 1, log.staged)
         };
         let mut stored = self.stored.subscribe();

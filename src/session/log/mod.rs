@@ -51,10 +51,13 @@ pub trait EventLog: Send + Sync {
     ) -> Result<u64, StoreError>;
 
     /// Queues the session's new status and usage, to be stored with the
-    /// next events. With `soon` a write starts for it now unless one is
-    /// under way (events appended meanwhile join it); without, it waits
-    /// for the next event or flush. Fails once the log has stopped.
-    fn stage(&self, state: SessionState, soon: bool) -> Result<(), StoreError>;
+    /// next events, or alone by [`EventLog::write_soon`] or a flush when
+    /// none come first. Fails once the log has stopped.
+    fn stage(&self, state: SessionState) -> Result<(), StoreError>;
+
+    /// Starts writing a staged state now if no write is under way; events
+    /// appended before it starts join it.
+    fn write_soon(&self);
 
     /// Waits until every event appended and state staged so far is durable.
     async fn flush(&self) -> Result<(), StoreError>;
@@ -114,8 +117,12 @@ impl EventLog for EmbeddedLog {
         self.0.append(kind, agent_id, state)
     }
 
-    fn stage(&self, state: SessionState, soon: bool) -> Result<(), StoreError> {
-        self.0.stage(state, soon)
+    fn stage(&self, state: SessionState) -> Result<(), StoreError> {
+        self.0.stage(state)
+    }
+
+    fn write_soon(&self) {
+        self.0.write_soon();
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -128,8 +128,12 @@ impl EventLog for NatsLog {
         self.core.append(kind, agent_id, state)
     }
 
-    fn stage(&self, state: SessionState, soon: bool) -> Result<(), StoreError> {
-        self.core.stage(state, soon)
+    fn stage(&self, state: SessionState) -> Result<(), StoreError> {
+        self.core.stage(state)
+    }
+
+    fn write_soon(&self) {
+        self.core.write_soon();
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -63,13 +63,13 @@ impl Runner {
         cancel: CancellationToken,
     ) -> Result<(), StoreError> {
         let started = Instant::now();
-        // `running` is stored before the turn's first event or in its
-        // write: a crash after the first event always leaves a turn to
-        // close at restart. Its write starts now, so other replicas see the
-        // turn (and forward interrupts) even while the task is silent; the
-        // task's first event usually joins it.
+        // `running` is stored in the write of the turn's first event (a
+        // crash after the first event always leaves a turn to close at
+        // restart), or alone as soon as the task first waits without
+        // having emitted one, so other replicas see the turn (and forward
+        // interrupts) even while the task is silent.
         if session.status() != SessionStatus::Running {
-            session.stage_state(SessionStatus::Running, None, true)?;
+            session.stage_state(SessionStatus::Running, None)?;
         }
         // The turn's own token: cancelled by an interrupt (its parent) or
         // when the wall-clock limit passes, which only this timer does.
@@ -83,7 +83,8 @@ impl Runner {
             }
         });
         let mut turn = Turn::starting(session, turn_cancel.clone(), options);
-        let result = self.task.run(&mut turn, input).await;
+        let result =
+            until_first_wait(self.task.run(&mut turn, input), || session.write_soon()).await;
         timer.abort();
         let mut outcome = result?;
         let timed_out = turn_cancel.is_cancelled() && !cancel.is_cancelled();
@@ -184,6 +185,23 @@ impl Runner {
     }
 }
 
+/// Runs `future`, calling `waits` the first time it waits (returns
+/// pending).
+async fn until_first_wait<F: Future>(future: F, waits: impl FnOnce()) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut waits = Some(waits);
+    std::future::poll_fn(|cx| {
+        let polled = future.as_mut().poll(cx);
+        if polled.is_pending()
+            && let Some(waits) = waits.take()
+        {
+            waits();
+        }
+        polled
+    })
+    .await
+}
+
 /// Result status → session status once a turn is over.
 fn status_after(session: &Session, result: ResultStatus) -> SessionStatus {
     if session.ephemeral {
@@ -192,5 +210,35 @@ fn status_after(session: &Session, result: ResultStatus) -> SessionStatus {
         SessionStatus::Interrupted
     } else {
         SessionStatus::Idle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::until_first_wait;
+
+    #[tokio::test]
+    async fn the_first_wait_is_told_once_and_a_ready_future_never() {
+        let told = AtomicUsize::new(0);
+        let ready = until_first_wait(async { 1 }, || {
+            told.fetch_add(1, Ordering::SeqCst);
+        })
+        .await;
+        assert_eq!((ready, told.load(Ordering::SeqCst)), (1, 0));
+        let waiting = until_first_wait(
+            async {
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                2
+            },
+            || {
+                told.fetch_add(1, Ordering::SeqCst);
+            },
+        )
+        .await;
+        assert_eq!((waiting, told.load(Ordering::SeqCst)), (2, 1));
     }
 }
