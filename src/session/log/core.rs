@@ -54,6 +54,9 @@ struct Log {
     state: Option<SessionState>,
     /// How many states were staged, the one pending included.
     staged: u64,
+    /// Whether the pending state is to be written even with no events
+    /// (asked by `write_soon` or a flush); otherwise it waits for some.
+    due: bool,
     /// Whether a writer task is running; at most one is.
     writing: bool,
 }
@@ -88,6 +91,7 @@ impl Core {
                 pending: Vec::new(),
                 state: None,
                 staged: 0,
+                due: false,
                 writing: false,
             }),
             stored: watch::Sender::new(Stored {
@@ -147,6 +151,7 @@ impl Core {
     pub fn write_soon(self: &Arc<Self>) {
         let mut log = lock(&self.log);
         if log.state.is_some() {
+            log.due = true;
             self.start_writer(&mut log);
         }
     }
@@ -171,10 +176,13 @@ impl Core {
         loop {
             let (batch, state, staged) = {
                 let mut log = lock(&self.log);
-                if log.pending.is_empty() && log.state.is_none() {
+                // A state alone waits for events unless it is due: the
+                // writer busy with one batch does not write it alone.
+                if log.pending.is_empty() && !(log.due && log.state.is_some()) {
                     log.writing = false;
                     return;
                 }
+                log.due = false;
                 (
                     std::mem::take(&mut log.pending),
                     log.state.take(),
@@ -190,6 +198,7 @@ impl Core {
                 let mut log = lock(&self.log);
                 log.pending.clear();
                 log.state = None;
+                log.due = false;
                 log.writing = false;
                 self.stored
                     .send_modify(|stored| stored.failure = Some(e.to_string().into()));
