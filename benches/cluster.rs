@@ -12,15 +12,18 @@
 //!   timed from the call that sends the request to the first complete NDJSON
 //!   line; every stream is read to a `success` result.
 //! - turns per second: SESSIONS sessions, session `i` made on and driven
-//!   through replica `i mod n`, all at once, each sending TURNS short
-//!   messages back to back (the next when the last one's `result` arrives).
+//!   through replica `i mod n`, all at once, each sending TURNS messages of
+//!   PROMPT (`hello`: a plain turn; `'$ echo hi'`: a turn that calls the
+//!   sandbox's `Bash` tool once) back to back (the next when the last one's
+//!   `result` arrives).
 //!
 //! Over the turns, per turn: the CPU time of the replicas, nats-server and
 //! PostgreSQL's processes from `/proc`, with the whole machine's busy share
 //! (everything here shares the same cores); the PostgreSQL statements (and
 //! round trips) and the NATS messages (see `common/backends.rs`).
 //!
-//! usage: cargo bench --bench cluster [-- SESSIONS TURNS] (default 60 10)
+//! usage: cargo bench --bench cluster [-- SESSIONS TURNS [PROMPT]] (default
+//! 60 10 hello)
 //!
 //! Needs `CONCLAVE_BENCH_POSTGRES` (a PostgreSQL server URL the bench may
 //! create databases in, started with `shared_preload_libraries =
@@ -57,7 +60,9 @@ const FIRST_EVENT_RUNS: usize = 500;
 const LOAD: Load = Load {
     sessions: 60,
     turns: 10,
+    prompt: PROMPT,
 };
+/// What the first-event runs send, and the turns by default.
 const PROMPT: &str = "hello";
 /// A refused message (409: the session's last turn is not yet released
 /// everywhere) is sent again after this pause; refusals are counted.
@@ -111,11 +116,15 @@ impl Database {
     }
 }
 
-/// How many sessions the turns phase drives, and turns in each.
+/// How many sessions the turns phase drives, turns in each, and what
+/// each turn sends.
 #[derive(Clone, Copy)]
 struct Load {
     sessions: usize,
     turns: usize,
+    /// `hello` (a plain turn) unless given: `'$ echo hi'` makes each turn
+    /// one call of the sandbox's `Bash` tool and a second model call.
+    prompt: &'static str,
 }
 
 /// A nats-server with JetStream of the deployment's own; killed on drop.
@@ -285,11 +294,12 @@ fn machine_ticks() -> (u64, u64) {
 async fn one_turn(
     client: &reqwest::Client,
     url: &str,
+    prompt: &str,
 ) -> Result<Option<(Duration, Duration)>, String> {
     let sent = Instant::now();
     let response = client
         .post(url)
-        .json(&json!({ "prompt": PROMPT }))
+        .json(&json!({ "prompt": prompt }))
         .send()
         .await
         .map_err(|e| format!("POST {url}: {e}"))?;
@@ -364,7 +374,7 @@ async fn measure_first_event(deployment: &Deployment) -> Result<(Duration, Durat
     for i in 0..WARMUP_RUNS + FIRST_EVENT_RUNS {
         let replica = i % clients.len();
         let url = format!("{}/agent/run", deployment.base(replica));
-        let (first_event, _) = one_turn(&clients[replica], &url)
+        let (first_event, _) = one_turn(&clients[replica], &url, PROMPT)
             .await?
             .ok_or("POST /agent/run answered 409")?;
         if i >= WARMUP_RUNS {
@@ -382,7 +392,11 @@ async fn measure_first_event(deployment: &Deployment) -> Result<(Duration, Durat
 /// `load.turns` back-to-back turns in each of `load.sessions` sessions at
 /// once.
 async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, String> {
-    let Load { sessions, turns } = load;
+    let Load {
+        sessions,
+        turns,
+        prompt,
+    } = load;
     let mut urls = Vec::with_capacity(sessions);
     let maker = client()?;
     for i in 0..sessions {
@@ -411,7 +425,7 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
             let mut turn_times = Vec::with_capacity(turns);
             start.wait().await;
             while turn_times.len() < turns {
-                match one_turn(&client, &url).await? {
+                match one_turn(&client, &url, prompt).await? {
                     Some((_, result)) => turn_times.push(result),
                     None => {
                         refused.fetch_add(1, Ordering::Relaxed);
@@ -440,9 +454,10 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
     let turns = turn_times.len() as f64;
     let turns_per_s = turns / wall.as_secs_f64();
     println!(
-        "  turns, {sessions} sessions × {} back-to-back turns at once, session i on \
-         replica i mod {}:",
+        "  turns, {sessions} sessions × {} back-to-back turns of {:?} at once, session i \
+         on replica i mod {}:",
         load.turns,
+        load.prompt,
         deployment.replicas.len()
     );
     print_percentiles("turn", turn_times);
@@ -548,7 +563,8 @@ fn print_summary(embedded: &Figures, one: &Figures, three: &Figures) {
     );
 }
 
-/// SESSIONS and TURNS from the command line (cargo passes `--bench`).
+/// SESSIONS, TURNS and PROMPT from the command line (cargo passes
+/// `--bench`).
 fn load() -> Result<Load, String> {
     let numbers: Vec<String> = std::env::args()
         .skip(1)
@@ -556,15 +572,17 @@ fn load() -> Result<Load, String> {
         .collect();
     let parse = |i: usize, default: usize| match numbers.get(i) {
         None => Ok(default),
-        Some(n) => n
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("usage: cluster [SESSIONS TURNS]: {n:?} is not a count")),
+        Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            format!("usage: cluster [SESSIONS TURNS [PROMPT]]: {n:?} is not a count")
+        }),
     };
     Ok(Load {
         sessions: parse(0, LOAD.sessions)?,
         turns: parse(1, LOAD.turns)?,
+        // Leaked once: the bench's whole run uses it.
+        prompt: numbers
+            .get(2)
+            .map_or(LOAD.prompt, |p| Box::leak(p.clone().into_boxed_str())),
     })
 }
 

@@ -102,6 +102,11 @@ pub struct ClusterTools {
     client: Client,
     store: Arc<dyn Store>,
     instance: String,
+    /// Sessions the store last said this replica holds the tools of: the
+    /// tools a turn is offered are listed here without asking the store
+    /// again. A call always asks (another replica may have taken the
+    /// session over); what it finds updates this.
+    held_here: std::sync::Mutex<std::collections::HashSet<Uuid>>,
 }
 
 impl ClusterTools {
@@ -129,6 +134,7 @@ impl ClusterTools {
             client,
             store,
             instance,
+            held_here: Default::default(),
         });
         tasks.spawn(tools.clone().serve(requests, stop, tasks.clone()));
         Ok(tools)
@@ -136,6 +142,16 @@ impl ClusterTools {
 
     /// The session's owner; a session nobody owns becomes this replica's.
     async fn owner(&self, session: Uuid) -> Result<Owner, StoreError> {
+        let owner = self.read_owner(session).await?;
+        let mut held = crate::sync::lock(&self.held_here);
+        match owner {
+            Owner::Here => held.insert(session),
+            Owner::There { .. } => held.remove(&session),
+        };
+        Ok(owner)
+    }
+
+    async fn read_owner(&self, session: Uuid) -> Result<Owner, StoreError> {
         let key = session.to_string();
         loop {
             match self.store.kv_get(OWNERS, &key).await? {
@@ -393,6 +409,7 @@ impl ClusterTools {
             }
             _ => self.settle_here(session, leaf).await,
         }
+        crate::sync::lock(&self.held_here).remove(&session);
         if let Err(e) = self.store.kv_delete(OWNERS, &key, Expect::Any).await {
             tracing::warn!(%session, error = %e, "forgetting a session's tools");
         }
@@ -428,6 +445,9 @@ fn lost(replica: &str) -> String {
 #[async_trait]
 impl ToolRouter for ClusterTools {
     async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec> {
+        if crate::sync::lock(&self.held_here).contains(&ctx.session_id) {
+            return self.local.specs(ctx).await;
+        }
         match self.owner(ctx.session_id).await {
             Ok(Owner::There { replica, .. }) => {
                 let request = Request {
@@ -515,6 +535,7 @@ impl ToolRouter for ClusterTools {
                         // Another replica took it first: ask again.
                         Ok(false) => continue,
                         Ok(true) => {
+                            crate::sync::lock(&self.held_here).insert(ctx.session_id);
                             let note = if self.local.adopt(ctx.session_id).await {
                                 adopted(&replica)
                             } else {
