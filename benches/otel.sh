@@ -29,29 +29,8 @@ RUNS=2000
 apt_install wrk curl python3
 PHOENIX=${CONCLAVE_TEST_PHOENIX:-$PWD/target/phoenix-venv/bin/phoenix}
 [ -x "$PHOENIX" ] || die "no phoenix at $PHOENIX (scripts/test.sh installs arize-phoenix there)"
-if [ -z "${CONCLAVE_BENCH_BIN:-}" ]; then
-    cargo build --locked --release --bin conclave
-    CONCLAVE_BENCH_BIN=target/release/conclave
-fi
-BIN=$CONCLAVE_BENCH_BIN
+source benches/procs_lib.sh
 CLK_TCK=$(getconf CLK_TCK)
-WORK=$(mktemp -d)
-CLEANUP+=("rm -rf $WORK")
-
-start() {
-    local log=$1; shift
-    "$@" > "$WORK/$log" 2>&1 &
-    STARTED=$!
-    CLEANUP+=("kill $STARTED 2>/dev/null; wait $STARTED 2>/dev/null")
-}
-
-wait_ok() {
-    for _ in $(seq 1800); do
-        curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    die "$1 did not come up; logs in $WORK"
-}
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -69,7 +48,7 @@ PX_PORT=$(free_port)
 PHOENIX_WORKING_DIR=$WORK/phoenix PHOENIX_HOST=127.0.0.1 PHOENIX_PORT=$PX_PORT \
     PHOENIX_GRPC_PORT=$(free_port) PHOENIX_TELEMETRY_ENABLED=false \
     start phoenix.log taskset -c "$OTHER_CPUS" "$PHOENIX" serve
-wait_ok "http://127.0.0.1:$PX_PORT/healthz"
+wait_ok "http://127.0.0.1:$PX_PORT/healthz" 180
 
 SIM_PORT=$(free_port)
 start sim.log taskset -c "$OTHER_CPUS" "$BIN" sim --listen "127.0.0.1:$SIM_PORT" --id sim --tokens 16

@@ -17,24 +17,27 @@ impl Gateway {
     /// Runs a call (see `forward_call`) in a span of its own, with a
     /// child span for each attempt when it takes more than one.
     pub async fn forward(&self, call: Call) -> Result<Upstream, GatewayError> {
-        let mut span = match otel::exporting() {
-            true => CallSpan::start(
-                call.body
-                    .get::<String>("model")
-                    .as_deref()
-                    .unwrap_or_default(),
+        let model = call.body.get::<String>("model");
+        let mut span = if otel::exporting() {
+            CallSpan::start(
+                model.as_deref().unwrap_or_default(),
                 call.session_id.as_deref(),
                 &call.parent,
-            ),
-            false => CallSpan::off(),
+            )
+        } else {
+            CallSpan::off()
         };
-        let forwarded = self.forward_call(call, &mut span).await;
+        let forwarded = self.forward_call(call, model, &mut span).await;
         match &forwarded {
             Ok(upstream) => {
-                let error = upstream.status.is_server_error().then_some("server_error");
+                // As an attempt's span says it: the status code.
+                let error = upstream
+                    .status
+                    .is_server_error()
+                    .then(|| upstream.status.as_str().to_owned().into());
                 span.end(Some(&upstream.replica), error);
             }
-            Err(e) => span.end(None, Some(error_type(e))),
+            Err(e) => span.end(None, Some(error_type(e).into())),
         }
         forwarded
     }

@@ -372,6 +372,7 @@ impl Gateway {
     async fn forward_call(
         &self,
         call: Call,
+        model: Option<String>,
         span: &mut CallSpan,
     ) -> Result<Upstream, GatewayError> {
         let Call {
@@ -382,7 +383,7 @@ impl Gateway {
             owner,
             parent: _,
         } = call;
-        let model = body.get::<String>("model").ok_or_else(|| {
+        let model = model.ok_or_else(|| {
             GatewayError::BadRequest("the request needs a \"model\" string".into())
         })?;
         endpoint.check(&body)?;

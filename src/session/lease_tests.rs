@@ -30,6 +30,12 @@ fn replica(store: &Arc<dyn Store>, lease: Duration) -> SessionManager {
     .with_leases(TurnLeases::new(store.clone(), lease))
 }
 
+/// Two replicas on `store` with a lease of 15 s, longer than any test.
+fn two_replicas(store: &Arc<dyn Store>) -> (SessionManager, SessionManager) {
+    let lease = Duration::from_secs(15);
+    (replica(store, lease), replica(store, lease))
+}
+
 fn shared_store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
     Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap())
 }
@@ -74,10 +80,7 @@ async fn stored_as_running(store: &Arc<dyn Store>, id: uuid::Uuid) {
 async fn a_session_made_on_one_replica_takes_turns_on_another_with_one_log() {
     let dir = tempfile::tempdir().unwrap();
     let store = shared_store(&dir);
-    let (a, b) = (
-        replica(&store, Duration::from_secs(15)),
-        replica(&store, Duration::from_secs(15)),
-    );
+    let (a, b) = two_replicas(&store);
     let session = create(&a).await;
     let first = events_of(
         a.start_turn(session.clone(), "one".into(), false)
@@ -121,10 +124,7 @@ async fn a_session_made_on_one_replica_takes_turns_on_another_with_one_log() {
 async fn one_turn_per_session_among_replicas() {
     let dir = tempfile::tempdir().unwrap();
     let store = shared_store(&dir);
-    let (a, b) = (
-        replica(&store, Duration::from_secs(15)),
-        replica(&store, Duration::from_secs(15)),
-    );
+    let (a, b) = two_replicas(&store);
     let session = create(&a).await;
     let running = a
         .start_turn(session.clone(), "wait".into(), false)
@@ -303,10 +303,7 @@ async fn an_interrupt_or_a_delete_on_one_replica_stops_the_turn_on_another() {
 async fn a_turn_started_from_a_copy_learns_of_a_delete_on_another_replica() {
     let dir = tempfile::tempdir().unwrap();
     let store = shared_store(&dir);
-    let (a, b) = (
-        replica(&store, Duration::from_secs(15)),
-        replica(&store, Duration::from_secs(15)),
-    );
+    let (a, b) = two_replicas(&store);
     let session = create(&a).await;
     // B holds a copy, then A deletes the session: B's copy is not read
     // again before a turn, but taking the turn reads the store.

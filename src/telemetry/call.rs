@@ -139,7 +139,7 @@ impl CallSpan {
             Some(span) => span,
             None if !failed => {
                 let span = &mut live.span;
-                span.set_attributes(attempt.take_attributes());
+                span.set_attributes(attempt.attributes());
                 if let Some(status) = status {
                     span.set_attribute(kv("http.response.status_code", i64::from(status)));
                 }
@@ -159,7 +159,7 @@ impl CallSpan {
     }
 
     /// Ends the call: the replica that served it, or why it failed.
-    pub fn end(mut self, replica: Option<&str>, error: Option<&'static str>) {
+    pub fn end(mut self, replica: Option<&str>, error: Option<Cow<'static, str>>) {
         let Some(live) = &mut self.0 else {
             return;
         };
@@ -169,7 +169,7 @@ impl CallSpan {
         }
         span.set_attribute(kv("conclave.gateway.attempts", i64::from(live.attempts)));
         if let Some(error) = error {
-            span.set_attribute(kv("error.type", error));
+            span.set_attribute(kv("error.type", error.clone()));
             span.set_status(Status::error(error));
         }
         span.end();
@@ -198,19 +198,7 @@ impl Attempt {
         self.cx.as_ref()
     }
 
-    /// The attributes of the attempt, moved out: an attempt's last use.
-    fn take_attributes(&mut self) -> Vec<KeyValue> {
-        vec![
-            kv(
-                "conclave.gateway.replica",
-                std::mem::take(&mut self.replica),
-            ),
-            kv("conclave.gateway.attempt", i64::from(self.number)),
-            kv("server.address", std::mem::take(&mut self.url)),
-            kv("gen_ai.response.model", std::mem::take(&mut self.model)),
-        ]
-    }
-
+    /// The replica, attempt number, address and model of the attempt.
     fn attributes(&self) -> Vec<KeyValue> {
         vec![
             kv("conclave.gateway.replica", self.replica.clone()),

@@ -56,6 +56,7 @@ struct Log {
     staged: u64,
     /// Whether the pending state is to be written even with no events
     /// (asked by `write_soon` or a flush); otherwise it waits for some.
+    /// Never true without a pending state.
     due: bool,
     /// Whether a writer task is running; at most one is.
     writing: bool,
@@ -176,9 +177,10 @@ impl Core {
         loop {
             let (batch, state, staged) = {
                 let mut log = lock(&self.log);
-                // A state alone waits for events unless it is due: the
-                // writer busy with one batch does not write it alone.
-                if log.pending.is_empty() && !(log.due && log.state.is_some()) {
+                // A state alone waits for events unless it is due (only a
+                // staged state is made due): the writer busy with one batch
+                // does not write it alone.
+                if log.pending.is_empty() && !log.due {
                     log.writing = false;
                     return;
                 }

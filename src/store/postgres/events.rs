@@ -11,7 +11,7 @@ use crate::protocol::Event;
 use crate::store::codec::{decode, encode, encode_event, encode_time};
 use crate::store::{EventStore, SessionState, StoreError};
 
-/// Inserts the events bound as arrays in `$1`–`$5`.
+/// Inserts the events bound as arrays in `$1`–`$5` (none when empty).
 macro_rules! insert_events {
     () => {
         "INSERT INTO events (session_id, seq, type, ts, body)
@@ -21,18 +21,6 @@ macro_rules! insert_events {
     };
 }
 
-/// Saves a session's state, its parameters numbered after the events'
-/// five whether or not events come with it.
-macro_rules! update_state {
-    () => {
-        "UPDATE sessions SET status = $7, usage = $8::json, updated_at = $9 WHERE id = $6"
-    };
-}
-
-/// A batch of no events: the state alone, numbered from `$1`.
-pub(super) const UPDATE_STATE: &str =
-    "UPDATE sessions SET status = $2, usage = $3::json, updated_at = $4 WHERE id = $1";
-
 #[async_trait]
 impl EventStore for PostgresStore {
     async fn append_batch(
@@ -41,6 +29,9 @@ impl EventStore for PostgresStore {
         events: &[Event],
         state: Option<&SessionState>,
     ) -> Result<(), StoreError> {
+        if events.is_empty() && state.is_none() {
+            return Ok(());
+        }
         let mut sessions: Vec<Uuid> = Vec::with_capacity(events.len());
         let mut seqs: Vec<i64> = Vec::with_capacity(events.len());
         let mut kinds = Vec::with_capacity(events.len());
@@ -55,22 +46,22 @@ impl EventStore for PostgresStore {
             bodies.push(body);
         }
         // A data-modifying CTE runs once whatever reads it, and the one
-        // statement commits or fails whole.
-        let sql = match (state.is_some(), events.is_empty()) {
-            (false, true) => return Ok(()),
-            (false, false) => insert_events!(),
-            (true, true) => UPDATE_STATE,
-            (true, false) => concat!("WITH state AS (", update_state!(), ") ", insert_events!()),
+        // statement commits or fails whole; with no events it inserts
+        // nothing and only saves the state.
+        let sql = match state {
+            None => insert_events!(),
+            Some(_) => concat!(
+                "WITH state AS (UPDATE sessions SET status = $7, usage = $8::json, \
+                 updated_at = $9 WHERE id = $6) ",
+                insert_events!()
+            ),
         };
-        let mut query = sqlx::query(sql);
-        if !events.is_empty() {
-            query = query
-                .bind(sessions)
-                .bind(seqs)
-                .bind(kinds)
-                .bind(times)
-                .bind(bodies);
-        }
+        let mut query = sqlx::query(sql)
+            .bind(sessions)
+            .bind(seqs)
+            .bind(kinds)
+            .bind(times)
+            .bind(bodies);
         if let Some(state) = state {
             query = query
                 .bind(session)

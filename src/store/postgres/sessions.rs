@@ -10,7 +10,7 @@ use super::{PostgresStore, bigint, unsigned};
 use crate::model::Message;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::store::codec::{decode, decode_time, encode, encode_time};
-use crate::store::{SessionFilter, SessionStore, StoreError};
+use crate::store::{EventStore, SessionFilter, SessionState, SessionStore, StoreError};
 
 /// The columns of `sessions` in the order [`session`] reads them.
 const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
@@ -126,14 +126,12 @@ impl SessionStore for PostgresStore {
         status: SessionStatus,
         usage: &Usage,
     ) -> Result<(), StoreError> {
-        sqlx::query(super::events::UPDATE_STATE)
-            .bind(id)
-            .bind(status.as_str())
-            .bind(encode("session usage", usage)?)
-            .bind(encode_time(Utc::now()))
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        let state = SessionState {
+            status,
+            usage: usage.clone(),
+            updated_at: Utc::now(),
+        };
+        self.append_batch(id, &[], Some(&state)).await
     }
 
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
