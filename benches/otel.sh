@@ -146,10 +146,19 @@ for round in $(seq "$ROUNDS"); do
     first_event on "$ON_PORT" "$ON_PID"
 done
 
-# Phoenix got the spans: the exporter kept up.
-spans=$(curl -fsS "http://127.0.0.1:$PX_PORT/v1/projects/default/spans?limit=5&name=gateway%20sim-model" \
-    | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
-[ "$spans" -gt 0 ] || die "Phoenix holds no gateway span: the export did not work"
+# Phoenix got the spans: the exporter kept up. Its ingest runs behind the
+# export (on its own core), so wait for it for up to a minute.
+gateway_spans() {
+    curl -fsS "http://127.0.0.1:$PX_PORT/v1/projects/default/spans?limit=5&name=gateway%20sim-model" \
+        | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))'
+}
+spans=0
+for _ in $(seq 600); do
+    spans=$(gateway_spans)
+    [ "$spans" -gt 0 ] && break
+    sleep 0.1
+done
+[ "$spans" -gt 0 ] || die "Phoenix holds no gateway span a minute after the load: the export did not work"
 
 median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 echo
