@@ -43,15 +43,15 @@ pub(super) async fn run(
     prompt: String,
 ) -> Result<Outcome, StoreError> {
     let session = turn.session.clone();
+    let mut history = session.take_history().await?;
+    let opening = opening_messages(&history, prompt, &turn.options.tool_answers);
+    // Stored with the turn's first events, and kept: the loop starts from
+    // the stored conversation without reading it again.
+    session.store_messages(&opening)?;
+    Arc::make_mut(&mut history).extend(opening);
     session.emit(EventKind::Status {
         message: "Starting agent...".into(),
     })?;
-    let mut history = session.take_history().await?;
-    let opening = opening_messages(&history, prompt, &turn.options.tool_answers);
-    deps.store.append_messages(session.id, &opening).await?;
-    // Stored, so kept: the loop starts from the stored conversation
-    // without reading it again.
-    Arc::make_mut(&mut history).extend(opening);
     let history = Lent {
         history,
         session: &session,
@@ -280,20 +280,16 @@ async fn agent_loop(
             content: reply.text.clone(),
             tool_calls: reply.calls.clone(),
         };
-        deps.store
-            .append_messages(session.id, std::slice::from_ref(&assistant))
-            .await?;
+        session.store_messages(std::slice::from_ref(&assistant))?;
         Arc::make_mut(history).push(assistant);
         tally.save_usage()?;
         if reply.interrupted {
-            close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
+            close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
         if let OnReply::Tell(content) = next {
             let told = Message::User { content };
-            deps.store
-                .append_messages(session.id, std::slice::from_ref(&told))
-                .await?;
+            session.store_messages(std::slice::from_ref(&told))?;
             Arc::make_mut(history).push(told);
             continue;
         }
@@ -303,11 +299,11 @@ async fn agent_loop(
         if let Some(budget) = options.max_budget_usd
             && tally.usage.cost_usd >= budget
         {
-            close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
+            close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
             return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
         if let Some(past) = past_budget {
-            close_calls(deps, session, &reply.calls, Arc::make_mut(history), STOPPED).await?;
+            close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
             return Ok(over_budget(session, &past, last_text)?);
         }
         // A client's calls are its own to run: the turn ends once the
@@ -321,7 +317,7 @@ async fn agent_loop(
         let mut i = 0;
         while i < calls.len() {
             if cancel.is_cancelled() {
-                close_calls(deps, session, &calls[i..], Arc::make_mut(history), STOPPED).await?;
+                close_calls(session, &calls[i..], Arc::make_mut(history), STOPPED)?;
                 return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
             }
             let batch = &calls[i..i + batch_len(&calls[i..], options)];
@@ -339,14 +335,12 @@ async fn agent_loop(
             let mut answer = None;
             for call in answered {
                 tally.usage.tool_calls += 1;
-                deps.store
-                    .append_messages(session.id, std::slice::from_ref(&call.message))
-                    .await?;
+                session.store_messages(std::slice::from_ref(&call.message))?;
                 Arc::make_mut(history).push(call.message);
                 answer = answer.or(call.settled);
             }
             if let Some(answer) = answer {
-                close_calls(deps, session, &calls[i..], Arc::make_mut(history), STOPPED).await?;
+                close_calls(session, &calls[i..], Arc::make_mut(history), STOPPED)?;
                 return Ok(Outcome::new(ResultStatus::Success, Some(answer)));
             }
         }
@@ -396,8 +390,7 @@ const STOPPED: &str = "not run: the turn was stopped";
 
 /// Answers tool calls that will not run, so the history stays valid for the
 /// next model call (every call needs its result).
-async fn close_calls(
-    deps: &TurnDeps,
+fn close_calls(
     session: &Arc<Session>,
     calls: &[ToolCall],
     history: &mut Vec<Message>,
@@ -415,7 +408,7 @@ async fn close_calls(
             is_error: true,
         })
         .collect();
-    deps.store.append_messages(session.id, &closing).await?;
+    session.store_messages(&closing)?;
     history.extend(closing);
     Ok(())
 }
@@ -464,8 +457,8 @@ pub(super) async fn close_cut_off(
     let (asked, others): (Vec<ToolCall>, Vec<ToolCall>) = pending
         .into_iter()
         .partition(|call| waiting.iter().any(|p| p.call_id == call.id));
-    close_calls(deps, session, &others, &mut history, STOPPED).await?;
-    close_calls(deps, session, &asked, &mut history, RESTARTED_WAITING).await
+    close_calls(session, &others, &mut history, STOPPED)?;
+    close_calls(session, &asked, &mut history, RESTARTED_WAITING)
 }
 
 /// The result of a call that waited for approval when the server stopped.

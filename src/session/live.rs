@@ -168,7 +168,16 @@ impl Session {
         self.log.stage(self.change_state(status, usage))
     }
 
-    /// Starts storing a staged state now, without waiting for it.
+    /// Stores messages the conversation grew by, after those stored: with
+    /// the next events, in the same write, or by [`Session::write_soon`]
+    /// or [`Session::flush`] when none come first. A turn that keeps them
+    /// in its history may go on at once: a batch that fails stops the log,
+    /// and so the turn, before anything after them is stored.
+    pub fn store_messages(&self, messages: &[Message]) -> Result<(), StoreError> {
+        self.log.keep(messages)
+    }
+
+    /// Starts storing a staged state or messages now, without waiting.
     pub(super) fn write_soon(&self) {
         self.log.write_soon();
     }

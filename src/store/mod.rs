@@ -83,6 +83,23 @@ pub struct SessionState {
     pub updated_at: DateTime<Utc>,
 }
 
+/// What one write of a session's log saves, all or none: its events, the
+/// messages its conversation grew by (appended after those stored, as
+/// [`SessionStore::append_messages`] does) and its new state. Any part
+/// may be empty.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Batch<'a> {
+    pub events: &'a [Event],
+    pub messages: &'a [Message],
+    pub state: Option<&'a SessionState>,
+}
+
+impl Batch<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.messages.is_empty() && self.state.is_none()
+    }
+}
+
 /// Sessions and their conversation history.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
@@ -144,21 +161,22 @@ pub trait EventStore: Send + Sync {
     /// of the process, so they may be sent to clients.
     async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
         match events.first() {
-            Some(first) => self.append_batch(first.session_id, events, None).await,
+            Some(first) => {
+                let batch = Batch {
+                    events,
+                    ..Batch::default()
+                };
+                self.append_batch(first.session_id, batch).await
+            }
             None => Ok(()),
         }
     }
 
-    /// Appends events and, when `state` is given, saves it as `session`'s
-    /// status and usage, all or none in one write: a turn's status rides
-    /// with its events instead of costing a write of its own. Events may
-    /// be empty. An unknown session's state is left alone.
-    async fn append_batch(
-        &self,
-        session: Uuid,
-        events: &[Event],
-        state: Option<&SessionState>,
-    ) -> Result<(), StoreError>;
+    /// Saves a batch of `session`'s log, all or none in one write: a
+    /// turn's messages and status ride with its events instead of costing
+    /// writes of their own. An unknown session's state is left alone;
+    /// messages for one are refused.
+    async fn append_batch(&self, session: Uuid, batch: Batch<'_>) -> Result<(), StoreError>;
 
     /// Events with `seq > since`, in order, at most `limit`.
     async fn events_since(

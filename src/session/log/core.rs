@@ -11,8 +11,9 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::model::Message;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{SessionState, Store, StoreError};
+use crate::store::{Batch, SessionState, Store, StoreError};
 use crate::sync::lock;
 use crate::telemetry::{EventLabel, Metrics};
 
@@ -29,8 +30,8 @@ pub(super) struct Core {
     pub id: Uuid,
     pub store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    /// Events given a `seq` and not yet stored, and the session's state
-    /// waiting to be saved with them.
+    /// Events given a `seq` and not yet stored, and the messages and the
+    /// session's state waiting to be saved with them.
     log: Mutex<Log>,
     /// How far the log is known stored (and so may be sent), or why it
     /// stopped.
@@ -49,14 +50,18 @@ struct Log {
     /// The `seq` of the next event.
     next_seq: u64,
     pending: Vec<Event>,
+    /// Messages the conversation grew by, not yet stored: saved with the
+    /// next batch, in the same write.
+    messages: Vec<Message>,
     /// The session's latest state not yet stored: saved with the next
     /// batch, in the same write.
     state: Option<SessionState>,
-    /// How many states were staged, the one pending included.
+    /// How many states and runs of messages were staged, those pending
+    /// included.
     staged: u64,
-    /// Whether the pending state is to be written even with no events
-    /// (asked by `write_soon` or a flush); otherwise it waits for some.
-    /// Never true without a pending state.
+    /// Whether the staged state or messages are to be written even with
+    /// no events (asked by `write_soon` or a flush); otherwise they wait
+    /// for some. Never true with nothing staged.
     due: bool,
     /// Whether a writer task is running; at most one is.
     writing: bool,
@@ -66,9 +71,9 @@ struct Log {
 pub(super) struct Stored {
     /// The highest `seq` known committed to the store.
     pub seq: u64,
-    /// How many staged states are known stored (or replaced by a later
-    /// one that is).
-    pub states: u64,
+    /// How many stagings (states and messages) are known stored, or for
+    /// a state, replaced by a later one that is.
+    pub staged: u64,
     /// Set when the store refused a batch: the log takes no more events.
     pub failure: Option<Arc<str>>,
 }
@@ -90,6 +95,7 @@ impl Core {
             log: Mutex::new(Log {
                 next_seq: last_seq + 1,
                 pending: Vec::new(),
+                messages: Vec::new(),
                 state: None,
                 staged: 0,
                 due: false,
@@ -97,7 +103,7 @@ impl Core {
             }),
             stored: watch::Sender::new(Stored {
                 seq: last_seq,
-                states: 0,
+                staged: 0,
                 failure: None,
             }),
             hub,
@@ -146,12 +152,26 @@ impl Core {
         Ok(())
     }
 
-    /// Starts writing a staged state now, unless a write is under way
-    /// (which takes it next); events appended before the write starts
-    /// join it.
+    /// Queues messages the conversation grew by, to be stored after those
+    /// staged before, with the next batch of events (or by
+    /// [`Core::write_soon`] or [`Core::flush`] when none comes first).
+    pub fn keep(&self, messages: &[Message]) -> Result<(), StoreError> {
+        self.refused()?;
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let mut log = lock(&self.log);
+        log.messages.extend_from_slice(messages);
+        log.staged += 1;
+        Ok(())
+    }
+
+    /// Starts writing a staged state or messages now, unless a write is
+    /// under way (which takes them next); events appended before the write
+    /// starts join it.
     pub fn write_soon(self: &Arc<Self>) {
         let mut log = lock(&self.log);
-        if log.state.is_some() {
+        if log.state.is_some() || !log.messages.is_empty() {
             log.due = true;
             self.start_writer(&mut log);
         }
@@ -175,11 +195,11 @@ impl Core {
     /// broadcasts each batch once committed.
     async fn write_pending(self: Arc<Self>) {
         loop {
-            let (batch, state, staged) = {
+            let (batch, messages, state, staged) = {
                 let mut log = lock(&self.log);
-                // A state alone waits for events unless it is due (only a
-                // staged state is made due): the writer busy with one batch
-                // does not write it alone.
+                // A state or messages alone wait for events unless due
+                // (only what is staged is made due): the writer busy with
+                // one batch does not write them alone.
                 if log.pending.is_empty() && !log.due {
                     log.writing = false;
                     return;
@@ -187,18 +207,21 @@ impl Core {
                 log.due = false;
                 (
                     std::mem::take(&mut log.pending),
+                    std::mem::take(&mut log.messages),
                     log.state.take(),
                     log.staged,
                 )
             };
-            if let Err(e) = self
-                .store
-                .append_batch(self.id, &batch, state.as_ref())
-                .await
-            {
+            let write = Batch {
+                events: &batch,
+                messages: &messages,
+                state: state.as_ref(),
+            };
+            if let Err(e) = self.store.append_batch(self.id, write).await {
                 tracing::error!(session = %self.id, error = %e, "storing events failed; the log stops");
                 let mut log = lock(&self.log);
                 log.pending.clear();
+                log.messages.clear();
                 log.state = None;
                 log.due = false;
                 log.writing = false;
@@ -209,7 +232,7 @@ impl Core {
             let last = batch.last().map_or(0, |event| event.seq);
             self.stored.send_modify(|stored| {
                 stored.seq = stored.seq.max(last);
-                stored.states = staged;
+                stored.staged = staged;
             });
             if batch.is_empty() {
                 continue;
@@ -254,7 +277,8 @@ impl Core {
         }
     }
 
-    /// Waits until every event emitted and state staged so far is stored.
+    /// Waits until every event emitted and state and message staged so far
+    /// is stored.
     pub async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
         let (target, staged) = {
             self.write_soon();
@@ -264,7 +288,7 @@ impl Core {
         let mut stored = self.stored.subscribe();
         let stored = stored
             .wait_for(|stored| {
-                (stored.seq >= target && stored.states >= staged) || stored.failure.is_some()
+                (stored.seq >= target && stored.staged >= staged) || stored.failure.is_some()
             })
             .await
             .map_err(|_| StoreError::Closed)?;

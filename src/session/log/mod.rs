@@ -31,6 +31,7 @@ use uuid::Uuid;
 
 use self::core::Core;
 pub use self::nats::NatsLogs;
+use crate::model::Message;
 use crate::protocol::{Event, EventKind, ResultStatus};
 use crate::store::{SessionState, Store, StoreError};
 use crate::telemetry::Metrics;
@@ -55,11 +56,18 @@ pub trait EventLog: Send + Sync {
     /// none come first. Fails once the log has stopped.
     fn stage(&self, state: SessionState) -> Result<(), StoreError>;
 
-    /// Starts writing a staged state now if no write is under way; events
-    /// appended before it starts join it.
+    /// Queues messages the session's conversation grew by, to be stored
+    /// with the next events (after the messages queued before), or alone
+    /// by [`EventLog::write_soon`] or a flush when none come first. Fails
+    /// once the log has stopped.
+    fn keep(&self, messages: &[Message]) -> Result<(), StoreError>;
+
+    /// Starts writing a staged state or messages now if no write is under
+    /// way; events appended before it starts join it.
     fn write_soon(&self);
 
-    /// Waits until every event appended and state staged so far is durable.
+    /// Waits until every event appended and state and message staged so
+    /// far is durable.
     async fn flush(&self) -> Result<(), StoreError>;
 
     /// The highest durable `seq`, and so the highest visible to clients.
@@ -119,6 +127,10 @@ impl EventLog for EmbeddedLog {
 
     fn stage(&self, state: SessionState) -> Result<(), StoreError> {
         self.0.stage(state)
+    }
+
+    fn keep(&self, messages: &[Message]) -> Result<(), StoreError> {
+        self.0.keep(messages)
     }
 
     fn write_soon(&self) {

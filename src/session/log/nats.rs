@@ -132,6 +132,10 @@ impl EventLog for NatsLog {
         self.core.stage(state)
     }
 
+    fn keep(&self, messages: &[crate::model::Message]) -> Result<(), StoreError> {
+        self.core.keep(messages)
+    }
+
     fn write_soon(&self) {
         self.core.write_soon();
     }

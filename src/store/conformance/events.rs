@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{Fixture, conversation, event, session};
 use crate::protocol::{Event, SessionRecord, SessionStatus, Usage};
-use crate::store::{SessionFilter, SessionState, StoreError};
+use crate::store::{Batch, SessionFilter, SessionState, StoreError};
 
 pub(crate) async fn events_since_pages_in_order_and_last_seq_tracks_the_end(fixture: &dyn Fixture) {
     let store = fixture.open().await;
@@ -216,12 +216,14 @@ pub(crate) async fn appending_several_events_is_all_or_nothing(fixture: &dyn Fix
     assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
 }
 
-pub(crate) async fn a_batch_saves_the_sessions_state_with_its_events_or_neither(
+pub(crate) async fn a_batch_saves_the_sessions_state_and_messages_with_its_events_or_none(
     fixture: &dyn Fixture,
 ) {
     let store = fixture.open().await;
     let created = session(None, Utc::now());
     store.create_session(&created).await.unwrap();
+    let said = conversation();
+    store.append_messages(created.id, &said[..1]).await.unwrap();
     let running = SessionState {
         status: SessionStatus::Running,
         usage: Usage {
@@ -231,8 +233,13 @@ pub(crate) async fn a_batch_saves_the_sessions_state_with_its_events_or_neither(
         updated_at: created.updated_at + chrono::TimeDelta::seconds(1),
     };
     let first = vec![event(created.id, 1), event(created.id, 2)];
+    let batch = |events, messages, state| Batch {
+        events,
+        messages,
+        state,
+    };
     store
-        .append_batch(created.id, &first, Some(&running))
+        .append_batch(created.id, batch(&first, &said[1..2], Some(&running)))
         .await
         .unwrap();
     let stored = store.get_session(created.id).await.unwrap().unwrap();
@@ -241,8 +248,10 @@ pub(crate) async fn a_batch_saves_the_sessions_state_with_its_events_or_neither(
         (running.status, &running.usage, running.updated_at)
     );
     assert_eq!(store.events_since(created.id, 0, 10).await.unwrap(), first);
+    assert_eq!(store.messages(created.id).await.unwrap(), &said[..2]);
 
-    // A batch refused (seq 2 again) leaves the state as it was.
+    // A batch refused (seq 2 again) leaves the state and the messages as
+    // they were.
     let idle = SessionState {
         status: SessionStatus::Idle,
         usage: Usage::default(),
@@ -251,7 +260,7 @@ pub(crate) async fn a_batch_saves_the_sessions_state_with_its_events_or_neither(
     let clashing = vec![event(created.id, 3), event(created.id, 2)];
     assert!(
         store
-            .append_batch(created.id, &clashing, Some(&idle))
+            .append_batch(created.id, batch(&clashing, &said[2..], Some(&idle)))
             .await
             .is_err()
     );
@@ -261,25 +270,40 @@ pub(crate) async fn a_batch_saves_the_sessions_state_with_its_events_or_neither(
         (running.status, &running.usage)
     );
     assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
+    assert_eq!(store.messages(created.id).await.unwrap(), &said[..2]);
 
-    // A batch of no events saves the state alone; one with no state
-    // leaves it; another session's state is left alone.
+    // Any part may be missing: messages alone go on after those stored,
+    // a batch of no events saves the state alone, one with no state
+    // leaves it; another session's state is left alone, and messages for
+    // an unknown session are refused.
     store
-        .append_batch(created.id, &[], Some(&idle))
+        .append_batch(created.id, batch(&[], &said[2..3], None))
         .await
         .unwrap();
     store
-        .append_batch(created.id, &[event(created.id, 3)], None)
+        .append_batch(created.id, batch(&[], &[], Some(&idle)))
+        .await
+        .unwrap();
+    let third = [event(created.id, 3)];
+    store
+        .append_batch(created.id, batch(&third, &said[3..], None))
         .await
         .unwrap();
     store
-        .append_batch(Uuid::new_v4(), &[], Some(&running))
+        .append_batch(Uuid::new_v4(), batch(&[], &[], Some(&running)))
         .await
         .unwrap();
+    assert!(
+        store
+            .append_batch(Uuid::new_v4(), batch(&[], &said[..1], None))
+            .await
+            .is_err()
+    );
     let stored = store.get_session(created.id).await.unwrap().unwrap();
     assert_eq!(
         (stored.status, stored.usage, stored.updated_at),
         (idle.status, idle.usage, idle.updated_at)
     );
     assert_eq!(store.last_seq(created.id).await.unwrap(), 3);
+    assert_eq!(store.messages(created.id).await.unwrap(), said);
 }

@@ -1,5 +1,6 @@
 //! The event log in PostgreSQL: a batch is one statement of arrays, so it
-//! lands whole or not at all in one round trip.
+//! lands whole or not at all in one round trip, with the messages and the
+//! state of the session that ride with it.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -9,7 +10,7 @@ use uuid::Uuid;
 use super::{PostgresStore, bigint, unsigned};
 use crate::protocol::Event;
 use crate::store::codec::{decode, encode, encode_event, encode_time};
-use crate::store::{EventStore, SessionState, StoreError};
+use crate::store::{Batch, EventStore, StoreError};
 
 /// Inserts the events bound as arrays in `$1`–`$5` (none when empty).
 macro_rules! insert_events {
@@ -21,17 +22,35 @@ macro_rules! insert_events {
     };
 }
 
+/// A batch that changes the session's row: one `UPDATE` of it (raising
+/// `next_message` by the messages in `$7`, setting status, usage and
+/// `updated_at` when `$8`–`$10` are not null), the messages at the
+/// indices it freed, and the events; answers how many sessions it found.
+/// Data-modifying CTEs run once whatever reads them, and the statement
+/// commits or fails whole.
+const WITH_SESSION: &str = concat!(
+    "WITH slot AS (
+         UPDATE sessions SET next_message = next_message + cardinality($7::text[]),
+             status = COALESCE($8, status), usage = COALESCE($9::json, usage),
+             updated_at = COALESCE($10, updated_at)
+         WHERE id = $6
+         RETURNING next_message - cardinality($7::text[]) AS first
+     ), kept AS (
+         INSERT INTO messages (session_id, idx, body)
+         SELECT $6, slot.first + m.ord - 1, m.body::json
+         FROM slot, UNNEST($7::text[]) WITH ORDINALITY AS m(body, ord)
+     ), logged AS (",
+    insert_events!(),
+    ") SELECT count(*) FROM slot"
+);
+
 #[async_trait]
 impl EventStore for PostgresStore {
-    async fn append_batch(
-        &self,
-        session: Uuid,
-        events: &[Event],
-        state: Option<&SessionState>,
-    ) -> Result<(), StoreError> {
-        if events.is_empty() && state.is_none() {
+    async fn append_batch(&self, session: Uuid, batch: Batch<'_>) -> Result<(), StoreError> {
+        if batch.is_empty() {
             return Ok(());
         }
+        let events = batch.events;
         let mut sessions: Vec<Uuid> = Vec::with_capacity(events.len());
         let mut seqs: Vec<i64> = Vec::with_capacity(events.len());
         let mut kinds = Vec::with_capacity(events.len());
@@ -45,31 +64,45 @@ impl EventStore for PostgresStore {
             times.push(event.ts);
             bodies.push(body);
         }
-        // A data-modifying CTE runs once whatever reads it, and the one
-        // statement commits or fails whole; with no events it inserts
-        // nothing and only saves the state.
-        let sql = match state {
-            None => insert_events!(),
-            Some(_) => concat!(
-                "WITH state AS (UPDATE sessions SET status = $7, usage = $8::json, \
-                 updated_at = $9 WHERE id = $6) ",
-                insert_events!()
-            ),
-        };
-        let mut query = sqlx::query(sql)
+        if batch.messages.is_empty() && batch.state.is_none() {
+            sqlx::query(insert_events!())
+                .bind(sessions)
+                .bind(seqs)
+                .bind(kinds)
+                .bind(times)
+                .bind(bodies)
+                .execute(&self.pool)
+                .await?;
+            return Ok(());
+        }
+        let messages = batch
+            .messages
+            .iter()
+            .map(|message| encode("message", message))
+            .collect::<Result<Vec<_>, _>>()?;
+        let state = batch.state;
+        let found: i64 = sqlx::query_scalar(WITH_SESSION)
             .bind(sessions)
             .bind(seqs)
             .bind(kinds)
             .bind(times)
-            .bind(bodies);
-        if let Some(state) = state {
-            query = query
-                .bind(session)
-                .bind(state.status.as_str())
-                .bind(encode("session usage", &state.usage)?)
-                .bind(encode_time(state.updated_at));
+            .bind(bodies)
+            .bind(session)
+            .bind(messages)
+            .bind(state.map(|state| state.status.as_str()))
+            .bind(
+                state
+                    .map(|state| encode("session usage", &state.usage))
+                    .transpose()?,
+            )
+            .bind(state.map(|state| encode_time(state.updated_at)))
+            .fetch_one(&self.pool)
+            .await?;
+        if found == 0 && !batch.messages.is_empty() {
+            return Err(StoreError::Io(format!(
+                "no session {session} to append messages to"
+            )));
         }
-        query.execute(&self.pool).await?;
         Ok(())
     }
 

@@ -10,7 +10,7 @@ use super::{PostgresStore, bigint, unsigned};
 use crate::model::Message;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::store::codec::{decode, decode_time, encode, encode_time};
-use crate::store::{EventStore, SessionFilter, SessionState, SessionStore, StoreError};
+use crate::store::{Batch, EventStore, SessionFilter, SessionState, SessionStore, StoreError};
 
 /// The columns of `sessions` in the order [`session`] reads them.
 const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
@@ -131,7 +131,11 @@ impl SessionStore for PostgresStore {
             usage: usage.clone(),
             updated_at: Utc::now(),
         };
-        self.append_batch(id, &[], Some(&state)).await
+        let batch = Batch {
+            state: Some(&state),
+            ..Batch::default()
+        };
+        self.append_batch(id, batch).await
     }
 
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
@@ -199,40 +203,17 @@ impl SessionStore for PostgresStore {
         Ok(deleted.rows_affected() > 0)
     }
 
-    /// One statement: raising the session's `next_message` locks its row,
-    /// so two writers appending to one session (two replicas) take their
-    /// indices one after the other, and the second, once the first has
-    /// committed, reads the index the first left (READ COMMITTED rereads an
-    /// updated row after waiting for it).
+    /// One statement (a batch of messages alone): raising the session's
+    /// `next_message` locks its row, so two writers appending to one
+    /// session (two replicas) take their indices one after the other, and
+    /// the second, once the first has committed, reads the index the first
+    /// left (READ COMMITTED rereads an updated row after waiting for it).
     async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
-        if messages.is_empty() {
-            return Ok(());
-        }
-        let bodies = messages
-            .iter()
-            .map(|message| encode("message", message))
-            .collect::<Result<Vec<_>, _>>()?;
-        let count = i64::try_from(bodies.len()).unwrap_or(i64::MAX);
-        let appended = sqlx::query(
-            "WITH slot AS (
-                 UPDATE sessions SET next_message = next_message + $3 WHERE id = $1
-                 RETURNING next_message - $3 AS first
-             )
-             INSERT INTO messages (session_id, idx, body)
-             SELECT $1, slot.first + m.ord - 1, m.body::json
-             FROM slot, UNNEST($2::text[]) WITH ORDINALITY AS m(body, ord)",
-        )
-        .bind(id)
-        .bind(bodies)
-        .bind(count)
-        .execute(&self.pool)
-        .await?;
-        if appended.rows_affected() == 0 {
-            return Err(StoreError::Io(format!(
-                "no session {id} to append messages to"
-            )));
-        }
-        Ok(())
+        let batch = Batch {
+            messages,
+            ..Batch::default()
+        };
+        self.append_batch(id, batch).await
     }
 
     async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError> {

@@ -8,21 +8,40 @@ use super::rows::{decode, encode, encode_time};
 use super::{SqliteStore, in_savepoint};
 use crate::protocol::Event;
 use crate::store::codec::encode_event;
-use crate::store::{EventStore, SessionState, StoreError};
+use crate::store::{Batch, EventStore, StoreError};
 
 /// Saves a session's status, usage and `updated_at`.
-pub(super) const UPDATE_STATE: &str =
+const UPDATE_STATE: &str =
     "UPDATE sessions SET status = ?2, usage = ?3, updated_at = ?4 WHERE id = ?1";
+
+/// Appends `bodies` to the session's messages, after those stored.
+pub(super) fn insert_messages(
+    conn: &Connection,
+    id: &str,
+    bodies: &[String],
+) -> Result<(), StoreError> {
+    if bodies.is_empty() {
+        return Ok(());
+    }
+    let next: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE session_id = ?1")?
+        .query_row([id], |row| row.get(0))?;
+    let mut insert =
+        conn.prepare_cached("INSERT INTO messages (session_id, idx, body) VALUES (?1, ?2, ?3)")?;
+    for (idx, body) in (next..).zip(bodies) {
+        insert.execute(params![id, idx, body])?;
+    }
+    Ok(())
+}
 
 #[async_trait]
 impl EventStore for SqliteStore {
-    async fn append_batch(
-        &self,
-        session: Uuid,
-        events: &[Event],
-        state: Option<&SessionState>,
-    ) -> Result<(), StoreError> {
-        let rows = events
+    async fn append_batch(&self, session: Uuid, batch: Batch<'_>) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let rows = batch
+            .events
             .iter()
             .map(|event| {
                 let (kind, body) = encode_event(event)?;
@@ -35,18 +54,20 @@ impl EventStore for SqliteStore {
                 ))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        let state = match state {
+        let messages = batch
+            .messages
+            .iter()
+            .map(|message| encode("message", message))
+            .collect::<Result<Vec<_>, _>>()?;
+        let state = match batch.state {
             Some(state) => Some((
-                session.to_string(),
                 state.status.as_str(),
                 encode("session usage", &state.usage)?,
                 encode_time(state.updated_at),
             )),
             None => None,
         };
-        if rows.is_empty() && state.is_none() {
-            return Ok(());
-        }
+        let id = session.to_string();
         self.call(move |conn| {
             let write = |conn: &Connection| -> Result<(), StoreError> {
                 let mut statement = conn.prepare_cached(
@@ -55,7 +76,8 @@ impl EventStore for SqliteStore {
                 for (id, seq, kind, ts, body) in &rows {
                     statement.execute(params![id, seq, kind, ts, body])?;
                 }
-                if let Some((id, status, usage, updated_at)) = &state {
+                insert_messages(conn, &id, &messages)?;
+                if let Some((status, usage, updated_at)) = &state {
                     conn.prepare_cached(UPDATE_STATE)?
                         .execute(params![id, status, usage, updated_at])?;
                 }
@@ -63,7 +85,7 @@ impl EventStore for SqliteStore {
             };
             // One statement undoes itself when it fails; several need a
             // savepoint.
-            if rows.len() + usize::from(state.is_some()) == 1 {
+            if rows.len() + usize::from(state.is_some()) == 1 && messages.is_empty() {
                 write(conn)
             } else {
                 in_savepoint(conn, write)

@@ -5,11 +5,11 @@ use chrono::{DateTime, Utc};
 use rusqlite::params;
 use uuid::Uuid;
 
-use super::rows::{SessionRow, decode, decode_sessions, encode, encode_time, select_sessions};
-use super::{SqliteStore, in_savepoint, listing};
+use super::rows::{SessionRow, decode, decode_sessions, select_sessions};
+use super::{SqliteStore, listing};
 use crate::model::Message;
 use crate::protocol::{SessionRecord, SessionStatus, Usage};
-use crate::store::{SessionFilter, SessionStore, StoreError};
+use crate::store::{Batch, EventStore, SessionFilter, SessionState, SessionStore, StoreError};
 
 #[async_trait]
 impl SessionStore for SqliteStore {
@@ -46,15 +46,16 @@ impl SessionStore for SqliteStore {
         status: SessionStatus,
         usage: &Usage,
     ) -> Result<(), StoreError> {
-        let id = id.to_string();
-        let usage = encode("session usage", usage)?;
-        let updated_at = encode_time(Utc::now());
-        self.call(move |conn| {
-            conn.prepare_cached(super::events::UPDATE_STATE)?
-                .execute(params![id, status.as_str(), usage, updated_at])?;
-            Ok(())
-        })
-        .await
+        let state = SessionState {
+            status,
+            usage: usage.clone(),
+            updated_at: Utc::now(),
+        };
+        let batch = Batch {
+            state: Some(&state),
+            ..Batch::default()
+        };
+        self.append_batch(id, batch).await
     }
 
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
@@ -132,28 +133,11 @@ impl SessionStore for SqliteStore {
     }
 
     async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
-        let id = id.to_string();
-        let bodies = messages
-            .iter()
-            .map(|message| encode("message", message))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.call(move |conn| {
-            in_savepoint(conn, |conn| {
-                let next: i64 = conn
-                    .prepare_cached(
-                        "SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE session_id = ?1",
-                    )?
-                    .query_row([&id], |row| row.get(0))?;
-                let mut insert = conn.prepare_cached(
-                    "INSERT INTO messages (session_id, idx, body) VALUES (?1, ?2, ?3)",
-                )?;
-                for (idx, body) in (next..).zip(bodies) {
-                    insert.execute(params![id, idx, body])?;
-                }
-                Ok(())
-            })
-        })
-        .await
+        let batch = Batch {
+            messages,
+            ..Batch::default()
+        };
+        self.append_batch(id, batch).await
     }
 
     async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError> {
