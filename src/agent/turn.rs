@@ -358,7 +358,9 @@ async fn agent_loop(
 }
 
 /// A turn's history, given back to its session however the turn ends:
-/// every message in it is stored, so it stays a prefix of the stored one.
+/// every message in it is queued for the store, so it is a prefix of the
+/// stored one once the turn's writes are (a store failure makes the
+/// session forget it).
 struct Lent<'a> {
     history: Arc<Vec<Message>>,
     session: &'a Arc<Session>,

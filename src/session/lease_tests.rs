@@ -12,14 +12,16 @@ use tokio_util::sync::CancellationToken;
 use super::lease::{TurnLeases, lease_name};
 use super::tests::Echo;
 use super::*;
+use crate::model::Message;
 use crate::protocol::{EventKind, ResultStatus, SessionKind, SessionStatus};
+use crate::store::conformance::{Fixture, PostgresFixture};
 use crate::store::{SqliteStore, Store};
 use crate::telemetry::Metrics;
 
 fn replica(store: &Arc<dyn Store>, lease: Duration) -> SessionManager {
     SessionManager::new(
         store.clone(),
-        Tasks::new().with(Arc::new(Echo)),
+        Tasks::new().with(Arc::new(Echo)).with(Arc::new(Recall)),
         Limits {
             turn_timeout: Duration::from_secs(60),
             ephemeral_retention: Duration::ZERO,
@@ -321,4 +323,91 @@ async fn a_turn_started_from_a_copy_learns_of_a_delete_on_another_replica() {
         b.get(session.id, None).await,
         Err(SessionError::NotFound(_))
     ));
+}
+
+/// Adds its input to the conversation and answers with the whole of it,
+/// as the turn found it: which history a turn started from.
+struct Recall;
+
+#[async_trait::async_trait]
+impl SessionTask for Recall {
+    fn kind(&self) -> SessionKind {
+        SessionKind::named("recall")
+    }
+
+    async fn options(
+        &self,
+        body: &serde_json::Map<String, serde_json::Value>,
+        fields: &[&str],
+    ) -> Result<serde_json::Value, SessionError> {
+        Echo.options(body, fields).await
+    }
+
+    async fn run(
+        &self,
+        turn: &mut Turn,
+        input: String,
+    ) -> Result<Outcome, crate::store::StoreError> {
+        let mut history = turn.session.take_history().await?;
+        let said = Message::User { content: input };
+        turn.session.store_messages(std::slice::from_ref(&said))?;
+        Arc::make_mut(&mut history).push(said);
+        let recalled: Vec<&str> = history
+            .iter()
+            .map(|m| match m {
+                Message::User { content } => content.as_str(),
+                _ => "?",
+            })
+            .collect();
+        let text = recalled.join(" ");
+        turn.session.keep_history(history);
+        Ok(Outcome::new(ResultStatus::Success, Some(text)))
+    }
+}
+
+/// The text of the `result` that ends `turn`.
+async fn answer(turn: StartedTurn) -> String {
+    let events = events_of(turn).await;
+    match &events.last().unwrap().kind {
+        EventKind::Result { result, .. } => result.clone().unwrap_or_default(),
+        other => panic!("the turn ended with {other:?}"),
+    }
+}
+
+/// On PostgreSQL a replica that takes a turn learns the length of the
+/// stored conversation with the session: a turn after its own last one
+/// reads no messages, and a turn after another replica's reads what that
+/// one added.
+#[tokio::test]
+async fn a_turn_starts_from_the_whole_conversation_whichever_replica_ran_the_last() {
+    let fixture = PostgresFixture::new().await;
+    let store = fixture.open().await;
+    let (a, b) = two_replicas(&store);
+    let session = a
+        .create(NewSession {
+            name: None,
+            kind: SessionKind::named("recall"),
+            owner: None,
+            options: json!({}),
+            ephemeral: false,
+        })
+        .await
+        .unwrap();
+    let mut said = Vec::new();
+    for (word, replica) in [
+        ("one", &a),
+        ("two", &a),
+        ("three", &b),
+        ("four", &a),
+        ("five", &a),
+    ] {
+        said.push(word);
+        // The copy this replica holds: after its own last turn, or loaded
+        // before another replica's.
+        let copy = replica.get(session.id, None).await.unwrap();
+        let turn = replica.start_turn(copy, word.into(), false).await.unwrap();
+        assert_eq!(answer(turn).await, said.join(" "), "turn '{word}'");
+        settled(replica, session.id).await;
+    }
+    assert_eq!(store.messages(session.id).await.unwrap().len(), 5);
 }

@@ -39,11 +39,15 @@ pub struct Session {
     /// With replicas: where an interrupt goes when the turn runs on
     /// another one.
     signals: Option<Arc<Signals>>,
-    /// The conversation as the last turn here left it, always a prefix of
-    /// the stored one (messages are stored before they are kept): the next
-    /// turn reads only what came after, so a turn's cost does not grow
-    /// with the session.
+    /// The conversation as the last turn here left it, a prefix of the
+    /// stored one once that turn's writes are stored (a turn that a store
+    /// failure ended leaves none): the next turn reads only what came
+    /// after, so a turn's cost does not grow with the session.
     history: Mutex<Arc<Vec<Message>>>,
+    /// How many messages the store held when a replica taking this turn
+    /// last read the session under its lease: the next turn reads none
+    /// when its kept history is that long. Used once.
+    stored_len: Mutex<Option<u64>>,
 }
 
 impl Session {
@@ -74,6 +78,7 @@ impl Session {
             closed,
             signals,
             history: Mutex::default(),
+            stored_len: Mutex::default(),
         }
     }
 
@@ -211,6 +216,10 @@ impl Session {
     /// holds none of it until [`Session::keep_history`].
     pub async fn take_history(&self) -> Result<Arc<Vec<Message>>, StoreError> {
         let mut history = std::mem::take(&mut *lock(&self.history));
+        let stored_len = lock(&self.stored_len).take();
+        if stored_len == Some(history.len() as u64) {
+            return Ok(history);
+        }
         let newer = self.store.messages_from(self.id, history.len()).await?;
         if !newer.is_empty() {
             Arc::make_mut(&mut history).extend(newer);
@@ -219,9 +228,23 @@ impl Session {
     }
 
     /// Keeps a turn's history for the next turn. It must be a prefix of
-    /// the stored conversation.
+    /// the stored conversation once what the session queued is stored.
     pub fn keep_history(&self, history: Arc<Vec<Message>>) {
         *lock(&self.history) = history;
+    }
+
+    /// Tells the next turn how many messages the store holds: read under
+    /// the turn's lease, with the session's last `seq` equal to this
+    /// copy's (nobody changed the conversation elsewhere since).
+    pub(super) fn stored_len_is(&self, messages: Option<u64>) {
+        *lock(&self.stored_len) = messages;
+    }
+
+    /// Drops the kept conversation, so the next turn reads the stored one
+    /// whole: after a store failure, what the turn kept may not all be
+    /// stored.
+    pub(super) fn forget_history(&self) {
+        *lock(&self.history) = Arc::default();
     }
 
     /// Cuts the conversation back to its first `len` messages, the kept

@@ -100,6 +100,17 @@ impl Batch<'_> {
     }
 }
 
+/// A session as a replica that takes its turn must learn it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionEnd {
+    pub record: SessionRecord,
+    /// The last `seq` of its log.
+    pub last_seq: u64,
+    /// How many messages its conversation holds, where the backend knows
+    /// it without reading them (`None`: not known).
+    pub messages: Option<u64>,
+}
+
 /// Sessions and their conversation history.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
@@ -428,13 +439,17 @@ pub trait Store:
     /// Writes out everything accepted so far and stops taking writes.
     async fn close(&self) -> Result<(), StoreError>;
 
-    /// The session's record and the last `seq` of its log, as one read
-    /// where the backend can (what a replica that takes a session's turn
-    /// must learn first).
-    async fn session_at_end(&self, id: Uuid) -> Result<Option<(SessionRecord, u64)>, StoreError> {
+    /// The session's record, the last `seq` of its log and, where known,
+    /// the length of its conversation, as one read where the backend can
+    /// (what a replica that takes a session's turn must learn first).
+    async fn session_at_end(&self, id: Uuid) -> Result<Option<SessionEnd>, StoreError> {
         let Some(record) = self.get_session(id).await? else {
             return Ok(None);
         };
-        Ok(Some((record, self.last_seq(id).await?)))
+        Ok(Some(SessionEnd {
+            record,
+            last_seq: self.last_seq(id).await?,
+            messages: None,
+        }))
     }
 }

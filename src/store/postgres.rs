@@ -300,7 +300,7 @@ impl Store for PostgresStore {
     async fn session_at_end(
         &self,
         id: uuid::Uuid,
-    ) -> Result<Option<(crate::protocol::SessionRecord, u64)>, StoreError> {
+    ) -> Result<Option<crate::store::SessionEnd>, StoreError> {
         sessions::session_at_end(self, id).await
     }
 }

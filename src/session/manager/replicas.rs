@@ -120,19 +120,27 @@ impl SessionManager {
 
     /// The session as stored, its log continuing from the stored events.
     async fn resync(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
-        let (record, last_seq) = self
+        let end = self
             .store
             .session_at_end(session.id)
             .await?
             .ok_or(SessionError::NotFound(session.id))?;
-        if last_seq == session.last_seq() {
-            session.update_from(&record);
-            return Ok(session);
-        }
-        let log = self.logs.open(session.id, last_seq, session.closed.clone());
-        let fresh = Arc::new(session.reloaded(record, log));
-        self.live().insert(session.id, fresh.clone());
-        Ok(fresh)
+        // The same last `seq`: no turn ran elsewhere since this copy's
+        // last, so its kept history is a prefix of the stored one. A fresh
+        // copy keeps none.
+        let session = if end.last_seq == session.last_seq() {
+            session.update_from(&end.record);
+            session
+        } else {
+            let log = self
+                .logs
+                .open(session.id, end.last_seq, session.closed.clone());
+            let fresh = Arc::new(session.reloaded(end.record, log));
+            self.live().insert(session.id, fresh.clone());
+            fresh
+        };
+        session.stored_len_is(end.messages);
+        Ok(session)
     }
 
     /// Closes the turns of replicas that died: each turn lease that expired

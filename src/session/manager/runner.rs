@@ -45,6 +45,7 @@ impl Runner {
         self.metrics.turns_running.inc();
         if let Err(e) = self.run_inner(session, input, options, cancel).await {
             tracing::error!(session = %session.id, error = %e, "turn aborted by a store failure");
+            session.forget_history();
             let _ = session
                 .set_state(status_after(session, ResultStatus::Error), None)
                 .await;

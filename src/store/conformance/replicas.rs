@@ -74,6 +74,15 @@ pub(crate) async fn events_of_one_replica_read_by_the_other(fixture: &dyn Fixtur
         events[..10]
     );
     assert_eq!(b.last_seq(created.id).await.unwrap(), 10);
+    // What a replica taking a turn reads: the record, the last `seq` and,
+    // where the backend knows it, the length of the conversation.
+    let end = b.session_at_end(created.id).await.unwrap().unwrap();
+    assert_eq!((&end.record, end.last_seq), (&created, 10));
+    assert!(
+        end.messages
+            .is_none_or(|n| n == conversation().len() as u64),
+        "{end:?}"
+    );
 
     b.append_events(&events[10..]).await.unwrap();
     b.append_messages(created.id, &conversation())

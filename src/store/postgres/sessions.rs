@@ -10,7 +10,9 @@ use super::{PostgresStore, bigint, unsigned};
 use crate::model::Message;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::store::codec::{decode, decode_time, encode, encode_time};
-use crate::store::{Batch, EventStore, SessionFilter, SessionState, SessionStore, StoreError};
+use crate::store::{
+    Batch, EventStore, SessionEnd, SessionFilter, SessionState, SessionStore, StoreError,
+};
 
 /// The columns of `sessions` in the order [`session`] reads them.
 const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
@@ -74,14 +76,15 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<String>) {
     (sql, params)
 }
 
-/// [`crate::store::Store::session_at_end`]: one statement, so the record
-/// and the `seq` are of one moment.
+/// [`crate::store::Store::session_at_end`]: one statement, so the record,
+/// the `seq` and the length of the conversation are of one moment.
 pub(super) async fn session_at_end(
     store: &PostgresStore,
     id: Uuid,
-) -> Result<Option<(SessionRecord, u64)>, StoreError> {
+) -> Result<Option<SessionEnd>, StoreError> {
     let sql = format!(
-        "SELECT {COLUMNS}, (SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = $1)
+        "SELECT {COLUMNS}, (SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = $1),
+             next_message
          FROM sessions WHERE id = $1"
     );
     let row = sqlx::query(AssertSqlSafe(sql))
@@ -91,8 +94,11 @@ pub(super) async fn session_at_end(
     let Some(row) = row else {
         return Ok(None);
     };
-    let last: i64 = row.try_get(10)?;
-    Ok(Some((session(&row)?, unsigned("last seq", last)?)))
+    Ok(Some(SessionEnd {
+        record: session(&row)?,
+        last_seq: unsigned("last seq", row.try_get(10)?)?,
+        messages: Some(unsigned("next message", row.try_get(11)?)?),
+    }))
 }
 
 #[async_trait]
