@@ -107,7 +107,7 @@ async fn measure(store: &Arc<dyn Store>, nats: Option<&str>) -> (Vec<Duration>, 
     let mut seq = 0;
     for n in 0..WARMUP + SAMPLES {
         let started = Instant::now();
-        seq = writer.append(delta(n as u64), None, None).unwrap();
+        seq = writer.append(delta(n as u64), None).unwrap();
         let event = tokio::time::timeout(Duration::from_secs(10), events.next())
             .await
             .expect("an event did not arrive in 10 s")
@@ -119,7 +119,7 @@ async fn measure(store: &Arc<dyn Store>, nats: Option<&str>) -> (Vec<Duration>, 
     }
     let started = Instant::now();
     for n in 0..BURST {
-        writer.append(delta(n), None, None).unwrap();
+        writer.append(delta(n), None).unwrap();
     }
     let last = seq + BURST;
     while let Some(event) = events.next().await {

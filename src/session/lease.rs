@@ -10,12 +10,13 @@
 //! replicas never run one session's turn at once.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use crate::store::{Lease, Store, StoreError};
+use crate::store::{Lease, Release, Store, StoreError};
 
 /// The leases of this replica's turns.
 pub struct TurnLeases {
@@ -27,11 +28,17 @@ pub struct TurnLeases {
 
 /// A turn's lease while it runs; renewed in the background until
 /// [`HeldTurn::release`] (or its drop, which stops the renewals and lets
-/// the lease expire).
+/// the lease expire). A turn gives it up with its result's write
+/// ([`HeldTurn::release_with_result`]); `release` then has nothing left
+/// to write.
 pub struct HeldTurn {
     store: Arc<dyn Store>,
-    name: String,
-    holder: String,
+    release: Release,
+    /// Set once the lease is to go with the turn's last write: a renewal
+    /// that then finds it gone stops without calling the turn lost.
+    releasing: Arc<AtomicBool>,
+    /// Set once that write is stored.
+    released: AtomicBool,
     _renewals: DropGuard,
 }
 
@@ -89,18 +96,20 @@ impl TurnLeases {
             return Ok(Taken::Busy(lease));
         }
         let stop = CancellationToken::new();
+        let releasing = Arc::new(AtomicBool::new(false));
+        let release = Release { name, holder };
         tokio::spawn(renew(
             self.store.clone(),
-            name.clone(),
-            holder.clone(),
+            release.clone(),
             self.ttl,
-            stop.clone(),
+            (stop.clone(), releasing.clone()),
             lost,
         ));
         Ok(Taken::Held(HeldTurn {
             store: self.store.clone(),
-            name,
-            holder,
+            release,
+            releasing,
+            released: AtomicBool::new(false),
             _renewals: stop.drop_guard(),
         }))
     }
@@ -112,32 +121,50 @@ impl TurnLeases {
 }
 
 impl HeldTurn {
-    /// Stops the renewals and gives the lease up.
+    /// The lease, to be given up in the write of the turn's `result`:
+    /// from now on a renewal that finds it gone stops quietly.
+    pub fn release_with_result(&self) -> Release {
+        self.releasing.store(true, Ordering::Release);
+        self.release.clone()
+    }
+
+    /// The write that gave the lease up is stored.
+    pub fn released_with_result(&self) {
+        self.released.store(true, Ordering::Release);
+    }
+
+    /// Stops the renewals and gives the lease up, unless the turn's
+    /// result did.
     pub async fn release(self) {
         let HeldTurn {
             store,
-            name,
-            holder,
+            release,
+            released,
             _renewals,
+            ..
         } = self;
         drop(_renewals);
-        if let Err(e) = store.lease_release(&name, &holder).await {
+        if released.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(e) = store.lease_release(&release.name, &release.holder).await {
             // It expires on its own; a survivor then finds the turn settled.
-            tracing::warn!(lease = %name, error = %e, "releasing a turn's lease failed");
+            tracing::warn!(lease = %release.name, error = %e, "releasing a turn's lease failed");
         }
     }
 }
 
 /// Renews a lease every third of its length until `stop`; cancels `lost`
 /// when it is another holder's or could not be renewed for a whole lease.
+/// Once `releasing` is set, a lease found gone was given up by the turn.
 async fn renew(
     store: Arc<dyn Store>,
-    name: String,
-    holder: String,
+    lease: Release,
     ttl: Duration,
-    stop: CancellationToken,
+    (stop, releasing): (CancellationToken, Arc<AtomicBool>),
     lost: CancellationToken,
 ) {
+    let Release { name, holder } = lease;
     let every = ttl / 3;
     let mut renewed = tokio::time::Instant::now();
     loop {
@@ -145,11 +172,15 @@ async fn renew(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        match store.lease_acquire(&name, &holder, ttl).await {
-            Ok(lease) if lease.holder == holder => renewed = tokio::time::Instant::now(),
-            Ok(lease) => {
-                tracing::error!(lease = %name, holder = %lease.holder,
-                    "another replica took this turn's lease; the turn stops");
+        // Only extended, never taken again: a renewal that meets a lease
+        // released meanwhile (with the turn's result) must not bring it
+        // back.
+        match store.lease_renew(&name, &holder, ttl).await {
+            Ok(Some(_)) => renewed = tokio::time::Instant::now(),
+            Ok(None) if releasing.load(Ordering::Acquire) => return,
+            Ok(None) => {
+                tracing::error!(lease = %name,
+                    "this turn's lease was taken by another replica; the turn stops");
                 lost.cancel();
                 return;
             }

@@ -90,6 +90,19 @@ async fn a_session_made_on_one_replica_takes_turns_on_another_with_one_log() {
             .unwrap(),
     )
     .await;
+    // The lease went in the result's write: whoever read the result can
+    // take the next turn at once.
+    let probe = store
+        .lease_acquire(&lease_name(session.id), "probe", Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(probe.holder, "probe");
+    assert!(
+        store
+            .lease_release(&lease_name(session.id), "probe")
+            .await
+            .unwrap()
+    );
     settled(&a, session.id).await;
     // B loads the session after A's turn; then A runs another turn, which
     // B's copy has not seen.

@@ -14,7 +14,7 @@ use crate::model::Message;
 use crate::protocol::{
     Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
 };
-use crate::store::{SessionState, Store, StoreError};
+use crate::store::{Release, SessionState, Store, StoreError};
 use crate::sync::lock;
 
 pub struct Session {
@@ -190,26 +190,27 @@ impl Session {
     /// Gives the event its `seq` and appends it to the log; it reaches
     /// subscribers once stored. Fails once the store has refused this log.
     pub fn emit(&self, kind: EventKind) -> Result<u64, StoreError> {
-        self.log.append(kind, None, None)
+        self.log.append(kind, None)
     }
 
-    /// [`Session::emit`] with the session's new status and usage, stored
-    /// in the same write as the event (a turn's `result` and the status
-    /// it leaves).
-    pub(super) fn emit_with_state(
+    /// A turn's last event (its `result`), stored in one write with the
+    /// session's new status and usage and the turn's lease given up. The
+    /// write starts at the next [`Session::flush`]: what must happen
+    /// before another replica can take the next turn happens first.
+    pub(super) fn emit_last(
         &self,
         kind: EventKind,
-        status: SessionStatus,
-        usage: &Usage,
+        (status, usage): (SessionStatus, &Usage),
+        release: Option<Release>,
     ) -> Result<u64, StoreError> {
         let state = self.change_state(status, Some(usage));
-        self.log.append(kind, None, Some(state))
+        self.log.append_last(kind, state, release)
     }
 
     /// [`Session::emit`] for the work of one agent of a deliberation: the
     /// event carries its `agent_id`.
     pub fn emit_as(&self, agent_id: &str, kind: EventKind) -> Result<u64, StoreError> {
-        self.log.append(kind, Some(agent_id.to_owned()), None)
+        self.log.append(kind, Some(agent_id.to_owned()))
     }
 
     /// The whole stored conversation, for a turn to extend; the session

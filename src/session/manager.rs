@@ -464,6 +464,7 @@ impl SessionManager {
             metrics: self.metrics.clone(),
             turn_timeout: self.limits.turn_timeout,
             turn_slot: std::sync::Mutex::new(quota),
+            lease: held,
         };
         let turn_session = session.clone();
         let turn_cancel = cancel.clone();
@@ -472,9 +473,10 @@ impl SessionManager {
         let span = runner::turn_span(&session);
         self.turns.spawn(
             async move {
+                let mut runner = runner;
                 runner.run(&turn_session, input, options, turn_cancel).await;
                 *lock(&turn_session.running) = None;
-                if let Some(held) = held {
+                if let Some(held) = runner.lease.take() {
                     held.release().await;
                 }
                 drop(guard);
@@ -526,6 +528,7 @@ impl SessionManager {
                 metrics: self.metrics.clone(),
                 turn_timeout: self.limits.turn_timeout,
                 turn_slot: Default::default(),
+                lease: None,
             };
             runner.close_cut_off(&session, CUT_OFF_BY_RESTART).await?;
             closed += 1;

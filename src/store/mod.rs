@@ -83,20 +83,32 @@ pub struct SessionState {
     pub updated_at: DateTime<Utc>,
 }
 
+/// A lease its holder gives up: `name`, if `holder` has it (as
+/// [`LeaseStore::lease_release`] does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub name: String,
+    pub holder: String,
+}
+
 /// What one write of a session's log saves, all or none: its events, the
 /// messages its conversation grew by (appended after those stored, as
-/// [`SessionStore::append_messages`] does) and its new state. Any part
-/// may be empty.
+/// [`SessionStore::append_messages`] does), its new state, and the lease
+/// its turn gives up with its last write. Any part may be empty.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Batch<'a> {
     pub events: &'a [Event],
     pub messages: &'a [Message],
     pub state: Option<&'a SessionState>,
+    pub release: Option<&'a Release>,
 }
 
 impl Batch<'_> {
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.messages.is_empty() && self.state.is_none()
+        self.events.is_empty()
+            && self.messages.is_empty()
+            && self.state.is_none()
+            && self.release.is_none()
     }
 }
 
@@ -409,6 +421,17 @@ pub trait LeaseStore: Send + Sync {
         holder: &str,
         ttl: std::time::Duration,
     ) -> Result<Lease, StoreError>;
+
+    /// Extends `holder`'s lease on `name` to `ttl` from now, expired or
+    /// not, as long as nobody else took it; `None` when `holder` does not
+    /// have it (another holder took it, or it was released): a renewal
+    /// never takes a lease back.
+    async fn lease_renew(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<Lease>, StoreError>;
 
     /// Gives `name` up (the lease is removed) if `holder` has it; false
     /// when it did not.

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::model::Message;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{Batch, SessionState, Store, StoreError};
+use crate::store::{Batch, Release, SessionState, Store, StoreError};
 use crate::sync::lock;
 use crate::telemetry::{EventLabel, Metrics};
 
@@ -63,6 +63,11 @@ struct Log {
     /// no events (asked by `write_soon` or a flush); otherwise they wait
     /// for some. Never true with nothing staged.
     due: bool,
+    /// The lease the turn gives up with its last write.
+    release: Option<Release>,
+    /// Set by [`Core::append_last`]: the writer takes nothing until the
+    /// next [`Core::flush`] (or `write_soon`).
+    held: bool,
     /// Whether a writer task is running; at most one is.
     writing: bool,
 }
@@ -99,6 +104,8 @@ impl Core {
                 state: None,
                 staged: 0,
                 due: false,
+                release: None,
+                held: false,
                 writing: false,
             }),
             stored: watch::Sender::new(Stored {
@@ -112,32 +119,51 @@ impl Core {
         }
     }
 
-    /// Gives the event its `seq` and queues it for the store, with the
-    /// session's new `state` if any (both land in one write); it reaches
+    /// Gives the event its `seq` and queues it for the store; it reaches
     /// subscribers once stored. Fails once the store has refused this log.
     pub fn append(
         self: &Arc<Self>,
         kind: EventKind,
         agent_id: Option<String>,
-        state: Option<SessionState>,
     ) -> Result<u64, StoreError> {
         self.refused()?;
         let mut log = lock(&self.log);
+        let seq = Self::push(&mut log, self.id, kind, agent_id);
+        self.start_writer(&mut log);
+        Ok(seq)
+    }
+
+    /// Queues a turn's last event with the session's new state and the
+    /// lease the turn gives up, all for one write, and holds the writer
+    /// until [`Core::flush`]: what must happen before another replica can
+    /// take the session's next turn happens in between.
+    pub fn append_last(
+        &self,
+        kind: EventKind,
+        state: SessionState,
+        release: Option<Release>,
+    ) -> Result<u64, StoreError> {
+        self.refused()?;
+        let mut log = lock(&self.log);
+        let seq = Self::push(&mut log, self.id, kind, None);
+        log.state = Some(state);
+        log.staged += 1;
+        log.release = release;
+        log.held = true;
+        Ok(seq)
+    }
+
+    fn push(log: &mut Log, session_id: Uuid, kind: EventKind, agent_id: Option<String>) -> u64 {
         let seq = log.next_seq;
         log.next_seq += 1;
         log.pending.push(Event {
             kind,
-            session_id: self.id,
+            session_id,
             seq,
             ts: Utc::now(),
             agent_id,
         });
-        if let Some(state) = state {
-            log.state = Some(state);
-            log.staged += 1;
-        }
-        self.start_writer(&mut log);
-        Ok(seq)
+        seq
     }
 
     /// Queues the session's new state: it is saved with the next batch of
@@ -166,13 +192,16 @@ impl Core {
         Ok(())
     }
 
-    /// Starts writing a staged state or messages now, unless a write is
-    /// under way (which takes them next); events appended before the write
-    /// starts join it.
+    /// Starts writing what is queued or staged now, unless a write is
+    /// under way (which takes it next); events appended before the write
+    /// starts join it. Ends a hold.
     pub fn write_soon(self: &Arc<Self>) {
         let mut log = lock(&self.log);
+        log.held = false;
         if log.state.is_some() || !log.messages.is_empty() {
             log.due = true;
+        }
+        if log.due || !log.pending.is_empty() {
             self.start_writer(&mut log);
         }
     }
@@ -195,12 +224,12 @@ impl Core {
     /// broadcasts each batch once committed.
     async fn write_pending(self: Arc<Self>) {
         loop {
-            let (batch, messages, state, staged) = {
+            let (batch, messages, state, release, staged) = {
                 let mut log = lock(&self.log);
                 // A state or messages alone wait for events unless due
                 // (only what is staged is made due): the writer busy with
                 // one batch does not write them alone.
-                if log.pending.is_empty() && !log.due {
+                if log.held || (log.pending.is_empty() && !log.due) {
                     log.writing = false;
                     return;
                 }
@@ -209,6 +238,7 @@ impl Core {
                     std::mem::take(&mut log.pending),
                     std::mem::take(&mut log.messages),
                     log.state.take(),
+                    log.release.take(),
                     log.staged,
                 )
             };
@@ -216,6 +246,7 @@ impl Core {
                 events: &batch,
                 messages: &messages,
                 state: state.as_ref(),
+                release: release.as_ref(),
             };
             if let Err(e) = self.store.append_batch(self.id, write).await {
                 tracing::error!(session = %self.id, error = %e, "storing events failed; the log stops");
@@ -223,6 +254,7 @@ impl Core {
                 log.pending.clear();
                 log.messages.clear();
                 log.state = None;
+                log.release = None;
                 log.due = false;
                 log.writing = false;
                 self.stored

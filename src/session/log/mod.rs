@@ -33,7 +33,7 @@ use self::core::Core;
 pub use self::nats::NatsLogs;
 use crate::model::Message;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{SessionState, Store, StoreError};
+use crate::store::{Release, SessionState, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// One session's event log.
@@ -42,13 +42,18 @@ pub trait EventLog: Send + Sync {
     /// Gives the event the next `seq` and appends it; it reaches
     /// subscribers once durable. Fails once the log has stopped (its store
     /// refused a write). `agent_id` tags the work of one agent of a
-    /// deliberation; `state`, the session's new status and usage, is
-    /// stored in the same write as the event.
-    fn append(
+    /// deliberation.
+    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError>;
+
+    /// Appends a turn's last event, stored in one write with `state` (the
+    /// session's new status and usage) and the turn's lease given up; the
+    /// write waits for the next [`EventLog::flush`], so that what must
+    /// happen before another turn can start happens first.
+    fn append_last(
         &self,
         kind: EventKind,
-        agent_id: Option<String>,
-        state: Option<SessionState>,
+        state: SessionState,
+        release: Option<Release>,
     ) -> Result<u64, StoreError>;
 
     /// Queues the session's new status and usage, to be stored with the
@@ -116,13 +121,17 @@ struct EmbeddedLog(Arc<Core>);
 
 #[async_trait]
 impl EventLog for EmbeddedLog {
-    fn append(
+    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError> {
+        self.0.append(kind, agent_id)
+    }
+
+    fn append_last(
         &self,
         kind: EventKind,
-        agent_id: Option<String>,
-        state: Option<SessionState>,
+        state: SessionState,
+        release: Option<Release>,
     ) -> Result<u64, StoreError> {
-        self.0.append(kind, agent_id, state)
+        self.0.append_last(kind, state, release)
     }
 
     fn stage(&self, state: SessionState) -> Result<(), StoreError> {

@@ -119,13 +119,17 @@ struct NatsLog {
 
 #[async_trait]
 impl EventLog for NatsLog {
-    fn append(
+    fn append(&self, kind: EventKind, agent_id: Option<String>) -> Result<u64, StoreError> {
+        self.core.append(kind, agent_id)
+    }
+
+    fn append_last(
         &self,
         kind: EventKind,
-        agent_id: Option<String>,
-        state: Option<SessionState>,
+        state: SessionState,
+        release: Option<crate::store::Release>,
     ) -> Result<u64, StoreError> {
-        self.core.append(kind, agent_id, state)
+        self.core.append_last(kind, state, release)
     }
 
     fn stage(&self, state: SessionState) -> Result<(), StoreError> {

@@ -133,7 +133,7 @@ async fn ten_thousand_events_to_another_replica(store: Arc<dyn Store>) {
             } else {
                 thinking(seq as usize)
             };
-            writer.append(kind, None, None).unwrap();
+            writer.append(kind, None).unwrap();
         }
         // Between bursts the writer stores what queued; midway a
         // subscriber joins from a `seq` while events still come.
@@ -182,7 +182,7 @@ async fn a_delete_on_one_replica_ends_the_followers_on_another() {
     let reader = b.open(id, 0, CancellationToken::new());
     let mut follower = reader.subscribe(0, false);
     for n in 1..=3 {
-        writer.append(thinking(n), None, None).unwrap();
+        writer.append(thinking(n), None).unwrap();
     }
     for seq in 1..=3 {
         let event = timeout(DEADLINE, follower.next()).await.unwrap().unwrap();
@@ -209,7 +209,7 @@ async fn a_replica_that_followed_appends_after_the_last_stored_event() {
     let second = b.open(id, 0, CancellationToken::new());
     let mut follower = second.subscribe(0, true);
     for n in 1..=5 {
-        first.append(thinking(n), None, None).unwrap();
+        first.append(thinking(n), None).unwrap();
     }
     first.flush().await.unwrap();
     for seq in 1..=5 {
@@ -220,7 +220,7 @@ async fn a_replica_that_followed_appends_after_the_last_stored_event() {
     // The turn moves to B: its events continue the log, and A's
     // subscribers see them.
     let on_a = first.subscribe(5, true);
-    assert_eq!(second.append(success(), None, None).unwrap(), 6);
+    assert_eq!(second.append(success(), None).unwrap(), 6);
     second.flush().await.unwrap();
     assert_eq!(seqs(on_a).await, vec![6]);
     assert_eq!(

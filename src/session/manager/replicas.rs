@@ -208,6 +208,7 @@ impl SessionManager {
                 metrics: self.metrics.clone(),
                 turn_timeout: self.limits.turn_timeout,
                 turn_slot: Default::default(),
+                lease: None,
             };
             runner.close_cut_off(&session, message).await?;
             Ok::<_, SessionError>(true)

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::protocol::{EventKind, ResultStatus, SessionStatus};
+use crate::session::lease::HeldTurn;
 use crate::session::live::Session;
 use crate::session::task::{Outcome, SessionTask, Turn, TurnOptions};
 use crate::store::StoreError;
@@ -30,6 +31,8 @@ pub(super) struct Runner {
     /// just before the `result`, so a client that starts its next turn as
     /// soon as it reads one finds the slot free.
     pub(super) turn_slot: std::sync::Mutex<Option<crate::quota::HeldSlot>>,
+    /// With replicas: the turn's lease, given up in its result's write.
+    pub(super) lease: Option<HeldTurn>,
 }
 
 impl Runner {
@@ -137,8 +140,10 @@ impl Runner {
             self.task.release(session.id).await;
         }
         // The status the turn leaves is stored with its `result`, in one
-        // write: a client that reads the result finds the session idle.
-        let seq = session.emit_with_state(
+        // write (a client that reads the result finds the session idle),
+        // and so is the lease given up.
+        let release = self.lease.as_ref().map(HeldTurn::release_with_result);
+        let seq = session.emit_last(
             EventKind::Result {
                 status: outcome.status,
                 result: outcome.text,
@@ -149,17 +154,21 @@ impl Runner {
                 duration_ms: started.elapsed().as_millis() as u64,
                 history_len: turn.history_len,
             },
-            status_after(session, outcome.status),
-            &turn.session_total(),
+            (status_after(session, outcome.status), &turn.session_total()),
+            release,
         )?;
+        // Before that write starts, since it lets the next turn start on
+        // any replica: its first tool call finds the workspace's snapshot
+        // under way.
+        if !session.ephemeral {
+            self.task.turn_ended(session, seq);
+        }
         // Past its result the turn can no longer be interrupted, and a
         // message that comes now waits for it instead of being refused.
         *lock(&session.running) = None;
         session.flush().await?;
-        // Before the turn lock is let go, so the next turn's first tool
-        // call finds the workspace's snapshot under way.
-        if !session.ephemeral {
-            self.task.turn_ended(session, seq);
+        if let Some(lease) = &self.lease {
+            lease.released_with_result();
         }
         let status = outcome.status.as_str();
         let span = tracing::Span::current();

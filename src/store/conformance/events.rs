@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{Fixture, conversation, event, session};
 use crate::protocol::{Event, SessionRecord, SessionStatus, Usage};
-use crate::store::{Batch, SessionFilter, SessionState, StoreError};
+use crate::store::{Batch, Release, SessionFilter, SessionState, StoreError};
 
 pub(crate) async fn events_since_pages_in_order_and_last_seq_tracks_the_end(fixture: &dyn Fixture) {
     let store = fixture.open().await;
@@ -216,7 +216,7 @@ pub(crate) async fn appending_several_events_is_all_or_nothing(fixture: &dyn Fix
     assert_eq!(store.last_seq(created.id).await.unwrap(), 2);
 }
 
-pub(crate) async fn a_batch_saves_the_sessions_state_and_messages_with_its_events_or_none(
+pub(crate) async fn a_batch_saves_the_sessions_state_messages_and_lease_with_its_events_or_none(
     fixture: &dyn Fixture,
 ) {
     let store = fixture.open().await;
@@ -237,6 +237,7 @@ pub(crate) async fn a_batch_saves_the_sessions_state_and_messages_with_its_event
         events,
         messages,
         state,
+        release: None,
     };
     store
         .append_batch(created.id, batch(&first, &said[1..2], Some(&running)))
@@ -301,9 +302,58 @@ pub(crate) async fn a_batch_saves_the_sessions_state_and_messages_with_its_event
     );
     let stored = store.get_session(created.id).await.unwrap().unwrap();
     assert_eq!(
-        (stored.status, stored.usage, stored.updated_at),
-        (idle.status, idle.usage, idle.updated_at)
+        (stored.status, &stored.usage, stored.updated_at),
+        (idle.status, &idle.usage, idle.updated_at)
     );
     assert_eq!(store.last_seq(created.id).await.unwrap(), 3);
     assert_eq!(store.messages(created.id).await.unwrap(), said);
+
+    // A turn's lease goes with its last batch, only if its holder has it,
+    // and stays when the batch is refused.
+    let ttl = std::time::Duration::from_secs(60);
+    store.lease_acquire("turn:x", "a", ttl).await.unwrap();
+    let lease = |holder: &str| Release {
+        name: "turn:x".into(),
+        holder: holder.into(),
+    };
+    let (other, mine) = (lease("b"), lease("a"));
+    let releasing = |events, release| Batch {
+        events,
+        state: Some(&idle),
+        release: Some(release),
+        ..Batch::default()
+    };
+    let fourth = [event(created.id, 4)];
+    store
+        .append_batch(created.id, releasing(&fourth, &other))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .lease_renew("turn:x", "a", ttl)
+            .await
+            .unwrap()
+            .is_some(),
+        "another holder's release leaves the lease"
+    );
+    assert!(
+        store
+            .append_batch(created.id, releasing(&fourth, &mine))
+            .await
+            .is_err()
+    );
+    assert!(
+        store
+            .lease_renew("turn:x", "a", ttl)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let fifth = [event(created.id, 5)];
+    store
+        .append_batch(created.id, releasing(&fifth, &mine))
+        .await
+        .unwrap();
+    assert_eq!(store.lease_renew("turn:x", "a", ttl).await.unwrap(), None);
+    assert_eq!(store.last_seq(created.id).await.unwrap(), 5);
 }

@@ -29,9 +29,33 @@ pub(crate) async fn one_holder_at_a_time(fixture: &dyn Fixture) {
     assert_eq!((renewed.holder.as_str(), renewed.fence), ("replica-a", 1));
     assert!(renewed.expires_at > a.expires_at);
 
+    // A renewal extends only the holder's lease and never takes one.
+    let again = store
+        .lease_renew("turn:1", "replica-a", LONG * 3)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((again.holder.as_str(), again.fence), ("replica-a", 1));
+    assert!(again.expires_at > renewed.expires_at);
+    assert_eq!(
+        store
+            .lease_renew("turn:1", "replica-b", LONG)
+            .await
+            .unwrap(),
+        None
+    );
+
     assert!(!store.lease_release("turn:1", "replica-b").await.unwrap());
     assert!(store.lease_release("turn:1", "replica-a").await.unwrap());
     assert!(!store.lease_release("turn:1", "replica-a").await.unwrap());
+    assert_eq!(
+        store
+            .lease_renew("turn:1", "replica-a", LONG)
+            .await
+            .unwrap(),
+        None,
+        "a renewal after the release does not take the lease back"
+    );
     let b = store
         .lease_acquire("turn:1", "replica-b", LONG)
         .await

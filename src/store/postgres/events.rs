@@ -22,10 +22,11 @@ macro_rules! insert_events {
     };
 }
 
-/// A batch that changes the session's row: one `UPDATE` of it (raising
-/// `next_message` by the messages in `$7`, setting status, usage and
-/// `updated_at` when `$8`–`$10` are not null), the messages at the
-/// indices it freed, and the events; answers how many sessions it found.
+/// A batch that changes the session's row or gives a lease up: one
+/// `UPDATE` of the row (raising `next_message` by the messages in `$7`,
+/// setting status, usage and `updated_at` when `$8`–`$10` are not null),
+/// the messages at the indices it freed, the lease `$11` deleted if `$12`
+/// holds it, and the events; answers how many sessions it found.
 /// Data-modifying CTEs run once whatever reads them, and the statement
 /// commits or fails whole.
 const WITH_SESSION: &str = concat!(
@@ -39,6 +40,8 @@ const WITH_SESSION: &str = concat!(
          INSERT INTO messages (session_id, idx, body)
          SELECT $6, slot.first + m.ord - 1, m.body::json
          FROM slot, UNNEST($7::text[]) WITH ORDINALITY AS m(body, ord)
+     ), freed AS (
+         DELETE FROM leases WHERE name = $11 AND holder = $12
      ), logged AS (",
     insert_events!(),
     ") SELECT count(*) FROM slot"
@@ -64,7 +67,7 @@ impl EventStore for PostgresStore {
             times.push(event.ts);
             bodies.push(body);
         }
-        if batch.messages.is_empty() && batch.state.is_none() {
+        if batch.messages.is_empty() && batch.state.is_none() && batch.release.is_none() {
             sqlx::query(insert_events!())
                 .bind(sessions)
                 .bind(seqs)
@@ -96,6 +99,8 @@ impl EventStore for PostgresStore {
                     .transpose()?,
             )
             .bind(state.map(|state| encode_time(state.updated_at)))
+            .bind(batch.release.map(|release| release.name.as_str()))
+            .bind(batch.release.map(|release| release.holder.as_str()))
             .fetch_one(&self.pool)
             .await?;
         if found == 0 && !batch.messages.is_empty() {

@@ -21,6 +21,24 @@ fn lease(row: &PgRow) -> Result<Lease, StoreError> {
     })
 }
 
+impl PostgresStore {
+    /// Runs a statement on the lease `$1` for the holder `$2` until `$3`
+    /// microseconds from now, answering the row it returns, if any.
+    async fn holding(
+        &self,
+        sql: &'static str,
+        (name, holder, ttl): (&str, &str, Duration),
+    ) -> Result<Option<PgRow>, StoreError> {
+        let ttl_us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
+        Ok(sqlx::query(sql)
+            .bind(name)
+            .bind(holder)
+            .bind(ttl_us)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+}
+
 #[async_trait]
 impl LeaseStore for PostgresStore {
     async fn lease_acquire(
@@ -29,28 +47,25 @@ impl LeaseStore for PostgresStore {
         holder: &str,
         ttl: Duration,
     ) -> Result<Lease, StoreError> {
-        let ttl_us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
         // A holder may release between the two statements below: the lease
         // is free then, and the next round takes it.
         loop {
             // Free, expired or ours: take it (a new holder raises the
             // fence). Otherwise the row stays as it is and nothing is
             // returned.
-            let taken = sqlx::query(
-                "INSERT INTO leases (name, holder, expires_at, fence)
-                 VALUES ($1, $2, now() + $3 * interval '1 microsecond', 1)
-                 ON CONFLICT (name) DO UPDATE SET
-                    fence = leases.fence + (leases.holder <> excluded.holder)::int,
-                    holder = excluded.holder,
-                    expires_at = excluded.expires_at
-                 WHERE leases.holder = excluded.holder OR leases.expires_at <= now()
-                 RETURNING name, holder, expires_at, fence",
-            )
-            .bind(name)
-            .bind(holder)
-            .bind(ttl_us)
-            .fetch_optional(&self.pool)
-            .await?;
+            let taken = self
+                .holding(
+                    "INSERT INTO leases (name, holder, expires_at, fence)
+                     VALUES ($1, $2, now() + $3 * interval '1 microsecond', 1)
+                     ON CONFLICT (name) DO UPDATE SET
+                        fence = leases.fence + (leases.holder <> excluded.holder)::int,
+                        holder = excluded.holder,
+                        expires_at = excluded.expires_at
+                     WHERE leases.holder = excluded.holder OR leases.expires_at <= now()
+                     RETURNING name, holder, expires_at, fence",
+                    (name, holder, ttl),
+                )
+                .await?;
             let row = match taken {
                 Some(row) => Some(row),
                 None => {
@@ -66,6 +81,23 @@ impl LeaseStore for PostgresStore {
                 return lease(&row);
             }
         }
+    }
+
+    async fn lease_renew(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let row = self
+            .holding(
+                "UPDATE leases SET expires_at = now() + $3 * interval '1 microsecond'
+                 WHERE name = $1 AND holder = $2
+                 RETURNING name, holder, expires_at, fence",
+                (name, holder, ttl),
+            )
+            .await?;
+        row.as_ref().map(lease).transpose()
     }
 
     async fn lease_release(&self, name: &str, holder: &str) -> Result<bool, StoreError> {

@@ -34,6 +34,9 @@ pub(super) fn insert_messages(
     Ok(())
 }
 
+/// Gives a lease up if its holder has it.
+pub(super) const RELEASE: &str = "DELETE FROM leases WHERE name = ?1 AND holder = ?2";
+
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn append_batch(&self, session: Uuid, batch: Batch<'_>) -> Result<(), StoreError> {
@@ -68,6 +71,7 @@ impl EventStore for SqliteStore {
             None => None,
         };
         let id = session.to_string();
+        let release = batch.release.cloned();
         self.call(move |conn| {
             let write = |conn: &Connection| -> Result<(), StoreError> {
                 let mut statement = conn.prepare_cached(
@@ -81,11 +85,17 @@ impl EventStore for SqliteStore {
                     conn.prepare_cached(UPDATE_STATE)?
                         .execute(params![id, status, usage, updated_at])?;
                 }
+                if let Some(release) = &release {
+                    conn.prepare_cached(RELEASE)?
+                        .execute(params![release.name, release.holder])?;
+                }
                 Ok(())
             };
             // One statement undoes itself when it fails; several need a
             // savepoint.
-            if rows.len() + usize::from(state.is_some()) == 1 && messages.is_empty() {
+            let statements =
+                rows.len() + usize::from(state.is_some()) + usize::from(release.is_some());
+            if statements == 1 && messages.is_empty() {
                 write(conn)
             } else {
                 in_savepoint(conn, write)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
 use crate::store::{Lease, LeaseStore, StoreError};
@@ -62,13 +62,39 @@ impl LeaseStore for SqliteStore {
         lease(name, holder, expires_us, fence)
     }
 
+    async fn lease_renew(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        let ttl_us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
+        let renewed = self
+            .call(move |conn| {
+                let expires_us = Utc::now().timestamp_micros().saturating_add(ttl_us);
+                let fence = conn
+                    .prepare_cached(
+                        "UPDATE leases SET expires_us = ?3 WHERE name = ?1 AND holder = ?2
+                         RETURNING fence",
+                    )?
+                    .query_row(params![name, holder, expires_us], |row| row.get(0))
+                    .optional()?;
+                Ok(fence.map(|fence| (name, holder, expires_us, fence)))
+            })
+            .await?;
+        renewed
+            .map(|(name, holder, expires_us, fence)| lease(name, holder, expires_us, fence))
+            .transpose()
+    }
+
     async fn lease_release(&self, name: &str, holder: &str) -> Result<bool, StoreError> {
         let (name, holder) = (name.to_owned(), holder.to_owned());
         self.call(move |conn| {
             // Removed, so that only leases whose holders died are left
             // to expire (and to be listed by `leases_expired`).
             let changed = conn
-                .prepare_cached("DELETE FROM leases WHERE name = ?1 AND holder = ?2")?
+                .prepare_cached(super::events::RELEASE)?
                 .execute(params![name, holder])?;
             Ok(changed > 0)
         })
