@@ -41,22 +41,39 @@ impl TurnSpend {
     }
 
     /// Records what the turn's tally `now` has beyond what was recorded,
-    /// plus the turn itself when it has `ended`, in one store write; answers
-    /// the daily budget the key has now reached, if any. Before the end,
-    /// a key without a budget writes at most every [`WRITE_EVERY`]: a
-    /// quick turn is one write.
-    pub async fn record(
+    /// in one store write; answers the daily budget the key has now
+    /// reached, if any. A key without a budget writes at most every
+    /// [`WRITE_EVERY`]: a quick turn writes only at its end.
+    pub async fn record(&mut self, recorder: &Recorder, now: &Usage) -> Option<QuotaExceeded> {
+        if self.written.elapsed() < self.every && !recorder.has_budget(self.owner.as_deref()) {
+            return None;
+        }
+        let add = self.take(now, false);
+        let owner = self.owner.as_deref();
+        let totals = recorder.add(owner, &self.model, add).await?;
+        recorder.past_budget(owner, &totals)
+    }
+
+    /// Records the rest of the turn's usage and the turn itself with the
+    /// session's next write, its `result`'s. What the key reached is not
+    /// asked: a key past its budget now is refused its next turn, not
+    /// this one's result.
+    pub fn record_end(
         &mut self,
         recorder: &Recorder,
         now: &Usage,
-        ended: bool,
-    ) -> Option<QuotaExceeded> {
-        if !ended
-            && self.written.elapsed() < self.every
-            && !recorder.has_budget(self.owner.as_deref())
-        {
-            return None;
+        session: &Session,
+    ) -> Result<(), StoreError> {
+        let add = self.take(now, true);
+        match recorder.row(self.owner.as_deref(), &self.model, add) {
+            Some(row) => session.store_usage(row),
+            None => Ok(()),
         }
+    }
+
+    /// What `now` has beyond what was recorded, plus the turn itself when
+    /// it has `ended`; from now on it counts as recorded.
+    fn take(&mut self, now: &Usage, ended: bool) -> UsageCounts {
         self.written = Instant::now();
         let add = UsageCounts {
             input_tokens: now.input_tokens.saturating_sub(self.recorded.input_tokens),
@@ -69,9 +86,7 @@ impl TurnSpend {
             ..UsageCounts::default()
         };
         self.recorded = now.clone();
-        let owner = self.owner.as_deref();
-        let totals = recorder.add(owner, &self.model, add).await?;
-        recorder.past_budget(owner, &totals)
+        add
     }
 }
 
@@ -98,7 +113,7 @@ mod tests {
     use crate::usage::{LOCAL, today};
 
     #[tokio::test]
-    async fn a_quick_turn_without_a_budget_writes_its_usage_once_at_its_end() {
+    async fn a_quick_turn_without_a_budget_writes_nothing_before_its_end() {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
         let recorder = Recorder::new(
@@ -114,20 +129,21 @@ mod tests {
             tally.input_tokens += 10;
             tally.output_tokens += 3;
             tally.tool_calls += 1;
-            assert!(spend.record(&recorder, &tally, false).await.is_none());
+            assert!(spend.record(&recorder, &tally).await.is_none());
         }
         let written = store.usage_day(LOCAL, today()).await.unwrap();
         assert_eq!(written, UsageCounts::default(), "nothing before the end");
-        spend.record(&recorder, &tally, true).await;
-        let written = store.usage_day(LOCAL, today()).await.unwrap();
+        // The end adds all of it, and the turn.
+        let rest = spend.take(&tally, true);
         assert_eq!(
             (
-                written.input_tokens,
-                written.output_tokens,
-                written.tool_calls,
-                written.turns
+                rest.input_tokens,
+                rest.output_tokens,
+                rest.tool_calls,
+                rest.turns
             ),
             (20, 6, 2, 1)
         );
+        assert!(spend.take(&tally, false).is_empty());
     }
 }

@@ -61,7 +61,7 @@ pub(super) async fn run(
     let outcome = agent_loop(deps, turn, &options, &mut spend, history).await;
     // The turn itself and the tool calls since its last model call; a key
     // past its budget now is refused its next turn, not this one's result.
-    spend.record(&deps.usage, &turn.usage, true).await;
+    spend.record_end(&deps.usage, &turn.usage, &session)?;
     // Every message the loop stored it also kept, so the history it gave
     // back is the stored one: a fork at this turn's end keeps this many.
     turn.history_len = Some(session.history_len() as u64);
@@ -252,7 +252,7 @@ async fn agent_loop(
         // For a key with a daily budget, one store write per model call,
         // which answers the key's totals for today across replicas: the
         // budget is checked on them. Without one, at most a write a second.
-        let past_budget = spend.record(&deps.usage, &tally.usage, false).await;
+        let past_budget = spend.record(&deps.usage, &tally.usage).await;
         let next = if reply.interrupted {
             OnReply::Keep
         } else {

@@ -14,7 +14,7 @@ use crate::model::Message;
 use crate::protocol::{
     Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
 };
-use crate::store::{Release, SessionState, Store, StoreError};
+use crate::store::{Release, SessionState, Store, StoreError, UsageRow};
 use crate::sync::lock;
 
 pub struct Session {
@@ -180,6 +180,12 @@ impl Session {
     /// and so the turn, before anything after them is stored.
     pub fn store_messages(&self, messages: &[Message]) -> Result<(), StoreError> {
         self.log.keep(messages)
+    }
+
+    /// Adds what the session's key spent to the stored usage with the
+    /// next events, in the same write, or by [`Session::flush`].
+    pub fn store_usage(&self, spent: UsageRow) -> Result<(), StoreError> {
+        self.log.spend(spent)
     }
 
     /// Starts storing a staged state or messages now, without waiting.

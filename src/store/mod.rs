@@ -93,14 +93,17 @@ pub struct Release {
 
 /// What one write of a session's log saves, all or none: its events, the
 /// messages its conversation grew by (appended after those stored, as
-/// [`SessionStore::append_messages`] does), its new state, and the lease
-/// its turn gives up with its last write. Any part may be empty.
+/// [`SessionStore::append_messages`] does), its new state, and with its
+/// turn's last write the lease the turn gives up and what it spent
+/// (added to each row's key, day and model, as [`UsageStore::usage_add`]
+/// does, one row per key, day and model). Any part may be empty.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Batch<'a> {
     pub events: &'a [Event],
     pub messages: &'a [Message],
     pub state: Option<&'a SessionState>,
     pub release: Option<&'a Release>,
+    pub usage: &'a [UsageRow],
 }
 
 impl Batch<'_> {
@@ -109,6 +112,7 @@ impl Batch<'_> {
             && self.messages.is_empty()
             && self.state.is_none()
             && self.release.is_none()
+            && self.usage.is_empty()
     }
 }
 

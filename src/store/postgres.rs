@@ -21,6 +21,27 @@ use sqlx::{Connection, SqlSafeStr};
 
 use super::{Store, StoreError};
 
+/// Inserts a key's usage rows into `key_usage`, adding to the row of the
+/// same owner, day and model where there is one: the `INSERT`'s head and
+/// its `ON CONFLICT` around the rows' source (a `VALUES` or a `SELECT`).
+macro_rules! add_usage {
+    ($source:expr) => {
+        concat!(
+            "INSERT INTO key_usage (owner, day, model, input_tokens, output_tokens,
+                cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s) ",
+            $source,
+            " ON CONFLICT (owner, day, model) DO UPDATE SET
+                input_tokens = key_usage.input_tokens + excluded.input_tokens,
+                output_tokens = key_usage.output_tokens + excluded.output_tokens,
+                cost_usd = key_usage.cost_usd + excluded.cost_usd,
+                turns = key_usage.turns + excluded.turns,
+                tool_calls = key_usage.tool_calls + excluded.tool_calls,
+                sandbox_cpu_s = key_usage.sandbox_cpu_s + excluded.sandbox_cpu_s,
+                sandbox_wall_s = key_usage.sandbox_wall_s + excluded.sandbox_wall_s"
+        )
+    };
+}
+
 mod bus;
 mod checkpoints;
 mod events;

@@ -24,7 +24,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::quota::{KeyTable, QuotaExceeded, next_day};
-use crate::store::{Store, UsageCounts};
+use crate::store::{Store, UsageCounts, UsageRow};
 
 /// The owner usage is kept under while auth is off.
 pub const LOCAL: &str = "local";
@@ -160,13 +160,10 @@ impl Recorder {
         model: &str,
         add: UsageCounts,
     ) -> Option<UsageCounts> {
-        if add.is_empty() {
-            return None;
-        }
-        self.metrics.count(&self.keys.name(owner), &add);
+        let row = self.row(owner, model, add)?;
         match self
             .store
-            .usage_add(owner_id(owner), today(), model, &add)
+            .usage_add(&row.owner, row.day, model, &row.counts)
             .await
         {
             Ok(totals) => Some(totals),
@@ -175,6 +172,22 @@ impl Recorder {
                 None
             }
         }
+    }
+
+    /// `add` as the row of `owner`'s usage of `model` today, counted in
+    /// the metrics, for a write that carries it (a turn's last); `None`
+    /// when there is nothing to add.
+    pub fn row(&self, owner: Option<&str>, model: &str, add: UsageCounts) -> Option<UsageRow> {
+        if add.is_empty() {
+            return None;
+        }
+        self.metrics.count(&self.keys.name(owner), &add);
+        Some(UsageRow {
+            owner: owner_id(owner).to_owned(),
+            day: today(),
+            model: model.to_owned(),
+            counts: add,
+        })
     }
 
     /// Counts a removed sandbox's CPU and wall time under its session's

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::model::Message;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{Batch, Release, SessionState, Store, StoreError};
+use crate::store::{Batch, Release, SessionState, Store, StoreError, UsageRow};
 use crate::sync::lock;
 use crate::telemetry::{EventLabel, Metrics};
 
@@ -65,6 +65,9 @@ struct Log {
     due: bool,
     /// The lease the turn gives up with its last write.
     release: Option<Release>,
+    /// What the session's key spent, not yet stored: one row per key,
+    /// day and model, added to the store's with the next batch.
+    usage: Vec<UsageRow>,
     /// Set by [`Core::append_last`]: the writer takes nothing until the
     /// next [`Core::flush`] (or `write_soon`).
     held: bool,
@@ -105,6 +108,7 @@ impl Core {
                 staged: 0,
                 due: false,
                 release: None,
+                usage: Vec::new(),
                 held: false,
                 writing: false,
             }),
@@ -192,13 +196,29 @@ impl Core {
         Ok(())
     }
 
+    /// Queues what the session's key spent, to be added to the store's
+    /// usage with the next batch of events (or by [`Core::flush`]).
+    pub fn spend(&self, spent: UsageRow) -> Result<(), StoreError> {
+        self.refused()?;
+        let mut log = lock(&self.log);
+        let same = |row: &&mut UsageRow| {
+            (&row.owner, row.day, &row.model) == (&spent.owner, spent.day, &spent.model)
+        };
+        match log.usage.iter_mut().find(same) {
+            Some(row) => row.counts.add(&spent.counts),
+            None => log.usage.push(spent),
+        }
+        log.staged += 1;
+        Ok(())
+    }
+
     /// Starts writing what is queued or staged now, unless a write is
     /// under way (which takes it next); events appended before the write
     /// starts join it. Ends a hold.
     pub fn write_soon(self: &Arc<Self>) {
         let mut log = lock(&self.log);
         log.held = false;
-        if log.state.is_some() || !log.messages.is_empty() {
+        if log.state.is_some() || !log.messages.is_empty() || !log.usage.is_empty() {
             log.due = true;
         }
         if log.due || !log.pending.is_empty() {
@@ -224,7 +244,7 @@ impl Core {
     /// broadcasts each batch once committed.
     async fn write_pending(self: Arc<Self>) {
         loop {
-            let (batch, messages, state, release, staged) = {
+            let (batch, messages, state, release, usage, staged) = {
                 let mut log = lock(&self.log);
                 // A state or messages alone wait for events unless due
                 // (only what is staged is made due): the writer busy with
@@ -239,6 +259,7 @@ impl Core {
                     std::mem::take(&mut log.messages),
                     log.state.take(),
                     log.release.take(),
+                    std::mem::take(&mut log.usage),
                     log.staged,
                 )
             };
@@ -247,6 +268,7 @@ impl Core {
                 messages: &messages,
                 state: state.as_ref(),
                 release: release.as_ref(),
+                usage: &usage,
             };
             if let Err(e) = self.store.append_batch(self.id, write).await {
                 tracing::error!(session = %self.id, error = %e, "storing events failed; the log stops");
@@ -255,6 +277,7 @@ impl Core {
                 log.messages.clear();
                 log.state = None;
                 log.release = None;
+                log.usage.clear();
                 log.due = false;
                 log.writing = false;
                 self.stored

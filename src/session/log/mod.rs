@@ -33,7 +33,7 @@ use self::core::Core;
 pub use self::nats::NatsLogs;
 use crate::model::Message;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{Release, SessionState, Store, StoreError};
+use crate::store::{Release, SessionState, Store, StoreError, UsageRow};
 use crate::telemetry::Metrics;
 
 /// One session's event log.
@@ -66,6 +66,11 @@ pub trait EventLog: Send + Sync {
     /// by [`EventLog::write_soon`] or a flush when none come first. Fails
     /// once the log has stopped.
     fn keep(&self, messages: &[Message]) -> Result<(), StoreError>;
+
+    /// Queues what the session's key spent, added to the stored usage
+    /// with the next events or by a flush. Fails once the log has
+    /// stopped.
+    fn spend(&self, spent: UsageRow) -> Result<(), StoreError>;
 
     /// Starts writing a staged state or messages now if no write is under
     /// way; events appended before it starts join it.
@@ -140,6 +145,10 @@ impl EventLog for EmbeddedLog {
 
     fn keep(&self, messages: &[Message]) -> Result<(), StoreError> {
         self.0.keep(messages)
+    }
+
+    fn spend(&self, spent: UsageRow) -> Result<(), StoreError> {
+        self.0.spend(spent)
     }
 
     fn write_soon(&self) {

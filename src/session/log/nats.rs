@@ -140,6 +140,10 @@ impl EventLog for NatsLog {
         self.core.keep(messages)
     }
 
+    fn spend(&self, spent: crate::store::UsageRow) -> Result<(), StoreError> {
+        self.core.spend(spent)
+    }
+
     fn write_soon(&self) {
         self.core.write_soon();
     }

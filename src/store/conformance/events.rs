@@ -7,7 +7,9 @@ use uuid::Uuid;
 
 use super::{Fixture, conversation, event, session};
 use crate::protocol::{Event, SessionRecord, SessionStatus, Usage};
-use crate::store::{Batch, Release, SessionFilter, SessionState, StoreError};
+use crate::store::{
+    Batch, Release, SessionFilter, SessionState, StoreError, UsageCounts, UsageRow,
+};
 
 pub(crate) async fn events_since_pages_in_order_and_last_seq_tracks_the_end(fixture: &dyn Fixture) {
     let store = fixture.open().await;
@@ -237,7 +239,7 @@ pub(crate) async fn a_batch_saves_the_sessions_state_messages_and_lease_with_its
         events,
         messages,
         state,
-        release: None,
+        ..Batch::default()
     };
     store
         .append_batch(created.id, batch(&first, &said[1..2], Some(&running)))
@@ -309,7 +311,8 @@ pub(crate) async fn a_batch_saves_the_sessions_state_messages_and_lease_with_its
     assert_eq!(store.messages(created.id).await.unwrap(), said);
 
     // A turn's lease goes with its last batch, only if its holder has it,
-    // and stays when the batch is refused.
+    // and what it spent is added to its key's usage (to a row there is,
+    // or a new one); a refused batch leaves both.
     let ttl = std::time::Duration::from_secs(60);
     store.lease_acquire("turn:x", "a", ttl).await.unwrap();
     let lease = |holder: &str| Release {
@@ -317,10 +320,27 @@ pub(crate) async fn a_batch_saves_the_sessions_state_messages_and_lease_with_its
         holder: holder.into(),
     };
     let (other, mine) = (lease("b"), lease("a"));
+    let day = chrono::NaiveDate::from_ymd_opt(2026, 11, 27).unwrap();
+    let spent = |model: &str, tokens| UsageRow {
+        owner: "key".into(),
+        day,
+        model: model.into(),
+        counts: UsageCounts {
+            input_tokens: tokens,
+            turns: 1,
+            ..UsageCounts::default()
+        },
+    };
+    store
+        .usage_add("key", day, "m", &spent("m", 5).counts)
+        .await
+        .unwrap();
+    let usage = [spent("m", 10), spent("n", 100)];
     let releasing = |events, release| Batch {
         events,
         state: Some(&idle),
         release: Some(release),
+        usage: &usage,
         ..Batch::default()
     };
     let fourth = [event(created.id, 4)];
@@ -356,4 +376,12 @@ pub(crate) async fn a_batch_saves_the_sessions_state_messages_and_lease_with_its
         .unwrap();
     assert_eq!(store.lease_renew("turn:x", "a", ttl).await.unwrap(), None);
     assert_eq!(store.last_seq(created.id).await.unwrap(), 5);
+    // Added once by the stored batch with another holder's release, once
+    // by the last; not by the refused one.
+    let rows = store.usage_rows(day, day, Some("key")).await.unwrap();
+    let tokens: Vec<(&str, u64, u64)> = rows
+        .iter()
+        .map(|r| (r.model.as_str(), r.counts.input_tokens, r.counts.turns))
+        .collect();
+    assert_eq!(tokens, [("m", 25, 3), ("n", 200, 2)]);
 }

@@ -10,7 +10,11 @@ use uuid::Uuid;
 use super::{PostgresStore, bigint, unsigned};
 use crate::protocol::Event;
 use crate::store::codec::{decode, encode, encode_event, encode_time};
-use crate::store::{Batch, EventStore, StoreError};
+use crate::store::usage::{encode_day, signed};
+use crate::store::{Batch, EventStore, StoreError, UsageRow};
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryScalar;
 
 /// Inserts the events bound as arrays in `$1`–`$5` (none when empty).
 macro_rules! insert_events {
@@ -26,7 +30,8 @@ macro_rules! insert_events {
 /// `UPDATE` of the row (raising `next_message` by the messages in `$7`,
 /// setting status, usage and `updated_at` when `$8`–`$10` are not null),
 /// the messages at the indices it freed, the lease `$11` deleted if `$12`
-/// holds it, and the events; answers how many sessions it found.
+/// holds it, the usage rows in `$13`–`$22` added, and the events; answers
+/// how many sessions it found.
 /// Data-modifying CTEs run once whatever reads them, and the statement
 /// commits or fails whole.
 const WITH_SESSION: &str = concat!(
@@ -42,7 +47,13 @@ const WITH_SESSION: &str = concat!(
          FROM slot, UNNEST($7::text[]) WITH ORDINALITY AS m(body, ord)
      ), freed AS (
          DELETE FROM leases WHERE name = $11 AND holder = $12
-     ), logged AS (",
+     ), spent AS (",
+    add_usage!(
+        "SELECT * FROM UNNEST($13::text[], $14::text[], $15::text[], $16::bigint[],
+             $17::bigint[], $18::float8[], $19::bigint[], $20::bigint[], $21::float8[],
+             $22::float8[])"
+    ),
+    "), logged AS (",
     insert_events!(),
     ") SELECT count(*) FROM slot"
 );
@@ -67,7 +78,11 @@ impl EventStore for PostgresStore {
             times.push(event.ts);
             bodies.push(body);
         }
-        if batch.messages.is_empty() && batch.state.is_none() && batch.release.is_none() {
+        if batch.messages.is_empty()
+            && batch.state.is_none()
+            && batch.release.is_none()
+            && batch.usage.is_empty()
+        {
             sqlx::query(insert_events!())
                 .bind(sessions)
                 .bind(seqs)
@@ -84,7 +99,7 @@ impl EventStore for PostgresStore {
             .map(|message| encode("message", message))
             .collect::<Result<Vec<_>, _>>()?;
         let state = batch.state;
-        let found: i64 = sqlx::query_scalar(WITH_SESSION)
+        let query = sqlx::query_scalar(WITH_SESSION)
             .bind(sessions)
             .bind(seqs)
             .bind(kinds)
@@ -100,9 +115,8 @@ impl EventStore for PostgresStore {
             )
             .bind(state.map(|state| encode_time(state.updated_at)))
             .bind(batch.release.map(|release| release.name.as_str()))
-            .bind(batch.release.map(|release| release.holder.as_str()))
-            .fetch_one(&self.pool)
-            .await?;
+            .bind(batch.release.map(|release| release.holder.as_str()));
+        let found: i64 = bind_usage(query, batch.usage).fetch_one(&self.pool).await?;
         if found == 0 && !batch.messages.is_empty() {
             return Err(StoreError::Io(format!(
                 "no session {session} to append messages to"
@@ -139,4 +153,24 @@ impl EventStore for PostgresStore {
                 .await?;
         unsigned("last seq", last)
     }
+}
+
+/// Binds usage rows as the ten arrays `$13`–`$22`, one per column.
+fn bind_usage<'q>(
+    query: QueryScalar<'q, Postgres, i64, PgArguments>,
+    rows: &[UsageRow],
+) -> QueryScalar<'q, Postgres, i64, PgArguments> {
+    let column = |f: fn(&UsageRow) -> i64| rows.iter().map(f).collect::<Vec<_>>();
+    let real = |f: fn(&UsageRow) -> f64| rows.iter().map(f).collect::<Vec<_>>();
+    query
+        .bind(rows.iter().map(|r| r.owner.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| encode_day(r.day)).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.model.clone()).collect::<Vec<_>>())
+        .bind(column(|r| signed(r.counts.input_tokens)))
+        .bind(column(|r| signed(r.counts.output_tokens)))
+        .bind(real(|r| r.counts.cost_usd))
+        .bind(column(|r| signed(r.counts.turns)))
+        .bind(column(|r| signed(r.counts.tool_calls)))
+        .bind(real(|r| r.counts.sandbox_cpu_s))
+        .bind(real(|r| r.counts.sandbox_wall_s))
 }

@@ -47,19 +47,9 @@ impl UsageStore for PostgresStore {
         // upserted row comes from RETURNING and the other models' rows
         // from the table.
         let sql = concat!(
-            "WITH up AS (
-                INSERT INTO key_usage (owner, day, model, input_tokens, output_tokens,
-                    cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-                ON CONFLICT (owner, day, model) DO UPDATE SET
-                    input_tokens = key_usage.input_tokens + excluded.input_tokens,
-                    output_tokens = key_usage.output_tokens + excluded.output_tokens,
-                    cost_usd = key_usage.cost_usd + excluded.cost_usd,
-                    turns = key_usage.turns + excluded.turns,
-                    tool_calls = key_usage.tool_calls + excluded.tool_calls,
-                    sandbox_cpu_s = key_usage.sandbox_cpu_s + excluded.sandbox_cpu_s,
-                    sandbox_wall_s = key_usage.sandbox_wall_s + excluded.sandbox_wall_s
-                RETURNING input_tokens, output_tokens, cost_usd, turns, tool_calls,
+            "WITH up AS (",
+            add_usage!("VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
+            " RETURNING input_tokens, output_tokens, cost_usd, turns, tool_calls,
                     sandbox_cpu_s, sandbox_wall_s
             ), day_rows AS (
                 SELECT * FROM up

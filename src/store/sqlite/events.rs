@@ -72,6 +72,7 @@ impl EventStore for SqliteStore {
         };
         let id = session.to_string();
         let release = batch.release.cloned();
+        let usage = batch.usage.to_vec();
         self.call(move |conn| {
             let write = |conn: &Connection| -> Result<(), StoreError> {
                 let mut statement = conn.prepare_cached(
@@ -89,12 +90,17 @@ impl EventStore for SqliteStore {
                     conn.prepare_cached(RELEASE)?
                         .execute(params![release.name, release.holder])?;
                 }
+                for row in &usage {
+                    super::usage::add_usage(conn, row)?;
+                }
                 Ok(())
             };
             // One statement undoes itself when it fails; several need a
             // savepoint.
-            let statements =
-                rows.len() + usize::from(state.is_some()) + usize::from(release.is_some());
+            let statements = rows.len()
+                + usize::from(state.is_some())
+                + usize::from(release.is_some())
+                + usage.len();
             if statements == 1 && messages.is_empty() {
                 write(conn)
             } else {

@@ -34,6 +34,38 @@ fn day_totals(conn: &Connection, owner: &str, day: &str) -> Result<UsageCounts, 
         .query_row(params![owner, day], |row| counts(row, 0))?)
 }
 
+/// Adds `row`'s counts to the key's row of its day and model, made when
+/// missing.
+pub(super) fn add_usage(conn: &Connection, row: &UsageRow) -> Result<(), StoreError> {
+    let add = &row.counts;
+    conn.prepare_cached(
+        "INSERT INTO key_usage (owner, day, model, input_tokens, output_tokens,
+            cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+         ON CONFLICT (owner, day, model) DO UPDATE SET
+            input_tokens = input_tokens + excluded.input_tokens,
+            output_tokens = output_tokens + excluded.output_tokens,
+            cost_usd = cost_usd + excluded.cost_usd,
+            turns = turns + excluded.turns,
+            tool_calls = tool_calls + excluded.tool_calls,
+            sandbox_cpu_s = sandbox_cpu_s + excluded.sandbox_cpu_s,
+            sandbox_wall_s = sandbox_wall_s + excluded.sandbox_wall_s",
+    )?
+    .execute(params![
+        row.owner,
+        encode_day(row.day),
+        row.model,
+        signed(add.input_tokens),
+        signed(add.output_tokens),
+        add.cost_usd,
+        signed(add.turns),
+        signed(add.tool_calls),
+        add.sandbox_cpu_s,
+        add.sandbox_wall_s,
+    ])?;
+    Ok(())
+}
+
 #[async_trait]
 impl UsageStore for SqliteStore {
     async fn usage_add(
@@ -43,34 +75,15 @@ impl UsageStore for SqliteStore {
         model: &str,
         add: &UsageCounts,
     ) -> Result<UsageCounts, StoreError> {
-        let (owner, day, model, add) = (owner.to_owned(), encode_day(day), model.to_owned(), *add);
+        let row = UsageRow {
+            owner: owner.to_owned(),
+            day,
+            model: model.to_owned(),
+            counts: *add,
+        };
         self.call(move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO key_usage (owner, day, model, input_tokens, output_tokens,
-                    cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-                 ON CONFLICT (owner, day, model) DO UPDATE SET
-                    input_tokens = input_tokens + excluded.input_tokens,
-                    output_tokens = output_tokens + excluded.output_tokens,
-                    cost_usd = cost_usd + excluded.cost_usd,
-                    turns = turns + excluded.turns,
-                    tool_calls = tool_calls + excluded.tool_calls,
-                    sandbox_cpu_s = sandbox_cpu_s + excluded.sandbox_cpu_s,
-                    sandbox_wall_s = sandbox_wall_s + excluded.sandbox_wall_s",
-            )?
-            .execute(params![
-                owner,
-                day,
-                model,
-                signed(add.input_tokens),
-                signed(add.output_tokens),
-                add.cost_usd,
-                signed(add.turns),
-                signed(add.tool_calls),
-                add.sandbox_cpu_s,
-                add.sandbox_wall_s,
-            ])?;
-            day_totals(conn, &owner, &day)
+            add_usage(conn, &row)?;
+            day_totals(conn, &row.owner, &encode_day(row.day))
         })
         .await
     }
