@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use crate::store::{Lease, Release, Store, StoreError};
+use crate::store::{Lease, Release, SessionEnd, Store, StoreError, TurnLease};
 
 /// The leases of this replica's turns.
 pub struct TurnLeases {
@@ -47,6 +47,15 @@ pub enum Taken {
     Held(HeldTurn),
     /// Another turn has it, on this replica or another.
     Busy(Lease),
+}
+
+/// Why a session's turn lease was not taken, besides its being busy.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeError {
+    #[error("no such session")]
+    NoSession,
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 pub fn lease_name(session: Uuid) -> String {
@@ -87,17 +96,45 @@ impl TurnLeases {
     /// renewed; if a renewal finds it taken by another holder, or none
     /// succeeds for a whole lease, `lost` is cancelled (the turn stops).
     pub async fn take(&self, session: Uuid, lost: CancellationToken) -> Result<Taken, StoreError> {
-        let name = lease_name(session);
-        // One holder name per turn: two turns of one replica exclude each
-        // other as turns of two replicas do.
-        let holder = format!("{}/{}", self.replica, Uuid::new_v4().simple());
+        let (name, holder) = self.names(session);
         let lease = self.store.lease_acquire(&name, &holder, self.ttl).await?;
         if lease.holder != holder {
             return Ok(Taken::Busy(lease));
         }
+        Ok(Taken::Held(self.held(Release { name, holder }, lost)))
+    }
+
+    /// [`TurnLeases::take`] for a session that must exist, reading it as
+    /// the store has it once the lease is taken (one round trip where the
+    /// store can).
+    pub async fn take_turn(
+        &self,
+        session: Uuid,
+        lost: CancellationToken,
+    ) -> Result<Option<(HeldTurn, SessionEnd)>, TakeError> {
+        let (name, holder) = self.names(session);
+        match self
+            .store
+            .take_turn(session, (&name, &holder), self.ttl)
+            .await?
+        {
+            TurnLease::Held(end) => Ok(Some((self.held(Release { name, holder }, lost), *end))),
+            TurnLease::Busy => Ok(None),
+            TurnLease::NoSession => Err(TakeError::NoSession),
+        }
+    }
+
+    /// The lease's name for `session` and a holder name for one turn: two
+    /// turns of one replica exclude each other as turns of two replicas do.
+    fn names(&self, session: Uuid) -> (String, String) {
+        let holder = format!("{}/{}", self.replica, Uuid::new_v4().simple());
+        (lease_name(session), holder)
+    }
+
+    /// A lease just taken, renewed from now on.
+    fn held(&self, release: Release, lost: CancellationToken) -> HeldTurn {
         let stop = CancellationToken::new();
         let releasing = Arc::new(AtomicBool::new(false));
-        let release = Release { name, holder };
         tokio::spawn(renew(
             self.store.clone(),
             release.clone(),
@@ -105,13 +142,13 @@ impl TurnLeases {
             (stop.clone(), releasing.clone()),
             lost,
         ));
-        Ok(Taken::Held(HeldTurn {
+        HeldTurn {
             store: self.store.clone(),
             release,
             releasing,
             released: AtomicBool::new(false),
             _renewals: stop.drop_guard(),
-        }))
+        }
     }
 
     /// The turn leases whose replicas stopped renewing them.

@@ -127,6 +127,17 @@ pub struct SessionEnd {
     pub messages: Option<u64>,
 }
 
+/// What taking a session's turn lease found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnLease {
+    /// Taken, and the session as the store has it now.
+    Held(Box<SessionEnd>),
+    /// Another holder has it.
+    Busy,
+    /// No such session: no lease was taken.
+    NoSession,
+}
+
 /// Sessions and their conversation history.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
@@ -465,6 +476,30 @@ pub trait Store:
 
     /// Writes out everything accepted so far and stops taking writes.
     async fn close(&self) -> Result<(), StoreError>;
+
+    /// Takes the turn lease `name` of `session` for `holder`, as
+    /// [`LeaseStore::lease_acquire`] does, only while the session exists,
+    /// and reads the session as [`Store::session_at_end`] does: in one
+    /// statement where the backend can. The read sees every write that
+    /// committed before the lease was free.
+    async fn take_turn(
+        &self,
+        session: Uuid,
+        (name, holder): (&str, &str),
+        ttl: std::time::Duration,
+    ) -> Result<TurnLease, StoreError> {
+        let lease = self.lease_acquire(name, holder, ttl).await?;
+        if lease.holder != holder {
+            return Ok(TurnLease::Busy);
+        }
+        match self.session_at_end(session).await? {
+            Some(end) => Ok(TurnLease::Held(Box::new(end))),
+            None => {
+                self.lease_release(name, holder).await?;
+                Ok(TurnLease::NoSession)
+            }
+        }
+    }
 
     /// The session's record, the last `seq` of its log and, where known,
     /// the length of its conversation, as one read where the backend can

@@ -42,6 +42,25 @@ macro_rules! add_usage {
     };
 }
 
+/// Takes the lease `$1` for the holder `$2` until `$3` microseconds from
+/// now when it is free, expired or already the holder's (a new holder
+/// raises the fence), for each row of `$source` (a `VALUES` or a
+/// `SELECT`); a lease held by another is left as it is and not returned.
+macro_rules! take_lease {
+    ($source:expr) => {
+        concat!(
+            "INSERT INTO leases (name, holder, expires_at, fence) ",
+            $source,
+            " ON CONFLICT (name) DO UPDATE SET
+                fence = leases.fence + (leases.holder <> excluded.holder)::int,
+                holder = excluded.holder,
+                expires_at = excluded.expires_at
+             WHERE leases.holder = excluded.holder OR leases.expires_at <= now()
+             RETURNING name, holder, expires_at, fence"
+        )
+    };
+}
+
 mod bus;
 mod checkpoints;
 mod events;
@@ -202,6 +221,17 @@ const MIGRATIONS: &[(&str, &str)] = &[
             FROM (SELECT session_id, MAX(idx) + 1 AS next FROM messages GROUP BY session_id) AS m
             WHERE sessions.id = m.session_id;",
     ),
+    (
+        "the last seq on the session",
+        // Kept by every batch: a replica taking a turn reads it with the
+        // session's row, locked, so that it sees the batch that freed the
+        // lease (a `MAX(seq)` in the same statement would read the
+        // statement's older snapshot).
+        "ALTER TABLE sessions ADD COLUMN last_seq BIGINT NOT NULL DEFAULT 0;
+        UPDATE sessions SET last_seq = e.last
+            FROM (SELECT session_id, MAX(seq) AS last FROM events GROUP BY session_id) AS e
+            WHERE sessions.id = e.session_id;",
+    ),
 ];
 
 fn migrator() -> Migrator {
@@ -323,6 +353,15 @@ impl Store for PostgresStore {
         id: uuid::Uuid,
     ) -> Result<Option<crate::store::SessionEnd>, StoreError> {
         sessions::session_at_end(self, id).await
+    }
+
+    async fn take_turn(
+        &self,
+        session: uuid::Uuid,
+        lease: (&str, &str),
+        ttl: std::time::Duration,
+    ) -> Result<crate::store::TurnLease, StoreError> {
+        sessions::take_turn(self, session, lease, ttl).await
     }
 }
 

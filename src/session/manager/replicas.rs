@@ -12,9 +12,10 @@ use uuid::Uuid;
 use super::{CUT_OFF_ELSEWHERE, LEASE_POLL, Runner, SessionManager};
 use crate::protocol::{EventKind, SessionStatus};
 use crate::session::SessionError;
-use crate::session::lease::{HeldTurn, Taken, TurnLeases, session_of};
+use crate::session::lease::{HeldTurn, TakeError, Taken, TurnLeases, session_of};
 use crate::session::live::Session;
 use crate::session::signal::Signals;
+use crate::store::SessionEnd;
 
 impl SessionManager {
     /// Sends interrupts for turns of other replicas over `bus`, and takes
@@ -83,14 +84,8 @@ impl SessionManager {
         let finishing_for = leases.ttl();
         let started = Instant::now();
         loop {
-            if let Taken::Held(held) = leases.take(session.id, cancel.clone()).await? {
-                return match self.resync(session).await {
-                    Ok(session) => Ok((held, session)),
-                    Err(e) => {
-                        held.release().await;
-                        Err(e)
-                    }
-                };
+            if let Some((held, end)) = self.take_lease(leases, &session, cancel).await? {
+                return Ok((held, self.resync(session, end)));
             }
             if !queue {
                 let finishing = self.stored_result(&session).await?;
@@ -118,13 +113,29 @@ impl SessionManager {
             .is_some_and(|e| matches!(e.kind, EventKind::Result { .. })))
     }
 
-    /// The session as stored, its log continuing from the stored events.
-    async fn resync(&self, session: Arc<Session>) -> Result<Arc<Session>, SessionError> {
-        let end = self
-            .store
-            .session_at_end(session.id)
-            .await?
-            .ok_or(SessionError::NotFound(session.id))?;
+    /// Takes the session's turn lease and reads the session as stored;
+    /// `None` while another turn holds it. A session deleted elsewhere is
+    /// forgotten here.
+    async fn take_lease(
+        &self,
+        leases: &TurnLeases,
+        session: &Session,
+        lost: &CancellationToken,
+    ) -> Result<Option<(HeldTurn, SessionEnd)>, SessionError> {
+        match leases.take_turn(session.id, lost.clone()).await {
+            Ok(taken) => Ok(taken),
+            Err(TakeError::Store(e)) => Err(e.into()),
+            Err(TakeError::NoSession) => {
+                session.closed.cancel();
+                self.forget(session.id);
+                Err(SessionError::NotFound(session.id))
+            }
+        }
+    }
+
+    /// The session as `end` says the store has it, its log continuing
+    /// from the stored events.
+    fn resync(&self, session: Arc<Session>, end: SessionEnd) -> Arc<Session> {
         // The same last `seq`: no turn ran elsewhere since this copy's
         // last, so its kept history is a prefix of the stored one. A fresh
         // copy keeps none.
@@ -140,7 +151,7 @@ impl SessionManager {
             fresh
         };
         session.stored_len_is(end.messages);
-        Ok(session)
+        session
     }
 
     /// Closes the turns of replicas that died: each turn lease that expired
@@ -194,11 +205,14 @@ impl SessionManager {
         message: &str,
     ) -> Result<bool, SessionError> {
         let _local = session.turn_lock.clone().lock_owned().await;
-        let Taken::Held(held) = leases.take(session.id, CancellationToken::new()).await? else {
+        let Some((held, end)) = self
+            .take_lease(leases, &session, &CancellationToken::new())
+            .await?
+        else {
             return Ok(false);
         };
         let outcome = async {
-            let session = self.resync(session).await?;
+            let session = self.resync(session, end);
             if session.status() != SessionStatus::Running {
                 return Ok(false);
             }

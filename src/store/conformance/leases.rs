@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::Fixture;
+use chrono::Utc;
+
+use super::{Fixture, conversation, event, session};
+use crate::store::TurnLease;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -139,4 +142,67 @@ pub(crate) async fn acquires_racing_releases_always_answer(fixture: &dyn Fixture
     }
     churn.await.unwrap();
     assert!(answers > 0);
+}
+
+/// Taking a session's turn lease reads the session with it, takes nothing
+/// for a session that does not exist, and finds a held lease busy.
+pub(crate) async fn a_turn_lease_is_taken_only_for_a_session_and_reads_it(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let missing = uuid::Uuid::new_v4();
+    assert_eq!(
+        store
+            .take_turn(missing, ("turn:missing", "a"), LONG)
+            .await
+            .unwrap(),
+        TurnLease::NoSession
+    );
+    let other = store
+        .lease_acquire("turn:missing", "b", LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        (other.holder.as_str(), other.fence),
+        ("b", 1),
+        "no lease was taken"
+    );
+
+    let created = session(None, Utc::now());
+    store.create_session(&created).await.unwrap();
+    store
+        .append_messages(created.id, &conversation())
+        .await
+        .unwrap();
+    store
+        .append_events(&[event(created.id, 1), event(created.id, 2)])
+        .await
+        .unwrap();
+    let TurnLease::Held(end) = store
+        .take_turn(created.id, ("turn:s", "a"), LONG)
+        .await
+        .unwrap()
+    else {
+        panic!("a free lease is taken");
+    };
+    assert_eq!((&end.record, end.last_seq), (&created, 2));
+    assert!(
+        end.messages
+            .is_none_or(|n| n == conversation().len() as u64)
+    );
+    assert_eq!(
+        store
+            .take_turn(created.id, ("turn:s", "b"), LONG)
+            .await
+            .unwrap(),
+        TurnLease::Busy
+    );
+    assert!(
+        matches!(
+            store
+                .take_turn(created.id, ("turn:s", "a"), LONG)
+                .await
+                .unwrap(),
+            TurnLease::Held(_)
+        ),
+        "the holder renews it"
+    );
 }

@@ -147,6 +147,7 @@ suite!(
     quota::window_counts_restart_each_window,
     leases::a_race_has_one_winner,
     leases::acquires_racing_releases_always_answer,
+    leases::a_turn_lease_is_taken_only_for_a_session_and_reads_it,
     usage::usage_adds_up_per_owner_day_and_model,
     usage::concurrent_usage_adds_all_land,
 );
@@ -170,6 +171,7 @@ replicas!(
     leases_race_across_replicas,
     kv_compare_and_set_across_replicas,
     events_of_one_replica_read_by_the_other,
+    a_turn_taken_as_the_last_one_ends_reads_its_end,
 );
 
 pub(crate) fn session(owner: Option<&str>, created_at: DateTime<Utc>) -> SessionRecord {

@@ -8,8 +8,8 @@ use chrono::Utc;
 
 use super::kv::race_compare_and_set;
 use super::{Fixture, conversation, event, session};
-use crate::protocol::Event;
-use crate::store::Store;
+use crate::protocol::{Event, SessionStatus, Usage};
+use crate::store::{Batch, Release, SessionState, Store, TurnLease};
 
 pub(crate) async fn leases_race_across_replicas(fixture: &dyn Fixture) {
     let replicas: [Arc<dyn Store>; 2] = [fixture.open().await, fixture.open().await];
@@ -90,4 +90,54 @@ pub(crate) async fn events_of_one_replica_read_by_the_other(fixture: &dyn Fixtur
         .unwrap();
     assert_eq!(a.events_since(created.id, 0, 100).await.unwrap(), events);
     assert_eq!(a.messages(created.id).await.unwrap().len(), 6);
+}
+
+/// A replica that takes a turn as the last one's `result` frees the lease
+/// reads the session as that write left it: never the state before it,
+/// however the two statements interleave.
+pub(crate) async fn a_turn_taken_as_the_last_one_ends_reads_its_end(fixture: &dyn Fixture) {
+    let (a, b) = (fixture.open().await, fixture.open().await);
+    let created = session(None, Utc::now());
+    a.create_session(&created).await.unwrap();
+    let id = created.id;
+    let (name, ttl) = ("turn:race", Duration::from_secs(60));
+    for n in 1..=40u64 {
+        let taken = a.take_turn(id, (name, "a"), ttl).await.unwrap();
+        assert!(matches!(taken, TurnLease::Held(_)), "{taken:?}");
+        let taker = tokio::spawn({
+            let b = b.clone();
+            async move {
+                loop {
+                    match b.take_turn(id, (name, "b"), ttl).await.unwrap() {
+                        TurnLease::Held(end) => return end,
+                        TurnLease::Busy => tokio::task::yield_now().await,
+                        TurnLease::NoSession => panic!("the session is there"),
+                    }
+                }
+            }
+        });
+        let state = SessionState {
+            status: SessionStatus::Idle,
+            usage: Usage {
+                turns: n,
+                ..Usage::default()
+            },
+            updated_at: Utc::now(),
+        };
+        let release = Release {
+            name: name.into(),
+            holder: "a".into(),
+        };
+        let last = [event(id, n)];
+        let end = Batch {
+            events: &last,
+            state: Some(&state),
+            release: Some(&release),
+            ..Batch::default()
+        };
+        a.append_batch(id, end).await.unwrap();
+        let seen = taker.await.unwrap();
+        assert_eq!((seen.last_seq, seen.record.usage.turns), (n, n), "turn {n}");
+        assert!(b.lease_release(name, "b").await.unwrap());
+    }
 }

@@ -26,17 +26,17 @@ macro_rules! insert_events {
     };
 }
 
-/// A batch that changes the session's row or gives a lease up: one
-/// `UPDATE` of the row (raising `next_message` by the messages in `$7`,
-/// setting status, usage and `updated_at` when `$8`–`$10` are not null),
-/// the messages at the indices it freed, the lease `$11` deleted if `$12`
+/// A batch: one `UPDATE` of the session's row (raising `next_message` by
+/// the messages in `$7` and `last_seq` to the batch's last event, setting
+/// status, usage and `updated_at` when `$8`–`$10` are not null), the
+/// messages at the indices it freed, the lease `$11` deleted if `$12`
 /// holds it, the usage rows in `$13`–`$22` added, and the events; answers
-/// how many sessions it found.
-/// Data-modifying CTEs run once whatever reads them, and the statement
-/// commits or fails whole.
-const WITH_SESSION: &str = concat!(
+/// how many sessions it found. Data-modifying CTEs run once whatever
+/// reads them, and the statement commits or fails whole.
+const BATCH: &str = concat!(
     "WITH slot AS (
          UPDATE sessions SET next_message = next_message + cardinality($7::text[]),
+             last_seq = GREATEST(last_seq, (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq)),
              status = COALESCE($8, status), usage = COALESCE($9::json, usage),
              updated_at = COALESCE($10, updated_at)
          WHERE id = $6
@@ -78,28 +78,13 @@ impl EventStore for PostgresStore {
             times.push(event.ts);
             bodies.push(body);
         }
-        if batch.messages.is_empty()
-            && batch.state.is_none()
-            && batch.release.is_none()
-            && batch.usage.is_empty()
-        {
-            sqlx::query(insert_events!())
-                .bind(sessions)
-                .bind(seqs)
-                .bind(kinds)
-                .bind(times)
-                .bind(bodies)
-                .execute(&self.pool)
-                .await?;
-            return Ok(());
-        }
         let messages = batch
             .messages
             .iter()
             .map(|message| encode("message", message))
             .collect::<Result<Vec<_>, _>>()?;
         let state = batch.state;
-        let query = sqlx::query_scalar(WITH_SESSION)
+        let query = sqlx::query_scalar(BATCH)
             .bind(sessions)
             .bind(seqs)
             .bind(kinds)

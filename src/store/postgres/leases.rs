@@ -50,19 +50,9 @@ impl LeaseStore for PostgresStore {
         // A holder may release between the two statements below: the lease
         // is free then, and the next round takes it.
         loop {
-            // Free, expired or ours: take it (a new holder raises the
-            // fence). Otherwise the row stays as it is and nothing is
-            // returned.
             let taken = self
                 .holding(
-                    "INSERT INTO leases (name, holder, expires_at, fence)
-                     VALUES ($1, $2, now() + $3 * interval '1 microsecond', 1)
-                     ON CONFLICT (name) DO UPDATE SET
-                        fence = leases.fence + (leases.holder <> excluded.holder)::int,
-                        holder = excluded.holder,
-                        expires_at = excluded.expires_at
-                     WHERE leases.holder = excluded.holder OR leases.expires_at <= now()
-                     RETURNING name, holder, expires_at, fence",
+                    take_lease!("VALUES ($1, $2, now() + $3 * interval '1 microsecond', 1)"),
                     (name, holder, ttl),
                 )
                 .await?;

@@ -11,7 +11,7 @@ use crate::model::Message;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::store::codec::{decode, decode_time, encode, encode_time};
 use crate::store::{
-    Batch, EventStore, SessionEnd, SessionFilter, SessionState, SessionStore, StoreError,
+    Batch, EventStore, SessionEnd, SessionFilter, SessionState, SessionStore, StoreError, TurnLease,
 };
 
 /// The columns of `sessions` in the order [`session`] reads them.
@@ -76,29 +76,62 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<String>) {
     (sql, params)
 }
 
-/// [`crate::store::Store::session_at_end`]: one statement, so the record,
-/// the `seq` and the length of the conversation are of one moment.
+/// [`crate::store::Store::session_at_end`]: the record, the last `seq`
+/// and the length of the conversation, all kept on the session's row.
 pub(super) async fn session_at_end(
     store: &PostgresStore,
     id: Uuid,
 ) -> Result<Option<SessionEnd>, StoreError> {
-    let sql = format!(
-        "SELECT {COLUMNS}, (SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = $1),
-             next_message
-         FROM sessions WHERE id = $1"
-    );
+    let sql = format!("SELECT {COLUMNS}, last_seq, next_message FROM sessions WHERE id = $1");
     let row = sqlx::query(AssertSqlSafe(sql))
         .bind(id)
         .fetch_optional(&store.pool)
         .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    Ok(Some(SessionEnd {
-        record: session(&row)?,
+    row.as_ref().map(session_end).transpose()
+}
+
+/// A row of [`COLUMNS`] followed by `last_seq` and `next_message`.
+fn session_end(row: &PgRow) -> Result<SessionEnd, StoreError> {
+    Ok(SessionEnd {
+        record: session(row)?,
         last_seq: unsigned("last seq", row.try_get(10)?)?,
         messages: Some(unsigned("next message", row.try_get(11)?)?),
-    }))
+    })
+}
+
+/// [`crate::store::Store::take_turn`] in one statement. The session's row
+/// is read first, locked for share: that waits for a batch writing it
+/// and then reads the row as that batch left it, even when the batch
+/// committed after this statement's snapshot (as the one that frees the
+/// lease may have). The lease is taken only for a session that exists,
+/// and after its row, the order the batches lock them in.
+pub(super) async fn take_turn(
+    store: &PostgresStore,
+    id: Uuid,
+    (name, holder): (&str, &str),
+    ttl: std::time::Duration,
+) -> Result<TurnLease, StoreError> {
+    let sql = format!(
+        "WITH held AS (
+             SELECT {COLUMNS}, last_seq, next_message FROM sessions WHERE id = $4 FOR SHARE
+         ), taken AS ({})
+         SELECT held.*, (SELECT count(*) FROM taken WHERE holder = $2) FROM held",
+        take_lease!("SELECT $1, $2, now() + $3 * interval '1 microsecond', 1 FROM held")
+    );
+    let row = sqlx::query(AssertSqlSafe(sql))
+        .bind(name)
+        .bind(holder)
+        .bind(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX))
+        .bind(id)
+        .fetch_optional(&store.pool)
+        .await?;
+    let Some(row) = row else {
+        return Ok(TurnLease::NoSession);
+    };
+    if row.try_get::<i64, _>(12)? == 0 {
+        return Ok(TurnLease::Busy);
+    }
+    Ok(TurnLease::Held(Box::new(session_end(&row)?)))
 }
 
 #[async_trait]
