@@ -43,10 +43,14 @@ fn shared_store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
 }
 
 async fn create(manager: &SessionManager) -> Arc<Session> {
+    create_of(manager, "echo").await
+}
+
+async fn create_of(manager: &SessionManager, kind: &'static str) -> Arc<Session> {
     manager
         .create(NewSession {
             name: None,
-            kind: SessionKind::named("echo"),
+            kind: SessionKind::named(kind),
             owner: None,
             options: json!({}),
             ephemeral: false,
@@ -374,15 +378,22 @@ impl SessionTask for Recall {
             .collect();
         let text = recalled.join(" ");
         turn.session.keep_history(history);
+        turn.history_len = Some(turn.session.history_len() as u64);
         Ok(Outcome::new(ResultStatus::Success, Some(text)))
     }
 }
 
 /// The text of the `result` that ends `turn`.
 async fn answer(turn: StartedTurn) -> String {
+    answer_at(turn).await.0
+}
+
+/// The text of the `result` that ends `turn`, and its `seq`.
+async fn answer_at(turn: StartedTurn) -> (String, u64) {
     let events = events_of(turn).await;
-    match &events.last().unwrap().kind {
-        EventKind::Result { result, .. } => result.clone().unwrap_or_default(),
+    let last = events.last().unwrap();
+    match &last.kind {
+        EventKind::Result { result, .. } => (result.clone().unwrap_or_default(), last.seq),
         other => panic!("the turn ended with {other:?}"),
     }
 }
@@ -396,16 +407,7 @@ async fn a_turn_starts_from_the_whole_conversation_whichever_replica_ran_the_las
     let fixture = PostgresFixture::new().await;
     let store = fixture.open().await;
     let (a, b) = two_replicas(&store);
-    let session = a
-        .create(NewSession {
-            name: None,
-            kind: SessionKind::named("recall"),
-            owner: None,
-            options: json!({}),
-            ephemeral: false,
-        })
-        .await
-        .unwrap();
+    let session = create_of(&a, "recall").await;
     let mut said = Vec::new();
     for (word, replica) in [
         ("one", &a),
@@ -423,4 +425,55 @@ async fn a_turn_starts_from_the_whole_conversation_whichever_replica_ran_the_las
         settled(replica, session.id).await;
     }
     assert_eq!(store.messages(session.id).await.unwrap().len(), 5);
+}
+
+/// A replica whose copy of a session followed another replica's turns
+/// over NATS (its log is as long as the store's) still learns of a rewind
+/// made there: its next turn starts from the conversation as cut and
+/// continued, not from the one it kept.
+#[tokio::test]
+async fn a_rewind_on_another_replica_reaches_a_copy_that_followed_it() {
+    let fixture = PostgresFixture::new().await;
+    let store = fixture.open().await;
+    let url = std::env::var("CONCLAVE_TEST_NATS")
+        .expect("CONCLAVE_TEST_NATS is not set: scripts/test.sh starts nats-server and sets it");
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let client = async_nats::connect(&url).await.unwrap();
+        let logs =
+            crate::session::log::NatsLogs::new(client, store.clone(), Arc::new(Metrics::new()));
+        replicas.push(replica(&store, Duration::from_secs(15)).with_logs(Arc::new(logs)));
+    }
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let session = create_of(a, "recall").await;
+    let mut ends = Vec::new();
+    for word in ["one", "two", "three"] {
+        let copy = a.get(session.id, None).await.unwrap();
+        let turn = a.start_turn(copy, word.into(), false).await.unwrap();
+        ends.push(answer_at(turn).await.1);
+        settled(a, session.id).await;
+    }
+    let on_a = a.get(session.id, None).await.unwrap();
+    // B takes the session back to the end of "one" and goes on.
+    let copy = b.get(session.id, None).await.unwrap();
+    let options = TurnOptions {
+        rewind_to: Some(ends[0]),
+        ..TurnOptions::default()
+    };
+    let turn = b
+        .start_turn_with(copy, "four".into(), false, options)
+        .await
+        .unwrap();
+    assert_eq!(answer(turn).await, "one four");
+    settled(b, session.id).await;
+    // A's copy follows B's events over NATS until its log is the store's.
+    let last = store.last_seq(session.id).await.unwrap();
+    while on_a.last_seq() < last {
+        tokio::task::yield_now().await;
+    }
+    let turn = a
+        .start_turn(on_a.clone(), "five".into(), false)
+        .await
+        .unwrap();
+    assert_eq!(answer(turn).await, "one four five");
 }

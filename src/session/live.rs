@@ -48,6 +48,9 @@ pub struct Session {
     /// last read the session under its lease: the next turn reads none
     /// when its kept history is that long. Used once.
     stored_len: Mutex<Option<u64>>,
+    /// How many cuts (rewinds) the stored conversation had had when the
+    /// kept one was read, where the store counts them.
+    kept_cuts: Mutex<Option<u64>>,
 }
 
 impl Session {
@@ -79,6 +82,7 @@ impl Session {
             signals,
             history: Mutex::default(),
             stored_len: Mutex::default(),
+            kept_cuts: Mutex::default(),
         }
     }
 
@@ -240,10 +244,18 @@ impl Session {
         *lock(&self.history) = history;
     }
 
-    /// Tells the next turn how many messages the store holds: read under
-    /// the turn's lease, with the session's last `seq` equal to this
-    /// copy's (nobody changed the conversation elsewhere since).
-    pub(super) fn stored_len_is(&self, messages: Option<u64>) {
+    /// Tells the next turn what the store holds of the conversation, as
+    /// read under the turn's lease: its length (the turn reads no message
+    /// when the kept history is as long) and its cuts. A kept history
+    /// from before a cut made since, here or on another replica, may
+    /// differ from the stored one anywhere: it is dropped, and the turn
+    /// reads the conversation whole.
+    pub(super) fn history_stored(&self, messages: Option<u64>, cuts: Option<u64>) {
+        let mut kept_cuts = lock(&self.kept_cuts);
+        if *kept_cuts != cuts {
+            self.forget_history();
+            *kept_cuts = cuts;
+        }
         *lock(&self.stored_len) = messages;
     }
 

@@ -125,6 +125,10 @@ pub struct SessionEnd {
     /// How many messages its conversation holds, where the backend knows
     /// it without reading them (`None`: not known).
     pub messages: Option<u64>,
+    /// How many times its conversation was cut back (rewinds), where the
+    /// backend counts them: a copy of the conversation kept from before
+    /// the last cut may differ from the stored one at any index.
+    pub cuts: Option<u64>,
 }
 
 /// What taking a session's turn lease found.
@@ -512,6 +516,7 @@ pub trait Store:
             record,
             last_seq: self.last_seq(id).await?,
             messages: None,
+            cuts: None,
         }))
     }
 }

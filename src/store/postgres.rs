@@ -232,6 +232,12 @@ const MIGRATIONS: &[(&str, &str)] = &[
             FROM (SELECT session_id, MAX(seq) AS last FROM events GROUP BY session_id) AS e
             WHERE sessions.id = e.session_id;",
     ),
+    (
+        "the history's cuts on the session",
+        // Raised by every rewind: a replica whose copy of the conversation
+        // predates a cut made elsewhere reads the conversation again.
+        "ALTER TABLE sessions ADD COLUMN history_cuts BIGINT NOT NULL DEFAULT 0;",
+    ),
 ];
 
 fn migrator() -> Migrator {

@@ -136,9 +136,9 @@ impl SessionManager {
     /// The session as `end` says the store has it, its log continuing
     /// from the stored events.
     fn resync(&self, session: Arc<Session>, end: SessionEnd) -> Arc<Session> {
-        // The same last `seq`: no turn ran elsewhere since this copy's
-        // last, so its kept history is a prefix of the stored one. A fresh
-        // copy keeps none.
+        // The same last `seq`: this copy's log is up to date (no turn ran
+        // elsewhere since its last, or it followed them). A fresh copy
+        // keeps no history.
         let session = if end.last_seq == session.last_seq() {
             session.update_from(&end.record);
             session
@@ -150,7 +150,7 @@ impl SessionManager {
             self.live().insert(session.id, fresh.clone());
             fresh
         };
-        session.stored_len_is(end.messages);
+        session.history_stored(end.messages, end.cuts);
         session
     }
 

@@ -82,7 +82,7 @@ pub(super) async fn session_at_end(
     store: &PostgresStore,
     id: Uuid,
 ) -> Result<Option<SessionEnd>, StoreError> {
-    let sql = format!("SELECT {COLUMNS}, last_seq, next_message FROM sessions WHERE id = $1");
+    let sql = format!("SELECT {COLUMNS}, {AT_END} FROM sessions WHERE id = $1");
     let row = sqlx::query(AssertSqlSafe(sql))
         .bind(id)
         .fetch_optional(&store.pool)
@@ -90,12 +90,16 @@ pub(super) async fn session_at_end(
     row.as_ref().map(session_end).transpose()
 }
 
-/// A row of [`COLUMNS`] followed by `last_seq` and `next_message`.
+/// The columns of `sessions` that [`session_end`] reads after [`COLUMNS`].
+const AT_END: &str = "last_seq, next_message, history_cuts";
+
+/// A row of [`COLUMNS`] followed by [`AT_END`].
 fn session_end(row: &PgRow) -> Result<SessionEnd, StoreError> {
     Ok(SessionEnd {
         record: session(row)?,
         last_seq: unsigned("last seq", row.try_get(10)?)?,
         messages: Some(unsigned("next message", row.try_get(11)?)?),
+        cuts: Some(unsigned("history cuts", row.try_get(12)?)?),
     })
 }
 
@@ -113,7 +117,7 @@ pub(super) async fn take_turn(
 ) -> Result<TurnLease, StoreError> {
     let sql = format!(
         "WITH held AS (
-             SELECT {COLUMNS}, last_seq, next_message FROM sessions WHERE id = $4 FOR SHARE
+             SELECT {COLUMNS}, {AT_END} FROM sessions WHERE id = $4 FOR SHARE
          ), taken AS ({})
          SELECT held.*, (SELECT count(*) FROM taken WHERE holder = $2) FROM held",
         take_lease!("SELECT $1, $2, now() + $3 * interval '1 microsecond', 1 FROM held")
@@ -128,7 +132,7 @@ pub(super) async fn take_turn(
     let Some(row) = row else {
         return Ok(TurnLease::NoSession);
     };
-    if row.try_get::<i64, _>(12)? == 0 {
+    if row.try_get::<i64, _>(13)? == 0 {
         return Ok(TurnLease::Busy);
     }
     Ok(TurnLease::Held(Box::new(session_end(&row)?)))
@@ -273,11 +277,15 @@ impl SessionStore for PostgresStore {
     async fn truncate_messages(&self, id: Uuid, len: usize) -> Result<(), StoreError> {
         let len = i64::try_from(len).unwrap_or(i64::MAX);
         let mut tx = self.pool.begin().await?;
-        sqlx::query("UPDATE sessions SET next_message = LEAST(next_message, $2) WHERE id = $1")
-            .bind(id)
-            .bind(len)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE sessions SET next_message = LEAST(next_message, $2),
+                 history_cuts = history_cuts + 1
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(len)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query("DELETE FROM messages WHERE session_id = $1 AND idx >= $2")
             .bind(id)
             .bind(len)
