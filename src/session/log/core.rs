@@ -30,8 +30,9 @@ pub(super) struct Core {
     pub id: Uuid,
     pub store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    /// Events given a `seq` and not yet stored, and the messages and the
-    /// session's state waiting to be saved with them.
+    /// Events given a `seq` and not yet stored, and what waits to be saved
+    /// with them (messages, the session's state, usage, the lease given
+    /// up).
     log: Mutex<Log>,
     /// How far the log is known stored (and so may be sent), or why it
     /// stopped.
@@ -56,12 +57,12 @@ struct Log {
     /// The session's latest state not yet stored: saved with the next
     /// batch, in the same write.
     state: Option<SessionState>,
-    /// How many states and runs of messages were staged, those pending
-    /// included.
+    /// How many states, runs of messages and usage rows were staged,
+    /// those pending included.
     staged: u64,
-    /// Whether the staged state or messages are to be written even with
-    /// no events (asked by `write_soon` or a flush); otherwise they wait
-    /// for some. Never true with nothing staged.
+    /// Whether what is staged (state, messages, usage) is to be written
+    /// even with no events (asked by `write_soon` or a flush); otherwise
+    /// it waits for some. Never true with nothing staged.
     due: bool,
     /// The lease the turn gives up with its last write.
     release: Option<Release>,
@@ -79,8 +80,8 @@ struct Log {
 pub(super) struct Stored {
     /// The highest `seq` known committed to the store.
     pub seq: u64,
-    /// How many stagings (states and messages) are known stored, or for
-    /// a state, replaced by a later one that is.
+    /// How many stagings (states, messages, usage) are known stored, or
+    /// for a state, replaced by a later one that is.
     pub staged: u64,
     /// Set when the store refused a batch: the log takes no more events.
     pub failure: Option<Arc<str>>,
