@@ -147,14 +147,6 @@ pub enum TurnLease {
 pub trait SessionStore: Send + Sync {
     async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError>;
 
-    /// Saves status, usage and `updated_at`.
-    async fn update_session(
-        &self,
-        id: Uuid,
-        status: SessionStatus,
-        usage: &Usage,
-    ) -> Result<(), StoreError>;
-
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError>;
 
     /// The sessions `filter` selects, newest first.
@@ -178,9 +170,6 @@ pub trait SessionStore: Send + Sync {
     /// Removes the session with everything it owns (messages, events,
     /// checkpoints); false if unknown.
     async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError>;
-
-    /// Appends to the conversation history, in order.
-    async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError>;
 
     async fn messages(&self, id: Uuid) -> Result<Vec<Message>, StoreError> {
         self.messages_from(id, 0).await
@@ -212,6 +201,40 @@ pub trait EventStore: Send + Sync {
             }
             None => Ok(()),
         }
+    }
+
+    /// Saves a session's status, usage and `updated_at` (now): a batch of
+    /// that alone. An unknown session is left alone: it may have been
+    /// deleted while it ran, and its last update has nothing left to
+    /// update.
+    async fn update_session(
+        &self,
+        id: Uuid,
+        status: SessionStatus,
+        usage: &Usage,
+    ) -> Result<(), StoreError> {
+        let state = SessionState {
+            status,
+            usage: usage.clone(),
+            updated_at: Utc::now(),
+        };
+        let batch = Batch {
+            state: Some(&state),
+            ..Batch::default()
+        };
+        self.append_batch(id, batch).await
+    }
+
+    /// Appends to the conversation history, in order: a batch of messages
+    /// alone. On PostgreSQL, raising the session's `next_message` locks
+    /// its row, so two writers appending to one session (two replicas)
+    /// take their indices one after the other.
+    async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
+        let batch = Batch {
+            messages,
+            ..Batch::default()
+        };
+        self.append_batch(id, batch).await
     }
 
     /// Saves a batch of `session`'s log, all or none in one write: a

@@ -8,11 +8,9 @@ use uuid::Uuid;
 
 use super::{PostgresStore, bigint, unsigned};
 use crate::model::Message;
-use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::protocol::{SessionKind, SessionRecord, SessionStatus};
 use crate::store::codec::{decode, decode_time, encode, encode_time};
-use crate::store::{
-    Batch, EventStore, SessionEnd, SessionFilter, SessionState, SessionStore, StoreError, TurnLease,
-};
+use crate::store::{SessionEnd, SessionFilter, SessionStore, StoreError, TurnLease};
 
 /// The columns of `sessions` in the order [`session`] reads them.
 const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
@@ -161,26 +159,6 @@ impl SessionStore for PostgresStore {
         Ok(())
     }
 
-    /// An unknown session is left alone: it may have been deleted while it
-    /// ran, and its last update has nothing left to update.
-    async fn update_session(
-        &self,
-        id: Uuid,
-        status: SessionStatus,
-        usage: &Usage,
-    ) -> Result<(), StoreError> {
-        let state = SessionState {
-            status,
-            usage: usage.clone(),
-            updated_at: Utc::now(),
-        };
-        let batch = Batch {
-            state: Some(&state),
-            ..Batch::default()
-        };
-        self.append_batch(id, batch).await
-    }
-
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM sessions WHERE id = $1");
         let row = sqlx::query(AssertSqlSafe(sql))
@@ -244,19 +222,6 @@ impl SessionStore for PostgresStore {
             .execute(&self.pool)
             .await?;
         Ok(deleted.rows_affected() > 0)
-    }
-
-    /// One statement (a batch of messages alone): raising the session's
-    /// `next_message` locks its row, so two writers appending to one
-    /// session (two replicas) take their indices one after the other, and
-    /// the second, once the first has committed, reads the index the first
-    /// left (READ COMMITTED rereads an updated row after waiting for it).
-    async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
-        let batch = Batch {
-            messages,
-            ..Batch::default()
-        };
-        self.append_batch(id, batch).await
     }
 
     async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError> {

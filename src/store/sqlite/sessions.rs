@@ -8,8 +8,8 @@ use uuid::Uuid;
 use super::rows::{SessionRow, decode, decode_sessions, select_sessions};
 use super::{SqliteStore, listing};
 use crate::model::Message;
-use crate::protocol::{SessionRecord, SessionStatus, Usage};
-use crate::store::{Batch, EventStore, SessionFilter, SessionState, SessionStore, StoreError};
+use crate::protocol::{SessionRecord, SessionStatus};
+use crate::store::{SessionFilter, SessionStore, StoreError};
 
 #[async_trait]
 impl SessionStore for SqliteStore {
@@ -36,26 +36,6 @@ impl SessionStore for SqliteStore {
             Ok(())
         })
         .await
-    }
-
-    /// An unknown session is left alone: it may have been deleted while it
-    /// ran, and its last update has nothing left to update.
-    async fn update_session(
-        &self,
-        id: Uuid,
-        status: SessionStatus,
-        usage: &Usage,
-    ) -> Result<(), StoreError> {
-        let state = SessionState {
-            status,
-            usage: usage.clone(),
-            updated_at: Utc::now(),
-        };
-        let batch = Batch {
-            state: Some(&state),
-            ..Batch::default()
-        };
-        self.append_batch(id, batch).await
     }
 
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
@@ -130,14 +110,6 @@ impl SessionStore for SqliteStore {
             Ok(deleted > 0)
         })
         .await
-    }
-
-    async fn append_messages(&self, id: Uuid, messages: &[Message]) -> Result<(), StoreError> {
-        let batch = Batch {
-            messages,
-            ..Batch::default()
-        };
-        self.append_batch(id, batch).await
     }
 
     async fn messages_from(&self, id: Uuid, from: usize) -> Result<Vec<Message>, StoreError> {
