@@ -10,7 +10,9 @@
 //! - first event: short runs (`POST /agent/run`, `{"prompt": "hello"}`) one
 //!   at a time, round-robin over the replicas on one warm connection each,
 //!   timed from the call that sends the request to the first complete NDJSON
-//!   line; every stream is read to a `success` result.
+//!   line; every stream is read to a `success` result. Each run makes a
+//!   session, so the PostgreSQL statements and NATS messages per run
+//!   (printed after the times) are what a new session costs.
 //! - turns per second: SESSIONS sessions, session `i` made on and driven
 //!   through replica `i mod n`, all at once, each sending TURNS messages of
 //!   PROMPT (`hello`: a plain turn; `'$ echo hi'`: a turn that calls the
@@ -223,6 +225,13 @@ impl Deployment {
         )
     }
 
+    /// The counters of the deployment's database and nats-server.
+    async fn backends(&self) -> Result<Backends, String> {
+        let nats = self.nats.as_ref().map(|nats| nats.monitor.clone());
+        let database = self.database.as_ref().map(|d| d.url.as_str());
+        Backends::connect(database, nats).await
+    }
+
     /// CPU time of the replicas and of nats-server.
     fn cpu(&self) -> Result<(Duration, Duration), String> {
         let mut replicas = Duration::ZERO;
@@ -371,7 +380,13 @@ async fn measure_first_event(deployment: &Deployment) -> Result<(Duration, Durat
         .map(|_| client())
         .collect::<Result<_, _>>()?;
     let mut first_events = Vec::with_capacity(FIRST_EVENT_RUNS);
+    let mut backends = deployment.backends().await?;
+    let mut counted_before = None;
     for i in 0..WARMUP_RUNS + FIRST_EVENT_RUNS {
+        if i == WARMUP_RUNS {
+            backends.reset().await?;
+            counted_before = Some(backends.read().await?);
+        }
         let replica = i % clients.len();
         let url = format!("{}/agent/run", deployment.base(replica));
         let (first_event, _) = one_turn(&clients[replica], &url, PROMPT)
@@ -386,7 +401,16 @@ async fn measure_first_event(deployment: &Deployment) -> Result<(Duration, Durat
          round-robin over {} replica(s):",
         clients.len()
     );
-    Ok(print_percentiles("first event", first_events))
+    let percentiles = print_percentiles("first event", first_events);
+    let counted_after = backends.read().await?;
+    let runs = FIRST_EVENT_RUNS as f64;
+    if let Some(before) = counted_before {
+        backends::print_per_turn(&before, &counted_after, runs);
+    }
+    for line in backends.top_statements(runs).await? {
+        println!("    {line}");
+    }
+    Ok(percentiles)
 }
 
 /// `load.turns` back-to-back turns in each of `load.sessions` sessions at
@@ -436,9 +460,7 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
             Ok::<_, String>(turn_times)
         });
     }
-    let nats = deployment.nats.as_ref().map(|nats| nats.monitor.clone());
-    let database = deployment.database.as_ref().map(|d| d.url.as_str());
-    let mut backends = Backends::connect(database, nats).await?;
+    let mut backends = deployment.backends().await?;
     backends.reset().await?;
     let counted_before = backends.read().await?;
     let (cpu_before, machine_before) = (deployment.cpu()?, machine_ticks());
