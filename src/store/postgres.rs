@@ -238,6 +238,58 @@ const MIGRATIONS: &[(&str, &str)] = &[
         // predates a cut made elsewhere reads the conversation again.
         "ALTER TABLE sessions ADD COLUMN history_cuts BIGINT NOT NULL DEFAULT 0;",
     ),
+    (
+        "KV writes in one round trip",
+        // The transaction a KV write was (lock the namespace's counter,
+        // read the key, compare, count, write: five round trips) as one
+        // function. Each of its statements takes a new snapshot, so the
+        // read after the lock sees what the writer before committed, as
+        // in the transaction. `expected`: NULL writes unconditionally, 0
+        // wants the key absent, n wants it at revision n. A refused write
+        // answers `done` false and the key's revision, and counts nothing.
+        "CREATE FUNCTION kv_put(ns TEXT, k TEXT, v BYTEA, expected BIGINT, at TIMESTAMPTZ,
+                OUT done BOOLEAN, OUT rev BIGINT)
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO kv_revisions AS r (namespace, revision) VALUES (ns, 0)
+                    ON CONFLICT (namespace) DO UPDATE SET revision = r.revision;
+                SELECT kv.revision INTO rev FROM kv WHERE kv.namespace = ns AND kv.key = k;
+                IF expected IS NOT NULL AND rev IS DISTINCT FROM NULLIF(expected, 0) THEN
+                    done := false;
+                    RETURN;
+                END IF;
+                UPDATE kv_revisions AS r SET revision = r.revision + 1
+                    WHERE r.namespace = ns RETURNING r.revision INTO rev;
+                INSERT INTO kv AS e (namespace, key, value, revision, updated_at)
+                    VALUES (ns, k, v, rev, at)
+                    ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,
+                        revision = excluded.revision, updated_at = excluded.updated_at;
+                done := true;
+            END $$;
+        CREATE FUNCTION kv_delete(ns TEXT, k TEXT, expected BIGINT,
+                OUT done BOOLEAN, OUT rev BIGINT)
+            LANGUAGE plpgsql AS $$
+            DECLARE
+                counted BIGINT;
+            BEGIN
+                INSERT INTO kv_revisions AS r (namespace, revision) VALUES (ns, 0)
+                    ON CONFLICT (namespace) DO UPDATE SET revision = r.revision
+                    RETURNING r.revision INTO counted;
+                SELECT kv.revision INTO rev FROM kv WHERE kv.namespace = ns AND kv.key = k;
+                IF expected IS NOT NULL AND (rev IS NULL OR rev <> expected) THEN
+                    done := false;
+                    RETURN;
+                END IF;
+                done := true;
+                IF rev IS NULL THEN
+                    rev := counted;
+                    RETURN;
+                END IF;
+                UPDATE kv_revisions AS r SET revision = r.revision + 1
+                    WHERE r.namespace = ns RETURNING r.revision INTO rev;
+                DELETE FROM kv WHERE kv.namespace = ns AND kv.key = k;
+            END $$;",
+    ),
 ];
 
 fn migrator() -> Migrator {

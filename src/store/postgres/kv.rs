@@ -1,42 +1,36 @@
 //! The KV in PostgreSQL: one row per key, one revision counter per
 //! namespace. Every write locks its namespace's counter row first, so that
-//! writers in several processes compare and set one after the other.
+//! writers in several processes compare and set one after the other; a
+//! write is one call of a function of the schema (`kv_put`, `kv_delete`:
+//! see the migration "KV writes in one round trip"), one round trip.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::Row;
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
 
 use super::{PostgresStore, bigint, unsigned};
 use crate::store::{Expect, KvEntry, KvStore, KvWrite, StoreError};
 
-/// Locks the namespace's counter (creating it at 0) until the transaction
-/// ends, and answers the key's revision as the last committed write left it.
-/// Two statements: the second reads after the lock is held, so it sees
-/// what the writer before committed.
-async fn lock_and_read(
-    conn: &mut PgConnection,
-    namespace: &str,
-    key: &str,
-) -> Result<(u64, Option<u64>), StoreError> {
-    let namespace_revision: i64 = sqlx::query_scalar(
-        "INSERT INTO kv_revisions (namespace, revision) VALUES ($1, 0)
-         ON CONFLICT (namespace) DO UPDATE SET revision = kv_revisions.revision
-         RETURNING revision",
-    )
-    .bind(namespace)
-    .fetch_one(&mut *conn)
-    .await?;
-    let current: Option<i64> =
-        sqlx::query_scalar("SELECT revision FROM kv WHERE namespace = $1 AND key = $2")
-            .bind(namespace)
-            .bind(key)
-            .fetch_optional(&mut *conn)
-            .await?;
-    Ok((
-        unsigned("kv namespace revision", namespace_revision)?,
-        current.map(|r| unsigned("kv revision", r)).transpose()?,
-    ))
+/// The `expected` argument of the `kv_put` and `kv_delete` functions.
+fn expected(expect: Expect) -> Option<i64> {
+    match expect {
+        Expect::Any => None,
+        Expect::Absent => Some(0),
+        Expect::Revision(revision) => Some(bigint(revision)),
+    }
+}
+
+/// A function's `(done, rev)` as the write it answers.
+fn written((done, revision): (bool, Option<i64>)) -> Result<KvWrite, StoreError> {
+    let revision = revision.map(|r| unsigned("kv revision", r)).transpose()?;
+    match (done, revision) {
+        (true, Some(revision)) => Ok(KvWrite::Done(revision)),
+        (true, None) => Err(StoreError::Corrupt(
+            "a KV write answered no revision".into(),
+        )),
+        (false, current) => Ok(KvWrite::Conflict { current }),
+    }
 }
 
 fn entry(row: &PgRow) -> Result<KvEntry, StoreError> {
@@ -70,29 +64,15 @@ impl KvStore for PostgresStore {
         value: &[u8],
         expect: Expect,
     ) -> Result<KvWrite, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let (_, current) = lock_and_read(&mut tx, namespace, key).await?;
-        if !expect.allows(current) {
-            return Ok(KvWrite::Conflict { current });
-        }
-        let revision: i64 = sqlx::query_scalar(
-            "WITH next AS (
-                 UPDATE kv_revisions SET revision = revision + 1 WHERE namespace = $1
-                 RETURNING revision)
-             INSERT INTO kv (namespace, key, value, revision, updated_at)
-             SELECT $1, $2, $3, next.revision, $4 FROM next
-             ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,
-                 revision = excluded.revision, updated_at = excluded.updated_at
-             RETURNING revision",
-        )
-        .bind(namespace)
-        .bind(key)
-        .bind(value)
-        .bind(Utc::now())
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(KvWrite::Done(unsigned("kv revision", revision)?))
+        let answer = sqlx::query_as("SELECT done, rev FROM kv_put($1, $2, $3, $4, $5)")
+            .bind(namespace)
+            .bind(key)
+            .bind(value)
+            .bind(expected(expect))
+            .bind(Utc::now())
+            .fetch_one(&self.pool)
+            .await?;
+        written(answer)
     }
 
     async fn kv_delete(
@@ -101,27 +81,13 @@ impl KvStore for PostgresStore {
         key: &str,
         expect: Expect,
     ) -> Result<KvWrite, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let (namespace_revision, current) = lock_and_read(&mut tx, namespace, key).await?;
-        if !expect.allows(current) || (current.is_none() && expect != Expect::Any) {
-            return Ok(KvWrite::Conflict { current });
-        }
-        if current.is_none() {
-            return Ok(KvWrite::Done(namespace_revision));
-        }
-        let revision: i64 = sqlx::query_scalar(
-            "WITH next AS (
-                 UPDATE kv_revisions SET revision = revision + 1 WHERE namespace = $1
-                 RETURNING revision),
-             gone AS (DELETE FROM kv WHERE namespace = $1 AND key = $2)
-             SELECT revision FROM next",
-        )
-        .bind(namespace)
-        .bind(key)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(KvWrite::Done(unsigned("kv revision", revision)?))
+        let answer = sqlx::query_as("SELECT done, rev FROM kv_delete($1, $2, $3)")
+            .bind(namespace)
+            .bind(key)
+            .bind(expected(expect))
+            .fetch_one(&self.pool)
+            .await?;
+        written(answer)
     }
 
     /// `starts_with` takes the prefix literally: `%` and `_` are no
