@@ -19,6 +19,7 @@ use common::nats::NatsServer;
 use common::postgres::{TestDatabase, test_server};
 use common::{Lines, long_prompt, ws_until};
 use serde_json::{Value, json};
+use sqlx::Connection;
 use tokio::process::Child;
 
 /// One `conclave serve` as the README starts it, in a directory of its
@@ -67,7 +68,7 @@ struct Cluster {
     replicas: Vec<Replica>,
     _nats: NatsServer,
     /// Dropped after the replicas (fields drop in order).
-    _database: TestDatabase,
+    database: TestDatabase,
     http: reqwest::Client,
 }
 
@@ -90,7 +91,7 @@ async fn cluster_on(sandbox: &str, lease_s: u64, env: &[(&str, &str)]) -> Cluste
     Cluster {
         replicas,
         _nats: nats,
-        _database: database,
+        database,
         http: reqwest::Client::new(),
     }
 }
@@ -245,6 +246,17 @@ impl Cluster {
         let task = submitted["task_id"].as_str().unwrap().to_string();
         let session = submitted["session_id"].as_str().unwrap().to_string();
         (task, session)
+    }
+
+    /// How many sessions' tools the store says a replica holds.
+    async fn tool_owners(&self) -> i64 {
+        let mut db = sqlx::PgConnection::connect(&self.database.url())
+            .await
+            .unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM kv WHERE namespace = '_sandbox_owners'")
+            .fetch_one(&mut db)
+            .await
+            .unwrap()
     }
 
     async fn status(&self, on: usize, id: &str) -> Value {
@@ -571,6 +583,36 @@ async fn tool_calls_run_where_the_sessions_sandbox_is_and_a_lost_one_is_said() {
     );
 }
 
+#[tokio::test]
+async fn an_ephemeral_runs_sandbox_and_the_record_of_its_owner_go_when_it_ends() {
+    let cluster = cluster(15).await;
+    let response = cluster
+        .post(1, "/agent/run", json!({"prompt": "$ echo from-a-run"}))
+        .await;
+    assert_eq!(response.status(), 200);
+    let events = Lines::new(response).until("result").await;
+    assert!(
+        tool_result(&events)["output"]
+            .to_string()
+            .contains("from-a-run"),
+        "{events:?}"
+    );
+    // The run's tools are released once its result is stored.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let live = cluster.metric(1, "conclave_sandboxes_live", &[]).await;
+        let owners = cluster.tool_owners().await;
+        if live == 0.0 && owners == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after the run: {live} sandboxes live, {owners} owners recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 const CHILD_TURN: &str = r#"kind="session.child_turn""#;
 
 #[tokio::test]
@@ -661,6 +703,7 @@ async fn a_survivor_on_the_same_docker_daemon_takes_the_sandbox_over_and_keeps_t
         containers_of(&id).is_empty(),
         "the session's container is gone"
     );
+    assert_eq!(cluster.tool_owners().await, 0, "no owner is left recorded");
 }
 
 /// The docker containers labelled with session `id`.

@@ -77,9 +77,10 @@ enum Reply {
     Done { output: Value, is_error: bool },
 }
 
-/// Who holds a session's tools.
+/// Who holds a session's tools, and the revision of the store's entry
+/// that says so.
 enum Owner {
-    Here,
+    Here { revision: u64 },
     There { replica: String, revision: u64 },
 }
 
@@ -102,11 +103,13 @@ pub struct ClusterTools {
     client: Client,
     store: Arc<dyn Store>,
     instance: String,
-    /// Sessions the store last said this replica holds the tools of: the
-    /// tools a turn is offered are listed here without asking the store
-    /// again. A call always asks (another replica may have taken the
-    /// session over); what it finds updates this.
-    held_here: std::sync::Mutex<std::collections::HashSet<Uuid>>,
+    /// Sessions the store last said this replica holds the tools of, with
+    /// the revision of that entry: the tools a turn is offered are listed
+    /// here without asking the store again, and a release drops the entry
+    /// if it is still at that revision without reading it first. A call
+    /// always asks (another replica may have taken the session over);
+    /// what it finds updates this.
+    held_here: std::sync::Mutex<std::collections::HashMap<Uuid, u64>>,
 }
 
 impl ClusterTools {
@@ -145,7 +148,7 @@ impl ClusterTools {
         let owner = self.read_owner(session).await?;
         let mut held = crate::sync::lock(&self.held_here);
         match owner {
-            Owner::Here => held.insert(session),
+            Owner::Here { revision } => held.insert(session, revision),
             Owner::There { .. } => held.remove(&session),
         };
         Ok(owner)
@@ -155,7 +158,11 @@ impl ClusterTools {
         let key = session.to_string();
         loop {
             match self.store.kv_get(OWNERS, &key).await? {
-                Some(entry) if entry.value == self.instance.as_bytes() => return Ok(Owner::Here),
+                Some(entry) if entry.value == self.instance.as_bytes() => {
+                    return Ok(Owner::Here {
+                        revision: entry.revision,
+                    });
+                }
                 Some(entry) => {
                     return Ok(Owner::There {
                         replica: String::from_utf8_lossy(&entry.value).into_owned(),
@@ -167,17 +174,17 @@ impl ClusterTools {
                         .store
                         .kv_put(OWNERS, &key, self.instance.as_bytes(), Expect::Absent)
                         .await?;
-                    if let KvWrite::Done(_) = claimed {
-                        return Ok(Owner::Here);
+                    if let KvWrite::Done(revision) = claimed {
+                        return Ok(Owner::Here { revision });
                     }
                 }
             }
         }
     }
 
-    /// Takes the session over from an owner that stopped; false when
-    /// another replica took it first.
-    async fn take_over(&self, session: Uuid, revision: u64) -> Result<bool, StoreError> {
+    /// Takes the session over from an owner that stopped; the new entry's
+    /// revision, or `None` when another replica took it first.
+    async fn take_over(&self, session: Uuid, revision: u64) -> Result<Option<u64>, StoreError> {
         let write = self
             .store
             .kv_put(
@@ -187,7 +194,10 @@ impl ClusterTools {
                 Expect::Revision(revision),
             )
             .await?;
-        Ok(matches!(write, KvWrite::Done(_)))
+        Ok(match write {
+            KvWrite::Done(revision) => Some(revision),
+            KvWrite::Conflict { .. } => None,
+        })
     }
 
     /// Sends `request` to `replica`'s `leaf` and hands each reply to
@@ -381,6 +391,24 @@ impl ClusterTools {
     /// Runs `leaf` (release or delete) where the session's tools are.
     async fn settle(&self, session: Uuid, leaf: &str) {
         let key = session.to_string();
+        // Held here: the entry goes first, only if no replica took the
+        // session over since (one round trip where reading it and then
+        // deleting it took two).
+        let held = crate::sync::lock(&self.held_here).remove(&session);
+        if let Some(revision) = held {
+            match self
+                .store
+                .kv_delete(OWNERS, &key, Expect::Revision(revision))
+                .await
+            {
+                Ok(KvWrite::Done(_)) => return self.settle_here(session, leaf).await,
+                Ok(KvWrite::Conflict { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(%session, error = %e, "forgetting a session's tools");
+                    return self.settle_here(session, leaf).await;
+                }
+            }
+        }
         let owner = match self.store.kv_get(OWNERS, &key).await {
             Ok(owner) => owner,
             Err(e) => {
@@ -445,7 +473,7 @@ fn lost(replica: &str) -> String {
 #[async_trait]
 impl ToolRouter for ClusterTools {
     async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec> {
-        if crate::sync::lock(&self.held_here).contains(&ctx.session_id) {
+        if crate::sync::lock(&self.held_here).contains_key(&ctx.session_id) {
             return self.local.specs(ctx).await;
         }
         match self.owner(ctx.session_id).await {
@@ -498,7 +526,7 @@ impl ToolRouter for ClusterTools {
         loop {
             let (replica, revision) = match self.owner(ctx.session_id).await {
                 Err(e) => return failed(e),
-                Ok(Owner::Here) => {
+                Ok(Owner::Here { .. }) => {
                     return self
                         .local
                         .call_with_output(ctx, name, input, cancel, output)
@@ -533,9 +561,9 @@ impl ToolRouter for ClusterTools {
                     match self.take_over(ctx.session_id, revision).await {
                         Err(e) => return failed(e),
                         // Another replica took it first: ask again.
-                        Ok(false) => continue,
-                        Ok(true) => {
-                            crate::sync::lock(&self.held_here).insert(ctx.session_id);
+                        Ok(None) => continue,
+                        Ok(Some(taken)) => {
+                            crate::sync::lock(&self.held_here).insert(ctx.session_id, taken);
                             let note = if self.local.adopt(ctx.session_id).await {
                                 adopted(&replica)
                             } else {
