@@ -584,8 +584,15 @@ async fn tool_calls_run_where_the_sessions_sandbox_is_and_a_lost_one_is_said() {
 }
 
 #[tokio::test]
-async fn an_ephemeral_runs_sandbox_and_the_record_of_its_owner_go_when_it_ends() {
+async fn tools_are_owned_from_the_first_call_and_an_ephemeral_run_gives_them_up_at_its_end() {
     let cluster = cluster(15).await;
+    // A turn that calls no tool claims none: the sandbox's tools are
+    // listed on any replica.
+    let id = cluster.create_session(0).await;
+    let plain = turn(&cluster, 0, &id, "hello").await;
+    assert_eq!(plain.last().unwrap()["status"], "success", "{plain:?}");
+    assert_eq!(cluster.tool_owners().await, 0);
+
     let response = cluster
         .post(1, "/agent/run", json!({"prompt": "$ echo from-a-run"}))
         .await;

@@ -6,8 +6,10 @@
 //! session, value the owner's instance id, written with compare-and-set).
 //! A call on another replica goes to the owner over NATS
 //! (`conclave.tools.<instance>.call`, the answer and what the call prints
-//! streamed back to an inbox); the tools the session is offered, its
-//! release and its delete go the same way.
+//! streamed back to an inbox); its release and its delete go the same way,
+//! and so does the list of tools it is offered when that list holds its
+//! own MCP servers or A2A agents (the sandbox's tools alone are the same
+//! on every replica, listed without asking the store).
 //!
 //! A replica that stopped has no subscription left, so NATS answers "no
 //! responders" at once: the replica that finds this takes the session
@@ -416,6 +418,7 @@ impl ClusterTools {
                 return;
             }
         };
+        let recorded = owner.is_some();
         match owner {
             Some(entry) if entry.value != self.instance.as_bytes() => {
                 let replica = String::from_utf8_lossy(&entry.value).into_owned();
@@ -438,7 +441,9 @@ impl ClusterTools {
             _ => self.settle_here(session, leaf).await,
         }
         crate::sync::lock(&self.held_here).remove(&session);
-        if let Err(e) = self.store.kv_delete(OWNERS, &key, Expect::Any).await {
+        // Nobody owned the session's tools (it made no call): no entry to
+        // forget.
+        if recorded && let Err(e) = self.store.kv_delete(OWNERS, &key, Expect::Any).await {
             tracing::warn!(%session, error = %e, "forgetting a session's tools");
         }
     }
@@ -473,7 +478,12 @@ fn lost(replica: &str) -> String {
 #[async_trait]
 impl ToolRouter for ClusterTools {
     async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec> {
-        if crate::sync::lock(&self.held_here).contains_key(&ctx.session_id) {
+        // The sandbox's own tools are the same on every replica: only a
+        // session's MCP servers and A2A agents are connected where its
+        // tools are, so only they need the owner (and listing claims
+        // nothing: the first call does).
+        let connected = ctx.options.mcp_servers.is_some() || ctx.options.a2a_agents.is_some();
+        if !connected || crate::sync::lock(&self.held_here).contains_key(&ctx.session_id) {
             return self.local.specs(ctx).await;
         }
         match self.owner(ctx.session_id).await {
