@@ -324,6 +324,29 @@ async fn any_replica_serves_any_session_and_streams_it_live() {
 }
 
 #[tokio::test]
+async fn a_run_is_stored_by_its_first_write_and_holds_its_turn_on_every_replica() {
+    let cluster = cluster(15).await;
+    let response = cluster
+        .post(0, "/agent/run", json!({"prompt": long_prompt(60)}))
+        .await;
+    assert_eq!(response.status(), 200);
+    let mut events = Lines::new(response);
+    let first = events.next().await.unwrap();
+    let id = first["session_id"].as_str().unwrap().to_owned();
+    // Its id known from its first event, the session is stored, running,
+    // and its turn's lease is held: another replica refuses a second turn.
+    let status = cluster.status(1, &id).await;
+    assert_eq!(status["status"], "running", "{status}");
+    let refused = cluster.send(2, &id, "hello").await;
+    assert_eq!(refused.status(), 409);
+    let rest = events.until("result").await;
+    assert_eq!(rest.last().unwrap()["status"], "success", "{rest:?}");
+    // Its one turn over, a run's session is closed.
+    let status = cluster.status(2, &id).await;
+    assert_eq!(status["status"], "closed", "{status}");
+}
+
+#[tokio::test]
 async fn two_messages_at_once_on_two_replicas_get_one_turn_and_one_409() {
     let cluster = cluster(15).await;
     let id = cluster.create_session(0).await;

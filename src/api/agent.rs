@@ -160,18 +160,26 @@ pub async fn run(
     body.take::<bool>("queue")?;
     // Before the session is made: a refused run leaves no session behind.
     state.usage.check_budget(caller.owner()).await?;
-    let session = state
-        .sessions
-        .create(NewSession {
-            name,
-            kind: SessionKind::AGENT,
-            owner: caller.owner.clone(),
-            options,
-            ephemeral: true,
-        })
-        .await?;
-    let turn = state.sessions.start_turn(session, prompt, false).await?;
-    let events = turn.session.subscribe(turn.since, true);
+    let new = NewSession {
+        name,
+        kind: SessionKind::AGENT,
+        owner: caller.owner.clone(),
+        options,
+        ephemeral: true,
+    };
+    let turn = state.sessions.run_new(new, prompt).await?;
+    // The session is stored by the turn's first write: answer once it is,
+    // with its first event, or with an error when the store refused it.
+    let mut events = Box::pin(futures::StreamExt::peekable(
+        turn.session.subscribe(turn.since, true),
+    ));
+    if events.as_mut().peek().await.is_none() {
+        turn.cancel.cancel();
+        return Err(ApiError::internal(format!(
+            "session {}: the run's first write was refused by the store",
+            turn.session.id
+        )));
+    }
     Ok(events_response(
         &headers,
         cancel_on_hangup(events, turn.cancel),

@@ -101,7 +101,11 @@ impl TurnLeases {
         if lease.holder != holder {
             return Ok(Taken::Busy(lease));
         }
-        Ok(Taken::Held(self.held(Release { name, holder }, lost)))
+        Ok(Taken::Held(self.held(
+            Release { name, holder },
+            lost,
+            false,
+        )))
     }
 
     /// [`TurnLeases::take`] for a session that must exist, reading it as
@@ -118,10 +122,22 @@ impl TurnLeases {
             .take_turn(session, (&name, &holder), self.ttl)
             .await?
         {
-            TurnLease::Held(end) => Ok(Some((self.held(Release { name, holder }, lost), *end))),
+            TurnLease::Held(end) => Ok(Some((
+                self.held(Release { name, holder }, lost, false),
+                *end,
+            ))),
             TurnLease::Busy => Ok(None),
             TurnLease::NoSession => Err(TakeError::NoSession),
         }
+    }
+
+    /// The lease of the first turn of a session made with its first
+    /// write, which takes the lease in the store (see
+    /// [`crate::store::Creation`]); until that write its renewals find
+    /// nothing and wait, for up to a lease.
+    pub fn for_new_session(&self, session: Uuid, lost: CancellationToken) -> HeldTurn {
+        let (name, holder) = self.names(session);
+        self.held(Release { name, holder }, lost, true)
     }
 
     /// The lease's name for `session` and a holder name for one turn: two
@@ -131,8 +147,9 @@ impl TurnLeases {
         (lease_name(session), holder)
     }
 
-    /// A lease just taken, renewed from now on.
-    fn held(&self, release: Release, lost: CancellationToken) -> HeldTurn {
+    /// A lease just taken (or, `unstored`, to be taken by its session's
+    /// first write), renewed from now on.
+    fn held(&self, release: Release, lost: CancellationToken, unstored: bool) -> HeldTurn {
         let stop = CancellationToken::new();
         let releasing = Arc::new(AtomicBool::new(false));
         tokio::spawn(renew(
@@ -141,6 +158,7 @@ impl TurnLeases {
             self.ttl,
             (stop.clone(), releasing.clone()),
             lost,
+            unstored,
         ));
         HeldTurn {
             store: self.store.clone(),
@@ -158,6 +176,11 @@ impl TurnLeases {
 }
 
 impl HeldTurn {
+    /// The lease's name and holder.
+    pub fn lease(&self) -> &Release {
+        &self.release
+    }
+
     /// The lease, to be given up in the write of the turn's `result`:
     /// from now on a renewal that finds it gone stops quietly.
     pub fn release_with_result(&self) -> Release {
@@ -193,13 +216,16 @@ impl HeldTurn {
 
 /// Renews a lease every third of its length until `stop`; cancels `lost`
 /// when it is another holder's or could not be renewed for a whole lease.
-/// Once `releasing` is set, a lease found gone was given up by the turn.
+/// Once `releasing` is set, a lease found gone was given up by the turn;
+/// with `unstored`, a lease not found before it was ever renewed is still
+/// to be taken by its session's first write, for up to a lease.
 async fn renew(
     store: Arc<dyn Store>,
     lease: Release,
     ttl: Duration,
     (stop, releasing): (CancellationToken, Arc<AtomicBool>),
     lost: CancellationToken,
+    mut unstored: bool,
 ) {
     let Release { name, holder } = lease;
     let every = ttl / 3;
@@ -213,8 +239,12 @@ async fn renew(
         // released meanwhile (with the turn's result) must not bring it
         // back.
         match store.lease_renew(&name, &holder, ttl).await {
-            Ok(Some(_)) => renewed = tokio::time::Instant::now(),
+            Ok(Some(_)) => {
+                renewed = tokio::time::Instant::now();
+                unstored = false;
+            }
             Ok(None) if releasing.load(Ordering::Acquire) => return,
+            Ok(None) if unstored && renewed.elapsed() < ttl => {}
             Ok(None) => {
                 tracing::error!(lease = %name,
                     "this turn's lease was taken by another replica; the turn stops");

@@ -192,6 +192,16 @@ impl Session {
         self.log.spend(spent)
     }
 
+    /// Has the log's next write store this session, stored nowhere yet,
+    /// with the lease of its first turn.
+    pub(super) fn create_with_next_write(
+        &self,
+        record: SessionRecord,
+        lease: Option<(crate::store::Release, std::time::Duration)>,
+    ) {
+        self.log.create_with_next_write(record, lease);
+    }
+
     /// Starts storing a staged state or messages now, without waiting.
     pub(super) fn write_soon(&self) {
         self.log.write_soon();

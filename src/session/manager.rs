@@ -14,7 +14,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::SessionError;
-use super::lease::TurnLeases;
+use super::lease::{HeldTurn, TurnLeases};
 use super::live::Session;
 use super::log::{EmbeddedLogs, EventLogs};
 use super::signal::Signals;
@@ -198,6 +198,70 @@ impl SessionManager {
         id: Uuid,
         new: NewSession,
     ) -> Result<Arc<Session>, SessionError> {
+        let record = self.admit(id, new).await?;
+        self.store.create_session(&record).await?;
+        self.metrics.sessions_created.inc();
+        Ok(self.load(record, 0))
+    }
+
+    /// Makes an ephemeral session and starts its one turn (`/agent/run`).
+    /// The session is stored by the turn's first write, with the turn's
+    /// lease among replicas, so the turn starts without waiting for a
+    /// write. Until then no request can name it: clients learn its id from
+    /// its events, which are sent once stored.
+    pub async fn run_new(
+        &self,
+        new: NewSession,
+        input: String,
+    ) -> Result<StartedTurn, SessionError> {
+        if self.is_draining() {
+            return Err(SessionError::ShuttingDown);
+        }
+        let record = self
+            .admit(
+                Uuid::new_v4(),
+                NewSession {
+                    ephemeral: true,
+                    ..new
+                },
+            )
+            .await?;
+        let session = self.load(record.clone(), 0);
+        let cancel = self.shutdown.child_token();
+        let held = self.leases.as_ref().map(|leases| {
+            let held = leases.for_new_session(session.id, cancel.clone());
+            session
+                .create_with_next_write(record.clone(), Some((held.lease().clone(), leases.ttl())));
+            held
+        });
+        if held.is_none() {
+            session.create_with_next_write(record, None);
+        }
+        let started = self
+            .start(
+                session.clone(),
+                input,
+                false,
+                TurnOptions::default(),
+                Some((held, cancel)),
+            )
+            .await;
+        match started {
+            Ok(started) => {
+                self.metrics.sessions_created.inc();
+                Ok(started)
+            }
+            Err(e) => {
+                // Never stored: nothing to delete.
+                session.closed.cancel();
+                self.forget(session.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// A new session's record, once its kind and its key's quota admit it.
+    async fn admit(&self, id: Uuid, new: NewSession) -> Result<SessionRecord, SessionError> {
         self.tasks.require(new.kind.as_str(), "kind")?;
         if let Some(quotas) = &self.quotas {
             quotas.admit_session(new.owner.as_deref()).await?;
@@ -222,9 +286,7 @@ impl SessionManager {
             created_at: now,
             updated_at: now,
         };
-        self.store.create_session(&record).await?;
-        self.metrics.sessions_created.inc();
-        Ok(self.load(record, 0))
+        Ok(record)
     }
 
     /// Finds a session the caller may see; another owner's is "not found".
@@ -402,6 +464,20 @@ impl SessionManager {
         queue: bool,
         options: TurnOptions,
     ) -> Result<StartedTurn, SessionError> {
+        self.start(session, input, queue, options, None).await
+    }
+
+    /// Starts a turn; `made` is the lease and token of the first turn of
+    /// a session that its first write makes (see
+    /// [`SessionManager::run_new`]), which takes no lease now.
+    async fn start(
+        &self,
+        session: Arc<Session>,
+        input: String,
+        queue: bool,
+        options: TurnOptions,
+        made: Option<(Option<HeldTurn>, CancellationToken)>,
+    ) -> Result<StartedTurn, SessionError> {
         if self.shutdown.is_cancelled() {
             return Err(SessionError::ShuttingDown);
         }
@@ -435,13 +511,14 @@ impl SessionManager {
             }
             _ => None,
         };
-        let cancel = self.shutdown.child_token();
-        let (held, session) = match &self.leases {
-            Some(leases) => {
+        let (held, session, cancel) = match (made, &self.leases) {
+            (Some((held, cancel)), _) => (held, session, cancel),
+            (None, Some(leases)) => {
+                let cancel = self.shutdown.child_token();
                 let (held, session) = self.take_turn(leases, session, queue, &cancel).await?;
-                (Some(held), session)
+                (Some(held), session, cancel)
             }
-            None => (None, session),
+            (None, None) => (None, session, self.shutdown.child_token()),
         };
         if session.status() == SessionStatus::Closed {
             if let Some(held) = held {

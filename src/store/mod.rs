@@ -96,9 +96,12 @@ pub struct Release {
 /// [`SessionStore::append_messages`] does), its new state, and with its
 /// turn's last write the lease the turn gives up and what it spent
 /// (added to each row's key, day and model, as [`UsageStore::usage_add`]
-/// does, one row per key, day and model). Any part may be empty.
+/// does, one row per key, day and model). Any part may be empty. The
+/// first write of a session made with its log's first write
+/// ([`Creation`]) makes it too.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Batch<'a> {
+    pub create: Option<Creation<'a>>,
     pub events: &'a [Event],
     pub messages: &'a [Message],
     pub state: Option<&'a SessionState>,
@@ -106,9 +109,21 @@ pub struct Batch<'a> {
     pub usage: &'a [UsageRow],
 }
 
+/// A session stored by its log's first write rather than before it: the
+/// record (the batch's state, when it has one, overrides its status,
+/// usage and `updated_at`) and the turn lease its first turn holds, taken
+/// in the same write (none when that write also ends the turn). The write
+/// fails, storing nothing, when a session has the record's id.
+#[derive(Debug, Clone, Copy)]
+pub struct Creation<'a> {
+    pub record: &'a SessionRecord,
+    pub lease: Option<(&'a Release, std::time::Duration)>,
+}
+
 impl Batch<'_> {
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
+        self.create.is_none()
+            && self.events.is_empty()
             && self.messages.is_empty()
             && self.state.is_none()
             && self.release.is_none()

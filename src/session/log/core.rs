@@ -4,6 +4,7 @@
 //! or a lag filled from the store).
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::Utc;
 use futures::{Stream, StreamExt};
@@ -12,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::model::Message;
+use crate::protocol::SessionRecord;
 use crate::protocol::{Event, EventKind, ResultStatus};
-use crate::store::{Batch, Release, SessionState, Store, StoreError, UsageRow};
+use crate::store::{Batch, Creation, Release, SessionState, Store, StoreError, UsageRow};
 use crate::sync::lock;
 use crate::telemetry::{EventLabel, Metrics};
 
@@ -48,6 +50,9 @@ pub(super) struct Core {
 
 /// The write side of the event log.
 struct Log {
+    /// A session not yet stored: made by the next write, with the turn
+    /// lease its first turn holds.
+    create: Option<(SessionRecord, Option<(Release, Duration)>)>,
     /// The `seq` of the next event.
     next_seq: u64,
     pending: Vec<Event>,
@@ -102,6 +107,7 @@ impl Core {
             store,
             metrics,
             log: Mutex::new(Log {
+                create: None,
                 next_seq: last_seq + 1,
                 pending: Vec::new(),
                 messages: Vec::new(),
@@ -171,6 +177,18 @@ impl Core {
         seq
     }
 
+    /// Has the next write make the session (stored nowhere yet), taking
+    /// `lease` for its first turn unless that write also gives it up.
+    pub fn create_with_next_write(
+        &self,
+        record: SessionRecord,
+        lease: Option<(Release, Duration)>,
+    ) {
+        let mut log = lock(&self.log);
+        log.create = Some((record, lease));
+        log.staged += 1;
+    }
+
     /// Queues the session's new state: it is saved with the next batch of
     /// events, or by [`Core::write_soon`] or [`Core::flush`] when none
     /// comes first. It starts no write of its own, so a state staged just
@@ -219,7 +237,11 @@ impl Core {
     pub fn write_soon(self: &Arc<Self>) {
         let mut log = lock(&self.log);
         log.held = false;
-        if log.state.is_some() || !log.messages.is_empty() || !log.usage.is_empty() {
+        if log.create.is_some()
+            || log.state.is_some()
+            || !log.messages.is_empty()
+            || !log.usage.is_empty()
+        {
             log.due = true;
         }
         if log.due || !log.pending.is_empty() {
@@ -245,7 +267,7 @@ impl Core {
     /// broadcasts each batch once committed.
     async fn write_pending(self: Arc<Self>) {
         loop {
-            let (batch, messages, state, release, usage, staged) = {
+            let (create, batch, messages, state, release, usage, staged) = {
                 let mut log = lock(&self.log);
                 // A state or messages alone wait for events unless due
                 // (only what is staged is made due): the writer busy with
@@ -256,6 +278,7 @@ impl Core {
                 }
                 log.due = false;
                 (
+                    log.create.take(),
                     std::mem::take(&mut log.pending),
                     std::mem::take(&mut log.messages),
                     log.state.take(),
@@ -264,7 +287,17 @@ impl Core {
                     log.staged,
                 )
             };
+            // A turn that ends in the write that makes its session never
+            // holds its lease in the store.
+            let create = create.as_ref().map(|(record, lease)| Creation {
+                record,
+                lease: lease
+                    .as_ref()
+                    .filter(|(lease, _)| release.as_ref() != Some(lease))
+                    .map(|(lease, ttl)| (lease, *ttl)),
+            });
             let write = Batch {
+                create,
                 events: &batch,
                 messages: &messages,
                 state: state.as_ref(),
@@ -274,6 +307,7 @@ impl Core {
             if let Err(e) = self.store.append_batch(self.id, write).await {
                 tracing::error!(session = %self.id, error = %e, "storing events failed; the log stops");
                 let mut log = lock(&self.log);
+                log.create = None;
                 log.pending.clear();
                 log.messages.clear();
                 log.state = None;
@@ -392,14 +426,18 @@ impl Core {
                 return;
             }
         }
+        let mut stored = self.stored.subscribe();
         loop {
             // Biased: events already broadcast are delivered before a
             // close is noticed, so a turn's last events reach its streams.
+            // A log the store refused takes no more events: its streams
+            // end.
             let event = tokio::select! {
                 biased;
                 received = live.recv() => received,
                 _ = self.closed.cancelled() => return,
                 _ = tx.closed() => return,
+                _ = stored.wait_for(|stored| stored.failure.is_some()) => return,
             };
             match event {
                 Ok(event) if event.seq <= last => continue,

@@ -22,6 +22,7 @@ pub mod nats;
 mod nats_tests;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -32,7 +33,7 @@ use uuid::Uuid;
 use self::core::Core;
 pub use self::nats::NatsLogs;
 use crate::model::Message;
-use crate::protocol::{Event, EventKind, ResultStatus};
+use crate::protocol::{Event, EventKind, ResultStatus, SessionRecord};
 use crate::store::{Release, SessionState, Store, StoreError, UsageRow};
 use crate::telemetry::Metrics;
 
@@ -55,6 +56,13 @@ pub trait EventLog: Send + Sync {
         state: SessionState,
         release: Option<Release>,
     ) -> Result<u64, StoreError>;
+
+    /// Has the next write store the session, which is stored nowhere
+    /// yet, with `lease` taken for its first turn unless that write also
+    /// gives it up: a session made to run one turn at once costs its
+    /// first turn no write of its own. Until then the store knows nothing
+    /// of it.
+    fn create_with_next_write(&self, record: SessionRecord, lease: Option<(Release, Duration)>);
 
     /// Queues the session's new status and usage, to be stored with the
     /// next events, or alone by [`EventLog::write_soon`] or a flush when
@@ -137,6 +145,10 @@ impl EventLog for EmbeddedLog {
         release: Option<Release>,
     ) -> Result<u64, StoreError> {
         self.0.append_last(kind, state, release)
+    }
+
+    fn create_with_next_write(&self, record: SessionRecord, lease: Option<(Release, Duration)>) {
+        self.0.create_with_next_write(record, lease);
     }
 
     fn stage(&self, state: SessionState) -> Result<(), StoreError> {

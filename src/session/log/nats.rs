@@ -132,6 +132,14 @@ impl EventLog for NatsLog {
         self.core.append_last(kind, state, release)
     }
 
+    fn create_with_next_write(
+        &self,
+        record: crate::protocol::SessionRecord,
+        lease: Option<(crate::store::Release, Duration)>,
+    ) {
+        self.core.create_with_next_write(record, lease);
+    }
+
     fn stage(&self, state: SessionState) -> Result<(), StoreError> {
         self.core.stage(state)
     }

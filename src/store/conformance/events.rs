@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{Fixture, conversation, event, session};
 use crate::protocol::{Event, SessionRecord, SessionStatus, Usage};
 use crate::store::{
-    Batch, Release, SessionFilter, SessionState, StoreError, UsageCounts, UsageRow,
+    Batch, Creation, Release, SessionFilter, SessionState, StoreError, UsageCounts, UsageRow,
 };
 
 pub(crate) async fn events_since_pages_in_order_and_last_seq_tracks_the_end(fixture: &dyn Fixture) {
@@ -384,4 +384,98 @@ pub(crate) async fn a_batch_saves_the_sessions_state_messages_and_lease_with_its
         .map(|r| (r.model.as_str(), r.counts.input_tokens, r.counts.turns))
         .collect();
     assert_eq!(tokens, [("m", 25, 3), ("n", 200, 2)]);
+}
+
+pub(crate) async fn a_batch_that_makes_its_session_stores_it_with_its_lease_or_nothing(
+    fixture: &dyn Fixture,
+) {
+    let store = fixture.open().await;
+    let made = session(None, Utc::now());
+    let id = made.id;
+    let said = conversation();
+    let running = SessionState {
+        status: SessionStatus::Running,
+        usage: Usage {
+            input_tokens: 3,
+            ..Usage::default()
+        },
+        updated_at: made.updated_at + chrono::TimeDelta::seconds(1),
+    };
+    let ttl = std::time::Duration::from_secs(60);
+    let lease = Release {
+        name: format!("turn:{id}"),
+        holder: "a".into(),
+    };
+    let creating = |events, lease| Batch {
+        create: Some(Creation {
+            record: &made,
+            lease,
+        }),
+        events,
+        messages: &said[..2],
+        state: Some(&running),
+        ..Batch::default()
+    };
+    // A refused batch (seq 1 twice) makes nothing: no session, no lease.
+    let clashing = [event(id, 1), event(id, 1)];
+    assert!(
+        store
+            .append_batch(id, creating(&clashing, Some((&lease, ttl))))
+            .await
+            .is_err()
+    );
+    assert_eq!(store.get_session(id).await.unwrap(), None);
+    let free = store.lease_acquire(&lease.name, "b", ttl).await.unwrap();
+    assert_eq!(free.holder, "b", "no lease was left behind");
+    store.lease_release(&lease.name, "b").await.unwrap();
+
+    // Stored: the record with the batch's state, its messages from the
+    // first index, its events and the lease of its first turn.
+    let first = [event(id, 1), event(id, 2)];
+    store
+        .append_batch(id, creating(&first, Some((&lease, ttl))))
+        .await
+        .unwrap();
+    let stored = store.get_session(id).await.unwrap().unwrap();
+    assert_eq!(
+        stored,
+        SessionRecord {
+            status: running.status,
+            usage: running.usage.clone(),
+            updated_at: running.updated_at,
+            ..made.clone()
+        }
+    );
+    assert_eq!(store.events_since(id, 0, 10).await.unwrap(), first);
+    assert_eq!(store.messages(id).await.unwrap(), &said[..2]);
+    let end = store.session_at_end(id).await.unwrap().unwrap();
+    assert_eq!(end.last_seq, 2);
+    assert!(end.messages.is_none_or(|n| n == 2), "{end:?}");
+    let held = store.lease_acquire(&lease.name, "b", ttl).await.unwrap();
+    assert_eq!(held.holder, "a", "the first turn holds its lease");
+
+    // The next batches go on from there, and a second making of the same
+    // session is refused whole.
+    let next = [event(id, 3)];
+    store
+        .append_batch(
+            id,
+            Batch {
+                events: &next,
+                messages: &said[2..],
+                ..Batch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.messages(id).await.unwrap(), said);
+    let again = [event(id, 4)];
+    assert!(
+        store
+            .append_batch(id, creating(&again, None))
+            .await
+            .is_err()
+    );
+    assert_eq!(store.last_seq(id).await.unwrap(), 3);
+    assert_eq!(store.messages(id).await.unwrap(), said);
 }

@@ -133,6 +133,7 @@ suite!(
     events::concurrent_appends_all_land_without_gaps,
     events::appending_several_events_is_all_or_nothing,
     events::a_batch_saves_the_sessions_state_messages_and_lease_with_its_events_or_none,
+    events::a_batch_that_makes_its_session_stores_it_with_its_lease_or_nothing,
     kv::kv_writes_compare_and_set_on_revisions_per_namespace,
     kv::kv_deletes_are_conditional_and_take_a_revision,
     kv::kv_lists_by_literal_prefix_in_key_order_and_survives_a_reopen,

@@ -11,7 +11,7 @@ use super::{PostgresStore, bigint, unsigned};
 use crate::protocol::Event;
 use crate::store::codec::{decode, encode, encode_event, encode_time};
 use crate::store::usage::{encode_day, signed};
-use crate::store::{Batch, EventStore, StoreError, UsageRow};
+use crate::store::{Batch, Creation, EventStore, StoreError, UsageRow};
 use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::QueryScalar;
@@ -26,36 +26,64 @@ macro_rules! insert_events {
     };
 }
 
-/// A batch: one `UPDATE` of the session's row (raising `next_message` by
-/// the messages in `$7` and `last_seq` to the batch's last event, setting
-/// status, usage and `updated_at` when `$8`–`$10` are not null), the
-/// messages at the indices it freed, the lease `$11` deleted if `$12`
-/// holds it, the usage rows in `$13`–`$22` added, and the events; answers
-/// how many sessions it found. Data-modifying CTEs run once whatever
-/// reads them, and the statement commits or fails whole.
-const BATCH: &str = concat!(
-    "WITH slot AS (
-         UPDATE sessions SET next_message = next_message + cardinality($7::text[]),
-             last_seq = GREATEST(last_seq, (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq)),
-             status = COALESCE($8, status), usage = COALESCE($9::json, usage),
-             updated_at = COALESCE($10, updated_at)
-         WHERE id = $6
-         RETURNING next_message - cardinality($7::text[]) AS first
-     ), kept AS (
-         INSERT INTO messages (session_id, idx, body)
-         SELECT $6, slot.first + m.ord - 1, m.body::json
-         FROM slot, UNNEST($7::text[]) WITH ORDINALITY AS m(body, ord)
-     ), freed AS (
-         DELETE FROM leases WHERE name = $11 AND holder = $12
-     ), spent AS (",
-    add_usage!(
-        "SELECT * FROM UNNEST($13::text[], $14::text[], $15::text[], $16::bigint[],
-             $17::bigint[], $18::float8[], $19::bigint[], $20::bigint[], $21::float8[],
-             $22::float8[])"
-    ),
-    "), logged AS (",
-    insert_events!(),
-    ") SELECT count(*) FROM slot"
+/// A batch, around its `slot` (the session's row, answering `first`, the
+/// index of the batch's first message) and its `lease` CTE: the messages
+/// in `$7` at the indices from `first`, the usage rows in `$13`–`$22`
+/// added, and the events; answers how many sessions it found.
+/// Data-modifying CTEs run once whatever reads them, and the statement
+/// commits or fails whole.
+macro_rules! batch {
+    ($slot:expr, $lease:expr) => {
+        concat!(
+            "WITH slot AS (",
+            $slot,
+            "), kept AS (
+                 INSERT INTO messages (session_id, idx, body)
+                 SELECT $6, slot.first + m.ord - 1, m.body::json
+                 FROM slot, UNNEST($7::text[]) WITH ORDINALITY AS m(body, ord)
+             ), lease AS (",
+            $lease,
+            "), spent AS (",
+            add_usage!(
+                "SELECT * FROM UNNEST($13::text[], $14::text[], $15::text[], $16::bigint[],
+                     $17::bigint[], $18::float8[], $19::bigint[], $20::bigint[], $21::float8[],
+                     $22::float8[])"
+            ),
+            "), logged AS (",
+            insert_events!(),
+            ") SELECT count(*) FROM slot"
+        )
+    };
+}
+
+/// A batch of a stored session: one `UPDATE` of its row (raising
+/// `next_message` by the messages in `$7` and `last_seq` to the batch's
+/// last event, setting status, usage and `updated_at` when `$8`–`$10` are
+/// not null), and the lease `$11` deleted if `$12` holds it.
+const BATCH: &str = batch!(
+    "UPDATE sessions SET next_message = next_message + cardinality($7::text[]),
+         last_seq = GREATEST(last_seq, (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq)),
+         status = COALESCE($8, status), usage = COALESCE($9::json, usage),
+         updated_at = COALESCE($10, updated_at)
+     WHERE id = $6
+     RETURNING next_message - cardinality($7::text[]) AS first",
+    "DELETE FROM leases WHERE name = $11 AND holder = $12"
+);
+
+/// The batch that makes its session: the row inserted from `$23`–`$31`
+/// (status, usage and `updated_at` from `$8`–`$10` when not null), and
+/// the lease `$11` taken for `$12` for `$32` microseconds when `$11` is
+/// not null. A session with the same id (or a lease of the same name)
+/// fails the statement.
+const CREATE_BATCH: &str = batch!(
+    "INSERT INTO sessions (id, name, kind, owner, options, status, usage, ephemeral,
+         created_at, updated_at, next_message, last_seq)
+     VALUES ($6, $23, $24, $25, $26::json, COALESCE($8, $27), COALESCE($9, $28)::json, $29,
+         $30, COALESCE($10, $31), cardinality($7::text[]),
+         (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq))
+     RETURNING 0::bigint AS first",
+    "INSERT INTO leases (name, holder, expires_at, fence)
+     SELECT $11, $12, now() + $32 * interval '1 microsecond', 1 WHERE $11 IS NOT NULL"
 );
 
 #[async_trait]
@@ -84,7 +112,11 @@ impl EventStore for PostgresStore {
             .map(|message| encode("message", message))
             .collect::<Result<Vec<_>, _>>()?;
         let state = batch.state;
-        let query = sqlx::query_scalar(BATCH)
+        let (sql, lease) = match batch.create {
+            Some(create) => (CREATE_BATCH, create.lease.map(|(lease, _)| lease)),
+            None => (BATCH, batch.release),
+        };
+        let query = sqlx::query_scalar(sql)
             .bind(sessions)
             .bind(seqs)
             .bind(kinds)
@@ -99,9 +131,14 @@ impl EventStore for PostgresStore {
                     .transpose()?,
             )
             .bind(state.map(|state| encode_time(state.updated_at)))
-            .bind(batch.release.map(|release| release.name.as_str()))
-            .bind(batch.release.map(|release| release.holder.as_str()));
-        let found: i64 = bind_usage(query, batch.usage).fetch_one(&self.pool).await?;
+            .bind(lease.map(|lease| lease.name.as_str()))
+            .bind(lease.map(|lease| lease.holder.as_str()));
+        let query = bind_usage(query, batch.usage);
+        let query = match batch.create {
+            Some(create) => bind_creation(query, create)?,
+            None => query,
+        };
+        let found: i64 = query.fetch_one(&self.pool).await?;
         if found == 0 && !batch.messages.is_empty() {
             return Err(StoreError::Io(format!(
                 "no session {session} to append messages to"
@@ -158,4 +195,26 @@ fn bind_usage<'q>(
         .bind(column(|r| signed(r.counts.tool_calls)))
         .bind(real(|r| r.counts.sandbox_cpu_s))
         .bind(real(|r| r.counts.sandbox_wall_s))
+}
+
+/// Binds a created session's record and its lease's length, `$23`–`$32`.
+fn bind_creation<'q>(
+    query: QueryScalar<'q, Postgres, i64, PgArguments>,
+    create: Creation<'_>,
+) -> Result<QueryScalar<'q, Postgres, i64, PgArguments>, StoreError> {
+    let record = create.record;
+    let ttl = create.lease.map_or(0, |(_, ttl)| {
+        i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
+    });
+    Ok(query
+        .bind(record.name.clone())
+        .bind(record.kind.as_str().to_owned())
+        .bind(record.owner.clone())
+        .bind(encode("session options", &record.options)?)
+        .bind(record.status.as_str())
+        .bind(encode("session usage", &record.usage)?)
+        .bind(record.ephemeral)
+        .bind(encode_time(record.created_at))
+        .bind(encode_time(record.updated_at))
+        .bind(ttl))
 }

@@ -1,10 +1,11 @@
 //! The event log in SQLite.
 
 use async_trait::async_trait;
+use chrono::Utc;
 use rusqlite::{Connection, params};
 use uuid::Uuid;
 
-use super::rows::{decode, encode, encode_time};
+use super::rows::{SessionRow, decode, encode, encode_time};
 use super::{SqliteStore, in_savepoint};
 use crate::protocol::Event;
 use crate::store::codec::encode_event;
@@ -73,8 +74,28 @@ impl EventStore for SqliteStore {
         let id = session.to_string();
         let release = batch.release.cloned();
         let usage = batch.usage.to_vec();
+        let create = match batch.create {
+            Some(create) => Some((
+                SessionRow::encode(create.record)?,
+                create.lease.map(|(lease, ttl)| {
+                    let ttl_us = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
+                    (lease.clone(), ttl_us)
+                }),
+            )),
+            None => None,
+        };
         self.call(move |conn| {
             let write = |conn: &Connection| -> Result<(), StoreError> {
+                if let Some((row, lease)) = &create {
+                    super::sessions::insert_session(conn, row)?;
+                    if let Some((lease, ttl_us)) = lease {
+                        let expires_us = Utc::now().timestamp_micros().saturating_add(*ttl_us);
+                        conn.prepare_cached(
+                            "INSERT INTO leases (name, holder, expires_us, fence) VALUES (?1, ?2, ?3, 1)",
+                        )?
+                        .execute(params![lease.name, lease.holder, expires_us])?;
+                    }
+                }
                 let mut statement = conn.prepare_cached(
                     "INSERT INTO events (session_id, seq, type, ts, body) VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?;
@@ -98,6 +119,7 @@ impl EventStore for SqliteStore {
             // One statement undoes itself when it fails; several need a
             // savepoint.
             let statements = rows.len()
+                + 2 * usize::from(create.is_some())
                 + usize::from(state.is_some())
                 + usize::from(release.is_some())
                 + usage.len();

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::params;
+use rusqlite::{Connection, params};
 use uuid::Uuid;
 
 use super::rows::{SessionRow, decode, decode_sessions, select_sessions};
@@ -11,31 +11,33 @@ use crate::model::Message;
 use crate::protocol::{SessionRecord, SessionStatus};
 use crate::store::{SessionFilter, SessionStore, StoreError};
 
+/// Inserts a session's row; a session with its id fails it.
+pub(super) fn insert_session(conn: &Connection, row: &SessionRow) -> Result<(), StoreError> {
+    conn.prepare_cached(concat!(
+        "INSERT INTO sessions (",
+        session_columns!(),
+        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+    ))?
+    .execute(params![
+        row.id,
+        row.name,
+        row.kind,
+        row.owner,
+        row.options,
+        row.status,
+        row.usage,
+        row.ephemeral,
+        row.created_at,
+        row.updated_at,
+    ])?;
+    Ok(())
+}
+
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
         let row = SessionRow::encode(session)?;
-        self.call(move |conn| {
-            conn.prepare_cached(concat!(
-                "INSERT INTO sessions (",
-                session_columns!(),
-                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-            ))?
-            .execute(params![
-                row.id,
-                row.name,
-                row.kind,
-                row.owner,
-                row.options,
-                row.status,
-                row.usage,
-                row.ephemeral,
-                row.created_at,
-                row.updated_at,
-            ])?;
-            Ok(())
-        })
-        .await
+        self.call(move |conn| insert_session(conn, &row)).await
     }
 
     async fn get_session(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
