@@ -477,3 +477,48 @@ async fn a_rewind_on_another_replica_reaches_a_copy_that_followed_it() {
         .unwrap();
     assert_eq!(answer(turn).await, "one four five");
 }
+
+/// The lease of a run's first turn is taken by the write that stores the
+/// session: until then its renewals find nothing and wait, for up to a
+/// lease; once it is stored they renew it; never stored, the turn is
+/// lost.
+#[tokio::test]
+async fn a_new_sessions_lease_waits_for_its_first_write_for_up_to_a_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let ttl = Duration::from_millis(600);
+    let leases = TurnLeases::new(store.clone(), ttl);
+
+    let stored = CancellationToken::new();
+    let held = leases.for_new_session(uuid::Uuid::new_v4(), stored.clone());
+    let lease = held.lease().clone();
+    // The first renewal (at a third of the lease) finds nothing; the
+    // session's first write then takes the lease.
+    tokio::time::sleep(ttl / 2).await;
+    let taken = store
+        .lease_acquire(&lease.name, &lease.holder, ttl)
+        .await
+        .unwrap();
+    assert_eq!(taken.holder, lease.holder);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = store
+            .lease_acquire(&lease.name, "another", Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(now.holder, lease.holder, "the lease stays the turn's");
+        if now.expires_at > taken.expires_at {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never renewed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!stored.is_cancelled(), "a stored lease is not lost");
+    drop(held);
+
+    let never = CancellationToken::new();
+    let _held = leases.for_new_session(uuid::Uuid::new_v4(), never.clone());
+    tokio::time::timeout(Duration::from_secs(10), never.cancelled())
+        .await
+        .expect("a lease never stored is lost after a lease");
+}

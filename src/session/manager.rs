@@ -227,6 +227,9 @@ impl SessionManager {
             )
             .await?;
         let session = self.load(record.clone(), 0);
+        // A new session's conversation: nothing stored, never cut; its
+        // turn reads none.
+        session.history_stored(Some(0), Some(0));
         let cancel = self.shutdown.child_token();
         let held = self.leases.as_ref().map(|leases| {
             let held = leases.for_new_session(session.id, cancel.clone());
