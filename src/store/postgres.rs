@@ -74,6 +74,12 @@ mod usage;
 /// appenders, few enough that several replicas fit in PostgreSQL's default
 /// `max_connections` of 100.
 const MAX_CONNECTIONS: u32 = 16;
+/// A connection used this recently is handed out without a ping, as
+/// HikariCP does (its `aliveBypassWindowMs`): one that has been idle
+/// longer is pinged first, and replaced if it does not answer (the
+/// database restarted, a proxy dropped it). A connection that died within
+/// this window fails the statement that takes it, and is then dropped.
+const ALIVE_WITHOUT_PING: Duration = Duration::from_millis(500);
 /// How long a call waits for a free connection before it fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -335,6 +341,17 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            // sqlx pings every idle connection before handing it out by
+            // default: a round trip before each statement.
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= ALIVE_WITHOUT_PING {
+                        connection.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_lazy_with(options);
         migrator()
             .run(&pool)

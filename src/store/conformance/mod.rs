@@ -78,6 +78,36 @@ impl PostgresFixture {
     }
 }
 
+/// A connection that died while idle in the pool (the database restarted,
+/// a proxy dropped it) is pinged and replaced before it is handed out: the
+/// next call succeeds.
+#[tokio::test]
+async fn a_postgres_connection_that_died_idle_is_replaced_before_use() {
+    use sqlx::Connection;
+    let fixture = PostgresFixture::new().await;
+    let store = fixture.open().await;
+    let record = session(None, Utc::now());
+    store.create_session(&record).await.unwrap();
+    let mut admin = sqlx::PgConnection::connect_with(&fixture.database.options())
+        .await
+        .unwrap();
+    // Idle past the window in which a connection is trusted unpinged.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'conclave') AS k",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(killed >= 1, "the store's connections were killed");
+    assert_eq!(
+        store.get_session(record.id).await.unwrap(),
+        Some(record),
+        "a dead idle connection was replaced"
+    );
+}
+
 #[async_trait]
 impl Fixture for PostgresFixture {
     async fn open(&self) -> Arc<dyn Store> {
