@@ -120,19 +120,13 @@ pub(super) async fn connect_bus(
     // replica streams a turn that runs on another.
     let event_logs: Option<Arc<dyn EventLogs>> = match &config.bus.url {
         Some(url) => {
-            let client = async_nats::ConnectOptions::new()
-                .name("conclave-events")
-                .connect(url.as_str())
+            let logs = NatsLogs::connect(url, store.clone(), metrics.clone())
                 .await
                 .map_err(|e| StartError::Bus {
                     url: url.clone(),
                     message: format!("connecting for session events: {e}"),
                 })?;
-            Some(Arc::new(NatsLogs::new(
-                client,
-                store.clone(),
-                metrics.clone(),
-            )))
+            Some(Arc::new(logs))
         }
         None => None,
     };

@@ -439,9 +439,10 @@ async fn a_rewind_on_another_replica_reaches_a_copy_that_followed_it() {
         .expect("CONCLAVE_TEST_NATS is not set: scripts/test.sh starts nats-server and sets it");
     let mut replicas = Vec::new();
     for _ in 0..2 {
-        let client = async_nats::connect(&url).await.unwrap();
         let logs =
-            crate::session::log::NatsLogs::new(client, store.clone(), Arc::new(Metrics::new()));
+            crate::session::log::NatsLogs::connect(&url, store.clone(), Arc::new(Metrics::new()))
+                .await
+                .unwrap();
         replicas.push(replica(&store, Duration::from_secs(15)).with_logs(Arc::new(logs)));
     }
     let (a, b) = (&replicas[0], &replicas[1]);

@@ -63,6 +63,22 @@ pub struct NatsLogs {
 }
 
 impl NatsLogs {
+    /// Connects to NATS at `url` for the logs alone. The connection takes
+    /// none of its own messages back (`no_echo`): what a replica published
+    /// it has already broadcast in process.
+    pub async fn connect(
+        url: &str,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+    ) -> Result<NatsLogs, async_nats::ConnectError> {
+        let client = async_nats::ConnectOptions::new()
+            .name("conclave-events")
+            .no_echo()
+            .connect(url)
+            .await?;
+        Ok(NatsLogs::new(client, store, metrics))
+    }
+
     pub fn new(client: Client, store: Arc<dyn Store>, metrics: Arc<Metrics>) -> NatsLogs {
         NatsLogs {
             client,

@@ -66,8 +66,9 @@ async fn new_session(store: &Arc<dyn Store>) -> Uuid {
 
 /// A replica: its own NATS connection, the shared store.
 async fn replica(store: &Arc<dyn Store>) -> NatsLogs {
-    let client = async_nats::connect(nats_url()).await.unwrap();
-    NatsLogs::new(client, store.clone(), Arc::new(Metrics::new()))
+    NatsLogs::connect(&nats_url(), store.clone(), Arc::new(Metrics::new()))
+        .await
+        .unwrap()
 }
 
 fn thinking(n: usize) -> EventKind {
