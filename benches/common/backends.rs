@@ -6,7 +6,10 @@
 //!
 //! sqlx sends each statement with its own Sync, so the statements are also
 //! the round trips (`BEGIN` and `COMMIT` included; preparing a statement a
-//! connection has not seen costs one more, once per connection).
+//! connection has not seen costs one more, once per connection; so does
+//! the ping of a connection idle for 500 ms or more, which no counter
+//! sees: before `PostgresStore` stopped it, sqlx pinged before every
+//! statement, and the real round trips were twice the statements).
 
 use std::time::Duration;
 
