@@ -11,7 +11,9 @@
 //!   it), reads from the store what was stored before, then broadcasts in
 //!   process what arrives newer than what it knows. A batch lost on the
 //!   way shows as a gap that subscribers fill from the store; a lost tail
-//!   is read from the store after 5 s of quiet while someone watches;
+//!   is read from the store after 5 s of quiet (no message, and nothing
+//!   stored here: a replica takes none of its own messages back) while
+//!   someone watches;
 //! - the closer publishes `conclave.events.<session>.closed` once a
 //!   session deleted here has left the store, which ends the followers on
 //!   every replica.
@@ -305,6 +307,10 @@ pub(super) async fn follow(
     dropped: CancellationToken,
 ) {
     resync(&core).await;
+    // What this replica stores is activity too: its own batches do not
+    // come back over NATS (the connection takes no echo), and a log
+    // written here has no tail to lose.
+    let mut stored = core.stored.subscribe();
     loop {
         let watched = core.watched();
         let message = tokio::select! {
@@ -312,6 +318,7 @@ pub(super) async fn follow(
             _ = dropped.cancelled() => return,
             _ = core.closed.cancelled() => return,
             message = messages.next() => message,
+            Ok(()) = stored.changed() => continue,
             _ = tokio::time::sleep(RESYNC_QUIET), if watched => {
                 resync(&core).await;
                 match core.store.get_session(core.id).await {
