@@ -20,11 +20,12 @@ use super::log::{EmbeddedLogs, EventLogs};
 use super::signal::Signals;
 use super::task::{SessionTask, Tasks, TurnOptions};
 use crate::model::Message;
-use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::protocol::{SessionKind, SessionRecord, SessionStatus};
 use crate::store::{SessionFilter, Store};
 use crate::sync::lock;
 use crate::telemetry::Metrics;
 
+mod create;
 mod replicas;
 mod rewind;
 mod runner;
@@ -184,112 +185,6 @@ impl SessionManager {
             closed,
             self.signals.clone(),
         )))
-    }
-
-    pub async fn create(&self, new: NewSession) -> Result<Arc<Session>, SessionError> {
-        self.create_with_id(Uuid::new_v4(), new).await
-    }
-
-    /// [`SessionManager::create`] with an id the caller chose: a protocol
-    /// whose clients name their threads (AG-UI's `threadId`). The caller
-    /// makes sure no session has it.
-    pub async fn create_with_id(
-        &self,
-        id: Uuid,
-        new: NewSession,
-    ) -> Result<Arc<Session>, SessionError> {
-        let record = self.admit(id, new).await?;
-        self.store.create_session(&record).await?;
-        self.metrics.sessions_created.inc();
-        Ok(self.load(record, 0))
-    }
-
-    /// Makes an ephemeral session and starts its one turn (`/agent/run`).
-    /// The session is stored by the turn's first write, with the turn's
-    /// lease among replicas, so the turn starts without waiting for a
-    /// write. Until then no request can name it: clients learn its id from
-    /// its events, which are sent once stored.
-    pub async fn run_new(
-        &self,
-        new: NewSession,
-        input: String,
-    ) -> Result<StartedTurn, SessionError> {
-        if self.is_draining() {
-            return Err(SessionError::ShuttingDown);
-        }
-        let record = self
-            .admit(
-                Uuid::new_v4(),
-                NewSession {
-                    ephemeral: true,
-                    ..new
-                },
-            )
-            .await?;
-        let session = self.load(record.clone(), 0);
-        // A new session's conversation: nothing stored, never cut; its
-        // turn reads none.
-        session.history_stored(Some(0), Some(0));
-        let cancel = self.shutdown.child_token();
-        let held = self.leases.as_ref().map(|leases| {
-            let held = leases.for_new_session(session.id, cancel.clone());
-            session
-                .create_with_next_write(record.clone(), Some((held.lease().clone(), leases.ttl())));
-            held
-        });
-        if held.is_none() {
-            session.create_with_next_write(record, None);
-        }
-        let started = self
-            .start(
-                session.clone(),
-                input,
-                false,
-                TurnOptions::default(),
-                Some((held, cancel)),
-            )
-            .await;
-        match started {
-            Ok(started) => {
-                self.metrics.sessions_created.inc();
-                Ok(started)
-            }
-            Err(e) => {
-                // Never stored: nothing to delete.
-                session.closed.cancel();
-                self.forget(session.id);
-                Err(e)
-            }
-        }
-    }
-
-    /// A new session's record, once its kind and its key's quota admit it.
-    async fn admit(&self, id: Uuid, new: NewSession) -> Result<SessionRecord, SessionError> {
-        self.tasks.require(new.kind.as_str(), "kind")?;
-        if let Some(quotas) = &self.quotas {
-            quotas.admit_session(new.owner.as_deref()).await?;
-        }
-        let now = Utc::now();
-        let record = SessionRecord {
-            id,
-            name: new.name,
-            kind: new.kind,
-            owner: new.owner,
-            options: new.options,
-            // An ephemeral session exists to run its one turn: stored as
-            // running from the start, it saves the turn a commit before
-            // its first event.
-            status: if new.ephemeral {
-                SessionStatus::Running
-            } else {
-                SessionStatus::Idle
-            },
-            usage: Usage::default(),
-            ephemeral: new.ephemeral,
-            created_at: now,
-            updated_at: now,
-        };
-        Ok(record)
     }
 
     /// Finds a session the caller may see; another owner's is "not found".

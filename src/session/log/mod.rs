@@ -59,9 +59,7 @@ pub trait EventLog: Send + Sync {
 
     /// Has the next write store the session, which is stored nowhere
     /// yet, with `lease` taken for its first turn unless that write also
-    /// gives it up: a session made to run one turn at once costs its
-    /// first turn no write of its own. Until then the store knows nothing
-    /// of it.
+    /// gives it up: the session and its lease in one write.
     fn create_with_next_write(&self, record: SessionRecord, lease: Option<(Release, Duration)>);
 
     /// Queues the session's new status and usage, to be stored with the

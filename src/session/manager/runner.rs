@@ -137,10 +137,6 @@ impl Runner {
         // An ephemeral session's one turn is over and nothing will use what
         // it held: it is gone by the time the client reads the result.
         if session.ephemeral {
-            // A run's session is stored by its first write: what the
-            // release reads of it (the sandbox's usage goes to the
-            // session's key) must find it stored.
-            session.flush().await?;
             self.task.release(session.id).await;
         }
         // The status the turn leaves is stored with its `result`, in one

@@ -1,0 +1,117 @@
+//! Making sessions: stored at once, or (a run's) by their first turn's
+//! first write.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::{NewSession, SessionManager, StartedTurn};
+use crate::protocol::{SessionRecord, SessionStatus, Usage};
+use crate::session::SessionError;
+use crate::session::live::Session;
+use crate::session::task::TurnOptions;
+
+impl SessionManager {
+    pub async fn create(&self, new: NewSession) -> Result<Arc<Session>, SessionError> {
+        self.create_with_id(Uuid::new_v4(), new).await
+    }
+
+    /// [`SessionManager::create`] with an id the caller chose: a protocol
+    /// whose clients name their threads (AG-UI's `threadId`). The caller
+    /// makes sure no session has it.
+    pub async fn create_with_id(
+        &self,
+        id: Uuid,
+        new: NewSession,
+    ) -> Result<Arc<Session>, SessionError> {
+        let record = self.admit(id, new).await?;
+        self.store.create_session(&record).await?;
+        self.metrics.sessions_created.inc();
+        Ok(self.load(record, 0))
+    }
+
+    /// Makes an ephemeral session and starts its one turn (`/agent/run`):
+    /// the session and, among replicas, the turn's lease are stored in one
+    /// write before the turn starts (what the turn's tools read of it, its
+    /// key's sandbox quota and usage, must find it), and the turn reads no
+    /// messages.
+    pub async fn run_new(
+        &self,
+        new: NewSession,
+        input: String,
+    ) -> Result<StartedTurn, SessionError> {
+        if self.is_draining() {
+            return Err(SessionError::ShuttingDown);
+        }
+        let record = self
+            .admit(
+                Uuid::new_v4(),
+                NewSession {
+                    ephemeral: true,
+                    ..new
+                },
+            )
+            .await?;
+        let session = self.load(record.clone(), 0);
+        // A new session's conversation: nothing stored, never cut; its
+        // turn reads none.
+        session.history_stored(Some(0), Some(0));
+        let cancel = self.shutdown.child_token();
+        let held = (self.leases.as_ref()).map(|leases| {
+            (
+                leases.for_new_session(session.id, cancel.clone()),
+                leases.ttl(),
+            )
+        });
+        let lease = held
+            .as_ref()
+            .map(|(held, ttl)| (held.lease().clone(), *ttl));
+        session.create_with_next_write(record, lease);
+        let held = held.map(|(held, _)| held);
+        if let Err(e) = session.flush().await {
+            // Never stored: nothing to delete.
+            session.closed.cancel();
+            self.forget(session.id);
+            return Err(e.into());
+        }
+        self.metrics.sessions_created.inc();
+        self.start(
+            session,
+            input,
+            false,
+            TurnOptions::default(),
+            Some((held, cancel)),
+        )
+        .await
+    }
+
+    /// A new session's record, once its kind and its key's quota admit it.
+    async fn admit(&self, id: Uuid, new: NewSession) -> Result<SessionRecord, SessionError> {
+        self.tasks.require(new.kind.as_str(), "kind")?;
+        if let Some(quotas) = &self.quotas {
+            quotas.admit_session(new.owner.as_deref()).await?;
+        }
+        let now = Utc::now();
+        let record = SessionRecord {
+            id,
+            name: new.name,
+            kind: new.kind,
+            owner: new.owner,
+            options: new.options,
+            // An ephemeral session exists to run its one turn: stored as
+            // running from the start, it saves the turn a commit before
+            // its first event.
+            status: if new.ephemeral {
+                SessionStatus::Running
+            } else {
+                SessionStatus::Idle
+            },
+            usage: Usage::default(),
+            ephemeral: new.ephemeral,
+            created_at: now,
+            updated_at: now,
+        };
+        Ok(record)
+    }
+}
