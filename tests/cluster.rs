@@ -643,6 +643,59 @@ async fn tools_are_owned_from_the_first_call_and_an_ephemeral_run_gives_them_up_
     }
 }
 
+/// How many times the store's session record was read (`get_session`,
+/// `session_at_end`) since `pg_stat_statements` was last reset for the
+/// cluster's database.
+async fn session_reads(db: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements \
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND query LIKE 'SELECT % FROM sessions WHERE id = $1'",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_turns_own_tool_calls_read_no_session_record() {
+    let cluster = cluster(15).await;
+    let mut db = sqlx::PgConnection::connect(&cluster.database.url())
+        .await
+        .unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut db)
+        .await
+        .expect("PostgreSQL runs with shared_preload_libraries = pg_stat_statements");
+    let id = cluster.create_session(0).await;
+    // The first call makes the sandbox.
+    let first = turn(&cluster, 0, &id, "$ echo one").await;
+    assert_eq!(tool_result(&first)["is_error"], false, "{first:?}");
+    sqlx::query(
+        "SELECT pg_stat_statements_reset(0, \
+         (SELECT oid FROM pg_database WHERE datname = current_database()), 0)",
+    )
+    .execute(&mut db)
+    .await
+    .unwrap();
+    // The turn running here holds the session: its calls take the
+    // session's options from it, not from the store.
+    let second = turn(&cluster, 0, &id, "$ echo two").await;
+    assert!(
+        tool_result(&second)["output"].to_string().contains("two"),
+        "{second:?}"
+    );
+    assert_eq!(session_reads(&mut db).await, 0);
+    // A turn on another replica still reaches the session's sandbox.
+    let elsewhere = turn(&cluster, 1, &id, "$ echo three").await;
+    assert!(
+        tool_result(&elsewhere)["output"]
+            .to_string()
+            .contains("three"),
+        "{elsewhere:?}"
+    );
+}
+
 const CHILD_TURN: &str = r#"kind="session.child_turn""#;
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use rmcp::RoleServer;
 use rmcp::model::ErrorData;
 use rmcp::service::RequestContext;
+use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::agent::AgentOptions;
@@ -58,6 +59,16 @@ pub struct McpHost {
     pub decider: std::sync::OnceLock<crate::agent::decide::Decider>,
 }
 
+/// The sandbox a call acts in, as its session's stored record says.
+pub struct Target {
+    session: Uuid,
+    spec: SandboxSpec,
+    /// The snapshot a new sandbox starts from, and the session's owner.
+    seed: Option<(String, Option<String>)>,
+    /// The per-exec timeout the session set in `options.sandbox.timeout_s`.
+    pub timeout_s: Option<u64>,
+}
+
 fn invalid(message: impl Into<String>) -> ErrorData {
     ErrorData::invalid_params(message.into(), None)
 }
@@ -86,15 +97,6 @@ impl McpHost {
         }
     }
 
-    /// The per-exec timeout the named session set in
-    /// `options.sandbox.timeout_s`, if any.
-    pub async fn session_timeout(&self, session_id: Option<&str>) -> Option<u64> {
-        let id = Uuid::parse_str(session_id?).ok()?;
-        let record = self.store.get_session(id).await.ok()??;
-        let options: AgentOptions = serde_json::from_value(record.options).ok()?;
-        options.sandbox?.timeout_s
-    }
-
     /// The sandbox of the session a call names (checked against the
     /// caller), or the connection's scratch sandbox when it names none.
     pub async fn lease(
@@ -104,42 +106,91 @@ impl McpHost {
         scratch: Uuid,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Lease, ErrorData> {
-        let (session, spec, seed) = match session_id {
-            None => (scratch, self.sandboxes.default_spec(), None),
-            Some(text) => {
-                let id = Uuid::parse_str(text)
-                    .map_err(|_| invalid(format!("session_id '{text}' is not a UUID")))?;
-                let record = self
-                    .store
-                    .get_session(id)
-                    .await
-                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-                let owner = super::follow::http_owner(caller, ctx);
-                let record = record
-                    .filter(|r| owner.as_ref().is_none_or(|o| *o == r.owner))
-                    .ok_or_else(|| invalid(format!("unknown session '{text}'")))?;
-                if record.status == SessionStatus::Closed {
-                    return Err(invalid(format!("session '{text}' is closed")));
-                }
-                let options: AgentOptions = serde_json::from_value(record.options)
-                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-                if options.sandbox_enabled == Some(false) {
-                    return Err(invalid(format!(
-                        "session '{text}' was created with sandbox_enabled: false"
-                    )));
-                }
-                let seed = options
-                    .sandbox
-                    .as_ref()
-                    .and_then(|s| s.from_snapshot.clone())
-                    .map(|snapshot| (snapshot, record.owner.clone()));
-                (
-                    id,
-                    spec_for(&self.sandboxes, &options).map_err(|e| invalid(e.to_string()))?,
-                    seed,
-                )
-            }
+        let target = self.target(caller, session_id, scratch, ctx).await?;
+        self.lease_target(target).await
+    }
+
+    /// Which sandbox a call acts in: the named session's (checked against
+    /// the caller; one read of its record, none while its turn runs on
+    /// this replica), or the connection's scratch one when it names none.
+    pub async fn target(
+        &self,
+        caller: &Caller,
+        session_id: Option<&str>,
+        scratch: Uuid,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Target, ErrorData> {
+        let Some(text) = session_id else {
+            return Ok(Target {
+                session: scratch,
+                spec: self.sandboxes.default_spec(),
+                seed: None,
+                timeout_s: None,
+            });
         };
+        let id = Uuid::parse_str(text)
+            .map_err(|_| invalid(format!("session_id '{text}' is not a UUID")))?;
+        let owner = super::follow::http_owner(caller, ctx);
+        let unknown = || invalid(format!("unknown session '{text}'"));
+        // A call from a turn running here (the agent's own tools) needs
+        // no read: the turn holds the session.
+        if let Some(session) = self.sessions.get().and_then(|s| s.running_here(id)) {
+            if owner.as_ref().is_some_and(|o| *o != session.owner) {
+                return Err(unknown());
+            }
+            let options = AgentOptions::deserialize(session.options.as_ref())
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            return self.target_of(text, id, options, session.owner.clone());
+        }
+        let record = self
+            .store
+            .get_session(id)
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
+            .filter(|r| owner.as_ref().is_none_or(|o| *o == r.owner))
+            .ok_or_else(unknown)?;
+        if record.status == SessionStatus::Closed {
+            return Err(invalid(format!("session '{text}' is closed")));
+        }
+        let options: AgentOptions = serde_json::from_value(record.options)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        self.target_of(text, id, options, record.owner)
+    }
+
+    /// The sandbox a session's options ask for, or why it has none.
+    fn target_of(
+        &self,
+        text: &str,
+        id: Uuid,
+        options: AgentOptions,
+        owner: Option<String>,
+    ) -> Result<Target, ErrorData> {
+        if options.sandbox_enabled == Some(false) {
+            return Err(invalid(format!(
+                "session '{text}' was created with sandbox_enabled: false"
+            )));
+        }
+        let seed = options
+            .sandbox
+            .as_ref()
+            .and_then(|s| s.from_snapshot.clone())
+            .map(|snapshot| (snapshot, owner));
+        Ok(Target {
+            session: id,
+            spec: spec_for(&self.sandboxes, &options).map_err(|e| invalid(e.to_string()))?,
+            seed,
+            timeout_s: options.sandbox.and_then(|s| s.timeout_s),
+        })
+    }
+
+    /// Takes the sandbox a [`Target`] names, making it when it is not there.
+    pub async fn lease_target(&self, target: Target) -> Result<Lease, ErrorData> {
+        let Target {
+            session,
+            spec,
+            seed,
+            ..
+        } = target;
         let seed = seed.as_ref().map(|(snapshot, owner)| Seed {
             snapshot,
             session,

@@ -121,12 +121,13 @@ impl SandboxServer {
         timeout: Option<u64>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecResult>, ToolFailure> {
-        let timeout = match timeout {
-            Some(asked) => Some(asked),
-            None => self.host.session_timeout(session_id).await,
-        };
-        let timeout = self.host.timeout(timeout)?;
-        let lease = self.lease(session_id, &ctx).await?;
+        // One read of the session: its sandbox and its default timeout.
+        let target = self
+            .host
+            .target(&self.caller, session_id, self.scratch.id, &ctx)
+            .await?;
+        let timeout = self.host.timeout(timeout.or(target.timeout_s))?;
+        let lease = self.host.lease_target(target).await?;
         let request = ExecRequest {
             command,
             stdin,

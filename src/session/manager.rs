@@ -192,6 +192,17 @@ impl SessionManager {
         self.find(id, owner, true).await
     }
 
+    /// The session, when its turn is running on this replica: the turn
+    /// holds it, so this copy is what the store has (its options, owner,
+    /// and a status that is not closed). `None` otherwise, and the caller
+    /// reads the store.
+    pub fn running_here(&self, id: Uuid) -> Option<Arc<Session>> {
+        self.live()
+            .get(&id)
+            .filter(|session| session.is_running())
+            .cloned()
+    }
+
     /// [`SessionManager::get`] for a caller about to start a turn: with
     /// replicas a copy held here is not read again, since taking the
     /// turn's lease reads the session as stored (a session deleted
