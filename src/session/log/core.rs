@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::{Stream, StreamExt};
 use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -79,6 +80,11 @@ struct Log {
     held: bool,
     /// Whether a writer task is running; at most one is.
     writing: bool,
+    /// Set for a session made here with its first turn's lease: until
+    /// that lease goes (the turn's last write starts) or could have
+    /// expired (this instant), no other replica can store anything for
+    /// the session.
+    sole_until: Option<Instant>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -118,6 +124,7 @@ impl Core {
                 usage: Vec::new(),
                 held: false,
                 writing: false,
+                sole_until: None,
             }),
             stored: watch::Sender::new(Stored {
                 seq: last_seq,
@@ -185,8 +192,18 @@ impl Core {
         lease: Option<(Release, Duration)>,
     ) {
         let mut log = lock(&self.log);
+        log.sole_until = lease.as_ref().map(|(_, ttl)| Instant::now() + *ttl);
         log.create = Some((record, lease));
         log.staged += 1;
+    }
+
+    /// Whether everything stored for the session so far was stored by
+    /// this replica: it made the session, and its first turn still holds
+    /// the lease it took in that write (see `sole_until`).
+    pub fn stored_only_here(&self) -> bool {
+        lock(&self.log)
+            .sole_until
+            .is_some_and(|until| Instant::now() < until)
     }
 
     /// Queues the session's new state: it is saved with the next batch of
@@ -277,6 +294,11 @@ impl Core {
                     return;
                 }
                 log.due = false;
+                // From the write that gives the lease up, another replica
+                // may take the next turn.
+                if log.release.is_some() {
+                    log.sole_until = None;
+                }
                 (
                     log.create.take(),
                     std::mem::take(&mut log.pending),

@@ -306,7 +306,12 @@ pub(super) async fn follow(
     mut messages: impl Stream<Item = Message> + Unpin,
     dropped: CancellationToken,
 ) {
-    resync(&core).await;
+    // A session this replica made, whose first turn still holds its
+    // lease, has nothing stored elsewhere: any other replica's write comes
+    // after the lease goes, and so after this subscription.
+    if !core.stored_only_here() {
+        resync(&core).await;
+    }
     // What this replica stores is activity too: its own batches do not
     // come back over NATS (the connection takes no echo), and a log
     // written here has no tail to lose.

@@ -336,3 +336,96 @@ async fn the_follower_fills_gaps_and_a_lost_tail_from_the_store() {
     assert_eq!(core.stored.borrow().seq, 4);
     dropped.cancel();
 }
+
+/// A record of `id` as a run makes it, and its first turn's lease.
+fn made_here(id: Uuid) -> (SessionRecord, crate::store::Release) {
+    let now = Utc::now();
+    let record = SessionRecord {
+        id,
+        name: None,
+        kind: SessionKind::named("echo"),
+        owner: None,
+        options: serde_json::json!({}),
+        status: SessionStatus::Running,
+        usage: Usage::default(),
+        ephemeral: true,
+        created_at: now,
+        updated_at: now,
+    };
+    let lease = crate::store::Release {
+        name: format!("turn:{id}"),
+        holder: "here".into(),
+    };
+    (record, lease)
+}
+
+/// How long after `core` is followed its first event arrives (no NATS
+/// message ever comes: only the follower's reads of the store bring it).
+async fn first_event_after(core: &Arc<Core>) -> Duration {
+    let (_nats, messages) = mpsc::channel::<Message>(1);
+    let dropped = CancellationToken::new();
+    tokio::spawn(follow(
+        core.clone(),
+        tokio_stream::wrappers::ReceiverStream::new(messages),
+        dropped.clone(),
+    ));
+    let mut events = core.subscribe(0, false).boxed();
+    let started = Instant::now();
+    assert_eq!(next_seq(&mut events).await, 1);
+    dropped.cancel();
+    started.elapsed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_reads_the_store_at_once_unless_its_replica_made_the_session_and_holds_its_turn()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id) = store_with_session(&dir).await;
+    store.append_events(&[event(id, 1)]).await.unwrap();
+    let core = || {
+        Arc::new(Core::new(
+            id,
+            0,
+            store.clone(),
+            Arc::new(Metrics::new()),
+            CancellationToken::new(),
+            None,
+        ))
+    };
+    // A session made elsewhere: what was stored before it was followed
+    // comes at once.
+    assert!(first_event_after(&core()).await < RESYNC_QUIET);
+    // Made here, its first turn holding the lease it took in that write:
+    // nothing can have been stored elsewhere, so the store is not read
+    // until the follower's quiet check. (This store holds an event only
+    // to show that it is not read.)
+    let made = core();
+    let (record, lease) = made_here(id);
+    made.create_with_next_write(record, Some((lease, Duration::from_secs(3600))));
+    assert!(made.stored_only_here());
+    assert!(first_event_after(&made).await >= RESYNC_QUIET);
+
+    // Once the write giving the lease up starts, other replicas may write.
+    let fresh = Uuid::new_v4();
+    let made = Arc::new(Core::new(
+        fresh,
+        0,
+        store.clone(),
+        Arc::new(Metrics::new()),
+        CancellationToken::new(),
+        None,
+    ));
+    let (record, lease) = made_here(fresh);
+    made.create_with_next_write(record, Some((lease.clone(), Duration::from_secs(3600))));
+    made.append(thinking(1), None).unwrap();
+    made.flush().await.unwrap();
+    assert!(made.stored_only_here());
+    let state = crate::store::SessionState {
+        status: SessionStatus::Idle,
+        usage: Usage::default(),
+        updated_at: Utc::now(),
+    };
+    made.append_last(success(), state, Some(lease)).unwrap();
+    made.flush().await.unwrap();
+    assert!(!made.stored_only_here());
+}
