@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, SqlSafeStr};
 
 use super::{Store, StoreError};
@@ -63,6 +63,7 @@ macro_rules! take_lease {
 
 mod bus;
 mod checkpoints;
+mod conns;
 mod events;
 mod kv;
 mod leases;
@@ -74,12 +75,7 @@ mod usage;
 /// appenders, few enough that several replicas fit in PostgreSQL's default
 /// `max_connections` of 100.
 const MAX_CONNECTIONS: u32 = 16;
-/// A connection used this recently is handed out without a ping, as
-/// HikariCP does (its `aliveBypassWindowMs`): one that has been idle
-/// longer is pinged first, and replaced if it does not answer (the
-/// database restarted, a proxy dropped it). A connection that died within
-/// this window fails the statement that takes it, and is then dropped.
-const ALIVE_WITHOUT_PING: Duration = Duration::from_millis(500);
+use conns::{ALIVE_WITHOUT_PING, Conns};
 /// How long a call waits for a free connection before it fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -317,7 +313,7 @@ fn migrator() -> Migrator {
 
 /// The PostgreSQL [`Store`].
 pub struct PostgresStore {
-    pool: PgPool,
+    pool: Conns,
 }
 
 impl PostgresStore {
@@ -357,7 +353,9 @@ impl PostgresStore {
             .run(&pool)
             .await
             .map_err(|err| StoreError::Io(format!("migrating the schema: {err}")))?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore {
+            pool: Conns::new(pool),
+        })
     }
 }
 
