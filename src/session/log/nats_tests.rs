@@ -359,26 +359,33 @@ fn made_here(id: Uuid) -> (SessionRecord, crate::store::Release) {
     (record, lease)
 }
 
-/// How long after `core` is followed its first event arrives (no NATS
-/// message ever comes: only the follower's reads of the store bring it).
-async fn first_event_after(core: &Arc<Core>) -> Duration {
-    let (_nats, messages) = mpsc::channel::<Message>(1);
-    let dropped = CancellationToken::new();
-    tokio::spawn(follow(
+/// What `core` knows stored once its follower has started and then met
+/// the session's close notice (so it ends).
+async fn known_after_following(core: &Arc<Core>) -> u64 {
+    let (nats, messages) = mpsc::channel::<Message>(1);
+    nats.send(Message {
+        subject: Subject::from(format!("conclave.events.{}.closed", core.id)),
+        reply: None,
+        payload: Bytes::new(),
+        headers: None,
+        status: None,
+        description: None,
+        length: 0,
+    })
+    .await
+    .unwrap();
+    let follower = tokio::spawn(follow(
         core.clone(),
         tokio_stream::wrappers::ReceiverStream::new(messages),
-        dropped.clone(),
+        CancellationToken::new(),
     ));
-    let mut events = core.subscribe(0, false).boxed();
-    let started = Instant::now();
-    assert_eq!(next_seq(&mut events).await, 1);
-    dropped.cancel();
-    started.elapsed()
+    timeout(DEADLINE, follower).await.unwrap().unwrap();
+    core.stored.borrow().seq
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_follower_reads_the_store_at_once_unless_its_replica_made_the_session_and_holds_its_turn()
-{
+#[tokio::test]
+async fn a_follower_reads_the_store_at_its_start_unless_its_replica_made_the_session_and_holds_its_turn()
+ {
     let dir = tempfile::tempdir().unwrap();
     let (store, id) = store_with_session(&dir).await;
     store.append_events(&[event(id, 1)]).await.unwrap();
@@ -393,29 +400,53 @@ async fn a_follower_reads_the_store_at_once_unless_its_replica_made_the_session_
         ))
     };
     // A session made elsewhere: what was stored before it was followed
-    // comes at once.
-    assert!(first_event_after(&core()).await < RESYNC_QUIET);
+    // is read at once.
+    let elsewhere = core();
+    assert!(!elsewhere.stored_only_here());
+    assert_eq!(known_after_following(&elsewhere).await, 1);
     // Made here, its first turn holding the lease it took in that write:
-    // nothing can have been stored elsewhere, so the store is not read
-    // until the follower's quiet check. (This store holds an event only
-    // to show that it is not read.)
+    // nothing can have been stored elsewhere, and the store is not read.
+    // (This store holds an event only to show that it is not read.)
     let made = core();
     let (record, lease) = made_here(id);
     made.create_with_next_write(record, Some((lease, Duration::from_secs(3600))));
     assert!(made.stored_only_here());
-    assert!(first_event_after(&made).await >= RESYNC_QUIET);
+    assert_eq!(known_after_following(&made).await, 0);
+}
 
+#[tokio::test(start_paused = true)]
+async fn a_session_made_here_is_stored_only_here_until_its_lease_goes_or_could_have_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+    let core = |id| {
+        Arc::new(Core::new(
+            id,
+            0,
+            store.clone(),
+            Arc::new(Metrics::new()),
+            CancellationToken::new(),
+            None,
+        ))
+    };
+    // Made without a lease: another replica may take a turn at once.
+    let id = Uuid::new_v4();
+    let (record, _) = made_here(id);
+    let unleased = core(id);
+    unleased.create_with_next_write(record, None);
+    assert!(!unleased.stored_only_here());
+    // The lease could have expired a lease after the creation.
+    let id = Uuid::new_v4();
+    let (record, lease) = made_here(id);
+    let ttl = Duration::from_secs(60);
+    let lapsing = core(id);
+    lapsing.create_with_next_write(record, Some((lease, ttl)));
+    assert!(lapsing.stored_only_here());
+    tokio::time::advance(ttl).await;
+    assert!(!lapsing.stored_only_here());
     // Once the write giving the lease up starts, other replicas may write.
-    let fresh = Uuid::new_v4();
-    let made = Arc::new(Core::new(
-        fresh,
-        0,
-        store.clone(),
-        Arc::new(Metrics::new()),
-        CancellationToken::new(),
-        None,
-    ));
-    let (record, lease) = made_here(fresh);
+    let id = Uuid::new_v4();
+    let (record, lease) = made_here(id);
+    let made = core(id);
     made.create_with_next_write(record, Some((lease.clone(), Duration::from_secs(3600))));
     made.append(thinking(1), None).unwrap();
     made.flush().await.unwrap();
