@@ -235,6 +235,12 @@ async fn sessions_turns_and_gateway_requests_past_their_quota_answer_429() {
         .send(GREEDY, Method::POST, &path, json!({"prompt": "hi"}))
         .await;
     assert_quota(refused, "max_concurrent_turns", 60).await;
+    // So is a run, whose session is stored before its turn is refused: it
+    // leaves no open session behind (the session quota below counts them).
+    let refused = server
+        .send(GREEDY, Method::POST, "/agent/run", json!({"prompt": "hi"}))
+        .await;
+    assert_quota(refused, "max_concurrent_turns", 60).await;
     // Another key's turns are not counted with it.
     let other = server.session(OTHER).await;
     assert_eq!(

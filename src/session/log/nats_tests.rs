@@ -359,6 +359,18 @@ fn made_here(id: Uuid) -> (SessionRecord, crate::store::Release) {
     (record, lease)
 }
 
+/// A log of `id` with no outbox, from its start.
+fn unshared_core(store: &Arc<dyn Store>, id: Uuid) -> Arc<Core> {
+    Arc::new(Core::new(
+        id,
+        0,
+        store.clone(),
+        Arc::new(Metrics::new()),
+        CancellationToken::new(),
+        None,
+    ))
+}
+
 /// What `core` knows stored once its follower has started and then met
 /// the session's close notice (so it ends).
 async fn known_after_following(core: &Arc<Core>) -> u64 {
@@ -389,25 +401,15 @@ async fn a_follower_reads_the_store_at_its_start_unless_its_replica_made_the_ses
     let dir = tempfile::tempdir().unwrap();
     let (store, id) = store_with_session(&dir).await;
     store.append_events(&[event(id, 1)]).await.unwrap();
-    let core = || {
-        Arc::new(Core::new(
-            id,
-            0,
-            store.clone(),
-            Arc::new(Metrics::new()),
-            CancellationToken::new(),
-            None,
-        ))
-    };
     // A session made elsewhere: what was stored before it was followed
     // is read at once.
-    let elsewhere = core();
+    let elsewhere = unshared_core(&store, id);
     assert!(!elsewhere.stored_only_here());
     assert_eq!(known_after_following(&elsewhere).await, 1);
     // Made here, its first turn holding the lease it took in that write:
     // nothing can have been stored elsewhere, and the store is not read.
     // (This store holds an event only to show that it is not read.)
-    let made = core();
+    let made = unshared_core(&store, id);
     let (record, lease) = made_here(id);
     made.create_with_next_write(record, Some((lease, Duration::from_secs(3600))));
     assert!(made.stored_only_here());
@@ -418,27 +420,17 @@ async fn a_follower_reads_the_store_at_its_start_unless_its_replica_made_the_ses
 async fn a_session_made_here_is_stored_only_here_until_its_lease_goes_or_could_have_expired() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
-    let core = |id| {
-        Arc::new(Core::new(
-            id,
-            0,
-            store.clone(),
-            Arc::new(Metrics::new()),
-            CancellationToken::new(),
-            None,
-        ))
-    };
     // Made without a lease: another replica may take a turn at once.
     let id = Uuid::new_v4();
     let (record, _) = made_here(id);
-    let unleased = core(id);
+    let unleased = unshared_core(&store, id);
     unleased.create_with_next_write(record, None);
     assert!(!unleased.stored_only_here());
     // The lease could have expired a lease after the creation.
     let id = Uuid::new_v4();
     let (record, lease) = made_here(id);
     let ttl = Duration::from_secs(60);
-    let lapsing = core(id);
+    let lapsing = unshared_core(&store, id);
     lapsing.create_with_next_write(record, Some((lease, ttl)));
     assert!(lapsing.stored_only_here());
     tokio::time::advance(ttl).await;
@@ -446,7 +438,7 @@ async fn a_session_made_here_is_stored_only_here_until_its_lease_goes_or_could_h
     // Once the write giving the lease up starts, other replicas may write.
     let id = Uuid::new_v4();
     let (record, lease) = made_here(id);
-    let made = core(id);
+    let made = unshared_core(&store, id);
     made.create_with_next_write(record, Some((lease.clone(), Duration::from_secs(3600))));
     made.append(thinking(1), None).unwrap();
     made.flush().await.unwrap();

@@ -1,5 +1,5 @@
-//! Making sessions: stored at once, or (a run's) by their first turn's
-//! first write.
+//! Making sessions: stored at once, or (a run's) with its first turn's
+//! lease, in one write before that turn.
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use crate::protocol::{SessionRecord, SessionStatus, Usage};
 use crate::session::SessionError;
 use crate::session::live::Session;
 use crate::session::task::TurnOptions;
+use crate::store::Release;
 
 impl SessionManager {
     pub async fn create(&self, new: NewSession) -> Result<Arc<Session>, SessionError> {
@@ -67,7 +68,7 @@ impl SessionManager {
         let lease = held
             .as_ref()
             .map(|(held, ttl)| (held.lease().clone(), *ttl));
-        session.create_with_next_write(record, lease);
+        session.create_with_next_write(record, lease.clone());
         let held = held.map(|(held, _)| held);
         if let Err(e) = session.flush().await {
             // Never stored: nothing to delete.
@@ -76,14 +77,35 @@ impl SessionManager {
             return Err(e.into());
         }
         self.metrics.sessions_created.inc();
-        self.start(
-            session,
-            input,
-            false,
-            TurnOptions::default(),
-            Some((held, cancel)),
-        )
-        .await
+        let started = self
+            .start(
+                session.clone(),
+                input,
+                false,
+                TurnOptions::default(),
+                Some((held, cancel)),
+            )
+            .await;
+        if started.is_err() {
+            self.remove_refused_run(&session, lease.map(|(release, _)| release))
+                .await;
+        }
+        started
+    }
+
+    /// A run whose turn was refused (a quota, a budget, a shutdown) goes,
+    /// with the session and lease its first write stored.
+    async fn remove_refused_run(&self, session: &Session, lease: Option<Release>) {
+        if let Err(e) = self.store.delete_session(session.id).await {
+            tracing::warn!(session = %session.id, error = %e, "removing a refused run's session");
+        }
+        if let Some(Release { name, holder }) = lease
+            && let Err(e) = self.store.lease_release(&name, &holder).await
+        {
+            tracing::warn!(lease = %name, error = %e, "releasing a refused run's lease");
+        }
+        session.closed.cancel();
+        self.forget(session.id);
     }
 
     /// A new session's record, once its kind and its key's quota admit it.
