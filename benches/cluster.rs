@@ -232,6 +232,16 @@ impl Deployment {
         Backends::connect(database, nats).await
     }
 
+    /// The replicas' context switches, voluntary and not.
+    fn switches(&self) -> Result<(u64, u64), String> {
+        let mut total = (0, 0);
+        for replica in &self.replicas {
+            let (voluntary, forced) = switches(replica.pid()?);
+            total = (total.0 + voluntary, total.1 + forced);
+        }
+        Ok(total)
+    }
+
     /// CPU time of the replicas and of nats-server.
     fn cpu(&self) -> Result<(Duration, Duration), String> {
         let mut replicas = Duration::ZERO;
@@ -278,6 +288,31 @@ fn cpu_time(pid: impl std::fmt::Display) -> Result<Duration, String> {
         ticks += field.parse::<u64>().map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(Duration::from_millis(ticks * 10))
+}
+
+/// The context switches of a process's threads, voluntary (waiting for
+/// something: a wake-up follows) and not, from each thread's
+/// `/proc/PID/task/TID/status`.
+fn switches(pid: impl std::fmt::Display) -> (u64, u64) {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    let mut counts = (0, 0);
+    for thread in threads.flatten() {
+        let status = std::fs::read_to_string(thread.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            let count = |prefix: &str| {
+                line.strip_prefix(prefix)
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+            };
+            if let Some(n) = count("voluntary_ctxt_switches:") {
+                counts.0 += n;
+            } else if let Some(n) = count("nonvoluntary_ctxt_switches:") {
+                counts.1 += n;
+            }
+        }
+    }
+    counts
 }
 
 /// The whole machine's busy and total ticks over every core, from the first
@@ -464,6 +499,7 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
     backends.reset().await?;
     let counted_before = backends.read().await?;
     let (cpu_before, machine_before) = (deployment.cpu()?, machine_ticks());
+    let switches_before = deployment.switches()?;
     start.wait().await;
     let started = Instant::now();
     let mut turn_times = Vec::with_capacity(sessions * turns);
@@ -472,6 +508,7 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
     }
     let wall = started.elapsed();
     let (cpu_after, machine_after) = (deployment.cpu()?, machine_ticks());
+    let switches_after = deployment.switches()?;
     let counted_after = backends.read().await?;
     let turns = turn_times.len() as f64;
     let turns_per_s = turns / wall.as_secs_f64();
@@ -497,6 +534,11 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
         per_turn(nats_cpu),
         100.0 * (machine_after.0 - machine_before.0) as f64
             / (machine_after.1 - machine_before.1).max(1) as f64,
+    );
+    println!(
+        "  replicas' context switches per turn: {:.1} voluntary, {:.1} forced",
+        (switches_after.0 - switches_before.0) as f64 / turns,
+        (switches_after.1 - switches_before.1) as f64 / turns,
     );
     let postgres_cpu = backends::print_per_turn(&counted_before, &counted_after, turns);
     for line in backends.top_statements(turns).await? {

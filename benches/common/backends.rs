@@ -25,7 +25,18 @@ pub struct Counters {
     brackets: u64,
     nats_in: u64,
     nats_out: u64,
-    postgres_cpu: Duration,
+    postgres_cpu: PostgresCpu,
+}
+
+/// CPU time of PostgreSQL's processes: the backends serving client
+/// connections (the replicas' and the bench's), and its own (postmaster,
+/// WAL writer, checkpointer, background writer, autovacuum), with how many
+/// backends there were when read.
+#[derive(Default, Clone, Copy)]
+struct PostgresCpu {
+    backends: Duration,
+    own: Duration,
+    connections: usize,
 }
 
 impl Counters {
@@ -154,25 +165,34 @@ impl Backends {
 /// Prints what happened between `before` and `after`, per turn.
 pub fn print_per_turn(before: &Counters, after: &Counters, turns: f64) -> Duration {
     let per = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / turns;
-    let postgres_cpu = after.postgres_cpu.saturating_sub(before.postgres_cpu);
+    let (a, b) = (&after.postgres_cpu, &before.postgres_cpu);
+    let backends = a.backends.saturating_sub(b.backends);
+    let own = a.own.saturating_sub(b.own);
+    let micros = |d: Duration| d.as_secs_f64() * 1e6 / turns;
     println!(
         "  per turn     PostgreSQL {:.2} statements = round trips ({:.2} of them BEGIN/COMMIT), \
-         {:.0} µs CPU; NATS {:.2} messages in, {:.2} out",
+         {:.0} µs CPU ({:.0} µs in the backends of {} connections, {:.0} µs in its own \
+         processes); NATS {:.2} messages in, {:.2} out",
         per(before.statements, after.statements),
         per(before.brackets, after.brackets),
-        postgres_cpu.as_secs_f64() * 1e6 / turns,
+        micros(backends + own),
+        micros(backends),
+        a.connections,
+        micros(own),
         per(before.nats_in, after.nats_in),
         per(before.nats_out, after.nats_out),
     );
-    postgres_cpu
+    backends + own
 }
 
-/// User plus system CPU time of every process named `postgres`.
-fn postgres_cpu() -> Duration {
+/// User plus system CPU time of every process named `postgres`, split by
+/// its title: a backend's names its client's address (`127.0.0.1(port)`
+/// or `[local]`).
+fn postgres_cpu() -> PostgresCpu {
+    let mut cpu = PostgresCpu::default();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Duration::ZERO;
+        return cpu;
     };
-    let mut ticks = 0;
     for entry in entries.flatten() {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
@@ -184,9 +204,18 @@ fn postgres_cpu() -> Duration {
             continue;
         }
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        ticks += fields
+        let ticks: u64 = fields
             .get(11..13)
             .map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+        let time = Duration::from_millis(ticks * 10);
+        let title = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let title = String::from_utf8_lossy(&title);
+        if (title.starts_with("postgres: ") && title.contains('(')) || title.contains("[local]") {
+            cpu.backends += time;
+            cpu.connections += 1;
+        } else {
+            cpu.own += time;
+        }
     }
-    Duration::from_millis(ticks * 10)
+    cpu
 }
