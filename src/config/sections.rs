@@ -56,6 +56,9 @@ pub struct ClusterConfig {
     pub job_ack_wait_s: u64,
     /// Jobs one replica does at once, for whichever replica asked.
     pub max_jobs: usize,
+    /// PostgreSQL connections one replica holds at most (`--store`). Every
+    /// replica's count, added up, must fit the server's `max_connections`.
+    pub store_connections: u32,
 }
 
 impl Default for ClusterConfig {
@@ -65,6 +68,7 @@ impl Default for ClusterConfig {
             drain_s: 30,
             job_ack_wait_s: 10,
             max_jobs: 64,
+            store_connections: crate::store::postgres::MAX_CONNECTIONS,
         }
     }
 }
@@ -94,6 +98,12 @@ impl ClusterConfig {
             return Err((
                 "cluster.max_jobs".into(),
                 format!("must be 1 to 4096, not {}", self.max_jobs),
+            ));
+        }
+        if !(1..=1000).contains(&self.store_connections) {
+            return Err((
+                "cluster.store_connections".into(),
+                format!("must be 1 to 1000, not {}", self.store_connections),
             ));
         }
         Ok(())

@@ -71,10 +71,11 @@ mod quota;
 mod sessions;
 mod usage;
 
-/// Connections one replica holds at most: enough for its concurrent
-/// appenders, few enough that several replicas fit in PostgreSQL's default
+/// Connections one replica holds at most unless told
+/// (`cluster.store_connections`): enough for its concurrent appenders, few
+/// enough that several replicas fit in PostgreSQL's default
 /// `max_connections` of 100.
-const MAX_CONNECTIONS: u32 = 16;
+pub const MAX_CONNECTIONS: u32 = 16;
 use conns::{ALIVE_WITHOUT_PING, Conns};
 /// How long a call waits for a free connection before it fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -320,13 +321,25 @@ impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user:password@host/db`)
     /// and migrates it to the current schema.
     pub async fn open(url: &str) -> Result<PostgresStore, StoreError> {
+        PostgresStore::open_sized(url, MAX_CONNECTIONS).await
+    }
+
+    /// [`PostgresStore::open`] holding at most `connections` connections.
+    pub async fn open_sized(url: &str, connections: u32) -> Result<PostgresStore, StoreError> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|err| StoreError::Io(format!("{}: {err}", redact(url))))?;
-        PostgresStore::open_with(options).await
+        PostgresStore::connect(options, connections).await
     }
 
     /// [`PostgresStore::open`] with the connection already described.
     pub async fn open_with(options: PgConnectOptions) -> Result<PostgresStore, StoreError> {
+        PostgresStore::connect(options, MAX_CONNECTIONS).await
+    }
+
+    async fn connect(
+        options: PgConnectOptions,
+        connections: u32,
+    ) -> Result<PostgresStore, StoreError> {
         let options = options.application_name("conclave");
         // One connection first: a pool that cannot connect says only that
         // it timed out, this says why.
@@ -335,7 +348,7 @@ impl PostgresStore {
             .map_err(|_| StoreError::Io(format!("no answer in {ACQUIRE_TIMEOUT:?}")))??;
         probe.close().await?;
         let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+            .max_connections(connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             // sqlx pings every idle connection before handing it out by
             // default: a round trip before each statement.
