@@ -34,6 +34,7 @@ use bollard::query_parameters::{
 use conclave::config::SandboxConfig;
 use conclave::sandbox::docker::DockerBackend;
 use conclave::sandbox::local::{LocalBackend, LocalConfig};
+use conclave::sandbox::manager::Whose;
 use conclave::sandbox::snapshots::{Seed, Snapshots};
 use conclave::sandbox::{ExecChunk, ExecRequest, SandboxBackend, SandboxManager};
 use conclave::store::{SqliteStore, Store};
@@ -63,8 +64,11 @@ async fn run(
     command: &[&str],
 ) -> (Duration, String) {
     let started = Instant::now();
+    let whose = Whose::Session {
+        owner: seed.as_ref().and_then(|s| s.owner.map(str::to_owned)),
+    };
     let lease = manager
-        .lease_from(session, manager.default_spec(), seed)
+        .lease_from(session, manager.default_spec(), whose, seed)
         .await
         .expect("lease");
     let (tx, mut rx) = mpsc::channel(64);

@@ -179,15 +179,32 @@ fn tool_result(events: &[Value]) -> &Value {
 async fn a_key_at_its_sandbox_quota_leaves_the_others_their_tool_calls() {
     let server = Server::start("docker").await;
     let mut sessions = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..2 {
         sessions.push(server.session(GREEDY).await);
     }
-    for (i, id) in sessions.iter().take(2).enumerate() {
+    for (i, id) in sessions.iter().enumerate() {
         let events = server.turn(GREEDY, id, &format!("$ echo held {i}")).await;
         let result = tool_result(&events);
         assert_eq!(result["is_error"], false, "{result}");
         assert_eq!(result["output"]["stdout"], format!("held {i}\n"));
     }
+    // A run's tool call is refused too: its session is stored by its
+    // turn's first write, and the call counts under the key the turn
+    // knows, stored or not.
+    let response = server
+        .send(
+            GREEDY,
+            Method::POST,
+            "/agent/run",
+            json!({"prompt": "$ echo run"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let events = ndjson(response).await;
+    let refused = tool_result(&events);
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert!(refused.to_string().contains("max_sandboxes"), "{refused}");
+    sessions.push(server.session(GREEDY).await);
     // The third sandbox is past the key's quota: the tool call fails and
     // says why; the turn itself ends normally.
     let events = server.turn(GREEDY, &sessions[2], "$ echo third").await;
@@ -235,8 +252,8 @@ async fn sessions_turns_and_gateway_requests_past_their_quota_answer_429() {
         .send(GREEDY, Method::POST, &path, json!({"prompt": "hi"}))
         .await;
     assert_quota(refused, "max_concurrent_turns", 60).await;
-    // So is a run, whose session is stored before its turn is refused: it
-    // leaves no open session behind (the session quota below counts them).
+    // So is a run, refused before its first write: it leaves no open
+    // session behind (the session quota below counts them).
     let refused = server
         .send(GREEDY, Method::POST, "/agent/run", json!({"prompt": "hi"}))
         .await;

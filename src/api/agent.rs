@@ -168,7 +168,18 @@ pub async fn run(
         ephemeral: true,
     };
     let turn = state.sessions.run_new(new, prompt).await?;
-    let events = turn.session.subscribe(turn.since, true);
+    // The session is stored by the turn's first write: answer once it is,
+    // with its first event, or with an error when the store refused it.
+    let mut events = Box::pin(futures::StreamExt::peekable(
+        turn.session.subscribe(turn.since, true),
+    ));
+    if events.as_mut().peek().await.is_none() {
+        turn.cancel.cancel();
+        return Err(ApiError::internal(format!(
+            "session {}: the run's first write was refused by the store",
+            turn.session.id
+        )));
+    }
     Ok(events_response(
         &headers,
         cancel_on_hangup(events, turn.cancel),

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::agent::AgentOptions;
 use crate::config::SandboxConfig;
 use crate::protocol::SessionStatus;
+use crate::sandbox::manager::Whose;
 use crate::sandbox::snapshots::Seed;
 use crate::sandbox::{Lease, SandboxManager, SandboxSpec};
 use crate::session::OptionError;
@@ -63,8 +64,10 @@ pub struct McpHost {
 pub struct Target {
     session: Uuid,
     spec: SandboxSpec,
-    /// The snapshot a new sandbox starts from, and the session's owner.
-    seed: Option<(String, Option<String>)>,
+    /// A session's sandbox, with the session's owner, or a scratch one.
+    whose: Whose,
+    /// The snapshot a new sandbox starts from.
+    seed: Option<String>,
     /// The per-exec timeout the session set in `options.sandbox.timeout_s`.
     pub timeout_s: Option<u64>,
 }
@@ -124,6 +127,7 @@ impl McpHost {
             return Ok(Target {
                 session: scratch,
                 spec: self.sandboxes.default_spec(),
+                whose: Whose::Scratch,
                 seed: None,
                 timeout_s: None,
             });
@@ -173,11 +177,11 @@ impl McpHost {
         let seed = options
             .sandbox
             .as_ref()
-            .and_then(|s| s.from_snapshot.clone())
-            .map(|snapshot| (snapshot, owner));
+            .and_then(|s| s.from_snapshot.clone());
         Ok(Target {
             session: id,
             spec: spec_for(&self.sandboxes, &options).map_err(|e| invalid(e.to_string()))?,
+            whose: Whose::Session { owner },
             seed,
             timeout_s: options.sandbox.and_then(|s| s.timeout_s),
         })
@@ -188,16 +192,21 @@ impl McpHost {
         let Target {
             session,
             spec,
+            whose,
             seed,
             ..
         } = target;
-        let seed = seed.as_ref().map(|(snapshot, owner)| Seed {
+        let owner = match &whose {
+            Whose::Session { owner } => owner.clone(),
+            Whose::Scratch => None,
+        };
+        let seed = seed.as_ref().map(|snapshot| Seed {
             snapshot,
             session,
             owner: owner.as_deref(),
         });
         self.sandboxes
-            .lease_from(session, spec, seed)
+            .lease_from(session, spec, whose, seed)
             .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }

@@ -62,6 +62,18 @@ struct Slot {
     /// The key's quota slot this sandbox holds, given back when the slot
     /// goes (the sandbox is destroyed or reaped).
     quota: Mutex<Option<crate::quota::HeldSlot>>,
+    /// Whose it is: its usage is counted under the session's key.
+    whose: Whose,
+}
+
+/// Whose sandbox a lease asks for: a session's, with the key that owns
+/// the session (the caller knows it: the session's turn or its record),
+/// or an MCP connection's scratch sandbox, which no key's quota or usage
+/// counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Whose {
+    Session { owner: Option<String> },
+    Scratch,
 }
 
 pub struct SandboxManager {
@@ -146,12 +158,8 @@ impl SandboxManager {
     }
 
     /// Counts each session's sandbox against its key's `max_sandboxes`.
-    pub fn with_quotas(
-        mut self,
-        quotas: Arc<crate::quota::Quotas>,
-        store: Arc<dyn crate::store::Store>,
-    ) -> SandboxManager {
-        self.quotas = Some(quota::SandboxQuotas { quotas, store });
+    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Quotas>) -> SandboxManager {
+        self.quotas = Some(quota::SandboxQuotas { quotas });
         self
     }
 
@@ -209,25 +217,27 @@ impl SandboxManager {
         Ok(removed)
     }
 
-    /// The session's sandbox, created (or taken from the pool, or taken over
-    /// from a previous run) at the first call.
+    /// The sandbox of a session without an owner, created (or taken from
+    /// the pool, or taken over from a previous run) at the first call.
     pub async fn lease(&self, session: Uuid, spec: SandboxSpec) -> Result<Lease> {
-        self.lease_from(session, spec, None).await
+        self.lease_from(session, spec, Whose::Session { owner: None }, None)
+            .await
     }
 
-    /// [`SandboxManager::lease`] for a session whose sandbox starts from a
+    /// [`SandboxManager::lease`] of `whose` sandbox, which starts from a
     /// snapshot's workspace (`seed`) when it is first made.
     pub async fn lease_from(
         &self,
         session: Uuid,
         spec: SandboxSpec,
+        whose: Whose,
         seed: Option<super::snapshots::Seed<'_>>,
     ) -> Result<Lease> {
         // A session without a sandbox yet takes one of its key's slots
         // first (a store round trip, so outside the map's lock).
         let known = lock(&self.slots).contains_key(&session);
         let mut quota = match (&self.quotas, known) {
-            (Some(quotas), false) => quotas.take_sandbox(session).await?,
+            (Some(quotas), false) => quotas.take_sandbox(&whose).await?,
             _ => None,
         };
         let slot = {
@@ -240,6 +250,7 @@ impl SandboxManager {
                     }
                     let slot = Arc::new(Slot {
                         quota: Mutex::new(quota.take()),
+                        whose,
                         spec,
                         sandbox: OnceCell::new(),
                         leases: AtomicUsize::new(0),

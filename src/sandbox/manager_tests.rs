@@ -348,3 +348,67 @@ async fn a_sandbox_that_cannot_pause_is_asked_once() {
     assert_eq!(manager.info(session).await.unwrap().state, "running");
     assert_eq!(manager.pause_metrics().pauses.get(), 0);
 }
+
+/// A session's sandbox takes a slot of the key the lease names, whether
+/// or not the session is stored yet (a run's is stored by its first
+/// write), and its usage is counted under that key when it goes; a
+/// scratch sandbox counts under no key.
+#[tokio::test]
+async fn a_sessions_sandbox_counts_under_the_key_the_lease_names() {
+    use crate::config::{Config, key_owner};
+    use crate::quota::{KeyTable, Quotas};
+    use crate::store::SqliteStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    // No session is stored: the slot's key comes from the lease alone.
+    let store: Arc<dyn crate::store::Store> =
+        Arc::new(SqliteStore::open(&dir.path().join("conclave.db")).unwrap());
+    let config = Config {
+        api_keys: vec!["greedy-key-0123456789".into()],
+        ..Config::default()
+    };
+    let table = Arc::new(KeyTable::new(&config));
+    let quotas = Arc::new(Quotas::new(table, store, Duration::from_secs(60)));
+    let memory = Arc::new(Memory::default());
+    let config = SandboxConfig {
+        warm_pool: 0,
+        ..SandboxConfig::default()
+    };
+    let manager =
+        SandboxManager::new(Arc::new(memory.clone()), config, "me".into()).with_quotas(quotas);
+    let counted = Arc::new(Mutex::new(Vec::new()));
+    manager.on_removed({
+        let counted = counted.clone();
+        Arc::new(move |session, owner, _, _| {
+            lock(&counted).push((session, owner));
+            Box::pin(async {})
+        })
+    });
+    let owner = key_owner("greedy-key-0123456789");
+    let whose = || Whose::Session {
+        owner: Some(owner.clone()),
+    };
+    // The built-in default: 16 sandboxes a key.
+    let sessions: Vec<Uuid> = (0..17).map(|_| Uuid::new_v4()).collect();
+    for session in &sessions[..16] {
+        let lease = manager.lease_from(*session, manager.default_spec(), whose(), None);
+        drop(lease.await.unwrap());
+    }
+    let refused = manager
+        .lease_from(sessions[16], manager.default_spec(), whose(), None)
+        .await;
+    assert!(
+        matches!(refused, Err(SandboxError::Quota(_))),
+        "the key's 17th sandbox was not refused"
+    );
+    let scratch = Uuid::new_v4();
+    let lease = manager.lease_from(scratch, manager.default_spec(), Whose::Scratch, None);
+    drop(lease.await.unwrap());
+
+    manager.release(sessions[0]).await;
+    manager.release(scratch).await;
+    assert_eq!(*lock(&counted), [(sessions[0], Some(owner.clone()))]);
+    // The released slot is the key's again.
+    let lease = manager.lease_from(sessions[16], manager.default_spec(), whose(), None);
+    drop(lease.await.unwrap());
+}

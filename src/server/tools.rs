@@ -45,7 +45,7 @@ pub(super) async fn sandbox_host(
     let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
         .with_snapshots(snapshots);
     let sandboxes = Arc::new(match quotas {
-        Some(quotas) => sandboxes.with_quotas(quotas, store.clone()),
+        Some(quotas) => sandboxes.with_quotas(quotas),
         None => sandboxes,
     });
     let host = Arc::new(McpHost {

@@ -191,20 +191,12 @@ impl Recorder {
     }
 
     /// Counts a removed sandbox's CPU and wall time under its session's
-    /// key (read from the store: the sandbox manager knows sessions only).
+    /// key.
     pub fn sandbox_hook(self: &Arc<Self>) -> crate::sandbox::manager::OnRemoved {
         let recorder = self.clone();
-        Arc::new(move |session, cpu, wall| {
+        Arc::new(move |_session, owner, cpu, wall| {
             let recorder = recorder.clone();
             Box::pin(async move {
-                let owner = match recorder.store.get_session(session).await {
-                    Ok(Some(record)) => record.owner,
-                    Ok(None) => return,
-                    Err(e) => {
-                        tracing::warn!(%session, error = %e, "sandbox usage not recorded");
-                        return;
-                    }
-                };
                 let add = UsageCounts {
                     sandbox_cpu_s: cpu.unwrap_or(0.0),
                     sandbox_wall_s: wall,

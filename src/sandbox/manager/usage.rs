@@ -6,12 +6,14 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use uuid::Uuid;
 
-use super::{SandboxManager, Slot};
+use super::{SandboxManager, Slot, Whose};
 use crate::sandbox::Result;
 
-/// Told a removed sandbox's session, CPU seconds (when the backend can
-/// tell) and wall seconds; its future runs before the removal returns.
-pub type OnRemoved = Arc<dyn Fn(Uuid, Option<f64>, f64) -> BoxFuture<'static, ()> + Send + Sync>;
+/// Told a removed sandbox's session, the key that owns the session, CPU
+/// seconds (when the backend can tell) and wall seconds; its future runs
+/// before the removal returns. A scratch sandbox is not told.
+pub type OnRemoved =
+    Arc<dyn Fn(Uuid, Option<String>, Option<f64>, f64) -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl SandboxManager {
     /// Counts every session sandbox removed from now on with `removed`;
@@ -31,8 +33,9 @@ impl SandboxManager {
             None => None,
         };
         let destroyed = sandbox.destroy().await;
-        if let Some(removed) = self.removed.get() {
-            removed(session, cpu, slot.born.elapsed().as_secs_f64()).await;
+        if let (Some(removed), Whose::Session { owner }) = (self.removed.get(), &slot.whose) {
+            let wall = slot.born.elapsed().as_secs_f64();
+            removed(session, owner.clone(), cpu, wall).await;
         }
         destroyed
     }

@@ -1,5 +1,5 @@
-//! Making sessions: stored at once, or (a run's) with its first turn's
-//! lease, in one write before that turn.
+//! Making sessions: stored at once, or (a run's) by its first turn's
+//! first write, with the turn's lease.
 
 use std::sync::Arc;
 
@@ -11,7 +11,6 @@ use crate::protocol::{SessionRecord, SessionStatus, Usage};
 use crate::session::SessionError;
 use crate::session::live::Session;
 use crate::session::task::TurnOptions;
-use crate::store::Release;
 
 impl SessionManager {
     pub async fn create(&self, new: NewSession) -> Result<Arc<Session>, SessionError> {
@@ -32,11 +31,15 @@ impl SessionManager {
         Ok(self.load(record, 0))
     }
 
-    /// Makes an ephemeral session and starts its one turn (`/agent/run`):
-    /// the session and, among replicas, the turn's lease are stored in one
-    /// write before the turn starts (what the turn's tools read of it, its
-    /// key's sandbox quota and usage, must find it), and the turn reads no
-    /// messages.
+    /// Makes an ephemeral session and starts its one turn (`/agent/run`).
+    /// The session is stored by the turn's first write, with the turn's
+    /// lease among replicas, so the turn starts without waiting for a
+    /// write and its first event waits for one commit. Until then no
+    /// request can name it (clients learn its id from its events, which
+    /// are sent once stored), and the turn reads nothing of it from the
+    /// store: its tools take the session from the turn
+    /// ([`SessionManager::running_here`]), its sandbox's quota and usage
+    /// go to the owner the turn knows. The turn reads no messages.
     pub async fn run_new(
         &self,
         new: NewSession,
@@ -68,15 +71,8 @@ impl SessionManager {
         let lease = held
             .as_ref()
             .map(|(held, ttl)| (held.lease().clone(), *ttl));
-        session.create_with_next_write(record, lease.clone());
+        session.create_with_next_write(record, lease);
         let held = held.map(|(held, _)| held);
-        if let Err(e) = session.flush().await {
-            // Never stored: nothing to delete.
-            session.closed.cancel();
-            self.forget(session.id);
-            return Err(e.into());
-        }
-        self.metrics.sessions_created.inc();
         let started = self
             .start(
                 session.clone(),
@@ -86,26 +82,20 @@ impl SessionManager {
                 Some((held, cancel)),
             )
             .await;
-        if started.is_err() {
-            self.remove_refused_run(&session, lease.map(|(release, _)| release))
-                .await;
+        match started {
+            Ok(started) => {
+                self.metrics.sessions_created.inc();
+                Ok(started)
+            }
+            Err(e) => {
+                // Refused (a quota, a budget, a shutdown) before the turn
+                // wrote anything: the session and its lease were never
+                // stored, and the held lease's renewals stop with it.
+                session.closed.cancel();
+                self.forget(session.id);
+                Err(e)
+            }
         }
-        started
-    }
-
-    /// A run whose turn was refused (a quota, a budget, a shutdown) goes,
-    /// with the session and lease its first write stored.
-    async fn remove_refused_run(&self, session: &Session, lease: Option<Release>) {
-        if let Err(e) = self.store.delete_session(session.id).await {
-            tracing::warn!(session = %session.id, error = %e, "removing a refused run's session");
-        }
-        if let Some(Release { name, holder }) = lease
-            && let Err(e) = self.store.lease_release(&name, &holder).await
-        {
-            tracing::warn!(lease = %name, error = %e, "releasing a refused run's lease");
-        }
-        session.closed.cancel();
-        self.forget(session.id);
     }
 
     /// A new session's record, once its kind and its key's quota admit it.
