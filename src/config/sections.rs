@@ -56,9 +56,11 @@ pub struct ClusterConfig {
     pub job_ack_wait_s: u64,
     /// Jobs one replica does at once, for whichever replica asked.
     pub max_jobs: usize,
-    /// PostgreSQL connections one replica holds at most (`--store`). Every
-    /// replica's count, added up, must fit the server's `max_connections`.
-    pub store_connections: u32,
+    /// PostgreSQL connections one replica holds at most (`--store`); by
+    /// default twice the replica's cores, from 4 to 16 (see
+    /// [`ClusterConfig::store_connections`]). Every replica's count, added
+    /// up, must fit the server's `max_connections`.
+    pub store_connections: Option<u32>,
 }
 
 impl Default for ClusterConfig {
@@ -68,12 +70,27 @@ impl Default for ClusterConfig {
             drain_s: 30,
             job_ack_wait_s: 10,
             max_jobs: 64,
-            store_connections: crate::store::postgres::MAX_CONNECTIONS,
+            store_connections: None,
         }
     }
 }
 
 impl ClusterConfig {
+    /// The PostgreSQL connections one replica holds at most: as set, or
+    /// twice the cores this process may use, from 4 to 16. A connection
+    /// is busy only for a statement, and a database server runs about two
+    /// statements a core at once (one on the CPU while the other waits for
+    /// its commit to reach the disk); connections past that only queue
+    /// inside PostgreSQL, where every backend more costs each statement
+    /// CPU (benches/README.md, "Sixth round": three replicas of 16 each on
+    /// two cores spent 1.7 times the backend CPU per turn that one did).
+    pub fn store_connections(&self) -> u32 {
+        self.store_connections.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            u32::try_from(cores * 2).unwrap_or(u32::MAX).clamp(4, 16)
+        })
+    }
+
     /// The first problem found, as `(field, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
         if !(3..=3600).contains(&self.turn_lease_s) {
@@ -100,10 +117,12 @@ impl ClusterConfig {
                 format!("must be 1 to 4096, not {}", self.max_jobs),
             ));
         }
-        if !(1..=1000).contains(&self.store_connections) {
+        if let Some(n) = self.store_connections
+            && !(1..=1000).contains(&n)
+        {
             return Err((
                 "cluster.store_connections".into(),
-                format!("must be 1 to 1000, not {}", self.store_connections),
+                format!("must be 1 to 1000, not {n}"),
             ));
         }
         Ok(())

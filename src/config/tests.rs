@@ -171,6 +171,16 @@ fn a_shared_store_bus_and_cluster_are_checked_naming_the_field() {
     let mut config = base();
     config.cluster.turn_lease_s = 1;
     assert!(refused(config).contains("cluster.turn_lease_s"));
+    let mut config = base();
+    config.cluster.store_connections = Some(0);
+    assert!(refused(config).contains("cluster.store_connections"));
+
+    // The pool: twice the cores, 4 to 16, unless set.
+    let cores = std::thread::available_parallelism().unwrap().get() as u32;
+    let mut cluster = crate::config::ClusterConfig::default();
+    assert_eq!(cluster.store_connections(), (2 * cores).clamp(4, 16));
+    cluster.store_connections = Some(40);
+    assert_eq!(cluster.store_connections(), 40);
 
     let overrides = Overrides {
         store: Some("postgres://conclave@db/conclave".into()),

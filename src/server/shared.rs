@@ -26,7 +26,7 @@ use crate::{deliberation, pipeline};
 /// without its password.
 pub(super) async fn open_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     if let Some(url) = &config.store {
-        let store = PostgresStore::open_sized(url, config.cluster.store_connections)
+        let store = PostgresStore::open_sized(url, config.cluster.store_connections())
             .await
             .map_err(|e| StartError::Store {
                 dir: postgres::redact(url),

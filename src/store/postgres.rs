@@ -71,11 +71,10 @@ mod quota;
 mod sessions;
 mod usage;
 
-/// Connections one replica holds at most unless told
-/// (`cluster.store_connections`): enough for its concurrent appenders, few
-/// enough that several replicas fit in PostgreSQL's default
-/// `max_connections` of 100.
-pub const MAX_CONNECTIONS: u32 = 16;
+/// Connections a store opened without a size holds at most (a replica's
+/// is `cluster.store_connections`): few enough that several fit in
+/// PostgreSQL's default `max_connections` of 100.
+const MAX_CONNECTIONS: u32 = 16;
 use conns::{ALIVE_WITHOUT_PING, Conns};
 /// How long a call waits for a free connection before it fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
