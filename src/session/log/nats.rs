@@ -325,6 +325,11 @@ pub(super) async fn follow(
             message = messages.next() => message,
             Ok(()) = stored.changed() => continue,
             _ = tokio::time::sleep(RESYNC_QUIET), if watched => {
+                // Watched when the wait began, perhaps not now: a run's
+                // stream ends with the result this loop last woke for.
+                if !core.watched() {
+                    continue;
+                }
                 resync(&core).await;
                 match core.store.get_session(core.id).await {
                     Ok(None) => core.closed.cancel(),

@@ -452,3 +452,44 @@ async fn a_session_made_here_is_stored_only_here_until_its_lease_goes_or_could_h
     made.flush().await.unwrap();
     assert!(!made.stored_only_here());
 }
+
+/// A watcher that leaves after the follower last looked (a run's stream
+/// ends with its result, just after the write the follower woke for)
+/// leaves no quiet check behind: the follower reads the store only while
+/// someone watches. (The clock is real: a paused one would jump past a
+/// read of the store while the store's thread works.)
+#[tokio::test]
+async fn a_follower_nobody_watches_any_more_reads_nothing_when_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+    let id = Uuid::new_v4();
+    let (record, lease) = made_here(id);
+    let core = unshared_core(&store, id);
+    core.create_with_next_write(record, Some((lease, Duration::from_secs(3600))));
+    core.append(thinking(1), None).unwrap();
+    core.flush().await.unwrap();
+    // Stored elsewhere, its message lost: only a read of the store finds
+    // it.
+    store.append_events(&[event(id, 2)]).await.unwrap();
+    // Watched when the follower starts, so it looks out for quiet.
+    let events = core.subscribe(1, true);
+    let (_nats, messages) = mpsc::channel::<Message>(1);
+    let dropped = CancellationToken::new();
+    tokio::spawn(follow(
+        core.clone(),
+        tokio_stream::wrappers::ReceiverStream::new(messages),
+        dropped.clone(),
+    ));
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    drop(events);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!core.watched());
+    // Past the quiet check that was due, with time for its read.
+    tokio::time::sleep(RESYNC_QUIET + Duration::from_secs(2)).await;
+    assert_eq!(core.stored.borrow().seq, 1, "the store was read");
+    dropped.cancel();
+}
