@@ -35,7 +35,7 @@ use conclave::config::SandboxConfig;
 use conclave::sandbox::docker::DockerBackend;
 use conclave::sandbox::local::{LocalBackend, LocalConfig};
 use conclave::sandbox::manager::Whose;
-use conclave::sandbox::snapshots::{Seed, Snapshots};
+use conclave::sandbox::snapshots::Snapshots;
 use conclave::sandbox::{ExecChunk, ExecRequest, SandboxBackend, SandboxManager};
 use conclave::store::{SqliteStore, Store};
 use futures::StreamExt;
@@ -60,15 +60,17 @@ fn percentile(samples: &mut [Duration], p: f64) -> f64 {
 async fn run(
     manager: &SandboxManager,
     session: Uuid,
-    seed: Option<Seed<'_>>,
+    seed: Option<&str>,
     command: &[&str],
 ) -> (Duration, String) {
     let started = Instant::now();
-    let whose = Whose::Session {
-        owner: seed.as_ref().and_then(|s| s.owner.map(str::to_owned)),
-    };
     let lease = manager
-        .lease_from(session, manager.default_spec(), whose, seed)
+        .lease_from(
+            session,
+            manager.default_spec(),
+            Whose::Session { owner: None },
+            seed,
+        )
         .await
         .expect("lease");
     let (tx, mut rx) = mpsc::channel(64);
@@ -98,14 +100,6 @@ async fn run(
     let out = String::from_utf8_lossy(&out).into_owned();
     assert_eq!(status.exit_code, Some(0), "{command:?}: {out}");
     (first.expect("the command printed"), out)
-}
-
-fn seed(snapshot: &str, session: Uuid) -> Option<Seed<'_>> {
-    Some(Seed {
-        snapshot,
-        session,
-        owner: None,
-    })
 }
 
 /// What one backend measured.
@@ -199,7 +193,7 @@ async fn measure(
     let (mut fork, mut empty, mut peer_samples) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let session = Uuid::new_v4();
-        let (first, out) = run(&manager, session, seed(&snapshot, session), &listing).await;
+        let (first, out) = run(&manager, session, Some(&snapshot), &listing).await;
         assert_eq!(
             out.lines().last(),
             Some(FILES.to_string().as_str()),
@@ -220,7 +214,7 @@ async fn measure(
     let firsts = futures::future::join_all(sessions.iter().map(|&session| {
         let (manager, snapshot) = (&manager, &snapshot);
         async move {
-            run(manager, session, seed(snapshot, session), &["echo", "hi"])
+            run(manager, session, Some(snapshot), &["echo", "hi"])
                 .await
                 .0
         }

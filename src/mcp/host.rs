@@ -15,7 +15,6 @@ use crate::agent::AgentOptions;
 use crate::config::SandboxConfig;
 use crate::protocol::SessionStatus;
 use crate::sandbox::manager::Whose;
-use crate::sandbox::snapshots::Seed;
 use crate::sandbox::{Lease, SandboxManager, SandboxSpec};
 use crate::session::OptionError;
 use crate::store::Store;
@@ -196,17 +195,8 @@ impl McpHost {
             seed,
             ..
         } = target;
-        let owner = match &whose {
-            Whose::Session { owner } => owner.clone(),
-            Whose::Scratch => None,
-        };
-        let seed = seed.as_ref().map(|snapshot| Seed {
-            snapshot,
-            session,
-            owner: owner.as_deref(),
-        });
         self.sandboxes
-            .lease_from(session, spec, whose, seed)
+            .lease_from(session, spec, whose, seed.as_deref())
             .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))
     }

@@ -70,7 +70,7 @@ struct Slot {
 /// the session (the caller knows it: the session's turn or its record),
 /// or an MCP connection's scratch sandbox, which no key's quota or usage
 /// counts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Whose {
     Session { owner: Option<String> },
     Scratch,
@@ -224,14 +224,15 @@ impl SandboxManager {
             .await
     }
 
-    /// [`SandboxManager::lease`] of `whose` sandbox, which starts from a
-    /// snapshot's workspace (`seed`) when it is first made.
+    /// [`SandboxManager::lease`] of `whose` sandbox, which starts from the
+    /// workspace of the snapshot `seed` (one the session's key may read)
+    /// when it is first made.
     pub async fn lease_from(
         &self,
         session: Uuid,
         spec: SandboxSpec,
         whose: Whose,
-        seed: Option<super::snapshots::Seed<'_>>,
+        seed: Option<&str>,
     ) -> Result<Lease> {
         // A session without a sandbox yet takes one of its key's slots
         // first (a store round trip, so outside the map's lock).
@@ -269,6 +270,15 @@ impl SandboxManager {
             }
         };
         let hold = Hold::new(slot.clone());
+        let owner = match &slot.whose {
+            Whose::Session { owner } => owner.as_deref(),
+            Whose::Scratch => None,
+        };
+        let seed = seed.map(|snapshot| super::snapshots::Seed {
+            snapshot,
+            session,
+            owner,
+        });
         let made = slot
             .sandbox
             .get_or_try_init(|| self.provision(session, &slot.spec, seed))

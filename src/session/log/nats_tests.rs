@@ -371,6 +371,15 @@ fn unshared_core(store: &Arc<dyn Store>, id: Uuid) -> Arc<Core> {
     ))
 }
 
+/// The log of `id` made here: its next write stores the session with
+/// its first turn's lease, an hour long.
+fn made_here_holding_its_turn(store: &Arc<dyn Store>, id: Uuid) -> Arc<Core> {
+    let (record, lease) = made_here(id);
+    let core = unshared_core(store, id);
+    core.create_with_next_write(record, Some((lease, Duration::from_secs(3600))));
+    core
+}
+
 /// What `core` knows stored once its follower has started and then met
 /// the session's close notice (so it ends).
 async fn known_after_following(core: &Arc<Core>) -> u64 {
@@ -409,9 +418,7 @@ async fn a_follower_reads_the_store_at_its_start_unless_its_replica_made_the_ses
     // Made here, its first turn holding the lease it took in that write:
     // nothing can have been stored elsewhere, and the store is not read.
     // (This store holds an event only to show that it is not read.)
-    let made = unshared_core(&store, id);
-    let (record, lease) = made_here(id);
-    made.create_with_next_write(record, Some((lease, Duration::from_secs(3600))));
+    let made = made_here_holding_its_turn(&store, id);
     assert!(made.stored_only_here());
     assert_eq!(known_after_following(&made).await, 0);
 }
@@ -463,9 +470,7 @@ async fn a_follower_nobody_watches_any_more_reads_nothing_when_quiet() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
     let id = Uuid::new_v4();
-    let (record, lease) = made_here(id);
-    let core = unshared_core(&store, id);
-    core.create_with_next_write(record, Some((lease, Duration::from_secs(3600))));
+    let core = made_here_holding_its_turn(&store, id);
     core.append(thinking(1), None).unwrap();
     core.flush().await.unwrap();
     // Stored elsewhere, its message lost: only a read of the store finds
