@@ -24,6 +24,12 @@
 //! (everything here shares the same cores); the PostgreSQL statements (and
 //! round trips) and the NATS messages (see `common/backends.rs`).
 //!
+//! The three deployments are measured in turn, ROUNDS times (3 unless
+//! `CONCLAVE_BENCH_ROUNDS` says), and the summary gives each figure's
+//! median over the rounds with its range, and the medians of each round's
+//! ratios (one replica on PostgreSQL + NATS against the embedded one, and
+//! three replicas against one).
+//!
 //! usage: cargo bench --bench cluster [-- SESSIONS TURNS [PROMPT]] (default
 //! 60 10 hello)
 //!
@@ -38,24 +44,31 @@
 mod backends;
 #[path = "common/lines.rs"]
 mod lines;
+#[path = "common/procfs.rs"]
+mod procfs;
 #[path = "common/server.rs"]
 mod server;
+#[path = "common/services.rs"]
+mod services;
 
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sqlx::Connection;
-use tokio::process::{Child, Command};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use backends::Backends;
 use lines::Lines;
+use procfs::{cpu_time, machine_ticks, switches};
 use server::{ServerProcess, loadavg};
+use services::{Database, Nats, required};
 
+/// Each deployment is measured this many times by default: one turns
+/// phase lasts seconds, and one round's ratios move by a tenth.
+const ROUNDS: usize = 3;
 const WARMUP_RUNS: usize = 60;
 const FIRST_EVENT_RUNS: usize = 500;
 /// Sessions and turns of each by default.
@@ -70,54 +83,6 @@ const PROMPT: &str = "hello";
 /// everywhere) is sent again after this pause; refusals are counted.
 const RETRY_PAUSE: Duration = Duration::from_millis(2);
 
-fn required(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!(
-            "{name} must be set: CONCLAVE_BENCH_POSTGRES to a PostgreSQL server URL the bench \
-             may create databases in, CONCLAVE_BENCH_NATS_SERVER to the nats-server binary"
-        )
-    })
-}
-
-/// A fresh database on the bench's PostgreSQL server, dropped (with its
-/// connections) when the deployment is done.
-struct Database {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl Database {
-    async fn create() -> Result<Database, String> {
-        let admin = required("CONCLAVE_BENCH_POSTGRES");
-        let name = format!("conclave_bench_cluster_{}", uuid::Uuid::new_v4().simple());
-        Database::execute(&admin, format!("CREATE DATABASE {name}")).await?;
-        let mut url = url::Url::parse(&admin).map_err(|e| format!("{admin}: {e}"))?;
-        url.set_path(&name);
-        Ok(Database {
-            admin,
-            name,
-            url: url.to_string(),
-        })
-    }
-
-    async fn execute(admin: &str, statement: String) -> Result<(), String> {
-        let mut connection = sqlx::PgConnection::connect(admin)
-            .await
-            .map_err(|e| format!("cannot connect to {admin}: {e}"))?;
-        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
-            .execute(&mut connection)
-            .await
-            .map_err(|e| format!("{statement}: {e}"))?;
-        Ok(())
-    }
-
-    async fn drop_it(self) -> Result<(), String> {
-        let statement = format!("DROP DATABASE {} WITH (FORCE)", self.name);
-        Database::execute(&self.admin, statement).await
-    }
-}
-
 /// How many sessions the turns phase drives, turns in each, and what
 /// each turn sends.
 #[derive(Clone, Copy)]
@@ -127,55 +92,6 @@ struct Load {
     /// `hello` (a plain turn) unless given: `'$ echo hi'` makes each turn
     /// one call of the sandbox's `Bash` tool and a second model call.
     prompt: &'static str,
-}
-
-/// A nats-server with JetStream of the deployment's own; killed on drop.
-struct Nats {
-    child: Child,
-    _dir: tempfile::TempDir,
-    url: String,
-    /// Its monitoring endpoint (`/varz`).
-    monitor: String,
-}
-
-impl Nats {
-    async fn start() -> Result<Nats, String> {
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .map_err(|e| format!("cannot make nats-server's directory: {e}"))?;
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|listener| listener.local_addr())
-                .map(|addr| addr.port())
-                .map_err(|e| format!("cannot pick a port: {e}"))
-        };
-        let (port, monitor) = (free_port()?, free_port()?);
-        let binary = required("CONCLAVE_BENCH_NATS_SERVER");
-        let child = Command::new(&binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-m"])
-            .args([monitor.to_string().as_str(), "-js", "-sd"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {binary}: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            if Instant::now() > deadline {
-                return Err(format!("nats-server did not listen on port {port} in 10 s"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(Nats {
-            child,
-            _dir: dir,
-            url: format!("nats://127.0.0.1:{port}"),
-            monitor: format!("http://127.0.0.1:{monitor}"),
-        })
-    }
 }
 
 /// The replicas of one deployment and what they share.
@@ -271,66 +187,6 @@ impl Deployment {
             None => Ok(()),
         }
     }
-}
-
-/// User plus system CPU time of a process, from fields 14 and 15 of
-/// `/proc/PID/stat` (in USER_HZ, 100 per second on Linux).
-fn cpu_time(pid: impl std::fmt::Display) -> Result<Duration, String> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let mut fields = after_name.split_whitespace().skip(11);
-    let mut ticks = 0;
-    for _ in 0..2 {
-        let field = fields
-            .next()
-            .ok_or_else(|| format!("{path} is too short"))?;
-        ticks += field.parse::<u64>().map_err(|e| format!("{path}: {e}"))?;
-    }
-    Ok(Duration::from_millis(ticks * 10))
-}
-
-/// The context switches of a process's threads, voluntary (waiting for
-/// something: a wake-up follows) and not, from each thread's
-/// `/proc/PID/task/TID/status`.
-fn switches(pid: impl std::fmt::Display) -> (u64, u64) {
-    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return (0, 0);
-    };
-    let mut counts = (0, 0);
-    for thread in threads.flatten() {
-        let status = std::fs::read_to_string(thread.path().join("status")).unwrap_or_default();
-        for line in status.lines() {
-            let count = |prefix: &str| {
-                line.strip_prefix(prefix)
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-            };
-            if let Some(n) = count("voluntary_ctxt_switches:") {
-                counts.0 += n;
-            } else if let Some(n) = count("nonvoluntary_ctxt_switches:") {
-                counts.1 += n;
-            }
-        }
-    }
-    counts
-}
-
-/// The whole machine's busy and total ticks over every core, from the first
-/// line of `/proc/stat` (idle and iowait are fields 4 and 5).
-fn machine_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let first_line = stat.lines().next().unwrap_or_default();
-    let ticks: Vec<u64> = first_line
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .filter_map(|field| field.parse().ok())
-        .collect();
-    let total: u64 = ticks.iter().sum();
-    (
-        total - ticks.get(3..5).map_or(0, |i| i.iter().sum::<u64>()),
-        total,
-    )
 }
 
 /// Sends one prompt and reads its stream to a `success` result. Returns the
@@ -577,54 +433,120 @@ async fn measure(
     figures
 }
 
-fn print_summary(embedded: &Figures, one: &Figures, three: &Figures) {
-    println!("summary (ratio: three replicas / one replica, both on PostgreSQL + NATS)");
-    println!(
-        "| figure | embedded, 1 replica | PG + NATS, 1 replica | PG + NATS, 3 replicas | three / one |"
-    );
-    println!("| --- | --- | --- | --- | --- |");
-    let row = |label: &str, value: &dyn Fn(&Figures) -> f64, unit: &str| {
-        println!(
-            "| {label} | {:.2}{unit} | {:.2}{unit} | {:.2}{unit} | {:.2} |",
-            value(embedded),
-            value(one),
-            value(three),
-            value(three) / value(one),
-        );
+/// The figures the summary compares: a label, the figure, and its unit.
+type Row = (&'static str, fn(&Figures) -> f64, &'static str);
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn rows() -> [Row; 7] {
+    [
+        ("first event p50", |f| millis(f.first_event.0), " ms"),
+        ("first event p99", |f| millis(f.first_event.1), " ms"),
+        ("turns/s", |f| f.turns.per_s, ""),
+        (
+            "replicas' CPU per turn",
+            |f| micros(f.turns.replicas_cpu),
+            " µs",
+        ),
+        (
+            "whole-system CPU per turn (replicas, nats-server, PostgreSQL)",
+            |f| micros(f.turns.system_cpu),
+            " µs",
+        ),
+        (
+            "PostgreSQL statements (round trips) per turn",
+            |f| f.turns.statements,
+            "",
+        ),
+        (
+            "NATS messages (in + out) per turn",
+            |f| f.turns.nats_messages,
+            "",
+        ),
+    ]
+}
+
+/// The median of some values with their least and greatest.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
     };
-    let millis = |d: Duration| d.as_secs_f64() * 1000.0;
-    row(
-        "first event p50",
-        &|f: &Figures| millis(f.first_event.0),
-        " ms",
+    (median, values[0], values[n - 1])
+}
+
+/// A median, with the range it comes from when there was more than one
+/// round; a dash for a ratio over nothing (the embedded server's
+/// statements).
+fn cell(values: Vec<f64>, unit: &str) -> String {
+    if values.iter().any(|v| !v.is_finite()) {
+        return "—".to_string();
+    }
+    let rounds = values.len();
+    let (median, least, greatest) = spread(values);
+    if rounds == 1 {
+        format!("{median:.2}{unit}")
+    } else {
+        format!("{median:.2}{unit} ({least:.2}–{greatest:.2})")
+    }
+}
+
+/// One table over every round: each figure's median (and range) per
+/// deployment, and the median of each round's ratios, so one slow round
+/// moves no ratio much.
+fn print_summary(rounds: &[[Figures; 3]]) {
+    println!(
+        "summary over {} round(s): medians (least–greatest) of the rounds' figures; each ratio \
+         is taken in its round (same machine minutes), then the median of those",
+        rounds.len()
     );
-    row(
-        "first event p99",
-        &|f: &Figures| millis(f.first_event.1),
-        " ms",
+    println!(
+        "| figure | embedded, 1 replica | PG + NATS, 1 replica | PG + NATS, 3 replicas \
+         | one / embedded | three / one |"
     );
-    row("turns/s", &|f: &Figures| f.turns.per_s, "");
-    let micros = |d: Duration| d.as_secs_f64() * 1e6;
-    row(
-        "replicas' CPU per turn",
-        &|f: &Figures| micros(f.turns.replicas_cpu),
-        " µs",
-    );
-    row(
-        "whole-system CPU per turn (replicas, nats-server, PostgreSQL)",
-        &|f: &Figures| micros(f.turns.system_cpu),
-        " µs",
-    );
-    row(
-        "PostgreSQL statements (round trips) per turn",
-        &|f: &Figures| f.turns.statements,
-        "",
-    );
-    row(
-        "NATS messages (in + out) per turn",
-        &|f: &Figures| f.turns.nats_messages,
-        "",
-    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (label, value, unit) in rows() {
+        let of = |deployment: usize| -> Vec<f64> {
+            rounds
+                .iter()
+                .map(|round| value(&round[deployment]))
+                .collect()
+        };
+        let ratio = |over: usize, under: usize| -> Vec<f64> {
+            let (over, under) = (of(over), of(under));
+            over.iter().zip(&under).map(|(o, u)| o / u).collect()
+        };
+        println!(
+            "| {label} | {} | {} | {} | {} | {} |",
+            cell(of(0), unit),
+            cell(of(1), unit),
+            cell(of(2), unit),
+            cell(ratio(1, 0), ""),
+            cell(ratio(2, 1), ""),
+        );
+    }
+}
+
+/// How many times the three deployments are measured, one after the
+/// other: `CONCLAVE_BENCH_ROUNDS`, by default `ROUNDS`.
+fn rounds() -> Result<usize, String> {
+    match std::env::var("CONCLAVE_BENCH_ROUNDS") {
+        Err(_) => Ok(ROUNDS),
+        Ok(n) => n
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("CONCLAVE_BENCH_ROUNDS={n:?} is not a count")),
+    }
 }
 
 /// SESSIONS, TURNS and PROMPT from the command line (cargo passes
@@ -661,16 +583,23 @@ async fn main() -> ExitCode {
     required("CONCLAVE_BENCH_NATS_SERVER");
     let outcome = async {
         let load = load()?;
-        let embedded = measure(
-            "embedded (SQLite, in-process bus), 1 replica",
-            1,
-            false,
-            load,
-        )
-        .await?;
-        let one = measure("PostgreSQL + NATS, 1 replica", 1, true, load).await?;
-        let three = measure("PostgreSQL + NATS, 3 replicas", 3, true, load).await?;
-        print_summary(&embedded, &one, &three);
+        let count = rounds()?;
+        let mut measured = Vec::with_capacity(count);
+        for round in 1..=count {
+            println!("round {round} of {count}");
+            measured.push([
+                measure(
+                    "embedded (SQLite, in-process bus), 1 replica",
+                    1,
+                    false,
+                    load,
+                )
+                .await?,
+                measure("PostgreSQL + NATS, 1 replica", 1, true, load).await?,
+                measure("PostgreSQL + NATS, 3 replicas", 3, true, load).await?,
+            ]);
+        }
+        print_summary(&measured);
         Ok::<_, String>(())
     }
     .await;

@@ -21,6 +21,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/procfs.rs"]
+mod procfs;
 #[path = "common/server.rs"]
 mod server;
 
@@ -36,6 +38,7 @@ use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use procfs::{cpu_time, machine_ticks};
 use server::ServerProcess;
 
 const LOAD_RUNS: usize = 200;
@@ -55,48 +58,6 @@ const ALONE_RUNS: usize = 500;
 const SHORT_BODY: &str = r#"{"prompt": "hello"}"#;
 const TARGET_P50: Duration = Duration::from_millis(2);
 const TARGET_P99: Duration = Duration::from_millis(10);
-/// Linux reports `/proc` CPU times in USER_HZ, 100 on x86 and arm.
-const USER_HZ: u64 = 100;
-
-/// User plus system CPU time of a process (`self` or a pid), threads that
-/// have exited included, from `/proc/PID/stat`.
-fn cpu_time(pid: &str) -> Result<Duration, String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_err(|e| format!("reading /proc/{pid}/stat: {e}"))?;
-    // Fields after the parenthesised command name, from field 3 (`state`):
-    // utime and stime are fields 14 and 15.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: u64 = fields
-        .get(11..13)
-        .ok_or_else(|| format!("/proc/{pid}/stat is too short"))?
-        .iter()
-        .map(|field| field.parse::<u64>().unwrap_or(0))
-        .sum();
-    Ok(Duration::from_millis(ticks * 1000 / USER_HZ))
-}
-
-/// Busy and total CPU ticks of the whole machine, every core, from
-/// `/proc/stat`: other work on the machine shows here.
-fn machine_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .map(|field| field.parse().unwrap_or(0))
-        .collect();
-    let idle = ticks
-        .get(3..5)
-        .map_or(0, |idle_iowait| idle_iowait.iter().sum());
-    let total = ticks.iter().sum::<u64>();
-    (total - idle, total)
-}
 
 /// One run as its client saw it, all times from the call that sent it.
 struct Sample {

@@ -42,6 +42,8 @@
 
 #[path = "common/lines.rs"]
 mod lines;
+#[path = "common/procfs.rs"]
+mod procfs;
 #[path = "common/server.rs"]
 mod server;
 
@@ -53,6 +55,11 @@ use serde_json::{Value, json};
 
 use lines::Lines;
 use server::ServerProcess;
+
+/// A process's CPU time; zero once it is gone.
+fn cpu_time(pid: &str) -> Duration {
+    procfs::cpu_time(pid).unwrap_or_default()
+}
 
 const WARMUP: usize = 20;
 const SEQUENTIAL: usize = 200;
@@ -69,24 +76,6 @@ const NODES: [&str; 6] = [
 const GOAL_P99_MS: f64 = 2.0;
 /// The default `pipelines.max_concurrent_pipelines`.
 const DEFAULT_CAP: usize = 10;
-/// Linux reports `/proc` CPU times in USER_HZ, 100 on x86 and arm.
-const USER_HZ: u64 = 100;
-
-/// User plus system CPU time of a process, from `/proc/PID/stat`.
-fn cpu_time(pid: &str) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: u64 = fields
-        .get(11..13)
-        .unwrap_or_default()
-        .iter()
-        .map(|field| field.parse::<u64>().unwrap_or(0))
-        .sum();
-    Duration::from_millis(ticks * 1000 / USER_HZ)
-}
 
 /// Nearest-rank percentiles, as the peer's script computes them.
 #[derive(Debug, Clone, Copy, Default)]
