@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures::{Stream, StreamExt};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -44,9 +44,19 @@ pub(super) struct Core {
     /// Cancelled when the session is deleted, ending its followers.
     pub closed: CancellationToken,
     /// Where each stored batch goes besides `hub` (the NATS log publishes
-    /// it); a full outbox drops the batch, which readers elsewhere then
-    /// take from the store.
-    outbox: Option<mpsc::Sender<Vec<Arc<Event>>>>,
+    /// it), told by the writer itself.
+    announce: Option<Box<dyn Announce>>,
+    /// Told when the live broadcast gets a subscriber where it had none
+    /// (the NATS log's follower looks out for quiet only while one
+    /// watches).
+    pub watcher_came: Notify,
+}
+
+/// Told each batch once it is stored and broadcast here, in `seq` order,
+/// by the writer between two writes: it must not wait. One it cannot pass
+/// on at once it drops; readers elsewhere then take it from the store.
+pub(super) trait Announce: Send + Sync {
+    fn stored(&self, batch: Vec<Arc<Event>>);
 }
 
 /// The write side of the event log.
@@ -96,6 +106,8 @@ pub(super) struct Stored {
     pub staged: u64,
     /// Set when the store refused a batch: the log takes no more events.
     pub failure: Option<Arc<str>>,
+    /// When this process last stored a batch (or opened the log).
+    pub at: Instant,
 }
 
 impl Core {
@@ -105,7 +117,7 @@ impl Core {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         closed: CancellationToken,
-        outbox: Option<mpsc::Sender<Vec<Arc<Event>>>>,
+        announce: Option<Box<dyn Announce>>,
     ) -> Core {
         let (hub, _) = broadcast::channel(HUB_CAPACITY);
         Core {
@@ -130,10 +142,12 @@ impl Core {
                 seq: last_seq,
                 staged: 0,
                 failure: None,
+                at: Instant::now(),
             }),
             hub,
             closed,
-            outbox,
+            announce,
+            watcher_came: Notify::new(),
         }
     }
 
@@ -345,6 +359,7 @@ impl Core {
             self.stored.send_modify(|stored| {
                 stored.seq = stored.seq.max(last);
                 stored.staged = staged;
+                stored.at = Instant::now();
             });
             if batch.is_empty() {
                 continue;
@@ -358,16 +373,14 @@ impl Core {
                     })
                     .inc();
                 let event = Arc::new(event);
-                if self.outbox.is_some() {
+                if self.announce.is_some() {
                     sent.push(event.clone());
                 }
                 // No receiver is fine: nobody is watching.
                 let _ = self.hub.send(event);
             }
-            if let Some(outbox) = &self.outbox
-                && outbox.try_send(sent).is_err()
-            {
-                tracing::warn!(session = %self.id, "event outbox full; other replicas read this batch from the store");
+            if let Some(announce) = &self.announce {
+                announce.stored(sent);
             }
         }
     }
@@ -426,6 +439,9 @@ impl Core {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         // Subscribe before replaying, so nothing falls between the two.
         let live = self.hub.subscribe();
+        if self.hub.receiver_count() == 1 {
+            self.watcher_came.notify_one();
+        }
         let session = self.clone();
         tokio::spawn(async move { session.feed(since, until_result, live, tx).await });
         tokio_stream::wrappers::ReceiverStream::new(rx)

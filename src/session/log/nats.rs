@@ -2,10 +2,12 @@
 //! each committed batch published on its session's NATS subject, so a
 //! subscriber on any replica streams any session live.
 //!
-//! Per session and replica, three tasks:
-//! - the publisher sends what the writer stored, as NDJSON (the events as
-//!   the wire has them), several batches to a message when they queue up,
-//!   on `conclave.events.<session>.batch` with the last `seq` in a header;
+//! Per session and replica, the log's writer publishes each batch it
+//! stored, as NDJSON (the events as the wire has them), on
+//! `conclave.events.<session>.batch` with the last `seq` in a header,
+//! handing it to the NATS connection without waiting (a batch the
+//! connection has no room for is dropped and read from the store
+//! elsewhere). And two tasks:
 //! - the follower subscribes to `conclave.events.<session>.*`, waits for a
 //!   round trip through the server (from then on every publish reaches
 //!   it), reads from the store what was stored before, then broadcasts in
@@ -13,7 +15,8 @@
 //!   way shows as a gap that subscribers fill from the store; a lost tail
 //!   is read from the store after 5 s of quiet (no message, and nothing
 //!   stored here: a replica takes none of its own messages back) while
-//!   someone watches;
+//!   someone watches. What this replica stores wakes it for nothing: it
+//!   reads when it last stored once the quiet spell ends;
 //! - the closer publishes `conclave.events.<session>.closed` once a
 //!   session deleted here has left the store, which ends the followers on
 //!   every replica.
@@ -27,12 +30,12 @@ use async_nats::{Client, HeaderMap, Message};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use super::core::{Core, REPLAY_PAGE};
+use super::core::{Announce, Core, REPLAY_PAGE};
 use super::{EventLog, EventLogs};
 use crate::protocol::{Event, EventKind, ResultStatus};
 use crate::store::{SessionState, Store, StoreError};
@@ -43,9 +46,6 @@ const SUBJECT_PREFIX: &str = "conclave.events";
 /// The last `seq` of a batch message: a replica that knows it already (the
 /// one that published it) skips the message without parsing it.
 const SEQ_HEADER: &str = "Conclave-Seq";
-/// Stored batches waiting for the publisher; past it a batch is dropped and
-/// other replicas read it from the store.
-const OUTBOX: usize = 256;
 /// Bytes of a message's payload left under the server's limit for headers.
 const HEADER_ROOM: usize = 1024;
 /// How long a watched log may hear nothing before the follower asks the
@@ -96,7 +96,6 @@ fn subject(session: Uuid, leaf: &str) -> String {
 
 impl EventLogs for NatsLogs {
     fn open(&self, session: Uuid, last_seq: u64, closed: CancellationToken) -> Arc<dyn EventLog> {
-        let (outbox, queued) = mpsc::channel(OUTBOX);
         // Ended by a delete here (the manager's token) or elsewhere (the
         // notice on NATS, which only this log's token takes).
         let ended = closed.child_token();
@@ -106,10 +105,12 @@ impl EventLogs for NatsLogs {
             self.store.clone(),
             self.metrics.clone(),
             ended,
-            Some(outbox),
+            Some(Box::new(Publisher {
+                client: self.client.clone(),
+                subject: subject(session, "batch"),
+            })),
         ));
         let dropped = CancellationToken::new();
-        tokio::spawn(publish(self.client.clone(), session, queued));
         tokio::spawn(follow_nats(
             self.client.clone(),
             core.clone(),
@@ -216,16 +217,17 @@ async fn stored_last_seq(core: &Core) -> u64 {
     }
 }
 
-/// The publisher: sends each stored batch, joined with those queued behind
-/// it, in messages that fit the server's payload limit.
-async fn publish(client: Client, session: Uuid, mut queued: mpsc::Receiver<Vec<Arc<Event>>>) {
-    let subject = subject(session, "batch");
-    while let Some(batch) = queued.recv().await {
-        let mut events = batch;
-        while let Ok(more) = queued.try_recv() {
-            events.extend(more);
-        }
-        let limit = client
+/// Publishes a session's stored batches on its `batch` subject.
+struct Publisher {
+    client: Client,
+    subject: String,
+}
+
+impl Announce for Publisher {
+    /// Sends the batch in messages that fit the server's payload limit.
+    fn stored(&self, events: Vec<Arc<Event>>) {
+        let limit = self
+            .client
             .server_info()
             .max_payload
             .saturating_sub(HEADER_ROOM)
@@ -239,34 +241,46 @@ async fn publish(client: Client, session: Uuid, mut queued: mpsc::Receiver<Vec<A
                     line
                 }
                 Err(e) => {
-                    tracing::error!(session = %session, seq = event.seq, error = %e, "an event did not serialise; other replicas read it from the store");
+                    tracing::error!(subject = %self.subject, seq = event.seq, error = %e, "an event did not serialise; other replicas read it from the store");
                     continue;
                 }
             };
             if line.len() > limit {
-                tracing::warn!(session = %session, seq = event.seq, bytes = line.len(), "an event over NATS's payload limit; other replicas read it from the store");
+                tracing::warn!(subject = %self.subject, seq = event.seq, bytes = line.len(), "an event over NATS's payload limit; other replicas read it from the store");
                 continue;
             }
             if payload.len() + line.len() > limit {
-                send(&client, &subject, std::mem::take(&mut payload), last).await;
+                self.send(std::mem::take(&mut payload), last);
             }
             payload.extend_from_slice(&line);
             last = event.seq;
         }
         if !payload.is_empty() {
-            send(&client, &subject, payload, last).await;
+            self.send(payload, last);
         }
     }
 }
 
-async fn send(client: &Client, subject: &str, payload: Vec<u8>, last: u64) {
-    let mut headers = HeaderMap::new();
-    headers.insert(SEQ_HEADER, last.to_string().as_str());
-    if let Err(e) = client
-        .publish_with_headers(subject.to_owned(), headers, Bytes::from(payload))
-        .await
-    {
-        tracing::warn!(subject, error = %e, "publishing events failed; other replicas read them from the store");
+impl Publisher {
+    /// Hands one message to the connection if it has room now; the writer
+    /// never waits for NATS.
+    fn send(&self, payload: Vec<u8>, last: u64) {
+        let mut headers = HeaderMap::new();
+        headers.insert(SEQ_HEADER, last.to_string().as_str());
+        let publish =
+            self.client
+                .publish_with_headers(self.subject.clone(), headers, Bytes::from(payload));
+        // Unconstrained: a task past its scheduling budget would see a
+        // channel with room as full.
+        match tokio::task::unconstrained(publish).now_or_never() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                tracing::warn!(subject = %self.subject, error = %e, "publishing events failed; other replicas read them from the store");
+            }
+            None => {
+                tracing::warn!(subject = %self.subject, "the NATS connection is backed up; other replicas read these events from the store");
+            }
+        }
     }
 }
 
@@ -314,20 +328,24 @@ pub(super) async fn follow(
     }
     // What this replica stores is activity too: its own batches do not
     // come back over NATS (the connection takes no echo), and a log
-    // written here has no tail to lose.
-    let mut stored = core.stored.subscribe();
+    // written here has no tail to lose. The writer does not wake this
+    // task; when the quiet spell ends, a batch stored meanwhile starts
+    // it again from that batch.
+    let mut heard = Instant::now();
     loop {
         let watched = core.watched();
+        let quiet_until = heard.max(core.stored.borrow().at) + RESYNC_QUIET;
         let message = tokio::select! {
             biased;
             _ = dropped.cancelled() => return,
             _ = core.closed.cancelled() => return,
             message = messages.next() => message,
-            Ok(()) = stored.changed() => continue,
-            _ = tokio::time::sleep(RESYNC_QUIET), if watched => {
+            // Someone watches now: look out for quiet from here.
+            _ = core.watcher_came.notified(), if !watched => continue,
+            _ = tokio::time::sleep_until(quiet_until), if watched => {
                 // Watched when the wait began, perhaps not now: a run's
                 // stream ends with the result this loop last woke for.
-                if !core.watched() {
+                if !core.watched() || core.stored.borrow().at + RESYNC_QUIET > Instant::now() {
                     continue;
                 }
                 resync(&core).await;
@@ -336,9 +354,11 @@ pub(super) async fn follow(
                     Ok(Some(_)) => {}
                     Err(e) => tracing::warn!(session = %core.id, error = %e, "checking the session failed"),
                 }
+                heard = Instant::now();
                 continue;
             }
         };
+        heard = Instant::now();
         let Some(message) = message else {
             tracing::warn!(session = %core.id, "the NATS subscription ended; live events from other replicas stop");
             return;

@@ -293,21 +293,8 @@ fn event(id: Uuid, seq: u64) -> Event {
 async fn the_follower_fills_gaps_and_a_lost_tail_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let (store, id) = store_with_session(&dir).await;
-    let core = Arc::new(Core::new(
-        id,
-        0,
-        store.clone(),
-        Arc::new(Metrics::new()),
-        CancellationToken::new(),
-        None,
-    ));
-    let (nats, messages) = mpsc::channel(8);
-    let dropped = CancellationToken::new();
-    tokio::spawn(follow(
-        core.clone(),
-        tokio_stream::wrappers::ReceiverStream::new(messages),
-        dropped.clone(),
-    ));
+    let core = unshared_core(&store, id);
+    let (nats, dropped) = spawn_follower(&core);
     let mut events = core.subscribe(0, false).boxed();
 
     store.append_events(&[event(id, 1)]).await.unwrap();
@@ -359,7 +346,20 @@ fn made_here(id: Uuid) -> (SessionRecord, crate::store::Release) {
     (record, lease)
 }
 
-/// A log of `id` with no outbox, from its start.
+/// Starts `core`'s follower on a channel standing for its subscription:
+/// the sender, and the token that stops the follower.
+fn spawn_follower(core: &Arc<Core>) -> (mpsc::Sender<Message>, CancellationToken) {
+    let (nats, messages) = mpsc::channel(8);
+    let dropped = CancellationToken::new();
+    tokio::spawn(follow(
+        core.clone(),
+        tokio_stream::wrappers::ReceiverStream::new(messages),
+        dropped.clone(),
+    ));
+    (nats, dropped)
+}
+
+/// A log of `id` that publishes nowhere, from its start.
 fn unshared_core(store: &Arc<dyn Store>, id: Uuid) -> Arc<Core> {
     Arc::new(Core::new(
         id,
@@ -478,13 +478,7 @@ async fn a_follower_nobody_watches_any_more_reads_nothing_when_quiet() {
     store.append_events(&[event(id, 2)]).await.unwrap();
     // Watched when the follower starts, so it looks out for quiet.
     let events = core.subscribe(1, true);
-    let (_nats, messages) = mpsc::channel::<Message>(1);
-    let dropped = CancellationToken::new();
-    tokio::spawn(follow(
-        core.clone(),
-        tokio_stream::wrappers::ReceiverStream::new(messages),
-        dropped.clone(),
-    ));
+    let (_nats, dropped) = spawn_follower(&core);
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
@@ -496,5 +490,47 @@ async fn a_follower_nobody_watches_any_more_reads_nothing_when_quiet() {
     // Past the quiet check that was due, with time for its read.
     tokio::time::sleep(RESYNC_QUIET + Duration::from_secs(2)).await;
     assert_eq!(core.stored.borrow().seq, 1, "the store was read");
+    dropped.cancel();
+}
+
+/// A follower that began while nobody watched looks out for quiet once
+/// someone does, with no message to wake it: the watcher gets a tail whose
+/// message was lost.
+#[tokio::test(start_paused = true)]
+async fn a_watcher_who_comes_later_gets_a_lost_tail_after_a_quiet_spell() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id) = store_with_session(&dir).await;
+    let core = unshared_core(&store, id);
+    let (_nats, dropped) = spawn_follower(&core);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.append_events(&[event(id, 1)]).await.unwrap();
+    // Nothing else wakes the follower: without being told of the watcher
+    // it would wait for a message forever.
+    let mut events = core.subscribe(0, false).boxed();
+    assert_eq!(next_seq(&mut events).await, 1);
+    dropped.cancel();
+}
+
+/// What this replica stores is activity: the quiet spell that ends in a
+/// read of the store counts from its last batch, which does not wake the
+/// follower. (The clock is real, as above.)
+#[tokio::test]
+async fn a_batch_stored_here_puts_the_quiet_check_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, id) = store_with_session(&dir).await;
+    let core = unshared_core(&store, id);
+    let mut events = core.subscribe(0, false).boxed();
+    let (_nats, dropped) = spawn_follower(&core);
+    // Past the middle of the first quiet spell.
+    tokio::time::sleep(RESYNC_QUIET - Duration::from_secs(2)).await;
+    let storing = Instant::now();
+    core.append(thinking(1), None).unwrap();
+    core.flush().await.unwrap();
+    assert_eq!(next_seq(&mut events).await, 1);
+    // Stored elsewhere, its message lost: read when the spell that began
+    // with the batch stored here ends, not the first one.
+    store.append_events(&[event(id, 2)]).await.unwrap();
+    assert_eq!(next_seq(&mut events).await, 2);
+    assert!(storing.elapsed() >= RESYNC_QUIET, "{:?}", storing.elapsed());
     dropped.cancel();
 }
