@@ -643,15 +643,62 @@ async fn tools_are_owned_from_the_first_call_and_an_ephemeral_run_gives_them_up_
     }
 }
 
-/// How many times the store's session record was read (`get_session`,
-/// `session_at_end`) since `pg_stat_statements` was last reset for the
-/// cluster's database.
-async fn session_reads(db: &mut sqlx::PgConnection) -> i64 {
+/// A run's session was made by its one turn on the replica that ran it:
+/// a run that called no tool has no tool owner anywhere, and its end
+/// asks the store for none.
+#[tokio::test]
+async fn a_run_that_calls_no_tool_looks_up_no_tool_owner_at_its_end() {
+    let cluster = cluster(15).await;
+    let mut db = counting_statements(&cluster).await;
+    let response = cluster
+        .post(2, "/agent/run", json!({"prompt": "hello"}))
+        .await;
+    assert_eq!(response.status(), 200);
+    let events = Lines::new(response).until("result").await;
+    assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
+    // Released before its result was stored.
+    assert_eq!(calls(&mut db, KV_READ).await, 0);
+    assert_eq!(cluster.metric(2, "conclave_sandboxes_live", &[]).await, 0.0);
+}
+
+/// A session record read (`get_session`, `session_at_end`).
+const SESSION_READ: &str = "SELECT % FROM sessions WHERE id = $1";
+/// A KV read (`kv_get`), the tool owners' among others.
+const KV_READ: &str = "SELECT key, value, revision, updated_at FROM kv WHERE %";
+
+/// A connection to the cluster's database with `pg_stat_statements`
+/// reset for it.
+async fn counting_statements(cluster: &Cluster) -> sqlx::PgConnection {
+    let mut db = sqlx::PgConnection::connect(&cluster.database.url())
+        .await
+        .unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut db)
+        .await
+        .expect("PostgreSQL runs with shared_preload_libraries = pg_stat_statements");
+    reset_statements(&mut db).await;
+    db
+}
+
+async fn reset_statements(db: &mut sqlx::PgConnection) {
+    sqlx::query(
+        "SELECT pg_stat_statements_reset(0, \
+         (SELECT oid FROM pg_database WHERE datname = current_database()), 0)",
+    )
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+/// How many statements like `pattern` ran in the cluster's database
+/// since `pg_stat_statements` was last reset for it.
+async fn calls(db: &mut sqlx::PgConnection, pattern: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements \
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-         AND query LIKE 'SELECT % FROM sessions WHERE id = $1'",
+         AND query LIKE $1",
     )
+    .bind(pattern)
     .fetch_one(db)
     .await
     .unwrap()
@@ -660,24 +707,12 @@ async fn session_reads(db: &mut sqlx::PgConnection) -> i64 {
 #[tokio::test]
 async fn a_turns_own_tool_calls_read_no_session_record() {
     let cluster = cluster(15).await;
-    let mut db = sqlx::PgConnection::connect(&cluster.database.url())
-        .await
-        .unwrap();
-    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .execute(&mut db)
-        .await
-        .expect("PostgreSQL runs with shared_preload_libraries = pg_stat_statements");
+    let mut db = counting_statements(&cluster).await;
     let id = cluster.create_session(0).await;
     // The first call makes the sandbox.
     let first = turn(&cluster, 0, &id, "$ echo one").await;
     assert_eq!(tool_result(&first)["is_error"], false, "{first:?}");
-    sqlx::query(
-        "SELECT pg_stat_statements_reset(0, \
-         (SELECT oid FROM pg_database WHERE datname = current_database()), 0)",
-    )
-    .execute(&mut db)
-    .await
-    .unwrap();
+    reset_statements(&mut db).await;
     // The turn running here holds the session: its calls take the
     // session's options from it, not from the store.
     let second = turn(&cluster, 0, &id, "$ echo two").await;
@@ -685,7 +720,7 @@ async fn a_turns_own_tool_calls_read_no_session_record() {
         tool_result(&second)["output"].to_string().contains("two"),
         "{second:?}"
     );
-    assert_eq!(session_reads(&mut db).await, 0);
+    assert_eq!(calls(&mut db, SESSION_READ).await, 0);
     // A turn on another replica still reaches the session's sandbox.
     let elsewhere = turn(&cluster, 1, &id, "$ echo three").await;
     assert!(

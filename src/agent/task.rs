@@ -129,6 +129,10 @@ impl SessionTask for AgentTask {
         self.deps.tools.release(session).await;
     }
 
+    async fn release_made_here(&self, session: Uuid) {
+        self.deps.tools.release_made_here(session).await;
+    }
+
     async fn delete(&self, session: Uuid) {
         self.deps.tools.delete(session).await;
         if let Err(e) = self.deps.approvals.forget_rules(session).await {

@@ -112,6 +112,12 @@ pub trait ToolRouter: Send + Sync {
     /// Frees what the session holds (its sandbox) when its last turn is over.
     async fn release(&self, _session_id: Uuid) {}
 
+    /// As [`ToolRouter::release`], for a session made on this replica by
+    /// its one turn, which ran here: what it holds is here or nowhere.
+    async fn release_made_here(&self, session_id: Uuid) {
+        self.release(session_id).await;
+    }
+
     /// Frees what the session holds when it is deleted, including what
     /// another process made for it (a sandbox `conclave mcp` created).
     async fn delete(&self, session_id: Uuid) {

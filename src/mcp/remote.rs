@@ -500,6 +500,18 @@ impl ToolRouter for ClusterTools {
         self.settle(session_id, "release").await;
     }
 
+    /// No other replica ran a turn of the session, so none ran its tools:
+    /// with no call here there is no owner to look up (one store read
+    /// fewer for every `/agent/run` that calls no tool).
+    async fn release_made_here(&self, session_id: Uuid) {
+        let held = crate::sync::lock(&self.held_here).contains_key(&session_id);
+        if held {
+            self.settle(session_id, "release").await;
+        } else {
+            self.settle_here(session_id, "release").await;
+        }
+    }
+
     async fn delete(&self, session_id: Uuid) {
         self.settle(session_id, "delete").await;
     }

@@ -80,6 +80,12 @@ pub trait SessionTask: Send + Sync + 'static {
     /// Frees what an ephemeral session held once its one turn is over.
     async fn release(&self, _session: Uuid) {}
 
+    /// As [`SessionTask::release`], from the replica that made the session
+    /// and ran its one turn: what it holds is here or nowhere.
+    async fn release_made_here(&self, session: Uuid) {
+        self.release(session).await;
+    }
+
     /// Frees everything the session holds; it is being deleted.
     async fn delete(&self, _session: Uuid) {}
 }

@@ -53,7 +53,7 @@ impl Runner {
                 .set_state(status_after(session, ResultStatus::Error), None)
                 .await;
             if session.ephemeral {
-                self.task.release(session.id).await;
+                self.task.release_made_here(session.id).await;
             }
         }
         self.metrics.turns_running.dec();
@@ -101,7 +101,7 @@ impl Runner {
             })?;
             outcome.status = ResultStatus::TimedOut;
         }
-        self.finish(&turn, outcome, started).await
+        self.finish(&turn, outcome, started, true).await
     }
 
     /// Settles a turn that a crash cut off: one whose `result` was stored
@@ -120,7 +120,7 @@ impl Runner {
         })?;
         let turn = Turn::starting(session, CancellationToken::new(), TurnOptions::default());
         let outcome = Outcome::new(ResultStatus::Interrupted, None);
-        self.finish(&turn, outcome, Instant::now()).await
+        self.finish(&turn, outcome, Instant::now(), false).await
     }
 
     async fn finish(
@@ -128,6 +128,7 @@ impl Runner {
         turn: &Turn,
         outcome: Outcome,
         started: Instant,
+        ran_here: bool,
     ) -> Result<(), StoreError> {
         let session = &turn.session;
         let slot = lock(&self.turn_slot).take();
@@ -135,9 +136,16 @@ impl Runner {
             slot.release().await;
         }
         // An ephemeral session's one turn is over and nothing will use what
-        // it held: it is gone by the time the client reads the result.
+        // it held: it is gone by the time the client reads the result. The
+        // session was made by that turn (`/agent/run`): run here, what it
+        // held is here; closed here after its replica died, it may be
+        // anywhere.
         if session.ephemeral {
-            self.task.release(session.id).await;
+            if ran_here {
+                self.task.release_made_here(session.id).await;
+            } else {
+                self.task.release(session.id).await;
+            }
         }
         // The status the turn leaves is stored with its `result`, in one
         // write (a client that reads the result finds the session idle),
