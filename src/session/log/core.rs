@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::model::Message;
-use crate::protocol::SessionRecord;
 use crate::protocol::{Event, EventKind, ResultStatus};
+use crate::protocol::{SessionRecord, SessionStatus};
 use crate::store::{Batch, Creation, Release, SessionState, Store, StoreError, UsageRow};
 use crate::sync::lock;
 use crate::telemetry::{EventLabel, Metrics};
@@ -91,9 +91,10 @@ struct Log {
     /// Whether a writer task is running; at most one is.
     writing: bool,
     /// Set for a session made here with its first turn's lease: until
-    /// that lease goes (the turn's last write starts) or could have
-    /// expired (this instant), no other replica can store anything for
-    /// the session.
+    /// that lease goes (the turn's last write starts, unless that write
+    /// closes the session: then no turn follows) or could have expired
+    /// (this instant), no other replica can store anything for the
+    /// session.
     sole_until: Option<Instant>,
 }
 
@@ -309,8 +310,11 @@ impl Core {
                 }
                 log.due = false;
                 // From the write that gives the lease up, another replica
-                // may take the next turn.
-                if log.release.is_some() {
+                // may take the next turn, unless that write also closes
+                // the session to turns (an ephemeral session's one turn).
+                let closes =
+                    (log.state.as_ref()).is_some_and(|s| s.status == SessionStatus::Closed);
+                if log.release.is_some() && !closes {
                     log.sole_until = None;
                 }
                 (

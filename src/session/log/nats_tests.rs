@@ -458,6 +458,26 @@ async fn a_session_made_here_is_stored_only_here_until_its_lease_goes_or_could_h
     made.append_last(success(), state, Some(lease)).unwrap();
     made.flush().await.unwrap();
     assert!(!made.stored_only_here());
+    // A run's session closes with its one turn: no turn follows, so the
+    // write that gives the lease up leaves it stored here alone, until
+    // the lease could have expired.
+    let id = Uuid::new_v4();
+    let (record, lease) = made_here(id);
+    let run = unshared_core(&store, id);
+    let ttl = Duration::from_secs(3600);
+    run.create_with_next_write(record, Some((lease.clone(), ttl)));
+    let closed = crate::store::SessionState {
+        status: SessionStatus::Closed,
+        usage: Usage::default(),
+        updated_at: Utc::now(),
+    };
+    run.append(thinking(1), None).unwrap();
+    run.append_last(success(), closed, Some(lease)).unwrap();
+    run.flush().await.unwrap();
+    assert_eq!(run.stored.borrow().seq, 2);
+    assert!(run.stored_only_here());
+    tokio::time::advance(ttl).await;
+    assert!(!run.stored_only_here());
 }
 
 /// A watcher that leaves after the follower last looked (a run's stream
