@@ -248,11 +248,16 @@ impl Cluster {
         (task, session)
     }
 
+    /// A connection of its own to the cluster's database.
+    async fn connect_database(&self) -> sqlx::PgConnection {
+        sqlx::PgConnection::connect(&self.database.url())
+            .await
+            .unwrap()
+    }
+
     /// How many sessions' tools the store says a replica holds.
     async fn tool_owners(&self) -> i64 {
-        let mut db = sqlx::PgConnection::connect(&self.database.url())
-            .await
-            .unwrap();
+        let mut db = self.connect_database().await;
         sqlx::query_scalar("SELECT count(*) FROM kv WHERE namespace = '_sandbox_owners'")
             .fetch_one(&mut db)
             .await
@@ -669,9 +674,7 @@ const KV_READ: &str = "SELECT key, value, revision, updated_at FROM kv WHERE %";
 /// A connection to the cluster's database with `pg_stat_statements`
 /// reset for it.
 async fn counting_statements(cluster: &Cluster) -> sqlx::PgConnection {
-    let mut db = sqlx::PgConnection::connect(&cluster.database.url())
-        .await
-        .unwrap();
+    let mut db = cluster.connect_database().await;
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .execute(&mut db)
         .await
