@@ -153,9 +153,10 @@ pub(super) async fn sub(
 /// The next delivery as `(subject, seq, payload)`, or the lag as
 /// `("lagged:SUBJECT", since, missed)`.
 pub(super) async fn next(stream: &mut BoxStream<'static, Delivery>) -> (String, u64, String) {
-    let delivery = tokio::time::timeout(Duration::from_secs(10), stream.next())
+    // Generous: the suite shares two cores and one NATS server.
+    let delivery = tokio::time::timeout(Duration::from_secs(30), stream.next())
         .await
-        .expect("a delivery within 10 s")
+        .expect("a delivery within 30 s")
         .expect("the stream goes on");
     match delivery {
         Delivery::Message(m) => (
@@ -324,41 +325,63 @@ async fn a_lagging_subscriber_is_told_what_it_missed_and_never_slows_the_publish
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while lagged() < 6 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} lagged",
+            "after 30 s, {} of the 6 dropped are counted",
             lagged()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    for i in 1..=4 {
-        assert_eq!(next(&mut slow).await, m("chatter.x", i, &i.to_string()));
+    // The queue held four; the rest were dropped, and the subscriber learns
+    // it before anything later, then goes on. On NATS the exact split can
+    // differ: a message that arrives once the subscriber has read may be
+    // queued after the notice, and a consumer NATS recreated (a reconnect,
+    // a missed heartbeat) starts after what the stream no longer holds, a
+    // gap told like the rest. What holds on both: every `seq` arrives in
+    // order or is told missed, exactly once, and no more than four come
+    // before the first notice.
+    let mut told = Vec::new();
+    while !told
+        .last()
+        .is_some_and(|(subject, _, _): &(String, u64, String)| subject.starts_with("lagged:"))
+    {
+        told.push(next(&mut slow).await);
+        assert!(
+            told.len() <= 5,
+            "more than the queue held came first: {told:?}"
+        );
     }
-    // The rest were dropped after seq 4: the subscriber learns it before
-    // anything later, then goes on. (On NATS the queue is filled a moment
-    // after each publish, so a message that arrives once the subscriber
-    // has read may be queued after the notice.)
-    let mut told = vec![next(&mut slow).await];
-    assert_eq!(told[0].0, "lagged:chatter.x", "{told:?}");
     publish(bus, "t", "chatter.x", "11").await;
     while told.last().unwrap().1 != 11 {
         told.push(next(&mut slow).await);
     }
-    let mut last = 4;
+    let mut last = 0;
+    let mut missed = 0;
     for (subject, seq, payload) in &told {
         if subject.starts_with("lagged:") {
-            assert_eq!(*seq, last, "{told:?}");
-            last += payload.parse::<u64>().unwrap();
+            assert_eq!(subject, "lagged:chatter.x", "{told:?}");
+            assert_eq!(
+                *seq, last,
+                "a notice starts where delivery stopped: {told:?}"
+            );
+            let count = payload.parse::<u64>().unwrap();
+            missed += count;
+            last += count;
         } else {
             assert_eq!(*seq, last + 1, "{told:?}");
+            assert_eq!(*payload, seq.to_string(), "{told:?}");
             last = *seq;
         }
     }
+    assert_eq!(last, 11, "{told:?}");
+    assert!(missed >= 6, "{told:?}");
     if home.nats.is_none() {
+        let queued: Vec<_> = (1..=4).map(|i| m("chatter.x", i, &i.to_string())).collect();
+        assert_eq!(told[..4], queued);
         assert_eq!(
-            told,
+            told[4..],
             [m("lagged:chatter.x", 4, "6"), m("chatter.x", 11, "11")]
         );
     }
