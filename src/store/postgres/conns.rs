@@ -4,14 +4,17 @@
 //! sqlx returns a dropped pool connection from a task of its own that
 //! pings it first: a round trip (and a task) after every statement, which
 //! no statistics of PostgreSQL count. A statement that completed leaves
-//! its connection fit for the next one, so it is kept here and handed out
-//! again without that ping. A connection whose statement failed, or whose
+//! its connection fit for the next one, so it is kept here: handed at once
+//! to the caller that has waited longest, or else kept idle for the next
+//! one, without that ping. A connection whose statement failed, or whose
 //! caller went away in the middle, is dropped the sqlx way, ping and all.
 //! A kept connection idle for [`ALIVE_WITHOUT_PING`] or more is pinged
-//! before use and dropped when it does not answer. While callers wait for
-//! the pool (every connection in use), connections go back to it as
-//! before, and it hands them out in turn.
+//! before use and dropped when it does not answer. A caller takes a
+//! connection from the pool (a new one, or one sqlx holds) only while
+//! fewer than its maximum are out here; otherwise it waits its turn for
+//! one a statement is done with, up to the pool's acquire timeout.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -23,6 +26,7 @@ use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::{
     Connection, Either, Execute, Executor, PgConnection, PgPool, Postgres, SqlStr, Transaction,
 };
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::sync::lock;
@@ -34,18 +38,25 @@ use crate::sync::lock;
 /// this window fails the statement that takes it, and is then dropped.
 pub(super) const ALIVE_WITHOUT_PING: Duration = Duration::from_millis(500);
 
+type Handed = oneshot::Sender<PoolConnection<Postgres>>;
+
 pub(super) struct Conns {
     pool: PgPool,
+    /// The most connections out of the pool at once: its maximum.
+    most: u32,
     kept: Mutex<Kept>,
 }
 
 struct Kept {
     /// Most recently used last.
     idle: Vec<(PoolConnection<Postgres>, Instant)>,
-    /// Callers waiting for the pool to hand them a connection: while
-    /// there are any, a connection a statement is done with goes back to
-    /// the pool, which hands it to the first of them.
-    waiting: usize,
+    /// Connections taken from the pool and not given back: idle here or
+    /// running a statement.
+    out: u32,
+    /// Callers waiting for a connection while `most` are out, the longest
+    /// waiting first; a connection a statement is done with goes to the
+    /// first still waiting.
+    waiting: VecDeque<Handed>,
     /// Set by [`Conns::close`]: connections go back to the pool, which
     /// closes them.
     closed: bool,
@@ -61,51 +72,124 @@ impl std::fmt::Debug for Conns {
 /// next statement, dropping it gives it back to sqlx.
 pub(super) struct Conn<'a> {
     conn: PoolConnection<Postgres>,
-    home: &'a Conns,
+    /// Its place out of the pool, given back unless the connection is
+    /// kept.
+    place: Place<'a>,
+}
+
+/// What a caller of [`Conns::get`] goes on with.
+enum Next {
+    Kept(PoolConnection<Postgres>, Instant),
+    /// A place out of the pool is the caller's: it takes a connection.
+    FromPool,
+    Wait(oneshot::Receiver<PoolConnection<Postgres>>),
 }
 
 impl Conns {
     pub fn new(pool: PgPool) -> Conns {
         Conns {
+            most: pool.options().get_max_connections(),
             pool,
             kept: Mutex::new(Kept {
                 idle: Vec::new(),
-                waiting: 0,
+                out: 0,
+                waiting: VecDeque::new(),
                 closed: false,
             }),
         }
     }
 
-    /// A connection: the one kept most recently, or one from the pool.
+    /// A connection: the one kept most recently, one from the pool while
+    /// fewer than its maximum are out, or the next one a statement is done
+    /// with.
     pub async fn get(&self) -> Result<Conn<'_>, sqlx::Error> {
         loop {
-            let taken = {
+            let next = {
                 let mut kept = lock(&self.kept);
-                let taken = kept.idle.pop();
-                // Counted under the same lock as the connections kept: one
-                // kept from now on goes to the pool, and so to this caller.
-                if taken.is_none() {
-                    kept.waiting += 1;
+                if let Some((conn, since)) = kept.idle.pop() {
+                    Next::Kept(conn, since)
+                } else if kept.closed || kept.out < self.most {
+                    // Closed, the pool answers that it is.
+                    kept.out += 1;
+                    Next::FromPool
+                } else {
+                    let (handed, taken) = oneshot::channel();
+                    kept.waiting.push_back(handed);
+                    Next::Wait(taken)
                 }
-                taken
             };
-            let Some((mut conn, since)) = taken else {
-                let _waiting = Waiting(&self.kept);
-                let conn = self.pool.acquire().await?;
-                return Ok(Conn { conn, home: self });
-            };
-            if since.elapsed() >= ALIVE_WITHOUT_PING && conn.ping().await.is_err() {
-                conn.close_on_drop();
-                continue;
+            match next {
+                Next::Kept(mut conn, since) => {
+                    if since.elapsed() >= ALIVE_WITHOUT_PING && conn.ping().await.is_err() {
+                        conn.close_on_drop();
+                        drop(conn);
+                        self.given_back();
+                        continue;
+                    }
+                    return Ok(self.conn(conn));
+                }
+                Next::FromPool => {
+                    let place = Place(Some(self));
+                    let conn = self.pool.acquire().await?;
+                    return Ok(Conn { conn, place });
+                }
+                Next::Wait(taken) => {
+                    let mut wait = Waiter { taken, home: self };
+                    let timeout = self.pool.options().get_acquire_timeout();
+                    match tokio::time::timeout(timeout, &mut wait.taken).await {
+                        Ok(Ok(conn)) => return Ok(self.conn(conn)),
+                        // Closed: the pool says so.
+                        Ok(Err(_)) => continue,
+                        Err(_) => {
+                            wait.taken.close();
+                            if let Ok(conn) = wait.taken.try_recv() {
+                                return Ok(self.conn(conn));
+                            }
+                            return Err(sqlx::Error::PoolTimedOut);
+                        }
+                    }
+                }
             }
-            return Ok(Conn { conn, home: self });
         }
+    }
+
+    fn conn(&self, conn: PoolConnection<Postgres>) -> Conn<'_> {
+        Conn {
+            conn,
+            place: Place(Some(self)),
+        }
+    }
+
+    /// A connection that was out went back to the pool (or was closed).
+    fn given_back(&self) {
+        lock(&self.kept).out -= 1;
+    }
+
+    /// Keeps a connection fit for the next statement: to the first caller
+    /// still waiting, else idle.
+    fn keep(&self, mut conn: PoolConnection<Postgres>) {
+        let mut kept = lock(&self.kept);
+        if kept.closed {
+            kept.out -= 1;
+            // Dropped outside the lock: back to the pool, which closes it.
+            drop(kept);
+            drop(conn);
+            return;
+        }
+        while let Some(handed) = kept.waiting.pop_front() {
+            match handed.send(conn) {
+                Ok(()) => return,
+                // That caller went away.
+                Err(back) => conn = back,
+            }
+        }
+        kept.idle.push((conn, Instant::now()));
     }
 
     /// A transaction on a connection from [`Conns::get`]; its connection
     /// goes back to sqlx when it ends.
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        let Conn { conn, .. } = self.get().await?;
+        let conn = self.get().await?.detach();
         // sqlx's own `Pool::begin` does the same with a connection it
         // acquired.
         Transaction::begin(conn, None).await
@@ -117,12 +201,16 @@ impl Conns {
 
     /// Closes every connection, waiting for those in use.
     pub async fn close(&self) {
-        let idle = {
+        let (idle, waiting) = {
             let mut kept = lock(&self.kept);
             kept.closed = true;
-            std::mem::take(&mut kept.idle)
+            let idle = std::mem::take(&mut kept.idle);
+            kept.out -= u32::try_from(idle.len()).unwrap_or(u32::MAX);
+            (idle, std::mem::take(&mut kept.waiting))
         };
         drop(idle);
+        // The callers waiting try again, and the closed pool refuses them.
+        drop(waiting);
         self.pool.close().await;
     }
 }
@@ -130,25 +218,45 @@ impl Conns {
 impl Conn<'_> {
     /// Keeps the connection for the next statement: what it ran is over.
     pub fn done(self) {
-        let Conn { conn, home } = self;
-        let mut kept = lock(&home.kept);
-        if kept.closed || kept.waiting > 0 {
-            // Dropped outside the lock: back to the pool.
-            drop(kept);
-            drop(conn);
-            return;
+        let Conn { conn, mut place } = self;
+        if let Some(home) = place.0.take() {
+            home.keep(conn);
         }
-        kept.idle.push((conn, Instant::now()));
+    }
+
+    /// The connection, out of this module's hands (its place given back):
+    /// it goes back to sqlx when dropped.
+    fn detach(self) -> PoolConnection<Postgres> {
+        self.conn
     }
 }
 
-/// One caller waiting on the pool, counted until it has a connection or
-/// gives up.
-struct Waiting<'a>(&'a Mutex<Kept>);
+/// A place out of the pool, given back when dropped: the caller got no
+/// connection (an error, or it went away), or its connection went back to
+/// sqlx (a statement that failed or was given up; sqlx pings it).
+struct Place<'a>(Option<&'a Conns>);
 
-impl Drop for Waiting<'_> {
+impl Drop for Place<'_> {
     fn drop(&mut self) {
-        lock(self.0).waiting -= 1;
+        if let Some(conns) = self.0 {
+            conns.given_back();
+        }
+    }
+}
+
+/// A caller waiting for a connection a statement is done with. One handed
+/// over just as the caller went away is kept for the next.
+struct Waiter<'a> {
+    taken: oneshot::Receiver<PoolConnection<Postgres>>,
+    home: &'a Conns,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.taken.close();
+        if let Ok(conn) = self.taken.try_recv() {
+            self.home.keep(conn);
+        }
     }
 }
 
@@ -228,6 +336,7 @@ impl<'p> Executor<'p> for &'p Conns {
 mod tests {
     use std::str::FromStr;
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -240,14 +349,28 @@ mod tests {
         PgConnectOptions::from_str(&url).unwrap()
     }
 
-    /// Callers waiting on a full pool take the connections others keep:
-    /// the pool never learns they are free, and would time them out.
+    /// A pool of `most` that counts the connections given back to it
+    /// (each of which sqlx pings: a round trip).
+    fn counted_pool(most: u32, timeout: Duration) -> (PgPool, Arc<AtomicUsize>) {
+        let released = Arc::new(AtomicUsize::new(0));
+        let count = released.clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(most)
+            .acquire_timeout(timeout)
+            .after_release(move |_, _| {
+                count.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(true) })
+            })
+            .connect_lazy_with(server());
+        (pool, released)
+    }
+
+    /// Callers waiting on a full pool take the connections others keep,
+    /// handed over directly: none goes back to the pool (and its ping)
+    /// until a statement fails.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn callers_waiting_for_a_connection_get_the_ones_kept() {
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(2))
-            .connect_lazy_with(server());
+        let (pool, released) = counted_pool(2, Duration::from_secs(2));
         let conns = Arc::new(Conns::new(pool));
         let calls = (0..20).map(|_| {
             let conns = conns.clone();
@@ -262,6 +385,11 @@ mod tests {
             backends.insert(call.unwrap().expect("every call got a connection"));
         }
         assert!(backends.len() <= 2, "{backends:?}");
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            0,
+            "connections went back to the pool"
+        );
         // A statement that failed gives its connection back to sqlx; the
         // next ones still run.
         assert!(sqlx::query("SELECT 1/0").execute(&*conns).await.is_err());
@@ -272,5 +400,43 @@ mod tests {
         assert_eq!(one, 1);
         conns.close().await;
         assert!(sqlx::query("SELECT 1").execute(&*conns).await.is_err());
+    }
+
+    /// A caller that gives up waiting (its own timeout, or it went away)
+    /// holds no place: the connection goes to the next caller, and the
+    /// pool is never counted short.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_that_stops_waiting_leaves_the_connection_to_the_next() {
+        let (pool, released) = counted_pool(1, Duration::from_millis(300));
+        let conns = Arc::new(Conns::new(pool));
+        let held = conns.get().await.unwrap();
+        let timed_out = sqlx::query("SELECT 1").execute(&*conns).await;
+        assert!(
+            matches!(timed_out, Err(sqlx::Error::PoolTimedOut)),
+            "the one connection is held: {timed_out:?}"
+        );
+        // One waiting caller goes away before the connection is free.
+        let waiting = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.get().await.map(|conn| conn.done()) }
+        });
+        while lock(&conns.kept).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+        held.done();
+        let one: i32 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&*conns)
+            .await
+            .unwrap();
+        assert_eq!(one, 1);
+        let counts = {
+            let kept = lock(&conns.kept);
+            (kept.out, kept.idle.len())
+        };
+        assert_eq!(counts, (1, 1));
+        assert_eq!(released.load(Ordering::SeqCst), 0);
+        conns.close().await;
     }
 }
