@@ -44,6 +44,9 @@ pub(super) struct Conns {
     pool: PgPool,
     /// The most connections out of the pool at once: its maximum.
     most: u32,
+    /// How long a caller waits for a connection: the pool's acquire
+    /// timeout.
+    patience: Duration,
     kept: Mutex<Kept>,
 }
 
@@ -89,6 +92,7 @@ impl Conns {
     pub fn new(pool: PgPool) -> Conns {
         Conns {
             most: pool.options().get_max_connections(),
+            patience: pool.options().get_acquire_timeout(),
             pool,
             kept: Mutex::new(Kept {
                 idle: Vec::new(),
@@ -119,14 +123,14 @@ impl Conns {
                 }
             };
             match next {
-                Next::Kept(mut conn, since) => {
+                Next::Kept(conn, since) => {
+                    let mut conn = self.conn(conn);
                     if since.elapsed() >= ALIVE_WITHOUT_PING && conn.ping().await.is_err() {
-                        conn.close_on_drop();
-                        drop(conn);
-                        self.given_back();
+                        // Dropped, its place given back.
+                        conn.conn.close_on_drop();
                         continue;
                     }
-                    return Ok(self.conn(conn));
+                    return Ok(conn);
                 }
                 Next::FromPool => {
                     let place = Place(Some(self));
@@ -135,18 +139,14 @@ impl Conns {
                 }
                 Next::Wait(taken) => {
                     let mut wait = Waiter { taken, home: self };
-                    let timeout = self.pool.options().get_acquire_timeout();
-                    match tokio::time::timeout(timeout, &mut wait.taken).await {
+                    match tokio::time::timeout(self.patience, &mut wait.taken).await {
                         Ok(Ok(conn)) => return Ok(self.conn(conn)),
                         // Closed: the pool says so.
                         Ok(Err(_)) => continue,
-                        Err(_) => {
-                            wait.taken.close();
-                            if let Ok(conn) = wait.taken.try_recv() {
-                                return Ok(self.conn(conn));
-                            }
-                            return Err(sqlx::Error::PoolTimedOut);
-                        }
+                        Err(_) => match wait.stop() {
+                            Some(conn) => return Ok(self.conn(conn)),
+                            None => return Err(sqlx::Error::PoolTimedOut),
+                        },
                     }
                 }
             }
@@ -158,11 +158,6 @@ impl Conns {
             conn,
             place: Place(Some(self)),
         }
-    }
-
-    /// A connection that was out went back to the pool (or was closed).
-    fn given_back(&self) {
-        lock(&self.kept).out -= 1;
     }
 
     /// Keeps a connection fit for the next statement: to the first caller
@@ -239,7 +234,7 @@ struct Place<'a>(Option<&'a Conns>);
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         if let Some(conns) = self.0 {
-            conns.given_back();
+            lock(&conns.kept).out -= 1;
         }
     }
 }
@@ -251,10 +246,17 @@ struct Waiter<'a> {
     home: &'a Conns,
 }
 
+impl Waiter<'_> {
+    /// Stops waiting: answers a connection handed over meanwhile.
+    fn stop(&mut self) -> Option<PoolConnection<Postgres>> {
+        self.taken.close();
+        self.taken.try_recv().ok()
+    }
+}
+
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        self.taken.close();
-        if let Ok(conn) = self.taken.try_recv() {
+        if let Some(conn) = self.stop() {
             self.home.keep(conn);
         }
     }
