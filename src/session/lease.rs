@@ -8,15 +8,24 @@
 //! A turn that loses its lease (its replica could not reach the store for
 //! a whole lease, and another replica closed the turn) is cancelled: two
 //! replicas never run one session's turn at once.
+//!
+//! Most turns end long before their first renewal is due, so a turn
+//! starts no task of its own: it enters the replica's register of held
+//! leases, which one task looks over every sixth of a lease, and only a
+//! turn still running at half its first renewal's wait gets a task that
+//! renews it.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
 use crate::store::{Lease, Release, SessionEnd, Store, StoreError, TurnLease};
+use crate::sync::lock;
 
 /// The leases of this replica's turns.
 pub struct TurnLeases {
@@ -24,6 +33,39 @@ pub struct TurnLeases {
     /// This process among the replicas: host name and a random id.
     replica: String,
     ttl: Duration,
+    register: Arc<Mutex<Register>>,
+}
+
+/// The leases this replica's turns hold, in the order they were taken
+/// (all have one length, so also in the order their renewals fall due).
+#[derive(Default)]
+struct Register {
+    next: u64,
+    held: BTreeMap<u64, Entry>,
+}
+
+/// A held lease, and its renewals once they have started.
+struct Entry {
+    taken: Instant,
+    release: Release,
+    releasing: Arc<AtomicBool>,
+    lost: CancellationToken,
+    unstored: bool,
+    renewals: Option<DropGuard>,
+}
+
+/// A turn's place in the register; its drop takes the lease out, which
+/// stops its renewals.
+struct Registered {
+    register: Arc<Mutex<Register>>,
+    key: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let entry = lock(&self.register).held.remove(&self.key);
+        drop(entry);
+    }
 }
 
 /// A turn's lease while it runs; renewed in the background until
@@ -39,7 +81,7 @@ pub struct HeldTurn {
     releasing: Arc<AtomicBool>,
     /// Set once that write is stored.
     released: AtomicBool,
-    _renewals: DropGuard,
+    _renewals: Registered,
 }
 
 /// What taking a session's turn lease found.
@@ -75,10 +117,13 @@ impl TurnLeases {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_default();
+        let register = Arc::new(Mutex::new(Register::default()));
+        tokio::spawn(look_over(Arc::downgrade(&register), store.clone(), ttl));
         TurnLeases {
             store,
             replica: format!("{host}-{}", Uuid::new_v4().simple()),
             ttl,
+            register,
         }
     }
 
@@ -150,23 +195,44 @@ impl TurnLeases {
     /// A lease just taken (or, `unstored`, to be taken by its session's
     /// first write), renewed from now on.
     fn held(&self, release: Release, lost: CancellationToken, unstored: bool) -> HeldTurn {
-        let stop = CancellationToken::new();
         let releasing = Arc::new(AtomicBool::new(false));
-        tokio::spawn(renew(
-            self.store.clone(),
-            release.clone(),
-            self.ttl,
-            (stop.clone(), releasing.clone()),
+        let entry = Entry {
+            taken: Instant::now(),
+            release: release.clone(),
+            releasing: releasing.clone(),
             lost,
             unstored,
-        ));
+            renewals: None,
+        };
+        let key = {
+            let mut register = lock(&self.register);
+            let key = register.next;
+            register.next += 1;
+            register.held.insert(key, entry);
+            key
+        };
         HeldTurn {
             store: self.store.clone(),
             release,
             releasing,
             released: AtomicBool::new(false),
-            _renewals: stop.drop_guard(),
+            _renewals: Registered {
+                register: self.register.clone(),
+                key,
+            },
         }
+    }
+
+    /// How many leases this replica holds, and how many of them it renews.
+    #[cfg(test)]
+    pub(super) fn registered(&self) -> (usize, usize) {
+        let register = lock(&self.register);
+        let renewing = register
+            .held
+            .values()
+            .filter(|entry| entry.renewals.is_some())
+            .count();
+        (register.held.len(), renewing)
     }
 
     /// The turn leases whose replicas stopped renewing them.
@@ -214,50 +280,86 @@ impl HeldTurn {
     }
 }
 
-/// Renews a lease every third of its length until `stop`; cancels `lost`
-/// when it is another holder's or could not be renewed for a whole lease.
-/// Once `releasing` is set, a lease found gone was given up by the turn;
-/// with `unstored`, a lease not found before it was ever renewed is still
-/// to be taken by its session's first write, for up to a lease.
-async fn renew(
-    store: Arc<dyn Store>,
-    lease: Release,
-    ttl: Duration,
-    (stop, releasing): (CancellationToken, Arc<AtomicBool>),
-    lost: CancellationToken,
-    mut unstored: bool,
-) {
-    let Release { name, holder } = lease;
+/// Looks over the register every sixth of a lease, for as long as its
+/// [`TurnLeases`] lasts, and starts the renewals of each lease held for
+/// half a third of a lease or more: before its first renewal falls due.
+async fn look_over(register: Weak<Mutex<Register>>, store: Arc<dyn Store>, ttl: Duration) {
     let every = ttl / 3;
-    let mut renewed = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval((every / 2).max(Duration::from_millis(1)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+        ticks.tick().await;
+        let Some(register) = register.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut register = lock(&register);
+        for entry in register.held.values_mut() {
+            if now.saturating_duration_since(entry.taken) < every / 2 {
+                // Taken in order: the rest are younger.
+                break;
+            }
+            if entry.renewals.is_none() {
+                let stop = CancellationToken::new();
+                tokio::spawn(renew(store.clone(), entry, ttl, stop.clone()));
+                entry.renewals = Some(stop.drop_guard());
+            }
         }
-        // Only extended, never taken again: a renewal that meets a lease
-        // released meanwhile (with the turn's result) must not bring it
-        // back.
-        match store.lease_renew(&name, &holder, ttl).await {
-            Ok(Some(_)) => {
-                renewed = tokio::time::Instant::now();
-                unstored = false;
+    }
+}
+
+/// Renews a lease every third of its length, counted from when it was
+/// taken, until `stop`; cancels `lost` when it is another holder's or
+/// could not be renewed for a whole lease. Once `releasing` is set, a
+/// lease found gone was given up by the turn; with `unstored`, a lease
+/// not found before it was ever renewed is still to be taken by its
+/// session's first write, for up to a lease.
+fn renew(
+    store: Arc<dyn Store>,
+    entry: &Entry,
+    ttl: Duration,
+    stop: CancellationToken,
+) -> impl Future<Output = ()> + Send + use<> {
+    let Release { name, holder } = entry.release.clone();
+    let releasing = entry.releasing.clone();
+    let lost = entry.lost.clone();
+    let mut unstored = entry.unstored;
+    let mut renewed = entry.taken;
+    async move {
+        let every = ttl / 3;
+        let mut due = renewed + every;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(due) => {}
             }
-            Ok(None) if releasing.load(Ordering::Acquire) => return,
-            Ok(None) if unstored && renewed.elapsed() < ttl => {}
-            Ok(None) => {
-                tracing::error!(lease = %name,
-                    "this turn's lease was taken by another replica; the turn stops");
-                lost.cancel();
-                return;
+            // Only extended, never taken again: a renewal that meets a
+            // lease released meanwhile (with the turn's result) must not
+            // bring it back.
+            match store.lease_renew(&name, &holder, ttl).await {
+                Ok(Some(_)) => {
+                    renewed = Instant::now();
+                    unstored = false;
+                }
+                Ok(None) if releasing.load(Ordering::Acquire) => return,
+                Ok(None) if unstored && renewed.elapsed() < ttl => {}
+                Ok(None) => {
+                    tracing::error!(lease = %name,
+                        "this turn's lease was taken by another replica; the turn stops");
+                    lost.cancel();
+                    return;
+                }
+                Err(e) if renewed.elapsed() >= ttl => {
+                    tracing::error!(lease = %name, error = %e,
+                        "this turn's lease could not be renewed for a whole lease; the turn stops");
+                    lost.cancel();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(lease = %name, error = %e, "renewing a turn's lease failed")
+                }
             }
-            Err(e) if renewed.elapsed() >= ttl => {
-                tracing::error!(lease = %name, error = %e,
-                    "this turn's lease could not be renewed for a whole lease; the turn stops");
-                lost.cancel();
-                return;
-            }
-            Err(e) => tracing::warn!(lease = %name, error = %e, "renewing a turn's lease failed"),
+            due = Instant::now() + every;
         }
     }
 }

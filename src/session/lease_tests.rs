@@ -523,3 +523,60 @@ async fn a_new_sessions_lease_waits_for_its_first_write_for_up_to_a_lease() {
         .await
         .expect("a lease never stored is lost after a lease");
 }
+
+/// A turn that runs for several leases keeps its lease, renewed in the
+/// background; a turn that ends before its first renewal falls due has
+/// none started, and neither leaves anything for the replica to renew.
+#[tokio::test]
+async fn a_long_turns_lease_is_renewed_and_a_short_ones_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = shared_store(&dir);
+    let ttl = Duration::from_millis(1500);
+    let leases = TurnLeases::new(store.clone(), ttl);
+    let held = |taken| match taken {
+        super::lease::Taken::Held(held) => held,
+        super::lease::Taken::Busy(lease) => panic!("busy: {lease:?}"),
+    };
+
+    let short = held(
+        leases
+            .take(uuid::Uuid::new_v4(), CancellationToken::new())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(leases.registered(), (1, 0));
+    short.release().await;
+    assert_eq!(leases.registered(), (0, 0), "a short turn leaves nothing");
+
+    let lost = CancellationToken::new();
+    let long = held(
+        leases
+            .take(uuid::Uuid::new_v4(), lost.clone())
+            .await
+            .unwrap(),
+    );
+    let lease = long.lease().clone();
+    let probe = || store.lease_acquire(&lease.name, "another", Duration::from_secs(60));
+    let first = probe().await.unwrap();
+    assert_eq!(first.holder, lease.holder);
+    // Hold it past two whole leases: without renewals another holder
+    // would take it at the first.
+    let until = tokio::time::Instant::now() + ttl * 2;
+    let mut renewed = 0;
+    let mut expires = first.expires_at;
+    while tokio::time::Instant::now() < until {
+        let now = probe().await.unwrap();
+        assert_eq!(now.holder, lease.holder, "the lease stays the turn's");
+        if now.expires_at > expires {
+            renewed += 1;
+            expires = now.expires_at;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(renewed >= 3, "renewed {renewed} times over two leases");
+    assert!(!lost.is_cancelled(), "a renewed lease is not lost");
+    assert_eq!(leases.registered(), (1, 1));
+    long.release().await;
+    assert_eq!(leases.registered(), (0, 0));
+    assert_ne!(probe().await.unwrap().holder, lease.holder, "released");
+}

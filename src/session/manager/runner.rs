@@ -79,18 +79,9 @@ impl Runner {
         // when the wall-clock limit passes, which only this timer does.
         let limit = self.turn_timeout;
         let turn_cancel = cancel.child_token();
-        let timer = tokio::spawn({
-            let turn_cancel = turn_cancel.clone();
-            async move {
-                tokio::time::sleep(limit).await;
-                turn_cancel.cancel();
-            }
-        });
         let mut turn = Turn::starting(session, turn_cancel.clone(), options);
-        let result =
-            until_first_wait(self.task.run(&mut turn, input), || session.write_soon()).await;
-        timer.abort();
-        let mut outcome = result?;
+        let running = cancelled_after(self.task.run(&mut turn, input), limit, &turn_cancel);
+        let mut outcome = until_first_wait(running, || session.write_soon()).await?;
         let timed_out = turn_cancel.is_cancelled() && !cancel.is_cancelled();
         if timed_out && outcome.status == ResultStatus::Interrupted {
             session.emit(EventKind::Status {
@@ -220,6 +211,27 @@ async fn until_first_wait<F: Future>(future: F, waits: impl FnOnce()) -> F::Outp
     .await
 }
 
+/// Runs `future`, cancelling `token` once `limit` has passed; the future
+/// then winds up on its own. The timer is polled in the turn's own task,
+/// so a turn starts no task for it.
+async fn cancelled_after<F: Future>(
+    future: F,
+    limit: Duration,
+    token: &CancellationToken,
+) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut timer = std::pin::pin!(tokio::time::sleep(limit));
+    let mut passed = false;
+    std::future::poll_fn(|cx| {
+        if !passed && timer.as_mut().poll(cx).is_ready() {
+            passed = true;
+            token.cancel();
+        }
+        future.as_mut().poll(cx)
+    })
+    .await
+}
+
 /// Result status → session status once a turn is over.
 fn status_after(session: &Session, result: ResultStatus) -> SessionStatus {
     if session.ephemeral {
@@ -235,7 +247,11 @@ fn status_after(session: &Session, result: ResultStatus) -> SessionStatus {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use super::until_first_wait;
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::{cancelled_after, until_first_wait};
 
     #[tokio::test]
     async fn the_first_wait_is_told_once_and_a_ready_future_never() {
@@ -258,5 +274,31 @@ mod tests {
         )
         .await;
         assert_eq!((waiting, told.load(Ordering::SeqCst)), (2, 1));
+    }
+
+    /// The limit cancels the token of a turn still running and leaves it
+    /// to wind up; a turn over in time leaves the token alone.
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_past_its_limit_is_cancelled_and_winds_up() {
+        let limit = Duration::from_secs(30);
+        let token = CancellationToken::new();
+        let started = tokio::time::Instant::now();
+        let wound_up = cancelled_after(
+            async {
+                token.cancelled().await;
+                "wound up"
+            },
+            limit,
+            &token,
+        )
+        .await;
+        assert_eq!(wound_up, "wound up");
+        assert!(started.elapsed() >= limit);
+
+        let token = CancellationToken::new();
+        let quick = cancelled_after(tokio::time::sleep(limit / 2), limit, &token).await;
+        assert_eq!(quick, ());
+        tokio::time::sleep(limit).await;
+        assert!(!token.is_cancelled());
     }
 }
