@@ -63,6 +63,7 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
+        // Dropped after the lock is let go: its guard stops the renewer.
         let entry = lock(&self.register).held.remove(&self.key);
         drop(entry);
     }

@@ -221,10 +221,10 @@ async fn cancelled_after<F: Future>(
 ) -> F::Output {
     let mut future = std::pin::pin!(future);
     let mut timer = std::pin::pin!(tokio::time::sleep(limit));
-    let mut passed = false;
     std::future::poll_fn(|cx| {
-        if !passed && timer.as_mut().poll(cx).is_ready() {
-            passed = true;
+        // A token already cancelled (the limit passed, or an interrupt)
+        // needs the timer no more.
+        if !token.is_cancelled() && timer.as_mut().poll(cx).is_ready() {
             token.cancel();
         }
         future.as_mut().poll(cx)
