@@ -12,7 +12,9 @@
 //! before use and dropped when it does not answer. A caller takes a
 //! connection from the pool (a new one, or one sqlx holds) only while
 //! fewer than its maximum are out here; otherwise it waits its turn for
-//! one a statement is done with, up to the pool's acquire timeout.
+//! one a statement is done with, or for the place of one that went back
+//! to sqlx (it then takes one from the pool), up to the pool's acquire
+//! timeout.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -38,7 +40,10 @@ use crate::sync::lock;
 /// this window fails the statement that takes it, and is then dropped.
 pub(super) const ALIVE_WITHOUT_PING: Duration = Duration::from_millis(500);
 
-type Handed = oneshot::Sender<PoolConnection<Postgres>>;
+/// What a waiting caller is handed: a connection a statement is done
+/// with, or (`None`) the place of one that went back to sqlx, to take a
+/// connection from the pool with.
+type Handed = oneshot::Sender<Option<PoolConnection<Postgres>>>;
 
 pub(super) struct Conns {
     pool: PgPool,
@@ -85,7 +90,7 @@ enum Next {
     Kept(PoolConnection<Postgres>, Instant),
     /// A place out of the pool is the caller's: it takes a connection.
     FromPool,
-    Wait(oneshot::Receiver<PoolConnection<Postgres>>),
+    Wait(oneshot::Receiver<Option<PoolConnection<Postgres>>>),
 }
 
 impl Conns {
@@ -132,25 +137,33 @@ impl Conns {
                     }
                     return Ok(conn);
                 }
-                Next::FromPool => {
-                    let place = Place(Some(self));
-                    let conn = self.pool.acquire().await?;
-                    return Ok(Conn { conn, place });
-                }
+                Next::FromPool => return self.take_from_pool().await,
                 Next::Wait(taken) => {
                     let mut wait = Waiter { taken, home: self };
-                    match tokio::time::timeout(self.patience, &mut wait.taken).await {
-                        Ok(Ok(conn)) => return Ok(self.conn(conn)),
+                    let handed = match tokio::time::timeout(self.patience, &mut wait.taken).await {
+                        Ok(Ok(handed)) => handed,
                         // Closed: the pool says so.
                         Ok(Err(_)) => continue,
                         Err(_) => match wait.stop() {
-                            Some(conn) => return Ok(self.conn(conn)),
+                            Some(handed) => handed,
                             None => return Err(sqlx::Error::PoolTimedOut),
                         },
-                    }
+                    };
+                    return match handed {
+                        Some(conn) => Ok(self.conn(conn)),
+                        None => self.take_from_pool().await,
+                    };
                 }
             }
         }
+    }
+
+    /// A connection from the pool, in a place out of it that is the
+    /// caller's.
+    async fn take_from_pool(&self) -> Result<Conn<'_>, sqlx::Error> {
+        let place = Place(Some(self));
+        let conn = self.pool.acquire().await?;
+        Ok(Conn { conn, place })
     }
 
     fn conn(&self, conn: PoolConnection<Postgres>) -> Conn<'_> {
@@ -172,13 +185,29 @@ impl Conns {
             return;
         }
         while let Some(handed) = kept.waiting.pop_front() {
-            match handed.send(conn) {
-                Ok(()) => return,
-                // That caller went away.
-                Err(back) => conn = back,
-            }
+            // Sent, or (never) bounced without it.
+            let Err(Some(back)) = handed.send(Some(conn)) else {
+                return;
+            };
+            // That caller went away.
+            conn = back;
         }
         kept.idle.push((conn, Instant::now()));
+    }
+
+    /// Gives up a place out of the pool whose connection went back to
+    /// sqlx: to the first caller still waiting, who takes a connection
+    /// from the pool in it, else back to the pool. (A caller waiting only
+    /// for connections that statements are done with would wait out its
+    /// timeout once the others' statements failed.)
+    fn give_up_place(&self) {
+        let mut kept = lock(&self.kept);
+        while let Some(handed) = kept.waiting.pop_front() {
+            if handed.send(None).is_ok() {
+                return;
+            }
+        }
+        kept.out -= 1;
     }
 
     /// A transaction on a connection from [`Conns::get`]; its connection
@@ -234,7 +263,7 @@ struct Place<'a>(Option<&'a Conns>);
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         if let Some(conns) = self.0 {
-            lock(&conns.kept).out -= 1;
+            conns.give_up_place();
         }
     }
 }
@@ -242,13 +271,13 @@ impl Drop for Place<'_> {
 /// A caller waiting for a connection a statement is done with. One handed
 /// over just as the caller went away is kept for the next.
 struct Waiter<'a> {
-    taken: oneshot::Receiver<PoolConnection<Postgres>>,
+    taken: oneshot::Receiver<Option<PoolConnection<Postgres>>>,
     home: &'a Conns,
 }
 
 impl Waiter<'_> {
-    /// Stops waiting: answers a connection handed over meanwhile.
-    fn stop(&mut self) -> Option<PoolConnection<Postgres>> {
+    /// Stops waiting: answers what was handed over meanwhile.
+    fn stop(&mut self) -> Option<Option<PoolConnection<Postgres>>> {
         self.taken.close();
         self.taken.try_recv().ok()
     }
@@ -256,8 +285,10 @@ impl Waiter<'_> {
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        if let Some(conn) = self.stop() {
-            self.home.keep(conn);
+        match self.stop() {
+            Some(Some(conn)) => self.home.keep(conn),
+            Some(None) => self.home.give_up_place(),
+            None => {}
         }
     }
 }
@@ -402,6 +433,40 @@ mod tests {
         assert_eq!(one, 1);
         conns.close().await;
         assert!(sqlx::query("SELECT 1").execute(&*conns).await.is_err());
+    }
+
+    /// A connection whose statement failed goes back to sqlx; its place
+    /// goes to the caller waiting, who takes a connection from the pool
+    /// in it instead of waiting out its timeout for one a statement is
+    /// done with.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_statements_place_goes_to_the_caller_waiting() {
+        let (pool, released) = counted_pool(1, Duration::from_secs(30));
+        let conns = Arc::new(Conns::new(pool));
+        let mut held = conns.get().await.unwrap();
+        let waiting = tokio::spawn({
+            let conns = conns.clone();
+            async move {
+                let mut conn = conns.get().await?;
+                let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut *conn).await?;
+                conn.done();
+                Ok::<_, sqlx::Error>(one)
+            }
+        });
+        while lock(&conns.kept).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert!(sqlx::query("SELECT 1/0").execute(&mut *held).await.is_err());
+        // Not kept: the connection goes back to sqlx.
+        drop(held);
+        assert_eq!(waiting.await.unwrap().unwrap(), 1);
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+        let counts = {
+            let kept = lock(&conns.kept);
+            (kept.out, kept.idle.len(), kept.waiting.len())
+        };
+        assert_eq!(counts, (1, 1, 0));
+        conns.close().await;
     }
 
     /// A caller that gives up waiting (its own timeout, or it went away)
