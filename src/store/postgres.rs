@@ -65,6 +65,7 @@ mod bus;
 mod checkpoints;
 mod conns;
 mod events;
+mod grouped;
 mod kv;
 mod leases;
 mod quota;
@@ -314,6 +315,8 @@ fn migrator() -> Migrator {
 /// The PostgreSQL [`Store`].
 pub struct PostgresStore {
     pool: Conns,
+    /// Batches waiting to be written with others.
+    queue: grouped::Queue,
 }
 
 impl PostgresStore {
@@ -367,6 +370,7 @@ impl PostgresStore {
             .map_err(|err| StoreError::Io(format!("migrating the schema: {err}")))?;
         Ok(PostgresStore {
             pool: Conns::new(pool),
+            queue: grouped::Queue::default(),
         })
     }
 }

@@ -76,6 +76,11 @@ impl PostgresFixture {
             database: TestDatabase::create(&test_server()).await,
         }
     }
+
+    /// How to connect to the fixture's database.
+    pub(crate) fn options(&self) -> sqlx::postgres::PgConnectOptions {
+        self.database.options()
+    }
 }
 
 /// A connection that died while idle in the pool (the database restarted,

@@ -1,0 +1,245 @@
+//! Batches of several sessions written together: one round trip where
+//! each would have taken one.
+//!
+//! A batch that does not make its session is queued, and its writer waits
+//! for a connection. The writer that gets one takes the queued batches (the
+//! oldest first, at most [`MOST`], one of each session) and writes them in
+//! one statement ([`GROUP`]), or alone, as without grouping, when it took
+//! only one ([`BATCH`]). A writer whose batch another took waits for that
+//! one's answer and takes no connection. So batches group only while
+//! every connection is busy: a store with a connection free writes each
+//! batch at once and alone, and a busy one writes more batches per round
+//! trip instead of queueing more round trips.
+//!
+//! A group that PostgreSQL refuses (one batch's clash fails the whole
+//! statement) is written again batch by batch, each by its own writer, so
+//! that a batch fails only when it fails alone. A group whose connection
+//! failed fails every batch in it: whether it committed is unknown, as it
+//! is for one batch alone.
+//!
+//! [`GROUP`]: super::events::GROUP
+//! [`BATCH`]: super::events
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::PostgresStore;
+use super::conns::Conn;
+use super::events::{Encoded, group, no_session, write_one};
+use crate::store::StoreError;
+use crate::sync::lock;
+
+/// The most batches one statement writes.
+const MOST: usize = 64;
+
+/// The batches waiting to be written.
+#[derive(Default)]
+pub(super) struct Queue {
+    queued: Mutex<Queued>,
+    /// Statements that wrote two batches or more, and the batches they
+    /// wrote.
+    #[cfg(test)]
+    groups: std::sync::atomic::AtomicUsize,
+    #[cfg(test)]
+    grouped: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Default)]
+struct Queued {
+    /// The next batch's ticket.
+    next: u64,
+    /// The oldest first.
+    batches: VecDeque<Waiting>,
+}
+
+struct Waiting {
+    ticket: u64,
+    session: Uuid,
+    encoded: Encoded,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// What the writer that took a batch tells the batch's own writer.
+enum Answer {
+    /// Committed; whether the batch's session was found.
+    Stored {
+        found: bool,
+    },
+    Failed(StoreError),
+    /// The group was refused: the batch is to be written alone.
+    Alone(Box<Encoded>),
+}
+
+impl Queue {
+    /// Queues a batch; answers its ticket.
+    fn push(&self, session: Uuid, encoded: Encoded, answer: oneshot::Sender<Answer>) -> u64 {
+        let mut queued = lock(&self.queued);
+        let ticket = queued.next;
+        queued.next += 1;
+        queued.batches.push_back(Waiting {
+            ticket,
+            session,
+            encoded,
+            answer,
+        });
+        ticket
+    }
+
+    /// Takes the batch of `ticket` back, if no writer took it.
+    fn withdraw(&self, ticket: u64) -> bool {
+        let mut queued = lock(&self.queued);
+        let at = queued.batches.iter().position(|b| b.ticket == ticket);
+        at.and_then(|at| queued.batches.remove(at)).is_some()
+    }
+
+    /// The batches to write next: the oldest first, at most [`MOST`], one
+    /// of each session (a session's later batch waits for the next
+    /// group, after its earlier one). Those whose writers went away are
+    /// dropped unwritten.
+    fn take(&self) -> Vec<Waiting> {
+        let mut queued = lock(&self.queued);
+        let mut group: Vec<Waiting> = Vec::new();
+        let mut left = VecDeque::new();
+        while let Some(batch) = queued.batches.pop_front() {
+            if batch.answer.is_closed() {
+                continue;
+            }
+            if group.len() == MOST {
+                left.push_back(batch);
+                left.append(&mut queued.batches);
+                break;
+            }
+            let session = batch.session;
+            let same = |other: &Waiting| other.session == session;
+            if group.iter().any(same) || left.iter().any(same) {
+                left.push_back(batch);
+            } else {
+                group.push(batch);
+            }
+        }
+        queued.batches = left;
+        group
+    }
+}
+
+impl PostgresStore {
+    /// Writes a batch that does not make its session, with the batches of
+    /// other sessions waiting when it is written (see the module's docs).
+    pub(super) async fn append_grouped(
+        &self,
+        session: Uuid,
+        encoded: Encoded,
+    ) -> Result<(), StoreError> {
+        let needs_its_session = encoded.needs_its_session();
+        let (answer, mut answered) = oneshot::channel();
+        let ticket = self.queue.push(session, encoded, answer);
+        let answer = loop {
+            let conn = tokio::select! {
+                biased;
+                answer = &mut answered => break answer,
+                conn = self.pool.get() => conn,
+            };
+            let conn = match conn {
+                Ok(conn) => conn,
+                Err(err) if self.queue.withdraw(ticket) => return Err(err.into()),
+                // Another writer has it.
+                Err(_) => break answered.await,
+            };
+            let batches = self.queue.take();
+            if batches.is_empty() {
+                // Ours too was taken by another writer.
+                conn.done();
+                break answered.await;
+            }
+            #[cfg(test)]
+            if batches.len() > 1 {
+                use std::sync::atomic::Ordering::SeqCst;
+                self.queue.groups.fetch_add(1, SeqCst);
+                self.queue.grouped.fetch_add(batches.len(), SeqCst);
+            }
+            // Ours was among them (answered by now) or is still queued.
+            write(conn, batches).await;
+        };
+        let found = match answer {
+            Ok(Answer::Stored { found }) => found,
+            Ok(Answer::Failed(err)) => return Err(err),
+            Ok(Answer::Alone(encoded)) => {
+                let mut conn = self.pool.get().await?;
+                let found = write_one(&mut conn, session, &encoded).await?;
+                conn.done();
+                found
+            }
+            Err(_) => {
+                return Err(StoreError::Io(format!(
+                    "the write of a batch of session {session} was interrupted; \
+                     whether it was stored is unknown"
+                )));
+            }
+        };
+        if !found && needs_its_session {
+            return Err(no_session(session));
+        }
+        Ok(())
+    }
+}
+
+/// Writes `batches` on `conn` and answers each one's writer.
+async fn write(mut conn: Conn<'_>, batches: Vec<Waiting>) {
+    if let [one] = &batches[..] {
+        let result = write_one(&mut conn, one.session, &one.encoded).await;
+        if result.is_ok() {
+            conn.done();
+        }
+        for batch in batches {
+            let answer = match &result {
+                Ok(found) => Answer::Stored { found: *found },
+                Err(err) => Answer::Failed(copied(err)),
+            };
+            // A writer gone away wants no answer.
+            let _ = batch.answer.send(answer);
+        }
+        return;
+    }
+    let result = group(batches.iter().map(|b| (b.session, &b.encoded)))
+        .fetch_all(&mut *conn)
+        .await;
+    match result {
+        Ok(found) => {
+            conn.done();
+            for batch in batches {
+                let found = found.contains(&batch.session);
+                let _ = batch.answer.send(Answer::Stored { found });
+            }
+        }
+        // Refused: nothing of it was stored.
+        Err(sqlx::Error::Database(err)) => {
+            tracing::debug!(batches = batches.len(), error = %err, "a group of batches was refused; each is written alone");
+            for batch in batches {
+                let _ = batch.answer.send(Answer::Alone(Box::new(batch.encoded)));
+            }
+        }
+        Err(err) => {
+            let err = StoreError::from(err);
+            for batch in batches {
+                let _ = batch.answer.send(Answer::Failed(copied(&err)));
+            }
+        }
+    }
+}
+
+/// The same error, for another batch of the same write.
+fn copied(err: &StoreError) -> StoreError {
+    match err {
+        StoreError::Io(message) => StoreError::Io(message.clone()),
+        StoreError::Corrupt(message) => StoreError::Corrupt(message.clone()),
+        StoreError::Closed => StoreError::Closed,
+        StoreError::Conflict(message) => StoreError::Conflict(message.clone()),
+    }
+}
+
+#[cfg(test)]
+#[path = "grouped_tests.rs"]
+mod tests;
