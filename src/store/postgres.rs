@@ -370,7 +370,7 @@ impl PostgresStore {
             .map_err(|err| StoreError::Io(format!("migrating the schema: {err}")))?;
         Ok(PostgresStore {
             pool: Conns::new(pool),
-            queue: grouped::Queue::default(),
+            queue: grouped::Queue::new(connections),
         })
     }
 }

@@ -2,14 +2,16 @@
 //! each would have taken one.
 //!
 //! A batch that does not make its session is queued, and its writer waits
-//! for a connection. The writer that gets one takes the queued batches (the
-//! oldest first, at most [`MOST`], one of each session) and writes them in
-//! one statement ([`GROUP`]), or alone, as without grouping, when it took
-//! only one ([`BATCH`]). A writer whose batch another took waits for that
-//! one's answer and takes no connection. So batches group only while
-//! every connection is busy: a store with a connection free writes each
-//! batch at once and alone, and a busy one writes more batches per round
-//! trip instead of queueing more round trips.
+//! for one of the store's lanes (half its connections, at least one) and
+//! then a connection. The writer that gets both takes the queued batches
+//! (the oldest first, at most [`MOST`], one of each session) and writes
+//! them in one statement ([`GROUP`]), or alone, as without grouping, when
+//! it took only one ([`BATCH`]). A writer whose batch another took waits
+//! for that one's answer and takes neither. So batches group only while
+//! the lanes are busy: a quiet store writes each batch at once and alone,
+//! and a busy one writes more batches per round trip instead of queueing
+//! more round trips, with half its connections left for taking turns and
+//! reading.
 //!
 //! A group that PostgreSQL refuses (one batch's clash fails the whole
 //! statement) is written again batch by batch, each by its own writer, so
@@ -36,9 +38,13 @@ use crate::sync::lock;
 const MOST: usize = 64;
 
 /// The batches waiting to be written.
-#[derive(Default)]
 pub(super) struct Queue {
     queued: Mutex<Queued>,
+    /// Writes of batches under way at once: at most half the store's
+    /// connections (at least one), so that the rest stay for taking turns
+    /// and reading, and batches that come while they run wait to go
+    /// together.
+    lanes: tokio::sync::Semaphore,
     /// Statements that wrote two batches or more, and the batches they
     /// wrote.
     #[cfg(test)]
@@ -74,6 +80,20 @@ enum Answer {
 }
 
 impl Queue {
+    /// The queue of a store of `connections`: batches are written on at
+    /// most half of them at once.
+    pub(super) fn new(connections: u32) -> Queue {
+        let lanes = usize::try_from(connections / 2).unwrap_or(1).max(1);
+        Queue {
+            queued: Mutex::default(),
+            lanes: tokio::sync::Semaphore::new(lanes),
+            #[cfg(test)]
+            groups: Default::default(),
+            #[cfg(test)]
+            grouped: Default::default(),
+        }
+    }
+
     /// Queues a batch; answers its ticket.
     fn push(&self, session: Uuid, encoded: Encoded, answer: oneshot::Sender<Answer>) -> u64 {
         let mut queued = lock(&self.queued);
@@ -137,6 +157,11 @@ impl PostgresStore {
         let (answer, mut answered) = oneshot::channel();
         let ticket = self.queue.push(session, encoded, answer);
         let answer = loop {
+            let lane = tokio::select! {
+                biased;
+                answer = &mut answered => break answer,
+                lane = self.queue.lanes.acquire() => lane.ok(),
+            };
             let conn = tokio::select! {
                 biased;
                 answer = &mut answered => break answer,
@@ -162,6 +187,7 @@ impl PostgresStore {
             }
             // Ours was among them (answered by now) or is still queued.
             write(conn, batches).await;
+            drop(lane);
         };
         let found = match answer {
             Ok(Answer::Stored { found }) => found,

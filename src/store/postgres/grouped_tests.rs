@@ -15,8 +15,8 @@ use crate::model::Message;
 use crate::protocol::{Event, SessionStatus, Usage};
 use crate::store::conformance::{PostgresFixture, event, session};
 use crate::store::{
-    Batch, EventStore, LeaseStore, Release, SessionState, SessionStore, StoreError, UsageCounts,
-    UsageRow, UsageStore,
+    Batch, EventStore, LeaseStore, Release, SessionState, SessionStore, Store, StoreError,
+    TurnLease, UsageCounts, UsageRow, UsageStore,
 };
 use crate::sync::lock;
 
@@ -290,4 +290,63 @@ async fn a_batch_whose_writer_went_away_while_it_waited_is_not_written() {
     );
     assert_eq!(store.last_seq(left.id).await.unwrap(), 0);
     assert!(lock(&store.queue.queued).batches.is_empty());
+}
+
+/// Batches are written on at most half the store's connections: while
+/// its one lane of two connections is busy, batches wait (to go
+/// together) and the other connection still serves a read and a turn's
+/// take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_leave_half_the_connections_to_turns_and_reads() {
+    let fixture = PostgresFixture::new().await;
+    let store = Arc::new(PostgresStore::connect(fixture.options(), 2).await.unwrap());
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        let record = session(None, Utc::now());
+        store.create_session(&record).await.unwrap();
+        sessions.push(record);
+    }
+    let writes: Vec<Write> = sessions
+        .iter()
+        .map(|record| Write {
+            events: vec![event(record.id, 1)],
+            ..Write::default()
+        })
+        .collect();
+
+    let lane = store.queue.lanes.acquire().await.unwrap();
+    let tasks: Vec<_> = sessions
+        .iter()
+        .zip(&writes)
+        .map(|(record, write)| spawn_write(&store, record.id, write.clone()))
+        .collect();
+    queued(&store, 3).await;
+    assert_eq!(
+        store.get_session(sessions[0].id).await.unwrap().as_ref(),
+        Some(&sessions[0])
+    );
+    let taken = store
+        .take_turn(sessions[1].id, ("turn:1", "me"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(matches!(taken, TurnLease::Held(_)), "{taken:?}");
+    assert_eq!(lock(&store.queue.queued).batches.len(), 3, "still waiting");
+    drop(lane);
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+
+    assert_eq!(
+        (
+            store.queue.groups.load(SeqCst),
+            store.queue.grouped.load(SeqCst)
+        ),
+        (1, 3)
+    );
+    for (record, write) in sessions.iter().zip(&writes) {
+        assert_eq!(
+            store.events_since(record.id, 0, 10).await.unwrap(),
+            write.events
+        );
+    }
 }
