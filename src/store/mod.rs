@@ -61,7 +61,9 @@ impl SessionFilter {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Cloned for each caller of a write that several share (a grouped or
+/// queued transaction).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store I/O: {0}")]
     Io(String),

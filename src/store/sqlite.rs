@@ -298,12 +298,12 @@ impl SqliteStore {
     {
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
-            let outcome = conn.map_err(duplicate).and_then(work);
+            let outcome = conn.map_err(StoreError::clone).and_then(work);
             Box::new(move |end| {
                 // A job's own error says more than its transaction's; the
                 // caller may have stopped waiting, which is no error here.
-                let _ =
-                    reply.send(outcome.and_then(|value| end.map(|()| value).map_err(duplicate)));
+                let _ = reply
+                    .send(outcome.and_then(|value| end.map(|()| value).map_err(StoreError::clone)));
             })
         });
         self.jobs
@@ -346,7 +346,7 @@ fn write_loop(conn: Connection, mut queue: mpsc::Receiver<Request>, copied: &Ato
     }
     let closed = shut_down(conn);
     for reply in closers {
-        let _ = reply.send(closed.as_ref().copied().map_err(duplicate));
+        let _ = reply.send(closed.as_ref().copied().map_err(StoreError::clone));
     }
 }
 
@@ -415,16 +415,6 @@ fn shut_down(conn: Connection) -> Result<(), StoreError> {
 impl From<rusqlite::Error> for StoreError {
     fn from(err: rusqlite::Error) -> StoreError {
         StoreError::Io(err.to_string())
-    }
-}
-
-/// The same error again, for each caller of a transaction that failed.
-fn duplicate(err: &StoreError) -> StoreError {
-    match err {
-        StoreError::Io(message) => StoreError::Io(message.clone()),
-        StoreError::Corrupt(message) => StoreError::Corrupt(message.clone()),
-        StoreError::Closed => StoreError::Closed,
-        StoreError::Conflict(message) => StoreError::Conflict(message.clone()),
     }
 }
 

@@ -6,8 +6,9 @@
 //! then a connection. The writer that gets both takes the queued batches
 //! (the oldest first, at most [`MOST`], one of each session) and writes
 //! them in one statement ([`GROUP`]), or alone, as without grouping, when
-//! it took only one ([`BATCH`]). A writer whose batch another took waits
-//! for that one's answer and takes neither. So batches group only while
+//! it took only one ([`BATCH`]). A writer whose batch another took stops
+//! waiting for a lane or a connection (one it got first it gives back at
+//! once) and waits for that one's answer. So batches group only while
 //! the lanes are busy: a quiet store writes each batch at once and alone,
 //! and a busy one writes more batches per round trip instead of queueing
 //! more round trips, with half its connections left for taking turns and
@@ -214,19 +215,19 @@ impl PostgresStore {
 
 /// Writes `batches` on `conn` and answers each one's writer.
 async fn write(mut conn: Conn<'_>, batches: Vec<Waiting>) {
-    if let [one] = &batches[..] {
-        let result = write_one(&mut conn, one.session, &one.encoded).await;
-        if result.is_ok() {
-            conn.done();
-        }
-        for batch in batches {
-            let answer = match &result {
-                Ok(found) => Answer::Stored { found: *found },
-                Err(err) => Answer::Failed(copied(err)),
-            };
-            // A writer gone away wants no answer.
-            let _ = batch.answer.send(answer);
-        }
+    if batches.len() == 1 {
+        let Some(one) = batches.into_iter().next() else {
+            return;
+        };
+        let answer = match write_one(&mut conn, one.session, &one.encoded).await {
+            Ok(found) => {
+                conn.done();
+                Answer::Stored { found }
+            }
+            Err(err) => Answer::Failed(err),
+        };
+        // A writer gone away wants no answer.
+        let _ = one.answer.send(answer);
         return;
     }
     let result = group(batches.iter().map(|b| (b.session, &b.encoded)))
@@ -250,19 +251,9 @@ async fn write(mut conn: Conn<'_>, batches: Vec<Waiting>) {
         Err(err) => {
             let err = StoreError::from(err);
             for batch in batches {
-                let _ = batch.answer.send(Answer::Failed(copied(&err)));
+                let _ = batch.answer.send(Answer::Failed(err.clone()));
             }
         }
-    }
-}
-
-/// The same error, for another batch of the same write.
-fn copied(err: &StoreError) -> StoreError {
-    match err {
-        StoreError::Io(message) => StoreError::Io(message.clone()),
-        StoreError::Corrupt(message) => StoreError::Corrupt(message.clone()),
-        StoreError::Closed => StoreError::Closed,
-        StoreError::Conflict(message) => StoreError::Conflict(message.clone()),
     }
 }
 
