@@ -61,6 +61,7 @@ macro_rules! take_lease {
     };
 }
 
+mod batches;
 mod bus;
 mod checkpoints;
 mod conns;
@@ -70,6 +71,7 @@ mod kv;
 mod leases;
 mod quota;
 mod sessions;
+mod takes;
 mod usage;
 
 /// Connections a store opened without a size holds at most (a replica's
@@ -315,8 +317,10 @@ fn migrator() -> Migrator {
 /// The PostgreSQL [`Store`].
 pub struct PostgresStore {
     pool: Conns,
-    /// Batches waiting to be written with others.
-    queue: grouped::Queue,
+    /// Log batches waiting to be written with others.
+    batches: grouped::Queue<events::Encoded>,
+    /// Turn takes waiting to be done with others.
+    takes: grouped::Queue<takes::Take>,
 }
 
 impl PostgresStore {
@@ -370,7 +374,8 @@ impl PostgresStore {
             .map_err(|err| StoreError::Io(format!("migrating the schema: {err}")))?;
         Ok(PostgresStore {
             pool: Conns::new(pool),
-            queue: grouped::Queue::new(connections),
+            batches: grouped::Queue::new(connections),
+            takes: grouped::Queue::new(connections),
         })
     }
 }
@@ -450,7 +455,7 @@ impl Store for PostgresStore {
         lease: (&str, &str),
         ttl: std::time::Duration,
     ) -> Result<crate::store::TurnLease, StoreError> {
-        sessions::take_turn(self, session, lease, ttl).await
+        takes::take_turn(self, session, lease, ttl).await
     }
 }
 

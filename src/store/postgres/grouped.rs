@@ -1,92 +1,90 @@
-//! Batches of several sessions written together: one round trip where
-//! each would have taken one.
+//! Writes of several sessions done together: one round trip where each
+//! would have taken one. Two kinds go this way: log batches that do not
+//! make their session ([`super::events`]) and the statements that take a
+//! session's turn ([`super::sessions`]).
 //!
-//! A batch that does not make its session is queued, and its writer waits
-//! for one of the store's lanes (half its connections, at least one) and
-//! then a connection. The writer that gets both takes the queued batches
-//! (the oldest first, at most [`MOST`], one of each session) and writes
-//! them in one statement ([`GROUP`]), or alone, as without grouping, when
-//! it took only one ([`BATCH`]). A writer whose batch another took stops
-//! waiting for a lane or a connection (one it got first it gives back at
-//! once) and waits for that one's answer. So batches group only while
-//! the lanes are busy: a quiet store writes each batch at once and alone,
-//! and a busy one writes more batches per round trip instead of queueing
-//! more round trips, with half its connections left for taking turns and
-//! reading.
+//! A write is queued, and its caller waits for one of its kind's lanes
+//! (half the store's connections, at least one) and then a connection.
+//! The caller that gets both takes the queued writes of its kind (the
+//! oldest first, at most [`MOST`], one of each session) and does them in
+//! one statement, or alone, as without grouping, when it took only one.
+//! A caller whose write another took stops waiting for a lane or a
+//! connection (one it got first it gives back at once) and waits for
+//! that one's answer. So writes group only while their lanes are busy: a
+//! quiet store does each at once and alone, and a busy one does more
+//! writes per round trip instead of queueing more round trips. Batches
+//! and turns have lanes of their own, so neither waits behind the other.
 //!
-//! A group that PostgreSQL refuses (one batch's clash fails the whole
-//! statement) is written again batch by batch, each by its own writer, so
-//! that a batch fails only when it fails alone. A group whose connection
-//! failed fails every batch in it: whether it committed is unknown, as it
-//! is for one batch alone.
-//!
-//! [`GROUP`]: super::events::GROUP
-//! [`BATCH`]: super::events
+//! A group that PostgreSQL refuses (one write's clash fails the whole
+//! statement, or a deadlock with another group) is done again write by
+//! write, each by its own caller, so that a write fails only when it
+//! fails alone. A group whose connection failed fails every write in it:
+//! whether it committed is unknown, as it is for one write alone.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::PostgresStore;
-use super::conns::Conn;
-use super::events::{Encoded, group, no_session, write_one};
+use super::conns::{Conn, Conns};
 use crate::store::StoreError;
 use crate::sync::lock;
 
-/// The most batches one statement writes.
+/// The most writes one statement does.
 const MOST: usize = 64;
 
-/// The batches waiting to be written.
-pub(super) struct Queue {
-    queued: Mutex<Queued>,
-    /// Writes of batches under way at once: at most half the store's
-    /// connections (at least one), so that the rest stay for taking turns
-    /// and reading, and batches that come while they run wait to go
-    /// together.
-    lanes: tokio::sync::Semaphore,
-    /// Statements that wrote two batches or more, and the batches they
-    /// wrote.
-    #[cfg(test)]
-    groups: std::sync::atomic::AtomicUsize,
-    #[cfg(test)]
-    grouped: std::sync::atomic::AtomicUsize,
+/// A kind of write that can be grouped.
+pub(super) trait Work: Send + Sized {
+    /// What the caller that did a write tells the write's own caller.
+    type Answer: Send;
+
+    /// Does `group` (at least one write, at most one of each session, the
+    /// oldest first) on `conn` and answers each write's caller.
+    fn write(conn: Conn<'_>, group: Vec<Waiting<Self>>) -> impl Future<Output = ()> + Send;
 }
 
-#[derive(Default)]
-struct Queued {
-    /// The next batch's ticket.
+/// The writes of one kind waiting to be done.
+pub(super) struct Queue<W: Work> {
+    queued: Mutex<Queued<W>>,
+    /// Writes of this kind under way at once: at most half the store's
+    /// connections (at least one), so that the rest stay for the other
+    /// kind and for reading, and writes that come while these run wait to
+    /// go together.
+    lanes: tokio::sync::Semaphore,
+    /// Statements that did two writes or more, and the writes they did.
+    #[cfg(test)]
+    pub(super) groups: std::sync::atomic::AtomicUsize,
+    #[cfg(test)]
+    pub(super) grouped: std::sync::atomic::AtomicUsize,
+}
+
+struct Queued<W: Work> {
+    /// The next write's ticket.
     next: u64,
     /// The oldest first.
-    batches: VecDeque<Waiting>,
+    writes: VecDeque<Waiting<W>>,
 }
 
-struct Waiting {
+/// A queued write and where its answer goes.
+pub(super) struct Waiting<W: Work> {
     ticket: u64,
-    session: Uuid,
-    encoded: Encoded,
-    answer: oneshot::Sender<Answer>,
+    pub(super) session: Uuid,
+    pub(super) work: W,
+    pub(super) answer: oneshot::Sender<W::Answer>,
 }
 
-/// What the writer that took a batch tells the batch's own writer.
-enum Answer {
-    /// Committed; whether the batch's session was found.
-    Stored {
-        found: bool,
-    },
-    Failed(StoreError),
-    /// The group was refused: the batch is to be written alone.
-    Alone(Box<Encoded>),
-}
-
-impl Queue {
-    /// The queue of a store of `connections`: batches are written on at
-    /// most half of them at once.
-    pub(super) fn new(connections: u32) -> Queue {
+impl<W: Work> Queue<W> {
+    /// The queue of a store of `connections`: writes of this kind are
+    /// done on at most half of them at once.
+    pub(super) fn new(connections: u32) -> Queue<W> {
         let lanes = usize::try_from(connections / 2).unwrap_or(1).max(1);
         Queue {
-            queued: Mutex::default(),
+            queued: Mutex::new(Queued {
+                next: 0,
+                writes: VecDeque::new(),
+            }),
             lanes: tokio::sync::Semaphore::new(lanes),
             #[cfg(test)]
             groups: Default::default(),
@@ -95,168 +93,120 @@ impl Queue {
         }
     }
 
-    /// Queues a batch; answers its ticket.
-    fn push(&self, session: Uuid, encoded: Encoded, answer: oneshot::Sender<Answer>) -> u64 {
+    /// Queues a write; answers its ticket.
+    fn push(&self, session: Uuid, work: W, answer: oneshot::Sender<W::Answer>) -> u64 {
         let mut queued = lock(&self.queued);
         let ticket = queued.next;
         queued.next += 1;
-        queued.batches.push_back(Waiting {
+        queued.writes.push_back(Waiting {
             ticket,
             session,
-            encoded,
+            work,
             answer,
         });
         ticket
     }
 
-    /// Takes the batch of `ticket` back, if no writer took it.
+    /// Takes the write of `ticket` back, if no caller took it.
     fn withdraw(&self, ticket: u64) -> bool {
         let mut queued = lock(&self.queued);
-        let at = queued.batches.iter().position(|b| b.ticket == ticket);
-        at.and_then(|at| queued.batches.remove(at)).is_some()
+        let at = queued.writes.iter().position(|w| w.ticket == ticket);
+        at.and_then(|at| queued.writes.remove(at)).is_some()
     }
 
-    /// The batches to write next: the oldest first, at most [`MOST`], one
-    /// of each session (a session's later batch waits for the next
-    /// group, after its earlier one). Those whose writers went away are
-    /// dropped unwritten.
-    fn take(&self) -> Vec<Waiting> {
+    /// The writes to do next: the oldest first, at most [`MOST`], one of
+    /// each session (a session's later write waits for the next group,
+    /// after its earlier one). Those whose callers went away are dropped
+    /// undone.
+    fn take(&self) -> Vec<Waiting<W>> {
         let mut queued = lock(&self.queued);
-        let mut group: Vec<Waiting> = Vec::new();
+        let mut group: Vec<Waiting<W>> = Vec::new();
         let mut left = VecDeque::new();
-        while let Some(batch) = queued.batches.pop_front() {
-            if batch.answer.is_closed() {
+        while let Some(write) = queued.writes.pop_front() {
+            if write.answer.is_closed() {
                 continue;
             }
             if group.len() == MOST {
-                left.push_back(batch);
-                left.append(&mut queued.batches);
+                left.push_back(write);
+                left.append(&mut queued.writes);
                 break;
             }
-            let session = batch.session;
-            let same = |other: &Waiting| other.session == session;
+            let session = write.session;
+            let same = |other: &Waiting<W>| other.session == session;
             if group.iter().any(same) || left.iter().any(same) {
-                left.push_back(batch);
+                left.push_back(write);
             } else {
-                group.push(batch);
+                group.push(write);
             }
         }
-        queued.batches = left;
+        queued.writes = left;
         group
     }
-}
 
-impl PostgresStore {
-    /// Writes a batch that does not make its session, with the batches of
-    /// other sessions waiting when it is written (see the module's docs).
-    pub(super) async fn append_grouped(
+    /// How many writes wait.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        lock(&self.queued).writes.len()
+    }
+
+    /// One of this kind's lanes, held until dropped.
+    #[cfg(test)]
+    pub(super) async fn lane(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.lanes
+            .acquire()
+            .await
+            .expect("the lanes are never closed")
+    }
+
+    /// Does `work` with the writes of other sessions waiting when it is
+    /// done (see the module's docs); answers what its doer answered.
+    /// `what` names it in the error of a write whose doer went away.
+    pub(super) async fn submit(
         &self,
+        pool: &Conns,
         session: Uuid,
-        encoded: Encoded,
-    ) -> Result<(), StoreError> {
-        let needs_its_session = encoded.needs_its_session();
+        work: W,
+        what: &str,
+    ) -> Result<W::Answer, StoreError> {
         let (answer, mut answered) = oneshot::channel();
-        let ticket = self.queue.push(session, encoded, answer);
+        let ticket = self.push(session, work, answer);
         let answer = loop {
             let lane = tokio::select! {
                 biased;
                 answer = &mut answered => break answer,
-                lane = self.queue.lanes.acquire() => lane.ok(),
+                lane = self.lanes.acquire() => lane.ok(),
             };
             let conn = tokio::select! {
                 biased;
                 answer = &mut answered => break answer,
-                conn = self.pool.get() => conn,
+                conn = pool.get() => conn,
             };
             let conn = match conn {
                 Ok(conn) => conn,
-                Err(err) if self.queue.withdraw(ticket) => return Err(err.into()),
-                // Another writer has it.
+                Err(err) if self.withdraw(ticket) => return Err(err.into()),
+                // Another caller has it.
                 Err(_) => break answered.await,
             };
-            let batches = self.queue.take();
-            if batches.is_empty() {
-                // Ours too was taken by another writer.
+            let group = self.take();
+            if group.is_empty() {
+                // Ours too was taken by another caller.
                 conn.done();
                 break answered.await;
             }
             #[cfg(test)]
-            if batches.len() > 1 {
+            if group.len() > 1 {
                 use std::sync::atomic::Ordering::SeqCst;
-                self.queue.groups.fetch_add(1, SeqCst);
-                self.queue.grouped.fetch_add(batches.len(), SeqCst);
+                self.groups.fetch_add(1, SeqCst);
+                self.grouped.fetch_add(group.len(), SeqCst);
             }
             // Ours was among them (answered by now) or is still queued.
-            write(conn, batches).await;
+            W::write(conn, group).await;
             drop(lane);
         };
-        let found = match answer {
-            Ok(Answer::Stored { found }) => found,
-            Ok(Answer::Failed(err)) => return Err(err),
-            Ok(Answer::Alone(encoded)) => {
-                let mut conn = self.pool.get().await?;
-                let found = write_one(&mut conn, session, &encoded).await?;
-                conn.done();
-                found
-            }
-            Err(_) => {
-                return Err(StoreError::Io(format!(
-                    "the write of a batch of session {session} was interrupted; \
-                     whether it was stored is unknown"
-                )));
-            }
-        };
-        if !found && needs_its_session {
-            return Err(no_session(session));
-        }
-        Ok(())
+        answer.map_err(|_| {
+            StoreError::Io(format!(
+                "{what} of session {session} was interrupted; whether it was done is unknown"
+            ))
+        })
     }
 }
-
-/// Writes `batches` on `conn` and answers each one's writer.
-async fn write(mut conn: Conn<'_>, batches: Vec<Waiting>) {
-    if batches.len() == 1 {
-        let Some(one) = batches.into_iter().next() else {
-            return;
-        };
-        let answer = match write_one(&mut conn, one.session, &one.encoded).await {
-            Ok(found) => {
-                conn.done();
-                Answer::Stored { found }
-            }
-            Err(err) => Answer::Failed(err),
-        };
-        // A writer gone away wants no answer.
-        let _ = one.answer.send(answer);
-        return;
-    }
-    let result = group(batches.iter().map(|b| (b.session, &b.encoded)))
-        .fetch_all(&mut *conn)
-        .await;
-    match result {
-        Ok(found) => {
-            conn.done();
-            for batch in batches {
-                let found = found.contains(&batch.session);
-                let _ = batch.answer.send(Answer::Stored { found });
-            }
-        }
-        // Refused: nothing of it was stored.
-        Err(sqlx::Error::Database(err)) => {
-            tracing::debug!(batches = batches.len(), error = %err, "a group of batches was refused; each is written alone");
-            for batch in batches {
-                let _ = batch.answer.send(Answer::Alone(Box::new(batch.encoded)));
-            }
-        }
-        Err(err) => {
-            let err = StoreError::from(err);
-            for batch in batches {
-                let _ = batch.answer.send(Answer::Failed(err.clone()));
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-#[path = "grouped_tests.rs"]
-mod tests;

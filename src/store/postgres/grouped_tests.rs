@@ -18,7 +18,6 @@ use crate::store::{
     Batch, EventStore, LeaseStore, Release, SessionState, SessionStore, Store, StoreError,
     TurnLease, UsageCounts, UsageRow, UsageStore,
 };
-use crate::sync::lock;
 
 async fn one_connection(fixture: &PostgresFixture) -> Arc<PostgresStore> {
     Arc::new(PostgresStore::connect(fixture.options(), 1).await.unwrap())
@@ -26,7 +25,7 @@ async fn one_connection(fixture: &PostgresFixture) -> Arc<PostgresStore> {
 
 /// Returns once `count` batches are queued.
 async fn queued(store: &PostgresStore, count: usize) {
-    while lock(&store.queue.queued).batches.len() < count {
+    while store.batches.len() < count {
         tokio::task::yield_now().await;
     }
 }
@@ -143,8 +142,8 @@ async fn batches_waiting_for_a_connection_are_written_together_each_whole() {
 
     assert_eq!(
         (
-            store.queue.groups.load(SeqCst),
-            store.queue.grouped.load(SeqCst)
+            store.batches.groups.load(SeqCst),
+            store.batches.grouped.load(SeqCst)
         ),
         (1, 6),
         "one statement wrote the six sessions' first batches"
@@ -239,7 +238,7 @@ async fn a_batch_that_fails_a_group_fails_alone_and_the_rest_land() {
         answers.push(task.await.unwrap());
     }
 
-    assert_eq!(store.queue.groups.load(SeqCst), 1, "they were grouped");
+    assert_eq!(store.batches.groups.load(SeqCst), 1, "they were grouped");
     assert!(answers[0].is_ok(), "{:?}", answers[0]);
     assert!(answers[1].is_err(), "the clash fails alone");
     let missing = answers[2].as_ref().unwrap_err().to_string();
@@ -289,7 +288,7 @@ async fn a_batch_whose_writer_went_away_while_it_waited_is_not_written() {
         kept_write.events
     );
     assert_eq!(store.last_seq(left.id).await.unwrap(), 0);
-    assert!(lock(&store.queue.queued).batches.is_empty());
+    assert!(store.batches.len() == 0);
 }
 
 /// Batches are written on at most half the store's connections: while
@@ -314,7 +313,7 @@ async fn batches_leave_half_the_connections_to_turns_and_reads() {
         })
         .collect();
 
-    let lane = store.queue.lanes.acquire().await.unwrap();
+    let lane = store.batches.lane().await;
     let tasks: Vec<_> = sessions
         .iter()
         .zip(&writes)
@@ -330,7 +329,7 @@ async fn batches_leave_half_the_connections_to_turns_and_reads() {
         .await
         .unwrap();
     assert!(matches!(taken, TurnLease::Held(_)), "{taken:?}");
-    assert_eq!(lock(&store.queue.queued).batches.len(), 3, "still waiting");
+    assert_eq!(store.batches.len(), 3, "still waiting");
     drop(lane);
     for task in tasks {
         task.await.unwrap().unwrap();
@@ -338,8 +337,8 @@ async fn batches_leave_half_the_connections_to_turns_and_reads() {
 
     assert_eq!(
         (
-            store.queue.groups.load(SeqCst),
-            store.queue.grouped.load(SeqCst)
+            store.batches.groups.load(SeqCst),
+            store.batches.grouped.load(SeqCst)
         ),
         (1, 3)
     );

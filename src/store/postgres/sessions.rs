@@ -10,10 +10,10 @@ use super::{PostgresStore, bigint, unsigned};
 use crate::model::Message;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus};
 use crate::store::codec::{decode, decode_time, encode, encode_time};
-use crate::store::{SessionEnd, SessionFilter, SessionStore, StoreError, TurnLease};
+use crate::store::{SessionEnd, SessionFilter, SessionStore, StoreError};
 
 /// The columns of `sessions` in the order [`session`] reads them.
-const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
+pub(super) const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
                        created_at, updated_at";
 /// Newest first; `ord` breaks ties between sessions created at one time.
 const NEWEST_FIRST: &str = " ORDER BY created_at DESC, ord DESC";
@@ -89,51 +89,16 @@ pub(super) async fn session_at_end(
 }
 
 /// The columns of `sessions` that [`session_end`] reads after [`COLUMNS`].
-const AT_END: &str = "last_seq, next_message, history_cuts";
+pub(super) const AT_END: &str = "last_seq, next_message, history_cuts";
 
 /// A row of [`COLUMNS`] followed by [`AT_END`].
-fn session_end(row: &PgRow) -> Result<SessionEnd, StoreError> {
+pub(super) fn session_end(row: &PgRow) -> Result<SessionEnd, StoreError> {
     Ok(SessionEnd {
         record: session(row)?,
         last_seq: unsigned("last seq", row.try_get(10)?)?,
         messages: Some(unsigned("next message", row.try_get(11)?)?),
         cuts: Some(unsigned("history cuts", row.try_get(12)?)?),
     })
-}
-
-/// [`crate::store::Store::take_turn`] in one statement. The session's row
-/// is read first, locked for share: that waits for a batch writing it
-/// and then reads the row as that batch left it, even when the batch
-/// committed after this statement's snapshot (as the one that frees the
-/// lease may have). The lease is taken only for a session that exists,
-/// and after its row, the order the batches lock them in.
-pub(super) async fn take_turn(
-    store: &PostgresStore,
-    id: Uuid,
-    (name, holder): (&str, &str),
-    ttl: std::time::Duration,
-) -> Result<TurnLease, StoreError> {
-    let sql = format!(
-        "WITH held AS (
-             SELECT {COLUMNS}, {AT_END} FROM sessions WHERE id = $4 FOR SHARE
-         ), taken AS ({})
-         SELECT held.*, (SELECT count(*) FROM taken WHERE holder = $2) FROM held",
-        take_lease!("SELECT $1, $2, now() + $3 * interval '1 microsecond', 1 FROM held")
-    );
-    let row = sqlx::query(AssertSqlSafe(sql))
-        .bind(name)
-        .bind(holder)
-        .bind(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX))
-        .bind(id)
-        .fetch_optional(&store.pool)
-        .await?;
-    let Some(row) = row else {
-        return Ok(TurnLease::NoSession);
-    };
-    if row.try_get::<i64, _>(13)? == 0 {
-        return Ok(TurnLease::Busy);
-    }
-    Ok(TurnLease::Held(Box::new(session_end(&row)?)))
 }
 
 #[async_trait]
