@@ -1,11 +1,11 @@
 //! Writes of several sessions done together: one round trip where each
 //! would have taken one. Two kinds go this way: log batches that do not
-//! make their session ([`super::events`]) and the statements that take a
-//! session's turn ([`super::sessions`]).
+//! make their session ([`super::batches`]) and the statements that take a
+//! session's turn ([`super::takes`]).
 //!
 //! A write is queued, and its caller waits for one of its kind's lanes
-//! (half the store's connections, at least one) and then a connection.
-//! The caller that gets both takes the queued writes of its kind (the
+//! (a quarter of the store's connections, at least one) and then a
+//! connection. The caller that gets both takes the queued writes of its kind (the
 //! oldest first, at most [`MOST`], one of each session) and does them in
 //! one statement, or alone, as without grouping, when it took only one.
 //! A caller whose write another took stops waiting for a lane or a
@@ -48,10 +48,11 @@ pub(super) trait Work: Send + Sized {
 /// The writes of one kind waiting to be done.
 pub(super) struct Queue<W: Work> {
     queued: Mutex<Queued<W>>,
-    /// Writes of this kind under way at once: at most half the store's
-    /// connections (at least one), so that the rest stay for the other
-    /// kind and for reading, and writes that come while these run wait to
-    /// go together.
+    /// Writes of this kind under way at once: at most a quarter of the
+    /// store's connections (at least one), so that the rest stay for the
+    /// other kind and for reading, and writes that come while these run
+    /// wait to go together (a group costs PostgreSQL little more than one
+    /// write, so fewer, larger statements are cheaper than more at once).
     lanes: tokio::sync::Semaphore,
     /// Statements that did two writes or more, and the writes they did.
     #[cfg(test)]
@@ -77,9 +78,9 @@ pub(super) struct Waiting<W: Work> {
 
 impl<W: Work> Queue<W> {
     /// The queue of a store of `connections`: writes of this kind are
-    /// done on at most half of them at once.
+    /// done on at most a quarter of them at once.
     pub(super) fn new(connections: u32) -> Queue<W> {
-        let lanes = usize::try_from(connections / 2).unwrap_or(1).max(1);
+        let lanes = usize::try_from(connections / 4).unwrap_or(1).max(1);
         Queue {
             queued: Mutex::new(Queued {
                 next: 0,
