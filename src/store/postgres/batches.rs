@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::PostgresStore;
 use super::conns::Conn;
 use super::events::{Encoded, group, no_session, write_one};
-use super::grouped::{Waiting, Work};
+use super::grouped::{Waiting, Work, failed};
 use crate::store::StoreError;
 
 /// What the writer that took a batch tells the batch's own writer.
@@ -32,6 +32,14 @@ impl Work for Encoded {
 
     fn write(conn: Conn<'_>, batches: Vec<Waiting<Self>>) -> impl Future<Output = ()> + Send {
         write(conn, batches)
+    }
+
+    fn alone(self) -> Answer {
+        Answer::Alone(Box::new(self))
+    }
+
+    fn failed(err: StoreError) -> Answer {
+        Answer::Failed(err)
     }
 }
 
@@ -93,19 +101,7 @@ async fn write(mut conn: Conn<'_>, batches: Vec<Waiting<Encoded>>) {
                 let _ = batch.answer.send(Answer::Stored { found });
             }
         }
-        // Refused: nothing of it was stored.
-        Err(sqlx::Error::Database(err)) => {
-            tracing::debug!(batches = batches.len(), error = %err, "a group of batches was refused; each is written alone");
-            for batch in batches {
-                let _ = batch.answer.send(Answer::Alone(Box::new(batch.work)));
-            }
-        }
-        Err(err) => {
-            let err = StoreError::from(err);
-            for batch in batches {
-                let _ = batch.answer.send(Answer::Failed(err.clone()));
-            }
-        }
+        Err(err) => failed(batches, err),
     }
 }
 

@@ -43,6 +43,34 @@ pub(super) trait Work: Send + Sized {
     /// Does `group` (at least one write, at most one of each session, the
     /// oldest first) on `conn` and answers each write's caller.
     fn write(conn: Conn<'_>, group: Vec<Waiting<Self>>) -> impl Future<Output = ()> + Send;
+
+    /// The answer that has the write's own caller do it alone.
+    fn alone(self) -> Self::Answer;
+
+    /// The answer of a write that failed with `err`.
+    fn failed(err: StoreError) -> Self::Answer;
+}
+
+/// Answers every write of a group whose statement failed with `err`: a
+/// refusal (nothing of it was done) sends each back to be done alone by
+/// its own caller; any other failure (whether it committed is unknown)
+/// fails each.
+pub(super) fn failed<W: Work>(group: Vec<Waiting<W>>, err: sqlx::Error) {
+    // A caller gone away wants no answer.
+    match err {
+        sqlx::Error::Database(err) => {
+            tracing::debug!(writes = group.len(), error = %err, "a group of writes was refused; each is done alone");
+            for write in group {
+                let _ = write.answer.send(write.work.alone());
+            }
+        }
+        err => {
+            let err = StoreError::from(err);
+            for write in group {
+                let _ = write.answer.send(W::failed(err.clone()));
+            }
+        }
+    }
 }
 
 /// The writes of one kind waiting to be done.

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::PostgresStore;
 use super::conns::Conn;
-use super::grouped::{Waiting, Work};
+use super::grouped::{Waiting, Work, failed};
 use super::sessions::{AT_END, COLUMNS, session_end};
 use crate::store::{StoreError, TurnLease};
 
@@ -80,6 +80,14 @@ impl Work for Take {
 
     fn write(conn: Conn<'_>, takes: Vec<Waiting<Self>>) -> impl Future<Output = ()> + Send {
         write(conn, takes)
+    }
+
+    fn alone(self) -> Taken {
+        Taken::Alone(self)
+    }
+
+    fn failed(err: StoreError) -> Taken {
+        Taken::Done(Err(err))
     }
 }
 
@@ -175,19 +183,7 @@ async fn write(mut conn: Conn<'_>, takes: Vec<Waiting<Take>>) {
                 let _ = take.answer.send(Taken::Done(taken));
             }
         }
-        // Refused: nothing of it was done.
-        Err(sqlx::Error::Database(err)) => {
-            tracing::debug!(takes = takes.len(), error = %err, "a group of turn takes was refused; each is done alone");
-            for take in takes {
-                let _ = take.answer.send(Taken::Alone(take.work));
-            }
-        }
-        Err(err) => {
-            let err = StoreError::from(err);
-            for take in takes {
-                let _ = take.answer.send(Taken::Done(Err(err.clone())));
-            }
-        }
+        Err(err) => failed(takes, err),
     }
 }
 
