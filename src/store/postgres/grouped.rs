@@ -10,9 +10,11 @@
 //! one statement, or alone, as without grouping, when it took only one.
 //! A caller whose write another took stops waiting for a lane or a
 //! connection (one it got first it gives back at once) and waits for
-//! that one's answer. So writes group only while their lanes are busy: a
-//! quiet store does each at once and alone, and a busy one does more
-//! writes per round trip instead of queueing more round trips. Batches
+//! that one's answer. A caller that got both for its write alone first
+//! lets the replica's tasks already woken run once, so writes that come
+//! at the same moment (requests that arrived together) join it. So writes group only while their lanes are busy or they come
+//! together: a quiet store does each at once and alone, and a busy one
+//! does more writes per round trip instead of queueing more round trips. Batches
 //! and turns have lanes of their own, so neither waits behind the other.
 //!
 //! A group that PostgreSQL refuses (one write's clash fails the whole
@@ -172,6 +174,11 @@ impl<W: Work> Queue<W> {
         group
     }
 
+    /// Whether at most one write waits.
+    fn alone(&self) -> bool {
+        lock(&self.queued).writes.len() < 2
+    }
+
     /// How many writes wait.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
@@ -216,6 +223,13 @@ impl<W: Work> Queue<W> {
                 // Another caller has it.
                 Err(_) => break answered.await,
             };
+            if self.alone() {
+                // The tasks already woken run once before the group is
+                // taken, so the writes they are about to queue join it:
+                // nothing else runs on a quiet replica, and this costs it
+                // nothing.
+                tokio::task::yield_now().await;
+            }
             let group = self.take();
             if group.is_empty() {
                 // Ours too was taken by another caller.

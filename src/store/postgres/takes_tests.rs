@@ -182,3 +182,33 @@ async fn a_take_whose_caller_went_away_while_it_waited_is_not_done() {
     assert_eq!(holder(&store, left.id).await, "probe");
     assert_eq!(store.takes.len(), 0);
 }
+
+/// Takes that come at the same moment go in one statement even when a
+/// lane and a connection are free: the first to get them lets the tasks
+/// already woken run before it takes its group. One thread runs every
+/// task here, so the second take is queued in time only if the first
+/// lets it run.
+#[tokio::test(flavor = "current_thread")]
+async fn takes_that_come_together_go_together_on_a_quiet_store() {
+    let fixture = PostgresFixture::new().await;
+    let store = one_connection(&fixture).await;
+    let (a, b) = (session(None, Utc::now()), session(None, Utc::now()));
+    for record in [&a, &b] {
+        store.create_session(record).await.unwrap();
+    }
+
+    let takes = [a.id, b.id].map(|id| spawn_take(&store, id, "me", TTL));
+    for task in takes {
+        held(task.await.unwrap().unwrap());
+    }
+
+    assert_eq!(
+        (
+            store.takes.groups.load(SeqCst),
+            store.takes.grouped.load(SeqCst)
+        ),
+        (1, 2)
+    );
+    assert_eq!(holder(&store, a.id).await, "me");
+    assert_eq!(holder(&store, b.id).await, "me");
+}
