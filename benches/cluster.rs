@@ -24,7 +24,14 @@
 //! (everything here shares the same cores); the PostgreSQL statements (and
 //! round trips) and the NATS messages (see `common/backends.rs`).
 //!
-//! The three deployments are measured in turn, ROUNDS times (3 unless
+//! Three replicas are measured twice: with tokio's default runtime (as
+//! many threads as the machine's cores, so three replicas run three times
+//! as many as one) and with a third of the cores each
+//! (`TOKIO_WORKER_THREADS`, as in three containers each limited to a
+//! third of the cores), which tells what the replicas' coordination costs
+//! from what three runtimes on the same cores do.
+//!
+//! The four deployments are measured in turn, ROUNDS times (3 unless
 //! `CONCLAVE_BENCH_ROUNDS` says), and the summary gives each figure's
 //! median over the rounds with its range, and the medians of each round's
 //! ratios (one replica on PostgreSQL + NATS against the embedded one, and
@@ -94,6 +101,45 @@ struct Load {
     prompt: &'static str,
 }
 
+/// One deployment: how many replicas, on what, with how many runtime
+/// threads each.
+#[derive(Clone, Copy)]
+struct Shape {
+    label: &'static str,
+    replicas: usize,
+    /// PostgreSQL + NATS; else the embedded store and bus.
+    shared: bool,
+    /// Each replica's runtime threads (`TOKIO_WORKER_THREADS`); else as
+    /// many as the machine's cores, tokio's default.
+    workers: Option<usize>,
+}
+
+/// The deployments of each round, in order.
+fn shapes() -> [Shape; 4] {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shape = |label, replicas, shared| Shape {
+        label,
+        replicas,
+        shared,
+        workers: None,
+    };
+    [
+        shape("embedded (SQLite, in-process bus), 1 replica", 1, false),
+        shape("PostgreSQL + NATS, 1 replica", 1, true),
+        shape("PostgreSQL + NATS, 3 replicas", 3, true),
+        // As three containers each limited to a third of the cores would
+        // run: tokio sizes its runtime from the CPUs a process may use.
+        Shape {
+            workers: Some((cores / 3).max(1)),
+            ..shape(
+                "PostgreSQL + NATS, 3 replicas of a third of the cores",
+                3,
+                true,
+            )
+        },
+    ]
+}
+
 /// The replicas of one deployment and what they share.
 struct Deployment {
     label: &'static str,
@@ -103,9 +149,15 @@ struct Deployment {
 }
 
 impl Deployment {
-    /// `replicas` servers on a fresh database and nats-server, or, with
-    /// `shared` false, one server on the embedded store and bus.
-    async fn start(label: &'static str, replicas: usize, shared: bool) -> Result<Self, String> {
+    /// The shape's replicas on a fresh database and nats-server, or, not
+    /// `shared`, one server on the embedded store and bus.
+    async fn start(shape: Shape) -> Result<Self, String> {
+        let Shape {
+            label,
+            replicas,
+            shared,
+            workers,
+        } = shape;
         let (database, nats) = if shared {
             (Some(Database::create().await?), Some(Nats::start().await?))
         } else {
@@ -116,10 +168,13 @@ impl Deployment {
             args.extend(["--store".into(), database.url.clone()]);
             args.extend(["--bus".into(), nats.url.clone()]);
         }
-        let envs = [
+        let mut envs = vec![
             ("CONCLAVE_DEMO__CHUNK_DELAY_MS", "0".to_string()),
             ("RUST_LOG", "warn".to_string()),
         ];
+        if let Some(workers) = workers {
+            envs.push(("TOKIO_WORKER_THREADS", workers.to_string()));
+        }
         let mut started = Vec::with_capacity(replicas);
         for _ in 0..replicas {
             let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -413,14 +468,12 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
     })
 }
 
-async fn measure(
-    label: &'static str,
-    replicas: usize,
-    shared: bool,
-    load: Load,
-) -> Result<Figures, String> {
-    println!("{label} (load average {})", loadavg());
-    let deployment = Deployment::start(label, replicas, shared).await?;
+async fn measure(shape: Shape, load: Load) -> Result<Figures, String> {
+    let workers = shape
+        .workers
+        .map_or(String::new(), |n| format!(", {n} runtime thread(s) each"));
+    println!("{}{workers} (load average {})", shape.label, loadavg());
+    let deployment = Deployment::start(shape).await?;
     let figures = async {
         Ok::<_, String>(Figures {
             first_event: measure_first_event(&deployment).await?,
@@ -503,7 +556,7 @@ fn cell(values: Vec<f64>, unit: &str) -> String {
 /// One table over every round: each figure's median (and range) per
 /// deployment, and the median of each round's ratios, so one slow round
 /// moves no ratio much.
-fn print_summary(rounds: &[[Figures; 3]]) {
+fn print_summary(rounds: &[[Figures; 4]]) {
     println!(
         "summary over {} round(s): medians (least–greatest) of the rounds' figures; each ratio \
          is taken in its round (same machine minutes), then the median of those",
@@ -511,9 +564,10 @@ fn print_summary(rounds: &[[Figures; 3]]) {
     );
     println!(
         "| figure | embedded, 1 replica | PG + NATS, 1 replica | PG + NATS, 3 replicas \
-         | one / embedded | three / one |"
+         | PG + NATS, 3 replicas of a third of the cores | one / embedded | three / one \
+         | three of a third / one |"
     );
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for (label, value, unit) in rows() {
         let of = |deployment: usize| -> Vec<f64> {
             rounds
@@ -526,12 +580,14 @@ fn print_summary(rounds: &[[Figures; 3]]) {
             over.iter().zip(&under).map(|(o, u)| o / u).collect()
         };
         println!(
-            "| {label} | {} | {} | {} | {} | {} |",
+            "| {label} | {} | {} | {} | {} | {} | {} | {} |",
             cell(of(0), unit),
             cell(of(1), unit),
             cell(of(2), unit),
+            cell(of(3), unit),
             cell(ratio(1, 0), ""),
             cell(ratio(2, 1), ""),
+            cell(ratio(3, 1), ""),
         );
     }
 }
@@ -587,16 +643,12 @@ async fn main() -> ExitCode {
         let mut measured = Vec::with_capacity(count);
         for round in 1..=count {
             println!("round {round} of {count}");
+            let [embedded, one, three, three_shared] = shapes();
             measured.push([
-                measure(
-                    "embedded (SQLite, in-process bus), 1 replica",
-                    1,
-                    false,
-                    load,
-                )
-                .await?,
-                measure("PostgreSQL + NATS, 1 replica", 1, true, load).await?,
-                measure("PostgreSQL + NATS, 3 replicas", 3, true, load).await?,
+                measure(embedded, load).await?,
+                measure(one, load).await?,
+                measure(three, load).await?,
+                measure(three_shared, load).await?,
             ]);
         }
         print_summary(&measured);
