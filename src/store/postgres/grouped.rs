@@ -12,9 +12,10 @@
 //! connection (one it got first it gives back at once) and waits for
 //! that one's answer. A caller that got both for its write alone first
 //! lets the replica's tasks already woken run once, so writes that come
-//! at the same moment (requests that arrived together) join it. So writes group only while their lanes are busy or they come
-//! together: a quiet store does each at once and alone, and a busy one
-//! does more writes per round trip instead of queueing more round trips. Batches
+//! at the same moment (requests that arrived together) join it. So
+//! writes group only while their lanes are busy or they come together: a
+//! quiet store does each at once and alone, and a busy one does more
+//! writes per round trip instead of queueing more round trips. Batches
 //! and turns have lanes of their own, so neither waits behind the other.
 //!
 //! A group that PostgreSQL refuses (one write's clash fails the whole
