@@ -66,7 +66,10 @@ class Browser:
 
     def wait(self, condition, timeout=20, what="a condition"):
         try:
-            return WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(lambda d: condition())
+            # The dashboard refreshes live: an element a condition found may
+            # be replaced before it is read, and the condition is asked again.
+            return WebDriverWait(self.driver, timeout, poll_frequency=0.1,
+                                 ignored_exceptions=[StaleElementReferenceException]).until(lambda d: condition())
         except TimeoutException:
             raise Failure(f"timed out after {timeout}s waiting for {what} (at {self.driver.current_url})") from None
 
@@ -129,7 +132,12 @@ class Browser:
             """, el, value)
 
     def text(self, selector):
-        return [el.get_attribute("textContent") or "" for el in self.css(selector)]
+        """The text of every element `selector` names, read in one step so a
+        live refresh between finding them and reading them cannot make one
+        stale."""
+        return self.driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), (el) => el.textContent || '');",
+            selector)
 
     def path(self):
         return self.driver.execute_script("return location.pathname")
