@@ -92,20 +92,23 @@ const CREATE_BATCH: &str = batch!(
 /// its holder), their messages (`$14`–`$16`: session, index in its batch,
 /// body), their usage rows summed by key, day and model (`$17`–`$26`) and
 /// their events; answers the ids of the sessions it found. Each batch does
-/// what [`BATCH`] does for it. Usage keys are added in one order, so two
-/// groups adding to the same keys wait for each other instead of
-/// deadlocking.
+/// what [`BATCH`] does for it. The sessions' rows are locked in the
+/// order of their ids first (as a group of takes locks them), and usage
+/// keys are added in one order, so two groups sharing sessions or keys
+/// wait for each other instead of deadlocking.
 pub(super) const GROUP: &str = concat!(
     "WITH b AS (
          SELECT * FROM UNNEST($6::uuid[], $7::bigint[], $8::bigint[], $9::text[], $10::text[],
              $11::text[], $12::text[], $13::text[])
              AS b(id, added, last, status, usage, updated_at, lease, holder)
+     ), locked AS (
+         SELECT s.id FROM sessions s JOIN b ON s.id = b.id ORDER BY s.id FOR NO KEY UPDATE OF s
      ), slot AS (
          UPDATE sessions s SET next_message = s.next_message + b.added,
              last_seq = GREATEST(s.last_seq, b.last),
              status = COALESCE(b.status, s.status), usage = COALESCE(b.usage::json, s.usage),
              updated_at = COALESCE(b.updated_at, s.updated_at)
-         FROM b WHERE s.id = b.id
+         FROM b JOIN locked ON locked.id = b.id WHERE s.id = b.id
          RETURNING s.id, s.next_message - b.added AS first
      ), kept AS (
          INSERT INTO messages (session_id, idx, body)

@@ -349,3 +349,91 @@ async fn batches_leave_most_connections_to_turns_and_reads() {
         );
     }
 }
+
+/// Whether another transaction holds a lock on `session`'s row: asks for
+/// it without waiting, and gives it back at once.
+async fn row_locked(conn: &mut sqlx::PgConnection, session: Uuid) -> bool {
+    use sqlx::Connection;
+    let mut tx = conn.begin().await.unwrap();
+    let asked = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE NOWAIT")
+        .bind(session)
+        .execute(&mut *tx)
+        .await;
+    tx.rollback().await.unwrap();
+    match asked {
+        Ok(_) => false,
+        Err(sqlx::Error::Database(err)) if err.code().as_deref() == Some("55P03") => true,
+        Err(err) => panic!("cannot ask for the row's lock: {err}"),
+    }
+}
+
+/// A group of batches locks its sessions' rows in the order of their ids,
+/// as a group of takes does, whatever order its batches came in: with the
+/// lower row held by another transaction, the group waits for it before
+/// it locks the higher one. Two groups sharing sessions then wait for
+/// each other instead of deadlocking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_batches_locks_its_sessions_in_the_order_of_their_ids() {
+    use sqlx::Connection;
+    let fixture = PostgresFixture::new().await;
+    let store = one_connection(&fixture).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let record = session(None, Utc::now());
+        store.create_session(&record).await.unwrap();
+        ids.push(record.id);
+    }
+    ids.sort();
+    let (low, high) = (ids[0], ids[1]);
+    let mut holder = sqlx::PgConnection::connect_with(&fixture.options())
+        .await
+        .unwrap();
+    let mut prober = sqlx::PgConnection::connect_with(&fixture.options())
+        .await
+        .unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(low)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+
+    // The higher session's batch is queued first, so it leads the group.
+    let conn = store.pool.get().await.unwrap();
+    let write = |seq| Write {
+        events: vec![],
+        messages: vec![said(seq)],
+        ..Write::default()
+    };
+    let first = spawn_write(&store, high, write(0));
+    queued(&store, 1).await;
+    let second = spawn_write(&store, low, write(1));
+    queued(&store, 2).await;
+    conn.done();
+    // Until the group's statement waits for the lower row.
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    while sqlx::query_scalar::<_, i64>(waiting)
+        .fetch_one(&mut prober)
+        .await
+        .unwrap()
+        == 0
+    {
+        tokio::task::yield_now().await;
+    }
+
+    assert!(
+        !row_locked(&mut prober, high).await,
+        "the group locked the higher session's row before the lower one's"
+    );
+    held.rollback().await.unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(
+        (
+            store.batches.groups.load(SeqCst),
+            store.batches.grouped.load(SeqCst)
+        ),
+        (1, 2)
+    );
+}
