@@ -175,13 +175,7 @@ impl<W: Work> Queue<W> {
         group
     }
 
-    /// Whether at most one write waits.
-    fn alone(&self) -> bool {
-        lock(&self.queued).writes.len() < 2
-    }
-
     /// How many writes wait.
-    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         lock(&self.queued).writes.len()
     }
@@ -224,7 +218,7 @@ impl<W: Work> Queue<W> {
                 // Another caller has it.
                 Err(_) => break answered.await,
             };
-            if self.alone() {
+            if self.len() < 2 {
                 // The tasks already woken run once before the group is
                 // taken, so the writes they are about to queue join it:
                 // nothing else runs on a quiet replica, and this costs it

@@ -413,14 +413,19 @@ async fn a_group_of_batches_locks_its_sessions_in_the_order_of_their_ids() {
     // Until the group's statement waits for the lower row.
     let waiting = "SELECT count(*) FROM pg_stat_activity \
                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    while sqlx::query_scalar::<_, i64>(waiting)
-        .fetch_one(&mut prober)
+    let blocked = async {
+        while sqlx::query_scalar::<_, i64>(waiting)
+            .fetch_one(&mut prober)
+            .await
+            .unwrap()
+            == 0
+        {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), blocked)
         .await
-        .unwrap()
-        == 0
-    {
-        tokio::task::yield_now().await;
-    }
+        .expect("the group never waited for the lower session's row");
 
     assert!(
         !row_locked(&mut prober, high).await,
