@@ -29,13 +29,19 @@
 //! as many as one) and with a third of the cores each
 //! (`TOKIO_WORKER_THREADS`, as in three containers each limited to a
 //! third of the cores), which tells what the replicas' coordination costs
-//! from what three runtimes on the same cores do.
+//! from what three runtimes on the same cores do. One replica is measured
+//! a second time driving a third of the sessions, the load each of three
+//! replicas takes: what three replicas pay per turn beyond that is what
+//! their coordination costs, apart from what a third of the load does to
+//! a replica's per-turn costs (fewer writes per statement, fewer events
+//! per wake-up).
 //!
-//! The four deployments are measured in turn, ROUNDS times (3 unless
+//! The five deployments are measured in turn, ROUNDS times (3 unless
 //! `CONCLAVE_BENCH_ROUNDS` says), and the summary gives each figure's
 //! median over the rounds with its range, and the medians of each round's
-//! ratios (one replica on PostgreSQL + NATS against the embedded one, and
-//! three replicas against one).
+//! ratios (one replica on PostgreSQL + NATS against the embedded one,
+//! each kind of three replicas against one, and three replicas against
+//! one driving a third of the sessions).
 //!
 //! usage: cargo bench --bench cluster [-- SESSIONS TURNS [PROMPT]] (default
 //! 60 10 hello)
@@ -112,16 +118,20 @@ struct Shape {
     /// Each replica's runtime threads (`TOKIO_WORKER_THREADS`); else as
     /// many as the machine's cores, tokio's default.
     workers: Option<usize>,
+    /// The turns phase drives this share of the sessions: 1 for all, 3
+    /// for a third (at least one).
+    share: usize,
 }
 
 /// The deployments of each round, in order.
-fn shapes() -> [Shape; 4] {
+fn shapes() -> [Shape; 5] {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let shape = |label, replicas, shared| Shape {
         label,
         replicas,
         shared,
         workers: None,
+        share: 1,
     };
     [
         shape("embedded (SQLite, in-process bus), 1 replica", 1, false),
@@ -134,6 +144,17 @@ fn shapes() -> [Shape; 4] {
             ..shape(
                 "PostgreSQL + NATS, 3 replicas of a third of the cores",
                 3,
+                true,
+            )
+        },
+        // The load each of three replicas takes, on one: what a replica
+        // pays per turn at that load, with no other replica to
+        // coordinate with.
+        Shape {
+            share: 3,
+            ..shape(
+                "PostgreSQL + NATS, 1 replica, a third of the sessions",
+                1,
                 true,
             )
         },
@@ -157,6 +178,7 @@ impl Deployment {
             replicas,
             shared,
             workers,
+            share: _,
         } = shape;
         let (database, nats) = if shared {
             (Some(Database::create().await?), Some(Nats::start().await?))
@@ -473,6 +495,10 @@ async fn measure(shape: Shape, load: Load) -> Result<Figures, String> {
         .workers
         .map_or(String::new(), |n| format!(", {n} runtime thread(s) each"));
     println!("{}{workers} (load average {})", shape.label, loadavg());
+    let load = Load {
+        sessions: (load.sessions / shape.share).max(1),
+        ..load
+    };
     let deployment = Deployment::start(shape).await?;
     let figures = async {
         Ok::<_, String>(Figures {
@@ -556,7 +582,7 @@ fn cell(values: Vec<f64>, unit: &str) -> String {
 /// One table over every round: each figure's median (and range) per
 /// deployment, and the median of each round's ratios, so one slow round
 /// moves no ratio much.
-fn print_summary(rounds: &[[Figures; 4]]) {
+fn print_summary(rounds: &[[Figures; 5]]) {
     println!(
         "summary over {} round(s): medians (least–greatest) of the rounds' figures; each ratio \
          is taken in its round (same machine minutes), then the median of those",
@@ -564,10 +590,11 @@ fn print_summary(rounds: &[[Figures; 4]]) {
     );
     println!(
         "| figure | embedded, 1 replica | PG + NATS, 1 replica | PG + NATS, 3 replicas \
-         | PG + NATS, 3 replicas of a third of the cores | one / embedded | three / one \
-         | three of a third / one |"
+         | PG + NATS, 3 replicas of a third of the cores \
+         | PG + NATS, 1 replica, a third of the sessions | one / embedded | three / one \
+         | three of a third / one | three / one at a third of the sessions |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (label, value, unit) in rows() {
         let of = |deployment: usize| -> Vec<f64> {
             rounds
@@ -580,19 +607,21 @@ fn print_summary(rounds: &[[Figures; 4]]) {
             over.iter().zip(&under).map(|(o, u)| o / u).collect()
         };
         println!(
-            "| {label} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(of(0), unit),
             cell(of(1), unit),
             cell(of(2), unit),
             cell(of(3), unit),
+            cell(of(4), unit),
             cell(ratio(1, 0), ""),
             cell(ratio(2, 1), ""),
             cell(ratio(3, 1), ""),
+            cell(ratio(2, 4), ""),
         );
     }
 }
 
-/// How many times the three deployments are measured, one after the
+/// How many times the deployments are measured, one after the
 /// other: `CONCLAVE_BENCH_ROUNDS`, by default `ROUNDS`.
 fn rounds() -> Result<usize, String> {
     match std::env::var("CONCLAVE_BENCH_ROUNDS") {
@@ -643,12 +672,13 @@ async fn main() -> ExitCode {
         let mut measured = Vec::with_capacity(count);
         for round in 1..=count {
             println!("round {round} of {count}");
-            let [embedded, one, three, three_shared] = shapes();
+            let [embedded, one, three, three_shared, one_third] = shapes();
             measured.push([
                 measure(embedded, load).await?,
                 measure(one, load).await?,
                 measure(three, load).await?,
                 measure(three_shared, load).await?,
+                measure(one_third, load).await?,
             ]);
         }
         print_summary(&measured);
