@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The scale-out bench (`benches/cluster.rs`, issue 42) on a machine with
+# more cores and no package access (the `device` machine: Ubuntu 24.04,
+# 16 cores, as root), from binaries built and gathered here.
+#
+# usage, here (Debian bookworm, PostgreSQL 15 and nats-server installed,
+# as the test command installs them):
+#     cargo bench --bench cluster --no-run
+#     benches/cluster-device.sh pack
+#   writes target/device-kit/kit.tar.xz (about 40 MB): the bench, the
+#   release server stripped, nats-server, PostgreSQL's server programs and
+#   the libraries they link that are not the C library's, and the paths
+#   the bench was built with.
+# usage, there (in the repository root, `target/device-kit` carried):
+#     benches/cluster-device.sh run [SESSIONS TURNS]...
+#   unpacks the kit, starts PostgreSQL (as user postgres, made if missing)
+#   and runs the bench once per SESSIONS TURNS pair (default: 60 10 and
+#   480 20, the two loads of the issue), CONCLAVE_BENCH_ROUNDS rounds each
+#   (3 by default), the output of each in $OUT (else target/device-kit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KIT=target/device-kit
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# The libraries PATHs link, but not those every Linux has at least as new:
+# the C library's, and the compiler's runtime.
+libraries() {
+    ldd "$@" | awk '$3 ~ /^\// {print $3}' | sort -u \
+        | grep -Ev '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so'
+}
+
+pack() {
+    local bench pg share nats stage
+    bench=$(ls -t target/release/deps/cluster-* 2>/dev/null | grep -v '\.d$' | head -1) \
+        || true
+    [ -n "$bench" ] || die "no bench binary: run cargo bench --bench cluster --no-run first"
+    [ -x target/release/conclave ] || die "no target/release/conclave"
+    [ -z "$(find src benches -newer "$bench" -name '*.rs' | head -1)" ] \
+        || die "sources changed after $bench was built: cargo bench --bench cluster --no-run"
+    pg=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+    [ -x "$pg/postgres" ] || die "no PostgreSQL server (apt-get install postgresql)"
+    pg=$(dirname "$pg")
+    share=/usr/share/postgresql/$(basename "$pg")
+    nats=$(command -v nats-server) || die "no nats-server (apt-get install nats-server)"
+    stage=$KIT/stage
+    rm -rf "$KIT" && mkdir -p "$stage"/{bin,lib,zoneinfo} "$stage/root$pg/bin" "$stage/root$pg/lib"
+    # The paths compiled into the bench: where it starts the server from,
+    # and where it makes its scratch directories.
+    # (cargo's CARGO_BIN_EXE_conclave and CARGO_TARGET_TMPDIR).
+    echo "$PWD/target/release/conclave" > "$stage/server-path"
+    echo "$PWD/target/tmp" > "$stage/tmp-path"
+    cp "$bench" "$stage/bin/cluster"
+    strip -o "$stage/bin/conclave" target/release/conclave
+    cp "$nats" "$stage/bin/nats-server"
+    cp "$pg"/bin/{postgres,initdb,pg_ctl} "$stage/root$pg/bin/"
+    # Server modules, without the JIT's bitcode (the bench does not use it).
+    find "$pg/lib" -maxdepth 1 -name '*.so' ! -name llvmjit.so -exec cp {} "$stage/root$pg/lib/" \;
+    mkdir -p "$stage/root$(dirname "$share")"
+    cp -r "$share" "$stage/root$share"
+    cp -L $(libraries "$pg"/bin/{postgres,initdb,pg_ctl} "$pg/lib/pg_stat_statements.so" \
+        target/release/conclave) "$stage/lib/"
+    # PostgreSQL reads time zones from the system's tzdata.
+    cp -L /usr/share/zoneinfo/{UTC,GMT} "$stage/zoneinfo/"
+    git rev-parse --short HEAD > "$stage/commit"
+    tar -C "$stage" -cf - . | xz -T0 -6 > "$KIT/kit.tar.xz"
+    rm -rf "$stage"
+    log "$KIT/kit.tar.xz: $(du -h "$KIT/kit.tar.xz" | cut -f1), from commit $(git rev-parse --short HEAD)"
+}
+
+run() {
+    local root=/tmp/conclave-device out server tmp pg port pairs
+    [ -f "$KIT/kit.tar.xz" ] || die "no $KIT/kit.tar.xz: pack it first, and carry $KIT"
+    out=${OUT:-$KIT}
+    rm -rf "$root" && mkdir -p "$root"
+    if command -v xz >/dev/null; then
+        xz -dc "$KIT/kit.tar.xz"
+    else
+        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$KIT/kit.tar.xz"
+    fi | tar -C "$root" -xf -
+    server=$(cat "$root/server-path")
+    tmp=$(cat "$root/tmp-path")
+    mkdir -p "$(dirname "$server")" "$tmp"
+    cp "$root/bin/conclave" "$server"
+    for zone in UTC GMT; do
+        [ -e "/usr/share/zoneinfo/$zone" ] || { mkdir -p /usr/share/zoneinfo; cp "$root/zoneinfo/$zone" /usr/share/zoneinfo/; }
+    done
+    export LD_LIBRARY_PATH="$root/lib"
+    pg=$(ls -d "$root"/root/usr/lib/postgresql/*/bin)
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    mkdir -p "$root/pg" && chown postgres "$root/pg" && chmod 755 "$root"
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || echo 25432)
+    log "PostgreSQL ($("$pg/postgres" --version)) on 127.0.0.1:$port"
+    runuser -u postgres -- env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" \
+        "$pg/initdb" -D "$root/pg/data" -A trust -U postgres --no-locale -E UTF8 >"$root/pg/initdb.log" 2>&1 \
+        || { cat "$root/pg/initdb.log"; die "initdb failed"; }
+    runuser -u postgres -- env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" \
+        "$pg/pg_ctl" -D "$root/pg/data" -l "$root/pg/server.log" -w -t 60 \
+        -o "-h 127.0.0.1 -p $port -k $root/pg -c max_connections=400 -c fsync=on -c shared_preload_libraries=pg_stat_statements" start >/dev/null \
+        || { cat "$root/pg/server.log"; die "PostgreSQL did not start"; }
+    # shellcheck disable=SC2064 # the paths of now, expanded now
+    trap "runuser -u postgres -- env LD_LIBRARY_PATH='$LD_LIBRARY_PATH' '$pg/pg_ctl' -D '$root/pg/data' -m immediate stop >/dev/null 2>&1 || true" EXIT
+    export CONCLAVE_BENCH_POSTGRES="postgres://postgres@127.0.0.1:$port/postgres"
+    export CONCLAVE_BENCH_NATS_SERVER="$root/bin/nats-server"
+    pairs=("$@")
+    [ ${#pairs[@]} -gt 0 ] || pairs=(60 10 480 20)
+    [ $((${#pairs[@]} % 2)) = 0 ] || die "usage: $0 run [SESSIONS TURNS]..."
+    log "commit $(cat "$root/commit"), $(nproc) cores, $(uname -r)"
+    for ((i = 0; i < ${#pairs[@]}; i += 2)); do
+        local sessions=${pairs[i]} turns=${pairs[i + 1]}
+        log "cluster $sessions $turns"
+        "$root/bin/cluster" "$sessions" "$turns" 2>&1 | tee "$out/cluster-${sessions}x$turns.log"
+    done
+}
+
+case "${1:-}" in
+    pack) pack ;;
+    run) shift; run "$@" ;;
+    *) die "usage: $0 pack | run [SESSIONS TURNS]..." ;;
+esac
