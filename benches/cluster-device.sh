@@ -24,8 +24,8 @@ KIT=target/device-kit
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-# The libraries PATHs link, but not those every Linux has at least as new:
-# the C library's, and the compiler's runtime.
+# The libraries the given programs link, less those every Linux has at
+# least as new: the C library's and the compiler's runtime.
 libraries() {
     ldd "$@" | awk '$3 ~ /^\// {print $3}' | sort -u \
         | grep -Ev '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so'
@@ -46,9 +46,9 @@ pack() {
     nats=$(command -v nats-server) || die "no nats-server (apt-get install nats-server)"
     stage=$KIT/stage
     rm -rf "$KIT" && mkdir -p "$stage"/{bin,lib,zoneinfo} "$stage/root$pg/bin" "$stage/root$pg/lib"
-    # The paths compiled into the bench: where it starts the server from,
-    # and where it makes its scratch directories.
-    # (cargo's CARGO_BIN_EXE_conclave and CARGO_TARGET_TMPDIR).
+    # The paths compiled into the bench (cargo's CARGO_BIN_EXE_conclave and
+    # CARGO_TARGET_TMPDIR): where it starts the server from, and where it
+    # makes its scratch directories.
     echo "$PWD/target/release/conclave" > "$stage/server-path"
     echo "$PWD/target/tmp" > "$stage/tmp-path"
     cp "$bench" "$stage/bin/cluster"
