@@ -31,6 +31,18 @@ libraries() {
         | grep -Ev '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so'
 }
 
+# Runs a program as user postgres (initdb and the server refuse root)
+# with the libraries of LIBS: as_postgres LIBS PROGRAM ARGS...
+as_postgres() {
+    local libs=$1
+    shift
+    if command -v runuser >/dev/null; then
+        runuser -u postgres -- env LD_LIBRARY_PATH="$libs" "$@"
+    else
+        setpriv --reuid postgres --regid postgres --init-groups env LD_LIBRARY_PATH="$libs" "$@"
+    fi
+}
+
 pack() {
     local bench pg share nats stage
     bench=$(ls -t target/release/deps/cluster-* 2>/dev/null | grep -v '\.d$' | head -1) \
@@ -70,7 +82,7 @@ pack() {
 }
 
 run() {
-    local root=/tmp/conclave-device out server tmp pg port pairs
+    local root=/tmp/conclave-device out server tmp libs pg port pairs
     [ -f "$KIT/kit.tar.xz" ] || die "no $KIT/kit.tar.xz: pack it first, and carry $KIT"
     out=${OUT:-$KIT}
     rm -rf "$root" && mkdir -p "$root"
@@ -86,21 +98,27 @@ run() {
     for zone in UTC GMT; do
         [ -e "/usr/share/zoneinfo/$zone" ] || { mkdir -p /usr/share/zoneinfo; cp "$root/zoneinfo/$zone" /usr/share/zoneinfo/; }
     done
-    export LD_LIBRARY_PATH="$root/lib"
+    # Bookworm's libraries, for PostgreSQL, the server and the bench only.
+    libs="$root/lib"
     pg=$(ls -d "$root"/root/usr/lib/postgresql/*/bin)
-    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-    mkdir -p "$root/pg" && chown postgres "$root/pg" && chmod 755 "$root"
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || echo 25432)
-    log "PostgreSQL ($("$pg/postgres" --version)) on 127.0.0.1:$port"
-    runuser -u postgres -- env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" \
-        "$pg/initdb" -D "$root/pg/data" -A trust -U postgres --no-locale -E UTF8 >"$root/pg/initdb.log" 2>&1 \
-        || { cat "$root/pg/initdb.log"; die "initdb failed"; }
-    runuser -u postgres -- env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" \
-        "$pg/pg_ctl" -D "$root/pg/data" -l "$root/pg/server.log" -w -t 60 \
+    if ! id postgres >/dev/null 2>&1; then
+        if command -v useradd >/dev/null; then
+            useradd --system --no-create-home postgres
+        else
+            echo "postgres:x:7432:7432::/nonexistent:/bin/sh" >> /etc/passwd
+            echo "postgres:x:7432:" >> /etc/group
+        fi
+    fi
+    mkdir -p "$root/pg" && chown postgres "$root/pg" && chmod 755 "$root"
+    log "PostgreSQL ($(LD_LIBRARY_PATH=$libs "$pg/postgres" --version)) on 127.0.0.1:$port"
+    as_postgres "$libs" "$pg/initdb" -D "$root/pg/data" -A trust -U postgres --no-locale -E UTF8 \
+        >"$root/pg/initdb.log" 2>&1 || { cat "$root/pg/initdb.log"; die "initdb failed"; }
+    as_postgres "$libs" "$pg/pg_ctl" -D "$root/pg/data" -l "$root/pg/server.log" -w -t 60 \
         -o "-h 127.0.0.1 -p $port -k $root/pg -c max_connections=400 -c fsync=on -c shared_preload_libraries=pg_stat_statements" start >/dev/null \
         || { cat "$root/pg/server.log"; die "PostgreSQL did not start"; }
     # shellcheck disable=SC2064 # the paths of now, expanded now
-    trap "runuser -u postgres -- env LD_LIBRARY_PATH='$LD_LIBRARY_PATH' '$pg/pg_ctl' -D '$root/pg/data' -m immediate stop >/dev/null 2>&1 || true" EXIT
+    trap "as_postgres '$libs' '$pg/pg_ctl' -D '$root/pg/data' -m immediate stop >/dev/null 2>&1 || true" EXIT
     export CONCLAVE_BENCH_POSTGRES="postgres://postgres@127.0.0.1:$port/postgres"
     export CONCLAVE_BENCH_NATS_SERVER="$root/bin/nats-server"
     pairs=("$@")
@@ -110,7 +128,8 @@ run() {
     for ((i = 0; i < ${#pairs[@]}; i += 2)); do
         local sessions=${pairs[i]} turns=${pairs[i + 1]}
         log "cluster $sessions $turns"
-        "$root/bin/cluster" "$sessions" "$turns" 2>&1 | tee "$out/cluster-${sessions}x$turns.log"
+        LD_LIBRARY_PATH=$libs "$root/bin/cluster" "$sessions" "$turns" 2>&1 \
+            | tee "$out/cluster-${sessions}x$turns.log"
     done
 }
 
