@@ -19,10 +19,9 @@
 #   (3 by default), the output of each in $OUT (else target/device-kit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# log, die, free_port, POSTGRES_SETTINGS, CLEANUP; nothing is installed.
+source scripts/lib.sh
 KIT=target/device-kit
-
-log() { printf '==> %s\n' "$*" >&2; }
-die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # The libraries the given programs link, less those every Linux has at
 # least as new: the C library's and the compiler's runtime.
@@ -101,7 +100,7 @@ run() {
     # Bookworm's libraries, for PostgreSQL, the server and the bench only.
     libs="$root/lib"
     pg=$(ls -d "$root"/root/usr/lib/postgresql/*/bin)
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || echo 25432)
+    port=$(free_port)
     if ! id postgres >/dev/null 2>&1; then
         if command -v useradd >/dev/null; then
             useradd --system --no-create-home postgres
@@ -115,10 +114,9 @@ run() {
     as_postgres "$libs" "$pg/initdb" -D "$root/pg/data" -A trust -U postgres --no-locale -E UTF8 \
         >"$root/pg/initdb.log" 2>&1 || { cat "$root/pg/initdb.log"; die "initdb failed"; }
     as_postgres "$libs" "$pg/pg_ctl" -D "$root/pg/data" -l "$root/pg/server.log" -w -t 60 \
-        -o "-h 127.0.0.1 -p $port -k $root/pg -c max_connections=400 -c fsync=on -c shared_preload_libraries=pg_stat_statements" start >/dev/null \
+        -o "-h 127.0.0.1 -p $port -k $root/pg $POSTGRES_SETTINGS" start >/dev/null \
         || { cat "$root/pg/server.log"; die "PostgreSQL did not start"; }
-    # shellcheck disable=SC2064 # the paths of now, expanded now
-    trap "as_postgres '$libs' '$pg/pg_ctl' -D '$root/pg/data' -m immediate stop >/dev/null 2>&1 || true" EXIT
+    CLEANUP+=("as_postgres '$libs' '$pg/pg_ctl' -D '$root/pg/data' -m immediate stop >/dev/null 2>&1")
     export CONCLAVE_BENCH_POSTGRES="postgres://postgres@127.0.0.1:$port/postgres"
     export CONCLAVE_BENCH_NATS_SERVER="$root/bin/nats-server"
     pairs=("$@")

@@ -144,6 +144,9 @@ free_port() {
 # its `postgres` database; tests make databases of their own in it. The
 # cluster is stopped and removed when the sourcing script exits. It loads
 # pg_stat_statements, with which benches/cluster.rs counts statements.
+# The settings the PostgreSQL of the tests and benches runs with
+# (benches/cluster-device.sh starts its own with them too).
+POSTGRES_SETTINGS="-c max_connections=400 -c fsync=on -c shared_preload_libraries=pg_stat_statements"
 ensure_postgres() {
     command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
         || apt_install postgresql
@@ -159,7 +162,7 @@ ensure_postgres() {
     runuser -u postgres -- "$bin/initdb" -D "$PG_DIR/data" -A trust -U postgres >"$PG_DIR/initdb.log" 2>&1 \
         || die "initdb failed: see $PG_DIR/initdb.log"
     runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 \
-        -o "-h 127.0.0.1 -p $port -k $PG_DIR -c max_connections=400 -c fsync=on -c shared_preload_libraries=pg_stat_statements" start >/dev/null \
+        -o "-h 127.0.0.1 -p $port -k $PG_DIR $POSTGRES_SETTINGS" start >/dev/null \
         || die "PostgreSQL did not start: see $PG_DIR/server.log"
     PG_BIN=$bin
     export CONCLAVE_TEST_POSTGRES="postgres://postgres@127.0.0.1:$port/postgres"
