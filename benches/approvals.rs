@@ -76,9 +76,9 @@ impl ToolRouter for Echo {
         vec![ToolSpec {
             name: "Bash".into(),
             description: "Echoes the command".into(),
-            input_schema: json!({"type": "object", "properties": {
+            input_schema: Arc::new(json!({"type": "object", "properties": {
                 "command": {"type": "string"}
-            }, "required": ["command"]}),
+            }, "required": ["command"]})),
             read_only: false,
         }]
     }

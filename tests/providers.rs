@@ -10,6 +10,7 @@
 #[path = "providers/upstream.rs"]
 mod upstream;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use conclave::model::anthropic::AnthropicProvider;
@@ -85,7 +86,9 @@ fn tool(name: &str) -> ToolSpec {
     ToolSpec {
         name: name.into(),
         description: format!("Runs {name}."),
-        input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+        input_schema: Arc::new(
+            json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+        ),
         read_only: false,
     }
 }

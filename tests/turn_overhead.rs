@@ -59,9 +59,9 @@ impl ToolRouter for Readings {
         vec![ToolSpec {
             name: "Bash".into(),
             description: "Runs a command".into(),
-            input_schema: json!({"type": "object", "properties": {
+            input_schema: Arc::new(json!({"type": "object", "properties": {
                 "command": {"type": "string"}
-            }, "required": ["command"]}),
+            }, "required": ["command"]})),
             read_only: false,
         }]
     }

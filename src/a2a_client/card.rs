@@ -112,11 +112,11 @@ fn tool(name: &str, description: String) -> ToolSpec {
     ToolSpec {
         name: format!("{TOOL_PREFIX}{name}"),
         description,
-        input_schema: json!({
+        input_schema: std::sync::Arc::new(json!({
             "type": "object",
             "properties": {"message": {"type": "string", "description": "What to ask or tell the agent"}},
             "required": ["message"],
-        }),
+        })),
         read_only: false,
     }
 }

@@ -396,7 +396,7 @@ fn schema_of<'a>(call: &ToolCall, tools: &'a [ToolSpec]) -> &'a Value {
     tools
         .iter()
         .find(|t| t.name == call.name)
-        .map_or(&NONE, |t| &t.input_schema)
+        .map_or(&NONE, |t| &*t.input_schema)
 }
 
 /// Checks an edited input before a decision claims its call: it must fit

@@ -423,13 +423,15 @@ fn cut_string(s: &mut String, max: usize) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn spec(name: &str) -> ToolSpec {
         ToolSpec {
             name: name.into(),
             description: String::new(),
-            input_schema: serde_json::json!({"type": "object"}),
+            input_schema: Arc::new(serde_json::json!({"type": "object"})),
             read_only: false,
         }
     }

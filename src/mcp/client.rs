@@ -34,6 +34,9 @@ pub struct SandboxTools {
     client: RunningService<RoleClient, ProgressRouter>,
     progress: ProgressRouter,
     host: Arc<McpHost>,
+    /// The built-in tools, made once: the sandbox's bounds do not change
+    /// while it runs, and every turn offers them.
+    builtin: Vec<ToolSpec>,
     external: ExternalServers,
     agents: RemoteAgents,
 }
@@ -64,6 +67,7 @@ impl SandboxTools {
         Ok(SandboxTools {
             client,
             progress,
+            builtin: builtin_specs(host.max_timeout_s()),
             host,
             agents: RemoteAgents::new(&mcp),
             external: ExternalServers::new(mcp),
@@ -79,7 +83,7 @@ fn spec(name: &str, description: &str, input_schema: Value) -> ToolSpec {
     ToolSpec {
         name: name.into(),
         description: description.into(),
-        input_schema,
+        input_schema: Arc::new(input_schema),
         read_only: crate::agent::READ_ONLY_TOOLS.contains(&name),
     }
 }
@@ -310,7 +314,7 @@ impl ToolRouter for SandboxTools {
         let mut specs = if ctx.options.sandbox_enabled == Some(false) {
             Vec::new()
         } else {
-            builtin_specs(self.host.max_timeout_s())
+            self.builtin.clone()
         };
         if let Some(servers) = &ctx.options.mcp_servers {
             specs.extend(self.external.specs(ctx.session_id, servers).await);

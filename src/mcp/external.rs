@@ -180,7 +180,7 @@ impl ExternalServers {
                     ToolSpec {
                         name: format!("mcp__{name}__{}", tool.name),
                         description: tool.description.clone().unwrap_or_default().into(),
-                        input_schema: Value::Object((*tool.input_schema).clone()),
+                        input_schema: Arc::new(Value::Object((*tool.input_schema).clone())),
                         read_only: tool
                             .annotations
                             .as_ref()

@@ -208,6 +208,8 @@ impl ModelProvider for DemoProvider {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::model::ToolSpec;
 
@@ -215,7 +217,7 @@ mod tests {
         ToolSpec {
             name: name.into(),
             description: String::new(),
-            input_schema: json!({"type": "object"}),
+            input_schema: Arc::new(json!({"type": "object"})),
             read_only: false,
         }
     }

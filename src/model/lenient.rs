@@ -548,6 +548,8 @@ pub fn object_in(answer: &str) -> Option<serde_json::Map<String, Value>> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn tools(names: &[&str]) -> Vec<ToolSpec> {
@@ -556,7 +558,7 @@ mod tests {
             .map(|name| ToolSpec {
                 name: name.to_string(),
                 description: format!("the {name} tool"),
-                input_schema: json!({"type": "object"}),
+                input_schema: Arc::new(json!({"type": "object"})),
                 read_only: false,
             })
             .collect()
@@ -715,7 +717,7 @@ mod tests {
         .map(|(name, required)| ToolSpec {
             name: name.into(),
             description: String::new(),
-            input_schema: json!({"type": "object", "required": required}),
+            input_schema: Arc::new(json!({"type": "object", "required": required})),
             read_only: false,
         })
         .collect()

@@ -42,8 +42,10 @@ pub use crate::protocol::{Message, ToolCall};
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
-    /// JSON Schema of the arguments object.
-    pub input_schema: Value,
+    /// JSON Schema of the arguments object: shared, as a turn offers the
+    /// same tools to each of its model calls and a schema is a tree of
+    /// maps that costs an allocation a node to copy.
+    pub input_schema: Arc<Value>,
     /// The tool only reads (an MCP server's `readOnlyHint`); permission
     /// modes that ask before writes let it run.
     #[serde(default, skip)]

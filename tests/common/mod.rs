@@ -53,10 +53,10 @@ impl ToolRouter for EchoTools {
         vec![ToolSpec {
             name: "Bash".into(),
             description: "Echoes the command back".into(),
-            input_schema: json!({"type": "object", "properties": {
+            input_schema: Arc::new(json!({"type": "object", "properties": {
                 "command": {"type": "string"},
                 "timeout": {"type": "integer", "minimum": 1, "maximum": 600}
-            }, "required": ["command"]}),
+            }, "required": ["command"]})),
             read_only: false,
         }]
     }

@@ -342,11 +342,12 @@ fn client_tools(tools: &[Value]) -> Result<Vec<ToolSpec>, Refusal> {
             Ok(ToolSpec {
                 name: name.to_owned(),
                 description: text(tool.get("description")).unwrap_or_default(),
-                input_schema: tool
-                    .get("parameters")
-                    .filter(|p| p.is_object())
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object"})),
+                input_schema: Arc::new(
+                    tool.get("parameters")
+                        .filter(|p| p.is_object())
+                        .cloned()
+                        .unwrap_or_else(|| json!({"type": "object"})),
+                ),
                 read_only: false,
             })
         })
