@@ -39,21 +39,24 @@ struct Reply {
 
 fn reply(request: &ChatRequest) -> Reply {
     let offered = |name: &str| request.tools.iter().any(|t| t.name == name);
-    let turn = request
-        .messages
-        .iter()
-        .filter(|m| matches!(m, Message::Assistant { .. }))
-        .count();
+    // The history is read back only as far as the last prompt: a reply
+    // costs the same at a session's 500th turn as at its first.
     let results: Vec<&Message> = request
         .messages
         .iter()
         .rev()
         .take_while(|m| matches!(m, Message::Tool { .. }))
         .collect();
-    let asked = request.messages.iter().rev().find_map(|m| match m {
-        Message::User { content } => decision_asked(content),
-        _ => None,
-    });
+    let prompt = request
+        .messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            Message::User { content } => Some(content.as_str()),
+            _ => None,
+        })
+        .unwrap_or("");
+    let asked = decision_asked(prompt);
     if !results.is_empty() {
         if let Some(answer) = asked {
             return Reply {
@@ -80,19 +83,14 @@ fn reply(request: &ChatRequest) -> Reply {
             calls: Vec::new(),
         };
     }
-    let prompt = request
-        .messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            Message::User { content } => Some(content.as_str()),
-            _ => None,
-        })
-        .unwrap_or("");
     let mut calls = Vec::new();
     let mut missing = Vec::new();
     let mut want = |name: &str, arguments: serde_json::Value| {
         if offered(name) {
+            // Ids unique in the session: the model call's number in it.
+            let turn = (request.messages.iter())
+                .filter(|m| matches!(m, Message::Assistant { .. }))
+                .count();
             let id = format!("toolu_demo_{}_{}", turn + 1, calls.len() + 1);
             calls.push(ToolCall {
                 id,
@@ -225,7 +223,7 @@ mod tests {
     fn ask(prompt: &str, tools: &[&str]) -> ChatRequest {
         ChatRequest {
             model: "demo".into(),
-            messages: std::sync::Arc::new(vec![Message::User {
+            messages: Arc::new(vec![Message::User {
                 content: prompt.into(),
             }]),
             tools: tools.iter().map(|t| tool(t)).collect(),
@@ -277,6 +275,31 @@ mod tests {
     }
 
     #[test]
+    fn only_the_last_prompt_is_answered() {
+        let mut request = ask("answer with {\"decision\": \"DONE\"}", &[BASH]);
+        Arc::make_mut(&mut request.messages).extend([
+            Message::Assistant {
+                content: "{\"decision\": \"DONE\"}".into(),
+                tool_calls: vec![],
+            },
+            Message::User {
+                content: "hello".into(),
+            },
+        ]);
+        assert_eq!(reply(&request).text, "You said: hello");
+        Arc::make_mut(&mut request.messages).extend([
+            Message::Assistant {
+                content: "You said: hello".into(),
+                tool_calls: vec![],
+            },
+            Message::User {
+                content: "$ ls".into(),
+            },
+        ]);
+        assert_eq!(reply(&request).calls[0].id, "toolu_demo_3_1");
+    }
+
+    #[test]
     fn plain_prompt_is_echoed() {
         assert_eq!(
             reply(&ask("hello there", &[])).text,
@@ -287,11 +310,11 @@ mod tests {
     #[test]
     fn tool_results_are_summarised() {
         let mut request = ask("$ echo hi", &[BASH]);
-        std::sync::Arc::make_mut(&mut request.messages).push(Message::Assistant {
+        Arc::make_mut(&mut request.messages).push(Message::Assistant {
             content: String::new(),
             tool_calls: vec![],
         });
-        std::sync::Arc::make_mut(&mut request.messages).push(Message::Tool {
+        Arc::make_mut(&mut request.messages).push(Message::Tool {
             tool_call_id: "t".into(),
             name: BASH.into(),
             content: "hi".into(),
