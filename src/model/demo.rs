@@ -39,8 +39,11 @@ struct Reply {
 
 fn reply(request: &ChatRequest) -> Reply {
     let offered = |name: &str| request.tools.iter().any(|t| t.name == name);
-    // The history is read back only as far as the last prompt: a reply
-    // costs the same at a session's 500th turn as at its first.
+    let turn = request
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Message::Assistant { .. }))
+        .count();
     let results: Vec<&Message> = request
         .messages
         .iter()
@@ -56,6 +59,8 @@ fn reply(request: &ChatRequest) -> Reply {
             _ => None,
         })
         .unwrap_or("");
+    // Only the last prompt asks: a decision an earlier one asked for is
+    // not the answer to this one.
     let asked = decision_asked(prompt);
     if !results.is_empty() {
         if let Some(answer) = asked {
@@ -87,10 +92,6 @@ fn reply(request: &ChatRequest) -> Reply {
     let mut missing = Vec::new();
     let mut want = |name: &str, arguments: serde_json::Value| {
         if offered(name) {
-            // Ids unique in the session: the model call's number in it.
-            let turn = (request.messages.iter())
-                .filter(|m| matches!(m, Message::Assistant { .. }))
-                .count();
             let id = format!("toolu_demo_{}_{}", turn + 1, calls.len() + 1);
             calls.push(ToolCall {
                 id,
