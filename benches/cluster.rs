@@ -22,7 +22,8 @@
 //! Over the turns, per turn: the CPU time of the replicas, nats-server and
 //! PostgreSQL's processes from `/proc`, with the whole machine's busy share
 //! (everything here shares the same cores); the PostgreSQL statements (and
-//! round trips) and the NATS messages (see `common/backends.rs`).
+//! round trips), the bytes of WAL they wrote, and the NATS messages (see
+//! `common/backends.rs`).
 //!
 //! Three replicas are measured twice: with tokio's default runtime (as
 //! many threads as the machine's cores, so three replicas run three times
@@ -339,6 +340,7 @@ struct Turns {
     replicas_cpu: Duration,
     system_cpu: Duration,
     statements: f64,
+    wal_bytes: f64,
     nats_messages: f64,
 }
 
@@ -483,6 +485,7 @@ async fn measure_turns(deployment: &Deployment, load: Load) -> Result<Turns, Str
         replicas_cpu: replicas_cpu.div_f64(turns),
         system_cpu: (replicas_cpu + nats_cpu + postgres_cpu).div_f64(turns),
         statements: per(counted_before.statements(), counted_after.statements()),
+        wal_bytes: per(counted_before.wal_bytes(), counted_after.wal_bytes()),
         nats_messages: per(
             counted_before.nats_messages(),
             counted_after.nats_messages(),
@@ -523,7 +526,7 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn rows() -> [Row; 7] {
+fn rows() -> [Row; 8] {
     [
         ("first event p50", |f| millis(f.first_event.0), " ms"),
         ("first event p99", |f| millis(f.first_event.1), " ms"),
@@ -543,6 +546,7 @@ fn rows() -> [Row; 7] {
             |f| f.turns.statements,
             "",
         ),
+        ("PostgreSQL WAL bytes per turn", |f| f.turns.wal_bytes, ""),
         (
             "NATS messages (in + out) per turn",
             |f| f.turns.nats_messages,

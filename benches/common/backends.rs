@@ -1,6 +1,7 @@
 //! What a deployment's backends did over a measure (issue 42): the
-//! PostgreSQL statements its replicas ran (from `pg_stat_statements`, reset
-//! for the deployment's database before the measure), the messages its
+//! PostgreSQL statements its replicas ran and the WAL they wrote (from
+//! `pg_stat_statements`, reset for the deployment's database before the
+//! measure), the messages its
 //! nats-server took in and sent out (its monitoring endpoint's `/varz`),
 //! and the CPU time of every PostgreSQL process on the machine (`/proc`).
 //!
@@ -23,6 +24,9 @@ use sqlx::{Connection, PgConnection, Row};
 pub struct Counters {
     statements: u64,
     brackets: u64,
+    /// Bytes of WAL the statements wrote: what PostgreSQL has to write,
+    /// flush and (with replicas of its own) ship for them.
+    wal_bytes: u64,
     nats_in: u64,
     nats_out: u64,
     postgres_cpu: PostgresCpu,
@@ -42,6 +46,10 @@ struct PostgresCpu {
 impl Counters {
     pub fn statements(&self) -> u64 {
         self.statements
+    }
+
+    pub fn wal_bytes(&self) -> u64 {
+        self.wal_bytes
     }
 
     /// Messages in and out of nats-server.
@@ -105,11 +113,12 @@ impl Backends {
     }
 
     pub async fn read(&mut self) -> Result<Counters, String> {
-        let (mut statements, mut brackets) = (0, 0);
+        let (mut statements, mut brackets, mut wal_bytes) = (0, 0, 0);
         if let Some(connection) = &mut self.database {
             let row = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "SELECT coalesce(sum(calls), 0)::int8, \
-                 coalesce(sum(calls) FILTER (WHERE query IN ('BEGIN', 'COMMIT', 'ROLLBACK')), 0)::int8 \
+                 coalesce(sum(calls) FILTER (WHERE query IN ('BEGIN', 'COMMIT', 'ROLLBACK')), 0)::int8, \
+                 coalesce(sum(wal_bytes), 0)::int8 \
                  FROM pg_stat_statements WHERE {OURS}"
             )))
             .fetch_one(connection)
@@ -117,6 +126,7 @@ impl Backends {
             .map_err(|e| format!("reading pg_stat_statements: {e}"))?;
             statements = row.get::<i64, _>(0) as u64;
             brackets = row.get::<i64, _>(1) as u64;
+            wal_bytes = row.get::<i64, _>(2) as u64;
         }
         let (mut nats_in, mut nats_out) = (0, 0);
         if let Some(monitor) = &self.nats_monitor {
@@ -133,6 +143,7 @@ impl Backends {
         Ok(Counters {
             statements,
             brackets,
+            wal_bytes,
             nats_in,
             nats_out,
             postgres_cpu: postgres_cpu(),
@@ -171,10 +182,11 @@ pub fn print_per_turn(before: &Counters, after: &Counters, turns: f64) -> Durati
     let micros = |d: Duration| d.as_secs_f64() * 1e6 / turns;
     println!(
         "  per turn     PostgreSQL {:.2} statements = round trips ({:.2} of them BEGIN/COMMIT), \
-         {:.0} µs CPU ({:.0} µs in the backends of {} connections, {:.0} µs in its own \
+         {:.0} bytes of WAL, {:.0} µs CPU ({:.0} µs in the backends of {} connections, {:.0} µs in its own \
          processes); NATS {:.2} messages in, {:.2} out",
         per(before.statements, after.statements),
         per(before.brackets, after.brackets),
+        per(before.wal_bytes, after.wal_bytes),
         micros(backends + own),
         micros(backends),
         a.connections,
