@@ -170,8 +170,11 @@ pub trait SessionStore: Send + Sync {
     async fn list_sessions(&self, filter: &SessionFilter)
     -> Result<Vec<SessionRecord>, StoreError>;
 
-    /// Closed ephemeral sessions last updated before `cutoff`, oldest
-    /// first, at most `limit`: those the retention removes.
+    /// Closed ephemeral sessions made and last updated before `cutoff`,
+    /// oldest update first, at most `limit`: those the retention removes.
+    /// (A session is updated after it is made; the two times differ the
+    /// other way only by a clock skew between replicas, which delays its
+    /// removal by as much.)
     async fn expired_ephemeral(
         &self,
         cutoff: DateTime<Utc>,

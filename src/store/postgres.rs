@@ -295,6 +295,17 @@ const MIGRATIONS: &[(&str, &str)] = &[
                 DELETE FROM kv WHERE kv.namespace = ns AND kv.key = k;
             END $$;",
     ),
+    (
+        "the ephemeral sessions' index on their creation",
+        // Every batch of a turn writes its session's `updated_at`. While an
+        // index covered it, each of those writes put a new entry in every
+        // index of the table (six), where an update that changes no
+        // indexed column is a heap-only (HOT) one and adds none. The
+        // retention finds the expired among the ephemeral sessions made
+        // before its cutoff: an ephemeral session is made by its one turn.
+        "DROP INDEX sessions_ephemeral;
+        CREATE INDEX sessions_ephemeral ON sessions (created_at) WHERE ephemeral;",
+    ),
 ];
 
 fn migrator() -> Migrator {

@@ -175,6 +175,13 @@ const MIGRATION_STEPS: &[M<'static>] = &[
     ) STRICT;
     CREATE INDEX key_usage_by_day ON key_usage (day);",
     ),
+    // The retention's index on a column no write after the first changes:
+    // a write of a session's usage and `updated_at` (every batch of a
+    // turn) then updates no index at all.
+    M::up(
+        "DROP INDEX sessions_ephemeral;
+    CREATE INDEX sessions_ephemeral ON sessions (created_at) WHERE ephemeral = 1;",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 

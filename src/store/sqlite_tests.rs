@@ -212,3 +212,39 @@ async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
         "the WAL started over {restarts} times in 20 s of commits"
     );
 }
+
+/// A batch writes its session's usage and `updated_at`: no index of the
+/// table covers either, so the write updates no index; the retention
+/// still finds expired sessions through an index, not a scan of the table.
+#[tokio::test]
+async fn no_index_covers_what_every_batch_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    drop(store);
+    let connection = Connection::open(dir.path().join("nested/dir/conclave.db")).unwrap();
+    let covering: Vec<String> = connection
+        .prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'sessions' \
+             AND (sql LIKE '%updated_at%' OR sql LIKE '%usage%')",
+        )
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(covering, Vec::<String>::new());
+    let plan: Vec<String> = connection
+        .prepare(
+            "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE ephemeral = 1 AND created_at < ?2 \
+             AND status = ?1 AND updated_at < ?2 ORDER BY updated_at LIMIT ?3",
+        )
+        .unwrap()
+        .query_map(params!["closed", "2026-01-01", 10], |row| row.get(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(
+        plan.iter().all(|step| !step.starts_with("SCAN")),
+        "{plan:?}"
+    );
+}

@@ -409,3 +409,7 @@ fn bind_creation<'q>(
         .bind(encode_time(record.updated_at))
         .bind(ttl))
 }
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

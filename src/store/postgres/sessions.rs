@@ -155,7 +155,8 @@ impl SessionStore for PostgresStore {
         limit: usize,
     ) -> Result<Vec<Uuid>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id FROM sessions WHERE ephemeral AND status = $1 AND updated_at < $2
+            "SELECT id FROM sessions WHERE ephemeral AND created_at < $2 AND status = $1
+                 AND updated_at < $2
              ORDER BY updated_at LIMIT $3",
         )
         .bind(SessionStatus::Closed.as_str())

@@ -62,8 +62,8 @@ pub(super) fn expired_ephemeral(
     limit: usize,
 ) -> Result<Vec<String>, StoreError> {
     let mut statement = conn.prepare_cached(
-        "SELECT id FROM sessions WHERE ephemeral = 1 AND status = ?1 AND updated_at < ?2 \
-         ORDER BY updated_at LIMIT ?3",
+        "SELECT id FROM sessions WHERE ephemeral = 1 AND created_at < ?2 AND status = ?1 \
+         AND updated_at < ?2 ORDER BY updated_at LIMIT ?3",
     )?;
     let rows = statement.query_map(
         rusqlite::params![
