@@ -107,7 +107,7 @@ pub struct JobDoneLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabel {
-    pub r#type: String,
+    pub r#type: &'static str,
 }
 
 pub struct Metrics {

@@ -34,7 +34,16 @@ impl Event {
 }
 
 /// What happened; serialized with its `type` tag.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, strum::IntoStaticStr)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Serialize,
+    Deserialize,
+    ToSchema,
+    strum::IntoStaticStr,
+    strum::VariantNames,
+)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum EventKind {
@@ -363,6 +372,21 @@ mod tests {
             let json = serde_json::to_string(&event).unwrap();
             let back: Event = serde_json::from_str(&json).unwrap();
             assert_eq!(back, event, "{json}");
+            let written: serde_json::Value = serde_json::from_str(&json).unwrap();
+            assert_eq!(written["type"], event.kind.type_name(), "{json}");
         }
+    }
+
+    /// The store keeps an event's `type` as [`EventKind::type_name`] says
+    /// it, beside the body serde writes: both name every kind alike.
+    #[test]
+    fn every_kind_is_named_as_serde_tags_it() {
+        use strum::VariantNames;
+        let refused = serde_json::from_str::<EventKind>(r#"{"type": "no_such_kind"}"#)
+            .unwrap_err()
+            .to_string();
+        let (_, expected) = refused.split_once("expected one of ").expect(&refused);
+        let tags: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        assert_eq!(tags, EventKind::VARIANTS, "{refused}");
     }
 }

@@ -2,11 +2,9 @@
 //! with nanoseconds (exact, and they sort as text), and an event's body
 //! with its `type` beside it.
 
-use std::borrow::Cow;
-
 use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use super::{Expect, StoreError};
 use crate::protocol::Event;
@@ -30,21 +28,10 @@ pub(crate) fn decode_time(what: &str, text: &str) -> Result<DateTime<Utc>, Store
         .map_err(|err| StoreError::Corrupt(format!("{what} '{text}': {err}")))
 }
 
-/// The `type` of an encoded event, read without decoding the rest.
-#[derive(Deserialize)]
-struct EventTag<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-}
-
-/// An event as a row keeps it: its `type` and its JSON body.
-pub(crate) fn encode_event(event: &Event) -> Result<(String, String), StoreError> {
-    let body = encode("event", event)?;
-    let kind = serde_json::from_str::<EventTag>(&body)
-        .map_err(|err| StoreError::Corrupt(format!("an event encodes without a type: {err}")))?
-        .kind
-        .into_owned();
-    Ok((kind, body))
+/// An event as a row keeps it: its `type` (the tag its body carries) and
+/// its JSON body.
+pub(crate) fn encode_event(event: &Event) -> Result<(&'static str, String), StoreError> {
+    Ok((event.kind.type_name(), encode("event", event)?))
 }
 
 impl Expect {

@@ -373,7 +373,7 @@ impl Core {
                 self.metrics
                     .events
                     .get_or_create(&EventLabel {
-                        r#type: event.kind.type_name().to_string(),
+                        r#type: event.kind.type_name(),
                     })
                     .inc();
                 let event = Arc::new(event);

@@ -137,7 +137,7 @@ pub(super) struct Encoded {
     /// The events' columns, one array each.
     sessions: Vec<Uuid>,
     seqs: Vec<i64>,
-    kinds: Vec<String>,
+    kinds: Vec<&'static str>,
     times: Vec<DateTime<Utc>>,
     bodies: Vec<String>,
     messages: Vec<String>,
@@ -272,7 +272,7 @@ pub(super) fn group<'q>(
         )
         .bind(
             all()
-                .flat_map(|e| e.kinds.iter().map(String::as_str))
+                .flat_map(|e| e.kinds.iter().copied())
                 .collect::<Vec<_>>(),
         )
         .bind(
