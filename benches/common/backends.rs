@@ -1,9 +1,9 @@
 //! What a deployment's backends did over a measure (issue 42): the
 //! PostgreSQL statements its replicas ran and the WAL they wrote (from
 //! `pg_stat_statements`, reset for the deployment's database before the
-//! measure), the messages its
-//! nats-server took in and sent out (its monitoring endpoint's `/varz`),
-//! and the CPU time of every PostgreSQL process on the machine (`/proc`).
+//! measure), the messages its nats-server took in and sent out (its
+//! monitoring endpoint's `/varz`), and the CPU time of every PostgreSQL
+//! process on the machine (`/proc`).
 //!
 //! sqlx sends each statement with its own Sync, so the statements are also
 //! the round trips (`BEGIN` and `COMMIT` included; preparing a statement a

@@ -56,15 +56,20 @@ pub(super) fn list(
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// The closed ephemeral sessions made and last updated before `?2`, at
+/// most `?3`. `+status` keeps the planner (which has no statistics) off
+/// `sessions_by_status`: every closed session is an ephemeral one within
+/// its retention, while the ephemeral sessions made before the cutoff are
+/// mostly those that expired.
+pub(super) const EXPIRED_EPHEMERAL: &str = "SELECT id FROM sessions WHERE ephemeral = 1 AND created_at < ?2 AND +status = ?1 \
+     AND updated_at < ?2 ORDER BY updated_at LIMIT ?3";
+
 pub(super) fn expired_ephemeral(
     conn: &Connection,
     cutoff: DateTime<Utc>,
     limit: usize,
 ) -> Result<Vec<String>, StoreError> {
-    let mut statement = conn.prepare_cached(
-        "SELECT id FROM sessions WHERE ephemeral = 1 AND created_at < ?2 AND status = ?1 \
-         AND updated_at < ?2 ORDER BY updated_at LIMIT ?3",
-    )?;
+    let mut statement = conn.prepare_cached(EXPIRED_EPHEMERAL)?;
     let rows = statement.query_map(
         rusqlite::params![
             SessionStatus::Closed.as_str(),
