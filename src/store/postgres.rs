@@ -21,16 +21,33 @@ use sqlx::{Connection, SqlSafeStr};
 
 use super::{Store, StoreError};
 
-/// Inserts a key's usage rows into `key_usage`, adding to the row of the
-/// same owner, day and model where there is one: the `INSERT`'s head and
-/// its `ON CONFLICT` around the rows' source (a `VALUES` or a `SELECT`).
+/// The stripe of `key_usage` the connection running a statement adds to:
+/// its backend's process id, modulo the stripes. Two transactions add to
+/// the same row of a key, day and model only when their backends share a
+/// stripe, so turns of one key on several connections (and replicas) do
+/// not queue for one row's lock and each other's commits; readers sum the
+/// stripes.
+macro_rules! stripe {
+    () => {
+        "(pg_backend_pid() % 64)::smallint"
+    };
+}
+
+/// Inserts a key's usage rows (from `$source`, a `VALUES` or a `SELECT`
+/// of owner, day, model and the seven counts) into `key_usage`, in the
+/// order of their owner, day and model, adding to the row of the same
+/// owner, day, model and [`stripe!`] where there is one.
 macro_rules! add_usage {
     ($source:expr) => {
         concat!(
             "INSERT INTO key_usage (owner, day, model, input_tokens, output_tokens,
-                cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s) ",
+                cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s, stripe)
+             SELECT *, ",
+            stripe!(),
+            " FROM (",
             $source,
-            " ON CONFLICT (owner, day, model) DO UPDATE SET
+            ") AS added ORDER BY 1, 2, 3
+             ON CONFLICT (owner, day, model, stripe) DO UPDATE SET
                 input_tokens = key_usage.input_tokens + excluded.input_tokens,
                 output_tokens = key_usage.output_tokens + excluded.output_tokens,
                 cost_usd = key_usage.cost_usd + excluded.cost_usd,
@@ -305,6 +322,19 @@ const MIGRATIONS: &[(&str, &str)] = &[
         // before its cutoff: an ephemeral session is made by its one turn.
         "DROP INDEX sessions_ephemeral;
         CREATE INDEX sessions_ephemeral ON sessions (created_at) WHERE ephemeral;",
+    ),
+    (
+        "usage rows striped by connection",
+        // Every turn's last batch adds to its key's row of the day and
+        // model. With one row, the turns of one key (every turn, without
+        // keys) waited in line for its lock, each until the one before
+        // had committed, on every replica: on 16 cores, most of the
+        // backends of a busy store waited there. Each connection now adds
+        // to a stripe of its own (see `stripe!`); the rows made before
+        // are stripe 0.
+        "ALTER TABLE key_usage ADD COLUMN stripe SMALLINT NOT NULL DEFAULT 0;
+        ALTER TABLE key_usage DROP CONSTRAINT key_usage_pkey;
+        ALTER TABLE key_usage ADD PRIMARY KEY (owner, day, model, stripe);",
     ),
 ];
 

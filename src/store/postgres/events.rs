@@ -123,7 +123,7 @@ pub(super) const GROUP: &str = concat!(
          FROM UNNEST($17::text[], $18::text[], $19::text[], $20::bigint[], $21::bigint[],
              $22::float8[], $23::bigint[], $24::bigint[], $25::float8[], $26::float8[])
              AS u(owner, day, model, i, o, c, t, tc, cpu, wall)
-         GROUP BY owner, day, model ORDER BY owner, day, model"
+         GROUP BY owner, day, model"
     ),
     "), logged AS (",
     insert_events!(),

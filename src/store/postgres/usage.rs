@@ -1,11 +1,15 @@
 //! Usage per key in PostgreSQL: one statement adds and reads the day's
-//! totals back, so replicas adding at once each see every add before
-//! theirs.
+//! totals back. A key's row of a day and model is striped by connection
+//! (see `stripe!`): adds on different connections do not wait for each
+//! other, and every read sums the stripes. An add's totals count every
+//! add committed before it began and its own; of adds under way at the
+//! same moment on other connections, each counts only its own.
 
 use async_trait::async_trait;
 use chrono::NaiveDate;
-use sqlx::Row;
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{Postgres, Row};
 
 use super::PostgresStore;
 use crate::store::usage::{count, decode_day, encode_day, signed};
@@ -19,6 +23,50 @@ macro_rules! sums {
     COALESCE(SUM(tool_calls), 0)::BIGINT, COALESCE(SUM(sandbox_cpu_s), 0)::FLOAT8,
     COALESCE(SUM(sandbox_wall_s), 0)::FLOAT8"
     };
+}
+
+/// Adds `$4`–`$10` to the stripe of (`$1`, `$2`, `$3`) and answers the
+/// owner's totals on the day. The statement's snapshot does not see its
+/// own upsert: the upserted row comes from `RETURNING`, the day's other
+/// rows (the other stripes and models) from the table.
+const ADD: &str = concat!(
+    "WITH up AS (",
+    add_usage!("VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
+    " RETURNING input_tokens, output_tokens, cost_usd, turns, tool_calls,
+            sandbox_cpu_s, sandbox_wall_s
+    ), day_rows AS (
+        SELECT * FROM up
+        UNION ALL
+        SELECT input_tokens, output_tokens, cost_usd, turns, tool_calls,
+            sandbox_cpu_s, sandbox_wall_s
+        FROM key_usage WHERE owner = $1 AND day = $2
+            AND NOT (model = $3 AND stripe = ",
+    stripe!(),
+    ")
+    )
+    SELECT ",
+    sums!(),
+    " FROM day_rows"
+);
+
+/// [`ADD`] of `add` to `owner`'s usage of `model` on `day`.
+fn add_query<'q>(
+    owner: &'q str,
+    day: NaiveDate,
+    model: &'q str,
+    add: &UsageCounts,
+) -> Query<'q, Postgres, PgArguments> {
+    sqlx::query(ADD)
+        .bind(owner)
+        .bind(encode_day(day))
+        .bind(model)
+        .bind(signed(add.input_tokens))
+        .bind(signed(add.output_tokens))
+        .bind(add.cost_usd)
+        .bind(signed(add.turns))
+        .bind(signed(add.tool_calls))
+        .bind(add.sandbox_cpu_s)
+        .bind(add.sandbox_wall_s)
 }
 
 /// The seven counts from column `at` on.
@@ -43,36 +91,7 @@ impl UsageStore for PostgresStore {
         model: &str,
         add: &UsageCounts,
     ) -> Result<UsageCounts, StoreError> {
-        // The statement's snapshot does not see its own upsert, so the
-        // upserted row comes from RETURNING and the other models' rows
-        // from the table.
-        let sql = concat!(
-            "WITH up AS (",
-            add_usage!("VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
-            " RETURNING input_tokens, output_tokens, cost_usd, turns, tool_calls,
-                    sandbox_cpu_s, sandbox_wall_s
-            ), day_rows AS (
-                SELECT * FROM up
-                UNION ALL
-                SELECT input_tokens, output_tokens, cost_usd, turns, tool_calls,
-                    sandbox_cpu_s, sandbox_wall_s
-                FROM key_usage WHERE owner = $1 AND day = $2 AND model <> $3
-            )
-            SELECT ",
-            sums!(),
-            " FROM day_rows"
-        );
-        let row = sqlx::query(sql)
-            .bind(owner)
-            .bind(encode_day(day))
-            .bind(model)
-            .bind(signed(add.input_tokens))
-            .bind(signed(add.output_tokens))
-            .bind(add.cost_usd)
-            .bind(signed(add.turns))
-            .bind(signed(add.tool_calls))
-            .bind(add.sandbox_cpu_s)
-            .bind(add.sandbox_wall_s)
+        let row = add_query(owner, day, model, add)
             .fetch_one(&self.pool)
             .await?;
         counts(&row, 0)
@@ -84,13 +103,14 @@ impl UsageStore for PostgresStore {
         to: NaiveDate,
         owner: Option<&str>,
     ) -> Result<Vec<UsageRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT owner, day, model, input_tokens, output_tokens, cost_usd, turns,
-                tool_calls, sandbox_cpu_s, sandbox_wall_s
-             FROM key_usage
-             WHERE day >= $1 AND day <= $2 AND ($3::TEXT IS NULL OR owner = $3)
-             ORDER BY owner, day, model",
-        )
+        let rows = sqlx::query(concat!(
+            "SELECT owner, day, model, ",
+            sums!(),
+            " FROM key_usage
+                 WHERE day >= $1 AND day <= $2 AND ($3::TEXT IS NULL OR owner = $3)
+                 GROUP BY owner, day, model
+                 ORDER BY owner, day, model"
+        ))
         .bind(encode_day(from))
         .bind(encode_day(to))
         .bind(owner)
@@ -123,3 +143,7 @@ impl UsageStore for PostgresStore {
         counts(&row, 0)
     }
 }
+
+#[cfg(test)]
+#[path = "usage_tests.rs"]
+mod tests;
