@@ -17,7 +17,7 @@
 #   and runs the bench once per SESSIONS TURNS pair (default: 60 10 and
 #   480 20, the two loads of the issue), CONCLAVE_BENCH_ROUNDS rounds each
 #   (3 by default), the output of each in $OUT (else target/device-kit).
-#   CONCLAVE_DEVICE_SERVER=PATH runs it with that server binary in place
+#   CONCLAVE_BENCH_SERVER=PATH runs it with that server binary in place
 #   of the kit's (another build, carried beside the kit), to compare two
 #   builds on the same machine.
 set -euo pipefail
@@ -96,7 +96,7 @@ run() {
     server=$(cat "$root/server-path")
     tmp=$(cat "$root/tmp-path")
     mkdir -p "$(dirname "$server")" "$tmp"
-    cp "${CONCLAVE_DEVICE_SERVER:-$root/bin/conclave}" "$server"
+    cp "${CONCLAVE_BENCH_SERVER:-$root/bin/conclave}" "$server"
     for zone in UTC GMT; do
         [ -e "/usr/share/zoneinfo/$zone" ] || { mkdir -p /usr/share/zoneinfo; cp "$root/zoneinfo/$zone" /usr/share/zoneinfo/; }
     done
@@ -125,7 +125,7 @@ run() {
     pairs=("$@")
     [ ${#pairs[@]} -gt 0 ] || pairs=(60 10 480 20)
     [ $((${#pairs[@]} % 2)) = 0 ] || die "usage: $0 run [SESSIONS TURNS]..."
-    log "commit $(cat "$root/commit"), server ${CONCLAVE_DEVICE_SERVER:-of the kit}, $(nproc) cores, $(uname -r)"
+    log "commit $(cat "$root/commit"), server ${CONCLAVE_BENCH_SERVER:-of the kit}, $(nproc) cores, $(uname -r)"
     for ((i = 0; i < ${#pairs[@]}; i += 2)); do
         local sessions=${pairs[i]} turns=${pairs[i + 1]}
         log "cluster $sessions $turns"
