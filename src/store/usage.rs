@@ -61,7 +61,11 @@ pub trait UsageStore: Send + Sync {
     /// Adds `counts` to the row of (`owner`, `day`, `model`), made when
     /// missing, in one atomic statement, and answers `owner`'s totals on
     /// `day` over every model after the add: what a daily budget is
-    /// checked against, without a second round trip.
+    /// checked against, without a second round trip. The totals count
+    /// every add that committed before this one began, and this one;
+    /// adds under way at the same moment elsewhere may count only once
+    /// they commit (PostgreSQL's connections each add to a row of their
+    /// own, so that they do not wait for each other).
     async fn usage_add(
         &self,
         owner: &str,

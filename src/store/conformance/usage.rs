@@ -90,8 +90,11 @@ pub(crate) async fn usage_adds_up_per_owner_day_and_model(fixture: &dyn Fixture)
 }
 
 /// Adds racing from two stores on one database (two replicas, for
-/// PostgreSQL; two writers of one file, for SQLite) all land, and the
-/// totals they answer grow strictly, each by one add.
+/// PostgreSQL; two writers of one file, for SQLite) all land. Each
+/// answers totals that count its own add and none beyond those made;
+/// adds under way at the same moment need not see each other (on
+/// PostgreSQL each connection adds to a row of its own). An add made
+/// after them all sees every one.
 pub(crate) async fn concurrent_usage_adds_all_land(fixture: &dyn Fixture) {
     let stores: [Arc<dyn Store>; 2] = [fixture.open().await, fixture.open().await];
     let today = day("2026-11-27");
@@ -105,13 +108,28 @@ pub(crate) async fn concurrent_usage_adds_all_land(fixture: &dyn Fixture) {
                 .input_tokens
         })
     });
-    let mut seen: Vec<u64> = futures::future::join_all(adds)
+    let seen: Vec<u64> = futures::future::join_all(adds)
         .await
         .into_iter()
         .map(Result::unwrap)
         .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (1..=40).collect::<Vec<u64>>());
-    let total = stores[0].usage_day("alice", today).await.unwrap();
+    assert!(seen.iter().all(|n| (1..=40).contains(n)), "{seen:?}");
+    let mut total = stores[0].usage_day("alice", today).await.unwrap();
     assert_eq!(total, call(40, 80, 5.0));
+    for store in &stores {
+        let after = store
+            .usage_add("alice", today, "other", &call(1, 2, 0.125))
+            .await
+            .unwrap();
+        assert_eq!(
+            after.input_tokens,
+            total.input_tokens + 1,
+            "an add after the others sees every one"
+        );
+        total = after;
+    }
+    assert_eq!(
+        stores[1].usage_day("alice", today).await.unwrap(),
+        call(42, 84, 5.25)
+    );
 }
