@@ -19,7 +19,11 @@
 #   (3 by default), the output of each in $OUT (else target/device-kit).
 #   CONCLAVE_BENCH_SERVER=PATH runs it with that server binary in place
 #   of the kit's (another build, carried beside the kit), to compare two
-#   builds on the same machine.
+#   builds on the same machine. CONCLAVE_BENCH_LOCK_WAITS=1 has
+#   PostgreSQL log every lock wait of 5 ms or more (a diagnosis: it
+#   changes the deadlock check's timing, so its figures are not the
+#   bench's) and writes their count, by the relation waited on, to
+#   lock-waits.txt beside the output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # log, die, free_port, POSTGRES_SETTINGS, CLEANUP; nothing is installed.
@@ -84,7 +88,7 @@ pack() {
 }
 
 run() {
-    local root=/tmp/conclave-device out server tmp libs pg port pairs
+    local root=/tmp/conclave-device out server tmp libs pg port pairs settings=$POSTGRES_SETTINGS
     [ -f "$KIT/kit.tar.xz" ] || die "no $KIT/kit.tar.xz: pack it first, and carry $KIT"
     out=${OUT:-$KIT}
     rm -rf "$root" && mkdir -p "$root"
@@ -116,8 +120,10 @@ run() {
     log "PostgreSQL ($(LD_LIBRARY_PATH=$libs "$pg/postgres" --version)) on 127.0.0.1:$port"
     as_postgres "$libs" "$pg/initdb" -D "$root/pg/data" -A trust -U postgres --no-locale -E UTF8 \
         >"$root/pg/initdb.log" 2>&1 || { cat "$root/pg/initdb.log"; die "initdb failed"; }
+    [ -z "${CONCLAVE_BENCH_LOCK_WAITS:-}" ] \
+        || settings+=" -c log_lock_waits=on -c deadlock_timeout=5ms"
     as_postgres "$libs" "$pg/pg_ctl" -D "$root/pg/data" -l "$root/pg/server.log" -w -t 60 \
-        -o "-h 127.0.0.1 -p $port -k $root/pg $POSTGRES_SETTINGS" start >/dev/null \
+        -o "-h 127.0.0.1 -p $port -k $root/pg $settings" start >/dev/null \
         || { cat "$root/pg/server.log"; die "PostgreSQL did not start"; }
     CLEANUP+=("as_postgres '$libs' '$pg/pg_ctl' -D '$root/pg/data' -m immediate stop >/dev/null 2>&1")
     export CONCLAVE_BENCH_POSTGRES="postgres://postgres@127.0.0.1:$port/postgres"
@@ -132,6 +138,13 @@ run() {
         LD_LIBRARY_PATH=$libs "$root/bin/cluster" "$sessions" "$turns" 2>&1 \
             | tee "$out/cluster-${sessions}x$turns.log"
     done
+    if [ -n "${CONCLAVE_BENCH_LOCK_WAITS:-}" ]; then
+        {
+            echo "lock waits of 5 ms or more: $(grep -c 'still waiting' "$root/pg/server.log" || true)"
+            grep -A2 'still waiting' "$root/pg/server.log" | grep -o 'in relation "[^"]*"' \
+                | sort | uniq -c | sort -rn || true
+        } | tee "$out/lock-waits.txt"
+    fi
 }
 
 case "${1:-}" in
