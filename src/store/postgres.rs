@@ -21,12 +21,12 @@ use sqlx::{Connection, SqlSafeStr};
 
 use super::{Store, StoreError};
 
-/// The stripe of `key_usage` the connection running a statement adds to:
-/// its backend's process id, modulo the stripes. Two transactions add to
-/// the same row of a key, day and model only when their backends share a
-/// stripe, so turns of one key on several connections (and replicas) do
-/// not queue for one row's lock and each other's commits; readers sum the
-/// stripes.
+/// The stripe of `key_usage_stripes` the connection running a statement
+/// adds to: its backend's process id, modulo the stripes. Two
+/// transactions add to the same row of a key, day and model only when
+/// their backends share a stripe, so turns of one key on several
+/// connections (and replicas) do not queue for one row's lock and each
+/// other's commits; readers sum the rows of `key_usage_rows`.
 macro_rules! stripe {
     () => {
         "(pg_backend_pid() % 64)::smallint"
@@ -34,13 +34,13 @@ macro_rules! stripe {
 }
 
 /// Inserts a key's usage rows (from `$source`, a `VALUES` or a `SELECT`
-/// of owner, day, model and the seven counts) into `key_usage`, in the
-/// order of their owner, day and model, adding to the row of the same
-/// owner, day, model and [`stripe!`] where there is one.
+/// of owner, day, model and the seven counts) into `key_usage_stripes`,
+/// in the order of their owner, day and model, adding to the row of the
+/// same owner, day, model and [`stripe!`] where there is one.
 macro_rules! add_usage {
     ($source:expr) => {
         concat!(
-            "INSERT INTO key_usage (owner, day, model, input_tokens, output_tokens,
+            "INSERT INTO key_usage_stripes (owner, day, model, input_tokens, output_tokens,
                 cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s, stripe)
              SELECT *, ",
             stripe!(),
@@ -48,13 +48,13 @@ macro_rules! add_usage {
             $source,
             ") AS added ORDER BY 1, 2, 3
              ON CONFLICT (owner, day, model, stripe) DO UPDATE SET
-                input_tokens = key_usage.input_tokens + excluded.input_tokens,
-                output_tokens = key_usage.output_tokens + excluded.output_tokens,
-                cost_usd = key_usage.cost_usd + excluded.cost_usd,
-                turns = key_usage.turns + excluded.turns,
-                tool_calls = key_usage.tool_calls + excluded.tool_calls,
-                sandbox_cpu_s = key_usage.sandbox_cpu_s + excluded.sandbox_cpu_s,
-                sandbox_wall_s = key_usage.sandbox_wall_s + excluded.sandbox_wall_s"
+                input_tokens = key_usage_stripes.input_tokens + excluded.input_tokens,
+                output_tokens = key_usage_stripes.output_tokens + excluded.output_tokens,
+                cost_usd = key_usage_stripes.cost_usd + excluded.cost_usd,
+                turns = key_usage_stripes.turns + excluded.turns,
+                tool_calls = key_usage_stripes.tool_calls + excluded.tool_calls,
+                sandbox_cpu_s = key_usage_stripes.sandbox_cpu_s + excluded.sandbox_cpu_s,
+                sandbox_wall_s = key_usage_stripes.sandbox_wall_s + excluded.sandbox_wall_s"
         )
     };
 }
@@ -324,17 +324,28 @@ const MIGRATIONS: &[(&str, &str)] = &[
         CREATE INDEX sessions_ephemeral ON sessions (created_at) WHERE ephemeral;",
     ),
     (
-        "usage rows striped by connection",
-        // Every turn's last batch adds to its key's row of the day and
-        // model. With one row, the turns of one key (every turn, without
-        // keys) waited in line for its lock, each until the one before
-        // had committed, on every replica: on 16 cores, most of the
-        // backends of a busy store waited there. Each connection now adds
-        // to a stripe of its own (see `stripe!`); the rows made before
-        // are stripe 0.
-        "ALTER TABLE key_usage ADD COLUMN stripe SMALLINT NOT NULL DEFAULT 0;
-        ALTER TABLE key_usage DROP CONSTRAINT key_usage_pkey;
-        ALTER TABLE key_usage ADD PRIMARY KEY (owner, day, model, stripe);",
+        "usage added to stripes by connection",
+        // Every turn's last batch adds to its key's usage of the day and
+        // model. With one row for that, the turns of one key (every turn,
+        // without keys) waited in line for its lock, each until the one
+        // before had committed, on every replica: on 16 cores, most of
+        // the busy backends of a busy store waited there. Each connection
+        // now adds to a stripe of its own (see `stripe!`), in a table of
+        // its own, so that replicas of the version before, still running
+        // during an upgrade, keep adding to `key_usage` as they did; the
+        // view is what every read sums.
+        "CREATE TABLE key_usage_stripes (LIKE key_usage);
+        ALTER TABLE key_usage_stripes ADD COLUMN stripe SMALLINT NOT NULL,
+            ADD PRIMARY KEY (owner, day, model, stripe);
+        CREATE INDEX key_usage_stripes_by_day ON key_usage_stripes (day);
+        CREATE VIEW key_usage_rows AS
+            SELECT owner, day, model, (-1)::smallint AS stripe, input_tokens, output_tokens,
+                cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s
+            FROM key_usage
+            UNION ALL
+            SELECT owner, day, model, stripe, input_tokens, output_tokens,
+                cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s
+            FROM key_usage_stripes;",
     ),
 ];
 

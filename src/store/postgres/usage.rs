@@ -1,7 +1,8 @@
 //! Usage per key in PostgreSQL: one statement adds and reads the day's
 //! totals back. A key's row of a day and model is striped by connection
 //! (see `stripe!`): adds on different connections do not wait for each
-//! other, and every read sums the stripes. An add's totals count every
+//! other, and every read sums the stripes, with the rows `key_usage`
+//! holds from before them (`key_usage_rows`). An add's totals count every
 //! add committed before it began and its own; of adds under way at the
 //! same moment on other connections, each counts only its own.
 
@@ -39,7 +40,7 @@ const ADD: &str = concat!(
         UNION ALL
         SELECT input_tokens, output_tokens, cost_usd, turns, tool_calls,
             sandbox_cpu_s, sandbox_wall_s
-        FROM key_usage WHERE owner = $1 AND day = $2
+        FROM key_usage_rows WHERE owner = $1 AND day = $2
             AND NOT (model = $3 AND stripe = ",
     stripe!(),
     ")
@@ -106,7 +107,7 @@ impl UsageStore for PostgresStore {
         let rows = sqlx::query(concat!(
             "SELECT owner, day, model, ",
             sums!(),
-            " FROM key_usage
+            " FROM key_usage_rows
                  WHERE day >= $1 AND day <= $2 AND ($3::TEXT IS NULL OR owner = $3)
                  GROUP BY owner, day, model
                  ORDER BY owner, day, model"
@@ -133,7 +134,7 @@ impl UsageStore for PostgresStore {
         let sql = concat!(
             "SELECT ",
             sums!(),
-            " FROM key_usage WHERE owner = $1 AND day = $2"
+            " FROM key_usage_rows WHERE owner = $1 AND day = $2"
         );
         let row = sqlx::query(sql)
             .bind(owner)

@@ -132,10 +132,59 @@ async fn a_connection_adds_to_its_one_row() {
         let seen = add(&mut connection, day, "demo", &spent(n)).await.unwrap();
         assert_eq!(seen.turns, n);
     }
-    let rows: i64 = sqlx::query("SELECT count(*) FROM key_usage")
+    let rows: i64 = sqlx::query("SELECT count(*) FROM key_usage_stripes")
         .fetch_one(&mut connection)
         .await
         .unwrap()
         .get(0);
     assert_eq!(rows, 1);
+}
+
+/// How a replica of the version before adds usage: to the one row of
+/// the key, day and model in `key_usage`.
+const ADD_BEFORE_STRIPES: &str = "INSERT INTO key_usage (owner, day, model, input_tokens,
+        output_tokens, cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s)
+    VALUES ($1, $2, $3, $4, 0, 0, 1, 0, 0, 0)
+    ON CONFLICT (owner, day, model) DO UPDATE SET
+        input_tokens = key_usage.input_tokens + excluded.input_tokens,
+        turns = key_usage.turns + excluded.turns";
+
+/// During an upgrade, replicas of the version before still add usage as
+/// they did, beside this version's stripes: both keep working on the
+/// migrated database, and every read counts both.
+#[tokio::test]
+async fn usage_added_the_way_before_stripes_still_counts() {
+    let fixture = PostgresFixture::new().await;
+    let store = PostgresStore::connect(fixture.options(), 1).await.unwrap();
+    let mut before = PgConnection::connect_with(&fixture.options())
+        .await
+        .unwrap();
+    let day = NaiveDate::from_ymd_opt(2026, 11, 30).unwrap();
+    for tokens in [7_i64, 8] {
+        sqlx::query(ADD_BEFORE_STRIPES)
+            .bind("key")
+            .bind("2026-11-30")
+            .bind("demo")
+            .bind(tokens)
+            .execute(&mut before)
+            .await
+            .expect("the statement of the version before");
+    }
+    let totals = store
+        .usage_add("key", day, "demo", &spent(100))
+        .await
+        .unwrap();
+    assert_eq!((totals.input_tokens, totals.turns), (115, 3));
+    let totals = store
+        .usage_add("key", day, "other", &spent(1))
+        .await
+        .unwrap();
+    assert_eq!((totals.input_tokens, totals.turns), (116, 4));
+    assert_eq!(store.usage_day("key", day).await.unwrap(), totals);
+    let rows = store.usage_rows(day, day, Some("key")).await.unwrap();
+    let listed: Vec<(&str, u64, u64)> = rows
+        .iter()
+        .map(|r| (r.model.as_str(), r.counts.input_tokens, r.counts.turns))
+        .collect();
+    assert_eq!(listed, [("demo", 115, 3), ("other", 1, 1)]);
 }
