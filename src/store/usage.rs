@@ -64,8 +64,9 @@ pub trait UsageStore: Send + Sync {
     /// checked against, without a second round trip. The totals count
     /// every add that committed before this one began, and this one;
     /// adds under way at the same moment elsewhere may count only once
-    /// they commit (PostgreSQL's connections each add to a row of their
-    /// own, so that they do not wait for each other).
+    /// they commit (each PostgreSQL connection adds to the row of its
+    /// stripe, one of 64, so that connections do not wait for each
+    /// other).
     async fn usage_add(
         &self,
         owner: &str,

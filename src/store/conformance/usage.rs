@@ -93,7 +93,7 @@ pub(crate) async fn usage_adds_up_per_owner_day_and_model(fixture: &dyn Fixture)
 /// PostgreSQL; two writers of one file, for SQLite) all land. Each
 /// answers totals that count its own add and none beyond those made;
 /// adds under way at the same moment need not see each other (on
-/// PostgreSQL each connection adds to a row of its own). An add made
+/// PostgreSQL each connection adds to the row of its stripe). An add made
 /// after them all sees every one.
 pub(crate) async fn concurrent_usage_adds_all_land(fixture: &dyn Fixture) {
     let stores: [Arc<dyn Store>; 2] = [fixture.open().await, fixture.open().await];

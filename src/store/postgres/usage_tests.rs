@@ -20,22 +20,23 @@ fn spent(tokens: u64) -> UsageCounts {
     }
 }
 
-/// `add` to the key's usage of `model` on `day` on `connection`, in
-/// whatever transaction it has open; answers the day's totals it saw.
+/// Adds `spent` to the key's usage of `model` on `day` on `connection`,
+/// in whatever transaction it has open; answers the day's totals it saw.
 async fn add(
     connection: &mut PgConnection,
     day: NaiveDate,
     model: &str,
-    add: &UsageCounts,
+    spent: &UsageCounts,
 ) -> Result<UsageCounts, sqlx::Error> {
-    let row = add_query("key", day, model, add)
+    let row = add_query("key", day, model, spent)
         .fetch_one(connection)
         .await?;
     Ok(counts(&row, 0).unwrap())
 }
 
-async fn pid(connection: &mut PgConnection) -> i32 {
-    sqlx::query("SELECT pg_backend_pid()")
+/// The stripe `connection` adds to, as the store's statements take it.
+async fn stripe(connection: &mut PgConnection) -> i16 {
+    sqlx::query(concat!("SELECT ", stripe!()))
         .fetch_one(connection)
         .await
         .unwrap()
@@ -65,7 +66,7 @@ async fn adds_on_two_connections_do_not_wait_for_each_other() {
         .await
         .unwrap();
     // A backend whose stripe is not the first's.
-    while pid(&mut second).await % 64 == pid(&mut first).await % 64 {
+    while stripe(&mut second).await == stripe(&mut first).await {
         second = PgConnection::connect_with(&fixture.options())
             .await
             .unwrap();
