@@ -87,12 +87,7 @@ impl Sandbox for Fake {
         _output: mpsc::Sender<ExecChunk>,
         _cancel: CancellationToken,
     ) -> Result<ExecStatus> {
-        Ok(ExecStatus {
-            exit_code: Some(0),
-            timed_out: false,
-            cancelled: false,
-            duration: Duration::ZERO,
-        })
+        Ok(ExecStatus::succeeded())
     }
 
     async fn stats(&self) -> Result<SandboxStats> {

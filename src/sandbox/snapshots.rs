@@ -163,12 +163,46 @@ impl Snapshots {
 
     /// Records the workspace of `sandbox` at a turn end and drops the
     /// session's turn ends past `keep_last`.
+    ///
+    /// The session's turn ends are listed once: what to drop follows from
+    /// that list and this turn end (the session's snapshots are taken one
+    /// at a time, as its next lease waits for this one). Each record is
+    /// read and written once however many of its turn ends change, and
+    /// `first/{session}` is written only with the session's first entry,
+    /// before it, so a session with entries has it without asking.
     pub async fn take(&self, end: TurnEnd<'_>, sandbox: &dyn Sandbox) -> Result<()> {
-        let previous = self.turn_entries(end.session).await?.pop();
+        let mut entries = self.turn_entries(end.session).await?;
+        let had_any = !entries.is_empty();
+        let previous = entries.last().map(|(_, id)| id.clone());
+        // A turn end taken again replaces its entry.
+        let replaced = entries
+            .iter()
+            .position(|(seq, _)| *seq == end.seq)
+            .map(|at| entries.remove(at));
+        let over = (entries.len() + 1).saturating_sub(self.keep_last.max(1));
+        let dropped: Vec<(u64, String)> = entries.drain(..over).collect();
+        // The turn ends each record no longer stands for.
+        let mut released: Vec<(String, Vec<u64>)> = Vec::new();
+        for (seq, id) in dropped.iter().chain(replaced.as_ref()) {
+            match released.iter_mut().find(|(of, _)| of == id) {
+                Some((_, seqs)) => seqs.push(*seq),
+                None => released.push((id.clone(), vec![*seq])),
+            }
+        }
         let shared = match previous {
-            Some((_, id)) if !end.dirty => {
+            Some(id) if !end.dirty => {
+                let gone = released
+                    .iter()
+                    .position(|(of, _)| *of == id)
+                    .map_or_else(Vec::new, |at| released.remove(at).1);
                 let _edit = self.edit.lock().await;
-                self.change(&id, |s| s.turns.push(end.seq)).await?
+                self.change(&id, |s| {
+                    s.turns.retain(|t| !gone.contains(t));
+                    if !s.turns.contains(&end.seq) {
+                        s.turns.push(end.seq);
+                    }
+                })
+                .await?
             }
             _ => None,
         };
@@ -177,19 +211,34 @@ impl Snapshots {
             None => self.write(&end, sandbox).await?,
         };
         let _edit = self.edit.lock().await;
+        if !had_any {
+            // Absent: this is its first; present (a write of this turn
+            // end that failed after it), it stays.
+            self.store
+                .kv_put(
+                    NAMESPACE,
+                    &first_key(end.session),
+                    &encode(&end.seq)?,
+                    Expect::Absent,
+                )
+                .await
+                .map_err(store)?;
+        }
         self.put(&turn_key(end.session, end.seq), &snapshot.snapshot_id)
             .await?;
-        let first = first_key(end.session);
-        if self
-            .store
-            .kv_get(NAMESPACE, &first)
-            .await
-            .map_err(store)?
-            .is_none()
-        {
-            self.put(&first, &end.seq).await?;
+        for (seq, _) in &dropped {
+            self.store
+                .kv_delete(NAMESPACE, &turn_key(end.session, *seq), Expect::Any)
+                .await
+                .map_err(store)?;
         }
-        self.prune(end.session).await
+        for (id, seqs) in released {
+            if id != snapshot.snapshot_id {
+                self.change(&id, |s| s.turns.retain(|t| !seqs.contains(t)))
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Tars the workspace into a new file and stores its record.
@@ -415,20 +464,6 @@ impl Snapshots {
         Ok(())
     }
 
-    /// The session's turn ends past `keep_last`, oldest first, dropped.
-    async fn prune(&self, session: Uuid) -> Result<()> {
-        let entries = self.turn_entries(session).await?;
-        let over = entries.len().saturating_sub(self.keep_last);
-        for (seq, id) in entries.into_iter().take(over) {
-            self.store
-                .kv_delete(NAMESPACE, &turn_key(session, seq), Expect::Any)
-                .await
-                .map_err(store)?;
-            self.change(&id, |s| s.turns.retain(|t| *t != seq)).await?;
-        }
-        Ok(())
-    }
-
     /// Applies `edit` to a record and writes it back, or deletes it with
     /// its file when nothing refers to it any more. The caller holds
     /// `edit`. `None` when the record is gone.
@@ -480,14 +515,17 @@ impl Snapshots {
     }
 
     async fn put(&self, key: &str, value: &impl Serialize) -> Result<()> {
-        let bytes = serde_json::to_vec(value)
-            .map_err(|e| SandboxError::Backend(format!("encoding a snapshot record: {e}")))?;
         self.store
-            .kv_put(NAMESPACE, key, &bytes, Expect::Any)
+            .kv_put(NAMESPACE, key, &encode(value)?, Expect::Any)
             .await
             .map_err(store)?;
         Ok(())
     }
+}
+
+fn encode(value: &impl Serialize) -> Result<Vec<u8>> {
+    serde_json::to_vec(value)
+        .map_err(|e| SandboxError::Backend(format!("encoding a snapshot record: {e}")))
 }
 
 fn blob_key(id: &str) -> String {
@@ -589,3 +627,7 @@ fn check(status: &ExecStatus, stderr: &[u8], what: &str) -> Result<()> {
         String::from_utf8_lossy(stderr).trim()
     )))
 }
+
+#[cfg(test)]
+#[path = "snapshots_tests.rs"]
+mod tests;
