@@ -55,9 +55,15 @@ struct Slot {
     sampling: std::sync::atomic::AtomicBool,
     /// Leased since the last snapshot of its workspace.
     dirty: std::sync::atomic::AtomicBool,
-    /// True while a turn end's snapshot runs; a lease waits for it, so
-    /// the next turn's calls change nothing the snapshot is reading.
-    snapshotting: watch::Sender<bool>,
+    /// Turn-end snapshots started and not yet recorded; a lease waits
+    /// until there are none, so the next turn's calls change nothing a
+    /// snapshot is reading.
+    snapshotting: watch::Sender<usize>,
+    /// Whether the last turn-end snapshot started was recorded, once it
+    /// ends: the next one waits for it (a turn that leased no sandbox
+    /// ends without waiting for the one before, and shares what that
+    /// one records).
+    last_snapshot: Mutex<Option<tokio::sync::oneshot::Receiver<bool>>>,
     pause: pause::PauseState,
     /// The key's quota slot this sandbox holds, given back when the slot
     /// goes (the sandbox is destroyed or reaped).
@@ -261,7 +267,8 @@ impl SandboxManager {
                         sampled: Mutex::new(None),
                         sampling: Default::default(),
                         dirty: Default::default(),
-                        snapshotting: watch::Sender::new(false),
+                        snapshotting: watch::Sender::new(0),
+                        last_snapshot: Mutex::new(None),
                         pause: Default::default(),
                     });
                     slots.insert(session, slot.clone());
@@ -291,7 +298,7 @@ impl SandboxManager {
                 let _ = slot
                     .snapshotting
                     .subscribe()
-                    .wait_for(|running| !running)
+                    .wait_for(|running| *running == 0)
                     .await;
                 slot.dirty.store(true, Ordering::Release);
                 self.resume_paused(&slot, sandbox.as_ref()).await?;

@@ -20,6 +20,10 @@ struct Memory {
     sampled: AtomicUsize,
     /// Pauses asked for; this backend cannot pause.
     pause_asks: AtomicUsize,
+    /// When set, an exec waits for a permit of it.
+    exec_gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+    /// Notified as each exec starts.
+    exec_started: tokio::sync::Notify,
 }
 
 struct Fake {
@@ -87,6 +91,11 @@ impl Sandbox for Fake {
         _output: mpsc::Sender<ExecChunk>,
         _cancel: CancellationToken,
     ) -> Result<ExecStatus> {
+        self.backend.exec_started.notify_one();
+        let gate = lock(&self.backend.exec_gate).clone();
+        if let Some(gate) = gate {
+            gate.acquire().await.unwrap().forget();
+        }
         Ok(ExecStatus::succeeded())
     }
 
@@ -108,6 +117,16 @@ impl Sandbox for Fake {
     async fn destroy(&self) -> Result<()> {
         self.backend.remove(&self.id).await
     }
+}
+
+/// Leases the session's sandbox and gives the lease back.
+async fn lease_once(manager: &SandboxManager, session: Uuid) {
+    drop(
+        manager
+            .lease(session, manager.default_spec())
+            .await
+            .unwrap(),
+    );
 }
 
 fn manager(configure: impl FnOnce(&mut SandboxConfig)) -> (Arc<Memory>, Arc<SandboxManager>) {
@@ -293,12 +312,7 @@ async fn status_answers_from_the_last_sample() {
     let (memory, manager) = manager(|_| {});
     *lock(&memory.stats_delay) = Duration::from_secs(1);
     let session = Uuid::new_v4();
-    drop(
-        manager
-            .lease(session, manager.default_spec())
-            .await
-            .unwrap(),
-    );
+    lease_once(&manager, session).await;
     let first = manager.info(session).await.unwrap();
     assert_eq!(
         first.stats.pids,
@@ -323,12 +337,7 @@ async fn status_answers_from_the_last_sample() {
 async fn a_sandbox_that_cannot_pause_is_asked_once() {
     let (memory, manager) = manager(|c| c.pause_after_s = 1);
     let session = Uuid::new_v4();
-    drop(
-        manager
-            .lease(session, manager.default_spec())
-            .await
-            .unwrap(),
-    );
+    lease_once(&manager, session).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while memory.pause_asks.load(Ordering::SeqCst) == 0 {
         assert!(Instant::now() < deadline, "no pause was asked for");
@@ -406,4 +415,61 @@ async fn a_sessions_sandbox_counts_under_the_key_the_lease_names() {
     // The released slot is the key's again.
     let lease = manager.lease_from(sessions[16], manager.default_spec(), whose(), None);
     drop(lease.await.unwrap());
+}
+
+/// A turn that leased no sandbox ends while the snapshot of the turn
+/// before it is still being taken: its turn end is recorded after that
+/// one and shares it, rather than the older snapshot the store held when
+/// it ended; the snapshots settle together.
+#[tokio::test]
+async fn a_turn_end_waits_for_the_snapshot_before_it() {
+    use crate::sandbox::snapshots::Snapshots;
+    use crate::store::SqliteStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn crate::store::Store> =
+        Arc::new(SqliteStore::open(&dir.path().join("conclave.db")).unwrap());
+    let snapshots = Snapshots::new(
+        store,
+        dir.path().join("snapshots"),
+        3,
+        "me".into(),
+        Duration::from_secs(10),
+    );
+    let memory = Arc::new(Memory::default());
+    let config = SandboxConfig {
+        warm_pool: 0,
+        ..SandboxConfig::default()
+    };
+    let manager = SandboxManager::new(Arc::new(memory.clone()), config, "me".into())
+        .with_snapshots(snapshots);
+    let session = Uuid::new_v4();
+    lease_once(&manager, session).await;
+    manager.snapshot_turn(session, None, 1);
+    manager.snapshot_settled(session).await;
+
+    // Turn 2 calls a tool; the tar of its turn end hangs while turn 3,
+    // which calls none, ends.
+    lease_once(&manager, session).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    *lock(&memory.exec_gate) = Some(gate.clone());
+    manager.snapshot_turn(session, None, 2);
+    manager.snapshot_turn(session, None, 3);
+    memory.exec_started.notified().await;
+    // Time for a turn end that did not wait for the one before it (as
+    // before they were chained) to record itself while the tar hangs.
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    gate.add_permits(1);
+    manager.snapshot_settled(session).await;
+
+    let kept = manager
+        .snapshots()
+        .unwrap()
+        .of_session(session)
+        .await
+        .unwrap();
+    let turns: Vec<Vec<u64>> = kept.into_iter().map(|s| s.turns).collect();
+    assert_eq!(turns, [vec![1], vec![2, 3]]);
 }

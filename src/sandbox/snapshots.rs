@@ -165,11 +165,12 @@ impl Snapshots {
     /// session's turn ends past `keep_last`.
     ///
     /// The session's turn ends are listed once: what to drop follows from
-    /// that list and this turn end (the session's snapshots are taken one
-    /// at a time, as its next lease waits for this one). Each record is
-    /// read and written once however many of its turn ends change, and
-    /// `first/{session}` is written only with the session's first entry,
-    /// before it, so a session with entries has it without asking.
+    /// that list and this turn end (the manager takes a session's
+    /// snapshots one at a time, in the order of its turn ends). Each
+    /// record is read and written once however many of its turn ends
+    /// change, and `first/{session}` is written only with the session's
+    /// first entry, before it, so a session with entries has it without
+    /// asking.
     pub async fn take(&self, end: TurnEnd<'_>, sandbox: &dyn Sandbox) -> Result<()> {
         let mut entries = self.turn_entries(end.session).await?;
         let had_any = !entries.is_empty();

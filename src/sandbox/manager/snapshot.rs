@@ -26,6 +26,11 @@ impl SandboxManager {
     /// Starts the snapshot of the session's workspace at the turn end
     /// `seq`, if its sandbox lives here; the session's next lease waits
     /// for it. Returns at once.
+    ///
+    /// A session's snapshots are recorded in the order of its turn ends:
+    /// each waits for the one started before it, which a turn that leased
+    /// no sandbox does not wait for before it ends. Such a turn end shares
+    /// the snapshot before it, or, when that one failed, takes its own.
     pub fn snapshot_turn(&self, session: Uuid, owner: Option<&str>, seq: u64) {
         let Some(snapshots) = self.snapshots.clone().filter(|s| s.keep_last() > 0) else {
             return;
@@ -36,24 +41,33 @@ impl SandboxManager {
         let Some(sandbox) = slot.sandbox.get().cloned() else {
             return;
         };
-        // Marked before this returns: the turn lock is still held, so no
+        // Counted before this returns: the turn lock is still held, so no
         // call of the next turn has leased the sandbox yet.
-        slot.snapshotting.send_replace(true);
+        slot.snapshotting.send_modify(|running| *running += 1);
         let dirty = slot.dirty.swap(false, Ordering::AcqRel);
+        let (recorded, next) = tokio::sync::oneshot::channel();
+        let before = lock(&slot.last_snapshot).replace(next);
         let hold = Hold::new(slot.clone());
         let owner = owner.map(str::to_owned);
         let backend = self.backend.name();
         self.snapshotting.spawn(async move {
+            // One that ended without saying (its task was dropped) did
+            // not record its turn end either.
+            let before_recorded = match before {
+                Some(before) => before.await.unwrap_or(false),
+                None => true,
+            };
             let end = TurnEnd {
                 session,
                 owner: owner.as_deref(),
                 seq,
-                dirty,
+                dirty: dirty || !before_recorded,
                 backend,
                 image: &slot.spec.image,
             };
             let started = std::time::Instant::now();
-            match snapshots.take(end, sandbox.as_ref()).await {
+            let taken = snapshots.take(end, sandbox.as_ref()).await;
+            match &taken {
                 Ok(()) => tracing::debug!(%session, seq, ms = started.elapsed().as_millis() as u64, dirty, "workspace snapshot taken"),
                 Err(e) => {
                     // The next turn's calls must not be lost for it: the
@@ -62,7 +76,8 @@ impl SandboxManager {
                     tracing::warn!(%session, seq, error = %e, "the workspace snapshot of a turn end failed");
                 }
             }
-            slot.snapshotting.send_replace(false);
+            let _ = recorded.send(taken.is_ok());
+            slot.snapshotting.send_modify(|running| *running -= 1);
             drop(hold);
         });
     }
@@ -77,8 +92,8 @@ impl SandboxManager {
         }
     }
 
-    /// Waits until the snapshot of the session's last turn end, if one
-    /// is under way, is recorded.
+    /// Waits until the snapshots of the session's turn ends under way,
+    /// if any, are recorded.
     pub async fn snapshot_settled(&self, session: Uuid) {
         let Some(slot) = lock(&self.slots).get(&session).cloned() else {
             return;
@@ -86,7 +101,7 @@ impl SandboxManager {
         let _ = slot
             .snapshotting
             .subscribe()
-            .wait_for(|running| !running)
+            .wait_for(|running| *running == 0)
             .await;
     }
 
