@@ -29,20 +29,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ExecChunk, ExecRequest, ExecStatus, Result, Sandbox, SandboxError, WORKSPACE};
+use super::{Result, Sandbox, SandboxError};
 use crate::store::{Expect, Store, StoreError, kv_json};
 use crate::sync::lock;
 
+mod tar;
+
 /// The KV namespace of the snapshot records.
 pub const NAMESPACE: &str = "_snapshots";
-/// Bytes of a failed tar's stderr kept for its error.
-const STDERR_KEPT: usize = 4096;
 
 /// One stored workspace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -249,7 +246,7 @@ impl Snapshots {
             .await
             .map_err(|e| SandboxError::File(format!("snapshot directory: {e}")))?;
         let path = self.file(&id);
-        let size = match self.tar_out(sandbox, &path).await {
+        let size = match tar::pack(sandbox, &path, self.timeout).await {
             Ok(size) => size,
             Err(e) => {
                 let _ = tokio::fs::remove_file(&path).await;
@@ -275,22 +272,6 @@ impl Snapshots {
         Ok(snapshot)
     }
 
-    /// Streams `tar -c` of the workspace into `path`; its size.
-    async fn tar_out(&self, sandbox: &dyn Sandbox, path: &std::path::Path) -> Result<u64> {
-        let mut file = tokio::fs::File::create(path)
-            .await
-            .map_err(|e| SandboxError::File(format!("creating {}: {e}", path.display())))?;
-        let request = tar_request(&["-cf", "-", "."], None, self.timeout);
-        let out = bulk(sandbox, request, Some(&mut file)).await?;
-        let written = match out.failed {
-            Some(e) => Err(e),
-            None => file.flush().await,
-        };
-        written.map_err(|e| SandboxError::File(format!("writing {}: {e}", path.display())))?;
-        check(&out.status, &out.stderr, "tar -c")?;
-        Ok(out.written)
-    }
-
     /// Unpacks a snapshot into a fresh sandbox's workspace, for a session
     /// of its owner or one it was given to (a fork made by an admin);
     /// to any other it is as good as absent.
@@ -308,9 +289,7 @@ impl Snapshots {
                 SandboxError::File(format!("snapshot {id} is gone (deleted, or never made)"))
             })?;
         let data = self.read_file(&snapshot).await?;
-        let request = tar_request(&["-xf", "-"], Some(data), self.timeout);
-        let out = bulk(sandbox, request, None).await?;
-        check(&out.status, &out.stderr, "tar -x")
+        tar::unpack(sandbox, data, self.timeout).await
     }
 
     async fn read_file(&self, snapshot: &Snapshot) -> Result<Bytes> {
@@ -544,89 +523,6 @@ fn first_key(session: Uuid) -> String {
 
 fn store(e: StoreError) -> SandboxError {
     SandboxError::Backend(format!("snapshot records: {e}"))
-}
-
-/// `tar -C /workspace ARGS`, run in the workspace.
-/// How a tar on the bulk path ended.
-struct Bulk {
-    status: ExecStatus,
-    /// The start of its stderr.
-    stderr: Vec<u8>,
-    /// Bytes of stdout written to the sink, and the first write error.
-    written: u64,
-    failed: Option<std::io::Error>,
-}
-
-/// Runs a tar on the sandbox's bulk path, writing its stdout to `sink`
-/// as it comes (dropped without one).
-async fn bulk(
-    sandbox: &dyn Sandbox,
-    request: ExecRequest,
-    mut sink: Option<&mut tokio::fs::File>,
-) -> Result<Bulk> {
-    let (tx, mut rx) = mpsc::channel(64);
-    let run = sandbox.exec_bulk(request, tx, CancellationToken::new());
-    tokio::pin!(run);
-    let mut stderr = Vec::new();
-    let (mut written, mut failed) = (0u64, None);
-    let mut take = async |chunk: ExecChunk| match chunk {
-        ExecChunk::Stdout(data) => {
-            if let Some(file) = sink.as_deref_mut()
-                && failed.is_none()
-            {
-                match file.write_all(&data).await {
-                    Ok(()) => written += data.len() as u64,
-                    Err(e) => failed = Some(e),
-                }
-            }
-        }
-        ExecChunk::Stderr(data) => {
-            let room = STDERR_KEPT.saturating_sub(stderr.len());
-            stderr.extend_from_slice(&data[..data.len().min(room)]);
-        }
-    };
-    let status = loop {
-        tokio::select! {
-            status = &mut run => break status?,
-            Some(chunk) = rx.recv() => take(chunk).await,
-        }
-    };
-    while let Ok(chunk) = rx.try_recv() {
-        take(chunk).await;
-    }
-    Ok(Bulk {
-        status,
-        stderr,
-        written,
-        failed,
-    })
-}
-
-fn tar_request(args: &[&str], stdin: Option<Bytes>, timeout: Duration) -> ExecRequest {
-    let mut command = vec!["tar".to_owned(), "-C".to_owned(), WORKSPACE.to_owned()];
-    command.extend(args.iter().map(|a| (*a).to_owned()));
-    ExecRequest {
-        command,
-        stdin,
-        timeout,
-        workdir: WORKSPACE.into(),
-        env: Default::default(),
-    }
-}
-
-fn check(status: &ExecStatus, stderr: &[u8], what: &str) -> Result<()> {
-    if status.exit_code == Some(0) {
-        return Ok(());
-    }
-    let why = if status.timed_out {
-        "timed out".to_owned()
-    } else {
-        format!("exited {:?}", status.exit_code)
-    };
-    Err(SandboxError::File(format!(
-        "{what} of the workspace {why}: {}",
-        String::from_utf8_lossy(stderr).trim()
-    )))
 }
 
 #[cfg(test)]

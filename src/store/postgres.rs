@@ -330,7 +330,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
         // without keys) waited in line for its lock, each until the one
         // before had committed, on every replica: on 16 cores, most of
         // the busy backends of a busy store waited there. Each connection
-        // now adds to a stripe of its own (see `stripe!`), in a table of
+        // now adds to the row of its stripe (see `stripe!`), in a table of
         // its own, so that replicas of the version before, still running
         // during an upgrade, keep adding to `key_usage` as they did; the
         // view is what every read sums.

@@ -57,11 +57,12 @@ impl SandboxManager {
                 Some(before) => before.await.unwrap_or(false),
                 None => true,
             };
+            let dirty = dirty || !before_recorded;
             let end = TurnEnd {
                 session,
                 owner: owner.as_deref(),
                 seq,
-                dirty: dirty || !before_recorded,
+                dirty,
                 backend,
                 image: &slot.spec.image,
             };
@@ -69,11 +70,10 @@ impl SandboxManager {
             let taken = snapshots.take(end, sandbox.as_ref()).await;
             match &taken {
                 Ok(()) => tracing::debug!(%session, seq, ms = started.elapsed().as_millis() as u64, dirty, "workspace snapshot taken"),
+                // The turn end has no snapshot to fork from; the next
+                // one learns it from `recorded` and takes its own.
                 Err(e) => {
-                    // The next turn's calls must not be lost for it: the
-                    // turn end simply has no snapshot to fork from.
-                    slot.dirty.store(true, Ordering::Release);
-                    tracing::warn!(%session, seq, error = %e, "the workspace snapshot of a turn end failed");
+                    tracing::warn!(%session, seq, error = %e, "the workspace snapshot of a turn end failed")
                 }
             }
             let _ = recorded.send(taken.is_ok());
