@@ -100,9 +100,14 @@ impl Scan {
             at = indent;
         }
         let mut deepest = self.indents.len() + self.flow;
-        // Whether a value may start here: a bracket there opens a flow
-        // collection (inside one, any bracket does).
+        // Whether a scalar or collection may start here: a bracket there
+        // opens a flow collection (inside one, any bracket does), a quote
+        // a quoted scalar (anywhere else it is a plain scalar's text).
         let mut value_start = true;
+        // What came last was a quoted scalar or a flow collection: in a
+        // flow collection, a `:` right after it separates a key from its
+        // value without a space (`{"a":"b"}`).
+        let mut json_key = false;
         let mut compact = 0;
         while at < bytes.len() {
             let byte = bytes[at];
@@ -117,11 +122,13 @@ impl Scan {
                 continue;
             }
             let after_space = at == 0 || bytes[at - 1] == b' ' || bytes[at - 1] == b'\t';
+            let was_json_key = std::mem::take(&mut json_key);
             match byte {
                 b'#' if after_space => break,
-                b'"' | b'\'' if value_start || self.flow > 0 => {
+                b'"' | b'\'' if value_start => {
                     self.quote = Some(byte);
                     value_start = false;
+                    json_key = true;
                 }
                 b'[' | b'{' if value_start || self.flow > 0 => {
                     self.flow += 1;
@@ -130,8 +137,10 @@ impl Scan {
                 b']' | b'}' if self.flow > 0 => {
                     self.flow -= 1;
                     value_start = false;
+                    json_key = true;
                 }
                 b',' if self.flow > 0 => value_start = true,
+                b':' if was_json_key && self.flow > 0 => value_start = true,
                 b'-' | b'?' | b':'
                     if bytes.get(at + 1).is_none_or(|b| *b == b' ' || *b == b'\t') =>
                 {
@@ -146,7 +155,7 @@ impl Scan {
                     self.block_scalar = Some(indent);
                     break;
                 }
-                b' ' | b'\t' => {}
+                b' ' | b'\t' => json_key = was_json_key,
                 b'&' | b'!' if value_start => {
                     // An anchor or a tag before the value: skip its name.
                     while at + 1 < bytes.len() && bytes[at + 1] != b' ' {
@@ -199,6 +208,79 @@ mod tests {
         assert!(check(&lines, BIG).is_err());
         let closed = format!("a: [{}[1]]\n", "[1], ".repeat(1000));
         assert_eq!(check(&closed, BIG), Ok(()));
+    }
+
+    #[test]
+    fn a_quote_inside_a_plain_scalar_opens_nothing() {
+        // The quote is the plain scalar's text: the brackets after it nest.
+        let attack = format!("x: [a'b, {}", "[".repeat(131_000));
+        let started = std::time::Instant::now();
+        assert_eq!(check(&attack, BIG), Err(Refused::TooDeep { line: 1 }));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let double = format!("x: [a\"b, {}", "[".repeat(1000));
+        assert!(check(&double, BIG).is_err());
+        let mapping = format!("x: {{k: v'w, {}", "{a: ".repeat(100));
+        assert!(check(&mapping, BIG).is_err());
+        // Quotes that start a scalar still hide what is inside them, with
+        // a JSON-like key's adjacent `:` too.
+        let quoted = format!(
+            "x: [a, 'b{}', {{\"k\":\"]]{}\"}}]\n",
+            "[".repeat(100),
+            "[".repeat(100)
+        );
+        assert_eq!(check(&quoted, BIG), Ok(()));
+        // A `]` inside a quoted value does not close what is open.
+        let closed_in_quote = format!("x: [{{\"k\":\"{}\"}}, {}", "]".repeat(10), "[".repeat(100));
+        assert!(check(&closed_in_quote, BIG).is_err());
+    }
+
+    /// The deepest nesting the scan estimates for `text`.
+    fn scanned_depth(text: &str) -> usize {
+        let mut scan = Scan::default();
+        text.lines().map(|line| scan.line(line)).max().unwrap_or(0)
+    }
+
+    /// How deep the parser nests `value`: each collection one level.
+    fn parsed_depth(value: &yaml_serde::Value) -> usize {
+        match value {
+            yaml_serde::Value::Sequence(items) => {
+                1 + items.iter().map(parsed_depth).max().unwrap_or(0)
+            }
+            yaml_serde::Value::Mapping(map) => {
+                1 + map
+                    .iter()
+                    .map(|(k, v)| parsed_depth(k).max(parsed_depth(v)))
+                    .max()
+                    .unwrap_or(0)
+            }
+            yaml_serde::Value::Tagged(tagged) => parsed_depth(&tagged.value),
+            _ => 0,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+
+        /// Whatever the parser reads, the scan estimates at least as deep
+        /// (documents built of the tokens that open, close and hide
+        /// nesting; no aliases, which repeat a node without nesting it).
+        #[test]
+        fn the_scan_never_counts_less_than_the_parser_nests(
+            tokens in proptest::collection::vec(proptest::sample::select(vec![
+                "[", "]", "{", "}", ",", ", ", "'", "\"", "''", "a", "b'c", " ", ": ", ":",
+                "\n", "\n  ", "\n    ", "- ", "? ", "#", " #", "\\", "|", ">", "&x ", "!t ",
+            ]), 0..48)
+        ) {
+            let text: String = tokens.concat();
+            if let Ok(value) = yaml_serde::from_str::<yaml_serde::Value>(&text) {
+                let parsed = parsed_depth(&value);
+                let scanned = scanned_depth(&text);
+                proptest::prop_assert!(
+                    scanned >= parsed,
+                    "scan {} < parser {} for {:?}", scanned, parsed, text
+                );
+            }
+        }
     }
 
     #[test]

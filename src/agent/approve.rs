@@ -34,7 +34,13 @@ pub struct Gate {
     session: Policy,
     key: Option<Policy>,
     timeout: Duration,
+    /// The session's hook: asked about what the session's policy asks.
     hook: Option<(String, Duration)>,
+    /// The API key's hook: asked about what the key's policy asks, which
+    /// neither the session's hook nor a remembered rule may answer.
+    key_hook: Option<(String, Duration)>,
+    /// Whether external MCP servers' `readOnlyHint`s count.
+    trust_hints: bool,
     working_dir: String,
     /// The deliberation or pipeline the turn works for.
     on_behalf_of: Option<OnBehalfOf>,
@@ -80,6 +86,14 @@ impl Gate {
             .hook_timeout_ms
             .or(config.permissions.hook_timeout_ms)
             .unwrap_or(DEFAULT_HOOK_TIMEOUT_MS);
+        let key_hook = key.and_then(|key| {
+            let timeout = key.hook_timeout_ms.unwrap_or(DEFAULT_HOOK_TIMEOUT_MS);
+            key.hook_url
+                .clone()
+                .map(|url| (url, Duration::from_millis(timeout)))
+        });
+        let trust_hints = own.trust_read_only_hints != Some(false)
+            && key.is_none_or(|key| key.trust_read_only_hints != Some(false));
         Gate {
             session: compiled(&own, "the session's"),
             key: key.map(|key| compiled(key, "the API key's")),
@@ -88,6 +102,8 @@ impl Gate {
                 .hook_url
                 .clone()
                 .map(|url| (url, Duration::from_millis(hook_timeout))),
+            key_hook,
+            trust_hints,
             working_dir: options
                 .working_dir
                 .clone()
@@ -112,12 +128,33 @@ impl Gate {
     /// What the permissions say about a call: the session's, made
     /// stricter by the key's (a plain check, no await).
     fn verdict(&self, call: &ToolCall, read_only: bool) -> Verdict {
+        self.verdicts(call, read_only).0
+    }
+
+    /// The stricter verdict, and whether the key's policy asks about the
+    /// call (then only the key's hook or a person may answer it).
+    fn verdicts(&self, call: &ToolCall, read_only: bool) -> (Verdict, bool) {
         let view = self.call_view(call, read_only);
         let own = self.session.verdict(&view);
         match &self.key {
-            Some(key) => own.stricter(key.verdict(&view)),
-            None => own,
+            Some(key) => {
+                let floor = key.verdict(&view);
+                let key_asks = matches!(floor, Verdict::Ask(_));
+                (own.stricter(floor), key_asks)
+            }
+            None => (own, false),
         }
+    }
+
+    /// Whether `call` only reads: every offered tool of its name says so
+    /// (a name is one tool: external servers cannot take a built-in's
+    /// namespace), and an external server's hint counts only where the
+    /// policies trust hints.
+    fn read_only(&self, call: &ToolCall, tools: &[ToolSpec]) -> bool {
+        let mut named = tools.iter().filter(|t| t.name == call.name).peekable();
+        let declared = named.peek().is_some() && named.all(|t| t.read_only);
+        declared
+            && (self.trust_hints || crate::agent::READ_ONLY_TOOLS.contains(&call.name.as_str()))
     }
 
     fn call_view<'a>(&'a self, call: &'a ToolCall, read_only: bool) -> Call<'a> {
@@ -175,10 +212,6 @@ pub(super) enum Gated {
     Refused(String),
 }
 
-fn read_only(call: &ToolCall, tools: &[ToolSpec]) -> bool {
-    tools.iter().any(|t| t.name == call.name && t.read_only)
-}
-
 /// Decides whether `call` (named and checked against its schema) runs,
 /// waiting for a decision where the permissions ask for one.
 pub(super) async fn gate(
@@ -189,13 +222,20 @@ pub(super) async fn gate(
     tools: &[ToolSpec],
     cancel: &CancellationToken,
 ) -> Result<Gated, StoreError> {
-    let read_only = read_only(&call, tools);
-    let reason = match gate.verdict(&call, read_only) {
+    let read_only = gate.read_only(&call, tools);
+    let (verdict, key_asks) = gate.verdicts(&call, read_only);
+    let reason = match verdict {
         Verdict::Allow => return Ok(Gated::Run(call)),
         Verdict::Deny(reason) => return Ok(Gated::Refused(format!("not run: {reason}"))),
         Verdict::Ask(reason) => reason,
     };
-    let remembered = deps.approvals.remembered(session.id).await?;
+    // A rule a decision remembered answers what the session asks, never
+    // what the key's floor asks.
+    let remembered = if key_asks {
+        Vec::new()
+    } else {
+        deps.approvals.remembered(session.id).await?
+    };
     if !remembered.is_empty() {
         let rules = remembered
             .iter()
@@ -205,7 +245,8 @@ pub(super) async fn gate(
             return Ok(Gated::Run(call));
         }
     }
-    if let Some((url, timeout)) = &gate.hook {
+    let hook = if key_asks { &gate.key_hook } else { &gate.hook };
+    if let Some((url, timeout)) = hook {
         let asked = HookCall {
             session_id: session.id,
             call_id: &call.id,
@@ -378,7 +419,7 @@ async fn apply(
     let Some(input) = decision.input else {
         return Ok(Gated::Run(call));
     };
-    let read_only = read_only(&call, tools);
+    let read_only = gate.read_only(&call, tools);
     match gate.edited(&call, input, schema_of(&call, tools), read_only) {
         Ok(edited) => Ok(Gated::Run(edited)),
         Err(EditRefused::Unfit(e)) => Ok(Gated::Refused(format!(

@@ -101,6 +101,42 @@ pub enum McpServerSpec {
     },
 }
 
+/// Server names a session's MCP server cannot take: the built-in servers'
+/// namespaces (`mcp__sandbox__*` runs in the session's sandbox).
+pub const RESERVED_SERVER_NAMES: [&str; 2] = ["sandbox", "conclave"];
+
+impl McpServerSpec {
+    /// The server's name must make tool names that name it alone: not a
+    /// built-in server's, and without the `__` that separates a tool's
+    /// server from its name.
+    fn validate_name(name: &str) -> Result<(), OptionError> {
+        let field = format!("options.mcp_servers.{name}");
+        if RESERVED_SERVER_NAMES.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(OptionError::new(
+                field,
+                format!(
+                    "'{name}' is a built-in server's name (its tools are mcp__{name}__*); name the server otherwise"
+                ),
+            ));
+        }
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_AGENT_NAME
+            && !name.contains("__")
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+        if !name_ok {
+            return Err(OptionError::new(
+                field,
+                format!(
+                    "a server's name is 1 to {MAX_AGENT_NAME} letters, digits, `_` or `-`, without `__` (it names the tools mcp__NAME__TOOL)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A remote A2A agent: the URL of its card (or of the base its card is
 /// under, at `/.well-known/agent-card.json`), with headers sent on every
 /// request to it (a bearer token) when given as an object.
@@ -115,8 +151,8 @@ pub enum A2aAgentSpec {
     },
 }
 
-/// The longest agent name: `a2a__{name}` stays within the 64 characters
-/// model APIs allow a tool name.
+/// The longest agent or MCP server name: `a2a__{name}` stays within the
+/// 64 characters model APIs allow a tool name.
 const MAX_AGENT_NAME: usize = 48;
 
 impl A2aAgentSpec {
@@ -226,6 +262,9 @@ impl AgentOptions {
             && model.trim().is_empty()
         {
             return Err(OptionError::new("options.model", "must not be empty"));
+        }
+        for name in self.mcp_servers.iter().flatten().map(|(name, _)| name) {
+            McpServerSpec::validate_name(name)?;
         }
         for (name, agent) in self.a2a_agents.iter().flatten() {
             agent.validate(name)?;

@@ -21,7 +21,9 @@ use super::host::{Caller, McpHost};
 use super::progress::ProgressRouter;
 use super::server::SandboxServer;
 use crate::a2a_client::{RemoteAgents, TOOL_PREFIX};
-use crate::agent::{AgentOptions, ToolChunk, ToolContext, ToolOutput, ToolRouter};
+use crate::agent::{
+    AgentOptions, RESERVED_SERVER_NAMES, ToolChunk, ToolContext, ToolOutput, ToolRouter,
+};
 use crate::config::McpConfig;
 use crate::model::ToolSpec;
 use crate::sandbox::{WORKSPACE, files};
@@ -255,11 +257,13 @@ fn translate(name: &str, input: &Value, workdir: &str) -> Result<(&'static str, 
     })
 }
 
-/// `mcp__{server}__{tool}` of an external server (not `mcp__sandbox__…`).
+/// `mcp__{server}__{tool}` of an external server (never a built-in
+/// server's, as `mcp__sandbox__…`).
 fn external_tool(name: &str) -> Option<(&str, &str)> {
     let rest = name.strip_prefix("mcp__")?;
     let (server, tool) = rest.split_once("__")?;
-    (server != "sandbox" && !server.is_empty() && !tool.is_empty()).then_some((server, tool))
+    let reserved = RESERVED_SERVER_NAMES.contains(&server.to_ascii_lowercase().as_str());
+    (!reserved && !server.is_empty() && !tool.is_empty()).then_some((server, tool))
 }
 
 /// Shapes the MCP result the way the agent reads it: file text as text,

@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::agent::{McpServerSpec, ToolOutput};
+use crate::agent::{McpServerSpec, RESERVED_SERVER_NAMES, ToolOutput};
 use crate::config::McpConfig;
 use crate::model::ToolSpec;
 use crate::sync::lock;
@@ -175,6 +175,12 @@ impl ExternalServers {
     ) -> Vec<ToolSpec> {
         let mut offered = Vec::new();
         for name in specs.keys() {
+            if RESERVED_SERVER_NAMES.contains(&name.to_ascii_lowercase().as_str()) {
+                // Refused when options are given; one stored before that
+                // was refused never offers a tool in a built-in's place.
+                tracing::warn!(%session, server = %name, "an MCP server with a built-in server's name is ignored");
+                continue;
+            }
             match self.connected(session, specs, name).await {
                 Ok(connected) => offered.extend(connected.tools.iter().map(|tool| {
                     ToolSpec {

@@ -5,8 +5,10 @@
 //!
 //! - [`rules`]: `Tool`, `Tool(pattern)` and `mcp__server__*` rules, matched
 //!   on a call's tool and its main input (a command, a path).
+//! - [`shell`]: every simple command a shell command line can run.
 
 pub mod rules;
+pub mod shell;
 
 use std::collections::BTreeMap;
 
@@ -66,6 +68,12 @@ pub struct Permissions {
     /// How long the hook has to answer before the call waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hook_timeout_ms: Option<u64>,
+    /// Whether an external MCP server's `readOnlyHint` lets its tool run
+    /// where only calls that read run (`ask_writes`, `plan`). `true` by
+    /// default; `false` in either the session's or the key's policy makes
+    /// every external tool count as one that writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_read_only_hints: Option<bool>,
 }
 
 /// The longest a call may wait for a decision.
@@ -134,6 +142,7 @@ pub struct ServerPermissions {
     pub hook_url: Option<String>,
     pub approval_timeout_s: Option<u64>,
     pub hook_timeout_ms: Option<u64>,
+    pub trust_read_only_hints: Option<bool>,
     /// By API key (the key itself, as in `api_keys`).
     pub keys: BTreeMap<String, Permissions>,
 }
@@ -148,6 +157,7 @@ impl ServerPermissions {
             hook_url: self.hook_url.clone(),
             approval_timeout_s: self.approval_timeout_s,
             hook_timeout_ms: self.hook_timeout_ms,
+            trust_read_only_hints: self.trust_read_only_hints,
         }
     }
 }
@@ -232,14 +242,27 @@ impl Policy {
         self
     }
 
-    /// Deny rules first, then allow rules, then the mode.
+    /// Deny rules first, then allow rules, then the mode. A command the
+    /// shell parser cannot see into is refused where a deny rule names
+    /// its tool: no rule could tell what it runs.
     pub fn verdict(&self, call: &Call<'_>) -> Verdict {
         let whose = self.whose;
-        if let Some(rule) = self.deny.iter().find(|r| r.denies(call)) {
-            return Verdict::Deny(format!("{whose} permissions deny it (rule `{rule}`)"));
-        }
-        if self.allow.iter().any(|r| r.allows(call)) {
-            return Verdict::Allow;
+        if !self.deny.is_empty() || !self.allow.is_empty() {
+            let subject = rules::subject(call);
+            if let Some(rule) = self.deny.iter().find(|r| r.denies(call, &subject)) {
+                return Verdict::Deny(format!("{whose} permissions deny it (rule `{rule}`)"));
+            }
+            if let rules::Subject::Command(_, analysis) = &subject
+                && let Some(why) = &analysis.opaque
+                && let Some(rule) = self.deny.iter().find(|r| r.names(call.tool))
+            {
+                return Verdict::Deny(format!(
+                    "the command cannot be checked against {whose} deny rule `{rule}`: {why}"
+                ));
+            }
+            if self.allow.iter().any(|r| r.allows(call, &subject)) {
+                return Verdict::Allow;
+            }
         }
         let tool = call.tool;
         match self.mode {
@@ -261,7 +284,8 @@ impl Policy {
     /// Whether an allow rule of this policy matches (for rules a decision
     /// remembered).
     pub fn allows(&self, call: &Call<'_>) -> bool {
-        self.allow.iter().any(|r| r.allows(call))
+        let subject = rules::subject(call);
+        self.allow.iter().any(|r| r.allows(call, &subject))
     }
 
     /// A policy of allow rules only (rules a decision remembered).

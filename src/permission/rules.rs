@@ -5,10 +5,11 @@
 //! and with `..` resolved, so `Write(/workspace/src/**)` cannot be left
 //! through `src/../..`), else the input as compact JSON.
 //!
-//! Commands are matched part by part: a rule allows a command only when
-//! it allows each of its parts (split at `;`, `&&`, `||`, `|`, `&` and new
-//! lines), and never one with a substitution (`$(`, a backtick) or a
-//! redirection to a file; a rule denies a command when it denies any part.
+//! Commands are matched by the simple commands they can run, as a shell
+//! parser finds them ([`super::shell`]): a rule allows a command only when
+//! it allows each of them, the parser sees them all, and nothing
+//! substitutes a command's output or redirects to or from a file; a rule
+//! denies a command when it denies the whole line or any one of them.
 //! Paths use glob syntax where `*` stays within a directory and `**`
 //! crosses them; elsewhere `*` matches anything.
 
@@ -18,6 +19,7 @@ use globset::{Glob, GlobBuilder, GlobMatcher};
 use serde_json::Value;
 
 use super::Call;
+use super::shell::{Analysis, analyze};
 
 #[derive(Debug, Clone)]
 pub struct Rule {
@@ -34,9 +36,10 @@ struct Pattern {
     text: GlobMatcher,
 }
 
-/// What a tool's main input is.
-enum Subject {
-    Command(String),
+/// What a tool's main input is, as rules match it.
+pub enum Subject {
+    /// A shell command line and what it can run.
+    Command(String, Analysis),
     Path(String),
     Text(String),
 }
@@ -96,43 +99,52 @@ impl Rule {
         })
     }
 
-    /// Whether the rule allows the call: every part of a command must fit.
-    pub fn allows(&self, call: &Call<'_>) -> bool {
+    /// Whether the rule is about `tool`.
+    pub fn names(&self, tool: &str) -> bool {
+        self.tool.is_match(tool)
+    }
+
+    /// Whether the rule allows the call: every simple command a command
+    /// can run must fit, and the parser must see them all.
+    pub fn allows(&self, call: &Call<'_>, subject: &Subject) -> bool {
         if !self.tool.is_match(call.tool) {
             return false;
         }
         let Some(pattern) = &self.pattern else {
             return true;
         };
-        match subject(call) {
-            Subject::Command(command) => {
-                let parts = command_parts(&command);
-                !parts.is_empty()
-                    && !substitutes_or_redirects(&command)
-                    && parts.iter().all(|part| pattern.text.is_match(part))
+        match subject {
+            Subject::Command(_, analysis) => {
+                !analysis.commands.is_empty()
+                    && analysis.opaque.is_none()
+                    && !analysis.substitutes_or_redirects
+                    && analysis.commands.iter().all(|c| pattern.text.is_match(c))
             }
-            Subject::Path(path) => pattern.path.is_match(&path),
-            Subject::Text(text) => pattern.text.is_match(&text),
+            Subject::Path(path) => pattern.path.is_match(path),
+            Subject::Text(text) => pattern.text.is_match(text),
         }
     }
 
-    /// Whether the rule denies the call: the whole command or any part.
-    pub fn denies(&self, call: &Call<'_>) -> bool {
+    /// Whether the rule denies the call: the whole command, or any simple
+    /// command it can run (by its name as given or without its directory).
+    pub fn denies(&self, call: &Call<'_>, subject: &Subject) -> bool {
         if !self.tool.is_match(call.tool) {
             return false;
         }
         let Some(pattern) = &self.pattern else {
             return true;
         };
-        match subject(call) {
-            Subject::Command(command) => {
+        match subject {
+            Subject::Command(command, analysis) => {
                 pattern.text.is_match(command.trim())
-                    || command_parts(&command)
+                    || analysis
+                        .commands
                         .iter()
-                        .any(|part| pattern.text.is_match(part))
+                        .chain(&analysis.by_name)
+                        .any(|c| pattern.text.is_match(c))
             }
-            Subject::Path(path) => pattern.path.is_match(&path),
-            Subject::Text(text) => pattern.text.is_match(&text),
+            Subject::Path(path) => pattern.path.is_match(path),
+            Subject::Text(text) => pattern.text.is_match(text),
         }
     }
 
@@ -148,11 +160,13 @@ impl fmt::Display for Rule {
     }
 }
 
-fn subject(call: &Call<'_>) -> Subject {
+/// The call's main input, parsed once for all the rules of a verdict.
+pub fn subject(call: &Call<'_>) -> Subject {
     let field = |name: &str| call.input.get(name).and_then(Value::as_str);
     match call.tool {
         "Bash" | "mcp__sandbox__execute_shell" => {
-            Subject::Command(field("command").unwrap_or_default().to_string())
+            let command = field("command").unwrap_or_default();
+            Subject::Command(command.to_string(), analyze(command))
         }
         "mcp__sandbox__execute_code" => Subject::Text(field("code").unwrap_or_default().into()),
         "Read" | "Write" | "Edit" => Subject::Path(absolute(
@@ -186,50 +200,4 @@ pub fn absolute(path: &str, dir: &str) -> String {
         }
     }
     format!("/{}", parts.join("/"))
-}
-
-/// A command's simple commands, split at the shell's list and pipe
-/// operators, trimmed, empty ones dropped.
-fn command_parts(command: &str) -> Vec<String> {
-    let mut parts = Vec::new();
-    let mut current = String::new();
-    let mut chars = command.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            ';' | '\n' | '|' => {
-                if c == '|' && chars.peek() == Some(&'|') {
-                    chars.next();
-                }
-                parts.push(std::mem::take(&mut current));
-            }
-            '&' if chars.peek() == Some(&'&') => {
-                chars.next();
-                parts.push(std::mem::take(&mut current));
-            }
-            // `2>&1` and `>&2` are not a background `&`.
-            '&' if !current.ends_with('>') => parts.push(std::mem::take(&mut current)),
-            c => current.push(c),
-        }
-    }
-    parts.push(current);
-    parts
-        .into_iter()
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
-        .collect()
-}
-
-/// A command substitution, or a redirection to or from a file (`2>&1` and
-/// `>&2` are not): what no allow rule can vouch for.
-fn substitutes_or_redirects(command: &str) -> bool {
-    if command.contains("$(") || command.contains('`') {
-        return true;
-    }
-    let without_dups = command
-        .replace("2>&1", "")
-        .replace("1>&2", "")
-        .replace(">&2", "")
-        .replace(">/dev/null", "")
-        .replace("> /dev/null", "");
-    without_dups.contains('>') || without_dups.contains('<')
 }

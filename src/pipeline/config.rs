@@ -12,6 +12,10 @@ pub struct PipelineConfig {
     pub test_mode: bool,
     /// Runs at once; the others queue (their status says so).
     pub max_concurrent_pipelines: usize,
+    /// Runs of one API key at once, of `max_concurrent_pipelines`: a key
+    /// whose runs wait (for approvals, a slow model) leaves the other
+    /// places to other keys. Half of them when unset.
+    pub max_concurrent_per_key: Option<usize>,
     /// A run's wall-clock limit.
     pub pipeline_timeout_s: u64,
     /// A node whose answer cannot be used runs again this many times.
@@ -30,6 +34,7 @@ impl Default for PipelineConfig {
         PipelineConfig {
             test_mode: false,
             max_concurrent_pipelines: 10,
+            max_concurrent_per_key: None,
             pipeline_timeout_s: 1200,
             node_retries: 2,
             limits: BTreeMap::new(),
@@ -44,6 +49,17 @@ impl PipelineConfig {
             return Err((
                 "pipelines.max_concurrent_pipelines".into(),
                 "must be at least 1".into(),
+            ));
+        }
+        if let Some(per_key) = self.max_concurrent_per_key
+            && !(1..=self.max_concurrent_pipelines).contains(&per_key)
+        {
+            return Err((
+                "pipelines.max_concurrent_per_key".into(),
+                format!(
+                    "must be between 1 and max_concurrent_pipelines ({})",
+                    self.max_concurrent_pipelines
+                ),
             ));
         }
         if self.pipeline_timeout_s == 0 {
@@ -61,6 +77,14 @@ impl PipelineConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl PipelineConfig {
+    /// A key's share of the runs at once.
+    pub fn max_concurrent_per_key(&self) -> usize {
+        self.max_concurrent_per_key
+            .unwrap_or(self.max_concurrent_pipelines.div_ceil(2))
     }
 }
 

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use tokio::sync::Semaphore;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -23,7 +22,7 @@ use crate::jobs::{self, Jobs};
 use crate::protocol::{EventKind, ResultStatus, SessionKind};
 use crate::session::{NewSession, Outcome, Session, SessionManager, Turn};
 use crate::store::{Checkpoint, Store, StoreError};
-use crate::sync::lock;
+use crate::sync::{KeyedSlots, SlotsFull, lock};
 use crate::telemetry::{otel, spans};
 
 /// What every run uses.
@@ -32,8 +31,9 @@ pub struct Deps {
     pub config: PipelineConfig,
     pub definitions: Arc<BTreeMap<String, Arc<Definition>>>,
     pub sessions: Weak<SessionManager>,
-    /// Runs at once (`max_concurrent_pipelines`).
-    pub permits: Arc<Semaphore>,
+    /// Runs at once (`max_concurrent_pipelines`), of which one key's
+    /// take at most `max_concurrent_per_key`.
+    pub slots: Arc<KeyedSlots>,
     /// The sessions whose run waits for a permit.
     pub queued: Arc<Mutex<HashSet<Uuid>>>,
     /// Where mock nodes are answered (any replica's).
@@ -112,18 +112,24 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
         }
     };
     // Wait for a place among the runs at once; the status says queued.
-    let permit = match deps.permits.clone().try_acquire_owned() {
+    let owner = session.owner.as_deref();
+    let permit = match deps.slots.try_take(owner) {
         Ok(permit) => permit,
-        Err(_) => {
+        Err(full) => {
             lock(&deps.queued).insert(session.id);
-            session.emit(EventKind::Status {
-                message: format!(
+            let message = match full {
+                SlotsFull::Key => format!(
+                    "Queued: one API key runs {} pipelines at once (pipelines.max_concurrent_per_key).",
+                    deps.config.max_concurrent_per_key()
+                ),
+                SlotsFull::All => format!(
                     "Queued: {} pipelines run at once (pipelines.max_concurrent_pipelines).",
                     deps.config.max_concurrent_pipelines
                 ),
-            })?;
+            };
+            session.emit(EventKind::Status { message })?;
             let acquired = tokio::select! {
-                permit = deps.permits.clone().acquire_owned() => permit.ok(),
+                permit = deps.slots.take(owner) => permit,
                 _ = turn.cancel.cancelled() => None,
             };
             lock(&deps.queued).remove(&session.id);

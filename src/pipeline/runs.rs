@@ -247,6 +247,7 @@ impl Runs {
     pub fn health(&self) -> Value {
         json!({"status": "ok", "test_mode": self.config.test_mode,
                "max_concurrent_pipelines": self.config.max_concurrent_pipelines,
+               "max_concurrent_per_key": self.config.max_concurrent_per_key(),
                "pipeline_timeout_s": self.config.pipeline_timeout_s,
                "queued": self.queued(),
                "pipelines": self.definitions.keys().collect::<Vec<_>>()})

@@ -248,8 +248,9 @@ impl Server {
                 config: config.pipelines.clone(),
                 definitions: definitions.clone(),
                 sessions: manager.clone(),
-                permits: Arc::new(tokio::sync::Semaphore::new(
+                slots: Arc::new(crate::sync::KeyedSlots::new(
                     config.pipelines.max_concurrent_pipelines,
+                    config.pipelines.max_concurrent_per_key(),
                 )),
                 queued: queued.clone(),
                 jobs: jobs.clone(),

@@ -1,0 +1,562 @@
+//! Security, third round: each test is an attack that once worked, run
+//! against the real binary with a configuration file as an operator
+//! writes it, and what stops it now.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "approvals/script.rs"]
+#[allow(dead_code)]
+mod script;
+#[path = "providers/upstream.rs"]
+#[allow(dead_code)]
+mod upstream;
+
+use std::time::Instant;
+
+use common::binary::{serve_command, spawn_server};
+use common::{Lines, ndjson};
+use script::{bash, calls, says};
+use serde_json::{Value, json};
+use tokio::process::Child;
+use upstream::{Reply, Upstream};
+
+const KEY: &str = "third-round-key-a-0123456789";
+const OTHER: &str = "third-round-key-b-0123456789";
+
+/// The real binary with `config` (TOML, after the two keys and the
+/// scripted model's alias) in a fresh working directory.
+struct Binary {
+    child: Child,
+    url: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Binary {
+    async fn start(upstream: Option<&Upstream>, config: &str) -> Binary {
+        Binary::start_with_files(upstream, config, &[]).await
+    }
+
+    /// [`Binary::start`] with `files` (path, text) written to the working
+    /// directory first.
+    async fn start_with_files(
+        upstream: Option<&Upstream>,
+        config: &str,
+        files: &[(&str, &str)],
+    ) -> Binary {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let model = upstream
+            .map(|u| {
+                format!(
+                    "[models.capable]\nprovider = \"openai\"\nmodel = \"capable-model\"\nbase_url = \"{}/v1\"\n",
+                    u.url
+                )
+            })
+            .unwrap_or_default();
+        std::fs::write(
+            dir.path().join("conclave.toml"),
+            format!("api_keys = [\"{KEY}\", \"{OTHER}\"]\n{config}\n{model}"),
+        )
+        .unwrap();
+        let mut command = serve_command(&["--config", "conclave.toml"]);
+        command
+            .current_dir(dir.path())
+            .env("PATH", std::env::var("PATH").unwrap());
+        let (child, url) = spawn_server(&mut command).await;
+        Binary {
+            child,
+            url,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    fn post(&self, key: &str, path: &str, body: Value) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(key)
+            .json(&body)
+    }
+
+    fn get(&self, key: &str, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(key)
+    }
+
+    /// A one-shot run as `key`: status and the whole body (events, or an
+    /// error as JSON).
+    async fn run(&self, key: &str, body: Value) -> (u16, Vec<Value>) {
+        let response = self.post(key, "/agent/run", body).send().await.unwrap();
+        let status = response.status().as_u16();
+        if status == 200 {
+            (status, ndjson(response).await)
+        } else {
+            (status, vec![response.json().await.unwrap()])
+        }
+    }
+
+    async fn stop(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+/// The `tool_result` of call `id`.
+fn result_of<'a>(events: &'a [Value], id: &str) -> &'a Value {
+    events
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["id"] == id)
+        .unwrap_or_else(|| panic!("no tool result for {id}: {events:?}"))
+}
+
+fn output_text(result: &Value) -> String {
+    match &result["output"] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+// 1. An MCP server that takes the built-in sandbox's name.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_mcp_server_cannot_take_the_sandboxs_name_nor_lend_its_hint() {
+    let python = std::env::var("CONCLAVE_TEST_PYTHON")
+        .expect("CONCLAVE_TEST_PYTHON must name a python with the mcp package");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/readonly_server.py");
+    let upstream = Upstream::start(vec![
+        // KEY, plan: the built-in is refused, the server's own tool runs.
+        calls(
+            "c1",
+            "mcp__sandbox__execute_code",
+            json!({"code": "print(1)"}),
+        ),
+        calls("c2", "mcp__ro__execute_code", json!({"code": "print(2)"})),
+        says("Done."),
+        // OTHER, whose policy trusts no server's hint: refused too.
+        calls("c3", "mcp__ro__execute_code", json!({"code": "print(3)"})),
+        says("Done."),
+        // KEY, ask_writes: the built-in waits for a person.
+        calls(
+            "c4",
+            "mcp__sandbox__execute_code",
+            json!({"code": "print(4)"}),
+        ),
+        says("Done."),
+    ])
+    .await;
+    let line = format!("{python} {script}");
+    let config = format!(
+        "[mcp]\nstdio_commands = [{}]\nallowed_http_servers = [\"127.0.0.1\"]\n\
+         [agent.permissions.keys.\"{OTHER}\"]\ntrust_read_only_hints = false\n",
+        json!(line)
+    );
+    let server = Binary::start(Some(&upstream), &config).await;
+    let stdio = json!({"command": python, "args": [script]});
+    let http = json!({"url": "http://127.0.0.1:9/mcp"});
+
+    // Named `sandbox` (any case), over stdio or HTTP, in either mode: a
+    // 422 naming the server, before anything starts.
+    for (name, spec, mode) in [
+        ("sandbox", &stdio, "plan"),
+        ("sandbox", &http, "ask_writes"),
+        ("Sandbox", &stdio, "ask_writes"),
+        ("conclave", &http, "plan"),
+    ] {
+        for path in ["/agent/run", "/agent/session"] {
+            let mut body = json!({"model": "capable",
+                "mcp_servers": {name: spec}, "permissions": {"mode": mode}});
+            if path == "/agent/run" {
+                body["prompt"] = json!("x");
+            }
+            let response = server.post(KEY, path, body).send().await.unwrap();
+            assert_eq!(response.status(), 422, "{name} at {path}");
+            let body: Value = response.json().await.unwrap();
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with(&format!("options.mcp_servers.{name}: ")),
+                "{message}"
+            );
+            assert!(message.contains("built-in"), "{message}");
+        }
+    }
+    // A name with `__` would make a tool name that names two servers.
+    let (status, body) = server
+        .run(
+            KEY,
+            json!({"prompt": "x", "mcp_servers": {"a__sandbox": stdio}}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body:?}");
+
+    let session = |mode: &str, timeout: u64| {
+        json!({"prompt": "go", "model": "capable", "max_turns": 5,
+            "mcp_servers": {"ro": stdio},
+            "permissions": {"mode": mode, "approval_timeout_s": timeout}})
+    };
+    let (status, events) = server.run(KEY, session("plan", 60)).await;
+    assert_eq!(status, 200);
+    let builtin = result_of(&events, "c1");
+    assert_eq!(builtin["is_error"], true, "{builtin}");
+    assert!(output_text(builtin).contains("`plan`"), "{builtin}");
+    let external = result_of(&events, "c2");
+    assert_eq!(external["is_error"], false, "{external}");
+    assert!(
+        output_text(external).contains("the external execute_code ran"),
+        "{external}"
+    );
+
+    let (_, events) = server.run(OTHER, session("plan", 60)).await;
+    let distrusted = result_of(&events, "c3");
+    assert_eq!(distrusted["is_error"], true, "{distrusted}");
+    assert!(output_text(distrusted).contains("`plan`"), "{distrusted}");
+
+    let (_, events) = server.run(KEY, session("ask_writes", 1)).await;
+    let asked: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "approval_requested")
+        .collect();
+    assert_eq!(asked.len(), 1, "{events:?}");
+    assert_eq!(asked[0]["tool"], "mcp__sandbox__execute_code");
+    assert_eq!(result_of(&events, "c4")["is_error"], true);
+    server.stop().await;
+}
+
+// 4. Shell deny rules and the ways round them.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deny_rule_sees_into_subshells_command_strings_and_edits() {
+    let attacks = [
+        "(rm -rf d)",
+        "{ rm -rf d; }",
+        "sh -c 'rm -rf d'",
+        "bash -c \"rm -rf d\"",
+        "eval 'rm -rf d'",
+        "echo d | xargs rm -rf",
+        "env X=1 rm -rf d",
+        "echo $(rm -rf d)",
+        "f() { rm -rf d; }; f",
+        "/bin/rm -rf d",
+    ];
+    // A line the parser cannot see into is refused under a deny rule.
+    let opaque = ["echo 'rm -rf d' | sh", "c=rm; $c -rf d"];
+    let mut script: Vec<Reply> = attacks
+        .iter()
+        .chain(&opaque)
+        .enumerate()
+        .map(|(i, command)| bash(&format!("a{i}"), command))
+        .collect();
+    script.push(bash("ok", "mkdir -p d/e && ls d"));
+    script.push(says("Done."));
+    script.push(bash("e1", "echo hi"));
+    let upstream = Upstream::start(script).await;
+    let config = format!("[agent.permissions.keys.\"{KEY}\"]\ndeny = [\"Bash(rm -rf*)\"]\n");
+    let server = Binary::start(Some(&upstream), &config).await;
+
+    let (status, events) = server
+        .run(
+            KEY,
+            json!({"prompt": "go", "model": "capable", "max_turns": 20}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    for (i, command) in attacks.iter().enumerate() {
+        let result = result_of(&events, &format!("a{i}"));
+        assert_eq!(result["is_error"], true, "{command}: {result}");
+        let said = output_text(result);
+        assert!(
+            said.contains("not run") && said.contains("Bash(rm -rf*)"),
+            "{command}: {said}"
+        );
+    }
+    for (i, command) in opaque.iter().enumerate() {
+        let result = result_of(&events, &format!("a{}", attacks.len() + i));
+        let said = output_text(result);
+        assert!(said.contains("cannot be checked"), "{command}: {said}");
+    }
+    // What the rule does not cover still runs.
+    let ok = result_of(&events, "ok");
+    assert_eq!(ok["is_error"], false, "{ok}");
+
+    // An edited input at approval time goes through the same check.
+    let created = server
+        .post(
+            KEY,
+            "/agent/session",
+            json!({"model": "capable", "permissions": {"mode": "ask"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let id = created.json::<Value>().await.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let response = server
+        .post(
+            KEY,
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": "go"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut turn = Lines::new(response);
+    turn.until("approval_requested").await;
+    let edited = json!({"decision": "allow",
+        "input": {"command": "echo x; (rm -rf /workspace/keep) && echo"}});
+    let response = server
+        .post(KEY, &format!("/agent/session/{id}/approvals/e1"), edited)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Bash(rm -rf*)"),
+        "{body}"
+    );
+    let (status, _) = (
+        server
+            .post(
+                KEY,
+                &format!("/agent/session/{id}/approvals/e1"),
+                json!({"decision": "deny"}),
+            )
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        (),
+    );
+    assert_eq!(status, 200);
+    server.stop().await;
+}
+
+// 3. A quote inside a plain scalar of a flow collection.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quote_in_a_flow_scalar_does_not_hide_its_nesting() {
+    let server = Binary::start(None, "").await;
+    let attack = format!("x: [a'b, {}", "[".repeat(131_000));
+    let started = Instant::now();
+    let response = server
+        .post(
+            KEY,
+            "/orchestrator/pipelines/validate",
+            json!({"yaml": attack}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nests deeper than 64"),
+        "{body}"
+    );
+    // The parser took 46 CPU-seconds on it; the scan refuses it at once
+    // (the bound is loose: this is a noisy machine, not a benchmark).
+    assert!(took.as_secs() < 5, "{took:?}");
+    server.stop().await;
+}
+
+// 8. A key's hook, and `remember` under a key's floor.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_hook_is_asked_and_remember_cannot_lift_the_keys_floor() {
+    use std::sync::{Arc, Mutex};
+    let asked: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let recorded = asked.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let recorded = recorded.clone();
+            async move {
+                let command = body["input"]["command"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                recorded.lock().unwrap().push(body);
+                axum::Json(if command.starts_with("echo hooked") {
+                    json!({"decision": "allow"})
+                } else {
+                    json!({"decision": "ask"})
+                })
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let upstream = Upstream::start(vec![
+        bash("h1", "echo hooked"),
+        says("Done."),
+        bash("r1", "echo first"),
+        says("Done."),
+        bash("r2", "echo second"),
+        says("Done."),
+    ])
+    .await;
+    let config = format!(
+        "[mcp]\nallowed_http_servers = [\"127.0.0.1\"]\n\
+         [agent.permissions.keys.\"{KEY}\"]\nmode = \"ask\"\nhook_url = \"{hook}\"\n"
+    );
+    let server = Binary::start(Some(&upstream), &config).await;
+
+    // The key's hook allows: the call runs without a person.
+    let (_, events) = server
+        .run(KEY, json!({"prompt": "go", "model": "capable"}))
+        .await;
+    assert_eq!(result_of(&events, "h1")["is_error"], false, "{events:?}");
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    let decided = events
+        .iter()
+        .find(|e| e["type"] == "approval_decided")
+        .unwrap();
+    assert_eq!(decided["by"], "hook");
+
+    // The hook leaves it to a person, who allows with `remember` and the
+    // widest rule: the next call still asks, as the key's floor says.
+    let created = server
+        .post(KEY, "/agent/session", json!({"model": "capable"}))
+        .send()
+        .await
+        .unwrap();
+    let id = created.json::<Value>().await.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (call, remember) in [("r1", true), ("r2", false)] {
+        let response = server
+            .post(
+                KEY,
+                &format!("/agent/session/{id}/message"),
+                json!({"prompt": "go"}),
+            )
+            .send()
+            .await
+            .unwrap();
+        let mut turn = Lines::new(response);
+        let before = turn.until("approval_requested").await;
+        assert_eq!(before.last().unwrap()["call_id"], call, "{before:?}");
+        let decision = if remember {
+            json!({"decision": "allow", "remember": "session", "rule": "*"})
+        } else {
+            json!({"decision": "allow"})
+        };
+        let response = server
+            .post(
+                KEY,
+                &format!("/agent/session/{id}/approvals/{call}"),
+                decision,
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        turn.until("result").await;
+    }
+    server.stop().await;
+}
+
+// 7. One key's waiting runs and every pipeline place.
+
+const GATED: &str = "name: gated
+start: run
+terminal: [run]
+state:
+  code: {reducer: replace}
+nodes:
+  run:
+    prompt: '{code}'
+    tools: [Bash]
+";
+
+/// Starts a gated run as `key` whose node's call waits for a person, and
+/// reads its events until the call waits or the run queues: whether it
+/// waits for a decision (it holds a place), and the status if it queued.
+async fn gated_run(server: &Binary, key: &str) -> (bool, Option<String>) {
+    let body = json!({"pipeline": "gated", "input": {"code": "$ echo gated"},
+        "permissions": {"mode": "ask"}});
+    let response = server
+        .post(key, "/orchestrator/pipeline/start", body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let started: Value = response.json().await.unwrap();
+    let session = started["session_id"].as_str().unwrap();
+    let response = server
+        .get(
+            key,
+            &format!("/agent/session/{session}/events?since=0&follow=true"),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut events = Lines::new(response);
+    while let Some(event) = events.next().await {
+        if event["type"] == "approval_requested" {
+            return (true, None);
+        }
+        let message = event["message"].as_str().unwrap_or_default();
+        if event["type"] == "status" && message.starts_with("Queued") {
+            return (false, Some(message.to_string()));
+        }
+    }
+    panic!("the run's events ended before it waited or queued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_waiting_runs_of_one_key_leave_another_keys_run_unqueued() {
+    let server = Binary::start_with_files(
+        None,
+        "[pipelines]\ndir = \"pipelines\"\n",
+        &[("pipelines/gated.yaml", GATED)],
+    )
+    .await;
+    let mut waiting = 0;
+    let mut queued = Vec::new();
+    for _ in 0..10 {
+        match gated_run(&server, KEY).await {
+            (true, _) => waiting += 1,
+            (false, Some(message)) => queued.push(message),
+            (false, None) => unreachable!(),
+        }
+    }
+    // The default share: half of the ten places.
+    assert_eq!(waiting, 5);
+    assert_eq!(queued.len(), 5);
+    assert!(
+        queued
+            .iter()
+            .all(|m| m.contains("pipelines.max_concurrent_per_key")),
+        "{queued:?}"
+    );
+    let health: Value = server
+        .get(KEY, "/orchestrator/health")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["max_concurrent_per_key"], 5, "{health}");
+    // Another key's run takes a free place at once.
+    assert_eq!(gated_run(&server, OTHER).await, (true, None));
+    server.stop().await;
+}
