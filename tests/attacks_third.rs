@@ -560,3 +560,72 @@ async fn ten_waiting_runs_of_one_key_leave_another_keys_run_unqueued() {
     assert_eq!(gated_run(&server, OTHER).await, (true, None));
     server.stop().await;
 }
+
+// 8. What another key sees of a key's usage, and hooks a run is given.
+
+/// The values of the `key` label in Prometheus text.
+fn key_labels(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once("key=\"").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once('"').map(|(name, _)| name.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_a_key_only_its_own_usage() {
+    const ADMIN: &str = "third-round-admin-0123456789";
+    let server = Binary::start(None, &format!("admin_keys = [\"{ADMIN}\"]\n")).await;
+    for key in [KEY, OTHER] {
+        let (status, events) = server
+            .run(key, json!({"prompt": "hello", "sandbox_enabled": false}))
+            .await;
+        assert_eq!(status, 200);
+        assert!(events.iter().any(|e| e["type"] == "result"), "{events:?}");
+    }
+    let metrics = |key: &'static str| {
+        let request = server.get(key, "/metrics").send();
+        async move {
+            let response = request.await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.text().await.unwrap()
+        }
+    };
+    let everyone = key_labels(&metrics(ADMIN).await);
+    assert_eq!(everyone.len(), 2, "{everyone:?}");
+    let own = key_labels(&metrics(KEY).await);
+    let other = key_labels(&metrics(OTHER).await);
+    assert_eq!(own.len(), 1, "{own:?}");
+    assert_eq!(other.len(), 1, "{other:?}");
+    assert_ne!(own, other);
+    // The series with no key stay.
+    assert!(metrics(KEY).await.contains("status=\"success\""));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_hook_outside_the_egress_rules_is_refused_at_submit() {
+    let server = Binary::start(None, "").await;
+    let permissions = json!({"mode": "ask", "hook_url": "http://169.254.169.254/hook"});
+    for (path, body) in [
+        (
+            "/deliberations",
+            json!({"task_description": "x", "role": "critic", "permissions": permissions}),
+        ),
+        (
+            "/orchestrator/pipeline/start",
+            json!({"pipeline": "connector", "connector_name": "c", "connector_type": "rest",
+                "permissions": permissions}),
+        ),
+    ] {
+        let response = server.post(KEY, path, body).send().await.unwrap();
+        assert_eq!(response.status(), 422, "{path}");
+        let body: Value = response.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("options.permissions.hook_url: "),
+            "{path}: {message}"
+        );
+    }
+    server.stop().await;
+}

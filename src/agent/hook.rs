@@ -123,3 +123,21 @@ impl Hooks {
         }))
     }
 }
+
+/// Refuses a policy whose `hook_url` the egress rules do not allow, naming
+/// the field: a session, deliberation or pipeline run is checked when it
+/// is submitted, as every connection is checked again.
+pub async fn check_hook_url(
+    rules: &Rules,
+    permissions: Option<&crate::permission::Permissions>,
+) -> Result<(), crate::session::OptionError> {
+    if let Some(url) = permissions.and_then(|p| p.hook_url.as_ref()) {
+        rules.check_url(url).await.map_err(|e| {
+            crate::session::OptionError::new(
+                "options.permissions.hook_url",
+                format!("{e} (mcp.allowed_http_servers)"),
+            )
+        })?;
+    }
+    Ok(())
+}

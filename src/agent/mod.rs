@@ -30,6 +30,7 @@ pub mod tools;
 pub mod turn;
 
 pub use harness::READ_ONLY_TOOLS;
+pub use hook::check_hook_url;
 pub use options::{A2aAgentSpec, AgentOptions, McpServerSpec, RESERVED_SERVER_NAMES};
 pub use task::AgentTask;
 pub use tools::{NoTools, ToolChunk, ToolContext, ToolOutput, ToolRouter};

@@ -40,18 +40,7 @@ impl AgentTask {
         }
         self.deps.tools.check_options(options).await?;
         let rules = self.mcp.http_rules();
-        if let Some(url) = options
-            .permissions
-            .as_ref()
-            .and_then(|p| p.hook_url.as_ref())
-        {
-            rules.check_url(url).await.map_err(|e| {
-                OptionError::new(
-                    "options.permissions.hook_url",
-                    format!("{e} (mcp.allowed_http_servers)"),
-                )
-            })?;
-        }
+        super::hook::check_hook_url(&rules, options.permissions.as_ref()).await?;
         for (name, spec) in options.mcp_servers.iter().flatten() {
             match spec {
                 McpServerSpec::Http { url, .. } => {

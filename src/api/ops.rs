@@ -4,14 +4,15 @@
 
 use std::time::Duration;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
+use axum::{Extension, Json};
 use serde::Serialize;
 use utoipa::{OpenApi, ToSchema};
 
 use super::ApiDoc;
+use super::auth::Caller;
 use super::state::AppState;
 
 #[derive(Serialize, ToSchema)]
@@ -109,22 +110,63 @@ pub async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Readiness
     (status, Json(readiness))
 }
 
-/// Prometheus text exposition.
+/// Prometheus text exposition; a key that does not administer sees only
+/// its own series of those labelled by key.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+pub async fn metrics(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> impl IntoResponse {
     if let Some(sandboxes) = &state.sandboxes {
         state
             .metrics
             .sandboxes_live
             .set(sandboxes.live_count() as i64);
     }
+    let text = state.metrics.render();
+    // A key's usage is its own: another key sees only its own series.
+    let text = if caller.admin {
+        text
+    } else {
+        let name = state.quotas.table().name(caller.owner());
+        own_series(&text, &name)
+    };
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics.render(),
+        text,
     )
+}
+
+/// `text` (Prometheus exposition) without the samples labelled with a key
+/// other than `key` (by its configured name).
+fn own_series(text: &str, key: &str) -> String {
+    let own = format!("key=\"{}\"", escape_label(key));
+    let mut kept = String::with_capacity(text.len());
+    for line in text.lines() {
+        let other_key = !line.starts_with('#')
+            && line.split_once('{').is_some_and(|(_, labels)| {
+                labels
+                    .split(',')
+                    .map(str::trim_start)
+                    .any(|label| label.starts_with("key=\"") && !label.starts_with(&own))
+            });
+        if !other_key {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
+/// A label value as the exposition writes it.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// This document.

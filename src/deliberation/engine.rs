@@ -42,6 +42,9 @@ pub struct Deps {
     pub permits: Arc<tokio::sync::Semaphore>,
     /// Where agents' model calls are made (any replica's).
     pub jobs: Arc<dyn Jobs>,
+    /// Where a run's permission hook may be reached
+    /// (`mcp.allowed_http_servers`), checked when it is submitted.
+    pub hook_rules: Arc<crate::egress::Rules>,
 }
 
 impl Deps {

@@ -57,6 +57,7 @@ impl SessionTask for DeliberationTask {
                 .await
                 .map_err(|e| OptionError::new("options.models", e.to_string()))?;
         }
+        crate::agent::check_hook_url(&self.deps.hook_rules, options.permissions.as_ref()).await?;
         serde_json::to_value(&options)
             .map_err(|e| SessionError::Internal(format!("storing options: {e}")))
     }

@@ -38,6 +38,9 @@ pub struct Deps {
     pub queued: Arc<Mutex<HashSet<Uuid>>>,
     /// Where mock nodes are answered (any replica's).
     pub jobs: Arc<dyn Jobs>,
+    /// Where a run's permission hook may be reached
+    /// (`mcp.allowed_http_servers`), checked when it is submitted.
+    pub hook_rules: Arc<crate::egress::Rules>,
 }
 
 /// A step as its checkpoint stores it.

@@ -72,6 +72,7 @@ impl SessionTask for PipelineTask {
                 .validate("options.permissions")
                 .map_err(|e| OptionError::new(e.field, e.message))?;
         }
+        crate::agent::check_hook_url(&self.deps.hook_rules, options.permissions.as_ref()).await?;
         check_connector_name(definition, &options)?;
         serde_json::to_value(&options)
             .map_err(|e| SessionError::Internal(format!("storing options: {e}")))

@@ -254,6 +254,7 @@ impl Server {
                 )),
                 queued: queued.clone(),
                 jobs: jobs.clone(),
+                hook_rules: config.mcp.http_rules(),
             });
             let deliberation = DeliberationTask::new(deliberation::engine::Deps {
                 models: models.clone(),
@@ -265,6 +266,7 @@ impl Server {
                     deliberation::MAX_CONCURRENT_AGENTS,
                 )),
                 jobs: jobs.clone(),
+                hook_rules: config.mcp.http_rules(),
             });
             let built_in = Tasks::new()
                 .with(Arc::new(agent))
