@@ -629,3 +629,208 @@ async fn a_runs_hook_outside_the_egress_rules_is_refused_at_submit() {
     }
     server.stop().await;
 }
+
+// 5. Path rules and links.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_rules_hold_on_where_a_link_leads() {
+    let upstream = Upstream::start(vec![
+        bash(
+            "s1",
+            "mkdir -p src secret && echo TOPSECRET | tee secret/key.txt && ln -s /workspace src/up && ln -s /workspace/secret lnk",
+        ),
+        calls(
+            "w1",
+            "Write",
+            json!({"file_path": "/workspace/src/up/escaped.txt", "content": "x"}),
+        ),
+        calls(
+            "w2",
+            "Write",
+            json!({"file_path": "/workspace/src/ok.txt", "content": "fine"}),
+        ),
+        calls("r1", "Read", json!({"file_path": "/workspace/lnk/key.txt"})),
+        calls("r2", "Read", json!({"file_path": "/workspace/src/ok.txt"})),
+        calls("g1", "Grep", json!({"pattern": "TOPSECRET|fine", "path": "/workspace"})),
+        calls("g2", "Glob", json!({"pattern": "**/*.txt", "path": "/workspace"})),
+        says("Done."),
+    ])
+    .await;
+    let config =
+        format!("[agent.permissions.keys.\"{KEY}\"]\ndeny = [\"Read(/workspace/secret/**)\"]\n");
+    let server = Binary::start(Some(&upstream), &config).await;
+    let (status, events) = server
+        .run(
+            KEY,
+            json!({"prompt": "go", "model": "capable", "max_turns": 20,
+                "permissions": {"mode": "ask_writes", "approval_timeout_s": 1,
+                    "allow": ["Write(/workspace/src/**)", "Bash(*)"]}}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(result_of(&events, "s1")["is_error"], false, "{events:?}");
+    // A write through a link out of src/ is no longer allowed by the rule
+    // for src/: it asks (and times out), where one inside src/ runs.
+    let asked: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "approval_requested")
+        .collect();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0]["call_id"], "w1");
+    assert_eq!(asked[0]["input"]["expect_path"], "/workspace/escaped.txt");
+    assert_eq!(result_of(&events, "w1")["is_error"], true);
+    assert_eq!(result_of(&events, "w2")["is_error"], false);
+    // A read through a link into secret/ is denied.
+    let read = result_of(&events, "r1");
+    assert_eq!(read["is_error"], true, "{read}");
+    assert!(
+        output_text(read).contains("Read(/workspace/secret/**)"),
+        "{read}"
+    );
+    assert!(!output_text(read).contains("TOPSECRET"));
+    assert!(output_text(result_of(&events, "r2")).contains("fine"));
+    // Searches leave out what the rule covers, and say so.
+    for id in ["g1", "g2"] {
+        let found = result_of(&events, id);
+        let text = output_text(found);
+        assert!(
+            !text.contains("TOPSECRET") && !text.contains("secret/key"),
+            "{id}: {text}"
+        );
+        assert!(text.contains("ok.txt"), "{id}: {text}");
+        assert!(text.contains("left out"), "{id}: {text}");
+    }
+    server.stop().await;
+}
+
+// 2. Concurrent deliberations of one key.
+
+/// The server's peak resident memory so far, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        / 1024
+}
+
+/// Bytes of every file under `dir`.
+fn disk_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|entry| {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                disk_bytes(&entry.path())
+            } else {
+                meta.len()
+            }
+        })
+        .sum()
+}
+
+/// What six deliberations of the largest kind at once may take: the two
+/// the key's quota lets run, each answer kept to 16 KiB.
+const SIX_DELIBERATIONS_RSS_MIB: u64 = 1024;
+const SIX_DELIBERATIONS_DISK_MIB: u64 = 512;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_of_the_largest_deliberations_at_once_stay_within_bounds() {
+    let server = Binary::start(None, "").await;
+    let pid = server.child.id().unwrap();
+    let mut done = Lines::new(
+        server
+            .get(KEY, "/bus/subscribe?subjects=deliberation.completed")
+            .send()
+            .await
+            .unwrap(),
+    );
+    let task = "Design a rate limiter for a public API. ".repeat(3100);
+    assert!(task.len() >= 120_000);
+    let body = json!({"task_description": task, "num_agents": 1024, "rounds": 1});
+    let submits = (0..6).map(|_| server.post(KEY, "/deliberations", body.clone()).send());
+    let answers = futures::future::join_all(submits).await;
+    let mut accepted = Vec::new();
+    for answer in answers {
+        let answer = answer.unwrap();
+        let status = answer.status().as_u16();
+        let body: Value = answer.json().await.unwrap();
+        match status {
+            202 => accepted.push(body["task_id"].as_str().unwrap().to_string()),
+            429 => {
+                let message = body["error"]["message"].as_str().unwrap();
+                assert!(message.contains("max_deliberation_calls"), "{message}");
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    // The key's quota: two of the largest (2,048 calls each) at once.
+    assert_eq!(accepted.len(), 2);
+    // Another key is not held back by this one.
+    let small = server
+        .post(
+            OTHER,
+            "/deliberations",
+            json!({"task_description": "x", "num_agents": 2}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.status(), 202);
+
+    let mut finished = 0;
+    while finished < accepted.len() {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(900), done.next())
+            .await
+            .expect("the deliberations end")
+            .expect("the bus goes on");
+        assert!(
+            accepted
+                .iter()
+                .any(|id| event["data"]["task_id"] == id.as_str())
+        );
+        assert_eq!(event["data"]["status"], "COMPLETED", "{event}");
+        finished += 1;
+    }
+    let peak = peak_rss_mib(pid);
+    let disk = disk_bytes(server._dir.path()) / (1024 * 1024);
+    eprintln!(
+        "six deliberations of 1024 agents, 120 KiB task: peak RSS {peak} MiB, data {disk} MiB"
+    );
+    assert!(peak <= SIX_DELIBERATIONS_RSS_MIB, "peak RSS {peak} MiB");
+    assert!(disk <= SIX_DELIBERATIONS_DISK_MIB, "data {disk} MiB");
+    // Each answer was kept to its bound, with a note.
+    let result: Value = server
+        .get(KEY, &format!("/deliberations/{}", accepted[0]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let content = result["results"][0]["proposal"]["content"]
+        .as_str()
+        .unwrap();
+    assert!(content.len() <= 16 * 1024 + 200, "{}", content.len());
+    assert!(
+        content.ends_with("bytes of an answer]"),
+        "{}",
+        &content[content.len() - 200..]
+    );
+    // Once they ended, the key may run more.
+    let again = server
+        .post(
+            KEY,
+            "/deliberations",
+            json!({"task_description": "y", "num_agents": 2}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 202);
+    server.stop().await;
+}

@@ -355,7 +355,7 @@ async fn files_round_trip_and_stay_confined(backend: Arc<dyn SandboxBackend>) {
     let (read, truncated) = files::read(sb, "/workspace/dir/a.txt").await.expect("read");
     assert_eq!((text(&read), truncated), (content.to_string(), false));
     assert_eq!(
-        files::edit(sb, "/workspace/dir/a.txt", "one", "1", false)
+        files::edit(sb, "/workspace/dir/a.txt", "one", "1", false, None)
             .await
             .expect("edit"),
         1
@@ -390,6 +390,34 @@ async fn files_round_trip_and_stay_confined(backend: Arc<dyn SandboxBackend>) {
         .await
         .unwrap_err();
     assert!(matches!(escape, SandboxError::InvalidPath(_)));
+
+    // A path checked where it led acts only on that file: a link swapped
+    // in since sends it nowhere, and nothing is written.
+    sh(
+        &sandbox,
+        "mkdir -p /workspace/real && ln -s /workspace/dir /workspace/swapped",
+        10,
+    )
+    .await;
+    let expected = Some("/workspace/real/a.txt");
+    let moved = files::read_expecting(sb, "/workspace/swapped/a.txt", expected)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&moved, SandboxError::InvalidPath(m) if m.contains("no longer leads")),
+        "{moved}"
+    );
+    let moved = files::write_expecting(sb, "/workspace/swapped/a.txt", Bytes::from("x"), expected)
+        .await
+        .unwrap_err();
+    assert!(matches!(moved, SandboxError::InvalidPath(_)), "{moved}");
+    let (read, _) = files::read(sb, "/workspace/dir/a.txt").await.expect("read");
+    assert!(text(&read).starts_with("line 1"), "{}", text(&read));
+    let (read, _) =
+        files::read_expecting(sb, "/workspace/swapped/a.txt", Some("/workspace/dir/a.txt"))
+            .await
+            .expect("read as expected");
+    assert!(text(&read).starts_with("line 1"));
 }
 
 async fn orphans_are_reaped_and_live_sessions_kept(backend: Arc<dyn SandboxBackend>) {

@@ -182,7 +182,7 @@ pub(super) async fn run_tools(
         let Plan::Run(call, _) = plan else {
             continue;
         };
-        match approve::gate(deps, session, gate, call.clone(), tools, cancel).await? {
+        match approve::gate(deps, session, gate, ctx, call.clone(), tools, cancel).await? {
             Gated::Run(checked) => *call = checked,
             Gated::Refused(why) => *plan = Plan::Refused(why),
         }
@@ -200,7 +200,11 @@ pub(super) async fn run_tools(
                     let span = spans::tool(&call.name, &call.id, &call.arguments);
                     let output = run_prepared(deps, session, ctx, call, cancel)
                         .instrument(span.clone())
-                        .await;
+                        .await
+                        .map(|mut output| {
+                            approve::hide_denied(gate, call, &mut output);
+                            output
+                        });
                     if let Ok(output) = &output {
                         spans::tool_result(&span, &output.output);
                         if output.is_error {

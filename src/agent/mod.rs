@@ -29,6 +29,7 @@ pub mod task;
 pub mod tools;
 pub mod turn;
 
+pub use approve::EXPECT_PATH;
 pub use harness::READ_ONLY_TOOLS;
 pub use hook::check_hook_url;
 pub use options::{A2aAgentSpec, AgentOptions, McpServerSpec, RESERVED_SERVER_NAMES};

@@ -92,6 +92,18 @@ pub trait ToolRouter: Send + Sync {
         self.call(ctx, name, input, cancel).await
     }
 
+    /// Where `path` (absolute) leads once links are followed, as the
+    /// session's sandbox resolves it: what path rules are checked on.
+    /// `None` for routers without a file system of their own.
+    async fn resolve_path(
+        &self,
+        _ctx: &ToolContext,
+        _path: &str,
+        _cancel: CancellationToken,
+    ) -> Option<Result<String, String>> {
+        None
+    }
+
     /// Refuses options these tools cannot honour before the session exists
     /// (e.g. sandbox limits outside the configured bounds), naming the option.
     async fn check_options(&self, _options: &AgentOptions) -> Result<(), SessionError> {

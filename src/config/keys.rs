@@ -27,15 +27,21 @@ pub struct Quota {
     pub requests_per_minute: Option<u64>,
     /// Bus messages kept and KV values, in MiB.
     pub storage_mb: Option<u64>,
+    /// Agent calls of the key's deliberations running at once (a
+    /// deliberation of N agents and R critique rounds makes N x (R + 1)).
+    pub max_deliberation_calls: Option<u64>,
 }
 
 impl Quota {
     /// The built-in `[default_quota]`: a key can never take every sandbox
-    /// slot nor all the disk; the rest is unlimited.
+    /// slot, all the disk nor every deliberation place; the rest is
+    /// unlimited.
     pub fn builtin_default() -> Quota {
         Quota {
             max_sandboxes: Some(16),
             storage_mb: Some(1024),
+            // Two of the largest deliberations.
+            max_deliberation_calls: Some(4096),
             ..Quota::default()
         }
     }
@@ -57,6 +63,10 @@ impl Quota {
             usd_per_day: pick(self.usd_per_day, default.usd_per_day),
             requests_per_minute: pick(self.requests_per_minute, default.requests_per_minute),
             storage_mb: pick(self.storage_mb, default.storage_mb),
+            max_deliberation_calls: pick(
+                self.max_deliberation_calls,
+                default.max_deliberation_calls,
+            ),
         }
     }
 

@@ -113,7 +113,11 @@ impl Run<'_> {
             };
             let publish = self.publisher(&namespace, index, round);
             running.push(Box::pin(async move {
-                let answer = worker.answer(call).await;
+                let mut answer = worker.answer(call).await;
+                // What is kept of an answer, on the bus as in the record.
+                if let Ok(content) = &mut answer.result {
+                    *content = super::running::kept(content);
+                }
                 let published = publish.answer(&answer.result, answer.duration_ms).await;
                 (index, answer, published)
             }));
@@ -217,6 +221,7 @@ impl Run<'_> {
         slot.duration_ms = duration_ms;
         match result {
             Ok(content) => {
+                let content = super::running::kept(content);
                 slot.proposal = Some(content.as_str().into());
                 slot.error = None;
                 self.session.emit_as(
@@ -225,7 +230,7 @@ impl Run<'_> {
                         role: role.clone(),
                         round,
                         proposal: Proposal {
-                            content: content.clone(),
+                            content,
                             author_id: slot.agent_id.clone(),
                             author_role: role,
                         },

@@ -42,6 +42,8 @@ pub struct Deps {
     pub permits: Arc<tokio::sync::Semaphore>,
     /// Where agents' model calls are made (any replica's).
     pub jobs: Arc<dyn Jobs>,
+    /// The agent calls running deliberations hold, by key.
+    pub running: Arc<super::running::Running>,
     /// Where a run's permission hook may be reached
     /// (`mcp.allowed_http_servers`), checked when it is submitted.
     pub hook_rules: Arc<crate::egress::Rules>,
@@ -91,6 +93,20 @@ pub(super) async fn run(deps: &Deps, turn: &mut Turn, task: String) -> Result<Ou
     }
     let store = deps.store.as_ref();
     let owner = session.owner.clone();
+    // A submitted deliberation's place was taken when it was accepted.
+    let _place = match deps.running.claim(session.id) {
+        Some(place) => place,
+        None => match deps.running.take(owner.as_deref(), options.calls()) {
+            Ok(place) => place,
+            Err(refused) => {
+                session.emit(EventKind::Error {
+                    message: refused.to_string(),
+                    code: "quota_exceeded".into(),
+                })?;
+                return Ok(Outcome::new(ResultStatus::Error, Some(refused.to_string())));
+            }
+        },
+    };
     // `POST /deliberations` runs one in an ephemeral session of its own,
     // whose id is the task's; a session of the kind runs one per message.
     let task_id = if session.ephemeral {
@@ -223,13 +239,26 @@ pub(super) async fn delete_children(deps: &Deps, stored: &Stored) {
 fn summary(results: &[AgentResult]) -> String {
     let answered = results.iter().filter(|r| r.proposal.is_some()).count();
     let mut text = format!("{answered} of {} agents proposed.", results.len());
+    let mut shown = 0;
     for result in results {
         if let Some(proposal) = &result.proposal {
+            if text.len() + proposal.content.len() > MAX_SUMMARY_BYTES {
+                text.push_str(&format!(
+                    "\n\n[{} more proposals are in the deliberation's record]",
+                    answered - shown
+                ));
+                break;
+            }
             text.push_str(&format!("\n\n{}:\n{}", result.agent_id, proposal.content));
+            shown += 1;
         }
     }
     text
 }
+
+/// The most of the proposals a deliberation's `result` text shows; the
+/// record (`GET /deliberations/{task_id}`) has them all.
+const MAX_SUMMARY_BYTES: usize = 64 * 1024;
 
 impl Run<'_> {
     /// Each agent's worker: a model, or its own agent session when the

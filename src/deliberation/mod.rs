@@ -31,6 +31,7 @@ mod collector;
 pub mod engine;
 pub mod prompts;
 pub mod records;
+pub mod running;
 pub mod task;
 
 use serde::{Deserialize, Serialize};

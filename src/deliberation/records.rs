@@ -251,6 +251,9 @@ pub async fn remove(
 /// Submit, poll and list: what every surface of deliberations calls.
 pub struct Deliberations {
     sessions: Arc<SessionManager>,
+    /// A deliberation's place is taken when it is submitted, so one past
+    /// its key's bound is refused with a `429`.
+    running: Arc<super::running::Running>,
     store: Arc<dyn Store>,
     /// For the models of a pending record's agents.
     models: Arc<ModelRegistry>,
@@ -262,11 +265,13 @@ pub const MAX_LISTED: usize = 500;
 impl Deliberations {
     pub fn new(
         sessions: Arc<SessionManager>,
+        running: Arc<super::running::Running>,
         store: Arc<dyn Store>,
         models: Arc<ModelRegistry>,
     ) -> Deliberations {
         Deliberations {
             sessions,
+            running,
             store,
             models,
         }
@@ -292,6 +297,10 @@ impl Deliberations {
         let options: DeliberationOptions = serde_json::from_value(options_json.clone())
             .map_err(|e| SessionError::Internal(format!("reading stored options: {e}")))?;
         options.check_prompt_bytes("task_description", task_description.len())?;
+        let place = self
+            .running
+            .take(owner.as_deref(), options.calls())
+            .map_err(SessionError::Quota)?;
         let session = self
             .sessions
             .create(NewSession {
@@ -313,9 +322,16 @@ impl Deliberations {
             self.models.default_model().unwrap_or_default(),
         );
         put(self.store.as_ref(), &stored).await?;
-        self.sessions
+        let id = session.id;
+        self.running.keep(id, place);
+        if let Err(e) = self
+            .sessions
             .start_turn(session, task_description, false)
-            .await?;
+            .await
+        {
+            self.running.claim(id);
+            return Err(e.into());
+        }
         Ok(stored.result)
     }
 

@@ -202,11 +202,17 @@ fn translate(name: &str, input: &Value, workdir: &str) -> Result<(&'static str, 
             format!("mkdir -p {dir} && cd {dir} && {command}")
         }
     };
+    // The file the permission check resolved the path to: the tool acts
+    // only if that is what opens (see `crate::agent::EXPECT_PATH`).
+    let expect = input.get(crate::agent::EXPECT_PATH).and_then(Value::as_str);
     Ok(match name {
-        "Read" => ("read_file", json!({"path": path("file_path")?})),
+        "Read" => (
+            "read_file",
+            json!({"path": path("file_path")?, "expect": expect}),
+        ),
         "Write" => (
             "write_file",
-            json!({"path": path("file_path")?, "content": str_arg(input, "content")?}),
+            json!({"path": path("file_path")?, "content": str_arg(input, "content")?, "expect": expect}),
         ),
         "Edit" => (
             "edit_file",
@@ -215,6 +221,7 @@ fn translate(name: &str, input: &Value, workdir: &str) -> Result<(&'static str, 
                 "old_string": str_arg(input, "old_string")?,
                 "new_string": str_arg(input, "new_string")?,
                 "replace_all": input.get("replace_all").and_then(Value::as_bool).unwrap_or(false),
+                "expect": expect,
             }),
         ),
         "Glob" => (
@@ -349,6 +356,31 @@ impl ToolRouter for SandboxTools {
     ) -> ToolOutput {
         self.run(ctx, name, input, cancel, Some(output)).await
     }
+    async fn resolve_path(
+        &self,
+        ctx: &ToolContext,
+        path: &str,
+        cancel: CancellationToken,
+    ) -> Option<Result<String, String>> {
+        if ctx.options.sandbox_enabled == Some(false) {
+            return None;
+        }
+        let command = json!({"command": format!("realpath -m -- {}", quote(path))});
+        let output = self
+            .run(ctx, "mcp__sandbox__execute_shell", command, cancel, None)
+            .await;
+        let stdout = output.output.get("stdout").and_then(Value::as_str);
+        Some(match stdout.map(str::trim) {
+            Some(resolved) if !output.is_error && resolved.starts_with('/') => {
+                Ok(resolved.to_string())
+            }
+            _ => Err(format!(
+                "'{path}' could not be resolved in the sandbox: {}",
+                output.output
+            )),
+        })
+    }
+
     async fn check_options(&self, options: &AgentOptions) -> Result<(), SessionError> {
         let sandboxes = &self.host.sandboxes;
         let spec = super::host::spec_for(sandboxes, options)?;
@@ -549,8 +581,15 @@ mod tests {
             translate("Read", &json!({"file_path": "a.py"}), "/workspace/p").unwrap();
         assert_eq!(
             (tool, args),
-            ("read_file", json!({"path": "/workspace/p/a.py"}))
+            (
+                "read_file",
+                json!({"path": "/workspace/p/a.py", "expect": null})
+            )
         );
+        // Where the permission check resolved the path goes with it.
+        let resolved = json!({"file_path": "a.py", "expect_path": "/workspace/real/a.py"});
+        let (_, args) = translate("Read", &resolved, "/workspace/p").unwrap();
+        assert_eq!(args["expect"], "/workspace/real/a.py");
         let err = translate(
             "Write",
             &json!({"file_path": "../../etc/x", "content": ""}),

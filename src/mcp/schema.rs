@@ -104,6 +104,11 @@ pub struct KillBackground {
 pub struct ReadFile {
     /// Absolute, or relative to /workspace.
     pub path: String,
+    /// Act only if the path opens this file (absolute, links resolved):
+    /// a caller that checked where the path leads refuses a link swapped
+    /// in since.
+    #[serde(default)]
+    pub expect: Option<String>,
     #[serde(default)]
     pub session_id: Option<String>,
 }
@@ -113,6 +118,11 @@ pub struct ReadFile {
 pub struct WriteFile {
     pub path: String,
     pub content: String,
+    /// Act only if the path opens this file (absolute, links resolved):
+    /// a caller that checked where the path leads refuses a link swapped
+    /// in since.
+    #[serde(default)]
+    pub expect: Option<String>,
     #[serde(default)]
     pub session_id: Option<String>,
 }
@@ -126,6 +136,11 @@ pub struct EditFile {
     /// Replace every occurrence instead of exactly one.
     #[serde(default)]
     pub replace_all: bool,
+    /// Act only if the path opens this file (absolute, links resolved):
+    /// a caller that checked where the path leads refuses a link swapped
+    /// in since.
+    #[serde(default)]
+    pub expect: Option<String>,
     #[serde(default)]
     pub session_id: Option<String>,
 }

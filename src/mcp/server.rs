@@ -320,9 +320,10 @@ impl SandboxServer {
     ) -> Result<Json<FileContent>, ToolFailure> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let (bytes, truncated) = files::read(lease.sandbox.as_ref(), &path)
-            .await
-            .map_err(tool_error)?;
+        let (bytes, truncated) =
+            files::read_expecting(lease.sandbox.as_ref(), &path, args.expect.as_deref())
+                .await
+                .map_err(tool_error)?;
         Ok(Json(FileContent {
             path,
             content: lossy(bytes),
@@ -339,9 +340,15 @@ impl SandboxServer {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
         let count = args.content.len();
-        files::write(lease.sandbox.as_ref(), &path, Bytes::from(args.content))
-            .await
-            .map_err(tool_error)?;
+        let expect = args.expect.as_deref();
+        files::write_expecting(
+            lease.sandbox.as_ref(),
+            &path,
+            Bytes::from(args.content),
+            expect,
+        )
+        .await
+        .map_err(tool_error)?;
         Ok(Json(Done { path, count }))
     }
 
@@ -361,6 +368,7 @@ impl SandboxServer {
             &args.old_string,
             &args.new_string,
             args.replace_all,
+            args.expect.as_deref(),
         )
         .await
         .map_err(tool_error)?;

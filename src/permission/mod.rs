@@ -172,6 +172,11 @@ pub struct Call<'a> {
     pub read_only: bool,
     /// Where relative paths start.
     pub working_dir: &'a str,
+    /// Where the call's path leads once links are followed (as the
+    /// sandbox resolved it), when it was asked: path rules deny a call
+    /// whose path or resolved path they cover, and allow one only when
+    /// they cover both.
+    pub resolved: Option<&'a str>,
 }
 
 /// What a policy says about a call.
@@ -279,6 +284,24 @@ impl Policy {
                  propose the change instead of making it"
             )),
         }
+    }
+
+    /// Whether a rule of this policy reads `tool`'s input (not only its
+    /// name): what makes a file tool's path worth resolving.
+    pub fn reads_input_of(&self, tool: &str) -> bool {
+        self.allow
+            .iter()
+            .chain(&self.deny)
+            .any(|r| r.has_pattern() && r.names(tool))
+    }
+
+    /// The deny rule that covers the call, whatever the mode says.
+    pub fn denying_rule(&self, call: &Call<'_>) -> Option<&Rule> {
+        if self.deny.is_empty() {
+            return None;
+        }
+        let subject = rules::subject(call);
+        self.deny.iter().find(|r| r.denies(call, &subject))
     }
 
     /// Whether an allow rule of this policy matches (for rules a decision

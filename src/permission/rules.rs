@@ -3,7 +3,8 @@
 //! the command of `Bash` and `execute_shell`, the code of `execute_code`,
 //! the path of `Read`, `Write`, `Edit`, `Glob` and `Grep` (made absolute
 //! and with `..` resolved, so `Write(/workspace/src/**)` cannot be left
-//! through `src/../..`), else the input as compact JSON.
+//! through `src/../..`, and checked on where it leads once the sandbox
+//! followed its links too), else the input as compact JSON.
 //!
 //! Commands are matched by the simple commands they can run, as a shell
 //! parser finds them ([`super::shell`]): a rule allows a command only when
@@ -40,7 +41,9 @@ struct Pattern {
 pub enum Subject {
     /// A shell command line and what it can run.
     Command(String, Analysis),
-    Path(String),
+    /// A path made absolute, and where it leads once links are followed
+    /// when the sandbox was asked.
+    Path(String, Option<String>),
     Text(String),
 }
 
@@ -120,7 +123,10 @@ impl Rule {
                     && !analysis.substitutes_or_redirects
                     && analysis.commands.iter().all(|c| pattern.text.is_match(c))
             }
-            Subject::Path(path) => pattern.path.is_match(path),
+            Subject::Path(path, resolved) => {
+                pattern.path.is_match(path)
+                    && resolved.as_ref().is_none_or(|r| pattern.path.is_match(r))
+            }
             Subject::Text(text) => pattern.text.is_match(text),
         }
     }
@@ -143,9 +149,18 @@ impl Rule {
                         .chain(&analysis.by_name)
                         .any(|c| pattern.text.is_match(c))
             }
-            Subject::Path(path) => pattern.path.is_match(path),
+            Subject::Path(path, resolved) => {
+                pattern.path.is_match(path)
+                    || resolved.as_ref().is_some_and(|r| pattern.path.is_match(r))
+            }
             Subject::Text(text) => pattern.text.is_match(text),
         }
+    }
+
+    /// Whether the rule has a pattern (matches a call's input, not only
+    /// its tool).
+    pub fn has_pattern(&self) -> bool {
+        self.pattern.is_some()
     }
 
     /// The rule a remembered decision adds for this tool: all its calls.
@@ -169,14 +184,14 @@ pub fn subject(call: &Call<'_>) -> Subject {
             Subject::Command(command.to_string(), analyze(command))
         }
         "mcp__sandbox__execute_code" => Subject::Text(field("code").unwrap_or_default().into()),
-        "Read" | "Write" | "Edit" => Subject::Path(absolute(
-            field("file_path").unwrap_or_default(),
-            call.working_dir,
-        )),
-        "Glob" | "Grep" => Subject::Path(absolute(
-            field("path").unwrap_or(call.working_dir),
-            call.working_dir,
-        )),
+        "Read" | "Write" | "Edit" => Subject::Path(
+            absolute(field("file_path").unwrap_or_default(), call.working_dir),
+            call.resolved.map(str::to_string),
+        ),
+        "Glob" | "Grep" => Subject::Path(
+            absolute(field("path").unwrap_or(call.working_dir), call.working_dir),
+            call.resolved.map(str::to_string),
+        ),
         _ => Subject::Text(call.input.to_string()),
     }
 }

@@ -22,6 +22,7 @@ fn verdict(policy: &Policy, tool: &str, input: serde_json::Value) -> Verdict {
         input: &input,
         read_only,
         working_dir: "/workspace",
+        resolved: None,
     })
 }
 

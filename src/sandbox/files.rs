@@ -114,28 +114,70 @@ async fn run(
     }
 }
 
+/// After the open on descriptor 3: the file opened must be `$2` when one
+/// is expected (the file a permission check resolved the path to).
+const EXPECTED: &str = r#"[ -z "$2" ] || [ "$(readlink "/proc/$$/fd/3")" = "$2" ] || { echo "'$1' no longer leads to '$2' (a link changed since the path was checked); not done" >&2; exit 97; }
+"#;
+
 /// The file's bytes (at most [`MAX_READ_BYTES`]) and whether it was longer.
 pub async fn read(sandbox: &dyn Sandbox, path: &str) -> Result<(Vec<u8>, bool)> {
-    let script = r#"[ -d "$p" ] && { echo "'$1' is a directory" >&2; exit 1; }
+    read_expecting(sandbox, path, None).await
+}
+
+/// [`read`], refused unless the path opens `expect` (absolute, links
+/// resolved) when it is given.
+pub async fn read_expecting(
+    sandbox: &dyn Sandbox,
+    path: &str,
+    expect: Option<&str>,
+) -> Result<(Vec<u8>, bool)> {
+    let script = format!(
+        r#"[ -d "$p" ] && {{ echo "'$1' is a directory" >&2; exit 1; }}
 exec 3< "$p" || exit 1
 confined "$(readlink "/proc/$$/fd/3")" "$1"
-exec cat <&3"#;
-    run(sandbox, script, &[path], None, MAX_READ_BYTES)
-        .await
-        .map_err(|e| reword_missing(e, path))
+{EXPECTED}exec cat <&3"#
+    );
+    run(
+        sandbox,
+        &script,
+        &[path, expect.unwrap_or_default()],
+        None,
+        MAX_READ_BYTES,
+    )
+    .await
+    .map_err(|e| reword_missing(e, path))
 }
 
 /// Writes `data` to `path`, creating parent directories.
 pub async fn write(sandbox: &dyn Sandbox, path: &str, data: Bytes) -> Result<()> {
+    write_expecting(sandbox, path, data, None).await
+}
+
+/// [`write`], refused unless the path opens `expect` (absolute, links
+/// resolved) when it is given; then nothing is written.
+pub async fn write_expecting(
+    sandbox: &dyn Sandbox,
+    path: &str,
+    data: Bytes,
+    expect: Option<&str>,
+) -> Result<()> {
     // Opened without truncating, checked, then truncated and written
     // through the descriptor's own /proc link (the file that was checked).
-    let script = r#"mkdir -p -- "$(dirname -- "$p")" || exit 1
+    let script = format!(
+        r#"mkdir -p -- "$(dirname -- "$p")" || exit 1
 exec 3<> "$p" || exit 1
 confined "$(readlink "/proc/$$/fd/3")" "$1"
-exec cat > "/proc/$$/fd/3""#;
-    run(sandbox, script, &[path], Some(data), 4096)
-        .await
-        .map(|_| ())
+{EXPECTED}exec cat > "/proc/$$/fd/3""#
+    );
+    run(
+        sandbox,
+        &script,
+        &[path, expect.unwrap_or_default()],
+        Some(data),
+        4096,
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Replaces `old` with `new` in a text file: exactly once unless `all`.
@@ -146,6 +188,7 @@ pub async fn edit(
     old: &str,
     new: &str,
     all: bool,
+    expect: Option<&str>,
 ) -> Result<usize> {
     if old.is_empty() {
         return Err(SandboxError::File("old_string must not be empty".into()));
@@ -155,7 +198,7 @@ pub async fn edit(
             "old_string and new_string are the same".into(),
         ));
     }
-    let (bytes, truncated) = read(sandbox, path).await?;
+    let (bytes, truncated) = read_expecting(sandbox, path, expect).await?;
     if truncated {
         return Err(SandboxError::File(format!(
             "'{path}' is larger than {MAX_READ_BYTES} bytes; edit it with a shell command"
@@ -177,7 +220,7 @@ pub async fn edit(
             } else {
                 text.replacen(old, new, 1)
             };
-            write(sandbox, path, Bytes::from(replaced)).await?;
+            write_expecting(sandbox, path, Bytes::from(replaced), expect).await?;
             Ok(n)
         }
     }

@@ -242,6 +242,7 @@ impl Server {
         )
         .await?;
         let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let running = deliberation::running::Running::new(key_table.clone());
         let sessions = Arc::new_cyclic(|manager| {
             let pipelines = PipelineTask::new(pipeline::engine::Deps {
                 store: store.clone(),
@@ -266,6 +267,7 @@ impl Server {
                     deliberation::MAX_CONCURRENT_AGENTS,
                 )),
                 jobs: jobs.clone(),
+                running: running.clone(),
                 hook_rules: config.mcp.http_rules(),
             });
             let built_in = Tasks::new()
@@ -304,6 +306,7 @@ impl Server {
             .map_err(StartError::Agents)?;
         let deliberations = Arc::new(Deliberations::new(
             sessions.clone(),
+            running,
             store.clone(),
             models.clone(),
         ));
