@@ -834,3 +834,70 @@ async fn six_of_the_largest_deliberations_at_once_stay_within_bounds() {
     assert_eq!(again.status(), 202);
     server.stop().await;
 }
+
+// 6. Named snapshots and storage_mb.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_snapshots_count_in_the_keys_storage_and_number() {
+    let server = Binary::start(
+        None,
+        "[default_quota]\nstorage_mb = 1\nmax_named_snapshots = 2\n",
+    )
+    .await;
+    // A session whose workspace was `command` at its turn end.
+    let workspace = |command: &'static str| {
+        let server = &server;
+        async move {
+            let created = server
+                .post(KEY, "/agent/session", json!({}))
+                .send()
+                .await
+                .unwrap();
+            let id = created.json::<Value>().await.unwrap()["session_id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let response = server
+                .post(
+                    KEY,
+                    &format!("/agent/session/{id}/message"),
+                    json!({"prompt": format!("$ {command}")}),
+                )
+                .send()
+                .await
+                .unwrap();
+            let events = ndjson(response).await;
+            let result = events.iter().find(|e| e["type"] == "tool_result").unwrap();
+            assert_eq!(result["is_error"], false, "{result}");
+            id
+        }
+    };
+    let name = |id: String| {
+        let request = server
+            .post(KEY, "/sandboxes/snapshots", json!({"session_id": id}))
+            .send();
+        async move {
+            let response = request.await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    let small = workspace("echo small | tee small.txt").await;
+    let (status, body) = name(small).await;
+    assert_eq!(status, 201, "{body}");
+    // 3 MB of workspace is past the key's 1 MB: refused, naming the quota.
+    let big = workspace("head -c 3000000 /dev/urandom | tee big.bin | wc -c").await;
+    let (status, body) = name(big).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["quota"], "storage_mb", "{body}");
+    // Small ones fit in bytes, up to the count.
+    let second = workspace("echo second | tee s.txt").await;
+    assert_eq!(name(second).await.0, 201);
+    let third = workspace("echo third | tee t.txt").await;
+    let (status, body) = name(third).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["quota"], "max_named_snapshots", "{body}");
+    server.stop().await;
+}

@@ -30,6 +30,9 @@ pub struct Progress {
     reply: Option<String>,
     /// Text dropped past [`MAX_TEXT`].
     dropped: usize,
+    /// Bytes shown as live output so far: a remote that resends its
+    /// artifacts or its status without end is shown [`MAX_TEXT`] in all.
+    shown: usize,
 }
 
 impl Progress {
@@ -93,11 +96,35 @@ impl Progress {
         } else {
             format!("[{}] {text}\n", status.state.label())
         };
-        out.push(ToolChunk {
-            stream: NOTE_STREAM.into(),
-            content: line,
-        });
+        self.show(NOTE_STREAM, line, out);
         self.status = text;
+    }
+
+    /// Sends `content` as live output while the call has shown less than
+    /// [`MAX_TEXT`]; past it, one note says the rest is not shown (the
+    /// result still has the artifacts, within their own bound).
+    fn show(&mut self, stream: &str, mut content: String, out: &mut Vec<ToolChunk>) {
+        let room = MAX_TEXT.saturating_sub(self.shown);
+        if room == 0 {
+            return;
+        }
+        if content.len() > room {
+            let mut cut = room;
+            while !content.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            content.truncate(cut);
+            content.push_str(&format!(
+                "\n[the agent's live output past {MAX_TEXT} bytes is not shown]\n"
+            ));
+            self.shown = MAX_TEXT;
+        } else {
+            self.shown += content.len();
+        }
+        out.push(ToolChunk {
+            stream: stream.into(),
+            content,
+        });
     }
 
     fn artifact(&mut self, artifact: Artifact, append: bool, out: &mut Vec<ToolChunk>) {
@@ -112,10 +139,7 @@ impl Progress {
             None => self.artifacts.push((artifact.artifact_id, text.clone())),
         }
         if !text.is_empty() {
-            out.push(ToolChunk {
-                stream: TEXT_STREAM.into(),
-                content: text,
-            });
+            self.show(TEXT_STREAM, text, out);
         }
     }
 
@@ -319,5 +343,28 @@ mod tests {
             "{}",
             &text[text.len() - 60..]
         );
+    }
+
+    #[test]
+    fn a_remote_resending_its_output_is_shown_to_the_bound() {
+        let mut progress = Progress::default();
+        let mut out = Vec::new();
+        let chunk = "y".repeat(100 * 1024);
+        for _ in 0..100 {
+            progress.apply(
+                event(json!({"artifactUpdate": {"artifact": {"artifactId": "a", "parts": [{"text": chunk}]}, "append": false}})),
+                &mut out,
+            );
+            progress.apply(
+                event(
+                    json!({"statusUpdate": {"status": {"state": "TASK_STATE_WORKING",
+                    "message": {"parts": [{"text": chunk}]}}}}),
+                ),
+                &mut out,
+            );
+        }
+        let shown: usize = out.iter().map(|c| c.content.len()).sum();
+        assert!(shown <= MAX_TEXT + 100, "{shown}");
+        assert!(out.last().unwrap().content.contains("is not shown"));
     }
 }

@@ -222,12 +222,49 @@ pub async fn name(
                 )
             })?,
     };
+    if let (Some(owner), false) = (caller.owner(), chosen.named) {
+        admit_named(&state, snapshots, owner, &chosen).await?;
+    }
     let named = snapshots
         .set_named(&chosen.snapshot_id, true)
         .await
         .map_err(sandbox_error)?
         .ok_or_else(|| ApiError::not_found(format!("snapshot {} is gone", chosen.snapshot_id)))?;
     Ok((StatusCode::CREATED, Json(named)))
+}
+
+/// Refuses a snapshot past the key's `max_named_snapshots`, or one whose
+/// bytes would take the key past its `storage_mb`.
+async fn admit_named(
+    state: &AppState,
+    snapshots: &Snapshots,
+    owner: &str,
+    chosen: &Snapshot,
+) -> Result<(), ApiError> {
+    if let Some(limit) = state.quotas.table().quota(Some(owner)).max_named_snapshots {
+        let (count, _) = snapshots.named_bytes(owner).await.map_err(sandbox_error)?;
+        if count as u64 >= limit {
+            return Err(crate::quota::QuotaExceeded {
+                key: state.quotas.table().name(Some(owner)),
+                quota: "max_named_snapshots",
+                limit: limit.to_string(),
+                why: format!(
+                    "the key keeps {count} named snapshots: delete one (DELETE /sandboxes/snapshots/{{id}}) first"
+                ),
+                reset: None,
+                retry_after: std::time::Duration::from_secs(60),
+            }
+            .into());
+        }
+    }
+    if let Some(storage) = &state.storage {
+        let bytes = usize::try_from(chosen.size_bytes).unwrap_or(usize::MAX);
+        storage.admit(owner, bytes).await.map_err(|e| match e {
+            crate::bus::StorageError::Exceeded(e) => ApiError::from(e),
+            other => ApiError::internal(other),
+        })?;
+    }
+    Ok(())
 }
 
 #[derive(Serialize, ToSchema)]

@@ -67,6 +67,8 @@ pub struct Shared {
     pub approvals: Arc<crate::session::approvals::Approvals>,
     /// Usage per key and the daily budgets.
     pub usage: Arc<crate::usage::Recorder>,
+    /// Measures what a key keeps against its `storage_mb` (with keys).
+    pub storage: Option<Arc<crate::bus::StorageMeter>>,
     /// Cancelled at shutdown; ends the MCP sessions.
     pub stop: CancellationToken,
 }

@@ -1,5 +1,6 @@
-//! `storage_mb`: the bytes a key keeps on the bus (durable subjects) and
-//! in its KV, bounded before a write is taken.
+//! `storage_mb`: the bytes a key keeps on the bus (durable subjects), in
+//! its KV, in named workspace snapshots and in deliberation records,
+//! bounded before a write is taken.
 //!
 //! What a key keeps is measured where it lives: the store sums the key's
 //! KV values and the embedded bus's kept messages; NATS JetStream tells
@@ -24,7 +25,7 @@ use futures::stream::BoxStream;
 use super::config::Retentions;
 use super::{Bus, BusConfig, BusError, Delivery, Pattern, Since, Subject};
 use crate::quota::{KeyTable, QuotaExceeded};
-use crate::store::{Store, StoreError};
+use crate::store::{KeptBytes, Store, StoreError};
 use crate::sync::lock;
 
 /// How long a measure is reused.
@@ -46,6 +47,9 @@ pub struct StorageMeter {
     table: Arc<KeyTable>,
     store: Arc<dyn Store>,
     bus: Arc<dyn Bus>,
+    /// What keys keep elsewhere (named snapshots, deliberation records),
+    /// registered by the parts that keep it once they exist.
+    elsewhere: Mutex<Vec<Arc<dyn KeptBytes>>>,
     measures: Mutex<HashMap<String, Measure>>,
 }
 
@@ -68,8 +72,28 @@ impl StorageMeter {
             table,
             store,
             bus,
+            elsewhere: Mutex::new(Vec::new()),
             measures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts what `source` keeps in each key's `storage_mb` too.
+    pub fn count_also(&self, source: Arc<dyn KeptBytes>) {
+        lock(&self.elsewhere).push(source);
+    }
+
+    /// Everything `namespace` keeps: its KV values, its kept bus messages
+    /// and what the other parts keep for it.
+    async fn measure(&self, namespace: &str) -> Result<u64, StorageError> {
+        // Accepted messages the embedded bus has yet to write count.
+        self.bus.flush().await?;
+        let mut kept =
+            self.store.stored_bytes(namespace).await? + self.bus.kept_bytes(namespace).await?;
+        let elsewhere = lock(&self.elsewhere).clone();
+        for source in elsewhere {
+            kept += source.kept_bytes(namespace).await?;
+        }
+        Ok(kept)
     }
 
     /// Whether `namespace` (a key's owner id) may keep `bytes` more; no
@@ -91,10 +115,7 @@ impl StorageMeter {
         let kept = match cached {
             Some(kept) if kept.saturating_add(bytes) <= near => kept,
             _ => {
-                // Accepted messages the embedded bus has yet to write count.
-                self.bus.flush().await?;
-                let kept = self.store.stored_bytes(namespace).await?
-                    + self.bus.kept_bytes(namespace).await?;
+                let kept = self.measure(namespace).await?;
                 lock(&self.measures).insert(
                     namespace.to_owned(),
                     Measure {
@@ -111,8 +132,9 @@ impl StorageMeter {
                 quota: "storage_mb",
                 limit: mb.to_string(),
                 why: format!(
-                    "the key keeps {kept} bytes on the bus and in its KV; this write of {bytes} \
-                     would pass {limit}: delete KV keys, or wait for retention to drop old messages"
+                    "the key keeps {kept} bytes on the bus, in its KV, in named snapshots and in \
+                     deliberation records; this write of {bytes} would pass {limit}: delete KV keys \
+                     or named snapshots, or wait for retention to drop old messages"
                 ),
                 reset: None,
                 retry_after: RETRY,

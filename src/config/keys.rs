@@ -30,6 +30,9 @@ pub struct Quota {
     /// Agent calls of the key's deliberations running at once (a
     /// deliberation of N agents and R critique rounds makes N x (R + 1)).
     pub max_deliberation_calls: Option<u64>,
+    /// Named workspace snapshots the key keeps (their bytes count in
+    /// `storage_mb`).
+    pub max_named_snapshots: Option<u64>,
 }
 
 impl Quota {
@@ -42,6 +45,7 @@ impl Quota {
             storage_mb: Some(1024),
             // Two of the largest deliberations.
             max_deliberation_calls: Some(4096),
+            max_named_snapshots: Some(100),
             ..Quota::default()
         }
     }
@@ -67,6 +71,7 @@ impl Quota {
                 self.max_deliberation_calls,
                 default.max_deliberation_calls,
             ),
+            max_named_snapshots: pick(self.max_named_snapshots, default.max_named_snapshots),
         }
     }
 

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::{DeliberationOptions, KIND};
+use crate::bus::StorageError;
 use crate::model::ModelRegistry;
 use crate::protocol::deliberation::{AgentResult, DeliberationResult, DeliberationStatus};
 use crate::protocol::{Event, EventKind};
@@ -180,6 +181,19 @@ fn index_key(session_id: Uuid, task_id: Uuid) -> String {
     format!("s/{session_id}/{task_id}")
 }
 
+/// The bytes of a key's deliberation records, counted in its
+/// `storage_mb`.
+pub struct RecordBytes(pub Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl crate::store::KeptBytes for RecordBytes {
+    async fn kept_bytes(&self, owner: &str) -> Result<u64, StoreError> {
+        let prefix = format!("r/{}/", owner_part(Some(owner)));
+        let records = self.0.kv_list(NAMESPACE, &prefix, usize::MAX).await?;
+        Ok(records.iter().map(|r| r.value.len() as u64).sum())
+    }
+}
+
 /// Writes a record, and its entry in its session's index.
 pub async fn put(store: &dyn KvStore, stored: &Stored) -> Result<(), StoreError> {
     let result = &stored.result;
@@ -254,6 +268,8 @@ pub struct Deliberations {
     /// A deliberation's place is taken when it is submitted, so one past
     /// its key's bound is refused with a `429`.
     running: Arc<super::running::Running>,
+    /// A key past its `storage_mb` (records count in it) submits none.
+    storage: Option<Arc<crate::bus::StorageMeter>>,
     store: Arc<dyn Store>,
     /// For the models of a pending record's agents.
     models: Arc<ModelRegistry>,
@@ -266,12 +282,14 @@ impl Deliberations {
     pub fn new(
         sessions: Arc<SessionManager>,
         running: Arc<super::running::Running>,
+        storage: Option<Arc<crate::bus::StorageMeter>>,
         store: Arc<dyn Store>,
         models: Arc<ModelRegistry>,
     ) -> Deliberations {
         Deliberations {
             sessions,
             running,
+            storage,
             store,
             models,
         }
@@ -297,6 +315,15 @@ impl Deliberations {
         let options: DeliberationOptions = serde_json::from_value(options_json.clone())
             .map_err(|e| SessionError::Internal(format!("reading stored options: {e}")))?;
         options.check_prompt_bytes("task_description", task_description.len())?;
+        if let (Some(storage), Some(owner)) = (&self.storage, owner.as_deref()) {
+            storage
+                .admit(owner, task_description.len())
+                .await
+                .map_err(|e| match e {
+                    StorageError::Exceeded(e) => SessionError::Quota(e),
+                    other => SessionError::Internal(other.to_string()),
+                })?;
+        }
         let place = self
             .running
             .take(owner.as_deref(), options.calls())

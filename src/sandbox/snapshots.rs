@@ -356,6 +356,12 @@ impl Snapshots {
             .collect())
     }
 
+    /// The named snapshots of `owner` and their bytes on disk.
+    pub async fn named_bytes(&self, owner: &str) -> Result<(usize, u64)> {
+        let named = self.named(Some(owner)).await?;
+        Ok((named.len(), named.iter().map(|s| s.size_bytes).sum()))
+    }
+
     /// What the session's workspace was at the turn end `seq`.
     pub async fn at_turn(&self, session: Uuid, seq: u64) -> Result<AtTurn> {
         let entries = self.turn_entries(session).await?;
@@ -528,3 +534,14 @@ fn store(e: StoreError) -> SandboxError {
 #[cfg(test)]
 #[path = "snapshots_tests.rs"]
 mod tests;
+
+/// A key's named snapshots count in its `storage_mb`.
+#[async_trait::async_trait]
+impl crate::store::KeptBytes for Snapshots {
+    async fn kept_bytes(&self, owner: &str) -> std::result::Result<u64, StoreError> {
+        self.named_bytes(owner)
+            .await
+            .map(|(_, bytes)| bytes)
+            .map_err(|e| StoreError::Io(e.to_string()))
+    }
+}

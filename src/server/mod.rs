@@ -156,7 +156,7 @@ impl Server {
             kv,
             event_logs,
         } = shared::connect_bus(&config, &store, &metrics, &bus_tasks, &root).await?;
-        let bus = shared::metered(bus, &kv, &key_table, &store, &config);
+        let (bus, storage) = shared::metered(bus, &kv, &key_table, &store, &config);
         let upstreams = config.allowed_upstreams();
         tracing::info!(?upstreams, "replicas added at run time may be at");
         let gateway = Arc::new(
@@ -184,6 +184,9 @@ impl Server {
                 let (sandboxes, host, instance) =
                     tools::sandbox_host(&config, &store, Some(quotas.clone())).await?;
                 sandboxes.on_removed(usage.sandbox_hook());
+                if let (Some(meter), Some(snapshots)) = (&storage, sandboxes.snapshots()) {
+                    meter.count_also(snapshots.clone());
+                }
                 metrics.register_sandbox_pauses(sandboxes.pause_metrics());
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -304,9 +307,13 @@ impl Server {
         crate::agent::profiles::check(&config, sessions.tasks())
             .await
             .map_err(StartError::Agents)?;
+        if let Some(meter) = &storage {
+            meter.count_also(Arc::new(deliberation::records::RecordBytes(store.clone())));
+        }
         let deliberations = Arc::new(Deliberations::new(
             sessions.clone(),
             running,
+            storage.clone(),
             store.clone(),
             models.clone(),
         ));
@@ -377,6 +384,7 @@ impl Server {
             pipelines,
             approvals,
             usage,
+            storage,
             stop: root.child_token(),
         });
         Ok(Server {

@@ -50,16 +50,20 @@ pub(super) struct Bus {
 }
 
 /// With keys, the bus and KV measuring durable publishes and puts against
-/// each key's `storage_mb`; without, as they are.
+/// each key's `storage_mb`, and the meter that measures them (what else
+/// keeps a key's bytes registers with it); without, as they are.
 pub(super) fn metered(
     bus: Arc<dyn crate::bus::Bus>,
     kv: &Kv,
     keys: &Arc<crate::quota::KeyTable>,
     store: &Arc<dyn Store>,
     config: &Config,
-) -> Arc<dyn crate::bus::Bus> {
+) -> (
+    Arc<dyn crate::bus::Bus>,
+    Option<Arc<crate::bus::StorageMeter>>,
+) {
     if keys.is_empty() {
-        return bus;
+        return (bus, None);
     }
     let meter = Arc::new(crate::bus::StorageMeter::new(
         keys.clone(),
@@ -67,7 +71,8 @@ pub(super) fn metered(
         bus.clone(),
     ));
     kv.meter_with(meter.clone());
-    Arc::new(crate::bus::MeteredBus::new(bus, meter, &config.bus))
+    let metered = Arc::new(crate::bus::MeteredBus::new(bus, meter.clone(), &config.bus));
+    (metered, Some(meter))
 }
 
 /// The embedded bus on the store, or NATS at `bus.url`.

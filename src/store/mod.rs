@@ -36,7 +36,7 @@ use serde_json::Value;
 use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 
 pub use postgres::PostgresStore;
-pub use quota::QuotaStore;
+pub use quota::{KeptBytes, QuotaStore};
 pub use sqlite::SqliteStore;
 pub use usage::{UsageCounts, UsageRow, UsageStore};
 

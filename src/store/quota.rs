@@ -49,3 +49,12 @@ pub trait QuotaStore: Send + Sync {
     /// messages this store keeps for it (the embedded bus's).
     async fn stored_bytes(&self, namespace: &str) -> Result<u64, StoreError>;
 }
+
+/// Bytes a key keeps outside its KV and the bus, measured by the part
+/// that keeps them (named workspace snapshots, deliberation records) and
+/// counted in its `storage_mb` with the rest.
+#[async_trait]
+pub trait KeptBytes: Send + Sync {
+    /// What `owner` (a key's owner id) keeps here.
+    async fn kept_bytes(&self, owner: &str) -> Result<u64, StoreError>;
+}
