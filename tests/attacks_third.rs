@@ -102,6 +102,25 @@ impl Binary {
         }
     }
 
+    /// A new session of `key` with `options`; its id.
+    async fn session(&self, key: &str, options: Value) -> String {
+        let created = self
+            .post(key, "/agent/session", options)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201);
+        let body: Value = created.json().await.unwrap();
+        body["session_id"].as_str().unwrap().to_string()
+    }
+
+    /// `prompt` to session `id` as `key`, read as it streams.
+    async fn message(&self, key: &str, id: &str, prompt: &str) -> Lines {
+        let path = format!("/agent/session/{id}/message");
+        let body = json!({"prompt": prompt});
+        Lines::new(self.post(key, &path, body).send().await.unwrap())
+    }
+
     async fn stop(mut self) {
         self.child.kill().await.unwrap();
     }
@@ -284,29 +303,13 @@ async fn a_deny_rule_sees_into_subshells_command_strings_and_edits() {
     assert_eq!(ok["is_error"], false, "{ok}");
 
     // An edited input at approval time goes through the same check.
-    let created = server
-        .post(
+    let id = server
+        .session(
             KEY,
-            "/agent/session",
             json!({"model": "capable", "permissions": {"mode": "ask"}}),
         )
-        .send()
-        .await
-        .unwrap();
-    let id = created.json::<Value>().await.unwrap()["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let response = server
-        .post(
-            KEY,
-            &format!("/agent/session/{id}/message"),
-            json!({"prompt": "go"}),
-        )
-        .send()
-        .await
-        .unwrap();
-    let mut turn = Lines::new(response);
+        .await;
+    let mut turn = server.message(KEY, &id, "go").await;
     turn.until("approval_requested").await;
     let edited = json!({"decision": "allow",
         "input": {"command": "echo x; (rm -rf /workspace/keep) && echo"}});
@@ -431,26 +434,9 @@ async fn a_keys_hook_is_asked_and_remember_cannot_lift_the_keys_floor() {
 
     // The hook leaves it to a person, who allows with `remember` and the
     // widest rule: the next call still asks, as the key's floor says.
-    let created = server
-        .post(KEY, "/agent/session", json!({"model": "capable"}))
-        .send()
-        .await
-        .unwrap();
-    let id = created.json::<Value>().await.unwrap()["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = server.session(KEY, json!({"model": "capable"})).await;
     for (call, remember) in [("r1", true), ("r2", false)] {
-        let response = server
-            .post(
-                KEY,
-                &format!("/agent/session/{id}/message"),
-                json!({"prompt": "go"}),
-            )
-            .send()
-            .await
-            .unwrap();
-        let mut turn = Lines::new(response);
+        let mut turn = server.message(KEY, &id, "go").await;
         let before = turn.until("approval_requested").await;
         assert_eq!(before.last().unwrap()["call_id"], call, "{before:?}");
         let decision = if remember {
@@ -848,25 +834,9 @@ async fn named_snapshots_count_in_the_keys_storage_and_number() {
     let workspace = |command: &'static str| {
         let server = &server;
         async move {
-            let created = server
-                .post(KEY, "/agent/session", json!({}))
-                .send()
-                .await
-                .unwrap();
-            let id = created.json::<Value>().await.unwrap()["session_id"]
-                .as_str()
-                .unwrap()
-                .to_string();
-            let response = server
-                .post(
-                    KEY,
-                    &format!("/agent/session/{id}/message"),
-                    json!({"prompt": format!("$ {command}")}),
-                )
-                .send()
-                .await
-                .unwrap();
-            let events = ndjson(response).await;
+            let id = server.session(KEY, json!({})).await;
+            let mut turn = server.message(KEY, &id, &format!("$ {command}")).await;
+            let events = turn.until("result").await;
             let result = events.iter().find(|e| e["type"] == "tool_result").unwrap();
             assert_eq!(result["is_error"], false, "{result}");
             id

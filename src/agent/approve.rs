@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::hook::{DEFAULT_HOOK_TIMEOUT_MS, HookCall};
 use super::options::AgentOptions;
-use super::tools::{ToolContext, ToolOutput};
+use super::paths::{EXPECT_PATH, path_argument, resolve};
+use super::tools::ToolContext;
 use super::turn::TurnDeps;
 use crate::config::AgentConfig;
 use crate::model::{ToolCall, ToolSpec};
@@ -42,7 +43,8 @@ pub struct Gate {
     key_hook: Option<(String, Duration)>,
     /// Whether external MCP servers' `readOnlyHint`s count.
     trust_hints: bool,
-    working_dir: String,
+    /// Where relative paths start.
+    pub(super) working_dir: String,
     /// The deliberation or pipeline the turn works for.
     on_behalf_of: Option<OnBehalfOf>,
 }
@@ -171,8 +173,8 @@ impl Gate {
     /// Whether a rule of either policy reads `tool`'s input: then a file
     /// tool's path is resolved in the sandbox before the check.
     /// `Glob` and `Grep` are resolved under `Read`'s rules too: what they
-    /// find is filtered by them ([`hide_denied`]).
-    fn reads_paths(&self, tool: &str) -> bool {
+    /// find is filtered by them ([`super::paths::hide_denied`]).
+    pub(super) fn reads_paths(&self, tool: &str) -> bool {
         let reads = |tool: &str| {
             self.session.reads_input_of(tool)
                 || self.key.as_ref().is_some_and(|k| k.reads_input_of(tool))
@@ -183,7 +185,7 @@ impl Gate {
 
     /// Whether a deny rule of either policy covers `path` for `tool` or for
     /// `Read` (what `Glob` and `Grep` leave out of what they found).
-    fn hides(&self, tool: &str, path: &str) -> bool {
+    pub(super) fn hides(&self, tool: &str, path: &str) -> bool {
         let policies = std::iter::once(&self.session).chain(self.key.as_ref());
         let read = serde_json::json!({"file_path": path});
         let found = serde_json::json!({"path": path});
@@ -250,51 +252,6 @@ pub(super) enum Gated {
     Refused(String),
 }
 
-/// The argument a file tool's call carries once its path was resolved in
-/// the sandbox: the rules are checked on it too, and the tool acts only if
-/// the path still opens that file (`expect` of the sandbox's file tools).
-pub const EXPECT_PATH: &str = "expect_path";
-
-/// The argument that holds a file tool's path.
-fn path_argument(tool: &str) -> Option<&'static str> {
-    match tool {
-        "Read" | "Write" | "Edit" => Some("file_path"),
-        "Glob" | "Grep" => Some("path"),
-        _ => None,
-    }
-}
-
-/// Resolves a file tool's path in the sandbox when a rule reads it, and
-/// records where it leads in the call ([`EXPECT_PATH`]); why not, when the
-/// sandbox could not say.
-async fn resolve(
-    deps: &TurnDeps,
-    ctx: &ToolContext,
-    gate: &Gate,
-    call: &mut ToolCall,
-    cancel: &CancellationToken,
-) -> Result<(), String> {
-    let (Some(argument), true) = (path_argument(&call.name), gate.reads_paths(&call.name)) else {
-        return Ok(());
-    };
-    let given = call
-        .arguments
-        .get(argument)
-        .and_then(Value::as_str)
-        .unwrap_or(&gate.working_dir);
-    let path = crate::permission::rules::absolute(given, &gate.working_dir);
-    match deps.tools.resolve_path(ctx, &path, cancel.clone()).await {
-        None => Ok(()),
-        Some(Ok(resolved)) => {
-            if let Some(arguments) = call.arguments.as_object_mut() {
-                arguments.insert(EXPECT_PATH.into(), Value::String(resolved));
-            }
-            Ok(())
-        }
-        Some(Err(why)) => Err(why),
-    }
-}
-
 /// Decides whether `call` (named and checked against its schema) runs,
 /// waiting for a decision where the permissions ask for one. A file tool's
 /// path is checked where it leads in the sandbox as well as as given, and
@@ -334,66 +291,6 @@ pub(super) async fn gate(
         ))),
         _ => Ok(Gated::Run(call)),
     }
-}
-
-/// Leaves out of what `Glob` and `Grep` found the files a deny rule covers
-/// (for `Read` or for the tool): a search is no way round a rule.
-pub(super) fn hide_denied(gate: &Gate, call: &ToolCall, output: &mut ToolOutput) {
-    if !matches!(call.name.as_str(), "Glob" | "Grep") || output.is_error {
-        return;
-    }
-    let Some(found) = output.output.as_object_mut() else {
-        return;
-    };
-    // Glob's matches are relative to where its directory leads.
-    let base = call
-        .arguments
-        .get(EXPECT_PATH)
-        .or_else(|| found.get("path"))
-        .and_then(Value::as_str)
-        .unwrap_or(&gate.working_dir)
-        .to_string();
-    let Some(Value::Array(matches)) = found.get_mut("matches") else {
-        return;
-    };
-    let before = matches.len();
-    matches.retain(|entry| {
-        let Some(text) = entry.as_str() else {
-            return true;
-        };
-        let path = if call.name == "Glob" {
-            crate::permission::rules::absolute(text, &base)
-        } else {
-            grep_file(text).to_string()
-        };
-        !gate.hides(&call.name, &path)
-    });
-    let hidden = before - matches.len();
-    if hidden > 0 {
-        found.insert(
-            "hidden".into(),
-            Value::String(format!(
-                "{hidden} match(es) left out: files a deny rule covers"
-            )),
-        );
-    }
-}
-
-/// The file of a `grep -n` line (`file:line:text`).
-fn grep_file(line: &str) -> &str {
-    let bytes = line.as_bytes();
-    let mut at = 0;
-    while let Some(colon) = line[at..].find(':').map(|i| at + i) {
-        let digits = bytes[colon + 1..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        if digits > 0 && bytes.get(colon + 1 + digits) == Some(&b':') {
-            return &line[..colon];
-        }
-        at = colon + 1;
-    }
-    line
 }
 
 /// The permissions' verdict, then the remembered rules, the hook or a

@@ -202,7 +202,7 @@ pub(super) async fn run_tools(
                         .instrument(span.clone())
                         .await
                         .map(|mut output| {
-                            approve::hide_denied(gate, call, &mut output);
+                            super::paths::hide_denied(gate, call, &mut output);
                             output
                         });
                     if let Ok(output) = &output {

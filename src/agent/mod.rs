@@ -6,6 +6,8 @@
 //! - [`turn`]: the agent loop.
 //! - [`calls`]: a turn's tool calls, from a reply to their results.
 //! - [`approve`]: whether a call runs, or waits for a decision.
+//! - [`paths`]: file tools' paths resolved before the rules, held to what
+//!   opens; searches filtered by deny rules.
 //! - [`hook`]: the HTTP hook asked before a call waits for a person.
 //! - [`coerce`]: tool arguments brought to the tool's schema.
 //! - [`options`]: the agent's options, validated.
@@ -22,6 +24,7 @@ pub mod harness;
 pub mod hook;
 mod model_call;
 pub mod options;
+mod paths;
 pub mod profiles;
 pub mod prompts;
 mod spend;
@@ -29,9 +32,9 @@ pub mod task;
 pub mod tools;
 pub mod turn;
 
-pub use approve::EXPECT_PATH;
 pub use harness::READ_ONLY_TOOLS;
 pub use hook::check_hook_url;
 pub use options::{A2aAgentSpec, AgentOptions, McpServerSpec, RESERVED_SERVER_NAMES};
+pub use paths::EXPECT_PATH;
 pub use task::AgentTask;
 pub use tools::{NoTools, ToolChunk, ToolContext, ToolOutput, ToolRouter};

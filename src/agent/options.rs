@@ -119,13 +119,7 @@ impl McpServerSpec {
                 ),
             ));
         }
-        let name_ok = !name.is_empty()
-            && name.len() <= MAX_AGENT_NAME
-            && !name.contains("__")
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
-        if !name_ok {
+        if !names_a_tool(name) || name.contains("__") {
             return Err(OptionError::new(
                 field,
                 format!(
@@ -155,6 +149,16 @@ pub enum A2aAgentSpec {
 /// 64 characters model APIs allow a tool name.
 const MAX_AGENT_NAME: usize = 48;
 
+/// Whether `name` can be part of a tool's name: 1 to [`MAX_AGENT_NAME`]
+/// letters, digits, `_` or `-`.
+fn names_a_tool(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_AGENT_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+}
+
 impl A2aAgentSpec {
     pub fn url(&self) -> &str {
         match self {
@@ -173,12 +177,7 @@ impl A2aAgentSpec {
     /// ones HTTP can send.
     fn validate(&self, name: &str) -> Result<(), OptionError> {
         let field = format!("options.a2a_agents.{name}");
-        let name_ok = !name.is_empty()
-            && name.len() <= MAX_AGENT_NAME
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
-        if !name_ok {
+        if !names_a_tool(name) {
             return Err(OptionError::new(
                 field,
                 format!(

@@ -39,6 +39,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 pub use records::Deliberations;
+pub use running::Running;
 pub use task::DeliberationTask;
 
 use crate::protocol::SessionKind;

@@ -103,19 +103,24 @@ fn system(agent_id: &str, role: &str, num_agents: u32, constraints: &str) -> Str
 
 /// At most [`SHOWN_BYTES`] of a proposal, cut on a character boundary.
 fn shown(proposal: &str) -> std::borrow::Cow<'_, str> {
-    if proposal.len() <= SHOWN_BYTES {
-        return proposal.into();
+    match cut(proposal, SHOWN_BYTES) {
+        None => proposal.into(),
+        Some((kept, more)) => format!("{kept}\n[… {more} more bytes not shown]").into(),
     }
-    let mut end = SHOWN_BYTES;
-    while !proposal.is_char_boundary(end) {
+}
+
+/// `text` past `max` bytes: its first `max` at most (cut on a character
+/// boundary) and how many bytes follow; `None` when it fits. A text cut
+/// once, with a note of up to 128 bytes, fits.
+pub(super) fn cut(text: &str, max: usize) -> Option<(&str, usize)> {
+    if text.len() <= max + 128 {
+        return None;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!(
-        "{}\n[… {} more bytes not shown]",
-        &proposal[..end],
-        proposal.len() - end
-    )
-    .into()
+    Some((&text[..end], text.len() - end))
 }
 
 /// The constraints as lines: the seed's `rubric`, `requirements` and

@@ -183,7 +183,7 @@ fn index_key(session_id: Uuid, task_id: Uuid) -> String {
 
 /// The bytes of a key's deliberation records, counted in its
 /// `storage_mb`.
-pub struct RecordBytes(pub Arc<dyn Store>);
+struct RecordBytes(Arc<dyn Store>);
 
 #[async_trait::async_trait]
 impl crate::store::KeptBytes for RecordBytes {
@@ -286,6 +286,10 @@ impl Deliberations {
         store: Arc<dyn Store>,
         models: Arc<ModelRegistry>,
     ) -> Deliberations {
+        // Its records count in a key's `storage_mb`.
+        if let Some(meter) = &storage {
+            meter.count_also(Arc::new(RecordBytes(store.clone())));
+        }
         Deliberations {
             sessions,
             running,

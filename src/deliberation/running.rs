@@ -121,24 +121,15 @@ impl Running {
     }
 }
 
-/// Room for the note [`kept`] adds: an answer cut once is not cut again.
-const NOTE_BYTES: usize = 128;
-
 /// `answer`, cut to [`MAX_ANSWER_BYTES`] (at a character boundary) with a
-/// note of how much was left out.
+/// note of how much was left out; an answer cut once is kept as it is.
 pub fn kept(answer: &str) -> String {
-    if answer.len() <= MAX_ANSWER_BYTES + NOTE_BYTES {
-        return answer.to_owned();
+    match super::prompts::cut(answer, MAX_ANSWER_BYTES) {
+        None => answer.to_owned(),
+        Some((kept, more)) => format!(
+            "{kept}\n[cut: {more} more bytes; a deliberation keeps {MAX_ANSWER_BYTES} bytes of an answer]"
+        ),
     }
-    let mut end = MAX_ANSWER_BYTES;
-    while !answer.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!(
-        "{}\n[cut: {} more bytes; a deliberation keeps {MAX_ANSWER_BYTES} bytes of an answer]",
-        &answer[..end],
-        answer.len() - end
-    )
 }
 
 #[cfg(test)]

@@ -320,10 +320,10 @@ impl SandboxServer {
     ) -> Result<Json<FileContent>, ToolFailure> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let (bytes, truncated) =
-            files::read_expecting(lease.sandbox.as_ref(), &path, args.expect.as_deref())
-                .await
-                .map_err(tool_error)?;
+        let expect = args.expect.as_deref();
+        let (bytes, truncated) = files::read_expecting(lease.sandbox.as_ref(), &path, expect)
+            .await
+            .map_err(tool_error)?;
         Ok(Json(FileContent {
             path,
             content: lossy(bytes),
@@ -339,16 +339,11 @@ impl SandboxServer {
     ) -> Result<Json<Done>, ToolFailure> {
         let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
         let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let count = args.content.len();
-        let expect = args.expect.as_deref();
-        files::write_expecting(
-            lease.sandbox.as_ref(),
-            &path,
-            Bytes::from(args.content),
-            expect,
-        )
-        .await
-        .map_err(tool_error)?;
+        let (count, expect) = (args.content.len(), args.expect.as_deref());
+        let data = Bytes::from(args.content);
+        files::write_expecting(lease.sandbox.as_ref(), &path, data, expect)
+            .await
+            .map_err(tool_error)?;
         Ok(Json(Done { path, count }))
     }
 

@@ -182,11 +182,8 @@ impl Server {
             Tools::Custom(router) => (router, None, None),
             Tools::Sandboxed => {
                 let (sandboxes, host, instance) =
-                    tools::sandbox_host(&config, &store, Some(quotas.clone())).await?;
+                    tools::sandbox_host(&config, &store, Some((&quotas, storage.as_ref()))).await?;
                 sandboxes.on_removed(usage.sandbox_hook());
-                if let (Some(meter), Some(snapshots)) = (&storage, sandboxes.snapshots()) {
-                    meter.count_also(snapshots.clone());
-                }
                 metrics.register_sandbox_pauses(sandboxes.pause_metrics());
                 let router = SandboxTools::connect(host.clone(), config.mcp.clone())
                     .await
@@ -245,7 +242,7 @@ impl Server {
         )
         .await?;
         let queued = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
-        let running = deliberation::running::Running::new(key_table.clone());
+        let running = deliberation::Running::new(key_table.clone());
         let sessions = Arc::new_cyclic(|manager| {
             let pipelines = PipelineTask::new(pipeline::engine::Deps {
                 store: store.clone(),
@@ -307,9 +304,6 @@ impl Server {
         crate::agent::profiles::check(&config, sessions.tasks())
             .await
             .map_err(StartError::Agents)?;
-        if let Some(meter) = &storage {
-            meter.count_also(Arc::new(deliberation::records::RecordBytes(store.clone())));
-        }
         let deliberations = Arc::new(Deliberations::new(
             sessions.clone(),
             running,

@@ -22,11 +22,15 @@ const MCP_MAX_ENTRIES: usize = 2000;
 
 /// The configured backend's sandboxes, as the data directory's instance,
 /// and the MCP host over them and `store`, counting sandboxes against the
-/// keys' quotas when given. Also returns the instance id.
+/// keys' quotas and named snapshots in their `storage_mb` when given. Also
+/// returns the instance id.
 pub(super) async fn sandbox_host(
     config: &Config,
     store: &Arc<dyn Store>,
-    quotas: Option<Arc<crate::quota::Quotas>>,
+    quotas: Option<(
+        &Arc<crate::quota::Quotas>,
+        Option<&Arc<crate::bus::StorageMeter>>,
+    )>,
 ) -> Result<(Arc<SandboxManager>, Arc<McpHost>, String), StartError> {
     let backend = sandbox::connect(&config.sandbox, &config.data_dir)
         .await
@@ -45,7 +49,13 @@ pub(super) async fn sandbox_host(
     let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
         .with_snapshots(snapshots);
     let sandboxes = Arc::new(match quotas {
-        Some(quotas) => sandboxes.with_quotas(quotas),
+        Some((quotas, storage)) => {
+            // Named snapshots count in a key's `storage_mb`.
+            if let (Some(meter), Some(named)) = (storage, sandboxes.snapshots()) {
+                meter.count_also(named.clone());
+            }
+            sandboxes.with_quotas(quotas.clone())
+        }
         None => sandboxes,
     });
     let host = Arc::new(McpHost {
