@@ -411,6 +411,15 @@ async fn files_round_trip_and_stay_confined(backend: Arc<dyn SandboxBackend>) {
         .await
         .unwrap_err();
     assert!(matches!(moved, SandboxError::InvalidPath(_)), "{moved}");
+    // Nor does it make the directories of a path that leads elsewhere.
+    let moved = files::write_expecting(sb, "/workspace/swapped/new/b.txt", Bytes::new(), expected)
+        .await
+        .unwrap_err();
+    assert!(matches!(moved, SandboxError::InvalidPath(_)), "{moved}");
+    let (entries, _) = files::list(sb, "/workspace/dir", 1, 100)
+        .await
+        .expect("list");
+    assert!(entries.iter().all(|e| e.path != "new"), "{entries:?}");
     let (read, _) = files::read(sb, "/workspace/dir/a.txt").await.expect("read");
     assert!(text(&read).starts_with("line 1"), "{}", text(&read));
     let (read, _) =

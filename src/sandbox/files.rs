@@ -163,8 +163,11 @@ pub async fn write_expecting(
 ) -> Result<()> {
     // Opened without truncating, checked, then truncated and written
     // through the descriptor's own /proc link (the file that was checked).
+    // Where the path leads is checked before its directories are made too,
+    // so a link swapped in since makes none elsewhere.
     let script = format!(
-        r#"mkdir -p -- "$(dirname -- "$p")" || exit 1
+        r#"[ -z "$2" ] || [ "$p" = "$2" ] || {{ echo "'$1' no longer leads to '$2' (a link changed since the path was checked); not done" >&2; exit 97; }}
+mkdir -p -- "$(dirname -- "$p")" || exit 1
 exec 3<> "$p" || exit 1
 confined "$(readlink "/proc/$$/fd/3")" "$1"
 {EXPECTED}exec cat > "/proc/$$/fd/3""#
