@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::binary::{serve_command, spawn_server};
+use common::binary::{peak_rss_mib, serve_command, spawn_server};
 use common::sim::Sim;
 use common::{TestServer, ndjson};
 use serde_json::{Value, json};
@@ -253,18 +253,6 @@ async fn deep_yaml_is_refused_at_once_while_health_answers() {
 }
 
 // 3. A deliberation's memory.
-
-/// The server's peak resident memory so far, in MiB.
-fn peak_rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        / 1024
-}
 
 /// The most resident memory the largest accepted deliberation may take the
 /// server to (README, "Security").

@@ -68,3 +68,18 @@ pub async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
         .await
         .expect("a JSON body")
 }
+
+/// The peak resident memory of process `pid` so far, in MiB.
+pub fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("a VmHWM line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("a number of KiB");
+    kib / 1024
+}
