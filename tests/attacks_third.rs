@@ -851,3 +851,59 @@ async fn named_snapshots_count_in_the_keys_storage_and_number() {
     assert_eq!(body["error"]["quota"], "max_named_snapshots", "{body}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_event_logs_count_in_its_storage() {
+    let server = Binary::start(None, "[default_quota]\nstorage_mb = 1\n").await;
+    let id = server.session(KEY, json!({"sandbox_enabled": false})).await;
+    // The demo model answers with what it was told: 900 KB in (past 80 %
+    // of the quota, where every write is measured), about twice that kept
+    // in the session's events.
+    let long = "a long prompt to keep. ".repeat(39_000);
+    let events = server.message(KEY, &id, &long).await.until("result").await;
+    assert_eq!(events.last().unwrap()["status"], "success");
+    // The key is now past its 1 MiB: no next turn, no KV put.
+    let response = server
+        .post(
+            KEY,
+            &format!("/agent/session/{id}/message"),
+            json!({"prompt": "more"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["quota"], "storage_mb", "{body}");
+    let put = server
+        .http
+        .put(format!("{}/kv/some-key", server.url))
+        .bearer_auth(KEY)
+        .json(&json!({"v": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 429);
+    // Another key's turns are not held back.
+    let (status, _) = server
+        .run(OTHER, json!({"prompt": "hello", "sandbox_enabled": false}))
+        .await;
+    assert_eq!(status, 200);
+    // Deleting the session frees its bytes.
+    let deleted = server
+        .http
+        .delete(format!("{}/agent/session/{id}", server.url))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    let fresh = server.session(KEY, json!({"sandbox_enabled": false})).await;
+    let events = server
+        .message(KEY, &fresh, "again")
+        .await
+        .until("result")
+        .await;
+    assert_eq!(events.last().unwrap()["status"], "success");
+    server.stop().await;
+}

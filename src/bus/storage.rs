@@ -1,6 +1,6 @@
 //! `storage_mb`: the bytes a key keeps on the bus (durable subjects), in
-//! its KV, in named workspace snapshots and in deliberation records,
-//! bounded before a write is taken.
+//! its KV, in its sessions' event logs, in named workspace snapshots and
+//! in deliberation records, bounded before a write (or a turn) is taken.
 //!
 //! What a key keeps is measured where it lives: the store sums the key's
 //! KV values and the embedded bus's kept messages; NATS JetStream tells
@@ -51,6 +51,9 @@ pub struct StorageMeter {
     /// registered by the parts that keep it once they exist.
     elsewhere: Mutex<Vec<Arc<dyn KeptBytes>>>,
     measures: Mutex<HashMap<String, Measure>>,
+    /// The measures turn starts made, apart: see
+    /// [`admit_turn`](StorageMeter::admit_turn).
+    turn_measures: Mutex<HashMap<String, Measure>>,
 }
 
 /// Why a write was not taken.
@@ -74,6 +77,7 @@ impl StorageMeter {
             bus,
             elsewhere: Mutex::new(Vec::new()),
             measures: Mutex::new(HashMap::new()),
+            turn_measures: Mutex::new(HashMap::new()),
         }
     }
 
@@ -99,13 +103,43 @@ impl StorageMeter {
     /// Whether `namespace` (a key's owner id) may keep `bytes` more; no
     /// query at all for a namespace without the quota.
     pub async fn admit(&self, namespace: &str, bytes: usize) -> Result<(), StorageError> {
+        self.admit_as(namespace, bytes, true).await
+    }
+
+    /// [`admit`](Self::admit) for a turn's start. What the turn keeps is
+    /// counted once its events are stored, so it takes no room here, and
+    /// its measure is cached apart: a measure cached for writes stands for
+    /// what this replica took since, and one made at a turn's start would
+    /// let this replica's next writes pass on it while others filled the
+    /// key.
+    pub async fn admit_turn(&self, namespace: &str, bytes: usize) -> Result<(), StorageError> {
+        self.admit_as(namespace, bytes, false).await
+    }
+
+    /// A turn of `namespace` has written its events: the key's next turn
+    /// measures what it keeps again.
+    pub fn turn_ended(&self, namespace: &str) {
+        lock(&self.turn_measures).remove(namespace);
+    }
+
+    async fn admit_as(
+        &self,
+        namespace: &str,
+        bytes: usize,
+        write: bool,
+    ) -> Result<(), StorageError> {
         let Some(mb) = self.table.quota(Some(namespace)).storage_mb else {
             return Ok(());
         };
         let limit = mb.saturating_mul(1024 * 1024);
         let bytes = bytes as u64;
+        let cache = if write {
+            &self.measures
+        } else {
+            &self.turn_measures
+        };
         let cached = {
-            let measures = lock(&self.measures);
+            let measures = lock(cache);
             measures
                 .get(namespace)
                 .filter(|m| m.at.elapsed() < FRESH)
@@ -116,7 +150,7 @@ impl StorageMeter {
             Some(kept) if kept.saturating_add(bytes) <= near => kept,
             _ => {
                 let kept = self.measure(namespace).await?;
-                lock(&self.measures).insert(
+                lock(cache).insert(
                     namespace.to_owned(),
                     Measure {
                         bytes: kept,
@@ -132,14 +166,18 @@ impl StorageMeter {
                 quota: "storage_mb",
                 limit: mb.to_string(),
                 why: format!(
-                    "the key keeps {kept} bytes on the bus, in its KV, in named snapshots and in \
-                     deliberation records; this write of {bytes} would pass {limit}: delete KV keys \
-                     or named snapshots, or wait for retention to drop old messages"
+                    "the key keeps {kept} bytes on the bus, in its KV, in its sessions' events, in \
+                     named snapshots and in deliberation records; this write of {bytes} would pass \
+                     {limit}: delete KV keys, sessions or named snapshots, or wait for retention to \
+                     drop old messages"
                 ),
                 reset: None,
                 retry_after: RETRY,
             }
             .into());
+        }
+        if !write {
+            return Ok(());
         }
         if let Some(measure) = lock(&self.measures).get_mut(namespace) {
             measure.bytes = measure.bytes.saturating_add(bytes);

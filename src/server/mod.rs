@@ -287,7 +287,8 @@ impl Server {
                 Some(logs) => manager.with_logs(logs),
                 None => manager,
             }
-            .with_quotas(quotas.clone());
+            .with_quotas(quotas.clone())
+            .with_storage(storage.clone());
             // A shared store means other replicas: turns take leases there,
             // and interrupts reach them over the bus.
             match config.store {

@@ -83,6 +83,9 @@ pub struct SessionManager {
     signals: Option<Arc<Signals>>,
     /// The keys' `max_concurrent_sessions` and `max_concurrent_turns`.
     quotas: Option<Arc<crate::quota::Quotas>>,
+    /// A key past its `storage_mb` (its sessions' event logs count) starts
+    /// no turn.
+    storage: Option<Arc<crate::bus::StorageMeter>>,
     /// Parent of every turn's token: cancelled at shutdown.
     shutdown: CancellationToken,
     /// Set when the replica is told to stop: it takes no new turns and lets
@@ -118,6 +121,7 @@ impl SessionManager {
             leases: None,
             signals: None,
             quotas: None,
+            storage: None,
             shutdown,
             draining: std::sync::atomic::AtomicBool::new(false),
             followers: CancellationToken::new(),
@@ -148,6 +152,15 @@ impl SessionManager {
     /// Holds each key to its open sessions and running turns.
     pub fn with_quotas(mut self, quotas: Arc<crate::quota::Quotas>) -> SessionManager {
         self.quotas = Some(quotas);
+        self
+    }
+
+    /// Measures a turn's start against its key's `storage_mb`.
+    pub fn with_storage(
+        mut self,
+        storage: Option<Arc<crate::bus::StorageMeter>>,
+    ) -> SessionManager {
+        self.storage = storage;
         self
     }
 
@@ -394,6 +407,17 @@ impl SessionManager {
         if let Some(usage) = &self.usage {
             usage.check_budget(session.owner.as_deref()).await?;
         }
+        if let (Some(storage), Some(owner)) = (&self.storage, session.owner.as_deref())
+            && options.on_behalf_of.is_none()
+        {
+            storage
+                .admit_turn(owner, input.len())
+                .await
+                .map_err(|e| match e {
+                    crate::bus::StorageError::Exceeded(e) => SessionError::Quota(e),
+                    other => SessionError::Internal(other.to_string()),
+                })?;
+        }
         let guard = if queue {
             tokio::select! {
                 guard = session.turn_lock.clone().lock_owned() => guard,
@@ -451,6 +475,7 @@ impl SessionManager {
             turn_timeout: self.limits.turn_timeout,
             turn_slot: std::sync::Mutex::new(quota),
             lease: held,
+            storage: self.storage.clone(),
         };
         let turn_session = session.clone();
         let turn_cancel = cancel.clone();
@@ -515,6 +540,7 @@ impl SessionManager {
                 turn_timeout: self.limits.turn_timeout,
                 turn_slot: Default::default(),
                 lease: None,
+                storage: self.storage.clone(),
             };
             runner.close_cut_off(&session, CUT_OFF_BY_RESTART).await?;
             closed += 1;

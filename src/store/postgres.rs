@@ -347,6 +347,18 @@ const MIGRATIONS: &[(&str, &str)] = &[
                 cost_usd, turns, tool_calls, sandbox_cpu_s, sandbox_wall_s
             FROM key_usage_stripes;",
     ),
+    (
+        "event bytes per session",
+        // The bytes of a session's events, counted in its key's
+        // `storage_mb` without reading its log: each batch adds to them in
+        // the statement that already updates the session's row (no
+        // index reads the column, so the update stays heap-only).
+        "ALTER TABLE sessions ADD COLUMN event_bytes BIGINT NOT NULL DEFAULT 0;
+        UPDATE sessions s SET event_bytes = e.bytes
+            FROM (SELECT session_id, sum(octet_length(body::text)) AS bytes
+                  FROM events GROUP BY session_id) e
+            WHERE s.id = e.session_id;",
+    ),
 ];
 
 fn migrator() -> Migrator {

@@ -45,8 +45,9 @@ pub trait QuotaStore: Send + Sync {
     /// The sessions of `owner` that are open: neither closed nor deleted.
     async fn open_sessions(&self, owner: &str) -> Result<u64, StoreError>;
 
-    /// The bytes `namespace` keeps here: its KV values and the bus
-    /// messages this store keeps for it (the embedded bus's).
+    /// The bytes `namespace` keeps here: its KV values, the bus messages
+    /// this store keeps for it (the embedded bus's) and its sessions'
+    /// events.
     async fn stored_bytes(&self, namespace: &str) -> Result<u64, StoreError>;
 }
 

@@ -182,6 +182,14 @@ const MIGRATION_STEPS: &[M<'static>] = &[
         "DROP INDEX sessions_ephemeral;
     CREATE INDEX sessions_ephemeral ON sessions (created_at) WHERE ephemeral = 1;",
     ),
+    // The bytes of a session's events, counted in its key's `storage_mb`
+    // without reading its log: added to with each batch, gone with the
+    // session.
+    M::up(
+        "ALTER TABLE sessions ADD COLUMN event_bytes INTEGER NOT NULL DEFAULT 0;
+    UPDATE sessions SET event_bytes =
+        (SELECT coalesce(sum(length(body)), 0) FROM events WHERE session_id = sessions.id);",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 

@@ -223,6 +223,7 @@ impl SessionManager {
                 turn_timeout: self.limits.turn_timeout,
                 turn_slot: Default::default(),
                 lease: None,
+                storage: self.storage.clone(),
             };
             runner.close_cut_off(&session, message).await?;
             Ok::<_, SessionError>(true)

@@ -33,6 +33,9 @@ pub(super) struct Runner {
     pub(super) turn_slot: std::sync::Mutex<Option<crate::quota::HeldSlot>>,
     /// With replicas: the turn's lease, given up in its result's write.
     pub(super) lease: Option<HeldTurn>,
+    /// The key's `storage_mb`, measured again for the key's next turn
+    /// once this one has written its events.
+    pub(super) storage: Option<Arc<crate::bus::StorageMeter>>,
 }
 
 impl Runner {
@@ -125,6 +128,9 @@ impl Runner {
         let slot = lock(&self.turn_slot).take();
         if let Some(slot) = slot {
             slot.release().await;
+        }
+        if let (Some(storage), Some(owner)) = (&self.storage, session.owner.as_deref()) {
+            storage.turn_ended(owner);
         }
         // An ephemeral session's one turn is over and nothing will use what
         // it held: it is gone by the time the client reads the result. The

@@ -181,6 +181,7 @@ suite!(
     quota::expired_slots_free_themselves,
     quota::racing_takers_never_pass_the_limit,
     quota::window_counts_restart_each_window,
+    quota::a_keys_stored_bytes_count_its_sessions_events,
     leases::a_race_has_one_winner,
     leases::acquires_racing_releases_always_answer,
     leases::a_turn_lease_is_taken_only_for_a_session_and_reads_it,

@@ -93,3 +93,75 @@ pub(crate) async fn window_counts_restart_each_window(fixture: &dyn Fixture) {
     assert_eq!(a.window_count("rpm:other", 60).await.unwrap(), 1);
     assert_eq!(b.window_count("rpm:k", 120).await.unwrap(), 1);
 }
+
+/// A key's stored bytes count its sessions' events, whichever way their
+/// batches were written (one, several at once, one that makes its
+/// session), and go with a deleted session.
+pub(crate) async fn a_keys_stored_bytes_count_its_sessions_events(fixture: &dyn Fixture) {
+    use super::{event, session};
+    use crate::store::{Batch, Creation};
+    let store = fixture.open().await;
+    let now = chrono::Utc::now();
+    let encoded = |events: &[crate::protocol::Event]| -> u64 {
+        events
+            .iter()
+            .map(|e| crate::store::codec::encode_event(e).unwrap().1.len() as u64)
+            .sum()
+    };
+    let others = session(Some("other-key"), now);
+    store.create_session(&others).await.unwrap();
+    let theirs = [event(others.id, 1)];
+    let batch = |events| Batch {
+        events,
+        ..Batch::default()
+    };
+    store.append_batch(others.id, batch(&theirs)).await.unwrap();
+    let base = store.stored_bytes("the-key").await.unwrap();
+    assert_eq!(base, 0);
+
+    // Eight sessions' batches at once (PostgreSQL writes them grouped).
+    let sessions: Vec<_> = (0..8).map(|_| session(Some("the-key"), now)).collect();
+    for made in &sessions {
+        store.create_session(made).await.unwrap();
+    }
+    let logs: Vec<Vec<_>> = sessions
+        .iter()
+        .map(|s| (1..=3).map(|seq| event(s.id, seq)).collect())
+        .collect();
+    let writes = sessions
+        .iter()
+        .zip(&logs)
+        .map(|(s, log)| store.append_batch(s.id, batch(log)));
+    for written in futures::future::join_all(writes).await {
+        written.unwrap();
+    }
+    let mut expected: u64 = logs.iter().map(|log| encoded(log)).sum();
+    // A batch that makes its session.
+    let made = session(Some("the-key"), now);
+    let first = [event(made.id, 1), event(made.id, 2)];
+    let creating = Batch {
+        create: Some(Creation {
+            record: &made,
+            lease: None,
+        }),
+        events: &first,
+        ..Batch::default()
+    };
+    store.append_batch(made.id, creating).await.unwrap();
+    expected += encoded(&first);
+    // JSON may be stored a little differently than it was sent (PostgreSQL
+    // keeps `json` as given); the count is within a byte an event.
+    let counted = store.stored_bytes("the-key").await.unwrap();
+    let events = (8 * 3 + 2) as u64;
+    assert!(
+        counted.abs_diff(expected) <= events,
+        "{counted} vs {expected}"
+    );
+    // A deleted session's events no longer count.
+    store.delete_session(made.id).await.unwrap();
+    let after = store.stored_bytes("the-key").await.unwrap();
+    assert!(
+        after.abs_diff(expected - encoded(&first)) <= events,
+        "{after}"
+    );
+}

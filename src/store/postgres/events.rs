@@ -63,6 +63,7 @@ macro_rules! batch {
 const BATCH: &str = batch!(
     "UPDATE sessions SET next_message = next_message + cardinality($7::text[]),
          last_seq = GREATEST(last_seq, (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq)),
+         event_bytes = event_bytes + (SELECT COALESCE(sum(octet_length(b)), 0) FROM UNNEST($5::text[]) AS b),
          status = COALESCE($8, status), usage = COALESCE($9::json, usage),
          updated_at = COALESCE($10, updated_at)
      WHERE id = $6
@@ -77,10 +78,11 @@ const BATCH: &str = batch!(
 /// fails the statement.
 const CREATE_BATCH: &str = batch!(
     "INSERT INTO sessions (id, name, kind, owner, options, status, usage, ephemeral,
-         created_at, updated_at, next_message, last_seq)
+         created_at, updated_at, next_message, last_seq, event_bytes)
      VALUES ($6, $23, $24, $25, $26::json, COALESCE($8, $27), COALESCE($9, $28)::json, $29,
          $30, COALESCE($10, $31), cardinality($7::text[]),
-         (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq))
+         (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq),
+         (SELECT COALESCE(sum(octet_length(b)), 0) FROM UNNEST($5::text[]) AS b))
      RETURNING 0::bigint AS first",
     "INSERT INTO leases (name, holder, expires_at, fence)
      SELECT $11, $12, now() + $32 * interval '1 microsecond', 1 WHERE $11 IS NOT NULL"
@@ -106,6 +108,9 @@ pub(super) const GROUP: &str = concat!(
      ), slot AS (
          UPDATE sessions s SET next_message = s.next_message + b.added,
              last_seq = GREATEST(s.last_seq, b.last),
+             event_bytes = s.event_bytes + COALESCE((SELECT sum(octet_length(e.body))
+                 FROM UNNEST($1::uuid[], $5::text[]) AS e(session_id, body)
+                 WHERE e.session_id = s.id), 0),
              status = COALESCE(b.status, s.status), usage = COALESCE(b.usage::json, s.usage),
              updated_at = COALESCE(b.updated_at, s.updated_at)
          FROM b JOIN locked ON locked.id = b.id WHERE s.id = b.id

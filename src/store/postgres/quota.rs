@@ -129,7 +129,8 @@ impl QuotaStore for PostgresStore {
         let bytes: i64 = sqlx::query_scalar(
             "SELECT (SELECT coalesce(sum(octet_length(value)), 0) FROM kv WHERE namespace = $1)::BIGINT
                   + (SELECT coalesce(sum(octet_length(payload)), 0) FROM bus_messages
-                     WHERE namespace = $1)::BIGINT",
+                     WHERE namespace = $1)::BIGINT
+                  + (SELECT coalesce(sum(event_bytes), 0) FROM sessions WHERE owner = $1)::BIGINT",
         )
         .bind(namespace)
         .fetch_one(&self.pool)

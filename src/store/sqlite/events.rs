@@ -15,6 +15,9 @@ use crate::store::{Batch, EventStore, StoreError};
 const UPDATE_STATE: &str =
     "UPDATE sessions SET status = ?2, usage = ?3, updated_at = ?4 WHERE id = ?1";
 
+/// Adds a batch's event bytes to its session's count (`storage_mb`).
+const ADD_EVENT_BYTES: &str = "UPDATE sessions SET event_bytes = event_bytes + ?2 WHERE id = ?1";
+
 /// Appends `bodies` to the session's messages, after those stored.
 pub(super) fn insert_messages(
     conn: &Connection,
@@ -72,6 +75,7 @@ impl EventStore for SqliteStore {
             None => None,
         };
         let id = session.to_string();
+        let event_bytes: i64 = rows.iter().map(|row| row.4.len() as i64).sum();
         let release = batch.release.cloned();
         let usage = batch.usage.to_vec();
         let create = match batch.create {
@@ -102,6 +106,10 @@ impl EventStore for SqliteStore {
                 for (id, seq, kind, ts, body) in &rows {
                     statement.execute(params![id, seq, kind, ts, body])?;
                 }
+                if event_bytes > 0 {
+                    conn.prepare_cached(ADD_EVENT_BYTES)?
+                        .execute(params![id, event_bytes])?;
+                }
                 insert_messages(conn, &id, &messages)?;
                 if let Some((status, usage, updated_at)) = &state {
                     conn.prepare_cached(UPDATE_STATE)?
@@ -119,6 +127,7 @@ impl EventStore for SqliteStore {
             // One statement undoes itself when it fails; several need a
             // savepoint.
             let statements = rows.len()
+                + usize::from(event_bytes > 0)
                 + 2 * usize::from(create.is_some())
                 + usize::from(state.is_some())
                 + usize::from(release.is_some())

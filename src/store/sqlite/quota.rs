@@ -129,7 +129,8 @@ impl QuotaStore for SqliteStore {
                 .prepare_cached(
                     "SELECT (SELECT coalesce(sum(length(value)), 0) FROM kv WHERE namespace = ?1)
                           + (SELECT coalesce(sum(length(payload)), 0) FROM bus_messages
-                             WHERE namespace = ?1)",
+                             WHERE namespace = ?1)
+                          + (SELECT coalesce(sum(event_bytes), 0) FROM sessions WHERE owner = ?1)",
                 )?
                 .query_row(params![namespace], |row| row.get(0))?)
         })
