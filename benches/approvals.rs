@@ -38,6 +38,7 @@
 #[path = "common/lines.rs"]
 mod lines;
 #[path = "../tests/common/nats.rs"]
+#[allow(dead_code)]
 mod nats;
 #[path = "../tests/common/postgres.rs"]
 #[allow(dead_code)]

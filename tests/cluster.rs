@@ -66,7 +66,7 @@ impl Replica {
 
 struct Cluster {
     replicas: Vec<Replica>,
-    _nats: NatsServer,
+    nats: NatsServer,
     /// Dropped after the replicas (fields drop in order).
     database: TestDatabase,
     http: reqwest::Client,
@@ -90,7 +90,7 @@ async fn cluster_on(sandbox: &str, lease_s: u64, env: &[(&str, &str)]) -> Cluste
     }
     Cluster {
         replicas,
-        _nats: nats,
+        nats,
         database,
         http: reqwest::Client::new(),
     }
@@ -262,6 +262,24 @@ impl Cluster {
             .fetch_one(&mut db)
             .await
             .unwrap()
+    }
+
+    /// Waits until every replica's `/ready` answers `status` (within 60 s).
+    async fn ready_everywhere(&self, status: u16) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        for on in 0..self.replicas.len() {
+            loop {
+                let answered = self.get(on, "/ready").await.status();
+                if answered.as_u16() == status {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "replica {on}'s /ready stayed {answered}, not {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 
     async fn status(&self, on: usize, id: &str) -> Value {
@@ -842,4 +860,159 @@ fn containers_of(id: &str) -> Vec<String> {
         .split_whitespace()
         .map(str::to_owned)
         .collect()
+}
+
+/// A session on replica `on` whose tool calls wait for a decision.
+async fn asking_session(cluster: &Cluster, on: usize) -> String {
+    let created = cluster
+        .post_json(
+            on,
+            "/agent/session",
+            json!({"options": {"permissions": {"mode": "ask"}}}),
+        )
+        .await;
+    created["session_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_nats_restart_leaves_one_cluster_and_ready_says_when_it_is_down() {
+    let mut cluster = cluster(15).await;
+    // A subscriber on C to a subject that is not kept, opened before.
+    let subscribed = cluster.get(2, "/bus/subscribe?subjects=chat.live").await;
+    assert_eq!(subscribed.status(), 200);
+    let mut subscriber = Lines::new(subscribed);
+
+    // nats-server is killed; every replica says it is not ready, and a
+    // publish is refused rather than taken.
+    let stopped = tokio::time::Instant::now();
+    cluster.nats.stop().await;
+    cluster.ready_everywhere(503).await;
+    let refused = cluster
+        .post(0, "/bus/publish/chat.live", json!({"n": 0}))
+        .await;
+    assert_eq!(refused.status(), 503);
+    // Down for 10 s, as an operator's restart on the same store would be.
+    tokio::time::sleep_until(stopped + Duration::from_secs(10)).await;
+    cluster.nats.restart().await;
+    cluster.ready_everywhere(200).await;
+
+    // A message that is not kept goes through again, and the subscriber
+    // opened before the outage hears of the cut, then gets it.
+    let published = cluster
+        .post(0, "/bus/publish/chat.live", json!({"n": 1}))
+        .await;
+    assert_eq!(published.status(), 202);
+    let cut = tokio::time::timeout(Duration::from_secs(30), subscriber.next())
+        .await
+        .expect("the subscriber hears of the cut")
+        .unwrap();
+    assert_eq!(cut["type"], "lagged", "{cut}");
+    assert_eq!(cut["subject"], "chat.live", "{cut}");
+    let message = tokio::time::timeout(Duration::from_secs(30), subscriber.next())
+        .await
+        .expect("the subscriber gets the new message")
+        .unwrap();
+    assert_eq!(message["type"], "message", "{message}");
+    assert_eq!(message["data"], json!({"n": 1}), "{message}");
+
+    // A decision given on B reaches the call waiting on A.
+    let id = asking_session(&cluster, 0).await;
+    let response = cluster.send(0, &id, "$ echo decided-after-restart").await;
+    assert_eq!(response.status(), 200);
+    let mut on_a = Lines::new(response);
+    let asked = on_a.until("approval_requested").await;
+    let call_id = asked.last().unwrap()["call_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let decided = cluster
+        .post(
+            1,
+            &format!("/agent/session/{id}/approvals/{call_id}"),
+            json!({"decision": "allow"}),
+        )
+        .await;
+    assert_eq!(decided.status(), 200);
+    let rest = tokio::time::timeout(Duration::from_secs(60), on_a.until("result"))
+        .await
+        .expect("the decision reached the turn on A");
+    let output = rest.iter().find(|e| e["type"] == "tool_result").unwrap();
+    assert!(
+        output["output"]
+            .to_string()
+            .contains("decided-after-restart"),
+        "{output}"
+    );
+    assert_eq!(rest.last().unwrap()["status"], "success");
+
+    // An interrupt given on B stops the turn running on A.
+    let id = cluster.create_session(0).await;
+    let response = cluster.send(0, &id, &long_prompt(2000)).await;
+    assert_eq!(response.status(), 200);
+    let mut on_a = Lines::new(response);
+    on_a.until("status").await;
+    let interrupted = cluster
+        .post_json(1, &format!("/agent/session/{id}/interrupt"), json!({}))
+        .await;
+    assert_eq!(interrupted["interrupted"], true, "{interrupted}");
+    let ended = tokio::time::timeout(Duration::from_secs(30), on_a.until("result"))
+        .await
+        .expect("the turn on A ends");
+    assert_eq!(ended.last().unwrap()["status"], "interrupted");
+}
+
+#[tokio::test]
+async fn a_decision_for_a_call_whose_replica_died_is_not_acknowledged() {
+    let mut cluster = cluster(15).await;
+    let id = asking_session(&cluster, 0).await;
+    let response = cluster.send(0, &id, "$ echo never-run").await;
+    assert_eq!(response.status(), 200);
+    let mut on_a = Lines::new(response);
+    let asked = on_a.until("approval_requested").await;
+    let call_id = asked.last().unwrap()["call_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    cluster.kill(0).await;
+
+    // B cannot hand the decision to a turn: a 409 saying so, not a 200,
+    // and the call is still listed as waiting.
+    let decide = format!("/agent/session/{id}/approvals/{call_id}");
+    let refused = cluster.post(1, &decide, json!({"decision": "allow"})).await;
+    assert_eq!(refused.status(), 409);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["error"]["code"], "not_delivered", "{refused}");
+    let listed = cluster.get_json(1, "/agent/approvals").await;
+    assert_eq!(
+        listed["approvals"][0]["call_id"],
+        call_id.as_str(),
+        "{listed}"
+    );
+
+    // An interrupt of the dead replica's turn is not a `true` either.
+    let interrupt = cluster
+        .post(1, &format!("/agent/session/{id}/interrupt"), json!({}))
+        .await;
+    assert_eq!(interrupt.status(), 503);
+    let interrupt: Value = interrupt.json().await.unwrap();
+    assert_eq!(
+        interrupt["error"]["code"], "turn_unreachable",
+        "{interrupt}"
+    );
+
+    // The survivor closes the cut-off turn; the call never ran.
+    let follow = format!("/agent/session/{id}/events?since=0&follow=true");
+    let events = tokio::time::timeout(
+        Duration::from_secs(60),
+        Lines::new(cluster.get(2, &follow).await).until("result"),
+    )
+    .await
+    .expect("a survivor closes the turn");
+    assert_eq!(events.last().unwrap()["status"], "interrupted");
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["type"] == "tool_result" && e["output"].to_string().contains("never-run")),
+        "{events:?}"
+    );
 }

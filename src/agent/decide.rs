@@ -22,6 +22,10 @@ pub enum Refused {
     /// `input`).
     #[error("{0}")]
     Input(String),
+    /// The turn's replica did not take it; the call is pending again (a
+    /// 409 when nothing took it, a 503 when the bus refused it).
+    #[error(transparent)]
+    Undelivered(DecideError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -69,6 +73,7 @@ pub async fn decide_read(
             pending.call_id.clone(),
         ))),
         Err(DecideError::Store(e)) => Err(Refused::Store(e)),
+        Err(e) => Err(Refused::Undelivered(e)),
     }
 }
 

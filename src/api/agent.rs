@@ -257,17 +257,20 @@ pub async fn message(
 }
 
 /// Stops the session's running turn; it ends with an `interrupted` result.
+/// With replicas, answered once the replica running the turn has it: 503
+/// when the bus is down or no replica took it while the turn still runs.
 #[utoipa::path(post, path = "/agent/session/{session_id}/interrupt", params(("session_id" = Uuid, Path)),
-    responses((status = 200, body = InterruptBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = InterruptBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn interrupt(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<InterruptBody>, ApiError> {
     let session = state.sessions.get(parse_id(&id)?, caller.owner()).await?;
+    let interrupted = state.sessions.interrupt(&session).await?;
     Ok(Json(InterruptBody {
         session_id: session.id,
-        interrupted: session.interrupt(),
+        interrupted,
     }))
 }
 

@@ -157,6 +157,16 @@ pub async fn decide(
         Err(Refused::NotPending(e)) => Err(not_pending(e.to_string())),
         Err(Refused::Input(e)) => Err(ApiError::invalid("input", e)),
         Err(Refused::Store(e)) => Err(ApiError::internal(e)),
+        Err(Refused::Undelivered(e @ DecideError::Bus(..))) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "bus_unavailable",
+            e.to_string(),
+        )),
+        Err(Refused::Undelivered(e)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_delivered",
+            e.to_string(),
+        )),
     }
 }
 

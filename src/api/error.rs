@@ -171,6 +171,12 @@ impl From<SessionError> for ApiError {
             SessionError::Internal(e) => ApiError::internal(e),
             SessionError::Store(e) => ApiError::internal(e),
             SessionError::Quota(e) => ApiError::from(e),
+            SessionError::Bus(e) => ApiError::from(*e),
+            SessionError::Unreachable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "turn_unreachable",
+                error.to_string(),
+            ),
         }
     }
 }

@@ -248,10 +248,16 @@ async fn handle_frame(
             }
         }
         // Answered as `POST …/interrupt` is: whether a turn was stopped.
-        ClientFrame::Interrupt => Some(json!({
-            "type": "interrupted",
-            "session_id": session.id,
-            "interrupted": session.interrupt(),
-        })),
+        ClientFrame::Interrupt => match state.sessions.interrupt(session).await {
+            Ok(interrupted) => Some(json!({
+                "type": "interrupted",
+                "session_id": session.id,
+                "interrupted": interrupted,
+            })),
+            Err(e) => {
+                let api = ApiError::from(e);
+                error(api.code, api.message)
+            }
+        },
     }
 }

@@ -3,7 +3,10 @@
 //! restart finds it) and a channel on the replica that runs its turn. A
 //! decision claims the record (a compare-and-delete: of two decisions one
 //! wins, the other finds nothing pending) and then travels to the turn:
-//! directly on this replica, over the bus to the others.
+//! directly on this replica, over the bus to the others. A decision sent
+//! to another replica is done only once that replica acknowledges it
+//! ([`super::signal`]); none doing so in time puts the call back as
+//! pending and the decider hears that the decision did not reach it.
 //!
 //! Records live in namespaces no API key can name: `_approvals`, keyed
 //! `{owner}/{session}/{call}`, and `_approval_rules`, the allow rules a
@@ -12,7 +15,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -22,14 +24,15 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::bus::{Bus, Delivery, Pattern, Since, Subject};
+use super::signal;
+use crate::bus::{Bus, Delivery, Pattern, Since};
 use crate::protocol::Approval;
 use crate::store::{Expect, KvWrite, Store, StoreError};
 use crate::sync::lock;
 
 const NAMESPACE: &str = "_approvals";
 const RULES: &str = "_approval_rules";
-const SIGNALS: &str = "_cluster";
+const SIGNALS: &str = signal::NAMESPACE;
 const SUBJECT: &str = "session.approval";
 /// The most pending calls one owner lists.
 pub const MAX_LISTED: usize = 1000;
@@ -108,6 +111,13 @@ struct Signal {
     session_id: Uuid,
     call_id: String,
     decided: Decided,
+    /// Where the taker acknowledges it.
+    #[serde(default)]
+    ack: Option<Uuid>,
+    /// Past this, the decider has given up waiting and put the call back:
+    /// the signal is not taken.
+    #[serde(default)]
+    until: Option<DateTime<Utc>>,
 }
 
 /// A call this replica's turn waits on.
@@ -121,6 +131,16 @@ pub struct Waiting {
 pub enum DecideError {
     #[error("call {0} is not waiting for a decision (it was decided, timed out, or never asked)")]
     NotPending(String),
+    /// No replica took the decision: the turn waiting on the call is
+    /// gone, or unreachable. The call is pending again.
+    #[error(
+        "no replica took the decision for call {0}: the turn waiting on it may have stopped with \
+         its replica (it is then closed as interrupted); the call is still pending"
+    )]
+    Undelivered(String),
+    /// The bus refused the decision; the call is pending again.
+    #[error("the decision for call {0} could not be sent to the turn's replica: {1}")]
+    Bus(String, crate::bus::BusError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -243,25 +263,39 @@ impl Approvals {
         if self.deliver_here(pending.session_id, &pending.call_id, decided.clone()) {
             return Ok(());
         }
-        match &self.bus {
-            Some(bus) => {
-                let signal = Signal {
-                    session_id: pending.session_id,
-                    call_id: pending.call_id.clone(),
-                    decided,
-                };
-                let payload = serde_json::to_vec(&signal).map_err(corrupt)?;
-                let subject = Subject::parse(SUBJECT)
-                    .map_err(|e| StoreError::Corrupt(format!("approval subject: {e}")))?;
-                if let Err(e) = bus.publish(SIGNALS, &subject, Bytes::from(payload)).await {
-                    tracing::warn!(session = %pending.session_id, error = %e,
-                        "sending a decision to the other replicas failed");
-                }
-            }
-            None => tracing::warn!(session = %pending.session_id, call = %pending.call_id,
-                "a decision for a call no turn here waits on"),
-        }
-        Ok(())
+        let Some(bus) = &self.bus else {
+            tracing::warn!(session = %pending.session_id, call = %pending.call_id,
+                "a decision for a call no turn here waits on");
+            return Ok(());
+        };
+        // The taker refuses it past `until`, a second before the wait here
+        // ends, so a decision reported as not delivered is not run.
+        let until = Utc::now() + chrono::TimeDelta::from_std(signal::ACK_WAIT).unwrap_or_default()
+            - chrono::TimeDelta::seconds(1);
+        let sent = signal::send_acked(bus.as_ref(), SUBJECT, |ack| {
+            serde_json::to_vec(&Signal {
+                session_id: pending.session_id,
+                call_id: pending.call_id.clone(),
+                decided,
+                ack: Some(ack),
+                until: Some(until),
+            })
+            .map_err(|e| crate::bus::BusError::Nats(e.into()))
+        })
+        .await;
+        let failed = match sent {
+            Ok(true) => return Ok(()),
+            Ok(false) => DecideError::Undelivered(pending.call_id.clone()),
+            Err(e) => DecideError::Bus(pending.call_id.clone(), e),
+        };
+        tracing::warn!(session = %pending.session_id, error = %failed, "a decision was not delivered");
+        // Pending again, as it was: a later decision may reach it, and the
+        // turn (if it lives) times it out as it would have.
+        let value = serde_json::to_vec(&StoredPending(pending)).map_err(corrupt)?;
+        self.store
+            .kv_put(NAMESPACE, &key, &value, Expect::Absent)
+            .await?;
+        Err(failed)
     }
 
     fn deliver_here(&self, session: Uuid, call_id: &str, decided: Decided) -> bool {
@@ -395,8 +429,16 @@ impl Approvals {
                 None => return,
                 Some(Delivery::Message(message)) => {
                     match serde_json::from_slice::<Signal>(&message.payload) {
+                        Ok(s) if s.until.is_some_and(|until| Utc::now() > until) => {
+                            tracing::warn!(session = %s.session_id, call = %s.call_id,
+                                "a decision came after its sender gave up waiting; not taken");
+                        }
                         Ok(s) => {
-                            self.deliver_here(s.session_id, &s.call_id, s.decided);
+                            if self.deliver_here(s.session_id, &s.call_id, s.decided)
+                                && let Some(ack) = s.ack
+                            {
+                                signal::ack(bus.as_ref(), ack).await;
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "a decision signal that does not parse")

@@ -71,6 +71,12 @@ pub enum SessionError {
     /// The session's key is past one of its quotas.
     #[error(transparent)]
     Quota(#[from] crate::quota::QuotaExceeded),
+    /// The bus between replicas refused a signal.
+    #[error(transparent)]
+    Bus(Box<crate::bus::BusError>),
+    /// No replica took a signal for a turn that still runs.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 impl From<crate::quota::QuotaError> for SessionError {

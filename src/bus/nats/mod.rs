@@ -15,6 +15,13 @@
 //! the new last message and tries again, and the `seq`s stay dense. The
 //! stream of subjects that are not kept lives in memory and holds the last
 //! `subscriber_buffer` messages per subject.
+//!
+//! The bus outlives its broker: a publish that finds its class's stream
+//! gone (a NATS server restarted, whose memory stream went with it)
+//! creates it again and tries once more; every reconnect of the client
+//! is counted, and each subscription's consumers are made again from
+//! where they were ([`subscription`]). `ping` fails while the client is
+//! disconnected or any consumer is being made again, so `/ready` says so.
 
 mod kv_peers;
 mod names;
@@ -23,6 +30,7 @@ mod subscription;
 mod tests;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream::LastRawMessageErrorKind};
@@ -79,6 +87,13 @@ pub(super) struct Shared {
     /// Each subject's last message, as this replica last saw it; a
     /// subject's publishes queue on its slot.
     last: Mutex<HashMap<String, Slot>>,
+    /// Counts the client's reconnects: each subscription makes its
+    /// consumers again when it moves.
+    reconnects: tokio::sync::watch::Receiver<u64>,
+    /// Whether the client is connected now.
+    connected: Arc<AtomicBool>,
+    /// Subscription consumers being made again now.
+    down: AtomicUsize,
 }
 
 /// The [`Bus`] on NATS JetStream.
@@ -94,8 +109,29 @@ impl NatsBus {
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> Result<NatsBus, BusError> {
+        let (moved, reconnects) = tokio::sync::watch::channel(0u64);
+        let connected = Arc::new(AtomicBool::new(true));
+        let moved = Arc::new(moved);
+        let state = connected.clone();
         let client = async_nats::ConnectOptions::new()
             .name("conclave")
+            .event_callback(move |event| {
+                let (moved, state) = (moved.clone(), state.clone());
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            tracing::info!("the bus is connected to NATS again");
+                            state.store(true, Ordering::SeqCst);
+                            moved.send_modify(|count| *count += 1);
+                        }
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!("the bus lost its NATS connection; reconnecting");
+                            state.store(false, Ordering::SeqCst);
+                        }
+                        _ => {}
+                    }
+                }
+            })
             .connect(url)
             .await
             .map_err(nats)?;
@@ -144,6 +180,9 @@ impl NatsBus {
             max_payload,
             buffer: config.subscriber_buffer,
             last: Mutex::new(HashMap::new()),
+            reconnects,
+            connected,
+            down: AtomicUsize::new(0),
         })))
     }
 
@@ -169,17 +208,36 @@ impl Shared {
         last.entry(subject.to_owned()).or_default().clone()
     }
 
+    /// Creates the class's stream if it is not there (a NATS server that
+    /// restarted lost the memory one), with the configuration it had.
+    async fn ensure_stream(&self, class: usize) -> Result<(), BusError> {
+        let config = self.names.classes()[class].stream_config().clone();
+        self.jetstream
+            .get_or_create_stream(config)
+            .await
+            .map_err(nats)?;
+        Ok(())
+    }
+
     /// The subject's last message in its class's stream.
     async fn read_last(&self, class: usize, subject: &str) -> Result<Last, BusError> {
-        let raw = match self.streams[class]
-            .get_last_raw_message_by_subject(subject)
-            .await
-        {
-            Ok(raw) => raw,
-            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                return Ok(Last::default());
+        let mut ensured = false;
+        let raw = loop {
+            match self.streams[class]
+                .get_last_raw_message_by_subject(subject)
+                .await
+            {
+                Ok(raw) => break raw,
+                Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                    return Ok(Last::default());
+                }
+                Err(err) if !ensured => {
+                    tracing::debug!(error = %err, "reading a subject's last message; making sure its stream exists");
+                    self.ensure_stream(class).await?;
+                    ensured = true;
+                }
+                Err(err) => return Err(nats(err)),
             }
-            Err(err) => return Err(nats(err)),
         };
         let stream_seq = raw.sequence;
         let message = async_nats::Message::try_from(raw).map_err(BusError::Nats)?;
@@ -206,6 +264,7 @@ impl Shared {
         let slot = self.slot(&nats_subject);
         let mut last = slot.lock().await;
         let written = names::encode(subject.as_str());
+        let mut ensured = false;
         for _ in 0..MAX_TRIES {
             let known = match *last {
                 Some(known) => known,
@@ -239,6 +298,12 @@ impl Shared {
                 }
                 // Another replica published to the subject meanwhile.
                 Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => *last = None,
+                // The server restarted without the class's stream.
+                Err(err) if err.kind() == PublishErrorKind::StreamNotFound && !ensured => {
+                    *last = None;
+                    self.ensure_stream(class).await?;
+                    ensured = true;
+                }
                 Err(err) => {
                     *last = None;
                     return Err(nats(err));
@@ -284,12 +349,23 @@ impl Bus for NatsBus {
         self.0.max_payload
     }
 
-    /// Asks JetStream for the account's state: a round trip to the server.
+    /// Asks JetStream for the account's state (a round trip to the
+    /// server); fails while the client is disconnected or a subscription's
+    /// consumers are being made again.
     async fn ping(&self) -> Result<(), BusError> {
         if self.0.shutdown.is_cancelled() {
             return Err(BusError::Closed);
         }
+        if !self.0.connected.load(Ordering::SeqCst) {
+            return Err(BusError::Nats("not connected to NATS; reconnecting".into()));
+        }
         self.0.jetstream.query_account().await.map_err(nats)?;
+        let down = self.0.down.load(Ordering::SeqCst);
+        if down > 0 {
+            return Err(BusError::Nats(
+                format!("{down} bus consumers are being made again after a reconnect").into(),
+            ));
+        }
         Ok(())
     }
 

@@ -7,9 +7,19 @@
 //! waits — the stream holds the rest — and one of the other subjects drops
 //! the message and counts it; the consumer is told what was dropped once it
 //! has read what came before.
+//!
+//! A consumer that fails, or whose client reconnected, is made again from
+//! the pump's last stream sequence, with back-off, for as long as the
+//! subscription lasts; meanwhile the bus's `ping` fails. A class whose
+//! stream was lost and made again (a restarted NATS server's memory
+//! stream) starts over from the new stream's start, and the subscriber is
+//! told with a `lagged` line per subject it had read (`missed` 0: how many
+//! went with the old stream is not known).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_nats::jetstream::consumer::{DeliverPolicy, push};
 use chrono::{DateTime, Utc};
@@ -30,15 +40,20 @@ struct Lost {
     missed: u64,
 }
 
+/// The first wait before a failed consumer is made again; it doubles
+/// up to [`REMAKE_MAX`].
+const REMAKE_FIRST: Duration = Duration::from_millis(100);
+const REMAKE_MAX: Duration = Duration::from_secs(5);
+
 #[derive(Default)]
 struct Queue {
-    items: VecDeque<Arc<Message>>,
+    /// Messages, each holding a place of the queue's room, and notices
+    /// of a consumer made again, holding none.
+    items: VecDeque<Delivery>,
     /// Subjects with messages dropped since the consumer last looked; no
     /// more of such a subject is queued until it has, so nothing after a
     /// gap arrives before the news of the gap.
     lost: HashMap<String, Lost>,
-    /// A consumer ended for good (its stream is gone, NATS is unreachable).
-    failed: bool,
 }
 
 struct Inbox {
@@ -51,6 +66,16 @@ struct Inbox {
 /// One class's consumer, as its pump sees it.
 struct Pump {
     inbox: Arc<Inbox>,
+    /// The class's index in the bus's names.
+    class: usize,
+    /// The consumer's filter subject.
+    filter: String,
+    /// The patterns this class serves, named in a notice when no subject
+    /// was read yet.
+    wanted: Vec<String>,
+    /// When the class's stream was created (ns since the epoch), as the
+    /// pump last saw it.
+    created: i128,
     durable: bool,
     label: BusLabel,
     /// Subscribed with one filter per class, several patterns are matched
@@ -100,7 +125,11 @@ pub(super) async fn open(
         let only = (wanted.len() == 1).then(|| wanted[0]);
         let filter = shared.names.filter(namespace, class, only);
         let mut stream = shared.streams[index].clone();
-        let last = stream.info().await.map_err(nats)?.state.last_sequence;
+        let info = stream.info().await.map_err(nats)?;
+        let (last, created) = (
+            info.state.last_sequence,
+            info.created.unix_timestamp_nanos(),
+        );
         let (policy, floor) = match since {
             Since::Seq(_) if class.durable() => (DeliverPolicy::All, 0),
             Since::Time(time) if class.durable() => (from_time(time)?, 0),
@@ -111,18 +140,13 @@ pub(super) async fn open(
                 last,
             ),
         };
-        let consumer = stream
-            .create_consumer(push::OrderedConfig {
-                deliver_subject: shared.client.new_inbox(),
-                filter_subject: filter,
-                deliver_policy: policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(nats)?;
-        let messages = consumer.messages().await.map_err(nats)?;
+        let messages = consume(shared, index, &filter, policy).await?;
         let pump = Pump {
             inbox: inbox.clone(),
+            class: index,
+            filter,
+            wanted: wanted.iter().map(|p| p.as_str().to_owned()).collect(),
+            created,
             durable: class.durable(),
             label: BusLabel {
                 class: class.label.clone(),
@@ -150,6 +174,43 @@ pub(super) async fn open(
     Ok(reader.into_stream().boxed())
 }
 
+/// An ordered consumer of the class's stream and its messages.
+async fn consume(
+    shared: &Shared,
+    class: usize,
+    filter: &str,
+    policy: DeliverPolicy,
+) -> Result<push::Ordered, BusError> {
+    let stream = &shared.streams[class];
+    let consumer = stream
+        .create_consumer(push::OrderedConfig {
+            deliver_subject: shared.client.new_inbox(),
+            filter_subject: filter.to_owned(),
+            deliver_policy: policy,
+            ..Default::default()
+        })
+        .await
+        .map_err(nats)?;
+    consumer.messages().await.map_err(nats)
+}
+
+/// A consumer being made again: counted in the bus's `down` while it
+/// lasts.
+struct Down<'a>(&'a Shared);
+
+impl<'a> Down<'a> {
+    fn new(shared: &'a Shared) -> Down<'a> {
+        shared.down.fetch_add(1, Ordering::SeqCst);
+        Down(shared)
+    }
+}
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        self.0.down.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The message a consumer delivered, with its stream sequence.
 fn read(message: &async_nats::jetstream::Message) -> Option<(u64, Message)> {
     let info = message.info().ok()?;
@@ -172,9 +233,23 @@ impl Pump {
         stop: CancellationToken,
         shared: Arc<Shared>,
     ) {
+        let mut reconnects = shared.reconnects.clone();
+        reconnects.borrow_and_update();
         loop {
             let next = tokio::select! {
                 next = messages.next() => next,
+                // The client reconnected: the consumer may be gone with
+                // the server's state, or its stream with it.
+                moved = reconnects.changed() => {
+                    if moved.is_err() {
+                        return;
+                    }
+                    messages = match self.remake(&shared, &stop).await {
+                        Some(messages) => messages,
+                        None => return,
+                    };
+                    continue;
+                }
                 () = stop.cancelled() => return,
             };
             let message = match next {
@@ -183,11 +258,18 @@ impl Pump {
                 Some(Err(err)) if err.kind() == push::OrderedErrorKind::MissingHeartbeat => {
                     continue;
                 }
-                Some(Err(err)) => {
-                    tracing::warn!(error = %err, "a bus subscription's consumer failed; ending it");
-                    break;
+                failed => {
+                    match failed {
+                        Some(Err(err)) => tracing::warn!(error = %err,
+                            "a bus subscription's consumer failed; making it again"),
+                        _ => tracing::warn!("a bus subscription's consumer ended; making it again"),
+                    }
+                    messages = match self.remake(&shared, &stop).await {
+                        Some(messages) => messages,
+                        None => return,
+                    };
+                    continue;
                 }
-                None => break,
             };
             let Some((stream_seq, message)) = read(&message) else {
                 tracing::warn!(subject = %message.subject, "skipping a bus message without its headers");
@@ -204,7 +286,80 @@ impl Pump {
                 return;
             }
         }
-        lock(&self.inbox.queue).failed = true;
+    }
+
+    /// Makes the consumer again from the last stream sequence taken,
+    /// waiting longer after each failure; `None` once the subscription is
+    /// gone.
+    async fn remake(&mut self, shared: &Shared, stop: &CancellationToken) -> Option<push::Ordered> {
+        let _down = Down::new(shared);
+        let mut wait = REMAKE_FIRST;
+        let mut said = false;
+        loop {
+            match self.resume(shared).await {
+                Ok(messages) => {
+                    if said {
+                        tracing::info!(class = %self.label.class, "a bus subscription's consumer is back");
+                    }
+                    return Some(messages);
+                }
+                Err(e) if !said => {
+                    tracing::warn!(class = %self.label.class, error = %e,
+                        "a bus subscription's consumer cannot be made again yet; retrying");
+                    said = true;
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop.cancelled() => return None,
+            }
+            wait = (wait * 2).min(REMAKE_MAX);
+        }
+    }
+
+    async fn resume(&mut self, shared: &Shared) -> Result<push::Ordered, BusError> {
+        shared.ensure_stream(self.class).await?;
+        let mut stream = shared.streams[self.class].clone();
+        let info = stream.info().await.map_err(nats)?;
+        let created = info.created.unix_timestamp_nanos();
+        if created != self.created {
+            // A new stream: its sequences start over, and what the old one
+            // held that this consumer had not read is gone.
+            self.created = created;
+            self.stream_seq = 0;
+            self.tell_cut();
+        }
+        let policy = DeliverPolicy::ByStartSequence {
+            start_sequence: self.stream_seq + 1,
+        };
+        consume(shared, self.class, &self.filter, policy).await
+    }
+
+    /// Tells the subscriber that messages may have gone with a lost
+    /// stream: a `lagged` line for each subject it read, or for each
+    /// pattern when it read none.
+    fn tell_cut(&self) {
+        let notices: Vec<Delivery> = if self.seqs.is_empty() {
+            self.wanted
+                .iter()
+                .map(|pattern| Delivery::Lagged {
+                    subject: pattern.clone(),
+                    since: 0,
+                    missed: 0,
+                })
+                .collect()
+        } else {
+            self.seqs
+                .iter()
+                .map(|(subject, seq)| Delivery::Lagged {
+                    subject: subject.clone(),
+                    since: *seq,
+                    missed: 0,
+                })
+                .collect()
+        };
+        lock(&self.inbox.queue).items.extend(notices);
         self.inbox.ready.notify_one();
     }
 
@@ -236,7 +391,9 @@ impl Pump {
                 Ok(permit) => permit.forget(),
                 Err(_) => return false,
             }
-            lock(&self.inbox.queue).items.push_back(Arc::new(message));
+            lock(&self.inbox.queue)
+                .items
+                .push_back(Delivery::Message(Arc::new(message)));
             true
         } else {
             // A gap (messages gone from the stream before this consumer
@@ -253,7 +410,7 @@ impl Pump {
                     queue.lost.insert(stream, Lost { since, missed });
                     false
                 } else {
-                    queue.items.push_back(Arc::new(message));
+                    queue.items.push_back(Delivery::Message(Arc::new(message)));
                     true
                 }
             };
@@ -299,9 +456,11 @@ impl Reader {
             }
             {
                 let mut queue = lock(&self.inbox.queue);
-                if let Some(message) = queue.items.pop_front() {
-                    self.inbox.room.add_permits(1);
-                    return Some(Delivery::Message(message));
+                if let Some(item) = queue.items.pop_front() {
+                    if matches!(item, Delivery::Message(_)) {
+                        self.inbox.room.add_permits(1);
+                    }
+                    return Some(item);
                 }
                 if !queue.lost.is_empty() {
                     self.notices = std::mem::take(&mut queue.lost)
@@ -313,9 +472,6 @@ impl Reader {
                         })
                         .collect();
                     continue;
-                }
-                if queue.failed {
-                    return None;
                 }
             }
             tokio::select! {

@@ -36,11 +36,46 @@ impl SessionManager {
         }
     }
 
-    /// Stops the session's turn if it runs on this replica.
-    pub(in crate::session) fn interrupt_here(&self, id: Uuid) {
+    /// Stops the session's turn if it runs on this replica: true if it
+    /// did.
+    pub(in crate::session) fn interrupt_here(&self, id: Uuid) -> bool {
         let session = self.live().get(&id).cloned();
-        if let Some(session) = session {
-            session.interrupt_here();
+        session.is_some_and(|session| session.interrupt_here())
+    }
+
+    /// Stops the session's running turn wherever it runs, and answers once
+    /// it has: true if a turn was running and was stopped, false if none
+    /// runs. With replicas, a turn that runs elsewhere is stopped only
+    /// when its replica acknowledges the interrupt; none doing so while
+    /// the session still runs is an error ([`SessionError::Unreachable`]),
+    /// never a `true`.
+    pub async fn interrupt(&self, session: &Arc<Session>) -> Result<bool, SessionError> {
+        if session.interrupt_here() {
+            return Ok(true);
+        }
+        let Some(signals) = &self.signals else {
+            return Ok(false);
+        };
+        if session.status() != SessionStatus::Running {
+            return Ok(false);
+        }
+        if signals
+            .interrupt_acked(session.id)
+            .await
+            .map_err(|e| SessionError::Bus(Box::new(e)))?
+        {
+            return Ok(true);
+        }
+        // Nobody took it: the turn ended meanwhile, or its replica is gone.
+        match self.store.get_session(session.id).await? {
+            Some(record) if record.status == SessionStatus::Running => {
+                Err(SessionError::Unreachable(format!(
+                    "the replica running session {}'s turn did not take the interrupt within {} s                      (it may have stopped: the turn is closed as interrupted once its lease                      expires); retry",
+                    session.id,
+                    crate::session::signal::ACK_WAIT.as_secs()
+                )))
+            }
+            _ => Ok(false),
         }
     }
 
