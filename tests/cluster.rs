@@ -1016,3 +1016,48 @@ async fn a_decision_for_a_call_whose_replica_died_is_not_acknowledged() {
         "{events:?}"
     );
 }
+
+#[tokio::test]
+async fn a_message_queued_on_a_survivor_starts_after_the_dead_turns_result() {
+    let mut cluster = cluster(3).await;
+    let id = cluster.create_session(0).await;
+    let response = cluster.send(0, &id, &long_prompt(2000)).await;
+    assert_eq!(response.status(), 200);
+    Lines::new(response).until("status").await;
+    // B is asked while A's turn runs; it waits for the turn's lease.
+    let path = format!("/agent/session/{id}/message");
+    let queued = {
+        let request = cluster
+            .http
+            .post(cluster.replicas[1].at(&path))
+            .json(&json!({"prompt": "after the cut", "queue": true}));
+        tokio::spawn(request.send())
+    };
+    cluster.kill(0).await;
+    let response = tokio::time::timeout(Duration::from_secs(60), queued)
+        .await
+        .expect("the queued message starts once the lease expires")
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let next = Lines::new(response).until("result").await;
+    assert_eq!(next.last().unwrap()["status"], "success");
+
+    // The log closes the cut-off turn before the next one begins.
+    let stored = cluster.events(2, &id, 0).await;
+    let results: Vec<usize> = stored
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e["type"] == "result")
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(results.len(), 2, "{:?}", common::types(&stored));
+    assert_eq!(stored[results[0]]["status"], "interrupted");
+    let first_of_next = next.first().unwrap()["seq"].as_u64().unwrap();
+    assert!(
+        stored[results[0]]["seq"].as_u64().unwrap() < first_of_next,
+        "{:?}",
+        common::types(&stored)
+    );
+    assert_eq!(seqs(&stored), (1..=stored.len() as u64).collect::<Vec<_>>());
+}

@@ -70,7 +70,9 @@ impl SessionManager {
         match self.store.get_session(session.id).await? {
             Some(record) if record.status == SessionStatus::Running => {
                 Err(SessionError::Unreachable(format!(
-                    "the replica running session {}'s turn did not take the interrupt within {} s                      (it may have stopped: the turn is closed as interrupted once its lease                      expires); retry",
+                    "the replica running session {}'s turn did not take the interrupt within {} s \
+                     (it may have stopped: the turn is closed as interrupted once its lease \
+                     expires); retry",
                     session.id,
                     crate::session::signal::ACK_WAIT.as_secs()
                 )))
@@ -120,7 +122,17 @@ impl SessionManager {
         let started = Instant::now();
         loop {
             if let Some((held, end)) = self.take_lease(leases, &session, cancel).await? {
-                return Ok((held, self.resync(session, end)));
+                let session = self.resync(session, end);
+                // Still `running` under a lease that was free: its turn's
+                // replica died before a sweep closed it. It is closed
+                // first, so the log ends that turn before this one starts.
+                if session.status() == SessionStatus::Running
+                    && let Err(e) = self.close_here(&session, CUT_OFF_ELSEWHERE).await
+                {
+                    held.release().await;
+                    return Err(e);
+                }
+                return Ok((held, session));
             }
             if !queue {
                 let finishing = self.stored_result(&session).await?;
@@ -251,20 +263,27 @@ impl SessionManager {
             if session.status() != SessionStatus::Running {
                 return Ok(false);
             }
-            let task = self.task_of(&session)?.clone();
-            let runner = Runner {
-                task,
-                metrics: self.metrics.clone(),
-                turn_timeout: self.limits.turn_timeout,
-                turn_slot: Default::default(),
-                lease: None,
-                storage: self.storage.clone(),
-            };
-            runner.close_cut_off(&session, message).await?;
+            self.close_here(&session, message).await?;
             Ok::<_, SessionError>(true)
         }
         .await;
         held.release().await;
         outcome
+    }
+
+    /// Closes the cut-off turn of a session whose lease this replica holds
+    /// now: an `interrupted` result saying why.
+    async fn close_here(&self, session: &Arc<Session>, message: &str) -> Result<(), SessionError> {
+        let task = self.task_of(session)?.clone();
+        let runner = Runner {
+            task,
+            metrics: self.metrics.clone(),
+            turn_timeout: self.limits.turn_timeout,
+            turn_slot: Default::default(),
+            lease: None,
+            storage: self.storage.clone(),
+        };
+        runner.close_cut_off(session, message).await?;
+        Ok(())
     }
 }
