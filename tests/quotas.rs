@@ -17,6 +17,7 @@ use tokio::process::Child;
 
 const GREEDY: &str = "greedy-key-0123456789";
 const OTHER: &str = "other-key-0123456789";
+const RACER: &str = "racer-key-0123456789";
 
 const CONFIG: &str = r#"
 [keys.greedy]
@@ -29,6 +30,10 @@ storage_mb = 1
 
 [keys.other]
 key = "other-key-0123456789"
+
+[keys.racer]
+key = "racer-key-0123456789"
+max_concurrent_sessions = 2
 
 [demo]
 chunk_delay_ms = 20
@@ -443,4 +448,77 @@ async fn two_replicas_on_postgres_and_nats_share_each_quota() {
     storage_fills_and_frees(&a, &b).await;
     a.stop().await;
     b.stop().await;
+}
+
+/// Sends `body` to `path` on each of `replicas` `each` times, all at once;
+/// answers the responses that were admitted (200 or 201) and checks that
+/// every other one is a 429 naming `max_concurrent_sessions`.
+async fn at_once(
+    replicas: &[&Server],
+    each: usize,
+    path: &str,
+    body: Value,
+) -> Vec<reqwest::Response> {
+    let sends = replicas
+        .iter()
+        .flat_map(|server| (0..each).map(|_| server.send(RACER, Method::POST, path, body.clone())));
+    let mut admitted = Vec::new();
+    for response in futures::future::join_all(sends).await {
+        if response.status().is_success() {
+            admitted.push(response);
+        } else {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(body["error"]["quota"], "max_concurrent_sessions", "{body}");
+            assert_eq!(body["error"]["key"], "racer", "{body}");
+        }
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_started_at_once_on_three_replicas_stay_within_the_keys_limit() {
+    let database = common::postgres::TestDatabase::create(&common::postgres::test_server()).await;
+    let nats = common::nats::NatsServer::start(true).await;
+    let url = database.url();
+    let shared = ["--store", url.as_str(), "--bus", nats.url.as_str()];
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(Server::start_with("local", &shared).await);
+    }
+    let all: Vec<&Server> = replicas.iter().collect();
+
+    // Fifteen runs at once, five on each replica: a run's session counts
+    // from its admission, not from its first write.
+    let body = json!({"prompt": long_prompt(100), "sandbox_enabled": false});
+    let runs = at_once(&all, 5, "/agent/run", body).await;
+    assert!(
+        (1..=2).contains(&runs.len()),
+        "{} of 15 runs were admitted with max_concurrent_sessions = 2",
+        runs.len()
+    );
+    for run in runs {
+        let events = Lines::new(run).until("result").await;
+        assert_eq!(events.last().unwrap()["status"], "success");
+    }
+
+    // Sessions made at once: as many as the key may keep, once the runs'
+    // slots are given back (each run's at its end).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut made = Vec::new();
+    while made.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no room for sessions came back"
+        );
+        made.extend(at_once(&all, 2, "/agent/session", json!({})).await);
+        assert!(
+            made.len() <= 2,
+            "{} sessions were made with room for 2",
+            made.len()
+        );
+    }
+    for server in replicas {
+        server.stop().await;
+    }
 }

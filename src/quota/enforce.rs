@@ -9,10 +9,13 @@
 //!   that dies stops renewing: its slots expire after one TTL and free
 //!   themselves.
 //! - Open sessions (`max_concurrent_sessions`): the sessions of the key
-//!   that are neither closed nor deleted, counted in the store when one
-//!   more is created. A session stays open while idle (it keeps its
-//!   history and takes turns); deleting it, or the end of an ephemeral
-//!   run, closes it.
+//!   that are neither closed nor deleted. One more is admitted with a
+//!   slot, counted together with the key's stored open sessions in one
+//!   step, and held until the session is stored (then its row counts);
+//!   an ephemeral run (`/agent/run`) holds its slot for the whole run,
+//!   and its row does not count. A session stays open while idle (it
+//!   keeps its history and takes turns); deleting it, or the end of an
+//!   ephemeral run, closes it.
 //! - Gateway requests (`requests_per_minute`): a counter per key and UTC
 //!   minute in the store, one upsert per request.
 //!
@@ -138,7 +141,7 @@ impl Quotas {
         let holder = format!("{}/{}", self.replica, Uuid::new_v4().simple());
         if !self
             .store
-            .slot_take(&pool, &holder, &self.replica, limit, self.ttl)
+            .slot_take(&pool, &holder, &self.replica, limit, self.ttl, None)
             .await?
         {
             return Err(self.exceeded(owner, quota, limit, why, None).into());
@@ -196,13 +199,26 @@ impl Quotas {
         .await
     }
 
-    /// Whether `owner` may open one more session.
-    pub async fn admit_session(&self, owner: Option<&str>) -> Result<(), QuotaError> {
+    /// A slot for one more session of `owner`'s, `id`: held until the
+    /// session is stored (an ephemeral run's, until the run ends), while
+    /// the key's open sessions that are not ephemeral count as held too.
+    /// `None` when the key has no such limit.
+    pub async fn admit_session(
+        &self,
+        owner: Option<&str>,
+        id: Uuid,
+    ) -> Result<Option<HeldSlot>, QuotaError> {
         let (Some(owner), Some(limit)) = (owner, self.table.quota(owner).max_concurrent_sessions)
         else {
-            return Ok(());
+            return Ok(None);
         };
-        if self.store.open_sessions(owner).await? >= limit {
+        let pool = format!("max_concurrent_sessions:{owner}");
+        let holder = format!("{}/{id}", self.replica);
+        if !self
+            .store
+            .slot_take(&pool, &holder, &self.replica, limit, self.ttl, Some(owner))
+            .await?
+        {
             return Err(self
                 .exceeded(
                     owner,
@@ -213,7 +229,11 @@ impl Quotas {
                 )
                 .into());
         }
-        Ok(())
+        Ok(Some(HeldSlot {
+            store: self.store.clone(),
+            pool,
+            holder,
+        }))
     }
 
     /// Counts a gateway request of `owner`'s against its minute.
@@ -300,7 +320,7 @@ mod tests {
         let quotas = quotas(&Config::default(), &dir);
         assert!(quotas.take_sandbox(None).await.unwrap().is_none());
         assert!(quotas.take_turn(None).await.unwrap().is_none());
-        quotas.admit_session(None).await.unwrap();
+        quotas.admit_session(None, Uuid::new_v4()).await.unwrap();
         quotas.admit_request(None).await.unwrap();
     }
 }

@@ -398,7 +398,11 @@ impl SessionManager {
         input: String,
         queue: bool,
         options: TurnOptions,
-        made: Option<(Option<HeldTurn>, CancellationToken)>,
+        made: Option<(
+            Option<HeldTurn>,
+            CancellationToken,
+            Option<crate::quota::HeldSlot>,
+        )>,
     ) -> Result<StartedTurn, SessionError> {
         if self.shutdown.is_cancelled() {
             return Err(SessionError::ShuttingDown);
@@ -444,6 +448,10 @@ impl SessionManager {
             }
             _ => None,
         };
+        let (made, admitted) = match made {
+            Some((held, cancel, admitted)) => (Some((held, cancel)), admitted),
+            None => (None, None),
+        };
         let (held, session, cancel) = match (made, &self.leases) {
             (Some((held, cancel)), _) => (held, session, cancel),
             (None, Some(leases)) => {
@@ -486,6 +494,11 @@ impl SessionManager {
             async move {
                 let mut runner = runner;
                 runner.run(&turn_session, input, options, turn_cancel).await;
+                // An ephemeral run's session counts in its key's
+                // `max_concurrent_sessions` until its run is over.
+                if let Some(admitted) = admitted {
+                    admitted.release().await;
+                }
                 *lock(&turn_session.running) = None;
                 if let Some(held) = runner.lease.take() {
                     held.release().await;

@@ -17,7 +17,11 @@ pub trait QuotaStore: Send + Sync {
     /// unexpired already; true when granted (or `holder` had it). Taking
     /// and counting are one step, so two replicas never both take the
     /// last slot. Expired slots of the pool (a dead replica's) are removed
-    /// on the way.
+    /// on the way. With `sessions_of`, that owner's open sessions that are
+    /// not ephemeral count as held slots too, in the same step: an
+    /// admission holds its slot until its session is stored (an ephemeral
+    /// run's for the whole run), so admissions on many replicas at once
+    /// never pass `limit`.
     async fn slot_take(
         &self,
         pool: &str,
@@ -25,6 +29,7 @@ pub trait QuotaStore: Send + Sync {
         replica: &str,
         limit: u64,
         ttl: Duration,
+        sessions_of: Option<&str>,
     ) -> Result<bool, StoreError>;
 
     /// Gives a slot back; nothing when it is not held.
@@ -41,9 +46,6 @@ pub trait QuotaStore: Send + Sync {
     /// (Unix seconds; a new window starts again at 1) and answers the
     /// count with it.
     async fn window_count(&self, name: &str, window: i64) -> Result<u64, StoreError>;
-
-    /// The sessions of `owner` that are open: neither closed nor deleted.
-    async fn open_sessions(&self, owner: &str) -> Result<u64, StoreError>;
 
     /// The bytes `namespace` keeps here: its KV values, the bus messages
     /// this store keeps for it (the embedded bus's) and its sessions'

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::{NewSession, SessionManager, StartedTurn};
 use crate::protocol::{SessionRecord, SessionStatus, Usage};
+use crate::quota::HeldSlot;
 use crate::session::SessionError;
 use crate::session::live::Session;
 use crate::session::task::TurnOptions;
@@ -25,8 +26,13 @@ impl SessionManager {
         id: Uuid,
         new: NewSession,
     ) -> Result<Arc<Session>, SessionError> {
-        let record = self.admit(id, new).await?;
-        self.store.create_session(&record).await?;
+        let (record, admitted) = self.admit(id, new).await?;
+        let created = self.store.create_session(&record).await;
+        // Stored (its row counts now), or not made: the slot goes.
+        if let Some(admitted) = admitted {
+            admitted.release().await;
+        }
+        created?;
         self.metrics.sessions_created.inc();
         Ok(self.load(record, 0))
     }
@@ -48,7 +54,7 @@ impl SessionManager {
         if self.is_draining() {
             return Err(SessionError::ShuttingDown);
         }
-        let record = self
+        let (record, admitted) = self
             .admit(
                 Uuid::new_v4(),
                 NewSession {
@@ -79,7 +85,7 @@ impl SessionManager {
                 input,
                 false,
                 TurnOptions::default(),
-                Some((held, cancel)),
+                Some((held, cancel, admitted)),
             )
             .await;
         match started {
@@ -98,12 +104,18 @@ impl SessionManager {
         }
     }
 
-    /// A new session's record, once its kind and its key's quota admit it.
-    async fn admit(&self, id: Uuid, new: NewSession) -> Result<SessionRecord, SessionError> {
+    /// A new session's record, once its kind and its key's quota admit
+    /// it, with the `max_concurrent_sessions` slot it holds until stored.
+    async fn admit(
+        &self,
+        id: Uuid,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Option<HeldSlot>), SessionError> {
         self.tasks.require(new.kind.as_str(), "kind")?;
-        if let Some(quotas) = &self.quotas {
-            quotas.admit_session(new.owner.as_deref()).await?;
-        }
+        let admitted = match &self.quotas {
+            Some(quotas) => quotas.admit_session(new.owner.as_deref(), id).await?,
+            None => None,
+        };
         let now = Utc::now();
         let record = SessionRecord {
             id,
@@ -124,6 +136,6 @@ impl SessionManager {
             created_at: now,
             updated_at: now,
         };
-        Ok(record)
+        Ok((record, admitted))
     }
 }

@@ -182,6 +182,7 @@ suite!(
     quota::racing_takers_never_pass_the_limit,
     quota::window_counts_restart_each_window,
     quota::a_keys_stored_bytes_count_its_sessions_events,
+    quota::session_slots_count_the_owners_open_sessions,
     leases::a_race_has_one_winner,
     leases::acquires_racing_releases_always_answer,
     leases::a_turn_lease_is_taken_only_for_a_session_and_reads_it,

@@ -12,15 +12,29 @@ const LONG: Duration = Duration::from_secs(60);
 /// slot; a release frees room; a replica's renewal covers only its slots.
 pub(crate) async fn slots_hold_a_limit_across_replicas(fixture: &dyn Fixture) {
     let (a, b) = (fixture.open().await, fixture.open().await);
-    assert!(a.slot_take("turns:k", "a/1", "a", 2, LONG).await.unwrap());
-    assert!(b.slot_take("turns:k", "b/1", "b", 2, LONG).await.unwrap());
-    assert!(!a.slot_take("turns:k", "a/2", "a", 2, LONG).await.unwrap());
     assert!(
-        a.slot_take("turns:k", "a/1", "a", 2, LONG).await.unwrap(),
+        a.slot_take("turns:k", "a/1", "a", 2, LONG, None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        b.slot_take("turns:k", "b/1", "b", 2, LONG, None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !a.slot_take("turns:k", "a/2", "a", 2, LONG, None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        a.slot_take("turns:k", "a/1", "a", 2, LONG, None)
+            .await
+            .unwrap(),
         "a holder's own slot renews"
     );
     assert!(
-        b.slot_take("turns:other", "b/2", "b", 1, LONG)
+        b.slot_take("turns:other", "b/2", "b", 1, LONG, None)
             .await
             .unwrap(),
         "pools count apart"
@@ -29,7 +43,11 @@ pub(crate) async fn slots_hold_a_limit_across_replicas(fixture: &dyn Fixture) {
     assert_eq!(a.slots_renew("a", LONG).await.unwrap(), 1);
     b.slot_release("turns:k", "b/1").await.unwrap();
     b.slot_release("turns:k", "b/1").await.unwrap();
-    assert!(a.slot_take("turns:k", "a/2", "a", 2, LONG).await.unwrap());
+    assert!(
+        a.slot_take("turns:k", "a/2", "a", 2, LONG, None)
+            .await
+            .unwrap()
+    );
     assert_eq!(b.slots_held("turns:k").await.unwrap(), 2);
 }
 
@@ -39,13 +57,13 @@ pub(crate) async fn expired_slots_free_themselves(fixture: &dyn Fixture) {
     let short = Duration::from_millis(300);
     assert!(
         store
-            .slot_take("sandboxes:k", "dead/1", "dead", 1, short)
+            .slot_take("sandboxes:k", "dead/1", "dead", 1, short, None)
             .await
             .unwrap()
     );
     assert!(
         !store
-            .slot_take("sandboxes:k", "live/1", "live", 1, LONG)
+            .slot_take("sandboxes:k", "live/1", "live", 1, LONG, None)
             .await
             .unwrap()
     );
@@ -60,7 +78,7 @@ pub(crate) async fn expired_slots_free_themselves(fixture: &dyn Fixture) {
     }
     assert!(
         store
-            .slot_take("sandboxes:k", "live/1", "live", 1, LONG)
+            .slot_take("sandboxes:k", "live/1", "live", 1, LONG, None)
             .await
             .unwrap()
     );
@@ -73,7 +91,7 @@ pub(crate) async fn racing_takers_never_pass_the_limit(fixture: &dyn Fixture) {
         let store = if i % 2 == 0 { a.clone() } else { b.clone() };
         tokio::spawn(async move {
             store
-                .slot_take("turns:race", &format!("r/{i}"), "r", 3, LONG)
+                .slot_take("turns:race", &format!("r/{i}"), "r", 3, LONG, None)
                 .await
                 .unwrap()
         })
@@ -163,5 +181,64 @@ pub(crate) async fn a_keys_stored_bytes_count_its_sessions_events(fixture: &dyn 
     assert!(
         after.abs_diff(expected - encoded(&first)) <= events,
         "{after}"
+    );
+}
+
+/// A session slot counts the owner's open sessions that are not
+/// ephemeral as held, in the same step: closed and ephemeral ones and
+/// other owners' do not count.
+pub(crate) async fn session_slots_count_the_owners_open_sessions(fixture: &dyn Fixture) {
+    use super::session;
+    use crate::protocol::SessionStatus;
+    let (a, b) = (fixture.open().await, fixture.open().await);
+    let now = chrono::Utc::now();
+    let open = session(Some("k"), now);
+    a.create_session(&open).await.unwrap();
+    let closed = crate::protocol::SessionRecord {
+        status: SessionStatus::Closed,
+        ..session(Some("k"), now)
+    };
+    a.create_session(&closed).await.unwrap();
+    let ephemeral = crate::protocol::SessionRecord {
+        ephemeral: true,
+        status: SessionStatus::Running,
+        ..session(Some("k"), now)
+    };
+    a.create_session(&ephemeral).await.unwrap();
+    a.create_session(&session(Some("other"), now))
+        .await
+        .unwrap();
+
+    let pool = "max_concurrent_sessions:k";
+    assert!(
+        a.slot_take(pool, "a/1", "a", 3, LONG, Some("k"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        b.slot_take(pool, "b/1", "b", 3, LONG, Some("k"))
+            .await
+            .unwrap()
+    );
+    // One open session and two slots: the limit of 3 is reached.
+    assert!(
+        !a.slot_take(pool, "a/2", "a", 3, LONG, Some("k"))
+            .await
+            .unwrap()
+    );
+    // A slot given back after its session was stored leaves the count
+    // where it was.
+    b.create_session(&session(Some("k"), now)).await.unwrap();
+    b.slot_release(pool, "b/1").await.unwrap();
+    assert!(
+        !a.slot_take(pool, "a/2", "a", 3, LONG, Some("k"))
+            .await
+            .unwrap()
+    );
+    a.slot_release(pool, "a/1").await.unwrap();
+    assert!(
+        a.slot_take(pool, "a/2", "a", 3, LONG, Some("k"))
+            .await
+            .unwrap()
     );
 }

@@ -23,6 +23,7 @@ impl QuotaStore for PostgresStore {
         replica: &str,
         limit: u64,
         ttl: Duration,
+        sessions_of: Option<&str>,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 41))")
@@ -45,10 +46,21 @@ impl QuotaStore for PostgresStore {
         let granted = if renewed.rows_affected() > 0 {
             true
         } else {
-            let held: i64 = sqlx::query_scalar("SELECT count(*) FROM quota_slots WHERE pool = $1")
-                .bind(pool)
+            let mut held: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM quota_slots WHERE pool = $1")
+                    .bind(pool)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if let Some(sessions_of) = sessions_of {
+                let open: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM sessions WHERE owner = $1 AND status <> $2 AND NOT ephemeral",
+                )
+                .bind(sessions_of)
+                .bind(SessionStatus::Closed.as_str())
                 .fetch_one(&mut *tx)
                 .await?;
+                held += open;
+            }
             let room = unsigned("quota slots held", held)? < limit;
             if room {
                 sqlx::query(
@@ -113,16 +125,6 @@ impl QuotaStore for PostgresStore {
         .fetch_one(&self.pool)
         .await?;
         unsigned("quota window count", count)
-    }
-
-    async fn open_sessions(&self, owner: &str) -> Result<u64, StoreError> {
-        let open: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM sessions WHERE owner = $1 AND status <> $2")
-                .bind(owner)
-                .bind(SessionStatus::Closed.as_str())
-                .fetch_one(&self.pool)
-                .await?;
-        unsigned("open sessions", open)
     }
 
     async fn stored_bytes(&self, namespace: &str) -> Result<u64, StoreError> {

@@ -25,8 +25,10 @@ impl QuotaStore for SqliteStore {
         replica: &str,
         limit: u64,
         ttl: Duration,
+        sessions_of: Option<&str>,
     ) -> Result<bool, StoreError> {
         let (pool, holder, replica) = (pool.to_owned(), holder.to_owned(), replica.to_owned());
+        let sessions_of = sessions_of.map(str::to_owned);
         let ttl_us = micros(ttl);
         // In a savepoint: a failure leaves no expired slot half removed.
         self.call(move |conn| in_savepoint(conn, |conn| {
@@ -42,9 +44,20 @@ impl QuotaStore for SqliteStore {
             if renewed > 0 {
                 return Ok(true);
             }
-            let held: u64 = conn
+            let mut held: u64 = conn
                 .prepare_cached("SELECT count(*) FROM quota_slots WHERE pool = ?1")?
                 .query_row([&pool], |row| row.get(0))?;
+            if let Some(sessions_of) = &sessions_of {
+                let open: u64 = conn
+                    .prepare_cached(
+                        "SELECT count(*) FROM sessions
+                         WHERE owner = ?1 AND status <> ?2 AND ephemeral = 0",
+                    )?
+                    .query_row(params![sessions_of, SessionStatus::Closed.as_str()], |row| {
+                        row.get(0)
+                    })?;
+                held += open;
+            }
             if held >= limit {
                 return Ok(false);
             }
@@ -106,18 +119,6 @@ impl QuotaStore for SqliteStore {
                      RETURNING count",
                 )?
                 .query_row(params![name, window], |row| row.get(0))?)
-        })
-        .await
-    }
-
-    async fn open_sessions(&self, owner: &str) -> Result<u64, StoreError> {
-        let owner = owner.to_owned();
-        self.call(move |conn| {
-            Ok(conn
-                .prepare_cached("SELECT count(*) FROM sessions WHERE owner = ?1 AND status <> ?2")?
-                .query_row(params![owner, SessionStatus::Closed.as_str()], |row| {
-                    row.get(0)
-                })?)
         })
         .await
     }
