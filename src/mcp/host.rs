@@ -123,10 +123,13 @@ impl McpHost {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Target, ErrorData> {
         let Some(text) = session_id else {
+            // The key that opened the connection: its `max_sandboxes`
+            // counts the scratch sandbox.
+            let owner = super::follow::http_owner(caller, ctx).flatten();
             return Ok(Target {
                 session: scratch,
                 spec: self.sandboxes.default_spec(),
-                whose: Whose::Scratch,
+                whose: Whose::Scratch { owner },
                 seed: None,
                 timeout_s: None,
             });

@@ -74,12 +74,13 @@ struct Slot {
 
 /// Whose sandbox a lease asks for: a session's, with the key that owns
 /// the session (the caller knows it: the session's turn or its record),
-/// or an MCP connection's scratch sandbox, which no key's quota or usage
-/// counts.
+/// or an MCP connection's scratch sandbox, with the key that opened the
+/// connection (none for `conclave mcp` on stdio): it takes one of that
+/// key's `max_sandboxes` slots, and its usage counts under no key.
 #[derive(Clone, Debug)]
 pub enum Whose {
     Session { owner: Option<String> },
-    Scratch,
+    Scratch { owner: Option<String> },
 }
 
 pub struct SandboxManager {
@@ -279,7 +280,7 @@ impl SandboxManager {
         let hold = Hold::new(slot.clone());
         let owner = match &slot.whose {
             Whose::Session { owner } => owner.as_deref(),
-            Whose::Scratch => None,
+            Whose::Scratch { .. } => None,
         };
         let seed = seed.map(|snapshot| super::snapshots::Seed {
             snapshot,

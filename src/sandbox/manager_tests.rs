@@ -406,7 +406,12 @@ async fn a_sessions_sandbox_counts_under_the_key_the_lease_names() {
         "the key's 17th sandbox was not refused"
     );
     let scratch = Uuid::new_v4();
-    let lease = manager.lease_from(scratch, manager.default_spec(), Whose::Scratch, None);
+    let lease = manager.lease_from(
+        scratch,
+        manager.default_spec(),
+        Whose::Scratch { owner: None },
+        None,
+    );
     drop(lease.await.unwrap());
 
     manager.release(sessions[0]).await;

@@ -1,5 +1,5 @@
-//! `max_sandboxes`: each session's sandbox holds a slot of its key's in the
-//! store, so one key never takes every one of `sandbox.max_live` and the
+//! `max_sandboxes`: each session's sandbox, and each MCP connection's
+//! scratch sandbox, holds a slot of its key's in the store, so one key never takes every one of `sandbox.max_live` and the
 //! count holds across replicas.
 
 use std::sync::Arc;
@@ -12,11 +12,14 @@ pub(crate) struct SandboxQuotas {
 }
 
 impl SandboxQuotas {
-    /// A slot for a new sandbox of `whose`; none while auth is off, for a
-    /// key without the limit, and for a scratch sandbox (an MCP
-    /// connection's, bounded by `max_live` alone).
+    /// A slot for a new sandbox of `whose` (a session's, or an MCP
+    /// connection's scratch one: the key's either way); none while auth
+    /// is off, for a key without the limit, and for a scratch sandbox of
+    /// no key (`conclave mcp` on stdio, bounded by `max_live` alone).
     pub async fn take_sandbox(&self, whose: &super::Whose) -> Result<Option<HeldSlot>> {
-        let super::Whose::Session { owner: Some(owner) } = whose else {
+        let (super::Whose::Session { owner: Some(owner) }
+        | super::Whose::Scratch { owner: Some(owner) }) = whose
+        else {
             return Ok(None);
         };
         if self
