@@ -4,8 +4,9 @@
 //!
 //! What a key keeps is measured where it lives: the store sums the key's
 //! KV values and the embedded bus's kept messages; NATS JetStream tells
-//! each durable stream's message count for the key's subjects, taken at
-//! the stream's mean message size. Retention, deletes and overwrites free
+//! each durable stream's message count for each of the key's subjects,
+//! taken at the size of that subject's last message (only the key's own
+//! messages are read). Retention, deletes and overwrites free
 //! room by themselves, with no counter to drift.
 //!
 //! Measuring costs a query, so a replica reuses its last measure for up to

@@ -37,6 +37,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind, stream::LastRawMess
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -57,6 +58,10 @@ const HEADER_ROOM: usize = 4096;
 /// Publishes of one subject tried before giving up: each failed try means
 /// another replica's publish to the subject succeeded.
 const MAX_TRIES: usize = 1000;
+/// A namespace's subjects of one stream whose last message is read to
+/// size them when measuring what it keeps; the others are counted at
+/// their mean size.
+const SIZED_SUBJECTS: usize = 256;
 /// Subjects whose last message is remembered before the idle ones are
 /// forgotten (and read back from the stream when next published to).
 const REMEMBERED: usize = 16_384;
@@ -370,14 +375,18 @@ impl Bus for NatsBus {
     }
 
     /// JetStream tells messages per subject but not bytes: each durable
-    /// stream's count of the namespace's messages, at the stream's mean
-    /// message size.
+    /// stream's count of each of the namespace's subjects, at the size of
+    /// that subject's last message (the largest [`SIZED_SUBJECTS`]
+    /// subjects are sized so; the rest at their mean). Only the
+    /// namespace's own messages are read, so another key's sizes never
+    /// weigh on its count.
     async fn kept_bytes(&self, namespace: &str) -> Result<u64, BusError> {
         let mut bytes = 0.0;
-        for (class, stream) in self.0.names.classes().iter().zip(&self.0.streams) {
+        for (index, class) in self.0.names.classes().iter().enumerate() {
             if !class.durable() {
                 continue;
             }
+            let stream = &self.0.streams[index];
             let name = &stream.cached_info().config.name;
             let filter = self.0.names.filter(namespace, class, None);
             let info: serde_json::Value = self
@@ -389,19 +398,53 @@ impl Bus for NatsBus {
                 )
                 .await
                 .map_err(nats)?;
-            let state = &info["state"];
-            let (all, size) = (state["messages"].as_f64(), state["bytes"].as_f64());
-            let (Some(all), Some(size)) = (all, size) else {
+            if info.get("state").is_none() {
                 return Err(BusError::Nats(format!("STREAM.INFO {name}: {info}").into()));
-            };
-            let mine: f64 = state["subjects"]
+            }
+            let mut subjects: Vec<(String, f64)> = info["state"]["subjects"]
                 .as_object()
-                .map(|subjects| subjects.values().filter_map(|n| n.as_f64()).sum())
-                .unwrap_or(0.0);
-            if all > 0.0 {
-                bytes += mine * size / all;
+                .map(|subjects| {
+                    subjects
+                        .iter()
+                        .filter_map(|(subject, n)| Some((subject.clone(), n.as_f64()?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if subjects.is_empty() {
+                continue;
+            }
+            subjects.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let rest: f64 = subjects.iter().skip(SIZED_SUBJECTS).map(|(_, n)| n).sum();
+            subjects.truncate(SIZED_SUBJECTS);
+            let sized: Vec<(f64, f64)> = futures::stream::iter(subjects)
+                .map(|(subject, count)| async move {
+                    match stream.get_last_raw_message_by_subject(&subject).await {
+                        Ok(raw) => Ok(Some((count, payload_len(&raw.payload) as f64))),
+                        // Gone since it was counted (retention, a delete).
+                        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                            Ok(None)
+                        }
+                        Err(err) => Err(nats(err)),
+                    }
+                })
+                .buffer_unordered(16)
+                .try_filter_map(|sized| async move { Ok(sized) })
+                .try_collect()
+                .await?;
+            let (messages, size) = sized.iter().fold((0.0, 0.0), |(m, b), (count, len)| {
+                (m + count, b + count * len)
+            });
+            bytes += size;
+            if messages > 0.0 {
+                bytes += rest * size / messages;
             }
         }
         Ok(bytes as u64)
     }
+}
+
+/// The length of a payload JetStream answered base64-encoded.
+fn payload_len(encoded: &str) -> usize {
+    let padding = encoded.bytes().rev().take_while(|b| *b == b'=').count();
+    (encoded.len() / 4 * 3).saturating_sub(padding)
 }

@@ -314,3 +314,46 @@ async fn an_unreachable_server_is_an_error() {
     .expect("no server there");
     assert!(matches!(err, crate::bus::BusError::Nats(_)), "{err}");
 }
+
+/// Two keys on one durable stream, one keeping large messages and one
+/// tiny ones: each is charged its own bytes, whatever the other keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_is_charged_its_own_kept_bytes() {
+    let home = nats();
+    let (a, b) = replicas(&home).await;
+    let large = "x".repeat(10_000);
+    for i in 0..20 {
+        publish(
+            a.bus.as_ref(),
+            "big",
+            &format!("agent.big{}", i % 3),
+            &large,
+        )
+        .await;
+    }
+    for i in 0..200 {
+        publish(
+            b.bus.as_ref(),
+            "tiny",
+            &format!("agent.tiny{}", i % 7),
+            "1234567890",
+        )
+        .await;
+    }
+    // Subjects of one key with different sizes.
+    for _ in 0..10 {
+        publish(a.bus.as_ref(), "mixed", "agent.small", "ab").await;
+        publish(a.bus.as_ref(), "mixed", "agent.large", &large).await;
+    }
+    for (namespace, kept) in [("big", 200_000.0), ("tiny", 2_000.0), ("mixed", 100_020.0)] {
+        for running in [&a, &b] {
+            let measured = running.bus.kept_bytes(namespace).await.unwrap() as f64;
+            assert!(
+                (measured - kept).abs() <= kept * 0.05,
+                "{namespace}: measured {measured}, kept {kept}"
+            );
+        }
+    }
+    assert_eq!(a.bus.kept_bytes("nobody").await.unwrap(), 0);
+    stop(a, b, home).await;
+}
