@@ -161,3 +161,70 @@ async fn a_database_that_does_not_answer_is_a_start_error_without_the_password()
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
+
+/// `/ready` on `url` until it answers `status` (within 60 s).
+async fn ready_is(http: &reqwest::Client, url: &str, status: u16) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let answered = http.get(format!("{url}/ready")).send().await.unwrap();
+        if answered.status().as_u16() == status {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/ready stayed {}, not {status}",
+            answered.status()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_database_that_goes_away_is_a_503_with_retry_after_and_the_server_comes_back() {
+    let database = TestDatabase::create(&test_server()).await;
+    let mut through = url::Url::parse(&database.url()).unwrap();
+    let target = format!(
+        "{}:{}",
+        through.host_str().unwrap(),
+        through.port().unwrap_or(5432)
+    );
+    let proxy = common::proxy::Proxy::start(target).await;
+    through.set_host(Some("127.0.0.1")).unwrap();
+    through.set_port(Some(proxy.port)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = serve_command(&["--store", through.as_str()]);
+    command.current_dir(dir.path());
+    let (mut child, url) = spawn_server(&mut command).await;
+    let http = reqwest::Client::new();
+    let run = |prompt: &str| {
+        http.post(format!("{url}/agent/run"))
+            .json(&json!({"prompt": prompt, "sandbox_enabled": false}))
+            .send()
+    };
+    let before = run("before").await.unwrap();
+    assert_eq!(before.status(), 200);
+    let _ = before.text().await;
+
+    // The database goes away: not ready, and a run is a 503 to retry.
+    proxy.cut();
+    ready_is(&http, &url, 503).await;
+    let refused = run("during").await.unwrap();
+    assert_eq!(refused.status(), 503);
+    let retry: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+
+    // It comes back: so does the server, with nothing to restart.
+    proxy.mend();
+    ready_is(&http, &url, 200).await;
+    let after = run("after").await.unwrap();
+    assert_eq!(after.status(), 200);
+    let events = ndjson(after).await;
+    assert_eq!(events.last().unwrap()["status"], "success");
+    stop(&mut child).await;
+}

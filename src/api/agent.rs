@@ -175,6 +175,10 @@ pub async fn run(
     ));
     if events.as_mut().peek().await.is_none() {
         turn.cancel.cancel();
+        // Why: a store that cannot be reached now is a 503 to retry.
+        if let Err(e @ crate::store::StoreError::Unavailable(_)) = turn.session.flush().await {
+            return Err(ApiError::store(e));
+        }
         return Err(ApiError::internal(format!(
             "session {}: the run's first write was refused by the store",
             turn.session.id

@@ -156,7 +156,7 @@ pub async fn decide(
         Ok(()) => Ok((target.id, agent_id)),
         Err(Refused::NotPending(e)) => Err(not_pending(e.to_string())),
         Err(Refused::Input(e)) => Err(ApiError::invalid("input", e)),
-        Err(Refused::Store(e)) => Err(ApiError::internal(e)),
+        Err(Refused::Store(e)) => Err(ApiError::store(e)),
         Err(Refused::Undelivered(e @ DecideError::Bus(..))) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "bus_unavailable",

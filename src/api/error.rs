@@ -20,6 +20,10 @@ use crate::gateway::GatewayError;
 use crate::pipeline::runs::RunError;
 use crate::rollout::RolloutError;
 use crate::session::SessionError;
+use crate::store::StoreError;
+
+/// How long a client is told to wait while the store is unreachable.
+const STORE_RETRY_S: u64 = 5;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -93,6 +97,25 @@ impl ApiError {
         )
     }
 
+    /// A store failure: `503 store_unavailable` with `Retry-After` when
+    /// the store cannot be reached now (a database restarting), else an
+    /// internal error.
+    pub fn store(error: StoreError) -> ApiError {
+        match error {
+            StoreError::Unavailable(_) => {
+                tracing::warn!(%error, "the store is unavailable");
+                let mut api = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the store (the database) cannot be reached now; retry",
+                );
+                api.retry_after = Some(STORE_RETRY_S);
+                api
+            }
+            error => ApiError::internal(error),
+        }
+    }
+
     /// The JSON body: `{"error": {"code", "message"}}`, and the
     /// detail's fields beside them.
     pub fn body(&self) -> serde_json::Value {
@@ -144,7 +167,7 @@ impl From<crate::quota::QuotaError> for ApiError {
     fn from(error: crate::quota::QuotaError) -> Self {
         match error {
             crate::quota::QuotaError::Exceeded(e) => e.into(),
-            crate::quota::QuotaError::Store(e) => ApiError::internal(e),
+            crate::quota::QuotaError::Store(e) => ApiError::store(e),
         }
     }
 }
@@ -169,7 +192,7 @@ impl From<SessionError> for ApiError {
                 error.to_string(),
             ),
             SessionError::Internal(e) => ApiError::internal(e),
-            SessionError::Store(e) => ApiError::internal(e),
+            SessionError::Store(e) => ApiError::store(e),
             SessionError::Quota(e) => ApiError::from(e),
             SessionError::Bus(e) => ApiError::from(*e),
             SessionError::Unreachable(_) => ApiError::new(
@@ -206,7 +229,7 @@ impl From<BusError> for ApiError {
                 "shutting_down",
                 error.to_string(),
             ),
-            BusError::Store(e) => ApiError::internal(e),
+            BusError::Store(e) => ApiError::store(e),
             BusError::Quota(e) => ApiError::from(e),
             BusError::Nats(e) => {
                 tracing::error!(error = %e, "the NATS bus failed");
@@ -232,7 +255,7 @@ impl From<KvError> for ApiError {
                 "payload_too_large",
                 error.to_string(),
             ),
-            KvError::Store(e) => ApiError::internal(e),
+            KvError::Store(e) => ApiError::store(e),
             KvError::Quota(e) => ApiError::from(e),
         }
     }
@@ -266,7 +289,7 @@ impl From<DeliberationError> for ApiError {
         match error {
             DeliberationError::NotFound(_) => ApiError::not_found(error.to_string()),
             DeliberationError::Session(e) => e.into(),
-            DeliberationError::Store(e) => ApiError::internal(e),
+            DeliberationError::Store(e) => ApiError::store(e),
         }
     }
 }
@@ -284,7 +307,7 @@ impl From<RunError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "run_conflict", error.to_string())
             }
             RunError::Session(e) => e.into(),
-            RunError::Store(e) => ApiError::internal(e),
+            RunError::Store(e) => ApiError::store(e),
         }
     }
 }

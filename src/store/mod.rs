@@ -67,6 +67,10 @@ impl SessionFilter {
 pub enum StoreError {
     #[error("store I/O: {0}")]
     Io(String),
+    /// The store cannot be reached now (a database that restarts, a
+    /// connection refused or cut): worth a retry.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
     #[error("store data is corrupt: {0}")]
     Corrupt(String),
     #[error("the store is closed")]

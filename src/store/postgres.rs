@@ -463,8 +463,16 @@ pub fn redact(url: &str) -> String {
 
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> StoreError {
+        let unreachable = match &err {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
+            // Class 08 (connection exception), and the server shutting
+            // down or starting (57P01, 57P02, 57P03).
+            err => sql_state(err)
+                .is_some_and(|state| state.starts_with("08") || state.starts_with("57P0")),
+        };
         match err {
             sqlx::Error::PoolClosed => StoreError::Closed,
+            err if unreachable => StoreError::Unavailable(err.to_string()),
             err => StoreError::Io(err.to_string()),
         }
     }

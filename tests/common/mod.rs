@@ -4,6 +4,7 @@
 pub mod binary;
 pub mod nats;
 pub mod postgres;
+pub mod proxy;
 pub mod sim;
 
 use std::net::SocketAddr;

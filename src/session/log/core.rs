@@ -107,6 +107,9 @@ pub(super) struct Stored {
     pub staged: u64,
     /// Set when the store refused a batch: the log takes no more events.
     pub failure: Option<Arc<str>>,
+    /// Whether that refusal was the store being unreachable (worth a
+    /// retry elsewhere or later).
+    pub unavailable: bool,
     /// When this process last stored a batch (or opened the log).
     pub at: Instant,
 }
@@ -143,6 +146,7 @@ impl Core {
                 seq: last_seq,
                 staged: 0,
                 failure: None,
+                unavailable: false,
                 at: Instant::now(),
             }),
             hub,
@@ -282,10 +286,7 @@ impl Core {
     }
 
     fn refused(&self) -> Result<(), StoreError> {
-        match &self.stored.borrow().failure {
-            Some(failure) => Err(StoreError::Io(failure.to_string())),
-            None => Ok(()),
-        }
+        refusal(&self.stored.borrow())
     }
 
     fn start_writer(self: &Arc<Self>, log: &mut Log) {
@@ -355,8 +356,10 @@ impl Core {
                 log.usage.clear();
                 log.due = false;
                 log.writing = false;
-                self.stored
-                    .send_modify(|stored| stored.failure = Some(e.to_string().into()));
+                self.stored.send_modify(|stored| {
+                    stored.failure = Some(e.to_string().into());
+                    stored.unavailable = matches!(e, StoreError::Unavailable(_));
+                });
                 return;
             }
             let last = batch.last().map_or(0, |event| event.seq);
@@ -421,10 +424,7 @@ impl Core {
             })
             .await
             .map_err(|_| StoreError::Closed)?;
-        match &stored.failure {
-            Some(failure) => Err(StoreError::Io(failure.to_string())),
-            None => Ok(()),
-        }
+        refusal(&stored)
     }
 
     /// Whether a subscriber is listening to the live events.
@@ -582,5 +582,15 @@ impl Core {
             }) => Some(*status),
             _ => None,
         })
+    }
+}
+
+/// The store's refusal of a batch, if it refused one: the log takes no
+/// more events.
+fn refusal(stored: &Stored) -> Result<(), StoreError> {
+    match &stored.failure {
+        Some(failure) if stored.unavailable => Err(StoreError::Unavailable(failure.to_string())),
+        Some(failure) => Err(StoreError::Io(failure.to_string())),
+        None => Ok(()),
     }
 }
