@@ -214,3 +214,44 @@ async fn cards_can_need_a_key() {
     assert_eq!(missing.status(), 404);
     server.stop().await;
 }
+
+/// Two keys name one new context at once: one gets it, the other a "not
+/// found" as if it did not exist, never an internal error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_raced_by_two_keys_is_one_keys_and_not_found_for_the_other() {
+    let server = common::TestServer::start_with(|c| {
+        c.api_keys = vec![KEY_A.into(), KEY_B.into()];
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let send = |key: &'static str, context: String| {
+        let request = http
+            .post(server.url("/a2a/agent"))
+            .bearer_auth(key)
+            .header("A2A-Version", "1.0")
+            .json(
+                &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                "params": {
+                    "message": {"messageId": uuid::Uuid::new_v4().to_string(),
+                                "role": "ROLE_USER", "contextId": context,
+                                "parts": [{"text": "hello"}]},
+                    "configuration": {"returnImmediately": true}}}),
+            );
+        async move {
+            let answered: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+            answered
+        }
+    };
+    for _ in 0..10 {
+        let context = uuid::Uuid::new_v4().to_string();
+        let (a, b) = tokio::join!(send(KEY_A, context.clone()), send(KEY_B, context));
+        let won = [&a, &b]
+            .iter()
+            .filter(|answer| answer.get("result").is_some())
+            .count();
+        assert_eq!(won, 1, "{a}\n{b}");
+        let lost = if a.get("result").is_some() { &b } else { &a };
+        assert_eq!(lost["error"]["code"], -32001, "{lost}");
+    }
+    server.stop().await;
+}

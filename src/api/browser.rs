@@ -121,7 +121,11 @@ pub fn refusal(policy: &BrowserPolicy, request: &Request) -> Option<ApiError> {
         let content_type = headers
             .get(header::CONTENT_TYPE)
             .map(|v| v.to_str().unwrap_or("?"));
+        // A gRPC service's calls carry protobuf (a client may also send
+        // their length); no browser sends that type without a preflight.
+        let grpc = request.uri().path().starts_with(GRPC_PATHS);
         let refused = match content_type {
+            Some(kind) if grpc && is_grpc(kind) => false,
             Some(kind) => !is_json(kind) && (has_body || is_simple(kind)),
             None => has_body,
         };
@@ -137,6 +141,16 @@ pub fn refusal(policy: &BrowserPolicy, request: &Request) -> Option<ApiError> {
         }
     }
     None
+}
+
+/// Where the gRPC services are (`/conclave.bus.v1.Bus/…`,
+/// `/conclave.orchestrator.v1.Orchestrator/…`).
+const GRPC_PATHS: &str = "/conclave.";
+
+/// `application/grpc`, or a `+` subtype of it (`application/grpc+proto`).
+fn is_grpc(content_type: &str) -> bool {
+    let essence = essence(content_type);
+    essence == "application/grpc" || essence.starts_with("application/grpc+")
 }
 
 /// `application/json`, or any `+json` type, with or without parameters.
@@ -215,5 +229,26 @@ mod tests {
         assert!(is_simple("text/plain;charset=UTF-8"));
         assert!(is_simple("multipart/form-data; boundary=x"));
         assert!(!is_simple("application/octet-stream"));
+        assert!(is_grpc("application/grpc"));
+        assert!(is_grpc("application/grpc+proto"));
+        assert!(!is_grpc("application/grpc-web"));
+    }
+
+    /// A gRPC call that sends its length is taken on the gRPC paths, and
+    /// its type is refused anywhere else.
+    #[test]
+    fn grpc_calls_with_a_length_pass_on_grpc_paths_only() {
+        let call = |path: &str| {
+            axum::http::Request::post(path)
+                .header(header::HOST, "127.0.0.1:8080")
+                .header(header::CONTENT_TYPE, "application/grpc")
+                .header(header::CONTENT_LENGTH, "12")
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let p = policy();
+        assert!(refusal(&p, &call("/conclave.bus.v1.Bus/Publish")).is_none());
+        let refused = refusal(&p, &call("/agent/run")).expect("refused");
+        assert_eq!(refused.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     }
 }

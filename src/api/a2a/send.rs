@@ -304,7 +304,23 @@ async fn context(
         ephemeral: false,
         field: "agent",
     };
-    Ok(open_session(call.state, call.caller, call.agent, opening).await?)
+    let opened = open_session(call.state, call.caller, call.agent, opening).await;
+    match (opened, id) {
+        (Ok(session), _) => Ok(session),
+        // Made by another request meanwhile: the caller's own is taken
+        // as if it had been there; another key's is not found.
+        (Err(e), Some(id)) => match call.state.sessions.get(id, call.caller.owner()).await {
+            Ok(session) if session.kind.as_str() == call.agent.kind => Ok(session),
+            Err(SessionError::NotFound(_)) if call.state.sessions.record(id).await?.is_some() => {
+                Err(RpcError::new(
+                    rpc::TASK_NOT_FOUND,
+                    format!("context {id} not found"),
+                ))
+            }
+            _ => Err(e.into()),
+        },
+        (Err(e), None) => Err(e.into()),
+    }
 }
 
 /// Decides the calls a task waits on with the message's data part
