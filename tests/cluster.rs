@@ -470,7 +470,15 @@ async fn a_pipeline_cut_by_a_killed_replica_resumes_by_itself_on_another_from_it
         .expect("the cut-off run is closed within the lease");
     assert_eq!(cut.last().unwrap()["status"], "interrupted");
     // The survivor that closed it starts it again after its last
-    // checkpoint, without being asked.
+    // checkpoint, without being asked; from its first event on, every
+    // replica says it runs.
+    events.next().await.expect("the resumed run's first event");
+    for on in [1, 2] {
+        let status = cluster
+            .get_json(on, &format!("/orchestrator/pipeline/status/{thread}"))
+            .await;
+        assert_eq!(status["status"], "running", "replica {on}: {status}");
+    }
     let last = events.until("result").await;
     assert_eq!(last.last().unwrap()["status"], "success");
     let history = cluster
@@ -881,6 +889,10 @@ async fn a_nats_restart_leaves_one_cluster_and_ready_says_when_it_is_down() {
     let subscribed = cluster.get(2, "/bus/subscribe?subjects=chat.live").await;
     assert_eq!(subscribed.status(), 200);
     let mut subscriber = Lines::new(subscribed);
+    // And a follower on C of a session whose next turn runs on A.
+    let followed = cluster.create_session(0).await;
+    let follow = format!("/agent/session/{followed}/events?since=0&follow=true");
+    let mut follower = Lines::new(cluster.get(2, &follow).await);
 
     // nats-server is killed; every replica says it is not ready, and a
     // publish is refused rather than taken.
@@ -914,6 +926,15 @@ async fn a_nats_restart_leaves_one_cluster_and_ready_says_when_it_is_down() {
         .unwrap();
     assert_eq!(message["type"], "message", "{message}");
     assert_eq!(message["data"], json!({"n": 1}), "{message}");
+
+    // The follower opened before the outage sees a turn run on A after it.
+    let response = cluster.send(0, &followed, "after the restart").await;
+    assert_eq!(response.status(), 200);
+    let on_a = Lines::new(response).until("result").await;
+    let seen = tokio::time::timeout(Duration::from_secs(30), follower.until("result"))
+        .await
+        .expect("the follower on C sees the turn on A");
+    assert_eq!(seen, on_a);
 
     // A decision given on B reaches the call waiting on A.
     let id = asking_session(&cluster, 0).await;

@@ -341,7 +341,9 @@ impl Runs {
         let queued = crate::sync::lock(&self.queued).contains(&session.id);
         let status = if queued {
             "queued".to_owned()
-        } else if session.is_running() {
+        } else if session.is_running() || session.status() == SessionStatus::Running {
+            // Here, or on another replica as the store says (a run resumed
+            // on a survivor is running before its next checkpoint).
             "running".to_owned()
         } else {
             match last {

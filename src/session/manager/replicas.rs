@@ -123,10 +123,13 @@ impl SessionManager {
         loop {
             if let Some((held, end)) = self.take_lease(leases, &session, cancel).await? {
                 let session = self.resync(session, end);
-                // Still `running` under a lease that was free: its turn's
-                // replica died before a sweep closed it. It is closed
-                // first, so the log ends that turn before this one starts.
+                // Still `running` under a lease that was free, with a log:
+                // its turn's replica died before a sweep closed it. It is
+                // closed first, so the log ends that turn before this one
+                // starts. (A session stored running with no event yet is
+                // an ephemeral one about to take its first turn.)
                 if session.status() == SessionStatus::Running
+                    && session.last_seq() > 0
                     && let Err(e) = self.close_here(&session, CUT_OFF_ELSEWHERE).await
                 {
                     held.release().await;
