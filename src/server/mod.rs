@@ -282,10 +282,9 @@ impl Server {
                 metrics.clone(),
                 root.child_token(),
             );
-            let manager = manager.with_usage(usage.clone());
             let manager = match event_logs {
-                Some(logs) => manager.with_logs(logs),
-                None => manager,
+                Some(logs) => manager.with_usage(usage.clone()).with_logs(logs),
+                None => manager.with_usage(usage.clone()),
             }
             .with_quotas(quotas.clone())
             .with_storage(storage.clone());
