@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::Utc;
-use conclave::agent::turn::TurnDeps;
+use conclave::agent::TurnDeps;
 use conclave::agent::{AgentTask, NoTools};
 use conclave::config::Config;
 use conclave::model::ModelRegistry;

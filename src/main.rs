@@ -1,7 +1,7 @@
 //! The `conclave` command.
 
 /// mimalloc rather than glibc's allocator: a quarter of the gateway's CPU
-/// per call went to glibc's malloc and free (benches/README, the routers).
+/// per call went to glibc's malloc and free (benches/notes/routers-cpu.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

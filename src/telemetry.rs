@@ -278,28 +278,6 @@ impl Metrics {
         metrics
     }
 
-    /// Registers the sandbox manager's pause and resume counts (it keeps
-    /// them itself, as it pauses and resumes with no view of the server).
-    pub fn register_sandbox_pauses(&self, pauses: &crate::sandbox::manager::PauseMetrics) {
-        // Made with the `conclave` prefix in `new`.
-        let mut registry = lock(&self.registry);
-        registry.register(
-            "sandbox_pauses",
-            "Idle sandboxes paused (sandbox.pause_after_s)",
-            pauses.pauses.clone(),
-        );
-        registry.register(
-            "sandbox_resumes",
-            "Paused sandboxes resumed at their session's next tool call",
-            pauses.resumes.clone(),
-        );
-        registry.register(
-            "sandbox_resume_seconds",
-            "Time a tool call waited for its paused sandbox to resume",
-            pauses.resume_seconds.clone(),
-        );
-    }
-
     /// Lets another part register its own metrics (usage per key).
     pub fn register_with(&self, register: impl FnOnce(&mut Registry)) {
         register(&mut lock(&self.registry));

@@ -12,9 +12,9 @@ use tracing::Instrument;
 
 use super::approve::{self, Gate, Gated};
 use super::coerce::coerce;
-use super::harness::{Harness, Say};
+use super::deps::TurnDeps;
+use super::harness::{Harness, Say, add_notes, tell};
 use super::tools::{ToolChunk, ToolContext, ToolOutput};
-use super::turn::TurnDeps;
 use crate::model::{Message, ToolCall, ToolSpec};
 use crate::protocol::EventKind;
 use crate::session::Session;
@@ -101,27 +101,6 @@ fn prepare_call(call: &ToolCall, tools: &[ToolSpec]) -> Result<ToolCall, String>
     })
 }
 
-/// Adds what was assumed about a call to its output, where the model
-/// reads it.
-pub(super) fn add_notes(output: &mut ToolOutput, notes: &[String]) {
-    if notes.is_empty() {
-        return;
-    }
-    let note = format!("Note: {}.", notes.join("; "));
-    match &mut output.output {
-        Value::Object(fields) => {
-            fields.insert("note".into(), Value::String(note));
-        }
-        Value::String(text) => {
-            text.push('\n');
-            text.push_str(&note);
-        }
-        other => {
-            *other = serde_json::json!({"output": other.clone(), "note": note});
-        }
-    }
-}
-
 /// How a call of a batch will be answered.
 enum Plan {
     /// It cannot run (unknown tool, arguments that do not fit).
@@ -202,7 +181,7 @@ pub(super) async fn run_tools(
                         .instrument(span.clone())
                         .await
                         .map(|mut output| {
-                            super::paths::hide_denied(gate, call, &mut output);
+                            approve::hide_denied(gate, call, &mut output);
                             output
                         });
                     if let Ok(output) = &output {
@@ -245,17 +224,6 @@ pub(super) async fn run_tools(
         });
     }
     Ok(answered)
-}
-
-/// Sends what the harness did as `intervention` events.
-pub(super) fn tell(session: &Session, said: &mut Say) -> Result<(), StoreError> {
-    for intervention in said.drain(..) {
-        session.emit(EventKind::Intervention {
-            kind: intervention.kind,
-            detail: intervention.detail,
-        })?;
-    }
-    Ok(())
 }
 
 /// A call of a reply, answered.

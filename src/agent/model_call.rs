@@ -9,9 +9,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::calls::tell;
-use super::harness::{Harness, Reply, Say};
-use super::turn::{LoopError, TurnDeps};
+use super::deps::{LoopError, TurnDeps};
+use super::harness::{Harness, Reply, Say, tell};
 use crate::model::{ChatRequest, ResolvedModel, StreamEvent, ToolSpec};
 use crate::protocol::EventKind;
 use crate::session::{Session, Turn};

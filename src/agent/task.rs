@@ -7,8 +7,9 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use super::deps::TurnDeps;
 use super::options::{AgentOptions, McpServerSpec};
-use super::turn::{self, TurnDeps};
+use super::turn;
 use crate::config::McpConfig;
 use crate::protocol::SessionKind;
 use crate::session::{OptionError, Outcome, Session, SessionError, SessionTask, Turn};

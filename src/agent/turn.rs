@@ -4,36 +4,23 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 use super::approve::Gate;
-use super::calls::{bound_calls, run_tools, tell};
-use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Say};
+use super::calls::{bound_calls, run_tools};
+use super::deps::{LoopError, TurnDeps};
+use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Say, tell};
 use super::model_call::{Watch, traced_call};
 use super::options::AgentOptions;
 use super::prompts::default_system_prompt;
 use super::spend::{TurnSpend, over_budget};
-use super::tools::{ToolContext, ToolRouter};
-use crate::config::AgentConfig;
-use crate::model::{ChatRequest, Message, ModelError, ModelRegistry, ToolCall};
+use super::tools::ToolContext;
+use crate::model::{ChatRequest, Message, ModelError, ResolvedModel, ToolCall, ToolSpec};
 use crate::permission::PLAN_NOTE;
 use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
-use crate::store::{Store, StoreError};
-use crate::telemetry::{Metrics, ModelLabel};
-
-/// What every turn uses, shared by all sessions.
-pub struct TurnDeps {
-    pub store: Arc<dyn Store>,
-    pub models: Arc<ModelRegistry>,
-    pub tools: Arc<dyn ToolRouter>,
-    pub config: AgentConfig,
-    pub metrics: Arc<Metrics>,
-    /// Calls that wait for a decision.
-    pub approvals: Arc<crate::session::approvals::Approvals>,
-    /// The permission hooks' client, under the MCP servers' allow list.
-    pub hooks: Arc<super::hook::Hooks>,
-    /// Usage per key and the daily budgets.
-    pub usage: Arc<crate::usage::Recorder>,
-}
+use crate::store::StoreError;
+use crate::telemetry::ModelLabel;
 
 /// Runs one turn on `prompt`: its events up to (not including) the
 /// `result`, which the machinery writes from the outcome.
@@ -52,7 +39,7 @@ pub(super) async fn run(
     session.emit(EventKind::Status {
         message: "Starting agent...".into(),
     })?;
-    let history = Lent {
+    let history = KeptHistory {
         history,
         session: &session,
     };
@@ -129,17 +116,6 @@ fn opening_messages(
     opening
 }
 
-pub(super) enum LoopError {
-    Store(StoreError),
-    Model(ModelError),
-}
-
-impl From<StoreError> for LoopError {
-    fn from(e: StoreError) -> Self {
-        LoopError::Store(e)
-    }
-}
-
 /// The model the session names, else the default one (which a provider
 /// may have to be asked for).
 async fn model_name(deps: &TurnDeps, options: &AgentOptions) -> Result<String, ModelError> {
@@ -159,52 +135,109 @@ fn model_label(deps: &TurnDeps, options: &AgentOptions) -> String {
         .to_string()
 }
 
+/// What a turn settles before its first model call.
+struct Plan {
+    model: ResolvedModel,
+    ctx: ToolContext,
+    /// The tools offered: the server's the options allow, and the
+    /// client's own.
+    tools: Vec<ToolSpec>,
+    /// The names of the client's tools, whose calls the client runs.
+    client: Vec<String>,
+    /// Model calls the turn may make.
+    max_calls: u32,
+    gate: Gate,
+    system: Option<String>,
+}
+
+impl Plan {
+    async fn new(
+        deps: &TurnDeps,
+        turn: &mut Turn,
+        options: &Arc<AgentOptions>,
+        spend: &mut TurnSpend,
+    ) -> Result<Plan, LoopError> {
+        let session = &turn.session;
+        let name = model_name(deps, options).await.map_err(LoopError::Model)?;
+        let model = deps.models.resolve(&name).map_err(LoopError::Model)?;
+        spend.model = model.name.clone();
+        turn.cost_known = model.price.is_some();
+        let ctx = ToolContext {
+            session_id: session.id,
+            options: options.clone(),
+        };
+        let client_tools = &turn.options.client_tools;
+        let mut tools: Vec<_> = deps
+            .tools
+            .specs(&ctx)
+            .await
+            .into_iter()
+            .filter(
+                |spec| match (&options.allowed_tools, &model.default_tools) {
+                    (None, Some(defaults)) => defaults.contains(&spec.name),
+                    _ => options.allows(&spec.name),
+                },
+            )
+            .filter(|spec| !client_tools.iter().any(|c| c.name == spec.name))
+            .collect();
+        let client = client_tools.iter().map(|c| c.name.clone()).collect();
+        tools.extend(client_tools.iter().cloned());
+        let gate = Gate::new(&deps.config, options, session.owner.as_deref())
+            .on_behalf_of(turn.options.on_behalf_of.clone());
+        let mut system = options
+            .system_prompt
+            .clone()
+            .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
+        if gate.plans() {
+            system = Some(match system {
+                Some(prompt) => format!("{prompt}\n\n{PLAN_NOTE}"),
+                None => PLAN_NOTE.to_string(),
+            });
+        }
+        Ok(Plan {
+            model,
+            ctx,
+            tools,
+            client,
+            max_calls: options.max_turns.unwrap_or(deps.config.max_turns),
+            gate,
+            system,
+        })
+    }
+
+    /// The next model call's request, on the history as it is.
+    fn request(
+        &self,
+        deps: &TurnDeps,
+        session: &Session,
+        options: &AgentOptions,
+        history: &Arc<Vec<Message>>,
+    ) -> ChatRequest {
+        ChatRequest {
+            model: self.model.upstream_model.clone(),
+            system: self.system.clone(),
+            messages: Arc::clone(history),
+            tools: self.tools.clone(),
+            temperature: options.temperature,
+            max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
+            session_id: Some(session.id.to_string()),
+            owner: session.owner.clone(),
+            ..ChatRequest::default()
+        }
+    }
+}
+
 async fn agent_loop(
     deps: &TurnDeps,
-    tally: &mut Turn,
+    turn: &mut Turn,
     options: &Arc<AgentOptions>,
     spend: &mut TurnSpend,
-    mut history: Lent<'_>,
+    mut history: KeptHistory<'_>,
 ) -> Result<Outcome, LoopError> {
-    let session = &tally.session.clone();
-    let cancel = &tally.cancel.clone();
-    let name = model_name(deps, options).await.map_err(LoopError::Model)?;
-    let model = deps.models.resolve(&name).map_err(LoopError::Model)?;
-    spend.model = model.name.clone();
-    tally.cost_known = model.price.is_some();
-    let ctx = ToolContext {
-        session_id: session.id,
-        options: options.clone(),
-    };
-    let client = tally.options.client_tools.clone();
-    let mut tools: Vec<_> = deps
-        .tools
-        .specs(&ctx)
-        .await
-        .into_iter()
-        .filter(
-            |spec| match (&options.allowed_tools, &model.default_tools) {
-                (None, Some(defaults)) => defaults.contains(&spec.name),
-                _ => options.allows(&spec.name),
-            },
-        )
-        .filter(|spec| !client.iter().any(|c| c.name == spec.name))
-        .collect();
-    let client: Vec<String> = client.iter().map(|c| c.name.clone()).collect();
-    tools.extend(tally.options.client_tools.iter().cloned());
-    let max_calls = options.max_turns.unwrap_or(deps.config.max_turns);
-    let gate = Gate::new(&deps.config, options, session.owner.as_deref())
-        .on_behalf_of(tally.options.on_behalf_of.clone());
-    let mut system = options
-        .system_prompt
-        .clone()
-        .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
-    if gate.plans() {
-        system = Some(match system {
-            Some(prompt) => format!("{prompt}\n\n{PLAN_NOTE}"),
-            None => PLAN_NOTE.to_string(),
-        });
-    }
+    let session = &turn.session.clone();
+    let cancel = &turn.cancel.clone();
+    let plan = Plan::new(deps, turn, options, spend).await?;
+    let model = &plan.model;
     let mut harness = Harness::new(model.harness, model.tool_call_mode);
     let mut said = Say::new();
     // Kept by the session between turns, and shared with each model call
@@ -217,50 +250,39 @@ async fn agent_loop(
         if cancel.is_cancelled() {
             return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
         }
-        if tally.usage.turns >= u64::from(max_calls) {
+        if turn.usage.turns >= u64::from(plan.max_calls) {
             return Ok(Outcome::new(ResultStatus::MaxTurns, last_text));
         }
-        let mut request = ChatRequest {
-            model: model.upstream_model.clone(),
-            system: system.clone(),
-            messages: Arc::clone(history),
-            tools: tools.clone(),
-            temperature: options.temperature,
-            max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
-            session_id: Some(session.id.to_string()),
-            owner: session.owner.clone(),
-            ..ChatRequest::default()
-        };
+        let mut request = plan.request(deps, session, options, history);
         harness.before_call(
             &mut NextCall {
                 request: &mut request,
                 history,
                 default_system: options.system_prompt.is_none(),
-                calls_made: tally.usage.turns,
+                calls_made: turn.usage.turns,
             },
             &mut said,
         );
         tell(session, &mut said)?;
-        let deltas = options.text_deltas.unwrap_or(false);
         let watch = Watch {
-            deltas,
+            deltas: options.text_deltas.unwrap_or(false),
             cancel,
             harness: &mut harness,
-            tools: &tools,
+            tools: &plan.tools,
         };
-        let mut reply = traced_call(deps, session, &model, request, tally, watch).await?;
+        let mut reply = traced_call(deps, session, model, request, turn, watch).await?;
         // For a key with a daily budget, one store write per model call,
         // which answers the key's totals for today across replicas: the
         // budget is checked on them. Without one, at most a write a second.
-        let past_budget = spend.record(&deps.usage, &tally.usage).await;
+        let past_budget = spend.record(&deps.usage, &turn.usage).await;
         let next = if reply.interrupted {
             OnReply::Keep
         } else {
-            harness.on_reply(&mut reply, &tools, &mut said)
+            harness.on_reply(&mut reply, &plan.tools, &mut said)
         };
         tell(session, &mut said)?;
         if next == OnReply::AskAgain {
-            tally.save_usage()?;
+            turn.save_usage()?;
             if let Some(past) = past_budget {
                 return Ok(over_budget(session, &past, last_text)?);
             }
@@ -282,91 +304,130 @@ async fn agent_loop(
         };
         session.store_messages(std::slice::from_ref(&assistant))?;
         Arc::make_mut(history).push(assistant);
-        tally.save_usage()?;
-        if reply.interrupted {
-            close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
-            return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
-        }
-        if let OnReply::Tell(content) = next {
+        turn.save_usage()?;
+        let stop = if reply.interrupted {
+            Some(ResultStatus::Interrupted)
+        } else if let OnReply::Tell(content) = next {
             let told = Message::User { content };
             session.store_messages(std::slice::from_ref(&told))?;
             Arc::make_mut(history).push(told);
             continue;
-        }
-        if reply.calls.is_empty() {
+        } else if reply.calls.is_empty() {
             return Ok(Outcome::new(ResultStatus::Success, Some(reply.text)));
-        }
-        if let Some(budget) = options.max_budget_usd
-            && tally.usage.cost_usd >= budget
+        } else if options
+            .max_budget_usd
+            .is_some_and(|budget| turn.usage.cost_usd >= budget)
         {
+            Some(ResultStatus::BudgetExceeded)
+        } else {
+            None
+        };
+        if let Some(status) = stop {
             close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
-            return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
+            return Ok(Outcome::new(status, last_text));
         }
         if let Some(past) = past_budget {
             close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
             return Ok(over_budget(session, &past, last_text)?);
         }
+        let step = Step {
+            deps,
+            plan: &plan,
+            options,
+            cancel,
+        };
+        if let Some(outcome) = step
+            .run_calls(turn, &mut harness, history, &reply.calls, &last_text)
+            .await?
+        {
+            return Ok(outcome);
+        }
+    }
+}
+
+/// What running a reply's calls needs besides the turn.
+struct Step<'a> {
+    deps: &'a TurnDeps,
+    plan: &'a Plan,
+    options: &'a AgentOptions,
+    cancel: &'a CancellationToken,
+}
+
+impl Step<'_> {
+    /// Runs the server's calls of a reply in batches, each answer stored
+    /// and added to the history; hands the client's calls to the client.
+    /// The turn's outcome when it ends here; `None` to ask the model again.
+    async fn run_calls(
+        &self,
+        turn: &mut Turn,
+        harness: &mut Harness,
+        history: &mut Arc<Vec<Message>>,
+        calls: &[ToolCall],
+        last_text: &Option<String>,
+    ) -> Result<Option<Outcome>, LoopError> {
+        let session = &turn.session.clone();
+        let plan = self.plan;
         // A client's calls are its own to run: the turn ends once the
         // server's have run, and the client's answers start the next one.
-        let (for_client, calls): (Vec<ToolCall>, Vec<ToolCall>) = reply
-            .calls
+        let (for_client, calls): (Vec<ToolCall>, Vec<ToolCall>) = calls
             .iter()
             .cloned()
-            .partition(|call| client.contains(&call.name));
-        let calls = &calls;
+            .partition(|call| plan.client.contains(&call.name));
         let mut i = 0;
         while i < calls.len() {
-            if cancel.is_cancelled() {
+            if self.cancel.is_cancelled() {
                 close_calls(session, &calls[i..], Arc::make_mut(history), STOPPED)?;
-                return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
+                return Ok(Some(Outcome::new(
+                    ResultStatus::Interrupted,
+                    last_text.clone(),
+                )));
             }
-            let batch = &calls[i..i + batch_len(&calls[i..], options)];
+            let batch = &calls[i..i + batch_len(&calls[i..], self.options)];
             i += batch.len();
             let answered = run_tools(
-                deps,
+                self.deps,
                 session,
-                &ctx,
-                (&tools, &gate),
-                &mut harness,
+                &plan.ctx,
+                (&plan.tools, &plan.gate),
+                harness,
                 batch,
-                cancel,
+                self.cancel,
             )
             .await?;
             let mut answer = None;
             for call in answered {
-                tally.usage.tool_calls += 1;
+                turn.usage.tool_calls += 1;
                 session.store_messages(std::slice::from_ref(&call.message))?;
                 Arc::make_mut(history).push(call.message);
                 answer = answer.or(call.settled);
             }
             if let Some(answer) = answer {
                 close_calls(session, &calls[i..], Arc::make_mut(history), STOPPED)?;
-                return Ok(Outcome::new(ResultStatus::Success, Some(answer)));
+                return Ok(Some(Outcome::new(ResultStatus::Success, Some(answer))));
             }
         }
-        if !for_client.is_empty() {
-            for call in &for_client {
-                session.emit(EventKind::ToolUse {
-                    id: call.id.clone(),
-                    tool: call.name.clone(),
-                    input: call.arguments.clone(),
-                })?;
-            }
-            return Ok(Outcome::new(ResultStatus::Success, last_text));
+        if for_client.is_empty() {
+            return Ok(None);
         }
+        for call in &for_client {
+            session.emit(EventKind::ToolUse {
+                id: call.id.clone(),
+                tool: call.name.clone(),
+                input: call.arguments.clone(),
+            })?;
+        }
+        Ok(Some(Outcome::new(ResultStatus::Success, last_text.clone())))
     }
 }
 
-/// A turn's history, given back to its session however the turn ends:
-/// every message in it is queued for the store, so it is a prefix of the
-/// stored one once the turn's writes are (a store failure makes the
-/// session forget it).
-struct Lent<'a> {
+/// The session's history, lent to a turn and given back when it ends,
+/// however it ends.
+struct KeptHistory<'a> {
     history: Arc<Vec<Message>>,
     session: &'a Arc<Session>,
 }
 
-impl Drop for Lent<'_> {
+impl Drop for KeptHistory<'_> {
     fn drop(&mut self) {
         self.session.keep_history(std::mem::take(&mut self.history));
     }

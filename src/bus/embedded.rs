@@ -22,7 +22,8 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::{BusConfig, Retentions};
+use super::BusConfig;
+use super::retention::Retentions;
 use super::subscription::{Subscriber, Subscription};
 use super::{Bus, BusError, Delivery, Message, Pattern, Since, Subject};
 use crate::store::{BusRecord, Store, StoreError};

@@ -8,17 +8,18 @@
 //!   subjects in the store; [`NatsBus`] puts the same seam on NATS
 //!   JetStream, shared by the replicas of a scale-out.
 //! - [`kv`]: keys with revisions, compare-and-set, watch and wait.
-//! - [`config`]: durable subjects and their retention, limits.
+//! - `retention`: the durable subjects' retentions (`[bus]` itself is
+//!   [`crate::config::BusConfig`]).
 //!
 //! A subscriber gets each subject's messages in publish order with their
 //! per-subject `seq`. A slow subscriber never slows a publisher: past its
 //! buffer it catches up from the store on durable subjects and is told
 //! what it missed (a [`Delivery::Lagged`]) on the others.
 
-pub mod config;
 mod embedded;
 pub mod kv;
 mod nats;
+mod retention;
 mod storage;
 pub mod subject;
 mod subscription;
@@ -33,10 +34,11 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{BusConfig, Durable};
+pub use crate::config::{BusConfig, Durable};
 pub use embedded::EmbeddedBus;
 pub use kv::{Kv, KvChange};
 pub use nats::NatsBus;
+pub use retention::check_durables;
 pub use storage::{MeteredBus, StorageError, StorageMeter};
 pub use subject::{Pattern, Subject, SubjectError};
 

@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use super::config::Retentions;
+use super::retention::Retentions;
 use super::{Bus, BusConfig, BusError, Delivery, Pattern, Since, Subject};
 use crate::quota::{KeyTable, QuotaExceeded};
 use crate::store::{KeptBytes, Store, StoreError};

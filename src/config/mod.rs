@@ -25,13 +25,22 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod bus;
+pub mod gateway;
 mod keys;
+pub mod litellm;
 mod outbound;
+pub mod pipelines;
+mod sandbox;
 mod sections;
 mod telemetry;
 mod validate;
+pub use bus::{BusConfig, Durable};
+pub use gateway::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy, replica_id};
 pub use keys::*;
 pub use outbound::*;
+pub use pipelines::PipelineConfig;
+pub use sandbox::*;
 pub use sections::*;
 pub use telemetry::TelemetryConfig;
 
@@ -100,11 +109,11 @@ pub struct Config {
     pub mcp: McpConfig,
     pub a2a: A2aConfig,
     /// Model pools of the OpenAI-compatible gateway.
-    pub gateway: crate::gateway::GatewayConfig,
+    pub gateway: GatewayConfig,
     /// Durable bus subjects and the bus's limits.
-    pub bus: crate::bus::BusConfig,
+    pub bus: BusConfig,
     /// Pipelines: test mode, the concurrency cap, the timeout, limits.
-    pub pipelines: crate::pipeline::PipelineConfig,
+    pub pipelines: PipelineConfig,
     /// Named agents (`[agents.NAME]`): a session kind and its options,
     /// which AG-UI, the LangGraph API and `GET /agents` address by name.
     pub agents: BTreeMap<String, AgentProfile>,
@@ -137,9 +146,9 @@ impl Default for Config {
             sandbox: SandboxConfig::default(),
             mcp: McpConfig::default(),
             a2a: A2aConfig::default(),
-            gateway: crate::gateway::GatewayConfig::default(),
-            bus: crate::bus::BusConfig::default(),
-            pipelines: crate::pipeline::PipelineConfig::default(),
+            gateway: GatewayConfig::default(),
+            bus: BusConfig::default(),
+            pipelines: PipelineConfig::default(),
             agents: BTreeMap::new(),
             telemetry: TelemetryConfig::default(),
         }
@@ -247,7 +256,7 @@ impl Config {
                 message,
             };
             let text = std::fs::read_to_string(path).map_err(|e| file(e.to_string()))?;
-            let imported = crate::gateway::litellm::import(&text).map_err(file)?;
+            let imported = litellm::import(&text).map_err(file)?;
             config.gateway.pools.extend(imported.pools);
         }
         config.make_paths_absolute(&cwd)?;

@@ -1,9 +1,5 @@
-//! The configuration's sections other than the top level: `[http]`,
-//! `[mcp]`, `[sandbox]`, `[agent]`, `[demo]`, the providers and model
-//! aliases, and the sandbox backends' own settings (kept here so that
-//! configuration depends on no other module).
-
-use std::path::PathBuf;
+//! The configuration's smaller sections: `[http]`, `[cluster]`, `[agent]`,
+//! `[demo]`, the providers, model aliases and prices, and named agents.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -82,7 +78,7 @@ impl ClusterConfig {
     /// statements a core at once (one on the CPU while the other waits for
     /// its commit to reach the disk); connections past that only queue
     /// inside PostgreSQL, where every backend more costs each statement
-    /// CPU (benches/README.md, "Sixth round": three replicas of 16 each on
+    /// CPU (benches/notes/scale-out-pool-and-wakeups.md, "Sixth round": three replicas of 16 each on
     /// two cores spent 1.7 times the backend CPU per turn that one did).
     pub fn store_connections(&self) -> u32 {
         self.store_connections.unwrap_or_else(|| {
@@ -126,116 +122,6 @@ impl ClusterConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// Where tool calls run, and the limits every sandbox gets.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SandboxConfig {
-    /// `auto` picks docker when its socket answers, else local.
-    pub backend: SandboxBackendKind,
-    /// Image of sessions that name none (docker and kubernetes).
-    pub image: String,
-    pub cpus: f64,
-    pub memory_mb: u64,
-    pub pids: u32,
-    /// Size of the writable workspace.
-    pub disk_mb: u64,
-    /// Smallest and largest values a session may ask for in
-    /// `options.sandbox`: a limit too small to apply (docker treats 0 CPUs
-    /// as none) cannot switch it off.
-    pub min_cpus: f64,
-    pub max_cpus: f64,
-    pub min_memory_mb: u64,
-    pub max_memory_mb: u64,
-    /// Whether a session may ask for network access at all. A sandbox
-    /// given network reaches the internet only: not its host, nor private,
-    /// link-local (cloud metadata) or reserved addresses.
-    pub allow_network: bool,
-    /// CIDRs (or addresses) a sandbox given network may reach beyond the
-    /// internet, e.g. a package mirror on the private network.
-    pub network_allow: Vec<String>,
-    /// Per-exec timeout when a call names none, and the most one may name.
-    pub exec_timeout_s: u64,
-    pub max_exec_timeout_s: u64,
-    /// A sandbox unused this long is destroyed (its session keeps working
-    /// and gets a fresh one at its next tool call).
-    pub idle_ttl_s: u64,
-    /// A sandbox unused this long is paused (docker pause, the cgroup
-    /// freezer of local sandboxes; Kubernetes Pods keep running): its
-    /// processes, background runs included, are frozen with its files
-    /// until the session's next tool call resumes it. 0, the default,
-    /// never pauses: a paused sandbox's background jobs (a build left
-    /// running between turns) stop making progress.
-    pub pause_after_s: u64,
-    /// Longest a sandbox lives, used or not: its expiry label, which every
-    /// Conclave instance on the host honours, so the sandboxes of a server
-    /// that stopped (or whose data directory is gone) do not run forever.
-    pub max_lifetime_s: u64,
-    /// Live sandboxes at most, the warm pool included.
-    pub max_live: usize,
-    /// Ready sandboxes kept for new sessions of the default spec.
-    pub warm_pool: usize,
-    /// Snapshots of each session's workspace at its turn ends, for forks.
-    pub snapshots: SnapshotsConfig,
-    pub kubernetes: KubernetesConfig,
-    pub local: LocalConfig,
-}
-
-/// `[sandbox.snapshots]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SnapshotsConfig {
-    /// Turn-end snapshots kept per session, the latest ones; 0 takes none
-    /// (a fork then starts with an empty workspace, or 409 past the first
-    /// turn that had a sandbox). Each costs about the workspace's size on
-    /// disk, except after a turn that used no tool: it shares the previous
-    /// one.
-    pub keep_last: usize,
-}
-
-impl Default for SnapshotsConfig {
-    fn default() -> Self {
-        SnapshotsConfig { keep_last: 3 }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxBackendKind {
-    Auto,
-    Docker,
-    Local,
-    Kubernetes,
-}
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        SandboxConfig {
-            backend: SandboxBackendKind::Auto,
-            image: "conclave/sandbox-python:latest".into(),
-            cpus: 1.0,
-            memory_mb: 512,
-            pids: 256,
-            disk_mb: 256,
-            min_cpus: 0.1,
-            max_cpus: 4.0,
-            min_memory_mb: 32,
-            max_memory_mb: 4096,
-            allow_network: false,
-            network_allow: Vec::new(),
-            exec_timeout_s: 60,
-            max_exec_timeout_s: 600,
-            idle_ttl_s: 900,
-            pause_after_s: 0,
-            max_lifetime_s: 24 * 3600,
-            max_live: 64,
-            warm_pool: 2,
-            snapshots: Default::default(),
-            kubernetes: Default::default(),
-            local: Default::default(),
-        }
     }
 }
 
@@ -423,79 +309,6 @@ impl Price {
         (input_tokens as f64 * self.input_per_mtok + output_tokens as f64 * self.output_per_mtok)
             / 1_000_000.0
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubernetesConfig {
-    /// Namespace of the sandbox Pods, apart from the server's own, so the
-    /// server's Role and the deny-all NetworkPolicy reach sandboxes only.
-    pub namespace: String,
-    /// RuntimeClass of sandbox Pods (`gvisor`, `kata`): a kernel boundary
-    /// between agent code and the node beyond what runc gives. `None` takes
-    /// the cluster's default.
-    pub runtime_class: Option<String>,
-    /// `IfNotPresent` starts sandboxes from images preloaded on the nodes
-    /// without asking a registry; `Always` picks up a re-pushed tag.
-    pub image_pull_policy: String,
-    /// How long a create waits for its Pod to run: scheduling, a node
-    /// scale-up and an image pull can take minutes on a cold cluster.
-    pub start_timeout_s: u64,
-}
-
-impl Default for KubernetesConfig {
-    fn default() -> Self {
-        KubernetesConfig {
-            namespace: "conclave".into(),
-            runtime_class: None,
-            image_pull_policy: "IfNotPresent".into(),
-            start_timeout_s: 120,
-        }
-    }
-}
-
-/// Settings of the local backend.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LocalConfig {
-    /// Where sandbox directories live. `None` lets the caller choose,
-    /// normally `<data_dir>/sandboxes`, so that one setting moves all state.
-    pub root: Option<PathBuf>,
-    /// First host uid handed to sandboxes when the server runs as root. Each
-    /// sandbox runs as a uid of its own, so its processes cannot signal or
-    /// read another sandbox's, and RLIMIT_NPROC (the pid limit where there
-    /// is no pids cgroup) counts only its own. The default lies far above
-    /// the uids of people and of the `/etc/subuid` ranges tools hand out,
-    /// and below 2^31 for tools that store uids signed. Two servers on one
-    /// host need disjoint ranges.
-    pub uid_base: u32,
-    /// How many uids from `uid_base` may be used: as root, the most
-    /// sandboxes that can exist at once.
-    pub uid_count: u32,
-    /// Directory made under each cgroup v1 controller
-    /// (`/sys/fs/cgroup/<controller>/<cgroup_parent>/<id>`) to hold the
-    /// sandboxes' cgroups, so that they are easy to find and to delegate.
-    pub cgroup_parent: String,
-}
-
-impl Default for LocalConfig {
-    fn default() -> Self {
-        LocalConfig {
-            root: None,
-            uid_base: 1_000_000_000,
-            uid_count: 65_536,
-            cgroup_parent: "conclave".into(),
-        }
-    }
-}
-
-/// An entry of `sandbox.network_allow`: a CIDR, or one address.
-pub fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
-    let text = text.trim();
-    text.parse::<ipnet::IpNet>()
-        .map(|net| net.trunc())
-        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-        .map_err(|_| format!("{text:?} is not a CIDR or an address"))
 }
 
 /// One configured agent (`[agents.NAME]`), resolved by name in the

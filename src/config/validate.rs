@@ -1,15 +1,56 @@
 //! [`Config::validate`]: what types alone cannot check, each error naming
 //! its field.
 
-use super::{Config, ConfigError, HarnessKind, ProviderKind, parse_net};
+use super::{Config, ConfigError, HarnessKind, ProviderKind};
 
 impl Config {
     /// Checks what types alone cannot; every error names its field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let field = |field: &str, message: String| ConfigError::Field {
-            field: field.into(),
-            message,
-        };
+        self.check_store()?;
+        self.check_agent_names()?;
+        self.cluster
+            .validate()
+            .map_err(|(name, message)| field(&name, message))?;
+        self.telemetry
+            .validate()
+            .map_err(|(name, message)| field(&name, message))?;
+        self.validate_keys()
+            .map_err(|(name, message)| field(&name, message))?;
+        self.check_permissions()?;
+        self.check_http()?;
+        crate::egress::Rules::parse(&self.mcp.allowed_http_servers)
+            .map_err(|e| field("mcp.allowed_http_servers", e))?;
+        self.check_paths()?;
+        self.check_limits()?;
+        self.check_models()?;
+        self.sandbox
+            .validate()
+            .map_err(|(name, message)| field(&name, message))?;
+        for (model, price) in &self.prices {
+            if price.input_per_mtok < 0.0 || price.output_per_mtok < 0.0 {
+                return Err(field(
+                    &format!("prices.{model}"),
+                    "prices cannot be negative".into(),
+                ));
+            }
+        }
+        self.gateway.validate().map_err(ConfigError::Invalid)?;
+        self.bus
+            .validate()
+            .map_err(|(field, message)| ConfigError::Field { field, message })?;
+        self.pipelines
+            .validate()
+            .map_err(|(field, message)| ConfigError::Field { field, message })?;
+        self.mcp
+            .validate()
+            .map_err(|(field, message)| ConfigError::Field { field, message })?;
+        crate::egress::Rules::parse(&self.allowed_upstreams())
+            .map_err(|e| field("gateway.allowed_upstreams", e))?;
+        Ok(())
+    }
+
+    /// The store is a PostgreSQL URL.
+    fn check_store(&self) -> Result<(), ConfigError> {
         if let Some(store) = &self.store {
             let scheme = store.split_once("://").map(|(scheme, _)| scheme);
             if !matches!(scheme, Some("postgres" | "postgresql")) {
@@ -21,6 +62,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Named agents' names and kinds.
+    fn check_agent_names(&self) -> Result<(), ConfigError> {
         for (name, profile) in &self.agents {
             let named_well = (1..=64).contains(&name.len())
                 && name
@@ -43,14 +89,11 @@ impl Config {
                 return Err(field(&format!("agents.{name}.kind"), "empty".into()));
             }
         }
-        self.cluster
-            .validate()
-            .map_err(|(name, message)| field(&name, message))?;
-        self.telemetry
-            .validate()
-            .map_err(|(name, message)| field(&name, message))?;
-        self.validate_keys()
-            .map_err(|(name, message)| field(&name, message))?;
+        Ok(())
+    }
+
+    /// The permission policies, and that each key's names a configured key.
+    fn check_permissions(&self) -> Result<(), ConfigError> {
         let permissions = &self.agent.permissions;
         permissions
             .default_policy()
@@ -69,6 +112,11 @@ impl Config {
                 .validate(&at)
                 .map_err(|e| field(&e.field, e.message))?;
         }
+        Ok(())
+    }
+
+    /// Hosts, origins and the HTTP listener's timeouts.
+    fn check_http(&self) -> Result<(), ConfigError> {
         if let Some(i) = self.allowed_hosts.iter().position(|h| h.trim().is_empty()) {
             return Err(field(
                 &format!("allowed_hosts[{i}]"),
@@ -102,8 +150,11 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
-        crate::egress::Rules::parse(&self.mcp.allowed_http_servers)
-            .map_err(|e| field("mcp.allowed_http_servers", e))?;
+        Ok(())
+    }
+
+    /// Paths are absolute once loaded.
+    fn check_paths(&self) -> Result<(), ConfigError> {
         for (name, path) in [
             ("data_dir", Some(&self.data_dir)),
             ("sandbox.local.root", self.sandbox.local.root.as_ref()),
@@ -117,6 +168,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Limits that must be at least something.
+    fn check_limits(&self) -> Result<(), ConfigError> {
         if self.max_body_bytes < 1024 {
             return Err(field("max_body_bytes", "must be at least 1024".into()));
         }
@@ -137,6 +193,11 @@ impl Config {
                 return Err(field(name, "must be at least 1".into()));
             }
         }
+        Ok(())
+    }
+
+    /// Providers' URLs, and that each model alias's provider is configured.
+    fn check_models(&self) -> Result<(), ConfigError> {
         for (name, provider) in [("openai", &self.openai), ("anthropic", &self.anthropic)] {
             if let Some(p) = provider {
                 check_url(&format!("{name}.base_url"), &p.base_url)?;
@@ -173,93 +234,6 @@ impl Config {
                 ));
             }
         }
-        let sandbox = &self.sandbox;
-        // The kernel's CFS quota cannot go below 1 ms per 100 ms period.
-        if !(sandbox.min_cpus >= 0.01 && sandbox.min_cpus <= sandbox.max_cpus) {
-            return Err(field(
-                "sandbox.min_cpus",
-                format!("must be 0.01 to sandbox.max_cpus ({})", sandbox.max_cpus),
-            ));
-        }
-        if !(sandbox.cpus >= sandbox.min_cpus && sandbox.cpus <= sandbox.max_cpus) {
-            return Err(field(
-                "sandbox.cpus",
-                format!(
-                    "must be sandbox.min_cpus ({}) to sandbox.max_cpus ({})",
-                    sandbox.min_cpus, sandbox.max_cpus
-                ),
-            ));
-        }
-        if sandbox.min_memory_mb < 16 || sandbox.min_memory_mb > sandbox.max_memory_mb {
-            return Err(field(
-                "sandbox.min_memory_mb",
-                format!(
-                    "must be 16 to sandbox.max_memory_mb ({})",
-                    sandbox.max_memory_mb
-                ),
-            ));
-        }
-        if sandbox.memory_mb < sandbox.min_memory_mb || sandbox.memory_mb > sandbox.max_memory_mb {
-            return Err(field(
-                "sandbox.memory_mb",
-                format!(
-                    "must be sandbox.min_memory_mb ({}) to sandbox.max_memory_mb ({})",
-                    sandbox.min_memory_mb, sandbox.max_memory_mb
-                ),
-            ));
-        }
-        for (name, value) in [
-            ("sandbox.pids", u64::from(sandbox.pids)),
-            ("sandbox.disk_mb", sandbox.disk_mb),
-            ("sandbox.exec_timeout_s", sandbox.exec_timeout_s),
-            ("sandbox.max_live", sandbox.max_live as u64),
-        ] {
-            if value == 0 {
-                return Err(field(name, "must be at least 1".into()));
-            }
-        }
-        if sandbox.pause_after_s > 0 && sandbox.pause_after_s >= sandbox.idle_ttl_s {
-            return Err(field(
-                "sandbox.pause_after_s",
-                format!(
-                    "must be less than sandbox.idle_ttl_s ({}), which destroys an idle \
-                     sandbox, or 0 to never pause",
-                    sandbox.idle_ttl_s
-                ),
-            ));
-        }
-        if sandbox.exec_timeout_s > sandbox.max_exec_timeout_s {
-            return Err(field(
-                "sandbox.exec_timeout_s",
-                "must not exceed sandbox.max_exec_timeout_s".into(),
-            ));
-        }
-        for (i, net) in sandbox.network_allow.iter().enumerate() {
-            parse_net(net).map_err(|e| field(&format!("sandbox.network_allow[{i}]"), e))?;
-        }
-        if sandbox.image.trim().is_empty() {
-            return Err(field("sandbox.image", "must not be empty".into()));
-        }
-        for (model, price) in &self.prices {
-            if price.input_per_mtok < 0.0 || price.output_per_mtok < 0.0 {
-                return Err(field(
-                    &format!("prices.{model}"),
-                    "prices cannot be negative".into(),
-                ));
-            }
-        }
-        self.gateway.validate().map_err(ConfigError::Invalid)?;
-        self.bus
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        self.pipelines
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        self.mcp
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        crate::egress::Rules::parse(&self.allowed_upstreams())
-            .map_err(|e| field("gateway.allowed_upstreams", e))?;
         Ok(())
     }
 }
@@ -279,6 +253,14 @@ impl Config {
             }
             None => vec!["public".into()],
         }
+    }
+}
+
+/// A `ConfigError` naming `field`.
+fn field(field: &str, message: String) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        message,
     }
 }
 

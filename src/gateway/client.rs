@@ -7,7 +7,7 @@
 //! gateway used for every call before, parses each request's URL again for
 //! its redirect policy and passes it through retry and redirect layers of
 //! its own (about 8 % of the gateway's CPU per call in the profile of issue
-//! 20, `benches/README.md`); hyper-util's pooled client, used after it,
+//! 20, `benches/notes/routers-cpu.md`); hyper-util's pooled client, used after it,
 //! formats the `Host` header, hashes the pool key and goes through its
 //! checkout futures on every call (about 5 % more). A replica on
 //! `https://` goes through reqwest with rustls. Replicas added at run time

@@ -2,7 +2,7 @@
 //! one endpoint, with strategies, retries on another replica, cooldowns,
 //! health checks, run-time membership, and a trace of every call.
 //!
-//! - [`config`]: `[gateway]` and its pools.
+//! - `[gateway]` and its pools are [`crate::config::GatewayConfig`].
 //! - [`endpoint`]: the endpoints balanced (chat, completions, responses,
 //!   embeddings, tokenize, detokenize), where each lives on a replica, and
 //!   the checks a body passes before one is called.
@@ -15,16 +15,13 @@
 //! - [`trace`]: the trace log and the recorder that fills it from a
 //!   response as it streams to the client.
 //! - [`slug`]: the `/meta/{slug}/v1/…` metadata codec.
-//! - [`litellm`]: LiteLLM `model_list` import and export.
 
 mod attempt;
 pub mod body;
 pub mod client;
-pub mod config;
 pub mod endpoint;
 mod health;
 pub mod json;
-pub mod litellm;
 pub mod params;
 mod policy;
 pub mod pool;
@@ -42,9 +39,10 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value};
 
+pub use crate::config::litellm;
+pub use crate::config::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
 use attempt::Failure;
 use body::TracedBody;
-pub use config::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy};
 pub use endpoint::Endpoint;
 use params::shape_request;
 use pool::{Pool, Replica, ReplicaState, ReplicaView};
@@ -172,7 +170,7 @@ impl Gateway {
                     .enumerate()
                     .map(|(index, r)| {
                         Arc::new(Replica::new(
-                            config::replica_id(name, index, r),
+                            crate::config::replica_id(name, index, r),
                             &r.url,
                             r.model.clone().unwrap_or_else(|| name.clone()),
                             r.api_key.clone(),
@@ -255,7 +253,7 @@ impl Gateway {
         pool_name: &str,
         replica: ReplicaConfig,
     ) -> Result<ReplicaView, GatewayError> {
-        config::check_url(&replica.url).map_err(GatewayError::BadRequest)?;
+        crate::config::gateway::check_url(&replica.url).map_err(GatewayError::BadRequest)?;
         let mut pools = write(&self.pools);
         let taken: HashSet<String> = pools
             .values()

@@ -1,8 +1,8 @@
 //! The OpenAI parameters a pool passes on, drops and injects.
 
 use super::Endpoint;
-use super::config::PoolConfig;
 use super::json::Object;
+use crate::config::PoolConfig;
 
 /// The parameters of OpenAI's chat and completions APIs: with
 /// `drop_params`, anything else is removed before a call.

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::config::PoolConfig;
 use super::policy::{self, Pick, Policy, Ring};
+use crate::config::PoolConfig;
 use crate::sync::{lock, read, write};
 use crate::telemetry::{Metrics, ReplicaLabel};
 use prometheus_client::metrics::counter::Counter;
@@ -405,7 +405,7 @@ impl Pool {
 
 /// A pool of `n` replicas `r0`… on `strategy`, for the policies' tests.
 #[cfg(test)]
-pub(in crate::gateway) fn test_pool(strategy: super::config::Strategy, n: usize) -> Pool {
+pub(in crate::gateway) fn test_pool(strategy: crate::config::Strategy, n: usize) -> Pool {
     let replicas = (0..n)
         .map(|i| {
             Arc::new(Replica::new(
@@ -429,7 +429,7 @@ pub(in crate::gateway) fn test_pool(strategy: super::config::Strategy, n: usize)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::config::Strategy;
+    use crate::config::Strategy;
 
     fn pool(strategy: Strategy, n: usize) -> Pool {
         test_pool(strategy, n)

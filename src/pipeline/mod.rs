@@ -16,10 +16,8 @@
 //! - [`fork`]: a new run from one of another run's checkpoints, its state
 //!   patched and its routing decided again.
 //! - [`task`]: the `pipeline` session kind.
-//! - [`config`]: the `pipelines` section of the configuration.
 
 pub mod agents;
-pub mod config;
 pub mod definition;
 pub mod engine;
 pub mod fork;
@@ -33,7 +31,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use config::PipelineConfig;
+pub use crate::config::PipelineConfig;
 pub use definition::{CONNECTOR_YAML, Definition, DefinitionError, Route};
 pub use state::{FieldSpec, Reducer};
 pub use task::PipelineTask;
@@ -84,7 +82,7 @@ pub fn definitions(
 ) -> Result<BTreeMap<String, Arc<Definition>>, DefinitionError> {
     let mut connector = Definition::parse(CONNECTOR_YAML, "connector.yaml (built in)")?;
     for (setting, limit) in &config.limits {
-        if let Some(counter) = config::counter_of(setting) {
+        if let Some(counter) = crate::config::pipelines::counter_of(setting) {
             connector.counters.insert(counter.to_owned(), *limit);
         }
     }

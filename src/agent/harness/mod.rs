@@ -18,10 +18,15 @@ pub mod small;
 
 use std::sync::Arc;
 
+use serde_json::Value;
+
 use super::tools::ToolOutput;
 use crate::config::{HarnessKind, ToolCallMode};
 use crate::model::{ChatRequest, Message, ToolCall, ToolSpec};
+use crate::protocol::EventKind;
 use crate::protocol::InterventionKind;
+use crate::session::Session;
+use crate::store::StoreError;
 
 /// What an aid did, for an `intervention` event.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,4 +198,36 @@ pub fn may_change_state(call: &ToolCall) -> bool {
 /// What makes two calls the same call.
 pub fn key_of(call: &ToolCall) -> String {
     format!("{} {}", call.name, call.arguments)
+}
+
+/// Adds what was assumed about a call to its output, where the model
+/// reads it.
+pub fn add_notes(output: &mut ToolOutput, notes: &[String]) {
+    if notes.is_empty() {
+        return;
+    }
+    let note = format!("Note: {}.", notes.join("; "));
+    match &mut output.output {
+        Value::Object(fields) => {
+            fields.insert("note".into(), Value::String(note));
+        }
+        Value::String(text) => {
+            text.push('\n');
+            text.push_str(&note);
+        }
+        other => {
+            *other = serde_json::json!({"output": other.clone(), "note": note});
+        }
+    }
+}
+
+/// Sends what the harness did as `intervention` events.
+pub(crate) fn tell(session: &Session, said: &mut Say) -> Result<(), StoreError> {
+    for intervention in said.drain(..) {
+        session.emit(EventKind::Intervention {
+            kind: intervention.kind,
+            detail: intervention.detail,
+        })?;
+    }
+    Ok(())
 }

@@ -41,9 +41,9 @@ use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::BusConfig;
 use super::kv::Kv;
 use super::{Bus, BusError, Delivery, Pattern, Since, Subject};
+use crate::config::BusConfig;
 use crate::store::Store;
 use crate::sync::lock;
 use crate::telemetry::{BusLabel, Metrics};

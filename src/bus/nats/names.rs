@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, StorageType};
 use sha2::{Digest, Sha256};
 
-use crate::bus::config::BusConfig;
 use crate::bus::{Pattern, Subject};
+use crate::config::BusConfig;
 
 /// How long an idle subject that is not kept remembers its last `seq`
 /// (the transient stream keeps the last messages of each subject for it).

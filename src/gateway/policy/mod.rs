@@ -16,8 +16,8 @@ pub(super) use affinity::Ring;
 
 use super::json::Object;
 
-use super::config::{PoolConfig, Strategy};
 use super::pool::Replica;
+use crate::config::{PoolConfig, Strategy};
 
 /// What a policy sees of one call.
 pub(super) struct Pick<'a> {

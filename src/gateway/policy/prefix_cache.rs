@@ -232,7 +232,7 @@ impl Policy for PrefixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::config::Strategy;
+    use crate::config::Strategy;
     use crate::gateway::pool::{Pool, test_pool};
 
     fn pool() -> Pool {

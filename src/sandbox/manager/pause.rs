@@ -41,6 +41,30 @@ pub struct PauseMetrics {
     pub resume_seconds: Histogram,
 }
 
+impl PauseMetrics {
+    /// Adds the counts to the server's `/metrics` (the manager keeps them
+    /// itself, as it pauses and resumes with no view of the server).
+    pub fn register(&self, metrics: &crate::telemetry::Metrics) {
+        metrics.register_with(|registry| {
+            registry.register(
+                "sandbox_pauses",
+                "Idle sandboxes paused (sandbox.pause_after_s)",
+                self.pauses.clone(),
+            );
+            registry.register(
+                "sandbox_resumes",
+                "Paused sandboxes resumed at their session's next tool call",
+                self.resumes.clone(),
+            );
+            registry.register(
+                "sandbox_resume_seconds",
+                "Time a tool call waited for its paused sandbox to resume",
+                self.resume_seconds.clone(),
+            );
+        });
+    }
+}
+
 impl Default for PauseMetrics {
     fn default() -> Self {
         PauseMetrics {

@@ -10,8 +10,9 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::with_last_word;
-use crate::agent::calls::add_notes;
-use crate::agent::harness::{Aid, NextCall, OnReply, Reply, Say, key_of, may_change_state, say};
+use crate::agent::harness::{
+    Aid, NextCall, OnReply, Reply, Say, add_notes, key_of, may_change_state, say,
+};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
 use crate::protocol::InterventionKind;

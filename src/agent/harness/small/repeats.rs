@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::printed;
-use crate::agent::calls::add_notes;
-use crate::agent::harness::{Aid, Say, key_of, may_change_state, say};
+use crate::agent::harness::{Aid, Say, add_notes, key_of, may_change_state, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
 use crate::protocol::InterventionKind;

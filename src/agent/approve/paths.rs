@@ -6,9 +6,9 @@
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::approve::Gate;
-use super::tools::{ToolContext, ToolOutput};
-use super::turn::TurnDeps;
+use super::Gate;
+use crate::agent::deps::TurnDeps;
+use crate::agent::tools::{ToolContext, ToolOutput};
 use crate::model::ToolCall;
 
 /// The argument a file tool's call carries once its path was resolved in
@@ -17,7 +17,7 @@ use crate::model::ToolCall;
 pub const EXPECT_PATH: &str = "expect_path";
 
 /// The argument that holds a file tool's path.
-pub(super) fn path_argument(tool: &str) -> Option<&'static str> {
+pub(in crate::agent) fn path_argument(tool: &str) -> Option<&'static str> {
     match tool {
         "Read" | "Write" | "Edit" => Some("file_path"),
         "Glob" | "Grep" => Some("path"),
@@ -58,7 +58,7 @@ pub(super) async fn resolve(
 
 /// Leaves out of what `Glob` and `Grep` found the files a deny rule covers
 /// (for `Read` or for the tool): a search is no way round a rule.
-pub(super) fn hide_denied(gate: &Gate, call: &ToolCall, output: &mut ToolOutput) {
+pub(in crate::agent) fn hide_denied(gate: &Gate, call: &ToolCall, output: &mut ToolOutput) {
     if !gate.reads_paths(&call.name) || output.is_error {
         return;
     }

@@ -9,11 +9,10 @@ use chrono::Utc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::deps::TurnDeps;
 use super::hook::{DEFAULT_HOOK_TIMEOUT_MS, HookCall};
 use super::options::AgentOptions;
-use super::paths::{EXPECT_PATH, path_argument, resolve};
 use super::tools::ToolContext;
-use super::turn::TurnDeps;
 use crate::config::AgentConfig;
 use crate::model::{ToolCall, ToolSpec};
 use crate::permission::{
@@ -23,8 +22,14 @@ use crate::protocol::{Approval, EventKind};
 use crate::session::approvals::{Decided, Pending, Remember};
 use crate::session::{OnBehalfOf, Session};
 use crate::store::StoreError;
+use paths::{path_argument, resolve};
 
 /// Where relative paths start when the session names no working directory.
+mod paths;
+
+pub use paths::EXPECT_PATH;
+pub(super) use paths::hide_denied;
+
 const WORKSPACE: &str = "/workspace";
 /// How long a decision that claimed a call as its wait ended may take to
 /// arrive.
@@ -173,7 +178,7 @@ impl Gate {
     /// Whether a rule of either policy reads `tool`'s input: then a file
     /// tool's path is resolved in the sandbox before the check.
     /// `Glob` and `Grep` are resolved under `Read`'s rules too: what they
-    /// find is filtered by them ([`super::paths::hide_denied`]).
+    /// find is filtered by them ([`paths::hide_denied`]).
     pub(super) fn reads_paths(&self, tool: &str) -> bool {
         let reads = |tool: &str| {
             self.session.reads_input_of(tool)

@@ -2,8 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::subject::Pattern;
-
 /// Subjects whose messages the store keeps, with their retention.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,7 +25,7 @@ fn default_max_age_s() -> u64 {
 }
 
 impl Durable {
-    fn new(pattern: &str) -> Durable {
+    pub fn new(pattern: &str) -> Durable {
         Durable {
             pattern: pattern.to_owned(),
             max_messages: default_max_messages(),
@@ -82,7 +80,9 @@ impl Default for BusConfig {
 }
 
 impl BusConfig {
-    /// The first problem found, as `(field, message)`.
+    /// The first problem found, as `(field, message)`. The durable
+    /// patterns are the bus's to parse: it checks them as it starts
+    /// (`bus::check_durables`).
     pub fn validate(&self) -> Result<(), (String, String)> {
         if let Some(url) = &self.url {
             let scheme = url.split_once("://").map(|(scheme, _)| scheme);
@@ -92,10 +92,6 @@ impl BusConfig {
                     format!("{url:?} is not a NATS URL (nats://host:port)"),
                 ));
             }
-        }
-        for (i, durable) in self.durable.iter().enumerate() {
-            Pattern::parse(&durable.pattern)
-                .map_err(|err| (format!("bus.durable[{i}].pattern"), err.to_string()))?;
         }
         if self.max_payload_bytes == 0 {
             return Err(("bus.max_payload_bytes".into(), "must be at least 1".into()));
@@ -110,56 +106,5 @@ impl BusConfig {
             return Err(("bus.subscriber_buffer".into(), "must be at least 1".into()));
         }
         Ok(())
-    }
-}
-
-/// A durable subject's retention, resolved.
-#[derive(Debug, Clone)]
-pub(super) struct Retention {
-    /// The configured pattern: the subject's class in the metrics.
-    pub class: String,
-    pub max_messages: u64,
-    pub max_age: Option<chrono::Duration>,
-}
-
-/// The durable patterns, parsed once.
-#[derive(Debug, Clone)]
-pub(crate) struct Retentions(Vec<(Pattern, Retention)>);
-
-impl Retentions {
-    pub fn new(config: &BusConfig) -> Retentions {
-        Retentions(
-            config
-                .durable
-                .iter()
-                .filter_map(|d| {
-                    let pattern = Pattern::parse(&d.pattern).ok()?;
-                    let max_age = (d.max_age_s > 0)
-                        .then(|| chrono::Duration::try_seconds(d.max_age_s as i64))
-                        .flatten();
-                    Some((
-                        pattern,
-                        Retention {
-                            class: d.pattern.clone(),
-                            max_messages: d.max_messages,
-                            max_age,
-                        },
-                    ))
-                })
-                .collect(),
-        )
-    }
-
-    /// Whether a stream's messages are kept.
-    pub(crate) fn keeps(&self, stream: &str) -> bool {
-        self.of(stream).is_some()
-    }
-
-    /// The retention of a stream; `None` when it is not durable.
-    pub(super) fn of(&self, stream: &str) -> Option<&Retention> {
-        self.0
-            .iter()
-            .find(|(pattern, _)| pattern.matches_stream(stream))
-            .map(|(_, retention)| retention)
     }
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::config::{GatewayConfig, PoolConfig, ReplicaConfig, Strategy};
+use super::gateway::{GatewayConfig, PoolConfig, ReplicaConfig, Strategy};
 
 /// Provider prefixes of `litellm_params.model` that name an
 /// OpenAI-compatible server; the rest of the name is the served model.
@@ -210,7 +210,7 @@ pub fn export(gateway: &GatewayConfig) -> Result<String, String> {
             let mut info = Map::new();
             info.insert(
                 "id".into(),
-                Value::String(super::config::replica_id(name, rank, replica)),
+                Value::String(super::gateway::replica_id(name, rank, replica)),
             );
             info.insert("replica_rank".into(), Value::from(rank));
             model_list.push(ModelEntry {

@@ -1,0 +1,458 @@
+//! Assembling a server from its config, one step after the other: the
+//! ground every part stands on (store, metrics, keys, quotas, usage, bus),
+//! the models, the tools, the session kinds and their manager, and last
+//! recovery from the previous run.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::{Server, StartError, Tools, reap_orphans, shared, tools};
+use crate::agent::decide::Decider;
+use crate::agent::hook::Hooks;
+use crate::agent::{AgentTask, ToolRouter, TurnDeps};
+use crate::api::auth::Keys;
+use crate::api::state::{AppState, Shared};
+use crate::bus::{Bus, Kv, StorageMeter};
+use crate::config::Config;
+use crate::deliberation::{self, DeliberationTask, Deliberations};
+use crate::gateway::Gateway;
+use crate::jobs::Jobs;
+use crate::mcp::{McpHost, SandboxTools};
+use crate::model::ModelRegistry;
+use crate::pipeline::definition::Definition;
+use crate::pipeline::{self, PipelineTask, runs::Runs};
+use crate::quota::{KeyTable, Quotas};
+use crate::sandbox::SandboxManager;
+use crate::session::approvals::Approvals;
+use crate::session::child::ChildTurns;
+use crate::session::lease::TurnLeases;
+use crate::session::log::EventLogs;
+use crate::session::{Limits, SessionManager, SessionTask, Tasks};
+use crate::store::Store;
+use crate::telemetry::Metrics;
+use crate::usage::Recorder;
+
+/// What every later step stands on.
+struct Ground {
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    /// Each key's name and quota, for auth, the quotas and usage.
+    key_table: Arc<KeyTable>,
+    quotas: Arc<Quotas>,
+    usage: Arc<Recorder>,
+    /// The bus's writer, awaited before the store closes.
+    bus_tasks: TaskTracker,
+    /// Measured against each key's `storage_mb` when there are keys.
+    bus: Arc<dyn Bus>,
+    kv: Arc<Kv>,
+    /// Among replicas, the session events' fan-out.
+    event_logs: Option<Arc<dyn EventLogs>>,
+    storage: Option<Arc<StorageMeter>>,
+}
+
+/// What runs the agent's tool calls, and the parts behind it.
+struct ToolLayer {
+    router: Arc<dyn ToolRouter>,
+    sandboxes: Option<Arc<SandboxManager>>,
+    mcp: Option<Arc<McpHost>>,
+}
+
+/// What the session kinds share besides the ground.
+struct KindParts {
+    models: Arc<ModelRegistry>,
+    definitions: Arc<BTreeMap<String, Arc<Definition>>>,
+    jobs: Arc<dyn Jobs>,
+    /// Pipeline runs waiting for a place.
+    queued: Arc<Mutex<HashSet<Uuid>>>,
+    running: Arc<deliberation::Running>,
+}
+
+impl Server {
+    /// [`Server::build`], running `kinds` besides the built-in ones (a
+    /// kind given here replaces a built-in one of the same name).
+    pub async fn build_with_kinds(
+        config: Config,
+        tools: Tools,
+        root: CancellationToken,
+        kinds: Vec<Arc<dyn SessionTask>>,
+    ) -> Result<Server, StartError> {
+        crate::bus::check_durables(&config.bus)
+            .map_err(|(field, message)| StartError::Config { field, message })?;
+        let ground = ground(&config, &root).await?;
+        let (gateway, models) = models(&config, &ground.metrics).await?;
+        let tools = tool_layer(&config, tools, &ground, &root).await?;
+        // With replicas a decision may reach one that does not run the
+        // call's turn: it goes on over the bus.
+        let approvals = Arc::new(Approvals::new(
+            ground.store.clone(),
+            config.store.is_some().then(|| ground.bus.clone()),
+        ));
+        let agent = agent_task(&config, &ground, &models, &tools, &approvals);
+        // A deliberation with tool-using agents runs each as an agent
+        // session: its kind reaches the manager that runs it.
+        let definitions = Arc::new(
+            pipeline::definitions(&config.pipelines, &|model| {
+                models.resolve(model).map(|_| ()).map_err(|e| e.to_string())
+            })
+            .map_err(|e| StartError::Model(format!("pipelines: {e}")))?,
+        );
+        let child_turns = Arc::new(ChildTurns::default());
+        let jobs = shared::start_jobs(
+            &config,
+            &models,
+            &definitions,
+            &ground.metrics,
+            child_turns.clone(),
+            &ground.usage,
+        )
+        .await?;
+        let parts = KindParts {
+            models: models.clone(),
+            definitions,
+            jobs: jobs.clone(),
+            queued: Arc::new(Mutex::new(HashSet::new())),
+            running: deliberation::Running::new(ground.key_table.clone()),
+        };
+        let sessions = session_manager(&config, &ground, &parts, agent, kinds, &root);
+        let _ = child_turns.sessions.set(Arc::downgrade(&sessions));
+        crate::agent::profiles::check(&config, sessions.tasks())
+            .await
+            .map_err(StartError::Agents)?;
+        let deliberations = Arc::new(Deliberations::new(
+            sessions.clone(),
+            parts.running.clone(),
+            ground.storage.clone(),
+            ground.store.clone(),
+            models.clone(),
+        ));
+        let pipelines = Arc::new(Runs::new(
+            sessions.clone(),
+            ground.store.clone(),
+            parts.queued.clone(),
+            parts.definitions.clone(),
+            config.pipelines.clone(),
+            approvals.clone(),
+        ));
+        if let Some(host) = &tools.mcp {
+            // The MCP tools that start sessions of their own.
+            let _ = host.deliberations.set(deliberations.clone());
+            let _ = host.pipelines.set(pipelines.clone());
+            let _ = host.sessions.set(sessions.clone());
+            let _ = host.decider.set(Decider {
+                approvals: approvals.clone(),
+                config: Arc::new(config.agent.clone()),
+            });
+        }
+        recover(&sessions, &ground.store, tools.sandboxes.as_deref()).await?;
+        let rollouts = rollouts(&config, &gateway, &ground, &root);
+        let Ground {
+            store,
+            metrics,
+            key_table,
+            quotas,
+            usage,
+            bus_tasks,
+            bus,
+            kv,
+            storage,
+            event_logs: _,
+        } = ground;
+        let config = Arc::new(config);
+        let state = AppState::new(Shared {
+            keys: Arc::new(Keys::new(key_table, store.clone())),
+            quotas,
+            config: config.clone(),
+            sessions,
+            models,
+            metrics,
+            started: Instant::now(),
+            store: store.clone(),
+            sandboxes: tools.sandboxes,
+            mcp: tools.mcp,
+            gateway,
+            bus,
+            kv,
+            rollouts,
+            deliberations,
+            pipelines,
+            approvals,
+            usage,
+            storage,
+            stop: root.child_token(),
+        });
+        Ok(Server {
+            state,
+            store,
+            root,
+            bus_tasks,
+            jobs,
+        })
+    }
+}
+
+/// Opens the store and the bus, and sets up the keys' quotas and usage.
+async fn ground(config: &Config, root: &CancellationToken) -> Result<Ground, StartError> {
+    let store = shared::open_store(config).await?;
+    let metrics = Arc::new(Metrics::new());
+    let key_table = Arc::new(KeyTable::new(config));
+    // The quotas are counted in the store so replicas share them; a dead
+    // replica's sandboxes and turns free after one turn lease.
+    let quotas = Arc::new(Quotas::new(
+        key_table.clone(),
+        store.clone(),
+        Duration::from_secs(config.cluster.turn_lease_s),
+    ));
+    // What each key spends, per day and model, in the store.
+    let usage = Arc::new(Recorder::new(store.clone(), key_table.clone(), &metrics));
+    let bus_tasks = TaskTracker::new();
+    let shared::Bus {
+        bus,
+        kv,
+        event_logs,
+    } = shared::connect_bus(config, &store, &metrics, &bus_tasks, root).await?;
+    let (bus, storage) = shared::metered(bus, &kv, &key_table, &store, config);
+    Ok(Ground {
+        store,
+        metrics,
+        key_table,
+        quotas,
+        usage,
+        bus_tasks,
+        bus,
+        kv,
+        event_logs,
+        storage,
+    })
+}
+
+/// The gateway's pools and the models sessions name.
+async fn models(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<Gateway>, Arc<ModelRegistry>), StartError> {
+    let upstreams = config.allowed_upstreams();
+    tracing::info!(?upstreams, "replicas added at run time may be at");
+    let gateway = Arc::new(
+        Gateway::new(&config.gateway, &upstreams, metrics.clone()).map_err(StartError::Model)?,
+    );
+    for pool in gateway.pools() {
+        let replicas: Vec<String> = pool.replicas().iter().map(|r| r.url.clone()).collect();
+        tracing::info!(pool = %pool.name, strategy = ?pool.config.strategy, ?replicas, "gateway pool");
+    }
+    let models = Arc::new(
+        ModelRegistry::with_gateway(config, Some(gateway.clone()))
+            .map_err(|e| StartError::Model(e.to_string()))?,
+    );
+    // A provider whose listing names the default model is asked now, so
+    // the log says which model that is; one not up yet is no reason to
+    // refuse to start (sandboxes, the bus and named models work without
+    // it), and the first turn that needs the default asks again.
+    if let Err(e) = models.default_model_now().await {
+        tracing::warn!(error = %e, "default model not known yet; asked again at first use");
+    }
+    Ok((gateway, models))
+}
+
+/// The sandboxes of the configured backend and the MCP server over them,
+/// or the caller's own router.
+async fn tool_layer(
+    config: &Config,
+    tools: Tools,
+    ground: &Ground,
+    root: &CancellationToken,
+) -> Result<ToolLayer, StartError> {
+    match tools {
+        Tools::Custom(router) => Ok(ToolLayer {
+            router,
+            sandboxes: None,
+            mcp: None,
+        }),
+        Tools::Sandboxed => sandboxed(config, ground, root).await,
+    }
+}
+
+/// [`tool_layer`] on the configured backend.
+async fn sandboxed(
+    config: &Config,
+    ground: &Ground,
+    root: &CancellationToken,
+) -> Result<ToolLayer, StartError> {
+    let (sandboxes, host, instance) = tools::sandbox_host(
+        config,
+        &ground.store,
+        Some((&ground.quotas, ground.storage.as_ref())),
+    )
+    .await?;
+    sandboxes.on_removed(ground.usage.sandbox_hook());
+    sandboxes.pause_metrics().register(&ground.metrics);
+    let router = SandboxTools::connect(host.clone(), config.mcp.clone())
+        .await
+        .map_err(|e| StartError::Sandbox(e.to_string()))?;
+    let router = shared::cluster_tools(
+        config,
+        Arc::new(router),
+        &ground.store,
+        instance,
+        &ground.bus_tasks,
+        root,
+    )
+    .await?;
+    Ok(ToolLayer {
+        router,
+        sandboxes: Some(sandboxes),
+        mcp: Some(host),
+    })
+}
+
+/// Rollouts: prompts from the bus to the gateway, answers back.
+fn rollouts(
+    config: &Config,
+    gateway: &Arc<Gateway>,
+    ground: &Ground,
+    root: &CancellationToken,
+) -> Arc<crate::rollout::Rollouts> {
+    Arc::new(crate::rollout::Rollouts::new(
+        gateway.clone(),
+        ground.bus.clone(),
+        ground.kv.clone(),
+        ground.metrics.clone(),
+        config.bus.rollout_concurrency,
+        Duration::from_secs(config.bus.response_topic_wait_s),
+        root.child_token(),
+    ))
+}
+
+/// The `agent` session kind.
+fn agent_task(
+    config: &Config,
+    ground: &Ground,
+    models: &Arc<ModelRegistry>,
+    tools: &ToolLayer,
+    approvals: &Arc<Approvals>,
+) -> AgentTask {
+    AgentTask::new(
+        TurnDeps {
+            approvals: approvals.clone(),
+            hooks: Arc::new(Hooks::new(&config.mcp.allowed_http_servers)),
+            store: ground.store.clone(),
+            models: models.clone(),
+            tools: tools.router.clone(),
+            config: config.agent.clone(),
+            metrics: ground.metrics.clone(),
+            usage: ground.usage.clone(),
+        },
+        config.mcp.clone(),
+    )
+}
+
+/// The session manager with the built-in kinds (agent, deliberation,
+/// pipeline) and `kinds`, which replace a built-in one of the same name.
+fn session_manager(
+    config: &Config,
+    ground: &Ground,
+    parts: &KindParts,
+    agent: AgentTask,
+    kinds: Vec<Arc<dyn SessionTask>>,
+    root: &CancellationToken,
+) -> Arc<SessionManager> {
+    let limits = Limits {
+        turn_timeout: Duration::from_secs(config.agent.turn_timeout_s),
+        ephemeral_retention: Duration::from_secs(config.agent.ephemeral_retention_s),
+    };
+    Arc::new_cyclic(|manager| {
+        let pipelines = PipelineTask::new(pipeline::engine::Deps {
+            store: ground.store.clone(),
+            config: config.pipelines.clone(),
+            definitions: parts.definitions.clone(),
+            sessions: manager.clone(),
+            slots: Arc::new(crate::sync::KeyedSlots::new(
+                config.pipelines.max_concurrent_pipelines,
+                config.pipelines.max_concurrent_per_key(),
+            )),
+            queued: parts.queued.clone(),
+            jobs: parts.jobs.clone(),
+            hook_rules: config.mcp.http_rules(),
+        });
+        let deliberation = DeliberationTask::new(deliberation::engine::Deps {
+            models: parts.models.clone(),
+            bus: ground.bus.clone(),
+            store: ground.store.clone(),
+            max_tokens: config.agent.max_tokens,
+            sessions: manager.clone(),
+            permits: Arc::new(tokio::sync::Semaphore::new(
+                deliberation::MAX_CONCURRENT_AGENTS,
+            )),
+            jobs: parts.jobs.clone(),
+            running: parts.running.clone(),
+            hook_rules: config.mcp.http_rules(),
+        });
+        let built_in = Tasks::new()
+            .with(Arc::new(agent))
+            .with(Arc::new(deliberation))
+            .with(Arc::new(pipelines));
+        let tasks = kinds.into_iter().fold(built_in, Tasks::with);
+        let manager = SessionManager::new(
+            ground.store.clone(),
+            tasks,
+            limits,
+            ground.metrics.clone(),
+            root.child_token(),
+        );
+        let manager = match &ground.event_logs {
+            Some(logs) => manager
+                .with_usage(ground.usage.clone())
+                .with_logs(logs.clone()),
+            None => manager.with_usage(ground.usage.clone()),
+        }
+        .with_quotas(ground.quotas.clone())
+        .with_storage(ground.storage.clone());
+        // A shared store means other replicas: turns take leases there,
+        // and interrupts reach them over the bus.
+        match config.store {
+            Some(_) => manager
+                .with_leases(TurnLeases::new(
+                    ground.store.clone(),
+                    Duration::from_secs(config.cluster.turn_lease_s),
+                ))
+                .with_signals(ground.bus.clone()),
+            None => manager,
+        }
+    })
+}
+
+/// Closes the turns the last stop cut off and removes the sandboxes it
+/// left behind.
+async fn recover(
+    sessions: &SessionManager,
+    store: &Arc<dyn Store>,
+    sandboxes: Option<&SandboxManager>,
+) -> Result<(), StartError> {
+    let recovered = sessions
+        .recover()
+        .await
+        .map_err(|e| StartError::Recover(e.to_string()))?;
+    if recovered > 0 {
+        tracing::warn!(
+            sessions = recovered,
+            "closed turns cut off by the last stop as interrupted"
+        );
+    }
+    if let Some(sandboxes) = sandboxes {
+        let reaped = reap_orphans(store.as_ref(), sandboxes)
+            .await
+            .map_err(StartError::Sandbox)?;
+        if reaped > 0 {
+            tracing::warn!(
+                sandboxes = reaped,
+                "removed sandboxes a previous run left behind"
+            );
+        }
+        tracing::info!(backend = sandboxes.backend_name(), "sandbox backend ready");
+    }
+    Ok(())
+}
