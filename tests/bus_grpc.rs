@@ -8,8 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::TestServer;
-use conclave::api::grpc::proto::bus_client::BusClient;
-use conclave::api::grpc::proto::{
+use conclave::api::grpc::bus::proto::bus_client::BusClient;
+use conclave::api::grpc::bus::proto::{
     KvDeleteRequest, KvGetRequest, KvPutRequest, KvWatchRequest, PublishRequest, SubscribeRequest,
     delivery,
 };

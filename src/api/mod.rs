@@ -1,68 +1,29 @@
 //! HTTP transport. Every axum type of the server lives under this module.
 //!
 //! - [`router`]: the routes, the body limit, auth and JSON fallbacks.
-//! - [`guard`]: the one middleware before every route: the checks below,
-//!   in order.
-//! - [`access_log`]: one INFO line per request, with its id.
-//! - [`error`]: `ApiError`, the one error every handler returns, and the
-//!   one place the errors of the parts under it map to HTTP statuses.
-//! - [`grpc_error`]: the same for gRPC: those errors as gRPC statuses,
-//!   and a refusal met before a gRPC service in gRPC's form.
-//! - [`extract`]: JSON body and query extractors with `ApiError` rejections.
-//! - [`auth`]: bearer keys, roles and the caller identity.
-//! - [`browser`]: `Host`, `Origin` and content-type checks against web
-//!   pages driving the server.
-//! - [`mcp`]: `/mcp`, with MCP sessions bound to the key that opened them.
-//! - [`body`]: request bodies read whole within a deadline.
-//! - [`state`]: `AppState`, what every handler shares.
-//! - [`serve`]: the listener, with connection caps and header deadlines.
-//! - `raw_target`: request targets as clients send them (a raw `>` in a
-//!   query).
-//! - `refusal`: the JSON error for requests the HTTP/1 parser refuses.
-//! - [`stream`]: events as NDJSON or SSE.
-//! - [`dashboard`]: the embedded browser dashboard and its auth calls.
-//! - [`agui`]: the AG-UI protocol adapter (`POST /ag-ui/{agent}`).
-//! - [`agent`], [`approvals`], [`ws`], [`ops`], [`gateway`], [`weights`], [`sandboxes`],
-//!   [`bus`], [`bus_ws`], [`grpc`], [`grpc_orchestrator`], [`rollouts`],
-//!   [`deliberations`], [`pipelines`]: the handlers.
+//! - [`http`]: the engine room every request passes through (listener,
+//!   guard, auth, body, errors, streams, the shared state).
+//! - [`routes`]: the resource routes, one file per resource.
+//! - [`grpc`]: the gRPC services (the bus, deliberations).
+//! - Protocol adapters: [`a2a`] (A2A JSON-RPC), [`agui`] (AG-UI,
+//!   `POST /ag-ui/{agent}`), [`langgraph`] (the LangGraph Agent Protocol
+//!   under `/langgraph`).
 
 pub mod a2a;
-pub mod access_log;
-pub mod agent;
 pub mod agui;
-pub mod approvals;
-pub mod auth;
-pub mod body;
-pub mod browser;
-pub mod bus;
-pub mod bus_ws;
-pub mod dashboard;
-pub mod deliberations;
-pub mod error;
-pub mod extract;
-pub mod fork;
-pub mod gateway;
 pub mod grpc;
-pub mod grpc_error;
-pub mod grpc_orchestrator;
-pub mod guard;
+pub mod http;
 pub mod langgraph;
-pub mod mcp;
-pub mod ops;
-pub mod pipelines;
-pub mod profiles;
-mod raw_target;
-mod refusal;
-pub mod rollouts;
-pub mod sandboxes;
-pub mod serve;
-pub mod state;
-pub mod stream;
-pub mod tickets;
-mod traced;
-pub mod usage;
-pub mod weights;
-pub mod ws;
+pub mod routes;
+
+// The handlers' modules by short name, for the route table below.
+use grpc::{bus as grpc_bus, deliberations as grpc_deliberations};
+use http::{body, browser, error, guard, state, traced};
+use routes::{
+    agent, agent_ws as ws, agents as profiles, approvals, bus, bus_ws, dashboard, deliberations,
+    fork, gateway, gateway_weights as weights, health as ops, mcp, orchestrator as pipelines,
+    rollouts, sandboxes, usage,
+};
 
 use std::sync::Arc;
 
@@ -189,11 +150,11 @@ pub fn router(state: AppState) -> Router {
         )
         .route_service(
             "/conclave.bus.v1.Bus/{*method}",
-            grpc::service(state.clone()),
+            grpc_bus::service(state.clone()),
         )
         .route_service(
             "/conclave.orchestrator.v1.Orchestrator/{*method}",
-            grpc_orchestrator::service(state.clone()),
+            grpc_deliberations::service(state.clone()),
         )
         .route(
             "/deliberations",

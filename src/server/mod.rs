@@ -22,7 +22,7 @@ pub use run::reap_orphans;
 pub use tools::serve_mcp_stdio;
 
 use crate::agent::ToolRouter;
-use crate::api::state::AppState;
+use crate::api::http::state::AppState;
 use crate::config::Config;
 use crate::jobs::Jobs;
 use crate::store::Store;

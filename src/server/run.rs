@@ -73,14 +73,14 @@ impl Server {
             .get()
             .map(|(soft, _)| soft)
             .unwrap_or(1024);
-        let limits = api::serve::Limits::new(&self.state.config.http, open_files);
+        let limits = api::http::serve::Limits::new(&self.state.config.http, open_files);
         tracing::info!(
             max_connections = limits.max_connections,
             per_client = limits.max_connections_per_client,
             "connection limits"
         );
         let overflow = api::overflow_router(self.state.clone());
-        let served = api::serve::serve(listener, router, overflow, limits, stopping).await;
+        let served = api::http::serve::serve(listener, router, overflow, limits, stopping).await;
         background.close();
         background.wait().await;
         self.shut_down(sandbox_tasks).await;

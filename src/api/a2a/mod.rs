@@ -22,10 +22,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
-use super::error::ApiError;
-use super::profiles::named as agent;
-use super::state::AppState;
 use crate::agent::profiles::Agent;
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
+use crate::api::routes::agents::named as agent;
 use crate::protocol::SessionKind;
 
 /// The protocol version served; requests must say it in `A2A-Version`.

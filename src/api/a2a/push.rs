@@ -16,8 +16,8 @@ use uuid::Uuid;
 use super::rpc::{self, RpcError};
 use super::send::{Call, Found, caught_up, find};
 use super::task::{self, State, Task};
-use crate::api::error::ApiError;
-use crate::api::state::AppState;
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
 use crate::egress::Rules;
 use crate::store::Expect;
 

@@ -14,9 +14,9 @@ use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
 use super::{VERSION, agent, push, send};
-use crate::api::auth::Caller;
-use crate::api::error::ApiError;
-use crate::api::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
 
 /// An A2A error: its JSON-RPC code and what was wrong.
 #[derive(Debug)]

@@ -13,10 +13,10 @@ use uuid::Uuid;
 use super::rpc::{self, RpcError};
 use super::task::{self, State, TASKS, Task, TaskRecord};
 use crate::agent::profiles::Agent;
-use crate::api::auth::Caller;
-use crate::api::error::ApiError;
-use crate::api::profiles::{Opening, open_session};
-use crate::api::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
+use crate::api::routes::agents::{Opening, open_session};
 use crate::session::{Session, SessionError, TurnOptions};
 use crate::store::Expect;
 
@@ -357,9 +357,15 @@ async fn answer(
         Some(_) => return Err(RpcError::params("callId must be a string")),
     };
     for call_id in &calls {
-        let decision = crate::api::approvals::parse_decision(Value::Object(body.clone()))?;
-        crate::api::approvals::decide(call.state, call.caller, &found.session, call_id, decision)
-            .await?;
+        let decision = crate::api::routes::approvals::parse_decision(Value::Object(body.clone()))?;
+        crate::api::routes::approvals::decide(
+            call.state,
+            call.caller,
+            &found.session,
+            call_id,
+            decision,
+        )
+        .await?;
     }
     Ok(calls)
 }

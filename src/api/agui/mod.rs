@@ -28,10 +28,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::JsonObject;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::JsonObject;
+use crate::api::http::state::AppState;
 use crate::model::ToolSpec;
 use crate::protocol::{Event, EventKind, SessionKind};
 use crate::session::{Session, SessionError, ToolAnswer, TurnOptions};
@@ -281,13 +281,13 @@ async fn create(
             ));
         }
     };
-    let opening = super::profiles::Opening {
+    let opening = crate::api::routes::agents::Opening {
         id: Some(thread),
         overrides,
         ephemeral: false,
         field: "kind",
     };
-    Ok(super::profiles::open_session(state, caller, profile, opening).await?)
+    Ok(crate::api::routes::agents::open_session(state, caller, profile, opening).await?)
 }
 
 /// Decides the interrupts the entries answer (`resolved` with the
@@ -312,9 +312,16 @@ async fn resume(
                 )));
             }
         };
-        let decision = super::approvals::parse_decision(body)?;
+        let decision = crate::api::routes::approvals::parse_decision(body)?;
         let asked = asked_at(session, &entry.interrupt_id).await;
-        super::approvals::decide(state, caller, session, &entry.interrupt_id, decision).await?;
+        crate::api::routes::approvals::decide(
+            state,
+            caller,
+            session,
+            &entry.interrupt_id,
+            decision,
+        )
+        .await?;
         since = since.or(asked);
     }
     since.ok_or_else(|| Refusal::Input("no interrupt of this thread has these ids".into()))

@@ -17,9 +17,9 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::error::ApiError;
-use super::state::AppState;
 use crate::agent::profiles::{self, Agent};
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
 use crate::protocol::Message;
 use crate::session::Session;
 

@@ -18,11 +18,11 @@ use uuid::Uuid;
 
 use super::threads::new_session;
 use super::{assistant, current_values, prompt_of, thread_id};
-use crate::api::auth::Caller;
-use crate::api::error::ApiError;
-use crate::api::extract::{ApiQuery, JsonObject};
-use crate::api::state::AppState;
-use crate::api::stream::cancel_on_hangup;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::extract::{ApiQuery, JsonObject};
+use crate::api::http::state::AppState;
+use crate::api::http::stream::cancel_on_hangup;
 use crate::protocol::{Event, EventKind, ResultStatus};
 use crate::session::{Session, SessionError, StartedTurn, TurnOptions};
 

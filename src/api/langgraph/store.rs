@@ -10,11 +10,11 @@ use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::api::auth::Caller;
-use crate::api::bus::namespace as kv_namespace;
-use crate::api::error::ApiError;
-use crate::api::extract::{ApiQuery, JsonObject};
-use crate::api::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::extract::{ApiQuery, JsonObject};
+use crate::api::http::state::AppState;
+use crate::api::routes::bus::namespace as kv_namespace;
 use crate::store::{Expect, KvEntry};
 
 const PREFIX: &str = "langgraph/store/";

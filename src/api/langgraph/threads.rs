@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use super::{PIPELINE, assistant, assistant_json, current_values, thread_id, values};
 use crate::agent::profiles::{self, Agent};
-use crate::api::auth::Caller;
-use crate::api::error::ApiError;
-use crate::api::extract::JsonObject;
-use crate::api::profiles::{Opening, open_session};
-use crate::api::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::extract::JsonObject;
+use crate::api::http::state::AppState;
+use crate::api::routes::agents::{Opening, open_session};
 use crate::protocol::{EventKind, SessionKind, SessionStatus};
 use crate::session::Session;
 use crate::store::SessionFilter;

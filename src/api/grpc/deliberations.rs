@@ -7,8 +7,8 @@ use serde_json::{Map, Value, json};
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
-use super::auth::Caller;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::state::AppState;
 use crate::protocol::deliberation::{DeliberationResult, DeliberationStatus};
 
 /// The code generated from `proto/orchestrator.proto`.

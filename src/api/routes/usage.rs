@@ -6,10 +6,10 @@ use axum::{Extension, Json};
 use chrono::{DateTime, NaiveDate};
 use serde::Deserialize;
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::ApiQuery;
+use crate::api::http::state::AppState;
 use crate::usage::report::{GroupBy, UsageReport, report};
 use crate::usage::{owner_id, today};
 

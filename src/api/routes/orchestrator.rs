@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::JsonObject;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::JsonObject;
+use crate::api::http::state::AppState;
 use crate::pipeline::fork::ForkRequest;
 
 /// `{pipeline = "connector", connector_name, connector_type, input, model,
@@ -142,7 +142,7 @@ pub struct RunsQuery {
 pub async fn runs(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    super::extract::ApiQuery(query): super::extract::ApiQuery<RunsQuery>,
+    crate::api::http::extract::ApiQuery(query): crate::api::http::extract::ApiQuery<RunsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = match query.limit {
         None => 50,

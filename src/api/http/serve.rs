@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::raw_target::Targets;
-use super::refusal::{Refusals, SharedExchanges, Watched, Write};
+use crate::api::http::raw_target::Targets;
+use crate::api::http::refusal::{Refusals, SharedExchanges, Watched, Write};
 use crate::sync::lock;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};

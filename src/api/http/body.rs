@@ -11,7 +11,7 @@ use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use crate::api::http::error::ApiError;
 
 /// The deadline and the size limit.
 #[derive(Debug, Clone, Copy)]

@@ -9,10 +9,10 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::JsonObject;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::JsonObject;
+use crate::api::http::state::AppState;
 use crate::protocol::deliberation::DeliberationResult;
 
 /// `{task_description, role, num_agents = 3, constraints, rounds,

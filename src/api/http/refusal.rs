@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use axum::http::{Response, StatusCode};
 use hyper::body::{Body, Frame, SizeHint};
 
-use super::error::ApiError;
+use crate::api::http::error::ApiError;
 use crate::sync::lock;
 
 /// The most bytes held while a write might be hyper's refusal; its own is

@@ -13,7 +13,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::auth::Caller;
+use crate::api::http::auth::Caller;
 use crate::store::{Expect, KvWrite, Store, StoreError};
 
 /// How long a WebSocket ticket may wait for its socket.

@@ -11,12 +11,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::{ApiQuery, JsonObject};
-use super::state::AppState;
-use super::stream::{cancel_on_hangup, events_response};
 use crate::agent::AgentOptions;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::{ApiQuery, JsonObject};
+use crate::api::http::state::AppState;
+use crate::api::http::stream::{cancel_on_hangup, events_response};
 use crate::model::Message;
 use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::session::{NewSession, SessionError};
@@ -154,7 +154,7 @@ pub async fn run(
         .await?;
     // An ephemeral run restores the snapshot at its first call; its one
     // turn needs no pin to keep it.
-    super::fork::checked_seed(&state, &caller, &options).await?;
+    crate::api::routes::fork::checked_seed(&state, &caller, &options).await?;
     let prompt = body.take_text("prompt")?;
     let name = body.take::<String>("session_name")?;
     body.take::<bool>("queue")?;
@@ -207,7 +207,7 @@ pub async fn create_session(
         .require(&kind, "kind")?
         .options(&body.0, &["session_name"])
         .await?;
-    let seed = super::fork::checked_seed(&state, &caller, &options).await?;
+    let seed = crate::api::routes::fork::checked_seed(&state, &caller, &options).await?;
     let name = body.take::<String>("session_name")?;
     let kind = SessionKind::new(kind);
     let session = state
@@ -221,7 +221,7 @@ pub async fn create_session(
         })
         .await?;
     if let Some(snapshot) = seed {
-        super::fork::pin(&state, &snapshot, session.id).await?;
+        crate::api::routes::fork::pin(&state, &snapshot, session.id).await?;
     }
     Ok((
         StatusCode::CREATED,

@@ -13,11 +13,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use utoipa::IntoParams;
 
-use super::auth::Caller;
-use super::bus::namespace;
-use super::error::{ApiError, ErrorBody};
-use super::extract::{ApiQuery, JsonObject};
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::{ApiQuery, JsonObject};
+use crate::api::http::state::AppState;
+use crate::api::routes::bus::namespace;
 use crate::bus::Subject;
 
 /// The longest `begin` waits for calls in flight, by default and at most.

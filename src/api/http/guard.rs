@@ -4,14 +4,14 @@
 //!
 //! 0. the request keeps the client's `x-request-id` or gets a new one (a
 //!    UUID), which its response carries back;
-//! 1. its access-log line begins ([`access_log`](super::access_log));
-//! 2. the browser checks ([`browser`](super::browser));
+//! 1. its access-log line begins ([`access_log`](crate::api::http::access_log));
+//! 2. the browser checks ([`browser`](crate::api::http::browser));
 //! 3. the caller is identified by its key or ticket
-//!    ([`auth`](super::auth));
+//!    ([`auth`](crate::api::http::auth));
 //! 4. a body is read whole within its deadline and limit
-//!    ([`body`](super::body));
+//!    ([`body`](crate::api::http::body));
 //! 5. the route answers; an error met before a gRPC service is given gRPC's
-//!    form ([`grpc`](super::grpc)) and the log line is written.
+//!    form ([`grpc`](crate::api::grpc::bus)) and the log line is written.
 
 use std::sync::Arc;
 
@@ -20,11 +20,12 @@ use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::access_log::Line;
-use super::body::BodyLimits;
-use super::browser::{self, BrowserPolicy};
-use super::state::AppState;
-use super::{auth, body, grpc, grpc_error};
+use super::{auth, body};
+use crate::api::grpc::{bus as grpc, error as grpc_error};
+use crate::api::http::access_log::Line;
+use crate::api::http::body::BodyLimits;
+use crate::api::http::browser::{self, BrowserPolicy};
+use crate::api::http::state::AppState;
 
 /// What the checks need.
 pub struct Guard {

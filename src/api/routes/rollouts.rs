@@ -7,11 +7,11 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Map, Value, json};
 
-use super::auth::Caller;
-use super::bus::namespace;
-use super::error::{ApiError, ErrorBody};
-use super::extract::JsonObject;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::JsonObject;
+use crate::api::http::state::AppState;
+use crate::api::routes::bus::namespace;
 use crate::bus::Subject;
 use crate::rollout::{Input, RolloutRequest};
 

@@ -20,7 +20,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use crate::api::http::error::ApiError;
 use crate::config::Config;
 
 /// The hosts and origins the server answers.

@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::ApiQuery;
+use crate::api::http::state::AppState;
 use crate::sandbox::{ManagedSandbox, SandboxManager};
 
 #[derive(Serialize, ToSchema)]

@@ -5,7 +5,7 @@
 //!
 //! A browser cannot set headers on a WebSocket, so a page trades its key
 //! for a ticket (`POST /auth/ticket`): single use, valid for
-//! [`TICKET_TTL`](super::tickets::TICKET_TTL), and taken as `?ticket=` by the WebSocket routes only;
+//! [`TICKET_TTL`](crate::api::http::tickets::TICKET_TTL), and taken as `?ticket=` by the WebSocket routes only;
 //! the key itself never goes into a URL. The dashboard's files (`/`,
 //! `/ui/…`, `/static/…`) need no key: they hold no data.
 
@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use axum::extract::Request;
 
-use super::error::ApiError;
-use super::state::AppState;
-use super::tickets::Tickets;
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
+use crate::api::http::tickets::Tickets;
 use crate::quota::KeyTable;
 use crate::store::{Store, StoreError};
 

@@ -21,11 +21,11 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
 
-use super::agent::parse_id;
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::ApiQuery;
+use crate::api::http::state::AppState;
+use crate::api::routes::agent::parse_id;
 use crate::session::{Session, SessionError};
 
 /// Per-connection buffers stay small: idle sockets are the common case.
@@ -196,10 +196,10 @@ async fn handle_frame(
         let Some(Value::String(call_id)) = frame.remove("call_id") else {
             return error("invalid_request", "call_id: a string is required".into());
         };
-        let decided = match super::approvals::parse_decision(Value::Object(frame)) {
+        let decided = match crate::api::routes::approvals::parse_decision(Value::Object(frame)) {
             Ok(decision) => {
                 let verdict = decision.decision;
-                super::approvals::decide(state, caller, session, &call_id, decision)
+                crate::api::routes::approvals::decide(state, caller, session, &call_id, decision)
                     .await
                     .map(|_| verdict)
             }

@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::error::ApiError;
+use crate::api::http::error::ApiError;
 use crate::gateway::json::Object;
 
 /// A JSON object body.

@@ -18,10 +18,10 @@ use axum::{Extension, Json};
 use serde_json::{Value, json};
 use tower_http::compression::CompressionLayer;
 
-use super::auth::Caller;
-use super::error::ApiError;
-use super::state::AppState;
-use super::tickets::TICKET_TTL;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
+use crate::api::http::tickets::TICKET_TTL;
 
 #[derive(rust_embed::Embed)]
 #[folder = "static/"]
@@ -97,7 +97,7 @@ fn file(path: &str, headers: &HeaderMap) -> Response {
 /// is an admin's. Without a valid key on a keyed server the auth layer
 /// answers `401` first.
 #[utoipa::path(get, path = "/auth/me",
-    responses((status = 200, description = "{auth, admin}"), (status = 401, body = super::error::ErrorBody)))]
+    responses((status = 200, description = "{auth, admin}"), (status = 401, body = crate::api::http::error::ErrorBody)))]
 pub async fn me(
     axum::extract::State(state): axum::extract::State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -108,11 +108,11 @@ pub async fn me(
 /// `POST /auth/ticket`: a single-use ticket for one WebSocket
 /// (`?ticket=`), valid for 30 seconds, standing for the caller's key.
 #[utoipa::path(post, path = "/auth/ticket",
-    responses((status = 200, description = "{ticket, expires_in_s}"), (status = 429, body = super::error::ErrorBody)))]
+    responses((status = 200, description = "{ticket, expires_in_s}"), (status = 429, body = crate::api::http::error::ErrorBody)))]
 pub async fn ticket(
     axum::extract::State(state): axum::extract::State<AppState>,
     Extension(caller): Extension<Caller>,
-    body: super::extract::JsonObject,
+    body: crate::api::http::extract::JsonObject,
 ) -> Result<Json<Value>, ApiError> {
     body.deny_rest()?;
     let issued = state

@@ -17,11 +17,11 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
 
-use super::auth::Caller;
-use super::bus::{namespace, subscription};
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::ApiQuery;
+use crate::api::http::state::AppState;
+use crate::api::routes::bus::{namespace, subscription};
 use crate::bus::{BusError, Delivery, Subject};
 
 const READ_BUFFER: usize = 4 * 1024;

@@ -12,9 +12,9 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::auth::Caller;
-use super::error::ApiError;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
 use crate::sync::lock;
 
 const SESSION_HEADER: &str = "mcp-session-id";

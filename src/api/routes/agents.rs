@@ -11,10 +11,10 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::state::AppState;
 use crate::agent::profiles::{self, Agent};
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::state::AppState;
 use crate::protocol::SessionKind;
 use crate::session::{NewSession, Session};
 
@@ -76,7 +76,7 @@ pub async fn open_session(
         .require(&agent.kind, opening.field)?
         .options(&body, &[])
         .await?;
-    super::fork::checked_seed(state, caller, &options).await?;
+    crate::api::routes::fork::checked_seed(state, caller, &options).await?;
     let new = NewSession {
         name: None,
         kind: SessionKind::new(agent.kind.clone()),

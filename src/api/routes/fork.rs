@@ -12,12 +12,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::agent::parse_id;
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::JsonObject;
-use super::state::AppState;
 use crate::agent::fork::{ForkError, ForkRequest, Forked, Forks};
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::JsonObject;
+use crate::api::http::state::AppState;
+use crate::api::routes::agent::parse_id;
 use crate::sandbox::snapshots::{AtTurn, Snapshot, Snapshots};
 
 impl From<ForkError> for ApiError {

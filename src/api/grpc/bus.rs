@@ -10,9 +10,9 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use super::auth::Caller;
-use super::bus::namespace;
-use super::state::AppState;
+use crate::api::http::auth::Caller;
+use crate::api::http::state::AppState;
+use crate::api::routes::bus::namespace;
 use crate::bus::{BusError, Delivery, Pattern, Since, Subject};
 use crate::rollout::{Input, RolloutRequest};
 use crate::store::{Expect, KvWrite};

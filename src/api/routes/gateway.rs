@@ -12,9 +12,9 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::{ApiQuery, JsonObject, RawJsonObject};
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::{ApiQuery, JsonObject, RawJsonObject};
 use crate::gateway::pool::ReplicaState;
 use crate::gateway::trace::{OwnerFilter, Trace};
 use crate::gateway::{Call, Endpoint, ReplicaConfig, slug};
@@ -22,7 +22,7 @@ use crate::telemetry::otel::Parent;
 
 /// Longest pool, replica or upstream model name accepted.
 const MAX_NAME_BYTES: usize = 256;
-use super::state::AppState;
+use crate::api::http::state::AppState;
 
 /// The two handlers of a balanced endpoint: its own path and its
 /// `/meta/{slug}/…` form, each with its OpenAPI attributes.

@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::session::SessionManager;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::Keys;
+use crate::api::http::auth::Keys;
 use crate::bus::{Bus, Kv};
 use crate::config::Config;
 use crate::gateway::Gateway;

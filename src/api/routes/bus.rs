@@ -17,11 +17,11 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use utoipa::IntoParams;
 
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
-use super::state::AppState;
-use super::stream::json_stream;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::ApiQuery;
+use crate::api::http::state::AppState;
+use crate::api::http::stream::json_stream;
 use crate::bus::{BusError, KvChange, Pattern, Since, Subject};
 use crate::store::{Expect, KvEntry, KvWrite};
 

@@ -20,12 +20,12 @@ use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::agent::parse_id;
-use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
-use super::extract::JsonObject;
-use super::state::AppState;
 use crate::agent::decide::{Refused, decide_read};
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::JsonObject;
+use crate::api::http::state::AppState;
+use crate::api::routes::agent::parse_id;
 use crate::protocol::Approval;
 use crate::session::Session;
 use crate::session::approvals::{DecideError, Decision, Pending};

@@ -11,9 +11,9 @@ use axum::{Extension, Json};
 use serde::Serialize;
 use utoipa::{OpenApi, ToSchema};
 
-use super::ApiDoc;
-use super::auth::Caller;
-use super::state::AppState;
+use crate::api::ApiDoc;
+use crate::api::http::auth::Caller;
+use crate::api::http::state::AppState;
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
