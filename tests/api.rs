@@ -866,6 +866,36 @@ async fn health_metrics_and_openapi() {
             "{path} missing from {paths:?}"
         );
     }
+    // The request bodies are the types the routes parse: what the document
+    // says a body holds is what the server reads.
+    let schemas = &doc["components"]["schemas"];
+    let fields = |schema: &str| -> Vec<String> {
+        let mut fields: Vec<String> = schemas[schema]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{schema} has no properties: {doc}"))
+            .keys()
+            .cloned()
+            .collect();
+        fields.sort();
+        fields
+    };
+    assert_eq!(
+        fields("RunRequest"),
+        ["options", "prompt", "queue", "session_name"]
+    );
+    assert_eq!(fields("MessageRequest"), ["prompt", "queue"]);
+    assert_eq!(
+        fields("CreateSessionRequest"),
+        ["kind", "options", "session_name"]
+    );
+    for schema in ["RunRequest", "MessageRequest"] {
+        assert_eq!(schemas[schema]["required"], json!(["prompt"]), "{schema}");
+    }
+    assert_eq!(
+        doc["paths"]["/agent/session/{session_id}/message"]["post"]["requestBody"]["content"]["application/json"]
+            ["schema"]["$ref"],
+        "#/components/schemas/MessageRequest"
+    );
     server.stop().await;
 }
 

@@ -88,19 +88,48 @@ impl JsonObject {
 
     /// A required non-empty string field.
     pub fn take_text(&mut self, field: &str) -> Result<String, ApiError> {
-        match self.take::<String>(field)? {
-            Some(text) if !text.trim().is_empty() => Ok(text),
-            Some(_) => Err(ApiError::invalid(field, "must not be empty")),
-            None => Err(ApiError::invalid(field, "is required")),
-        }
+        let text = self.take::<String>(field)?;
+        required_text(field, text)
     }
 
     /// Refuses whatever fields are left.
     pub fn deny_rest(&self) -> Result<(), ApiError> {
-        match self.0.keys().next() {
-            Some(field) => Err(ApiError::invalid(field, "unknown field")),
-            None => Ok(()),
-        }
+        deny_rest(&self.0)
+    }
+}
+
+/// A typed JSON object body, parsed once: malformed JSON is 400, another
+/// JSON value than an object 422, a field of the wrong type 422 naming it.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let JsonObject(object) = JsonObject::from_request(req, state).await?;
+        serde_path_to_error::deserialize(Value::Object(object))
+            .map(Body)
+            .map_err(|e| {
+                let field = e.path().to_string();
+                ApiError::invalid(&field, e.into_inner())
+            })
+    }
+}
+
+/// Refuses the first of `rest`, the fields a typed body did not name.
+pub fn deny_rest(rest: &Map<String, Value>) -> Result<(), ApiError> {
+    match rest.keys().next() {
+        Some(field) => Err(ApiError::invalid(field, "unknown field")),
+        None => Ok(()),
+    }
+}
+
+/// A required non-empty text field of a typed body.
+pub fn required_text(field: &str, value: Option<String>) -> Result<String, ApiError> {
+    match value {
+        Some(text) if !text.trim().is_empty() => Ok(text),
+        Some(_) => Err(ApiError::invalid(field, "must not be empty")),
+        None => Err(ApiError::invalid(field, "is required")),
     }
 }
 

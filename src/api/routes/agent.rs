@@ -1,5 +1,5 @@
-//! The agent routes of seed 002: runs, sessions, messages, interrupts,
-//! status, event replay and deletion.
+//! The agent routes: runs, sessions, messages, interrupts, status, event
+//! replay and deletion.
 
 use axum::Extension;
 use axum::Json;
@@ -8,13 +8,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::agent::AgentOptions;
 use crate::api::http::auth::Caller;
 use crate::api::http::error::{ApiError, ErrorBody};
-use crate::api::http::extract::{ApiQuery, JsonObject};
+use crate::api::http::extract::{ApiQuery, Body, deny_rest, required_text};
 use crate::api::http::state::AppState;
 use crate::api::http::stream::{cancel_on_hangup, events_response};
 use crate::model::Message;
@@ -22,25 +23,61 @@ use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
 use crate::session::{NewSession, SessionError};
 use crate::store::SessionFilter;
 
-/// `POST /agent/run` and `POST /agent/session/{id}/message` bodies. Options
-/// may also be given flat at the top level.
+/// `POST /agent/run`'s body: one task in a new ephemeral session.
 #[derive(Deserialize, ToSchema)]
-#[allow(dead_code)]
 pub struct RunRequest {
-    pub prompt: String,
-    pub options: Option<AgentOptions>,
-    /// Wait for a running turn instead of answering 409.
+    /// The task; required, not empty.
+    #[schema(required = true, value_type = String)]
+    pub prompt: Option<String>,
+    pub session_name: Option<String>,
+    /// Accepted for the shape `message` has; a new session has no turn to
+    /// wait for.
     pub queue: Option<bool>,
+    /// The agent's options; they may also be given flat, beside the
+    /// fields above.
+    #[schema(value_type = Option<AgentOptions>)]
+    pub options: Option<Value>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub flat: Map<String, Value>,
 }
 
+/// `POST /agent/session/{id}/message`'s body: the session's next turn.
 #[derive(Deserialize, ToSchema)]
-#[allow(dead_code)]
+pub struct MessageRequest {
+    /// The prompt; required, not empty.
+    #[schema(required = true, value_type = String)]
+    pub prompt: Option<String>,
+    /// Wait for a running turn instead of answering 409.
+    pub queue: Option<bool>,
+    /// Nothing else: a session's options are set when it is created.
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub rest: Map<String, Value>,
+}
+
+/// `POST /agent/session`'s body.
+#[derive(Deserialize, ToSchema)]
 pub struct CreateSessionRequest {
     pub session_name: Option<String>,
     /// The session kind (default `agent`); each kind has its own options.
-    pub kind: Option<SessionKind>,
-    /// The kind's options (for `agent`, these), nested or flat.
-    pub options: Option<AgentOptions>,
+    pub kind: Option<String>,
+    /// The kind's options (for `agent`, these); they may also be given
+    /// flat, beside the fields above.
+    #[schema(value_type = Option<AgentOptions>)]
+    pub options: Option<Value>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub flat: Map<String, Value>,
+}
+
+/// A body's options as the session kinds read them: the nested `options`
+/// object and the flat fields, in one object.
+fn options_body(options: Option<Value>, mut flat: Map<String, Value>) -> Map<String, Value> {
+    if let Some(options) = options {
+        flat.insert("options".into(), options);
+    }
+    flat
 }
 
 #[derive(Serialize, ToSchema)]
@@ -144,20 +181,19 @@ pub async fn run(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    mut body: JsonObject,
+    Body(body): Body<RunRequest>,
 ) -> Result<Response, ApiError> {
     let options = state
         .sessions
         .tasks()
         .require(SessionKind::AGENT.as_str(), "kind")?
-        .options(&body.0, RUN_FIELDS)
+        .options(&options_body(body.options, body.flat), RUN_FIELDS)
         .await?;
     // An ephemeral run restores the snapshot at its first call; its one
     // turn needs no pin to keep it.
     crate::api::routes::fork::checked_seed(&state, &caller, &options).await?;
-    let prompt = body.take_text("prompt")?;
-    let name = body.take::<String>("session_name")?;
-    body.take::<bool>("queue")?;
+    let prompt = required_text("prompt", body.prompt)?;
+    let name = body.session_name;
     // Before the session is made: a refused run leaves no session behind.
     state.usage.check_budget(caller.owner()).await?;
     let new = NewSession {
@@ -196,19 +232,19 @@ pub async fn run(
 pub async fn create_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    mut body: JsonObject,
+    Body(body): Body<CreateSessionRequest>,
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
     let kind = body
-        .take::<String>("kind")?
+        .kind
         .unwrap_or_else(|| SessionKind::AGENT.as_str().to_owned());
     let options = state
         .sessions
         .tasks()
         .require(&kind, "kind")?
-        .options(&body.0, &["session_name"])
+        .options(&options_body(body.options, body.flat), &["session_name"])
         .await?;
     let seed = crate::api::routes::fork::checked_seed(&state, &caller, &options).await?;
-    let name = body.take::<String>("session_name")?;
+    let name = body.session_name;
     let kind = SessionKind::new(kind);
     let session = state
         .sessions
@@ -235,7 +271,7 @@ pub async fn create_session(
 
 /// Sends a prompt to a session and streams the turn. The turn goes on if
 /// the client disconnects; replay it from `/events`.
-#[utoipa::path(post, path = "/agent/session/{session_id}/message", request_body = RunRequest,
+#[utoipa::path(post, path = "/agent/session/{session_id}/message", request_body = MessageRequest,
     params(("session_id" = Uuid, Path)),
     responses((status = 200, description = "NDJSON stream of the turn's events", content_type = "application/x-ndjson", body = crate::protocol::Event),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -244,15 +280,15 @@ pub async fn message(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    mut body: JsonObject,
+    Body(body): Body<MessageRequest>,
 ) -> Result<Response, ApiError> {
     let session = state
         .sessions
         .get_to_start(parse_id(&id)?, caller.owner())
         .await?;
-    let prompt = body.take_text("prompt")?;
-    let queue = body.take::<bool>("queue")?.unwrap_or(false);
-    body.deny_rest()?;
+    let prompt = required_text("prompt", body.prompt)?;
+    let queue = body.queue.unwrap_or(false);
+    deny_rest(&body.rest)?;
     let turn = state.sessions.start_turn(session, prompt, queue).await?;
     Ok(events_response(
         &headers,
