@@ -1,4 +1,4 @@
-//! Deliberations (seed 000): the wall time of `POST /deliberations` with N
+//! Deliberations: the wall time of `POST /deliberations` with N
 //! agents on one `conclave sim` replica whose time to first token is
 //! 200 ms (`--latency-ms 0 --ttft-ms 200`; the agents call the model
 //! streamed, through a gateway pool named `sim`), from sending the POST to
@@ -10,7 +10,8 @@
 //! For N = 32 and N = 256, one warm-up then five runs each, alternating
 //! with the same N streamed chat completions sent straight to the sim at
 //! once from the bench (the sim's own time: the model itself, the
-//! strongest peer). Also shown: the seed's sequential reading, N × 200 ms.
+//! strongest peer). Also shown: the time if the agents ran one after
+//! another, N × 200 ms.
 //! After each run, the deliberation session's events (`ts`) show where the
 //! time went.
 //!

@@ -34,7 +34,7 @@ use bollard::query_parameters::{
 use conclave::config::SandboxConfig;
 use conclave::sandbox::docker::DockerBackend;
 use conclave::sandbox::local::{LocalBackend, LocalConfig};
-use conclave::sandbox::manager::Whose;
+use conclave::sandbox::manager::SandboxFor;
 use conclave::sandbox::snapshots::Snapshots;
 use conclave::sandbox::{ExecChunk, ExecRequest, SandboxBackend, SandboxManager};
 use conclave::store::{SqliteStore, Store};
@@ -68,7 +68,7 @@ async fn run(
         .lease_from(
             session,
             manager.default_spec(),
-            Whose::Session { owner: None },
+            SandboxFor::Session { owner: None },
             seed,
         )
         .await

@@ -1,4 +1,4 @@
-//! Pipelines (seed 004): the engine's overhead per node, durable
+//! Pipelines: the engine's overhead per node, durable
 //! checkpoint included, and runs at once, against LangGraph with
 //! langgraph-checkpoint-sqlite in the same run on the same machine.
 //!

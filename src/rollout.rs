@@ -1,4 +1,5 @@
-//! Rollouts: the seed's `request(prompts, config)` built in. Every prompt
+//! Rollouts: a batch of prompts sent to one model in one request
+//! (`POST /rollouts`), the results coming back on the bus. Every prompt
 //! of a rollout goes through the gateway pool of its model with bounded
 //! concurrency (the pool's strategy, retries, traces and weight gate
 //! apply); each completion is published on the response topic as it
@@ -6,8 +7,9 @@
 //! a failed prompt with its error; `rollout.completed` ends the rollout.
 //!
 //! The response topic is the request's, or else the value of the KV key
-//! `inference_response_topic`, waited for (not polled) as the seed's
-//! requester does.
+//! `inference_response_topic`, waited for (not polled) for a bounded time,
+//! so a trainer that names its topic in the KV after sending the request
+//! still gets every result.
 
 use std::collections::HashMap;
 use std::sync::Arc;

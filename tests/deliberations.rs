@@ -1,5 +1,5 @@
-//! Deliberations (seed 000) against the demo model and real `conclave sim`
-//! replicas: submit and poll, the seed's subjects on the bus, agents that
+//! Deliberations against the demo model and real `conclave sim`
+//! replicas: submit and poll, the agents' subjects on the bus, agents that
 //! fail or time out, critique rounds, a judge and a vote, the budget, a
 //! session of the kind over the WebSocket, interrupts, owners, bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -21,7 +21,8 @@ async fn next(lines: &mut Lines) -> Value {
         .expect("the stream goes on")
 }
 
-/// A subscription to the seed's subjects, open before anything is submitted.
+/// A subscription to `agent.response.*` and `deliberation.completed`, open
+/// before anything is submitted.
 async fn watch(server: &TestServer) -> Lines {
     let response = server
         .get("/bus/subscribe?subjects=agent.response.*,deliberation.completed")
@@ -261,7 +262,7 @@ async fn the_agents_vote_and_a_tie_goes_to_the_earliest() {
         "agent-general-002"
     );
     assert!(!decision["reasoning"].as_str().unwrap().contains("tie"));
-    // The agents' calls, as the gateway traced them: the seed's diversity
+    // The agents' calls, as the gateway traced them: their temperatures
     // (the first agent at 0.7, the others at 0.9) and a system prompt with
     // the agent's id and role.
     let traces: Value = server
@@ -568,7 +569,7 @@ async fn bad_input_is_refused_with_the_field_named() {
     server.stop().await;
 }
 
-/// seed 000's client, on grpcio from PyPI: `Deliberate`, the bus
+/// A Python client on grpcio from PyPI: `Deliberate`, the bus
 /// subscription and `GetDeliberationResult` on the same listener.
 #[tokio::test]
 async fn a_grpcio_client_deliberates_and_reads_the_bus() {

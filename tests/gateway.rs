@@ -770,8 +770,8 @@ async fn streams_pass_through_chunk_by_chunk() {
     );
 }
 
-/// `conclave serve --litellm-config` loads the config seed 001 generates
-/// as is, and `conclave gateway export-litellm` writes it back.
+/// `conclave serve --litellm-config` loads a LiteLLM proxy config as
+/// is, and `conclave gateway export-litellm` writes it back.
 #[tokio::test]
 async fn litellm_configs_load_as_is_and_export_back() {
     let (a, b) = (Sim::start("a", &[]).await, Sim::start("b", &[]).await);

@@ -1,5 +1,5 @@
-//! Pipelines (seed 004) in test mode against a real server: the seed's
-//! routing on every branch, every retry limit, the coverage rule, node
+//! Pipelines in test mode against a real server: the built-in
+//! connector's routing on every branch, every retry limit, the coverage rule, node
 //! errors retried, cancel and resume, the concurrency cap, the timeout,
 //! the session kind, owners and bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,4 +1,4 @@
-//! Seed 003's training loop end to end with real clients: the example's
+//! An RL training loop end to end with real clients: the example's
 //! trainer and dispatcher (`examples/rl_loop/`, Python with grpcio and
 //! stubs generated from `proto/bus.proto` at run time) against a server
 //! with three `conclave sim` replicas. Three iterations of 64 prompts: the

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::approve::{self, Gate, Gated};
 use super::coerce::coerce;
 use super::deps::TurnDeps;
-use super::harness::{Harness, Say, add_notes, tell};
+use super::harness::{Harness, Interventions, add_notes, emit_interventions};
 use super::tools::{ToolChunk, ToolContext, ToolOutput};
 use crate::model::{Message, ToolCall, ToolSpec};
 use crate::protocol::EventKind;
@@ -137,7 +137,7 @@ pub(super) async fn run_tools(
             input: call.arguments.clone(),
         })?;
     }
-    let mut said = Say::new();
+    let mut said = Interventions::new();
     // `tools` holds only what the session allows.
     let plans: Vec<Plan> = calls
         .iter()
@@ -153,7 +153,7 @@ pub(super) async fn run_tools(
             }
         })
         .collect();
-    tell(session, &mut said)?;
+    emit_interventions(session, &mut said)?;
     // The permissions see each call as it will run, one after another: a
     // person decides one call at a time.
     let mut plans = plans;
@@ -217,7 +217,7 @@ pub(super) async fn run_tools(
             (Plan::Run(..), None) => unreachable!("every planned run has an output"),
         };
         let settled = harness.on_result(asked, ran, &mut output, &mut said);
-        tell(session, &mut said)?;
+        emit_interventions(session, &mut said)?;
         answered.push(Answered {
             message: finish_tool(deps, session, asked, output)?,
             settled,

@@ -5,15 +5,28 @@
 //!   its options checked before the session exists, its turns.
 //! - [`turn`]: the agent loop.
 //! - [`calls`]: a turn's tool calls, from a reply to their results.
-//! - [`approve`]: whether a call runs, or waits for a decision.
-//! - [`paths`]: file tools' paths resolved before the rules, held to what
-//!   opens; searches filtered by deny rules.
+//! - `deps`: what every turn stands on ([`TurnDeps`]) and how its loop
+//!   fails.
+//! - `model_call`: one model call of a turn: streamed, watched, counted
+//!   and traced.
+//! - `spend`: a turn's usage, recorded as it goes.
+//! - [`harness`]: what the loop does beyond model → tools → model, chosen
+//!   per model.
+//! - [`approve`]: whether a call runs, or waits for a decision;
+//!   its `paths` resolves file tools' paths before the rules, holds
+//!   the tool to what opens, and filters searches by deny rules.
+//! - [`decide`]: deciding a waiting call, the same for every way a
+//!   decision arrives (HTTP, the WebSocket, an MCP elicitation).
 //! - [`hook`]: the HTTP hook asked before a call waits for a person.
 //! - [`coerce`]: tool arguments brought to the tool's schema.
 //! - [`options`]: the agent's options, validated.
 //! - [`prompts`]: what a turn says to the model beyond the session's
 //!   messages: the default system prompt, the asks for an answer or a fix.
 //! - [`tools`]: the `ToolRouter` seam to whatever executes tools.
+//! - [`fork`]: forks of an agent session, from a turn end, with the
+//!   sandbox's workspace as it was then.
+//! - [`profiles`]: named agents of the configuration (`[agents.NAME]`),
+//!   which protocol adapters address by name.
 
 pub mod approve;
 pub mod calls;

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::deps::{LoopError, TurnDeps};
-use super::harness::{Harness, Reply, Say, tell};
+use super::harness::{Harness, Interventions, Reply, emit_interventions};
 use crate::model::{ChatRequest, ResolvedModel, StreamEvent, ToolSpec};
 use crate::protocol::EventKind;
 use crate::session::{Session, Turn};
@@ -69,7 +69,7 @@ async fn call_model(
     } = watch;
     let started = Instant::now();
     let mut reply = Reply::default();
-    let mut said = Say::new();
+    let mut said = Interventions::new();
     let (mut input_tokens, mut output_tokens) = (0, 0);
     // A client without `text_delta` events would see nothing for the whole
     // call: a `status` event every interval says the model is still at it.
@@ -116,7 +116,7 @@ async fn call_model(
                 // Ending the stream here closes the connection and frees
                 // the model server.
                 if harness.cut(&reply.text, tools, &mut said) {
-                    tell(session, &mut said)?;
+                    emit_interventions(session, &mut said)?;
                     break;
                 }
             }

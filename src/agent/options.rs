@@ -10,7 +10,8 @@ pub use crate::session::OptionError;
 use crate::session::TurnOptions;
 use utoipa::ToSchema;
 
-/// What a client may set on a session (seed 002's agent options).
+/// What a client may set on an agent session: model, limits, tools,
+/// sandbox and permissions; an unknown option is refused.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentOptions {

@@ -9,7 +9,9 @@ use tokio_util::sync::CancellationToken;
 use super::approve::Gate;
 use super::calls::{bound_calls, run_tools};
 use super::deps::{LoopError, TurnDeps};
-use super::harness::{Harness, NextCall, OnReply, READ_ONLY_TOOLS, Say, tell};
+use super::harness::{
+    Harness, Interventions, NextCall, OnReply, READ_ONLY_TOOLS, emit_interventions,
+};
 use super::model_call::{Watch, traced_call};
 use super::options::AgentOptions;
 use super::prompts::default_system_prompt;
@@ -239,7 +241,7 @@ async fn agent_loop(
     let plan = Plan::new(deps, turn, options, spend).await?;
     let model = &plan.model;
     let mut harness = Harness::new(model.harness, model.tool_call_mode);
-    let mut said = Say::new();
+    let mut said = Interventions::new();
     // Kept by the session between turns, and shared with each model call
     // rather than copied for it: a call costs the same at the 500th turn
     // of a session as at the first. A push after the call has returned
@@ -263,7 +265,7 @@ async fn agent_loop(
             },
             &mut said,
         );
-        tell(session, &mut said)?;
+        emit_interventions(session, &mut said)?;
         let watch = Watch {
             deltas: options.text_deltas.unwrap_or(false),
             cancel,
@@ -280,7 +282,7 @@ async fn agent_loop(
         } else {
             harness.on_reply(&mut reply, &plan.tools, &mut said)
         };
-        tell(session, &mut said)?;
+        emit_interventions(session, &mut said)?;
         if next == OnReply::AskAgain {
             turn.save_usage()?;
             if let Some(past) = past_budget {

@@ -86,8 +86,8 @@ pub fn import(yaml: &str) -> Result<GatewayConfig, String> {
         return Err("the LiteLLM config has an empty or missing model_list".into());
     }
     let mut settings = Settings::default();
-    // router_settings first, litellm_settings win (the seed's file only
-    // has the latter).
+    // router_settings first, litellm_settings win (a file may have either
+    // or both; `export` writes only the latter).
     for source in [&config.router_settings, &config.litellm_settings]
         .into_iter()
         .flatten()
@@ -202,7 +202,8 @@ fn strategy_to_litellm(strategy: Strategy) -> &'static str {
     }
 }
 
-/// Writes pools as a LiteLLM config (the shape seed 001 generates).
+/// Writes pools as a LiteLLM config, in the shape LiteLLM's proxy reads:
+/// one `model_list` entry per replica, settings under `litellm_settings`.
 pub fn export(gateway: &GatewayConfig) -> Result<String, String> {
     let mut model_list = Vec::new();
     for (name, pool) in &gateway.pools {
@@ -249,7 +250,8 @@ pub fn export(gateway: &GatewayConfig) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    /// The config seed 001 generates, as it writes it.
+    /// A LiteLLM config as a training setup writes one for its vLLM
+    /// replicas, comments and all: it must load unchanged.
     const SEED: &str = r#"
 model_list:
   # One entry per vLLM replica

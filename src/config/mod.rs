@@ -12,9 +12,16 @@
 //! file's directory; one from the environment, a flag or a default from the
 //! working directory at start.
 //!
-//! This file holds the top level and loading; `validate` the checks of
-//! values types cannot make; `sections` the other sections' types and
-//! defaults.
+//! This module is data only: it imports no feature module, and features
+//! import it. This file holds the top level and loading; each section's
+//! type lives beside it: [`gateway`] (`[gateway]` and its pools),
+//! [`litellm`] (LiteLLM configs read as pools and written back),
+//! [`pipelines`], `bus`, `sandbox`, `keys` (named keys and quotas),
+//! `outbound` (MCP servers and A2A agents sessions may use), `telemetry`
+//! (OpenTelemetry export), and `sections` (the smaller ones). `validate`
+//! holds the checks types cannot make; a check that needs a feature's
+//! code (a bus subject pattern) lives with that feature and runs when the
+//! server starts (`bus::check_durables`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

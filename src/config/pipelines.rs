@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// Nodes are mock agents that route deterministically (the seed's
-    /// `ORCHESTRATOR_TEST_MODE`): for tests and demos.
+    /// Nodes are mock agents that route deterministically, for tests and
+    /// demos; no model is called.
     pub test_mode: bool,
     /// Runs at once; the others queue (their status says so).
     pub max_concurrent_pipelines: usize,
@@ -20,9 +20,9 @@ pub struct PipelineConfig {
     pub pipeline_timeout_s: u64,
     /// A node whose answer cannot be used runs again this many times.
     pub node_retries: u32,
-    /// Counter limits of the built-in connector pipeline, by the seed's
-    /// names (`max_test_retries`, `max_gen_fix_retries`,
-    /// `max_review_retries`, `max_research_retries`).
+    /// Counter limits of the built-in connector pipeline, by setting name
+    /// (`max_test_retries`, `max_gen_fix_retries`, `max_review_retries`,
+    /// `max_research_retries`); [`counter_of`] maps each to its counter.
     pub limits: BTreeMap<String, u32>,
     /// A directory of pipeline definitions (`*.yaml`, `*.yml`), loaded at
     /// start besides the built-in `connector`; relative to the config file.
@@ -88,8 +88,8 @@ impl PipelineConfig {
     }
 }
 
-/// The connector's counter a seed setting names (`max_test_retries` →
-/// `test_retries`).
+/// The connector's counter a limit setting names (`max_test_retries` →
+/// `test_retries`); `None` for an unknown setting.
 pub fn counter_of(setting: &str) -> Option<&'static str> {
     Some(match setting {
         "max_test_retries" => "test_retries",

@@ -267,7 +267,10 @@ async fn next(
     }
 }
 
-/// Publishes one agent's answer with the seed's payload.
+/// Publishes one agent's answer on `agent.response.completed` (or
+/// `agent.response.failed`): task and agent ids, role, the proposal or
+/// the error, round, model, duration and time. The collector reads it
+/// back; any subscriber of the caller's namespace may read it too.
 struct Publisher {
     bus: Arc<dyn Bus>,
     namespace: String,

@@ -1,8 +1,8 @@
-//! Deliberations (seed 000): a task for N agents of a role, run in
+//! Deliberations: a task for N agents of a role, run in
 //! parallel; each agent's answer is published on the caller's bus
 //! (`agent.response.completed` / `agent.response.failed`), a collector
 //! gathers them from the bus, and `deliberation.completed` follows once
-//! every agent answered or the deadline passed. Beyond the seed: critique
+//! every agent answered or the deadline passed. Options add critique
 //! rounds, a judge or a vote that writes a `decision`, one budget for the
 //! whole deliberation, and tool-using agents, each an agent session with
 //! its own sandbox.
@@ -259,7 +259,8 @@ impl DeliberationOptions {
         Ok(())
     }
 
-    /// The id of the agent at `index` (0-based), as the seed names them.
+    /// The id of the agent at `index` (0-based): `agent-{role}-{n:03}`,
+    /// with the role in lower case and `n` counted from 1.
     pub fn agent_id(&self, index: usize) -> String {
         format!("agent-{}-{:03}", self.role.to_lowercase(), index + 1)
     }
@@ -273,7 +274,8 @@ impl DeliberationOptions {
         }
     }
 
-    /// The seed's diversity: the first agent at 0.7, the rest at 0.9.
+    /// The sampling temperature of the agent at `index`: the first at
+    /// 0.7, the rest at 0.9, so that their answers differ.
     pub fn temperature_of(index: usize) -> f32 {
         if index == 0 { 0.7 } else { 0.9 }
     }

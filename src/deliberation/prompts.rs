@@ -123,8 +123,8 @@ pub(super) fn cut(text: &str, max: usize) -> Option<(&str, usize)> {
     Some((&text[..end], text.len() - end))
 }
 
-/// The constraints as lines: the seed's `rubric`, `requirements` and
-/// `max_iterations` by name, any other key as `key: value`.
+/// The constraints as lines: the known keys `rubric`, `requirements` and
+/// `max_iterations` each in its own words, any other key as `key: value`.
 pub fn render_constraints(constraints: &Map<String, Value>) -> String {
     let mut lines = Vec::new();
     for (key, value) in constraints {

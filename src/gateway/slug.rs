@@ -1,6 +1,7 @@
 //! The metadata slug of `/meta/{slug}/v1/…`: a version prefix, then
 //! base64url (padded or not) of a JSON object. `conclave1:` is this
-//! server's prefix; `rllm1:`, the seed's, is read the same way.
+//! server's prefix; `rllm1:`, the prefix rLLM's clients send, is read
+//! the same way.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -48,7 +49,7 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(decode(&encode(&meta)).unwrap(), meta);
-        // The seed's client: rllm1: + base64url with padding.
+        // What rLLM's clients send: rllm1: + base64url with padding.
         let padded = base64::engine::general_purpose::URL_SAFE.encode(r#"{"session_id":"x"}"#);
         assert_eq!(
             decode(&format!("rllm1:{padded}")).unwrap()["session_id"],

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::agent::AgentOptions;
 use crate::config::SandboxConfig;
 use crate::protocol::SessionStatus;
-use crate::sandbox::manager::Whose;
+use crate::sandbox::manager::SandboxFor;
 use crate::sandbox::{Lease, SandboxManager, SandboxSpec};
 use crate::session::OptionError;
 use crate::store::Store;
@@ -64,7 +64,7 @@ pub struct Target {
     session: Uuid,
     spec: SandboxSpec,
     /// A session's sandbox, with the session's owner, or a scratch one.
-    whose: Whose,
+    whose: SandboxFor,
     /// The snapshot a new sandbox starts from.
     seed: Option<String>,
     /// The per-exec timeout the session set in `options.sandbox.timeout_s`.
@@ -129,7 +129,7 @@ impl McpHost {
             return Ok(Target {
                 session: scratch,
                 spec: self.sandboxes.default_spec(),
-                whose: Whose::Scratch { owner },
+                whose: SandboxFor::Scratch { owner },
                 seed: None,
                 timeout_s: None,
             });
@@ -183,7 +183,7 @@ impl McpHost {
         Ok(Target {
             session: id,
             spec: spec_for(&self.sandboxes, &options).map_err(|e| invalid(e.to_string()))?,
-            whose: Whose::Session { owner },
+            whose: SandboxFor::Session { owner },
             seed,
             timeout_s: options.sandbox.and_then(|s| s.timeout_s),
         })

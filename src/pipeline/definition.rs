@@ -50,7 +50,7 @@ pub struct EdgeSpec {
     /// again ends the run failed.
     #[serde(default)]
     pub counter: Option<String>,
-    /// Allowed while the counter is at most the limit (the seed's `<=`),
+    /// Allowed while the counter is at most the limit (inclusive, `<=`)
     /// instead of below it.
     #[serde(default)]
     pub inclusive: bool,
@@ -96,7 +96,8 @@ pub struct DefinitionError {
 /// prompts.
 pub const MAX_DEFINITION_BYTES: usize = 256 * 1024;
 
-/// The built-in connector pipeline of seed 004.
+/// The built-in `connector` pipeline: research, generate, test, review
+/// and publish a connector, with retry limits on each way back.
 pub const CONNECTOR_YAML: &str = include_str!("connector.yaml");
 
 /// Where an edge goes after a node answered.

@@ -367,8 +367,6 @@ fn initial(definition: &Definition, options: &PipelineOptions, input: &str) -> M
     state
 }
 
-/// Runs a node until it answers usably or its retries are spent (each
-/// unusable answer goes into `errors`). `Err` only for the store.
 /// Whether a run's nodes are answered by mock agents: every run in test
 /// mode, and a run started with `mock` on any server (no model is called,
 /// and each `node_started` says so).
@@ -376,6 +374,8 @@ fn mocked(deps: &Deps, options: &PipelineOptions) -> bool {
     deps.config.test_mode || options.mock.is_some()
 }
 
+/// Runs a node until it answers usably or its retries are spent (each
+/// unusable answer goes into `errors`). `Err` only for the store.
 #[allow(clippy::too_many_arguments)]
 async fn answer(
     deps: &Deps,

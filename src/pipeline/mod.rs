@@ -1,10 +1,10 @@
-//! Pipelines (seed 004): graphs of agent nodes with conditional routing,
+//! Pipelines: graphs of agent nodes with conditional routing,
 //! retry counters with limits, state reducers and a durable checkpoint
 //! after every node; start, status, history, resume, fork and cancel.
 //!
 //! - [`definition`]: a pipeline read from YAML and checked (errors name
 //!   the file, line and place), its routing, and the built-in `connector`
-//!   pipeline of the seed.
+//!   pipeline.
 //! - [`state`]: the run's state fields and their reducers.
 //! - [`engine`]: a run as the turns of its session: node, reducers, route,
 //!   checkpoint; resume after the last checkpoint; the concurrency cap and

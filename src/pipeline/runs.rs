@@ -1,5 +1,5 @@
-//! Runs as the seed's REST paths see them: a `thread_id` per run
-//! (`pipeline-{name}-{8 hex}`), kept in the store's KV (namespace
+//! Runs as the REST paths under `/orchestrator/` see them: a `thread_id`
+//! per run (`pipeline-{name}-{8 hex}`), kept in the store's KV (namespace
 //! `_pipelines`, which no API key's bus can name) with the run's session,
 //! and start, status, history, resume, cancel, the active runs.
 

@@ -1,4 +1,4 @@
-//! The wire format of deliberations (seed 000): what each agent proposes,
+//! The wire format of deliberations: what each agent proposes,
 //! how it ended, the decision, and the whole result clients poll.
 
 use serde::{Deserialize, Serialize};
@@ -6,7 +6,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-/// One agent's answer, as the seed's agents publish it.
+/// One agent's answer: the `proposal` of its `agent.response.completed`
+/// message on the bus, and of its entry in the result clients poll.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Proposal {
     pub content: String,
@@ -14,7 +15,8 @@ pub struct Proposal {
     pub author_role: String,
 }
 
-/// Where a deliberation stands (the seed's enum).
+/// Where a deliberation stands; sent in upper case (`PENDING`,
+/// `COMPLETED`, `FAILED`), as in `proto/orchestrator.proto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum DeliberationStatus {

@@ -5,7 +5,7 @@
 //! - [`events`]: the events of a session's log, their kinds, result
 //!   statuses and usage.
 //! - [`deliberation`]: proposals, agent results, decisions and the
-//!   result of a deliberation (seed 000).
+//!   result of a deliberation.
 //! - [`message`]: the conversation history: messages and tool calls.
 //! - [`session`]: a session's kind, status and stored record.
 

@@ -69,16 +69,16 @@ struct Slot {
     /// goes (the sandbox is destroyed or reaped).
     quota: Mutex<Option<crate::quota::HeldSlot>>,
     /// Whose it is: its usage is counted under the session's key.
-    whose: Whose,
+    whose: SandboxFor,
 }
 
-/// Whose sandbox a lease asks for: a session's, with the key that owns
+/// Which sandbox a lease asks for: a session's, with the key that owns
 /// the session (the caller knows it: the session's turn or its record),
 /// or an MCP connection's scratch sandbox, with the key that opened the
 /// connection (none for `conclave mcp` on stdio): it takes one of that
 /// key's `max_sandboxes` slots, and its usage counts under no key.
 #[derive(Clone, Debug)]
-pub enum Whose {
+pub enum SandboxFor {
     Session { owner: Option<String> },
     Scratch { owner: Option<String> },
 }
@@ -227,7 +227,7 @@ impl SandboxManager {
     /// The sandbox of a session without an owner, created (or taken from
     /// the pool, or taken over from a previous run) at the first call.
     pub async fn lease(&self, session: Uuid, spec: SandboxSpec) -> Result<Lease> {
-        self.lease_from(session, spec, Whose::Session { owner: None }, None)
+        self.lease_from(session, spec, SandboxFor::Session { owner: None }, None)
             .await
     }
 
@@ -238,7 +238,7 @@ impl SandboxManager {
         &self,
         session: Uuid,
         spec: SandboxSpec,
-        whose: Whose,
+        whose: SandboxFor,
         seed: Option<&str>,
     ) -> Result<Lease> {
         // A session without a sandbox yet takes one of its key's slots
@@ -279,8 +279,8 @@ impl SandboxManager {
         };
         let hold = Hold::new(slot.clone());
         let owner = match &slot.whose {
-            Whose::Session { owner } => owner.as_deref(),
-            Whose::Scratch { .. } => None,
+            SandboxFor::Session { owner } => owner.as_deref(),
+            SandboxFor::Scratch { .. } => None,
         };
         let seed = seed.map(|snapshot| super::snapshots::Seed {
             snapshot,

@@ -389,7 +389,7 @@ async fn a_sessions_sandbox_counts_under_the_key_the_lease_names() {
         })
     });
     let owner = key_owner("greedy-key-0123456789");
-    let whose = || Whose::Session {
+    let whose = || SandboxFor::Session {
         owner: Some(owner.clone()),
     };
     // The built-in default: 16 sandboxes a key.
@@ -409,7 +409,7 @@ async fn a_sessions_sandbox_counts_under_the_key_the_lease_names() {
     let lease = manager.lease_from(
         scratch,
         manager.default_spec(),
-        Whose::Scratch { owner: None },
+        SandboxFor::Scratch { owner: None },
         None,
     );
     drop(lease.await.unwrap());

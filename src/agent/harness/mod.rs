@@ -36,9 +36,9 @@ pub struct Intervention {
 }
 
 /// Where aids report what they did; the loop sends each as an event.
-pub type Say = Vec<Intervention>;
+pub type Interventions = Vec<Intervention>;
 
-pub(crate) fn say(out: &mut Say, kind: InterventionKind, detail: impl Into<String>) {
+pub(crate) fn say(out: &mut Interventions, kind: InterventionKind, detail: impl Into<String>) {
     out.push(Intervention {
         kind,
         detail: detail.into(),
@@ -80,15 +80,20 @@ pub enum OnReply {
 pub trait Aid: Send {
     /// Before a model call: the request may change (its messages, tools,
     /// sampling).
-    fn before_call(&mut self, _next: &mut NextCall<'_>, _say: &mut Say) {}
+    fn before_call(&mut self, _next: &mut NextCall<'_>, _say: &mut Interventions) {}
 
     /// While the reply streams (`text` so far): true stops reading it.
-    fn cut(&mut self, _text: &str, _tools: &[ToolSpec], _say: &mut Say) -> bool {
+    fn cut(&mut self, _text: &str, _tools: &[ToolSpec], _say: &mut Interventions) -> bool {
         false
     }
 
     /// On the whole reply, before it is kept: it may change, or not be kept.
-    fn on_reply(&mut self, _reply: &mut Reply, _tools: &[ToolSpec], _say: &mut Say) -> OnReply {
+    fn on_reply(
+        &mut self,
+        _reply: &mut Reply,
+        _tools: &[ToolSpec],
+        _say: &mut Interventions,
+    ) -> OnReply {
         OnReply::Keep
     }
 
@@ -99,7 +104,7 @@ pub trait Aid: Send {
         _call: &mut ToolCall,
         _tools: &[ToolSpec],
         _notes: &mut Vec<String>,
-        _say: &mut Say,
+        _say: &mut Interventions,
     ) -> Option<ToolOutput> {
         None
     }
@@ -112,7 +117,7 @@ pub trait Aid: Send {
         _asked: &ToolCall,
         _ran: bool,
         _output: &mut ToolOutput,
-        _say: &mut Say,
+        _say: &mut Interventions,
     ) -> Option<String> {
         None
     }
@@ -134,18 +139,23 @@ impl Harness {
         }
     }
 
-    pub fn before_call(&mut self, next: &mut NextCall<'_>, say: &mut Say) {
+    pub fn before_call(&mut self, next: &mut NextCall<'_>, say: &mut Interventions) {
         for aid in &mut self.aids {
             aid.before_call(next, say);
         }
     }
 
-    pub fn cut(&mut self, text: &str, tools: &[ToolSpec], say: &mut Say) -> bool {
+    pub fn cut(&mut self, text: &str, tools: &[ToolSpec], say: &mut Interventions) -> bool {
         self.aids.iter_mut().any(|aid| aid.cut(text, tools, say))
     }
 
     /// The first aid that does not keep the reply decides.
-    pub fn on_reply(&mut self, reply: &mut Reply, tools: &[ToolSpec], say: &mut Say) -> OnReply {
+    pub fn on_reply(
+        &mut self,
+        reply: &mut Reply,
+        tools: &[ToolSpec],
+        say: &mut Interventions,
+    ) -> OnReply {
         for aid in &mut self.aids {
             match aid.on_reply(reply, tools, say) {
                 OnReply::Keep => {}
@@ -160,7 +170,7 @@ impl Harness {
         call: &mut ToolCall,
         tools: &[ToolSpec],
         notes: &mut Vec<String>,
-        say: &mut Say,
+        say: &mut Interventions,
     ) -> Option<ToolOutput> {
         self.aids
             .iter_mut()
@@ -173,7 +183,7 @@ impl Harness {
         asked: &ToolCall,
         ran: bool,
         output: &mut ToolOutput,
-        say: &mut Say,
+        say: &mut Interventions,
     ) -> Option<String> {
         let mut answer = None;
         for aid in &mut self.aids {
@@ -222,7 +232,10 @@ pub fn add_notes(output: &mut ToolOutput, notes: &[String]) {
 }
 
 /// Sends what the harness did as `intervention` events.
-pub(crate) fn tell(session: &Session, said: &mut Say) -> Result<(), StoreError> {
+pub(crate) fn emit_interventions(
+    session: &Session,
+    said: &mut Interventions,
+) -> Result<(), StoreError> {
     for intervention in said.drain(..) {
         session.emit(EventKind::Intervention {
             kind: intervention.kind,

@@ -1,5 +1,5 @@
-//! Deliberations over gRPC (`proto/orchestrator.proto`, seed 000's
-//! `Deliberate` and `GetDeliberationResult`), served on the HTTP listener
+//! Deliberations over gRPC (`proto/orchestrator.proto`: `Deliberate`
+//! submits one, `GetDeliberationResult` polls it), served on the HTTP listener
 //! under `/conclave.orchestrator.v1.Orchestrator/`. A request becomes the
 //! JSON body of `POST /deliberations`, so both check the same way.
 

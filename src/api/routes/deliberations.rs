@@ -1,5 +1,5 @@
 //! `POST /deliberations`, `GET /deliberations/{task_id}`, `GET
-//! /deliberations`: seed 000's submit and poll, over HTTP.
+//! /deliberations`: submit a deliberation, poll its result, list them.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;

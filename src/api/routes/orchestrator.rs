@@ -1,4 +1,5 @@
-//! The seed's orchestrator paths: `POST /orchestrator/pipeline/start`,
+//! Pipeline runs over HTTP, under the `/orchestrator/` paths existing
+//! clients call: `POST /orchestrator/pipeline/start`,
 //! `GET …/status/{thread_id}`, `GET …/history/{thread_id}`, `POST
 //! …/resume/{thread_id}`, `POST …/fork/{thread_id}`, `POST
 //! …/cancel/{thread_id}`, `GET /orchestrator/runs/active`, `GET

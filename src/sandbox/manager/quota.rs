@@ -16,9 +16,9 @@ impl SandboxQuotas {
     /// connection's scratch one: the key's either way); none while auth
     /// is off, for a key without the limit, and for a scratch sandbox of
     /// no key (`conclave mcp` on stdio, bounded by `max_live` alone).
-    pub async fn take_sandbox(&self, whose: &super::Whose) -> Result<Option<HeldSlot>> {
-        let (super::Whose::Session { owner: Some(owner) }
-        | super::Whose::Scratch { owner: Some(owner) }) = whose
+    pub async fn take_sandbox(&self, whose: &super::SandboxFor) -> Result<Option<HeldSlot>> {
+        let (super::SandboxFor::Session { owner: Some(owner) }
+        | super::SandboxFor::Scratch { owner: Some(owner) }) = whose
         else {
             return Ok(None);
         };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use uuid::Uuid;
 
-use super::{SandboxManager, Slot, Whose};
+use super::{SandboxFor, SandboxManager, Slot};
 use crate::sandbox::Result;
 
 /// Told a removed sandbox's session, the key that owns the session, CPU
@@ -33,7 +33,7 @@ impl SandboxManager {
             None => None,
         };
         let destroyed = sandbox.destroy().await;
-        if let (Some(removed), Whose::Session { owner }) = (self.removed.get(), &slot.whose) {
+        if let (Some(removed), SandboxFor::Session { owner }) = (self.removed.get(), &slot.whose) {
             let wall = slot.born.elapsed().as_secs_f64();
             removed(session, owner.clone(), cpu, wall).await;
         }

@@ -6,7 +6,7 @@
 //! that output (a call it still writes as text is read and runs).
 
 use super::{printed, with_last_word};
-use crate::agent::harness::{Aid, NextCall, OnReply, Reply, Say, say};
+use crate::agent::harness::{Aid, Interventions, NextCall, OnReply, Reply, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{Message, ToolCall, ToolSpec};
 use crate::protocol::InterventionKind;
@@ -21,7 +21,7 @@ pub struct AnswerAfterOutput {
 }
 
 impl Aid for AnswerAfterOutput {
-    fn before_call(&mut self, next: &mut NextCall<'_>, out: &mut Say) {
+    fn before_call(&mut self, next: &mut NextCall<'_>, out: &mut Interventions) {
         if !self.printed {
             return;
         }
@@ -47,7 +47,12 @@ impl Aid for AnswerAfterOutput {
 
     /// A reply kept is the model's answer to the ask (a reply asked again
     /// is asked for the answer again).
-    fn on_reply(&mut self, _reply: &mut Reply, _tools: &[ToolSpec], _say: &mut Say) -> OnReply {
+    fn on_reply(
+        &mut self,
+        _reply: &mut Reply,
+        _tools: &[ToolSpec],
+        _say: &mut Interventions,
+    ) -> OnReply {
         self.printed = false;
         OnReply::Keep
     }
@@ -57,7 +62,7 @@ impl Aid for AnswerAfterOutput {
         call: &mut ToolCall,
         _tools: &[ToolSpec],
         _notes: &mut Vec<String>,
-        out: &mut Say,
+        out: &mut Interventions,
     ) -> Option<ToolOutput> {
         if !self.printed {
             return None;
@@ -78,7 +83,7 @@ impl Aid for AnswerAfterOutput {
         _asked: &ToolCall,
         _ran: bool,
         output: &mut ToolOutput,
-        _say: &mut Say,
+        _say: &mut Interventions,
     ) -> Option<String> {
         self.printed |= printed(output).is_some();
         None

@@ -4,7 +4,7 @@
 //! strict loop refuses such calls with what does not fit.
 
 use crate::agent::coerce::coerce;
-use crate::agent::harness::{Aid, Say, say};
+use crate::agent::harness::{Aid, Interventions, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
 use crate::protocol::InterventionKind;
@@ -17,7 +17,7 @@ impl Aid for Arguments {
         call: &mut ToolCall,
         tools: &[ToolSpec],
         notes: &mut Vec<String>,
-        out: &mut Say,
+        out: &mut Interventions,
     ) -> Option<ToolOutput> {
         let spec = tools.iter().find(|t| t.name == call.name)?;
         // What cannot be read is left for the strict check to refuse.

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use crate::agent::harness::{Aid, Say, say};
+use crate::agent::harness::{Aid, Interventions, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
 use crate::protocol::InterventionKind;
@@ -32,7 +32,7 @@ impl Aid for Cells {
         call: &mut ToolCall,
         _tools: &[ToolSpec],
         _notes: &mut Vec<String>,
-        _say: &mut Say,
+        _say: &mut Interventions,
     ) -> Option<ToolOutput> {
         let python = matches!(
             call.arguments.get("language").and_then(Value::as_str),
@@ -53,7 +53,7 @@ impl Aid for Cells {
         asked: &ToolCall,
         _ran: bool,
         output: &mut ToolOutput,
-        out: &mut Say,
+        out: &mut Interventions,
     ) -> Option<String> {
         if !self.asked.remove(&asked.id) {
             return None;

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::with_last_word;
 use crate::agent::harness::{
-    Aid, NextCall, OnReply, Reply, Say, add_notes, key_of, may_change_state, say,
+    Aid, Interventions, NextCall, OnReply, Reply, add_notes, key_of, may_change_state, say,
 };
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
@@ -27,7 +27,7 @@ pub struct Fix {
 }
 
 impl Aid for Fix {
-    fn before_call(&mut self, next: &mut NextCall<'_>, out: &mut Say) {
+    fn before_call(&mut self, next: &mut NextCall<'_>, out: &mut Interventions) {
         let Some(error) = self.ask.take() else {
             return;
         };
@@ -46,7 +46,12 @@ impl Aid for Fix {
         super::sample_anew(next);
     }
 
-    fn on_reply(&mut self, reply: &mut Reply, _tools: &[ToolSpec], out: &mut Say) -> OnReply {
+    fn on_reply(
+        &mut self,
+        reply: &mut Reply,
+        _tools: &[ToolSpec],
+        out: &mut Interventions,
+    ) -> OnReply {
         let mut errors = reply.calls.iter().map(|call| self.failed_twice(call));
         let Some(Some(first)) = errors.next() else {
             return OnReply::Keep;
@@ -68,7 +73,7 @@ impl Aid for Fix {
         asked: &ToolCall,
         ran: bool,
         output: &mut ToolOutput,
-        _say: &mut Say,
+        _say: &mut Interventions,
     ) -> Option<String> {
         if !ran {
             return None;
@@ -143,7 +148,7 @@ mod tests {
     #[test]
     fn failures_are_forgotten_after_a_change() {
         let mut fix = Fix::default();
-        let mut said = Say::new();
+        let mut said = Interventions::new();
         let cat = call("Bash", json!({"command": "cat missing"}));
         let failed = || ToolOutput::error("cat: missing: No such file");
         fix.on_result(&cat, false, &mut failed(), &mut said);

@@ -3,7 +3,7 @@
 //! streams: reading on would only buy more copies, and ending the stream
 //! frees the model server. The calls written so far still run, each once.
 
-use crate::agent::harness::{Aid, NextCall, Say, say};
+use crate::agent::harness::{Aid, Interventions, NextCall, say};
 use crate::model::{ToolSpec, lenient};
 use crate::protocol::InterventionKind;
 
@@ -17,11 +17,11 @@ pub struct Loops {
 }
 
 impl Aid for Loops {
-    fn before_call(&mut self, _next: &mut NextCall<'_>, _say: &mut Say) {
+    fn before_call(&mut self, _next: &mut NextCall<'_>, _say: &mut Interventions) {
         self.checked = 0;
     }
 
-    fn cut(&mut self, text: &str, tools: &[ToolSpec], out: &mut Say) -> bool {
+    fn cut(&mut self, text: &str, tools: &[ToolSpec], out: &mut Interventions) -> bool {
         if tools.is_empty() || text.len() < self.checked + CHECK_EVERY {
             return false;
         }

@@ -4,7 +4,7 @@
 //! offered is taken as the one tool it most plausibly means
 //! ([`lenient::resolve_tool_name`]), with a note in the result.
 
-use crate::agent::harness::{Aid, Say, say};
+use crate::agent::harness::{Aid, Interventions, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec, lenient};
 use crate::protocol::InterventionKind;
@@ -17,7 +17,7 @@ impl Aid for Names {
         call: &mut ToolCall,
         tools: &[ToolSpec],
         notes: &mut Vec<String>,
-        out: &mut Say,
+        out: &mut Interventions,
     ) -> Option<ToolOutput> {
         let resolved = lenient::resolve_tool_name(&call.name, &call.arguments, tools)?;
         if let Some(note) = resolved.note {

@@ -2,7 +2,7 @@
 //! read the request's `tools` (their chat template drops it), and copy the
 //! shape of an example far more reliably than they follow a description.
 
-use crate::agent::harness::{Aid, NextCall, Say};
+use crate::agent::harness::{Aid, Interventions, NextCall};
 use crate::model::ToolSpec;
 
 /// Lists the tools and writes out one call and its answer, in a system
@@ -10,7 +10,7 @@ use crate::model::ToolSpec;
 pub struct WorkedExample;
 
 impl Aid for WorkedExample {
-    fn before_call(&mut self, next: &mut NextCall<'_>, _say: &mut Say) {
+    fn before_call(&mut self, next: &mut NextCall<'_>, _say: &mut Interventions) {
         if !next.default_system || next.request.tools.is_empty() {
             return;
         }

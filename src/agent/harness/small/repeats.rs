@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::printed;
-use crate::agent::harness::{Aid, Say, add_notes, key_of, may_change_state, say};
+use crate::agent::harness::{Aid, Interventions, add_notes, key_of, may_change_state, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
 use crate::protocol::InterventionKind;
@@ -35,7 +35,7 @@ impl Aid for Repeats {
         call: &mut ToolCall,
         _tools: &[ToolSpec],
         notes: &mut Vec<String>,
-        out: &mut Say,
+        out: &mut Interventions,
     ) -> Option<ToolOutput> {
         let earlier = self.reads.get(&key_of(call))?;
         say(
@@ -60,7 +60,7 @@ impl Aid for Repeats {
         asked: &ToolCall,
         _ran: bool,
         output: &mut ToolOutput,
-        out: &mut Say,
+        out: &mut Interventions,
     ) -> Option<String> {
         if may_change_state(asked) {
             self.reads.clear();
@@ -130,7 +130,7 @@ mod tests {
     #[test]
     fn reads_are_answered_again_only_while_nothing_changed() {
         let mut repeats = Repeats::default();
-        let mut said = Say::new();
+        let mut said = Interventions::new();
         let mut notes = Vec::new();
         let read = call("Read", json!({"file_path": "f"}));
         let shell = call("Bash", json!({"command": "cat f"}));
@@ -138,10 +138,10 @@ mod tests {
             repeats.on_call(&mut c.clone(), &[], &mut notes, &mut said)
         };
         assert_eq!(ask(&mut repeats, &read), None);
-        repeats.on_result(&read, true, &mut printed("one"), &mut Say::new());
+        repeats.on_result(&read, true, &mut printed("one"), &mut Interventions::new());
         assert_eq!(ask(&mut repeats, &read), Some(printed("one")));
         assert_eq!(ask(&mut repeats, &shell), None);
-        repeats.on_result(&shell, true, &mut printed("one"), &mut Say::new());
+        repeats.on_result(&shell, true, &mut printed("one"), &mut Interventions::new());
         assert_eq!(
             ask(&mut repeats, &read),
             None,
@@ -155,7 +155,7 @@ mod tests {
     #[test]
     fn an_output_printed_three_times_is_the_harness_s_answer() {
         let mut repeats = Repeats::default();
-        let mut said = Say::new();
+        let mut said = Interventions::new();
         let shell = call("Bash", json!({"command": "echo 42"}));
         for _ in 0..2 {
             assert_eq!(

@@ -2,7 +2,7 @@
 //! ended at once): it is not kept, and the same request goes again,
 //! sampled anew, within `max_turns`.
 
-use crate::agent::harness::{Aid, NextCall, OnReply, Reply, Say, say};
+use crate::agent::harness::{Aid, Interventions, NextCall, OnReply, Reply, say};
 use crate::model::ToolSpec;
 use crate::protocol::InterventionKind;
 
@@ -12,13 +12,18 @@ pub struct Resample {
 }
 
 impl Aid for Resample {
-    fn before_call(&mut self, next: &mut NextCall<'_>, _say: &mut Say) {
+    fn before_call(&mut self, next: &mut NextCall<'_>, _say: &mut Interventions) {
         if std::mem::take(&mut self.again) {
             super::sample_anew(next);
         }
     }
 
-    fn on_reply(&mut self, reply: &mut Reply, tools: &[ToolSpec], out: &mut Say) -> OnReply {
+    fn on_reply(
+        &mut self,
+        reply: &mut Reply,
+        tools: &[ToolSpec],
+        out: &mut Interventions,
+    ) -> OnReply {
         if tools.is_empty() || !reply.calls.is_empty() || !reply.text.trim().is_empty() {
             return OnReply::Keep;
         }

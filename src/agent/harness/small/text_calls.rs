@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::agent::harness::{Aid, NextCall, OnReply, Reply, Say, say};
+use crate::agent::harness::{Aid, Interventions, NextCall, OnReply, Reply, say};
 use crate::config::ToolCallMode;
 use crate::model::{ToolSpec, lenient};
 use crate::protocol::InterventionKind;
@@ -28,11 +28,16 @@ impl TextCalls {
 }
 
 impl Aid for TextCalls {
-    fn before_call(&mut self, next: &mut NextCall<'_>, _say: &mut Say) {
+    fn before_call(&mut self, next: &mut NextCall<'_>, _say: &mut Interventions) {
         next.request.tool_call_mode = self.tool_call_mode;
     }
 
-    fn on_reply(&mut self, reply: &mut Reply, tools: &[ToolSpec], out: &mut Say) -> OnReply {
+    fn on_reply(
+        &mut self,
+        reply: &mut Reply,
+        tools: &[ToolSpec],
+        out: &mut Interventions,
+    ) -> OnReply {
         if reply.calls.is_empty() && !tools.is_empty() {
             match lenient::recover_tool_calls(&reply.text, tools) {
                 Some(recovered) => {
