@@ -71,7 +71,8 @@
 //! - [`upstream`]: what every client of an upstream HTTP server needs
 //!   (providers and gateway alike): errors with their causes,
 //!   `Retry-After`, bounded error bodies.
-//! - [`sync`]: the one poison-tolerant lock helper.
+//! - [`sync`]: poison-tolerant lock helpers, and `KeyedSlots` (places
+//!   taken overall and per key).
 //! - [`yaml`]: bounds on YAML's size and nesting, checked before parsing.
 //! - [`prefix`]: a prompt as a chain of block hashes, for the sim's prefix
 //!   cache and the gateway's `prefix_cache` strategy.

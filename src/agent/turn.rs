@@ -307,26 +307,24 @@ async fn agent_loop(
         session.store_messages(std::slice::from_ref(&assistant))?;
         Arc::make_mut(history).push(assistant);
         turn.save_usage()?;
-        let stop = if reply.interrupted {
-            Some(ResultStatus::Interrupted)
-        } else if let OnReply::Tell(content) = next {
+        if reply.interrupted {
+            close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
+            return Ok(Outcome::new(ResultStatus::Interrupted, last_text));
+        }
+        if let OnReply::Tell(content) = next {
             let told = Message::User { content };
             session.store_messages(std::slice::from_ref(&told))?;
             Arc::make_mut(history).push(told);
             continue;
-        } else if reply.calls.is_empty() {
+        }
+        if reply.calls.is_empty() {
             return Ok(Outcome::new(ResultStatus::Success, Some(reply.text)));
-        } else if options
-            .max_budget_usd
-            .is_some_and(|budget| turn.usage.cost_usd >= budget)
+        }
+        if let Some(budget) = options.max_budget_usd
+            && turn.usage.cost_usd >= budget
         {
-            Some(ResultStatus::BudgetExceeded)
-        } else {
-            None
-        };
-        if let Some(status) = stop {
             close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;
-            return Ok(Outcome::new(status, last_text));
+            return Ok(Outcome::new(ResultStatus::BudgetExceeded, last_text));
         }
         if let Some(past) = past_budget {
             close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;

@@ -16,13 +16,10 @@ pub mod http;
 pub mod langgraph;
 pub mod routes;
 
-// The handlers' modules by short name, for the route table below.
-use grpc::{bus as grpc_bus, deliberations as grpc_deliberations};
 use http::{body, browser, error, guard, state, traced};
 use routes::{
-    agent, agent_ws as ws, agents as profiles, approvals, bus, bus_ws, dashboard, deliberations,
-    fork, gateway, gateway_weights as weights, health as ops, mcp, orchestrator as pipelines,
-    rollouts, sandboxes, usage,
+    agent, agent_ws, agents, approvals, bus, bus_ws, dashboard, deliberations, fork, gateway,
+    gateway_weights, health, mcp, orchestrator, rollouts, sandboxes, usage,
 };
 
 use std::sync::Arc;
@@ -42,18 +39,18 @@ use state::AppState;
     paths(
         agent::run, agent::create_session, agent::message, agent::interrupt, agent::status,
         agent::events, agent::delete, agent::list, fork::fork, fork::session_snapshots, fork::name,
-        fork::named, fork::delete, approvals::post, approvals::list, ws::upgrade, ops::health, ops::ready, ops::metrics, ops::openapi,
+        fork::named, fork::delete, approvals::post, approvals::list, agent_ws::upgrade, health::health, health::ready, health::metrics, health::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::responses, gateway::embeddings, gateway::tokenize,
         gateway::detokenize, gateway::meta_responses, gateway::meta_embeddings,
         gateway::meta_tokenize, gateway::meta_detokenize, gateway::replicas, gateway::add_replica, gateway::remove_replica,
         gateway::replica_action, gateway::remove_pool, gateway::traces, sandboxes::list,
         sandboxes::delete, bus::publish, bus::subscribe, bus::get, bus::put, bus::delete, bus::list,
-        bus_ws::upgrade, weights::begin, weights::commit, rollouts::start, rollouts::progress,
-        deliberations::submit, deliberations::result, deliberations::list, pipelines::start,
-        pipelines::status, pipelines::history, pipelines::resume, pipelines::fork, pipelines::cancel,
-        pipelines::active, pipelines::runs, pipelines::health, pipelines::definitions, pipelines::validate,
-        dashboard::me, dashboard::ticket, profiles::list, profiles::get, agui::run, usage::usage
+        bus_ws::upgrade, gateway_weights::begin, gateway_weights::commit, rollouts::start, rollouts::progress,
+        deliberations::submit, deliberations::result, deliberations::list, orchestrator::start,
+        orchestrator::status, orchestrator::history, orchestrator::resume, orchestrator::fork, orchestrator::cancel,
+        orchestrator::active, orchestrator::runs, orchestrator::health, orchestrator::definitions, orchestrator::validate,
+        dashboard::me, dashboard::ticket, agents::list, agents::get, agui::run, usage::usage
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -105,8 +102,8 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/session/{id}/events", get(agent::events))
         .route("/agent/session/{id}", delete(agent::delete))
         .route("/agent/sessions", get(agent::list))
-        .route("/agents", get(profiles::list))
-        .route("/agents/{name}", get(profiles::get))
+        .route("/agents", get(agents::list))
+        .route("/agents/{name}", get(agents::get))
         .route("/ag-ui/{agent}", post(agui::run))
         .route("/agent/session/{id}/fork", post(fork::fork))
         .route(
@@ -120,7 +117,7 @@ pub fn router(state: AppState) -> Router {
             post(approvals::post),
         )
         .route("/agent/approvals", get(approvals::list))
-        .route("/agent/ws", get(ws::upgrade))
+        .route("/agent/ws", get(agent_ws::upgrade))
         .route("/v1/models", get(gateway::models))
         .route("/meta/{slug}/v1/models", get(gateway::meta_models))
         .route(
@@ -129,10 +126,13 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/gateway/replicas/{id}", delete(gateway::remove_replica))
         .route("/gateway/pools/{model}", delete(gateway::remove_pool))
-        .route("/gateway/pools/{model}/weights/begin", post(weights::begin))
+        .route(
+            "/gateway/pools/{model}/weights/begin",
+            post(gateway_weights::begin),
+        )
         .route(
             "/gateway/pools/{model}/weights/commit",
-            post(weights::commit),
+            post(gateway_weights::commit),
         )
         .route(
             "/gateway/replicas/{id}/{action}",
@@ -150,45 +150,45 @@ pub fn router(state: AppState) -> Router {
         )
         .route_service(
             "/conclave.bus.v1.Bus/{*method}",
-            grpc_bus::service(state.clone()),
+            grpc::bus::service(state.clone()),
         )
         .route_service(
             "/conclave.orchestrator.v1.Orchestrator/{*method}",
-            grpc_deliberations::service(state.clone()),
+            grpc::deliberations::service(state.clone()),
         )
         .route(
             "/deliberations",
             post(deliberations::submit).get(deliberations::list),
         )
         .route("/deliberations/{task_id}", get(deliberations::result))
-        .route("/orchestrator/pipeline/start", post(pipelines::start))
+        .route("/orchestrator/pipeline/start", post(orchestrator::start))
         .route(
             "/orchestrator/pipeline/status/{thread_id}",
-            get(pipelines::status),
+            get(orchestrator::status),
         )
         .route(
             "/orchestrator/pipeline/history/{thread_id}",
-            get(pipelines::history),
+            get(orchestrator::history),
         )
         .route(
             "/orchestrator/pipeline/resume/{thread_id}",
-            post(pipelines::resume),
+            post(orchestrator::resume),
         )
         .route(
             "/orchestrator/pipeline/fork/{thread_id}",
-            post(pipelines::fork),
+            post(orchestrator::fork),
         )
         .route(
             "/orchestrator/pipeline/cancel/{thread_id}",
-            post(pipelines::cancel),
+            post(orchestrator::cancel),
         )
-        .route("/orchestrator/runs", get(pipelines::runs))
-        .route("/orchestrator/runs/active", get(pipelines::active))
-        .route("/orchestrator/health", get(pipelines::health))
-        .route("/orchestrator/pipelines", get(pipelines::definitions))
+        .route("/orchestrator/runs", get(orchestrator::runs))
+        .route("/orchestrator/runs/active", get(orchestrator::active))
+        .route("/orchestrator/health", get(orchestrator::health))
+        .route("/orchestrator/pipelines", get(orchestrator::definitions))
         .route(
             "/orchestrator/pipelines/validate",
-            post(pipelines::validate),
+            post(orchestrator::validate),
         )
         .nest("/langgraph", langgraph::router())
         .merge(a2a::router())
@@ -196,10 +196,10 @@ pub fn router(state: AppState) -> Router {
         .route("/rollouts/{id}", get(rollouts::progress))
         .route("/sandboxes", get(sandboxes::list))
         .route("/sandboxes/{id}", delete(sandboxes::delete))
-        .route("/health", get(ops::health))
-        .route("/ready", get(ops::ready))
-        .route("/metrics", get(ops::metrics))
-        .route("/openapi.json", get(ops::openapi))
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(health::openapi))
         .route_layer(axum::middleware::from_fn(traced::run))
         // The calls the gateway forwards: each call's span is made by the
         // gateway, as the request's span (the hot path pays one span).
@@ -236,8 +236,8 @@ pub fn router(state: AppState) -> Router {
 pub fn overflow_router(state: AppState) -> Router {
     let policy = Arc::new(browser::BrowserPolicy::new(&state.config));
     Router::new()
-        .route("/health", get(ops::health))
-        .route("/ready", get(ops::ready))
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

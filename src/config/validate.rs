@@ -8,14 +8,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check_store()?;
         self.check_agent_names()?;
-        self.cluster
-            .validate()
-            .map_err(|(name, message)| field(&name, message))?;
-        self.telemetry
-            .validate()
-            .map_err(|(name, message)| field(&name, message))?;
-        self.validate_keys()
-            .map_err(|(name, message)| field(&name, message))?;
+        self.cluster.validate().map_err(named)?;
+        self.telemetry.validate().map_err(named)?;
+        self.validate_keys().map_err(named)?;
         self.check_permissions()?;
         self.check_http()?;
         crate::egress::Rules::parse(&self.mcp.allowed_http_servers)
@@ -23,9 +18,7 @@ impl Config {
         self.check_paths()?;
         self.check_limits()?;
         self.check_models()?;
-        self.sandbox
-            .validate()
-            .map_err(|(name, message)| field(&name, message))?;
+        self.sandbox.validate().map_err(named)?;
         for (model, price) in &self.prices {
             if price.input_per_mtok < 0.0 || price.output_per_mtok < 0.0 {
                 return Err(field(
@@ -35,15 +28,9 @@ impl Config {
             }
         }
         self.gateway.validate().map_err(ConfigError::Invalid)?;
-        self.bus
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        self.pipelines
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
-        self.mcp
-            .validate()
-            .map_err(|(field, message)| ConfigError::Field { field, message })?;
+        self.bus.validate().map_err(named)?;
+        self.pipelines.validate().map_err(named)?;
+        self.mcp.validate().map_err(named)?;
         crate::egress::Rules::parse(&self.allowed_upstreams())
             .map_err(|e| field("gateway.allowed_upstreams", e))?;
         Ok(())
@@ -254,6 +241,11 @@ impl Config {
             None => vec!["public".into()],
         }
     }
+}
+
+/// A section's `(field, message)` as a `ConfigError`.
+fn named((field, message): (String, String)) -> ConfigError {
+    ConfigError::Field { field, message }
 }
 
 /// A `ConfigError` naming `field`.

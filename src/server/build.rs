@@ -162,11 +162,10 @@ impl Server {
             storage,
             event_logs: _,
         } = ground;
-        let config = Arc::new(config);
         let state = AppState::new(Shared {
             keys: Arc::new(Keys::new(key_table, store.clone())),
             quotas,
-            config: config.clone(),
+            config: Arc::new(config),
             sessions,
             models,
             metrics,
