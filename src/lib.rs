@@ -109,6 +109,10 @@
 //!   process on one server, on a JetStream work queue among replicas.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
 //!   backends, with the per-session manager, the warm pool and snapshots.
+//! - [`tools`]: the sandbox's tools (exec, files, background runs) as
+//!   functions called directly; the agent's router over them (Claude
+//!   Code's built-ins, a session's own MCP servers and A2A agents), and
+//!   among replicas the call carried to the replica holding the sandbox.
 //! - [`quota`]: who each API key is (its name, whether it administers, its
 //!   quota) and the error a caller gets past a quota.
 //! - [`usage`]: what each key spent (turns, tool calls, gateway calls,
@@ -125,8 +129,9 @@
 //!   gRPC services; `api/a2a/`, `api/agui/` and `api/langgraph/` the
 //!   protocol adapters. Errors of the parts below become HTTP statuses in
 //!   `api/http/error.rs` and gRPC statuses in `api/grpc/error.rs`.
-//! - [`mcp`]: the MCP server of sandbox and agent tools (`/mcp`, `conclave
-//!   mcp`) and a session's own MCP servers.
+//! - [`mcp`]: the MCP server (`/mcp`, `conclave mcp`): an adapter over
+//!   [`tools`], plus the tools that start sessions and the sessions as
+//!   resources.
 //! - [`server`]: wires the parts (the store, the providers into the model
 //!   registry, the gateway, the sandboxes, the session kinds) and serves
 //!   them on a listener until a shutdown signal, so tests bind `127.0.0.1:0`.
@@ -161,6 +166,7 @@ pub mod sim;
 pub mod store;
 pub mod sync;
 pub mod telemetry;
+pub mod tools;
 pub mod upstream;
 pub mod usage;
 pub mod yaml;

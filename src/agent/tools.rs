@@ -1,7 +1,7 @@
 //! The seam between the turn loop and whatever executes tools.
 //!
-//! The turn loop only knows [`ToolRouter`]; the sandboxed MCP tools plug in
-//! behind it. [`NoTools`] is the router of a server that has none.
+//! The turn loop only knows [`ToolRouter`]; the sandbox's tools
+//! ([`crate::tools::AgentTools`]) plug in behind it. [`NoTools`] is the router of a server that has none.
 
 use std::sync::Arc;
 
@@ -32,6 +32,9 @@ pub const SANDBOX_TOOLS: [&str; 8] = [
 pub struct ToolContext {
     pub session_id: Uuid,
     pub options: Arc<AgentOptions>,
+    /// The key that owns the session (`None` when auth is off): the
+    /// session's sandbox counts in its `max_sandboxes`.
+    pub owner: Option<String>,
 }
 
 /// What a tool returned, as it goes into the `tool_result` event.

@@ -167,6 +167,7 @@ impl Plan {
         let ctx = ToolContext {
             session_id: session.id,
             options: options.clone(),
+            owner: session.owner.clone(),
         };
         let client_tools = &turn.options.client_tools;
         let mut tools: Vec<_> = deps

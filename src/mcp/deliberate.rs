@@ -30,7 +30,7 @@ pub async fn run(
     args: Deliberate,
     ctx: RequestContext<RoleServer>,
 ) -> Result<CallToolResult, ErrorData> {
-    let Some(deliberations) = host.deliberations.get() else {
+    let Some(deliberations) = host.live.as_ref().map(|live| &live.deliberations) else {
         return Err(ErrorData::invalid_request(
             "deliberate runs in the server: connect to its /mcp (conclave mcp serves only the sandbox tools)",
             None,

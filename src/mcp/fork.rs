@@ -18,7 +18,7 @@ pub async fn run(
     args: ForkSession,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<CallToolResult, ErrorData> {
-    let Some(sessions) = host.sessions.get() else {
+    let Some(sessions) = host.sessions() else {
         return Err(ErrorData::internal_error(
             "this server runs no sessions",
             None,
@@ -32,7 +32,7 @@ pub async fn run(
     let forks = Forks {
         sessions: sessions.clone(),
         store: host.store.clone(),
-        sandboxes: Some(host.sandboxes.clone()),
+        sandboxes: Some(host.tools.sandboxes.clone()),
         max_forks: host.max_forks,
     };
     let request = ForkRequest {

@@ -1,48 +1,38 @@
-//! Conclave's MCP server and the agent's client of it.
+//! Conclave's MCP server, for IDEs and other MCP clients.
 //!
 //! Layout:
 //!
-//! - [`server`]: the rmcp server of sandbox tools (`execute_code`,
-//!   `execute_shell`, `read_file`, `write_file`, `edit_file`, `list_files`,
-//!   `glob`, `grep`), served over streamable HTTP at `/mcp` and over stdio by
-//!   `conclave mcp` (which the server module builds as it builds its own).
-//! - [`background`]: commands started with `background: true`, listed and
-//!   killable.
-//! - [`schema`]: the tools' parameters and results.
-//! - [`progress`]: a running command's output as progress notifications,
-//!   sent by the server and routed to the calling turn by the agent's client.
-//! - [`host`]: what the tools need from the server (sandboxes, the store
-//!   for session and owner checks, limits) and who is calling.
-//! - [`run_agent`], [`deliberate`], [`pipeline`]: the tools that hand a
-//!   task to agents of the server's sessions (only on `/mcp`), following
-//!   the session's turn with [`follow`] into progress notifications.
+//! - [`server`]: the rmcp server, served over streamable HTTP at `/mcp`
+//!   and over stdio by `conclave mcp`: an adapter over the sandbox tools
+//!   ([`crate::tools`]) and the tools that start sessions.
+//! - [`host`]: what it needs from the server (the tools, the store for
+//!   session and owner checks, the sessions when the server runs them) and
+//!   who is calling.
+//! - [`schema`]: the result wrappers and the session tools' parameters.
+//! - [`progress`]: a running command's output as progress notifications.
+//! - [`run_agent`], [`deliberate`], [`pipeline`], [`fork`]: the tools that
+//!   hand a task to agents of the server's sessions (only on `/mcp`),
+//!   following the session's turn with [`follow`] into progress
+//!   notifications.
 //! - [`approval`]: a `run_agent` call that waits for approval, put to
 //!   the client as an elicitation, or explained as the HTTP decision.
 //! - [`resources`]: the caller's sessions as resources, with update
 //!   notifications to subscribers.
 //! - [`proxy`]: `conclave mcp` relaying stdio to a running server's `/mcp`
 //!   with the caller's key, so IDEs started by command reach live sessions.
-//! - [`external`]: a session's own MCP servers (`options.mcp_servers`).
-//! - [`client`]: the agent's [`crate::agent::ToolRouter`]: Claude Code's
-//!   built-in tools mapped onto the server's, through an in-process client.
 
 pub mod approval;
-pub mod background;
-pub mod client;
 pub mod deliberate;
-pub mod external;
 pub mod follow;
 pub mod fork;
 pub mod host;
 pub mod pipeline;
 pub mod progress;
 pub mod proxy;
-pub mod remote;
 pub mod resources;
 pub mod run_agent;
 pub mod schema;
 pub mod server;
-mod traced_http;
 
 use std::sync::Arc;
 
@@ -50,8 +40,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-pub use client::SandboxTools;
-pub use host::{Caller, McpHost, McpOwner};
+pub use host::{Caller, Live, McpHost, McpOwner};
 pub use server::SandboxServer;
 
 /// The streamable HTTP service for `/mcp`: one server instance per MCP

@@ -30,7 +30,7 @@ pub async fn run(
     args: StartPipeline,
     ctx: RequestContext<RoleServer>,
 ) -> Result<CallToolResult, ErrorData> {
-    let Some(runs) = host.pipelines.get() else {
+    let Some(runs) = host.live.as_ref().map(|live| &live.pipelines) else {
         return Err(ErrorData::invalid_request(
             "start_pipeline runs in the server: connect to its /mcp",
             None,

@@ -69,7 +69,7 @@ fn internal(error: impl std::fmt::Display) -> ErrorData {
 }
 
 fn manager(host: &McpHost) -> Result<&Arc<SessionManager>, ErrorData> {
-    host.sessions.get().ok_or_else(|| {
+    host.sessions().ok_or_else(|| {
         ErrorData::invalid_request(
             "session resources are the server's: connect to its /mcp",
             None,
@@ -115,7 +115,7 @@ pub async fn list(
     caller: &Caller,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<ListResourcesResult, ErrorData> {
-    let Some(sessions) = host.sessions.get() else {
+    let Some(sessions) = host.sessions() else {
         return Ok(ListResourcesResult::default());
     };
     let filter = SessionFilter {

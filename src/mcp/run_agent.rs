@@ -92,7 +92,7 @@ pub async fn run(
     args: RunAgent,
     ctx: RequestContext<RoleServer>,
 ) -> Result<CallToolResult, ErrorData> {
-    let Some(sessions) = host.sessions.get() else {
+    let Some(sessions) = host.sessions() else {
         return Err(ErrorData::invalid_request(
             "run_agent runs in the server: connect to its /mcp",
             None,
@@ -153,7 +153,7 @@ pub async fn run(
     // The client is asked from this task, so that its requests go out on
     // this call's stream.
     let asking = async {
-        if let (true, Some(decider)) = (elicits, host.decider.get()) {
+        if let (true, Some(decider)) = (elicits, host.live.as_ref().map(|live| &live.decider)) {
             let asker = Asker {
                 peer: &ctx.peer,
                 decider,

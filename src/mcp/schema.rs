@@ -1,5 +1,7 @@
-//! The sandbox tools' wire types: their parameters, their results, and
-//! [`Json`], the result wrapper that sends a structured result once.
+//! The MCP server's wire types beyond the sandbox tools' own
+//! ([`crate::tools::schema`]): [`Json`], the result wrapper that sends a
+//! structured result once, [`ToolFailure`], and the parameters of the tools
+//! that start sessions.
 
 use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::model::{CallToolResult, ContentBlock, ErrorData};
@@ -7,9 +9,6 @@ use schemars::JsonSchema;
 use schemars::transform::RestrictFormats;
 use serde::{Deserialize, Serialize};
 
-/// The most bytes of JSON one tool result takes, so that it fits, with the
-/// JSON-RPC envelope, in the 1 MiB the official SDKs allow an SSE event.
-const MAX_RESULT_BYTES: usize = 896 * 1024;
 /// A result this small is also put in a text block, for clients that read
 /// only text.
 const TEXT_COPY_BYTES: usize = 16 * 1024;
@@ -22,13 +21,8 @@ pub struct Json<T>(pub T);
 
 impl<T: Serialize + JsonSchema + 'static> IntoCallToolResult for Json<T> {
     fn into_call_tool_result(self) -> Result<rmcp::model::CallToolResponse, ErrorData> {
-        let mut value = serde_json::to_value(self.0)
-            .map_err(|e| ErrorData::internal_error(format!("serializing a result: {e}"), None))?;
-        if crate::agent::calls::cut_to_fit(&mut value, MAX_RESULT_BYTES)
-            && let Some(truncated) = value.get_mut("truncated")
-        {
-            *truncated = serde_json::Value::Bool(true);
-        }
+        let value = crate::tools::schema::structured(&self.0)
+            .map_err(|e| ErrorData::internal_error(e, None))?;
         let text = value.to_string();
         let note = if text.len() <= TEXT_COPY_BYTES {
             text
@@ -44,209 +38,6 @@ impl<T: Serialize + JsonSchema + 'static> IntoCallToolResult for Json<T> {
     }
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct ExecuteCode {
-    /// The program's source.
-    pub code: String,
-    /// `python` (default), `bash` or `sh`.
-    #[serde(default)]
-    pub language: Option<String>,
-    /// The agent session whose sandbox runs it; omitted, this connection's
-    /// own scratch sandbox.
-    #[serde(default)]
-    pub session_id: Option<String>,
-    /// Seconds before the whole process tree is killed.
-    #[serde(default)]
-    pub timeout: Option<u64>,
-    /// Python only: fix code whose intent is plain but that would fail (a
-    /// cell that does not parse, `print(x).upper()`, a standard module
-    /// used without its import), saying each fix on stderr on a line
-    /// starting `repair: `. Off by default: the cell runs as Python runs it.
-    #[serde(default)]
-    pub repair: bool,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct ExecuteShell {
-    /// A command line for `/bin/sh -c`, run in the workspace.
-    pub command: String,
-    #[serde(default)]
-    pub session_id: Option<String>,
-    #[serde(default)]
-    pub timeout: Option<u64>,
-    /// Start it and return at once; it runs on (until killed, or the
-    /// longest timeout allowed) and shows in `list_background`. Otherwise
-    /// whatever the command leaves running is killed when it returns.
-    #[serde(default)]
-    pub background: bool,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct ListBackground {
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct KillBackground {
-    /// The `background_id` `execute_shell` returned.
-    pub id: String,
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct ReadFile {
-    /// Absolute, or relative to /workspace.
-    pub path: String,
-    /// Act only if the path opens this file (absolute, links resolved):
-    /// a caller that checked where the path leads refuses a link swapped
-    /// in since.
-    #[serde(default)]
-    pub expect: Option<String>,
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct WriteFile {
-    pub path: String,
-    pub content: String,
-    /// Act only if the path opens this file (absolute, links resolved):
-    /// a caller that checked where the path leads refuses a link swapped
-    /// in since.
-    #[serde(default)]
-    pub expect: Option<String>,
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct EditFile {
-    pub path: String,
-    pub old_string: String,
-    pub new_string: String,
-    /// Replace every occurrence instead of exactly one.
-    #[serde(default)]
-    pub replace_all: bool,
-    /// Act only if the path opens this file (absolute, links resolved):
-    /// a caller that checked where the path leads refuses a link swapped
-    /// in since.
-    #[serde(default)]
-    pub expect: Option<String>,
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct ListFiles {
-    /// Directory to list (default /workspace).
-    #[serde(default)]
-    pub path: Option<String>,
-    /// Levels to descend (default 1).
-    #[serde(default)]
-    pub depth: Option<u32>,
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct GlobFiles {
-    /// A glob such as `**/*.py`, relative to `path`.
-    pub pattern: String,
-    #[serde(default)]
-    pub path: Option<String>,
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct GrepFiles {
-    /// An extended regular expression.
-    pub pattern: String,
-    /// File or directory to search (default /workspace).
-    #[serde(default)]
-    pub path: Option<String>,
-    /// Only files whose name matches this glob, e.g. `*.rs`.
-    #[serde(default)]
-    pub include: Option<String>,
-    #[serde(default)]
-    pub ignore_case: bool,
-    #[serde(default)]
-    pub session_id: Option<String>,
-}
-
-/// What an execution returned.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct ExecResult {
-    /// `success`, `error` (non-zero exit) or `timeout`.
-    pub status: String,
-    pub stdout: String,
-    pub stderr: String,
-    /// `null` when the process was killed.
-    pub exit_code: Option<i64>,
-    pub duration_ms: u64,
-    /// Output past the limit was dropped.
-    pub truncated: bool,
-    /// Set for a command started with `background: true` (its status is
-    /// then `running`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub background_id: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct FileContent {
-    pub path: String,
-    pub content: String,
-    pub truncated: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct Done {
-    pub path: String,
-    /// Bytes written, or replacements made for an edit.
-    pub count: usize,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct Listing {
-    pub path: String,
-    pub entries: Vec<ListingEntry>,
-    pub truncated: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct ListingEntry {
-    pub path: String,
-    /// `file`, `dir`, `symlink` or `other`.
-    pub kind: String,
-    pub size: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[schemars(transform = RestrictFormats::default())]
-pub struct Matches {
-    pub path: String,
-    /// Matching paths (glob) or `file:line:text` lines (grep).
-    pub matches: Vec<String>,
-    pub truncated: bool,
-}
-
 /// A tool's own failure (a path that escapes, an edit that does not match,
 /// an unknown session, a sandbox that cannot start): sent as a result with
 /// `isError: true`, which the model reads and can act on. The MCP spec
@@ -258,6 +49,12 @@ pub struct ToolFailure(pub String);
 impl IntoCallToolResult for ToolFailure {
     fn into_call_tool_result(self) -> Result<rmcp::model::CallToolResponse, ErrorData> {
         Ok(CallToolResult::error(vec![ContentBlock::text(self.0)]).into())
+    }
+}
+
+impl From<crate::tools::ToolError> for ToolFailure {
+    fn from(error: crate::tools::ToolError) -> Self {
+        ToolFailure(error.0)
     }
 }
 

@@ -1,10 +1,11 @@
-//! The sandbox MCP server: code, shell and file tools acting in a session's
-//! sandbox. IDEs reach it at `/mcp` or through `conclave mcp`; the agent
-//! reaches it through an in-process client ([`super::client`]).
+//! The sandbox MCP server: an adapter over the tools ([`crate::tools`])
+//! for IDEs, at `/mcp` and through `conclave mcp`. It resolves the
+//! `session_id` a call names into the sandbox it acts in (checked against
+//! the caller), follows the client's progress token and cancellation, and
+//! adds the tools that start sessions of the server.
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
@@ -17,16 +18,13 @@ use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::background::{RunList, RunView};
 use super::host::{Caller, McpHost};
-use super::progress::OutputReporter;
-use super::schema::*;
-use crate::sandbox::{ExecRequest, SandboxError, WORKSPACE, exec_collect, files};
-use crate::telemetry::{otel, spans};
-
-/// Runs Python from stdin as a notebook cell (the last expression's value
-/// is printed); with `--repair`, after the repairs it names.
-const PYTHON_CELL: &str = include_str!("cell.py");
+use super::progress::Notifications;
+use super::schema::{Deliberate, ForkSession, Json, RunAgent, StartPipeline, ToolFailure};
+use crate::tools::background::{RunList, RunView};
+use crate::tools::output::Progress;
+use crate::tools::schema::*;
+use crate::tools::{Call, exec, files};
 
 /// One MCP connection's view of the sandbox tools.
 #[derive(Clone)]
@@ -50,26 +48,9 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (host, id) = (self.host.clone(), self.id);
-            runtime.spawn(async move { host.sandboxes.release(id).await });
+            runtime.spawn(async move { host.tools.sandboxes.release(id).await });
         }
     }
-}
-
-fn tool_error(e: SandboxError) -> ErrorData {
-    match e {
-        SandboxError::InvalidPath(m) | SandboxError::File(m) => ErrorData::invalid_params(m, None),
-        SandboxError::Capacity(_) | SandboxError::ImageNotFound(_) | SandboxError::Quota(_) => {
-            ErrorData::internal_error(e.to_string(), None)
-        }
-        other => {
-            tracing::warn!(error = %other, "sandbox tool failed");
-            ErrorData::internal_error(other.to_string(), None)
-        }
-    }
-}
-
-fn lossy(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[tool_router]
@@ -83,16 +64,11 @@ impl SandboxServer {
             subscriptions: Default::default(),
             tool_router: {
                 let mut router = Self::tool_router();
-                // Only a server with sessions runs deliberations.
-                if host.deliberations.get().is_none() {
-                    router.remove_route("deliberate");
-                }
-                if host.pipelines.get().is_none() {
-                    router.remove_route("start_pipeline");
-                }
-                if host.sessions.get().is_none() {
-                    router.remove_route("run_agent");
-                    router.remove_route("fork_session");
+                // Only a server with sessions starts them.
+                if host.live.is_none() {
+                    for name in ["deliberate", "start_pipeline", "run_agent", "fork_session"] {
+                        router.remove_route(name);
+                    }
                 }
                 router
             },
@@ -101,99 +77,32 @@ impl SandboxServer {
         }
     }
 
-    /// The sandbox a call acts in: the named session's, or this
-    /// connection's scratch one.
-    async fn lease(
+    /// A call of this connection: in the sandbox of the session it names
+    /// (or the connection's scratch one), stopped when the client cancels
+    /// it, its output reported when the client gave a progress token.
+    async fn call(
         &self,
         session_id: Option<&str>,
         ctx: &RequestContext<RoleServer>,
-    ) -> Result<crate::sandbox::Lease, ErrorData> {
-        self.host
-            .lease(&self.caller, session_id, self.scratch.id, ctx)
-            .await
-    }
-
-    async fn exec(
-        &self,
-        session_id: Option<&str>,
-        command: Vec<String>,
-        stdin: Option<Bytes>,
-        timeout: Option<u64>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecResult>, ToolFailure> {
-        // One read of the session: its sandbox and its default timeout.
-        let target = self
+    ) -> Result<Call, ErrorData> {
+        let place = self
             .host
-            .target(&self.caller, session_id, self.scratch.id, &ctx)
+            .place(&self.caller, session_id, self.scratch.id, ctx)
             .await?;
-        let timeout = self.host.timeout(timeout.or(target.timeout_s))?;
-        let lease = self.host.lease_target(target).await?;
-        let request = ExecRequest {
-            command,
-            stdin,
-            timeout,
-            workdir: WORKSPACE.into(),
-            env: Default::default(),
-        };
-        // A client that asked for progress gets the output as it comes.
-        let reporter = ctx
+        let output = ctx.meta.get_progress_token().map(|token| {
+            let peer = ctx.peer.clone();
+            Arc::new(Notifications { peer, token }) as Arc<dyn Progress>
+        });
+        let trace = ctx
             .meta
-            .get_progress_token()
-            .map(|token| OutputReporter::start(ctx.peer.clone(), token));
-        let limit = self.host.max_output_bytes;
-        let span = spans::exec(
-            self.host.sandboxes.backend_name(),
-            lease.sandbox.id(),
-            session_id,
-        );
-        otel::continue_from_json(&span, &ctx.meta);
-        let collected = exec_collect(
-            lease.sandbox.as_ref(),
-            request,
-            limit,
-            ctx.ct.clone(),
-            |chunk| {
-                if let Some(reporter) = &reporter {
-                    reporter.take(chunk);
-                }
-            },
-        )
-        .instrument(span.clone())
-        .await;
-        let ended = collected.as_ref().ok();
-        spans::exec_ended(&span, ended.map(|(s, _)| (s.exit_code, s.timed_out)));
-        if let Some(reporter) = reporter {
-            reporter.finish().await;
-        }
-        let (status, out) = collected.map_err(tool_error)?;
-        let state = if status.timed_out {
-            "timeout"
-        } else if status.exit_code == Some(0) {
-            "success"
-        } else {
-            "error"
-        };
-        Ok(Json(ExecResult {
-            status: state.into(),
-            stdout: lossy(out.stdout),
-            stderr: lossy(out.stderr),
-            exit_code: status.exit_code,
-            duration_ms: status.duration.as_millis() as u64,
-            truncated: out.truncated,
-            background_id: None,
-        }))
-    }
-
-    /// Which sandbox a call's background runs belong to.
-    fn run_owner(&self, session_id: Option<&str>) -> String {
-        match session_id {
-            // The lease checked it is a UUID; one spelling for all calls.
-            Some(id) => format!(
-                "session:{}",
-                Uuid::parse_str(id).map_or_else(|_| id.to_string(), |u| u.to_string())
-            ),
-            None => format!("scratch:{}", self.scratch.id),
-        }
+            .contains_key("traceparent")
+            .then(|| ctx.meta.0.0.clone());
+        Ok(Call {
+            place,
+            cancel: ctx.ct.clone(),
+            output,
+            trace,
+        })
     }
 
     #[tool(
@@ -204,32 +113,10 @@ impl SandboxServer {
         Parameters(args): Parameters<ExecuteCode>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecResult>, ToolFailure> {
-        let interpreter = match args.language.as_deref().unwrap_or("python") {
-            "python" | "python3" | "py" => "python3",
-            "bash" => "bash",
-            "sh" | "shell" => "sh",
-            other => {
-                return Err(ToolFailure(format!(
-                    "language '{other}' is not supported; use python, bash or sh"
-                )));
-            }
-        };
-        let mut command = match interpreter {
-            "python3" => vec!["python3".into(), "-c".into(), PYTHON_CELL.into()],
-            shell => vec![shell.to_string(), "-".to_string()],
-        };
-        if args.repair && interpreter == "python3" {
-            command.push("--repair".into());
-        }
-        let stdin = Some(Bytes::from(args.code));
-        self.exec(
-            args.session_id.as_deref(),
-            command,
-            stdin,
-            args.timeout,
-            ctx,
-        )
-        .await
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            exec::execute_code(&self.host.tools, &call, args).await?,
+        ))
     }
 
     #[tool(
@@ -240,42 +127,10 @@ impl SandboxServer {
         Parameters(args): Parameters<ExecuteShell>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecResult>, ToolFailure> {
-        let command = vec!["/bin/sh".into(), "-c".into(), args.command.clone()];
-        if !args.background {
-            return self
-                .exec(args.session_id.as_deref(), command, None, args.timeout, ctx)
-                .await;
-        }
-        let timeout = self
-            .host
-            .timeout(Some(args.timeout.unwrap_or(self.host.max_timeout_s())))?;
-        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let request = ExecRequest {
-            command,
-            stdin: None,
-            timeout,
-            workdir: WORKSPACE.into(),
-            env: Default::default(),
-        };
-        let run = self
-            .host
-            .background
-            .start(
-                self.run_owner(args.session_id.as_deref()),
-                args.command,
-                lease,
-                request,
-            )
-            .map_err(|e| ErrorData::invalid_params(e, None))?;
-        Ok(Json(ExecResult {
-            status: run.status,
-            stdout: String::new(),
-            stderr: String::new(),
-            exit_code: None,
-            duration_ms: 0,
-            truncated: false,
-            background_id: Some(run.id),
-        }))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            exec::execute_shell(&self.host.tools, &call, args).await?,
+        ))
     }
 
     #[tool(
@@ -286,13 +141,8 @@ impl SandboxServer {
         Parameters(args): Parameters<ListBackground>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<RunList>, ToolFailure> {
-        // Checks that the caller may use the sandbox.
-        self.lease(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(
-            self.host
-                .background
-                .list(&self.run_owner(args.session_id.as_deref())),
-        ))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(exec::list_background(&self.host.tools, &call).await?))
     }
 
     #[tool(
@@ -303,13 +153,10 @@ impl SandboxServer {
         Parameters(args): Parameters<KillBackground>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<RunView>, ToolFailure> {
-        self.lease(args.session_id.as_deref(), &ctx).await?;
-        self.host
-            .background
-            .kill(&self.run_owner(args.session_id.as_deref()), &args.id)
-            .await
-            .map(Json)
-            .ok_or_else(|| ToolFailure(format!("no background run '{}'", args.id)))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            exec::kill_background(&self.host.tools, &call, &args.id).await?,
+        ))
     }
 
     #[tool(description = "Read a text file of the session's workspace.")]
@@ -318,17 +165,8 @@ impl SandboxServer {
         Parameters(args): Parameters<ReadFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<FileContent>, ToolFailure> {
-        let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
-        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let expect = args.expect.as_deref();
-        let (bytes, truncated) = files::read_expecting(lease.sandbox.as_ref(), &path, expect)
-            .await
-            .map_err(tool_error)?;
-        Ok(Json(FileContent {
-            path,
-            content: lossy(bytes),
-            truncated,
-        }))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(files::read_file(&self.host.tools, &call, args).await?))
     }
 
     #[tool(description = "Write a file in the session's workspace, creating its directories.")]
@@ -337,14 +175,10 @@ impl SandboxServer {
         Parameters(args): Parameters<WriteFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Done>, ToolFailure> {
-        let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
-        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let (count, expect) = (args.content.len(), args.expect.as_deref());
-        let data = Bytes::from(args.content);
-        files::write_expecting(lease.sandbox.as_ref(), &path, data, expect)
-            .await
-            .map_err(tool_error)?;
-        Ok(Json(Done { path, count }))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            files::write_file(&self.host.tools, &call, args).await?,
+        ))
     }
 
     #[tool(
@@ -355,19 +189,8 @@ impl SandboxServer {
         Parameters(args): Parameters<EditFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Done>, ToolFailure> {
-        let path = files::confine(&args.path, WORKSPACE).map_err(tool_error)?;
-        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let count = files::edit(
-            lease.sandbox.as_ref(),
-            &path,
-            &args.old_string,
-            &args.new_string,
-            args.replace_all,
-            args.expect.as_deref(),
-        )
-        .await
-        .map_err(tool_error)?;
-        Ok(Json(Done { path, count }))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(files::edit_file(&self.host.tools, &call, args).await?))
     }
 
     #[tool(
@@ -417,7 +240,7 @@ impl SandboxServer {
     )]
     async fn fork_session(
         &self,
-        Parameters(args): Parameters<super::schema::ForkSession>,
+        Parameters(args): Parameters<ForkSession>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         super::fork::run(&self.host, &self.caller, args, &ctx).await
@@ -429,29 +252,10 @@ impl SandboxServer {
         Parameters(args): Parameters<ListFiles>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Listing>, ToolFailure> {
-        let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
-            .map_err(tool_error)?;
-        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let (entries, truncated) = files::list(
-            lease.sandbox.as_ref(),
-            &path,
-            args.depth.unwrap_or(1),
-            self.host.max_entries,
-        )
-        .await
-        .map_err(tool_error)?;
-        Ok(Json(Listing {
-            path,
-            entries: entries
-                .into_iter()
-                .map(|e| ListingEntry {
-                    path: e.path,
-                    kind: e.kind.into(),
-                    size: e.size,
-                })
-                .collect(),
-            truncated,
-        }))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            files::list_files(&self.host.tools, &call, args).await?,
+        ))
     }
 
     #[tool(description = "Find files of the workspace whose path matches a glob such as **/*.py.")]
@@ -460,22 +264,8 @@ impl SandboxServer {
         Parameters(args): Parameters<GlobFiles>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Matches>, ToolFailure> {
-        let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
-            .map_err(tool_error)?;
-        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let (matches, truncated) = files::glob(
-            lease.sandbox.as_ref(),
-            &path,
-            &args.pattern,
-            self.host.max_entries,
-        )
-        .await
-        .map_err(tool_error)?;
-        Ok(Json(Matches {
-            path,
-            matches,
-            truncated,
-        }))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(files::glob(&self.host.tools, &call, args).await?))
     }
 
     #[tool(
@@ -486,24 +276,8 @@ impl SandboxServer {
         Parameters(args): Parameters<GrepFiles>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Matches>, ToolFailure> {
-        let path = files::confine(args.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
-            .map_err(tool_error)?;
-        let lease = self.lease(args.session_id.as_deref(), &ctx).await?;
-        let (text, truncated) = files::grep(
-            lease.sandbox.as_ref(),
-            &path,
-            &args.pattern,
-            args.include.as_deref(),
-            args.ignore_case,
-            self.host.max_output_bytes,
-        )
-        .await
-        .map_err(tool_error)?;
-        Ok(Json(Matches {
-            path,
-            matches: text.lines().map(str::to_string).collect(),
-            truncated,
-        }))
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(files::grep(&self.host.tools, &call, args).await?))
     }
 }
 
@@ -517,7 +291,7 @@ impl ServerHandler for SandboxServer {
             .enable_resources_list_changed()
             .build();
         // Only a server with sessions has them as resources.
-        if self.host.sessions.get().is_none() {
+        if self.host.live.is_none() {
             capabilities.resources = None;
         }
         let mut instructions = String::from(
@@ -525,7 +299,7 @@ impl ServerHandler for SandboxServer {
              Give session_id to act in an agent session's sandbox; without it each \
              connection gets a scratch sandbox of its own.",
         );
-        if self.host.sessions.get().is_none() {
+        if self.host.live.is_none() {
             instructions.push_str(
                 " run_agent, deliberate, start_pipeline and the sessions as resources \
                  need a running `conclave serve`: start one and `conclave mcp` relays \
@@ -553,7 +327,7 @@ impl ServerHandler for SandboxServer {
         _request: Option<PaginatedRequestParams>,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(match self.host.sessions.get() {
+        Ok(match self.host.live {
             Some(_) => super::resources::templates(),
             None => ListResourceTemplatesResult::default(),
         })

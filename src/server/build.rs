@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::{Server, StartError, Tools, reap_orphans, shared, tools};
+use super::{Server, StartError, Tools, reap_orphans, shared, toolbox};
 use crate::agent::decide::Decider;
 use crate::agent::hook::Hooks;
 use crate::agent::{AgentTask, ToolRouter, TurnDeps};
@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::deliberation::{self, DeliberationTask, Deliberations};
 use crate::gateway::Gateway;
 use crate::jobs::Jobs;
-use crate::mcp::{McpHost, SandboxTools};
+use crate::mcp::{Live, McpHost};
 use crate::model::ModelRegistry;
 use crate::pipeline::definition::Definition;
 use crate::pipeline::{self, PipelineTask, runs::Runs};
@@ -35,6 +35,7 @@ use crate::session::log::EventLogs;
 use crate::session::{Limits, SessionManager, SessionTask, Tasks};
 use crate::store::Store;
 use crate::telemetry::Metrics;
+use crate::tools::{AgentTools, Toolbox};
 use crate::usage::Recorder;
 
 /// What every later step stands on.
@@ -59,7 +60,8 @@ struct Ground {
 struct ToolLayer {
     router: Arc<dyn ToolRouter>,
     sandboxes: Option<Arc<SandboxManager>>,
-    mcp: Option<Arc<McpHost>>,
+    /// The sandbox's tools, which the MCP server serves too.
+    toolbox: Option<Arc<Toolbox>>,
 }
 
 /// What the session kinds share besides the ground.
@@ -123,31 +125,22 @@ impl Server {
         crate::agent::profiles::check(&config, sessions.tasks())
             .await
             .map_err(StartError::Agents)?;
-        let deliberations = Arc::new(Deliberations::new(
-            sessions.clone(),
-            parts.running.clone(),
-            ground.storage.clone(),
-            ground.store.clone(),
-            models.clone(),
-        ));
-        let pipelines = Arc::new(Runs::new(
-            sessions.clone(),
-            ground.store.clone(),
-            parts.queued.clone(),
-            parts.definitions.clone(),
-            config.pipelines.clone(),
-            approvals.clone(),
-        ));
-        if let Some(host) = &tools.mcp {
-            // The MCP tools that start sessions of their own.
-            let _ = host.deliberations.set(deliberations.clone());
-            let _ = host.pipelines.set(pipelines.clone());
-            let _ = host.sessions.set(sessions.clone());
-            let _ = host.decider.set(Decider {
+        let (deliberations, pipelines) = runs(&config, &ground, &parts, &sessions, &approvals);
+        let mcp = tools.toolbox.clone().map(|toolbox| {
+            let decider = Decider {
                 approvals: approvals.clone(),
                 config: Arc::new(config.agent.clone()),
-            });
-        }
+            };
+            mcp_host(
+                &config,
+                &ground,
+                toolbox,
+                &sessions,
+                &deliberations,
+                &pipelines,
+                decider,
+            )
+        });
         recover(&sessions, &ground.store, tools.sandboxes.as_deref()).await?;
         let rollouts = rollouts(&config, &gateway, &ground, &root);
         let Ground {
@@ -172,7 +165,7 @@ impl Server {
             started: Instant::now(),
             store: store.clone(),
             sandboxes: tools.sandboxes,
-            mcp: tools.mcp,
+            mcp,
             gateway,
             bus,
             kv,
@@ -194,6 +187,55 @@ impl Server {
     }
 }
 
+/// Deliberations and pipeline runs, over the sessions.
+fn runs(
+    config: &Config,
+    ground: &Ground,
+    parts: &KindParts,
+    sessions: &Arc<SessionManager>,
+    approvals: &Arc<Approvals>,
+) -> (Arc<Deliberations>, Arc<Runs>) {
+    let deliberations = Arc::new(Deliberations::new(
+        sessions.clone(),
+        parts.running.clone(),
+        ground.storage.clone(),
+        ground.store.clone(),
+        parts.models.clone(),
+    ));
+    let pipelines = Arc::new(Runs::new(
+        sessions.clone(),
+        ground.store.clone(),
+        parts.queued.clone(),
+        parts.definitions.clone(),
+        config.pipelines.clone(),
+        approvals.clone(),
+    ));
+    (deliberations, pipelines)
+}
+
+/// The MCP server's host: the tools, and the tools that start sessions.
+fn mcp_host(
+    config: &Config,
+    ground: &Ground,
+    toolbox: Arc<Toolbox>,
+    sessions: &Arc<SessionManager>,
+    deliberations: &Arc<Deliberations>,
+    pipelines: &Arc<Runs>,
+    decider: Decider,
+) -> Arc<McpHost> {
+    Arc::new(McpHost {
+        tools: toolbox,
+        store: ground.store.clone(),
+        max_forks: config.agent.max_forks,
+        live: Some(Live {
+            sessions: sessions.clone(),
+            deliberations: deliberations.clone(),
+            pipelines: pipelines.clone(),
+            decider,
+        }),
+    })
+}
+
 /// Opens the store and the bus, and sets up the keys' quotas and usage.
 async fn ground(config: &Config, root: &CancellationToken) -> Result<Ground, StartError> {
     let store = shared::open_store(config).await?;
@@ -209,6 +251,9 @@ async fn ground(config: &Config, root: &CancellationToken) -> Result<Ground, Sta
     // What each key spends, per day and model, in the store.
     let usage = Arc::new(Recorder::new(store.clone(), key_table.clone(), &metrics));
     let bus_tasks = TaskTracker::new();
+    // Gateway calls' usage, written behind; the rest at shutdown, before
+    // the store closes.
+    bus_tasks.spawn(usage.clone().write_behind(root.clone()));
     let shared::Bus {
         bus,
         kv,
@@ -257,8 +302,8 @@ async fn models(
     Ok((gateway, models))
 }
 
-/// The sandboxes of the configured backend and the MCP server over them,
-/// or the caller's own router.
+/// The sandboxes of the configured backend and the tools over them, or
+/// the caller's own router.
 async fn tool_layer(
     config: &Config,
     tools: Tools,
@@ -269,7 +314,7 @@ async fn tool_layer(
         Tools::Custom(router) => Ok(ToolLayer {
             router,
             sandboxes: None,
-            mcp: None,
+            toolbox: None,
         }),
         Tools::Sandboxed => sandboxed(config, ground, root).await,
     }
@@ -281,17 +326,16 @@ async fn sandboxed(
     ground: &Ground,
     root: &CancellationToken,
 ) -> Result<ToolLayer, StartError> {
-    let (sandboxes, host, instance) = tools::sandbox_host(
+    let (toolbox, instance) = toolbox::toolbox(
         config,
         &ground.store,
         Some((&ground.quotas, ground.storage.as_ref())),
     )
     .await?;
+    let sandboxes = toolbox.sandboxes.clone();
     sandboxes.on_removed(ground.usage.sandbox_hook());
     sandboxes.pause_metrics().register(&ground.metrics);
-    let router = SandboxTools::connect(host.clone(), config.mcp.clone())
-        .await
-        .map_err(|e| StartError::Sandbox(e.to_string()))?;
+    let router = AgentTools::new(toolbox.clone(), config.mcp.clone());
     let router = shared::cluster_tools(
         config,
         Arc::new(router),
@@ -304,7 +348,7 @@ async fn sandboxed(
     Ok(ToolLayer {
         router,
         sandboxes: Some(sandboxes),
-        mcp: Some(host),
+        toolbox: Some(toolbox),
     })
 }
 

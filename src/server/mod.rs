@@ -16,10 +16,10 @@ use tokio_util::task::TaskTracker;
 mod build;
 mod run;
 mod shared;
-mod tools;
+mod toolbox;
 
 pub use run::reap_orphans;
-pub use tools::serve_mcp_stdio;
+pub use toolbox::serve_mcp_stdio;
 
 use crate::agent::ToolRouter;
 use crate::api::http::state::AppState;

@@ -12,13 +12,13 @@ use crate::agent::ToolRouter;
 use crate::bus::{BusError, EmbeddedBus, Kv, NatsBus};
 use crate::config::Config;
 use crate::jobs::{self, Handlers, Jobs, nats::QueueConfig};
-use crate::mcp::remote::ClusterTools;
 use crate::model::ModelRegistry;
 use crate::pipeline::definition::Definition;
 use crate::session::child::{CHILD_TURN, ChildTurns};
 use crate::session::log::{EventLogs, NatsLogs};
 use crate::store::{PostgresStore, SqliteStore, Store, postgres};
 use crate::telemetry::Metrics;
+use crate::tools::remote::ClusterTools;
 use crate::{deliberation, pipeline};
 
 /// The PostgreSQL database `store` names (migrated to this version's
@@ -181,7 +181,7 @@ pub(super) async fn start_jobs(
 }
 
 /// The sandbox tools of this replica: among replicas, a call runs on the
-/// replica holding the session's sandbox ([`crate::mcp::remote`]).
+/// replica holding the session's sandbox ([`crate::tools::remote`]).
 pub(super) async fn cluster_tools(
     config: &Config,
     local: Arc<dyn ToolRouter>,

@@ -4,9 +4,12 @@
 //! name, and checked against the key's daily budgets (`tokens_per_day`,
 //! `usd_per_day`).
 //!
-//! - [`Recorder`]: adds what was spent (one store write per model call,
-//!   turn end or removed sandbox; a failure is logged, never the caller's)
-//!   and refuses a key past its budget for today.
+//! - [`Recorder`]: adds what was spent (a turn's with its last write, a
+//!   removed sandbox's at once; a failure is logged, never the caller's)
+//!   and refuses a key past its budget for today. Gateway calls of a key
+//!   without a daily budget are summed and written behind, at most once a
+//!   second per key, day and model ([`Recorder::add_later`]), and at
+//!   shutdown; those of a key with a budget are written at once.
 //! - [`report`]: `GET /usage`'s grouping of the stored rows.
 //!
 //! Budgets are read from the store, which every replica writes, so two
@@ -15,8 +18,10 @@
 
 pub mod report;
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::{NaiveDate, Utc};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -25,6 +30,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::quota::{KeyTable, QuotaExceeded, next_day};
 use crate::store::{Store, UsageCounts, UsageRow};
+use crate::sync::lock;
 
 /// The owner usage is kept under while auth is off.
 pub const LOCAL: &str = "local";
@@ -125,11 +131,21 @@ pub fn today() -> NaiveDate {
     Utc::now().date_naive()
 }
 
+/// How long usage written behind waits, summed, before it is written.
+pub const WRITE_BEHIND: Duration = Duration::from_secs(1);
+
+/// Usage summed and not yet written, by owner, day and model.
+type Pending = HashMap<(String, NaiveDate, String), UsageCounts>;
+
 /// Records usage and checks the daily budgets; one per server.
 pub struct Recorder {
     store: Arc<dyn Store>,
     keys: Arc<KeyTable>,
     metrics: Arc<UsageMetrics>,
+    /// What [`Recorder::add_later`] took and [`Recorder::flush`] writes.
+    pending: Mutex<Pending>,
+    /// Wakes the writer when something is pending.
+    wake: tokio::sync::Notify,
 }
 
 impl Recorder {
@@ -144,7 +160,57 @@ impl Recorder {
             store,
             keys,
             metrics: counters,
+            pending: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Adds `add` as [`Recorder::add`] does, without waiting for the
+    /// store: written behind, summed with the owner's other usage of
+    /// `model` today, within [`WRITE_BEHIND`]; at once when the owner has
+    /// a daily budget, which the next call is checked against.
+    pub fn add_later(self: &Arc<Self>, owner: Option<&str>, model: &str, add: UsageCounts) {
+        if self.has_budget(owner) {
+            let (recorder, owner, model) =
+                (self.clone(), owner.map(str::to_owned), model.to_owned());
+            tokio::spawn(async move { recorder.add(owner.as_deref(), &model, add).await });
+            return;
+        }
+        let Some(row) = self.row(owner, model, add) else {
+            return;
+        };
+        lock(&self.pending)
+            .entry((row.owner, row.day, row.model))
+            .or_default()
+            .add(&row.counts);
+        self.wake.notify_one();
+    }
+
+    /// Writes what [`Recorder::add_later`] holds.
+    pub async fn flush(&self) {
+        let pending = std::mem::take(&mut *lock(&self.pending));
+        for ((owner, day, model), counts) in pending {
+            if let Err(e) = self.store.usage_add(&owner, day, &model, &counts).await {
+                tracing::warn!(owner = %owner, model, error = %e, "usage not recorded");
+            }
+        }
+    }
+
+    /// Writes what is added later, [`WRITE_BEHIND`] after the first of a
+    /// batch, until `stop`; then the rest.
+    pub async fn write_behind(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = stop.cancelled() => break,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(WRITE_BEHIND) => {}
+                _ = stop.cancelled() => break,
+            }
+            self.flush().await;
+        }
+        self.flush().await;
     }
 
     pub fn keys(&self) -> &Arc<KeyTable> {
@@ -264,5 +330,53 @@ impl Recorder {
             );
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::store::SqliteStore;
+
+    #[tokio::test]
+    async fn usage_added_later_is_summed_and_written_by_a_flush_or_at_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("conclave.db")).unwrap());
+        let keys = Arc::new(KeyTable::new(&Config::default()));
+        let metrics = crate::telemetry::Metrics::new();
+        let recorder = Arc::new(Recorder::new(store.clone(), keys, &metrics));
+        let tokens = |input_tokens| UsageCounts {
+            input_tokens,
+            ..UsageCounts::default()
+        };
+        recorder.add_later(None, "pool", tokens(3));
+        recorder.add_later(None, "pool", tokens(4));
+        // Nothing is written until the flush, then the sum once.
+        assert_eq!(
+            store.usage_day(LOCAL, today()).await.unwrap().input_tokens,
+            0
+        );
+        recorder.flush().await;
+        assert_eq!(
+            store.usage_day(LOCAL, today()).await.unwrap().input_tokens,
+            7
+        );
+        recorder.flush().await;
+        assert_eq!(
+            store.usage_day(LOCAL, today()).await.unwrap().input_tokens,
+            7
+        );
+        // The writer writes what is left when it stops.
+        let stop = tokio_util::sync::CancellationToken::new();
+        let writer = tokio::spawn(recorder.clone().write_behind(stop.clone()));
+        recorder.add_later(None, "pool", tokens(5));
+        stop.cancel();
+        writer.await.unwrap();
+        assert_eq!(
+            store.usage_day(LOCAL, today()).await.unwrap().input_tokens,
+            12
+        );
     }
 }

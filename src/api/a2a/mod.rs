@@ -120,7 +120,7 @@ fn tools_of(agent: &Agent) -> Vec<(String, String)> {
         .get("allowed_tools")
         .and_then(Value::as_array)
         .map(|tools| tools.iter().filter_map(Value::as_str).collect());
-    crate::mcp::client::builtin_tools()
+    crate::tools::agent::builtin_tools()
         .into_iter()
         .filter(|(name, _)| allowed.as_ref().is_none_or(|a| a.contains(&name.as_str())))
         .collect()

@@ -190,20 +190,20 @@ async fn forward(
 }
 
 /// Adds the tokens the replica reported to the calling key's usage once
-/// the response has passed, off the response's path.
+/// the response has passed, off the response's path (written behind, see
+/// [`crate::usage::Recorder::add_later`]).
 fn count_usage(state: &AppState, body: &mut crate::gateway::body::TracedBody) {
     let usage = state.usage.clone();
     body.on_done(Box::new(move |trace| {
         let Some((input_tokens, output_tokens)) = trace.reported_tokens() else {
             return;
         };
-        let (owner, model) = (trace.owner.clone(), trace.model.clone());
         let add = crate::store::UsageCounts {
             input_tokens,
             output_tokens,
             ..Default::default()
         };
-        tokio::spawn(async move { usage.add(owner.as_deref(), &model, add).await });
+        usage.add_later(trace.owner.as_deref(), &trace.model, add);
     }));
 }
 

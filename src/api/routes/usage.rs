@@ -82,6 +82,8 @@ pub async fn usage(
     };
     // An admin reads every key's rows; any other key only its own.
     let owner = (!caller.admin).then(|| owner_id(caller.owner()));
+    // What this replica holds to write behind is counted too.
+    state.usage.flush().await;
     let rows = state
         .store
         .usage_rows(from, to, owner)

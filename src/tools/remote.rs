@@ -62,6 +62,10 @@ type Calls = Arc<std::sync::Mutex<std::collections::HashMap<Uuid, CancellationTo
 struct Request {
     session_id: Uuid,
     options: AgentOptions,
+    /// The session's owner, whose `max_sandboxes` its sandbox counts in
+    /// (absent from a replica that sends none: no key).
+    #[serde(default)]
+    owner: Option<String>,
     /// The tool call (none for the tools offered, release, delete).
     call: Option<Call>,
 }
@@ -318,6 +322,7 @@ impl ClusterTools {
                 let request = Request {
                     session_id: session,
                     options: AgentOptions::default(),
+                    owner: None,
                     call: None,
                 };
                 let settled = self
@@ -376,6 +381,7 @@ impl ToolRouter for ClusterTools {
                 let request = Request {
                     session_id: ctx.session_id,
                     options: (*ctx.options).clone(),
+                    owner: ctx.owner.clone(),
                     call: None,
                 };
                 let read = |body: Bytes| {
@@ -432,6 +438,7 @@ impl ToolRouter for ClusterTools {
             let request = Request {
                 session_id: ctx.session_id,
                 options: (*ctx.options).clone(),
+                owner: ctx.owner.clone(),
                 call: Some(Call {
                     id: Uuid::new_v4(),
                     name: name.to_owned(),

@@ -72,6 +72,7 @@ impl ClusterTools {
         let ctx = ToolContext {
             session_id: request.session_id,
             options: Arc::new(request.options),
+            owner: request.owner,
         };
         let send = |body: Vec<u8>| {
             let client = self.client.clone();

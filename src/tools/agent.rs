@@ -1,41 +1,36 @@
-//! The agent's tools: Claude Code's built-ins and the sandbox MCP tools,
-//! every one a call through an in-process rmcp client to the sandbox MCP
-//! server, so the agent and an IDE run the same code path.
+//! The agent's tools: Claude Code's built-ins and the sandbox's own
+//! (`mcp__sandbox__execute_code`, `mcp__sandbox__execute_shell`) mapped
+//! onto the tool functions and called directly, plus a session's own MCP
+//! servers and A2A agents. An IDE reaches the same functions through the
+//! MCP server, so both run the same code.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, JsonObject,
-    ServerResult,
-};
-use rmcp::service::PeerRequestOptions;
-use rmcp::service::{RunningService, ServiceExt};
-use rmcp::{RoleClient, ServiceError};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::external::ExternalServers;
-use super::host::{Caller, McpHost};
-use super::progress::ProgressRouter;
-use super::server::SandboxServer;
+use super::output::Progress;
+use super::schema::{
+    EditFile, ExecuteCode, ExecuteShell, GlobFiles, GrepFiles, ReadFile, WriteFile, structured,
+};
+use super::{Call, Place, ToolError, Toolbox, exec, files};
 use crate::a2a_client::{RemoteAgents, TOOL_PREFIX};
 use crate::agent::{
     AgentOptions, RESERVED_SERVER_NAMES, ToolChunk, ToolContext, ToolOutput, ToolRouter,
 };
 use crate::config::McpConfig;
 use crate::model::ToolSpec;
-use crate::sandbox::{WORKSPACE, files};
+use crate::sandbox::WORKSPACE;
 use crate::session::{OptionError, SessionError};
 
 /// How long an interrupted call may take to kill its processes.
 const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
-pub struct SandboxTools {
-    client: RunningService<RoleClient, ProgressRouter>,
-    progress: ProgressRouter,
-    host: Arc<McpHost>,
+pub struct AgentTools {
+    tools: Arc<Toolbox>,
     /// The built-in tools, made once: the sandbox's bounds do not change
     /// while it runs, and every turn offers them.
     builtin: Vec<ToolSpec>,
@@ -43,37 +38,14 @@ pub struct SandboxTools {
     agents: RemoteAgents,
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("starting the in-process MCP client: {0}")]
-pub struct ConnectError(String);
-
-impl SandboxTools {
-    /// Connects a client to a fresh server instance over an in-memory pipe.
-    pub async fn connect(host: Arc<McpHost>, mcp: McpConfig) -> Result<SandboxTools, ConnectError> {
-        let (client_io, server_io) = tokio::io::duplex(256 * 1024);
-        let server = SandboxServer::new(host.clone(), Caller::Trusted);
-        tokio::spawn(async move {
-            match server.serve(server_io).await {
-                Ok(running) => {
-                    let _ = running.waiting().await;
-                }
-                Err(e) => tracing::error!(error = %e, "in-process MCP server failed to start"),
-            }
-        });
-        let progress = ProgressRouter::default();
-        let client = progress
-            .clone()
-            .serve(client_io)
-            .await
-            .map_err(|e| ConnectError(e.to_string()))?;
-        Ok(SandboxTools {
-            client,
-            progress,
-            builtin: builtin_specs(host.max_timeout_s()),
-            host,
+impl AgentTools {
+    pub fn new(tools: Arc<Toolbox>, mcp: McpConfig) -> AgentTools {
+        AgentTools {
+            builtin: builtin_specs(tools.max_timeout_s()),
+            tools,
             agents: RemoteAgents::new(&mcp),
             external: ExternalServers::new(mcp),
-        })
+        }
     }
 }
 
@@ -183,14 +155,38 @@ fn str_arg<'a>(input: &'a Value, key: &str) -> Result<&'a str, String> {
         .ok_or_else(|| format!("'{key}' is required and must be a string"))
 }
 
-/// Maps an agent tool call to the MCP tool and its arguments.
-fn translate(name: &str, input: &Value, workdir: &str) -> Result<(&'static str, Value), String> {
+/// Seconds given as a positive integer, when given.
+fn seconds_arg(input: &Value, key: &str) -> Result<Option<u64>, String> {
+    match input.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| format!("'{key}' must be a whole number of seconds")),
+    }
+}
+
+/// A call of one of the sandbox's tools, its arguments typed.
+#[derive(Debug)]
+enum Request {
+    Read(ReadFile),
+    Write(WriteFile),
+    Edit(EditFile),
+    Glob(GlobFiles),
+    Grep(GrepFiles),
+    Shell(ExecuteShell),
+    Code(ExecuteCode),
+}
+
+/// Maps an agent tool call to the sandbox tool and its arguments, paths
+/// confined to the workspace and relative ones taken from `workdir`.
+fn translate(name: &str, input: &Value, workdir: &str) -> Result<Request, String> {
     let path = |key: &str| -> Result<String, String> {
-        files::confine(str_arg(input, key)?, workdir).map_err(|e| e.to_string())
+        crate::sandbox::files::confine(str_arg(input, key)?, workdir).map_err(|e| e.to_string())
     };
     let opt_path = |key: &str| -> Result<String, String> {
         match input.get(key).and_then(Value::as_str) {
-            Some(p) => files::confine(p, workdir).map_err(|e| e.to_string()),
+            Some(p) => crate::sandbox::files::confine(p, workdir).map_err(|e| e.to_string()),
             None => Ok(workdir.to_string()),
         }
     };
@@ -202,64 +198,78 @@ fn translate(name: &str, input: &Value, workdir: &str) -> Result<(&'static str, 
             format!("mkdir -p {dir} && cd {dir} && {command}")
         }
     };
+    let text = |key: &str| str_arg(input, key).map(str::to_string);
+    let flag = |key: &str| input.get(key).and_then(Value::as_bool).unwrap_or(false);
     // The file the permission check resolved the path to: the tool acts
     // only if that is what opens (see `crate::agent::EXPECT_PATH`).
-    let expect = input.get(crate::agent::EXPECT_PATH).and_then(Value::as_str);
+    let expect = input
+        .get(crate::agent::EXPECT_PATH)
+        .and_then(Value::as_str)
+        .map(str::to_string);
     Ok(match name {
-        "Read" => (
-            "read_file",
-            json!({"path": path("file_path")?, "expect": expect}),
-        ),
-        "Write" => (
-            "write_file",
-            json!({"path": path("file_path")?, "content": str_arg(input, "content")?, "expect": expect}),
-        ),
-        "Edit" => (
-            "edit_file",
-            json!({
-                "path": path("file_path")?,
-                "old_string": str_arg(input, "old_string")?,
-                "new_string": str_arg(input, "new_string")?,
-                "replace_all": input.get("replace_all").and_then(Value::as_bool).unwrap_or(false),
-                "expect": expect,
-            }),
-        ),
-        "Glob" => (
-            "glob",
-            json!({"pattern": str_arg(input, "pattern")?, "path": opt_path("path")?}),
-        ),
-        "Grep" => (
-            "grep",
-            json!({
-                "pattern": str_arg(input, "pattern")?,
-                "path": opt_path("path")?,
-                "include": input.get("glob").or_else(|| input.get("include")).and_then(Value::as_str),
-                "ignore_case": input.get("-i").and_then(Value::as_bool).unwrap_or(false),
-            }),
-        ),
-        "Bash" => {
+        "Read" => Request::Read(ReadFile {
+            path: path("file_path")?,
+            expect,
+            session_id: None,
+        }),
+        "Write" => Request::Write(WriteFile {
+            path: path("file_path")?,
+            content: text("content")?,
+            expect,
+            session_id: None,
+        }),
+        "Edit" => Request::Edit(EditFile {
+            path: path("file_path")?,
+            old_string: text("old_string")?,
+            new_string: text("new_string")?,
+            replace_all: flag("replace_all"),
+            expect,
+            session_id: None,
+        }),
+        "Glob" => Request::Glob(GlobFiles {
+            pattern: text("pattern")?,
+            path: Some(opt_path("path")?),
+            session_id: None,
+        }),
+        "Grep" => Request::Grep(GrepFiles {
+            pattern: text("pattern")?,
+            path: Some(opt_path("path")?),
+            include: input
+                .get("glob")
+                .or_else(|| input.get("include"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            ignore_case: flag("-i"),
+            session_id: None,
+        }),
+        "Bash" => Request::Shell(ExecuteShell {
+            command: in_workdir(str_arg(input, "command")?),
             // Claude Code gives Bash timeouts in milliseconds.
-            let timeout = input
+            timeout: input
                 .get("timeout")
                 .and_then(Value::as_u64)
-                .map(|ms| ms.div_ceil(1000).max(1));
-            (
-                "execute_shell",
-                json!({"command": in_workdir(str_arg(input, "command")?), "timeout": timeout}),
-            )
-        }
+                .map(|ms| ms.div_ceil(1000).max(1)),
+            background: false,
+            session_id: None,
+        }),
         "mcp__sandbox__execute_code" => {
+            str_arg(input, "code")?;
             let mut args = input.clone();
             if let Some(map) = args.as_object_mut() {
                 map.remove("session_id");
+                map.retain(|_, v| !v.is_null());
             }
-            str_arg(input, "code")?;
-            ("execute_code", args)
+            Request::Code(
+                serde_path_to_error::deserialize(args)
+                    .map_err(|e| format!("'{}': {}", e.path(), e.inner()))?,
+            )
         }
-        "mcp__sandbox__execute_shell" => (
-            "execute_shell",
-            json!({"command": in_workdir(str_arg(input, "command")?), "timeout": input.get("timeout")}),
-        ),
+        "mcp__sandbox__execute_shell" => Request::Shell(ExecuteShell {
+            command: in_workdir(str_arg(input, "command")?),
+            timeout: seconds_arg(input, "timeout")?,
+            background: false,
+            session_id: None,
+        }),
         other => return Err(format!("unknown tool '{other}'")),
     })
 }
@@ -320,7 +330,7 @@ fn shape(agent_tool: &str, input: &Value, structured: Value) -> ToolOutput {
 }
 
 #[async_trait]
-impl ToolRouter for SandboxTools {
+impl ToolRouter for AgentTools {
     async fn specs(&self, ctx: &ToolContext) -> Vec<ToolSpec> {
         let mut specs = if ctx.options.sandbox_enabled == Some(false) {
             Vec::new()
@@ -382,8 +392,8 @@ impl ToolRouter for SandboxTools {
     }
 
     async fn check_options(&self, options: &AgentOptions) -> Result<(), SessionError> {
-        let sandboxes = &self.host.sandboxes;
-        let spec = super::host::spec_for(sandboxes, options)?;
+        let sandboxes = &self.tools.sandboxes;
+        let spec = super::place::spec_for(sandboxes, options)?;
         if options.sandbox.as_ref().is_some_and(|s| s.image.is_some())
             && !sandboxes
                 .has_image(&spec.image)
@@ -404,7 +414,7 @@ impl ToolRouter for SandboxTools {
     }
 
     async fn adopt(&self, session_id: Uuid) -> bool {
-        match self.host.sandboxes.adopt(session_id).await {
+        match self.tools.sandboxes.adopt(session_id).await {
             Ok(adopted) => adopted.is_some(),
             Err(e) => {
                 tracing::warn!(session = %session_id, error = %e, "looking for a sandbox to take over");
@@ -414,24 +424,24 @@ impl ToolRouter for SandboxTools {
     }
 
     fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
-        self.host.sandboxes.snapshot_turn(session_id, owner, seq);
+        self.tools.sandboxes.snapshot_turn(session_id, owner, seq);
     }
 
     async fn release(&self, session_id: Uuid) {
         self.agents.release(session_id);
         self.external.release(session_id).await;
-        self.host.sandboxes.release(session_id).await;
+        self.tools.sandboxes.release(session_id).await;
     }
 
     async fn delete(&self, session_id: Uuid) {
         self.agents.release(session_id);
         self.external.release(session_id).await;
-        self.host.sandboxes.release_shared(session_id).await;
-        self.host.sandboxes.forget_snapshots(session_id).await;
+        self.tools.sandboxes.release_shared(session_id).await;
+        self.tools.sandboxes.forget_snapshots(session_id).await;
     }
 }
 
-impl SandboxTools {
+impl AgentTools {
     /// One call, its output sent to `output` as it comes when given.
     async fn run(
         &self,
@@ -461,110 +471,66 @@ impl SandboxTools {
             return ToolOutput::error("this session has no sandbox (sandbox_enabled: false)");
         }
         let workdir = match ctx.options.working_dir.as_deref() {
-            Some(dir) => match files::confine(dir, WORKSPACE) {
+            Some(dir) => match crate::sandbox::files::confine(dir, WORKSPACE) {
                 Ok(dir) => dir,
                 Err(e) => return ToolOutput::error(format!("working_dir: {e}")),
             },
             None => WORKSPACE.to_string(),
         };
-        let (tool, mut args) = match translate(name, &input, &workdir) {
-            Ok(translated) => translated,
+        let request = match translate(name, &input, &workdir) {
+            Ok(request) => request,
             Err(message) => return ToolOutput::error(message),
         };
-        let mut arguments = match args.as_object_mut() {
-            Some(map) => std::mem::take(map),
-            None => JsonObject::new(),
-        };
-        arguments.retain(|_, v| !v.is_null());
-        arguments.insert("session_id".into(), json!(ctx.session_id.to_string()));
-        let mut params = CallToolRequestParams::new(tool).with_arguments(arguments);
-        // The server runs the call in its own task: the trace context goes
-        // in `_meta`, where MCP carries it (`traceparent`).
-        if let Some(carrier) = crate::telemetry::otel::current_json() {
-            params.meta = Some(rmcp::model::RequestMetaObject(carrier.into()));
-        }
-        let result = self.send(ctx, params, cancel, output).await;
-        let result = match result {
-            Some(result) => result,
-            None => return ToolOutput::error("interrupted"),
-        };
-        match result {
-            Ok(ServerResult::CallToolResult(result)) => {
-                let text = || {
-                    result
-                        .content
-                        .iter()
-                        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                };
-                if result.is_error == Some(true) {
-                    return ToolOutput::error(text());
-                }
-                match result.structured_content.clone() {
-                    Some(structured) => shape(name, &input, structured),
-                    None => ToolOutput {
-                        output: Value::String(text()),
-                        is_error: false,
-                    },
-                }
-            }
-            Ok(other) => {
-                ToolOutput::error(format!("sandbox tool call: unexpected answer {other:?}"))
-            }
-            Err(ServiceError::McpError(e)) => ToolOutput::error(e.message.to_string()),
-            Err(e) => ToolOutput::error(format!("sandbox tool call failed: {e}")),
-        }
-    }
-
-    /// Sends a `tools/call` and waits for its answer, handing the progress
-    /// notifications of the call (rmcp gives each request a token) to
-    /// `output`. `None` when `cancel` fired first: the server is then told
-    /// (`notifications/cancelled` kills the call's processes) and the
-    /// sandbox waited on until it is quiet, so the next turn finds it so.
-    async fn send(
-        &self,
-        ctx: &ToolContext,
-        params: CallToolRequestParams,
-        cancel: CancellationToken,
-        output: Option<tokio::sync::mpsc::Sender<ToolChunk>>,
-    ) -> Option<Result<ServerResult, ServiceError>> {
-        let peer = self.client.peer();
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let handle = match peer
-            .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await
+        let sandboxes = &self.tools.sandboxes;
+        let place = match Place::session(sandboxes, ctx.session_id, &ctx.options, ctx.owner.clone())
         {
-            Ok(handle) => handle,
-            Err(e) => return Some(Err(e)),
+            Ok(place) => place,
+            Err(e) => return ToolOutput::error(e.0),
         };
-        let id = handle.id.clone();
-        // The server's first report comes a second after the call starts,
-        // long after this registration.
-        let _registration = output.map(|sink| self.progress.register(&handle.progress_token, sink));
-        tokio::select! {
-            result = handle.await_response() => Some(result),
+        let call = Call {
+            place,
+            cancel: cancel.clone(),
+            output: output.map(|sink| Arc::new(sink) as Arc<dyn Progress>),
+            trace: None,
+        };
+        let running = self.dispatch(&call, request);
+        tokio::pin!(running);
+        let result = tokio::select! {
+            result = &mut running => result,
             _ = cancel.cancelled() => {
-                let _ = peer
-                    .notify_cancelled(CancelledNotificationParam::new(
-                        Some(id),
-                        Some("the turn was interrupted".into()),
-                    ))
-                    .await;
-                let quiet = self
-                    .host
-                    .sandboxes
-                    .wait_unused(ctx.session_id, KILL_WAIT)
-                    .await;
+                // The call holds the same token: what it runs is killed.
+                // The sandbox is waited on until it is quiet, so the next
+                // turn finds it so.
+                let ended = tokio::time::timeout(KILL_WAIT, &mut running).await.is_ok();
+                let quiet = ended && sandboxes.wait_unused(ctx.session_id, KILL_WAIT).await;
                 if !quiet {
                     tracing::warn!(session = %ctx.session_id, "an interrupted tool call is still running");
                 }
-                None
+                return ToolOutput::error("interrupted");
             }
+        };
+        match result {
+            Ok(value) => shape(name, &input, value),
+            Err(e) => ToolOutput::error(e.0),
         }
+    }
+
+    /// Runs a sandbox tool; its result as JSON.
+    async fn dispatch(&self, call: &Call, request: Request) -> Result<Value, ToolError> {
+        let tools = &self.tools;
+        let value = match request {
+            Request::Read(args) => structured(&files::read_file(tools, call, args).await?),
+            Request::Write(args) => structured(&files::write_file(tools, call, args).await?),
+            Request::Edit(args) => structured(&files::edit_file(tools, call, args).await?),
+            Request::Glob(args) => structured(&files::glob(tools, call, args).await?),
+            Request::Grep(args) => structured(&files::grep(tools, call, args).await?),
+            Request::Shell(args) => structured(&exec::execute_shell(tools, call, args).await?),
+            Request::Code(args) => structured(&exec::execute_code(tools, call, args).await?),
+        };
+        value.map_err(ToolError)
     }
 }
 
 #[cfg(test)]
-#[path = "client_tests.rs"]
+#[path = "agent_tests.rs"]
 mod tests;

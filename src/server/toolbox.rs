@@ -1,4 +1,4 @@
-//! The sandboxes and the MCP host over them, built the same way for
+//! The sandboxes and the tools over them, built the same way for
 //! `conclave serve` and for `conclave mcp` serving the tools itself, so
 //! both use the configured store (PostgreSQL or the data directory's
 //! SQLite) and the same limits.
@@ -14,24 +14,20 @@ use crate::mcp::{Caller, McpHost, SandboxServer};
 use crate::protocol::SessionStatus;
 use crate::sandbox::{self, SandboxManager};
 use crate::store::{Store, postgres};
-
-/// Bytes of each output stream an MCP execution returns.
-const MCP_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
-/// Entries a listing, glob or grep returns.
-const MCP_MAX_ENTRIES: usize = 2000;
+use crate::tools::Toolbox;
 
 /// The configured backend's sandboxes, as the data directory's instance,
-/// and the MCP host over them and `store`, counting sandboxes against the
-/// keys' quotas and named snapshots in their `storage_mb` when given. Also
-/// returns the instance id.
-pub(super) async fn sandbox_host(
+/// and the tools over them, counting sandboxes against the keys' quotas
+/// and named snapshots in their `storage_mb` when given. Also returns the
+/// instance id.
+pub(super) async fn toolbox(
     config: &Config,
     store: &Arc<dyn Store>,
     quotas: Option<(
         &Arc<crate::quota::Quotas>,
         Option<&Arc<crate::bus::StorageMeter>>,
     )>,
-) -> Result<(Arc<SandboxManager>, Arc<McpHost>, String), StartError> {
+) -> Result<(Arc<Toolbox>, String), StartError> {
     let backend = sandbox::connect(&config.sandbox, &config.data_dir)
         .await
         .map_err(|e| StartError::Sandbox(e.to_string()))?;
@@ -58,19 +54,7 @@ pub(super) async fn sandbox_host(
         }
         None => sandboxes,
     });
-    let host = Arc::new(McpHost {
-        sandboxes: sandboxes.clone(),
-        store: store.clone(),
-        max_output_bytes: MCP_MAX_OUTPUT_BYTES,
-        max_entries: MCP_MAX_ENTRIES,
-        max_forks: config.agent.max_forks,
-        background: Default::default(),
-        deliberations: Default::default(),
-        pipelines: Default::default(),
-        sessions: Default::default(),
-        decider: Default::default(),
-    });
-    Ok((sandboxes, host, instance))
+    Ok((Arc::new(Toolbox::new(sandboxes)), instance))
 }
 
 /// Serves the sandbox tools over stdin/stdout until the client closes
@@ -86,7 +70,8 @@ pub(super) async fn sandbox_host(
 pub async fn serve_mcp_stdio(config: Config) -> anyhow::Result<()> {
     let store = shared::open_store(&config).await?;
     // The one trusted local client: no key, no quota.
-    let (sandboxes, host, _) = sandbox_host(&config, &store, None).await?;
+    let (tools, _) = toolbox(&config, &store, None).await?;
+    let sandboxes = tools.sandboxes.clone();
     let store_name = match &config.store {
         Some(url) => postgres::redact(url),
         None => "sqlite in the data directory".to_string(),
@@ -96,7 +81,13 @@ pub async fn serve_mcp_stdio(config: Config) -> anyhow::Result<()> {
         store = %store_name,
         "conclave mcp: serving sandbox tools on stdio"
     );
-    let server = SandboxServer::new(host, Caller::Trusted);
+    let host = McpHost {
+        tools,
+        store: store.clone(),
+        max_forks: config.agent.max_forks,
+        live: None,
+    };
+    let server = SandboxServer::new(Arc::new(host), Caller::Trusted);
     let running = server.serve(rmcp::transport::stdio()).await?;
     let ended = running.waiting().await;
     let mut live = HashSet::new();

@@ -1,0 +1,165 @@
+//! `execute_code`, `execute_shell`, and the runs `execute_shell` starts in
+//! the background.
+
+use bytes::Bytes;
+use tracing::Instrument;
+
+use super::background::{RunList, RunView};
+use super::output::Reporter;
+use super::schema::{ExecResult, ExecuteCode, ExecuteShell};
+use super::{Call, ToolError, Toolbox, lossy};
+use crate::sandbox::{ExecRequest, WORKSPACE, exec_collect};
+use crate::telemetry::{otel, spans};
+
+/// Runs Python from stdin as a notebook cell (the last expression's value
+/// is printed); with `--repair`, after the repairs it names.
+const PYTHON_CELL: &str = include_str!("cell.py");
+
+/// Runs a program (Python as a notebook cell, or a shell script) to its end.
+pub async fn execute_code(
+    tools: &Toolbox,
+    call: &Call,
+    args: ExecuteCode,
+) -> Result<ExecResult, ToolError> {
+    let interpreter = match args.language.as_deref().unwrap_or("python") {
+        "python" | "python3" | "py" => "python3",
+        "bash" => "bash",
+        "sh" | "shell" => "sh",
+        other => {
+            return Err(ToolError(format!(
+                "language '{other}' is not supported; use python, bash or sh"
+            )));
+        }
+    };
+    let mut command = match interpreter {
+        "python3" => vec!["python3".into(), "-c".into(), PYTHON_CELL.into()],
+        shell => vec![shell.to_string(), "-".to_string()],
+    };
+    if args.repair && interpreter == "python3" {
+        command.push("--repair".into());
+    }
+    run(
+        tools,
+        call,
+        command,
+        Some(Bytes::from(args.code)),
+        args.timeout,
+    )
+    .await
+}
+
+/// Runs a shell command line to its end, or starts it in the background.
+pub async fn execute_shell(
+    tools: &Toolbox,
+    call: &Call,
+    args: ExecuteShell,
+) -> Result<ExecResult, ToolError> {
+    let command = vec!["/bin/sh".into(), "-c".into(), args.command.clone()];
+    if !args.background {
+        return run(tools, call, command, None, args.timeout).await;
+    }
+    let timeout = tools.timeout(Some(args.timeout.unwrap_or(tools.max_timeout_s())))?;
+    let lease = tools.lease(&call.place).await?;
+    let request = ExecRequest {
+        command,
+        stdin: None,
+        timeout,
+        workdir: WORKSPACE.into(),
+        env: Default::default(),
+    };
+    let run = tools
+        .background
+        .start(call.place.runs_key(), args.command, lease, request)
+        .map_err(ToolError)?;
+    Ok(ExecResult {
+        status: run.status,
+        stdout: String::new(),
+        stderr: String::new(),
+        exit_code: None,
+        duration_ms: 0,
+        truncated: false,
+        background_id: Some(run.id),
+    })
+}
+
+/// The background runs of the call's sandbox.
+pub async fn list_background(tools: &Toolbox, call: &Call) -> Result<RunList, ToolError> {
+    // Only a caller that may use the sandbox sees its runs.
+    tools.lease(&call.place).await?;
+    Ok(tools.background.list(&call.place.runs_key()))
+}
+
+/// Kills a background run of the call's sandbox, its process tree with it.
+pub async fn kill_background(tools: &Toolbox, call: &Call, id: &str) -> Result<RunView, ToolError> {
+    tools.lease(&call.place).await?;
+    tools
+        .background
+        .kill(&call.place.runs_key(), id)
+        .await
+        .ok_or_else(|| ToolError(format!("no background run '{id}'")))
+}
+
+/// Runs `command` in the call's sandbox, in the workspace, reporting its
+/// output as it comes to whoever follows the call.
+async fn run(
+    tools: &Toolbox,
+    call: &Call,
+    command: Vec<String>,
+    stdin: Option<Bytes>,
+    timeout: Option<u64>,
+) -> Result<ExecResult, ToolError> {
+    let timeout = tools.timeout(timeout.or(call.place.timeout_s))?;
+    let lease = tools.lease(&call.place).await?;
+    let request = ExecRequest {
+        command,
+        stdin,
+        timeout,
+        workdir: WORKSPACE.into(),
+        env: Default::default(),
+    };
+    let reporter = call.output.clone().map(Reporter::start);
+    let session = call.place.session_id().map(|id| id.to_string());
+    let span = spans::exec(
+        tools.sandboxes.backend_name(),
+        lease.sandbox.id(),
+        session.as_deref(),
+    );
+    if let Some(carrier) = &call.trace {
+        otel::continue_from_json(&span, carrier);
+    }
+    let collected = exec_collect(
+        lease.sandbox.as_ref(),
+        request,
+        tools.max_output_bytes,
+        call.cancel.clone(),
+        |chunk| {
+            if let Some(reporter) = &reporter {
+                reporter.take(chunk);
+            }
+        },
+    )
+    .instrument(span.clone())
+    .await;
+    let ended = collected.as_ref().ok();
+    spans::exec_ended(&span, ended.map(|(s, _)| (s.exit_code, s.timed_out)));
+    if let Some(reporter) = reporter {
+        reporter.finish().await;
+    }
+    let (status, out) = collected?;
+    let state = if status.timed_out {
+        "timeout"
+    } else if status.exit_code == Some(0) {
+        "success"
+    } else {
+        "error"
+    };
+    Ok(ExecResult {
+        status: state.into(),
+        stdout: lossy(out.stdout),
+        stderr: lossy(out.stderr),
+        exit_code: status.exit_code,
+        duration_ms: status.duration.as_millis() as u64,
+        truncated: out.truncated,
+        background_id: None,
+    })
+}
