@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use conclave::config::{Config, Overrides, SandboxBackendKind};
-use conclave::locate::Target;
+use conclave::locate::Serving;
 use conclave::operator::Prune;
 use conclave::server::{Server, Tools};
 use tokio_util::sync::CancellationToken;
@@ -287,11 +287,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let here = std::env::current_dir()?.join("data");
             let running = conclave::locate::running_servers();
             match conclave::locate::choose(running, given, &here)? {
-                Target::Relay { server, why } => {
+                Serving::Relay { server, why } => {
                     tracing::info!(url = %server.url, from = why, "conclave mcp: relaying to a running server");
                     conclave::mcp::proxy::serve_stdio(&server.url, api_key).await
                 }
-                Target::InProcess { why } => {
+                Serving::InProcess { why } => {
                     tracing::info!(data_dir = %config.data_dir.display(), from = why, "conclave mcp: data directory");
                     conclave::server::serve_mcp_stdio(config).await
                 }

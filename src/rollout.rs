@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::bus::{Bus, Kv, Subject};
-use crate::gateway::{Call, Endpoint, Gateway, GatewayError};
+use crate::gateway::{Endpoint, Gateway, GatewayCall, GatewayError};
 use crate::sync::lock;
 use crate::telemetry::Metrics;
 
@@ -375,7 +375,7 @@ impl Rollouts {
         metadata.insert("index".into(), Value::from(index));
         let upstream = self
             .gateway
-            .forward(Call {
+            .forward(GatewayCall {
                 endpoint,
                 body: crate::gateway::json::Object::from_map(body),
                 metadata,

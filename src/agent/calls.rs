@@ -106,7 +106,7 @@ enum Plan {
     /// It cannot run (unknown tool, arguments that do not fit).
     Refused(String),
     /// The harness answered it without running it.
-    Answered(ToolOutput, Vec<String>),
+    AnsweredCall(ToolOutput, Vec<String>),
     /// It runs now, with notes on what the harness changed.
     Run(ToolCall, Vec<String>),
 }
@@ -129,7 +129,7 @@ pub(super) async fn run_tools(
     harness: &mut Harness,
     calls: &[ToolCall],
     cancel: &CancellationToken,
-) -> Result<Vec<Answered>, StoreError> {
+) -> Result<Vec<AnsweredCall>, StoreError> {
     for call in calls {
         session.emit(EventKind::ToolUse {
             id: call.id.clone(),
@@ -145,7 +145,7 @@ pub(super) async fn run_tools(
             let mut call = asked.clone();
             let mut notes = Vec::new();
             if let Some(output) = harness.on_call(&mut call, tools, &mut notes, &mut said) {
-                return Plan::Answered(output, notes);
+                return Plan::AnsweredCall(output, notes);
             }
             match prepare_call(&call, tools) {
                 Ok(call) => Plan::Run(call, notes),
@@ -202,10 +202,10 @@ pub(super) async fn run_tools(
         .await;
     let mut answered = Vec::with_capacity(calls.len());
     for ((asked, plan), output) in calls.iter().zip(plans).zip(outputs) {
-        let ran = !matches!(plan, Plan::Answered(..));
+        let ran = !matches!(plan, Plan::AnsweredCall(..));
         let mut output = match (plan, output) {
             (Plan::Refused(message), _) => ToolOutput::error(message),
-            (Plan::Answered(mut output, notes), _) => {
+            (Plan::AnsweredCall(mut output, notes), _) => {
                 add_notes(&mut output, &notes);
                 output
             }
@@ -218,7 +218,7 @@ pub(super) async fn run_tools(
         };
         let settled = harness.on_result(asked, ran, &mut output, &mut said);
         emit_interventions(session, &mut said)?;
-        answered.push(Answered {
+        answered.push(AnsweredCall {
             message: finish_tool(deps, session, asked, output)?,
             settled,
         });
@@ -227,7 +227,7 @@ pub(super) async fn run_tools(
 }
 
 /// A call of a reply, answered.
-pub(super) struct Answered {
+pub(super) struct AnsweredCall {
     /// The `tool` message that goes back to the model.
     pub message: Message,
     /// The turn's answer, when the harness settled on one.

@@ -37,15 +37,15 @@ struct Asked<'a> {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Answer {
+enum HookDecision {
     Allow,
     Deny,
     Ask,
 }
 
 #[derive(Deserialize)]
-struct Answered {
-    decision: Answer,
+struct HookReply {
+    decision: HookDecision,
     #[serde(default)]
     message: Option<String>,
     #[serde(default)]
@@ -105,13 +105,13 @@ impl Hooks {
             .await
             .map_err(|_| format!("it did not answer within {} ms", timeout.as_millis()))?
             .map_err(|e| format!("its answer was cut off: {e}"))?;
-        let answered: Answered = serde_json::from_slice(&body).map_err(|e| {
+        let answered: HookReply = serde_json::from_slice(&body).map_err(|e| {
             format!("its answer is not {{\"decision\": \"allow\" | \"deny\" | \"ask\", …}}: {e}")
         })?;
         let decision = match answered.decision {
-            Answer::Ask => return Ok(None),
-            Answer::Allow => Approval::Allow,
-            Answer::Deny => Approval::Deny,
+            HookDecision::Ask => return Ok(None),
+            HookDecision::Allow => Approval::Allow,
+            HookDecision::Deny => Approval::Deny,
         };
         Ok(Some(Decision {
             decision,

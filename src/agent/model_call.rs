@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::deps::{LoopError, TurnDeps};
-use super::harness::{Harness, Interventions, Reply, emit_interventions};
+use super::harness::{Harness, Interventions, ModelReply, emit_interventions};
 use crate::model::{ChatRequest, ResolvedModel, StreamEvent, ToolSpec};
 use crate::protocol::EventKind;
 use crate::session::{Session, Turn};
@@ -23,16 +23,16 @@ pub(super) async fn traced_call(
     session: &Arc<Session>,
     model: &ResolvedModel,
     request: ChatRequest,
-    tally: &mut Turn,
+    turn: &mut Turn,
     watch: Watch<'_>,
-) -> Result<Reply, LoopError> {
+) -> Result<ModelReply, LoopError> {
     let span = spans::chat(
         model.provider.provider_name(),
         &model.upstream_model,
         Some(&session.id.to_string()),
     );
     spans::chat_input(&span, request.system.as_deref(), &*request.messages);
-    let reply = call_model(deps, session, model, request, tally, watch)
+    let reply = call_model(deps, session, model, request, turn, watch)
         .instrument(span.clone())
         .await;
     match &reply {
@@ -58,9 +58,9 @@ async fn call_model(
     session: &Arc<Session>,
     model: &ResolvedModel,
     request: ChatRequest,
-    tally: &mut Turn,
+    turn: &mut Turn,
     watch: Watch<'_>,
-) -> Result<Reply, LoopError> {
+) -> Result<ModelReply, LoopError> {
     let Watch {
         deltas,
         cancel,
@@ -68,7 +68,7 @@ async fn call_model(
         tools,
     } = watch;
     let started = Instant::now();
-    let mut reply = Reply::default();
+    let mut reply = ModelReply::default();
     let mut said = Interventions::new();
     let (mut input_tokens, mut output_tokens) = (0, 0);
     // A client without `text_delta` events would see nothing for the whole
@@ -138,11 +138,11 @@ async fn call_model(
         })
         .observe(started.elapsed().as_secs_f64());
     spans::usage(&tracing::Span::current(), input_tokens, output_tokens);
-    tally.usage.turns += 1;
-    tally.usage.input_tokens += input_tokens;
-    tally.usage.output_tokens += output_tokens;
+    turn.usage.turns += 1;
+    turn.usage.input_tokens += input_tokens;
+    turn.usage.output_tokens += output_tokens;
     if let Some(price) = model.price {
-        tally.usage.cost_usd += price.cost(input_tokens, output_tokens);
+        turn.usage.cost_usd += price.cost(input_tokens, output_tokens);
     }
     // Calls a cut-off stream had not finished are dropped with it.
     if reply.interrupted {
@@ -154,7 +154,7 @@ async fn call_model(
 /// The heartbeat of a model call that streams without `text_delta` events.
 fn still_writing(
     session: &Arc<Session>,
-    reply: &Reply,
+    reply: &ModelReply,
     started: Instant,
 ) -> Result<(), StoreError> {
     session.emit(EventKind::Status {

@@ -110,7 +110,7 @@ pub enum Worker {
 }
 
 /// One agent's work in one round.
-pub struct Call {
+pub struct AgentWork {
     pub agent_id: String,
     /// Rendered when the call starts, not before.
     pub prompt: Prompt,
@@ -127,7 +127,7 @@ pub struct Call {
 }
 
 /// What the agent answered.
-pub struct Answer {
+pub struct AgentAnswer {
     /// The proposal, or why there is none (`timeout`, `budget_exceeded`,
     /// the model's error).
     pub result: Result<String, String>,
@@ -140,7 +140,7 @@ pub const BUDGET_EXCEEDED: &str = "budget_exceeded";
 
 impl Worker {
     /// Runs the call within its time limit and the budget.
-    pub async fn answer(&self, call: Call) -> Answer {
+    pub async fn answer(&self, call: AgentWork) -> AgentAnswer {
         let span = spans::agent(&call.agent_id, &call.parent.id.to_string());
         let answer = self.answer_in_span(call).instrument(span.clone()).await;
         if let Err(error) = &answer.result {
@@ -149,7 +149,7 @@ impl Worker {
         answer
     }
 
-    async fn answer_in_span(&self, call: Call) -> Answer {
+    async fn answer_in_span(&self, call: AgentWork) -> AgentAnswer {
         let started = Instant::now();
         let mut usage = Usage::default();
         let result = if call.budget.is_exceeded() {
@@ -166,14 +166,14 @@ impl Worker {
                 _ = exceeded.cancelled() => Err(BUDGET_EXCEEDED.to_owned()),
             }
         };
-        Answer {
+        AgentAnswer {
             result,
             usage,
             duration_ms: started.elapsed().as_millis() as u64,
         }
     }
 
-    async fn work(&self, call: &Call, usage: &mut Usage) -> Result<String, String> {
+    async fn work(&self, call: &AgentWork, usage: &mut Usage) -> Result<String, String> {
         match self {
             Worker::Model {
                 model,
@@ -319,7 +319,7 @@ async fn turn_of(
     manager: &SessionManager,
     jobs: &dyn Jobs,
     session: &Arc<Session>,
-    call: &Call,
+    call: &AgentWork,
     usage: &mut Usage,
 ) -> Result<String, String> {
     let done = crate::session::child::run_turn(

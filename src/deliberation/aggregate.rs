@@ -8,7 +8,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::json;
 
-use super::agents::{Call, Worker};
+use super::agents::{AgentWork, Worker};
 use super::engine::Run;
 use super::prompts::{self, Prompt};
 use crate::protocol::EventKind;
@@ -101,7 +101,7 @@ async fn judge(
         Err(e) => return Ok(first(format!("the judge could not start: {e}"))),
     };
     let answer = worker
-        .answer(Call {
+        .answer(AgentWork {
             agent_id: format!("judge-{}", run.options.role.to_lowercase()),
             prompt: Prompt::Choose {
                 task: run.task.clone(),
@@ -158,7 +158,7 @@ async fn vote(
         let candidates = run.peers_of(voter);
         let slot = &run.slots[voter];
         let worker = model_worker(run, &slot.model, run.system_prompt(&slot.agent_id));
-        let call = Call {
+        let call = AgentWork {
             agent_id: slot.agent_id.clone(),
             prompt: Prompt::Choose {
                 task: run.task.clone(),

@@ -16,7 +16,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::DeliberationOptions;
-use super::agents::{Answer, Call};
+use super::agents::{AgentAnswer, AgentWork};
 use super::engine::{COMPLETED, Deps, FAILED, Run};
 use super::prompts::Prompt;
 use crate::bus::{Bus, Delivery, Pattern, Since, Subject};
@@ -84,7 +84,7 @@ impl Run<'_> {
                 .agent_timeout_s
                 .unwrap_or(self.options.timeout_s),
         );
-        let mut running: FuturesUnordered<BoxFuture<'static, (usize, Answer, bool)>> =
+        let mut running: FuturesUnordered<BoxFuture<'static, (usize, AgentAnswer, bool)>> =
             FuturesUnordered::new();
         let mut pending: Vec<bool> = vec![false; self.slots.len()];
         for (index, prompt) in inputs {
@@ -101,7 +101,7 @@ impl Run<'_> {
                     model: slot.model.clone(),
                 },
             )?;
-            let call = Call {
+            let call = AgentWork {
                 agent_id: slot.agent_id.clone(),
                 prompt,
                 temperature: DeliberationOptions::temperature_of(index),
@@ -122,7 +122,7 @@ impl Run<'_> {
                 (index, answer, published)
             }));
         }
-        let mut returned: HashMap<usize, Answer> = HashMap::new();
+        let mut returned: HashMap<usize, AgentAnswer> = HashMap::new();
         let mut bus_ok = answers.is_some();
         let cancel = turn.cancel.clone();
         let reason = loop {

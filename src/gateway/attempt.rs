@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
 use super::pool::{Pool, Replica};
-use super::{Call, Endpoint, Gateway, GatewayError, PASSED_ON_ERROR_BODY, Upstream, client};
+use super::{Endpoint, Gateway, GatewayCall, GatewayError, PASSED_ON_ERROR_BODY, Upstream, client};
 use crate::telemetry::call::{CallSpan, Outcome};
 use crate::telemetry::otel;
 use crate::upstream::{bounded_body, retry_after};
@@ -16,7 +16,7 @@ use crate::upstream::{bounded_body, retry_after};
 impl Gateway {
     /// Runs a call (see `forward_call`) in a span of its own, with a
     /// child span for each attempt when it takes more than one.
-    pub async fn forward(&self, call: Call) -> Result<Upstream, GatewayError> {
+    pub async fn forward(&self, call: GatewayCall) -> Result<Upstream, GatewayError> {
         let model = call.body.get::<String>("model");
         let mut span = if otel::exporting() {
             CallSpan::start(

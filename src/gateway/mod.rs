@@ -57,7 +57,7 @@ use crate::telemetry::call::CallSpan;
 use crate::telemetry::{Metrics, ReplicaLabel};
 
 /// A call for the gateway: the client's JSON body and who it is for.
-pub struct Call {
+pub struct GatewayCall {
     pub endpoint: Endpoint,
     pub body: json::Object,
     /// From the `/meta/{slug}` path, else empty.
@@ -369,11 +369,11 @@ impl Gateway {
     /// in the call's span.
     async fn forward_call(
         &self,
-        call: Call,
+        call: GatewayCall,
         model: Option<String>,
         span: &mut CallSpan,
     ) -> Result<Upstream, GatewayError> {
-        let Call {
+        let GatewayCall {
             endpoint,
             mut body,
             metadata,

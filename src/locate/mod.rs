@@ -84,7 +84,7 @@ fn on(servers: Vec<ServerRecord>, data_dir: &Path) -> Option<ServerRecord> {
 
 /// What `conclave mcp` serves.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Target {
+pub enum Serving {
     /// Relays to this running server; `why` says how it was chosen.
     Relay { server: ServerRecord, why: String },
     /// Serves the tools itself on its data directory; `why` says which.
@@ -129,15 +129,15 @@ pub fn choose(
     servers: Vec<ServerRecord>,
     given: Option<&Path>,
     here: &Path,
-) -> Result<Target, Ambiguous> {
-    let relay = |server: ServerRecord, why: String| Target::Relay { server, why };
+) -> Result<Serving, Ambiguous> {
+    let relay = |server: ServerRecord, why: String| Serving::Relay { server, why };
     if let Some(given) = given {
         return Ok(match on(servers, given) {
             Some(server) => {
                 let why = format!("the server running as pid {} on the given data directory", server.pid);
                 relay(server, why)
             }
-            None => Target::InProcess {
+            None => Serving::InProcess {
                 why: "given (--data-dir, CONCLAVE_DATA_DIR or the config file), and no server runs on it"
                     .into(),
             },
@@ -152,7 +152,7 @@ pub fn choose(
     }
     let mut servers = servers;
     match servers.len() {
-        0 => Ok(Target::InProcess {
+        0 => Ok(Serving::InProcess {
             why: "the per-user default: no conclave serve is running".into(),
         }),
         1 => {
@@ -183,10 +183,10 @@ mod tests {
         }
     }
 
-    fn relayed_to(target: Result<Target, Ambiguous>) -> Option<u32> {
+    fn relayed_to(target: Result<Serving, Ambiguous>) -> Option<u32> {
         match target.unwrap() {
-            Target::Relay { server, .. } => Some(server.pid),
-            Target::InProcess { .. } => None,
+            Serving::Relay { server, .. } => Some(server.pid),
+            Serving::InProcess { .. } => None,
         }
     }
 

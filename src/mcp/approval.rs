@@ -169,7 +169,7 @@ fn message_of(asked: &Asked) -> String {
 
 /// The form's answer.
 #[derive(Deserialize)]
-struct Answer {
+struct FormAnswer {
     decision: Approval,
     #[serde(default)]
     message: Option<String>,
@@ -183,10 +183,10 @@ fn decision_of(result: ElicitResult) -> Result<Decision, String> {
     let answer = match result.action {
         ElicitationAction::Accept => {
             let content = result.content.unwrap_or(Value::Null);
-            serde_json::from_value::<Answer>(content).map_err(|e| e.to_string())?
+            serde_json::from_value::<FormAnswer>(content).map_err(|e| e.to_string())?
         }
         // Declined, cancelled, or an action of a later protocol.
-        _ => Answer {
+        _ => FormAnswer {
             decision: Approval::Deny,
             message: Some("declined in the MCP client".into()),
             remember: false,

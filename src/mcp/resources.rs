@@ -38,23 +38,23 @@ const UPDATE_EVERY: Duration = Duration::from_millis(250);
 
 /// What a URI names.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Target {
+enum ResourceUri {
     Status(Uuid),
     Events(Uuid),
 }
 
-impl Target {
-    fn parse(uri: &str) -> Option<Target> {
+impl ResourceUri {
+    fn parse(uri: &str) -> Option<ResourceUri> {
         let rest = uri.strip_prefix(PREFIX)?;
         match rest.strip_suffix(EVENTS_SUFFIX) {
-            Some(id) => Uuid::parse_str(id).ok().map(Target::Events),
-            None => Uuid::parse_str(rest).ok().map(Target::Status),
+            Some(id) => Uuid::parse_str(id).ok().map(ResourceUri::Events),
+            None => Uuid::parse_str(rest).ok().map(ResourceUri::Status),
         }
     }
 
     fn session(self) -> Uuid {
         match self {
-            Target::Status(id) | Target::Events(id) => id,
+            ResourceUri::Status(id) | ResourceUri::Events(id) => id,
         }
     }
 }
@@ -83,8 +83,8 @@ async fn find(
     caller: &Caller,
     uri: &str,
     ctx: &RequestContext<RoleServer>,
-) -> Result<(Target, Arc<Session>), ErrorData> {
-    let target = Target::parse(uri).ok_or_else(|| not_found(uri))?;
+) -> Result<(ResourceUri, Arc<Session>), ErrorData> {
+    let target = ResourceUri::parse(uri).ok_or_else(|| not_found(uri))?;
     let owner = http_owner(caller, ctx).flatten();
     match manager(host)?.get(target.session(), owner.as_deref()).await {
         Ok(session) => Ok((target, session)),
@@ -156,7 +156,7 @@ pub async fn read(
 ) -> Result<ReadResourceResult, ErrorData> {
     let (target, session) = find(host, caller, uri, ctx).await?;
     let contents = match target {
-        Target::Status(_) => {
+        ResourceUri::Status(_) => {
             let history = manager(host)?.history(&session).await.map_err(internal)?;
             let status = json!({
                 "session_id": session.id,
@@ -172,7 +172,7 @@ pub async fn read(
             });
             ResourceContents::text(status.to_string(), uri).with_mime_type("application/json")
         }
-        Target::Events(_) => {
+        ResourceUri::Events(_) => {
             let lines: Vec<String> = session
                 .replay(0)
                 .filter_map(|event| async move { serde_json::to_string(&*event).ok() })
@@ -269,19 +269,19 @@ mod tests {
     fn uris_name_a_session_or_its_events() {
         let id = Uuid::new_v4();
         assert_eq!(
-            Target::parse(&format!("conclave://sessions/{id}")),
-            Some(Target::Status(id))
+            ResourceUri::parse(&format!("conclave://sessions/{id}")),
+            Some(ResourceUri::Status(id))
         );
         assert_eq!(
-            Target::parse(&format!("conclave://sessions/{id}/events")),
-            Some(Target::Events(id))
+            ResourceUri::parse(&format!("conclave://sessions/{id}/events")),
+            Some(ResourceUri::Events(id))
         );
         for bad in [
             "conclave://sessions/x",
             "file:///etc/passwd",
             "conclave://sessions/",
         ] {
-            assert_eq!(Target::parse(bad), None, "{bad}");
+            assert_eq!(ResourceUri::parse(bad), None, "{bad}");
         }
     }
 

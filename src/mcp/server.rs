@@ -24,7 +24,7 @@ use super::schema::{Deliberate, ForkSession, Json, RunAgent, StartPipeline, Tool
 use crate::tools::background::{RunList, RunView};
 use crate::tools::output::Progress;
 use crate::tools::schema::*;
-use crate::tools::{Call, exec, files};
+use crate::tools::{Invocation, exec, files};
 
 /// One MCP connection's view of the sandbox tools.
 #[derive(Clone)]
@@ -84,7 +84,7 @@ impl SandboxServer {
         &self,
         session_id: Option<&str>,
         ctx: &RequestContext<RoleServer>,
-    ) -> Result<Call, ErrorData> {
+    ) -> Result<Invocation, ErrorData> {
         let place = self
             .host
             .place(&self.caller, session_id, self.scratch.id, ctx)
@@ -97,7 +97,7 @@ impl SandboxServer {
             .meta
             .contains_key("traceparent")
             .then(|| ctx.meta.0.0.clone());
-        Ok(Call {
+        Ok(Invocation {
             place,
             cancel: ctx.ct.clone(),
             output,

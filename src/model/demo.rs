@@ -32,12 +32,12 @@ impl DemoProvider {
 
 /// What the demo model decided to say and call.
 #[derive(Debug, PartialEq)]
-struct Reply {
+struct DemoTurn {
     text: String,
     calls: Vec<ToolCall>,
 }
 
-fn reply(request: &ChatRequest) -> Reply {
+fn reply(request: &ChatRequest) -> DemoTurn {
     let offered = |name: &str| request.tools.iter().any(|t| t.name == name);
     let turn = request
         .messages
@@ -64,7 +64,7 @@ fn reply(request: &ChatRequest) -> Reply {
     let asked = decision_asked(prompt);
     if !results.is_empty() {
         if let Some(answer) = asked {
-            return Reply {
+            return DemoTurn {
                 text: answer,
                 calls: Vec::new(),
             };
@@ -83,7 +83,7 @@ fn reply(request: &ChatRequest) -> Reply {
                 text.push_str(&format!("The tool {name} {verdict}: {shown}\n"));
             }
         }
-        return Reply {
+        return DemoTurn {
             text: text.trim_end().to_string(),
             calls: Vec::new(),
         };
@@ -133,7 +133,7 @@ fn reply(request: &ChatRequest) -> Reply {
     } else {
         format!("You said: {prompt}")
     };
-    Reply { text, calls }
+    DemoTurn { text, calls }
 }
 
 /// A pipeline node's request for `{"decision": "A" | "B", …}`: the demo
@@ -170,7 +170,7 @@ impl ModelProvider for DemoProvider {
     }
 
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
-        let Reply { text, calls } = reply(&request);
+        let DemoTurn { text, calls } = reply(&request);
         let input_tokens: u64 = request
             .messages
             .iter()

@@ -14,7 +14,7 @@ use super::http::spawn_sse_bytes;
 use super::openai::{ChunkDecoder, wire_request};
 use super::{ChatRequest, ModelError, ModelProvider, ModelStream};
 use crate::gateway::json::Object;
-use crate::gateway::{Call, Endpoint, Gateway, GatewayError};
+use crate::gateway::{Endpoint, Gateway, GatewayCall, GatewayError};
 use crate::telemetry::otel::Parent;
 
 pub struct GatewayProvider {
@@ -42,7 +42,7 @@ impl ModelProvider for GatewayProvider {
         if let Some(id) = &request.session_id {
             metadata.insert("session_id".into(), json!(id));
         }
-        let call = Call {
+        let call = GatewayCall {
             endpoint: Endpoint::Chat,
             body: Object::from_map(body),
             metadata,

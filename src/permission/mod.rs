@@ -164,7 +164,7 @@ impl ServerPermissions {
 
 /// A call as the policy sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct Call<'a> {
+pub struct PolicyCall<'a> {
     pub tool: &'a str,
     pub input: &'a Value,
     /// The tool only reads (`Read`, `Glob`, `Grep`, an MCP tool marked
@@ -250,7 +250,7 @@ impl Policy {
     /// Deny rules first, then allow rules, then the mode. A command the
     /// shell parser cannot see into is refused where a deny rule names
     /// its tool: no rule could tell what it runs.
-    pub fn verdict(&self, call: &Call<'_>) -> Verdict {
+    pub fn verdict(&self, call: &PolicyCall<'_>) -> Verdict {
         let whose = self.whose;
         if !self.deny.is_empty() || !self.allow.is_empty() {
             let subject = rules::subject(call);
@@ -296,7 +296,7 @@ impl Policy {
     }
 
     /// The deny rule that covers the call, whatever the mode says.
-    pub fn denying_rule(&self, call: &Call<'_>) -> Option<&Rule> {
+    pub fn denying_rule(&self, call: &PolicyCall<'_>) -> Option<&Rule> {
         if self.deny.is_empty() {
             return None;
         }
@@ -306,7 +306,7 @@ impl Policy {
 
     /// Whether an allow rule of this policy matches (for rules a decision
     /// remembered).
-    pub fn allows(&self, call: &Call<'_>) -> bool {
+    pub fn allows(&self, call: &PolicyCall<'_>) -> bool {
         let subject = rules::subject(call);
         self.allow.iter().any(|r| r.allows(call, &subject))
     }

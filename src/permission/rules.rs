@@ -19,7 +19,7 @@ use std::fmt;
 use globset::{Glob, GlobBuilder, GlobMatcher};
 use serde_json::Value;
 
-use super::Call;
+use super::PolicyCall;
 use super::shell::{Analysis, analyze};
 
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ impl Rule {
 
     /// Whether the rule allows the call: every simple command a command
     /// can run must fit, and the parser must see them all.
-    pub fn allows(&self, call: &Call<'_>, subject: &Subject) -> bool {
+    pub fn allows(&self, call: &PolicyCall<'_>, subject: &Subject) -> bool {
         if !self.tool.is_match(call.tool) {
             return false;
         }
@@ -133,7 +133,7 @@ impl Rule {
 
     /// Whether the rule denies the call: the whole command, or any simple
     /// command it can run (by its name as given or without its directory).
-    pub fn denies(&self, call: &Call<'_>, subject: &Subject) -> bool {
+    pub fn denies(&self, call: &PolicyCall<'_>, subject: &Subject) -> bool {
         if !self.tool.is_match(call.tool) {
             return false;
         }
@@ -176,7 +176,7 @@ impl fmt::Display for Rule {
 }
 
 /// The call's main input, parsed once for all the rules of a verdict.
-pub fn subject(call: &Call<'_>) -> Subject {
+pub fn subject(call: &PolicyCall<'_>) -> Subject {
     let field = |name: &str| call.input.get(name).and_then(Value::as_str);
     match call.tool {
         "Bash" | "mcp__sandbox__execute_shell" => {

@@ -17,7 +17,7 @@ fn policy(mode: Mode, allow: &[&str], deny: &[&str]) -> Policy {
 
 fn verdict(policy: &Policy, tool: &str, input: serde_json::Value) -> Verdict {
     let read_only = matches!(tool, "Read" | "Glob" | "Grep");
-    policy.verdict(&Call {
+    policy.verdict(&PolicyCall {
         tool,
         input: &input,
         read_only,

@@ -47,7 +47,7 @@ pub struct MockScript {
 
 /// A node's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Answer {
+pub struct NodeAnswer {
     pub decision: String,
     pub writes: Map<String, Value>,
     pub usage: Usage,
@@ -76,7 +76,7 @@ pub async fn mock(
     visit: usize,
     attempt: u32,
     cancel: &CancellationToken,
-) -> Result<Answer, String> {
+) -> Result<NodeAnswer, String> {
     let spec = &definition.nodes[node];
     if script.delay_ms > 0 {
         tokio::select! {
@@ -110,7 +110,7 @@ pub async fn mock(
             (field.clone(), value)
         })
         .collect();
-    Ok(Answer {
+    Ok(NodeAnswer {
         decision,
         writes,
         usage: Usage::default(),
@@ -248,7 +248,7 @@ pub async fn agent(
     node: &str,
     spec: &NodeSpec,
     prompt: String,
-) -> Result<Answer, String> {
+) -> Result<NodeAnswer, String> {
     let options = TurnOptions {
         model: spec.model.clone(),
         allowed_tools: spec.tools.clone(),
@@ -265,7 +265,7 @@ pub async fn agent(
         }
     };
     let (decision, writes) = read_answer(spec, &text)?;
-    Ok(Answer {
+    Ok(NodeAnswer {
         decision,
         writes,
         usage: done.usage,

@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::agents::{self, Answer};
+use super::agents::{self, NodeAnswer};
 use super::definition::{Definition, Route};
 use super::runs::{self, RunRecord};
 use super::{PipelineConfig, PipelineOptions};
@@ -387,7 +387,7 @@ async fn answer(
     visit: usize,
     worker: &mut Option<(Arc<SessionManager>, Arc<Session>)>,
     turn: &Turn,
-) -> Result<Result<Answer, String>, StoreError> {
+) -> Result<Result<NodeAnswer, String>, StoreError> {
     let spec = &definition.nodes[node];
     let mut attempt = 0;
     loop {

@@ -110,6 +110,8 @@ pub struct SandboxManager {
     quotas: Option<quota::SandboxQuotas>,
     /// Told each session sandbox's CPU and wall time as it is removed.
     removed: std::sync::OnceLock<usage::OnRemoved>,
+    /// Which sessions' sandboxes processes on the data directory made.
+    marks: Option<shared::Marks>,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -161,6 +163,7 @@ impl SandboxManager {
             pause_metrics: Default::default(),
             quotas: None,
             removed: Default::default(),
+            marks: None,
         }
     }
 
@@ -353,8 +356,11 @@ impl SandboxManager {
                 self.drawn.notify_one();
                 // The relabel only matters to a restart finding the sandbox
                 // again, so it is kept off the first exec's path.
-                let assigned = sandbox.clone();
+                let (assigned, marks) = (sandbox.clone(), self.marks.clone());
                 self.assigning.spawn(async move {
+                    if let Some(marks) = marks {
+                        marks.set(session);
+                    }
                     if let Err(e) = assigned.assign(&session.to_string()).await {
                         tracing::warn!(%session, error = %e, "a claimed pool sandbox could not be relabelled; a restart will not find it");
                     }
@@ -369,6 +375,9 @@ impl SandboxManager {
         spec.labels
             .insert(LABEL_SESSION.into(), session.to_string());
         let sandbox = self.backend.create(&spec).await?;
+        if let Some(marks) = &self.marks {
+            marks.set(session);
+        }
         tracing::info!(%session, sandbox = sandbox.id(), backend = self.backend.name(), "sandbox created");
         self.seeded(session, sandbox, seed).await
     }

@@ -24,6 +24,8 @@ struct Memory {
     exec_gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
     /// Notified as each exec starts.
     exec_started: tokio::sync::Notify,
+    /// Listings asked for.
+    listed: AtomicUsize,
 }
 
 struct Fake {
@@ -57,6 +59,7 @@ impl SandboxBackend for Arc<Memory> {
     }
 
     async fn list_managed(&self) -> Result<Vec<ManagedSandbox>> {
+        self.listed.fetch_add(1, Ordering::SeqCst);
         Ok(lock(&self.live)
             .iter()
             .map(|(id, labels)| ManagedSandbox::from_labels(id.clone(), |k| labels.get(k)))
@@ -477,4 +480,43 @@ async fn a_turn_end_waits_for_the_snapshot_before_it() {
         .unwrap();
     let turns: Vec<Vec<u64>> = kept.into_iter().map(|s| s.turns).collect();
     assert_eq!(turns, [vec![1], vec![2, 3]]);
+}
+
+/// Two processes on one data directory: the second finds the session
+/// sandbox the first made, and a new session's lease lists nothing.
+#[tokio::test]
+async fn a_session_sandbox_of_another_process_is_found_by_its_mark_and_only_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = Arc::new(Memory::default());
+    let process = || {
+        let manager = SandboxManager::new(
+            Arc::new(memory.clone()),
+            SandboxConfig::default(),
+            "same-data-dir".into(),
+        );
+        Arc::new(manager.with_marks(dir.path().join("sandbox-sessions")))
+    };
+    let (server, mcp) = (process(), process());
+    let shared = Uuid::new_v4();
+    lease_once(&server, shared).await;
+    assert_eq!(
+        memory.listed.load(Ordering::SeqCst),
+        0,
+        "a new session lists nothing"
+    );
+    lease_once(&mcp, shared).await;
+    assert_eq!(
+        memory.created.load(Ordering::SeqCst),
+        1,
+        "the sandbox is shared"
+    );
+    assert_eq!(memory.listed.load(Ordering::SeqCst), 1);
+    lease_once(&mcp, Uuid::new_v4()).await;
+    assert_eq!(memory.listed.load(Ordering::SeqCst), 1);
+    // Gone with its session, the mark goes too: a later lease lists nothing.
+    server.release(shared).await;
+    mcp.release_all_except(|_| true).await;
+    lease_once(&mcp, shared).await;
+    assert_eq!(memory.listed.load(Ordering::SeqCst), 1);
+    assert_eq!(memory.created.load(Ordering::SeqCst), 3);
 }

@@ -43,7 +43,8 @@ pub(super) async fn toolbox(
         std::time::Duration::from_secs(config.sandbox.max_exec_timeout_s),
     );
     let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
-        .with_snapshots(snapshots);
+        .with_snapshots(snapshots)
+        .with_marks(config.data_dir.join("sandbox-sessions"));
     let sandboxes = Arc::new(match quotas {
         Some((quotas, storage)) => {
             // Named snapshots count in a key's `storage_mb`.

@@ -82,7 +82,7 @@ pub(super) async fn responses(State(sim): State<Sim>, body: Bytes) -> Response {
             &format!("Response with id '{previous}' not found."),
         );
     }
-    let answer = Answer {
+    let answer = ResponseDraft {
         id: format!("resp_sim_{}", uuid::Uuid::new_v4().simple()),
         message_id: format!("msg_sim_{}", uuid::Uuid::new_v4().simple()),
         created: chrono::Utc::now().timestamp(),
@@ -107,7 +107,7 @@ pub(super) async fn responses(State(sim): State<Sim>, body: Bytes) -> Response {
 }
 
 /// One response being made.
-struct Answer {
+struct ResponseDraft {
     id: String,
     message_id: String,
     created: i64,
@@ -117,7 +117,7 @@ struct Answer {
     words: Vec<String>,
 }
 
-impl Answer {
+impl ResponseDraft {
     fn text(&self) -> String {
         self.words.concat()
     }
@@ -161,7 +161,7 @@ impl Answer {
 /// The events of a streamed response, as OpenAI sends them: created, in
 /// progress, the message and its text part added, a delta per word, the
 /// text, part and message done, completed.
-fn stream(config: SimConfig, answer: Answer, ttft: Duration) -> Response {
+fn stream(config: SimConfig, answer: ResponseDraft, ttft: Duration) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
     tokio::spawn(async move {
         let mut sequence = 0u64;

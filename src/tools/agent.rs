@@ -16,7 +16,7 @@ use super::output::Progress;
 use super::schema::{
     EditFile, ExecuteCode, ExecuteShell, GlobFiles, GrepFiles, ReadFile, WriteFile, structured,
 };
-use super::{Call, Place, ToolError, Toolbox, exec, files};
+use super::{Invocation, Place, ToolError, Toolbox, exec, files};
 use crate::a2a_client::{RemoteAgents, TOOL_PREFIX};
 use crate::agent::{
     AgentOptions, RESERVED_SERVER_NAMES, ToolChunk, ToolContext, ToolOutput, ToolRouter,
@@ -487,7 +487,7 @@ impl AgentTools {
             Ok(place) => place,
             Err(e) => return ToolOutput::error(e.0),
         };
-        let call = Call {
+        let call = Invocation {
             place,
             cancel: cancel.clone(),
             output: output.map(|sink| Arc::new(sink) as Arc<dyn Progress>),
@@ -516,7 +516,7 @@ impl AgentTools {
     }
 
     /// Runs a sandbox tool; its result as JSON.
-    async fn dispatch(&self, call: &Call, request: Request) -> Result<Value, ToolError> {
+    async fn dispatch(&self, call: &Invocation, request: Request) -> Result<Value, ToolError> {
         let tools = &self.tools;
         let value = match request {
             Request::Read(args) => structured(&files::read_file(tools, call, args).await?),

@@ -7,7 +7,7 @@ use tracing::Instrument;
 use super::background::{RunList, RunView};
 use super::output::Reporter;
 use super::schema::{ExecResult, ExecuteCode, ExecuteShell};
-use super::{Call, ToolError, Toolbox, lossy};
+use super::{Invocation, ToolError, Toolbox, lossy};
 use crate::sandbox::{ExecRequest, WORKSPACE, exec_collect};
 use crate::telemetry::{otel, spans};
 
@@ -18,7 +18,7 @@ const PYTHON_CELL: &str = include_str!("cell.py");
 /// Runs a program (Python as a notebook cell, or a shell script) to its end.
 pub async fn execute_code(
     tools: &Toolbox,
-    call: &Call,
+    call: &Invocation,
     args: ExecuteCode,
 ) -> Result<ExecResult, ToolError> {
     let interpreter = match args.language.as_deref().unwrap_or("python") {
@@ -51,7 +51,7 @@ pub async fn execute_code(
 /// Runs a shell command line to its end, or starts it in the background.
 pub async fn execute_shell(
     tools: &Toolbox,
-    call: &Call,
+    call: &Invocation,
     args: ExecuteShell,
 ) -> Result<ExecResult, ToolError> {
     let command = vec!["/bin/sh".into(), "-c".into(), args.command.clone()];
@@ -83,14 +83,18 @@ pub async fn execute_shell(
 }
 
 /// The background runs of the call's sandbox.
-pub async fn list_background(tools: &Toolbox, call: &Call) -> Result<RunList, ToolError> {
+pub async fn list_background(tools: &Toolbox, call: &Invocation) -> Result<RunList, ToolError> {
     // Only a caller that may use the sandbox sees its runs.
     tools.lease(&call.place).await?;
     Ok(tools.background.list(&call.place.runs_key()))
 }
 
 /// Kills a background run of the call's sandbox, its process tree with it.
-pub async fn kill_background(tools: &Toolbox, call: &Call, id: &str) -> Result<RunView, ToolError> {
+pub async fn kill_background(
+    tools: &Toolbox,
+    call: &Invocation,
+    id: &str,
+) -> Result<RunView, ToolError> {
     tools.lease(&call.place).await?;
     tools
         .background
@@ -103,7 +107,7 @@ pub async fn kill_background(tools: &Toolbox, call: &Call, id: &str) -> Result<R
 /// output as it comes to whoever follows the call.
 async fn run(
     tools: &Toolbox,
-    call: &Call,
+    call: &Invocation,
     command: Vec<String>,
     stdin: Option<Bytes>,
     timeout: Option<u64>,

@@ -8,7 +8,7 @@ use super::schema::{
     Done, EditFile, FileContent, GlobFiles, GrepFiles, ListFiles, Listing, ListingEntry, Matches,
     ReadFile, WriteFile,
 };
-use super::{Call, ToolError, Toolbox, lossy};
+use super::{Invocation, ToolError, Toolbox, lossy};
 use crate::sandbox::{WORKSPACE, files};
 
 /// `path` within the workspace (relative paths start there).
@@ -18,7 +18,7 @@ fn confine(path: &str) -> Result<String, ToolError> {
 
 pub async fn read_file(
     tools: &Toolbox,
-    call: &Call,
+    call: &Invocation,
     args: ReadFile,
 ) -> Result<FileContent, ToolError> {
     let path = confine(&args.path)?;
@@ -32,7 +32,11 @@ pub async fn read_file(
     })
 }
 
-pub async fn write_file(tools: &Toolbox, call: &Call, args: WriteFile) -> Result<Done, ToolError> {
+pub async fn write_file(
+    tools: &Toolbox,
+    call: &Invocation,
+    args: WriteFile,
+) -> Result<Done, ToolError> {
     let path = confine(&args.path)?;
     let lease = tools.lease(&call.place).await?;
     let (count, expect) = (args.content.len(), args.expect.as_deref());
@@ -41,7 +45,11 @@ pub async fn write_file(tools: &Toolbox, call: &Call, args: WriteFile) -> Result
     Ok(Done { path, count })
 }
 
-pub async fn edit_file(tools: &Toolbox, call: &Call, args: EditFile) -> Result<Done, ToolError> {
+pub async fn edit_file(
+    tools: &Toolbox,
+    call: &Invocation,
+    args: EditFile,
+) -> Result<Done, ToolError> {
     let path = confine(&args.path)?;
     let lease = tools.lease(&call.place).await?;
     let count = files::edit(
@@ -58,7 +66,7 @@ pub async fn edit_file(tools: &Toolbox, call: &Call, args: EditFile) -> Result<D
 
 pub async fn list_files(
     tools: &Toolbox,
-    call: &Call,
+    call: &Invocation,
     args: ListFiles,
 ) -> Result<Listing, ToolError> {
     let path = confine(args.path.as_deref().unwrap_or(WORKSPACE))?;
@@ -80,7 +88,11 @@ pub async fn list_files(
     })
 }
 
-pub async fn glob(tools: &Toolbox, call: &Call, args: GlobFiles) -> Result<Matches, ToolError> {
+pub async fn glob(
+    tools: &Toolbox,
+    call: &Invocation,
+    args: GlobFiles,
+) -> Result<Matches, ToolError> {
     let path = confine(args.path.as_deref().unwrap_or(WORKSPACE))?;
     let lease = tools.lease(&call.place).await?;
     let (matches, truncated) = files::glob(
@@ -97,7 +109,11 @@ pub async fn glob(tools: &Toolbox, call: &Call, args: GlobFiles) -> Result<Match
     })
 }
 
-pub async fn grep(tools: &Toolbox, call: &Call, args: GrepFiles) -> Result<Matches, ToolError> {
+pub async fn grep(
+    tools: &Toolbox,
+    call: &Invocation,
+    args: GrepFiles,
+) -> Result<Matches, ToolError> {
     let path = confine(args.path.as_deref().unwrap_or(WORKSPACE))?;
     let lease = tools.lease(&call.place).await?;
     let (text, truncated) = files::grep(

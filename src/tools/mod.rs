@@ -1,7 +1,7 @@
 //! The sandbox's tools, called directly.
 //!
 //! One registry, one file per tool family, each tool a function taking its
-//! typed arguments and a [`Call`] (the sandbox it acts in, its cancel
+//! typed arguments and an [`Invocation`] (the sandbox it acts in, its cancel
 //! token, where its output goes as it prints):
 //!
 //! - [`exec`]: `execute_code`, `execute_shell` and the background runs
@@ -58,7 +58,7 @@ pub struct Toolbox {
 }
 
 /// One call: where it acts, how it is stopped, who follows its output.
-pub struct Call {
+pub struct Invocation {
     pub place: Place,
     /// Stops the call; a command it runs is killed, its whole process tree.
     pub cancel: CancellationToken,
@@ -70,10 +70,10 @@ pub struct Call {
     pub trace: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-impl Call {
+impl Invocation {
     /// A call in `place` that nobody follows and nothing cancels.
-    pub fn new(place: Place) -> Call {
-        Call {
+    pub fn new(place: Place) -> Invocation {
+        Invocation {
             place,
             cancel: CancellationToken::new(),
             output: None,

@@ -67,11 +67,11 @@ struct Request {
     #[serde(default)]
     owner: Option<String>,
     /// The tool call (none for the tools offered, release, delete).
-    call: Option<Call>,
+    call: Option<ForwardedCall>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Call {
+struct ForwardedCall {
     id: Uuid,
     name: String,
     input: Value,
@@ -80,7 +80,7 @@ struct Call {
 /// What the owner streams back for a call.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-enum Reply {
+enum ForwardedReply {
     Chunk { stream: String, content: String },
     Done { output: Value, is_error: bool },
 }
@@ -439,18 +439,20 @@ impl ToolRouter for ClusterTools {
                 session_id: ctx.session_id,
                 options: (*ctx.options).clone(),
                 owner: ctx.owner.clone(),
-                call: Some(Call {
+                call: Some(ForwardedCall {
                     id: Uuid::new_v4(),
                     name: name.to_owned(),
                     input: input.clone(),
                 }),
             };
-            let read = |body: Bytes| match serde_json::from_slice::<Reply>(&body) {
-                Ok(Reply::Chunk { stream, content }) => {
+            let read = |body: Bytes| match serde_json::from_slice::<ForwardedReply>(&body) {
+                Ok(ForwardedReply::Chunk { stream, content }) => {
                     let _ = output.try_send(ToolChunk { stream, content });
                     Ok(None)
                 }
-                Ok(Reply::Done { output, is_error }) => Ok(Some(ToolOutput { output, is_error })),
+                Ok(ForwardedReply::Done { output, is_error }) => {
+                    Ok(Some(ToolOutput { output, is_error }))
+                }
                 Err(e) => Err(format!("an unreadable tool reply: {e}")),
             };
             let forwarded = self

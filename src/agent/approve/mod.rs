@@ -16,7 +16,7 @@ use super::tools::ToolContext;
 use crate::config::AgentConfig;
 use crate::model::{ToolCall, ToolSpec};
 use crate::permission::{
-    Call, DEFAULT_APPROVAL_TIMEOUT_S, Mode, Permissions, Policy, Rule, Verdict,
+    DEFAULT_APPROVAL_TIMEOUT_S, Mode, Permissions, Policy, PolicyCall, Rule, Verdict,
 };
 use crate::protocol::{Approval, EventKind};
 use crate::session::approvals::{Decided, Pending, Remember};
@@ -165,8 +165,8 @@ impl Gate {
             && (self.trust_hints || crate::agent::READ_ONLY_TOOLS.contains(&call.name.as_str()))
     }
 
-    fn call_view<'a>(&'a self, call: &'a ToolCall, read_only: bool) -> Call<'a> {
-        Call {
+    fn call_view<'a>(&'a self, call: &'a ToolCall, read_only: bool) -> PolicyCall<'a> {
+        PolicyCall {
             tool: &call.name,
             input: &call.arguments,
             read_only,
@@ -199,7 +199,7 @@ impl Gate {
                 .into_iter()
                 .any(|(tool, input)| {
                     policy
-                        .denying_rule(&Call {
+                        .denying_rule(&PolicyCall {
                             tool,
                             input,
                             read_only: true,

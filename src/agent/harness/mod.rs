@@ -59,7 +59,7 @@ pub struct NextCall<'a> {
 
 /// A model's reply, as the loop collected it.
 #[derive(Debug, Default)]
-pub struct Reply {
+pub struct ModelReply {
     pub text: String,
     pub calls: Vec<ToolCall>,
     pub interrupted: bool,
@@ -90,7 +90,7 @@ pub trait Aid: Send {
     /// On the whole reply, before it is kept: it may change, or not be kept.
     fn on_reply(
         &mut self,
-        _reply: &mut Reply,
+        _reply: &mut ModelReply,
         _tools: &[ToolSpec],
         _say: &mut Interventions,
     ) -> OnReply {
@@ -152,7 +152,7 @@ impl Harness {
     /// The first aid that does not keep the reply decides.
     pub fn on_reply(
         &mut self,
-        reply: &mut Reply,
+        reply: &mut ModelReply,
         tools: &[ToolSpec],
         say: &mut Interventions,
     ) -> OnReply {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::rpc::{self, RpcError};
-use super::send::{Call, Found, caught_up, find};
+use super::send::{Found, RpcCall, caught_up, find};
 use super::task::{self, State, Task};
 use crate::api::http::error::ApiError;
 use crate::api::http::state::AppState;
@@ -37,13 +37,17 @@ fn prefix(owner: Option<&str>, task: &str) -> String {
 }
 
 /// `CreateTaskPushNotificationConfig`.
-pub async fn create(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn create(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let found = find(call, rpc::text(params, "taskId")?).await?;
     register(call, &found, params).await
 }
 
 /// Keeps a config for the task and starts notifying, unless it has ended.
-pub async fn register(call: &Call<'_>, found: &Found, config: &Value) -> Result<Value, RpcError> {
+pub async fn register(
+    call: &RpcCall<'_>,
+    found: &Found,
+    config: &Value,
+) -> Result<Value, RpcError> {
     let url = rpc::text(config, "url")?;
     let rules = call.state.config.mcp.http_rules();
     rules
@@ -101,7 +105,7 @@ pub async fn register(call: &Call<'_>, found: &Found, config: &Value) -> Result<
 }
 
 /// `GetTaskPushNotificationConfig`.
-pub async fn get(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn get(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let found = find(call, rpc::text(params, "taskId")?).await?;
     let id = rpc::text(params, "id")?;
     let key = format!("{}{id}", prefix(call.caller.owner(), &found.id()));
@@ -115,7 +119,7 @@ fn not_found(id: &str) -> RpcError {
 }
 
 /// `ListTaskPushNotificationConfigs`: all of them, on one page.
-pub async fn list(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn list(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let found = find(call, rpc::text(params, "taskId")?).await?;
     let entries = call
         .state
@@ -136,7 +140,7 @@ pub async fn list(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
 
 /// `DeleteTaskPushNotificationConfig`: its notifier stops before its next
 /// POST.
-pub async fn delete(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn delete(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let found = find(call, rpc::text(params, "taskId")?).await?;
     let id = rpc::text(params, "id")?;
     let key = format!("{}{id}", prefix(call.caller.owner(), &found.id()));

@@ -76,7 +76,7 @@ impl From<crate::session::SessionError> for RpcError {
 }
 
 /// What a method answers.
-pub enum Answer {
+pub enum RpcAnswer {
     One(Value),
     Stream(BoxStream<'static, Value>),
 }
@@ -108,7 +108,7 @@ pub async fn handle(
     let id = request.get("id").cloned().unwrap_or(Value::Null);
     let outcome = match checked(&request, &headers) {
         Ok((method, params)) => {
-            let call = send::Call {
+            let call = send::RpcCall {
                 state: &state,
                 caller: &caller,
                 agent: &agent,
@@ -118,8 +118,8 @@ pub async fn handle(
         Err(e) => Err(e),
     };
     Ok(match outcome {
-        Ok(Answer::One(result)) => Json(response(&id, Ok(result))).into_response(),
-        Ok(Answer::Stream(results)) => sse(id, results),
+        Ok(RpcAnswer::One(result)) => Json(response(&id, Ok(result))).into_response(),
+        Ok(RpcAnswer::Stream(results)) => sse(id, results),
         Err(e) => Json(response(&id, Err(e))).into_response(),
     })
 }
@@ -163,15 +163,21 @@ fn checked<'a>(request: &'a Value, headers: &HeaderMap) -> Result<(&'a str, Valu
     Ok((method, params))
 }
 
-async fn dispatch(call: &send::Call<'_>, method: &str, params: Value) -> Result<Answer, RpcError> {
-    let one = |v: Value| Ok(Answer::One(v));
+async fn dispatch(
+    call: &send::RpcCall<'_>,
+    method: &str,
+    params: Value,
+) -> Result<RpcAnswer, RpcError> {
+    let one = |v: Value| Ok(RpcAnswer::One(v));
     match method {
         "SendMessage" => one(send::send_message(call, &params).await?),
-        "SendStreamingMessage" => Ok(Answer::Stream(send::send_streaming(call, &params).await?)),
+        "SendStreamingMessage" => Ok(RpcAnswer::Stream(
+            send::send_streaming(call, &params).await?,
+        )),
         "GetTask" => one(send::get_task(call, &params).await?),
         "ListTasks" => one(send::list_tasks(call, &params).await?),
         "CancelTask" => one(send::cancel_task(call, &params).await?),
-        "SubscribeToTask" => Ok(Answer::Stream(send::subscribe(call, &params).await?)),
+        "SubscribeToTask" => Ok(RpcAnswer::Stream(send::subscribe(call, &params).await?)),
         "CreateTaskPushNotificationConfig" => one(push::create(call, &params).await?),
         "GetTaskPushNotificationConfig" => one(push::get(call, &params).await?),
         "ListTaskPushNotificationConfigs" => one(push::list(call, &params).await?),

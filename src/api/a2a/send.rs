@@ -21,7 +21,7 @@ use crate::session::{Session, SessionError, TurnOptions};
 use crate::store::Expect;
 
 /// One call: who makes it, to which agent.
-pub struct Call<'a> {
+pub struct RpcCall<'a> {
     pub state: &'a AppState,
     pub caller: &'a Caller,
     pub agent: &'a Agent,
@@ -53,7 +53,7 @@ fn internal(e: impl std::fmt::Display) -> RpcError {
 
 /// The caller's task `id`; another key's is not found, like one that
 /// never was.
-pub async fn find(call: &Call<'_>, id: &str) -> Result<Found, RpcError> {
+pub async fn find(call: &RpcCall<'_>, id: &str) -> Result<Found, RpcError> {
     let (session_id, since) =
         task::parse_task_id(id).ok_or_else(|| RpcError::task_not_found(id))?;
     let session = match call
@@ -145,7 +145,7 @@ async fn settle(found: &Found, known: &BTreeSet<String>) -> Task {
 
 /// Starts or goes on with the task a message asks for; answers it and the
 /// calls it decided.
-async fn begin(call: &Call<'_>, params: &Value) -> Result<(Found, BTreeSet<String>), RpcError> {
+async fn begin(call: &RpcCall<'_>, params: &Value) -> Result<(Found, BTreeSet<String>), RpcError> {
     let message = params
         .get("message")
         .filter(|m| m.is_object())
@@ -249,7 +249,7 @@ fn prompt_of(parts: &[Value]) -> Result<String, RpcError> {
 /// that id, or a new one. `metadata.options` sets a new one's options on
 /// top of the agent's.
 async fn context(
-    call: &Call<'_>,
+    call: &RpcCall<'_>,
     message: &Value,
     params: &Value,
 ) -> Result<Arc<Session>, RpcError> {
@@ -327,7 +327,7 @@ async fn context(
 /// (`{decision, callId?, message?, input?, remember?}`: every waiting call
 /// when it names none); answers the calls decided.
 async fn answer(
-    call: &Call<'_>,
+    call: &RpcCall<'_>,
     found: &Found,
     parts: &[Value],
 ) -> Result<BTreeSet<String>, RpcError> {
@@ -372,7 +372,7 @@ async fn answer(
 
 /// `SendMessage`: the task once it ends or waits for input, or at once
 /// with `configuration.returnImmediately`.
-pub async fn send_message(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn send_message(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let history = rpc::count(
         params.get("configuration").unwrap_or(&Value::Null),
         "historyLength",
@@ -392,7 +392,7 @@ pub async fn send_message(call: &Call<'_>, params: &Value) -> Result<Value, RpcE
 
 /// `SendStreamingMessage`: the task, then its updates.
 pub async fn send_streaming(
-    call: &Call<'_>,
+    call: &RpcCall<'_>,
     params: &Value,
 ) -> Result<BoxStream<'static, Value>, RpcError> {
     let (found, decided) = begin(call, params).await?;
@@ -400,7 +400,7 @@ pub async fn send_streaming(
 }
 
 /// `GetTask`.
-pub async fn get_task(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn get_task(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let found = find(call, rpc::text(params, "id")?).await?;
     let history = rpc::count(params, "historyLength")?;
     Ok(found.now().await.to_json(&found.record, history))
@@ -409,7 +409,7 @@ pub async fn get_task(call: &Call<'_>, params: &Value) -> Result<Value, RpcError
 /// `SubscribeToTask`: a task under way, then its updates; a finished
 /// task has none to give.
 pub async fn subscribe(
-    call: &Call<'_>,
+    call: &RpcCall<'_>,
     params: &Value,
 ) -> Result<BoxStream<'static, Value>, RpcError> {
     let found = find(call, rpc::text(params, "id")?).await?;
@@ -429,7 +429,7 @@ pub async fn subscribe(
 
 /// `CancelTask`: interrupts the task's turn and answers it once it has
 /// ended.
-pub async fn cancel_task(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn cancel_task(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let found = find(call, rpc::text(params, "id")?).await?;
     let task = found.now().await;
     if task.state.is_terminal() {
@@ -450,7 +450,7 @@ const READ_MAX: usize = 1000;
 
 /// `ListTasks`: the caller's tasks, newest first; `contextId` and
 /// `status` filter, `pageToken` is where the page starts.
-pub async fn list_tasks(call: &Call<'_>, params: &Value) -> Result<Value, RpcError> {
+pub async fn list_tasks(call: &RpcCall<'_>, params: &Value) -> Result<Value, RpcError> {
     let page = rpc::count(params, "pageSize")?.unwrap_or(PAGE_DEFAULT);
     if !(1..=PAGE_MAX).contains(&page) {
         return Err(RpcError::params(format!(

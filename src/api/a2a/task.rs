@@ -291,7 +291,7 @@ impl Task {
     /// What the client is asked for while calls wait: a decision per call.
     fn input_request(&self) -> Value {
         let mut parts = vec![json!({"text": format!(
-            "{} call(s) wait for a decision. Answer with a message on this task whose data \
+            "{} call(s) wait for a decision. RpcAnswer with a message on this task whose data \
              part is {{\"decision\": \"allow\" | \"deny\", \"callId\"?, \"message\"?}}.",
             self.waiting.len()
         )})];

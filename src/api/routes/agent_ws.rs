@@ -74,7 +74,7 @@ pub async fn upgrade(
 }
 
 /// What the reader hands the writer besides the session's events.
-enum Reply {
+enum Outgoing {
     Frame(Value),
     /// A last frame, then a close with this code.
     Close(Value, u16),
@@ -92,7 +92,7 @@ async fn serve(
 ) {
     state.metrics.websocket_connections.inc();
     let (mut sink, mut incoming) = socket.split();
-    let (replies, mut reply_rx) = mpsc::channel::<Reply>(16);
+    let (replies, mut reply_rx) = mpsc::channel::<Outgoing>(16);
     let mut events = Box::pin(session.subscribe(since, false));
     let writer = async move {
         let mut close = None;
@@ -103,8 +103,8 @@ async fn serve(
                     None => break,
                 },
                 reply = reply_rx.recv() => match reply {
-                    Some(Reply::Frame(reply)) => reply.to_string(),
-                    Some(Reply::Close(reply, code)) => {
+                    Some(Outgoing::Frame(reply)) => reply.to_string(),
+                    Some(Outgoing::Close(reply, code)) => {
                         close = Some(code);
                         reply.to_string()
                     }
@@ -134,8 +134,8 @@ async fn serve(
             let reply = match frame {
                 Ok(Message::Text(text)) => handle_frame(&state, &caller, &session, &text)
                     .await
-                    .map(Reply::Frame),
-                Ok(Message::Binary(_)) => Some(Reply::Frame(bad_frame(
+                    .map(Outgoing::Frame),
+                Ok(Message::Binary(_)) => Some(Outgoing::Frame(bad_frame(
                     session_id,
                     "binary frames are not read; send JSON as text frames".into(),
                 ))),
@@ -154,7 +154,7 @@ async fn serve(
                             session_id,
                             format!("a message is at most {MAX_MESSAGE} bytes"),
                         );
-                        let _ = replies.send(Reply::Close(reply, CLOSE_TOO_BIG)).await;
+                        let _ = replies.send(Outgoing::Close(reply, CLOSE_TOO_BIG)).await;
                         std::future::pending::<()>().await;
                     }
                     break;

@@ -17,7 +17,7 @@ use crate::api::http::error::{ApiError, ErrorBody};
 use crate::api::http::extract::{ApiQuery, JsonObject, RawJsonObject};
 use crate::gateway::pool::ReplicaState;
 use crate::gateway::trace::{OwnerFilter, Trace};
-use crate::gateway::{Call, Endpoint, ReplicaConfig, slug};
+use crate::gateway::{Endpoint, GatewayCall, ReplicaConfig, slug};
 use crate::telemetry::otel::Parent;
 
 /// Longest pool, replica or upstream model name accepted.
@@ -164,7 +164,7 @@ async fn forward(
     state.usage.check_budget(caller.owner()).await?;
     let mut upstream = state
         .gateway
-        .forward(Call {
+        .forward(GatewayCall {
             endpoint,
             body,
             metadata,

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::replies::{Reply, Routes, read_replies};
+use super::replies::{HelperReply, Routes, read_replies};
 use crate::sandbox::ExecRequest;
 use crate::sync::lock;
 
@@ -70,7 +70,7 @@ pub(super) struct Agent {
 /// A run in flight: its replies, and its route removed when dropped.
 pub(super) struct RunHandle {
     pub id: u64,
-    pub replies: mpsc::Receiver<Reply>,
+    pub replies: mpsc::Receiver<HelperReply>,
     routes: Routes,
 }
 
@@ -151,7 +151,7 @@ impl Agent {
             Ok::<_, String>(run.replies.recv().await)
         });
         match answered.await {
-            Ok(Ok(Some(Reply::Hello { landlock }))) => Ok(landlock),
+            Ok(Ok(Some(HelperReply::Hello { landlock }))) => Ok(landlock),
             Ok(Ok(_)) => Err("the connection closed before the helper answered".into()),
             Ok(Err(message)) => Err(message),
             Err(_) => Err(format!(

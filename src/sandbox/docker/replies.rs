@@ -54,7 +54,7 @@ const QUOTED: usize = 200;
 
 /// One reply of the helper for a run.
 #[derive(Debug)]
-pub(super) enum Reply {
+pub(super) enum HelperReply {
     Stdout(Bytes),
     Stderr(Bytes),
     Exit(i32),
@@ -68,7 +68,7 @@ pub(super) enum Reply {
     },
 }
 
-pub(super) type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<Reply>>>>;
+pub(super) type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<HelperReply>>>>;
 
 /// Routes each reply on `output` to its run until the stream ends, then
 /// cancels `closed`.
@@ -262,7 +262,7 @@ impl Pace {
     }
 }
 
-fn parse_reply(line: &[u8]) -> Option<(u64, Reply)> {
+fn parse_reply(line: &[u8]) -> Option<(u64, HelperReply)> {
     let line = std::str::from_utf8(line).ok()?;
     let mut fields = line.split(' ');
     let (tag, id) = (fields.next()?, fields.next()?.parse().ok()?);
@@ -271,14 +271,14 @@ fn parse_reply(line: &[u8]) -> Option<(u64, Reply)> {
         return None;
     }
     let reply = match (tag, data) {
-        ("o", Some(data)) => Reply::Stdout(hex::decode(data).ok()?.into()),
-        ("e", Some(data)) => Reply::Stderr(hex::decode(data).ok()?.into()),
-        ("x", Some(code)) => Reply::Exit(code.parse().ok()?),
+        ("o", Some(data)) => HelperReply::Stdout(hex::decode(data).ok()?.into()),
+        ("e", Some(data)) => HelperReply::Stderr(hex::decode(data).ok()?.into()),
+        ("x", Some(code)) => HelperReply::Exit(code.parse().ok()?),
         ("f", Some(message)) => {
-            Reply::Failed(String::from_utf8_lossy(&hex::decode(message).ok()?).into_owned())
+            HelperReply::Failed(String::from_utf8_lossy(&hex::decode(message).ok()?).into_owned())
         }
-        ("h", None) => Reply::Hello { landlock: 0 },
-        ("h", Some(abi)) => Reply::Hello {
+        ("h", None) => HelperReply::Hello { landlock: 0 },
+        ("h", Some(abi)) => HelperReply::Hello {
             landlock: abi.parse().ok()?,
         },
         _ => return None,
@@ -292,22 +292,24 @@ mod tests {
 
     #[test]
     fn replies_parse_and_garbage_is_skipped() {
-        assert!(matches!(parse_reply(b"o 7 6869"), Some((7, Reply::Stdout(d))) if &d[..] == b"hi"));
-        assert!(matches!(parse_reply(b"e 7 "), Some((7, Reply::Stderr(d))) if d.is_empty()));
+        assert!(
+            matches!(parse_reply(b"o 7 6869"), Some((7, HelperReply::Stdout(d))) if &d[..] == b"hi")
+        );
+        assert!(matches!(parse_reply(b"e 7 "), Some((7, HelperReply::Stderr(d))) if d.is_empty()));
         assert!(matches!(
             parse_reply(b"x 9 137"),
-            Some((9, Reply::Exit(137)))
+            Some((9, HelperReply::Exit(137)))
         ));
         assert!(matches!(
             parse_reply(b"h 3 6"),
-            Some((3, Reply::Hello { landlock: 6 }))
+            Some((3, HelperReply::Hello { landlock: 6 }))
         ));
         // A helper from before Landlock does not say.
         assert!(matches!(
             parse_reply(b"h 3"),
-            Some((3, Reply::Hello { landlock: 0 }))
+            Some((3, HelperReply::Hello { landlock: 0 }))
         ));
-        assert!(matches!(parse_reply(b"f 1 6e6f"), Some((1, Reply::Failed(m))) if m == "no"));
+        assert!(matches!(parse_reply(b"f 1 6e6f"), Some((1, HelperReply::Failed(m))) if m == "no"));
         for garbage in [
             &b"6869"[..],
             b"o x 68",
@@ -391,8 +393,8 @@ mod tests {
             "flooded".into(),
         )
         .await;
-        assert!(matches!(replies.recv().await, Some(Reply::Stdout(d)) if &d[..] == b"hi"));
-        assert!(matches!(replies.recv().await, Some(Reply::Exit(0))));
+        assert!(matches!(replies.recv().await, Some(HelperReply::Stdout(d)) if &d[..] == b"hi"));
+        assert!(matches!(replies.recv().await, Some(HelperReply::Exit(0))));
         // Past the burst the reader took the flood at the rate only.
         let paced = (FLOOD as f64 - FOREIGN_BURST) / FOREIGN_RATE;
         assert!(
@@ -420,7 +422,7 @@ mod tests {
         ));
         for _ in 0..count {
             let reply = received.recv().await;
-            assert!(matches!(reply, Some(Reply::Stdout(d)) if d.len() == 1024));
+            assert!(matches!(reply, Some(HelperReply::Stdout(d)) if d.len() == 1024));
         }
         reader.await.expect("the reader");
         let paced = ((count * line.len()) as f64 - CHANNEL_BURST) / CHANNEL_RATE;

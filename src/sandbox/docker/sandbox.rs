@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::agent::{Agent, Boot};
-use super::replies::Reply;
+use super::replies::HelperReply;
 use super::{SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use bollard::errors::Error as DockerError;
@@ -237,20 +237,20 @@ impl DockerSandbox {
         let replies = async {
             loop {
                 match run.replies.recv().await {
-                    Some(Reply::Stdout(data)) => {
+                    Some(HelperReply::Stdout(data)) => {
                         let _ = output.send(ExecChunk::Stdout(data)).await;
                     }
-                    Some(Reply::Stderr(data)) => {
+                    Some(HelperReply::Stderr(data)) => {
                         let _ = output.send(ExecChunk::Stderr(data)).await;
                     }
-                    Some(Reply::Exit(code)) => return Ok(code),
+                    Some(HelperReply::Exit(code)) => return Ok(code),
                     // Like a shell that cannot find the command.
-                    Some(Reply::Failed(message)) => {
+                    Some(HelperReply::Failed(message)) => {
                         let line = Bytes::from(format!("{message}\n"));
                         let _ = output.send(ExecChunk::Stderr(line)).await;
                         return Ok(127);
                     }
-                    Some(Reply::Hello { .. }) => {}
+                    Some(HelperReply::Hello { .. }) => {}
                     None => return Err(SandboxError::Gone(self.id.clone())),
                 }
             }

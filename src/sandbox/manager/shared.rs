@@ -3,6 +3,7 @@
 //! server), expired ones of any instance on the host, and this instance's
 //! as the backend lists them.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use uuid::Uuid;
@@ -10,7 +11,53 @@ use uuid::Uuid;
 use super::{SandboxManager, lock};
 use crate::sandbox::{ManagedSandbox, Result, Sandbox};
 
+/// Which sessions have a sandbox that a process on this data directory
+/// made: an empty file per session, named by its id. A process looks for
+/// another's sandbox of a session (a listing of the backend, a round trip
+/// of milliseconds on docker) only when the session has one, so a new
+/// session's first lease goes straight to the warm pool.
+#[derive(Clone, Debug)]
+pub struct Marks {
+    dir: PathBuf,
+}
+
+impl Marks {
+    pub fn new(dir: PathBuf) -> Marks {
+        Marks { dir }
+    }
+
+    fn path(&self, session: Uuid) -> PathBuf {
+        self.dir.join(session.to_string())
+    }
+
+    /// Says that `session` has a sandbox.
+    pub(super) fn set(&self, session: Uuid) {
+        let made = std::fs::create_dir_all(&self.dir)
+            .and_then(|_| std::fs::File::create(self.path(session)));
+        if let Err(e) = made {
+            tracing::warn!(%session, dir = %self.dir.display(), error = %e, "a session's sandbox could not be marked; another process on this data directory will not find it");
+        }
+    }
+
+    fn has(&self, session: Uuid) -> bool {
+        self.path(session).exists()
+    }
+
+    /// Says that `session`'s sandbox is gone.
+    pub(super) fn clear(&self, session: Uuid) {
+        let _ = std::fs::remove_file(self.path(session));
+    }
+}
+
 impl SandboxManager {
+    /// Marks each session's sandbox in `dir` (the data directory's), so
+    /// that a process on the same data directory finds it without listing
+    /// the backend for every new session.
+    pub fn with_marks(mut self, dir: PathBuf) -> SandboxManager {
+        self.marks = Some(Marks::new(dir));
+        self
+    }
+
     /// Destroys the session's sandbox wherever it came from: this manager's,
     /// or one another process on this data directory made (the session was
     /// deleted).
@@ -22,6 +69,9 @@ impl SandboxManager {
                 Ok(Some(sandbox)) => {
                     if let Err(e) = sandbox.destroy().await {
                         tracing::warn!(%session, error = %e, "destroying a sandbox failed");
+                    }
+                    if let Some(marks) = &self.marks {
+                        marks.clear(session);
                     }
                 }
                 Ok(None) => {}
@@ -101,6 +151,11 @@ impl SandboxManager {
     /// The running sandbox of this instance labelled with `session`, if
     /// any.
     pub(super) async fn existing(&self, session: Uuid) -> Result<Option<Arc<dyn Sandbox>>> {
+        if let Some(marks) = &self.marks
+            && !marks.has(session)
+        {
+            return Ok(None);
+        }
         let wanted = session.to_string();
         let found = self.backend.list_managed().await?.into_iter().find(|m| {
             m.instance.as_deref() == Some(self.instance.as_str())
@@ -108,7 +163,13 @@ impl SandboxManager {
         });
         match found {
             Some(managed) => self.backend.attach(&managed.id).await,
-            None => Ok(None),
+            None => {
+                // Left by a process that stopped before its sandbox went.
+                if let Some(marks) = &self.marks {
+                    marks.clear(session);
+                }
+                Ok(None)
+            }
         }
     }
 }

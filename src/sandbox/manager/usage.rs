@@ -33,6 +33,9 @@ impl SandboxManager {
             None => None,
         };
         let destroyed = sandbox.destroy().await;
+        if let Some(marks) = &self.marks {
+            marks.clear(session);
+        }
         if let (Some(removed), SandboxFor::Session { owner }) = (self.removed.get(), &slot.whose) {
             let wall = slot.born.elapsed().as_secs_f64();
             removed(session, owner.clone(), cpu, wall).await;

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::{Calls, ClusterTools, OUTPUT_BACKLOG, PREFIX, Reply, Request};
+use super::{Calls, ClusterTools, ForwardedReply, OUTPUT_BACKLOG, PREFIX, Request};
 use crate::agent::{ToolChunk, ToolContext};
 
 impl ClusterTools {
@@ -114,7 +114,7 @@ impl ClusterTools {
                     send(encode_chunk(chunk)).await;
                 }
                 crate::sync::lock(&calls).remove(&call.id);
-                let done = Reply::Done {
+                let done = ForwardedReply::Done {
                     output: output.output,
                     is_error: output.is_error,
                 };
@@ -126,7 +126,7 @@ impl ClusterTools {
 }
 
 fn encode_chunk(chunk: ToolChunk) -> Vec<u8> {
-    let reply = Reply::Chunk {
+    let reply = ForwardedReply::Chunk {
         stream: chunk.stream,
         content: chunk.content,
     };

@@ -6,7 +6,7 @@
 //! that output (a call it still writes as text is read and runs).
 
 use super::{printed, with_last_word};
-use crate::agent::harness::{Aid, Interventions, NextCall, OnReply, Reply, say};
+use crate::agent::harness::{Aid, Interventions, ModelReply, NextCall, OnReply, say};
 use crate::agent::tools::ToolOutput;
 use crate::model::{Message, ToolCall, ToolSpec};
 use crate::protocol::InterventionKind;
@@ -49,7 +49,7 @@ impl Aid for AnswerAfterOutput {
     /// is asked for the answer again).
     fn on_reply(
         &mut self,
-        _reply: &mut Reply,
+        _reply: &mut ModelReply,
         _tools: &[ToolSpec],
         _say: &mut Interventions,
     ) -> OnReply {

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::with_last_word;
 use crate::agent::harness::{
-    Aid, Interventions, NextCall, OnReply, Reply, add_notes, key_of, may_change_state, say,
+    Aid, Interventions, ModelReply, NextCall, OnReply, add_notes, key_of, may_change_state, say,
 };
 use crate::agent::tools::ToolOutput;
 use crate::model::{ToolCall, ToolSpec};
@@ -48,7 +48,7 @@ impl Aid for Fix {
 
     fn on_reply(
         &mut self,
-        reply: &mut Reply,
+        reply: &mut ModelReply,
         _tools: &[ToolSpec],
         out: &mut Interventions,
     ) -> OnReply {
@@ -135,10 +135,10 @@ mod tests {
 
     use super::super::test_call as call;
 
-    fn reply_of(call: &ToolCall) -> Reply {
-        Reply {
+    fn reply_of(call: &ToolCall) -> ModelReply {
+        ModelReply {
             calls: vec![call.clone()],
-            ..Reply::default()
+            ..ModelReply::default()
         }
     }
 

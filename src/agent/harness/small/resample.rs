@@ -2,7 +2,7 @@
 //! ended at once): it is not kept, and the same request goes again,
 //! sampled anew, within `max_turns`.
 
-use crate::agent::harness::{Aid, Interventions, NextCall, OnReply, Reply, say};
+use crate::agent::harness::{Aid, Interventions, ModelReply, NextCall, OnReply, say};
 use crate::model::ToolSpec;
 use crate::protocol::InterventionKind;
 
@@ -20,7 +20,7 @@ impl Aid for Resample {
 
     fn on_reply(
         &mut self,
-        reply: &mut Reply,
+        reply: &mut ModelReply,
         tools: &[ToolSpec],
         out: &mut Interventions,
     ) -> OnReply {

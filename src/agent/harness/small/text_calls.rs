@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::agent::harness::{Aid, Interventions, NextCall, OnReply, Reply, say};
+use crate::agent::harness::{Aid, Interventions, ModelReply, NextCall, OnReply, say};
 use crate::config::ToolCallMode;
 use crate::model::{ToolSpec, lenient};
 use crate::protocol::InterventionKind;
@@ -34,7 +34,7 @@ impl Aid for TextCalls {
 
     fn on_reply(
         &mut self,
-        reply: &mut Reply,
+        reply: &mut ModelReply,
         tools: &[ToolSpec],
         out: &mut Interventions,
     ) -> OnReply {
