@@ -62,11 +62,17 @@ async fn warm_first_exec(backend: Arc<dyn SandboxBackend>, rounds: usize) -> Vec
         warm_pool: 1,
         ..SandboxConfig::default()
     };
-    let manager = Arc::new(SandboxManager::new(
-        backend,
-        config,
-        format!("bench-{}", Uuid::new_v4().simple()),
-    ));
+    // As the server runs it: sessions' sandboxes marked in the data
+    // directory, so a new session's lease lists nothing.
+    let data_dir = tempfile::tempdir().expect("data directory");
+    let manager = Arc::new(
+        SandboxManager::new(
+            backend,
+            config,
+            format!("bench-{}", Uuid::new_v4().simple()),
+        )
+        .with_marks(data_dir.path().join("sandbox-sessions")),
+    );
     let stop = CancellationToken::new();
     let pool = tokio::spawn({
         let (manager, stop) = (manager.clone(), stop.clone());

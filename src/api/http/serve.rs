@@ -236,15 +236,22 @@ impl AsyncRead for Counted {
             if this.targets.is_passthrough() {
                 return Pin::new(&mut this.stream).poll_read(cx, buf);
             }
-            let mut chunk = [0u8; 8192];
-            let mut read = ReadBuf::new(&mut chunk);
-            std::task::ready!(Pin::new(&mut this.stream).poll_read(cx, &mut read))?;
-            if read.filled().is_empty() {
+            // Straight into the caller's buffer; replaced only when a
+            // target in it had to be encoded.
+            let before = buf.filled().len();
+            std::task::ready!(Pin::new(&mut this.stream).poll_read(cx, buf))?;
+            let read = &buf.filled()[before..];
+            if read.is_empty() {
                 return Poll::Ready(Ok(()));
             }
             this.rewritten.clear();
             this.read_at = 0;
-            this.targets.feed(read.filled(), &mut this.rewritten);
+            this.targets.feed(read, &mut this.rewritten);
+            if this.rewritten.as_slice() == read {
+                this.rewritten.clear();
+                return Poll::Ready(Ok(()));
+            }
+            buf.set_filled(before);
         }
     }
 }
