@@ -109,7 +109,7 @@ pub struct SandboxManager {
     /// The keys' `max_sandboxes`; `None` counts none.
     quotas: Option<quota::SandboxQuotas>,
     /// Told each session sandbox's CPU and wall time as it is removed.
-    removed: std::sync::OnceLock<usage::OnRemoved>,
+    removed: Option<usage::OnRemoved>,
     /// Which sessions' sandboxes processes on the data directory made.
     marks: Option<shared::Marks>,
 }
@@ -162,7 +162,7 @@ impl SandboxManager {
             snapshotting: TaskTracker::new(),
             pause_metrics: Default::default(),
             quotas: None,
-            removed: Default::default(),
+            removed: None,
             marks: None,
         }
     }

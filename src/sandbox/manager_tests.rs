@@ -381,16 +381,16 @@ async fn a_sessions_sandbox_counts_under_the_key_the_lease_names() {
         warm_pool: 0,
         ..SandboxConfig::default()
     };
-    let manager =
-        SandboxManager::new(Arc::new(memory.clone()), config, "me".into()).with_quotas(quotas);
     let counted = Arc::new(Mutex::new(Vec::new()));
-    manager.on_removed({
-        let counted = counted.clone();
-        Arc::new(move |session, owner, _, _| {
-            lock(&counted).push((session, owner));
-            Box::pin(async {})
-        })
-    });
+    let manager = SandboxManager::new(Arc::new(memory.clone()), config, "me".into())
+        .with_quotas(quotas)
+        .with_on_removed({
+            let counted = counted.clone();
+            Arc::new(move |session, owner, _, _| {
+                lock(&counted).push((session, owner));
+                Box::pin(async {})
+            })
+        });
     let owner = key_owner("greedy-key-0123456789");
     let whose = || SandboxFor::Session {
         owner: Some(owner.clone()),

@@ -326,14 +326,13 @@ async fn sandboxed(
     ground: &Ground,
     root: &CancellationToken,
 ) -> Result<ToolLayer, StartError> {
-    let (toolbox, instance) = toolbox::toolbox(
-        config,
-        &ground.store,
-        Some((&ground.quotas, ground.storage.as_ref())),
-    )
-    .await?;
+    let accounting = toolbox::Accounting {
+        quotas: &ground.quotas,
+        storage: ground.storage.as_ref(),
+        on_removed: ground.usage.sandbox_hook(),
+    };
+    let (toolbox, instance) = toolbox::toolbox(config, &ground.store, Some(accounting)).await?;
     let sandboxes = toolbox.sandboxes.clone();
-    sandboxes.on_removed(ground.usage.sandbox_hook());
     sandboxes.pause_metrics().register(&ground.metrics);
     let router = AgentTools::new(toolbox.clone(), config.mcp.clone());
     let router = shared::cluster_tools(

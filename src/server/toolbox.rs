@@ -16,17 +16,22 @@ use crate::sandbox::{self, SandboxManager};
 use crate::store::{Store, postgres};
 use crate::tools::Toolbox;
 
+/// What a server counts its sandboxes against: the keys' quotas, the
+/// storage meter named snapshots count in, and the usage a removed
+/// sandbox adds to.
+pub(super) struct Accounting<'a> {
+    pub quotas: &'a Arc<crate::quota::Quotas>,
+    pub storage: Option<&'a Arc<crate::bus::StorageMeter>>,
+    pub on_removed: crate::sandbox::manager::OnRemoved,
+}
+
 /// The configured backend's sandboxes, as the data directory's instance,
-/// and the tools over them, counting sandboxes against the keys' quotas
-/// and named snapshots in their `storage_mb` when given. Also returns the
-/// instance id.
+/// and the tools over them, counted with `accounting` when given. Also
+/// returns the instance id.
 pub(super) async fn toolbox(
     config: &Config,
     store: &Arc<dyn Store>,
-    quotas: Option<(
-        &Arc<crate::quota::Quotas>,
-        Option<&Arc<crate::bus::StorageMeter>>,
-    )>,
+    accounting: Option<Accounting<'_>>,
 ) -> Result<(Arc<Toolbox>, String), StartError> {
     let backend = sandbox::connect(&config.sandbox, &config.data_dir)
         .await
@@ -45,13 +50,15 @@ pub(super) async fn toolbox(
     let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
         .with_snapshots(snapshots)
         .with_marks(config.data_dir.join("sandbox-sessions"));
-    let sandboxes = Arc::new(match quotas {
-        Some((quotas, storage)) => {
+    let sandboxes = Arc::new(match accounting {
+        Some(accounting) => {
             // Named snapshots count in a key's `storage_mb`.
-            if let (Some(meter), Some(named)) = (storage, sandboxes.snapshots()) {
+            if let (Some(meter), Some(named)) = (accounting.storage, sandboxes.snapshots()) {
                 meter.count_also(named.clone());
             }
-            sandboxes.with_quotas(quotas.clone())
+            sandboxes
+                .with_quotas(accounting.quotas.clone())
+                .with_on_removed(accounting.on_removed)
         }
         None => sandboxes,
     });

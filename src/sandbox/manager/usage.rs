@@ -16,10 +16,10 @@ pub type OnRemoved =
     Arc<dyn Fn(Uuid, Option<String>, Option<f64>, f64) -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl SandboxManager {
-    /// Counts every session sandbox removed from now on with `removed`;
-    /// a second call changes nothing.
-    pub fn on_removed(&self, removed: OnRemoved) {
-        let _ = self.removed.set(removed);
+    /// Counts every session sandbox removed with `removed`.
+    pub fn with_on_removed(mut self, removed: OnRemoved) -> SandboxManager {
+        self.removed = Some(removed);
+        self
     }
 
     /// Destroys the slot's sandbox, if it was made, reading its CPU time
@@ -28,7 +28,7 @@ impl SandboxManager {
         let Some(sandbox) = slot.sandbox.get() else {
             return Ok(());
         };
-        let cpu = match self.removed.get() {
+        let cpu = match self.removed.as_ref() {
             Some(_) => sandbox.cpu_seconds().await,
             None => None,
         };
@@ -36,7 +36,8 @@ impl SandboxManager {
         if let Some(marks) = &self.marks {
             marks.clear(session);
         }
-        if let (Some(removed), SandboxFor::Session { owner }) = (self.removed.get(), &slot.whose) {
+        if let (Some(removed), SandboxFor::Session { owner }) = (self.removed.as_ref(), &slot.whose)
+        {
             let wall = slot.born.elapsed().as_secs_f64();
             removed(session, owner.clone(), cpu, wall).await;
         }
