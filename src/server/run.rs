@@ -183,6 +183,8 @@ impl Server {
         self.state.rollouts.shutdown().await;
         self.bus_tasks.close();
         self.bus_tasks.wait().await;
+        // Gateway calls that ended after the writer stopped.
+        self.state.usage.flush().await;
         if let Err(e) = self.store.close().await {
             tracing::error!(error = %e, "closing the store failed");
         }

@@ -70,18 +70,6 @@ pub struct Invocation {
     pub trace: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-impl Invocation {
-    /// A call in `place` that nobody follows and nothing cancels.
-    pub fn new(place: Place) -> Invocation {
-        Invocation {
-            place,
-            cancel: CancellationToken::new(),
-            output: None,
-            trace: None,
-        }
-    }
-}
-
 /// A tool's own failure (a path that escapes, an edit that does not match,
 /// a sandbox that cannot start): the caller reads the message and can act
 /// on it.

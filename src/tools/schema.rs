@@ -3,7 +3,7 @@
 //! agent's calls build them.
 //!
 //! `session_id` is the MCP caller's way to name a sandbox; a call made
-//! directly names it in its [`super::Call`] and leaves the field empty.
+//! directly names it in its [`super::Invocation`] and leaves the field empty.
 
 use schemars::JsonSchema;
 use schemars::transform::RestrictFormats;

@@ -191,7 +191,8 @@ impl Recorder {
         let pending = std::mem::take(&mut *lock(&self.pending));
         for ((owner, day, model), counts) in pending {
             if let Err(e) = self.store.usage_add(&owner, day, &model, &counts).await {
-                tracing::warn!(owner = %owner, model, error = %e, "usage not recorded");
+                let key = self.keys.name((owner != LOCAL).then_some(owner.as_str()));
+                tracing::warn!(%key, model, error = %e, "usage not recorded");
             }
         }
     }

@@ -22,7 +22,11 @@ pub struct Marks {
 }
 
 impl Marks {
+    /// Marks in `dir`, made now when it is not there.
     pub fn new(dir: PathBuf) -> Marks {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "the directory of sessions' sandbox marks could not be made");
+        }
         Marks { dir }
     }
 
@@ -32,9 +36,7 @@ impl Marks {
 
     /// Says that `session` has a sandbox.
     pub(super) fn set(&self, session: Uuid) {
-        let made = std::fs::create_dir_all(&self.dir)
-            .and_then(|_| std::fs::File::create(self.path(session)));
-        if let Err(e) = made {
+        if let Err(e) = std::fs::File::create(self.path(session)) {
             tracing::warn!(%session, dir = %self.dir.display(), error = %e, "a session's sandbox could not be marked; another process on this data directory will not find it");
         }
     }
