@@ -16,7 +16,7 @@ use bytes::Bytes;
 use globset::GlobBuilder;
 use tokio_util::sync::CancellationToken;
 
-use super::{ExecRequest, Result, Sandbox, SandboxError, WORKSPACE, exec_collect};
+use super::{ExecRequest, Result, Sandbox, SandboxError, Stdin, WORKSPACE, exec_collect};
 
 /// How long one file operation may take.
 const FILE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -92,7 +92,7 @@ async fn run(
     command.extend(args.iter().map(|a| a.to_string()));
     let request = ExecRequest {
         command,
-        stdin,
+        stdin: stdin.map(Stdin::Bytes),
         timeout: FILE_TIMEOUT,
         workdir: WORKSPACE.into(),
         env: Default::default(),

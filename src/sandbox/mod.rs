@@ -15,6 +15,7 @@
 //!   an idle TTL, pausing idle ones, a cap on live sandboxes, the warm pool
 //!   and orphan reaping.
 
+pub mod archive;
 pub mod docker;
 pub mod files;
 pub mod firewall;
@@ -104,7 +105,7 @@ pub struct ExecRequest {
     /// argv; the first element is looked up in `PATH`.
     pub command: Vec<String>,
     /// Written to the process's stdin, which is then closed.
-    pub stdin: Option<Bytes>,
+    pub stdin: Option<Stdin>,
     /// The whole process tree is killed when this passes.
     pub timeout: Duration,
     pub workdir: String,
@@ -121,6 +122,48 @@ impl ExecRequest {
             workdir: WORKSPACE.into(),
             env: BTreeMap::new(),
         }
+    }
+}
+
+/// What an exec reads on its stdin.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stdin {
+    Bytes(Bytes),
+    /// A file of the server's, streamed as it is read (an upload spooled
+    /// to disk), never held in memory whole.
+    File(std::path::PathBuf),
+}
+
+impl Stdin {
+    /// Writes all of it to `to`, then shuts `to` down.
+    pub async fn write_to<W>(&self, to: &mut W) -> std::io::Result<()>
+    where
+        W: tokio::io::AsyncWrite + Unpin + ?Sized,
+    {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Stdin::Bytes(data) => to.write_all(data).await?,
+            Stdin::File(path) => {
+                let mut file = tokio::fs::File::open(path).await?;
+                tokio::io::copy(&mut file, to).await?;
+            }
+        }
+        to.shutdown().await
+    }
+
+    /// The bytes, for a path that carries only bytes (the docker helper's
+    /// channel); `None` for a file.
+    pub fn bytes(&self) -> Option<&Bytes> {
+        match self {
+            Stdin::Bytes(data) => Some(data),
+            Stdin::File(_) => None,
+        }
+    }
+}
+
+impl From<Bytes> for Stdin {
+    fn from(data: Bytes) -> Stdin {
+        Stdin::Bytes(data)
     }
 }
 

@@ -116,7 +116,7 @@ async fn run(
     let lease = tools.lease(&call.place).await?;
     let request = ExecRequest {
         command,
-        stdin,
+        stdin: stdin.map(Into::into),
         timeout,
         workdir: WORKSPACE.into(),
         env: Default::default(),

@@ -190,7 +190,10 @@ impl Agent {
         let run = self.route();
         let mut line = format!("r {} {} ", run.id, hex::encode(&request.workdir));
         match &request.stdin {
-            Some(data) => line.push_str(&hex::encode(data)),
+            Some(stdin) => match stdin.bytes() {
+                Some(data) => line.push_str(&hex::encode(data)),
+                None => return Err("the helper takes stdin as bytes, not a file".into()),
+            },
             None => line.push('-'),
         }
         let _ = write!(line, " {}", request.command.len());

@@ -13,7 +13,6 @@ use bollard::models::ContainerStatsResponse;
 use bollard::query_parameters::{RenameContainerOptions, RestartContainerOptions, StatsOptions};
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -177,10 +176,9 @@ impl DockerSandbox {
         else {
             return Err(SandboxError::Backend("exec started detached".into()));
         };
-        if let Some(stdin) = request.stdin {
+        if let Some(stdin) = &request.stdin {
             // A command that exits without reading its input is not an error.
-            let _ = input.write_all(&stdin).await;
-            let _ = input.shutdown().await;
+            let _ = stdin.write_to(&mut input).await;
         }
         drop(input);
 
@@ -335,7 +333,9 @@ impl Sandbox for DockerSandbox {
         output: mpsc::Sender<ExecChunk>,
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
-        if let Some(agent) = self.agent().await {
+        // The helper's channel carries stdin as bytes in its request line.
+        let bytes_only = request.stdin.as_ref().is_none_or(|s| s.bytes().is_some());
+        if bytes_only && let Some(agent) = self.agent().await {
             return self.exec_with_agent(agent, request, output, cancel).await;
         }
         self.exec_direct(request, output, cancel).await

@@ -23,10 +23,10 @@ use bytes::Bytes;
 use futures::FutureExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::AttachedProcess;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use crate::sandbox::{EXEC_MARKER, ExecChunk, ExecRequest, SandboxError};
+use crate::sandbox::{EXEC_MARKER, ExecChunk, ExecRequest, SandboxError, Stdin};
 
 /// `$1` workdir, `$2` how many `NAME=value` words follow, then those words,
 /// then the command. `export` takes each word whole, so values need no
@@ -110,7 +110,7 @@ fn is_env_name(name: &str) -> bool {
 /// is buffered by then), and then drained without waiting.
 pub(super) async fn pump(
     attached: &mut AttachedProcess,
-    stdin: Option<Bytes>,
+    stdin: Option<Stdin>,
     output: &mpsc::Sender<ExecChunk>,
 ) -> Option<Status> {
     let status = attached.take_status();
@@ -125,8 +125,7 @@ pub(super) async fn pump(
         if let (Some(mut writer), Some(data)) = (writer, stdin) {
             // A process that exits without reading its input breaks the
             // pipe; that is its business, not an exec failure.
-            let _ = writer.write_all(&data).await;
-            let _ = writer.shutdown().await;
+            let _ = data.write_to(&mut writer).await;
         }
     };
     let mut stdout = attached.stdout();

@@ -30,7 +30,7 @@ use super::lock;
 use super::net;
 use super::sys::{self, PidFd};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
-use crate::sandbox::{ExecChunk, ExecStatus, SandboxError};
+use crate::sandbox::{ExecChunk, ExecStatus, SandboxError, Stdin};
 
 /// hakoniwa's exit code when the container itself failed (not the command).
 const CONTAINER_FAILED: i32 = 125;
@@ -94,7 +94,7 @@ struct Pipes {
 /// `output`, until it exits or `deadline` or `cancel` kills it.
 pub(super) async fn execute(
     launch: Launch,
-    stdin: Option<Bytes>,
+    stdin: Option<Stdin>,
     output: mpsc::Sender<ExecChunk>,
     deadline: Instant,
     cancel: CancellationToken,
@@ -197,13 +197,13 @@ fn async_pipes(pipes: Pipes) -> io::Result<(pipe::Sender, pipe::Receiver, pipe::
 
 /// Opens the gate with its line, then writes the request's stdin; dropping
 /// the pipe closes it, so the command sees the end of its input.
-async fn feed(mut to: pipe::Sender, data: Option<Bytes>) {
+async fn feed(mut to: pipe::Sender, data: Option<Stdin>) {
     // Errors mean the command exited or closed its stdin without reading
     // it all, which is its business.
     if to.write_all(b"\n").await.is_ok()
         && let Some(data) = data
     {
-        let _ = to.write_all(&data).await;
+        let _ = data.write_to(&mut to).await;
     }
 }
 

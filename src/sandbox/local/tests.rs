@@ -166,7 +166,7 @@ async fn stdin_is_written_then_closed() {
     let input = "line one\nline two\n".repeat(10_000);
     let request = ExecRequest {
         command: vec!["cat".into()],
-        stdin: Some(Bytes::from(input.clone())),
+        stdin: Some(Bytes::from(input.clone()).into()),
         ..ExecRequest::shell("", SHORT)
     };
     let (status, collected) = exec_collect(

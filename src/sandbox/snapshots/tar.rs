@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::{
-    ExecChunk, ExecRequest, ExecStatus, Result, Sandbox, SandboxError, WORKSPACE,
+    ExecChunk, ExecRequest, ExecStatus, Result, Sandbox, SandboxError, Stdin, WORKSPACE,
 };
 
 /// Bytes of a failed tar's stderr kept for its error.
@@ -101,7 +101,7 @@ fn tar_request(args: &[&str], stdin: Option<Bytes>, timeout: Duration) -> ExecRe
     command.extend(args.iter().map(|a| (*a).to_owned()));
     ExecRequest {
         command,
-        stdin,
+        stdin: stdin.map(Stdin::Bytes),
         timeout,
         workdir: WORKSPACE.into(),
         env: Default::default(),
