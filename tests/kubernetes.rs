@@ -310,7 +310,7 @@ async fn exec_writes_stdin_then_closes_it() {
     let sandbox = backend.create(&spec()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut cat = request(dir.path(), "cat; echo done");
-    cat.stdin = Some(Bytes::from_static(b"line one\nline two\n"));
+    cat.stdin = Some(Bytes::from_static(b"line one\nline two\n").into());
     let (status, stdout, _) = run(&*sandbox, cat).await;
     assert_eq!(
         (status.exit_code, stdout.as_str()),

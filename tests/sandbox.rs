@@ -149,7 +149,7 @@ async fn exec_streams_output_and_exit_code(backend: Arc<dyn SandboxBackend>) {
     let (status, out) = exec_collect(
         sandbox.0.as_ref(),
         ExecRequest {
-            stdin: Some(Bytes::from_static(b"from stdin")),
+            stdin: Some(Bytes::from_static(b"from stdin").into()),
             ..ExecRequest::shell("cat; echo", Duration::from_secs(30))
         },
         1 << 20,
@@ -160,6 +160,32 @@ async fn exec_streams_output_and_exit_code(backend: Arc<dyn SandboxBackend>) {
     .expect("exec");
     assert_eq!(status.exit_code, Some(0));
     assert_eq!(text(&out.stdout), "from stdin\n");
+
+    // A file of the server's is streamed in, on the bulk path too: 3 MiB,
+    // more than any pipe holds, so it is written as the command reads.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("input");
+    let data: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &data).expect("write input");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let request = ExecRequest {
+        stdin: Some(conclave::sandbox::Stdin::File(path)),
+        ..ExecRequest::shell("wc -c", Duration::from_secs(60))
+    };
+    let run = sandbox.0.exec_bulk(request, tx, CancellationToken::new());
+    let collect = async {
+        let mut out = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            if let ExecChunk::Stdout(d) = chunk {
+                out.extend_from_slice(&d);
+            }
+        }
+        out
+    };
+    let (status, out) = tokio::join!(run, collect);
+    assert_eq!(status.expect("exec_bulk").exit_code, Some(0));
+    let out = text(&out);
+    assert!(out.starts_with(&format!("{}\n", data.len())), "{out}");
 }
 
 async fn timeout_kills_the_process_tree(backend: Arc<dyn SandboxBackend>) {
