@@ -19,7 +19,7 @@ pub mod routes;
 use http::{body, browser, error, guard, state, traced};
 use routes::{
     agent, agent_ws, agents, approvals, bus, bus_ws, dashboard, deliberations, fork, gateway,
-    gateway_weights, health, mcp, orchestrator, rollouts, sandboxes, usage,
+    gateway_weights, health, mcp, orchestrator, rollouts, sandboxes, usage, workspace,
 };
 
 use std::sync::Arc;
@@ -50,7 +50,8 @@ use state::AppState;
         deliberations::submit, deliberations::result, deliberations::list, orchestrator::start,
         orchestrator::status, orchestrator::history, orchestrator::resume, orchestrator::fork, orchestrator::cancel,
         orchestrator::active, orchestrator::runs, orchestrator::health, orchestrator::definitions, orchestrator::validate,
-        dashboard::me, dashboard::ticket, agents::list, agents::get, agui::run, usage::usage
+        dashboard::me, dashboard::ticket, agents::list, agents::get, agui::run, usage::usage,
+        workspace::upload, workspace::put_file, workspace::download, workspace::get_file, workspace::list_root
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -101,6 +102,15 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/session/{id}/status", get(agent::status))
         .route("/agent/session/{id}/events", get(agent::events))
         .route("/agent/session/{id}", delete(agent::delete))
+        .route(
+            "/agent/session/{id}/workspace",
+            get(workspace::download).put(workspace::upload),
+        )
+        .route("/agent/session/{id}/files/", get(workspace::list_root))
+        .route(
+            "/agent/session/{id}/files/{*path}",
+            get(workspace::get_file).put(workspace::put_file),
+        )
         .route("/agent/sessions", get(agent::list))
         .route("/agents", get(agents::list))
         .route("/agents/{name}", get(agents::get))

@@ -189,6 +189,14 @@ pub enum EventKind {
     },
     /// The run's state after `step` is stored: a resume starts after it.
     Checkpoint { step: u64, node: String },
+    /// Files a client put into the session's workspace between turns
+    /// (`PUT /agent/session/{id}/workspace` or `…/files/{path}`): where,
+    /// how many files and links, and the bytes of their contents.
+    WorkspaceUploaded {
+        path: String,
+        files: u64,
+        bytes: u64,
+    },
     /// The first event of a session forked from another: the source and
     /// the seq of the turn end it was forked at; for an agent session,
     /// how many messages of the source's history it carries.

@@ -21,7 +21,7 @@ use super::{ExecRequest, Result, Sandbox, SandboxError, Stdin, WORKSPACE, exec_c
 /// How long one file operation may take.
 const FILE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Exit status the scripts use for "resolves outside the workspace".
-const ESCAPE_STATUS: i64 = 97;
+pub(super) const ESCAPE_STATUS: i64 = 97;
 /// Largest file `read` returns whole.
 pub const MAX_READ_BYTES: usize = 4 * 1024 * 1024;
 
@@ -34,7 +34,7 @@ pub const MAX_READ_BYTES: usize = 4 * 1024 * 1024;
 /// descriptor 3) and then check what was opened, read back from
 /// `/proc/$$/fd/3`, which names the file itself whatever happens to the
 /// path since; they then read or write through that descriptor only.
-const RESOLVE: &str = r#"confined() { case "$1" in /workspace|/workspace/*) ;; *) echo "path '$2' resolves to '$1', outside /workspace" >&2; exit 97;; esac; }
+pub(super) const RESOLVE: &str = r#"confined() { case "$1" in /workspace|/workspace/*) ;; *) echo "path '$2' resolves to '$1', outside /workspace" >&2; exit 97;; esac; }
 p=$(realpath -m -- "$1") || exit 97
 confined "$p" "$1"
 "#;
@@ -80,9 +80,24 @@ async fn run(
     sandbox: &dyn Sandbox,
     script: &str,
     args: &[&str],
-    stdin: Option<Bytes>,
+    stdin: Option<Stdin>,
     limit: usize,
 ) -> Result<(Vec<u8>, bool)> {
+    run_within(
+        sandbox,
+        script_request(script, args, stdin, FILE_TIMEOUT),
+        limit,
+    )
+    .await
+}
+
+/// The exec of `script` after [`RESOLVE`], with `args` as `$1`….
+pub(super) fn script_request(
+    script: &str,
+    args: &[&str],
+    stdin: Option<Stdin>,
+    timeout: Duration,
+) -> ExecRequest {
     let mut command = vec![
         "/bin/sh".to_string(),
         "-c".to_string(),
@@ -90,13 +105,22 @@ async fn run(
         "sh".to_string(),
     ];
     command.extend(args.iter().map(|a| a.to_string()));
-    let request = ExecRequest {
+    ExecRequest {
         command,
-        stdin: stdin.map(Stdin::Bytes),
-        timeout: FILE_TIMEOUT,
+        stdin,
+        timeout,
         workdir: WORKSPACE.into(),
         env: Default::default(),
-    };
+    }
+}
+
+/// Runs a [`script_request`], returning stdout, or the error the script
+/// reported.
+pub(super) async fn run_within(
+    sandbox: &dyn Sandbox,
+    request: ExecRequest,
+    limit: usize,
+) -> Result<(Vec<u8>, bool)> {
     let (status, out) =
         exec_collect(sandbox, request, limit, CancellationToken::new(), |_| {}).await?;
     let message = || match String::from_utf8_lossy(&out.stderr).trim() {
@@ -161,26 +185,41 @@ pub async fn write_expecting(
     data: Bytes,
     expect: Option<&str>,
 ) -> Result<()> {
+    let request = script_request(
+        &write_script(),
+        &[path, expect.unwrap_or_default()],
+        Some(data.into()),
+        FILE_TIMEOUT,
+    );
+    run_within(sandbox, request, 4096).await.map(|_| ())
+}
+
+/// [`write`] of data that may be large (an upload spooled to a file),
+/// within `timeout`.
+pub async fn write_within(
+    sandbox: &dyn Sandbox,
+    path: &str,
+    data: Stdin,
+    timeout: Duration,
+) -> Result<()> {
+    let request = script_request(&write_script(), &[path, ""], Some(data), timeout);
+    run_within(sandbox, request, 4096).await.map(|_| ())
+}
+
+/// `$1` the path, `$2` the file it must open (or empty); the data comes
+/// on stdin.
+fn write_script() -> String {
     // Opened without truncating, checked, then truncated and written
     // through the descriptor's own /proc link (the file that was checked).
     // Where the path leads is checked before its directories are made too,
     // so a link swapped in since makes none elsewhere.
-    let script = format!(
+    format!(
         r#"[ -z "$2" ] || [ "$p" = "$2" ] || {{ echo "'$1' no longer leads to '$2' (a link changed since the path was checked); not done" >&2; exit 97; }}
 mkdir -p -- "$(dirname -- "$p")" || exit 1
 exec 3<> "$p" || exit 1
 confined "$(readlink "/proc/$$/fd/3")" "$1"
 {EXPECTED}exec cat > "/proc/$$/fd/3""#
-    );
-    run(
-        sandbox,
-        &script,
-        &[path, expect.unwrap_or_default()],
-        Some(data),
-        4096,
     )
-    .await
-    .map(|_| ())
 }
 
 /// Replaces `old` with `new` in a text file: exactly once unless `all`.

@@ -24,6 +24,7 @@ pub mod local;
 pub mod manager;
 pub mod snapshots;
 pub mod supervise;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

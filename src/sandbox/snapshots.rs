@@ -292,6 +292,26 @@ impl Snapshots {
         tar::unpack(sandbox, data, self.timeout).await
     }
 
+    /// The snapshot's tar file, opened to be streamed.
+    pub async fn open(&self, snapshot: &Snapshot) -> Result<tokio::fs::File> {
+        let id = &snapshot.snapshot_id;
+        tokio::fs::File::open(self.file(id))
+            .await
+            .map_err(|e| self.unreadable(snapshot, e))
+    }
+
+    fn unreadable(&self, snapshot: &Snapshot, e: std::io::Error) -> SandboxError {
+        let id = &snapshot.snapshot_id;
+        if e.kind() == std::io::ErrorKind::NotFound && snapshot.instance != self.instance {
+            SandboxError::File(format!(
+                "snapshot {id} is stored by another server instance ({}), whose data directory this one cannot read",
+                snapshot.instance
+            ))
+        } else {
+            SandboxError::File(format!("reading snapshot {id}: {e}"))
+        }
+    }
+
     async fn read_file(&self, snapshot: &Snapshot) -> Result<Bytes> {
         let id = &snapshot.snapshot_id;
         if let Some((cached, data)) = lock(&self.read).as_ref()
@@ -299,19 +319,11 @@ impl Snapshots {
         {
             return Ok(data.clone());
         }
-        let data = match tokio::fs::read(self.file(id)).await {
-            Ok(data) => Bytes::from(data),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound
-                    && snapshot.instance != self.instance =>
-            {
-                return Err(SandboxError::File(format!(
-                    "snapshot {id} is stored by another server instance ({}), whose data directory this one cannot read",
-                    snapshot.instance
-                )));
-            }
-            Err(e) => return Err(SandboxError::File(format!("reading snapshot {id}: {e}"))),
-        };
+        let data = Bytes::from(
+            tokio::fs::read(self.file(id))
+                .await
+                .map_err(|e| self.unreadable(snapshot, e))?,
+        );
         *lock(&self.read) = Some((id.clone(), data.clone()));
         Ok(data)
     }

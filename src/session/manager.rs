@@ -25,11 +25,13 @@ use crate::store::{SessionFilter, Store};
 use crate::sync::lock;
 use crate::telemetry::Metrics;
 
+mod between;
 mod create;
 mod replicas;
 mod rewind;
 mod runner;
 
+pub use between::BetweenTurns;
 use runner::Runner;
 
 /// How often a queued turn asks whether another replica's turn has let go.

@@ -25,7 +25,8 @@ pub async fn read_whole(limits: BodyLimits, request: Request) -> Result<Request,
     if matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
-    ) {
+    ) || crate::api::routes::workspace::streams_body(request.method(), request.uri().path())
+    {
         return Ok(request);
     }
     let (parts, body) = request.into_parts();

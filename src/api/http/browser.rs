@@ -124,11 +124,27 @@ pub fn refusal(policy: &BrowserPolicy, request: &Request) -> Option<ApiError> {
         // A gRPC service's calls carry protobuf (a client may also send
         // their length); no browser sends that type without a preflight.
         let grpc = request.uri().path().starts_with(GRPC_PATHS);
+        // A workspace upload carries its bytes as they are: any type a page
+        // cannot send without a preflight (application/x-tar,
+        // application/gzip, application/octet-stream …).
+        let upload = crate::api::routes::workspace::streams_body(method, request.uri().path());
         let refused = match content_type {
             Some(kind) if grpc && is_grpc(kind) => false,
+            Some(kind) if upload => is_simple(kind),
+            None if upload => true,
             Some(kind) => !is_json(kind) && (has_body || is_simple(kind)),
             None => has_body,
         };
+        if refused && upload {
+            return Some(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!(
+                    "send an upload as Content-Type: application/x-tar, application/gzip, application/zstd or application/octet-stream (got {})",
+                    content_type.unwrap_or("none")
+                ),
+            ));
+        }
         if refused {
             return Some(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

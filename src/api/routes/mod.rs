@@ -7,6 +7,8 @@
 //!   `/sandboxes/snapshots`.
 //! - [`agents`] serves `/agents`, the agents offered by name.
 //! - [`sandboxes`] serves `/sandboxes`.
+//! - [`workspace`] serves `/agent/session/{id}/workspace` and
+//!   `…/files/{*path}`: a session's files in and out.
 //! - [`deliberations`] serves `/deliberations`.
 //! - [`orchestrator`] serves `/orchestrator/…`, pipeline runs by `thread_id`.
 //! - [`gateway`]: the OpenAI-compatible `/v1/…`, `/meta/{slug}/…`,
@@ -36,3 +38,4 @@ pub mod orchestrator;
 pub mod rollouts;
 pub mod sandboxes;
 pub mod usage;
+pub mod workspace;

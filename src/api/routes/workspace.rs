@@ -1,0 +1,747 @@
+//! A session's workspace in and out: `PUT`/`GET
+//! /agent/session/{id}/workspace` (a tar archive) and `PUT`/`GET
+//! /agent/session/{id}/files/{*path}` (one file; a path ending in `/`
+//! lists a directory).
+//!
+//! Uploads stream: the body is decoded (plain, gzip or zstd, told by its
+//! magic bytes) and checked ([`crate::sandbox::archive`]) as it arrives,
+//! spooled to the data directory, and unpacked in the sandbox only once
+//! all of it passed, so a refused archive changes nothing. An upload holds
+//! the session between turns ([`crate::session::manager::BetweenTurns`]): it is a
+//! 409 while a turn runs, and a turn waits for it. Downloads stream from
+//! the sandbox (or from a turn end's snapshot with `at_seq`) to the client.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio_util::io::{ReaderStream, StreamReader};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::agent::AgentOptions;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::{ApiError, ErrorBody};
+use crate::api::http::extract::ApiQuery;
+use crate::api::http::state::AppState;
+use crate::api::routes::agent::parse_id;
+use crate::protocol::EventKind;
+use crate::sandbox::archive::{ArchiveCheck, Refusal};
+use crate::sandbox::files::confine;
+use crate::sandbox::snapshots::AtTurn;
+use crate::sandbox::workspace::{self, DirEntry, TransferError};
+use crate::sandbox::{SandboxError, SandboxManager, Stdin, WORKSPACE};
+use crate::session::Session;
+use crate::tools::place::{Place, spec_for};
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct UploadQuery {
+    /// The directory to unpack into; relative paths are under
+    /// `/workspace`, and it must be inside it. Default `/workspace`.
+    path: Option<String>,
+}
+
+/// What an upload put into the workspace.
+#[derive(Serialize, ToSchema)]
+pub struct Uploaded {
+    pub path: String,
+    /// Files and links (directories are not counted).
+    pub files: u64,
+    /// The bytes of the files' contents.
+    pub bytes: u64,
+    /// The `seq` of the `workspace_uploaded` event in the session's log.
+    pub seq: u64,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DownloadQuery {
+    /// The directory to download, inside `/workspace` (default the whole).
+    path: Option<String>,
+    /// A turn end whose snapshot to download, instead of the live sandbox.
+    at_seq: Option<u64>,
+    /// `tar` (default) or `tar.gz`.
+    format: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct FileQuery {
+    /// A turn end whose snapshot to read, instead of the live sandbox.
+    at_seq: Option<u64>,
+}
+
+/// A directory's entries.
+#[derive(Serialize, ToSchema)]
+pub struct Listing {
+    pub path: String,
+    pub entries: Vec<DirEntry>,
+}
+
+/// Whether a request's body streams to its handler rather than being read
+/// whole first (`max_body_bytes` does not apply; the sandbox's disk does).
+pub fn streams_body(method: &axum::http::Method, path: &str) -> bool {
+    if method != axum::http::Method::PUT {
+        return false;
+    }
+    let Some(rest) = path.strip_prefix("/agent/session/") else {
+        return false;
+    };
+    let mut parts = rest.splitn(3, '/');
+    let (_, kind) = (parts.next(), parts.next());
+    match kind {
+        Some("workspace") => parts.next().is_none(),
+        Some("files") => parts.next().is_some_and(|p| !p.is_empty()),
+        _ => false,
+    }
+}
+
+/// Unpacks a tar archive (plain, gzip or zstd) into the session's
+/// workspace, between turns. Before the session's first tool call its
+/// sandbox is made now. Refused entries are a 422 naming the entry, an
+/// archive past the sandbox's disk a 413, a running turn a 409; nothing is
+/// unpacked unless all of it passed.
+#[utoipa::path(put, path = "/agent/session/{session_id}/workspace",
+    params(("session_id" = Uuid, Path), UploadQuery),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses((status = 200, body = Uploaded), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn upload(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<UploadQuery>,
+    body: Body,
+) -> Result<Json<Uploaded>, ApiError> {
+    let target = Target::of(&state, &caller, &id).await?;
+    let dir = confine(query.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
+        .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
+    let held = target.hold(&state).await?;
+    let result = async {
+        let limit = target.disk_limit()?;
+        let spooled = spool(&state, body, Some(limit)).await?;
+        let lease = target
+            .place
+            .lease(target.sandboxes)
+            .await
+            .map_err(lease_error)?;
+        workspace::unpack(
+            lease.sandbox.as_ref(),
+            &dir,
+            Stdin::File(spooled.path.clone()),
+        )
+        .await
+        .map_err(transfer_error)?;
+        let (files, bytes) = spooled.counts;
+        target.uploaded(dir.clone(), files, bytes).await
+    }
+    .await;
+    held.release().await;
+    result.map(Json)
+}
+
+/// Writes one file of the session's workspace from the raw body, making
+/// its directories; between turns, as an archive upload.
+#[utoipa::path(put, path = "/agent/session/{session_id}/files/{path}",
+    params(("session_id" = Uuid, Path), ("path" = String, Path)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, body = Uploaded), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+pub async fn put_file(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+    body: Body,
+) -> Result<Json<Uploaded>, ApiError> {
+    let target = Target::of(&state, &caller, &id).await?;
+    if path.ends_with('/') {
+        return Err(ApiError::unprocessable(
+            "bad_path",
+            format!("'{path}' names a directory; upload a tar to …/workspace?path= instead"),
+        ));
+    }
+    let file = confine(&path, WORKSPACE)
+        .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
+    let held = target.hold(&state).await?;
+    let result = async {
+        let limit = target.disk_limit()?;
+        let spooled = spool_raw(&state, body, limit).await?;
+        let lease = target
+            .place
+            .lease(target.sandboxes)
+            .await
+            .map_err(lease_error)?;
+        workspace::write_file(
+            lease.sandbox.as_ref(),
+            &file,
+            Stdin::File(spooled.path.clone()),
+        )
+        .await
+        .map_err(transfer_error)?;
+        target.uploaded(file.clone(), 1, spooled.counts.1).await
+    }
+    .await;
+    held.release().await;
+    result.map(Json)
+}
+
+/// Streams the session's workspace (or a directory of it) as a tar, from
+/// its live sandbox, or from the snapshot of the turn end `at_seq`.
+#[utoipa::path(get, path = "/agent/session/{session_id}/workspace",
+    params(("session_id" = Uuid, Path), DownloadQuery),
+    responses((status = 200, description = "a tar archive (gzip with format=tar.gz)",
+            content_type = "application/x-tar"),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+pub async fn download(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<DownloadQuery>,
+) -> Result<Response, ApiError> {
+    let gzip = match query.format.as_deref() {
+        None | Some("tar") => false,
+        Some("tar.gz") | Some("tgz") => true,
+        Some(other) => {
+            return Err(ApiError::unprocessable(
+                "bad_format",
+                format!("format '{other}': use tar or tar.gz"),
+            ));
+        }
+    };
+    let target = Target::of(&state, &caller, &id).await?;
+    let dir = confine(query.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
+        .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
+    let name = format!("{}.tar", target.session.id);
+    let stream: Body = match query.at_seq {
+        Some(seq) => {
+            if dir != WORKSPACE {
+                return Err(ApiError::unprocessable(
+                    "bad_path",
+                    "a turn end's snapshot downloads whole: leave out path with at_seq",
+                ));
+            }
+            let file = target.snapshot_file(seq).await?;
+            Body::from_stream(ReaderStream::new(file))
+        }
+        None => {
+            let lease = target.live_lease().await?;
+            let sandbox = lease.sandbox.clone();
+            let rx = workspace::stream_out(sandbox, workspace::pack_request(&dir), lease)
+                .await
+                .map_err(transfer_error)?;
+            Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        }
+    };
+    Ok(archive_response(stream, &name, gzip))
+}
+
+/// Streams one file of the session's workspace (from the live sandbox, or
+/// the snapshot of the turn end `at_seq`); a path ending in `/` lists that
+/// directory of the live sandbox.
+#[utoipa::path(get, path = "/agent/session/{session_id}/files/{path}",
+    params(("session_id" = Uuid, Path), ("path" = String, Path), FileQuery),
+    responses((status = 200, description = "the file's bytes, or a Listing for a path ending in /",
+            content_type = "application/octet-stream"),
+        (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn get_file(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<FileQuery>,
+) -> Result<Response, ApiError> {
+    let target = Target::of(&state, &caller, &id).await?;
+    let listing = path.ends_with('/');
+    let file = confine(&path, WORKSPACE)
+        .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
+    if let Some(seq) = query.at_seq {
+        if listing {
+            return Err(ApiError::unprocessable(
+                "bad_path",
+                "listing a turn end's snapshot is not offered; download it with …/workspace?at_seq=",
+            ));
+        }
+        let snapshot = target.snapshot_file(seq).await?;
+        return from_snapshot(snapshot, &file).await;
+    }
+    let lease = target.live_lease().await?;
+    if listing {
+        let entries = workspace::list_dir(lease.sandbox.as_ref(), &file)
+            .await
+            .map_err(transfer_error)?;
+        return Ok(Json(Listing {
+            path: file,
+            entries,
+        })
+        .into_response());
+    }
+    let sandbox = lease.sandbox.clone();
+    let rx = workspace::stream_out(sandbox, workspace::read_request(&file), lease)
+        .await
+        .map_err(transfer_error)?;
+    Ok(file_response(
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        &file,
+    ))
+}
+
+/// Lists the workspace's top directory (`…/files/`).
+#[utoipa::path(get, path = "/agent/session/{session_id}/files/",
+    params(("session_id" = Uuid, Path)),
+    responses((status = 200, body = Listing), (status = 404, body = ErrorBody)))]
+pub async fn list_root(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    get_file(
+        state,
+        caller,
+        Path((id, "/workspace/".to_owned())),
+        ApiQuery(FileQuery { at_seq: None }),
+    )
+    .await
+}
+
+/// The session a workspace route acts on, checked against the caller.
+struct Target<'a> {
+    session: Arc<Session>,
+    sandboxes: &'a SandboxManager,
+    place: Place,
+    options: AgentOptions,
+}
+
+impl<'a> Target<'a> {
+    async fn of(state: &'a AppState, caller: &Caller, id: &str) -> Result<Target<'a>, ApiError> {
+        let session = state.sessions.get(parse_id(id)?, caller.owner()).await?;
+        let sandboxes = state.sandboxes.as_deref().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no_sandboxes",
+                "this server runs no sandboxes, so sessions have no workspace",
+            )
+        })?;
+        let options = AgentOptions::deserialize(session.options.as_ref()).map_err(|e| {
+            ApiError::unprocessable("no_workspace", format!("session {}: {e}", session.id))
+        })?;
+        let place = Place::session(sandboxes, session.id, &options, session.owner.clone())
+            .map_err(|e| ApiError::unprocessable("no_workspace", e.0))?;
+        Ok(Target {
+            session,
+            sandboxes,
+            place,
+            options,
+        })
+    }
+
+    /// The session held between turns; 409 while a turn runs.
+    async fn hold(
+        &self,
+        state: &AppState,
+    ) -> Result<crate::session::manager::BetweenTurns, ApiError> {
+        state
+            .sessions
+            .hold_between_turns(self.session.clone())
+            .await
+            .map_err(|e| match e {
+                crate::session::SessionError::Busy(id) => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "session_busy",
+                    format!(
+                        "session {id} is running a turn (its log is at seq {}); upload when its result has come",
+                        self.session.last_seq()
+                    ),
+                ),
+                other => ApiError::from(other),
+            })
+    }
+
+    /// The most an upload may unpack: the sandbox's disk.
+    fn disk_limit(&self) -> Result<Limit, ApiError> {
+        let spec = spec_for(self.sandboxes, &self.options)
+            .map_err(|e| ApiError::unprocessable("no_workspace", e.to_string()))?;
+        Ok(Limit {
+            bytes: spec.disk_mb.saturating_mul(1024 * 1024),
+            name: format!("the sandbox's disk, sandbox.disk_mb = {}", spec.disk_mb),
+        })
+    }
+
+    /// The session's live sandbox, made if it has none yet (then its
+    /// workspace is empty, or its `from_snapshot`).
+    async fn live_lease(&self) -> Result<crate::sandbox::Lease, ApiError> {
+        self.place.lease(self.sandboxes).await.map_err(lease_error)
+    }
+
+    /// Logs the upload; its answer.
+    async fn uploaded(&self, path: String, files: u64, bytes: u64) -> Result<Uploaded, ApiError> {
+        let seq = self
+            .session
+            .emit(EventKind::WorkspaceUploaded {
+                path: path.clone(),
+                files,
+                bytes,
+            })
+            .map_err(ApiError::internal)?;
+        self.session.flush().await.map_err(ApiError::internal)?;
+        Ok(Uploaded {
+            path,
+            files,
+            bytes,
+            seq,
+        })
+    }
+
+    /// The snapshot file of the turn end `seq`, opened.
+    async fn snapshot_file(&self, seq: u64) -> Result<tokio::fs::File, ApiError> {
+        let snapshots = self.sandboxes.snapshots().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "no_snapshots",
+                "this server keeps no workspace snapshots (sandbox.snapshots.keep_last = 0)",
+            )
+        })?;
+        self.sandboxes.snapshot_settled(self.session.id).await;
+        match snapshots
+            .at_turn(self.session.id, seq)
+            .await
+            .map_err(ApiError::internal)?
+        {
+            AtTurn::Kept(snapshot) => snapshots.open(&snapshot).await.map_err(ApiError::internal),
+            AtTurn::Before => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "no_snapshot",
+                format!(
+                    "session {} had no workspace at seq {seq} (no snapshot before its first tool call, or seq is not a turn end)",
+                    self.session.id
+                ),
+            )),
+            AtTurn::Dropped(kept) => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "snapshot_dropped",
+                format!("the workspace at seq {seq} is no longer kept; kept turn ends: {kept:?}"),
+            )),
+        }
+    }
+}
+
+/// The most an upload may hold, and what the error names.
+struct Limit {
+    bytes: u64,
+    name: String,
+}
+
+/// An upload written to the data directory, removed when dropped.
+struct Spooled {
+    path: PathBuf,
+    /// Files and bytes of their contents.
+    counts: (u64, u64),
+}
+
+impl Drop for Spooled {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How long an upload's body may stall between two pieces.
+fn idle(state: &AppState) -> Duration {
+    Duration::from_secs(state.config.http.body_timeout_s)
+}
+
+/// Decodes and checks an archive body into a file of the data directory.
+async fn spool(state: &AppState, body: Body, limit: Option<Limit>) -> Result<Spooled, ApiError> {
+    let limit = limit.unwrap_or(Limit {
+        bytes: u64::MAX,
+        name: String::new(),
+    });
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let mut reader = BufReader::with_capacity(64 * 1024, StreamReader::new(stream));
+    let head = read_head(&mut reader, idle(state)).await?;
+    let mut decoded: Box<dyn AsyncRead + Send + Unpin> = match head.as_slice() {
+        [0x1f, 0x8b, ..] => {
+            let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(reader);
+            decoder.multiple_members(true);
+            Box::new(decoder)
+        }
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
+            Box::new(async_compression::tokio::bufread::ZstdDecoder::new(reader))
+        }
+        [b'B', b'Z', b'h', ..] | [0xfd, b'7', b'z', b'X', ..] => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_compression",
+                "the archive is bzip2 or xz; send it plain, gzip or zstd",
+            ));
+        }
+        _ => Box::new(reader),
+    };
+    let (spooled, mut file) = spool_file(state).await?;
+    let mut check = ArchiveCheck::new(limit.bytes, limit.name);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = read_within(&mut decoded, &mut buf, idle(state)).await?;
+        if n == 0 {
+            break;
+        }
+        let pass = check.feed(&buf[..n]).map_err(refusal_error)?;
+        file.write_all(&buf[..pass]).await.map_err(spool_error)?;
+    }
+    let end = check.finish().map_err(refusal_error)?;
+    file.write_all(end).await.map_err(spool_error)?;
+    file.flush().await.map_err(spool_error)?;
+    let mut spooled = spooled;
+    spooled.counts = (check.files, check.bytes);
+    Ok(spooled)
+}
+
+/// A raw body into a file of the data directory, within `limit`.
+async fn spool_raw(state: &AppState, body: Body, limit: Limit) -> Result<Spooled, ApiError> {
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let mut reader = StreamReader::new(stream);
+    let (spooled, mut file) = spool_file(state).await?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = read_within(&mut reader, &mut buf, idle(state)).await?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > limit.bytes {
+            return Err(refusal_error(Refusal::TooLarge {
+                limit: limit.bytes,
+                what: limit.name,
+            }));
+        }
+        file.write_all(&buf[..n]).await.map_err(spool_error)?;
+    }
+    file.flush().await.map_err(spool_error)?;
+    let mut spooled = spooled;
+    spooled.counts = (1, total);
+    Ok(spooled)
+}
+
+async fn spool_file(state: &AppState) -> Result<(Spooled, tokio::fs::File), ApiError> {
+    let dir = state.config.data_dir.join("uploads");
+    tokio::fs::create_dir_all(&dir).await.map_err(spool_error)?;
+    let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
+    let file = tokio::fs::File::create(&path).await.map_err(spool_error)?;
+    Ok((
+        Spooled {
+            path,
+            counts: (0, 0),
+        },
+        file,
+    ))
+}
+
+/// The first bytes of the body (up to 4), for its magic number.
+async fn read_head<R>(reader: &mut BufReader<R>, idle: Duration) -> Result<Vec<u8>, ApiError>
+where
+    R: AsyncRead + Unpin,
+{
+    let filled = tokio::time::timeout(idle, reader.fill_buf())
+        .await
+        .map_err(|_| body_timeout(idle))?
+        .map_err(body_error)?;
+    Ok(filled[..filled.len().min(4)].to_vec())
+}
+
+async fn read_within<R>(reader: &mut R, buf: &mut [u8], idle: Duration) -> Result<usize, ApiError>
+where
+    R: AsyncRead + Unpin + ?Sized,
+{
+    tokio::time::timeout(idle, reader.read(buf))
+        .await
+        .map_err(|_| body_timeout(idle))?
+        .map_err(body_error)
+}
+
+fn body_timeout(idle: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        format!(
+            "the upload stalled for {} s (http.body_timeout_s)",
+            idle.as_secs()
+        ),
+    )
+}
+
+/// A body that cannot be read or decoded.
+fn body_error(e: std::io::Error) -> ApiError {
+    let message = e.to_string();
+    if e.kind() == std::io::ErrorKind::InvalidData || e.kind() == std::io::ErrorKind::UnexpectedEof
+    {
+        ApiError::unprocessable(
+            "bad_archive",
+            format!("the archive cannot be decoded: {message}"),
+        )
+    } else {
+        ApiError::bad_request(format!("cannot read the request body: {message}"))
+    }
+}
+
+fn spool_error(e: std::io::Error) -> ApiError {
+    ApiError::internal(format!("spooling the upload: {e}"))
+}
+
+fn refusal_error(refusal: Refusal) -> ApiError {
+    match &refusal {
+        Refusal::Entry { .. } => ApiError::unprocessable("unsafe_entry", refusal.to_string()),
+        Refusal::TooLarge { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            refusal.to_string(),
+        ),
+        Refusal::Malformed(_) => ApiError::unprocessable("bad_archive", refusal.to_string()),
+    }
+}
+
+fn transfer_error(e: TransferError) -> ApiError {
+    match e {
+        TransferError::Missing(m) => ApiError::not_found(m),
+        TransferError::Path(m) => ApiError::unprocessable("bad_path", m),
+        TransferError::Full(m) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "sandbox_disk_full",
+            format!("the sandbox's disk is full (sandbox.disk_mb): {m}"),
+        ),
+        TransferError::Refused(m) => ApiError::unprocessable("bad_archive", m),
+        TransferError::Sandbox(e) => lease_error(e),
+    }
+}
+
+fn lease_error(e: SandboxError) -> ApiError {
+    match e {
+        SandboxError::Quota(e) => ApiError::from(e),
+        SandboxError::Capacity(_) | SandboxError::Unavailable(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "sandbox_unavailable",
+            e.to_string(),
+        ),
+        SandboxError::InvalidPath(m) => ApiError::unprocessable("bad_path", m),
+        other => ApiError::internal(other),
+    }
+}
+
+fn archive_response(body: Body, name: &str, gzip: bool) -> Response {
+    let (body, content_type, name) = if gzip {
+        let reader = StreamReader::new(body.into_data_stream().map_err(std::io::Error::other));
+        let encoder = async_compression::tokio::bufread::GzipEncoder::new(BufReader::new(reader));
+        (
+            Body::from_stream(ReaderStream::new(encoder)),
+            "application/gzip",
+            format!("{name}.gz"),
+        )
+    } else {
+        (body, "application/x-tar", name.to_owned())
+    };
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Ok(value) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+        headers.insert(header::CONTENT_DISPOSITION, value);
+    }
+    response
+}
+
+fn file_response(body: Body, path: &str) -> Response {
+    let mime = mime_guess::from_path(path).first_or_octet_stream();
+    let mut response = body.into_response();
+    if let Ok(value) = HeaderValue::from_str(mime.as_ref()) {
+        response.headers_mut().insert(header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+/// One file of a snapshot (a tar on the data directory's disk), streamed.
+async fn from_snapshot(file: tokio::fs::File, path: &str) -> Result<Response, ApiError> {
+    let wanted = path
+        .strip_prefix(WORKSPACE)
+        .unwrap_or(path)
+        .trim_start_matches('/')
+        .to_owned();
+    let file = file.into_std().await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(16);
+    let (found_tx, found_rx) = tokio::sync::oneshot::channel::<Result<(), ApiError>>();
+    tokio::task::spawn_blocking(move || {
+        let mut found_tx = Some(found_tx);
+        let mut answer = |result: Result<(), ApiError>| {
+            if let Some(found) = found_tx.take() {
+                let _ = found.send(result);
+            }
+        };
+        let mut archive = tar::Archive::new(std::io::BufReader::new(file));
+        let entries = match archive.entries() {
+            Ok(entries) => entries,
+            Err(e) => {
+                return answer(Err(ApiError::internal(format!(
+                    "reading the snapshot: {e}"
+                ))));
+            }
+        };
+        for entry in entries {
+            let mut entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    return answer(Err(ApiError::internal(format!(
+                        "reading the snapshot: {e}"
+                    ))));
+                }
+            };
+            let name = entry
+                .path()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.trim_start_matches("./").trim_end_matches('/') != wanted {
+                continue;
+            }
+            if entry.header().entry_type() != tar::EntryType::Regular {
+                return answer(Err(ApiError::unprocessable(
+                    "bad_path",
+                    format!("'{wanted}' is not a regular file in that snapshot"),
+                )));
+            }
+            answer(Ok(()));
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match std::io::Read::read(&mut entry, &mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        if tx
+                            .blocking_send(Ok(bytes::Bytes::copy_from_slice(&buf[..n])))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e));
+                        return;
+                    }
+                }
+            }
+        }
+        answer(Err(ApiError::not_found(format!(
+            "'{wanted}' is not in the workspace at that turn end"
+        ))));
+    });
+    found_rx
+        .await
+        .map_err(|_| ApiError::internal("reading the snapshot stopped"))??;
+    Ok(file_response(
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        path,
+    ))
+}
