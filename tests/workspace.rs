@@ -124,6 +124,25 @@ async fn the_users_code_in_and_the_agents_work_out_on_the_real_binary() {
     command.current_dir(cwd.path());
     let (mut child, base) = spawn_server(&mut command).await;
     let http = reqwest::Client::new();
+    let id = code_in_work_out(&http, &base).await;
+    let deleted = http
+        .delete(format!("{base}/agent/session/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success());
+    stop(&mut child).await;
+    // Nothing of the upload is left on the server's disk.
+    let spooled: Vec<_> = std::fs::read_dir(cwd.path().join("data/uploads"))
+        .map(|d| d.collect())
+        .unwrap_or_default();
+    assert!(spooled.is_empty(), "{spooled:?}");
+}
+
+/// Upload a repository, a turn that edits a file and adds one, then the
+/// workspace out, its changes and their patch applied with `git apply`
+/// onto the uploaded tree; returns the session's id.
+async fn code_in_work_out(http: &reqwest::Client, base: &str) -> String {
     let created: Value = http
         .post(format!("{base}/agent/session"))
         .json(&json!({}))
@@ -139,7 +158,7 @@ async fn the_users_code_in_and_the_agents_work_out_on_the_real_binary() {
     let repo = tempfile::tempdir().unwrap();
     let upload = repo_tar_gz(repo.path());
     let (status, body) = put(
-        &http,
+        http,
         &format!("{base}/agent/session/{id}/workspace"),
         "application/gzip",
         upload,
@@ -150,8 +169,8 @@ async fn the_users_code_in_and_the_agents_work_out_on_the_real_binary() {
     assert!(body["files"].as_u64().unwrap() >= 3, "{body}");
 
     let events = turn(
-        &http,
-        &base,
+        http,
+        base,
         &id,
         "$ sed -i 's/hi/hello/' src/main.py && echo new > added.txt && cat README.md",
     )
@@ -209,18 +228,53 @@ async fn the_users_code_in_and_the_agents_work_out_on_the_real_binary() {
     assert_eq!(uploaded["path"], "/workspace");
     assert_eq!(uploaded["seq"], 1);
 
-    let deleted = http
-        .delete(format!("{base}/agent/session/{id}"))
+    // What the turn changed: exactly those two, and a patch git applies.
+    let changes: Value = http
+        .get(format!("{base}/agent/session/{id}/changes"))
         .send()
         .await
+        .unwrap()
+        .json()
+        .await
         .unwrap();
-    assert!(deleted.status().is_success());
-    stop(&mut child).await;
-    // Nothing of the upload is left on the server's disk.
-    let spooled: Vec<_> = std::fs::read_dir(cwd.path().join("data/uploads"))
-        .map(|d| d.collect())
-        .unwrap_or_default();
-    assert!(spooled.is_empty(), "{spooled:?}");
+    let files: Vec<(&str, &str)> = changes["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        files,
+        [("added.txt", "added"), ("src/main.py", "modified")],
+        "{changes}"
+    );
+    assert_eq!(changes["from_seq"], 1, "{changes}");
+    let patch = http
+        .get(format!("{base}/agent/session/{id}/changes?format=patch"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let tree = repo.path();
+    let mut apply = std::process::Command::new("git")
+        .args(["apply", "-"])
+        .current_dir(tree)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut apply.stdin.take().unwrap(), patch.as_bytes()).unwrap();
+    assert!(apply.wait().unwrap().success(), "{patch}");
+    assert_eq!(
+        std::fs::read_to_string(tree.join("src/main.py")).unwrap(),
+        "print(\"hello\")\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(tree.join("added.txt")).unwrap(),
+        "new\n"
+    );
+    id
 }
 
 const OWNER: &str = "owner-key";
@@ -515,6 +569,17 @@ fn gunzip(data: &[u8]) -> Vec<u8> {
     let out = child.wait_with_output().unwrap();
     writer.join().unwrap().unwrap();
     out.stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_users_code_in_and_the_agents_work_out_on_local() {
+    let server = TestServer::start_sandboxed(|c| {
+        c.sandbox.backend = SandboxBackendKind::Local;
+        c.sandbox.warm_pool = 0;
+    })
+    .await;
+    code_in_work_out(&reqwest::Client::new(), &server.url("")).await;
+    server.stop_and_remove_sandboxes().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -217,6 +217,8 @@ impl Forks {
     /// refused when `at_seq` falls inside a turn.
     async fn turn_end(&self, source: Uuid, at_seq: Option<u64>) -> Result<Point, ForkError> {
         let mut ends: Vec<(u64, Option<u64>)> = Vec::new();
+        // The history's length at the latest end (none: a new session).
+        let mut history = Some(0);
         // The seq of the latest event that belongs to a turn.
         let mut last_turn_event = 0;
         let mut since = 0;
@@ -232,6 +234,7 @@ impl Forks {
                 match &event.kind {
                     EventKind::Result { history_len, .. } => {
                         ends.push((event.seq, *history_len));
+                        history = *history_len;
                         last_turn_event = event.seq;
                     }
                     // A rewind undid the turns after the end it went back
@@ -243,9 +246,17 @@ impl Forks {
                     } => {
                         ends.retain(|(seq, _)| seq <= to_seq);
                         ends.push((event.seq, Some(*history_len)));
+                        history = Some(*history_len);
                         last_turn_event = event.seq;
                     }
-                    EventKind::Forked { .. } => {}
+                    EventKind::Forked { history_len, .. } => history = *history_len,
+                    // Files put in between turns: a point to fork at, with
+                    // the history of the end before it and the workspace
+                    // as the upload left it (its snapshot is taken then).
+                    EventKind::WorkspaceUploaded { .. } => {
+                        ends.push((event.seq, history));
+                        last_turn_event = event.seq;
+                    }
                     _ => last_turn_event = event.seq,
                 }
             }

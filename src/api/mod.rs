@@ -51,7 +51,8 @@ use state::AppState;
         orchestrator::status, orchestrator::history, orchestrator::resume, orchestrator::fork, orchestrator::cancel,
         orchestrator::active, orchestrator::runs, orchestrator::health, orchestrator::definitions, orchestrator::validate,
         dashboard::me, dashboard::ticket, agents::list, agents::get, agui::run, usage::usage,
-        workspace::upload, workspace::put_file, workspace::download, workspace::get_file, workspace::list_root
+        workspace::upload, workspace::put_file, workspace::download, workspace::get_file, workspace::list_root,
+        workspace::changes::changes
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
     modifiers(&BearerAuth)
@@ -107,6 +108,10 @@ pub fn router(state: AppState) -> Router {
             get(workspace::download).put(workspace::upload),
         )
         .route("/agent/session/{id}/files/", get(workspace::list_root))
+        .route(
+            "/agent/session/{id}/changes",
+            get(workspace::changes::changes),
+        )
         .route(
             "/agent/session/{id}/files/{*path}",
             get(workspace::get_file).put(workspace::put_file),

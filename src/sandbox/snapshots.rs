@@ -292,6 +292,15 @@ impl Snapshots {
         tar::unpack(sandbox, data, self.timeout).await
     }
 
+    /// Where the snapshot's tar file is, when this server has it.
+    pub async fn local_path(&self, snapshot: &Snapshot) -> Result<PathBuf> {
+        let path = self.file(&snapshot.snapshot_id);
+        match tokio::fs::metadata(&path).await {
+            Ok(_) => Ok(path),
+            Err(e) => Err(self.unreadable(snapshot, e)),
+        }
+    }
+
     /// The snapshot's tar file, opened to be streamed.
     pub async fn open(&self, snapshot: &Snapshot) -> Result<tokio::fs::File> {
         let id = &snapshot.snapshot_id;

@@ -11,9 +11,7 @@
 //! 409 while a turn runs, and a turn waits for it. Downloads stream from
 //! the sandbox (or from a turn end's snapshot with `at_seq`) to the client.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -22,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio_util::io::{ReaderStream, StreamReader};
 use utoipa::{IntoParams, ToSchema};
 
@@ -33,13 +31,19 @@ use crate::api::http::extract::ApiQuery;
 use crate::api::http::state::AppState;
 use crate::api::routes::agent::parse_id;
 use crate::protocol::EventKind;
-use crate::sandbox::archive::{ArchiveCheck, Refusal};
 use crate::sandbox::files::confine;
-use crate::sandbox::snapshots::AtTurn;
+use crate::sandbox::snapshots::{AtTurn, Snapshots};
 use crate::sandbox::workspace::{self, DirEntry, TransferError};
 use crate::sandbox::{SandboxError, SandboxManager, Stdin, WORKSPACE};
 use crate::session::Session;
 use crate::tools::place::{Place, spec_for};
+
+pub mod changes;
+mod snapshot_file;
+mod spool;
+
+use snapshot_file::from_snapshot;
+use spool::{Limit, spool, spool_raw};
 
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -393,6 +397,10 @@ impl<'a> Target<'a> {
             })
             .map_err(ApiError::internal)?;
         self.session.flush().await.map_err(ApiError::internal)?;
+        // The workspace as the upload left it: a point to fork at and to
+        // compare the next turn's changes with.
+        self.sandboxes
+            .snapshot_turn(self.session.id, self.session.owner.as_deref(), seq);
         Ok(Uploaded {
             path,
             files,
@@ -401,15 +409,24 @@ impl<'a> Target<'a> {
         })
     }
 
+    /// The server's snapshots; a 409 where it keeps none.
+    fn snapshots(&self) -> Result<&'a Snapshots, ApiError> {
+        self.sandboxes
+            .snapshots()
+            .map(|s| s.as_ref())
+            .filter(|s| s.keep_last() > 0)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "no_snapshots",
+                    "this server keeps no workspace snapshots (sandbox.snapshots.keep_last = 0)",
+                )
+            })
+    }
+
     /// The snapshot file of the turn end `seq`, opened.
     async fn snapshot_file(&self, seq: u64) -> Result<tokio::fs::File, ApiError> {
-        let snapshots = self.sandboxes.snapshots().ok_or_else(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "no_snapshots",
-                "this server keeps no workspace snapshots (sandbox.snapshots.keep_last = 0)",
-            )
-        })?;
+        let snapshots = self.snapshots()?;
         self.sandboxes.snapshot_settled(self.session.id).await;
         match snapshots
             .at_turn(self.session.id, seq)
@@ -431,180 +448,6 @@ impl<'a> Target<'a> {
                 format!("the workspace at seq {seq} is no longer kept; kept turn ends: {kept:?}"),
             )),
         }
-    }
-}
-
-/// The most an upload may hold, and what the error names.
-struct Limit {
-    bytes: u64,
-    name: String,
-}
-
-/// An upload written to the data directory, removed when dropped.
-struct Spooled {
-    path: PathBuf,
-    /// Files and bytes of their contents.
-    counts: (u64, u64),
-}
-
-impl Drop for Spooled {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// How long an upload's body may stall between two pieces.
-fn idle(state: &AppState) -> Duration {
-    Duration::from_secs(state.config.http.body_timeout_s)
-}
-
-/// Decodes and checks an archive body into a file of the data directory.
-async fn spool(state: &AppState, body: Body, limit: Option<Limit>) -> Result<Spooled, ApiError> {
-    let limit = limit.unwrap_or(Limit {
-        bytes: u64::MAX,
-        name: String::new(),
-    });
-    let stream = body.into_data_stream().map_err(std::io::Error::other);
-    let mut reader = BufReader::with_capacity(64 * 1024, StreamReader::new(stream));
-    let head = read_head(&mut reader, idle(state)).await?;
-    let mut decoded: Box<dyn AsyncRead + Send + Unpin> = match head.as_slice() {
-        [0x1f, 0x8b, ..] => {
-            let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(reader);
-            decoder.multiple_members(true);
-            Box::new(decoder)
-        }
-        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
-            Box::new(async_compression::tokio::bufread::ZstdDecoder::new(reader))
-        }
-        [b'B', b'Z', b'h', ..] | [0xfd, b'7', b'z', b'X', ..] => {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_compression",
-                "the archive is bzip2 or xz; send it plain, gzip or zstd",
-            ));
-        }
-        _ => Box::new(reader),
-    };
-    let (spooled, mut file) = spool_file(state).await?;
-    let mut check = ArchiveCheck::new(limit.bytes, limit.name);
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = read_within(&mut decoded, &mut buf, idle(state)).await?;
-        if n == 0 {
-            break;
-        }
-        let pass = check.feed(&buf[..n]).map_err(refusal_error)?;
-        file.write_all(&buf[..pass]).await.map_err(spool_error)?;
-    }
-    let end = check.finish().map_err(refusal_error)?;
-    file.write_all(end).await.map_err(spool_error)?;
-    file.flush().await.map_err(spool_error)?;
-    let mut spooled = spooled;
-    spooled.counts = (check.files, check.bytes);
-    Ok(spooled)
-}
-
-/// A raw body into a file of the data directory, within `limit`.
-async fn spool_raw(state: &AppState, body: Body, limit: Limit) -> Result<Spooled, ApiError> {
-    let stream = body.into_data_stream().map_err(std::io::Error::other);
-    let mut reader = StreamReader::new(stream);
-    let (spooled, mut file) = spool_file(state).await?;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut total = 0u64;
-    loop {
-        let n = read_within(&mut reader, &mut buf, idle(state)).await?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-        if total > limit.bytes {
-            return Err(refusal_error(Refusal::TooLarge {
-                limit: limit.bytes,
-                what: limit.name,
-            }));
-        }
-        file.write_all(&buf[..n]).await.map_err(spool_error)?;
-    }
-    file.flush().await.map_err(spool_error)?;
-    let mut spooled = spooled;
-    spooled.counts = (1, total);
-    Ok(spooled)
-}
-
-async fn spool_file(state: &AppState) -> Result<(Spooled, tokio::fs::File), ApiError> {
-    let dir = state.config.data_dir.join("uploads");
-    tokio::fs::create_dir_all(&dir).await.map_err(spool_error)?;
-    let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
-    let file = tokio::fs::File::create(&path).await.map_err(spool_error)?;
-    Ok((
-        Spooled {
-            path,
-            counts: (0, 0),
-        },
-        file,
-    ))
-}
-
-/// The first bytes of the body (up to 4), for its magic number.
-async fn read_head<R>(reader: &mut BufReader<R>, idle: Duration) -> Result<Vec<u8>, ApiError>
-where
-    R: AsyncRead + Unpin,
-{
-    let filled = tokio::time::timeout(idle, reader.fill_buf())
-        .await
-        .map_err(|_| body_timeout(idle))?
-        .map_err(body_error)?;
-    Ok(filled[..filled.len().min(4)].to_vec())
-}
-
-async fn read_within<R>(reader: &mut R, buf: &mut [u8], idle: Duration) -> Result<usize, ApiError>
-where
-    R: AsyncRead + Unpin + ?Sized,
-{
-    tokio::time::timeout(idle, reader.read(buf))
-        .await
-        .map_err(|_| body_timeout(idle))?
-        .map_err(body_error)
-}
-
-fn body_timeout(idle: Duration) -> ApiError {
-    ApiError::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "body_timeout",
-        format!(
-            "the upload stalled for {} s (http.body_timeout_s)",
-            idle.as_secs()
-        ),
-    )
-}
-
-/// A body that cannot be read or decoded.
-fn body_error(e: std::io::Error) -> ApiError {
-    let message = e.to_string();
-    if e.kind() == std::io::ErrorKind::InvalidData || e.kind() == std::io::ErrorKind::UnexpectedEof
-    {
-        ApiError::unprocessable(
-            "bad_archive",
-            format!("the archive cannot be decoded: {message}"),
-        )
-    } else {
-        ApiError::bad_request(format!("cannot read the request body: {message}"))
-    }
-}
-
-fn spool_error(e: std::io::Error) -> ApiError {
-    ApiError::internal(format!("spooling the upload: {e}"))
-}
-
-fn refusal_error(refusal: Refusal) -> ApiError {
-    match &refusal {
-        Refusal::Entry { .. } => ApiError::unprocessable("unsafe_entry", refusal.to_string()),
-        Refusal::TooLarge { .. } => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            refusal.to_string(),
-        ),
-        Refusal::Malformed(_) => ApiError::unprocessable("bad_archive", refusal.to_string()),
     }
 }
 
@@ -663,85 +506,4 @@ fn file_response(body: Body, path: &str) -> Response {
         response.headers_mut().insert(header::CONTENT_TYPE, value);
     }
     response
-}
-
-/// One file of a snapshot (a tar on the data directory's disk), streamed.
-async fn from_snapshot(file: tokio::fs::File, path: &str) -> Result<Response, ApiError> {
-    let wanted = path
-        .strip_prefix(WORKSPACE)
-        .unwrap_or(path)
-        .trim_start_matches('/')
-        .to_owned();
-    let file = file.into_std().await;
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(16);
-    let (found_tx, found_rx) = tokio::sync::oneshot::channel::<Result<(), ApiError>>();
-    tokio::task::spawn_blocking(move || {
-        let mut found_tx = Some(found_tx);
-        let mut answer = |result: Result<(), ApiError>| {
-            if let Some(found) = found_tx.take() {
-                let _ = found.send(result);
-            }
-        };
-        let mut archive = tar::Archive::new(std::io::BufReader::new(file));
-        let entries = match archive.entries() {
-            Ok(entries) => entries,
-            Err(e) => {
-                return answer(Err(ApiError::internal(format!(
-                    "reading the snapshot: {e}"
-                ))));
-            }
-        };
-        for entry in entries {
-            let mut entry = match entry {
-                Ok(entry) => entry,
-                Err(e) => {
-                    return answer(Err(ApiError::internal(format!(
-                        "reading the snapshot: {e}"
-                    ))));
-                }
-            };
-            let name = entry
-                .path()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if name.trim_start_matches("./").trim_end_matches('/') != wanted {
-                continue;
-            }
-            if entry.header().entry_type() != tar::EntryType::Regular {
-                return answer(Err(ApiError::unprocessable(
-                    "bad_path",
-                    format!("'{wanted}' is not a regular file in that snapshot"),
-                )));
-            }
-            answer(Ok(()));
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match std::io::Read::read(&mut entry, &mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => {
-                        if tx
-                            .blocking_send(Ok(bytes::Bytes::copy_from_slice(&buf[..n])))
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(e));
-                        return;
-                    }
-                }
-            }
-        }
-        answer(Err(ApiError::not_found(format!(
-            "'{wanted}' is not in the workspace at that turn end"
-        ))));
-    });
-    found_rx
-        .await
-        .map_err(|_| ApiError::internal("reading the snapshot stopped"))??;
-    Ok(file_response(
-        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
-        path,
-    ))
 }

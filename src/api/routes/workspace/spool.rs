@@ -1,0 +1,197 @@
+//! An upload's body, decoded and checked as it arrives, written to the
+//! data directory (`uploads/`) before any of it reaches a sandbox.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use futures::TryStreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio_util::io::StreamReader;
+
+use crate::api::http::error::ApiError;
+use crate::api::http::state::AppState;
+use crate::sandbox::archive::{ArchiveCheck, Refusal};
+
+/// The most an upload may hold, and what the error names.
+pub(super) struct Limit {
+    pub(super) bytes: u64,
+    pub(super) name: String,
+}
+
+/// An upload written to the data directory, removed when dropped.
+pub(super) struct Spooled {
+    pub(super) path: PathBuf,
+    /// Files and bytes of their contents.
+    pub(super) counts: (u64, u64),
+}
+
+impl Drop for Spooled {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How long an upload's body may stall between two pieces.
+fn idle(state: &AppState) -> Duration {
+    Duration::from_secs(state.config.http.body_timeout_s)
+}
+
+/// Decodes and checks an archive body into a file of the data directory.
+pub(super) async fn spool(
+    state: &AppState,
+    body: Body,
+    limit: Option<Limit>,
+) -> Result<Spooled, ApiError> {
+    let limit = limit.unwrap_or(Limit {
+        bytes: u64::MAX,
+        name: String::new(),
+    });
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let mut reader = BufReader::with_capacity(64 * 1024, StreamReader::new(stream));
+    let head = read_head(&mut reader, idle(state)).await?;
+    let mut decoded: Box<dyn AsyncRead + Send + Unpin> = match head.as_slice() {
+        [0x1f, 0x8b, ..] => {
+            let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(reader);
+            decoder.multiple_members(true);
+            Box::new(decoder)
+        }
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
+            Box::new(async_compression::tokio::bufread::ZstdDecoder::new(reader))
+        }
+        [b'B', b'Z', b'h', ..] | [0xfd, b'7', b'z', b'X', ..] => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_compression",
+                "the archive is bzip2 or xz; send it plain, gzip or zstd",
+            ));
+        }
+        _ => Box::new(reader),
+    };
+    let (spooled, mut file) = spool_file(state).await?;
+    let mut check = ArchiveCheck::new(limit.bytes, limit.name);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = read_within(&mut decoded, &mut buf, idle(state)).await?;
+        if n == 0 {
+            break;
+        }
+        let pass = check.feed(&buf[..n]).map_err(refusal_error)?;
+        file.write_all(&buf[..pass]).await.map_err(spool_error)?;
+    }
+    let end = check.finish().map_err(refusal_error)?;
+    file.write_all(end).await.map_err(spool_error)?;
+    file.flush().await.map_err(spool_error)?;
+    let mut spooled = spooled;
+    spooled.counts = (check.files, check.bytes);
+    Ok(spooled)
+}
+
+/// A raw body into a file of the data directory, within `limit`.
+pub(super) async fn spool_raw(
+    state: &AppState,
+    body: Body,
+    limit: Limit,
+) -> Result<Spooled, ApiError> {
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let mut reader = StreamReader::new(stream);
+    let (spooled, mut file) = spool_file(state).await?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = read_within(&mut reader, &mut buf, idle(state)).await?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > limit.bytes {
+            return Err(refusal_error(Refusal::TooLarge {
+                limit: limit.bytes,
+                what: limit.name,
+            }));
+        }
+        file.write_all(&buf[..n]).await.map_err(spool_error)?;
+    }
+    file.flush().await.map_err(spool_error)?;
+    let mut spooled = spooled;
+    spooled.counts = (1, total);
+    Ok(spooled)
+}
+
+async fn spool_file(state: &AppState) -> Result<(Spooled, tokio::fs::File), ApiError> {
+    let dir = state.config.data_dir.join("uploads");
+    tokio::fs::create_dir_all(&dir).await.map_err(spool_error)?;
+    let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
+    let file = tokio::fs::File::create(&path).await.map_err(spool_error)?;
+    Ok((
+        Spooled {
+            path,
+            counts: (0, 0),
+        },
+        file,
+    ))
+}
+
+/// The first bytes of the body (up to 4), for its magic number.
+async fn read_head<R>(reader: &mut BufReader<R>, idle: Duration) -> Result<Vec<u8>, ApiError>
+where
+    R: AsyncRead + Unpin,
+{
+    let filled = tokio::time::timeout(idle, reader.fill_buf())
+        .await
+        .map_err(|_| body_timeout(idle))?
+        .map_err(body_error)?;
+    Ok(filled[..filled.len().min(4)].to_vec())
+}
+
+async fn read_within<R>(reader: &mut R, buf: &mut [u8], idle: Duration) -> Result<usize, ApiError>
+where
+    R: AsyncRead + Unpin + ?Sized,
+{
+    tokio::time::timeout(idle, reader.read(buf))
+        .await
+        .map_err(|_| body_timeout(idle))?
+        .map_err(body_error)
+}
+
+fn body_timeout(idle: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        format!(
+            "the upload stalled for {} s (http.body_timeout_s)",
+            idle.as_secs()
+        ),
+    )
+}
+
+/// A body that cannot be read or decoded.
+fn body_error(e: std::io::Error) -> ApiError {
+    let message = e.to_string();
+    if e.kind() == std::io::ErrorKind::InvalidData || e.kind() == std::io::ErrorKind::UnexpectedEof
+    {
+        ApiError::unprocessable(
+            "bad_archive",
+            format!("the archive cannot be decoded: {message}"),
+        )
+    } else {
+        ApiError::bad_request(format!("cannot read the request body: {message}"))
+    }
+}
+
+fn spool_error(e: std::io::Error) -> ApiError {
+    ApiError::internal(format!("spooling the upload: {e}"))
+}
+
+pub(super) fn refusal_error(refusal: Refusal) -> ApiError {
+    match &refusal {
+        Refusal::Entry { .. } => ApiError::unprocessable("unsafe_entry", refusal.to_string()),
+        Refusal::TooLarge { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            refusal.to_string(),
+        ),
+        Refusal::Malformed(_) => ApiError::unprocessable("bad_archive", refusal.to_string()),
+    }
+}
