@@ -108,7 +108,9 @@
 //!   deliberation agent's model call, a test-mode pipeline node): in
 //!   process on one server, on a JetStream work queue among replicas.
 //! - [`sandbox`]: the `Sandbox` trait and its docker, kubernetes and local
-//!   backends, with the per-session manager, the warm pool and snapshots.
+//!   backends, with the per-session manager, the warm pool and snapshots,
+//!   and a workspace in and out (uploads checked as they stream, downloads,
+//!   what changed between two turn ends).
 //! - [`tools`]: the sandbox's tools (exec, files, background runs) as
 //!   functions called directly; the agent's router over them (Claude
 //!   Code's built-ins, a session's own MCP servers and A2A agents), and

@@ -290,3 +290,7 @@ impl ChangeCounts {
         counts
     }
 }
+
+#[cfg(test)]
+#[path = "changes_tests.rs"]
+mod tests;
