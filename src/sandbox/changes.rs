@@ -68,7 +68,7 @@ fn walk(
     let mut items = BTreeMap::new();
     let Some(tar) = tar else { return Ok(items) };
     let file = std::fs::File::open(tar)?;
-    let mut archive = tar::Archive::new(std::io::BufReader::new(file));
+    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, file));
     for entry in archive.entries()? {
         let mut entry = entry?;
         let path = entry.path()?.to_string_lossy().into_owned();
@@ -137,8 +137,14 @@ impl Read for Hashing<'_> {
 /// The files that differ between the snapshots `before` and `after`
 /// (`None`: an empty workspace), by path.
 pub fn changes(before: Option<&Path>, after: Option<&Path>) -> std::io::Result<Vec<FileChange>> {
-    let before = index(before)?;
-    let after = index(after)?;
+    // The two read at once, on two threads.
+    let (before, after) = std::thread::scope(|scope| {
+        let before = scope.spawn(|| index(before));
+        let after = index(after);
+        (before.join(), after)
+    });
+    let before = before.map_err(|_| std::io::Error::other("reading a snapshot panicked"))??;
+    let after = after?;
     let mut changes = Vec::new();
     for (path, old) in &before {
         match after.get(path) {

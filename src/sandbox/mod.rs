@@ -146,8 +146,11 @@ impl Stdin {
         match self {
             Stdin::Bytes(data) => to.write_all(data).await?,
             Stdin::File(path) => {
-                let mut file = tokio::fs::File::open(path).await?;
-                tokio::io::copy(&mut file, to).await?;
+                // Large reads: each read of a tokio file is a hop to the
+                // blocking pool.
+                let file = tokio::fs::File::open(path).await?;
+                let mut file = tokio::io::BufReader::with_capacity(1 << 20, file);
+                tokio::io::copy_buf(&mut file, to).await?;
             }
         }
         to.shutdown().await

@@ -119,11 +119,15 @@ pub(super) async fn spool_raw(
     Ok(spooled)
 }
 
-async fn spool_file(state: &AppState) -> Result<(Spooled, tokio::fs::File), ApiError> {
+async fn spool_file(
+    state: &AppState,
+) -> Result<(Spooled, tokio::io::BufWriter<tokio::fs::File>), ApiError> {
     let dir = state.config.data_dir.join("uploads");
     tokio::fs::create_dir_all(&dir).await.map_err(spool_error)?;
     let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
     let file = tokio::fs::File::create(&path).await.map_err(spool_error)?;
+    // Large writes: each write of a tokio file is a hop to the blocking pool.
+    let file = tokio::io::BufWriter::with_capacity(1 << 20, file);
     Ok((
         Spooled {
             path,
