@@ -102,6 +102,7 @@ pub fn read_request(path: &str) -> ExecRequest {
     let script = format!(
         r#"[ -e "$p" ] || {{ echo "'$1' does not exist" >&2; exit {MISSING}; }}
 [ -d "$p" ] && {{ echo "'$1' is a directory; list it with a trailing /" >&2; exit {A_DIRECTORY}; }}
+[ -f "$p" ] || {{ echo "'$1' is not a regular file" >&2; exit {A_DIRECTORY}; }}
 exec 3< "$p" || exit 1
 confined "$(readlink "/proc/$$/fd/3")" "$1"
 exec cat <&3"#

@@ -165,6 +165,9 @@ impl Server {
             started: Instant::now(),
             store: store.clone(),
             sandboxes: tools.sandboxes,
+            uploads: Arc::new(tokio::sync::Semaphore::new(
+                crate::api::routes::workspace::MAX_SPOOLING,
+            )),
             mcp,
             gateway,
             bus,

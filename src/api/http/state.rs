@@ -49,6 +49,10 @@ pub struct Shared {
     pub store: Arc<dyn crate::store::Store>,
     /// Present when tools run in sandboxes (not with test tool routers).
     pub sandboxes: Option<Arc<SandboxManager>>,
+    /// Workspace uploads spooled to the data directory at once
+    /// ([`crate::api::routes::workspace::MAX_SPOOLING`]): what the server's
+    /// disk holds for them is bounded.
+    pub uploads: Arc<tokio::sync::Semaphore>,
     /// Serves `/mcp` when present.
     pub mcp: Option<Arc<McpHost>>,
     /// The OpenAI-compatible gateway and its pools.

@@ -45,6 +45,11 @@ mod spool;
 use snapshot_file::from_snapshot;
 use spool::{Limit, spool, spool_raw};
 
+/// Uploads the server spools at once; one more waits for a place up to
+/// `http.body_timeout_s`, then is a 503. At most this many times
+/// `sandbox.disk_mb` is spooled on the data directory's disk.
+pub const MAX_SPOOLING: usize = 4;
+
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct UploadQuery {
@@ -129,6 +134,7 @@ pub async fn upload(
     let target = Target::of(&state, &caller, &id).await?;
     let dir = confine(query.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
         .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
+    let _place = spooling_place(&state).await?;
     let held = target.hold(&state).await?;
     let result = async {
         let limit = target.disk_limit()?;
@@ -176,6 +182,7 @@ pub async fn put_file(
     }
     let file = confine(&path, WORKSPACE)
         .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
+    let _place = spooling_place(&state).await?;
     let held = target.hold(&state).await?;
     let result = async {
         let limit = target.disk_limit()?;
@@ -299,6 +306,22 @@ pub async fn get_file(
     ))
 }
 
+/// A place among the uploads spooled at once, waited for up to
+/// `http.body_timeout_s`.
+async fn spooling_place(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    let wait = std::time::Duration::from_secs(state.config.http.body_timeout_s);
+    match tokio::time::timeout(wait, state.uploads.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => Ok(permit),
+        _ => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "uploads_busy",
+            format!(
+                "{MAX_SPOOLING} uploads are being received already; retry when one has finished"
+            ),
+        )),
+    }
+}
+
 /// Lists the workspace's top directory (`…/files/`).
 #[utoipa::path(get, path = "/agent/session/{session_id}/files/",
     params(("session_id" = Uuid, Path)),
@@ -328,6 +351,16 @@ struct Target<'a> {
 impl<'a> Target<'a> {
     async fn of(state: &'a AppState, caller: &Caller, id: &str) -> Result<Target<'a>, ApiError> {
         let session = state.sessions.get(parse_id(id)?, caller.owner()).await?;
+        if session.kind != crate::protocol::SessionKind::AGENT {
+            return Err(ApiError::unprocessable(
+                "no_workspace",
+                format!(
+                    "session {} is a {} session; only agent sessions have a workspace",
+                    session.id,
+                    session.kind.as_str()
+                ),
+            ));
+        }
         let sandboxes = state.sandboxes.as_deref().ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
