@@ -595,6 +595,7 @@ async fn check_agent_script(args: &[&str]) {
             "fork_session": format!("session {id} not found"),
             "read": format!("no resource {uri}"),
             "read_events": format!("no resource {uri}/events"),
+            "read_file": format!("no resource {uri}/files/notes/hello.md"),
             "subscribe": format!("no resource {uri}"),
             "own_id": other["own_id"],
             "listed": [own.clone(), format!("{own}/events")],
@@ -626,8 +627,21 @@ fn check_agent(seen: &Value) {
         seen["templates"],
         json!([
             "conclave://sessions/{session_id}",
-            "conclave://sessions/{session_id}/events"
+            "conclave://sessions/{session_id}/events",
+            "conclave://sessions/{session_id}/files/{path}"
         ])
+    );
+    assert_eq!(
+        seen["file"],
+        json!({"mime_type": "text/markdown", "text": "# hi\n"})
+    );
+    assert!(
+        seen["missing_file"]
+            .as_str()
+            .unwrap()
+            .contains("no resource"),
+        "{}",
+        seen["missing_file"]
     );
     let first = &seen["first"];
     let id = first["structured"]["session_id"]
@@ -785,7 +799,8 @@ async fn the_mcp_inspector_lists_the_tools_and_resources_without_warnings() {
         uris,
         [
             "conclave://sessions/{session_id}",
-            "conclave://sessions/{session_id}/events"
+            "conclave://sessions/{session_id}/events",
+            "conclave://sessions/{session_id}/files/{path}"
         ]
     );
     server.stop_and_remove_sandboxes().await;

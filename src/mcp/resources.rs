@@ -1,6 +1,7 @@
 //! A caller's sessions as MCP resources: `conclave://sessions/{id}` (the
-//! status, history and usage, as JSON) and `conclave://sessions/{id}/events`
-//! (the event log, as NDJSON). A subscriber hears
+//! status, history and usage, as JSON), `conclave://sessions/{id}/events`
+//! (the event log, as NDJSON) and `conclave://sessions/{id}/files/{path}`
+//! (a file of its workspace, text or base64). A subscriber hears
 //! `notifications/resources/updated` while a turn writes events. Another
 //! key's session is "not found" for reading and subscribing alike.
 
@@ -15,6 +16,7 @@ use rmcp::model::{
     ResourceContents, ResourceTemplate, ResourceUpdatedNotificationParam,
 };
 use rmcp::service::RequestContext;
+use serde::Deserialize as _;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -27,6 +29,10 @@ use crate::sync::lock;
 
 const PREFIX: &str = "conclave://sessions/";
 const EVENTS_SUFFIX: &str = "/events";
+const FILES_INFIX: &str = "/files/";
+/// Bytes of a workspace file a read returns: larger ones are refused (the
+/// official SDKs take messages of 1 MiB; base64 makes a third more).
+const MAX_FILE_BYTES: usize = 512 * 1024;
 /// Sessions a listing shows, the newest first.
 const MAX_LISTED: usize = 500;
 /// Bytes of NDJSON an events read returns: its latest events, so that the
@@ -37,24 +43,30 @@ const MAX_EVENTS_BYTES: usize = 768 * 1024;
 const UPDATE_EVERY: Duration = Duration::from_millis(250);
 
 /// What a URI names.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum ResourceUri {
     Status(Uuid),
     Events(Uuid),
+    /// A file of the session's workspace, by its path there.
+    File(Uuid, String),
 }
 
 impl ResourceUri {
     fn parse(uri: &str) -> Option<ResourceUri> {
         let rest = uri.strip_prefix(PREFIX)?;
+        if let Some((id, path)) = rest.split_once(FILES_INFIX) {
+            let id = Uuid::parse_str(id).ok()?;
+            return (!path.is_empty()).then(|| ResourceUri::File(id, path.to_owned()));
+        }
         match rest.strip_suffix(EVENTS_SUFFIX) {
             Some(id) => Uuid::parse_str(id).ok().map(ResourceUri::Events),
             None => Uuid::parse_str(rest).ok().map(ResourceUri::Status),
         }
     }
 
-    fn session(self) -> Uuid {
+    fn session(&self) -> Uuid {
         match self {
-            ResourceUri::Status(id) | ResourceUri::Events(id) => id,
+            ResourceUri::Status(id) | ResourceUri::Events(id) | ResourceUri::File(id, _) => *id,
         }
     }
 }
@@ -106,6 +118,15 @@ pub fn templates() -> ListResourceTemplatesResult {
         .with_title("Conclave session events")
         .with_description("A session's event log, one JSON event per line.")
         .with_mime_type("application/x-ndjson"),
+        ResourceTemplate::new(
+            format!("{PREFIX}{{session_id}}{FILES_INFIX}{{path}}"),
+            "workspace-file",
+        )
+        .with_title("A file of a session's workspace")
+        .with_description(
+            "A file of an agent session's /workspace, as text or base64 (at most 512 KiB; \
+                 GET /agent/session/{id}/files/{path} streams any size).",
+        ),
     ])
 }
 
@@ -172,6 +193,7 @@ pub async fn read(
             });
             ResourceContents::text(status.to_string(), uri).with_mime_type("application/json")
         }
+        ResourceUri::File(_, path) => workspace_file(host, &session, &path, uri).await?,
         ResourceUri::Events(_) => {
             let lines: Vec<String> = session
                 .replay(0)
@@ -183,6 +205,51 @@ pub async fn read(
         }
     };
     Ok(ReadResourceResult::new(vec![contents]))
+}
+
+/// A file of the session's workspace: text when it is UTF-8, else base64.
+async fn workspace_file(
+    host: &McpHost,
+    session: &Session,
+    path: &str,
+    uri: &str,
+) -> Result<ResourceContents, ErrorData> {
+    let invalid = |message: String| ErrorData::invalid_params(message, None);
+    if session.kind != crate::protocol::SessionKind::AGENT {
+        return Err(not_found(uri));
+    }
+    let path = crate::sandbox::files::confine(path, crate::sandbox::WORKSPACE)
+        .map_err(|e| invalid(e.to_string()))?;
+    let options =
+        crate::agent::AgentOptions::deserialize(session.options.as_ref()).map_err(internal)?;
+    let sandboxes = &host.tools.sandboxes;
+    let place =
+        crate::tools::place::Place::session(sandboxes, session.id, &options, session.owner.clone())
+            .map_err(|e| invalid(e.0))?;
+    let lease = place.lease(sandboxes).await.map_err(internal)?;
+    let (data, truncated) = crate::sandbox::files::read(lease.sandbox.as_ref(), &path)
+        .await
+        .map_err(|e| match e {
+            crate::sandbox::SandboxError::File(m) if m.contains("does not exist") => not_found(uri),
+            other => invalid(other.to_string()),
+        })?;
+    if truncated || data.len() > MAX_FILE_BYTES {
+        return Err(invalid(format!(
+            "{path} is larger than {MAX_FILE_BYTES} bytes; GET /agent/session/{}/files/… streams it",
+            session.id
+        )));
+    }
+    let mime = mime_guess::from_path(&path)
+        .first_or_octet_stream()
+        .to_string();
+    Ok(match String::from_utf8(data) {
+        Ok(text) => ResourceContents::text(text, uri).with_mime_type(mime),
+        Err(e) => {
+            use base64::Engine as _;
+            let blob = base64::engine::general_purpose::STANDARD.encode(e.into_bytes());
+            ResourceContents::blob(blob, uri).with_mime_type(mime)
+        }
+    })
 }
 
 /// The last lines that fit in `max` bytes, each ending in a newline.
@@ -276,10 +343,15 @@ mod tests {
             ResourceUri::parse(&format!("conclave://sessions/{id}/events")),
             Some(ResourceUri::Events(id))
         );
+        assert_eq!(
+            ResourceUri::parse(&format!("conclave://sessions/{id}/files/src/a.py")),
+            Some(ResourceUri::File(id, "src/a.py".into()))
+        );
         for bad in [
             "conclave://sessions/x",
             "file:///etc/passwd",
             "conclave://sessions/",
+            "conclave://sessions/x/files/a",
         ] {
             assert_eq!(ResourceUri::parse(bad), None, "{bad}");
         }

@@ -128,6 +128,12 @@ async def owner_side(session, notes):
 
     status_uri = f"conclave://sessions/{sid}"
     events_uri = f"{status_uri}/events"
+    # A file of the session's workspace, as a resource.
+    await session.call_tool(
+        "write_file", {"path": "notes/hello.md", "content": "# hi\n", "session_id": sid}
+    )
+    seen["file"] = await read(session, f"{status_uri}/files/notes/hello.md")
+    seen["missing_file"] = await error_of(session.read_resource(f"{status_uri}/files/nope.txt"))
     await session.subscribe_resource(events_uri)
     seen["second"] = await run_agent(
         session, notes, "second", {"prompt": "and now say hello again", "session_id": sid}
@@ -191,6 +197,7 @@ async def other_side(session, sid):
     seen["fork_session"] = await error_of(session.call_tool("fork_session", {"session_id": sid}))
     seen["read"] = await error_of(session.read_resource(uri))
     seen["read_events"] = await error_of(session.read_resource(f"{uri}/events"))
+    seen["read_file"] = await error_of(session.read_resource(f"{uri}/files/notes/hello.md"))
     seen["subscribe"] = await error_of(session.subscribe_resource(uri))
     own = await session.call_tool("run_agent", {"prompt": "mine"})
     own_id = own.structured_content["session_id"]
