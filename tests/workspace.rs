@@ -542,23 +542,17 @@ async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut child = std::process::Command::new("gzip")
-        .arg("-c")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let data = data.to_vec();
-    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &data));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    out.stdout
+    through_gzip(&["-c"], data)
 }
 
 fn gunzip(data: &[u8]) -> Vec<u8> {
+    through_gzip(&["-dc"], data)
+}
+
+/// `data` through the gzip command with `args`.
+fn through_gzip(args: &[&str], data: &[u8]) -> Vec<u8> {
     let mut child = std::process::Command::new("gzip")
-        .arg("-dc")
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

@@ -152,7 +152,9 @@ pub async fn upload(
         .await
         .map_err(transfer_error)?;
         let (files, bytes) = spooled.counts;
-        target.uploaded(dir.clone(), files, bytes).await
+        target
+            .uploaded(&held.session, dir.clone(), files, bytes)
+            .await
     }
     .await;
     held.release().await;
@@ -199,7 +201,9 @@ pub async fn put_file(
         )
         .await
         .map_err(transfer_error)?;
-        target.uploaded(file.clone(), 1, spooled.counts.1).await
+        target
+            .uploaded(&held.session, file.clone(), 1, spooled.counts.1)
+            .await
     }
     .await;
     held.release().await;
@@ -419,21 +423,27 @@ impl<'a> Target<'a> {
         self.place.lease(self.sandboxes).await.map_err(lease_error)
     }
 
-    /// Logs the upload; its answer.
-    async fn uploaded(&self, path: String, files: u64, bytes: u64) -> Result<Uploaded, ApiError> {
-        let seq = self
-            .session
+    /// Logs the upload in `session` (as the hold between turns has it,
+    /// up to date with other replicas); its answer.
+    async fn uploaded(
+        &self,
+        session: &Session,
+        path: String,
+        files: u64,
+        bytes: u64,
+    ) -> Result<Uploaded, ApiError> {
+        let seq = session
             .emit(EventKind::WorkspaceUploaded {
                 path: path.clone(),
                 files,
                 bytes,
             })
             .map_err(ApiError::internal)?;
-        self.session.flush().await.map_err(ApiError::internal)?;
+        session.flush().await.map_err(ApiError::internal)?;
         // The workspace as the upload left it: a point to fork at and to
         // compare the next turn's changes with.
         self.sandboxes
-            .snapshot_turn(self.session.id, self.session.owner.as_deref(), seq);
+            .snapshot_turn(session.id, session.owner.as_deref(), seq);
         Ok(Uploaded {
             path,
             files,
