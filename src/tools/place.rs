@@ -59,6 +59,11 @@ impl Place {
         }
     }
 
+    /// What the sandbox is made with (its image and limits).
+    pub fn spec(&self) -> &SandboxSpec {
+        &self.spec
+    }
+
     /// The session whose sandbox this is; `None` for a scratch one.
     pub fn session_id(&self) -> Option<Uuid> {
         match self.whose {

@@ -36,7 +36,7 @@ use crate::sandbox::snapshots::{AtTurn, Snapshots};
 use crate::sandbox::workspace::{self, DirEntry, TransferError};
 use crate::sandbox::{SandboxError, SandboxManager, Stdin, WORKSPACE};
 use crate::session::Session;
-use crate::tools::place::{Place, spec_for};
+use crate::tools::place::Place;
 
 pub mod changes;
 mod snapshot_file;
@@ -137,8 +137,8 @@ pub async fn upload(
     let _place = spooling_place(&state).await?;
     let held = target.hold(&state).await?;
     let result = async {
-        let limit = target.disk_limit()?;
-        let spooled = spool(&state, body, Some(limit)).await?;
+        let limit = target.disk_limit();
+        let spooled = spool(&state, body, limit).await?;
         let lease = target
             .place
             .lease(target.sandboxes)
@@ -187,7 +187,7 @@ pub async fn put_file(
     let _place = spooling_place(&state).await?;
     let held = target.hold(&state).await?;
     let result = async {
-        let limit = target.disk_limit()?;
+        let limit = target.disk_limit();
         let spooled = spool_raw(&state, body, limit).await?;
         let lease = target
             .place
@@ -408,13 +408,12 @@ impl<'a> Target<'a> {
     }
 
     /// The most an upload may unpack: the sandbox's disk.
-    fn disk_limit(&self) -> Result<Limit, ApiError> {
-        let spec = spec_for(self.sandboxes, &self.options)
-            .map_err(|e| ApiError::unprocessable("no_workspace", e.to_string()))?;
-        Ok(Limit {
-            bytes: spec.disk_mb.saturating_mul(1024 * 1024),
-            name: format!("the sandbox's disk, sandbox.disk_mb = {}", spec.disk_mb),
-        })
+    fn disk_limit(&self) -> Limit {
+        let disk_mb = self.place.spec().disk_mb;
+        Limit {
+            bytes: disk_mb.saturating_mul(1024 * 1024),
+            name: format!("the sandbox's disk, sandbox.disk_mb = {disk_mb}"),
+        }
     }
 
     /// The session's live sandbox, made if it has none yet (then its

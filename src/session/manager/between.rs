@@ -30,8 +30,9 @@ impl BetweenTurns {
 
 impl SessionManager {
     /// Holds `session` between turns, or refuses with `Busy` while a turn
-    /// runs (here, or on another replica). A turn asked for meanwhile
-    /// waits (`queue`) or is refused as busy, as during another turn.
+    /// runs (here, or on another replica). A turn asked for meanwhile on
+    /// this replica waits for the release, as for a turn that is writing
+    /// its result; on another replica it waits with `queue`, else is busy.
     pub async fn hold_between_turns(
         &self,
         session: Arc<Session>,

@@ -39,15 +39,7 @@ fn idle(state: &AppState) -> Duration {
 }
 
 /// Decodes and checks an archive body into a file of the data directory.
-pub(super) async fn spool(
-    state: &AppState,
-    body: Body,
-    limit: Option<Limit>,
-) -> Result<Spooled, ApiError> {
-    let limit = limit.unwrap_or(Limit {
-        bytes: u64::MAX,
-        name: String::new(),
-    });
+pub(super) async fn spool(state: &AppState, body: Body, limit: Limit) -> Result<Spooled, ApiError> {
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let mut reader = BufReader::with_capacity(64 * 1024, StreamReader::new(stream));
     let head = read_head(&mut reader, idle(state)).await?;
