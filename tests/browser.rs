@@ -203,6 +203,7 @@ async fn in_chromium_the_usage_view_charts_days_and_breaks_down_by_model_and_key
                 conclave::config::NamedKey {
                     key: key.into(),
                     admin,
+                    secrets: Default::default(),
                     quota: Default::default(),
                 },
             );

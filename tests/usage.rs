@@ -26,6 +26,7 @@ fn add_key(config: &mut Config, name: &str, key: &str, admin: bool) {
         NamedKey {
             key: key.into(),
             admin,
+            secrets: Default::default(),
             quota: Quota::default(),
         },
     );

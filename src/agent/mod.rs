@@ -49,6 +49,8 @@ pub use approve::EXPECT_PATH;
 pub use deps::TurnDeps;
 pub use harness::READ_ONLY_TOOLS;
 pub use hook::check_hook_url;
-pub use options::{A2aAgentSpec, AgentOptions, McpServerSpec, RESERVED_SERVER_NAMES};
+pub use options::{
+    A2aAgentSpec, AgentOptions, EnvValue, McpServerSpec, RESERVED_SERVER_NAMES, SecretRef,
+};
 pub use task::AgentTask;
 pub use tools::{NoTools, ToolChunk, ToolContext, ToolOutput, ToolRouter};

@@ -82,6 +82,27 @@ pub struct SandboxOptions {
     /// starts with; a fork sets it to the source's snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// Environment variables of every command the sandbox runs: a literal
+    /// value, or `{secret: NAME}`, a configured secret whose value is
+    /// scrubbed out of everything the tools return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, EnvValue>>,
+}
+
+/// One variable of `options.sandbox.env`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum EnvValue {
+    Literal(String),
+    Secret(SecretRef),
+}
+
+/// `{secret: NAME}`: the value of a configured secret (`[secrets]`, or the
+/// caller's key's `[keys.NAME.secrets]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    pub secret: String,
 }
 
 /// An external MCP server: a command over stdio, or a URL.

@@ -92,6 +92,9 @@ pub struct NamedKey {
     /// May administer the gateway's pools and read every key's traces and
     /// usage.
     pub admin: bool,
+    /// Secrets only this key's sessions may use (`[keys.NAME.secrets]`).
+    #[serde(skip_serializing_if = "super::SecretMap::is_empty")]
+    pub secrets: super::SecretMap,
     #[serde(flatten)]
     pub quota: Quota,
 }
@@ -116,8 +119,17 @@ impl<'de> Deserialize<'de> for NamedKey {
             Some(_) => return Err(D::Error::custom("`admin` must be true or false")),
             None => false,
         };
+        let secrets = match fields.remove("secrets") {
+            Some(secrets) => serde_json::from_value(secrets).map_err(D::Error::custom)?,
+            None => super::SecretMap::default(),
+        };
         let quota = serde_json::from_value(Value::Object(fields)).map_err(D::Error::custom)?;
-        Ok(NamedKey { key, admin, quota })
+        Ok(NamedKey {
+            key,
+            admin,
+            secrets,
+            quota,
+        })
     }
 }
 
@@ -204,9 +216,15 @@ impl super::Config {
                     "a key must have at least 8 characters".into(),
                 ));
             }
+            if let Some((secret, message)) = key.secrets.invalid() {
+                return Err((format!("{at}.secrets.{secret}"), message));
+            }
             if let Some(bad) = key.quota.invalid_field() {
                 return Err((format!("{at}.{bad}"), "must be a number ≥ 0".into()));
             }
+        }
+        if let Some((secret, message)) = self.secrets.invalid() {
+            return Err((format!("secrets.{secret}"), message));
         }
         if let Some(bad) = self.default_quota.invalid_field() {
             return Err((

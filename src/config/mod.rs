@@ -39,6 +39,7 @@ pub mod litellm;
 mod outbound;
 pub mod pipelines;
 mod sandbox;
+mod secrets;
 mod sections;
 mod telemetry;
 mod validate;
@@ -48,6 +49,7 @@ pub use keys::*;
 pub use outbound::*;
 pub use pipelines::PipelineConfig;
 pub use sandbox::*;
+pub use secrets::{MIN_SECRET_CHARS, SecretMap};
 pub use sections::*;
 pub use telemetry::TelemetryConfig;
 
@@ -87,6 +89,10 @@ pub struct Config {
     /// The quota of every key that sets none (and of each field a
     /// `[keys.NAME]` leaves out); none applies while auth is off.
     pub default_quota: Quota,
+    /// Named secrets (`[secrets]`, `CONCLAVE_SECRETS__NAME`) every key's
+    /// sessions may put in their sandbox's environment; `[keys.NAME.secrets]`
+    /// adds a key's own.
+    pub secrets: SecretMap,
     /// `Host` values the server answers (a name matches any port), against
     /// DNS rebinding; `"*"` answers any. The `listen` address is added when
     /// it is a specific one.
@@ -139,6 +145,7 @@ impl Default for Config {
             admin_keys: Vec::new(),
             keys: BTreeMap::new(),
             default_quota: Quota::builtin_default(),
+            secrets: SecretMap::default(),
             allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             allowed_origins: Vec::new(),
             http: HttpConfig::default(),

@@ -242,6 +242,9 @@ async fn workspace_file(
     let mime = mime_guess::from_path(&path)
         .first_or_octet_stream()
         .to_string();
+    // An MCP client's model reads it: the session's secrets go as they do
+    // from the tools.
+    let data = place.scrubber().scrub_bytes(&data);
     Ok(match String::from_utf8(data) {
         Ok(text) => ResourceContents::text(text, uri).with_mime_type(mime),
         Err(e) => {

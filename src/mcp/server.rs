@@ -114,9 +114,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecResult>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(
-            exec::execute_code(&self.host.tools, &call, args).await?,
-        ))
+        Ok(Json(call.clean(
+            exec::execute_code(&self.host.tools, &call, args).await,
+        )?))
     }
 
     #[tool(
@@ -128,9 +128,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecResult>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(
-            exec::execute_shell(&self.host.tools, &call, args).await?,
-        ))
+        Ok(Json(call.clean(
+            exec::execute_shell(&self.host.tools, &call, args).await,
+        )?))
     }
 
     #[tool(
@@ -166,7 +166,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<FileContent>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(files::read_file(&self.host.tools, &call, args).await?))
+        Ok(Json(call.clean(
+            files::read_file(&self.host.tools, &call, args).await,
+        )?))
     }
 
     #[tool(description = "Write a file in the session's workspace, creating its directories.")]
@@ -176,9 +178,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Done>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(
-            files::write_file(&self.host.tools, &call, args).await?,
-        ))
+        Ok(Json(call.clean(
+            files::write_file(&self.host.tools, &call, args).await,
+        )?))
     }
 
     #[tool(
@@ -190,7 +192,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Done>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(files::edit_file(&self.host.tools, &call, args).await?))
+        Ok(Json(call.clean(
+            files::edit_file(&self.host.tools, &call, args).await,
+        )?))
     }
 
     #[tool(
@@ -253,9 +257,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Listing>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(
-            files::list_files(&self.host.tools, &call, args).await?,
-        ))
+        Ok(Json(call.clean(
+            files::list_files(&self.host.tools, &call, args).await,
+        )?))
     }
 
     #[tool(description = "Find files of the workspace whose path matches a glob such as **/*.py.")]
@@ -265,7 +269,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Matches>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(files::glob(&self.host.tools, &call, args).await?))
+        Ok(Json(
+            call.clean(files::glob(&self.host.tools, &call, args).await)?,
+        ))
     }
 
     #[tool(
@@ -277,7 +283,9 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Matches>, ToolFailure> {
         let call = self.call(args.session_id.as_deref(), &ctx).await?;
-        Ok(Json(files::grep(&self.host.tools, &call, args).await?))
+        Ok(Json(
+            call.clean(files::grep(&self.host.tools, &call, args).await)?,
+        ))
     }
 }
 

@@ -136,6 +136,7 @@ mod tests {
             NamedKey {
                 key: "alice-key-1".into(),
                 admin: false,
+                secrets: Default::default(),
                 quota: Quota {
                     max_sandboxes: Some(2),
                     ..Quota::default()

@@ -112,6 +112,8 @@ pub struct SandboxManager {
     removed: Option<usage::OnRemoved>,
     /// Which sessions' sandboxes processes on the data directory made.
     marks: Option<shared::Marks>,
+    /// The secrets sessions may put in their sandboxes' environment.
+    secrets: Arc<super::secrets::SecretStore>,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -164,6 +166,7 @@ impl SandboxManager {
             quotas: None,
             removed: None,
             marks: None,
+            secrets: Default::default(),
         }
     }
 

@@ -23,6 +23,7 @@ pub mod firewall;
 pub mod kubernetes;
 pub mod local;
 pub mod manager;
+pub mod secrets;
 pub mod snapshots;
 pub mod supervise;
 pub mod workspace;

@@ -49,7 +49,8 @@ pub(super) async fn toolbox(
     );
     let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
         .with_snapshots(snapshots)
-        .with_marks(config.data_dir.join("sandbox-sessions"));
+        .with_marks(config.data_dir.join("sandbox-sessions"))
+        .with_secrets(sandbox::secrets::SecretStore::from_config(config));
     let sandboxes = Arc::new(match accounting {
         Some(accounting) => {
             // Named snapshots count in a key's `storage_mb`.

@@ -509,9 +509,14 @@ impl AgentTools {
                 return ToolOutput::error("interrupted");
             }
         };
+        // Whatever the call read or printed, the session's secrets taken out.
+        let scrubber = call.place.scrubber();
         match result {
-            Ok(value) => shape(name, &input, value),
-            Err(e) => ToolOutput::error(e.0),
+            Ok(mut value) => {
+                scrubber.scrub_value(&mut value);
+                shape(name, &input, value)
+            }
+            Err(e) => ToolOutput::error(scrubber.scrub(&e.0)),
         }
     }
 

@@ -65,7 +65,7 @@ pub async fn execute_shell(
         stdin: None,
         timeout,
         workdir: WORKSPACE.into(),
-        env: Default::default(),
+        env: call.place.env().clone(),
     };
     let run = tools
         .background
@@ -86,7 +86,19 @@ pub async fn execute_shell(
 pub async fn list_background(tools: &Toolbox, call: &Invocation) -> Result<RunList, ToolError> {
     // Only a caller that may use the sandbox sees its runs.
     tools.lease(&call.place).await?;
-    Ok(tools.background.list(&call.place.runs_key()))
+    let mut list = tools.background.list(&call.place.runs_key());
+    for run in &mut list.runs {
+        scrub_view(call, run);
+    }
+    Ok(list)
+}
+
+/// A run's output tails start where its first bytes were let go, maybe
+/// inside a secret.
+fn scrub_view(call: &Invocation, run: &mut RunView) {
+    let scrubber = call.place.scrubber();
+    run.stdout_tail = scrubber.scrub_edges(&run.stdout_tail, true, false);
+    run.stderr_tail = scrubber.scrub_edges(&run.stderr_tail, true, false);
 }
 
 /// Kills a background run of the call's sandbox, its process tree with it.
@@ -100,6 +112,10 @@ pub async fn kill_background(
         .background
         .kill(&call.place.runs_key(), id)
         .await
+        .map(|mut run| {
+            scrub_view(call, &mut run);
+            run
+        })
         .ok_or_else(|| ToolError(format!("no background run '{id}'")))
 }
 
@@ -119,9 +135,13 @@ async fn run(
         stdin: stdin.map(Into::into),
         timeout,
         workdir: WORKSPACE.into(),
-        env: Default::default(),
+        env: call.place.env().clone(),
     };
-    let reporter = call.output.clone().map(Reporter::start);
+    let scrubber = call.place.scrubber();
+    let reporter = call
+        .output
+        .clone()
+        .map(|to| Reporter::start(to, scrubber.clone()));
     let session = call.place.session_id().map(|id| id.to_string());
     let span = spans::exec(
         tools.sandboxes.backend_name(),
@@ -157,10 +177,12 @@ async fn run(
     } else {
         "error"
     };
+    // Output cut at the limit may end in a piece of a secret.
+    let clean = |bytes| scrubber.scrub_edges(&lossy(bytes), false, out.truncated);
     Ok(ExecResult {
         status: state.into(),
-        stdout: lossy(out.stdout),
-        stderr: lossy(out.stderr),
+        stdout: clean(out.stdout),
+        stderr: clean(out.stderr),
         exit_code: status.exit_code,
         duration_ms: status.duration.as_millis() as u64,
         truncated: out.truncated,

@@ -70,6 +70,30 @@ pub struct Invocation {
     pub trace: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+impl Invocation {
+    /// A tool's result as its caller may see it: the session's secrets
+    /// taken out of every string in it.
+    pub fn clean<T>(&self, result: Result<T, ToolError>) -> Result<T, ToolError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let scrubber = self.place.scrubber();
+        if scrubber.is_empty() {
+            return result;
+        }
+        match result {
+            Ok(value) => {
+                let mut json = serde_json::to_value(&value)
+                    .map_err(|e| ToolError(format!("reading a result: {e}")))?;
+                scrubber.scrub_value(&mut json);
+                serde_json::from_value(json)
+                    .map_err(|e| ToolError(format!("reading a result: {e}")))
+            }
+            Err(e) => Err(ToolError(scrubber.scrub(&e.0))),
+        }
+    }
+}
+
 /// A tool's own failure (a path that escapes, an edit that does not match,
 /// a sandbox that cannot start): the caller reads the message and can act
 /// on it.

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::ToolChunk;
 use crate::sandbox::ExecChunk;
+use crate::sandbox::secrets::{Scrubber, StreamScrubber};
 use crate::sync::lock;
 
 /// The stream of a report that is a note (a count of output not shown).
@@ -62,13 +63,28 @@ struct Pending {
     total: u64,
     /// Bytes sent as text so far.
     sent: usize,
+    /// Each stream's secrets taken out before anything is queued.
+    scrub_stdout: StreamScrubber,
+    scrub_stderr: StreamScrubber,
 }
 
 impl Pending {
+    fn new(scrubber: Scrubber) -> Pending {
+        Pending {
+            scrub_stdout: StreamScrubber::new(scrubber.clone()),
+            scrub_stderr: StreamScrubber::new(scrubber),
+            ..Pending::default()
+        }
+    }
+
     /// Queues what fits under the caps and counts the rest.
     fn add(&mut self, chunk: &ExecChunk) {
-        let (ExecChunk::Stdout(data) | ExecChunk::Stderr(data)) = chunk;
-        self.total += data.len() as u64;
+        let (ExecChunk::Stdout(raw) | ExecChunk::Stderr(raw)) = chunk;
+        self.total += raw.len() as u64;
+        let data = match chunk {
+            ExecChunk::Stdout(_) => self.scrub_stdout.push(raw),
+            ExecChunk::Stderr(_) => self.scrub_stderr.push(raw),
+        };
         let queued = self.stdout.len() + self.stderr.len();
         let left_in_call = CALL_BYTES.saturating_sub(self.sent + queued);
         let buffer = match chunk {
@@ -92,8 +108,9 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    pub fn start(to: Arc<dyn Progress>) -> Reporter {
-        let pending = Arc::new(Mutex::new(Pending::default()));
+    /// Reports to `to`, what `scrubber` finds taken out first.
+    pub fn start(to: Arc<dyn Progress>, scrubber: Scrubber) -> Reporter {
+        let pending = Arc::new(Mutex::new(Pending::new(scrubber)));
         let wake = Arc::new(Notify::new());
         let finished = CancellationToken::new();
         let task = tokio::spawn(report(to, pending.clone(), wake.clone(), finished.clone()));

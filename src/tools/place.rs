@@ -1,11 +1,14 @@
 //! Which sandbox a call acts in: a session's, made from its options within
 //! the configured bounds, or a caller's scratch one.
 
+use std::collections::BTreeMap;
+
 use uuid::Uuid;
 
 use super::ToolError;
-use crate::agent::AgentOptions;
+use crate::agent::{AgentOptions, EnvValue};
 use crate::sandbox::manager::SandboxFor;
+use crate::sandbox::secrets::Scrubber;
 use crate::sandbox::{Lease, Result, SandboxManager, SandboxSpec};
 use crate::session::OptionError;
 
@@ -21,6 +24,11 @@ pub struct Place {
     seed: Option<String>,
     /// The per-exec timeout the session set in `options.sandbox.timeout_s`.
     pub timeout_s: Option<u64>,
+    /// The environment of every command (`options.sandbox.env`, secrets
+    /// resolved).
+    env: BTreeMap<String, String>,
+    /// Takes the secrets of `env` out of what the tools return.
+    scrubber: Scrubber,
 }
 
 impl Place {
@@ -38,12 +46,16 @@ impl Place {
             )));
         }
         let sandbox = options.sandbox.as_ref();
+        let (env, scrubber) = sandbox_env(sandboxes, options, owner.as_deref())
+            .map_err(|e| ToolError(e.to_string()))?;
         Ok(Place {
             id,
-            whose: SandboxFor::Session { owner },
             spec: spec_for(sandboxes, options).map_err(|e| ToolError(e.to_string()))?,
+            whose: SandboxFor::Session { owner },
             seed: sandbox.and_then(|s| s.from_snapshot.clone()),
             timeout_s: sandbox.and_then(|s| s.timeout_s),
+            env,
+            scrubber,
         })
     }
 
@@ -56,7 +68,19 @@ impl Place {
             spec: sandboxes.default_spec(),
             seed: None,
             timeout_s: None,
+            env: BTreeMap::new(),
+            scrubber: Scrubber::default(),
         }
+    }
+
+    /// The environment every command of the call's sandbox runs with.
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
+    /// What takes the session's secrets out of a tool's result.
+    pub fn scrubber(&self) -> &Scrubber {
+        &self.scrubber
     }
 
     /// What the sandbox is made with (its image and limits).
@@ -165,4 +189,60 @@ pub fn spec_for(
         spec.network = true;
     }
     Ok(spec)
+}
+
+/// The environment `options.sandbox.env` gives every command, its secrets
+/// read as `owner`'s sessions see them, and the scrubber of those secrets.
+/// A name that is not a variable's, or a secret the key does not have, is
+/// an error naming it.
+pub fn sandbox_env(
+    sandboxes: &SandboxManager,
+    options: &AgentOptions,
+    owner: Option<&str>,
+) -> std::result::Result<(BTreeMap<String, String>, Scrubber), OptionError> {
+    let Some(asked) = options.sandbox.as_ref().and_then(|s| s.env.as_ref()) else {
+        return Ok((BTreeMap::new(), Scrubber::default()));
+    };
+    let mut env = BTreeMap::new();
+    let mut secrets = Vec::new();
+    for (name, value) in asked {
+        let field = format!("options.sandbox.env.{name}");
+        let named_well = (1..=128).contains(&name.len())
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !named_well {
+            return Err(OptionError::new(
+                field,
+                "a variable's name is letters, digits and '_', not starting with a digit",
+            ));
+        }
+        let value = match value {
+            EnvValue::Literal(text) => text.clone(),
+            EnvValue::Secret(reference) => {
+                let secret = reference.secret.to_ascii_uppercase();
+                let value = sandboxes.secrets().get(owner, &secret).ok_or_else(|| {
+                    OptionError::new(
+                        &field,
+                        format!(
+                            "no secret {} for this key ([secrets] or [keys.NAME.secrets] of the server's config)",
+                            reference.secret
+                        ),
+                    )
+                })?;
+                secrets.push((secret, value));
+                value.to_string()
+            }
+        };
+        if value.contains('\0') {
+            return Err(OptionError::new(field, "a value cannot hold a NUL byte"));
+        }
+        env.insert(name.clone(), value);
+    }
+    let scrubber = Scrubber::new(secrets.iter().map(|(n, v)| (n.as_str(), *v))).map_err(|e| {
+        OptionError::new(
+            "options.sandbox.env",
+            format!("too many secrets to scrub: {e}"),
+        )
+    })?;
+    Ok((env, scrubber))
 }

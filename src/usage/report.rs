@@ -106,6 +106,7 @@ mod tests {
             NamedKey {
                 key: "alice-key-1".into(),
                 admin: false,
+                secrets: Default::default(),
                 quota: Default::default(),
             },
         );

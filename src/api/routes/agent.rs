@@ -191,7 +191,7 @@ pub async fn run(
         .await?;
     // An ephemeral run restores the snapshot at its first call; its one
     // turn needs no pin to keep it.
-    crate::api::routes::fork::checked_seed(&state, &caller, &options).await?;
+    crate::api::routes::fork::checked_sandbox(&state, &caller, &options).await?;
     let prompt = required_text("prompt", body.prompt)?;
     let name = body.session_name;
     // Before the session is made: a refused run leaves no session behind.
@@ -243,7 +243,7 @@ pub async fn create_session(
         .require(&kind, "kind")?
         .options(&options_body(body.options, body.flat), &["session_name"])
         .await?;
-    let seed = crate::api::routes::fork::checked_seed(&state, &caller, &options).await?;
+    let seed = crate::api::routes::fork::checked_sandbox(&state, &caller, &options).await?;
     let name = body.session_name;
     let kind = SessionKind::new(kind);
     let session = state

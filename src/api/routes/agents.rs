@@ -76,7 +76,7 @@ pub async fn open_session(
         .require(&agent.kind, opening.field)?
         .options(&body, &[])
         .await?;
-    crate::api::routes::fork::checked_seed(state, caller, &options).await?;
+    crate::api::routes::fork::checked_sandbox(state, caller, &options).await?;
     let new = NewSession {
         name: None,
         kind: SessionKind::new(agent.kind.clone()),

@@ -52,13 +52,28 @@ fn forks(state: &AppState) -> Forks {
     }
 }
 
-/// The snapshot new options start from, refused with a 422 unless the
-/// caller may use it.
-pub async fn checked_seed(
+/// New options' sandbox as the caller may have it: the snapshot it starts
+/// from (returned), and the secrets its environment names, each refused
+/// with a 422 unless the caller's key may use it.
+pub async fn checked_sandbox(
     state: &AppState,
     caller: &Caller,
     options: &serde_json::Value,
 ) -> Result<Option<String>, ApiError> {
+    if let (Some(sandboxes), Some(env)) = (
+        &state.sandboxes,
+        options.pointer("/sandbox/env").filter(|e| !e.is_null()),
+    ) {
+        let options = crate::agent::AgentOptions {
+            sandbox: Some(crate::agent::options::SandboxOptions {
+                env: serde_json::from_value(env.clone()).ok(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        crate::tools::place::sandbox_env(sandboxes, &options, caller.owner())
+            .map_err(crate::session::SessionError::from)?;
+    }
     let Some(snapshot) = crate::agent::fork::seed_of(options) else {
         return Ok(None);
     };

@@ -60,6 +60,16 @@ impl SandboxManager {
         self
     }
 
+    /// The secrets sessions may put in their sandboxes' environment.
+    pub fn with_secrets(mut self, secrets: crate::sandbox::secrets::SecretStore) -> SandboxManager {
+        self.secrets = std::sync::Arc::new(secrets);
+        self
+    }
+
+    pub fn secrets(&self) -> &crate::sandbox::secrets::SecretStore {
+        &self.secrets
+    }
+
     /// Destroys the session's sandbox wherever it came from: this manager's,
     /// or one another process on this data directory made (the session was
     /// deleted).
