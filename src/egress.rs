@@ -125,6 +125,27 @@ impl Rules {
         Ok(())
     }
 
+    /// As [`Rules::check_url`], for a client other than the server's own
+    /// (git): the URL's host name, port and the allowed addresses it
+    /// resolves to now, for that client to connect to and nowhere else.
+    /// `None` for a URL whose host is an address.
+    pub async fn pinned(
+        &self,
+        url: &str,
+    ) -> Result<Option<(String, u16, Vec<IpAddr>)>, EgressError> {
+        self.check_url(url).await?;
+        let parsed = reqwest::Url::parse(url).map_err(|_| EgressError::BadUrl(url.into()))?;
+        let Some(url::Host::Domain(name)) = parsed.host() else {
+            return Ok(None);
+        };
+        let port = parsed.port_or_known_default().unwrap_or(80);
+        let allowed = Guarded(Arc::new(self.clone()))
+            .allowed(name.to_string())
+            .await?;
+        let addrs = allowed.into_iter().map(|a| a.ip()).collect();
+        Ok(Some((name.to_string(), port, addrs)))
+    }
+
     /// An HTTP client builder that connects only where these rules allow
     /// and follows no redirect.
     pub fn client(self: &Arc<Self>) -> reqwest::ClientBuilder {

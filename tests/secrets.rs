@@ -15,7 +15,7 @@ mod common;
 #[allow(dead_code)]
 mod upstream;
 
-use common::binary::{serve_command, spawn_server, stop};
+use common::binary::{get_keyed, send_keyed as send, serve_command, spawn_server, stop};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
@@ -67,21 +67,6 @@ base_url = "{}/v1"
     )
 }
 
-async fn send(
-    client: &reqwest::Client,
-    key: &str,
-    method: reqwest::Method,
-    url: String,
-    body: Option<Value>,
-) -> (u16, String) {
-    let mut request = client.request(method, url).bearer_auth(key);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    (response.status().as_u16(), response.text().await.unwrap())
-}
-
 async fn secrets_stay_out_of_everything(backend: &[&str]) {
     let upstream = Upstream::start(vec![
         bash("c1", "echo $TOKEN; echo $PLAIN"),
@@ -111,14 +96,12 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
         stderr.read_to_string(&mut text).await.unwrap();
         text
     });
-    let client = reqwest::Client::new();
     let env =
         json!({"TOKEN": {"secret": "TOKEN"}, "OWN": {"secret": "OWN"}, "PLAIN": "plain-value"});
     let post = reqwest::Method::POST;
 
     // Bob has no secret OWN, and nobody has NOPE.
     let (status, body) = send(
-        &client,
         BOB,
         post.clone(),
         format!("{base}/agent/session"),
@@ -127,7 +110,7 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
     .await;
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("options.sandbox.env.OWN"), "{body}");
-    let (status, body) = send(&client, ALICE, post.clone(), format!("{base}/agent/run"),
+    let (status, body) = send(ALICE, post.clone(), format!("{base}/agent/run"),
         Some(json!({"prompt": "x", "model": "capable", "sandbox": {"env": {"X": {"secret": "NOPE"}}}}))).await;
     assert_eq!(status, 422, "{body}");
     assert!(
@@ -135,7 +118,6 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
         "{body}"
     );
     let (status, body) = send(
-        &client,
         ALICE,
         post.clone(),
         format!("{base}/agent/session"),
@@ -145,7 +127,6 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
     assert_eq!(status, 422, "{body}");
 
     let (status, body) = send(
-        &client,
         ALICE,
         post.clone(),
         format!("{base}/agent/session"),
@@ -158,7 +139,6 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
         .unwrap()
         .to_string();
     let (status, turn) = send(
-        &client,
         ALICE,
         post,
         format!("{base}/agent/session/{id}/message"),
@@ -208,23 +188,8 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
     );
     assert_eq!(events.last().unwrap()["type"], "result", "{turn}");
 
-    let get = reqwest::Method::GET;
-    let (_, log_events) = send(
-        &client,
-        ALICE,
-        get.clone(),
-        format!("{base}/agent/session/{id}/events"),
-        None,
-    )
-    .await;
-    let (_, status_body) = send(
-        &client,
-        ALICE,
-        get,
-        format!("{base}/agent/session/{id}/status"),
-        None,
-    )
-    .await;
+    let (_, log_events) = get_keyed(ALICE, format!("{base}/agent/session/{id}/events")).await;
+    let (_, status_body) = get_keyed(ALICE, format!("{base}/agent/session/{id}/status")).await;
     assert!(log_events.contains("[secret TOKEN]"), "{log_events}");
     // The model's requests after each call carry the scrubbed results.
     let requests: Vec<String> = upstream

@@ -61,6 +61,39 @@ pub struct AgentOptions {
     /// `[agent.permissions]` when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permissions: Option<crate::permission::Permissions>,
+    /// What the workspace starts with: `{git: {url, ref?, depth?,
+    /// credential?}}`, cloned by the server before the first turn's model
+    /// call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceOptions>,
+}
+
+/// `options.workspace`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<GitSource>,
+}
+
+/// A git repository the server clones into `/workspace` (smart or dumb
+/// HTTP(S), under `mcp.allowed_http_servers`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GitSource {
+    /// `http(s)://host/path`, with no user or password in it.
+    pub url: String,
+    /// A branch, a tag, or a commit (40 hex digits); the remote's default
+    /// branch when unset.
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// Commits of history to fetch; all when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// A secret (`[secrets]`, `[keys.NAME.secrets]`) sent as HTTP basic
+    /// auth: `user:password`, or a token (user `x-access-token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -103,6 +136,54 @@ pub enum EnvValue {
 #[serde(deny_unknown_fields)]
 pub struct SecretRef {
     pub secret: String,
+}
+
+impl GitSource {
+    /// What can be checked without the network: the URL's shape (no
+    /// credential in it), the ref and the depth.
+    fn validate(&self) -> Result<(), OptionError> {
+        let field = |name: &str| format!("options.workspace.git.{name}");
+        let url = url::Url::parse(&self.url)
+            .map_err(|e| OptionError::new(field("url"), format!("not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(OptionError::new(
+                field("url"),
+                "must be an http or https URL with a host",
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(OptionError::new(
+                field("url"),
+                "must not hold a user or password; name a secret in credential",
+            ));
+        }
+        if let Some(reference) = &self.reference {
+            let fine = !reference.is_empty()
+                && !reference.starts_with('-')
+                && reference.len() <= 255
+                && !reference.contains("..")
+                && reference
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '-' | '.'));
+            if !fine {
+                return Err(OptionError::new(
+                    field("ref"),
+                    "a branch, tag or commit: letters, digits, '/', '_', '-', '.'",
+                ));
+            }
+        }
+        if self.depth == Some(0) {
+            return Err(OptionError::new(field("depth"), "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Whether the ref names a commit rather than a branch or tag.
+    pub fn ref_is_commit(&self) -> bool {
+        self.reference
+            .as_deref()
+            .is_some_and(|r| r.len() == 40 && r.chars().all(|c| c.is_ascii_hexdigit()))
+    }
 }
 
 /// An external MCP server: a command over stdio, or a URL.
@@ -241,6 +322,15 @@ impl AgentOptions {
     }
 
     fn validate(&self) -> Result<(), OptionError> {
+        if let Some(git) = self.workspace.as_ref().and_then(|w| w.git.as_ref()) {
+            git.validate()?;
+            if self.sandbox_enabled == Some(false) {
+                return Err(OptionError::new(
+                    "options.workspace.git",
+                    "needs a sandbox to clone into (sandbox_enabled is false)",
+                ));
+            }
+        }
         if self.max_turns == Some(0) {
             return Err(OptionError::new("options.max_turns", "must be at least 1"));
         }

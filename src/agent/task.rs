@@ -62,6 +62,14 @@ impl AgentTask {
                 }
             }
         }
+        if let Some(git) = options.workspace.as_ref().and_then(|w| w.git.as_ref()) {
+            rules.check_url(&git.url).await.map_err(|e| {
+                OptionError::new(
+                    "options.workspace.git.url",
+                    format!("{e} (mcp.allowed_http_servers)"),
+                )
+            })?;
+        }
         for (name, agent) in options.a2a_agents.iter().flatten() {
             rules.check_url(agent.url()).await.map_err(|e| {
                 OptionError::new(

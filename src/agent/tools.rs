@@ -37,6 +37,17 @@ pub struct ToolContext {
     pub owner: Option<String>,
 }
 
+/// What [`ToolRouter::seed_workspace`] put into the workspace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seeded {
+    pub path: String,
+    /// Files and links, and the bytes of their contents.
+    pub files: u64,
+    pub bytes: u64,
+    /// Where they came from (a git URL and ref).
+    pub source: String,
+}
+
 /// What a tool returned, as it goes into the `tool_result` event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
@@ -105,6 +116,18 @@ pub trait ToolRouter: Send + Sync {
         _cancel: CancellationToken,
     ) -> Option<Result<String, String>> {
         None
+    }
+
+    /// Puts what `options.workspace` names (a git clone) into the session's
+    /// workspace, before its first turn's model call: what went in, or
+    /// `None` when the options name nothing. The error says why, naming
+    /// the source.
+    async fn seed_workspace(
+        &self,
+        _ctx: &ToolContext,
+        _cancel: CancellationToken,
+    ) -> Result<Option<Seeded>, String> {
+        Ok(None)
     }
 
     /// Refuses options these tools cannot honour before the session exists

@@ -33,6 +33,11 @@ pub(super) async fn run(
 ) -> Result<Outcome, StoreError> {
     let session = turn.session.clone();
     let mut history = session.take_history().await?;
+    // The first turn starts with what `options.workspace` names; one that
+    // cannot get it ends here, and the next tries again.
+    if history.is_empty() && !seed_workspace(deps, turn).await? {
+        return Ok(Outcome::new(ResultStatus::Error, None));
+    }
     let opening = opening_messages(&history, prompt, &turn.options.tool_answers);
     // Stored with the turn's first events, and kept: the loop starts from
     // the stored conversation without reading it again.
@@ -69,6 +74,48 @@ pub(super) async fn run(
                 code: e.code().into(),
             })?;
             Ok(Outcome::new(ResultStatus::Error, None))
+        }
+    }
+}
+
+/// Puts what `options.workspace` names into the workspace (a git clone),
+/// logged as an upload and snapshotted like one; false when it failed (an
+/// error event says why).
+async fn seed_workspace(deps: &TurnDeps, turn: &Turn) -> Result<bool, StoreError> {
+    let session = &turn.session;
+    let options = Arc::new(AgentOptions::stored(&session.options)?);
+    let Some(git) = options.workspace.as_ref().and_then(|w| w.git.as_ref()) else {
+        return Ok(true);
+    };
+    session.emit(EventKind::Status {
+        message: format!("Cloning {}...", git.url),
+    })?;
+    let ctx = ToolContext {
+        session_id: session.id,
+        options: options.clone(),
+        owner: session.owner.clone(),
+    };
+    match deps.tools.seed_workspace(&ctx, turn.cancel.clone()).await {
+        Ok(None) => Ok(true),
+        Ok(Some(seeded)) => {
+            let seq = session.emit(EventKind::WorkspaceUploaded {
+                path: seeded.path,
+                files: seeded.files,
+                bytes: seeded.bytes,
+                source: Some(seeded.source),
+            })?;
+            // As after an upload: the next `changes` shows this turn's
+            // work, not the clone.
+            deps.tools
+                .turn_ended(session.id, session.owner.as_deref(), seq);
+            Ok(true)
+        }
+        Err(message) => {
+            session.emit(EventKind::Error {
+                message,
+                code: "workspace_failed".into(),
+            })?;
+            Ok(false)
         }
     }
 }

@@ -190,12 +190,15 @@ pub enum EventKind {
     /// The run's state after `step` is stored: a resume starts after it.
     Checkpoint { step: u64, node: String },
     /// Files a client put into the session's workspace between turns
-    /// (`PUT /agent/session/{id}/workspace` or `…/files/{path}`): where,
+    /// (`PUT /agent/session/{id}/workspace` or `…/files/{path}`), or a
+    /// clone of `options.workspace.git` (`source`: its URL and ref): where,
     /// how many files and links, and the bytes of their contents.
     WorkspaceUploaded {
         path: String,
         files: u64,
         bytes: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
     },
     /// The first event of a session forked from another: the source and
     /// the seq of the turn end it was forked at; for an agent session,

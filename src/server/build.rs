@@ -337,7 +337,8 @@ async fn sandboxed(
     let (toolbox, instance) = toolbox::toolbox(config, &ground.store, Some(accounting)).await?;
     let sandboxes = toolbox.sandboxes.clone();
     sandboxes.pause_metrics().register(&ground.metrics);
-    let router = AgentTools::new(toolbox.clone(), config.mcp.clone());
+    let router = AgentTools::new(toolbox.clone(), config.mcp.clone())
+        .with_scratch(config.data_dir.join("clones"));
     let router = shared::cluster_tools(
         config,
         Arc::new(router),

@@ -31,6 +31,11 @@ const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub struct AgentTools {
     tools: Arc<Toolbox>,
+    /// Where `options.workspace.git` may be fetched from
+    /// (`mcp.allowed_http_servers`).
+    rules: Arc<crate::egress::Rules>,
+    /// Where clones are made before they go into a sandbox.
+    scratch: std::path::PathBuf,
     /// The built-in tools, made once: the sandbox's bounds do not change
     /// while it runs, and every turn offers them.
     builtin: Vec<ToolSpec>,
@@ -43,9 +48,20 @@ impl AgentTools {
         AgentTools {
             builtin: builtin_specs(tools.max_timeout_s()),
             tools,
+            rules: mcp.http_rules(),
+            scratch: std::env::temp_dir().join("conclave-clones"),
             agents: RemoteAgents::new(&mcp),
             external: ExternalServers::new(mcp),
         }
+    }
+}
+
+impl AgentTools {
+    /// Makes clones under `dir` (the data directory's `clones/`) rather
+    /// than the system's temporary directory.
+    pub fn with_scratch(mut self, dir: std::path::PathBuf) -> AgentTools {
+        self.scratch = dir;
+        self
     }
 }
 
@@ -389,6 +405,44 @@ impl ToolRouter for AgentTools {
                 output.output
             )),
         })
+    }
+
+    async fn seed_workspace(
+        &self,
+        ctx: &ToolContext,
+        cancel: CancellationToken,
+    ) -> Result<Option<crate::agent::Seeded>, String> {
+        let Some(git) = ctx.options.workspace.as_ref().and_then(|w| w.git.as_ref()) else {
+            return Ok(None);
+        };
+        let sandboxes = &self.tools.sandboxes;
+        let place = Place::session(sandboxes, ctx.session_id, &ctx.options, ctx.owner.clone())
+            .map_err(|e| e.0)?;
+        let credential = match &git.credential {
+            Some(name) => Some(
+                sandboxes
+                    .secrets()
+                    .get(ctx.owner.as_deref(), name)
+                    .ok_or_else(|| format!("cloning {}: no secret {name} for this key", git.url))?,
+            ),
+            None => None,
+        };
+        let cloned = super::git::clone_into(
+            &self.tools,
+            &place,
+            &self.rules,
+            git,
+            credential,
+            &self.scratch,
+            &cancel,
+        )
+        .await?;
+        Ok(Some(crate::agent::Seeded {
+            path: WORKSPACE.into(),
+            files: cloned.files,
+            bytes: cloned.bytes,
+            source: cloned.source,
+        }))
     }
 
     async fn check_options(&self, options: &AgentOptions) -> Result<(), SessionError> {

@@ -25,6 +25,7 @@ pub mod background;
 pub mod exec;
 pub mod external;
 pub mod files;
+pub mod git;
 pub mod output;
 pub mod place;
 pub mod remote;

@@ -499,6 +499,16 @@ impl ToolRouter for ClusterTools {
         self.local.check_options(options).await
     }
 
+    /// Before the session's first turn no replica holds its sandbox: the
+    /// turn's replica makes it here, as its first call would.
+    async fn seed_workspace(
+        &self,
+        ctx: &ToolContext,
+        cancel: CancellationToken,
+    ) -> Result<Option<crate::agent::Seeded>, String> {
+        self.local.seed_workspace(ctx, cancel).await
+    }
+
     /// The replica holding the session's sandbox snapshots it; on any
     /// other the local manager has no slot for it and does nothing.
     fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {

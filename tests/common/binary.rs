@@ -69,6 +69,28 @@ pub async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
         .expect("a JSON body")
 }
 
+/// A request with `key` as its bearer token: the answer's status and
+/// body.
+pub async fn send_keyed(
+    key: &str,
+    method: reqwest::Method,
+    url: String,
+    body: Option<serde_json::Value>,
+) -> (u16, String) {
+    let mut request = reqwest::Client::new().request(method, url).bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("the server answers");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("a body"))
+}
+
+/// `GET url` with `key` as its bearer token: status and body.
+pub async fn get_keyed(key: &str, url: String) -> (u16, String) {
+    send_keyed(key, reqwest::Method::GET, url, None).await
+}
+
 /// The peak resident memory of process `pid` so far, in MiB.
 pub fn peak_rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");

@@ -74,6 +74,19 @@ pub async fn checked_sandbox(
         crate::tools::place::sandbox_env(sandboxes, &options, caller.owner())
             .map_err(crate::session::SessionError::from)?;
     }
+    if let (Some(sandboxes), Some(name)) = (
+        &state.sandboxes,
+        options
+            .pointer("/workspace/git/credential")
+            .and_then(serde_json::Value::as_str),
+    ) && sandboxes.secrets().get(caller.owner(), name).is_none()
+    {
+        return Err(crate::session::SessionError::from(crate::session::OptionError::new(
+            "options.workspace.git.credential",
+            format!("no secret {name} for this key ([secrets] or [keys.NAME.secrets] of the server's config)"),
+        ))
+        .into());
+    }
     let Some(snapshot) = crate::agent::fork::seed_of(options) else {
         return Ok(None);
     };

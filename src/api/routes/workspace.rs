@@ -436,6 +436,7 @@ impl<'a> Target<'a> {
                 path: path.clone(),
                 files,
                 bytes,
+                source: None,
             })
             .map_err(ApiError::internal)?;
         session.flush().await.map_err(ApiError::internal)?;
