@@ -177,6 +177,13 @@ async fn code_in_work_out(http: &reqwest::Client, base: &str) -> String {
     .await;
     let result = events.iter().find(|e| e["type"] == "tool_result").unwrap();
     assert_eq!(result["output"]["stdout"], "# demo\n", "{result}");
+    // The turn's result says what it did to the files.
+    let end = events.last().unwrap();
+    assert_eq!(
+        end["files_changed"],
+        json!({"added": 1, "modified": 1, "deleted": 0}),
+        "{end}"
+    );
 
     // Out: the whole workspace, with the agent's edit, its new file and
     // the repository's history.
@@ -274,6 +281,16 @@ async fn code_in_work_out(http: &reqwest::Client, base: &str) -> String {
         std::fs::read_to_string(tree.join("added.txt")).unwrap(),
         "new\n"
     );
+    // The next turn is told from the last one's end; one without a call in
+    // the sandbox changed nothing.
+    let events = turn(http, base, &id, "$ rm added.txt").await;
+    let end = events.last().unwrap();
+    let deleted = json!({"added": 0, "modified": 0, "deleted": 1});
+    assert_eq!(end["files_changed"], deleted, "{end}");
+    let events = turn(http, base, &id, "hello").await;
+    let end = events.last().unwrap();
+    let none = json!({"added": 0, "modified": 0, "deleted": 0});
+    assert_eq!(end["files_changed"], none, "{end}");
     id
 }
 

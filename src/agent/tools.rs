@@ -130,6 +130,12 @@ pub trait ToolRouter: Send + Sync {
         Ok(None)
     }
 
+    /// What the turn that is ending did to the session's workspace files,
+    /// told before its `result`; `None` where these tools cannot tell.
+    async fn turn_changes(&self, _ctx: &ToolContext) -> Option<crate::protocol::FilesChanged> {
+        None
+    }
+
     /// Refuses options these tools cannot honour before the session exists
     /// (e.g. sandbox limits outside the configured bounds), naming the option.
     async fn check_options(&self, _options: &AgentOptions) -> Result<(), SessionError> {

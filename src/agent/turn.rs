@@ -53,6 +53,14 @@ pub(super) async fn run(
     let options = Arc::new(AgentOptions::stored(&session.options)?.for_turn(&turn.options));
     let mut spend = TurnSpend::new(session.owner.clone(), model_label(deps, &options));
     let outcome = agent_loop(deps, turn, &options, &mut spend, history).await;
+    turn.files_changed = deps
+        .tools
+        .turn_changes(&ToolContext {
+            session_id: session.id,
+            options: options.clone(),
+            owner: session.owner.clone(),
+        })
+        .await;
     // The turn itself and the tool calls since its last model call; a key
     // past its budget now is refused its next turn, not this one's result.
     spend.record_end(&deps.usage, &turn.usage, &session)?;

@@ -89,6 +89,11 @@ impl SandboxServer {
             .host
             .place(&self.caller, session_id, self.scratch.id, ctx)
             .await?;
+        // A call between (or during) the agent's turns: its next turn's
+        // `files_changed` is told from that turn's own start.
+        if let Some(session) = place.session_id() {
+            self.host.tools.baselines.forget(session);
+        }
         let output = ctx.meta.get_progress_token().map(|token| {
             let peer = ctx.peer.clone();
             Arc::new(Notifications { peer, token }) as Arc<dyn Progress>

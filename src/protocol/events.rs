@@ -33,6 +33,15 @@ impl Event {
     }
 }
 
+/// Files of the workspace a turn added, modified (contents, size, kind or
+/// modification time) and deleted, `.git/` left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FilesChanged {
+    pub added: u64,
+    pub modified: u64,
+    pub deleted: u64,
+}
+
 /// What happened; serialized with its `type` tag.
 #[derive(
     Debug,
@@ -120,6 +129,10 @@ pub enum EventKind {
         /// ended (agent sessions): a fork at this turn keeps that many.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         history_len: Option<u64>,
+        /// What the turn's tool calls did to the workspace's files (agent
+        /// sessions with a sandbox; absent where it could not be told).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        files_changed: Option<FilesChanged>,
     },
     /// Something went wrong; a `result` with status `error` follows.
     Error { message: String, code: String },

@@ -127,6 +127,9 @@ pub struct Turn {
     /// The messages in the session's history once the turn is over, set
     /// by a task that keeps one; its `result` carries it for forks.
     pub history_len: Option<u64>,
+    /// What the turn's tool calls did to the workspace, set by a task
+    /// that can tell; its `result` carries it.
+    pub files_changed: Option<crate::protocol::FilesChanged>,
     /// The session's usage before the turn.
     pub(super) before: Usage,
 }
@@ -190,6 +193,7 @@ impl Turn {
             usage: Usage::default(),
             cost_known: true,
             history_len: None,
+            files_changed: None,
             before: session.usage(),
         }
     }

@@ -412,37 +412,11 @@ impl ToolRouter for AgentTools {
         ctx: &ToolContext,
         cancel: CancellationToken,
     ) -> Result<Option<crate::agent::Seeded>, String> {
-        let Some(git) = ctx.options.workspace.as_ref().and_then(|w| w.git.as_ref()) else {
-            return Ok(None);
-        };
-        let sandboxes = &self.tools.sandboxes;
-        let place = Place::session(sandboxes, ctx.session_id, &ctx.options, ctx.owner.clone())
-            .map_err(|e| e.0)?;
-        let credential = match &git.credential {
-            Some(name) => Some(
-                sandboxes
-                    .secrets()
-                    .get(ctx.owner.as_deref(), name)
-                    .ok_or_else(|| format!("cloning {}: no secret {name} for this key", git.url))?,
-            ),
-            None => None,
-        };
-        let cloned = super::git::clone_into(
-            &self.tools,
-            &place,
-            &self.rules,
-            git,
-            credential,
-            &self.scratch,
-            &cancel,
-        )
-        .await?;
-        Ok(Some(crate::agent::Seeded {
-            path: WORKSPACE.into(),
-            files: cloned.files,
-            bytes: cloned.bytes,
-            source: cloned.source,
-        }))
+        super::git::seed(&self.tools, &self.rules, &self.scratch, ctx, &cancel).await
+    }
+
+    async fn turn_changes(&self, ctx: &ToolContext) -> Option<crate::protocol::FilesChanged> {
+        super::changed::turn_changes(&self.tools, ctx).await
     }
 
     async fn check_options(&self, options: &AgentOptions) -> Result<(), SessionError> {
@@ -482,12 +456,14 @@ impl ToolRouter for AgentTools {
     }
 
     async fn release(&self, session_id: Uuid) {
+        self.tools.baselines.forget(session_id);
         self.agents.release(session_id);
         self.external.release(session_id).await;
         self.tools.sandboxes.release(session_id).await;
     }
 
     async fn delete(&self, session_id: Uuid) {
+        self.tools.baselines.forget(session_id);
         self.agents.release(session_id);
         self.external.release(session_id).await;
         self.tools.sandboxes.release_shared(session_id).await;
@@ -541,6 +517,18 @@ impl AgentTools {
             Ok(place) => place,
             Err(e) => return ToolOutput::error(e.0),
         };
+        // The workspace before the turn's first call, for its result's
+        // `files_changed`.
+        if !self.tools.baselines.touch(ctx.session_id)
+            && let Ok(lease) = self.tools.lease(&place).await
+        {
+            super::changed::before_call(
+                &self.tools.baselines,
+                ctx.session_id,
+                lease.sandbox.as_ref(),
+            )
+            .await;
+        }
         let call = Invocation {
             place,
             cancel: cancel.clone(),

@@ -18,7 +18,7 @@ use base64::Engine;
 use tokio_util::sync::CancellationToken;
 
 use super::{Place, Toolbox};
-use crate::agent::GitSource;
+use crate::agent::{GitSource, Seeded, ToolContext};
 use crate::egress::Rules;
 use crate::sandbox::secrets::Scrubber;
 use crate::sandbox::{Stdin, WORKSPACE, workspace};
@@ -31,6 +31,39 @@ pub struct Cloned {
     pub bytes: u64,
     /// The URL, and `@ref` when one was asked for.
     pub source: String,
+}
+
+/// What `options.workspace.git` names, cloned into the session's sandbox.
+pub async fn seed(
+    tools: &Toolbox,
+    rules: &Rules,
+    scratch: &Path,
+    ctx: &ToolContext,
+    cancel: &CancellationToken,
+) -> Result<Option<Seeded>, String> {
+    let Some(git) = ctx.options.workspace.as_ref().and_then(|w| w.git.as_ref()) else {
+        return Ok(None);
+    };
+    let sandboxes = &tools.sandboxes;
+    let place = Place::session(sandboxes, ctx.session_id, &ctx.options, ctx.owner.clone())
+        .map_err(|e| e.0)?;
+    let credential = match &git.credential {
+        Some(name) => Some(
+            sandboxes
+                .secrets()
+                .get(ctx.owner.as_deref(), name)
+                .ok_or_else(|| format!("cloning {}: no secret {name} for this key", git.url))?,
+        ),
+        None => None,
+    };
+    let cloned = clone_into(tools, &place, rules, git, credential, scratch, cancel).await?;
+    tools.baselines.forget(ctx.session_id);
+    Ok(Some(Seeded {
+        path: WORKSPACE.into(),
+        files: cloned.files,
+        bytes: cloned.bytes,
+        source: cloned.source,
+    }))
 }
 
 /// Clones `git` (with `credential`, a secret's value) into the sandbox of

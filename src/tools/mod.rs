@@ -22,6 +22,7 @@
 
 pub mod agent;
 pub mod background;
+pub mod changed;
 pub mod exec;
 pub mod external;
 pub mod files;
@@ -56,6 +57,9 @@ pub struct Toolbox {
     pub max_entries: usize,
     /// Commands started with `background: true`.
     pub background: background::BackgroundRuns,
+    /// What each session's turn found in the workspace, for its result's
+    /// `files_changed`.
+    pub baselines: changed::Baselines,
 }
 
 /// One call: where it acts, how it is stopped, who follows its output.
@@ -129,6 +133,7 @@ impl Toolbox {
             max_output_bytes: MAX_OUTPUT_BYTES,
             max_entries: MAX_ENTRIES,
             background: Default::default(),
+            baselines: Default::default(),
         }
     }
 

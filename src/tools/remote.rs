@@ -499,6 +499,16 @@ impl ToolRouter for ClusterTools {
         self.local.check_options(options).await
     }
 
+    /// Told where the turn's calls ran: here, or nowhere yet.
+    async fn turn_changes(&self, ctx: &ToolContext) -> Option<crate::protocol::FilesChanged> {
+        let held = crate::sync::lock(&self.held_here).contains_key(&ctx.session_id);
+        if held {
+            self.local.turn_changes(ctx).await
+        } else {
+            None
+        }
+    }
+
     /// Before the session's first turn no replica holds its sandbox: the
     /// turn's replica makes it here, as its first call would.
     async fn seed_workspace(

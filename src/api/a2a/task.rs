@@ -462,6 +462,7 @@ mod tests {
                 usage: Usage::default(),
                 duration_ms: 1,
                 history_len: None,
+                files_changed: None,
             },
         ));
         assert_eq!(task.state, State::Completed);

@@ -385,11 +385,16 @@ impl<'a> Target<'a> {
         })
     }
 
-    /// The session held between turns; 409 while a turn runs.
+    /// The session held between turns; 409 while a turn runs. What the
+    /// next turn changes is told from its own start, not the last turn's
+    /// end: this write comes between.
     async fn hold(
         &self,
         state: &AppState,
     ) -> Result<crate::session::manager::BetweenTurns, ApiError> {
+        if let Some(mcp) = &state.mcp {
+            mcp.tools.baselines.forget(self.session.id);
+        }
         state
             .sessions
             .hold_between_turns(self.session.clone())

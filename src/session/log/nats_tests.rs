@@ -87,6 +87,7 @@ fn success() -> EventKind {
         usage: Usage::default(),
         duration_ms: 0,
         history_len: None,
+        files_changed: None,
     }
 }
 

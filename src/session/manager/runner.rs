@@ -158,6 +158,7 @@ impl Runner {
                 usage: turn.usage.clone(),
                 duration_ms: started.elapsed().as_millis() as u64,
                 history_len: turn.history_len,
+                files_changed: turn.files_changed,
             },
             (status_after(session, outcome.status), &turn.session_total()),
             release,
