@@ -91,6 +91,29 @@ async fn in_chromium_a_turn_is_forked_into_a_session_that_runs_on() {
     server.stop_and_remove_sandboxes().await;
 }
 
+/// On a session's page a picked file goes into the workspace, a turn's
+/// result says what it changed and shows the diff, and Download saves the
+/// workspace.
+#[tokio::test]
+async fn in_chromium_files_go_in_a_turns_diff_shows_and_the_workspace_comes_out() {
+    let server = TestServer::start_sandboxed(|c| c.sandbox.warm_pool = 0).await;
+    let facts = browser("workspace", &server, &[]).await;
+    let id = facts["session"].as_str().unwrap();
+    // The server agrees with what the page showed.
+    let edited = server
+        .get(&format!("/agent/session/{id}/files/notes.txt"))
+        .await;
+    assert_eq!(edited.text().await.unwrap(), "hello, world\n");
+    let events = common::ndjson(server.get(&format!("/agent/session/{id}/events")).await).await;
+    let result = events.iter().find(|e| e["type"] == "result").unwrap();
+    assert_eq!(
+        result["files_changed"],
+        serde_json::json!({"added": 1, "modified": 1, "deleted": 0})
+    );
+    assert!(facts["downloaded"].as_u64().unwrap() > 100, "{facts}");
+    server.stop_and_remove_sandboxes().await;
+}
+
 /// A session of 10,000 events opens whole (every seq once, in order) and
 /// scrolls end to end with only a window of them in the page.
 #[tokio::test]

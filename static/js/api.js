@@ -83,6 +83,18 @@ export const post = (path, body, opts) => request('POST', path, body, opts);
 export const put = (path, body, opts) => request('PUT', path, body, opts);
 export const del = (path, body, opts) => request('DELETE', path, body, opts);
 
+/** PUT of raw bytes (a file, an archive) as `type`; the JSON answer. */
+export async function putRaw(path, body, type) {
+  let res;
+  try {
+    res = await fetch(path, { method: 'PUT', headers: headers({ 'Content-Type': type }), body, credentials: 'same-origin', cache: 'no-store' });
+  } catch {
+    throw new ApiError(0, 'network', 'The server cannot be reached. Is it running?');
+  }
+  if (!res.ok) throw await errorOf(res);
+  return res.json();
+}
+
 export function qs(params) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) {

@@ -7,6 +7,7 @@ import { h, icon, pill, put, errorBox, loading, ago, fmtCost, fmtTokens, fmtInt,
 import { EventLog } from './events.js';
 import { ApprovalDock } from './approvals.js';
 import { forkAt, snapshotsCard } from './fork.js';
+import { changesLine, workspaceCard } from './workspace.js';
 
 /** A session's sandbox as the sandboxes view shows it: its numbers
  * formatted (CPU to one decimal, memory in units), what the backend cannot
@@ -110,6 +111,7 @@ export function mountChat(main, id, ctx) {
       onStick: (stuck) => { jump.hidden = stuck; },
       onApproval: (ev) => dock.seen(ev),
       onFork: kind === 'agent' ? (seq, button) => forkAt(id, status.session_name, seq, button, ctx.navigate) : undefined,
+      resultExtra: kind === 'agent' ? (ev) => changesLine(id, ev) : undefined,
       onForked: (ev) => { forked = true; carried = Number.isInteger(ev.history_len) ? ev.history_len : null; setPrompts(); },
       onTurn: (inTurn, index) => {
         running = inTurn;
@@ -320,6 +322,8 @@ export function mountChat(main, id, ctx) {
     // adds one); a server without sandboxes has none to show.
     let snapshots = null;
     let snapshotsAsked = -1;
+    // Made once: what it says of an upload stays across redraws.
+    const workspace = kind === 'agent' ? workspaceCard(id) : null;
     function readSnapshots() {
       if (kind !== 'agent' || snapshotsAsked === status.last_seq) return;
       snapshotsAsked = status.last_seq;
@@ -364,6 +368,7 @@ export function mountChat(main, id, ctx) {
         calls.length ? h('div', { class: 'card side-card' }, h('h2', null, 'Gateway calls'),
           h('ul', { class: 'small', style: { paddingLeft: '18px', margin: '8px 0 0' } }, calls.slice(0, 8).map((c) => h('li', null, `${c.replica || '—'} · ${c.status} · ${fmtMs(c.latency_ms)}`))),
           h('a', { class: 'small', href: `/ui/gateway?session_id=${id}` }, 'Traces of this session →')) : null,
+        workspace,
         snapshots,
         Object.keys(opts).length ? h('div', { class: 'card side-card' }, h('h2', null, 'Options'), h('div', { style: { marginTop: '8px' } }, jsonBlock(opts, { lines: 10 }))) : null,
         h('div', { class: 'side-card' }, confirmButton('Delete session', async () => {

@@ -5,7 +5,7 @@
 // or below the last one shown is dropped, so a reconnect or a replay never
 // shows one twice.
 
-import { h, icon, pill, fmtMs, fmtCost, fmtTokens, fmtTime, codeBlock, jsonBlock, richText } from './ui.js';
+import { h, icon, pill, fmtMs, fmtCost, fmtTokens, fmtBytes, fmtTime, codeBlock, jsonBlock, richText } from './ui.js';
 import { VirtualList } from './vlist.js';
 import { forkButton, forkedLine, inheritedPrompts } from './fork.js';
 
@@ -298,6 +298,7 @@ class ResultBlock extends Block {
       kv('model calls', String(ev.turns ?? u.turns ?? 0)),
       u.tool_calls ? kv('tools', String(u.tool_calls)) : null,
       kv('time', fmtMs(ev.duration_ms)),
+      this.log.resultExtra ? this.log.resultExtra(ev) : null,
       this.log.kind !== 'agent' && ev.result ? h('span', { class: 'muted ellipsis', style: { maxWidth: '100%' } }, ev.result) : null,
       this.log.onFork && this.log.kind === 'agent' ? forkButton(ev.seq, this.log.onFork) : null));
   }
@@ -435,6 +436,10 @@ class NoteBlock extends Block {
     if (ev.type === 'deliberation_started') {
       this.el.append(evEl('div', ev, { class: 'mini' }, h('strong', null, 'Deliberation'), `${ev.num_agents} × ${ev.role}`,
         h('span', { class: 'muted' }, `· ${ev.rounds} critique round${ev.rounds === 1 ? '' : 's'} · aggregate ${ev.aggregate}`)));
+    } else if (ev.type === 'workspace_uploaded') {
+      this.el.append(evEl('div', ev, { class: 'mini', testid: 'uploaded' }, h('strong', null, ev.source ? 'Cloned' : 'Uploaded'),
+        `${ev.files} file${ev.files === 1 ? '' : 's'} · ${fmtBytes(ev.bytes)} into ${ev.path}`,
+        ev.source ? h('span', { class: 'muted mono' }, `from ${ev.source}`) : null));
     } else if (ev.type === 'pipeline_completed') {
       this.el.append(evEl('div', ev, { class: 'mini' }, h('strong', null, 'Run'), pill(ev.status), `${ev.steps} step${ev.steps === 1 ? '' : 's'}`,
         ev.reason ? h('span', { class: 'muted' }, `· ${ev.reason}`) : null,
@@ -453,10 +458,12 @@ export class EventLog {
    * starts or ends; `onStick(stuck)` when the reader leaves or reaches the
    * bottom; `onApproval(ev)` for each `approval_requested` and
    * `approval_decided`; `onFork(seq, button)` from a turn's Fork button
-   * (none without it); `onForked(ev)` when the log starts with `forked`.
+   * (none without it); `onForked(ev)` when the log starts with `forked`;
+   * `resultExtra(ev)`: more to show in a turn's result (what it changed).
    */
-  constructor(scroller, { kind = 'agent', onTurn, onStick, onApproval, onFork, onForked } = {}) {
+  constructor(scroller, { kind = 'agent', onTurn, onStick, onApproval, onFork, onForked, resultExtra } = {}) {
     this.kind = kind;
+    this.resultExtra = resultExtra;
     this.onTurn = onTurn;
     this.onApproval = onApproval;
     this.onFork = onFork;
@@ -499,6 +506,11 @@ export class EventLog {
       this.forked = this.block(new ForkedBlock(this));
       this.forked.push(ev);
       this.onForked?.(ev);
+      return true;
+    }
+    // Files put in between turns are not a turn of their own.
+    if (ev.type === 'workspace_uploaded' && !this.inTurn) {
+      this.block(new NoteBlock(this, ev.type)).push(ev);
       return true;
     }
     if (!this.inTurn) {
@@ -546,7 +558,7 @@ export class EventLog {
         this.rounds.set(ev.round, b);
       }
       b.push(ev);
-    } else if (type === 'deliberation_started' || type === 'pipeline_completed') {
+    } else if (type === 'deliberation_started' || type === 'pipeline_completed' || type === 'workspace_uploaded') {
       this.block(new NoteBlock(this, type)).push(ev);
     } else if (type === 'decision' || type === 'deliberation_completed') {
       this.block(new DecisionBlock(this)).push(ev);

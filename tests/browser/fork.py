@@ -5,7 +5,7 @@ it was. scenarios.py lists it; it is apart only to keep files short."""
 
 from selenium.webdriver.common.keys import Keys
 
-from scenarios import Failure, events_after, max_seq, send_prompt, wait_connected, wait_result
+from scenarios import Failure, open_new_session, events_after, max_seq, send_prompt, wait_connected, wait_result
 
 FIRST = "$ echo one > /workspace/mark.txt"
 SECOND = "$ echo two >> /workspace/mark.txt"
@@ -46,12 +46,7 @@ def turn(b, mark, prompt):
 
 def scenario_fork(b, args):
     facts = {}
-    b.open("/ui/sessions")
-    b.click("new-session")
-    b.click("create-session")
-    b.wait(lambda: b.path().startswith("/ui/sessions/"), 15, "the new session's page")
-    source = b.path().rsplit("/", 1)[1]
-    wait_connected(b)
+    source = open_new_session(b)
 
     first = turn(b, 0, FIRST)
     second = turn(b, first["seq"], SECOND)

@@ -18,7 +18,7 @@ class Failure(Exception):
     """A scenario's expectation that did not hold."""
 
 
-NAMES = ["sessions", "deliberations", "pipelines", "pipeline_approvals", "gateway", "views", "auth", "bigsession", "interventions", "approvals", "fork", "usage"]
+NAMES = ["sessions", "deliberations", "pipelines", "pipeline_approvals", "gateway", "views", "auth", "bigsession", "interventions", "approvals", "fork", "usage", "workspace"]
 
 CODE_PROMPT = "```python\nprint('hello from the sandbox', 6 * 7)\n```"
 LONG_PROMPT = " ".join(f"word{i}" for i in range(1, 401))
@@ -31,6 +31,17 @@ XSS_PROMPT = 'look <img src="x" onerror="window.__conclave_xss = 1"> here'
 def wait_connected(b, timeout=20):
     b.wait(lambda: any(el.get_attribute("data-state") == "connected" for el in b.css('[data-testid="connection"]')),
            timeout, "the connection element to say connected")
+
+
+def open_new_session(b):
+    """Makes a session from the Sessions page's defaults and waits for its
+    page to be live; its id."""
+    b.open("/ui/sessions")
+    b.click("new-session")
+    b.click("create-session")
+    b.wait(lambda: b.path().startswith("/ui/sessions/"), 15, "the new session's page")
+    wait_connected(b)
+    return b.path().rsplit("/", 1)[1]
 
 
 def max_seq(b):
@@ -574,3 +585,4 @@ def scenario_interventions(b, args):
 from approvals import scenario_approvals, scenario_pipeline_approvals  # noqa: E402,F401
 from fork import scenario_fork  # noqa: E402,F401
 from usage import scenario_usage  # noqa: E402,F401
+from workspace import scenario_workspace  # noqa: E402,F401
