@@ -162,6 +162,12 @@ async fn clone_from_a_private_repository(backend_args: &[&str]) {
             chunk_usage(10, 5),
             end(),
         ]),
+        Reply::sse(vec![
+            content("ok"),
+            finish("stop"),
+            chunk_usage(10, 5),
+            end(),
+        ]),
     ])
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -296,6 +302,24 @@ base_url = "{}/v1"
     let (_, shallow) =
         get_keyed(KEY, format!("{base}/agent/session/{id}/files/.git/shallow")).await;
     assert_eq!(shallow.lines().count(), 1, "depth 1: {shallow}");
+    // A commit for ref: the tree as it was then (the first commit has no
+    // src/main.py).
+    let first = std::process::Command::new("git")
+        .args(["rev-parse", "main~1"])
+        .current_dir(root.path().join("repo.git"))
+        .output()
+        .unwrap();
+    let first = String::from_utf8(first.stdout).unwrap().trim().to_string();
+    let (pinned, turn_at, _) = first_turn(
+        json!({"url": repo, "credential": "git_token", "ref": first}),
+        "look",
+    )
+    .await;
+    assert!(turn_at.contains("workspace_uploaded"), "{turn_at}");
+    let files = |path: &str| get_keyed(KEY, format!("{base}/agent/session/{pinned}/files/{path}"));
+    assert_eq!(files("README.md").await.0, 200);
+    assert_eq!(files("src/main.py").await.0, 404);
+
     let (_, log_events) = get_keyed(KEY, format!("{base}/agent/session/{id}/events")).await;
     let (_, status_body) = get_keyed(KEY, format!("{base}/agent/session/{id}/status")).await;
     let requests: Vec<String> = upstream

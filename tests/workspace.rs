@@ -120,9 +120,21 @@ async fn turn(http: &reqwest::Client, base: &str, id: &str, prompt: &str) -> Vec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_users_code_in_and_the_agents_work_out_on_the_real_binary() {
     let cwd = tempfile::tempdir().unwrap();
+    // What a server killed mid-upload and mid-clone left behind goes at
+    // the next start.
+    let stale = [
+        cwd.path().join("data/uploads/x.part"),
+        cwd.path().join("data/clones/y/repo/f"),
+    ];
+    for path in &stale {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "left").unwrap();
+    }
     let mut command = serve_command(&[]);
     command.current_dir(cwd.path());
     let (mut child, base) = spawn_server(&mut command).await;
+    assert!(stale.iter().all(|p| !p.exists()), "{stale:?}");
+    assert!(!cwd.path().join("data/clones/y").exists());
     let http = reqwest::Client::new();
     let id = code_in_work_out(&http, &base).await;
     let deleted = http

@@ -307,6 +307,35 @@ async fn models(
 
 /// The sandboxes of the configured backend and the tools over them, or
 /// the caller's own router.
+/// Removes what a server that stopped mid-way left in the data directory:
+/// uploads being spooled (`uploads/`) and clones being made (`clones/`).
+/// Only a server writes there (`conclave mcp` on the same directory does
+/// not), and this one has not started any yet.
+fn sweep_scratch(data_dir: &std::path::Path) {
+    for dir in ["uploads", "clones"] {
+        let dir = data_dir.join(dir);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            match removed {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "removed what a stopped server left")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove what a stopped server left")
+                }
+            }
+        }
+    }
+}
+
 async fn tool_layer(
     config: &Config,
     tools: Tools,
@@ -337,6 +366,7 @@ async fn sandboxed(
     let (toolbox, instance) = toolbox::toolbox(config, &ground.store, Some(accounting)).await?;
     let sandboxes = toolbox.sandboxes.clone();
     sandboxes.pause_metrics().register(&ground.metrics);
+    sweep_scratch(&config.data_dir);
     let router = AgentTools::new(toolbox.clone(), config.mcp.clone())
         .with_scratch(config.data_dir.join("clones"));
     let router = shared::cluster_tools(
