@@ -69,7 +69,7 @@ base_url = "{}/v1"
 
 async fn secrets_stay_out_of_everything(backend: &[&str]) {
     let upstream = Upstream::start(vec![
-        bash("c1", "echo $TOKEN; echo $PLAIN"),
+        bash("c1", "echo $TOKEN; echo $PLAIN; echo $TOKEN > token.txt"),
         bash("c2", "echo $TOKEN | base64"),
         bash("c3", "python3 -c 'import os; print(os.environ)'"),
         // Printed while it runs: reported before the call ends.
@@ -191,6 +191,14 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
     let (_, log_events) = get_keyed(ALICE, format!("{base}/agent/session/{id}/events")).await;
     let (_, status_body) = get_keyed(ALICE, format!("{base}/agent/session/{id}/status")).await;
     assert!(log_events.contains("[secret TOKEN]"), "{log_events}");
+    // The turn's diff, which the dashboard shows, is scrubbed too; the
+    // workspace keeps what the command wrote, for its own key to take.
+    let changes = format!("{base}/agent/session/{id}/changes?format=patch");
+    let (status, patch) = get_keyed(ALICE, changes).await;
+    assert_eq!(status, 200, "{patch}");
+    assert!(patch.contains("+[secret TOKEN]"), "{patch}");
+    let written = format!("{base}/agent/session/{id}/files/token.txt");
+    assert_eq!(get_keyed(ALICE, written).await.1, format!("{TOKEN}\n"));
     // The model's requests after each call carry the scrubbed results.
     let requests: Vec<String> = upstream
         .requests()
@@ -209,6 +217,7 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
         ("the turn", &turn),
         ("the event log", &log_events),
         ("the status", &status_body),
+        ("the turn's diff", &patch),
         ("the server's log", &log),
     ]
     .into_iter()

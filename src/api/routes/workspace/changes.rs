@@ -115,7 +115,13 @@ pub async fn changes(
     .await
     .map_err(ApiError::internal)?
     .map_err(|e| ApiError::internal(format!("comparing the snapshots: {e}")))?;
-    Ok(match computed {
+    // The dashboard shows these: the session's secrets go as from a tool.
+    let scrubber = target.place.scrubber();
+    let (mut files, patch) = computed;
+    for file in &mut files {
+        file.path = scrubber.scrub(&file.path);
+    }
+    Ok(match (files, patch.map(|p| scrubber.scrub(&p))) {
         (_, Some(patch)) => {
             let mut response = patch.into_response();
             response.headers_mut().insert(
