@@ -517,9 +517,11 @@ impl AgentTools {
             Ok(place) => place,
             Err(e) => return ToolOutput::error(e.0),
         };
-        // The workspace before the turn's first call, for its result's
-        // `files_changed`.
-        if !self.tools.baselines.touch(ctx.session_id)
+        // The workspace before the turn's first call that may write, for
+        // its result's `files_changed` (a turn that only reads lists
+        // nothing).
+        if !crate::agent::READ_ONLY_TOOLS.contains(&name)
+            && !self.tools.baselines.touch(ctx.session_id)
             && let Ok(lease) = self.tools.lease(&place).await
         {
             super::changed::before_call(

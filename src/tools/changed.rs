@@ -1,15 +1,16 @@
 //! What a turn's tool calls did to the workspace's files, for its
 //! `result`'s `files_changed`.
 //!
-//! When a turn that called into the sandbox ends, the workspace's listing
-//! is taken (each file's kind, size, modification time and link target,
-//! from one `find`) and compared with the one before its first call: the
-//! last turn's end, kept, or one taken before that call when none is kept
-//! (the session's first turn, or after an upload, a clone or an IDE's call
-//! changed the workspace between turns, which drop it). A turn that made
-//! no call in the sandbox changed nothing and lists nothing. Contents are
-//! not read: a file written with the same bytes counts as modified here,
-//! while `GET …/changes` compares contents.
+//! When a turn that made a call that may write (any but `Read`, `Glob`,
+//! `Grep`) ends, the workspace's listing is taken (each file's kind, size,
+//! modification time and link target, from one `find`) and compared with
+//! the one from before its first such call: the last turn's end, kept, or
+//! one taken before that call when none is kept (the session's first turn,
+//! or after an upload, a clone or an IDE's call changed the workspace
+//! between turns, which drop it). A turn that made no such call changed
+//! nothing and lists nothing. Contents are not read: a file written with
+//! the same bytes counts as modified here, while `GET …/changes` compares
+//! contents.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
