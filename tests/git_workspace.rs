@@ -55,6 +55,23 @@ fn repository(root: &Path) {
     git(&work, &["add", "."]);
     git(&work, &["commit", "-q", "-m", "second"]);
     git(root, &["clone", "-q", "--bare", "work", "repo.git"]);
+    // One past the test's 16 MB sandbox disk: 20 MB that do not compress.
+    let big = root.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    git(&big, &["init", "-q"]);
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let noise: Vec<u8> = (0..20 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    std::fs::write(big.join("blob.bin"), noise).unwrap();
+    git(&big, &["add", "."]);
+    git(&big, &["commit", "-q", "-m", "big"]);
+    git(root, &["clone", "-q", "--bare", "big", "big.git"]);
 }
 
 /// `git http-backend` as CGI, behind basic auth with `x-access-token`.
@@ -178,6 +195,8 @@ api_keys = ["{KEY}"]
 git_token = "{TOKEN}"
 [mcp]
 allowed_http_servers = ["127.0.0.1"]
+[sandbox]
+disk_mb = 16
 [models.capable]
 provider = "openai"
 model = "capable-model"
@@ -258,9 +277,11 @@ base_url = "{}/v1"
     // A clone that fails ends the first turn, naming the URL and what git
     // said; the model is never asked.
     let missing = format!("{git_url}/missing.git");
+    let big = format!("{git_url}/big.git");
     for git in [
         json!({"url": missing, "credential": "git_token"}),
         json!({"url": repo}),
+        json!({"url": big, "credential": "git_token"}),
     ] {
         let (_, turn, events) = first_turn(git.clone(), "go").await;
         let error = events
@@ -273,6 +294,9 @@ base_url = "{}/v1"
             "{message}"
         );
         assert_eq!(events.last().unwrap()["status"], "error", "{turn}");
+        if git["url"] == big.as_str() {
+            assert!(message.contains("sandbox's disk"), "{message}");
+        }
     }
     assert!(upstream.requests().is_empty());
 

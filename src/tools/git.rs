@@ -23,6 +23,9 @@ use crate::egress::Rules;
 use crate::sandbox::secrets::Scrubber;
 use crate::sandbox::{Stdin, WORKSPACE, workspace};
 
+/// How often a running git's clone is measured against the sandbox's disk.
+const DISK_CHECK_EVERY: Duration = Duration::from_millis(500);
+
 /// What a clone put into the workspace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cloned {
@@ -108,12 +111,16 @@ pub async fn clone_into(
         None => {}
     }
     clone.extend(["--".into(), url.clone(), repo.display().to_string()]);
-    run_git(&clone, &env, &work, timeout, cancel, &scrubber)
+    let disk = (
+        repo.as_path(),
+        place.spec().disk_mb.saturating_mul(1024 * 1024),
+    );
+    run_git(&clone, &env, &work, timeout, cancel, &scrubber, disk)
         .await
         .map_err(&failed)?;
     if let Some(commit) = git.reference.as_ref().filter(|_| git.ref_is_commit()) {
         let checkout = ["checkout", "--quiet", "--detach", commit.as_str()].map(String::from);
-        run_git(&checkout, &env, &repo, timeout, cancel, &scrubber)
+        run_git(&checkout, &env, &repo, timeout, cancel, &scrubber, disk)
             .await
             .map_err(&failed)?;
     }
@@ -208,6 +215,7 @@ async fn run_git(
     timeout: Duration,
     cancel: &CancellationToken,
     scrubber: &Scrubber,
+    disk: (&Path, u64),
 ) -> Result<(), String> {
     let mut command = tokio::process::Command::new("git");
     command
@@ -216,16 +224,40 @@ async fn run_git(
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(dir)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let output = command.output();
-    let output = tokio::select! {
-        output = tokio::time::timeout(timeout, output) => output
-            .map_err(|_| format!("git took longer than {} s", timeout.as_secs()))?
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => "git is not installed on the server".to_string(),
-                _ => format!("running git: {e}"),
-            })?,
-        _ = cancel.cancelled() => return Err("interrupted".into()),
+    let child = command.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "git is not installed on the server".to_string(),
+        _ => format!("running git: {e}"),
+    })?;
+    // Dropped (killed) when the clone outgrows the sandbox's disk, takes
+    // too long or is interrupted.
+    let output = child.wait_with_output();
+    tokio::pin!(output);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut every = tokio::time::interval(DISK_CHECK_EVERY);
+    let output = loop {
+        tokio::select! {
+            output = &mut output => break output.map_err(|e| format!("running git: {e}"))?,
+            _ = &mut deadline => return Err(format!("git took longer than {} s", timeout.as_secs())),
+            _ = cancel.cancelled() => return Err("interrupted".into()),
+            _ = every.tick() => {
+                let (watched, limit) = (disk.0.to_path_buf(), disk.1);
+                let used = tokio::task::spawn_blocking(move || count(&watched).map(|(_, b)| b))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(0);
+                if used > limit {
+                    return Err(format!(
+                        "the clone passed {limit} bytes, the sandbox's disk (sandbox.disk_mb = {}), while git fetched; git was stopped",
+                        limit / (1024 * 1024)
+                    ));
+                }
+            }
+        }
     };
     if output.status.success() {
         return Ok(());
