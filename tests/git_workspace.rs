@@ -24,7 +24,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use base64::Engine;
-use common::binary::{get_keyed, send_keyed as send, serve_command, spawn_server, stop};
+use common::binary::{
+    drain_stderr, get_keyed, send_keyed as send, serve_command, spawn_server, stop,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
@@ -210,12 +212,7 @@ base_url = "{}/v1"
     let mut command = serve_command(&args);
     command.current_dir(dir.path()).env("RUST_LOG", "info");
     let (mut child, base) = spawn_server(&mut command).await;
-    let mut stderr = child.stderr.take().unwrap();
-    let log = tokio::spawn(async move {
-        let mut text = String::new();
-        stderr.read_to_string(&mut text).await.unwrap();
-        text
-    });
+    let log = drain_stderr(&mut child);
     let post = reqwest::Method::POST;
     let create = |git: Value| {
         send(

@@ -15,9 +15,10 @@ mod common;
 #[allow(dead_code)]
 mod upstream;
 
-use common::binary::{get_keyed, send_keyed as send, serve_command, spawn_server, stop};
+use common::binary::{
+    drain_stderr, get_keyed, send_keyed as send, serve_command, spawn_server, stop,
+};
 use serde_json::{Value, json};
-use tokio::io::AsyncReadExt;
 use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
 
 const TOKEN: &str = "ghp_s3cr3tT0kenValue1234";
@@ -90,12 +91,7 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
         .env("CONCLAVE_SECRETS__TOKEN", TOKEN)
         .env("RUST_LOG", "info");
     let (mut child, base) = spawn_server(&mut command).await;
-    let mut stderr = child.stderr.take().unwrap();
-    let log = tokio::spawn(async move {
-        let mut text = String::new();
-        stderr.read_to_string(&mut text).await.unwrap();
-        text
-    });
+    let log = drain_stderr(&mut child);
     let env =
         json!({"TOKEN": {"secret": "TOKEN"}, "OWN": {"secret": "OWN"}, "PLAIN": "plain-value"});
     let post = reqwest::Method::POST;

@@ -64,12 +64,10 @@ impl Baselines {
     }
 }
 
-/// Before a call of the session's turn in `sandbox`: makes sure the
-/// workspace as the turn found it is known.
+/// Before the first call of the session's turn that may write, when
+/// [`Baselines::touch`] found no listing: the workspace as the turn found it.
 pub async fn before_call(baselines: &Baselines, session: Uuid, sandbox: &dyn Sandbox) {
-    if !baselines.touch(session)
-        && let Some(found) = listing(sandbox).await
-    {
+    if let Some(found) = listing(sandbox).await {
         baselines.keep(session, found, true);
     }
 }

@@ -46,6 +46,18 @@ pub async fn spawn_server(command: &mut Command) -> (Child, String) {
     (child, url)
 }
 
+/// The server's stderr, read to its end from a task of its own (so a
+/// chatty log never fills the pipe): its text once the server exits.
+pub fn drain_stderr(child: &mut Child) -> tokio::task::JoinHandle<String> {
+    use tokio::io::AsyncReadExt;
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    tokio::spawn(async move {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).await.expect("read stderr");
+        text
+    })
+}
+
 /// SIGTERM, then waits for a clean exit.
 pub async fn stop(child: &mut Child) {
     let pid = child.id().expect("running");

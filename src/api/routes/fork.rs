@@ -60,32 +60,27 @@ pub async fn checked_sandbox(
     caller: &Caller,
     options: &serde_json::Value,
 ) -> Result<Option<String>, ApiError> {
-    if let (Some(sandboxes), Some(env)) = (
+    // An agent session's: its environment's secrets and its clone's
+    // credential must be the caller's key's.
+    if let (Some(sandboxes), Ok(agent)) = (
         &state.sandboxes,
-        options.pointer("/sandbox/env").filter(|e| !e.is_null()),
+        crate::agent::AgentOptions::deserialize(options),
     ) {
-        let options = crate::agent::AgentOptions {
-            sandbox: Some(crate::agent::options::SandboxOptions {
-                env: serde_json::from_value(env.clone()).ok(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        crate::tools::place::sandbox_env(sandboxes, &options, caller.owner())
+        crate::tools::place::sandbox_env(sandboxes, &agent, caller.owner())
             .map_err(crate::session::SessionError::from)?;
-    }
-    if let (Some(sandboxes), Some(name)) = (
-        &state.sandboxes,
-        options
-            .pointer("/workspace/git/credential")
-            .and_then(serde_json::Value::as_str),
-    ) && sandboxes.secrets().get(caller.owner(), name).is_none()
-    {
-        return Err(crate::session::SessionError::from(crate::session::OptionError::new(
-            "options.workspace.git.credential",
-            format!("no secret {name} for this key ([secrets] or [keys.NAME.secrets] of the server's config)"),
-        ))
-        .into());
+        let credential = agent
+            .workspace
+            .and_then(|w| w.git)
+            .and_then(|g| g.credential);
+        if let Some(name) = credential
+            && sandboxes.secrets().get(caller.owner(), &name).is_none()
+        {
+            return Err(crate::session::SessionError::from(crate::session::OptionError::new(
+                "options.workspace.git.credential",
+                format!("no secret {name} for this key ([secrets] or [keys.NAME.secrets] of the server's config)"),
+            ))
+            .into());
+        }
     }
     let Some(snapshot) = crate::agent::fork::seed_of(options) else {
         return Ok(None);
