@@ -108,6 +108,7 @@ fn spec() -> SandboxSpec {
         pids: 256,
         disk_mb: 256,
         network: false,
+        egress: None,
         env: BTreeMap::new(),
         labels: BTreeMap::from([(LABEL_MANAGED.to_string(), "true".to_string())]),
     }

@@ -16,6 +16,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
+
+use crate::config::{canonical, is_host_name};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// One allow entry.
@@ -236,27 +238,6 @@ fn normal_name(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
-fn is_host_name(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 253
-        && text.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        })
-}
-
-/// An IPv4 address carried in IPv6 (mapped or NAT64) counts as itself.
-fn canonical(addr: IpAddr) -> IpAddr {
-    match addr {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
-
 /// Every address range that is not the public internet, and its kind; the
 /// first range holding an address names it. Besides the checks here, the
 /// sandbox firewall rejects every one of them, so what the server may not
@@ -294,8 +275,10 @@ pub const NOT_PUBLIC: &[(&str, &str)] = &[
     ("ff00::/8", "reserved"),
 ];
 
-/// What kind of address this is: `public`, or why it is not.
-fn kind_of(addr: IpAddr) -> &'static str {
+/// What kind of address this is: `public`, or why it is not (an IPv4
+/// address carried in IPv6 counts as itself).
+pub fn kind_of(addr: IpAddr) -> &'static str {
+    let addr = canonical(addr);
     NOT_PUBLIC
         .iter()
         .find(|(net, _)| net.parse::<IpNet>().is_ok_and(|net| net.contains(&addr)))

@@ -21,7 +21,12 @@ pub enum Prune {
 }
 
 async fn backend(config: &Config) -> anyhow::Result<Arc<dyn SandboxBackend>> {
-    Ok(sandbox::connect(&config.sandbox, &config.data_dir).await?)
+    let secrets = sandbox::secrets::SecretStore::from_config(config);
+    let proxy = Arc::new(sandbox::proxy::EgressProxy::new(
+        &config.sandbox.network,
+        secrets.scrubber_of_all(),
+    ));
+    Ok(sandbox::connect(&config.sandbox, &config.data_dir, proxy).await?)
 }
 
 fn expires(at: Option<i64>) -> String {

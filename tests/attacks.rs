@@ -573,6 +573,7 @@ async fn a_racing_symlink_never_lets_a_file_tool_out_of_the_workspace() {
             pids: 64,
             disk_mb: 64,
             network: false,
+            egress: None,
             env: Default::default(),
             labels: [
                 (LABEL_MANAGED.to_string(), "true".to_string()),

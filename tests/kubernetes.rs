@@ -36,6 +36,7 @@ fn spec() -> SandboxSpec {
         pids: 256,
         disk_mb: 1024,
         network: false,
+        egress: None,
         env: BTreeMap::from([("LANG".into(), "C.UTF-8".into())]),
         labels: BTreeMap::from([
             (LABEL_MANAGED.into(), "true".into()),

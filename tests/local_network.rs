@@ -210,6 +210,7 @@ async fn a_network_sandbox_listens_on_its_own_interface_only_and_reaches_the_int
             pids: 64,
             disk_mb: 64,
             network: true,
+            egress: None,
             env: Default::default(),
             labels: Default::default(),
         })

@@ -50,6 +50,7 @@ fn spec() -> SandboxSpec {
         pids: 64,
         disk_mb: 64,
         network: false,
+        egress: None,
         env: BTreeMap::from([("GREETING".to_string(), "hello".to_string())]),
         labels: BTreeMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),

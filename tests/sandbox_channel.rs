@@ -59,6 +59,7 @@ fn spec() -> SandboxSpec {
         pids: 64,
         disk_mb: 64,
         network: false,
+        egress: None,
         env: BTreeMap::new(),
         labels: BTreeMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),

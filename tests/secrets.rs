@@ -16,9 +16,10 @@ mod common;
 mod upstream;
 
 use common::binary::{
-    drain_stderr, get_keyed, send_keyed as send, serve_command, spawn_server, stop,
+    drain_stderr, get_keyed, keyed_turn, send_keyed as send, serve_command, spawn_server, stop,
+    tool_results,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
 
 const TOKEN: &str = "ghp_s3cr3tT0kenValue1234";
@@ -122,35 +123,9 @@ async fn secrets_stay_out_of_everything(backend: &[&str]) {
     .await;
     assert_eq!(status, 422, "{body}");
 
-    let (status, body) = send(
-        ALICE,
-        post.clone(),
-        format!("{base}/agent/session"),
-        Some(json!({"model": "capable", "max_turns": 10, "sandbox": {"env": env}})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    let id = serde_json::from_str::<Value>(&body).unwrap()["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (status, turn) = send(
-        ALICE,
-        post,
-        format!("{base}/agent/session/{id}/message"),
-        Some(json!({"prompt": "use the token"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{turn}");
-    let events: Vec<Value> = turn
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let results: Vec<String> = events
-        .iter()
-        .filter(|e| e["type"] == "tool_result")
-        .map(|e| e["output"].to_string())
-        .collect();
+    let create = json!({"model": "capable", "max_turns": 10, "sandbox": {"env": env}});
+    let (id, turn, events) = keyed_turn(ALICE, &base, create, "use the token").await;
+    let results = tool_results(&events);
     assert_eq!(results.len(), 4, "{turn}");
     assert!(
         results[0].contains("[secret TOKEN]") && results[0].contains("plain-value"),

@@ -506,6 +506,12 @@ async fn sandbox_limits_below_the_floor_are_refused_naming_the_field() {
         (json!({"memory_mb": 1_000_000}), "options.sandbox.memory_mb"),
         (json!({"timeout_s": 0}), "options.sandbox.timeout_s"),
         (json!({"network": true}), "options.sandbox.network"),
+        // No ceiling (sandbox.network.allow) is configured: any name is wider.
+        (
+            json!({"network": {"allow": ["pypi.org"]}}),
+            "options.sandbox.network.allow[0]",
+        ),
+        (json!({"network": {"deny": []}}), "options.sandbox.network"),
     ] {
         let response = server
             .post("/agent/session", json!({"options": {"sandbox": sandbox}}))

@@ -50,8 +50,8 @@ pub use deps::TurnDeps;
 pub use harness::READ_ONLY_TOOLS;
 pub use hook::check_hook_url;
 pub use options::{
-    A2aAgentSpec, AgentOptions, EnvValue, GitSource, McpServerSpec, RESERVED_SERVER_NAMES,
-    SecretRef, WorkspaceOptions,
+    A2aAgentSpec, AgentOptions, EnvValue, GitSource, McpServerSpec, NetworkAllow, NetworkOption,
+    RESERVED_SERVER_NAMES, SecretRef, WorkspaceOptions,
 };
 pub use task::AgentTask;
 pub use tools::{NoTools, Seeded, ToolChunk, ToolContext, ToolOutput, ToolRouter};

@@ -107,8 +107,10 @@ pub struct SandboxOptions {
     pub cpus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u64>,
+    /// `true`: the internet (when the server allows it); `{allow: [...]}`:
+    /// only those names, through the server's egress proxy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
+    pub network: Option<NetworkOption>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,
     /// A snapshot (`snapshot_id`) whose workspace the session's sandbox
@@ -120,6 +122,42 @@ pub struct SandboxOptions {
     /// scrubbed out of everything the tools return.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<BTreeMap<String, EnvValue>>,
+}
+
+/// `options.sandbox.network`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum NetworkOption {
+    /// `true`: the internet; `false`: nothing but loopback.
+    Switch(bool),
+    /// Only these names (and address entries) through the server's egress
+    /// proxy, a narrowing of `sandbox.network.allow`.
+    Allow(NetworkAllow),
+}
+
+impl<'de> Deserialize<'de> for NetworkOption {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Switch(bool),
+            Allow(NetworkAllow),
+        }
+        match Given::deserialize(deserializer) {
+            Ok(Given::Switch(on)) => Ok(NetworkOption::Switch(on)),
+            Ok(Given::Allow(allow)) => Ok(NetworkOption::Allow(allow)),
+            Err(_) => Err(serde::de::Error::custom(
+                "expected true, false or {\"allow\": [\"name\", \"*.name\", \"CIDR\", ...]}",
+            )),
+        }
+    }
+}
+
+/// `{allow: ["pypi.org", "*.pythonhosted.org"]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkAllow {
+    pub allow: Vec<String>,
 }
 
 /// One variable of `options.sandbox.env`.

@@ -32,6 +32,10 @@ pub struct SandboxConfig {
     /// CIDRs (or addresses) a sandbox given network may reach beyond the
     /// internet, e.g. a package mirror on the private network.
     pub network_allow: Vec<String>,
+    /// The egress proxy of sessions that ask for an allow-list
+    /// (`options.sandbox.network: {allow: [...]}`): the names they may
+    /// narrow it to, and names pinned to addresses.
+    pub network: super::NetworkConfig,
     /// Per-exec timeout when a call names none, and the most one may name.
     pub exec_timeout_s: u64,
     pub max_exec_timeout_s: u64,
@@ -101,6 +105,7 @@ impl Default for SandboxConfig {
             max_memory_mb: 4096,
             allow_network: false,
             network_allow: Vec::new(),
+            network: Default::default(),
             exec_timeout_s: 60,
             max_exec_timeout_s: 600,
             idle_ttl_s: 900,
@@ -255,6 +260,7 @@ impl SandboxConfig {
         for (i, net) in self.network_allow.iter().enumerate() {
             parse_net(net).map_err(|e| (format!("sandbox.network_allow[{i}]"), e))?;
         }
+        self.network.validate()?;
         if self.image.trim().is_empty() {
             return fail("sandbox.image", "must not be empty".into());
         }

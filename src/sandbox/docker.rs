@@ -39,6 +39,8 @@ use bollard::query_parameters::{
 };
 use uuid::Uuid;
 
+use crate::config::AllowList;
+
 use self::agent::{BOOT_SCRIPT, Boot};
 use self::sandbox::DockerSandbox;
 use super::{
@@ -47,6 +49,7 @@ use super::{
 };
 
 mod agent;
+mod egress;
 mod replies;
 mod sandbox;
 
@@ -59,6 +62,8 @@ const POOL_PREFIX: &str = "conclave-pool-";
 #[derive(Clone)]
 pub struct DockerBackend {
     docker: Docker,
+    /// Serves sandboxes made with an allow-list (`SandboxSpec::egress`).
+    proxy: Option<Arc<super::proxy::EgressProxy>>,
 }
 
 impl DockerBackend {
@@ -77,7 +82,16 @@ impl DockerBackend {
             .ping()
             .await
             .map_err(|e| SandboxError::Unavailable(format!("docker: {e}")))?;
-        Ok(DockerBackend { docker })
+        Ok(DockerBackend {
+            docker,
+            proxy: None,
+        })
+    }
+
+    /// Serves sandboxes made with an allow-list through `proxy`.
+    pub fn with_proxy(mut self, proxy: Arc<super::proxy::EgressProxy>) -> DockerBackend {
+        self.proxy = Some(proxy);
+        self
     }
 
     /// Makes the bridge network sandboxes given network sit on, unless it
@@ -127,6 +141,9 @@ impl DockerBackend {
         };
         let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
         labels.insert(LABEL_MANAGED.into(), "true".into());
+        if let Some(allow) = &spec.egress {
+            labels.insert(egress::LABEL_EGRESS.into(), egress::Egress::label(allow));
+        }
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: Some(vec!["/bin/sh".into(), "-c".into(), BOOT_SCRIPT.into()]),
@@ -161,15 +178,29 @@ impl DockerBackend {
             let _ = remove_container(&self.docker, &created.id).await;
             return Err(backend_error(e));
         }
-        let sandbox = self.sandbox(created.id, Boot::Fresh);
+        let sandbox = self.sandbox(created.id, Boot::Fresh, spec.egress.clone())?;
+        if let Err(e) = sandbox.listen().await {
+            let _ = remove_container(&self.docker, sandbox.id()).await;
+            return Err(e);
+        }
         // Started here, off any exec's path (a warm pool fills in the
         // background).
         sandbox.agent().await;
         Ok(Arc::new(sandbox))
     }
 
-    fn sandbox(&self, id: String, boot: Boot) -> DockerSandbox {
-        DockerSandbox::new(self.docker.clone(), id, boot)
+    /// A sandbox's handle; one with an allow-list needs the proxy.
+    fn sandbox(&self, id: String, boot: Boot, allow: Option<AllowList>) -> Result<DockerSandbox> {
+        let egress = match (allow, &self.proxy) {
+            (None, _) => None,
+            (Some(allow), Some(proxy)) => Some(egress::Egress::new(proxy.clone(), allow)),
+            (Some(_), None) => {
+                return Err(SandboxError::Unavailable(
+                    "this sandbox has an allow-list, and the backend no egress proxy".into(),
+                ));
+            }
+        };
+        Ok(DockerSandbox::new(self.docker.clone(), id, boot, egress))
     }
 }
 
@@ -277,7 +308,12 @@ impl SandboxBackend for DockerBackend {
                     return Ok(None);
                 }
                 let id = info.id.unwrap_or_else(|| id.to_string());
-                let sandbox = self.sandbox(id, Boot::Unknown);
+                let allow = info
+                    .config
+                    .and_then(|c| c.labels)
+                    .and_then(|labels| labels.get(egress::LABEL_EGRESS).cloned())
+                    .map(|label| egress::Egress::from_label(&label).unwrap_or_default());
+                let sandbox = self.sandbox(id, Boot::Unknown, allow)?;
                 // A sandbox is attached to be used: one the server paused
                 // while idle is resumed, as the server's own next call would.
                 if state.paused.unwrap_or(false) {
@@ -287,6 +323,7 @@ impl SandboxBackend for DockerBackend {
                         "resumed a paused sandbox to attach it"
                     );
                 }
+                sandbox.listen().await?;
                 Ok(Some(Arc::new(sandbox) as Arc<dyn Sandbox>))
             }
             Err(e) if is_not_found(&e) => Ok(None),

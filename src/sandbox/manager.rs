@@ -114,6 +114,8 @@ pub struct SandboxManager {
     marks: Option<shared::Marks>,
     /// The secrets sessions may put in their sandboxes' environment.
     secrets: Arc<super::secrets::SecretStore>,
+    /// The egress proxy of sandboxes given an allow-list.
+    proxy: Option<Arc<super::proxy::EgressProxy>>,
 }
 
 /// A session's hold on its sandbox; while one is held the sandbox is not
@@ -167,13 +169,8 @@ impl SandboxManager {
             removed: None,
             marks: None,
             secrets: Default::default(),
+            proxy: None,
         }
-    }
-
-    /// Counts each session's sandbox against its key's `max_sandboxes`.
-    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Quotas>) -> SandboxManager {
-        self.quotas = Some(quota::SandboxQuotas { quotas });
-        self
     }
 
     /// Whether the backend can start sandboxes of `image`.
@@ -198,6 +195,7 @@ impl SandboxManager {
             pids: self.config.pids,
             disk_mb: self.config.disk_mb,
             network: false,
+            egress: None,
             env: BTreeMap::new(),
             labels: BTreeMap::new(),
         }

@@ -23,6 +23,7 @@ pub mod firewall;
 pub mod kubernetes;
 pub mod local;
 pub mod manager;
+pub mod proxy;
 pub mod secrets;
 pub mod snapshots;
 pub mod supervise;
@@ -98,6 +99,9 @@ pub struct SandboxSpec {
     pub disk_mb: u64,
     /// `false`: no interface but loopback.
     pub network: bool,
+    /// No interface but loopback, where the server's egress proxy
+    /// ([`proxy`]) listens and reaches only what this list allows.
+    pub egress: Option<crate::config::AllowList>,
     pub env: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
 }
@@ -284,6 +288,7 @@ pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 pub async fn connect(
     config: &crate::config::SandboxConfig,
     data_dir: &std::path::Path,
+    proxy: Arc<proxy::EgressProxy>,
 ) -> Result<Arc<dyn SandboxBackend>> {
     use crate::config::SandboxBackendKind as Kind;
     let local = || -> Result<Arc<dyn SandboxBackend>> {
@@ -292,16 +297,19 @@ pub async fn connect(
             .root
             .clone()
             .unwrap_or_else(|| data_dir.join("sandboxes"));
-        Ok(Arc::new(local::LocalBackend::new(
-            config.local.clone(),
-            root,
-        )?))
+        Ok(Arc::new(
+            local::LocalBackend::new(config.local.clone(), root)?.with_proxy(proxy.clone()),
+        ))
     };
     // The docker backend, kept concrete for the network guard.
     let mut docker = None;
     let backend: Arc<dyn SandboxBackend> = match config.backend {
         Kind::Docker => {
-            let backend = Arc::new(docker::DockerBackend::connect().await?);
+            let backend = Arc::new(
+                docker::DockerBackend::connect()
+                    .await?
+                    .with_proxy(proxy.clone()),
+            );
             docker = Some(backend.clone());
             backend
         }
@@ -312,7 +320,7 @@ pub async fn connect(
         Kind::Auto => match docker::DockerBackend::connect().await {
             Ok(backend) => {
                 tracing::info!("sandbox backend: docker (its socket answers)");
-                let backend = Arc::new(backend);
+                let backend = Arc::new(backend.with_proxy(proxy.clone()));
                 docker = Some(backend.clone());
                 backend
             }

@@ -46,6 +46,19 @@ impl SecretStore {
         }
     }
 
+    /// A scrubber of every configured secret, whoever's: for what the
+    /// server logs of a sandbox whose session it does not know.
+    pub fn scrubber_of_all(&self) -> Scrubber {
+        let all = self
+            .global
+            .iter()
+            .chain(self.by_owner.values().flat_map(|own| own.iter()));
+        Scrubber::new(all).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "too many secrets to scrub in the egress proxy's messages");
+            Scrubber::default()
+        })
+    }
+
     /// The value of secret `name` as `owner`'s sessions see it: the key's
     /// own first, then every key's. `None` when the key has no such secret.
     pub fn get(&self, owner: Option<&str>, name: &str) -> Option<&str> {

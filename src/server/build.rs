@@ -366,6 +366,9 @@ async fn sandboxed(
     let (toolbox, instance) = toolbox::toolbox(config, &ground.store, Some(accounting)).await?;
     let sandboxes = toolbox.sandboxes.clone();
     sandboxes.pause_metrics().register(&ground.metrics);
+    if let Some(proxy) = sandboxes.proxy() {
+        proxy.register(&ground.metrics);
+    }
     sweep_scratch(&config.data_dir);
     let router = AgentTools::new(toolbox.clone(), config.mcp.clone())
         .with_scratch(config.data_dir.join("clones"));

@@ -33,7 +33,12 @@ pub(super) async fn toolbox(
     store: &Arc<dyn Store>,
     accounting: Option<Accounting<'_>>,
 ) -> Result<(Arc<Toolbox>, String), StartError> {
-    let backend = sandbox::connect(&config.sandbox, &config.data_dir)
+    let secrets = sandbox::secrets::SecretStore::from_config(config);
+    let proxy = Arc::new(sandbox::proxy::EgressProxy::new(
+        &config.sandbox.network,
+        secrets.scrubber_of_all(),
+    ));
+    let backend = sandbox::connect(&config.sandbox, &config.data_dir, proxy.clone())
         .await
         .map_err(|e| StartError::Sandbox(e.to_string()))?;
     let instance = sandbox::instance_id(&config.data_dir).map_err(|e| StartError::Store {
@@ -50,7 +55,8 @@ pub(super) async fn toolbox(
     let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
         .with_snapshots(snapshots)
         .with_marks(config.data_dir.join("sandbox-sessions"))
-        .with_secrets(sandbox::secrets::SecretStore::from_config(config));
+        .with_secrets(secrets)
+        .with_proxy(proxy);
     let sandboxes = Arc::new(match accounting {
         Some(accounting) => {
             // Named snapshots count in a key's `storage_mb`.

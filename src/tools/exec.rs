@@ -1,13 +1,20 @@
 //! `execute_code`, `execute_shell`, and the runs `execute_shell` starts in
 //! the background.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::background::{RunList, RunView};
-use super::output::Reporter;
+use super::output::{Progress, Reporter};
 use super::schema::{ExecResult, ExecuteCode, ExecuteShell};
 use super::{Invocation, ToolError, Toolbox, lossy};
+use crate::agent::tools::STATUS_STREAM;
+use crate::sandbox::proxy::Follow;
+use crate::sandbox::secrets::Scrubber;
 use crate::sandbox::{ExecRequest, WORKSPACE, exec_collect};
 use crate::telemetry::{otel, spans};
 
@@ -142,6 +149,15 @@ async fn run(
         .output
         .clone()
         .map(|to| Reporter::start(to, scrubber.clone()));
+    // Refusals of the sandbox's egress proxy while the command runs.
+    let refusals = match (&call.output, tools.sandboxes.proxy()) {
+        (Some(to), Some(proxy)) if call.place.spec().egress.is_some() => Some(tell_refusals(
+            proxy.follow(lease.sandbox.id()),
+            to.clone(),
+            scrubber.clone(),
+        )),
+        _ => None,
+    };
     let session = call.place.session_id().map(|id| id.to_string());
     let span = spans::exec(
         tools.sandboxes.backend_name(),
@@ -169,6 +185,10 @@ async fn run(
     if let Some(reporter) = reporter {
         reporter.finish().await;
     }
+    if let Some((done, task)) = refusals {
+        done.cancel();
+        let _ = task.await;
+    }
     let (status, out) = collected?;
     let state = if status.timed_out {
         "timeout"
@@ -188,4 +208,32 @@ async fn run(
         truncated: out.truncated,
         background_id: None,
     })
+}
+
+/// Tells `to` each refusal of a followed sandbox's egress proxy as a
+/// status note, until the token is cancelled (then what is queued).
+fn tell_refusals(
+    mut follow: Follow,
+    to: Arc<dyn Progress>,
+    scrubber: Scrubber,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let done = CancellationToken::new();
+    let stop = done.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                received = follow.refusals.recv() => match received {
+                    Ok(message) => message,
+                    Err(RecvError::Lagged(n)) => format!("egress proxy: {n} more refusals not shown"),
+                    Err(RecvError::Closed) => return,
+                },
+                () = stop.cancelled() => break,
+            };
+            let _ = to.report(STATUS_STREAM, scrubber.scrub(&message), 0).await;
+        }
+        while let Ok(message) = follow.refusals.try_recv() {
+            let _ = to.report(STATUS_STREAM, scrubber.scrub(&message), 0).await;
+        }
+    });
+    (done, task)
 }

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use uuid::Uuid;
 
 use super::ToolError;
-use crate::agent::{AgentOptions, EnvValue};
+use crate::agent::{AgentOptions, EnvValue, NetworkOption};
+use crate::config::AllowList;
 use crate::sandbox::manager::SandboxFor;
 use crate::sandbox::secrets::Scrubber;
 use crate::sandbox::{Lease, Result, SandboxManager, SandboxSpec};
@@ -179,16 +180,57 @@ pub fn spec_for(
             format!("must be 1 to {}", config.max_exec_timeout_s),
         ));
     }
-    if asked.network == Some(true) {
-        if !config.allow_network {
-            return Err(bad(
-                "network",
-                "this server gives sandboxes no network".into(),
-            ));
+    match &asked.network {
+        Some(NetworkOption::Switch(true)) => {
+            if !config.allow_network {
+                return Err(bad(
+                    "network",
+                    "this server gives sandboxes no network".into(),
+                ));
+            }
+            spec.network = true;
         }
-        spec.network = true;
+        Some(NetworkOption::Allow(asked)) => {
+            spec.egress = Some(allow_list(sandboxes, &asked.allow)?);
+            spec.env.extend(crate::sandbox::proxy::proxy_env());
+        }
+        Some(NetworkOption::Switch(false)) | None => {}
     }
     Ok(spec)
+}
+
+/// A session's allow-list, which may only narrow `sandbox.network.allow`,
+/// on a backend that can hold a sandbox to the egress proxy.
+fn allow_list(
+    sandboxes: &SandboxManager,
+    entries: &[String],
+) -> std::result::Result<AllowList, OptionError> {
+    let refuse = |message: &str| Err(OptionError::new("options.sandbox.network", message));
+    match sandboxes.backend_name() {
+        "kubernetes" => {
+            return refuse(
+                "the kubernetes backend has no egress proxy: hold sandbox Pods with a NetworkPolicy (deploy/kubernetes/)",
+            );
+        }
+        "local" if !crate::sandbox::local::is_root() => {
+            return refuse("the local backend runs the egress proxy only as root");
+        }
+        _ => {}
+    }
+    let list = AllowList::parse(entries)
+        .map_err(|(i, e)| OptionError::new(format!("options.sandbox.network.allow[{i}]"), e))?;
+    let ceiling = AllowList::parse(&sandboxes.config().network.allow).unwrap_or_default();
+    if let Some(i) = ceiling.uncovered(&list) {
+        return Err(OptionError::new(
+            format!("options.sandbox.network.allow[{i}]"),
+            format!(
+                "{:?} is wider than this server allows (sandbox.network.allow: {:?})",
+                entries[i],
+                ceiling.to_strings()
+            ),
+        ));
+    }
+    Ok(list)
 }
 
 /// The environment `options.sandbox.env` gives every command, its secrets

@@ -103,6 +103,42 @@ pub async fn get_keyed(key: &str, url: String) -> (u16, String) {
     send_keyed(key, reqwest::Method::GET, url, None).await
 }
 
+/// Creates a session with `create` as `key` and runs one turn of
+/// `prompt`: the session's id, the turn's NDJSON and its events.
+pub async fn keyed_turn(
+    key: &str,
+    base: &str,
+    create: serde_json::Value,
+    prompt: &str,
+) -> (String, String, Vec<serde_json::Value>) {
+    let post = reqwest::Method::POST;
+    let url = format!("{base}/agent/session");
+    let (status, body) = send_keyed(key, post.clone(), url, Some(create)).await;
+    assert_eq!(status, 201, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).expect("JSON")["session_id"]
+        .as_str()
+        .expect("a session id")
+        .to_string();
+    let url = format!("{base}/agent/session/{id}/message");
+    let prompt = serde_json::json!({ "prompt": prompt });
+    let (status, turn) = send_keyed(key, post, url, Some(prompt)).await;
+    assert_eq!(status, 200, "{turn}");
+    let events = turn
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an NDJSON event"))
+        .collect();
+    (id, turn, events)
+}
+
+/// The `output` of each `tool_result` event, as JSON text.
+pub fn tool_results(events: &[serde_json::Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .map(|e| e["output"].to_string())
+        .collect()
+}
+
 /// The peak resident memory of process `pid` so far, in MiB.
 pub fn peak_rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");

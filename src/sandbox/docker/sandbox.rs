@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::agent::{Agent, Boot};
+use super::egress::Egress;
 use super::replies::HelperReply;
 use super::{SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
@@ -39,6 +40,8 @@ pub(super) struct DockerSandbox {
     /// timeout passed) unpauses it first, since frozen processes cannot
     /// act on the kill.
     paused: AtomicBool,
+    /// The egress proxy's listener, for a sandbox with an allow-list.
+    egress: Option<Egress>,
 }
 
 /// Where a sandbox's exec helper stands.
@@ -51,13 +54,28 @@ enum AgentState {
 }
 
 impl DockerSandbox {
-    pub(super) fn new(docker: Docker, id: String, boot: Boot) -> DockerSandbox {
+    pub(super) fn new(
+        docker: Docker,
+        id: String,
+        boot: Boot,
+        egress: Option<Egress>,
+    ) -> DockerSandbox {
         DockerSandbox {
             docker,
             id,
             last_cpu: Mutex::new(None),
             agent: Mutex::new(AgentState::Pending(boot)),
             paused: AtomicBool::new(false),
+            egress,
+        }
+    }
+
+    /// Binds the egress proxy's listener in the container's namespace, for
+    /// a sandbox with an allow-list (again after a restart).
+    pub(super) async fn listen(&self) -> Result<()> {
+        match &self.egress {
+            Some(egress) => egress.ensure(&self.docker, &self.id).await,
+            None => Ok(()),
         }
     }
 
@@ -112,6 +130,10 @@ impl DockerSandbox {
         let mut state = self.agent.lock().await;
         if !matches!(*state, AgentState::Unusable) {
             *state = AgentState::Pending(Boot::Fresh);
+        }
+        drop(state);
+        if let Err(e) = self.listen().await {
+            tracing::error!(sandbox = %self.id, error = %e, "no egress proxy after the restart");
         }
     }
 

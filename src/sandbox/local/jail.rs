@@ -202,6 +202,9 @@ pub(super) struct Jail {
     veth: bool,
     cpu_rlimit_cpus: Option<f64>,
     env: BTreeMap<String, String>,
+    /// The egress proxy's allow-list: its listener is bound in each exec's
+    /// network namespace.
+    egress: Option<crate::config::AllowList>,
 }
 
 impl Jail {
@@ -333,6 +336,7 @@ impl Jail {
             veth,
             cpu_rlimit_cpus: (fallbacks.cpu && spec.cpus > 0.0).then_some(spec.cpus),
             env,
+            egress: spec.egress.clone(),
         }
     }
 
@@ -340,6 +344,11 @@ impl Jail {
     /// before the command runs.
     pub(super) fn veth(&self) -> bool {
         self.veth
+    }
+
+    /// The allow-list of the egress proxy each exec reaches.
+    pub(super) fn egress(&self) -> Option<&crate::config::AllowList> {
+        self.egress.as_ref()
     }
 
     /// The command for one exec in root directory `root` (see

@@ -33,6 +33,9 @@ pub(super) struct SpecRecord {
     pub(super) pids: u32,
     pub(super) disk_mb: u64,
     pub(super) network: bool,
+    /// The allow-list of the egress proxy, as its entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) egress: Option<Vec<String>>,
     pub(super) env: BTreeMap<String, String>,
     pub(super) labels: BTreeMap<String, String>,
 }
@@ -46,6 +49,7 @@ impl From<&SandboxSpec> for SpecRecord {
             pids: spec.pids,
             disk_mb: spec.disk_mb,
             network: spec.network,
+            egress: spec.egress.as_ref().map(|list| list.to_strings()),
             env: spec.env.clone(),
             labels: spec.labels.clone(),
         }
@@ -61,6 +65,9 @@ impl From<SpecRecord> for SandboxSpec {
             pids: record.pids,
             disk_mb: record.disk_mb,
             network: record.network,
+            egress: record
+                .egress
+                .and_then(|entries| crate::config::AllowList::parse(&entries).ok()),
             env: record.env,
             labels: record.labels,
         }

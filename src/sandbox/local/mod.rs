@@ -106,6 +106,8 @@ struct Host {
     open: Mutex<HashMap<String, Weak<LocalSandbox>>>,
     /// Serialises picking a free uid with writing the meta.json that takes it.
     creating: tokio::sync::Mutex<()>,
+    /// Serves sandboxes made with an allow-list (`SandboxSpec::egress`).
+    proxy: std::sync::OnceLock<Arc<crate::sandbox::proxy::EgressProxy>>,
 }
 
 /// Whether this process runs as root, which local sandboxes' own uids and
@@ -197,11 +199,18 @@ impl LocalBackend {
             fallbacks,
             open: Mutex::new(HashMap::new()),
             creating: tokio::sync::Mutex::new(()),
+            proxy: std::sync::OnceLock::new(),
         };
         host.probe()?;
         Ok(LocalBackend {
             host: Arc::new(host),
         })
+    }
+
+    /// Serves sandboxes made with an allow-list through `proxy`.
+    pub fn with_proxy(self, proxy: Arc<crate::sandbox::proxy::EgressProxy>) -> LocalBackend {
+        let _ = self.host.proxy.set(proxy);
+        self
     }
 }
 

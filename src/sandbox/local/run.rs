@@ -78,10 +78,20 @@ pub(super) struct Launch {
     pub(super) cgroup: Arc<SandboxCgroup>,
     /// Link the exec's network namespace to the host (`net`).
     pub(super) veth: bool,
+    /// Bind the egress proxy's listener in the exec's network namespace.
+    pub(super) egress: Option<Egress>,
     pub(super) switch: Arc<KillSwitch>,
     /// Held until the container has exited, so that destroying the sandbox
     /// can wait for all of its execs to be gone.
     pub(super) token: TaskTrackerToken,
+}
+
+/// What an exec of a sandbox with an allow-list reaches its proxy with.
+pub(super) struct Egress {
+    pub(super) proxy: Arc<crate::sandbox::proxy::EgressProxy>,
+    pub(super) allow: crate::config::AllowList,
+    /// The sandbox's id, under which its refusals are told.
+    pub(super) key: String,
 }
 
 struct Pipes {
@@ -239,6 +249,7 @@ fn run(
         root,
         cgroup,
         veth,
+        egress,
         switch,
         token: _token,
     } = launch;
@@ -267,7 +278,15 @@ fn run(
         }),
         _ => Err(SandboxError::Backend("the container has no pipes".into())),
     }
-    .and_then(|pipes| confine(child.id(), &cgroup, veth, &switch).map(|()| pipes));
+    .and_then(|pipes| {
+        confine(child.id(), &cgroup, veth, egress, &switch).map(|held| (pipes, held))
+    });
+    // The listener, held until the exec's processes are gone: its socket
+    // would keep their namespace alive.
+    let (pipes, _listening) = match pipes {
+        Ok((pipes, held)) => (Ok(pipes), held),
+        Err(e) => (Err(e), None),
+    };
     if pipes.is_err() {
         // Dropping the pipes unblocks the gate with end of input, which
         // makes it exit; the kill makes sure.
@@ -291,23 +310,24 @@ fn confine(
     monitor: u32,
     cgroup: &SandboxCgroup,
     veth: bool,
+    egress: Option<Egress>,
     switch: &KillSwitch,
-) -> Result<(), SandboxError> {
+) -> Result<Option<crate::sandbox::proxy::Listening>, SandboxError> {
     let failed = |e: io::Error| SandboxError::Backend(format!("cannot confine an exec: {e}"));
     // hakoniwa reports the container started only after forking the init,
     // so a monitor without a child is one whose init has already exited
     // (a failed setup): nothing of the command ever ran.
     let Some(&pid) = sys::children(monitor).map_err(failed)?.first() else {
-        return Ok(());
+        return Ok(None);
     };
     let Some(init) = PidFd::open(pid).map_err(failed)? else {
-        return Ok(());
+        return Ok(None);
     };
     // The pid might have been reaped and reused between listing and
     // opening it; the monitor forks only once, so a pid still listed as
     // its child is the init the descriptor was opened on.
     if !sys::children(monitor).map_err(failed)?.contains(&pid) {
-        return Ok(());
+        return Ok(None);
     }
     switch.arm(init);
     cgroup.add(pid).map_err(failed)?;
@@ -315,5 +335,12 @@ fn confine(
         net::attach(pid)
             .map_err(|e| SandboxError::Backend(format!("cannot give an exec its network: {e}")))?;
     }
-    Ok(())
+    egress
+        .map(|egress| egress.proxy.listen(pid, egress.allow, egress.key))
+        .transpose()
+        .map_err(|e| {
+            SandboxError::Backend(format!(
+                "cannot start the egress proxy in an exec's network namespace: {e}"
+            ))
+        })
 }

@@ -145,6 +145,19 @@ impl Sandbox for LocalSandbox {
             key,
             switch: switch.clone(),
         };
+        let egress = match (self.jail.egress(), self.host.proxy.get()) {
+            (None, _) => None,
+            (Some(allow), Some(proxy)) => Some(run::Egress {
+                proxy: proxy.clone(),
+                allow: allow.clone(),
+                key: self.id.clone(),
+            }),
+            (Some(_), None) => {
+                return Err(SandboxError::Unavailable(
+                    "this sandbox has an allow-list, and the backend no egress proxy".into(),
+                ));
+            }
+        };
         let root = self.layout.exec_root();
         let launch = Launch {
             command: self
@@ -154,6 +167,7 @@ impl Sandbox for LocalSandbox {
             root,
             cgroup: self.cgroup.clone(),
             veth: self.jail.veth(),
+            egress,
             switch,
             token,
         };

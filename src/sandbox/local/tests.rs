@@ -61,6 +61,7 @@ fn spec() -> SandboxSpec {
         pids: 64,
         disk_mb: 64,
         network: false,
+        egress: None,
         env: BTreeMap::from([("GREETING".into(), "hi".into())]),
         labels: BTreeMap::from([(LABEL_MANAGED.into(), "true".into())]),
     }

@@ -60,6 +60,12 @@ impl SandboxManager {
         self
     }
 
+    /// Counts each session's sandbox against its key's `max_sandboxes`.
+    pub fn with_quotas(mut self, quotas: std::sync::Arc<crate::quota::Quotas>) -> SandboxManager {
+        self.quotas = Some(super::quota::SandboxQuotas { quotas });
+        self
+    }
+
     /// The secrets sessions may put in their sandboxes' environment.
     pub fn with_secrets(mut self, secrets: crate::sandbox::secrets::SecretStore) -> SandboxManager {
         self.secrets = std::sync::Arc::new(secrets);
@@ -68,6 +74,19 @@ impl SandboxManager {
 
     pub fn secrets(&self) -> &crate::sandbox::secrets::SecretStore {
         &self.secrets
+    }
+
+    /// The egress proxy of sandboxes given an allow-list.
+    pub fn with_proxy(
+        mut self,
+        proxy: std::sync::Arc<crate::sandbox::proxy::EgressProxy>,
+    ) -> SandboxManager {
+        self.proxy = Some(proxy);
+        self
+    }
+
+    pub fn proxy(&self) -> Option<&std::sync::Arc<crate::sandbox::proxy::EgressProxy>> {
+        self.proxy.as_ref()
     }
 
     /// Destroys the session's sandbox wherever it came from: this manager's,
