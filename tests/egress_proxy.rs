@@ -26,30 +26,12 @@ use common::binary::{
 };
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
+use upstream::{Reply, Upstream, says, tool_call};
 
 const KEY: &str = "egress-key-0001";
 
 fn bash(id: &str, command: &str) -> Reply {
-    let arguments = json!({"command": command, "timeout": 120000}).to_string();
-    Reply::sse(vec![
-        delta(
-            json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
-                                      "function": {"name": "Bash", "arguments": arguments}}]}),
-        ),
-        finish("tool_calls"),
-        chunk_usage(10, 5),
-        end(),
-    ])
-}
-
-fn says(text: &str) -> Reply {
-    Reply::sse(vec![
-        content(text),
-        finish("stop"),
-        chunk_usage(10, 5),
-        end(),
-    ])
+    tool_call(id, "Bash", json!({"command": command, "timeout": 120000}))
 }
 
 /// A wheel of package `demo`, made with Python's zipfile.

@@ -20,7 +20,7 @@ use common::binary::{
     tool_results,
 };
 use serde_json::json;
-use upstream::{Reply, Upstream, chunk_usage, content, delta, end, finish};
+use upstream::{Reply, Upstream, says, tool_call};
 
 const TOKEN: &str = "ghp_s3cr3tT0kenValue1234";
 const OWN: &str = "alice-own+secret/42";
@@ -28,25 +28,7 @@ const ALICE: &str = "alice-key-0001";
 const BOB: &str = "bob-key-00002";
 
 fn bash(id: &str, command: &str) -> Reply {
-    let arguments = json!({"command": command}).to_string();
-    Reply::sse(vec![
-        delta(
-            json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
-                                      "function": {"name": "Bash", "arguments": arguments}}]}),
-        ),
-        finish("tool_calls"),
-        chunk_usage(10, 5),
-        end(),
-    ])
-}
-
-fn says(text: &str) -> Reply {
-    Reply::sse(vec![
-        content(text),
-        finish("stop"),
-        chunk_usage(10, 5),
-        end(),
-    ])
+    tool_call(id, "Bash", json!({"command": command}))
 }
 
 fn config(upstream: &Upstream) -> String {

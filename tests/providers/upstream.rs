@@ -156,3 +156,30 @@ pub fn chunk_usage(prompt_tokens: u64, completion_tokens: u64) -> String {
 pub fn end() -> String {
     "data: [DONE]\n\n".into()
 }
+
+/// A streamed reply that calls tool `name` once with `arguments` (for the
+/// suites that include this module; the providers suite does not call it).
+#[allow(dead_code)]
+pub fn tool_call(id: &str, name: &str, arguments: Value) -> Reply {
+    let arguments = arguments.to_string();
+    Reply::sse(vec![
+        delta(
+            json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                                      "function": {"name": name, "arguments": arguments}}]}),
+        ),
+        finish("tool_calls"),
+        chunk_usage(10, 5),
+        end(),
+    ])
+}
+
+/// A streamed reply of `text` alone.
+#[allow(dead_code)]
+pub fn says(text: &str) -> Reply {
+    Reply::sse(vec![
+        content(text),
+        finish("stop"),
+        chunk_usage(10, 5),
+        end(),
+    ])
+}
