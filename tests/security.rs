@@ -288,7 +288,6 @@ async fn cross_site_requests_are_refused_before_they_act() {
     for kind in [
         Some("text/plain;charset=UTF-8"),
         Some("application/x-www-form-urlencoded"),
-        Some("multipart/form-data; boundary=x"),
         None,
     ] {
         let response = send(kind, None, None).await.unwrap();
@@ -296,6 +295,26 @@ async fn cross_site_requests_are_refused_before_they_act() {
         let body: Value = response.json().await.unwrap();
         assert_eq!(code(&body), "unsupported_media_type");
     }
+    // A form is how a run takes the user's files (docs/workspace.md): one
+    // a browser marks as another site's is refused before it is read; a
+    // JSON body sent as a form is no form, and runs nothing.
+    let form = "multipart/form-data; boundary=x";
+    let response = server
+        .http
+        .post(server.url("/agent/run"))
+        .header("content-type", form)
+        .header("sec-fetch-site", "cross-site")
+        .body(prompt)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403);
+    let response = send(Some(form), Some("http://evil.example"), None)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403);
+    let response = send(Some(form), None, None).await.unwrap();
+    assert_eq!(response.status(), 400);
     // A page of another origin, even with a JSON body (after a preflight
     // the server never approves, or from a non-browser pretending).
     let response = send(Some("application/json"), Some("http://evil.example"), None)

@@ -26,6 +26,11 @@ pub async fn read_whole(limits: BodyLimits, request: Request) -> Result<Request,
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
     ) || crate::api::routes::workspace::streams_body(request.method(), request.uri().path())
+        || crate::api::routes::workspace::form::streams_form(
+            request.method(),
+            request.uri().path(),
+            request.headers(),
+        )
     {
         return Ok(request);
     }

@@ -11,7 +11,9 @@
 //!   on these, so a cross-site form or `fetch` is refused.
 //! - A request body must be declared JSON: the types a page may send
 //!   without a CORS preflight (`text/plain`, forms) are refused, whatever
-//!   the body holds.
+//!   the body holds. The one exception is a `multipart/form-data` create
+//!   or run carrying the user's files, which besides the `Origin` check is
+//!   refused when `Sec-Fetch-Site` says another site's page sent it.
 
 use std::sync::Arc;
 
@@ -128,8 +130,25 @@ pub fn refusal(policy: &BrowserPolicy, request: &Request) -> Option<ApiError> {
         // cannot send without a preflight (application/x-tar,
         // application/gzip, application/octet-stream …).
         let upload = crate::api::routes::workspace::streams_body(method, request.uri().path());
+        // A form with the user's files (`POST /agent/session`, `/agent/run`):
+        // a type pages send without a preflight, so besides the `Origin`
+        // check above, one a browser marks as sent from another site is
+        // refused.
+        let form = crate::api::routes::workspace::form::streams_form(
+            method,
+            request.uri().path(),
+            headers,
+        );
+        if form && from_another_site(headers) {
+            return Some(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "origin_not_allowed",
+                "a multipart/form-data request sent from another site's page is refused",
+            ));
+        }
         let refused = match content_type {
             Some(kind) if grpc && is_grpc(kind) => false,
+            Some(_) if form => false,
             Some(kind) if upload => is_simple(kind),
             None if upload => true,
             Some(kind) => !is_json(kind) && (has_body || is_simple(kind)),
@@ -157,6 +176,16 @@ pub fn refusal(policy: &BrowserPolicy, request: &Request) -> Option<ApiError> {
         }
     }
     None
+}
+
+/// Whether a browser says the request comes from a page of another site
+/// (`Sec-Fetch-Site`, which pages cannot set); clients other than
+/// browsers send none.
+fn from_another_site(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|site| !matches!(site.trim(), "same-origin" | "none"))
 }
 
 /// Where the gRPC services are (`/conclave.bus.v1.Bus/…`,

@@ -85,6 +85,9 @@ pub struct CreatedSession {
     pub session_id: Uuid,
     pub session_name: Option<String>,
     pub status: String,
+    /// What a `multipart/form-data` create put into the workspace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uploaded: Vec<crate::api::routes::workspace::Uploaded>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -183,6 +186,17 @@ pub async fn run(
     headers: HeaderMap,
     Body(body): Body<RunRequest>,
 ) -> Result<Response, ApiError> {
+    let (new, prompt) = prepare_run(&state, &caller, body).await?;
+    let turn = state.sessions.run_new(new, prompt).await?;
+    answer_run(&headers, turn).await
+}
+
+/// A run's session and prompt, once its options, sandbox and budget pass.
+pub(crate) async fn prepare_run(
+    state: &AppState,
+    caller: &Caller,
+    body: RunRequest,
+) -> Result<(NewSession, String), ApiError> {
     let options = state
         .sessions
         .tasks()
@@ -191,19 +205,25 @@ pub async fn run(
         .await?;
     // An ephemeral run restores the snapshot at its first call; its one
     // turn needs no pin to keep it.
-    crate::api::routes::fork::checked_sandbox(&state, &caller, &options).await?;
+    crate::api::routes::fork::checked_sandbox(state, caller, &options).await?;
     let prompt = required_text("prompt", body.prompt)?;
-    let name = body.session_name;
     // Before the session is made: a refused run leaves no session behind.
     state.usage.check_budget(caller.owner()).await?;
     let new = NewSession {
-        name,
+        name: body.session_name,
         kind: SessionKind::AGENT,
         owner: caller.owner.clone(),
         options,
         ephemeral: true,
     };
-    let turn = state.sessions.run_new(new, prompt).await?;
+    Ok((new, prompt))
+}
+
+/// Streams a run's turn, once its session is stored.
+pub(crate) async fn answer_run(
+    headers: &HeaderMap,
+    turn: crate::session::StartedTurn,
+) -> Result<Response, ApiError> {
     // The session is stored by the turn's first write: answer once it is,
     // with its first event, or with an error when the store refused it.
     let mut events = Box::pin(futures::StreamExt::peekable(
@@ -221,7 +241,7 @@ pub async fn run(
         )));
     }
     Ok(events_response(
-        &headers,
+        headers,
         cancel_on_hangup(events, turn.cancel),
     ))
 }
@@ -234,6 +254,16 @@ pub async fn create_session(
     Extension(caller): Extension<Caller>,
     Body(body): Body<CreateSessionRequest>,
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
+    let created = create_session_from(&state, &caller, body).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Makes the session a create request asks for.
+pub(crate) async fn create_session_from(
+    state: &AppState,
+    caller: &Caller,
+    body: CreateSessionRequest,
+) -> Result<CreatedSession, ApiError> {
     let kind = body
         .kind
         .unwrap_or_else(|| SessionKind::AGENT.as_str().to_owned());
@@ -243,7 +273,7 @@ pub async fn create_session(
         .require(&kind, "kind")?
         .options(&options_body(body.options, body.flat), &["session_name"])
         .await?;
-    let seed = crate::api::routes::fork::checked_sandbox(&state, &caller, &options).await?;
+    let seed = crate::api::routes::fork::checked_sandbox(state, caller, &options).await?;
     let name = body.session_name;
     let kind = SessionKind::new(kind);
     let session = state
@@ -257,16 +287,14 @@ pub async fn create_session(
         })
         .await?;
     if let Some(snapshot) = seed {
-        crate::api::routes::fork::pin(&state, &snapshot, session.id).await?;
+        crate::api::routes::fork::pin(state, &snapshot, session.id).await?;
     }
-    Ok((
-        StatusCode::CREATED,
-        Json(CreatedSession {
-            session_id: session.id,
-            session_name: session.name.clone(),
-            status: "created".into(),
-        }),
-    ))
+    Ok(CreatedSession {
+        session_id: session.id,
+        session_name: session.name.clone(),
+        status: "created".into(),
+        uploaded: Vec::new(),
+    })
 }
 
 /// Sends a prompt to a session and streams the turn. The turn goes on if

@@ -39,6 +39,7 @@ use crate::session::Session;
 use crate::tools::place::Place;
 
 pub mod changes;
+pub mod form;
 mod snapshot_file;
 mod spool;
 
@@ -134,11 +135,22 @@ pub async fn upload(
     let target = Target::of(&state, &caller, &id).await?;
     let dir = confine(query.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
         .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
-    let _place = spooling_place(&state).await?;
-    let held = target.hold(&state).await?;
+    unpack_into(&state, &target, dir, body).await.map(Json)
+}
+
+/// Spools an archive and unpacks it into `dir` of the target's
+/// workspace, holding the session between turns.
+async fn unpack_into(
+    state: &AppState,
+    target: &Target<'_>,
+    dir: String,
+    body: Body,
+) -> Result<Uploaded, ApiError> {
+    let _place = spooling_place(state).await?;
+    let held = target.hold(state).await?;
     let result = async {
         let limit = target.disk_limit();
-        let spooled = spool(&state, body, limit).await?;
+        let spooled = spool(state, body, limit).await?;
         let lease = target
             .place
             .lease(target.sandboxes)
@@ -158,7 +170,7 @@ pub async fn upload(
     }
     .await;
     held.release().await;
-    result.map(Json)
+    result
 }
 
 /// Writes one file of the session's workspace from the raw body, making
@@ -184,11 +196,22 @@ pub async fn put_file(
     }
     let file = confine(&path, WORKSPACE)
         .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
-    let _place = spooling_place(&state).await?;
-    let held = target.hold(&state).await?;
+    write_one(&state, &target, file, body).await.map(Json)
+}
+
+/// Spools one file and writes it at `file` of the target's workspace,
+/// holding the session between turns.
+async fn write_one(
+    state: &AppState,
+    target: &Target<'_>,
+    file: String,
+    body: Body,
+) -> Result<Uploaded, ApiError> {
+    let _place = spooling_place(state).await?;
+    let held = target.hold(state).await?;
     let result = async {
         let limit = target.disk_limit();
-        let spooled = spool_raw(&state, body, limit).await?;
+        let spooled = spool_raw(state, body, limit).await?;
         let lease = target
             .place
             .lease(target.sandboxes)
@@ -207,7 +230,7 @@ pub async fn put_file(
     }
     .await;
     held.release().await;
-    result.map(Json)
+    result
 }
 
 /// Streams the session's workspace (or a directory of it) as a tar, from
