@@ -16,8 +16,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-
-use crate::config::{canonical, is_host_name};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// One allow entry.
@@ -236,6 +234,26 @@ async fn resolve(host: &str, port: u16) -> Result<Vec<IpAddr>, EgressError> {
 
 fn normal_name(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether `text` (a trailing dot aside) is a DNS host name.
+pub fn is_host_name(text: &str) -> bool {
+    let text = text.trim_end_matches('.');
+    !text.is_empty()
+        && text.len() <= 253
+        && text.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}
+
+/// An IPv4 address carried in IPv6 (mapped or NAT64) counts as itself.
+pub fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
 }
 
 /// Every address range that is not the public internet, and its kind; the

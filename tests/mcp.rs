@@ -68,6 +68,7 @@ fn check(seen: &Value, served: bool) {
         tools,
         [
             "deliberate",
+            "download",
             "edit_file",
             "execute_code",
             "execute_shell",
@@ -80,6 +81,7 @@ fn check(seen: &Value, served: bool) {
             "read_file",
             "run_agent",
             "start_pipeline",
+            "upload",
             "write_file"
         ]
     );
@@ -122,6 +124,18 @@ fn check(seen: &Value, served: bool) {
         "{repaired}"
     );
     assert_eq!(seen["read_file"]["content"], "hello from mcp\n");
+    assert_eq!(
+        seen["upload"]["path"], "/workspace/up",
+        "{}",
+        seen["upload"]
+    );
+    assert_eq!(seen["upload"]["files"], 2);
+    assert_eq!(
+        seen["download"],
+        json!([["./one.txt", "one\n"], ["./sub/two.txt", "two\n"]])
+    );
+    let hostile = seen["hostile_upload"].as_str().unwrap_or_default();
+    assert!(hostile.contains("../escape.txt"), "{hostile}");
     assert_eq!(
         seen["execute_shell"]["stdout"],
         "tick 1\ntick 2\ntick 3\ntick 4\n"
@@ -240,6 +254,18 @@ async fn python_sdk_over_streamable_http() {
         .await
         .expect("client");
     check(&seen, true);
+    // The upload is in the session's history, as an HTTP upload is.
+    let log = server
+        .http
+        .get(server.url(&format!("/agent/session/{id}/events")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("events")
+        .text()
+        .await
+        .expect("text");
+    assert!(log.contains("\"workspace_uploaded\""), "{log}");
     // The same through `conclave mcp` relaying to the server with the key,
     // in a session of its own (the background runs listed are a session's).
     let url = server.url("");

@@ -47,7 +47,7 @@ mod validate;
 pub use bus::{BusConfig, Durable};
 pub use gateway::{GatewayConfig, HealthConfig, PoolConfig, ReplicaConfig, Strategy, replica_id};
 pub use keys::*;
-pub use network::{AllowList, NetworkConfig, canonical, is_host_name};
+pub use network::{AllowList, NetworkConfig};
 pub use outbound::*;
 pub use pipelines::PipelineConfig;
 pub use sandbox::*;

@@ -17,6 +17,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use crate::egress::{canonical, is_host_name};
+
 /// `[sandbox.network]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -176,26 +178,6 @@ fn is_under(name: &str, parent: &str) -> bool {
 
 fn normal(name: &str) -> String {
     name.trim().trim_end_matches('.').to_ascii_lowercase()
-}
-
-/// Whether `text` (a trailing dot aside) is a DNS host name.
-pub fn is_host_name(text: &str) -> bool {
-    let text = text.trim_end_matches('.');
-    !text.is_empty()
-        && text.len() <= 253
-        && text.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        })
-}
-
-/// An IPv4 address carried in IPv6 counts as itself.
-pub fn canonical(addr: IpAddr) -> IpAddr {
-    match addr {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    }
 }
 
 #[cfg(test)]

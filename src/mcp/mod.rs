@@ -33,6 +33,7 @@ pub mod resources;
 pub mod run_agent;
 pub mod schema;
 pub mod server;
+pub mod transfer;
 
 use std::sync::Arc;
 

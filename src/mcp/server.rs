@@ -280,6 +280,34 @@ impl SandboxServer {
     }
 
     #[tool(
+        description = "Unpack a tar archive (plain, gzip or zstd), given base64 and at most 16 MiB, into a directory of the workspace (default /workspace). Every entry is checked first: absolute paths, .., entries under links, devices and archives past the sandbox's disk are refused. Larger archives: PUT /agent/session/{id}/workspace."
+    )]
+    async fn upload(
+        &self,
+        Parameters(args): Parameters<UploadArchive>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Uploaded>, ToolFailure> {
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            super::transfer::upload(&self.host, &call, args).await?,
+        ))
+    }
+
+    #[tool(
+        description = "A directory of the workspace (default /workspace) as a gzip tar, base64, when its tar is at most 16 MiB. Larger ones: GET /agent/session/{id}/workspace."
+    )]
+    async fn download(
+        &self,
+        Parameters(args): Parameters<DownloadArchive>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Downloaded>, ToolFailure> {
+        let call = self.call(args.session_id.as_deref(), &ctx).await?;
+        Ok(Json(
+            crate::tools::transfer::download(&self.host.tools, &call, args).await?,
+        ))
+    }
+
+    #[tool(
         description = "Search file contents of the workspace with an extended regular expression."
     )]
     async fn grep(

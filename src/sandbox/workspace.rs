@@ -96,6 +96,17 @@ exec tar -C "$p" -cf - ."#
     script_request(&script, &[dir], None, TRANSFER_TIMEOUT)
 }
 
+/// A tar of the directory `dir`, when it is at most `limit` bytes; `None`
+/// when it is larger.
+pub async fn pack_bounded(
+    sandbox: &dyn Sandbox,
+    dir: &str,
+    limit: usize,
+) -> Result<Option<Vec<u8>>, TransferError> {
+    let (tar, truncated) = run_within(sandbox, pack_request(dir), limit).await?;
+    Ok((!truncated).then_some(tar))
+}
+
 /// The exec that writes the file at `path` to stdout: the file opened,
 /// checked to be inside the workspace (links resolved), then read.
 pub fn read_request(path: &str) -> ExecRequest {

@@ -32,6 +32,7 @@ pub mod place;
 pub mod remote;
 pub mod schema;
 mod traced_http;
+pub mod transfer;
 
 use std::sync::Arc;
 use std::time::Duration;

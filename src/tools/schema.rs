@@ -229,3 +229,48 @@ pub struct Matches {
     pub matches: Vec<String>,
     pub truncated: bool,
 }
+
+/// `upload`: a tar (plain, gzip or zstd), base64, unpacked into `path`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct UploadArchive {
+    pub archive_base64: String,
+    /// The directory to unpack into, inside /workspace (default
+    /// /workspace).
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// What an upload put into the workspace.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct Uploaded {
+    pub path: String,
+    /// Files and links (directories are not counted).
+    pub files: u64,
+    /// The bytes of the files' contents.
+    pub bytes: u64,
+}
+
+/// `download`: a directory of the workspace as a gzip tar.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct DownloadArchive {
+    /// The directory, inside /workspace (default /workspace).
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(transform = RestrictFormats::default())]
+pub struct Downloaded {
+    pub path: String,
+    /// The size of the tar before compression.
+    pub tar_bytes: u64,
+    /// The tar, gzip-compressed, base64.
+    pub archive_base64: String,
+}

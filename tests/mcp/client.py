@@ -7,8 +7,11 @@ usage: client.py http URL SESSION_ID [API_KEY]
          (one execute_shell call over stdio; prints its result)
 """
 
+import base64
+import io
 import json
 import sys
+import tarfile
 import uuid
 
 import anyio
@@ -82,6 +85,32 @@ async def exercise(read, write, session_id):
             "read_file", {"path": "/workspace/notes/a.txt", "session_id": session_id}
         )
         seen["read_file"] = structured(result)
+
+        # A tar in and out through the tool call; a hostile one refused.
+        def tar_of(entries, mode):
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode=mode) as tar:
+                for name, data in entries:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+            return base64.b64encode(buffer.getvalue()).decode()
+
+        two = tar_of([("one.txt", b"one\n"), ("sub/two.txt", b"two\n")], "w:gz")
+        seen["upload"] = structured(await session.call_tool(
+            "upload", {"archive_base64": two, "path": "up", "session_id": session_id}
+        ))
+        got = structured(await session.call_tool(
+            "download", {"path": "up", "session_id": session_id}
+        ))
+        packed = io.BytesIO(base64.b64decode(got["archive_base64"]))
+        with tarfile.open(fileobj=packed, mode="r:gz") as tar:
+            seen["download"] = sorted(
+                [m.name, tar.extractfile(m).read().decode()] for m in tar.getmembers() if m.isfile()
+            )
+        seen["hostile_upload"] = await error_of(session, "upload", {
+            "archive_base64": tar_of([("../escape.txt", b"x")], "w"), "session_id": session_id,
+        })
 
         progress = []
 
