@@ -77,7 +77,7 @@ async fn post_form(url: String, body: Vec<u8>, extra: &[(&str, &str)]) -> (u16, 
 }
 
 async fn session_count(base: &str) -> usize {
-    let (_, list) = get_keyed(KEY, format!("{base}/agent/session")).await;
+    let (_, list) = get_keyed(KEY, format!("{base}/agent/sessions")).await;
     serde_json::from_str::<Value>(&list).unwrap()["sessions"]
         .as_array()
         .map_or(0, Vec::len)
