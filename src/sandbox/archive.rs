@@ -19,6 +19,7 @@
 use std::collections::HashSet;
 
 use tar::{EntryType, Header, PaxExtensions};
+use tokio::io::{AsyncBufRead, AsyncRead};
 
 const BLOCK: usize = 512;
 /// Largest long name or PAX header kept to be read.
@@ -57,6 +58,29 @@ enum State {
     },
     /// The end-of-archive block was seen.
     Ended,
+}
+
+/// Why [`decoder`] takes no archive.
+pub const UNSUPPORTED_COMPRESSION: &str = "the archive is bzip2 or xz; send it plain, gzip or zstd";
+
+/// A reader of the tar in `reader`, plain, gzip or zstd as `head` (its
+/// first bytes) tells; `None` for bzip2 and xz.
+pub fn decoder<'a, R: AsyncBufRead + Send + Unpin + 'a>(
+    head: &[u8],
+    reader: R,
+) -> Option<Box<dyn AsyncRead + Send + Unpin + 'a>> {
+    Some(match head {
+        [0x1f, 0x8b, ..] => {
+            let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(reader);
+            decoder.multiple_members(true);
+            Box::new(decoder)
+        }
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
+            Box::new(async_compression::tokio::bufread::ZstdDecoder::new(reader))
+        }
+        [b'B', b'Z', b'h', ..] | [0xfd, b'7', b'z', b'X', ..] => return None,
+        _ => Box::new(reader),
+    })
 }
 
 /// The check of one archive, fed its bytes in order.

@@ -219,7 +219,8 @@ fn allow_list(
     }
     let list = AllowList::parse(entries)
         .map_err(|(i, e)| OptionError::new(format!("options.sandbox.network.allow[{i}]"), e))?;
-    let ceiling = AllowList::parse(&sandboxes.config().network.allow).unwrap_or_default();
+    let none = AllowList::default();
+    let ceiling = sandboxes.proxy().map_or(&none, |proxy| proxy.ceiling());
     if let Some(i) = ceiling.uncovered(&list) {
         return Err(OptionError::new(
             format!("options.sandbox.network.allow[{i}]"),

@@ -83,17 +83,8 @@ pub async fn download(
 /// The tar in `packed` (told plain, gzip or zstd by its first bytes),
 /// checked entry by entry, with its end-of-archive blocks.
 async fn decode(packed: &[u8], check: &mut ArchiveCheck) -> Result<Vec<u8>, ToolError> {
-    let mut reader: Box<dyn tokio::io::AsyncRead + Send + Unpin + '_> = match packed {
-        [0x1f, 0x8b, ..] => {
-            let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(packed);
-            decoder.multiple_members(true);
-            Box::new(decoder)
-        }
-        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
-            Box::new(async_compression::tokio::bufread::ZstdDecoder::new(packed))
-        }
-        _ => Box::new(packed),
-    };
+    let mut reader = crate::sandbox::archive::decoder(packed, packed)
+        .ok_or_else(|| ToolError(crate::sandbox::archive::UNSUPPORTED_COMPRESSION.into()))?;
     let refused = |e| ToolError(format!("the archive is refused: {e}"));
     let mut tar = Vec::new();
     let mut buffer = vec![0u8; 64 * 1024];

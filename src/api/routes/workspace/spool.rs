@@ -43,24 +43,13 @@ pub(super) async fn spool(state: &AppState, body: Body, limit: Limit) -> Result<
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let mut reader = BufReader::with_capacity(64 * 1024, StreamReader::new(stream));
     let head = read_head(&mut reader, idle(state)).await?;
-    let mut decoded: Box<dyn AsyncRead + Send + Unpin> = match head.as_slice() {
-        [0x1f, 0x8b, ..] => {
-            let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(reader);
-            decoder.multiple_members(true);
-            Box::new(decoder)
-        }
-        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
-            Box::new(async_compression::tokio::bufread::ZstdDecoder::new(reader))
-        }
-        [b'B', b'Z', b'h', ..] | [0xfd, b'7', b'z', b'X', ..] => {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_compression",
-                "the archive is bzip2 or xz; send it plain, gzip or zstd",
-            ));
-        }
-        _ => Box::new(reader),
-    };
+    let mut decoded = crate::sandbox::archive::decoder(&head, reader).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_compression",
+            crate::sandbox::archive::UNSUPPORTED_COMPRESSION,
+        )
+    })?;
     let (spooled, mut file) = spool_file(state).await?;
     let mut check = ArchiveCheck::new(limit.bytes, limit.name);
     let mut buf = vec![0u8; 64 * 1024];
