@@ -14,12 +14,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::binary::{serve_command, spawn_server};
 use common::nats::NatsServer;
 use common::postgres::{TestDatabase, test_server};
+use common::replicas::{Replica, local_replicas};
 use common::{Lines, types};
 use serde_json::{Value, json};
-use tokio::process::Child;
 
 const ALICE: &str = "alice-key-0001";
 const BOB: &str = "bob-key-00002";
@@ -27,7 +26,7 @@ const BOB: &str = "bob-key-00002";
 /// A replica and the URL it listens on; the fields drop in order, so the
 /// replicas stop before nats-server and the database go.
 struct Pair {
-    replicas: Vec<(Child, String, tempfile::TempDir)>,
+    replicas: Vec<Replica>,
     _nats: NatsServer,
     _database: TestDatabase,
     http: reqwest::Client,
@@ -38,19 +37,9 @@ impl Pair {
     async fn start() -> Pair {
         let database = TestDatabase::create(&test_server()).await;
         let nats = NatsServer::start(true).await;
-        let mut replicas = Vec::new();
-        for _ in 0..2 {
-            let dir = tempfile::tempdir().unwrap();
-            let store = database.url();
-            let mut command =
-                serve_command(&["--sandbox", "local", "--store", &store, "--bus", &nats.url]);
-            command
-                .current_dir(dir.path())
-                .env("CONCLAVE_API_KEYS", format!("{ALICE},{BOB}"))
-                .env("CONCLAVE_SANDBOX__WARM_POOL", "0");
-            let (child, url) = spawn_server(&mut command).await;
-            replicas.push((child, url, dir));
-        }
+        let keys = format!("{ALICE},{BOB}");
+        let env = [("CONCLAVE_API_KEYS", keys.as_str())];
+        let replicas = local_replicas(2, &database, &nats, &env).await;
         Pair {
             replicas,
             _nats: nats,

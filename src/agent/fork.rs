@@ -96,6 +96,10 @@ pub struct Forks {
     pub sessions: Arc<SessionManager>,
     pub store: Arc<dyn Store>,
     pub sandboxes: Option<Arc<SandboxManager>>,
+    /// The sessions' tools, which wait for a snapshot under way on the
+    /// replica holding the source's sandbox; without, only this server's
+    /// are waited for.
+    pub tools: Option<Arc<dyn crate::agent::ToolRouter>>,
     pub max_forks: u32,
 }
 
@@ -314,8 +318,10 @@ impl Forks {
         let Some(snapshots) = self.snapshots() else {
             return Ok(None);
         };
-        if let Some(sandboxes) = &self.sandboxes {
-            sandboxes.snapshot_settled(source).await;
+        match (&self.tools, &self.sandboxes) {
+            (Some(tools), _) => tools.snapshots_settled(source).await,
+            (None, Some(sandboxes)) => sandboxes.snapshot_settled(source).await,
+            (None, None) => {}
         }
         match snapshots
             .at_turn(source, seq)

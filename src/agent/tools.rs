@@ -153,6 +153,18 @@ pub trait ToolRouter: Send + Sync {
     /// workspace for forks. Returns at once; the work runs on its own.
     fn turn_ended(&self, _session_id: Uuid, _owner: Option<&str>, _seq: u64) {}
 
+    /// Waits until the snapshots of the session's turn ends under way are
+    /// recorded, wherever its sandbox is, so a fork or a download right
+    /// after a turn finds its turn end.
+    async fn snapshots_settled(&self, _session_id: Uuid) {}
+
+    /// Makes the session's live workspace this replica's to read and
+    /// write outside a turn (an upload, a download), as a tool call would;
+    /// `Err` names the replica that holds it and still serves.
+    async fn hold_workspace(&self, _session_id: Uuid) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Frees what the session holds (its sandbox) when its last turn is over.
     async fn release(&self, _session_id: Uuid) {}
 

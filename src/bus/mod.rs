@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::config::{BusConfig, Durable};
 pub use embedded::EmbeddedBus;
 pub use kv::{Kv, KvChange};
-pub use nats::NatsBus;
+pub use nats::{NatsBus, NatsFiles};
 pub use retention::check_durables;
 pub use storage::{MeteredBus, StorageError, StorageMeter};
 pub use subject::{Pattern, Subject, SubjectError};

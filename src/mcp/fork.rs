@@ -33,6 +33,7 @@ pub async fn run(
         sessions: sessions.clone(),
         store: host.store.clone(),
         sandboxes: Some(host.tools.sandboxes.clone()),
+        tools: None,
         max_forks: host.max_forks,
     };
     let request = ForkRequest {

@@ -11,6 +11,13 @@
 //! not a copy. Restoring is the reverse (`tar -x` in the new sandbox, its
 //! stdin the file, read once and shared by forks starting together).
 //!
+//! Among replicas the file is also kept where every replica reads it
+//! ([`SharedFiles`]: NATS's object store when the bus is NATS), written
+//! before its record is: the replica that took it reads its own copy, any
+//! other fetches one into its data directory when first asked (a fork, a
+//! download, a `from_snapshot` session there). A copy whose record is
+//! gone, deleted on another replica, goes at the next [`Snapshots::sweep`].
+//!
 //! The records live in the store's KV (namespace [`NAMESPACE`], which no
 //! API key can name):
 //!
@@ -33,13 +40,18 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{Result, Sandbox, SandboxError};
-use crate::store::{Expect, Store, StoreError, kv_json};
+use crate::store::{Expect, SharedFiles, Store, StoreError, kv_json};
 use crate::sync::lock;
 
+mod files;
 mod tar;
 
 /// The KV namespace of the snapshot records.
 pub const NAMESPACE: &str = "_snapshots";
+
+/// How old a file of the snapshot directory with no record must be before
+/// [`Snapshots::sweep`] removes it.
+pub const SWEEP_AFTER: Duration = Duration::from_secs(600);
 
 /// One stored workspace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -128,6 +140,8 @@ pub struct Snapshots {
     edit: tokio::sync::Mutex<()>,
     /// The file last read for a restore, shared by forks starting at once.
     read: Mutex<Option<(String, Bytes)>>,
+    /// Where every replica finds the files, among replicas.
+    shared: Option<Arc<dyn SharedFiles>>,
 }
 
 impl Snapshots {
@@ -146,7 +160,14 @@ impl Snapshots {
             timeout,
             edit: tokio::sync::Mutex::new(()),
             read: Mutex::new(None),
+            shared: None,
         }
+    }
+
+    /// Keeps every file also in `shared`, where other replicas read it.
+    pub fn with_shared(mut self, shared: Arc<dyn SharedFiles>) -> Snapshots {
+        self.shared = Some(shared);
+        self
     }
 
     /// How many turn-end snapshots a session keeps; 0 takes none.
@@ -246,7 +267,11 @@ impl Snapshots {
             .await
             .map_err(|e| SandboxError::File(format!("snapshot directory: {e}")))?;
         let path = self.file(&id);
-        let size = match tar::pack(sandbox, &path, self.timeout).await {
+        let packed = match tar::pack(sandbox, &path, self.timeout).await {
+            Ok(size) => self.share(&id, &path).await.map(|()| size),
+            Err(e) => Err(e),
+        };
+        let size = match packed {
             Ok(size) => size,
             Err(e) => {
                 let _ = tokio::fs::remove_file(&path).await;
@@ -290,51 +315,6 @@ impl Snapshots {
             })?;
         let data = self.read_file(&snapshot).await?;
         tar::unpack(sandbox, data, self.timeout).await
-    }
-
-    /// Where the snapshot's tar file is, when this server has it.
-    pub async fn local_path(&self, snapshot: &Snapshot) -> Result<PathBuf> {
-        let path = self.file(&snapshot.snapshot_id);
-        match tokio::fs::metadata(&path).await {
-            Ok(_) => Ok(path),
-            Err(e) => Err(self.unreadable(snapshot, e)),
-        }
-    }
-
-    /// The snapshot's tar file, opened to be streamed.
-    pub async fn open(&self, snapshot: &Snapshot) -> Result<tokio::fs::File> {
-        let id = &snapshot.snapshot_id;
-        tokio::fs::File::open(self.file(id))
-            .await
-            .map_err(|e| self.unreadable(snapshot, e))
-    }
-
-    fn unreadable(&self, snapshot: &Snapshot, e: std::io::Error) -> SandboxError {
-        let id = &snapshot.snapshot_id;
-        if e.kind() == std::io::ErrorKind::NotFound && snapshot.instance != self.instance {
-            SandboxError::File(format!(
-                "snapshot {id} is stored by another server instance ({}), whose data directory this one cannot read",
-                snapshot.instance
-            ))
-        } else {
-            SandboxError::File(format!("reading snapshot {id}: {e}"))
-        }
-    }
-
-    async fn read_file(&self, snapshot: &Snapshot) -> Result<Bytes> {
-        let id = &snapshot.snapshot_id;
-        if let Some((cached, data)) = lock(&self.read).as_ref()
-            && cached == id
-        {
-            return Ok(data.clone());
-        }
-        let data = Bytes::from(
-            tokio::fs::read(self.file(id))
-                .await
-                .map_err(|e| self.unreadable(snapshot, e))?,
-        );
-        *lock(&self.read) = Some((id.clone(), data.clone()));
-        Ok(data)
     }
 
     /// A snapshot by id, whoever owns it.
@@ -496,6 +476,11 @@ impl Snapshots {
                 Err(e) => {
                     tracing::warn!(snapshot = id, error = %e, "a snapshot's file stays on disk")
                 }
+            }
+            if let Some(shared) = &self.shared
+                && let Err(e) = shared.delete(id).await
+            {
+                tracing::warn!(snapshot = id, error = %e, "a snapshot's shared file stays");
             }
         } else {
             self.put(&blob_key(id), &snapshot).await?;

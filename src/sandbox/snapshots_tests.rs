@@ -193,3 +193,89 @@ async fn a_turn_end_lists_its_session_once_and_changes_each_record_once() {
     assert_eq!(counted, [4, 3, 3, 6, 6, 7, 7, 5]);
     assert_eq!(kept(&snapshots, session).await, [vec![6, 7, 8]]);
 }
+
+/// Files kept in memory, as the replicas' shared place would keep them.
+#[derive(Default)]
+struct Shelf(std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>);
+
+#[async_trait]
+impl crate::store::SharedFiles for Shelf {
+    async fn put(
+        &self,
+        name: &str,
+        mut data: crate::store::FileReader,
+    ) -> std::result::Result<u64, crate::store::StoreError> {
+        let mut bytes = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut data, &mut bytes)
+            .await
+            .unwrap();
+        let size = bytes.len() as u64;
+        self.0.lock().unwrap().insert(name.to_owned(), bytes);
+        Ok(size)
+    }
+
+    async fn get(
+        &self,
+        name: &str,
+    ) -> std::result::Result<Option<crate::store::FileReader>, crate::store::StoreError> {
+        let bytes = self.0.lock().unwrap().get(name).cloned();
+        Ok(bytes.map(|b| Box::new(std::io::Cursor::new(b)) as crate::store::FileReader))
+    }
+
+    async fn delete(&self, name: &str) -> std::result::Result<(), crate::store::StoreError> {
+        self.0.lock().unwrap().remove(name);
+        Ok(())
+    }
+
+    fn place(&self) -> String {
+        "the test's shelf".into()
+    }
+}
+
+/// Two replicas, each with a data directory of its own, on one store and
+/// one shared place: what A took, B reads (a copy fetched once); deleted
+/// through B, it leaves the shared place, and A's own file goes at A's
+/// next sweep. Without the shared place B says whose directory has it.
+#[tokio::test]
+async fn a_snapshot_taken_on_one_replica_is_read_on_another_and_swept_when_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("db")).unwrap());
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let shelf = Arc::new(Shelf::default());
+    let replica = |dir: &tempfile::TempDir, instance: &str| {
+        Snapshots::new(
+            store.clone(),
+            dir.path().join("snapshots"),
+            2,
+            instance.into(),
+            Duration::from_secs(10),
+        )
+    };
+    let a = replica(&dir_a, "a").with_shared(shelf.clone());
+    let b = replica(&dir_b, "b").with_shared(shelf.clone());
+    let alone = replica(&dir_b, "c");
+    let session = Uuid::new_v4();
+    take(&a, session, 10, true).await;
+    let snapshot = a.of_session(session).await.unwrap().remove(0);
+    assert_eq!(shelf.0.lock().unwrap().len(), 1, "stored where B reads");
+
+    let unshared = alone.local_path(&snapshot).await.unwrap_err().to_string();
+    assert!(
+        unshared.contains("another server instance (a)"),
+        "{unshared}"
+    );
+    let path = b.local_path(&snapshot).await.unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), ARCHIVE);
+    assert!(path.starts_with(dir_b.path()), "a copy of B's own");
+    assert_eq!(files(&dir_b), 1, "no half copy is left");
+
+    // Gone through B: the record, B's copy and the shared file; A's file
+    // has no record now, and A's sweep removes it.
+    b.forget_session(session).await.unwrap();
+    assert!(shelf.0.lock().unwrap().is_empty());
+    assert_eq!(files(&dir_b), 0);
+    assert_eq!(files(&dir_a), 1);
+    assert_eq!(a.sweep(super::SWEEP_AFTER).await.unwrap(), 0, "too young");
+    assert_eq!(a.sweep(Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(files(&dir_a), 0);
+}

@@ -165,6 +165,7 @@ impl Server {
             started: Instant::now(),
             store: store.clone(),
             sandboxes: tools.sandboxes,
+            tools: tools.router,
             uploads: Arc::new(tokio::sync::Semaphore::new(
                 crate::api::routes::workspace::MAX_SPOOLING,
             )),

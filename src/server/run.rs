@@ -13,6 +13,7 @@ use super::Server;
 use crate::api;
 use crate::protocol::SessionStatus;
 use crate::sandbox::SandboxManager;
+use crate::sandbox::snapshots::SWEEP_AFTER;
 use crate::session::SessionManager;
 use crate::store::Store;
 
@@ -191,6 +192,9 @@ impl Server {
     }
 }
 
+/// How often the snapshot directory is swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
 /// The sandbox pool, and removing idle, paused-too-long and expired
 /// sandboxes, until `root` is cancelled.
 async fn sandbox_chores(sandboxes: Arc<SandboxManager>, root: CancellationToken) {
@@ -223,11 +227,27 @@ async fn sandbox_chores(sandboxes: Arc<SandboxManager>, root: CancellationToken)
             }
         }
     };
+    // Snapshot files whose record is gone (deleted on another replica).
+    let sweeper = async {
+        let Some(snapshots) = sandboxes.snapshots() else {
+            return std::future::pending().await;
+        };
+        let mut every = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            every.tick().await;
+            match snapshots.sweep(SWEEP_AFTER).await {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(removed, "removed snapshot files no record names"),
+                Err(e) => tracing::warn!(error = %e, "sweeping the snapshot directory failed"),
+            }
+        }
+    };
     tokio::select! {
         _ = sandboxes.run_pool(root.clone()) => {}
         _ = reaper => {}
         _ = pauser => {}
         _ = pruner => {}
+        _ = sweeper => {}
     }
 }
 

@@ -16,6 +16,9 @@ use crate::sandbox::{self, SandboxManager};
 use crate::store::{Store, postgres};
 use crate::tools::Toolbox;
 
+/// The JetStream object store bucket of the snapshots' files.
+pub const SNAPSHOT_BUCKET: &str = "conclave_snapshots";
+
 /// What a server counts its sandboxes against: the keys' quotas, the
 /// storage meter named snapshots count in, and the usage a removed
 /// sandbox adds to.
@@ -52,6 +55,20 @@ pub(super) async fn toolbox(
         instance.clone(),
         std::time::Duration::from_secs(config.sandbox.max_exec_timeout_s),
     );
+    // Among replicas (the bus on NATS), a fork, a download or a
+    // `from_snapshot` session on any of them reads the files in NATS.
+    let snapshots = match &config.bus.url {
+        Some(url) => {
+            let files = crate::bus::NatsFiles::connect(url, SNAPSHOT_BUCKET)
+                .await
+                .map_err(|e| StartError::Bus {
+                    url: url.clone(),
+                    message: format!("opening the snapshots' object store: {e}"),
+                })?;
+            snapshots.with_shared(Arc::new(files))
+        }
+        None => snapshots,
+    };
     let sandboxes = SandboxManager::new(backend, config.sandbox.clone(), instance.clone())
         .with_snapshots(snapshots)
         .with_marks(config.data_dir.join("sandbox-sessions"))

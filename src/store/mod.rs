@@ -9,6 +9,8 @@
 //!   and counters), [`UsageStore`] (what each key spent, per day and
 //!   model). [`Store`] is all of them; the server
 //!   holds it as `Arc<dyn Store>`.
+//! - [`files`]: large files every replica reads ([`SharedFiles`]), kept
+//!   beside the store rather than in it.
 //! - [`sqlite`]: the embedded default, one file in the data directory, with
 //!   migrations and group commit of appended events.
 //! - [`postgres`]: one PostgreSQL database shared by several replicas
@@ -18,6 +20,7 @@
 //! behind it unchanged.
 
 mod codec;
+pub mod files;
 pub mod postgres;
 mod quota;
 pub mod sqlite;
@@ -35,6 +38,7 @@ use serde_json::Value;
 
 use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 
+pub use files::{FileReader, SharedFiles};
 pub use postgres::PostgresStore;
 pub use quota::{KeptBytes, QuotaStore};
 pub use sqlite::SqliteStore;

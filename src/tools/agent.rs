@@ -455,6 +455,10 @@ impl ToolRouter for AgentTools {
         self.tools.sandboxes.snapshot_turn(session_id, owner, seq);
     }
 
+    async fn snapshots_settled(&self, session_id: Uuid) {
+        self.tools.sandboxes.snapshot_settled(session_id).await;
+    }
+
     async fn release(&self, session_id: Uuid) {
         self.tools.baselines.forget(session_id);
         self.agents.release(session_id);

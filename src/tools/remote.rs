@@ -43,6 +43,7 @@ use crate::store::{Expect, KvWrite, Store, StoreError};
 /// The store's KV namespace of owners (no API key can name it).
 const OWNERS: &str = "_sandbox_owners";
 mod serve;
+mod workspace;
 
 const PREFIX: &str = "conclave.tools";
 /// Silence from an owner running a call before it is asked whether it
@@ -68,6 +69,9 @@ struct Request {
     owner: Option<String>,
     /// The tool call (none for the tools offered, release, delete).
     call: Option<ForwardedCall>,
+    /// The turn end whose snapshot to take (`turn_ended`).
+    #[serde(default)]
+    seq: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -118,6 +122,9 @@ pub struct ClusterTools {
     /// always asks (another replica may have taken the session over);
     /// what it finds updates this.
     held_here: std::sync::Mutex<std::collections::HashMap<Uuid, u64>>,
+    /// Itself, for the work `turn_ended` leaves running.
+    me: std::sync::Weak<ClusterTools>,
+    tasks: TaskTracker,
 }
 
 impl ClusterTools {
@@ -140,12 +147,14 @@ impl ClusterTools {
             .subscribe(format!("{PREFIX}.{instance}.>"))
             .await
             .map_err(|e| format!("listening for tool calls: {e}"))?;
-        let tools = Arc::new(ClusterTools {
+        let tools = Arc::new_cyclic(|me| ClusterTools {
             local,
             client,
             store,
             instance,
             held_here: Default::default(),
+            me: me.clone(),
+            tasks: tasks.clone(),
         });
         tasks.spawn(tools.clone().serve(requests, stop, tasks.clone()));
         Ok(tools)
@@ -324,6 +333,7 @@ impl ClusterTools {
                     options: AgentOptions::default(),
                     owner: None,
                     call: None,
+                    seq: None,
                 };
                 let settled = self
                     .exchange(&replica, leaf, &request, None, |_| Ok(Some(())))
@@ -383,6 +393,7 @@ impl ToolRouter for ClusterTools {
                     options: (*ctx.options).clone(),
                     owner: ctx.owner.clone(),
                     call: None,
+                    seq: None,
                 };
                 let read = |body: Bytes| {
                     serde_json::from_slice::<Vec<ToolSpec>>(&body)
@@ -444,6 +455,7 @@ impl ToolRouter for ClusterTools {
                     name: name.to_owned(),
                     input: input.clone(),
                 }),
+                seq: None,
             };
             let read = |body: Bytes| match serde_json::from_slice::<ForwardedReply>(&body) {
                 Ok(ForwardedReply::Chunk { stream, content }) => {
@@ -519,10 +531,18 @@ impl ToolRouter for ClusterTools {
         self.local.seed_workspace(ctx, cancel).await
     }
 
-    /// The replica holding the session's sandbox snapshots it; on any
-    /// other the local manager has no slot for it and does nothing.
+    /// The replica holding the session's sandbox snapshots it: here, or
+    /// told over NATS.
     fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
-        self.local.turn_ended(session_id, owner, seq);
+        self.forward_turn_end(session_id, owner, seq);
+    }
+
+    async fn snapshots_settled(&self, session_id: Uuid) {
+        self.settle_snapshots(session_id).await;
+    }
+
+    async fn hold_workspace(&self, session_id: Uuid) -> Result<(), String> {
+        self.hold(session_id).await
     }
 
     async fn release(&self, session_id: Uuid) {

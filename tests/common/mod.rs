@@ -5,6 +5,7 @@ pub mod binary;
 pub mod nats;
 pub mod postgres;
 pub mod proxy;
+pub mod replicas;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -49,6 +49,8 @@ pub struct Shared {
     pub store: Arc<dyn crate::store::Store>,
     /// Present when tools run in sandboxes (not with test tool routers).
     pub sandboxes: Option<Arc<SandboxManager>>,
+    /// The sessions' tools, whichever replica holds a session's sandbox.
+    pub tools: Arc<dyn crate::agent::ToolRouter>,
     /// Workspace uploads spooled to the data directory at once
     /// ([`crate::api::routes::workspace::MAX_SPOOLING`]): what the server's
     /// disk holds for them is bounded.

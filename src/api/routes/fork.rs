@@ -48,6 +48,7 @@ fn forks(state: &AppState) -> Forks {
         sessions: state.sessions.clone(),
         store: state.store.clone(),
         sandboxes: state.sandboxes.clone(),
+        tools: Some(state.tools.clone()),
         max_forks: state.config.agent.max_forks,
     }
 }
@@ -116,9 +117,7 @@ fn snapshots(state: &AppState) -> Result<&Arc<Snapshots>, ApiError> {
 /// Waits for the snapshot of the session's last turn end, so a request
 /// right after a turn sees it.
 async fn settled(state: &AppState, session: Uuid) {
-    if let Some(sandboxes) = &state.sandboxes {
-        sandboxes.snapshot_settled(session).await;
-    }
+    state.tools.snapshots_settled(session).await;
 }
 
 fn sandbox_error(e: crate::sandbox::SandboxError) -> ApiError {

@@ -24,7 +24,7 @@ use tokio::io::BufReader;
 use tokio_util::io::{ReaderStream, StreamReader};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::agent::AgentOptions;
+use crate::agent::{AgentOptions, ToolRouter};
 use crate::api::http::auth::Caller;
 use crate::api::http::error::{ApiError, ErrorBody};
 use crate::api::http::extract::ApiQuery;
@@ -151,11 +151,7 @@ async fn unpack_into(
     let result = async {
         let limit = target.disk_limit();
         let spooled = spool(state, body, limit).await?;
-        let lease = target
-            .place
-            .lease(target.sandboxes)
-            .await
-            .map_err(lease_error)?;
+        let lease = target.live_lease().await?;
         workspace::unpack(
             lease.sandbox.as_ref(),
             &dir,
@@ -212,11 +208,7 @@ async fn write_one(
     let result = async {
         let limit = target.disk_limit();
         let spooled = spool_raw(state, body, limit).await?;
-        let lease = target
-            .place
-            .lease(target.sandboxes)
-            .await
-            .map_err(lease_error)?;
+        let lease = target.live_lease().await?;
         workspace::write_file(
             lease.sandbox.as_ref(),
             &file,
@@ -371,6 +363,7 @@ pub async fn list_root(
 struct Target<'a> {
     session: Arc<Session>,
     sandboxes: &'a SandboxManager,
+    tools: &'a Arc<dyn ToolRouter>,
     place: Place,
     options: AgentOptions,
 }
@@ -403,6 +396,7 @@ impl<'a> Target<'a> {
         Ok(Target {
             session,
             sandboxes,
+            tools: &state.tools,
             place,
             options,
         })
@@ -445,8 +439,23 @@ impl<'a> Target<'a> {
     }
 
     /// The session's live sandbox, made if it has none yet (then its
-    /// workspace is empty, or its `from_snapshot`).
+    /// workspace is empty, or its `from_snapshot`). Among replicas only
+    /// the one holding it reaches it: on another this is a 409 naming it,
+    /// and a session nobody holds yet becomes this replica's, as with its
+    /// first tool call.
     async fn live_lease(&self) -> Result<crate::sandbox::Lease, ApiError> {
+        if let Err(replica) = self.tools.hold_workspace(self.session.id).await {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "sandbox_elsewhere",
+                format!(
+                    "session {}'s sandbox is on replica {replica}, which serves it; this replica \
+                     cannot reach the live workspace: read a turn end's snapshot with at_seq, \
+                     or send this request to that replica",
+                    self.session.id
+                ),
+            ));
+        }
         self.place.lease(self.sandboxes).await.map_err(lease_error)
     }
 
@@ -498,7 +507,7 @@ impl<'a> Target<'a> {
     /// The snapshot file of the turn end `seq`, opened.
     async fn snapshot_file(&self, seq: u64) -> Result<tokio::fs::File, ApiError> {
         let snapshots = self.snapshots()?;
-        self.sandboxes.snapshot_settled(self.session.id).await;
+        self.tools.snapshots_settled(self.session.id).await;
         match snapshots
             .at_turn(self.session.id, seq)
             .await

@@ -6,6 +6,7 @@
 //!   class).
 //! - [`subscription`]: ordered consumers, one per class a subscription
 //!   may read, pumped into one bounded queue.
+//! - [`files`]: files every replica reads, in an object store bucket.
 //! - [`kv_peers`]: KV writes told to the other replicas over core NATS.
 //!
 //! Every message, kept or not, is stored in its class's stream, whose
@@ -23,6 +24,7 @@
 //! where they were ([`subscription`]). `ping` fails while the client is
 //! disconnected or any consumer is being made again, so `/ready` says so.
 
+mod files;
 mod kv_peers;
 mod names;
 mod subscription;
@@ -47,6 +49,7 @@ use crate::config::BusConfig;
 use crate::store::Store;
 use crate::sync::lock;
 use crate::telemetry::{BusLabel, Metrics};
+pub use files::NatsFiles;
 use names::Names;
 
 /// The header with the message's per-subject `seq`.

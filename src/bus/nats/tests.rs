@@ -357,3 +357,46 @@ async fn each_key_is_charged_its_own_kept_bytes() {
     assert_eq!(a.bus.kept_bytes("nobody").await.unwrap(), 0);
     stop(a, b, home).await;
 }
+
+/// Files in a real object store bucket, through two connections as two
+/// replicas have them: one stores, the other reads it whole (past one
+/// chunk), a file stored again is replaced, a deleted or absent one is
+/// `None`, and deleting one twice is no error.
+#[tokio::test]
+async fn files_stored_by_one_connection_are_read_whole_by_another() {
+    use crate::store::SharedFiles;
+    use tokio::io::AsyncReadExt;
+
+    let url = crate::bus::tests::nats_url();
+    let bucket = format!("t{}", uuid::Uuid::new_v4().simple());
+    let a = super::NatsFiles::connect(&url, &bucket).await.unwrap();
+    let b = super::NatsFiles::connect(&url, &bucket).await.unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let stored = a
+        .put("one", Box::new(std::io::Cursor::new(data.clone())))
+        .await
+        .unwrap();
+    assert_eq!(stored, data.len() as u64);
+    let read = async |name: &str| {
+        let mut reader = b.get(name).await.unwrap()?;
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).await.unwrap();
+        Some(bytes)
+    };
+    assert_eq!(read("one").await.unwrap(), data);
+    assert!(read("never").await.is_none());
+    a.put("one", Box::new(std::io::Cursor::new(b"short".to_vec())))
+        .await
+        .unwrap();
+    assert_eq!(read("one").await.unwrap(), b"short");
+    b.delete("one").await.unwrap();
+    assert!(read("one").await.is_none(), "deleted");
+    b.delete("one").await.unwrap();
+    b.delete("never").await.unwrap();
+    assert!(b.place().contains(&bucket));
+    let client = async_nats::connect(&url).await.unwrap();
+    async_nats::jetstream::new(client)
+        .delete_object_store(&bucket)
+        .await
+        .unwrap();
+}

@@ -96,6 +96,17 @@ impl ClusterTools {
                 self.local.delete(ctx.session_id).await;
                 send(Vec::new()).await;
             }
+            ("turn_ended", _) => {
+                if let Some(seq) = request.seq {
+                    let owner = ctx.owner.as_deref();
+                    self.local.turn_ended(ctx.session_id, owner, seq);
+                }
+                send(Vec::new()).await;
+            }
+            ("snapshots_settled", _) => {
+                self.local.snapshots_settled(ctx.session_id).await;
+                send(Vec::new()).await;
+            }
             ("call", Some(call)) => {
                 let cancel = CancellationToken::new();
                 crate::sync::lock(&calls).insert(call.id, cancel.clone());

@@ -69,7 +69,7 @@ pub async fn changes(
     };
     let target = Target::of(&state, &caller, &id).await?;
     let snapshots = target.snapshots()?;
-    target.sandboxes.snapshot_settled(target.session.id).await;
+    target.tools.snapshots_settled(target.session.id).await;
     let mut ends: BTreeMap<u64, ()> = BTreeMap::new();
     for snapshot in snapshots
         .of_session(target.session.id)

@@ -1,0 +1,104 @@
+//! A session's workspace among replicas outside its tool calls: the
+//! snapshot of a turn end that ran on another replica than the sandbox's,
+//! waiting for snapshots under way there, and holding the live workspace
+//! for an upload or a download.
+
+use uuid::Uuid;
+
+use super::{ClusterTools, Forwarded, OWNERS, Owner, Request};
+use crate::agent::AgentOptions;
+
+impl ClusterTools {
+    /// The replica the store names as the holder of the session's tools,
+    /// when it is another one; nothing is claimed.
+    async fn holder_elsewhere(&self, session: Uuid) -> Option<String> {
+        if crate::sync::lock(&self.held_here).contains_key(&session) {
+            return None;
+        }
+        match self.store.kv_get(OWNERS, &session.to_string()).await {
+            Ok(Some(entry)) if entry.value != self.instance.as_bytes() => {
+                Some(String::from_utf8_lossy(&entry.value).into_owned())
+            }
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "finding a session's sandbox");
+                None
+            }
+        }
+    }
+
+    fn request(session: Uuid, owner: Option<&str>, seq: Option<u64>) -> Request {
+        Request {
+            session_id: session,
+            options: AgentOptions::default(),
+            owner: owner.map(str::to_owned),
+            call: None,
+            seq,
+        }
+    }
+
+    /// Has the turn end `seq` snapshotted where the sandbox is: here at
+    /// once, or on its replica, told in a task of its own.
+    pub(super) fn forward_turn_end(&self, session: Uuid, owner: Option<&str>, seq: u64) {
+        if crate::sync::lock(&self.held_here).contains_key(&session) {
+            return self.local.turn_ended(session, owner, seq);
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let owner = owner.map(str::to_owned);
+        self.tasks.spawn(async move {
+            match me.holder_elsewhere(session).await {
+                Some(replica) => {
+                    let request = Self::request(session, owner.as_deref(), Some(seq));
+                    let told = me
+                        .exchange(&replica, "turn_ended", &request, None, |_| Ok(Some(())))
+                        .await;
+                    if let Forwarded::Failed(e) = told {
+                        tracing::warn!(%session, seq, error = %e, "the turn end's snapshot was not asked for");
+                    }
+                }
+                None => me.local.turn_ended(session, owner.as_deref(), seq),
+            }
+        });
+    }
+
+    /// Waits for the session's snapshots under way, here or on the replica
+    /// holding its sandbox (one that stopped has none under way).
+    pub(super) async fn settle_snapshots(&self, session: Uuid) {
+        match self.holder_elsewhere(session).await {
+            Some(replica) => {
+                let request = Self::request(session, None, None);
+                let _ = self
+                    .exchange(&replica, "snapshots_settled", &request, None, |_| {
+                        Ok(Some(()))
+                    })
+                    .await;
+            }
+            None => self.local.snapshots_settled(session).await,
+        }
+    }
+
+    /// Makes the session's live workspace this replica's, as its first
+    /// tool call would (claimed when nobody holds it, taken over from a
+    /// replica that stopped); `Err` names a live replica holding it.
+    pub(super) async fn hold(&self, session: Uuid) -> Result<(), String> {
+        loop {
+            let (replica, revision) = match self.owner(session).await {
+                Err(e) => return Err(format!("the store: {e}")),
+                Ok(Owner::Here { .. }) => return Ok(()),
+                Ok(Owner::There { replica, revision }) => (replica, revision),
+            };
+            if self.alive(&replica).await {
+                return Err(replica);
+            }
+            match self.take_over(session, revision).await {
+                Err(e) => return Err(format!("the store: {e}")),
+                Ok(None) => continue,
+                Ok(Some(taken)) => {
+                    crate::sync::lock(&self.held_here).insert(session, taken);
+                    self.local.adopt(session).await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! A session's workspace across replicas, as tests/cluster.rs starts them
+//! (real `conclave serve` processes on one PostgreSQL database and one
+//! nats-server, local sandboxes): turn-end snapshots are kept in NATS's
+//! object store, so a fork, a download at a turn end and `changes` work
+//! on a replica that does not hold the session's sandbox; a turn that ran
+//! on such a replica still gets its snapshot, taken where the sandbox is;
+//! an upload makes the replica it reached the sandbox's, and the live
+//! workspace of a sandbox held elsewhere is a 409 naming the replica.
+//!
+//! Needs `CONCLAVE_TEST_POSTGRES` and `CONCLAVE_TEST_NATS_SERVER`, which
+//! scripts/test.sh sets.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Read;
+
+use common::Lines;
+use common::nats::NatsServer;
+use common::postgres::{TestDatabase, test_server};
+use common::replicas::{Replica, local_replicas};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// Replicas A, B and C; the fields drop in order, so the replicas stop
+/// before nats-server and the database go.
+struct Trio {
+    replicas: Vec<Replica>,
+    nats: NatsServer,
+    database: TestDatabase,
+    http: reqwest::Client,
+}
+
+impl Trio {
+    async fn start() -> Trio {
+        let database = TestDatabase::create(&test_server()).await;
+        let nats = NatsServer::start(true).await;
+        let replicas = local_replicas(3, &database, &nats, &[]).await;
+        Trio {
+            replicas,
+            nats,
+            database,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn at(&self, on: usize, path: &str) -> String {
+        format!("{}{path}", self.replicas[on].1)
+    }
+
+    async fn get(&self, on: usize, path: &str) -> reqwest::Response {
+        self.http.get(self.at(on, path)).send().await.unwrap()
+    }
+
+    async fn post(&self, on: usize, path: &str, body: Value) -> reqwest::Response {
+        self.http
+            .post(self.at(on, path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn create_session(&self, on: usize) -> String {
+        let created: Value = self
+            .post(on, "/agent/session", json!({}))
+            .await
+            .json()
+            .await
+            .unwrap();
+        created["session_id"].as_str().unwrap().to_owned()
+    }
+
+    /// A turn on replica `on`; its events, the `result` last.
+    async fn turn(&self, on: usize, id: &str, prompt: &str) -> Vec<Value> {
+        let path = format!("/agent/session/{id}/message");
+        let response = self.post(on, &path, json!({"prompt": prompt})).await;
+        assert_eq!(response.status(), 200, "replica {on}");
+        let events = Lines::new(response).until("result").await;
+        let result = events.iter().find(|e| e["type"] == "tool_result").unwrap();
+        assert_eq!(result["is_error"], false, "{events:?}");
+        events
+    }
+
+    async fn delete(&self, on: usize, id: &str) {
+        let deleted = self
+            .http
+            .delete(self.at(on, &format!("/agent/session/{id}")))
+            .send()
+            .await
+            .unwrap();
+        assert!(deleted.status().is_success(), "{}", deleted.status());
+    }
+
+    /// The snapshot files in NATS's object store.
+    async fn shared_files(&self) -> usize {
+        let client = async_nats::connect(&self.nats.url).await.unwrap();
+        let jetstream = async_nats::jetstream::new(client);
+        let bucket = jetstream
+            .get_object_store("conclave_snapshots")
+            .await
+            .unwrap();
+        let mut listed = bucket.list().await.unwrap();
+        let mut count = 0;
+        while let Some(info) = listed.next().await {
+            if !info.unwrap().deleted {
+                count += 1;
+            }
+        }
+        count
+    }
+
+    async fn snapshot_records(&self) -> i64 {
+        let mut db = <sqlx::PgConnection as sqlx::Connection>::connect(&self.database.url())
+            .await
+            .unwrap();
+        sqlx::query_scalar(
+            "SELECT count(*) FROM kv WHERE namespace = '_snapshots' AND key LIKE 'blob/%'",
+        )
+        .fetch_one(&mut db)
+        .await
+        .unwrap()
+    }
+}
+
+fn last_seq(events: &[Value]) -> u64 {
+    events.last().unwrap()["seq"].as_u64().unwrap()
+}
+
+/// The file `name` of a tar archive.
+fn in_tar(archive: &[u8], name: &str) -> Option<String> {
+    let mut archive = tar::Archive::new(archive);
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        if path.trim_start_matches("./") == name {
+            let mut text = String::new();
+            entry.read_to_string(&mut text).unwrap();
+            return Some(text);
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_session_on_one_replica_is_forked_downloaded_and_compared_on_another() {
+    let trio = Trio::start().await;
+    let id = trio.create_session(0).await;
+    // A's call makes the sandbox there.
+    let first = trio.turn(0, &id, "$ echo from-a > note.txt").await;
+    let first_end = last_seq(&first);
+
+    // B reads that turn end from NATS: one file, and the whole as a tar.
+    let file = trio
+        .get(
+            1,
+            &format!("/agent/session/{id}/files/note.txt?at_seq={first_end}"),
+        )
+        .await;
+    assert_eq!(file.status(), 200);
+    assert_eq!(file.text().await.unwrap(), "from-a\n");
+    let archive = trio
+        .get(
+            1,
+            &format!("/agent/session/{id}/workspace?at_seq={first_end}"),
+        )
+        .await;
+    assert_eq!(archive.status(), 200);
+    let archive = archive.bytes().await.unwrap();
+    assert_eq!(in_tar(&archive, "note.txt").as_deref(), Some("from-a\n"));
+
+    // The live workspace is A's: B says so rather than making its own.
+    let live = trio.get(1, &format!("/agent/session/{id}/workspace")).await;
+    assert_eq!(live.status(), 409);
+    let refusal: Value = live.json().await.unwrap();
+    assert_eq!(refusal["error"]["code"], "sandbox_elsewhere", "{refusal}");
+    assert!(
+        refusal["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at_seq"),
+        "{refusal}"
+    );
+    let upload = trio
+        .http
+        .put(trio.at(1, &format!("/agent/session/{id}/files/late.txt")))
+        .header("content-type", "application/octet-stream")
+        .body("late")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        upload.status(),
+        409,
+        "an upload on B would split the workspace"
+    );
+
+    // A turn on C, whose call is carried to A: its turn end is snapshotted
+    // on A all the same, and B forks at it at once.
+    let second = trio.turn(2, &id, "$ echo from-c > more.txt").await;
+    let second_end = last_seq(&second);
+    let forked = trio
+        .post(
+            1,
+            &format!("/agent/session/{id}/fork"),
+            json!({"at_seq": second_end}),
+        )
+        .await;
+    assert_eq!(forked.status(), 201);
+    let forked: Value = forked.json().await.unwrap();
+    assert!(forked["from_snapshot"].is_string(), "{forked}");
+    let fork = forked["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let read = trio.turn(1, &fork, "$ cat note.txt more.txt").await;
+    let output = read.iter().find(|e| e["type"] == "tool_result").unwrap()["output"].to_string();
+    assert!(
+        output.contains("from-a") && output.contains("from-c"),
+        "{output}"
+    );
+
+    // B compares A's two turn ends.
+    let changes: Value = trio
+        .get(
+            1,
+            &format!("/agent/session/{id}/changes?from_seq={first_end}&to_seq={second_end}"),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let files = changes["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "{changes}");
+    assert_eq!(files[0]["path"], "more.txt");
+    assert_eq!(files[0]["status"], "added");
+
+    // Deleted on C, the sessions take their snapshots out of NATS too.
+    assert!(trio.shared_files().await >= 2);
+    trio.delete(2, &fork).await;
+    trio.delete(2, &id).await;
+    assert_eq!(trio.snapshot_records().await, 0);
+    assert_eq!(trio.shared_files().await, 0);
+}
+
+#[tokio::test]
+async fn an_upload_makes_its_replica_the_sandboxs_and_turns_anywhere_reach_it() {
+    let trio = Trio::start().await;
+    let id = trio.create_session(0).await;
+    let upload = trio
+        .http
+        .put(trio.at(1, &format!("/agent/session/{id}/files/given.txt")))
+        .header("content-type", "application/octet-stream")
+        .body("given-on-b\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upload.status(), 200);
+    let uploaded: Value = upload.json().await.unwrap();
+    // A turn on A and one on C read it in B's sandbox.
+    for on in [0, 2] {
+        let read = trio.turn(on, &id, "$ cat given.txt").await;
+        let result = read.iter().find(|e| e["type"] == "tool_result").unwrap();
+        assert!(
+            result["output"].to_string().contains("given-on-b"),
+            "{result}"
+        );
+    }
+    // The upload's own point is a snapshot A can fork at.
+    let seq = uploaded["seq"].as_u64().unwrap();
+    let forked = trio
+        .post(
+            0,
+            &format!("/agent/session/{id}/fork"),
+            json!({"at_seq": seq}),
+        )
+        .await;
+    assert_eq!(forked.status(), 201);
+    let forked: Value = forked.json().await.unwrap();
+    let fork = forked["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let read = trio.turn(0, &fork, "$ cat given.txt").await;
+    let result = read.iter().find(|e| e["type"] == "tool_result").unwrap();
+    assert!(
+        result["output"].to_string().contains("given-on-b"),
+        "{result}"
+    );
+}
