@@ -72,14 +72,18 @@ impl Trio {
         created["session_id"].as_str().unwrap().to_owned()
     }
 
-    /// A turn on replica `on`; its events, the `result` last.
+    /// A turn on replica `on`; its events, the `result` last. A prompt
+    /// starting `$ ` is a command the demo model runs, which must succeed.
     async fn turn(&self, on: usize, id: &str, prompt: &str) -> Vec<Value> {
         let path = format!("/agent/session/{id}/message");
         let response = self.post(on, &path, json!({"prompt": prompt})).await;
         assert_eq!(response.status(), 200, "replica {on}");
         let events = Lines::new(response).until("result").await;
-        let result = events.iter().find(|e| e["type"] == "tool_result").unwrap();
-        assert_eq!(result["is_error"], false, "{events:?}");
+        assert_eq!(events.last().unwrap()["status"], "success", "{events:?}");
+        if prompt.starts_with("$ ") {
+            let result = events.iter().find(|e| e["type"] == "tool_result").unwrap();
+            assert_eq!(result["is_error"], false, "{events:?}");
+        }
         events
     }
 
@@ -200,6 +204,12 @@ async fn a_session_on_one_replica_is_forked_downloaded_and_compared_on_another()
     // on A all the same, and B forks at it at once.
     let second = trio.turn(2, &id, "$ echo from-c > more.txt").await;
     let second_end = last_seq(&second);
+    let told = &second.last().unwrap()["files_changed"];
+    assert_eq!(
+        *told,
+        json!({"added": 1, "modified": 0, "deleted": 0}),
+        "told by A"
+    );
     let forked = trio
         .post(
             1,
@@ -220,6 +230,22 @@ async fn a_session_on_one_replica_is_forked_downloaded_and_compared_on_another()
         output.contains("from-a") && output.contains("from-c"),
         "{output}"
     );
+
+    // A turn on B that calls no tool: its turn end is A's snapshot too.
+    let chat = trio.turn(1, &id, "hello").await;
+    let chat_end = last_seq(&chat);
+    assert_eq!(
+        chat.last().unwrap()["files_changed"],
+        json!({"added": 0, "modified": 0, "deleted": 0})
+    );
+    let at_chat = trio
+        .get(
+            2,
+            &format!("/agent/session/{id}/files/more.txt?at_seq={chat_end}"),
+        )
+        .await;
+    assert_eq!(at_chat.status(), 200);
+    assert_eq!(at_chat.text().await.unwrap(), "from-c\n");
 
     // B compares A's two turn ends.
     let changes: Value = trio

@@ -117,10 +117,11 @@ impl SessionTask for AgentTask {
         turn::close_cut_off(&self.deps, session).await
     }
 
-    fn turn_ended(&self, session: &Arc<Session>, seq: u64) {
+    async fn turn_ended(&self, session: &Arc<Session>, seq: u64) {
         self.deps
             .tools
-            .turn_ended(session.id, session.owner.as_deref(), seq);
+            .turn_ended(session.id, session.owner.as_deref(), seq)
+            .await;
     }
 
     async fn release(&self, session: Uuid) {

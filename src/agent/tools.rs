@@ -150,8 +150,9 @@ pub trait ToolRouter: Send + Sync {
     }
 
     /// A turn of the session ended at `seq` (its `result`): snapshot the
-    /// workspace for forks. Returns at once; the work runs on its own.
-    fn turn_ended(&self, _session_id: Uuid, _owner: Option<&str>, _seq: u64) {}
+    /// workspace for forks. Returns once the snapshot is under way where
+    /// the sandbox is (readers wait for it); the work runs on its own.
+    async fn turn_ended(&self, _session_id: Uuid, _owner: Option<&str>, _seq: u64) {}
 
     /// Waits until the snapshots of the session's turn ends under way are
     /// recorded, wherever its sandbox is, so a fork or a download right

@@ -115,7 +115,8 @@ async fn seed_workspace(deps: &TurnDeps, turn: &Turn) -> Result<bool, StoreError
             // As after an upload: the next `changes` shows this turn's
             // work, not the clone.
             deps.tools
-                .turn_ended(session.id, session.owner.as_deref(), seq);
+                .turn_ended(session.id, session.owner.as_deref(), seq)
+                .await;
             Ok(true)
         }
         Err(message) => {

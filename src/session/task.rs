@@ -72,10 +72,11 @@ pub trait SessionTask: Send + Sync + 'static {
         false
     }
 
-    /// Called once a turn's `result` (at `seq`) is stored, before the next
-    /// turn can start: the agent snapshots the session's workspace here.
-    /// Whatever it does at length must not hold the caller.
-    fn turn_ended(&self, _session: &Arc<Session>, _seq: u64) {}
+    /// Called once a turn's `result` (at `seq`) is written, before a
+    /// client can read it or the next turn can start: the agent starts the
+    /// snapshot of the session's workspace here. Whatever it does at
+    /// length must not hold the caller.
+    async fn turn_ended(&self, _session: &Arc<Session>, _seq: u64) {}
 
     /// Frees what an ephemeral session held once its one turn is over.
     async fn release(&self, _session: Uuid) {}

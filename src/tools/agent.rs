@@ -451,7 +451,7 @@ impl ToolRouter for AgentTools {
         }
     }
 
-    fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
+    async fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
         self.tools.sandboxes.snapshot_turn(session_id, owner, seq);
     }
 

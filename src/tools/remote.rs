@@ -7,6 +7,8 @@
 //! A call on another replica goes to the owner over NATS
 //! (`conclave.tools.<instance>.call`, the answer and what the call prints
 //! streamed back to an inbox); its release and its delete go the same way,
+//! and so do a turn end to snapshot, what a turn changed, and a wait for
+//! the snapshots under way ([`workspace`]),
 //! and so does the list of tools it is offered when that list holds its
 //! own MCP servers or A2A agents (the sandbox's tools alone are the same
 //! on every replica, listed without asking the store).
@@ -122,9 +124,9 @@ pub struct ClusterTools {
     /// always asks (another replica may have taken the session over);
     /// what it finds updates this.
     held_here: std::sync::Mutex<std::collections::HashMap<Uuid, u64>>,
-    /// Itself, for the work `turn_ended` leaves running.
-    me: std::sync::Weak<ClusterTools>,
-    tasks: TaskTracker,
+    /// Sessions whose calls this replica carried to another, by that
+    /// replica: where their turn ends are told without asking the store.
+    held_there: std::sync::Mutex<std::collections::HashMap<Uuid, String>>,
 }
 
 impl ClusterTools {
@@ -147,14 +149,13 @@ impl ClusterTools {
             .subscribe(format!("{PREFIX}.{instance}.>"))
             .await
             .map_err(|e| format!("listening for tool calls: {e}"))?;
-        let tools = Arc::new_cyclic(|me| ClusterTools {
+        let tools = Arc::new(ClusterTools {
             local,
             client,
             store,
             instance,
             held_here: Default::default(),
-            me: me.clone(),
-            tasks: tasks.clone(),
+            held_there: Default::default(),
         });
         tasks.spawn(tools.clone().serve(requests, stop, tasks.clone()));
         Ok(tools)
@@ -164,10 +165,17 @@ impl ClusterTools {
     async fn owner(&self, session: Uuid) -> Result<Owner, StoreError> {
         let owner = self.read_owner(session).await?;
         let mut held = crate::sync::lock(&self.held_here);
-        match owner {
-            Owner::Here { revision } => held.insert(session, revision),
-            Owner::There { .. } => held.remove(&session),
-        };
+        let mut there = crate::sync::lock(&self.held_there);
+        match &owner {
+            Owner::Here { revision } => {
+                held.insert(session, *revision);
+                there.remove(&session);
+            }
+            Owner::There { replica, .. } => {
+                held.remove(&session);
+                there.insert(session, replica.clone());
+            }
+        }
         Ok(owner)
     }
 
@@ -299,6 +307,7 @@ impl ClusterTools {
     /// Runs `leaf` (release or delete) where the session's tools are.
     async fn settle(&self, session: Uuid, leaf: &str) {
         let key = session.to_string();
+        crate::sync::lock(&self.held_there).remove(&session);
         // Held here: the entry goes first, only if no replica took the
         // session over since (one round trip where reading it and then
         // deleting it took two).
@@ -511,14 +520,10 @@ impl ToolRouter for ClusterTools {
         self.local.check_options(options).await
     }
 
-    /// Told where the turn's calls ran: here, or nowhere yet.
+    /// Told where the turn's calls ran: here, or on the replica holding
+    /// the session's sandbox, asked over NATS.
     async fn turn_changes(&self, ctx: &ToolContext) -> Option<crate::protocol::FilesChanged> {
-        let held = crate::sync::lock(&self.held_here).contains_key(&ctx.session_id);
-        if held {
-            self.local.turn_changes(ctx).await
-        } else {
-            None
-        }
+        self.changes_where_held(ctx).await
     }
 
     /// Before the session's first turn no replica holds its sandbox: the
@@ -533,8 +538,8 @@ impl ToolRouter for ClusterTools {
 
     /// The replica holding the session's sandbox snapshots it: here, or
     /// told over NATS.
-    fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
-        self.forward_turn_end(session_id, owner, seq);
+    async fn turn_ended(&self, session_id: Uuid, owner: Option<&str>, seq: u64) {
+        self.forward_turn_end(session_id, owner, seq).await;
     }
 
     async fn snapshots_settled(&self, session_id: Uuid) {

@@ -167,7 +167,7 @@ impl Runner {
         // any replica: its first tool call finds the workspace's snapshot
         // under way.
         if !session.ephemeral {
-            self.task.turn_ended(session, seq);
+            self.task.turn_ended(session, seq).await;
         }
         // Past its result the turn can no longer be interrupted, and a
         // message that comes now waits for it instead of being refused.

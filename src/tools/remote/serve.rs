@@ -99,9 +99,13 @@ impl ClusterTools {
             ("turn_ended", _) => {
                 if let Some(seq) = request.seq {
                     let owner = ctx.owner.as_deref();
-                    self.local.turn_ended(ctx.session_id, owner, seq);
+                    self.local.turn_ended(ctx.session_id, owner, seq).await;
                 }
                 send(Vec::new()).await;
+            }
+            ("turn_changes", _) => {
+                let changes = self.local.turn_changes(&ctx).await;
+                send(serde_json::to_vec(&changes).unwrap_or_default()).await;
             }
             ("snapshots_settled", _) => {
                 self.local.snapshots_settled(ctx.session_id).await;

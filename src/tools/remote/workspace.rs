@@ -6,7 +6,8 @@
 use uuid::Uuid;
 
 use super::{ClusterTools, Forwarded, OWNERS, Owner, Request};
-use crate::agent::AgentOptions;
+use crate::agent::{AgentOptions, ToolContext};
+use crate::protocol::FilesChanged;
 
 impl ClusterTools {
     /// The replica the store names as the holder of the session's tools,
@@ -37,28 +38,60 @@ impl ClusterTools {
         }
     }
 
-    /// Has the turn end `seq` snapshotted where the sandbox is: here at
-    /// once, or on its replica, told in a task of its own.
-    pub(super) fn forward_turn_end(&self, session: Uuid, owner: Option<&str>, seq: u64) {
+    /// Has the turn end `seq` snapshotted where the sandbox is: here, or
+    /// on its replica, told over NATS (its answer comes once the snapshot
+    /// is under way there, so a reader of the result waits for it). Where this
+    /// replica carried the session's calls it knows that replica; a turn
+    /// that called no tool asks the store (only sessions that outlive
+    /// their turn have turn ends: an ephemeral run asks nothing).
+    pub(super) async fn forward_turn_end(&self, session: Uuid, owner: Option<&str>, seq: u64) {
         if crate::sync::lock(&self.held_here).contains_key(&session) {
-            return self.local.turn_ended(session, owner, seq);
+            return self.local.turn_ended(session, owner, seq).await;
         }
-        let Some(me) = self.me.upgrade() else { return };
-        let owner = owner.map(str::to_owned);
-        self.tasks.spawn(async move {
-            match me.holder_elsewhere(session).await {
-                Some(replica) => {
-                    let request = Self::request(session, owner.as_deref(), Some(seq));
-                    let told = me
-                        .exchange(&replica, "turn_ended", &request, None, |_| Ok(Some(())))
-                        .await;
-                    if let Forwarded::Failed(e) = told {
-                        tracing::warn!(%session, seq, error = %e, "the turn end's snapshot was not asked for");
-                    }
+        let known = crate::sync::lock(&self.held_there).get(&session).cloned();
+        let holder = match known {
+            Some(replica) => Some(replica),
+            None => self.holder_elsewhere(session).await,
+        };
+        match holder {
+            Some(replica) => {
+                let request = Self::request(session, owner, Some(seq));
+                let told = self
+                    .exchange(&replica, "turn_ended", &request, None, |_| Ok(Some(())))
+                    .await;
+                if let Forwarded::Failed(e) = told {
+                    tracing::warn!(%session, seq, error = %e, "the turn end's snapshot was not asked for");
                 }
-                None => me.local.turn_ended(session, owner.as_deref(), seq),
             }
-        });
+            None => self.local.turn_ended(session, owner, seq).await,
+        }
+    }
+
+    /// What the turn's calls changed, told where they ran: here, or by
+    /// the replica holding the sandbox (`None` when it cannot say).
+    /// A replica that carried none of the session's calls ran none of
+    /// this turn's: nothing changed here (no store read).
+    pub(super) async fn changes_where_held(&self, ctx: &ToolContext) -> Option<FilesChanged> {
+        let known = crate::sync::lock(&self.held_there)
+            .get(&ctx.session_id)
+            .cloned();
+        let Some(replica) = known else {
+            return self.local.turn_changes(ctx).await;
+        };
+        let mut request = Self::request(ctx.session_id, ctx.owner.as_deref(), None);
+        request.options = (*ctx.options).clone();
+        let read = |body: bytes::Bytes| {
+            serde_json::from_slice::<Option<FilesChanged>>(&body)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        };
+        match self
+            .exchange(&replica, "turn_changes", &request, None, read)
+            .await
+        {
+            Forwarded::Answered(changes) => changes,
+            _ => None,
+        }
     }
 
     /// Waits for the session's snapshots under way, here or on the replica
