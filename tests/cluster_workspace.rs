@@ -4,8 +4,9 @@
 //! object store, so a fork, a download at a turn end and `changes` work
 //! on a replica that does not hold the session's sandbox; a turn that ran
 //! on such a replica still gets its snapshot, taken where the sandbox is;
-//! an upload makes the replica it reached the sandbox's, and the live
-//! workspace of a sandbox held elsewhere is a 409 naming the replica.
+//! an upload makes the replica it reached the sandbox's, and a request
+//! for the live workspace of a sandbox held elsewhere is passed on to the
+//! replica holding it.
 //!
 //! Needs `CONCLAVE_TEST_POSTGRES` and `CONCLAVE_TEST_NATS_SERVER`, which
 //! scripts/test.sh sets.
@@ -97,6 +98,11 @@ impl Trio {
         assert!(deleted.status().is_success(), "{}", deleted.status());
     }
 
+    /// Calls `tool` over MCP on replica `on`'s `/mcp`; the response body.
+    async fn mcp_call(&self, on: usize, tool: &str, arguments: Value) -> String {
+        common::mcp_tool_call(&self.http, &self.at(on, "/mcp"), None, tool, arguments).await
+    }
+
     /// The snapshot files in NATS's object store.
     async fn shared_files(&self) -> usize {
         let client = async_nats::connect(&self.nats.url).await.unwrap();
@@ -174,31 +180,68 @@ async fn a_session_on_one_replica_is_forked_downloaded_and_compared_on_another()
     let archive = archive.bytes().await.unwrap();
     assert_eq!(in_tar(&archive, "note.txt").as_deref(), Some("from-a\n"));
 
-    // The live workspace is A's: B says so rather than making its own.
+    // The live workspace is A's: B passes the request on to A (at the URL
+    // A advertised in the store) and streams its answer back.
     let live = trio.get(1, &format!("/agent/session/{id}/workspace")).await;
-    assert_eq!(live.status(), 409);
-    let refusal: Value = live.json().await.unwrap();
-    assert_eq!(refusal["error"]["code"], "sandbox_elsewhere", "{refusal}");
-    assert!(
-        refusal["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("at_seq"),
-        "{refusal}"
-    );
+    assert_eq!(live.status(), 200);
+    let live = live.bytes().await.unwrap();
+    assert_eq!(in_tar(&live, "note.txt").as_deref(), Some("from-a\n"));
     let upload = trio
         .http
         .put(trio.at(1, &format!("/agent/session/{id}/files/late.txt")))
         .header("content-type", "application/octet-stream")
-        .body("late")
+        .body("late-via-b\n")
         .send()
         .await
         .unwrap();
-    assert_eq!(
-        upload.status(),
-        409,
-        "an upload on B would split the workspace"
+    assert_eq!(upload.status(), 200, "into A's sandbox, through B");
+    let uploaded: Value = upload.json().await.unwrap();
+    let upload_end = uploaded["seq"].as_u64().unwrap();
+    let listed: Value = trio
+        .get(2, &format!("/agent/session/{id}/files/"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"late.txt") && names.contains(&"note.txt"),
+        "{listed}"
     );
+    // A request already passed on once is not passed on again: B answers
+    // 409 naming the replica rather than making a sandbox of its own.
+    let once = trio
+        .http
+        .get(trio.at(1, &format!("/agent/session/{id}/files/note.txt")))
+        .header("conclave-forwarded", "test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(once.status(), 409);
+    let refusal: Value = once.json().await.unwrap();
+    assert_eq!(refusal["error"]["code"], "sandbox_elsewhere", "{refusal}");
+    let message = refusal["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("at_seq") && message.contains("advertise_url"),
+        "{refusal}"
+    );
+
+    // An IDE on B's /mcp naming the session is refused rather than given
+    // a second sandbox: the reply names the replica to connect to.
+    let ide = trio
+        .mcp_call(
+            1,
+            "execute_shell",
+            json!({"command": "cat note.txt", "session_id": id}),
+        )
+        .await;
+    assert!(ide.contains("sandbox is on replica"), "{ide}");
+    assert!(!ide.contains("from-a"), "{ide}");
 
     // A turn on C, whose call is carried to A: its turn end is snapshotted
     // on A all the same, and B forks at it at once.
@@ -247,11 +290,12 @@ async fn a_session_on_one_replica_is_forked_downloaded_and_compared_on_another()
     assert_eq!(at_chat.status(), 200);
     assert_eq!(at_chat.text().await.unwrap(), "from-c\n");
 
-    // B compares A's two turn ends.
+    // B compares two of A's snapshots: the upload's and the turn's after
+    // it (keep_last is 3: the first turn end is no longer kept).
     let changes: Value = trio
         .get(
             1,
-            &format!("/agent/session/{id}/changes?from_seq={first_end}&to_seq={second_end}"),
+            &format!("/agent/session/{id}/changes?from_seq={upload_end}&to_seq={second_end}"),
         )
         .await
         .json()

@@ -541,6 +541,15 @@ fn compose_services_volumes_and_proxy_resolve() {
         assert_eq!(host_port(&flag("--store")), ("postgres".to_string(), 5432));
         assert_eq!(host_port(&flag("--bus")), ("nats".to_string(), 4222));
         assert!(services[replica]["environment"]["CONCLAVE_API_KEYS"].is_string());
+        // The others pass live-workspace requests on to it by this name.
+        assert_eq!(
+            services[replica]["environment"]["CONCLAVE_CLUSTER__ADVERTISE_URL"],
+            format!("http://{replica}:8080"),
+        );
+        assert_eq!(
+            services[replica]["environment"]["CONCLAVE_SANDBOX"],
+            "docker"
+        );
     }
     assert_eq!(services["postgres"]["image"], "postgres:16");
     let nats: Vec<&str> = services["nats"]["command"]

@@ -526,37 +526,9 @@ async fn sessions_started_at_once_on_three_replicas_stay_within_the_keys_limit()
 /// Opens an MCP session over HTTP with `key` and runs `command` in its
 /// scratch sandbox; answers the call's response body.
 async fn scratch_call(server: &Server, key: &str, command: &str) -> String {
-    let post = |session: Option<String>, body: Value| {
-        let mut request = server
-            .http
-            .post(format!("{}/mcp", server.url))
-            .bearer_auth(key)
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-06-18")
-            .json(&body);
-        if let Some(id) = session {
-            request = request.header("mcp-session-id", id);
-        }
-        request.send()
-    };
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "scratch", "version": "1"}}});
-    let opened = post(None, init).await.unwrap();
-    assert_eq!(opened.status(), 200);
-    let session = opened.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    let _ = opened.text().await;
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let notified = post(Some(session.clone()), initialized).await.unwrap();
-    assert_eq!(notified.status(), 202);
-    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "execute_shell", "arguments": {"command": command}}});
-    let answered = post(Some(session), call).await.unwrap();
-    assert_eq!(answered.status(), 200);
-    answered.text().await.unwrap()
+    let mcp = format!("{}/mcp", server.url);
+    let arguments = json!({"command": command});
+    common::mcp_tool_call(&server.http, &mcp, Some(key), "execute_shell", arguments).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,6 +57,13 @@ pub struct ClusterConfig {
     /// [`ClusterConfig::store_connections`]). Every replica's count, added
     /// up, must fit the server's `max_connections`.
     pub store_connections: Option<u32>,
+    /// The URL the other replicas reach this one at (`http://10.0.0.5:8080`),
+    /// for requests only this replica can answer: the live workspace of a
+    /// session whose sandbox is here, which another replica passes on.
+    /// Default: the listen address when it names one host (not `0.0.0.0`
+    /// or `::`); without either, such a request on another replica is a
+    /// 409 naming this one.
+    pub advertise_url: Option<String>,
 }
 
 impl Default for ClusterConfig {
@@ -67,6 +74,7 @@ impl Default for ClusterConfig {
             job_ack_wait_s: 10,
             max_jobs: 64,
             store_connections: None,
+            advertise_url: None,
         }
     }
 }
@@ -106,6 +114,21 @@ impl ClusterConfig {
                 "cluster.job_ack_wait_s".into(),
                 format!("must be 1 to 600 seconds, not {}", self.job_ack_wait_s),
             ));
+        }
+        if let Some(url) = &self.advertise_url {
+            let parsed = url::Url::parse(url).ok();
+            let fits = parsed.as_ref().is_some_and(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host().is_some()
+                    && u.path() == "/"
+                    && u.query().is_none()
+            });
+            if !fits {
+                return Err((
+                    "cluster.advertise_url".into(),
+                    format!("must be an http(s) URL of a host and port with no path, not '{url}'"),
+                ));
+            }
         }
         if !(1..=4096).contains(&self.max_jobs) {
             return Err((

@@ -53,6 +53,9 @@ pub struct Live {
     /// Decides the calls of `run_agent` turns that wait for approval, from
     /// the client's answer to an elicitation.
     pub decider: crate::agent::decide::Decider,
+    /// The sessions' tools among replicas: an HTTP client's call naming a
+    /// session runs only where its sandbox is.
+    pub router: Arc<dyn crate::agent::ToolRouter>,
 }
 
 fn invalid(message: impl Into<String>) -> ErrorData {
@@ -86,6 +89,39 @@ impl McpHost {
             .map_err(|_| invalid(format!("session_id '{text}' is not a UUID")))?;
         let owner = super::follow::http_owner(caller, ctx);
         let unknown = || invalid(format!("unknown session '{text}'"));
+        let place = self.session_place(id, owner, unknown).await?;
+        self.held_here(caller, id).await?;
+        Ok(place)
+    }
+
+    /// An IDE's use of a session's live sandbox (the agent's own calls
+    /// are carried to the sandbox's replica before they get here) takes
+    /// the sandbox as a first call would, and is refused where another
+    /// replica holds it rather than making a second one here.
+    pub async fn held_here(&self, caller: &Caller, id: Uuid) -> Result<(), ErrorData> {
+        let Some(live) = self.live.as_ref().filter(|_| *caller == Caller::Http) else {
+            return Ok(());
+        };
+        live.router.hold_workspace(id).await.map_err(|replica| {
+            ErrorData::invalid_request(
+                format!(
+                    "session {id}'s sandbox is on replica {replica}: connect to that replica's \
+                     /mcp, or use the HTTP API's workspace routes, which any replica passes on"
+                ),
+                None,
+            )
+        })
+    }
+
+    /// The place of session `id`, checked against `owner`.
+    async fn session_place(
+        &self,
+        id: Uuid,
+        owner: Option<Option<String>>,
+        unknown: impl Fn() -> ErrorData,
+    ) -> Result<Place, ErrorData> {
+        let sandboxes = &self.tools.sandboxes;
+        let text = id.to_string();
         if let Some(session) = self.sessions().and_then(|s| s.running_here(id)) {
             if owner.as_ref().is_some_and(|o| *o != session.owner) {
                 return Err(unknown());

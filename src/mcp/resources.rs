@@ -193,7 +193,10 @@ pub async fn read(
             });
             ResourceContents::text(status.to_string(), uri).with_mime_type("application/json")
         }
-        ResourceUri::File(_, path) => workspace_file(host, &session, &path, uri).await?,
+        ResourceUri::File(_, path) => {
+            host.held_here(caller, session.id).await?;
+            workspace_file(host, &session, &path, uri).await?
+        }
         ResourceUri::Events(_) => {
             let lines: Vec<String> = session
                 .replay(0)

@@ -134,7 +134,7 @@ impl Server {
             mcp_host(
                 &config,
                 &ground,
-                toolbox,
+                (toolbox, tools.router.clone()),
                 &sessions,
                 &deliberations,
                 &pipelines,
@@ -221,7 +221,7 @@ fn runs(
 fn mcp_host(
     config: &Config,
     ground: &Ground,
-    toolbox: Arc<Toolbox>,
+    (toolbox, router): (Arc<Toolbox>, Arc<dyn ToolRouter>),
     sessions: &Arc<SessionManager>,
     deliberations: &Arc<Deliberations>,
     pipelines: &Arc<Runs>,
@@ -236,6 +236,7 @@ fn mcp_host(
             deliberations: deliberations.clone(),
             pipelines: pipelines.clone(),
             decider,
+            router,
         }),
     })
 }

@@ -16,6 +16,7 @@ use crate::sandbox::SandboxManager;
 use crate::sandbox::snapshots::SWEEP_AFTER;
 use crate::session::SessionManager;
 use crate::store::Store;
+use crate::tools::remote::advertised;
 
 /// How often sessions nobody uses are dropped from memory (they stay in
 /// the store and load again on their next use).
@@ -81,11 +82,48 @@ impl Server {
             "connection limits"
         );
         let overflow = api::overflow_router(self.state.clone());
+        let advertised = self.advertise(listener.local_addr().ok()).await;
         let served = api::http::serve::serve(listener, router, overflow, limits, stopping).await;
+        if let Some(instance) = advertised
+            && let Err(e) = advertised::withdraw(self.store.as_ref(), &instance).await
+        {
+            tracing::warn!(error = %e, "forgetting this replica's URL in the store");
+        }
         background.close();
         background.wait().await;
         self.shut_down(sandbox_tasks).await;
         served
+    }
+
+    /// Among replicas, says in the store where this one is reached
+    /// (`cluster.advertise_url`, else the listen address when it names one
+    /// host), so the others pass on requests for the live workspace of
+    /// sessions whose sandbox is here. The instance advertised.
+    async fn advertise(&self, listening: Option<std::net::SocketAddr>) -> Option<String> {
+        let config = &self.state.config;
+        let sandboxes = self.state.sandboxes.as_ref()?;
+        config.bus.url.as_ref()?;
+        let url = match (&config.cluster.advertise_url, listening) {
+            (Some(url), _) => url.trim_end_matches('/').to_owned(),
+            (None, Some(addr)) if !addr.ip().is_unspecified() => format!("http://{addr}"),
+            _ => {
+                tracing::info!(
+                    "no cluster.advertise_url: other replicas answer 409 for the live workspace of sessions whose sandbox is here"
+                );
+                return None;
+            }
+        };
+        let instance = sandboxes.instance().to_owned();
+        match advertised::advertise(self.store.as_ref(), &instance, &url).await {
+            Ok(()) => {
+                tracing::info!(%url, "other replicas reach this one at");
+                Some(instance)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "saying where this replica is reached");
+                None
+            }
+        }
     }
 
     /// The chores that run while the server serves: health checks, quota

@@ -44,6 +44,7 @@ use crate::store::{Expect, KvWrite, Store, StoreError};
 
 /// The store's KV namespace of owners (no API key can name it).
 const OWNERS: &str = "_sandbox_owners";
+pub mod advertised;
 mod serve;
 mod workspace;
 

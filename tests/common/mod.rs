@@ -451,3 +451,47 @@ pub async fn python_json(script: &str, args: &[&str], needs: &str) -> Value {
     );
     serde_json::from_slice(&output.stdout).expect("the client prints one JSON object")
 }
+
+/// Opens an MCP session over HTTP at `mcp` (a `/mcp` URL), with `key`
+/// when given, and calls `tool` with `arguments`; the call's response
+/// body (JSON or SSE).
+pub async fn mcp_tool_call(
+    http: &reqwest::Client,
+    mcp: &str,
+    key: Option<&str>,
+    tool: &str,
+    arguments: Value,
+) -> String {
+    let post = |session: Option<String>, body: Value| {
+        let mut request = http
+            .post(mcp)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .json(&body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        if let Some(id) = session {
+            request = request.header("mcp-session-id", id);
+        }
+        request.send()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}});
+    let opened = post(None, init).await.unwrap();
+    assert_eq!(opened.status(), 200);
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let _ = opened.text().await;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let notified = post(Some(session.clone()), initialized).await.unwrap();
+    assert_eq!(notified.status(), 202);
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}});
+    let answered = post(Some(session), call).await.unwrap();
+    assert_eq!(answered.status(), 200);
+    answered.text().await.unwrap()
+}

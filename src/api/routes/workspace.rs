@@ -10,6 +10,8 @@
 //! the session between turns ([`crate::session::manager::BetweenTurns`]): it is a
 //! 409 while a turn runs, and a turn waits for it. Downloads stream from
 //! the sandbox (or from a turn end's snapshot with `at_seq`) to the client.
+//! Among replicas the live workspace is the one holding the session's
+//! sandbox: another passes such a request on to it ([`forward`]).
 
 use std::sync::Arc;
 
@@ -40,11 +42,13 @@ use crate::tools::place::Place;
 
 pub mod changes;
 pub mod form;
+pub mod forward;
 mod snapshot_file;
 mod spool;
 
+use forward::{Asked, elsewhere, pass_on};
 use snapshot_file::from_snapshot;
-use spool::{Limit, spool, spool_raw};
+use spool::{Limit, spool, spool_raw, spooling_place};
 
 /// Uploads the server spools at once; one more waits for a place up to
 /// `http.body_timeout_s`, then is a 503. At most this many times
@@ -123,19 +127,24 @@ pub fn streams_body(method: &axum::http::Method, path: &str) -> bool {
     params(("session_id" = Uuid, Path), UploadQuery),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
     responses((status = 200, body = Uploaded), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 502, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn upload(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<UploadQuery>,
+    asked: Asked,
     body: Body,
-) -> Result<Json<Uploaded>, ApiError> {
+) -> Result<Response, ApiError> {
     let target = Target::of(&state, &caller, &id).await?;
     let dir = confine(query.path.as_deref().unwrap_or(WORKSPACE), WORKSPACE)
         .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
-    unpack_into(&state, &target, dir, body).await.map(Json)
+    if let Some(holder) = elsewhere(&state, &target, &asked).await? {
+        return pass_on(&state, &holder, asked, body).await;
+    }
+    let uploaded = unpack_into(&state, &target, dir, body).await?;
+    Ok(Json(uploaded).into_response())
 }
 
 /// Spools an archive and unpacks it into `dir` of the target's
@@ -175,14 +184,15 @@ async fn unpack_into(
     params(("session_id" = Uuid, Path), ("path" = String, Path)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 200, body = Uploaded), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 502, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 422, body = ErrorBody)))]
 pub async fn put_file(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
+    asked: Asked,
     body: Body,
-) -> Result<Json<Uploaded>, ApiError> {
+) -> Result<Response, ApiError> {
     let target = Target::of(&state, &caller, &id).await?;
     if path.ends_with('/') {
         return Err(ApiError::unprocessable(
@@ -192,7 +202,11 @@ pub async fn put_file(
     }
     let file = confine(&path, WORKSPACE)
         .map_err(|e| ApiError::unprocessable("bad_path", e.to_string()))?;
-    write_one(&state, &target, file, body).await.map(Json)
+    if let Some(holder) = elsewhere(&state, &target, &asked).await? {
+        return pass_on(&state, &holder, asked, body).await;
+    }
+    let uploaded = write_one(&state, &target, file, body).await?;
+    Ok(Json(uploaded).into_response())
 }
 
 /// Spools one file and writes it at `file` of the target's workspace,
@@ -231,13 +245,14 @@ async fn write_one(
     params(("session_id" = Uuid, Path), DownloadQuery),
     responses((status = 200, description = "a tar archive (gzip with format=tar.gz)",
             content_type = "application/x-tar"),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 502, body = ErrorBody),
         (status = 422, body = ErrorBody)))]
 pub async fn download(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<DownloadQuery>,
+    asked: Asked,
 ) -> Result<Response, ApiError> {
     let gzip = match query.format.as_deref() {
         None | Some("tar") => false,
@@ -265,6 +280,9 @@ pub async fn download(
             Body::from_stream(ReaderStream::new(file))
         }
         None => {
+            if let Some(holder) = elsewhere(&state, &target, &asked).await? {
+                return pass_on(&state, &holder, asked, Body::empty()).await;
+            }
             let lease = target.live_lease().await?;
             let sandbox = lease.sandbox.clone();
             let rx = workspace::stream_out(sandbox, workspace::pack_request(&dir), lease)
@@ -283,12 +301,14 @@ pub async fn download(
     params(("session_id" = Uuid, Path), ("path" = String, Path), FileQuery),
     responses((status = 200, description = "the file's bytes, or a Listing for a path ending in /",
             content_type = "application/octet-stream"),
-        (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 502, body = ErrorBody)))]
 pub async fn get_file(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<FileQuery>,
+    asked: Asked,
 ) -> Result<Response, ApiError> {
     let target = Target::of(&state, &caller, &id).await?;
     let listing = path.ends_with('/');
@@ -303,6 +323,9 @@ pub async fn get_file(
         }
         let snapshot = target.snapshot_file(seq).await?;
         return from_snapshot(snapshot, &file).await;
+    }
+    if let Some(holder) = elsewhere(&state, &target, &asked).await? {
+        return pass_on(&state, &holder, asked, Body::empty()).await;
     }
     let lease = target.live_lease().await?;
     if listing {
@@ -325,22 +348,6 @@ pub async fn get_file(
     ))
 }
 
-/// A place among the uploads spooled at once, waited for up to
-/// `http.body_timeout_s`.
-async fn spooling_place(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
-    let wait = std::time::Duration::from_secs(state.config.http.body_timeout_s);
-    match tokio::time::timeout(wait, state.uploads.clone().acquire_owned()).await {
-        Ok(Ok(permit)) => Ok(permit),
-        _ => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "uploads_busy",
-            format!(
-                "{MAX_SPOOLING} uploads are being received already; retry when one has finished"
-            ),
-        )),
-    }
-}
-
 /// Lists the workspace's top directory (`…/files/`).
 #[utoipa::path(get, path = "/agent/session/{session_id}/files/",
     params(("session_id" = Uuid, Path)),
@@ -349,12 +356,14 @@ pub async fn list_root(
     state: State<AppState>,
     caller: Extension<Caller>,
     Path(id): Path<String>,
+    asked: Asked,
 ) -> Result<Response, ApiError> {
     get_file(
         state,
         caller,
         Path((id, "/workspace/".to_owned())),
         ApiQuery(FileQuery { at_seq: None }),
+        asked,
     )
     .await
 }
@@ -445,16 +454,7 @@ impl<'a> Target<'a> {
     /// first tool call.
     async fn live_lease(&self) -> Result<crate::sandbox::Lease, ApiError> {
         if let Err(replica) = self.tools.hold_workspace(self.session.id).await {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "sandbox_elsewhere",
-                format!(
-                    "session {}'s sandbox is on replica {replica}, which serves it; this replica \
-                     cannot reach the live workspace: read a turn end's snapshot with at_seq, \
-                     or send this request to that replica",
-                    self.session.id
-                ),
-            ));
+            return Err(forward::held_elsewhere(self.session.id, &replica));
         }
         self.place.lease(self.sandboxes).await.map_err(lease_error)
     }

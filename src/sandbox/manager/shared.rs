@@ -52,6 +52,11 @@ impl Marks {
 }
 
 impl SandboxManager {
+    /// The server instance whose sandboxes these are.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
     /// Marks each session's sandbox in `dir` (the data directory's), so
     /// that a process on the same data directory finds it without listing
     /// the backend for every new session.

@@ -180,3 +180,22 @@ pub(super) fn refusal_error(refusal: Refusal) -> ApiError {
         Refusal::Malformed(_) => ApiError::unprocessable("bad_archive", refusal.to_string()),
     }
 }
+
+/// A place among the uploads spooled at once, waited for up to
+/// `http.body_timeout_s`.
+pub(super) async fn spooling_place(
+    state: &AppState,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    let wait = std::time::Duration::from_secs(state.config.http.body_timeout_s);
+    match tokio::time::timeout(wait, state.uploads.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => Ok(permit),
+        _ => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "uploads_busy",
+            format!(
+                "{} uploads are being received already; retry when one has finished",
+                super::MAX_SPOOLING
+            ),
+        )),
+    }
+}
