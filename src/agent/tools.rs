@@ -160,9 +160,8 @@ pub trait ToolRouter: Send + Sync {
     async fn snapshots_settled(&self, _session_id: Uuid) {}
 
     /// Makes the session's live workspace this replica's to read and
-    /// write outside a turn (an upload, a download), as a tool call would;
-    /// `Err` names the replica that holds it and still serves.
-    async fn hold_workspace(&self, _session_id: Uuid) -> Result<(), String> {
+    /// write outside a turn (an upload, a download), as a tool call would.
+    async fn hold_workspace(&self, _session_id: Uuid) -> Result<(), NotHeldHere> {
         Ok(())
     }
 
@@ -179,6 +178,31 @@ pub trait ToolRouter: Send + Sync {
     /// another process made for it (a sandbox `conclave mcp` created).
     async fn delete(&self, session_id: Uuid) {
         self.release(session_id).await;
+    }
+}
+
+/// Why a replica cannot reach a session's live workspace.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NotHeldHere {
+    /// This replica, still serving, holds the session's sandbox.
+    Replica(String),
+    /// Who holds it could not be found out: the store failed.
+    Unknown(String),
+}
+
+impl std::fmt::Display for NotHeldHere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotHeldHere::Replica(replica) => {
+                write!(f, "the session's sandbox is on replica {replica}")
+            }
+            NotHeldHere::Unknown(why) => {
+                write!(
+                    f,
+                    "where the session's sandbox is cannot be told now: {why}"
+                )
+            }
+        }
     }
 }
 

@@ -102,11 +102,11 @@ impl McpHost {
         let Some(live) = self.live.as_ref().filter(|_| *caller == Caller::Http) else {
             return Ok(());
         };
-        live.router.hold_workspace(id).await.map_err(|replica| {
+        live.router.hold_workspace(id).await.map_err(|why| {
             ErrorData::invalid_request(
                 format!(
-                    "session {id}'s sandbox is on replica {replica}: connect to that replica's \
-                     /mcp, or use the HTTP API's workspace routes, which any replica passes on"
+                    "session {id}: {why}: connect to that replica's /mcp, or use the HTTP \
+                     API's workspace routes, which any replica passes on"
                 ),
                 None,
             )

@@ -26,6 +26,7 @@ pub mod manager;
 pub mod proxy;
 pub mod secrets;
 pub mod snapshots;
+mod stdin;
 pub mod supervise;
 pub mod workspace;
 
@@ -41,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 pub use manager::{Lease, SandboxInfo, SandboxManager};
+pub use stdin::{ChannelStdin, Stdin};
 
 /// Label every sandbox Conclave creates carries, so orphans can be found.
 pub const LABEL_MANAGED: &str = "conclave.managed";
@@ -129,51 +131,6 @@ impl ExecRequest {
             workdir: WORKSPACE.into(),
             env: BTreeMap::new(),
         }
-    }
-}
-
-/// What an exec reads on its stdin.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Stdin {
-    Bytes(Bytes),
-    /// A file of the server's, streamed as it is read (an upload spooled
-    /// to disk), never held in memory whole.
-    File(std::path::PathBuf),
-}
-
-impl Stdin {
-    /// Writes all of it to `to`, then shuts `to` down.
-    pub async fn write_to<W>(&self, to: &mut W) -> std::io::Result<()>
-    where
-        W: tokio::io::AsyncWrite + Unpin + ?Sized,
-    {
-        use tokio::io::AsyncWriteExt;
-        match self {
-            Stdin::Bytes(data) => to.write_all(data).await?,
-            Stdin::File(path) => {
-                // Large reads: each read of a tokio file is a hop to the
-                // blocking pool.
-                let file = tokio::fs::File::open(path).await?;
-                let mut file = tokio::io::BufReader::with_capacity(1 << 20, file);
-                tokio::io::copy_buf(&mut file, to).await?;
-            }
-        }
-        to.shutdown().await
-    }
-
-    /// The bytes, for a path that carries only bytes (the docker helper's
-    /// channel); `None` for a file.
-    pub fn bytes(&self) -> Option<&Bytes> {
-        match self {
-            Stdin::Bytes(data) => Some(data),
-            Stdin::File(_) => None,
-        }
-    }
-}
-
-impl From<Bytes> for Stdin {
-    fn from(data: Bytes) -> Stdin {
-        Stdin::Bytes(data)
     }
 }
 

@@ -20,6 +20,10 @@ use utoipa::ToSchema;
 use super::files::{ESCAPE_STATUS, run_within, script_request};
 use super::{ExecChunk, ExecRequest, ExecStatus, Result, Sandbox, SandboxError, Stdin};
 
+mod staged;
+
+pub use staged::Staged;
+
 /// How long an upload's unpacking or a download may take.
 pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
 /// Exit statuses of the scripts below.

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::agent::tools::STATUS_STREAM;
+use crate::agent::tools::{NotHeldHere, STATUS_STREAM};
 use crate::agent::{AgentOptions, ToolChunk, ToolContext, ToolOutput, ToolRouter};
 use crate::model::ToolSpec;
 use crate::session::SessionError;
@@ -547,7 +547,7 @@ impl ToolRouter for ClusterTools {
         self.settle_snapshots(session_id).await;
     }
 
-    async fn hold_workspace(&self, session_id: Uuid) -> Result<(), String> {
+    async fn hold_workspace(&self, session_id: Uuid) -> Result<(), NotHeldHere> {
         self.hold(session_id).await
     }
 

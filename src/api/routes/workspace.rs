@@ -5,8 +5,10 @@
 //!
 //! Uploads stream: the body is decoded (plain, gzip or zstd, told by its
 //! magic bytes) and checked ([`crate::sandbox::archive`]) as it arrives,
-//! spooled to the data directory, and unpacked in the sandbox only once
-//! all of it passed, so a refused archive changes nothing. An upload holds
+//! each checked piece unpacked at once into a staging directory of the
+//! workspace, which moves into place only once all of it passed, so a
+//! refused archive changes nothing ([`workspace::Staged`]); one file is
+//! spooled to the data directory first. An upload holds
 //! the session between turns ([`crate::session::manager::BetweenTurns`]): it is a
 //! 409 while a turn runs, and a turn waits for it. Downloads stream from
 //! the sandbox (or from a turn end's snapshot with `at_seq`) to the client.
@@ -48,11 +50,11 @@ mod spool;
 
 use forward::{Asked, elsewhere, pass_on};
 use snapshot_file::from_snapshot;
-use spool::{Limit, spool, spool_raw, spooling_place};
+use spool::{Limit, check_into, spool_raw, spooling_place};
 
-/// Uploads the server spools at once; one more waits for a place up to
+/// Uploads the server receives at once; one more waits for a place up to
 /// `http.body_timeout_s`, then is a 503. At most this many times
-/// `sandbox.disk_mb` is spooled on the data directory's disk.
+/// `sandbox.disk_mb` is spooled on the data directory's disk (files).
 pub const MAX_SPOOLING: usize = 4;
 
 #[derive(Deserialize, IntoParams)]
@@ -159,16 +161,18 @@ async fn unpack_into(
     let held = target.hold(state).await?;
     let result = async {
         let limit = target.disk_limit();
-        let spooled = spool(state, body, limit).await?;
         let lease = target.live_lease().await?;
-        workspace::unpack(
-            lease.sandbox.as_ref(),
-            &dir,
-            Stdin::File(spooled.path.clone()),
-        )
-        .await
-        .map_err(transfer_error)?;
-        let (files, bytes) = spooled.counts;
+        // Unpacked as it is checked, into a staging directory moved into
+        // place once all of it passed.
+        let mut staged = workspace::Staged::start(lease.sandbox.clone());
+        let (files, bytes) = match check_into(state, body, limit, &mut staged).await {
+            Ok(counts) => counts,
+            Err(e) => {
+                staged.abandon().await;
+                return Err(e);
+            }
+        };
+        staged.commit(&dir).await.map_err(transfer_error)?;
         target
             .uploaded(&held.session, dir.clone(), files, bytes)
             .await
@@ -453,8 +457,8 @@ impl<'a> Target<'a> {
     /// and a session nobody holds yet becomes this replica's, as with its
     /// first tool call.
     async fn live_lease(&self) -> Result<crate::sandbox::Lease, ApiError> {
-        if let Err(replica) = self.tools.hold_workspace(self.session.id).await {
-            return Err(forward::held_elsewhere(self.session.id, &replica));
+        if let Err(why) = self.tools.hold_workspace(self.session.id).await {
+            return Err(forward::not_held(self.session.id, why));
         }
         self.place.lease(self.sandboxes).await.map_err(lease_error)
     }

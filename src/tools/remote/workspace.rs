@@ -6,6 +6,7 @@
 use uuid::Uuid;
 
 use super::{ClusterTools, Forwarded, OWNERS, Owner, Request};
+use crate::agent::tools::NotHeldHere;
 use crate::agent::{AgentOptions, ToolContext};
 use crate::protocol::FilesChanged;
 
@@ -112,19 +113,20 @@ impl ClusterTools {
 
     /// Makes the session's live workspace this replica's, as its first
     /// tool call would (claimed when nobody holds it, taken over from a
-    /// replica that stopped); `Err` names a live replica holding it.
-    pub(super) async fn hold(&self, session: Uuid) -> Result<(), String> {
+    /// replica that stopped).
+    pub(super) async fn hold(&self, session: Uuid) -> Result<(), NotHeldHere> {
+        let failed = |e: crate::store::StoreError| NotHeldHere::Unknown(e.to_string());
         loop {
             let (replica, revision) = match self.owner(session).await {
-                Err(e) => return Err(format!("the store: {e}")),
+                Err(e) => return Err(failed(e)),
                 Ok(Owner::Here { .. }) => return Ok(()),
                 Ok(Owner::There { replica, revision }) => (replica, revision),
             };
             if self.alive(&replica).await {
-                return Err(replica);
+                return Err(NotHeldHere::Replica(replica));
             }
             match self.take_over(session, revision).await {
-                Err(e) => return Err(format!("the store: {e}")),
+                Err(e) => return Err(failed(e)),
                 Ok(None) => continue,
                 Ok(Some(taken)) => {
                     crate::sync::lock(&self.held_here).insert(session, taken);

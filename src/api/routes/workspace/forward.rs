@@ -16,6 +16,7 @@ use axum::response::Response;
 use futures::TryStreamExt;
 
 use super::Target;
+use crate::agent::tools::NotHeldHere;
 use crate::api::http::error::ApiError;
 use crate::api::http::state::AppState;
 use crate::tools::remote::advertised;
@@ -77,8 +78,10 @@ pub(super) async fn elsewhere(
     target: &Target<'_>,
     asked: &Asked,
 ) -> Result<Option<String>, ApiError> {
-    let Err(replica) = state.tools.hold_workspace(target.session.id).await else {
-        return Ok(None);
+    let replica = match state.tools.hold_workspace(target.session.id).await {
+        Ok(()) => return Ok(None),
+        Err(NotHeldHere::Replica(replica)) => replica,
+        Err(unknown) => return Err(not_held(target.session.id, unknown)),
     };
     if !asked.headers.contains_key(FORWARDED) {
         match advertised::url_of(state.store.as_ref(), &replica).await {
@@ -87,7 +90,7 @@ pub(super) async fn elsewhere(
             Err(e) => tracing::warn!(error = %e, "finding where replica {replica} is reached"),
         }
     }
-    Err(held_elsewhere(target.session.id, &replica))
+    Err(not_held(target.session.id, NotHeldHere::Replica(replica)))
 }
 
 /// Sends the request to `url` and streams its answer back.
@@ -137,16 +140,24 @@ pub(super) async fn pass_on(
         .map_err(ApiError::internal)
 }
 
-/// The 409 for the live workspace of a sandbox another replica holds
-/// when the request cannot be passed on to it.
-pub(super) fn held_elsewhere(session: uuid::Uuid, replica: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "sandbox_elsewhere",
-        format!(
-            "session {session}'s sandbox is on replica {replica}, which serves it and advertised \
-             no URL to pass this request on to (cluster.advertise_url): read a turn end's \
-             snapshot with at_seq, or send this request to that replica"
+/// The answer for the live workspace of a sandbox this replica cannot
+/// reach: a 409 when another replica holds it and the request cannot be
+/// passed on to it, a 503 when the store cannot say who holds it.
+pub(super) fn not_held(session: uuid::Uuid, why: NotHeldHere) -> ApiError {
+    match why {
+        NotHeldHere::Replica(replica) => ApiError::new(
+            StatusCode::CONFLICT,
+            "sandbox_elsewhere",
+            format!(
+                "session {session}'s sandbox is on replica {replica}, which serves it and \
+                 advertised no URL to pass this request on to (cluster.advertise_url): read a \
+                 turn end's snapshot with at_seq, or send this request to that replica"
+            ),
         ),
-    )
+        unknown => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("session {session}: {unknown}; retry"),
+        ),
+    }
 }

@@ -1,5 +1,7 @@
-//! An upload's body, decoded and checked as it arrives, written to the
-//! data directory (`uploads/`) before any of it reaches a sandbox.
+//! An upload's body, decoded and checked as it arrives: an archive's
+//! checked pieces go to the sandbox's tar in a staging directory at once
+//! ([`Staged`]); one file is written to the data directory (`uploads/`)
+//! before it reaches the sandbox.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +15,8 @@ use tokio_util::io::StreamReader;
 use crate::api::http::error::ApiError;
 use crate::api::http::state::AppState;
 use crate::sandbox::archive::{ArchiveCheck, Refusal};
+use crate::sandbox::workspace::Staged;
+use bytes::Bytes;
 
 /// The most an upload may hold, and what the error names.
 pub(super) struct Limit {
@@ -38,8 +42,15 @@ fn idle(state: &AppState) -> Duration {
     Duration::from_secs(state.config.http.body_timeout_s)
 }
 
-/// Decodes and checks an archive body into a file of the data directory.
-pub(super) async fn spool(state: &AppState, body: Body, limit: Limit) -> Result<Spooled, ApiError> {
+/// Decodes and checks an archive body, handing each checked piece to the
+/// sandbox's tar as it comes ([`Staged`]); the files and bytes it holds.
+/// Nothing is moved into place here: the caller commits or abandons.
+pub(super) async fn check_into(
+    state: &AppState,
+    body: Body,
+    limit: Limit,
+    staged: &mut Staged,
+) -> Result<(u64, u64), ApiError> {
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let mut reader = BufReader::with_capacity(64 * 1024, StreamReader::new(stream));
     let head = read_head(&mut reader, idle(state)).await?;
@@ -50,23 +61,25 @@ pub(super) async fn spool(state: &AppState, body: Body, limit: Limit) -> Result<
             crate::sandbox::archive::UNSUPPORTED_COMPRESSION,
         )
     })?;
-    let (spooled, mut file) = spool_file(state).await?;
     let mut check = ArchiveCheck::new(limit.bytes, limit.name);
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = read_within(&mut decoded, &mut buf, idle(state)).await?;
         if n == 0 {
             break;
         }
         let pass = check.feed(&buf[..n]).map_err(refusal_error)?;
-        file.write_all(&buf[..pass]).await.map_err(spool_error)?;
+        if pass > 0 {
+            let piece = Bytes::copy_from_slice(&buf[..pass]);
+            staged.send(piece).await.map_err(super::transfer_error)?;
+        }
     }
     let end = check.finish().map_err(refusal_error)?;
-    file.write_all(end).await.map_err(spool_error)?;
-    file.flush().await.map_err(spool_error)?;
-    let mut spooled = spooled;
-    spooled.counts = (check.files, check.bytes);
-    Ok(spooled)
+    staged
+        .send(Bytes::from_static(end))
+        .await
+        .map_err(super::transfer_error)?;
+    Ok((check.files, check.bytes))
 }
 
 /// A raw body into a file of the data directory, within `limit`.
