@@ -441,6 +441,39 @@ async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["keep.txt"], "{listing}");
+    // Into a workspace with files: a file replaced, one added under a new
+    // directory, the rest kept.
+    let over = archive(&[
+        raw_entry("keep.txt", tar::EntryType::Regular, "", b"replaced\n"),
+        raw_entry("sub/new.txt", tar::EntryType::Regular, "", b"new\n"),
+    ]);
+    let (status, body) = put_as(OWNER, workspace.clone(), "application/x-tar", over).await;
+    assert_eq!(status, 200, "{body}");
+    for (path, expected) in [("keep.txt", "replaced\n"), ("sub/new.txt", "new\n")] {
+        let read = as_owner(http.get(format!("{base}/agent/session/{id}/files/{path}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(read.text().await.unwrap(), expected, "{path}");
+    }
+    let listing: Value = as_owner(http.get(format!("{base}/agent/session/{id}/files/")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["keep.txt", "sub"],
+        "no staging directory is left: {listing}"
+    );
 
     // During a tool call: 409, naming the running turn.
     let running = as_owner(http.post(format!("{base}/agent/session/{id}/message")))
@@ -551,7 +584,7 @@ async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
         .send()
         .await
         .unwrap();
-    assert_eq!(kept.text().await.unwrap(), "kept\n");
+    assert_eq!(kept.text().await.unwrap(), "replaced\n");
     // A page of another origin cannot upload.
     let refused = http
         .put(format!("{base}/agent/session/{id}/files/page.txt"))
