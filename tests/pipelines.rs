@@ -321,10 +321,13 @@ async fn cancel_stops_the_node_and_resume_never_reruns_a_completed_one() {
         )
         .await;
     assert_eq!(cancel.status(), 202);
-    let rest = events.until("result").await;
-    assert_eq!(rest.last().unwrap()["status"], "interrupted");
+    // Answered once the run stopped: a status read next says so.
+    let answer: Value = cancel.json().await.unwrap();
+    assert_eq!(answer["status"], "cancelled", "{answer}");
     let status = status_of(&server, &thread).await;
     assert_eq!(status["status"], "cancelled", "{status}");
+    let rest = events.until("result").await;
+    assert_eq!(rest.last().unwrap()["status"], "interrupted");
     let active = get(&server, "/orchestrator/runs/active").await;
     assert_eq!(active["runs"], json!([]));
     let resumed = server

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -18,6 +19,8 @@ use crate::session::{NewSession, OptionError, Session, SessionError, SessionMana
 use crate::store::{Expect, KvStore, SessionFilter, Store, StoreError, kv_json};
 
 const NAMESPACE: &str = "_pipelines";
+/// How long a cancel waits for the run to stop before it answers.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A run as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -449,7 +452,9 @@ impl Runs {
                   "from_step": steps.iter().filter(|(_, _, s)| s.node != END).count()}))
     }
 
-    /// Stops a running run: the node's turn and its sandbox processes.
+    /// Stops a running run: the node's turn and its sandbox processes;
+    /// answers once it stopped (`cancelled`), or after [`CANCEL_WAIT`]
+    /// with `cancelling`.
     pub async fn cancel(&self, owner: Option<&str>, thread_id: &str) -> Result<Value, RunError> {
         let (mut record, session) = self.find(owner, thread_id).await?;
         if !session.is_running() {
@@ -460,13 +465,20 @@ impl Runs {
         }
         record.cancelled = true;
         put(self.store.as_ref(), &record).await?;
+        // Followed from before the interrupt, so its `result` is not missed.
+        let ended = session.subscribe(session.last_seq(), true);
         if let Some(worker) = record.worker
             && let Ok(worker) = self.sessions.get(worker, None).await
         {
             worker.interrupt();
         }
         session.interrupt();
-        Ok(json!({"thread_id": record.thread_id, "status": "cancelling"}))
+        // A run stops at once but for a node's tool call: answered once it
+        // stopped (a status read next says `cancelled`), or `cancelling`.
+        let drained = ended.for_each(|_| async {});
+        let stopped = tokio::time::timeout(CANCEL_WAIT, drained).await.is_ok();
+        let status = if stopped { "cancelled" } else { "cancelling" };
+        Ok(json!({"thread_id": record.thread_id, "status": status}))
     }
 
     /// The owner's latest `limit` runs, newest first, each as its status.

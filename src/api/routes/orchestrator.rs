@@ -105,10 +105,11 @@ pub async fn fork(
     Ok((StatusCode::ACCEPTED, Json(forked)).into_response())
 }
 
-/// Stops a running run (the node's turn and its sandbox processes); `409`
-/// when it is not running.
+/// Stops a running run (the node's turn and its sandbox processes), and
+/// answers once it stopped (`cancelled`; `cancelling` when it takes more
+/// than 10 s); `409` when it is not running.
 #[utoipa::path(post, path = "/orchestrator/pipeline/cancel/{thread_id}", params(("thread_id" = String, Path)),
-    responses((status = 202, description = "{thread_id, status: cancelling}"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 202, description = "{thread_id, status: cancelled | cancelling}"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
