@@ -1,11 +1,14 @@
 //! A session's workspace in and out through the release server, next to
 //! `docker cp` of the same data into and out of a container:
 //!
-//! - upload: `PUT /agent/session/{id}/workspace` of a tar of 100 MB in
-//!   1,000 files (random bytes, ten directories), streamed from disk, until
-//!   the answer; against `docker cp DIR CONTAINER:/workspace/…` into a
-//!   container of the same image (a sandbox's root file system is
-//!   read-only, which `docker cp` refuses);
+//! - upload: `PUT /agent/session/{id}/workspace?path=in` of a tar of
+//!   100 MB in 1,000 files (random bytes, ten directories), streamed from
+//!   disk, until the answer, into a session whose sandbox runs already
+//!   (made by a one-byte upload first); against `docker cp DIR
+//!   CONTAINER:/workspace/in` into a running container of the same image
+//!   (a sandbox's root file system is read-only, which `docker cp`
+//!   refuses). Also the same upload into a new session, whose sandbox the
+//!   upload makes;
 //! - download: `GET /agent/session/{id}/workspace`, read to the end;
 //!   against `docker cp CONTAINER:/workspace/… -` (a tar on stdout);
 //! - the server's resident memory above where it stood before each, its
@@ -65,6 +68,20 @@ async fn measured<F: std::future::Future<Output = ()>>(pid: &str, work: F) -> (D
     stop.cancel();
     sampler.await.unwrap();
     (took, peak.load(Ordering::Relaxed).saturating_sub(before))
+}
+
+/// A new session of the server at `base`; its id.
+async fn new_session(http: &reqwest::Client, base: &str) -> String {
+    let created: Value = http
+        .post(format!("{base}/agent/session"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    created["session_id"].as_str().unwrap().to_owned()
 }
 
 fn make_tree(dir: &Path) {
@@ -146,22 +163,15 @@ async fn main() {
     );
     let (mut up, mut up_cp, mut down, mut down_cp, mut changes) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut up_rss, mut down_rss) = (0u64, 0u64);
-    for _ in 0..rounds {
-        let created: Value = http
-            .post(format!("{base}/agent/session"))
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let id = created["session_id"].as_str().unwrap().to_owned();
-        let url = format!("{base}/agent/session/{id}/workspace");
-        let (took, rose) = measured(&pid, async {
+    let mut up_cold = Vec::new();
+    let upload = |url: String| {
+        let (http, archive) = (http.clone(), archive.clone());
+        async move {
             let file = tokio::fs::File::open(&archive).await.unwrap();
-            let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+            // Read in large pieces: 4 KiB reads of a tokio file (the
+            // default) made this client slower than the server.
+            let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20);
+            let body = reqwest::Body::wrap_stream(stream);
             let response = http
                 .put(&url)
                 .header("content-type", "application/x-tar")
@@ -170,8 +180,22 @@ async fn main() {
                 .await
                 .unwrap();
             assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
-        })
-        .await;
+        }
+    };
+    let (mut up_rss, mut down_rss) = (0u64, 0u64);
+    for _ in 0..rounds {
+        let id = new_session(&http, &base).await;
+        let url = format!("{base}/agent/session/{id}/workspace");
+        // Its sandbox made first, by one byte.
+        let one = http
+            .put(format!("{base}/agent/session/{id}/files/one.txt"))
+            .header("content-type", "application/octet-stream")
+            .body("1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(one.status(), 200);
+        let (took, rose) = measured(&pid, upload(format!("{url}?path=in"))).await;
         up.push(took.as_secs_f64() * 1000.0);
         up_rss = up_rss.max(rose);
 
@@ -224,7 +248,7 @@ async fn main() {
             }
         };
         turn("$ true").await;
-        turn("$ for i in 0 1 2 3 4 5 6 7 8 9; do echo more >> d0/f$i; done").await;
+        turn("$ for i in 0 1 2 3 4 5 6 7 8 9; do echo more >> in/d0/f$i; done").await;
         // The last turn end's snapshot taken (its listing waits for it).
         http.get(format!("{base}/agent/session/{id}/snapshots"))
             .send()
@@ -245,6 +269,25 @@ async fn main() {
             Some(10),
             "{listed}"
         );
+        // Last, alone: a new session, whose sandbox the upload makes.
+        let fresh = new_session(&http, &base).await;
+        let (took, _) = measured(
+            &pid,
+            upload(format!("{base}/agent/session/{fresh}/workspace")),
+        )
+        .await;
+        up_cold.push(took.as_secs_f64() * 1000.0);
+        // Its snapshot taken before it goes: nothing of it runs on into
+        // the next round.
+        http.get(format!("{base}/agent/session/{fresh}/snapshots"))
+            .send()
+            .await
+            .unwrap();
+        let _ = http
+            .delete(format!("{base}/agent/session/{fresh}"))
+            .send()
+            .await
+            .unwrap();
         let _ = http
             .delete(format!("{base}/agent/session/{id}"))
             .send()
@@ -258,6 +301,11 @@ async fn main() {
     println!(
         "| upload 100 MB / 1,000 files | {up:.0} | {up_cp:.0} | {:.2}× |",
         up / up_cp
+    );
+    let up_cold = median(&mut up_cold);
+    println!(
+        "| the same into a new session (its sandbox made by the upload) | {up_cold:.0} | {up_cp:.0} | {:.2}× |",
+        up_cold / up_cp
     );
     println!(
         "| download 100 MB / 1,000 files | {down:.0} | {down_cp:.0} | {:.2}× |",

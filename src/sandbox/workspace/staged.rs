@@ -19,8 +19,9 @@ use super::{TRANSFER_TIMEOUT, TransferError};
 use crate::sandbox::files::{run_within, script_request};
 use crate::sandbox::{ChannelStdin, Sandbox, SandboxError, Stdin, WORKSPACE};
 
-/// Pieces queued for the sandbox's tar before the sender waits.
-const QUEUED: usize = 16;
+/// Pieces queued for the sandbox's tar before the sender waits: with the
+/// upload's 512 KiB pieces, 2 MiB of the server's memory at most.
+const QUEUED: usize = 4;
 
 /// An archive being unpacked into a staging directory.
 pub struct Staged {

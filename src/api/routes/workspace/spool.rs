@@ -16,7 +16,7 @@ use crate::api::http::error::ApiError;
 use crate::api::http::state::AppState;
 use crate::sandbox::archive::{ArchiveCheck, Refusal};
 use crate::sandbox::workspace::Staged;
-use bytes::Bytes;
+use bytes::BytesMut;
 
 /// The most an upload may hold, and what the error names.
 pub(super) struct Limit {
@@ -36,6 +36,9 @@ impl Drop for Spooled {
         let _ = std::fs::remove_file(&self.path);
     }
 }
+
+/// Bytes of an archive handed to the sandbox's tar at once.
+const PIECE: usize = 512 * 1024;
 
 /// How long an upload's body may stall between two pieces.
 fn idle(state: &AppState) -> Duration {
@@ -63,20 +66,26 @@ pub(super) async fn check_into(
     })?;
     let mut check = ArchiveCheck::new(limit.bytes, limit.name);
     let mut buf = vec![0u8; 256 * 1024];
+    // A client's body comes in pieces as small as a few KiB: checked bytes
+    // are gathered into large ones, each a write to the sandbox's tar.
+    let mut gathered = BytesMut::with_capacity(PIECE);
     loop {
         let n = read_within(&mut decoded, &mut buf, idle(state)).await?;
         if n == 0 {
             break;
         }
         let pass = check.feed(&buf[..n]).map_err(refusal_error)?;
-        if pass > 0 {
-            let piece = Bytes::copy_from_slice(&buf[..pass]);
+        gathered.extend_from_slice(&buf[..pass]);
+        if gathered.len() >= PIECE {
+            let piece = gathered.split().freeze();
             staged.send(piece).await.map_err(super::transfer_error)?;
+            gathered.reserve(PIECE);
         }
     }
     let end = check.finish().map_err(refusal_error)?;
+    gathered.extend_from_slice(end);
     staged
-        .send(Bytes::from_static(end))
+        .send(gathered.freeze())
         .await
         .map_err(super::transfer_error)?;
     Ok((check.files, check.bytes))
