@@ -474,6 +474,48 @@ async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
         ["keep.txt", "sub"],
         "no staging directory is left: {listing}"
     );
+    // An upload whose client goes away half-way leaves nothing either
+    // (its staging directory is removed once the server sees the end).
+    let half = archive(&[raw_entry(
+        "half.txt",
+        tar::EntryType::Regular,
+        "",
+        &[b'x'; 4096],
+    )]);
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> = vec![
+        Ok(half[..2048].to_vec()),
+        Err(std::io::Error::other("the client went away")),
+    ];
+    let cut = as_owner(http.put(workspace.clone()))
+        .header("content-type", "application/x-tar")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(pieces)))
+        .send()
+        .await;
+    assert!(cut.is_err(), "{cut:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let listing: Value = as_owner(http.get(format!("{base}/agent/session/{id}/files/")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let names: Vec<String> = listing["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_owned())
+            .collect();
+        if names == ["keep.txt", "sub"] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cut upload left {names:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 
     // During a tool call: 409, naming the running turn.
     let running = as_owner(http.post(format!("{base}/agent/session/{id}/message")))

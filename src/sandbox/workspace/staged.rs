@@ -29,6 +29,9 @@ pub struct Staged {
     staging: String,
     pieces: Option<mpsc::Sender<Bytes>>,
     tar: Option<JoinHandle<Result<(), TransferError>>>,
+    /// Committed or abandoned; dropped otherwise (the request went away
+    /// half-way), the staging directory is removed on a task of its own.
+    settled: bool,
 }
 
 impl Staged {
@@ -62,6 +65,7 @@ exec tar -C "$p" --no-same-owner -xf -"#;
             staging,
             pieces: Some(pieces),
             tar: Some(tar),
+            settled: false,
         }
     }
 
@@ -97,6 +101,7 @@ exec tar -C "$p" --no-same-owner -xf -"#;
     /// Ends the archive and moves what it unpacked into `dir` (absolute,
     /// confined), made first. The staging directory goes either way.
     pub async fn commit(mut self, dir: &str) -> Result<(), TransferError> {
+        self.settled = true;
         let unpacked = self.finish_tar().await;
         let moved = match unpacked {
             Ok(()) => self.move_into(dir).await,
@@ -110,6 +115,7 @@ exec tar -C "$p" --no-same-owner -xf -"#;
 
     /// Stops the tar and removes what it unpacked.
     pub async fn abandon(mut self) {
+        self.settled = true;
         let _ = self.finish_tar().await;
         self.remove().await;
     }
@@ -140,14 +146,32 @@ rm -rf -- "$s""#;
     }
 
     async fn remove(&self) {
-        let request = script_request(
-            r#"rm -rf -- "$p""#,
-            &[&self.staging],
-            None,
-            TRANSFER_TIMEOUT,
-        );
-        if let Err(e) = run_within(self.sandbox.as_ref(), request, 4096).await {
-            tracing::warn!(staging = %self.staging, error = %e, "an upload's staging directory stays");
+        remove(self.sandbox.as_ref(), &self.staging).await;
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
         }
+        self.pieces = None;
+        let (tar, sandbox, staging) = (self.tar.take(), self.sandbox.clone(), self.staging.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Some(tar) = tar {
+                    let _ = tar.await;
+                }
+                remove(sandbox.as_ref(), &staging).await;
+            });
+        }
+    }
+}
+
+/// Removes a staging directory.
+async fn remove(sandbox: &dyn Sandbox, staging: &str) {
+    let request = script_request(r#"rm -rf -- "$p""#, &[staging], None, TRANSFER_TIMEOUT);
+    if let Err(e) = run_within(sandbox, request, 4096).await {
+        tracing::warn!(%staging, error = %e, "an upload's staging directory stays");
     }
 }
