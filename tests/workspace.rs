@@ -309,6 +309,25 @@ async fn code_in_work_out(http: &reqwest::Client, base: &str) -> String {
 const OWNER: &str = "owner-key";
 const OTHER: &str = "other-key";
 
+/// The names at the top of session `id`'s workspace, as its owner lists them.
+async fn top_names(http: &reqwest::Client, base: &str, id: &str) -> Vec<String> {
+    let listing: Value = http
+        .get(format!("{base}/agent/session/{id}/files/"))
+        .bearer_auth(OWNER)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 /// Hostile archives, a turn's tool call, another key, one file, a turn
 /// end's snapshot, on one backend.
 async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
@@ -427,20 +446,7 @@ async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
         "{body}"
     );
     // Nothing of those reached the workspace.
-    let listing: Value = as_owner(http.get(format!("{base}/agent/session/{id}/files/")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let names: Vec<&str> = listing["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["keep.txt"], "{listing}");
+    assert_eq!(top_names(&http, &base, &id).await, ["keep.txt"]);
     // Into a workspace with files: a file replaced, one added under a new
     // directory, the rest kept.
     let over = archive(&[
@@ -456,24 +462,8 @@ async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
             .unwrap();
         assert_eq!(read.text().await.unwrap(), expected, "{path}");
     }
-    let listing: Value = as_owner(http.get(format!("{base}/agent/session/{id}/files/")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let names: Vec<&str> = listing["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        names,
-        ["keep.txt", "sub"],
-        "no staging directory is left: {listing}"
-    );
+    let names = top_names(&http, &base, &id).await;
+    assert_eq!(names, ["keep.txt", "sub"], "no staging directory is left");
     // An upload whose client goes away half-way leaves nothing either
     // (its staging directory is removed once the server sees the end).
     let half = archive(&[raw_entry(
@@ -494,19 +484,7 @@ async fn hostile_busy_and_foreign(backend: SandboxBackendKind) {
     assert!(cut.is_err(), "{cut:?}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let listing: Value = as_owner(http.get(format!("{base}/agent/session/{id}/files/")))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let names: Vec<String> = listing["entries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["name"].as_str().unwrap().to_owned())
-            .collect();
+        let names = top_names(&http, &base, &id).await;
         if names == ["keep.txt", "sub"] {
             break;
         }
