@@ -7,6 +7,9 @@
 //! - [`calls`]: a turn's tool calls, from a reply to their results.
 //! - `deps`: what every turn stands on ([`TurnDeps`]) and how its loop
 //!   fails.
+//! - `plan`: what a turn settles before its first model call.
+//! - `context`: the model's window, the size of what a turn sends, and
+//!   compaction of the older part of the history into a summary.
 //! - `model_call`: one model call of a turn: streamed, watched, counted
 //!   and traced.
 //! - `spend`: a turn's usage, recorded as it goes.
@@ -36,8 +39,10 @@ mod deps;
 pub mod fork;
 pub mod harness;
 pub mod hook;
+mod context;
 mod model_call;
 pub mod options;
+mod plan;
 pub mod profiles;
 pub mod prompts;
 mod spend;
@@ -50,7 +55,7 @@ pub use deps::TurnDeps;
 pub use harness::READ_ONLY_TOOLS;
 pub use hook::check_hook_url;
 pub use options::{
-    A2aAgentSpec, AgentOptions, EnvValue, GitSource, McpServerSpec, NetworkAllow, NetworkOption,
+    A2aAgentSpec, AgentOptions, Compaction, EnvValue, GitSource, McpServerSpec, NetworkAllow, NetworkOption,
     RESERVED_SERVER_NAMES, SecretRef, WorkspaceOptions,
 };
 pub use task::AgentTask;

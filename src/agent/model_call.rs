@@ -139,6 +139,7 @@ async fn call_model(
         .observe(started.elapsed().as_secs_f64());
     spans::usage(&tracing::Span::current(), input_tokens, output_tokens);
     turn.usage.turns += 1;
+    reply.input_tokens = input_tokens;
     turn.usage.input_tokens += input_tokens;
     turn.usage.output_tokens += output_tokens;
     if let Some(price) = model.price {

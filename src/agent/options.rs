@@ -66,6 +66,20 @@ pub struct AgentOptions {
     /// call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceOptions>,
+    /// `auto` (the default): the older part of the history is summarised
+    /// once a request nears the model's context window; `off`: never, and
+    /// a request past the window ends its turn with `context_exceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
+}
+
+/// `options.compaction`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Compaction {
+    #[default]
+    Auto,
+    Off,
 }
 
 /// `options.workspace`.

@@ -6,19 +6,18 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::approve::Gate;
 use super::calls::{bound_calls, run_tools};
+use super::context::compact;
 use super::deps::{LoopError, TurnDeps};
 use super::harness::{
     Harness, Interventions, NextCall, OnReply, READ_ONLY_TOOLS, emit_interventions,
 };
 use super::model_call::{Watch, traced_call};
 use super::options::AgentOptions;
-use super::prompts::default_system_prompt;
+use super::plan::{Plan, model_label};
 use super::spend::{TurnSpend, over_budget};
 use super::tools::ToolContext;
-use crate::model::{ChatRequest, Message, ModelError, ResolvedModel, ToolCall, ToolSpec};
-use crate::permission::PLAN_NOTE;
+use crate::model::{Message, ToolCall};
 use crate::protocol::{Approval, EventKind, ResultStatus};
 use crate::session::{Outcome, Session, Turn};
 use crate::store::StoreError;
@@ -33,6 +32,9 @@ pub(super) async fn run(
 ) -> Result<Outcome, StoreError> {
     let session = turn.session.clone();
     let mut history = session.take_history().await?;
+    if turn.options.compact {
+        return compact_on_request(deps, turn, history).await;
+    }
     // The first turn starts with what `options.workspace` names; one that
     // cannot get it ends here, and the next tries again.
     if history.is_empty() && !seed_workspace(deps, turn).await? {
@@ -67,6 +69,16 @@ pub(super) async fn run(
     // Every message the loop stored it also kept, so the history it gave
     // back is the stored one: a fork at this turn's end keeps this many.
     turn.history_len = Some(session.history_len() as u64);
+    ended(deps, &session, &options, outcome)
+}
+
+/// A turn's outcome, or the error that ended it as an `error` event.
+fn ended(
+    deps: &TurnDeps,
+    session: &Session,
+    options: &AgentOptions,
+    outcome: Result<Outcome, LoopError>,
+) -> Result<Outcome, StoreError> {
     match outcome {
         Ok(outcome) => Ok(outcome),
         Err(LoopError::Store(e)) => Err(e),
@@ -74,7 +86,7 @@ pub(super) async fn run(
             deps.metrics
                 .model_errors
                 .get_or_create(&ModelLabel {
-                    model: model_label(deps, &options),
+                    model: model_label(deps, options),
                 })
                 .inc();
             session.emit(EventKind::Error {
@@ -84,6 +96,48 @@ pub(super) async fn run(
             Ok(Outcome::new(ResultStatus::Error, None))
         }
     }
+}
+
+/// A turn that only compacts the history (`POST …/compact`): a
+/// `compacted` event, or a `status` saying there was nothing to compact.
+async fn compact_on_request(
+    deps: &TurnDeps,
+    turn: &mut Turn,
+    history: Arc<Vec<Message>>,
+) -> Result<Outcome, StoreError> {
+    let session = turn.session.clone();
+    let options = Arc::new(AgentOptions::stored(&session.options)?.for_turn(&turn.options));
+    let mut spend = TurnSpend::new(session.owner.clone(), model_label(deps, &options));
+    let mut kept = KeptHistory {
+        history,
+        session: &session,
+    };
+    let compacted = async {
+        let plan = Plan::new(deps, turn, &options, &mut spend).await?;
+        let mut context = plan.context(deps, &options, &kept.history).await;
+        let at = (&plan.model, &mut context);
+        compact(deps, turn, at, &mut kept.history, "request").await
+    }
+    .await;
+    drop(kept);
+    let outcome = match compacted {
+        Ok(true) => Ok(Outcome::new(ResultStatus::Success, None)),
+        Ok(false) if turn.cancel.is_cancelled() => {
+            Ok(Outcome::new(ResultStatus::Interrupted, None))
+        }
+        Ok(false) => {
+            session.emit(EventKind::Status {
+                message: "Nothing to compact: the history holds no more than the last turns, \
+                          which are kept as they are."
+                    .into(),
+            })?;
+            Ok(Outcome::new(ResultStatus::Success, None))
+        }
+        Err(e) => Err(e),
+    };
+    spend.record_end(&deps.usage, &turn.usage, &session)?;
+    turn.history_len = Some(session.history_len() as u64);
+    ended(deps, &session, &options, outcome)
 }
 
 /// Puts what `options.workspace` names into the workspace (a git clone),
@@ -174,118 +228,6 @@ fn opening_messages(
     opening
 }
 
-/// The model the session names, else the default one (which a provider
-/// may have to be asked for).
-async fn model_name(deps: &TurnDeps, options: &AgentOptions) -> Result<String, ModelError> {
-    match &options.model {
-        Some(name) => Ok(name.clone()),
-        None => deps.models.default_model_now().await,
-    }
-}
-
-/// The model's name for the metrics; `default` while it is not known.
-fn model_label(deps: &TurnDeps, options: &AgentOptions) -> String {
-    options
-        .model
-        .as_deref()
-        .or_else(|| deps.models.default_model())
-        .unwrap_or("default")
-        .to_string()
-}
-
-/// What a turn settles before its first model call.
-struct Plan {
-    model: ResolvedModel,
-    ctx: ToolContext,
-    /// The tools offered: the server's the options allow, and the
-    /// client's own.
-    tools: Vec<ToolSpec>,
-    /// The names of the client's tools, whose calls the client runs.
-    client: Vec<String>,
-    /// Model calls the turn may make.
-    max_calls: u32,
-    gate: Gate,
-    system: Option<String>,
-}
-
-impl Plan {
-    async fn new(
-        deps: &TurnDeps,
-        turn: &mut Turn,
-        options: &Arc<AgentOptions>,
-        spend: &mut TurnSpend,
-    ) -> Result<Plan, LoopError> {
-        let session = &turn.session;
-        let name = model_name(deps, options).await.map_err(LoopError::Model)?;
-        let model = deps.models.resolve(&name).map_err(LoopError::Model)?;
-        spend.model = model.name.clone();
-        turn.cost_known = model.price.is_some();
-        let ctx = ToolContext {
-            session_id: session.id,
-            options: options.clone(),
-            owner: session.owner.clone(),
-        };
-        let client_tools = &turn.options.client_tools;
-        let mut tools: Vec<_> = deps
-            .tools
-            .specs(&ctx)
-            .await
-            .into_iter()
-            .filter(
-                |spec| match (&options.allowed_tools, &model.default_tools) {
-                    (None, Some(defaults)) => defaults.contains(&spec.name),
-                    _ => options.allows(&spec.name),
-                },
-            )
-            .filter(|spec| !client_tools.iter().any(|c| c.name == spec.name))
-            .collect();
-        let client = client_tools.iter().map(|c| c.name.clone()).collect();
-        tools.extend(client_tools.iter().cloned());
-        let gate = Gate::new(&deps.config, options, session.owner.as_deref())
-            .on_behalf_of(turn.options.on_behalf_of.clone());
-        let mut system = options
-            .system_prompt
-            .clone()
-            .or_else(|| default_system_prompt(&tools, options.working_dir.as_deref()));
-        if gate.plans() {
-            system = Some(match system {
-                Some(prompt) => format!("{prompt}\n\n{PLAN_NOTE}"),
-                None => PLAN_NOTE.to_string(),
-            });
-        }
-        Ok(Plan {
-            model,
-            ctx,
-            tools,
-            client,
-            max_calls: options.max_turns.unwrap_or(deps.config.max_turns),
-            gate,
-            system,
-        })
-    }
-
-    /// The next model call's request, on the history as it is.
-    fn request(
-        &self,
-        deps: &TurnDeps,
-        session: &Session,
-        options: &AgentOptions,
-        history: &Arc<Vec<Message>>,
-    ) -> ChatRequest {
-        ChatRequest {
-            model: self.model.upstream_model.clone(),
-            system: self.system.clone(),
-            messages: Arc::clone(history),
-            tools: self.tools.clone(),
-            temperature: options.temperature,
-            max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
-            session_id: Some(session.id.to_string()),
-            owner: session.owner.clone(),
-            ..ChatRequest::default()
-        }
-    }
-}
-
 async fn agent_loop(
     deps: &TurnDeps,
     turn: &mut Turn,
@@ -297,13 +239,18 @@ async fn agent_loop(
     let cancel = &turn.cancel.clone();
     let plan = Plan::new(deps, turn, options, spend).await?;
     let model = &plan.model;
+    let history = &mut history.history;
+    let mut context = plan.context(deps, options, history).await;
+    // A call the provider refused as too long is asked again once, after
+    // a compaction.
+    let mut retried = false;
     let mut harness = Harness::new(model.harness, model.tool_call_mode);
     let mut said = Interventions::new();
     // Kept by the session between turns, and shared with each model call
     // rather than copied for it: a call costs the same at the 500th turn
     // of a session as at the first. A push after the call has returned
-    // finds the history unshared again.
-    let history = &mut history.history;
+    // finds the history unshared again. After a compaction the model is
+    // sent the context's view of it, shared the same way.
     let mut last_text = None;
     loop {
         if cancel.is_cancelled() {
@@ -312,11 +259,20 @@ async fn agent_loop(
         if turn.usage.turns >= u64::from(plan.max_calls) {
             return Ok(Outcome::new(ResultStatus::MaxTurns, last_text));
         }
-        let mut request = plan.request(deps, session, options, history);
+        let size = context.estimate(session, &model.name, history);
+        if context.auto() && context.over(size) {
+            compact(deps, turn, (model, &mut context), history, "auto").await?;
+            if cancel.is_cancelled() {
+                continue;
+            }
+        }
+        let view = context.view.sync(history);
+        let sent_len = history.len();
+        let mut request = plan.request(deps, session, options, &view);
         harness.before_call(
             &mut NextCall {
                 request: &mut request,
-                history,
+                history: &view,
                 default_system: options.system_prompt.is_none(),
                 calls_made: turn.usage.turns,
             },
@@ -329,7 +285,28 @@ async fn agent_loop(
             harness: &mut harness,
             tools: &plan.tools,
         };
-        let mut reply = traced_call(deps, session, model, request, turn, watch).await?;
+        let mut reply = match traced_call(deps, session, model, request, turn, watch).await {
+            Err(LoopError::Model(e)) if e.is_context_exceeded() => {
+                let size = context.estimate(session, &model.name, history);
+                if !retried && context.auto() {
+                    retried = true;
+                    let at = (model, &mut context);
+                    if compact(deps, turn, at, history, "context_error").await? {
+                        continue;
+                    }
+                }
+                return Err(LoopError::Model(context.exceeded(size, &e)));
+            }
+            reply => reply?,
+        };
+        retried = false;
+        let estimated = context.estimate(session, &model.name, &history[..sent_len]);
+        turn.context = Some(context.measured(
+            session,
+            &model.name,
+            sent_len,
+            (reply.input_tokens, estimated),
+        ));
         // For a key with a daily budget, one store write per model call,
         // which answers the key's totals for today across replicas: the
         // budget is checked on them. Without one, at most a write a second.

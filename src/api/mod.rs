@@ -37,7 +37,7 @@ use state::AppState;
 #[openapi(
     info(title = "Conclave", description = "Streaming agent server with sandbox isolation"),
     paths(
-        agent::run, agent::create_session, agent::message, agent::interrupt, agent::status,
+        agent::run, agent::create_session, agent::message, agent::interrupt, agent::compact, agent::status,
         agent::events, agent::delete, agent::list, fork::fork, fork::session_snapshots, fork::name,
         fork::named, fork::delete, approvals::post, approvals::list, agent_ws::upgrade, health::health, health::ready, health::metrics, health::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
@@ -100,6 +100,7 @@ pub fn router(state: AppState) -> Router {
         .route("/agent/session", post(workspace::form::create_session))
         .route("/agent/session/{id}/message", post(agent::message))
         .route("/agent/session/{id}/interrupt", post(agent::interrupt))
+        .route("/agent/session/{id}/compact", post(agent::compact))
         .route("/agent/session/{id}/status", get(agent::status))
         .route("/agent/session/{id}/events", get(agent::events))
         .route("/agent/session/{id}", delete(agent::delete))

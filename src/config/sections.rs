@@ -176,6 +176,18 @@ pub struct AgentConfig {
     pub permissions: crate::permission::ServerPermissions,
     /// The most sessions one fork request may make (`count`).
     pub max_forks: u32,
+    /// The share of a model's context window (less `max_tokens`) past
+    /// which the older part of a session's history is summarised before
+    /// the next model call; sessions may turn it off
+    /// (`options.compaction = "off"`).
+    pub compact_at: f64,
+    /// The model that writes those summaries; the session's own when
+    /// unset.
+    pub compaction_model: Option<String>,
+    /// The context window, in tokens, of a model whose window is known
+    /// neither from `models.NAME.context_window`, nor from its server,
+    /// nor from the built-in table (a warning names the setting).
+    pub context_window: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -240,6 +252,11 @@ pub struct ModelAlias {
     /// the answer after a call that printed.
     #[serde(default)]
     pub answer_after_output: bool,
+    /// The model's context window in tokens, when its server does not
+    /// report it (vLLM and llama-server do) and the built-in table does
+    /// not know it.
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 impl ModelAlias {
@@ -303,6 +320,9 @@ impl Default for AgentConfig {
             max_tool_calls_per_reply: 8,
             permissions: crate::permission::ServerPermissions::default(),
             max_forks: 64,
+            compact_at: 0.8,
+            compaction_model: None,
+            context_window: 8192,
         }
     }
 }

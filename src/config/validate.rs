@@ -3,6 +3,10 @@
 
 use super::{Config, ConfigError, HarnessKind, ProviderKind};
 
+/// The smallest context window a model may be said to have: a summary, a
+/// prompt and an answer must fit in it.
+const MIN_CONTEXT_WINDOW: u64 = 1024;
+
 impl Config {
     /// Checks what types alone cannot; every error names its field.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -178,6 +182,26 @@ impl Config {
         ] {
             if value == 0 {
                 return Err(field(name, "must be at least 1".into()));
+            }
+        }
+        if !(self.agent.compact_at > 0.0 && self.agent.compact_at <= 1.0) {
+            return Err(field(
+                "agent.compact_at",
+                format!("{} is not a share of the window in (0, 1]", self.agent.compact_at),
+            ));
+        }
+        let windows = std::iter::once(("agent.context_window".to_owned(), self.agent.context_window))
+            .chain(self.models.iter().filter_map(|(alias, model)| {
+                model
+                    .context_window
+                    .map(|w| (format!("models.{alias}.context_window"), w))
+            }));
+        for (name, window) in windows {
+            if window < MIN_CONTEXT_WINDOW {
+                return Err(field(
+                    &name,
+                    format!("{window} tokens is too small a window; at least {MIN_CONTEXT_WINDOW}"),
+                ));
             }
         }
         Ok(())

@@ -151,7 +151,10 @@ fn wire_messages(messages: &[Message]) -> Vec<WireMessage<'_>> {
     let mut wire: Vec<WireMessage> = Vec::new();
     for message in messages {
         let (role, blocks): (&'static str, Vec<Block>) = match message {
-            Message::User { content } => ("user", text_block(content).into_iter().collect()),
+            Message::User { content }
+            | Message::Compacted {
+                summary: content, ..
+            } => ("user", text_block(content).into_iter().collect()),
             Message::Assistant {
                 content,
                 tool_calls,

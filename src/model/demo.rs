@@ -177,6 +177,7 @@ impl ModelProvider for DemoProvider {
             .map(|m| match m {
                 Message::User { content } | Message::Tool { content, .. } => content,
                 Message::Assistant { content, .. } => content,
+                Message::Compacted { summary, .. } => summary,
             })
             .map(|c| c.split_whitespace().count() as u64)
             .sum();

@@ -14,7 +14,9 @@
 //!   answers).
 //! - `listing`: the models an OpenAI-compatible server lists, whose first
 //!   is the default at a base URL other than OpenAI's.
-//! - [`registry`]: model aliases → provider + upstream model name, and prices.
+//! - [`registry`]: model aliases → provider + upstream model name, prices
+//!   and context windows.
+//! - [`window`]: a model's context window, and what its server reports.
 
 pub mod anthropic;
 pub mod demo;
@@ -24,6 +26,7 @@ pub mod lenient;
 mod listing;
 pub mod openai;
 pub mod registry;
+pub mod window;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -140,9 +143,34 @@ pub enum ModelError {
     NoDefaultModel { url: String, message: String },
     #[error("model error: {0}")]
     Upstream(String),
+    #[error(
+        "the request (about {tokens} tokens) does not fit the model's context window of {window} \
+         tokens, and {hint}: {message}"
+    )]
+    ContextExceeded {
+        window: u64,
+        tokens: u64,
+        hint: &'static str,
+        message: String,
+    },
 }
 
 impl ModelError {
+    /// Whether the provider refused the request as longer than the
+    /// model's context window: OpenAI's `context_length_exceeded`,
+    /// Anthropic's "prompt is too long", vLLM's "maximum context length",
+    /// llama-server's "exceeds the available context size" (also when the
+    /// gateway passes such an answer on).
+    pub fn is_context_exceeded(&self) -> bool {
+        let text = match self {
+            ModelError::Http { status, body } if matches!(status, 400 | 413 | 422) => body,
+            ModelError::Upstream(text) | ModelError::Protocol(text) => text,
+            _ => return false,
+        };
+        let text = text.to_ascii_lowercase();
+        CONTEXT_ERRORS.iter().any(|marker| text.contains(marker))
+    }
+
     /// A short machine-readable code for `error` events.
     pub fn code(&self) -> &'static str {
         match self {
@@ -152,9 +180,21 @@ impl ModelError {
             ModelError::UnknownModel { .. } => "unknown_model",
             ModelError::NoDefaultModel { .. } => "no_default_model",
             ModelError::Upstream(_) => "model_error",
+            ModelError::ContextExceeded { .. } => "context_exceeded",
         }
     }
 }
+
+/// What providers say when a request does not fit the model's window.
+const CONTEXT_ERRORS: &[&str] = &[
+    "context_length_exceeded",
+    "maximum context length",
+    "prompt is too long",
+    "exceeds the available context size",
+    "exceed_context_size",
+    "longer than the maximum model length",
+    "context window",
+];
 
 pub type ModelStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, ModelError>> + Send>>;
 
@@ -167,6 +207,12 @@ pub trait ModelProvider: Send + Sync {
     /// Starts one model call and streams its output. Errors before the first
     /// byte (after retries) are returned here; errors mid-stream are items.
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError>;
+
+    /// The context window the model's server reports for `model`, when it
+    /// reports one (vLLM, llama-server).
+    async fn context_window(&self, _model: &str) -> Option<u64> {
+        None
+    }
 
     /// The whole answer at once, collected from [`ModelProvider::stream`].
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use super::http::{SseDecoder, Transport, endpoint, malformed, secret_header, spawn_sse};
 use super::lenient;
+use super::window::ReportedWindows;
 use super::{
     ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent,
     ToolCall, ToolCallMode, ToolSpec,
@@ -31,6 +32,7 @@ pub struct OpenAiProvider {
     /// `{base_url}/chat/completions`.
     url: String,
     transport: Transport,
+    windows: ReportedWindows,
 }
 
 impl OpenAiProvider {
@@ -41,11 +43,12 @@ impl OpenAiProvider {
         timeout: Duration,
     ) -> Result<OpenAiProvider, ModelError> {
         let mut headers = HeaderMap::new();
-        if let Some(key) = api_key.filter(|key| !key.is_empty()) {
+        if let Some(key) = api_key.as_deref().filter(|key| !key.is_empty()) {
             headers.insert(AUTHORIZATION, secret_header(&format!("Bearer {key}"))?);
         }
         Ok(OpenAiProvider {
             url: endpoint(base_url, "chat/completions")?,
+            windows: ReportedWindows::new(base_url, api_key.as_deref())?,
             transport: Transport::new(headers, max_retries, timeout)?,
         })
     }
@@ -55,6 +58,10 @@ impl OpenAiProvider {
 impl ModelProvider for OpenAiProvider {
     fn provider_name(&self) -> &'static str {
         "openai"
+    }
+
+    async fn context_window(&self, model: &str) -> Option<u64> {
+        self.windows.of(model).await
     }
 
     async fn stream(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
@@ -205,7 +212,11 @@ fn json_mode(request: &ChatRequest) -> bool {
 
 fn wire_message(message: &Message) -> WireMessage<'_> {
     match message {
-        Message::User { content } => WireMessage::User { content },
+        // A turn sends the summary as a user message (see
+        // `agent::context`); a mark reaching a provider reads the same.
+        Message::User { content } | Message::Compacted {
+            summary: content, ..
+        } => WireMessage::User { content },
         Message::Assistant {
             content,
             tool_calls,

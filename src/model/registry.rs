@@ -5,8 +5,8 @@
 //! model under that name (or any other) has no price unless the config's
 //! `[prices]` gives one, which holds whatever provider serves the name.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::anthropic::AnthropicProvider;
@@ -14,7 +14,9 @@ use super::demo::DemoProvider;
 use super::gateway::GatewayProvider;
 use super::listing::Listing;
 use super::openai::OpenAiProvider;
+use super::window::{Window, WindowSource};
 use super::{ModelError, ModelProvider, ToolCallMode};
+use crate::sync::lock;
 pub use crate::config::Price;
 use crate::config::{Config, HarnessKind, ModelAlias, ProviderConfig, ProviderKind};
 use crate::gateway::Gateway;
@@ -42,6 +44,19 @@ const BUILTIN_PRICES: &[(Tariff, &str, f64, f64)] = &[
     (Tariff::OpenAi, "gpt-4o-mini", 0.15, 0.6),
     (Tariff::OpenAi, "gpt-4.1", 2.0, 8.0),
     (Tariff::OpenAi, "gpt-4.1-mini", 0.4, 1.6),
+];
+
+/// Built-in context windows, in tokens, of the models whose prices are
+/// built in, each at its provider's own API.
+const BUILTIN_WINDOWS: &[(Tariff, &str, u64)] = &[
+    (Tariff::Demo, "demo", 131_072),
+    (Tariff::Anthropic, "claude-opus-4-1", 200_000),
+    (Tariff::Anthropic, "claude-sonnet-4-5", 200_000),
+    (Tariff::Anthropic, "claude-haiku-4-5", 200_000),
+    (Tariff::OpenAi, "gpt-4o", 128_000),
+    (Tariff::OpenAi, "gpt-4o-mini", 128_000),
+    (Tariff::OpenAi, "gpt-4.1", 1_047_576),
+    (Tariff::OpenAi, "gpt-4.1-mini", 1_047_576),
 ];
 
 /// The default model at OpenAI's own API when none is named.
@@ -79,6 +94,13 @@ impl Tariff {
                 output_per_mtok: *output,
             })
     }
+
+    fn window(self, model: &str) -> Option<u64> {
+        BUILTIN_WINDOWS
+            .iter()
+            .find(|(tariff, name, _)| *tariff == self && *name == model)
+            .map(|(_, _, window)| *window)
+    }
 }
 
 /// A provider, with the price list its names are read in.
@@ -111,6 +133,10 @@ pub struct ResolvedModel {
     pub default_tools: Option<Vec<String>>,
     /// `models.NAME.harness`: the turn loop's treatment of the model.
     pub harness: HarnessKind,
+    /// `models.NAME.context_window`.
+    pub configured_window: Option<u64>,
+    /// The built-in table's window for the model at its provider.
+    pub builtin_window: Option<u64>,
 }
 
 /// Resolves model names to providers. Built once at start.
@@ -124,6 +150,8 @@ pub struct ModelRegistry {
     /// Pool names resolve to the gateway (checked at each resolve: pools
     /// can be added at run time).
     gateway: Option<(Arc<Gateway>, Arc<dyn ModelProvider>)>,
+    /// Models whose window was taken from the default, warned about once.
+    defaulted_windows: Mutex<HashSet<String>>,
 }
 
 impl ModelRegistry {
@@ -161,6 +189,7 @@ impl ModelRegistry {
                     Arc::new(GatewayProvider::new(gateway.clone()));
                 (gateway, provider)
             }),
+            defaulted_windows: Mutex::default(),
         };
         registry.insert("demo", demo, "demo", None);
         for (alias, kind, model) in BUILTIN_ALIASES {
@@ -211,6 +240,7 @@ impl ModelRegistry {
         let price = self
             .price(served.tariff, model)
             .or_else(|| self.price(served.tariff, alias));
+        let tariff = served.tariff;
         self.aliases.insert(
             alias.to_string(),
             ResolvedModel {
@@ -221,6 +251,8 @@ impl ModelRegistry {
                 tool_call_mode: spec.map_or(ToolCallMode::Native, |s| s.tool_call_mode),
                 default_tools: spec.and_then(|s| s.tools.clone()),
                 harness: spec.map_or(HarnessKind::Strict, ModelAlias::harness),
+                configured_window: spec.and_then(|s| s.context_window),
+                builtin_window: tariff.window(model),
             },
         );
     }
@@ -293,6 +325,8 @@ impl ModelRegistry {
                 tool_call_mode: ToolCallMode::Native,
                 default_tools: None,
                 harness: HarnessKind::Strict,
+                configured_window: None,
+                builtin_window: None,
             });
         }
         let provider = if name.starts_with("claude") && self.anthropic.is_some() {
@@ -309,7 +343,46 @@ impl ModelRegistry {
             tool_call_mode: ToolCallMode::Native,
             default_tools: None,
             harness: HarnessKind::Strict,
+            configured_window: None,
+            builtin_window: served.tariff.window(name),
         })
+    }
+
+    /// The model's context window: the config's, else what its server
+    /// reports, else the built-in table's, else `default`, with a warning
+    /// (once per model) that names the setting.
+    pub async fn window(&self, model: &ResolvedModel, default: u64) -> Window {
+        if let Some(tokens) = model.configured_window {
+            return Window {
+                tokens,
+                source: WindowSource::Config,
+            };
+        }
+        if let Some(tokens) = model.provider.context_window(&model.upstream_model).await {
+            return Window {
+                tokens,
+                source: WindowSource::Provider,
+            };
+        }
+        if let Some(tokens) = model.builtin_window {
+            return Window {
+                tokens,
+                source: WindowSource::Builtin,
+            };
+        }
+        if lock(&self.defaulted_windows).insert(model.name.clone()) {
+            tracing::warn!(
+                model = %model.name,
+                window = default,
+                "the model's context window is not known: assuming {default} tokens \
+                 (agent.context_window); set models.{}.context_window",
+                model.name
+            );
+        }
+        Window {
+            tokens: default,
+            source: WindowSource::Default,
+        }
     }
 
     /// A name nothing serves, with the names that are served.

@@ -42,6 +42,22 @@ pub struct FilesChanged {
     pub deleted: u64,
 }
 
+/// A model's context window and how much of it a request took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ContextUse {
+    /// The window, in tokens.
+    pub window: u64,
+    /// Where the window comes from: `config` (`models.NAME.context_window`),
+    /// `provider` (what the model's server reports), `builtin` (the
+    /// table of known models) or `default` (`agent.context_window`).
+    pub window_source: String,
+    /// The input tokens of the last request (as the provider reported
+    /// them, else as estimated).
+    pub input_tokens: u64,
+    /// `input_tokens / window`.
+    pub fill: f64,
+}
+
 /// What happened; serialized with its `type` tag.
 #[derive(
     Debug,
@@ -133,6 +149,22 @@ pub enum EventKind {
         /// sessions with a sandbox; absent where it could not be told).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         files_changed: Option<FilesChanged>,
+        /// How full the model's context window was at the turn's last
+        /// model call (agent sessions that called a model).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context: Option<ContextUse>,
+    },
+    /// The older part of the history sent to the model was replaced by a
+    /// summary (`reason`: `auto` before a call past `agent.compact_at` of
+    /// the window, `context_error` after a provider refused a call as too
+    /// long, `request` for `POST …/compact`). Tokens are the request's
+    /// size before and after, as estimated; the stored history keeps
+    /// every message.
+    Compacted {
+        reason: String,
+        before_tokens: u64,
+        after_tokens: u64,
+        messages_summarised: u64,
     },
     /// Something went wrong; a `result` with status `error` follows.
     Error { message: String, code: String },

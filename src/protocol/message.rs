@@ -24,6 +24,15 @@ pub enum Message {
         #[serde(default)]
         is_error: bool,
     },
+    /// The history before this point was compacted: from here on the
+    /// model is sent `summary` (as a user message), then the messages from
+    /// index `kept_from` on, this one and earlier marks left out. The
+    /// messages it summarises stay stored, so a fork or a rewind to before
+    /// it gets the history as it was.
+    Compacted {
+        summary: String,
+        kept_from: u64,
+    },
 }
 
 /// A complete tool call: the arguments are whole, never a fragment.

@@ -14,6 +14,8 @@ pub mod events;
 pub mod message;
 pub mod session;
 
-pub use events::{Approval, Event, EventKind, FilesChanged, InterventionKind, ResultStatus, Usage};
+pub use events::{
+    Approval, ContextUse, Event, EventKind, FilesChanged, InterventionKind, ResultStatus, Usage,
+};
 pub use message::{Message, ToolCall};
 pub use session::{SessionKind, SessionRecord, SessionStatus};

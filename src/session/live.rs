@@ -12,7 +12,7 @@ use super::log::EventLog;
 use super::signal::Signals;
 use crate::model::Message;
 use crate::protocol::{
-    Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
+    ContextUse, Event, EventKind, ResultStatus, SessionKind, SessionRecord, SessionStatus, Usage,
 };
 use crate::store::{Release, SessionState, Store, StoreError, UsageRow};
 use crate::sync::lock;
@@ -51,6 +51,22 @@ pub struct Session {
     /// How many cuts (rewinds) the stored conversation had had when the
     /// kept one was read, where the store counts them.
     kept_cuts: Mutex<Option<u64>>,
+    /// The size of the last request a turn here sent the model, as its
+    /// provider counted it: the next one estimates only what was added.
+    measured: Mutex<Option<Measured>>,
+}
+
+/// A request's size as the provider counted it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    /// The model it was sent to (another one counts differently).
+    pub model: String,
+    /// How many messages of the history the request was built on.
+    pub history_len: usize,
+    /// As the provider counted them; 0 when it did not say.
+    pub input_tokens: u64,
+    /// The window, and how full the request left it.
+    pub context: ContextUse,
 }
 
 impl Session {
@@ -83,6 +99,7 @@ impl Session {
             history: Mutex::default(),
             stored_len: Mutex::default(),
             kept_cuts: Mutex::default(),
+            measured: Mutex::default(),
         }
     }
 
@@ -274,6 +291,18 @@ impl Session {
     /// stored.
     pub(super) fn forget_history(&self) {
         *lock(&self.history) = Arc::default();
+        *lock(&self.measured) = None;
+    }
+
+    /// The last request's size, as its provider counted it.
+    pub fn measured(&self) -> Option<Measured> {
+        lock(&self.measured).clone()
+    }
+
+    /// Keeps a request's size for the next one's estimate and the status;
+    /// `None` forgets it (the history it was measured on changed).
+    pub fn set_measured(&self, measured: Option<Measured>) {
+        *lock(&self.measured) = measured;
     }
 
     /// Cuts the conversation back to its first `len` messages, the kept
@@ -286,6 +315,7 @@ impl Session {
                 Arc::make_mut(&mut history).truncate(len);
             }
         }
+        *lock(&self.measured) = None;
         self.store.truncate_messages(self.id, len).await
     }
 

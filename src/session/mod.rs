@@ -34,7 +34,7 @@ mod tests;
 
 use uuid::Uuid;
 
-pub use live::Session;
+pub use live::{Measured, Session};
 pub use manager::{Limits, NewSession, SessionManager, StartedTurn};
 pub use options::OptionError;
 pub use task::{OnBehalfOf, Outcome, Preset, SessionTask, Tasks, ToolAnswer, Turn, TurnOptions};

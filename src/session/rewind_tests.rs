@@ -66,6 +66,7 @@ fn texts(messages: &[Message]) -> Vec<String> {
         .map(|m| match m {
             Message::User { content } | Message::Assistant { content, .. } => content.clone(),
             Message::Tool { content, .. } => content.clone(),
+            Message::Compacted { summary, .. } => summary.clone(),
         })
         .collect()
 }

@@ -131,6 +131,9 @@ pub struct Turn {
     /// What the turn's tool calls did to the workspace, set by a task
     /// that can tell; its `result` carries it.
     pub files_changed: Option<crate::protocol::FilesChanged>,
+    /// How full the model's context window was at the turn's last model
+    /// call, set by a task that calls models; its `result` carries it.
+    pub context: Option<crate::protocol::ContextUse>,
     /// The session's usage before the turn.
     pub(super) before: Usage,
 }
@@ -164,6 +167,10 @@ pub struct TurnOptions {
     /// `rollback`). Read where the turn is started, never by the task.
     #[serde(skip)]
     pub rewind_to: Option<u64>,
+    /// The turn only compacts the history (`POST …/compact`): no prompt,
+    /// no tool call; kinds without a history end it at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compact: bool,
 }
 
 /// A client's answer to a call of one of its tools.
@@ -195,6 +202,7 @@ impl Turn {
             cost_known: true,
             history_len: None,
             files_changed: None,
+            context: None,
             before: session.usage(),
         }
     }

@@ -198,6 +198,7 @@ async fn a_cut_off_turn_whose_result_was_stored_only_gets_its_status() {
             duration_ms: 1,
             history_len: None,
             files_changed: None,
+            context: None,
         },
     )
     .await;

@@ -63,6 +63,9 @@ pub struct ModelReply {
     pub text: String,
     pub calls: Vec<ToolCall>,
     pub interrupted: bool,
+    /// The request's input tokens as the provider counted them (0 when
+    /// it did not say).
+    pub input_tokens: u64,
 }
 
 /// What happens to a reply after [`Aid::on_reply`].

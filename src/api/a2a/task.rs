@@ -463,6 +463,7 @@ mod tests {
                 duration_ms: 1,
                 history_len: None,
                 files_changed: None,
+                context: None,
             },
         ));
         assert_eq!(task.state, State::Completed);

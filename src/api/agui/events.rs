@@ -303,14 +303,16 @@ impl Mapper {
 }
 
 /// A session's history as AG-UI messages, for `MESSAGES_SNAPSHOT`; the
-/// ids are the session's and the message's place in it.
+/// ids are the session's and the message's place in it. A compaction's
+/// mark is no message of the conversation, and is left out.
 pub fn messages_snapshot(session: &str, history: &[Message]) -> Value {
     let messages: Vec<Value> = history
         .iter()
         .enumerate()
-        .map(|(i, message)| {
+        .filter_map(|(i, message)| {
             let id = format!("{session}-m{i}");
-            match message {
+            Some(match message {
+                Message::Compacted { .. } => return None,
                 Message::User { content } => json!({"id": id, "role": "user", "content": content}),
                 Message::Assistant {
                     content,
@@ -341,7 +343,7 @@ pub fn messages_snapshot(session: &str, history: &[Message]) -> Value {
                     }
                     m
                 }
-            }
+            })
         })
         .collect();
     json!({"type": "MESSAGES_SNAPSHOT", "messages": messages, "timestamp": now_ms()})

@@ -82,10 +82,12 @@ fn thread_id(id: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(id).map_err(|_| ApiError::not_found(format!("thread {id} not found")))
 }
 
-/// A session message as a LangChain message (`type` human, ai or tool).
-fn message_json(index: usize, message: &Message) -> Value {
+/// A session message as a LangChain message (`type` human, ai or tool);
+/// none for a compaction's mark, which is no message of the conversation.
+fn message_json(index: usize, message: &Message) -> Option<Value> {
     let id = format!("msg-{index}");
-    match message {
+    Some(match message {
+        Message::Compacted { .. } => return None,
         Message::User { content } => json!({"type": "human", "id": id, "content": content}),
         Message::Assistant {
             content,
@@ -105,12 +107,12 @@ fn message_json(index: usize, message: &Message) -> Value {
             "type": "tool", "id": id, "content": content, "tool_call_id": tool_call_id,
             "name": name, "status": if *is_error { "error" } else { "success" },
         }),
-    }
+    })
 }
 
 /// A thread's values: its conversation as LangChain messages.
 fn values(history: &[Message]) -> Value {
-    json!({"messages": history.iter().enumerate().map(|(i, m)| message_json(i, m)).collect::<Vec<_>>()})
+    json!({"messages": history.iter().enumerate().filter_map(|(i, m)| message_json(i, m)).collect::<Vec<_>>()})
 }
 
 /// The session's values now: an agent's conversation, a pipeline's state

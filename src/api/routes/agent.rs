@@ -19,8 +19,8 @@ use crate::api::http::extract::{ApiQuery, Body, deny_rest, required_text};
 use crate::api::http::state::AppState;
 use crate::api::http::stream::{cancel_on_hangup, events_response};
 use crate::model::Message;
-use crate::protocol::{SessionKind, SessionRecord, SessionStatus, Usage};
-use crate::session::{NewSession, SessionError};
+use crate::protocol::{ContextUse, SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::session::{NewSession, SessionError, TurnOptions};
 use crate::store::SessionFilter;
 
 /// `POST /agent/run`'s body: one task in a new ephemeral session.
@@ -134,6 +134,9 @@ pub struct SessionStatusBody {
     pub details: serde_json::Map<String, serde_json::Value>,
     pub history: Vec<Message>,
     pub usage: Usage,
+    /// The model's context window and how full the last request left it
+    /// (agent sessions; `null` until a model call of this server process).
+    pub context: Option<ContextUse>,
     /// The highest event `seq`; replay with `?since=` from any point.
     pub last_seq: u64,
     /// The session's sandbox; `null` until it has one.
@@ -324,6 +327,49 @@ pub async fn message(
     ))
 }
 
+/// Compacts an agent session's history now: a turn of its own that
+/// summarises the older part of what the model is sent (a `compacted`
+/// event, or a `status` when there is nothing to compact), streamed as a
+/// message's turn is. Refused while a turn runs (409).
+#[utoipa::path(post, path = "/agent/session/{session_id}/compact", params(("session_id" = Uuid, Path)),
+    responses((status = 200, description = "NDJSON stream of the compaction's turn", content_type = "application/x-ndjson", body = crate::protocol::Event),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn compact(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let session = state
+        .sessions
+        .get_to_start(parse_id(&id)?, caller.owner())
+        .await?;
+    if session.kind != SessionKind::AGENT {
+        return Err(ApiError::unprocessable(
+            "no_history",
+            format!(
+                "a {} session has no conversation to compact; only agent sessions do",
+                session.kind
+            ),
+        ));
+    }
+    if state.sessions.is_draining() {
+        return Err(SessionError::ShuttingDown.into());
+    }
+    let options = TurnOptions {
+        compact: true,
+        ..TurnOptions::default()
+    };
+    let turn = state
+        .sessions
+        .start_turn_with(session, String::new(), false, options)
+        .await?;
+    Ok(events_response(
+        &headers,
+        turn.session.subscribe(turn.since, true),
+    ))
+}
+
 /// Stops the session's running turn; it ends with an `interrupted` result.
 /// With replicas, answered once the replica running the turn has it: 503
 /// when the bus is down or no replica took it while the turn still runs.
@@ -369,6 +415,7 @@ pub async fn status(
         details,
         history,
         usage: session.usage(),
+        context: session.measured().map(|m| m.context),
         last_seq: session.last_seq(),
         sandbox: match &state.sandboxes {
             Some(sandboxes) => sandboxes.info(session.id).await,

@@ -88,6 +88,7 @@ fn success() -> EventKind {
         duration_ms: 0,
         history_len: None,
         files_changed: None,
+        context: None,
     }
 }
 

@@ -159,6 +159,7 @@ impl Runner {
                 duration_ms: started.elapsed().as_millis() as u64,
                 history_len: turn.history_len,
                 files_changed: turn.files_changed,
+                context: turn.context.clone(),
             },
             (status_after(session, outcome.status), &turn.session_total()),
             release,

@@ -254,6 +254,7 @@ pub(crate) fn event(session_id: Uuid, seq: u64) -> Event {
             duration_ms: 1500,
             history_len: None,
             files_changed: None,
+            context: None,
         },
     };
     Event {

@@ -1,0 +1,391 @@
+//! Sessions longer than the model's context window, as the real binary
+//! runs them (`conclave serve --sandbox local`, a fresh working directory)
+//! against a scripted OpenAI-compatible upstream that enforces a window:
+//! it counts a request's tokens (its JSON, four bytes a token), answers
+//! 400 `context_length_exceeded` past the window as OpenAI does, and
+//! reports the window in its `/v1/models` listing as vLLM does
+//! (`max_model_len`). Each prompt `step N` has the model run a command
+//! that prints 4 KB, then answer `done N`.
+//!
+//! - 60 turns with a 16k window all succeed, with `compacted` events, every
+//!   request within the window, and the last turns sent word for word;
+//! - `options.compaction: "off"` ends the turn that overflows with
+//!   `context_exceeded`, naming the window;
+//! - a window set larger than the upstream's in the config: the
+//!   provider's refusal is recovered by one compaction and one retry;
+//! - a fork before a compaction carries the history as it was, and
+//!   `POST …/compact` compacts on request.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use common::binary::{serve_command, spawn_server, stop};
+use serde_json::{Value, json};
+
+const WINDOW: u64 = 16_384;
+
+/// What the upstream saw: each request's body, its token count, and
+/// whether it was refused.
+#[derive(Default)]
+struct Seen {
+    requests: Mutex<Vec<(Value, u64, bool)>>,
+}
+
+/// A request's tokens as this upstream counts them.
+fn tokens(body: &Value) -> u64 {
+    let messages = body["messages"].to_string().len();
+    let tools = body.get("tools").map_or(0, |t| t.to_string().len());
+    ((messages + tools) / 4) as u64
+}
+
+fn is_summary(body: &Value) -> bool {
+    body["messages"][0]["content"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("You compact the history"))
+}
+
+fn sse(chunks: Vec<Value>, prompt_tokens: u64) -> Response {
+    let mut text = String::new();
+    for chunk in chunks {
+        text.push_str(&format!("data: {chunk}\n\n"));
+    }
+    let usage = json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
+        "completion_tokens": 5, "total_tokens": prompt_tokens + 5}});
+    text.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
+    ([("content-type", "text/event-stream")], text).into_response()
+}
+
+fn says(text: &str, prompt_tokens: u64) -> Response {
+    sse(
+        vec![
+            json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ],
+        prompt_tokens,
+    )
+}
+
+async fn chat(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    let counted = tokens(&body);
+    let refused = counted > WINDOW;
+    seen.requests
+        .lock()
+        .unwrap()
+        .push((body.clone(), counted, refused));
+    if refused {
+        let error = json!({"error": {"message": format!(
+            "This model's maximum context length is {WINDOW} tokens. However, your messages \
+             resulted in {counted} tokens. Please reduce the length of the messages."),
+            "type": "invalid_request_error", "param": "messages",
+            "code": "context_length_exceeded"}});
+        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+    }
+    if is_summary(&body) {
+        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let steps = asked.matches("[user]\nstep").count();
+        return says(&format!("SUMMARY: {steps} more steps were run."), counted);
+    }
+    let messages = body["messages"].as_array().unwrap();
+    let last = messages.last().unwrap();
+    if last["role"] == "tool" {
+        let prompt = messages
+            .iter()
+            .rev()
+            .find_map(|m| {
+                let text = m["content"].as_str()?;
+                (m["role"] == "user" && text.starts_with("step")).then_some(text)
+            })
+            .unwrap_or("step ?");
+        return says(&prompt.replace("step", "done"), counted);
+    }
+    let id = format!("call-{}", seen.requests.lock().unwrap().len());
+    let command = "python3 -c \"print('x' * 4096)\"";
+    let arguments = json!({ "command": command }).to_string();
+    sse(
+        vec![
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": id,
+                "type": "function", "function": {"name": "Bash", "arguments": arguments}}]},
+                "finish_reason": null}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        ],
+        counted,
+    )
+}
+
+async fn models() -> axum::Json<Value> {
+    axum::Json(json!({"object": "list", "data": [
+        {"id": "windowed", "object": "model", "max_model_len": WINDOW}]}))
+}
+
+async fn upstream() -> (String, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+struct Server {
+    child: tokio::process::Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+/// The binary with the upstream as its OpenAI-compatible provider;
+/// `extra` goes into its config file.
+async fn serve(upstream: &str, extra: &str) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "default_model = \"windowed\"\n[openai]\nbase_url = \"{upstream}/v1\"\n{extra}\n"
+    );
+    std::fs::write(dir.path().join("conclave.toml"), config).unwrap();
+    let mut command = serve_command(&["--config", "conclave.toml", "--sandbox", "local"]);
+    command.current_dir(dir.path());
+    let (child, base) = spawn_server(&mut command).await;
+    Server {
+        child,
+        base,
+        _dir: dir,
+    }
+}
+
+impl Server {
+    async fn create(&self, body: Value) -> String {
+        let response = reqwest::Client::new()
+            .post(format!("{}/agent/session", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        response.json::<Value>().await.unwrap()["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    async fn post_events(&self, path: &str, body: Value) -> Vec<Value> {
+        let response = reqwest::Client::new()
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let text = response.text().await.unwrap();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    async fn turn(&self, id: &str, prompt: &str) -> Vec<Value> {
+        let path = format!("/agent/session/{id}/message");
+        self.post_events(&path, json!({ "prompt": prompt })).await
+    }
+
+    async fn status(&self, id: &str) -> Value {
+        let url = format!("{}/agent/session/{id}/status", self.base);
+        reqwest::get(url).await.unwrap().json().await.unwrap()
+    }
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+fn result(events: &[Value]) -> &Value {
+    events.last().filter(|e| e["type"] == "result").unwrap()
+}
+
+/// The agent's requests (not the summaries) that were answered.
+fn agent_requests(seen: &Seen) -> Vec<(Value, u64)> {
+    seen.requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(body, _, refused)| !refused && !is_summary(body))
+        .map(|(body, tokens, _)| (body.clone(), *tokens))
+        .collect()
+}
+
+#[tokio::test]
+async fn sixty_turns_outgrow_a_16k_window_and_all_succeed() {
+    let (url, seen) = upstream().await;
+    // Every turn end's workspace is kept, for the fork below.
+    let server = serve(&url, "[sandbox.snapshots]\nkeep_last = 64\n").await;
+    let id = server.create(json!({})).await;
+    let mut compactions = Vec::new();
+    let (mut first_compacted, mut ends) = (None, Vec::new());
+    for step in 0..60 {
+        let events = server.turn(&id, &format!("step {step}")).await;
+        let end = result(&events);
+        assert_eq!(end["status"], "success", "step {step}: {events:?}");
+        assert_eq!(end["result"], format!("done {step}"));
+        ends.push(end["seq"].as_u64().unwrap());
+        let found = of_type(&events, "compacted");
+        if !found.is_empty() && first_compacted.is_none() {
+            first_compacted = Some(step);
+        }
+        compactions.extend(found.into_iter().cloned());
+        assert_eq!(end["context"]["window"], WINDOW);
+        assert_eq!(end["context"]["window_source"], "provider");
+    }
+    assert!(compactions.len() >= 5, "{compactions:?}");
+    for compacted in &compactions {
+        assert_eq!(compacted["reason"], "auto");
+        assert!(compacted["after_tokens"].as_u64() < compacted["before_tokens"].as_u64());
+        assert!(compacted["messages_summarised"].as_u64().unwrap() > 0);
+    }
+    let requests = seen.requests.lock().unwrap().clone();
+    assert!(requests.iter().all(|(_, tokens, refused)| !refused && *tokens <= WINDOW));
+    // The last request: the summary, then the last turns word for word.
+    let (last, _) = agent_requests(&seen).pop().unwrap();
+    let messages = last["messages"].as_array().unwrap();
+    let texts: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert!(texts.iter().any(|t| t.contains("SUMMARY:")), "{texts:?}");
+    for recent in ["step 58", "done 58", "step 59"] {
+        assert!(texts.contains(&recent), "{recent} in {texts:?}");
+    }
+    assert!(!texts.contains(&"step 0"));
+    let output = "x".repeat(4096);
+    assert!(texts.iter().any(|t| t.contains(&output)), "{texts:?}");
+    // The status says how full the window is; the stored history keeps
+    // every message, with the marks.
+    let status = server.status(&id).await;
+    assert_eq!(status["context"]["window"], WINDOW);
+    let fill = status["context"]["fill"].as_f64().unwrap();
+    assert!(fill > 0.0 && fill < 1.0, "{status}");
+    let history = status["history"].as_array().unwrap();
+    assert!(history.iter().any(|m| m["content"] == "step 0"));
+    let marks = history.iter().filter(|m| m["role"] == "compacted").count();
+    assert_eq!(marks, compactions.len());
+
+    // A fork at a turn end two turns before the first compaction has the
+    // history as it was there: its next turn, the one that did not compact
+    // here either, sends it whole, from `step 0`.
+    let step = first_compacted.unwrap();
+    assert!(step >= 2, "{step}");
+    let fork = reqwest::Client::new()
+        .post(format!("{}/agent/session/{id}/fork", server.base))
+        .json(&json!({ "at_seq": ends[step - 2] }))
+        .send()
+        .await
+        .unwrap();
+    let status = fork.status();
+    let fork: Value = fork.json().await.unwrap();
+    assert_eq!(status, 201, "{fork}");
+    let forked = fork["sessions"][0]["session_id"].as_str().unwrap();
+    let fork_history = server.status(forked).await["history"].clone();
+    let fork_history = fork_history.as_array().unwrap();
+    assert_eq!(fork_history.len(), 4 * (step - 1));
+    assert!(fork_history.iter().all(|m| m["role"] != "compacted"));
+    let events = server.turn(forked, &format!("step {}", step - 1)).await;
+    assert_eq!(result(&events)["status"], "success", "{events:?}");
+    assert!(of_type(&events, "compacted").is_empty());
+    let sent: Vec<(Value, u64)> = agent_requests(&seen)
+        .into_iter()
+        .filter(|(body, _)| body["user"] == forked)
+        .collect();
+    assert_eq!(sent.len(), 2);
+    for (body, _) in &sent {
+        assert_eq!(body["messages"][1]["content"], "step 0");
+    }
+
+    // Compaction on request.
+    let events = server
+        .post_events(&format!("/agent/session/{id}/compact"), json!({}))
+        .await;
+    let compacted = of_type(&events, "compacted");
+    assert_eq!(compacted.len(), 1, "{events:?}");
+    assert_eq!(compacted[0]["reason"], "request");
+    assert_eq!(result(&events)["status"], "success");
+    let unknown = reqwest::Client::new()
+        .post(format!(
+            "{}/agent/session/00000000-0000-0000-0000-000000000000/compact",
+            server.base
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    let mut child = server.child;
+    stop(&mut child).await;
+}
+
+#[tokio::test]
+async fn with_compaction_off_the_overflowing_turn_ends_context_exceeded() {
+    let (url, seen) = upstream().await;
+    let server = serve(&url, "").await;
+    let id = server.create(json!({"options": {"compaction": "off"}})).await;
+    let mut ended = None;
+    for step in 0..30 {
+        let events = server.turn(&id, &format!("step {step}")).await;
+        if result(&events)["status"] != "success" {
+            ended = Some(events);
+            break;
+        }
+        assert!(of_type(&events, "compacted").is_empty());
+    }
+    let events = ended.expect("a turn past the window");
+    assert_eq!(result(&events)["status"], "error");
+    let error = of_type(&events, "error")[0];
+    assert_eq!(error["code"], "context_exceeded");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("context window of 16384 tokens"), "{message}");
+    assert!(message.contains("compaction is off"), "{message}");
+    let refused = seen.requests.lock().unwrap().iter().filter(|r| r.2).count();
+    assert_eq!(refused, 1);
+    let mut child = server.child;
+    stop(&mut child).await;
+}
+
+#[tokio::test]
+async fn a_providers_refusal_is_recovered_by_one_compaction_and_a_retry() {
+    let (url, seen) = upstream().await;
+    // The config says the window is four times what the upstream takes:
+    // nothing compacts before the upstream refuses.
+    let extra = "[models.windowed]\nprovider = \"openai\"\nmodel = \"windowed\"\n\
+                 context_window = 65536\n";
+    let server = serve(&url, extra).await;
+    let id = server.create(json!({})).await;
+    let mut recovered = None;
+    for step in 0..30 {
+        let events = server.turn(&id, &format!("step {step}")).await;
+        let end = result(&events);
+        assert_eq!(end["status"], "success", "step {step}: {events:?}");
+        assert_eq!(end["context"]["window_source"], "config");
+        if let Some(compacted) = of_type(&events, "compacted").first() {
+            recovered = Some((*compacted).clone());
+            break;
+        }
+    }
+    let compacted = recovered.expect("a compaction after the refusal");
+    assert_eq!(compacted["reason"], "context_error");
+    let requests = seen.requests.lock().unwrap().clone();
+    let refused: Vec<usize> = (0..requests.len()).filter(|i| requests[*i].2).collect();
+    assert_eq!(refused.len(), 1, "one refusal");
+    // Then the summary, then the same call again, within the window.
+    let after = &requests[refused[0] + 1..];
+    assert!(is_summary(&after[0].0));
+    assert!(!is_summary(&after[1].0) && after[1].1 <= WINDOW);
+    let mut child = server.child;
+    stop(&mut child).await;
+}
