@@ -32,7 +32,7 @@ fn required(var: &str) -> String {
 /// Starts llama-server with SmolLM2 on a free loopback port and waits
 /// until it serves.
 async fn llama_server() -> (Child, String) {
-    llama_server_with(&required("CONCLAVE_TEST_GGUF")).await
+    llama_server_with(&required("CONCLAVE_TEST_GGUF"), 16384).await
 }
 
 #[tokio::test]
@@ -148,9 +148,56 @@ async fn two_llama_server_replicas_behind_the_gateway_both_serve() {
     }
 }
 
+/// A session with SmolLM2 on a llama-server of a 2k context runs past
+/// that window: the server reads the window from llama-server's `/props`,
+/// the older turns are compacted into a summary the model itself writes,
+/// and every turn answers.
+#[tokio::test]
+async fn a_small_real_model_runs_a_session_past_its_2k_window() {
+    let (_llama, base) = llama_server_with(&required("CONCLAVE_TEST_GGUF"), 2048).await;
+    let server = TestServer::start_with(|c| {
+        c.models.insert(
+            "smol".into(),
+            ModelAlias {
+                provider: ProviderKind::Openai,
+                model: "smollm2".into(),
+                base_url: Some(format!("{base}/v1")),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let id = server
+        .create_session(json!({"model": "smol", "max_tokens": 48, "allowed_tools": []}))
+        .await;
+    let mut compacted = 0;
+    for part in 0..6 {
+        let notes: Vec<String> = (0..30)
+            .map(|i| format!("item {part}.{i} is {}", i * 7 + part))
+            .collect();
+        let prompt = format!(
+            "Keep these notes, part {part}: {}. Say ok.",
+            notes.join("; ")
+        );
+        let events = server.turn(&id, &prompt).await;
+        let end = events.last().unwrap();
+        assert_eq!(end["type"], "result", "{events:?}");
+        assert_eq!(end["status"], "success", "part {part}: {events:?}");
+        assert_eq!(end["context"]["window"], 2048);
+        assert_eq!(end["context"]["window_source"], "provider");
+        compacted += events.iter().filter(|e| e["type"] == "compacted").count();
+    }
+    assert!(compacted >= 1, "no compaction in six turns of a 2k window");
+    let status = server.status(&id).await;
+    assert!(
+        status["context"]["input_tokens"].as_u64().unwrap() < 2048,
+        "{status}"
+    );
+}
+
 /// Starts llama-server on `model` (greedy, with the chat template's tool
 /// support) on a free loopback port and waits until it serves.
-async fn llama_server_with(model: &str) -> (Child, String) {
+async fn llama_server_with(model: &str, context: u32) -> (Child, String) {
     let binary = required("CONCLAVE_TEST_LLAMA_SERVER");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -170,7 +217,15 @@ async fn llama_server_with(model: &str) -> (Child, String) {
             &port.to_string(),
         ])
         .args([
-            "-c", "16384", "-np", "1", "--jinja", "--temp", "0", "--seed", "1",
+            "-c",
+            &context.to_string(),
+            "-np",
+            "1",
+            "--jinja",
+            "--temp",
+            "0",
+            "--seed",
+            "1",
         ])
         .env("LD_LIBRARY_PATH", &folder)
         .stdout(Stdio::null())
@@ -204,7 +259,7 @@ async fn llama_server_with(model: &str) -> (Child, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_real_model_computes_with_python_in_a_sandbox() {
     let model = required("CONCLAVE_TEST_QWEN_GGUF");
-    let (_llama, base) = llama_server_with(&model).await;
+    let (_llama, base) = llama_server_with(&model, 16384).await;
     let server = TestServer::start_sandboxed(|c| {
         c.default_model = Some("qwen".into());
         // Tool results sized for a 0.5B model's context.

@@ -14,11 +14,17 @@
 //! - a window set larger than the upstream's in the config: the
 //!   provider's refusal is recovered by one compaction and one retry;
 //! - a fork before a compaction carries the history as it was, and
-//!   `POST …/compact` compacts on request.
+//!   `POST …/compact` compacts on request;
+//! - a failing command that prints 200 KB gives the model the head and
+//!   the tail of its output and the path of the whole, which `Read`
+//!   reaches and the files route serves.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "providers/upstream.rs"]
+#[allow(dead_code)]
+mod scripted;
 
 use std::sync::{Arc, Mutex};
 
@@ -152,9 +158,8 @@ struct Server {
 /// `extra` goes into its config file.
 async fn serve(upstream: &str, extra: &str) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "default_model = \"windowed\"\n[openai]\nbase_url = \"{upstream}/v1\"\n{extra}\n"
-    );
+    let config =
+        format!("default_model = \"windowed\"\n[openai]\nbase_url = \"{upstream}/v1\"\n{extra}\n");
     std::fs::write(dir.path().join("conclave.toml"), config).unwrap();
     let mut command = serve_command(&["--config", "conclave.toml", "--sandbox", "local"]);
     command.current_dir(dir.path());
@@ -190,7 +195,9 @@ impl Server {
             .unwrap();
         assert_eq!(response.status(), 200, "{path}");
         let text = response.text().await.unwrap();
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 
     async fn turn(&self, id: &str, prompt: &str) -> Vec<Value> {
@@ -252,7 +259,11 @@ async fn sixty_turns_outgrow_a_16k_window_and_all_succeed() {
         assert!(compacted["messages_summarised"].as_u64().unwrap() > 0);
     }
     let requests = seen.requests.lock().unwrap().clone();
-    assert!(requests.iter().all(|(_, tokens, refused)| !refused && *tokens <= WINDOW));
+    assert!(
+        requests
+            .iter()
+            .all(|(_, tokens, refused)| !refused && *tokens <= WINDOW)
+    );
     // The last request: the summary, then the last turns word for word.
     let (last, _) = agent_requests(&seen).pop().unwrap();
     let messages = last["messages"].as_array().unwrap();
@@ -334,7 +345,9 @@ async fn sixty_turns_outgrow_a_16k_window_and_all_succeed() {
 async fn with_compaction_off_the_overflowing_turn_ends_context_exceeded() {
     let (url, seen) = upstream().await;
     let server = serve(&url, "").await;
-    let id = server.create(json!({"options": {"compaction": "off"}})).await;
+    let id = server
+        .create(json!({"options": {"compaction": "off"}}))
+        .await;
     let mut ended = None;
     for step in 0..30 {
         let events = server.turn(&id, &format!("step {step}")).await;
@@ -349,7 +362,10 @@ async fn with_compaction_off_the_overflowing_turn_ends_context_exceeded() {
     let error = of_type(&events, "error")[0];
     assert_eq!(error["code"], "context_exceeded");
     let message = error["message"].as_str().unwrap();
-    assert!(message.contains("context window of 16384 tokens"), "{message}");
+    assert!(
+        message.contains("context window of 16384 tokens"),
+        "{message}"
+    );
     assert!(message.contains("compaction is off"), "{message}");
     let refused = seen.requests.lock().unwrap().iter().filter(|r| r.2).count();
     assert_eq!(refused, 1);
@@ -386,6 +402,70 @@ async fn a_providers_refusal_is_recovered_by_one_compaction_and_a_retry() {
     let after = &requests[refused[0] + 1..];
     assert!(is_summary(&after[0].0));
     assert!(!is_summary(&after[1].0) && after[1].1 <= WINDOW);
+    let mut child = server.child;
+    stop(&mut child).await;
+}
+
+#[tokio::test]
+async fn a_long_output_reaches_the_model_as_head_and_tail_and_is_kept_whole() {
+    let command = "python3 -c \"import sys; print('HEAD'); print('x' * 200000); \
+                   print('THE ERROR', file=sys.stderr); sys.exit(1)\"";
+    let path = "/workspace/.conclave/outputs/c1.txt";
+    let upstream = scripted::Upstream::start(vec![
+        scripted::tool_call("c1", "Bash", json!({ "command": command })),
+        scripted::tool_call(
+            "c2",
+            "Read",
+            json!({"file_path": path, "offset": 1, "limit": 5}),
+        ),
+        scripted::says("seen"),
+    ])
+    .await;
+    let extra = "[models.windowed]\nprovider = \"openai\"\nmodel = \"windowed\"\n\
+                 context_window = 32768\n";
+    let server = serve(&upstream.url, extra).await;
+    let id = server.create(json!({})).await;
+    let events = server.turn(&id, "run it").await;
+    assert_eq!(result(&events)["status"], "success", "{events:?}");
+    let requests = upstream.requests();
+    let answer = |request: usize, call: &str| -> String {
+        let messages = requests[request].body["messages"].as_array().unwrap();
+        let message = messages.iter().find(|m| m["tool_call_id"] == call).unwrap();
+        message["content"].as_str().unwrap().to_owned()
+    };
+    let seen = answer(1, "c1");
+    // A quarter of the room: (32768 - 4096) / 4 tokens of 3 bytes.
+    assert!(seen.len() < 21_504 + 300, "{}", seen.len());
+    assert!(seen.contains("HEAD"), "the head");
+    assert!(seen.contains("THE ERROR"), "the tail, where the error is");
+    let note = seen
+        .find("left out")
+        .map(|at| &seen[at - 20..(at + 300).min(seen.len())]);
+    assert!(
+        seen.contains("bytes left out; the whole output"),
+        "{note:?}"
+    );
+    assert!(seen.contains(path));
+    // The event keeps what it kept: the output cut at its end.
+    let event = of_type(&events, "tool_result")[0]["output"].to_string();
+    assert!(event.contains("truncated") && event.len() < 70_000);
+    let read = answer(2, "c2");
+    assert!(
+        read.contains("HEAD") && !read.contains("THE ERROR"),
+        "{read:.300}"
+    );
+    let url = format!(
+        "{}/agent/session/{id}/files/.conclave/outputs/c1.txt",
+        server.base
+    );
+    let whole = reqwest::get(url).await.unwrap().text().await.unwrap();
+    assert!(
+        whole.len() > 200_000 && whole.contains("THE ERROR"),
+        "{}",
+        whole.len()
+    );
+    // The server's own file is not the turn's change.
+    assert_eq!(result(&events)["files_changed"]["added"], 0);
     let mut child = server.child;
     stop(&mut child).await;
 }

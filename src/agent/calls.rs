@@ -125,7 +125,7 @@ pub(super) async fn run_tools(
     deps: &TurnDeps,
     session: &Arc<Session>,
     ctx: &ToolContext,
-    (tools, gate): (&[ToolSpec], &Gate),
+    (tools, gate, output_limit): (&[ToolSpec], &Gate, usize),
     harness: &mut Harness,
     calls: &[ToolCall],
     cancel: &CancellationToken,
@@ -219,7 +219,7 @@ pub(super) async fn run_tools(
         let settled = harness.on_result(asked, ran, &mut output, &mut said);
         emit_interventions(session, &mut said)?;
         answered.push(AnsweredCall {
-            message: finish_tool(deps, session, asked, output)?,
+            message: finish_tool(deps, (session, ctx), asked, output, output_limit).await?,
             settled,
         });
     }
@@ -276,15 +276,23 @@ async fn run_prepared(
     Ok(output)
 }
 
-/// Sends a call's `tool_result` and makes the message that answers it.
-fn finish_tool(
+/// Sends a call's `tool_result` and makes the message that answers it. An
+/// output past `agent.max_tool_output_bytes` is cut in the event at its
+/// end; the model gets the head and tail of one past `limit` (that, or
+/// less for a small window), and where the whole is kept.
+async fn finish_tool(
     deps: &TurnDeps,
-    session: &Arc<Session>,
+    (session, ctx): (&Arc<Session>, &ToolContext),
     call: &ToolCall,
     output: ToolOutput,
+    limit: usize,
 ) -> Result<Message, StoreError> {
+    let mut content = as_text(&output.output);
+    if content.len() > limit {
+        let kept = keep_output(deps, ctx, call, &content).await;
+        content = head_and_tail(&content, limit, kept.as_deref());
+    }
     let output = truncate(output, deps.config.max_tool_output_bytes);
-    let content = as_text(&output.output);
     session.emit(EventKind::ToolResult {
         id: call.id.clone(),
         tool: call.name.clone(),
@@ -297,6 +305,75 @@ fn finish_tool(
         content,
         is_error: output.is_error,
     })
+}
+
+/// Where the whole of a long output is kept in the sandbox.
+pub const OUTPUTS_DIR: &str = "/workspace/.conclave/outputs";
+
+/// Writes a long output whole into the session's sandbox, where `Read`
+/// (with `offset` and `limit`) and `Grep` reach it: its path, or `None`
+/// without a sandbox, for `Read`'s own output (the file it read is
+/// there), or when the write failed.
+async fn keep_output(
+    deps: &TurnDeps,
+    ctx: &ToolContext,
+    call: &ToolCall,
+    text: &str,
+) -> Option<String> {
+    if call.name == "Read" || !ctx.options.sandbox_enabled() {
+        return None;
+    }
+    let name: String = call
+        .id
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let path = format!("{OUTPUTS_DIR}/{name}.txt");
+    let input = serde_json::json!({"file_path": path, "content": text});
+    let written = deps
+        .tools
+        .call(ctx, "Write", input, CancellationToken::new())
+        .await;
+    if written.is_error {
+        tracing::warn!(call = %call.id, output = %written.output, "a long output could not be kept in the sandbox");
+        return None;
+    }
+    Some(path)
+}
+
+/// The head and the tail of `text` within about `limit` bytes, with a line
+/// between them that says how much was left out and where the whole is.
+fn head_and_tail(text: &str, limit: usize, kept: Option<&str>) -> String {
+    let half = limit.saturating_sub(256) / 2;
+    let mut head = half.min(text.len());
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len().saturating_sub(half).max(head);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    let where_ = match kept {
+        Some(path) => format!(
+            "; the whole output ({} bytes) is in {path}: Read it with offset and limit (lines), \
+             or Grep it",
+            text.len()
+        ),
+        None => String::new(),
+    };
+    format!(
+        "{}\n[... {} bytes left out{where_} ...]\n{}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
 }
 
 /// A tool's output as the model reads it: a string as it is; an object
@@ -398,6 +475,25 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    #[test]
+    fn a_long_output_keeps_its_head_and_tail_and_says_where_the_whole_is() {
+        let text = format!(
+            "{}{}{}",
+            "a".repeat(5000),
+            "b".repeat(90_000),
+            "c".repeat(5000)
+        );
+        let path = "/workspace/.conclave/outputs/c1.txt";
+        let cut = head_and_tail(&text, 4096, Some(path));
+        assert!(cut.len() < 4096 + 300, "{}", cut.len());
+        assert!(cut.starts_with(&"a".repeat(1920)));
+        assert!(cut.ends_with(&"c".repeat(1920)));
+        assert!(cut.contains("bytes left out; the whole output (100000 bytes) is in"));
+        assert!(cut.contains(path));
+        let plain = head_and_tail(&"é".repeat(5000), 1000, None);
+        assert!(plain.contains("bytes left out ...]"));
+    }
 
     fn spec(name: &str) -> ToolSpec {
         ToolSpec {

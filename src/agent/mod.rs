@@ -34,12 +34,12 @@
 pub mod approve;
 pub mod calls;
 pub mod coerce;
+mod context;
 pub mod decide;
 mod deps;
 pub mod fork;
 pub mod harness;
 pub mod hook;
-mod context;
 mod model_call;
 pub mod options;
 mod plan;
@@ -55,8 +55,8 @@ pub use deps::TurnDeps;
 pub use harness::READ_ONLY_TOOLS;
 pub use hook::check_hook_url;
 pub use options::{
-    A2aAgentSpec, AgentOptions, Compaction, EnvValue, GitSource, McpServerSpec, NetworkAllow, NetworkOption,
-    RESERVED_SERVER_NAMES, SecretRef, WorkspaceOptions,
+    A2aAgentSpec, AgentOptions, Compaction, EnvValue, GitSource, McpServerSpec, NetworkAllow,
+    NetworkOption, RESERVED_SERVER_NAMES, SecretRef, WorkspaceOptions,
 };
 pub use task::AgentTask;
 pub use tools::{NoTools, Seeded, ToolChunk, ToolContext, ToolOutput, ToolRouter};

@@ -17,7 +17,10 @@ use crate::session::{Session, Turn};
 
 /// The model the session names, else the default one (which a provider
 /// may have to be asked for).
-pub(super) async fn model_name(deps: &TurnDeps, options: &AgentOptions) -> Result<String, ModelError> {
+pub(super) async fn model_name(
+    deps: &TurnDeps,
+    options: &AgentOptions,
+) -> Result<String, ModelError> {
     match &options.model {
         Some(name) => Ok(name.clone()),
         None => deps.models.default_model_now().await,
@@ -137,4 +140,3 @@ impl Plan {
         }
     }
 }
-

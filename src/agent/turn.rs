@@ -369,6 +369,7 @@ async fn agent_loop(
             plan: &plan,
             options,
             cancel,
+            output_limit: context.output_limit(deps.config.max_tool_output_bytes),
         };
         if let Some(outcome) = step
             .run_calls(turn, &mut harness, history, &reply.calls, &last_text)
@@ -385,6 +386,8 @@ struct Step<'a> {
     plan: &'a Plan,
     options: &'a AgentOptions,
     cancel: &'a CancellationToken,
+    /// The most of a tool's output the model is sent.
+    output_limit: usize,
 }
 
 impl Step<'_> {
@@ -422,7 +425,7 @@ impl Step<'_> {
                 self.deps,
                 session,
                 &plan.ctx,
-                (&plan.tools, &plan.gate),
+                (&plan.tools, &plan.gate, self.output_limit),
                 harness,
                 batch,
                 self.cancel,

@@ -187,15 +187,20 @@ impl Config {
         if !(self.agent.compact_at > 0.0 && self.agent.compact_at <= 1.0) {
             return Err(field(
                 "agent.compact_at",
-                format!("{} is not a share of the window in (0, 1]", self.agent.compact_at),
+                format!(
+                    "{} is not a share of the window in (0, 1]",
+                    self.agent.compact_at
+                ),
             ));
         }
-        let windows = std::iter::once(("agent.context_window".to_owned(), self.agent.context_window))
-            .chain(self.models.iter().filter_map(|(alias, model)| {
-                model
-                    .context_window
-                    .map(|w| (format!("models.{alias}.context_window"), w))
-            }));
+        let windows =
+            std::iter::once(("agent.context_window".to_owned(), self.agent.context_window)).chain(
+                self.models.iter().filter_map(|(alias, model)| {
+                    model
+                        .context_window
+                        .map(|w| (format!("models.{alias}.context_window"), w))
+                }),
+            );
         for (name, window) in windows {
             if window < MIN_CONTEXT_WINDOW {
                 return Err(field(

@@ -214,7 +214,8 @@ fn wire_message(message: &Message) -> WireMessage<'_> {
     match message {
         // A turn sends the summary as a user message (see
         // `agent::context`); a mark reaching a provider reads the same.
-        Message::User { content } | Message::Compacted {
+        Message::User { content }
+        | Message::Compacted {
             summary: content, ..
         } => WireMessage::User { content },
         Message::Assistant {

@@ -16,10 +16,10 @@ use super::listing::Listing;
 use super::openai::OpenAiProvider;
 use super::window::{Window, WindowSource};
 use super::{ModelError, ModelProvider, ToolCallMode};
-use crate::sync::lock;
 pub use crate::config::Price;
 use crate::config::{Config, HarnessKind, ModelAlias, ProviderConfig, ProviderKind};
 use crate::gateway::Gateway;
+use crate::sync::lock;
 
 /// Whose price list a provider's names are read in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -76,7 +76,8 @@ fn walk(
             .trim_start_matches("./")
             .trim_end_matches('/')
             .to_owned();
-        if path.is_empty() || path == ".git" || path.starts_with(".git/") {
+        let own = |dir: &str| path == dir || path.starts_with(&format!("{dir}/"));
+        if path.is_empty() || own(".git") || own(".conclave") {
             continue;
         }
         let kind = entry.header().entry_type();

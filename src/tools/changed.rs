@@ -107,16 +107,22 @@ pub async fn turn_changes(tools: &Toolbox, ctx: &ToolContext) -> Option<FilesCha
     Some(changed)
 }
 
-/// The workspace's files now, `.git/` left out; `None` when they could
-/// not be listed.
+/// The workspace's files now, `.git/` and the server's own `.conclave/`
+/// (long tool outputs kept whole) left out; `None` when they could not be
+/// listed.
 pub async fn listing(sandbox: &dyn Sandbox) -> Option<Listing> {
-    let prune = format!("{WORKSPACE}/.git");
+    let git = format!("{WORKSPACE}/.git");
+    let own = format!("{WORKSPACE}/.conclave");
     let request = ExecRequest {
         command: [
             "find",
             WORKSPACE,
             "-path",
-            &prune,
+            &git,
+            "-prune",
+            "-o",
+            "-path",
+            &own,
             "-prune",
             "-o",
             "!",

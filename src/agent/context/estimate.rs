@@ -13,6 +13,11 @@ pub(crate) fn text_tokens(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(BYTES_PER_TOKEN)
 }
 
+/// The bytes of text `tokens` hold, by the same count.
+pub(crate) fn bytes_of(tokens: u64) -> usize {
+    usize::try_from(tokens.saturating_mul(BYTES_PER_TOKEN)).unwrap_or(usize::MAX)
+}
+
 pub(crate) fn message_tokens(message: &Message) -> u64 {
     let bytes = match message {
         Message::User { content } => content.len(),

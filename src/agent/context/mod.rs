@@ -58,10 +58,7 @@ impl Context {
         (system, tools): (Option<&str>, &[ToolSpec]),
         history: &[Message],
     ) -> Context {
-        let window = deps
-            .models
-            .window(model, deps.config.context_window)
-            .await;
+        let window = deps.models.window(model, deps.config.context_window).await;
         let answer = u64::from(options.max_tokens.unwrap_or(deps.config.max_tokens));
         Context {
             window,
@@ -71,6 +68,14 @@ impl Context {
             fixed: estimate::fixed_tokens(system, tools),
             view: View::of(history),
         }
+    }
+
+    /// The most bytes of one tool output the model is sent: `configured`
+    /// (`agent.max_tool_output_bytes`), or a quarter of the room when
+    /// that is less, so that one output never fills a small window.
+    pub(super) fn output_limit(&self, configured: usize) -> usize {
+        let quarter = estimate::bytes_of(self.room / 4);
+        configured.min(quarter).max(1024)
     }
 
     /// Whether compaction may run on its own (`options.compaction`).
@@ -182,10 +187,13 @@ pub(super) async fn compact(
     let Some(cut) = split::choose(history, context.view.mark(), keep) else {
         return Ok(false);
     };
-    let previous = context.view.mark().and_then(|mark| match &history[mark.at] {
-        Message::Compacted { summary, .. } => Some(summary.clone()),
-        _ => None,
-    });
+    let previous = context
+        .view
+        .mark()
+        .and_then(|mark| match &history[mark.at] {
+            Message::Compacted { summary, .. } => Some(summary.clone()),
+            _ => None,
+        });
     let part = view::visible(&history[cut.from..cut.to]);
     let messages_summarised = part.clone().count() as u64;
     // The estimate is high, but a window can be smaller than the writer's

@@ -144,7 +144,12 @@ mod tests {
 
     #[test]
     fn a_long_output_keeps_its_head_and_tail() {
-        let text = format!("{}{}{}", "h".repeat(3000), "m".repeat(10_000), "t".repeat(3000));
+        let text = format!(
+            "{}{}{}",
+            "h".repeat(3000),
+            "m".repeat(10_000),
+            "t".repeat(3000)
+        );
         let clipped = clip(&text);
         assert!(clipped.starts_with(&"h".repeat(2000)));
         assert!(clipped.ends_with(&"t".repeat(2000)));

@@ -22,13 +22,17 @@ pub(crate) struct Mark {
 
 /// The last mark of `history`, if any.
 pub(crate) fn last_mark(history: &[Message]) -> Option<Mark> {
-    history.iter().enumerate().rev().find_map(|(at, m)| match m {
-        Message::Compacted { kept_from, .. } => Some(Mark {
-            at,
-            kept_from: usize::try_from(*kept_from).unwrap_or(usize::MAX).min(at),
-        }),
-        _ => None,
-    })
+    history
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(at, m)| match m {
+            Message::Compacted { kept_from, .. } => Some(Mark {
+                at,
+                kept_from: usize::try_from(*kept_from).unwrap_or(usize::MAX).min(at),
+            }),
+            _ => None,
+        })
 }
 
 /// The model's view of a history, kept up to date as the history grows:
@@ -141,7 +145,10 @@ mod tests {
         assert_eq!(texts[1..], ["b", "c"]);
         drop(sent);
         Arc::make_mut(&mut history).push(user("d"));
-        assert_eq!(super::tests::texts(&view.sync(&history))[1..], ["b", "c", "d"]);
+        assert_eq!(
+            super::tests::texts(&view.sync(&history))[1..],
+            ["b", "c", "d"]
+        );
         // A second mark keeping from after the first: the first is left
         // out of what is kept.
         Arc::make_mut(&mut history).push(mark("S2", 2));
