@@ -467,6 +467,11 @@ impl ToolRouter for AgentTools {
     }
 
     async fn delete(&self, session_id: Uuid) {
+        // A turn end's snapshot still under way is recorded first, so that
+        // forgetting the session's snapshots forgets it too (else its file
+        // would be shared, and its record written, after the session is
+        // gone).
+        self.tools.sandboxes.snapshot_settled(session_id).await;
         self.tools.baselines.forget(session_id);
         self.agents.release(session_id);
         self.external.release(session_id).await;
