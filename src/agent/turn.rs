@@ -7,10 +7,10 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{bound_calls, run_tools};
-use super::context::compact;
+use super::context::{Context, compact};
 use super::deps::{LoopError, TurnDeps};
 use super::harness::{
-    Harness, Interventions, NextCall, OnReply, READ_ONLY_TOOLS, emit_interventions,
+    Harness, Interventions, ModelReply, NextCall, OnReply, READ_ONLY_TOOLS, emit_interventions,
 };
 use super::model_call::{Watch, traced_call};
 use super::options::AgentOptions;
@@ -259,54 +259,11 @@ async fn agent_loop(
         if turn.usage.turns >= u64::from(plan.max_calls) {
             return Ok(Outcome::new(ResultStatus::MaxTurns, last_text));
         }
-        let size = context.estimate(session, &model.name, history);
-        if context.auto() && context.over(size) {
-            compact(deps, turn, (model, &mut context), history, "auto").await?;
-            if cancel.is_cancelled() {
-                continue;
-            }
-        }
-        let view = context.view.sync(history);
-        let sent_len = history.len();
-        let mut request = plan.request(deps, session, options, &view);
-        harness.before_call(
-            &mut NextCall {
-                request: &mut request,
-                history: &view,
-                default_system: options.system_prompt.is_none(),
-                calls_made: turn.usage.turns,
-            },
-            &mut said,
-        );
-        emit_interventions(session, &mut said)?;
-        let watch = Watch {
-            deltas: options.text_deltas.unwrap_or(false),
-            cancel,
-            harness: &mut harness,
-            tools: &plan.tools,
+        let at = (&plan, &mut context, &mut harness);
+        let asked = ask(deps, turn, options, at, history, &mut retried, &mut said);
+        let Some(mut reply) = asked.await? else {
+            continue;
         };
-        let mut reply = match traced_call(deps, session, model, request, turn, watch).await {
-            Err(LoopError::Model(e)) if e.is_context_exceeded() => {
-                let size = context.estimate(session, &model.name, history);
-                if !retried && context.auto() {
-                    retried = true;
-                    let at = (model, &mut context);
-                    if compact(deps, turn, at, history, "context_error").await? {
-                        continue;
-                    }
-                }
-                return Err(LoopError::Model(context.exceeded(size, &e)));
-            }
-            reply => reply?,
-        };
-        retried = false;
-        let estimated = context.estimate(session, &model.name, &history[..sent_len]);
-        turn.context = Some(context.measured(
-            session,
-            &model.name,
-            sent_len,
-            (reply.input_tokens, estimated),
-        ));
         // For a key with a daily budget, one store write per model call,
         // which answers the key's totals for today across replicas: the
         // budget is checked on them. Without one, at most a write a second.
@@ -378,6 +335,72 @@ async fn agent_loop(
             return Ok(outcome);
         }
     }
+}
+
+/// One model call on the history as it is: compacted first when it nears
+/// the model's window, and compacted then asked again, once, when the
+/// provider refuses it as too long. `None` when the loop should start
+/// over (an interrupt during a compaction, or a call to ask again).
+async fn ask(
+    deps: &TurnDeps,
+    turn: &mut Turn,
+    options: &AgentOptions,
+    (plan, context, harness): (&Plan, &mut Context, &mut Harness),
+    history: &mut Arc<Vec<Message>>,
+    retried: &mut bool,
+    said: &mut Interventions,
+) -> Result<Option<ModelReply>, LoopError> {
+    let session = &turn.session.clone();
+    let cancel = &turn.cancel.clone();
+    let model = &plan.model;
+    let size = context.estimate(session, &model.name, history);
+    if context.auto() && context.over(size) {
+        compact(deps, turn, (model, context), history, "auto").await?;
+        if cancel.is_cancelled() {
+            return Ok(None);
+        }
+    }
+    let view = context.view.sync(history);
+    let sent_len = history.len();
+    let mut request = plan.request(deps, session, options, &view);
+    harness.before_call(
+        &mut NextCall {
+            request: &mut request,
+            history: &view,
+            default_system: options.system_prompt.is_none(),
+            calls_made: turn.usage.turns,
+        },
+        said,
+    );
+    emit_interventions(session, said)?;
+    let watch = Watch {
+        deltas: options.text_deltas.unwrap_or(false),
+        cancel,
+        harness,
+        tools: &plan.tools,
+    };
+    let reply = match traced_call(deps, session, model, request, turn, watch).await {
+        Err(LoopError::Model(e)) if e.is_context_exceeded() => {
+            let size = context.estimate(session, &model.name, history);
+            if !*retried && context.auto() {
+                *retried = true;
+                if compact(deps, turn, (model, context), history, "context_error").await? {
+                    return Ok(None);
+                }
+            }
+            return Err(LoopError::Model(context.exceeded(size, &e)));
+        }
+        reply => reply?,
+    };
+    *retried = false;
+    let estimated = context.estimate(session, &model.name, &history[..sent_len]);
+    turn.context = Some(context.measured(
+        session,
+        &model.name,
+        sent_len,
+        (reply.input_tokens, estimated),
+    ));
+    Ok(Some(reply))
 }
 
 /// What running a reply's calls needs besides the turn.

@@ -163,7 +163,10 @@ impl ModelError {
     /// gateway passes such an answer on).
     pub fn is_context_exceeded(&self) -> bool {
         let text = match self {
-            ModelError::Http { status, body } if matches!(status, 400 | 413 | 422) => body,
+            ModelError::Http {
+                status: 400 | 413 | 422,
+                body,
+            } => body,
             ModelError::Upstream(text) | ModelError::Protocol(text) => text,
             _ => return false,
         };

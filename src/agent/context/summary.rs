@@ -84,11 +84,11 @@ pub(crate) fn pieces<'a>(
     messages: impl IntoIterator<Item = &'a Message>,
     piece_tokens: u64,
 ) -> Vec<String> {
-    let mut pieces = vec![String::new()];
+    let mut pieces = Vec::new();
+    let mut last = String::new();
     for entry in messages.into_iter().filter_map(entry) {
-        let last = pieces.last_mut().expect("one piece at least");
         if !last.is_empty() && text_tokens(last.len() + entry.len()) > piece_tokens {
-            pieces.push(entry);
+            pieces.push(std::mem::replace(&mut last, entry));
         } else {
             if !last.is_empty() {
                 last.push_str("\n\n");
@@ -96,6 +96,7 @@ pub(crate) fn pieces<'a>(
             last.push_str(&entry);
         }
     }
+    pieces.push(last);
     pieces
 }
 
