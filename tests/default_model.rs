@@ -30,6 +30,7 @@ fn listing() -> Reply {
         ]})
         .to_string(),
     )
+    .for_get()
 }
 
 /// One answer of 10 input and 5 output tokens.
@@ -131,7 +132,7 @@ async fn a_prices_entry_prices_the_listed_model() {
 
 #[tokio::test]
 async fn a_listing_that_cannot_be_read_at_start_is_asked_again_at_first_use() {
-    let loading = || Reply::status(503, r#"{"error": {"message": "Loading model"}}"#);
+    let loading = || Reply::status(503, r#"{"error": {"message": "Loading model"}}"#).for_get();
     let upstream =
         Upstream::start(vec![loading(), loading(), loading(), listing(), answer()]).await;
     let dir = tempfile::tempdir().unwrap();

@@ -1,11 +1,9 @@
 //! Sessions longer than the model's context window, as the real binary
 //! runs them (`conclave serve --sandbox local`, a fresh working directory)
-//! against a scripted OpenAI-compatible upstream that enforces a window:
-//! it counts a request's tokens (its JSON, four bytes a token), answers
-//! 400 `context_length_exceeded` past the window as OpenAI does, and
-//! reports the window in its `/v1/models` listing as vLLM does
-//! (`max_model_len`). Each prompt `step N` has the model run a command
-//! that prints 4 KB, then answer `done N`.
+//! against a scripted upstream that enforces a window (`common/windowed.rs`:
+//! OpenAI's 400 `context_length_exceeded` past it, vLLM's `max_model_len`
+//! in its listing). Each prompt `step N` has the model run a command that
+//! prints 4 KB, then answer `done N`.
 //!
 //! - 60 turns with a 16k window all succeed, with `compacted` events, every
 //!   request within the window, and the last turns sent word for word;
@@ -25,128 +23,14 @@ mod common;
 #[path = "providers/upstream.rs"]
 #[allow(dead_code)]
 mod scripted;
+#[path = "common/windowed.rs"]
+mod windowed;
 
-use std::sync::{Arc, Mutex};
-
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use common::binary::{serve_command, spawn_server, stop};
 use serde_json::{Value, json};
+use windowed::{Seen, is_summary, upstream};
 
 const WINDOW: u64 = 16_384;
-
-/// What the upstream saw: each request's body, its token count, and
-/// whether it was refused.
-#[derive(Default)]
-struct Seen {
-    requests: Mutex<Vec<(Value, u64, bool)>>,
-}
-
-/// A request's tokens as this upstream counts them.
-fn tokens(body: &Value) -> u64 {
-    let messages = body["messages"].to_string().len();
-    let tools = body.get("tools").map_or(0, |t| t.to_string().len());
-    ((messages + tools) / 4) as u64
-}
-
-fn is_summary(body: &Value) -> bool {
-    body["messages"][0]["content"]
-        .as_str()
-        .is_some_and(|s| s.starts_with("You compact the history"))
-}
-
-fn sse(chunks: Vec<Value>, prompt_tokens: u64) -> Response {
-    let mut text = String::new();
-    for chunk in chunks {
-        text.push_str(&format!("data: {chunk}\n\n"));
-    }
-    let usage = json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
-        "completion_tokens": 5, "total_tokens": prompt_tokens + 5}});
-    text.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
-    ([("content-type", "text/event-stream")], text).into_response()
-}
-
-fn says(text: &str, prompt_tokens: u64) -> Response {
-    sse(
-        vec![
-            json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
-            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-        ],
-        prompt_tokens,
-    )
-}
-
-async fn chat(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap();
-    let counted = tokens(&body);
-    let refused = counted > WINDOW;
-    seen.requests
-        .lock()
-        .unwrap()
-        .push((body.clone(), counted, refused));
-    if refused {
-        let error = json!({"error": {"message": format!(
-            "This model's maximum context length is {WINDOW} tokens. However, your messages \
-             resulted in {counted} tokens. Please reduce the length of the messages."),
-            "type": "invalid_request_error", "param": "messages",
-            "code": "context_length_exceeded"}});
-        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
-    }
-    if is_summary(&body) {
-        let asked = body["messages"].as_array().unwrap().last().unwrap()["content"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let steps = asked.matches("[user]\nstep").count();
-        return says(&format!("SUMMARY: {steps} more steps were run."), counted);
-    }
-    let messages = body["messages"].as_array().unwrap();
-    let last = messages.last().unwrap();
-    if last["role"] == "tool" {
-        let prompt = messages
-            .iter()
-            .rev()
-            .find_map(|m| {
-                let text = m["content"].as_str()?;
-                (m["role"] == "user" && text.starts_with("step")).then_some(text)
-            })
-            .unwrap_or("step ?");
-        return says(&prompt.replace("step", "done"), counted);
-    }
-    let id = format!("call-{}", seen.requests.lock().unwrap().len());
-    let command = "python3 -c \"print('x' * 4096)\"";
-    let arguments = json!({ "command": command }).to_string();
-    sse(
-        vec![
-            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": id,
-                "type": "function", "function": {"name": "Bash", "arguments": arguments}}]},
-                "finish_reason": null}]}),
-            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
-        ],
-        counted,
-    )
-}
-
-async fn models() -> axum::Json<Value> {
-    axum::Json(json!({"object": "list", "data": [
-        {"id": "windowed", "object": "model", "max_model_len": WINDOW}]}))
-}
-
-async fn upstream() -> (String, Arc<Seen>) {
-    let seen = Arc::new(Seen::default());
-    let app = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/models", get(models))
-        .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, seen)
-}
 
 struct Server {
     child: tokio::process::Child,
@@ -232,7 +116,7 @@ fn agent_requests(seen: &Seen) -> Vec<(Value, u64)> {
 
 #[tokio::test]
 async fn sixty_turns_outgrow_a_16k_window_and_all_succeed() {
-    let (url, seen) = upstream().await;
+    let (url, seen) = upstream(WINDOW).await;
     // Every turn end's workspace is kept, for the fork below.
     let server = serve(&url, "[sandbox.snapshots]\nkeep_last = 64\n").await;
     let id = server.create(json!({})).await;
@@ -343,7 +227,7 @@ async fn sixty_turns_outgrow_a_16k_window_and_all_succeed() {
 
 #[tokio::test]
 async fn with_compaction_off_the_overflowing_turn_ends_context_exceeded() {
-    let (url, seen) = upstream().await;
+    let (url, seen) = upstream(WINDOW).await;
     let server = serve(&url, "").await;
     let id = server
         .create(json!({"options": {"compaction": "off"}}))
@@ -375,7 +259,7 @@ async fn with_compaction_off_the_overflowing_turn_ends_context_exceeded() {
 
 #[tokio::test]
 async fn a_providers_refusal_is_recovered_by_one_compaction_and_a_retry() {
-    let (url, seen) = upstream().await;
+    let (url, seen) = upstream(WINDOW).await;
     // The config says the window is four times what the upstream takes:
     // nothing compacts before the upstream refuses.
     let extra = "[models.windowed]\nprovider = \"openai\"\nmodel = \"windowed\"\n\
@@ -466,6 +350,90 @@ async fn a_long_output_reaches_the_model_as_head_and_tail_and_is_kept_whole() {
     );
     // The server's own file is not the turn's change.
     assert_eq!(result(&events)["files_changed"]["added"], 0);
+    let mut child = server.child;
+    stop(&mut child).await;
+}
+
+/// An Anthropic Messages reply of `text` alone.
+fn claude_says(text: &str) -> scripted::Reply {
+    let event = scripted::event;
+    scripted::Reply::sse(vec![
+        event(
+            "message_start",
+            &json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                "role": "assistant", "content": [], "model": "claude-sonnet-4-5",
+                "stop_reason": null, "usage": {"input_tokens": 50, "output_tokens": 1}}}),
+        ),
+        event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+        ),
+        event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": text}}),
+        ),
+        event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": 0}),
+        ),
+        event(
+            "message_delta",
+            &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                    "usage": {"output_tokens": 3}}),
+        ),
+        event("message_stop", &json!({"type": "message_stop"})),
+    ])
+}
+
+#[tokio::test]
+async fn anthropics_prompt_is_too_long_is_recovered_the_same_way() {
+    let too_long = r#"{"type": "error", "error": {"type": "invalid_request_error",
+        "message": "prompt is too long: 201234 tokens > 200000 maximum"}}"#;
+    let upstream = scripted::Upstream::start(vec![
+        claude_says("ok 1"),
+        claude_says("ok 2"),
+        claude_says("ok 3"),
+        claude_says("ok 4"),
+        scripted::Reply::status(400, too_long),
+        claude_says("SUMMARY: the first turn said hello."),
+        claude_says("ok 5"),
+    ])
+    .await;
+    let extra = format!(
+        "[anthropic]\nbase_url = \"{}\"\napi_key = \"ak-test\"\n",
+        upstream.url
+    );
+    let server = serve("http://127.0.0.1:9", &extra).await;
+    let id = server
+        .create(json!({"model": "sonnet", "allowed_tools": []}))
+        .await;
+    for n in 1..=4 {
+        let events = server.turn(&id, &format!("turn {n}")).await;
+        assert_eq!(result(&events)["result"], format!("ok {n}"), "{events:?}");
+    }
+    let events = server.turn(&id, "turn 5").await;
+    assert_eq!(result(&events)["status"], "success", "{events:?}");
+    assert_eq!(result(&events)["result"], "ok 5");
+    // Anthropic's protocol at a URL of its own: no built-in window.
+    assert_eq!(result(&events)["context"]["window_source"], "default");
+    let compacted = of_type(&events, "compacted");
+    assert_eq!(compacted.len(), 1);
+    assert_eq!(compacted[0]["reason"], "context_error");
+    // The retry: the summary first, then the last three turns (this one
+    // among them) as they were.
+    let requests = upstream.requests();
+    let retry = &requests.last().unwrap().body["messages"];
+    let first = retry[0]["content"].to_string();
+    assert!(
+        first.contains("SUMMARY: the first turn said hello."),
+        "{retry}"
+    );
+    assert!(first.contains("turn 3"), "{retry}");
+    for gone in ["\"turn 1\"", "\"turn 2\""] {
+        assert!(!retry.to_string().contains(gone), "{retry}");
+    }
     let mut child = server.child;
     stop(&mut child).await;
 }

@@ -238,3 +238,47 @@ pub trait ModelProvider: Send + Sync {
         Ok(response)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ModelError;
+
+    fn http(status: u16, body: &str) -> ModelError {
+        ModelError::Http {
+            status,
+            body: body.into(),
+        }
+    }
+
+    /// Each provider's words for a request longer than the window, and
+    /// none of the errors that look like them.
+    #[test]
+    fn a_providers_context_error_is_told_from_the_others() {
+        let openai = r#"{"error": {"message": "This model's maximum context length is 16384 tokens.", "code": "context_length_exceeded"}}"#;
+        let anthropic = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
+        let vllm = r#"{"object":"error","message":"This model's maximum context length is 2048 tokens. However, you requested 2100 tokens","code":400}"#;
+        let llama = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#;
+        for body in [openai, anthropic, vllm, llama] {
+            assert!(http(400, body).is_context_exceeded(), "{body}");
+        }
+        assert!(ModelError::Upstream(format!("HTTP 400: {llama}")).is_context_exceeded());
+        // A rate limit or a server error is not one, whatever it says.
+        assert!(!http(429, openai).is_context_exceeded());
+        assert!(!http(500, anthropic).is_context_exceeded());
+        assert!(
+            !http(400, r#"{"error": {"message": "invalid tool schema"}}"#).is_context_exceeded()
+        );
+        let refused = ModelError::ContextExceeded {
+            window: 2048,
+            tokens: 2300,
+            hint: "compaction is off (options.compaction)",
+            message: "HTTP 400".into(),
+        };
+        assert_eq!(refused.code(), "context_exceeded");
+        assert!(
+            refused
+                .to_string()
+                .contains("context window of 2048 tokens")
+        );
+    }
+}

@@ -440,6 +440,14 @@ class NoteBlock extends Block {
       this.el.append(evEl('div', ev, { class: 'mini', testid: 'uploaded' }, h('strong', null, ev.source ? 'Cloned' : 'Uploaded'),
         `${ev.files} file${ev.files === 1 ? '' : 's'} · ${fmtBytes(ev.bytes)} into ${ev.path}`,
         ev.source ? h('span', { class: 'muted mono' }, `from ${ev.source}`) : null));
+    } else if (ev.type === 'compacted') {
+      // A fold: what the model is sent from here on is shorter; the
+      // stored history (and this log) keeps every message.
+      const why = { auto: 'near the context window', context_error: 'after the model refused a long request', request: 'on request' }[ev.reason] || ev.reason;
+      this.el.append(evEl('details', ev, { class: 'mini' },
+        h('summary', null, h('strong', null, 'Compacted'), ` ${ev.messages_summarised} message${ev.messages_summarised === 1 ? '' : 's'} summarised`,
+          h('span', { class: 'muted' }, ` · ${ev.before_tokens} → ${ev.after_tokens} tokens · ${why}`)),
+        h('div', { class: 'muted small' }, 'The older history is sent to the model as a summary from here on; the session keeps every message, and a fork from an earlier turn gets them as they were.')));
     } else if (ev.type === 'pipeline_completed') {
       this.el.append(evEl('div', ev, { class: 'mini' }, h('strong', null, 'Run'), pill(ev.status), `${ev.steps} step${ev.steps === 1 ? '' : 's'}`,
         ev.reason ? h('span', { class: 'muted' }, `· ${ev.reason}`) : null,
@@ -558,7 +566,7 @@ export class EventLog {
         this.rounds.set(ev.round, b);
       }
       b.push(ev);
-    } else if (type === 'deliberation_started' || type === 'pipeline_completed' || type === 'workspace_uploaded') {
+    } else if (type === 'deliberation_started' || type === 'pipeline_completed' || type === 'workspace_uploaded' || type === 'compacted') {
       this.block(new NoteBlock(this, type)).push(ev);
     } else if (type === 'decision' || type === 'deliberation_completed') {
       this.block(new DecisionBlock(this)).push(ev);

@@ -1,5 +1,7 @@
 //! A scripted model server on `127.0.0.1:0`: it answers each request with
-//! the next scripted reply and records every request it got.
+//! the next scripted reply and records every request it got. A `GET` (the
+//! server asking for a listing or for a model's window) is answered `404`,
+//! unrecorded, unless the next reply is scripted for one ([`Reply::for_get`]).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -8,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{Value, json};
 
@@ -18,6 +20,8 @@ pub struct Reply {
     headers: Vec<(&'static str, String)>,
     /// Sent as separate body frames, so SSE events arrive in pieces.
     pieces: Vec<String>,
+    /// The answer to a `GET` (a listing), not to a model call.
+    for_get: bool,
 }
 
 impl Reply {
@@ -28,6 +32,7 @@ impl Reply {
             status: StatusCode::OK,
             headers: vec![("content-type", "text/event-stream".into())],
             pieces: events,
+            for_get: false,
         }
     }
 
@@ -36,7 +41,16 @@ impl Reply {
             status: StatusCode::from_u16(status).expect("a valid status"),
             headers: vec![("content-type", "application/json".into())],
             pieces: vec![body.to_string()],
+            for_get: false,
         }
+    }
+
+    /// This reply answers the next `GET` rather than a model call (for
+    /// the suites that script listings; the providers suite does not).
+    #[allow(dead_code)]
+    pub fn for_get(mut self) -> Reply {
+        self.for_get = true;
+        self
     }
 
     pub fn header(mut self, name: &'static str, value: &str) -> Reply {
@@ -98,10 +112,21 @@ impl Upstream {
 
 async fn answer(
     State(script): State<Arc<Script>>,
+    method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let scripted_get = {
+        let replies = script.replies.lock().unwrap();
+        replies.front().is_some_and(|reply| reply.for_get)
+    };
+    if method == Method::GET && !scripted_get {
+        return Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Body::from("not scripted"))
+            .unwrap();
+    }
     script.recorded.lock().unwrap().push(Recorded {
         path: uri.path().to_string(),
         headers,
