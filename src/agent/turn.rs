@@ -353,8 +353,9 @@ async fn ask(
     let session = &turn.session.clone();
     let cancel = &turn.cancel.clone();
     let model = &plan.model;
-    let size = context.estimate(session, &model.name, history);
-    if context.auto() && context.over(size) {
+    // Sized only where it may be compacted: with compaction off, the
+    // provider's refusal is the only check.
+    if context.auto() && context.over(context.estimate(session, &model.name, history)) {
         compact(deps, turn, (model, context), history, "auto").await?;
         if cancel.is_cancelled() {
             return Ok(None);
@@ -393,12 +394,16 @@ async fn ask(
         reply => reply?,
     };
     *retried = false;
-    let estimated = context.estimate(session, &model.name, &history[..sent_len]);
+    // The provider's count where it gave one; an estimate only where not.
+    let input_tokens = match reply.input_tokens {
+        0 => context.estimate(session, &model.name, &history[..sent_len]),
+        counted => counted,
+    };
     turn.context = Some(context.measured(
         session,
         &model.name,
         sent_len,
-        (reply.input_tokens, estimated),
+        (reply.input_tokens, input_tokens),
     ));
     Ok(Some(reply))
 }

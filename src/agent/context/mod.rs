@@ -114,16 +114,16 @@ impl Context {
     }
 
     /// Keeps what the provider counted of a request built on
-    /// `history_len` messages (the next estimate starts from it), and
-    /// answers how full the window was.
+    /// `history_len` messages (0: it said nothing; the next estimate
+    /// starts from a count), and answers how full the window was with
+    /// `input_tokens` (the count, else an estimate).
     pub(super) fn measured(
         &self,
         session: &Session,
         model: &str,
         history_len: usize,
-        (counted, estimated): (u64, u64),
+        (counted, input_tokens): (u64, u64),
     ) -> ContextUse {
-        let input_tokens = if counted > 0 { counted } else { estimated };
         let context = ContextUse {
             window: self.window.tokens,
             window_source: self.window.source.as_str().to_owned(),
