@@ -26,6 +26,7 @@ use crate::sync::lock;
 use crate::telemetry::Metrics;
 
 mod between;
+mod context;
 mod create;
 mod replicas;
 mod rewind;

@@ -415,7 +415,7 @@ pub async fn status(
         details,
         history,
         usage: session.usage(),
-        context: session.measured().map(|m| m.context),
+        context: state.sessions.context_use(&session).await?,
         last_seq: session.last_seq(),
         sandbox: match &state.sandboxes {
             Some(sandboxes) => sandboxes.info(session.id).await,
