@@ -62,6 +62,7 @@ async fn new_session(store: &Arc<dyn Store>) -> Uuid {
 fn delta(n: u64) -> EventKind {
     EventKind::TextDelta {
         content: format!("word{n} "),
+        reasoning: false,
     }
 }
 

@@ -312,6 +312,7 @@ fn event(session_id: Uuid, seq: u64) -> Event {
     let kind = if seq % 2 == 1 {
         EventKind::TextDelta {
             content: "Let me look at the failing test first. ".into(),
+            reasoning: false,
         }
     } else {
         EventKind::ToolResult {

@@ -111,13 +111,8 @@ async fn allowed_tools_filters_what_the_model_is_offered() {
 #[tokio::test]
 async fn budget_stops_the_turn_and_unpriced_models_say_cost_is_unknown() {
     let server = TestServer::start_with(|c| {
-        c.prices.insert(
-            "demo".into(),
-            conclave::model::Price {
-                input_per_mtok: 1_000_000.0,
-                output_per_mtok: 0.0,
-            },
-        );
+        c.prices
+            .insert("demo".into(), conclave::model::Price::new(1_000_000.0, 0.0));
         c.models.insert(
             "unpriced".into(),
             conclave::config::ModelAlias {

@@ -15,7 +15,13 @@
 //!   `POST …/compact` compacts on request;
 //! - a failing command that prints 200 KB gives the model the head and
 //!   the tail of its output and the path of the whole, which `Read`
-//!   reaches and the files route serves.
+//!   reaches and the files route serves;
+//! - Anthropic: thinking arrives as `thinking {reasoning: true}` events,
+//!   its signed block is kept in the history and sent back, every request
+//!   has at most four cache breakpoints, and cache reads and writes are
+//!   counted and priced at the cache's prices;
+//! - OpenAI-compatible: `reasoning_content` arrives the same way, and
+//!   `options.reasoning.effort` is sent as `reasoning_effort`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -434,6 +440,202 @@ async fn anthropics_prompt_is_too_long_is_recovered_the_same_way() {
     for gone in ["\"turn 1\"", "\"turn 2\""] {
         assert!(!retry.to_string().contains(gone), "{retry}");
     }
+    let mut child = server.child;
+    stop(&mut child).await;
+}
+
+/// A Messages API reply: the blocks' events given, with the usage given.
+fn claude_reply(blocks: Vec<String>, usage: Value) -> scripted::Reply {
+    let event = scripted::event;
+    let mut events = vec![event(
+        "message_start",
+        &json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "content": [], "model": "claude-sonnet-4-5",
+            "stop_reason": null, "usage": usage}}),
+    )];
+    events.extend(blocks);
+    events.push(event(
+        "message_delta",
+        &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 20}}),
+    ));
+    events.push(event("message_stop", &json!({"type": "message_stop"})));
+    scripted::Reply::sse(events)
+}
+
+fn block(index: u32, start: Value, deltas: &[Value]) -> Vec<String> {
+    let event = scripted::event;
+    let mut events = vec![event(
+        "content_block_start",
+        &json!({"type": "content_block_start", "index": index, "content_block": start}),
+    )];
+    for delta in deltas {
+        events.push(event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        ));
+    }
+    events.push(event(
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": index}),
+    ));
+    events
+}
+
+#[tokio::test]
+async fn anthropic_thinking_is_kept_and_the_prompt_cache_is_marked_counted_and_priced() {
+    let thought = [
+        block(
+            0,
+            json!({"type": "thinking", "thinking": ""}),
+            &[
+                json!({"type": "thinking_delta", "thinking": "Say hi "}),
+                json!({"type": "thinking_delta", "thinking": "briefly."}),
+                json!({"type": "signature_delta", "signature": "sig-1"}),
+            ],
+        ),
+        block(
+            1,
+            json!({"type": "text", "text": ""}),
+            &[json!({"type": "text_delta", "text": "hi"})],
+        ),
+    ]
+    .concat();
+    let upstream = scripted::Upstream::start(vec![
+        claude_reply(
+            thought,
+            json!({"input_tokens": 10, "cache_creation_input_tokens": 1000, "output_tokens": 1}),
+        ),
+        claude_reply(
+            block(
+                0,
+                json!({"type": "text", "text": ""}),
+                &[json!({"type": "text_delta", "text": "bye"})],
+            ),
+            json!({"input_tokens": 30, "cache_read_input_tokens": 1000, "output_tokens": 1}),
+        ),
+    ])
+    .await;
+    let extra = format!(
+        "[anthropic]\nbase_url = \"{}\"\napi_key = \"ak-test\"\n\
+         [prices.claude-sonnet-4-5]\ninput_per_mtok = 3.0\noutput_per_mtok = 15.0\n\
+         cache_read_per_mtok = 0.3\ncache_write_per_mtok = 3.75\n",
+        upstream.url
+    );
+    let server = serve("http://127.0.0.1:9", &extra).await;
+    let id = server
+        .create(json!({"model": "sonnet", "text_deltas": true,
+            "reasoning": {"budget_tokens": 2048}}))
+        .await;
+
+    let events = server.turn(&id, "greet me").await;
+    let reasoning: Vec<&Value> = events.iter().filter(|e| e["reasoning"] == true).collect();
+    let kinds: Vec<&str> = reasoning
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["text_delta", "text_delta", "thinking"],
+        "{events:?}"
+    );
+    assert_eq!(reasoning[2]["content"], "Say hi briefly.");
+    let end = result(&events);
+    assert_eq!(end["result"], "hi");
+    assert_eq!(end["usage"]["input_tokens"], 1010);
+    assert_eq!(end["usage"]["cache_write_tokens"], 1000);
+    assert!(end["usage"].get("cache_read_tokens").is_none(), "{end}");
+    let cost = (10.0 * 3.0 + 1000.0 * 3.75 + 20.0 * 15.0) / 1e6;
+    assert!(
+        (end["usage"]["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-12,
+        "{end}"
+    );
+
+    let events = server.turn(&id, "bye now").await;
+    let end = result(&events);
+    assert_eq!(end["usage"]["cache_read_tokens"], 1000);
+    let cost = (30.0 * 3.0 + 1000.0 * 0.3 + 20.0 * 15.0) / 1e6;
+    assert!(
+        (end["usage"]["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-12,
+        "{end}"
+    );
+
+    let requests = upstream.requests();
+    assert_eq!(
+        requests[0].body["thinking"],
+        json!({"type": "enabled", "budget_tokens": 2048})
+    );
+    // The signed thinking goes back with the reply it came with.
+    assert_eq!(
+        requests[1].body["messages"][1]["content"][0],
+        json!({"type": "thinking", "thinking": "Say hi briefly.", "signature": "sig-1"})
+    );
+    for request in &requests {
+        let marks = request.body.to_string().matches("cache_control").count();
+        assert!(
+            (1..=4).contains(&marks),
+            "{marks} breakpoints: {}",
+            request.body
+        );
+    }
+    let status = server.status(&id).await;
+    assert_eq!(status["history"][1]["role"], "reasoning", "{status}");
+    assert_eq!(status["history"][1]["signature"], "sig-1");
+    assert_eq!(status["usage"]["cache_read_tokens"], 1000);
+    assert_eq!(status["usage"]["cache_write_tokens"], 1000);
+    let mut child = server.child;
+    stop(&mut child).await;
+}
+
+#[tokio::test]
+async fn openai_reasoning_content_arrives_as_thinking_and_effort_is_sent() {
+    use scripted::{Reply, content, data, delta, end, finish};
+    let upstream = scripted::Upstream::start(vec![Reply::sse(vec![
+        delta(json!({"role": "assistant", "reasoning_content": "Two plus two "})),
+        delta(json!({"reasoning_content": "is four."})),
+        content("4"),
+        finish("stop"),
+        data(
+            &json!({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 9,
+            "prompt_tokens_details": {"cached_tokens": 32}}}),
+        ),
+        end(),
+    ])])
+    .await;
+    let server = serve(&upstream.url, "").await;
+    let refused = reqwest::Client::new()
+        .post(format!("{}/agent/session", server.base))
+        .json(&json!({"reasoning": {"budget_tokens": 100}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 422);
+    let body: Value = refused.json().await.unwrap();
+    assert!(
+        body.to_string().contains("options.reasoning.budget_tokens"),
+        "{body}"
+    );
+
+    let id = server
+        .create(json!({"model": "windowed", "reasoning": {"effort": "low"}}))
+        .await;
+    let events = server.turn(&id, "two plus two?").await;
+    // The reasoning, then the answer: both `thinking`, the first marked.
+    let thinking = of_type(&events, "thinking");
+    assert_eq!(thinking.len(), 2, "{events:?}");
+    assert_eq!(thinking[0]["reasoning"], true);
+    assert_eq!(thinking[0]["content"], "Two plus two is four.");
+    assert!(thinking[1].get("reasoning").is_none(), "{events:?}");
+    assert_eq!(thinking[1]["content"], "4");
+    let end = result(&events);
+    assert_eq!(end["result"], "4");
+    assert_eq!(end["usage"]["cache_read_tokens"], 32);
+    let requests = upstream.requests();
+    let asked = requests
+        .iter()
+        .find(|r| r.path.ends_with("/chat/completions"))
+        .unwrap();
+    assert_eq!(asked.body["reasoning_effort"], "low");
     let mut child = server.child;
     stop(&mut child).await;
 }

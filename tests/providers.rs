@@ -17,8 +17,8 @@ use conclave::model::anthropic::AnthropicProvider;
 use conclave::model::lenient;
 use conclave::model::openai::OpenAiProvider;
 use conclave::model::{
-    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent,
-    ToolCall, ToolCallMode, ToolSpec,
+    ChatRequest, Effort, Message, ModelError, ModelProvider, ModelStream, ReasoningOptions,
+    StopReason, StreamEvent, Tokens, ToolCall, ToolCallMode, ToolSpec,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -115,11 +115,12 @@ fn call(id: &str, name: &str, arguments: Value) -> Result<StreamEvent, &'static 
     }))
 }
 
-fn usage(input_tokens: u64, output_tokens: u64) -> Result<StreamEvent, &'static str> {
-    Ok(StreamEvent::Usage {
-        input_tokens,
-        output_tokens,
-    })
+fn usage(input: u64, output: u64) -> Result<StreamEvent, &'static str> {
+    Ok(StreamEvent::Usage(Tokens {
+        input,
+        output,
+        ..Tokens::default()
+    }))
 }
 
 fn done(reason: StopReason) -> Result<StreamEvent, &'static str> {
@@ -321,6 +322,11 @@ async fn openai_request_body_and_headers() {
             Message::User {
                 content: "list files".into(),
             },
+            Message::Reasoning {
+                text: "The user wants a listing.".into(),
+                signature: None,
+                redacted: None,
+            },
             Message::Assistant {
                 content: "Listing.".into(),
                 tool_calls: vec![ToolCall {
@@ -344,6 +350,10 @@ async fn openai_request_body_and_headers() {
         tool_call_mode: ToolCallMode::Native,
         session_id: Some("5f0c7a52-session".into()),
         owner: None,
+        reasoning: Some(ReasoningOptions {
+            effort: Some(Effort::High),
+            budget_tokens: Some(4096),
+        }),
     };
     run(&openai(&upstream), request).await;
 
@@ -378,6 +388,7 @@ async fn openai_request_body_and_headers() {
             "temperature": 0.5,
             "seed": 3,
             "max_tokens": 256,
+            "reasoning_effort": "high",
             "user": "5f0c7a52-session"
         })
     );
@@ -678,6 +689,7 @@ async fn anthropic_request_body_and_headers() {
         tool_call_mode: ToolCallMode::Native,
         session_id: Some("5f0c7a52-session".into()),
         owner: None,
+        reasoning: None,
     };
     run(&anthropic(&upstream), request).await;
 
@@ -693,7 +705,7 @@ async fn anthropic_request_body_and_headers() {
             "model": "claude-sonnet-4-5",
             "max_tokens": 4096,
             "stream": true,
-            "system": "Be brief.",
+            "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
             "messages": [
                 {"role": "user", "content": [{"type": "text", "text": "two things"}]},
                 {"role": "assistant", "content": [
@@ -703,16 +715,191 @@ async fn anthropic_request_body_and_headers() {
                 ]},
                 {"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt", "is_error": false},
-                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "exit 1", "is_error": true}
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "exit 1", "is_error": true,
+                     "cache_control": {"type": "ephemeral"}}
                 ]}
             ],
             "tools": [{
                 "name": "Bash",
                 "description": "Runs Bash.",
-                "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}
+                "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+                "cache_control": {"type": "ephemeral"}
             }],
             "temperature": 0.25,
             "metadata": {"user_id": "5f0c7a52-session"}
         })
+    );
+}
+
+/// Anthropic's thinking arrives as reasoning pieces and one signed block
+/// to send back; a redacted block is kept as it came; cache reads and
+/// writes are counted apart, within the input.
+#[tokio::test]
+async fn anthropic_thinking_blocks_and_cache_counts() {
+    let mut events = vec![event(
+        "message_start",
+        &json!({"type": "message_start", "message": {
+            "id": "msg_1", "type": "message", "role": "assistant", "content": [],
+            "model": "claude-sonnet-4-5", "stop_reason": null,
+            "usage": {"input_tokens": 5, "cache_read_input_tokens": 900,
+                "cache_creation_input_tokens": 100, "output_tokens": 1}
+        }}),
+    )];
+    events.extend([
+        block_start(0, json!({"type": "thinking", "thinking": ""})),
+        block_delta(
+            0,
+            json!({"type": "thinking_delta", "thinking": "The user "}),
+        ),
+        block_delta(
+            0,
+            json!({"type": "thinking_delta", "thinking": "wants a file."}),
+        ),
+        block_delta(0, json!({"type": "signature_delta", "signature": "sig-1"})),
+        block_stop(0),
+        block_start(1, json!({"type": "redacted_thinking", "data": "enc-1"})),
+        block_stop(1),
+        block_start(2, json!({"type": "text", "text": ""})),
+        block_delta(2, json!({"type": "text_delta", "text": "Done."})),
+        block_stop(2),
+    ]);
+    events.extend(message_end("end_turn", 30));
+    let upstream = Upstream::start(vec![Reply::sse(events)]).await;
+    assert_eq!(
+        run(&anthropic(&upstream), ask("write it")).await,
+        vec![
+            Ok(StreamEvent::ReasoningDelta("The user ".into())),
+            Ok(StreamEvent::ReasoningDelta("wants a file.".into())),
+            Ok(StreamEvent::Reasoning(Message::Reasoning {
+                text: "The user wants a file.".into(),
+                signature: Some("sig-1".into()),
+                redacted: None,
+            })),
+            Ok(StreamEvent::Reasoning(Message::Reasoning {
+                text: String::new(),
+                signature: None,
+                redacted: Some("enc-1".into()),
+            })),
+            text("Done."),
+            Ok(StreamEvent::Usage(Tokens {
+                input: 1005,
+                output: 30,
+                cache_read: 900,
+                cache_write: 100,
+            })),
+            done(StopReason::EndTurn),
+        ]
+    );
+}
+
+/// Kept thinking goes back with its assistant message, unsigned reasoning
+/// does not; `reasoning` turns thinking on with room for the answer and no
+/// temperature; breakpoints stay within the API's four and never sit on a
+/// thinking block.
+#[tokio::test]
+async fn anthropic_sends_thinking_back_and_asks_for_it() {
+    let upstream = Upstream::start(vec![claude_hello()]).await;
+    let request = ChatRequest {
+        model: "claude-sonnet-4-5".into(),
+        system: Some("Be brief.".into()),
+        messages: std::sync::Arc::new(vec![
+            Message::User {
+                content: "write it".into(),
+            },
+            Message::Reasoning {
+                text: "The user wants a file.".into(),
+                signature: Some("sig-1".into()),
+                redacted: None,
+            },
+            Message::Reasoning {
+                text: String::new(),
+                signature: None,
+                redacted: Some("enc-1".into()),
+            },
+            Message::Reasoning {
+                text: "from another provider".into(),
+                signature: None,
+                redacted: None,
+            },
+            Message::Assistant {
+                content: "Done.".into(),
+                tool_calls: Vec::new(),
+            },
+            Message::User {
+                content: "thanks".into(),
+            },
+        ]),
+        tools: vec![tool("Bash"), tool("Read")],
+        temperature: Some(0.3),
+        reasoning: Some(ReasoningOptions {
+            effort: Some(Effort::Low),
+            budget_tokens: None,
+        }),
+        ..ChatRequest::default()
+    };
+    run(&anthropic(&upstream), request).await;
+    let body = &upstream.requests()[0].body;
+    assert_eq!(
+        body["thinking"],
+        json!({"type": "enabled", "budget_tokens": 2048})
+    );
+    assert_eq!(body["max_tokens"], 2048 + 4096);
+    assert!(body.get("temperature").is_none(), "{body}");
+    assert_eq!(
+        body["messages"][1],
+        json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "The user wants a file.", "signature": "sig-1"},
+            {"type": "redacted_thinking", "data": "enc-1"},
+            {"type": "text", "text": "Done."}
+        ]})
+    );
+    let marked: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(body["system"].as_array().unwrap())
+        .chain(
+            body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|m| m["content"].as_array().unwrap()),
+        )
+        .filter(|block| block.get("cache_control").is_some())
+        .map(|block| block["name"].as_str().or(block["text"].as_str()).unwrap())
+        .collect();
+    assert_eq!(marked, ["Read", "Be brief.", "thanks"]);
+}
+
+/// `reasoning_content` (and `reasoning`) pieces arrive as reasoning;
+/// `cached_tokens` is counted as cache reads.
+#[tokio::test]
+async fn openai_reasoning_content_and_cached_tokens() {
+    let upstream = Upstream::start(vec![Reply::sse(vec![
+        delta(json!({"role": "assistant", "reasoning_content": "Think"})),
+        delta(json!({"reasoning": "ing."})),
+        content("Hi"),
+        finish("stop"),
+        data(
+            &json!({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 3,
+            "prompt_tokens_details": {"cached_tokens": 32}}}),
+        ),
+        end(),
+    ])])
+    .await;
+    assert_eq!(
+        run(&openai(&upstream), ask("hi")).await,
+        vec![
+            Ok(StreamEvent::ReasoningDelta("Think".into())),
+            Ok(StreamEvent::ReasoningDelta("ing.".into())),
+            text("Hi"),
+            Ok(StreamEvent::Usage(Tokens {
+                input: 40,
+                output: 3,
+                cache_read: 32,
+                cache_write: 0,
+            })),
+            done(StopReason::EndTurn),
+        ]
     );
 }

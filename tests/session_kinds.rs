@@ -59,6 +59,7 @@ impl SessionTask for Echo {
         for _ in 0..options.times {
             turn.session.emit(EventKind::Thinking {
                 content: input.clone(),
+                reasoning: false,
             })?;
         }
         turn.usage.turns += 1;

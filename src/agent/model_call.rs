@@ -12,7 +12,7 @@ use tracing::Instrument;
 use super::deps::{LoopError, TurnDeps};
 use super::harness::{Harness, Interventions, ModelReply, emit_interventions};
 use crate::model::{ChatRequest, ResolvedModel, StreamEvent, ToolSpec};
-use crate::protocol::EventKind;
+use crate::protocol::{EventKind, Tokens};
 use crate::session::{Session, Turn};
 use crate::store::StoreError;
 use crate::telemetry::{ModelLabel, spans};
@@ -70,7 +70,7 @@ async fn call_model(
     let started = Instant::now();
     let mut reply = ModelReply::default();
     let mut said = Interventions::new();
-    let (mut input_tokens, mut output_tokens) = (0, 0);
+    let mut tokens = Tokens::default();
     // A client without `text_delta` events would see nothing for the whole
     // call: a `status` event every interval says the model is still at it.
     let every = Duration::from_millis(deps.config.status_interval_ms);
@@ -106,10 +106,22 @@ async fn call_model(
         match item {
             None => break,
             Some(Err(e)) => return Err(LoopError::Model(e)),
-            Some(Ok(StreamEvent::TextDelta(text))) => {
+            Some(Ok(StreamEvent::ReasoningDelta(text))) => {
                 if deltas {
                     session.emit(EventKind::TextDelta {
                         content: text.clone(),
+                        reasoning: true,
+                    })?;
+                }
+                reply.reasoning.push_str(&text);
+            }
+            Some(Ok(StreamEvent::Reasoning(block))) => reply.reasoning_kept.push(block),
+            Some(Ok(StreamEvent::TextDelta(text))) => {
+                said_reasoning(session, &mut reply)?;
+                if deltas {
+                    session.emit(EventKind::TextDelta {
+                        content: text.clone(),
+                        reasoning: false,
                     })?;
                 }
                 reply.text.push_str(&text);
@@ -120,36 +132,46 @@ async fn call_model(
                     break;
                 }
             }
-            Some(Ok(StreamEvent::ToolCall(call))) => reply.calls.push(call),
-            Some(Ok(StreamEvent::Usage {
-                input_tokens: input,
-                output_tokens: output,
-            })) => {
-                input_tokens = input;
-                output_tokens = output;
+            Some(Ok(StreamEvent::ToolCall(call))) => {
+                said_reasoning(session, &mut reply)?;
+                reply.calls.push(call);
             }
+            Some(Ok(StreamEvent::Usage(counted))) => tokens = counted,
             Some(Ok(StreamEvent::Done(_))) => {}
         }
     }
+    said_reasoning(session, &mut reply)?;
     deps.metrics
         .model_latency
         .get_or_create(&ModelLabel {
             model: model.name.clone(),
         })
         .observe(started.elapsed().as_secs_f64());
-    spans::usage(&tracing::Span::current(), input_tokens, output_tokens);
+    spans::usage(&tracing::Span::current(), tokens.input, tokens.output);
     turn.usage.turns += 1;
-    reply.input_tokens = input_tokens;
-    turn.usage.input_tokens += input_tokens;
-    turn.usage.output_tokens += output_tokens;
+    reply.input_tokens = tokens.input;
+    turn.usage.count(&tokens);
     if let Some(price) = model.price {
-        turn.usage.cost_usd += price.cost(input_tokens, output_tokens);
+        turn.usage.cost_usd += price.cost(&tokens);
     }
     // Calls a cut-off stream had not finished are dropped with it.
     if reply.interrupted {
         reply.calls.clear();
     }
     Ok(reply)
+}
+
+/// The reasoning streamed so far as one `thinking {reasoning: true}`
+/// event, said before the answer that follows it.
+fn said_reasoning(session: &Arc<Session>, reply: &mut ModelReply) -> Result<(), StoreError> {
+    if reply.reasoning.is_empty() {
+        return Ok(());
+    }
+    session.emit(EventKind::Thinking {
+        content: std::mem::take(&mut reply.reasoning),
+        reasoning: true,
+    })?;
+    Ok(())
 }
 
 /// The heartbeat of a model call that streams without `text_delta` events.

@@ -71,6 +71,10 @@ pub struct AgentOptions {
     /// a request past the window ends its turn with `context_exceeded`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<Compaction>,
+    /// How much the model may reason before it answers (see
+    /// [`crate::model::ReasoningOptions`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<crate::model::ReasoningOptions>,
 }
 
 /// `options.compaction`.
@@ -420,6 +424,9 @@ impl AgentOptions {
         }
         if self.max_tokens == Some(0) {
             return Err(OptionError::new("options.max_tokens", "must be at least 1"));
+        }
+        if let Some(Err(e)) = self.reasoning.map(|r| r.check()) {
+            return Err(OptionError::new("options.reasoning.budget_tokens", e));
         }
         if let Some(model) = &self.model
             && model.trim().is_empty()

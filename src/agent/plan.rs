@@ -136,6 +136,7 @@ impl Plan {
             max_tokens: Some(options.max_tokens.unwrap_or(deps.config.max_tokens)),
             session_id: Some(session.id.to_string()),
             owner: session.owner.clone(),
+            reasoning: options.reasoning,
             ..ChatRequest::default()
         }
     }

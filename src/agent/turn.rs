@@ -288,15 +288,17 @@ async fn agent_loop(
         if !reply.text.is_empty() {
             session.emit(EventKind::Thinking {
                 content: reply.text.clone(),
+                reasoning: false,
             })?;
             last_text = Some(reply.text.clone());
         }
-        let assistant = Message::Assistant {
+        let mut said = std::mem::take(&mut reply.reasoning_kept);
+        said.push(Message::Assistant {
             content: reply.text.clone(),
             tool_calls: reply.calls.clone(),
-        };
-        session.store_messages(std::slice::from_ref(&assistant))?;
-        Arc::make_mut(history).push(assistant);
+        });
+        session.store_messages(&said)?;
+        Arc::make_mut(history).extend(said);
         turn.save_usage()?;
         if reply.interrupted {
             close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;

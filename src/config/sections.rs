@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::protocol::events::Tokens;
+
 /// The HTTP listener's defences against clients that hold connections.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -339,17 +341,41 @@ pub enum ToolCallMode {
     JsonSchema,
 }
 
-/// USD per million tokens.
+/// USD per million tokens. Input read from or written to a prompt cache
+/// costs `input_per_mtok` where its own price is not given.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_per_mtok: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_per_mtok: Option<f64>,
 }
 
 impl Price {
-    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
-        (input_tokens as f64 * self.input_per_mtok + output_tokens as f64 * self.output_per_mtok)
+    /// Input and output alone, cache reads and writes at the input price.
+    pub fn new(input_per_mtok: f64, output_per_mtok: f64) -> Price {
+        Price {
+            input_per_mtok,
+            output_per_mtok,
+            cache_read_per_mtok: None,
+            cache_write_per_mtok: None,
+        }
+    }
+
+    /// What one call's tokens cost: the cached part of the input at the
+    /// cache's prices, the rest at the input price.
+    pub fn cost(&self, tokens: &Tokens) -> f64 {
+        let cached = tokens.cache_read + tokens.cache_write;
+        let plain = tokens.input.saturating_sub(cached);
+        let read = self.cache_read_per_mtok.unwrap_or(self.input_per_mtok);
+        let write = self.cache_write_per_mtok.unwrap_or(self.input_per_mtok);
+        (plain as f64 * self.input_per_mtok
+            + tokens.cache_read as f64 * read
+            + tokens.cache_write as f64 * write
+            + tokens.output as f64 * self.output_per_mtok)
             / 1_000_000.0
     }
 }
@@ -366,4 +392,28 @@ pub struct AgentProfile {
     /// Session options, as `POST /agent/session` takes them (`model`,
     /// `system_prompt`, `allowed_tools`, `permissions`, `sandbox`, …).
     pub options: Map<String, Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_input_costs_the_cache_prices_and_the_input_price_without_them() {
+        let tokens = Tokens {
+            input: 1_000_000,
+            output: 1_000_000,
+            cache_read: 600_000,
+            cache_write: 100_000,
+        };
+        let plain = Price::new(3.0, 15.0);
+        assert!((plain.cost(&tokens) - 18.0).abs() < 1e-9);
+        let cached = Price {
+            cache_read_per_mtok: Some(0.3),
+            cache_write_per_mtok: Some(3.75),
+            ..plain
+        };
+        let expected = 0.3 * 3.0 + 0.6 * 0.3 + 0.1 * 3.75 + 15.0;
+        assert!((cached.cost(&tokens) - expected).abs() < 1e-9);
+    }
 }

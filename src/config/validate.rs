@@ -24,7 +24,11 @@ impl Config {
         self.check_models()?;
         self.sandbox.validate().map_err(named)?;
         for (model, price) in &self.prices {
-            if price.input_per_mtok < 0.0 || price.output_per_mtok < 0.0 {
+            let cached = [price.cache_read_per_mtok, price.cache_write_per_mtok];
+            if price.input_per_mtok < 0.0
+                || price.output_per_mtok < 0.0
+                || cached.into_iter().flatten().any(|p| p < 0.0)
+            {
                 return Err(field(
                     &format!("prices.{model}"),
                     "prices cannot be negative".into(),

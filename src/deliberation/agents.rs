@@ -19,7 +19,7 @@ use tracing::Instrument;
 use super::prompts::Prompt;
 use crate::jobs::{self, Handler, Jobs};
 use crate::model::{ChatRequest, Message, ModelRegistry, ResolvedModel};
-use crate::protocol::{ResultStatus, Usage};
+use crate::protocol::{ResultStatus, Tokens, Usage};
 use crate::session::{Session, SessionManager};
 use crate::sync::lock;
 use crate::telemetry::{otel, spans};
@@ -96,7 +96,7 @@ pub enum Worker {
     /// One model call per round, with the agent's system prompt, made by
     /// whichever replica takes the job.
     Model {
-        model: ResolvedModel,
+        model: Box<ResolvedModel>,
         system: Prompt,
         jobs: Arc<dyn Jobs>,
     },
@@ -193,16 +193,13 @@ impl Worker {
                 let answer: ModelAnswer = jobs::run_json(jobs.as_ref(), MODEL_CALL, &job)
                     .await
                     .map_err(|e| e.to_string())?;
+                let tokens = answer.tokens();
                 *usage = Usage {
-                    input_tokens: answer.input_tokens,
-                    output_tokens: answer.output_tokens,
-                    cost_usd: model
-                        .price
-                        .map(|p| p.cost(answer.input_tokens, answer.output_tokens))
-                        .unwrap_or(0.0),
+                    cost_usd: model.price.map(|p| p.cost(&tokens)).unwrap_or(0.0),
                     turns: 1,
-                    tool_calls: 0,
+                    ..Usage::default()
                 };
+                usage.count(&tokens);
                 call.budget.charge(usage);
                 let text = answer.text.trim();
                 if text.is_empty() {
@@ -246,6 +243,21 @@ pub struct ModelAnswer {
     pub text: String,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl ModelAnswer {
+    fn tokens(&self) -> Tokens {
+        Tokens {
+            input: self.input_tokens,
+            output: self.output_tokens,
+            cache_read: self.cache_read_tokens,
+            cache_write: self.cache_write_tokens,
+        }
+    }
 }
 
 /// Makes the model calls of deliberations, whichever replica runs them.
@@ -293,23 +305,24 @@ impl Handler for ModelCalls {
                 otel::fail(&span, e.code());
                 e.to_string()
             })?;
+        let tokens = response.tokens;
         let spent = crate::store::UsageCounts {
-            input_tokens: response.input_tokens,
-            output_tokens: response.output_tokens,
-            cost_usd: model.price.map_or(0.0, |p| {
-                p.cost(response.input_tokens, response.output_tokens)
-            }),
+            input_tokens: tokens.input,
+            output_tokens: tokens.output,
+            cost_usd: model.price.map_or(0.0, |p| p.cost(&tokens)),
             ..Default::default()
         };
         self.usage
             .add(call.owner.as_deref(), &model.name, spent)
             .await;
-        spans::usage(&span, response.input_tokens, response.output_tokens);
+        spans::usage(&span, tokens.input, tokens.output);
         spans::chat_output(&span, &response.text, &response.tool_calls);
         jobs::answer(&ModelAnswer {
             text: response.text,
-            input_tokens: response.input_tokens,
-            output_tokens: response.output_tokens,
+            input_tokens: tokens.input,
+            output_tokens: tokens.output,
+            cache_read_tokens: tokens.cache_read,
+            cache_write_tokens: tokens.cache_write,
         })
     }
 }

@@ -59,7 +59,7 @@ fn model_worker(run: &Run<'_>, model: &str, system: Prompt) -> Result<Worker, St
         .models
         .resolve(model)
         .map(|model| Worker::Model {
-            model,
+            model: Box::new(model),
             system,
             jobs: run.deps.jobs.clone(),
         })

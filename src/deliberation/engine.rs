@@ -289,7 +289,7 @@ impl Run<'_> {
                     .models
                     .resolve(&model)
                     .map(|model| Worker::Model {
-                        model,
+                        model: Box::new(model),
                         system: self.system_prompt(&agent_id),
                         jobs: self.deps.jobs.clone(),
                     })

@@ -221,7 +221,13 @@ fn progress_line(event: &Event, elicits: bool) -> Option<String> {
             let how = if *is_error { "failed" } else { "returned" };
             format!("{tool} {how}: {}", short(&output_text(output)))
         }
-        EventKind::Thinking { content } | EventKind::TextDelta { content } => short(content),
+        EventKind::Thinking {
+            content,
+            reasoning: true,
+        } => format!("reasoning: {}", short(content)),
+        EventKind::Thinking { content, .. } | EventKind::TextDelta { content, .. } => {
+            short(content)
+        }
         EventKind::Error { message, .. } => format!("error: {}", short(message)),
         _ => return None,
     })

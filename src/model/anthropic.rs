@@ -17,7 +17,8 @@ use serde_json::Value;
 
 use super::http::{SseDecoder, Transport, endpoint, malformed, secret_header, spawn_sse};
 use super::{
-    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, ToolCall,
+    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, Tokens,
+    ToolCall,
 };
 
 const API_VERSION: &str = "2023-06-01";
@@ -71,8 +72,8 @@ struct WireRequest<'a> {
     model: &'a str,
     max_tokens: u32,
     stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    system: Vec<Marked<'a>>,
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
@@ -80,6 +81,15 @@ struct WireRequest<'a> {
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     metadata: Option<Metadata<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<Thinking>,
+}
+
+/// Extended thinking, with the most tokens it may take.
+#[derive(Serialize)]
+struct Thinking {
+    r#type: &'static str,
+    budget_tokens: u32,
 }
 
 #[derive(Serialize)]
@@ -91,8 +101,37 @@ struct Metadata<'a> {
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
-    content: Vec<Block<'a>>,
+    content: Vec<Marked<'a>>,
 }
+
+/// A block, with a prompt cache breakpoint after it when `cache_control`
+/// is set: the provider caches the request up to and including it.
+#[derive(Serialize)]
+struct Marked<'a> {
+    #[serde(flatten)]
+    block: Block<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+impl<'a> From<Block<'a>> for Marked<'a> {
+    fn from(block: Block<'a>) -> Marked<'a> {
+        Marked {
+            block,
+            cache_control: None,
+        }
+    }
+}
+
+/// Anthropic's only kind of cache entry (kept five minutes).
+#[derive(Serialize, Clone, Copy)]
+struct CacheControl {
+    r#type: &'static str,
+}
+
+const EPHEMERAL: Option<CacheControl> = Some(CacheControl {
+    r#type: "ephemeral",
+});
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -110,6 +149,13 @@ enum Block<'a> {
         content: &'a str,
         is_error: bool,
     },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    RedactedThinking {
+        data: &'a str,
+    },
 }
 
 #[derive(Serialize)]
@@ -117,25 +163,68 @@ struct WireTool<'a> {
     name: &'a str,
     description: &'a str,
     input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
+/// The request, with prompt cache breakpoints after the tools, after the
+/// system prompt and after the last message's last block: three of the
+/// API's four. The tools and the system prompt are the same on every call
+/// of a session, and each call's history starts with the last one's, so
+/// the next call reads what this one wrote (the API looks back for an
+/// earlier breakpoint's entry).
 fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
+    let mut tools: Vec<WireTool> = request
+        .tools
+        .iter()
+        .map(|tool| WireTool {
+            name: &tool.name,
+            description: &tool.description,
+            input_schema: &tool.input_schema,
+            cache_control: None,
+        })
+        .collect();
+    if let Some(last) = tools.last_mut() {
+        last.cache_control = EPHEMERAL;
+    }
+    let system = request
+        .system
+        .as_deref()
+        .and_then(text_block)
+        .map(|text| Marked {
+            block: text,
+            cache_control: EPHEMERAL,
+        });
+    let mut messages = wire_messages(&request.messages);
+    if let Some(last) = messages.last_mut().and_then(|m| m.content.last_mut())
+        && !matches!(
+            last.block,
+            Block::Thinking { .. } | Block::RedactedThinking { .. }
+        )
+    {
+        last.cache_control = EPHEMERAL;
+    }
+    let mut max_tokens = request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let mut temperature = request.temperature;
+    let thinking = request.reasoning.and_then(|r| r.budget()).map(|budget| {
+        // The API wants room for an answer after the budget, and no
+        // temperature but its own with thinking on.
+        max_tokens = max_tokens.max(budget + DEFAULT_MAX_TOKENS);
+        temperature = None;
+        Thinking {
+            r#type: "enabled",
+            budget_tokens: budget,
+        }
+    });
     WireRequest {
         model: &request.model,
-        max_tokens: request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        max_tokens,
         stream: true,
-        system: request.system.as_deref(),
-        messages: wire_messages(&request.messages),
-        tools: request
-            .tools
-            .iter()
-            .map(|tool| WireTool {
-                name: &tool.name,
-                description: &tool.description,
-                input_schema: &tool.input_schema,
-            })
-            .collect(),
-        temperature: request.temperature,
+        system: system.into_iter().collect(),
+        messages,
+        tools,
+        temperature,
+        thinking,
         metadata: request
             .session_id
             .as_deref()
@@ -169,6 +258,22 @@ fn wire_messages(messages: &[Message]) -> Vec<WireMessage<'_>> {
                     }))
                     .collect(),
             ),
+            Message::Reasoning {
+                text,
+                signature,
+                redacted,
+            } => (
+                "assistant",
+                match (signature, redacted) {
+                    (_, Some(data)) => vec![Block::RedactedThinking { data }],
+                    (Some(signature), None) => vec![Block::Thinking {
+                        thinking: text,
+                        signature,
+                    }],
+                    // Unsigned reasoning is not sent back.
+                    (None, None) => Vec::new(),
+                },
+            ),
             Message::Tool {
                 tool_call_id,
                 content,
@@ -187,10 +292,12 @@ fn wire_messages(messages: &[Message]) -> Vec<WireMessage<'_>> {
             continue;
         }
         match wire.last_mut() {
-            Some(last) if last.role == role => last.content.extend(blocks),
+            Some(last) if last.role == role => {
+                last.content.extend(blocks.into_iter().map(Marked::from));
+            }
             _ => wire.push(WireMessage {
                 role,
-                content: blocks,
+                content: blocks.into_iter().map(Marked::from).collect(),
             }),
         }
     }
@@ -249,7 +356,16 @@ enum StartedBlock {
         #[serde(default)]
         input: Value,
     },
-    /// Thinking and other blocks we do not pass on.
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+        #[serde(default)]
+        signature: Option<String>,
+    },
+    RedactedThinking {
+        data: String,
+    },
+    /// Blocks we do not pass on.
     #[serde(other)]
     Other,
 }
@@ -262,6 +378,12 @@ enum BlockDelta {
     },
     InputJsonDelta {
         partial_json: String,
+    },
+    ThinkingDelta {
+        thinking: String,
+    },
+    SignatureDelta {
+        signature: String,
     },
     #[serde(other)]
     Other,
@@ -314,8 +436,9 @@ struct PartialToolUse {
 #[derive(Default)]
 struct EventDecoder {
     tool_uses: HashMap<u32, PartialToolUse>,
-    input_tokens: u64,
-    output_tokens: u64,
+    /// Thinking blocks still arriving: their text and signature.
+    thinking: HashMap<u32, (String, Option<String>)>,
+    tokens: Tokens,
     stop: Option<StopReason>,
 }
 
@@ -347,6 +470,22 @@ impl SseDecoder for EventDecoder {
                         },
                     );
                 }
+                StartedBlock::Thinking {
+                    thinking,
+                    signature,
+                } => {
+                    if !thinking.is_empty() {
+                        out.push(StreamEvent::ReasoningDelta(thinking.clone()));
+                    }
+                    self.thinking.insert(index, (thinking, signature));
+                }
+                StartedBlock::RedactedThinking { data } => {
+                    out.push(StreamEvent::Reasoning(Message::Reasoning {
+                        text: String::new(),
+                        signature: None,
+                        redacted: Some(data),
+                    }));
+                }
                 StartedBlock::Text { .. } | StartedBlock::Other => {}
             },
             WireEvent::ContentBlockDelta { index, delta } => match delta {
@@ -359,9 +498,27 @@ impl SseDecoder for EventDecoder {
                     })?;
                     tool_use.json.push_str(&partial_json);
                 }
+                BlockDelta::ThinkingDelta { thinking } => {
+                    if let Some((text, _)) = self.thinking.get_mut(&index) {
+                        text.push_str(&thinking);
+                    }
+                    out.push(StreamEvent::ReasoningDelta(thinking));
+                }
+                BlockDelta::SignatureDelta { signature } => {
+                    if let Some((_, signed)) = self.thinking.get_mut(&index) {
+                        *signed = Some(signature);
+                    }
+                }
                 BlockDelta::TextDelta { .. } | BlockDelta::Other => {}
             },
             WireEvent::ContentBlockStop { index } => {
+                if let Some((text, signature)) = self.thinking.remove(&index) {
+                    out.push(StreamEvent::Reasoning(Message::Reasoning {
+                        text,
+                        signature,
+                        redacted: None,
+                    }));
+                }
                 if let Some(tool_use) = self.tool_uses.remove(&index) {
                     let arguments = if tool_use.json.trim().is_empty() {
                         tool_use.input
@@ -389,10 +546,7 @@ impl SseDecoder for EventDecoder {
                 }
             }
             WireEvent::MessageStop => {
-                out.push(StreamEvent::Usage {
-                    input_tokens: self.input_tokens,
-                    output_tokens: self.output_tokens,
-                });
+                out.push(StreamEvent::Usage(self.tokens));
                 out.push(StreamEvent::Done(
                     self.stop.take().unwrap_or(StopReason::EndTurn),
                 ));
@@ -420,10 +574,12 @@ impl EventDecoder {
     /// Counts are cumulative: later events replace earlier ones.
     fn count(&mut self, usage: &WireUsage) {
         if let Some(input) = usage.input() {
-            self.input_tokens = input;
+            self.tokens.input = input;
+            self.tokens.cache_read = usage.cache_read_input_tokens.unwrap_or(0);
+            self.tokens.cache_write = usage.cache_creation_input_tokens.unwrap_or(0);
         }
         if let Some(output) = usage.output_tokens {
-            self.output_tokens = output;
+            self.tokens.output = output;
         }
     }
 }

@@ -14,7 +14,8 @@ use futures::StreamExt;
 use serde_json::json;
 
 use super::{
-    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, ToolCall,
+    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, Tokens,
+    ToolCall,
 };
 
 pub const EXECUTE_CODE: &str = "mcp__sandbox__execute_code";
@@ -178,6 +179,7 @@ impl ModelProvider for DemoProvider {
                 Message::User { content } | Message::Tool { content, .. } => content,
                 Message::Assistant { content, .. } => content,
                 Message::Compacted { summary, .. } => summary,
+                Message::Reasoning { text, .. } => text,
             })
             .map(|c| c.split_whitespace().count() as u64)
             .sum();
@@ -190,10 +192,11 @@ impl ModelProvider for DemoProvider {
         };
         let mut events: Vec<StreamEvent> = pieces.into_iter().map(StreamEvent::TextDelta).collect();
         events.extend(calls.into_iter().map(StreamEvent::ToolCall));
-        events.push(StreamEvent::Usage {
-            input_tokens,
-            output_tokens,
-        });
+        events.push(StreamEvent::Usage(Tokens {
+            input: input_tokens,
+            output: output_tokens,
+            ..Tokens::default()
+        }));
         events.push(StreamEvent::Done(stop));
         let delay = self.chunk_delay;
         let stream = futures::stream::iter(events).then(move |event| async move {
@@ -340,6 +343,6 @@ mod tests {
         let response = demo.complete(ask("hi", &[])).await.unwrap();
         assert_eq!(response.text, "You said: hi");
         assert_eq!(response.stop_reason, Some(StopReason::EndTurn));
-        assert_eq!(response.output_tokens, 3);
+        assert_eq!(response.tokens.output, 3);
     }
 }

@@ -25,6 +25,7 @@ pub(crate) mod http;
 pub mod lenient;
 mod listing;
 pub mod openai;
+pub mod reasoning;
 pub mod registry;
 pub mod window;
 
@@ -36,9 +37,10 @@ use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use reasoning::{Effort, ReasoningOptions};
 pub use registry::{ModelRegistry, Price, ResolvedModel};
 
-pub use crate::protocol::{Message, ToolCall};
+pub use crate::protocol::{Message, Tokens, ToolCall};
 
 /// A tool as offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,6 +85,8 @@ pub struct ChatRequest {
     /// The key hash owning the session, so that only it reads the
     /// gateway's traces of the call.
     pub owner: Option<String>,
+    /// How much the model may reason first, for providers that take it.
+    pub reasoning: Option<ReasoningOptions>,
 }
 
 /// A native tool call's arguments as the model sent them: the JSON value,
@@ -108,11 +112,13 @@ pub enum StopReason {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
     TextDelta(String),
+    /// A piece of the model's reasoning, before its answer.
+    ReasoningDelta(String),
+    /// A whole block of reasoning to send back with the answer (a
+    /// [`Message::Reasoning`]: Anthropic's signed or redacted thinking).
+    Reasoning(Message),
     ToolCall(ToolCall),
-    Usage {
-        input_tokens: u64,
-        output_tokens: u64,
-    },
+    Usage(Tokens),
     Done(StopReason),
 }
 
@@ -121,8 +127,7 @@ pub enum StreamEvent {
 pub struct ChatResponse {
     pub text: String,
     pub tool_calls: Vec<ToolCall>,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
+    pub tokens: Tokens,
     pub stop_reason: Option<StopReason>,
 }
 
@@ -224,14 +229,9 @@ pub trait ModelProvider: Send + Sync {
         while let Some(event) = stream.next().await {
             match event? {
                 StreamEvent::TextDelta(text) => response.text.push_str(&text),
+                StreamEvent::ReasoningDelta(_) | StreamEvent::Reasoning(_) => {}
                 StreamEvent::ToolCall(call) => response.tool_calls.push(call),
-                StreamEvent::Usage {
-                    input_tokens,
-                    output_tokens,
-                } => {
-                    response.input_tokens = input_tokens;
-                    response.output_tokens = output_tokens;
-                }
+                StreamEvent::Usage(tokens) => response.tokens = tokens,
                 StreamEvent::Done(reason) => response.stop_reason = Some(reason),
             }
         }

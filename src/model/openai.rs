@@ -24,7 +24,7 @@ use super::http::{SseDecoder, Transport, endpoint, malformed, secret_header, spa
 use super::lenient;
 use super::window::ReportedWindows;
 use super::{
-    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent,
+    ChatRequest, Message, ModelError, ModelProvider, ModelStream, StopReason, StreamEvent, Tokens,
     ToolCall, ToolCallMode, ToolSpec,
 };
 
@@ -94,6 +94,8 @@ pub(crate) struct WireRequest<'a> {
     seed: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'static str>,
     /// The session id, so a gateway can keep a session on one replica.
     #[serde(skip_serializing_if = "Option::is_none")]
     user: Option<&'a str>,
@@ -169,7 +171,8 @@ pub(crate) fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
         .map(|content| WireMessage::System { content })
         .into_iter()
         .collect();
-    messages.extend(request.messages.iter().map(wire_message));
+    // Reasoning is not sent back: OpenAI-compatible servers take none.
+    messages.extend(request.messages.iter().filter_map(wire_message));
     let tools = if json_mode || request.answer_only {
         Vec::new()
     } else {
@@ -198,6 +201,10 @@ pub(crate) fn wire_request(request: &ChatRequest) -> WireRequest<'_> {
         temperature: request.temperature,
         seed: request.seed,
         max_tokens: request.max_tokens,
+        reasoning_effort: request
+            .reasoning
+            .and_then(|r| r.effort)
+            .map(super::Effort::as_str),
         user: request.session_id.as_deref(),
     }
 }
@@ -210,8 +217,9 @@ fn json_mode(request: &ChatRequest) -> bool {
         && !request.answer_only
 }
 
-fn wire_message(message: &Message) -> WireMessage<'_> {
-    match message {
+fn wire_message(message: &Message) -> Option<WireMessage<'_>> {
+    Some(match message {
+        Message::Reasoning { .. } => return None,
         // A turn sends the summary as a user message (see
         // `agent::context`); a mark reaching a provider reads the same.
         Message::User { content }
@@ -249,7 +257,7 @@ fn wire_message(message: &Message) -> WireMessage<'_> {
                 Cow::Borrowed(content)
             },
         },
-    }
+    })
 }
 
 #[derive(Deserialize)]
@@ -271,6 +279,11 @@ struct Choice {
 #[derive(Deserialize)]
 struct Delta {
     content: Option<String>,
+    /// The reasoning before the answer: `reasoning_content` (vLLM,
+    /// llama-server, DeepSeek) or `reasoning` (newer vLLM, OpenRouter;
+    /// a server sending both sends the same text twice).
+    reasoning_content: Option<String>,
+    reasoning: Option<String>,
     tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
@@ -293,6 +306,15 @@ struct Usage {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
+    /// `cached_tokens`: the part of the prompt read from the cache.
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: u64,
 }
 
 /// A tool call whose fragments are still arriving.
@@ -366,10 +388,12 @@ impl ChunkDecoder {
             }
         }
         if let Some(usage) = self.usage.take() {
-            out.push(StreamEvent::Usage {
-                input_tokens: usage.prompt_tokens,
-                output_tokens: usage.completion_tokens,
-            });
+            out.push(StreamEvent::Usage(Tokens {
+                input: usage.prompt_tokens,
+                output: usage.completion_tokens,
+                cache_read: usage.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
+                cache_write: 0,
+            }));
         }
         // Some servers say "stop" after tool calls; the calls decide.
         let stop = match self.stop.take() {
@@ -397,10 +421,16 @@ impl SseDecoder for ChunkDecoder {
         }
         // Only one choice is asked for; `n` > 1 is not something we send.
         for choice in chunk.choices.into_iter().flatten().filter(|c| c.index == 0) {
-            let (content, tool_calls) = choice
+            let (content, reasoning, tool_calls) = choice
                 .delta
-                .map(|delta| (delta.content, delta.tool_calls))
+                .map(|delta| {
+                    let reasoning = delta.reasoning_content.or(delta.reasoning);
+                    (delta.content, reasoning, delta.tool_calls)
+                })
                 .unwrap_or_default();
+            if let Some(thought) = reasoning.filter(|text| !text.is_empty()) {
+                out.push(StreamEvent::ReasoningDelta(thought));
+            }
             if let Some(text) = content.filter(|text| !text.is_empty()) {
                 if self.json_mode {
                     self.text.push_str(&text);

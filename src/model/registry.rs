@@ -33,17 +33,42 @@ enum Tariff {
     Own,
 }
 
-/// Built-in prices, each for its provider; `prices` in the config extends
-/// and overrides them.
-const BUILTIN_PRICES: &[(Tariff, &str, f64, f64)] = &[
-    (Tariff::Demo, "demo", 0.0, 0.0),
-    (Tariff::Anthropic, "claude-opus-4-1", 15.0, 75.0),
-    (Tariff::Anthropic, "claude-sonnet-4-5", 3.0, 15.0),
-    (Tariff::Anthropic, "claude-haiku-4-5", 1.0, 5.0),
-    (Tariff::OpenAi, "gpt-4o", 2.5, 10.0),
-    (Tariff::OpenAi, "gpt-4o-mini", 0.15, 0.6),
-    (Tariff::OpenAi, "gpt-4.1", 2.0, 8.0),
-    (Tariff::OpenAi, "gpt-4.1-mini", 0.4, 1.6),
+/// Built-in prices, each for its provider: input, output, cache read and
+/// cache write (`None`: at the input price), USD per million tokens.
+/// Anthropic's cache reads cost a tenth of its input and its (5-minute)
+/// cache writes a quarter more; OpenAI writes its cache at no extra cost.
+/// `prices` in the config extends and overrides them.
+type BuiltinPrice = (Tariff, &'static str, f64, f64, Option<f64>, Option<f64>);
+const BUILTIN_PRICES: &[BuiltinPrice] = &[
+    (Tariff::Demo, "demo", 0.0, 0.0, None, None),
+    (
+        Tariff::Anthropic,
+        "claude-opus-4-1",
+        15.0,
+        75.0,
+        Some(1.5),
+        Some(18.75),
+    ),
+    (
+        Tariff::Anthropic,
+        "claude-sonnet-4-5",
+        3.0,
+        15.0,
+        Some(0.3),
+        Some(3.75),
+    ),
+    (
+        Tariff::Anthropic,
+        "claude-haiku-4-5",
+        1.0,
+        5.0,
+        Some(0.1),
+        Some(1.25),
+    ),
+    (Tariff::OpenAi, "gpt-4o", 2.5, 10.0, Some(1.25), None),
+    (Tariff::OpenAi, "gpt-4o-mini", 0.15, 0.6, Some(0.075), None),
+    (Tariff::OpenAi, "gpt-4.1", 2.0, 8.0, Some(0.5), None),
+    (Tariff::OpenAi, "gpt-4.1-mini", 0.4, 1.6, Some(0.1), None),
 ];
 
 /// Built-in context windows, in tokens, of the models whose prices are
@@ -88,10 +113,11 @@ impl Tariff {
     fn builtin(self, model: &str) -> Option<Price> {
         BUILTIN_PRICES
             .iter()
-            .find(|(tariff, name, _, _)| *tariff == self && *name == model)
-            .map(|(_, _, input, output)| Price {
-                input_per_mtok: *input,
-                output_per_mtok: *output,
+            .find(|(tariff, name, ..)| *tariff == self && *name == model)
+            .map(|&(_, _, input, output, read, write)| Price {
+                cache_read_per_mtok: read,
+                cache_write_per_mtok: write,
+                ..Price::new(input, output)
             })
     }
 
@@ -488,8 +514,8 @@ mod tests {
     #[test]
     fn a_provider_s_prices_hold_only_at_its_own_api() {
         let official = Price {
-            input_per_mtok: 0.15,
-            output_per_mtok: 0.6,
+            cache_read_per_mtok: Some(0.075),
+            ..Price::new(0.15, 0.6)
         };
         let openai = openai_at("https://api.openai.com/v1");
         assert_eq!(price_of(&openai, "gpt-4o-mini"), Some(official));
@@ -515,10 +541,7 @@ mod tests {
 
     #[test]
     fn config_prices_hold_for_any_provider() {
-        let own = Price {
-            input_per_mtok: 1.0,
-            output_per_mtok: 2.0,
-        };
+        let own = Price::new(1.0, 2.0);
         let mut local = openai_at("http://127.0.0.1:8081/v1");
         local.prices.insert("qwen".into(), own);
         local.prices.insert("gpt-4o-mini".into(), own);

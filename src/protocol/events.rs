@@ -74,10 +74,20 @@ pub struct ContextUse {
 pub enum EventKind {
     /// Progress of the server itself ("Starting agent...").
     Status { message: String },
-    /// A complete piece of assistant text.
-    Thinking { content: String },
-    /// One streamed token chunk; only sent when the session opted in.
-    TextDelta { content: String },
+    /// A complete piece of assistant text; with `reasoning`, the model's
+    /// reasoning before it (`reasoning_content`, Anthropic's thinking).
+    Thinking {
+        content: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reasoning: bool,
+    },
+    /// One streamed token chunk, of the text or (`reasoning`) of the
+    /// reasoning; only sent when the session opted in.
+    TextDelta {
+        content: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reasoning: bool,
+    },
     /// The model asked for a tool.
     ToolUse {
         id: String,
@@ -360,21 +370,57 @@ impl ResultStatus {
 /// Token and cost accounting, per turn and per session.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Usage {
+    /// Every input token, those read from or written to a prompt cache
+    /// included.
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Of `input_tokens`, those the provider read from its prompt cache
+    /// (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Of `input_tokens`, those the provider wrote to its prompt cache
+    /// (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
     pub cost_usd: f64,
     pub turns: u64,
     pub tool_calls: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
         self.cost_usd += other.cost_usd;
         self.turns += other.turns;
         self.tool_calls += other.tool_calls;
     }
+
+    /// Counts one model call's tokens.
+    pub fn count(&mut self, tokens: &Tokens) {
+        self.input_tokens += tokens.input;
+        self.output_tokens += tokens.output;
+        self.cache_read_tokens += tokens.cache_read;
+        self.cache_write_tokens += tokens.cache_write;
+    }
+}
+
+/// What one model call took and gave, as its provider counted it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// Every input token, cached or not.
+    pub input: u64,
+    pub output: u64,
+    /// Of `input`, read from the provider's prompt cache.
+    pub cache_read: u64,
+    /// Of `input`, written to the provider's prompt cache.
+    pub cache_write: u64,
 }
 
 #[cfg(test)]

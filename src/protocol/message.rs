@@ -33,6 +33,18 @@ pub enum Message {
         summary: String,
         kept_from: u64,
     },
+    /// The model's reasoning before the assistant message that follows,
+    /// kept because its provider wants it sent back with that message:
+    /// Anthropic's thinking blocks, each `signature`d, or `redacted` (the
+    /// reasoning encrypted). Other providers are sent none of it.
+    Reasoning {
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        redacted: Option<String>,
+    },
 }
 
 /// A complete tool call: the arguments are whole, never a fragment.

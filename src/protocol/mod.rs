@@ -15,7 +15,8 @@ pub mod message;
 pub mod session;
 
 pub use events::{
-    Approval, ContextUse, Event, EventKind, FilesChanged, InterventionKind, ResultStatus, Usage,
+    Approval, ContextUse, Event, EventKind, FilesChanged, InterventionKind, ResultStatus, Tokens,
+    Usage,
 };
 pub use message::{Message, ToolCall};
 pub use session::{SessionKind, SessionRecord, SessionStatus};

@@ -197,6 +197,7 @@ async fn the_turn_of_a_replica_that_died_is_closed_by_another() {
     session
         .emit(EventKind::Thinking {
             content: "half way".into(),
+            reasoning: false,
         })
         .unwrap();
     session.flush().await.unwrap();

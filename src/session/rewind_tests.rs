@@ -67,6 +67,7 @@ fn texts(messages: &[Message]) -> Vec<String> {
             Message::User { content } | Message::Assistant { content, .. } => content.clone(),
             Message::Tool { content, .. } => content.clone(),
             Message::Compacted { summary, .. } => summary.clone(),
+            Message::Reasoning { text, .. } => text.clone(),
         })
         .collect()
 }

@@ -39,6 +39,7 @@ impl SessionTask for Echo {
         }
         turn.session.emit(EventKind::Thinking {
             content: input.clone(),
+            reasoning: false,
         })?;
         turn.usage.turns += 1;
         Ok(Outcome::new(ResultStatus::Success, Some(input)))
@@ -219,6 +220,7 @@ async fn a_cut_off_turn_without_a_result_is_closed_interrupted() {
         &session,
         EventKind::Thinking {
             content: "half way".into(),
+            reasoning: false,
         },
     )
     .await;

@@ -126,16 +126,20 @@ class InterventionBlock extends Block {
 }
 
 class TextBlock extends Block {
-  constructor(log, agent) {
+  constructor(log, agent, reasoning) {
     super(log, 'text', 60);
     this.agent = agent;
+    // The model's reasoning before its answer: shown apart, muted.
+    this.reasoning = reasoning;
     this.chars = 0;
     this.final = false;
   }
 
   render(el) {
     this.deltas = h('div', { class: 'assistant-text deltas streaming' });
-    el.append(h('div', { class: 'who' }, this.log.kind === 'agent' && !this.agent ? 'Assistant' : 'Agent', this.agent ? h('span', { class: 'tag' }, this.agent) : null), this.deltas);
+    if (this.reasoning) el.classList.add('reasoning');
+    const who = this.reasoning ? 'Reasoning' : this.log.kind === 'agent' && !this.agent ? 'Assistant' : 'Agent';
+    el.append(h('div', { class: 'who' }, who, this.agent ? h('span', { class: 'tag' }, this.agent) : null), this.deltas);
   }
 
   push(ev) {
@@ -532,18 +536,23 @@ export class EventLog {
     const agent = ev.agent_id || '';
     if (type !== 'status') this.status = null;
     if (type !== 'intervention') this.intervention = null;
-    if (type !== 'text_delta' && type !== 'thinking' && type !== 'status') this.text.delete(agent);
+    if (type !== 'text_delta' && type !== 'thinking' && type !== 'status') {
+      this.text.delete(agent);
+      this.text.delete(`${agent}\u0000reasoning`);
+    }
     if (type === 'status') {
       if (!this.status) this.status = this.block(new StatusBlock(this));
       this.status.push(ev);
     } else if (type === 'text_delta' || type === 'thinking') {
-      let b = this.text.get(agent);
+      // Reasoning and the answer's text stream apart.
+      const key = ev.reasoning ? `${agent}\u0000reasoning` : agent;
+      let b = this.text.get(key);
       if (!b || b.final) {
-        b = this.block(new TextBlock(this, agent));
-        this.text.set(agent, b);
+        b = this.block(new TextBlock(this, agent, !!ev.reasoning));
+        this.text.set(key, b);
       }
       b.push(ev);
-      if (type === 'thinking') this.text.delete(agent);
+      if (type === 'thinking') this.text.delete(key);
     } else if (TOOL_TYPES.has(type)) {
       // An approval names its call by `call_id`, the `id` of its tool_use.
       const id = ev.id ?? ev.call_id;

@@ -38,6 +38,15 @@ pub(crate) fn message_tokens(message: &Message) -> u64 {
             ..
         } => tool_call_id.len() + name.len() + content.len(),
         Message::Compacted { summary, .. } => summary.len(),
+        Message::Reasoning {
+            text,
+            signature,
+            redacted,
+        } => {
+            text.len()
+                + signature.as_ref().map_or(0, String::len)
+                + redacted.as_ref().map_or(0, String::len)
+        }
     };
     PER_MESSAGE + text_tokens(bytes)
 }

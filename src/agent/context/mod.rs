@@ -24,7 +24,7 @@ use super::deps::{LoopError, TurnDeps};
 use super::options::{AgentOptions, Compaction};
 use crate::model::window::Window;
 use crate::model::{Message, ModelError, ModelProvider, ResolvedModel, StreamEvent, ToolSpec};
-use crate::protocol::{ContextUse, EventKind};
+use crate::protocol::{ContextUse, EventKind, Tokens};
 use crate::session::{Measured, Session, Turn};
 pub(crate) use view::View;
 
@@ -263,11 +263,10 @@ impl Writing<'_> {
                 answered = complete(self.writer.provider.as_ref(), request) => answered,
                 _ = turn.cancel.cancelled() => return Ok(None),
             };
-            let (text, input, output) = answered?;
-            turn.usage.input_tokens += input;
-            turn.usage.output_tokens += output;
+            let (text, tokens) = answered?;
+            turn.usage.count(&tokens);
             match self.writer.price {
-                Some(price) => turn.usage.cost_usd += price.cost(input, output),
+                Some(price) => turn.usage.cost_usd += price.cost(&tokens),
                 None => turn.cost_known = false,
             }
             previous = Some(summary::summary_of(text)?);
@@ -280,19 +279,19 @@ impl Writing<'_> {
 async fn complete(
     provider: &dyn ModelProvider,
     request: crate::model::ChatRequest,
-) -> Result<(String, u64, u64), ModelError> {
+) -> Result<(String, Tokens), ModelError> {
     use futures::StreamExt;
     let mut stream = provider.stream(request).await?;
-    let (mut text, mut input, mut output) = (String::new(), 0, 0);
+    let (mut text, mut tokens) = (String::new(), Tokens::default());
     while let Some(event) = stream.next().await {
         match event? {
             StreamEvent::TextDelta(delta) => text.push_str(&delta),
-            StreamEvent::Usage {
-                input_tokens,
-                output_tokens,
-            } => (input, output) = (input_tokens, output_tokens),
-            StreamEvent::ToolCall(_) | StreamEvent::Done(_) => {}
+            StreamEvent::Usage(counted) => tokens = counted,
+            StreamEvent::ToolCall(_)
+            | StreamEvent::ReasoningDelta(_)
+            | StreamEvent::Reasoning(_)
+            | StreamEvent::Done(_) => {}
         }
     }
-    Ok((text, input, output))
+    Ok((text, tokens))
 }

@@ -23,6 +23,8 @@ const ENTRY_LIMIT: usize = 4000;
 /// A message as a transcript entry.
 fn entry(message: &Message) -> Option<String> {
     Some(match message {
+        // What the model thought is not what the summary keeps.
+        Message::Reasoning { .. } => return None,
         Message::User { content } => format!("[user]\n{}", clip(content)),
         Message::Assistant {
             content,

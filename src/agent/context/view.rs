@@ -123,6 +123,7 @@ mod tests {
                 Message::Assistant { content, .. } => content.clone(),
                 Message::Tool { content, .. } => content.clone(),
                 Message::Compacted { summary, .. } => format!("MARK {summary}"),
+                Message::Reasoning { text, .. } => format!("THOUGHT {text}"),
             })
             .collect()
     }

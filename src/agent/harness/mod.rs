@@ -66,6 +66,11 @@ pub struct ModelReply {
     /// The request's input tokens as the provider counted them (0 when
     /// it did not say).
     pub input_tokens: u64,
+    /// The model's reasoning streamed since the last `thinking` said it.
+    pub reasoning: String,
+    /// The reasoning blocks its provider wants sent back before the reply
+    /// ([`crate::protocol::Message::Reasoning`]).
+    pub reasoning_kept: Vec<crate::protocol::Message>,
 }
 
 /// What happens to a reply after [`Aid::on_reply`].

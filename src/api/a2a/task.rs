@@ -174,7 +174,12 @@ impl Task {
         let was = self.state;
         let mut out = Vec::new();
         match &event.kind {
-            EventKind::TextDelta { .. } | EventKind::Rewound { .. } => return out,
+            // A2A has no place for the model's reasoning.
+            EventKind::TextDelta { .. }
+            | EventKind::Rewound { .. }
+            | EventKind::Thinking {
+                reasoning: true, ..
+            } => return out,
             EventKind::ToolUse { id, tool, input } => {
                 let path = input.get("file_path").and_then(Value::as_str);
                 if let (Some(path), "Write" | "Edit") = (path, tool.as_str()) {
@@ -221,7 +226,7 @@ impl Task {
                 self.working();
                 out.push(self.update(Some(data_message(self, event))));
             }
-            EventKind::Thinking { content } => {
+            EventKind::Thinking { content, .. } => {
                 self.working();
                 self.texts += 1;
                 let message = self.message(vec![json!({"text": content})]);

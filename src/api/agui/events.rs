@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
+use super::reasoning::OpenReasoning;
 use crate::protocol::{Event, EventKind, Message, ResultStatus};
 
 /// The translation of one run: which text messages are open (one per
@@ -16,6 +17,7 @@ pub struct Mapper {
     thread_id: String,
     run_id: String,
     open_text: HashMap<Option<String>, String>,
+    reasoning: OpenReasoning,
     state: Value,
     /// Calls of this run with no result yet: at a successful end, the
     /// front-end's to answer.
@@ -35,6 +37,7 @@ impl Mapper {
             thread_id,
             run_id,
             open_text: HashMap::new(),
+            reasoning: OpenReasoning::default(),
             state: Value::Object(Map::new()),
             pending: Vec::new(),
         }
@@ -68,7 +71,15 @@ impl Mapper {
         let mut out = Vec::new();
         let mut done = false;
         match &event.kind {
-            EventKind::TextDelta { content } => {
+            EventKind::TextDelta {
+                content,
+                reasoning: true,
+            } => self.reasoning.delta(event, content, &mut out),
+            EventKind::Thinking {
+                content,
+                reasoning: true,
+            } => self.reasoning.whole(event, content, &mut out),
+            EventKind::TextDelta { content, .. } => {
                 let id = match self.open_text.get(&agent) {
                     Some(id) => id.clone(),
                     None => {
@@ -83,7 +94,7 @@ impl Mapper {
             }
             // A complete piece of text: it closes the message its deltas
             // streamed, or is a whole message when none streamed.
-            EventKind::Thinking { content } => match self.open_text.remove(&agent) {
+            EventKind::Thinking { content, .. } => match self.open_text.remove(&agent) {
                 Some(id) => out.push(text_end(&id, ts)),
                 None if content.is_empty() => {}
                 None => {
@@ -296,6 +307,7 @@ impl Mapper {
     }
 
     fn close_all(&mut self, ts: i64, out: &mut Vec<Value>) {
+        self.reasoning.close_all(ts, out);
         for (_, id) in self.open_text.drain() {
             out.push(text_end(&id, ts));
         }
@@ -313,6 +325,10 @@ pub fn messages_snapshot(session: &str, history: &[Message]) -> Value {
             let id = format!("{session}-m{i}");
             Some(match message {
                 Message::Compacted { .. } => return None,
+                Message::Reasoning { text, .. } if text.is_empty() => return None,
+                Message::Reasoning { text, .. } => {
+                    json!({"id": id, "role": "reasoning", "content": text})
+                }
                 Message::User { content } => json!({"id": id, "role": "user", "content": content}),
                 Message::Assistant {
                     content,

@@ -14,6 +14,7 @@
 //! the table of what maps to what.
 
 mod events;
+mod reasoning;
 
 use std::convert::Infallible;
 use std::sync::Arc;

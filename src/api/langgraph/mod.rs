@@ -87,7 +87,7 @@ fn thread_id(id: &str) -> Result<Uuid, ApiError> {
 fn message_json(index: usize, message: &Message) -> Option<Value> {
     let id = format!("msg-{index}");
     Some(match message {
-        Message::Compacted { .. } => return None,
+        Message::Compacted { .. } | Message::Reasoning { .. } => return None,
         Message::User { content } => json!({"type": "human", "id": id, "content": content}),
         Message::Assistant {
             content,

@@ -499,18 +499,29 @@ async fn frames(
                 | EventKind::ApprovalRequested { .. }
                 | EventKind::ApprovalDecided { .. },
             ) => out.push(frame("custom", &json!(event))),
-            (Mode::MessagesTuple, EventKind::TextDelta { content }) => {
+            // The model's reasoning is in `events` alone: LangGraph's
+            // messages carry what the model answered.
+            (
+                _,
+                EventKind::TextDelta {
+                    reasoning: true, ..
+                }
+                | EventKind::Thinking {
+                    reasoning: true, ..
+                },
+            ) => {}
+            (Mode::MessagesTuple, EventKind::TextDelta { content, .. }) => {
                 texts.streamed.store(true, Ordering::Relaxed);
                 out.push(frame("messages", &json!([texts.chunk(content), meta])));
             }
             // A whole text only where no deltas came (a session streams
             // deltas only with `text_deltas`).
-            (Mode::MessagesTuple, EventKind::Thinking { content })
+            (Mode::MessagesTuple, EventKind::Thinking { content, .. })
                 if !texts.streamed.load(Ordering::Relaxed) =>
             {
                 out.push(frame("messages", &json!([texts.chunk(content), meta])));
             }
-            (Mode::Updates, EventKind::Thinking { content }) => {
+            (Mode::Updates, EventKind::Thinking { content, .. }) => {
                 let message = json!({"type": "ai", "content": content});
                 out.push(frame("updates", &json!({"agent": {"messages": [message]}})));
             }
@@ -531,7 +542,10 @@ async fn frames(
             _ => {}
         }
     }
-    if let EventKind::Thinking { .. } = &event.kind {
+    if let EventKind::Thinking {
+        reasoning: false, ..
+    } = &event.kind
+    {
         texts.streamed.store(false, Ordering::Relaxed);
         texts.done.fetch_add(1, Ordering::Relaxed);
     }

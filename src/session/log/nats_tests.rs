@@ -74,6 +74,7 @@ async fn replica(store: &Arc<dyn Store>) -> NatsLogs {
 fn thinking(n: usize) -> EventKind {
     EventKind::Thinking {
         content: format!("event {n}"),
+        reasoning: false,
     }
 }
 

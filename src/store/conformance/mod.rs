@@ -231,6 +231,7 @@ pub(crate) fn event(session_id: Uuid, seq: u64) -> Event {
     let kind = match seq % 3 {
         0 => EventKind::TextDelta {
             content: format!("token {seq} "),
+            reasoning: false,
         },
         1 => EventKind::ToolResult {
             id: format!("call_{seq}"),
@@ -247,6 +248,8 @@ pub(crate) fn event(session_id: Uuid, seq: u64) -> Event {
             usage: Usage {
                 input_tokens: 120,
                 output_tokens: 40,
+                cache_read_tokens: 80,
+                cache_write_tokens: 0,
                 cost_usd: 0.25,
                 turns: 2,
                 tool_calls: 1,

@@ -37,6 +37,8 @@ pub(crate) async fn update_saves_status_usage_and_updated_at(fixture: &dyn Fixtu
     let usage = Usage {
         input_tokens: 1000,
         output_tokens: 250,
+        cache_read_tokens: 600,
+        cache_write_tokens: 100,
         cost_usd: 0.5,
         turns: 3,
         tool_calls: 2,
