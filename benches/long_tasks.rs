@@ -50,7 +50,7 @@ async fn run(turns: usize, compaction: &str, window: u64) -> Run {
         "local".to_owned(),
     ];
     let server = ServerProcess::start_in(dir, &[], &args).await.unwrap();
-    let base = server.url();
+    let base = format!("http://{}", server.addr);
     let http = reqwest::Client::new();
     let created: Value = http
         .post(format!("{base}/agent/session"))
@@ -61,7 +61,10 @@ async fn run(turns: usize, compaction: &str, window: u64) -> Run {
         .json()
         .await
         .unwrap();
-    let id = created["session_id"].as_str().unwrap().to_owned();
+    let id = created["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session: {created} {}", server.log_tail()))
+        .to_owned();
     let mut measured = Run {
         sent: Vec::new(),
         took: Vec::new(),
