@@ -1,6 +1,7 @@
 //! End to end with real local models on `llama-server`, spoken to through
-//! the `openai` provider: SmolLM2 streams text, Qwen2.5-Coder-0.5B calls
-//! tools in a real sandbox.
+//! the `openai` provider (and its Messages API through the `anthropic`
+//! one): SmolLM2 streams text and reports prompt-cache reuse,
+//! Qwen2.5-Coder-0.5B calls tools in a real sandbox.
 //!
 //! Needs `CONCLAVE_TEST_LLAMA_SERVER` (the llama-server binary),
 //! `CONCLAVE_TEST_GGUF` (SmolLM2) and `CONCLAVE_TEST_QWEN_GGUF` (Qwen);
@@ -193,6 +194,52 @@ async fn a_small_real_model_runs_a_session_past_its_2k_window() {
         status["context"]["input_tokens"].as_u64().unwrap() < 2048,
         "{status}"
     );
+}
+
+/// llama-server keeps a slot's prompt and says how much of the next one it
+/// reused, as OpenAI (`cached_tokens`, within `prompt_tokens`) and
+/// Anthropic (`cache_read_input_tokens`, beside `input_tokens`) do: a
+/// session's second turn counts its first turn's prompt as cache reads
+/// within its input, through either protocol (the Messages API's request
+/// with its cache breakpoints and system block accepted as sent).
+#[tokio::test]
+async fn a_second_turn_counts_what_llama_server_reused_as_cache_reads() {
+    let (_llama, base) = llama_server().await;
+    let server = TestServer::start_with(|c| {
+        for (name, provider, url) in [
+            ("smol", ProviderKind::Openai, format!("{base}/v1")),
+            ("smol-messages", ProviderKind::Anthropic, base.clone()),
+        ] {
+            let alias = ModelAlias {
+                provider,
+                model: "smollm2".into(),
+                base_url: Some(url),
+                ..Default::default()
+            };
+            c.models.insert(name.into(), alias);
+        }
+    })
+    .await;
+    for model in ["smol", "smol-messages"] {
+        let id = server
+            .create_session(json!({"model": model, "max_tokens": 16, "allowed_tools": []}))
+            .await;
+        let mut usage = Vec::new();
+        for prompt in ["Say hello.", "Now say goodbye."] {
+            let events = server.turn(&id, prompt).await;
+            let end = events.last().unwrap();
+            assert_eq!(end["status"], "success", "{model}: {events:?}");
+            usage.push(end["usage"].clone());
+        }
+        let read = usage[1]["cache_read_tokens"].as_u64().unwrap_or(0);
+        let input = usage[1]["input_tokens"].as_u64().unwrap();
+        assert!(read > 0 && read < input, "{model}: {usage:?}");
+        assert!(
+            input > usage[0]["input_tokens"].as_u64().unwrap(),
+            "{model}: {usage:?}"
+        );
+    }
+    server.stop().await;
 }
 
 /// Starts llama-server on `model` (greedy, with the chat template's tool

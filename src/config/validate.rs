@@ -230,7 +230,11 @@ impl Config {
             }
             let configured = match model.provider {
                 ProviderKind::Openai => self.openai.is_some() || model.base_url.is_some(),
-                ProviderKind::Anthropic => self.anthropic.is_some() || model.api_key.is_some(),
+                // A server of its own speaking the Messages API
+                // (llama-server's) may take no key.
+                ProviderKind::Anthropic => {
+                    self.anthropic.is_some() || model.api_key.is_some() || model.base_url.is_some()
+                }
                 ProviderKind::Demo => true,
             };
             if model.harness == Some(HarnessKind::Strict)
