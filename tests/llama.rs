@@ -92,11 +92,14 @@ async fn a_turn_through_the_openai_provider_streams_text_and_a_result() {
     server.stop().await;
 }
 
-/// Two real llama-server replicas behind the gateway both serve calls.
+/// Two real llama-server replicas behind the gateway both serve calls,
+/// and a session on the pool gets the smaller of their windows.
 #[tokio::test]
 async fn two_llama_server_replicas_behind_the_gateway_both_serve() {
     use conclave::gateway::{GatewayConfig, PoolConfig, ReplicaConfig, Strategy};
-    let ((_one, first), (_two, second)) = tokio::join!(llama_server(), llama_server());
+    let gguf = required("CONCLAVE_TEST_GGUF");
+    let small = llama_server_with(&gguf, 4096);
+    let ((_one, first), (_two, second)) = tokio::join!(llama_server(), small);
     let replica = |id: &str, base: &str| ReplicaConfig {
         id: Some(id.into()),
         url: format!("{base}/v1"),
@@ -147,6 +150,16 @@ async fn two_llama_server_replicas_behind_the_gateway_both_serve() {
             "{trace}"
         );
     }
+    // An agent session on the pool: its window is the least its replicas
+    // report (16k and 4k).
+    let id = server
+        .create_session(json!({"model": "smol", "max_tokens": 8, "allowed_tools": []}))
+        .await;
+    let events = server.turn(&id, "Say hello.").await;
+    let end = events.last().unwrap();
+    assert_eq!(end["status"], "success", "{events:?}");
+    assert_eq!(end["context"]["window"], 4096, "{end}");
+    assert_eq!(end["context"]["window_source"], "provider");
 }
 
 /// A session with SmolLM2 on a llama-server of a 2k context runs past
