@@ -107,23 +107,13 @@ async fn call_model(
             None => break,
             Some(Err(e)) => return Err(LoopError::Model(e)),
             Some(Ok(StreamEvent::ReasoningDelta(text))) => {
-                if deltas {
-                    session.emit(EventKind::TextDelta {
-                        content: text.clone(),
-                        reasoning: true,
-                    })?;
-                }
+                streamed(session, deltas, &text, true)?;
                 reply.reasoning.push_str(&text);
             }
             Some(Ok(StreamEvent::Reasoning(block))) => reply.reasoning_kept.push(block),
             Some(Ok(StreamEvent::TextDelta(text))) => {
                 said_reasoning(session, &mut reply)?;
-                if deltas {
-                    session.emit(EventKind::TextDelta {
-                        content: text.clone(),
-                        reasoning: false,
-                    })?;
-                }
+                streamed(session, deltas, &text, false)?;
                 reply.text.push_str(&text);
                 // Ending the stream here closes the connection and frees
                 // the model server.
@@ -159,6 +149,23 @@ async fn call_model(
         reply.calls.clear();
     }
     Ok(reply)
+}
+
+/// A streamed piece of the text or the reasoning, as a `text_delta` where
+/// the session asked for them.
+fn streamed(
+    session: &Session,
+    deltas: bool,
+    text: &str,
+    reasoning: bool,
+) -> Result<(), StoreError> {
+    if deltas {
+        session.emit(EventKind::TextDelta {
+            content: text.to_owned(),
+            reasoning,
+        })?;
+    }
+    Ok(())
 }
 
 /// The reasoning streamed so far as one `thinking {reasoning: true}`

@@ -292,13 +292,13 @@ async fn agent_loop(
             })?;
             last_text = Some(reply.text.clone());
         }
-        let mut said = std::mem::take(&mut reply.reasoning_kept);
-        said.push(Message::Assistant {
+        let mut kept = std::mem::take(&mut reply.reasoning_kept);
+        kept.push(Message::Assistant {
             content: reply.text.clone(),
             tool_calls: reply.calls.clone(),
         });
-        session.store_messages(&said)?;
-        Arc::make_mut(history).extend(said);
+        session.store_messages(&kept)?;
+        Arc::make_mut(history).extend(kept);
         turn.save_usage()?;
         if reply.interrupted {
             close_calls(session, &reply.calls, Arc::make_mut(history), STOPPED)?;

@@ -31,6 +31,18 @@ impl Event {
     pub fn ends_turn(&self) -> bool {
         matches!(self.kind, EventKind::Result { .. })
     }
+
+    /// Event `seq` of the nil session, now, of no agent (unit tests).
+    #[cfg(test)]
+    pub(crate) fn at(seq: u64, kind: EventKind) -> Event {
+        Event {
+            kind,
+            session_id: Uuid::nil(),
+            seq,
+            ts: Utc::now(),
+            agent_id: None,
+        }
+    }
 }
 
 /// Files of the workspace a turn added, modified (contents, size, kind or

@@ -369,13 +369,7 @@ mod tests {
     use crate::protocol::Usage;
 
     fn event(seq: u64, kind: EventKind) -> Event {
-        Event {
-            kind,
-            session_id: Uuid::nil(),
-            seq,
-            ts: Utc::now(),
-            agent_id: None,
-        }
+        Event::at(seq, kind)
     }
 
     #[test]

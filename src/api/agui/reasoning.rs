@@ -75,25 +75,12 @@ fn close(id: &str, ts: i64, out: &mut Vec<Value>) {
 
 #[cfg(test)]
 mod tests {
-    use chrono::Utc;
-    use uuid::Uuid;
-
     use super::super::events::Mapper;
     use crate::protocol::{Event, EventKind};
 
-    fn event(seq: u64, kind: EventKind) -> Event {
-        Event {
-            kind,
-            session_id: Uuid::nil(),
-            seq,
-            ts: Utc::now(),
-            agent_id: None,
-        }
-    }
-
     fn types(mapper: &mut Mapper, kind: EventKind, seq: u64) -> Vec<String> {
         mapper
-            .map(&event(seq, kind))
+            .map(&Event::at(seq, kind))
             .events
             .iter()
             .map(|e| e["type"].as_str().unwrap().to_owned())

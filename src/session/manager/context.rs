@@ -21,6 +21,8 @@ impl SessionManager {
         if let Some(measured) = session.measured() {
             return Ok(Some(measured.context));
         }
+        // The store's, not this process's: another replica may have
+        // logged turns since this one last saw the session.
         let last = self.store.last_seq(session.id).await?;
         let tail = self
             .store
