@@ -655,12 +655,73 @@ mod docker_helper {
         std::mem::forget(adopted); // `sandbox` destroys the container
     }
 
+    /// Runs `command` on the bulk path: its status, stdout and stderr.
+    async fn bulk(sandbox: &Live, command: &str) -> (ExecStatus, Vec<u8>, String) {
+        let (tx, mut rx) = mpsc::channel(64);
+        let request = ExecRequest::shell(command, Duration::from_secs(30));
+        let run = sandbox.0.exec_bulk(request, tx, CancellationToken::new());
+        let collect = async {
+            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+            while let Some(chunk) = rx.recv().await {
+                match chunk {
+                    ExecChunk::Stdout(data) => stdout.extend_from_slice(&data),
+                    ExecChunk::Stderr(data) => stderr.extend_from_slice(&data),
+                }
+            }
+            (stdout, stderr)
+        };
+        let (status, (stdout, stderr)) = tokio::join!(run, collect);
+        (status.expect("bulk exec"), stdout, text(&stderr))
+    }
+
+    /// What the bulk path's command had as stdout, then 3 MB of zeros and
+    /// a word on stderr, exiting 3.
+    const BULK: &str =
+        "readlink /proc/self/fd/1; echo warned >&2; head -c 3000000 /dev/zero; exit 3";
+
+    fn check_bulk(stdout: &[u8], kind: &str) {
+        let line = stdout
+            .iter()
+            .position(|b| *b == b'\n')
+            .expect("a first line");
+        let first = text(&stdout[..line]);
+        assert!(first.starts_with(kind), "stdout was {first}, not a {kind}");
+        assert_eq!(stdout.len() - line - 1, 3_000_000);
+        assert!(stdout[line + 1..].iter().all(|b| *b == 0));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn without_the_helper_execs_go_through_docker_exec() {
-        // An image with no `base64`, so the helper cannot be unpacked.
-        let image = "conclave-test/no-base64:latest";
+    async fn bulk_output_goes_over_a_socket_of_its_own() {
+        let backend = docker().await;
+        let sandbox = create(&backend).await;
+        // The server (root, on the docker host) binds a listener in the
+        // sandbox's network namespace: stdout is that socket, not the
+        // attach stream's pipe; stderr and the exit status are the exec's.
+        let (status, stdout, stderr) = bulk(&sandbox, BULK).await;
+        assert_eq!(status.exit_code, Some(3));
+        assert_eq!(stderr, "warned\n");
+        check_bulk(&stdout, "socket:[");
+        // No listener is left behind in the sandbox.
+        let (_, out) = sh(&sandbox, "cat /proc/net/tcp | grep -c ' 0A ' || true", 10).await;
+        assert_eq!(text(&out.stdout).trim(), "0");
+
+        // Without bash in the image the attach stream carries it, whole.
+        let image = "conclave-test/no-bash:latest";
         let dockerfile = "FROM conclave/sandbox-shell:latest\nUSER root\n\
-                          RUN rm /usr/bin/base64\nUSER 1000:1000\n";
+                          RUN rm -f /usr/bin/bash /bin/bash\nUSER 1000:1000\n";
+        build_image(image, dockerfile).await;
+        let mut spec = spec();
+        spec.image = image.into();
+        let plain = Live(backend.create(&spec).await.expect("sandbox starts"));
+        for _ in 0..2 {
+            let (status, stdout, stderr) = bulk(&plain, BULK).await;
+            assert_eq!(status.exit_code, Some(3));
+            assert_eq!(stderr, "warned\n");
+            check_bulk(&stdout, "pipe:[");
+        }
+    }
+
+    async fn build_image(image: &str, dockerfile: &str) {
         let mut build = tokio::process::Command::new("docker")
             .args(["build", "-q", "-t", image, "-"])
             .stdin(std::process::Stdio::piped())
@@ -672,6 +733,15 @@ mod docker_helper {
             .expect("write Dockerfile");
         drop(stdin);
         assert!(build.wait().await.expect("docker build").success());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_the_helper_execs_go_through_docker_exec() {
+        // An image with no `base64`, so the helper cannot be unpacked.
+        let image = "conclave-test/no-base64:latest";
+        let dockerfile = "FROM conclave/sandbox-shell:latest\nUSER root\n\
+                          RUN rm /usr/bin/base64\nUSER 1000:1000\n";
+        build_image(image, dockerfile).await;
 
         let backend = docker().await;
         let mut spec = spec();

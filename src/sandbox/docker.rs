@@ -49,6 +49,7 @@ use super::{
 };
 
 mod agent;
+mod bulk;
 mod egress;
 mod replies;
 mod sandbox;

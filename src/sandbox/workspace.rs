@@ -196,28 +196,26 @@ pub async fn stream_out<K: Send + 'static>(
         tokio::pin!(run);
         let mut first_tx = Some(first_tx);
         let mut stderr = Vec::new();
-        let mut take = async |chunk: ExecChunk| match chunk {
+        let mut take = async |chunk: ExecChunk, rx: &mut mpsc::Receiver<ExecChunk>| match chunk {
             ExecChunk::Stdout(data) => {
                 if let Some(first) = first_tx.take() {
                     let _ = first.send(Ok(()));
                 }
+                let data = gather(data, rx, &mut stderr);
                 if body_tx.send(Ok(data)).await.is_err() {
                     cancel.cancel();
                 }
             }
-            ExecChunk::Stderr(data) => {
-                let room = STDERR_KEPT.saturating_sub(stderr.len());
-                stderr.extend_from_slice(&data[..data.len().min(room)]);
-            }
+            ExecChunk::Stderr(data) => keep_stderr(&mut stderr, &data),
         };
         let status = loop {
             tokio::select! {
                 status = &mut run => break status,
-                Some(chunk) = rx.recv() => take(chunk).await,
+                Some(chunk) = rx.recv() => take(chunk, &mut rx).await,
             }
         };
         while let Some(chunk) = rx.recv().await {
-            take(chunk).await;
+            take(chunk, &mut rx).await;
         }
         let failed = match status {
             Ok(status) => failure(&status, &stderr),
@@ -242,6 +240,42 @@ pub async fn stream_out<K: Send + 'static>(
             "the transfer's exec stopped without a word".into(),
         ))),
     }
+}
+
+/// The most stdout bytes [`gather`] joins into one piece of a response.
+const GATHERED: usize = 256 * 1024;
+
+/// `first` joined with the stdout pieces already queued behind it, up to
+/// [`GATHERED`] bytes (stderr met on the way is kept): when the client
+/// reads slower than the sandbox writes, the response goes out in a few
+/// large writes instead of one per piece of the exec's stream (at most
+/// 32 KiB from docker). Nothing is waited for, and a lone piece is passed
+/// on without a copy.
+fn gather(first: Bytes, rx: &mut mpsc::Receiver<ExecChunk>, stderr: &mut Vec<u8>) -> Bytes {
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut size = first.len();
+    while size < GATHERED {
+        let Ok(chunk) = rx.try_recv() else { break };
+        match chunk {
+            ExecChunk::Stdout(data) => {
+                let buffer = joined.get_or_insert_with(|| {
+                    let mut buffer = bytes::BytesMut::with_capacity(GATHERED + 64 * 1024);
+                    buffer.extend_from_slice(&first);
+                    buffer
+                });
+                buffer.extend_from_slice(&data);
+                size += data.len();
+            }
+            ExecChunk::Stderr(data) => keep_stderr(stderr, &data),
+        }
+    }
+    joined.map_or(first, bytes::BytesMut::freeze)
+}
+
+/// Keeps the start of a command's stderr, up to [`STDERR_KEPT`] bytes.
+fn keep_stderr(stderr: &mut Vec<u8>, data: &[u8]) {
+    let room = STDERR_KEPT.saturating_sub(stderr.len());
+    stderr.extend_from_slice(&data[..data.len().min(room)]);
 }
 
 /// Collects an exec's stdout (up to `limit`) and the start of its stderr.
@@ -279,5 +313,43 @@ fn failure(status: &ExecStatus, stderr: &[u8]) -> Option<TransferError> {
                 message
             },
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_joins_queued_stdout_and_keeps_stderr() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let first = Bytes::from_static(b"abc");
+        // Nothing queued: the piece itself, not a copy.
+        let alone = gather(first.clone(), &mut rx, &mut Vec::new());
+        assert_eq!(alone.as_ptr(), first.as_ptr());
+
+        tx.try_send(ExecChunk::Stdout(Bytes::from_static(b"def")))
+            .unwrap();
+        tx.try_send(ExecChunk::Stderr(Bytes::from_static(b"warn")))
+            .unwrap();
+        tx.try_send(ExecChunk::Stdout(Bytes::from_static(b"ghi")))
+            .unwrap();
+        let mut stderr = Vec::new();
+        assert_eq!(&gather(first, &mut rx, &mut stderr)[..], b"abcdefghi");
+        assert_eq!(stderr, b"warn");
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn gather_stops_at_its_size() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let piece = Bytes::from(vec![7u8; GATHERED / 2]);
+        for _ in 0..3 {
+            tx.try_send(ExecChunk::Stdout(piece.clone())).unwrap();
+        }
+        let joined = gather(piece.clone(), &mut rx, &mut Vec::new());
+        assert_eq!(joined.len(), GATHERED);
+        // The rest waits for the next piece of the response.
+        assert!(matches!(rx.try_recv(), Ok(ExecChunk::Stdout(_))));
     }
 }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::agent::{Agent, Boot};
+use super::bulk::{self, Channel, Received};
 use super::egress::Egress;
 use super::replies::HelperReply;
 use super::{SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container};
@@ -42,6 +43,13 @@ pub(super) struct DockerSandbox {
     paused: AtomicBool,
     /// The egress proxy's listener, for a sandbox with an allow-list.
     egress: Option<Egress>,
+    /// The container's main process, whose network namespace the bulk
+    /// path's listener is bound in (read once; forgotten at a restart).
+    pid: std::sync::Mutex<Option<u32>>,
+    /// Set once the bulk path's socket could not be used here (no right
+    /// to enter the namespace, no bash in the image): the attach stream
+    /// carries bulk output from then on.
+    no_bulk_socket: AtomicBool,
 }
 
 /// Where a sandbox's exec helper stands.
@@ -67,6 +75,8 @@ impl DockerSandbox {
             agent: Mutex::new(AgentState::Pending(boot)),
             paused: AtomicBool::new(false),
             egress,
+            pid: std::sync::Mutex::new(None),
+            no_bulk_socket: AtomicBool::new(false),
         }
     }
 
@@ -132,8 +142,95 @@ impl DockerSandbox {
             *state = AgentState::Pending(Boot::Fresh);
         }
         drop(state);
+        *lock(&self.pid) = None;
         if let Err(e) = self.listen().await {
             tracing::error!(sandbox = %self.id, error = %e, "no egress proxy after the restart");
+        }
+    }
+
+    /// A listener for one bulk exec in the container's network namespace;
+    /// `None` where this sandbox cannot have one.
+    async fn bulk_channel(&self) -> Option<Channel> {
+        if self.no_bulk_socket.load(Ordering::Relaxed) {
+            return None;
+        }
+        let known = *lock(&self.pid);
+        let pid = match known {
+            Some(pid) => pid,
+            None => {
+                let info = self.docker.inspect_container(&self.id, None).await.ok()?;
+                let pid = info.state.and_then(|s| s.pid).filter(|pid| *pid > 0)? as u32;
+                *lock(&self.pid) = Some(pid);
+                pid
+            }
+        };
+        match Channel::open(pid) {
+            Ok(channel) => Some(channel),
+            Err(e) => {
+                *lock(&self.pid) = None;
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    tracing::info!(sandbox = %self.id, error = %e,
+                        "cannot enter the sandbox's network namespace: bulk output goes through docker exec");
+                    self.no_bulk_socket.store(true, Ordering::Relaxed);
+                }
+                None
+            }
+        }
+    }
+
+    /// Runs `request` with its stdout on `channel`. `None` when the
+    /// command never reached the channel (the wrapper could not connect,
+    /// or there is no bash): nothing of it ran, and the caller runs it the
+    /// attach stream's way.
+    async fn exec_over(
+        &self,
+        channel: Channel,
+        request: &ExecRequest,
+        output: &mpsc::Sender<ExecChunk>,
+        cancel: &CancellationToken,
+    ) -> Option<Result<ExecStatus>> {
+        let wrapped = channel.wrap(request);
+        let (ended, reached) = (CancellationToken::new(), CancellationToken::new());
+        let (own_tx, own) = mpsc::channel(16);
+        let run = async {
+            let status = self.exec(wrapped, own_tx, cancel.clone()).await;
+            ended.cancel();
+            status
+        };
+        let (status, received, held) = tokio::join!(
+            run,
+            channel.receive(output, &ended, &reached),
+            bulk::forward_own(own, output, &reached)
+        );
+        let fallback = matches!(received, Received::Nothing)
+            && matches!(&status, Ok(s) if matches!(s.exit_code, Some(bulk::UNREACHABLE | 127)));
+        if !fallback {
+            for chunk in held {
+                let _ = output.send(chunk).await;
+            }
+        }
+        match (received, status) {
+            (Received::Nothing, Ok(status))
+                if matches!(status.exit_code, Some(bulk::UNREACHABLE | 127)) =>
+            {
+                if status.exit_code == Some(127) {
+                    tracing::info!(sandbox = %self.id,
+                        "no bash in the sandbox's image: bulk output goes through docker exec");
+                    self.no_bulk_socket.store(true, Ordering::Relaxed);
+                }
+                None
+            }
+            (Received::Nothing, Ok(status)) if status.exit_code == Some(0) => {
+                Some(Err(SandboxError::Backend(format!(
+                    "sandbox {}'s bulk output never reached the server",
+                    self.id
+                ))))
+            }
+            (Received::Cut(why), Ok(_)) => Some(Err(SandboxError::Backend(format!(
+                "sandbox {}'s bulk output was cut: {why}",
+                self.id
+            )))),
+            (_, status) => Some(status),
         }
     }
 
@@ -366,12 +463,26 @@ impl Sandbox for DockerSandbox {
     /// Through `docker exec` rather than the helper, whose channel carries
     /// output as hex lines read at a paced rate (a few MB/s): fine for a
     /// command's output, far too slow for the tar of a workspace.
+    ///
+    /// A command without stdin (the tar of a workspace, a file read out)
+    /// writes its stdout to a socket of the server's in the container's
+    /// network namespace instead ([`bulk`]), where that can be done.
     async fn exec_bulk(
         &self,
         request: ExecRequest,
         output: mpsc::Sender<ExecChunk>,
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
+        if request.stdin.is_none()
+            && let Some(channel) = self.bulk_channel().await
+        {
+            match self.exec_over(channel, &request, &output, &cancel).await {
+                Some(done) => return done,
+                None => {
+                    *lock(&self.pid) = None;
+                }
+            }
+        }
         self.exec_direct(request, output, cancel).await
     }
 
@@ -461,4 +572,8 @@ impl Sandbox for DockerSandbox {
         self.thaw_for_kill().await;
         remove_container(&self.docker, &self.id).await
     }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
