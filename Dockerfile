@@ -21,7 +21,16 @@ ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE} AS runtime
 # libseccomp2 (the local sandbox's filters) is in Debian's base already:
-# apt depends on it.
+# apt depends on it. git is what options.workspace.git clones with (the
+# server fetches, not the sandbox); INSTALL_GIT=false leaves it out, and
+# such sessions then end their first turn with "git is not installed on
+# the server".
+ARG INSTALL_GIT=true
+RUN if [ "$INSTALL_GIT" = true ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends git ca-certificates \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 RUN useradd --system --uid 65532 --user-group --home-dir /var/lib/conclave --create-home conclave
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 65532:65532

@@ -3,7 +3,8 @@
 //! README says: API keys in the environment, the docker socket mounted for
 //! sandboxes, the port published. It answers its probes, serves the
 //! dashboard and runs a turn; docker sees it healthy; it runs as its own
-//! user and stops with exit code 0.
+//! user and stops with exit code 0. It carries git, for
+//! `options.workspace.git`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -57,6 +58,9 @@ async fn the_image_serves_probes_the_dashboard_and_a_turn() {
              (ensure_server_image in scripts/lib.sh) and exports it"
         )
     });
+    // options.workspace.git clones with the server's own git.
+    let git = docker(&["run", "--rm", "--entrypoint", "git", &image, "--version"]);
+    assert!(git.starts_with("git version"), "{git}");
     let socket = "/var/run/docker.sock";
     let group = std::fs::metadata(socket)
         .map(|m| std::os::unix::fs::MetadataExt::gid(&m).to_string())

@@ -167,12 +167,13 @@ impl DockerSandbox {
         match Channel::open(pid) {
             Ok(channel) => Some(channel),
             Err(e) => {
+                // No right to enter it (not root), or the pid is not this
+                // server's to see (a server in a container of its own):
+                // neither changes while this sandbox lives.
                 *lock(&self.pid) = None;
-                if e.kind() == std::io::ErrorKind::PermissionDenied {
-                    tracing::info!(sandbox = %self.id, error = %e,
-                        "cannot enter the sandbox's network namespace: bulk output goes through docker exec");
-                    self.no_bulk_socket.store(true, Ordering::Relaxed);
-                }
+                tracing::info!(sandbox = %self.id, error = %e,
+                    "cannot enter the sandbox's network namespace: bulk output goes through docker exec");
+                self.no_bulk_socket.store(true, Ordering::Relaxed);
                 None
             }
         }
