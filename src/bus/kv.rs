@@ -57,9 +57,8 @@ pub struct Kv {
     max_value: usize,
     /// None when this replica is the only one.
     peers: Option<Arc<dyn KvPeers>>,
-    /// Bounds each key's kept bytes; set once the bus it measures too
-    /// exists.
-    meter: std::sync::OnceLock<Arc<super::StorageMeter>>,
+    /// Bounds each key's kept bytes (with keys).
+    meter: Option<Arc<super::StorageMeter>>,
 }
 
 /// Checks a key: not empty, at most 512 bytes, no control characters.
@@ -86,7 +85,7 @@ impl Kv {
             changes: broadcast::Sender::new(CHANGES),
             max_value,
             peers: None,
-            meter: std::sync::OnceLock::new(),
+            meter: None,
         }
     }
 
@@ -94,7 +93,6 @@ impl Kv {
     pub fn with_peers(store: Arc<dyn Store>, max_value: usize, peers: Arc<dyn KvPeers>) -> Kv {
         Kv {
             peers: Some(peers),
-            meter: std::sync::OnceLock::new(),
             ..Kv::new(store, max_value)
         }
     }
@@ -121,9 +119,10 @@ impl Kv {
         Ok(())
     }
 
-    /// Measures each put against its key's `storage_mb` from now on.
-    pub fn meter_with(&self, meter: Arc<super::StorageMeter>) {
-        let _ = self.meter.set(meter);
+    /// This KV with each put measured against its key's `storage_mb` by
+    /// `meter` (none: not measured).
+    pub fn metered(self, meter: Option<Arc<super::StorageMeter>>) -> Kv {
+        Kv { meter, ..self }
     }
 
     pub async fn get(&self, namespace: &str, key: &str) -> Result<Option<KvEntry>, KvError> {
@@ -145,7 +144,7 @@ impl Kv {
                 max: self.max_value,
             });
         }
-        if let Some(meter) = self.meter.get() {
+        if let Some(meter) = &self.meter {
             meter
                 .admit(namespace, value.len())
                 .await

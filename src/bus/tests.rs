@@ -115,7 +115,7 @@ pub(super) async fn start_on(home: &Home, config: BusConfig, store: Arc<dyn Stor
             let bus = NatsBus::connect(url, prefix, &config, metrics.clone(), stop.clone())
                 .await
                 .unwrap();
-            let kv = bus.kv(store.clone(), 1024, &tasks).await.unwrap();
+            let kv = bus.kv(store.clone(), 1024, None, &tasks).await.unwrap();
             (Arc::new(bus), kv)
         }
     };

@@ -263,8 +263,8 @@ async fn ground(config: &Config, root: &CancellationToken) -> Result<Ground, Sta
         bus,
         kv,
         event_logs,
-    } = shared::connect_bus(config, &store, &metrics, &bus_tasks, root).await?;
-    let (bus, storage) = shared::metered(bus, &kv, &key_table, &store, config);
+        storage,
+    } = shared::connect_bus(config, &store, &key_table, &metrics, &bus_tasks, root).await?;
     Ok(Ground {
         store,
         metrics,

@@ -47,43 +47,38 @@ pub(super) struct Bus {
     pub bus: Arc<dyn crate::bus::Bus>,
     pub kv: Arc<Kv>,
     pub event_logs: Option<Arc<dyn EventLogs>>,
+    /// With keys, what measures the bus's durable publishes and the KV's
+    /// puts against each key's `storage_mb` (what else keeps a key's
+    /// bytes registers with it).
+    pub storage: Option<Arc<crate::bus::StorageMeter>>,
 }
 
-/// With keys, the bus and KV measuring durable publishes and puts against
-/// each key's `storage_mb`, and the meter that measures them (what else
-/// keeps a key's bytes registers with it); without, as they are.
-pub(super) fn metered(
-    bus: Arc<dyn crate::bus::Bus>,
-    kv: &Kv,
+/// With keys, the meter of what each key keeps on `bus` and in `store`.
+fn storage_meter(
     keys: &Arc<crate::quota::KeyTable>,
     store: &Arc<dyn Store>,
-    config: &Config,
-) -> (
-    Arc<dyn crate::bus::Bus>,
-    Option<Arc<crate::bus::StorageMeter>>,
-) {
-    if keys.is_empty() {
-        return (bus, None);
-    }
-    let meter = Arc::new(crate::bus::StorageMeter::new(
-        keys.clone(),
-        store.clone(),
-        bus.clone(),
-    ));
-    kv.meter_with(meter.clone());
-    let metered = Arc::new(crate::bus::MeteredBus::new(bus, meter.clone(), &config.bus));
-    (metered, Some(meter))
+    bus: &Arc<dyn crate::bus::Bus>,
+) -> Option<Arc<crate::bus::StorageMeter>> {
+    (!keys.is_empty()).then(|| {
+        Arc::new(crate::bus::StorageMeter::new(
+            keys.clone(),
+            store.clone(),
+            bus.clone(),
+        ))
+    })
 }
 
-/// The embedded bus on the store, or NATS at `bus.url`.
+/// The embedded bus on the store, or NATS at `bus.url`; with keys, both
+/// the bus and its KV measured against each key's `storage_mb`.
 pub(super) async fn connect_bus(
     config: &Config,
     store: &Arc<dyn Store>,
+    keys: &Arc<crate::quota::KeyTable>,
     metrics: &Arc<Metrics>,
     bus_tasks: &TaskTracker,
     root: &CancellationToken,
 ) -> Result<Bus, StartError> {
-    let (bus, kv): (Arc<dyn crate::bus::Bus>, Arc<Kv>) = match &config.bus.url {
+    let (bus, kv, storage) = match &config.bus.url {
         None => {
             let bus = EmbeddedBus::start(
                 store.clone(),
@@ -97,8 +92,10 @@ pub(super) async fn connect_bus(
                 dir: config.data_dir.display().to_string(),
                 message: format!("loading the bus's subjects: {e}"),
             })?;
-            let kv = Kv::new(store.clone(), config.bus.max_payload_bytes);
-            (Arc::new(bus), Arc::new(kv))
+            let bus: Arc<dyn crate::bus::Bus> = Arc::new(bus);
+            let storage = storage_meter(keys, store, &bus);
+            let kv = Kv::new(store.clone(), config.bus.max_payload_bytes).metered(storage.clone());
+            (bus, Arc::new(kv), storage)
         }
         Some(url) => {
             let failed = |e: BusError| StartError::Bus {
@@ -114,12 +111,24 @@ pub(super) async fn connect_bus(
             )
             .await
             .map_err(failed)?;
-            let kv = bus
-                .kv(store.clone(), config.bus.max_payload_bytes, bus_tasks)
+            let nats = Arc::new(bus);
+            let bus: Arc<dyn crate::bus::Bus> = nats.clone();
+            let storage = storage_meter(keys, store, &bus);
+            let kv = nats
+                .kv(
+                    store.clone(),
+                    config.bus.max_payload_bytes,
+                    storage.clone(),
+                    bus_tasks,
+                )
                 .await
                 .map_err(failed)?;
-            (Arc::new(bus), kv)
+            (bus, kv, storage)
         }
+    };
+    let bus: Arc<dyn crate::bus::Bus> = match &storage {
+        Some(meter) => Arc::new(crate::bus::MeteredBus::new(bus, meter.clone(), &config.bus)),
+        None => bus,
     };
     // With NATS, session events fan out over it too, so a client on any
     // replica streams a turn that runs on another.
@@ -139,6 +148,7 @@ pub(super) async fn connect_bus(
         bus,
         kv,
         event_logs,
+        storage,
     })
 }
 

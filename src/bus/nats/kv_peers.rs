@@ -75,6 +75,7 @@ pub(super) async fn start(
     shared: &Arc<Shared>,
     store: Arc<dyn Store>,
     max_value: usize,
+    meter: Option<Arc<crate::bus::StorageMeter>>,
     tasks: &TaskTracker,
 ) -> Result<Arc<Kv>, BusError> {
     let origin = uuid::Uuid::new_v4().to_string();
@@ -90,7 +91,7 @@ pub(super) async fn start(
         shared: shared.clone(),
         origin: origin.clone(),
     });
-    let kv = Arc::new(Kv::with_peers(store, max_value, peers));
+    let kv = Arc::new(Kv::with_peers(store, max_value, peers).metered(meter));
     let listener = {
         let kv = kv.clone();
         let shared = shared.clone();

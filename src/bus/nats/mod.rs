@@ -201,9 +201,10 @@ impl NatsBus {
         &self,
         store: Arc<dyn Store>,
         max_value: usize,
+        meter: Option<Arc<crate::bus::StorageMeter>>,
         tasks: &TaskTracker,
     ) -> Result<Arc<Kv>, BusError> {
-        kv_peers::start(&self.0, store, max_value, tasks).await
+        kv_peers::start(&self.0, store, max_value, meter, tasks).await
     }
 }
 
