@@ -84,20 +84,40 @@ pub trait Jobs: Send + Sync {
     }
 }
 
-/// The jobs of this server: on the NATS server at `bus_url` when there is
-/// one (replicas share them), in process otherwise.
-pub async fn start(
+/// Where this server's jobs are done, opened before their handlers exist
+/// (a child turn's handler needs the session manager, which needs the
+/// jobs): [`Queue::with_handlers`] makes the [`Jobs`].
+pub enum Queue {
+    /// One server: jobs run in process.
+    InProcess(Arc<Metrics>),
+    /// Replicas share the queue on a NATS server.
+    Nats(Box<nats::NatsQueue>),
+}
+
+/// Opens the queue of jobs of `kinds`: on the NATS server at `bus_url`
+/// when there is one (replicas share them), in process otherwise.
+pub async fn open(
     bus_url: Option<&str>,
-    handlers: Handlers,
+    kinds: &[&'static str],
     config: nats::QueueConfig,
     metrics: Arc<Metrics>,
-) -> Result<Arc<dyn Jobs>, JobError> {
+) -> Result<Queue, JobError> {
     Ok(match bus_url {
-        None => Arc::new(LocalJobs::new(handlers, metrics)),
-        Some(url) => {
-            Arc::new(nats::NatsJobs::connect(url, "conclave", handlers, config, metrics).await?)
-        }
+        None => Queue::InProcess(metrics),
+        Some(url) => Queue::Nats(Box::new(
+            nats::NatsQueue::open(url, "conclave", kinds, config, metrics).await?,
+        )),
     })
+}
+
+impl Queue {
+    /// The jobs of this process, done by `handlers`.
+    pub fn with_handlers(self, handlers: Handlers) -> Arc<dyn Jobs> {
+        match self {
+            Queue::InProcess(metrics) => Arc::new(LocalJobs::new(handlers, metrics)),
+            Queue::Nats(queue) => Arc::new((*queue).with_handlers(handlers)),
+        }
+    }
 }
 
 /// Encodes `job`, has it done, decodes the answer.

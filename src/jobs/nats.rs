@@ -62,12 +62,12 @@ fn consumer_name(kind: &str) -> String {
 /// Tries at opening the queue before `connect` gives up.
 const OPEN_ATTEMPTS: u32 = 3;
 
-/// The queue's stream, and a consumer for each kind `handlers` does (or
-/// those another replica made).
+/// The queue's stream, and a consumer for each of `kinds` (or those
+/// another replica made).
 async fn open(
     jetstream: &jetstream::Context,
     names: &Names,
-    handlers: &Handlers,
+    kinds: &[&'static str],
     ack_wait: Duration,
 ) -> Result<jetstream::stream::Stream, JobError> {
     let stream = jetstream
@@ -81,7 +81,7 @@ async fn open(
         })
         .await
         .map_err(queue_error)?;
-    for kind in handlers.kinds() {
+    for kind in kinds {
         consumer(&stream, names, kind, ack_wait).await?;
     }
     Ok(stream)
@@ -153,17 +153,28 @@ pub struct NatsJobs {
     metrics: Arc<Metrics>,
 }
 
-impl NatsJobs {
+/// The queue opened on the NATS server, before the handlers of this
+/// process exist ([`NatsQueue::with_handlers`] makes the [`NatsJobs`]).
+pub struct NatsQueue {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    names: Names,
+    config: QueueConfig,
+    metrics: Arc<Metrics>,
+}
+
+impl NatsQueue {
     /// Connects and creates the queue's stream and one consumer per kind
-    /// `handlers` does (or finds those another replica made); the stream
-    /// and subjects start with `prefix`.
-    pub async fn connect(
+    /// of `kinds` (or finds those another replica made); the stream and
+    /// subjects start with `prefix`.
+    pub async fn open(
         url: &str,
         prefix: &str,
-        handlers: Handlers,
+        kinds: &[&'static str],
         config: QueueConfig,
         metrics: Arc<Metrics>,
-    ) -> Result<NatsJobs, JobError> {
+    ) -> Result<NatsQueue, JobError> {
         let client = async_nats::ConnectOptions::new()
             .name("conclave-jobs")
             .connect(url)
@@ -176,14 +187,13 @@ impl NatsJobs {
         // server) tries again before giving up.
         let mut attempt = 1;
         loop {
-            match open(&jetstream, &names, &handlers, config.ack_wait).await {
+            match open(&jetstream, &names, kinds, config.ack_wait).await {
                 Ok(stream) => {
-                    return Ok(NatsJobs {
+                    return Ok(NatsQueue {
                         client,
                         jetstream,
                         stream,
                         names,
-                        handlers,
                         config,
                         metrics,
                     });
@@ -196,6 +206,35 @@ impl NatsJobs {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The jobs of this process: `handlers` do those it takes.
+    pub fn with_handlers(self, handlers: Handlers) -> NatsJobs {
+        NatsJobs {
+            client: self.client,
+            jetstream: self.jetstream,
+            stream: self.stream,
+            names: self.names,
+            handlers,
+            config: self.config,
+            metrics: self.metrics,
+        }
+    }
+}
+
+impl NatsJobs {
+    /// [`NatsQueue::open`] for the kinds `handlers` does, then
+    /// [`NatsQueue::with_handlers`].
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        handlers: Handlers,
+        config: QueueConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<NatsJobs, JobError> {
+        let kinds: Vec<&'static str> = handlers.kinds().collect();
+        let queue = NatsQueue::open(url, prefix, &kinds, config, metrics).await?;
+        Ok(queue.with_handlers(handlers))
     }
 
     async fn consumer(&self, kind: &str) -> Result<jetstream::consumer::PullConsumer, JobError> {

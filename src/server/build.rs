@@ -4,7 +4,7 @@
 //! recovery from the previous run.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -68,7 +68,6 @@ struct ToolLayer {
 struct KindParts {
     models: Arc<ModelRegistry>,
     definitions: Arc<BTreeMap<String, Arc<Definition>>>,
-    jobs: Arc<dyn Jobs>,
     /// Pipeline runs waiting for a place.
     queued: Arc<Mutex<HashSet<Uuid>>>,
     running: Arc<deliberation::Running>,
@@ -103,25 +102,24 @@ impl Server {
             })
             .map_err(|e| StartError::Model(format!("pipelines: {e}")))?,
         );
-        let child_turns = Arc::new(ChildTurns::default());
-        let jobs = shared::start_jobs(
-            &config,
-            &models,
-            &definitions,
-            &ground.metrics,
-            child_turns.clone(),
-            &ground.usage,
-        )
-        .await?;
+        let queue = shared::open_jobs(&config, &ground.metrics).await?;
         let parts = KindParts {
             models: models.clone(),
             definitions,
-            jobs: jobs.clone(),
             queued: Arc::new(Mutex::new(HashSet::new())),
             running: deliberation::Running::new(ground.key_table.clone()),
         };
-        let sessions = session_manager(&config, &ground, &parts, agent, kinds, &root);
-        let _ = child_turns.sessions.set(Arc::downgrade(&sessions));
+        // A child turn's handler runs on the manager being made.
+        let jobs = |manager: &Weak<SessionManager>| {
+            let child_turns = Arc::new(ChildTurns {
+                sessions: manager.clone(),
+            });
+            let handlers =
+                shared::job_handlers(&models, &parts.definitions, child_turns, &ground.usage);
+            queue.with_handlers(handlers)
+        };
+        let (sessions, jobs) =
+            session_manager(&config, &ground, &parts, agent, kinds, &root, jobs)?;
         crate::agent::profiles::check(&config, sessions.tasks())
             .await
             .map_err(StartError::Agents)?;
@@ -440,12 +438,15 @@ fn session_manager(
     agent: AgentTask,
     kinds: Vec<Arc<dyn SessionTask>>,
     root: &CancellationToken,
-) -> Arc<SessionManager> {
+    jobs: impl FnOnce(&Weak<SessionManager>) -> Arc<dyn Jobs>,
+) -> Result<(Arc<SessionManager>, Arc<dyn Jobs>), StartError> {
     let limits = Limits {
         turn_timeout: Duration::from_secs(config.agent.turn_timeout_s),
         ephemeral_retention: Duration::from_secs(config.agent.ephemeral_retention_s),
     };
-    Arc::new_cyclic(|manager| {
+    let mut made = None;
+    let sessions = Arc::new_cyclic(|manager| {
+        let jobs = made.insert(jobs(manager)).clone();
         let pipelines = PipelineTask::new(pipeline::engine::Deps {
             store: ground.store.clone(),
             config: config.pipelines.clone(),
@@ -456,7 +457,7 @@ fn session_manager(
                 config.pipelines.max_concurrent_per_key(),
             )),
             queued: parts.queued.clone(),
-            jobs: parts.jobs.clone(),
+            jobs: jobs.clone(),
             hook_rules: config.mcp.http_rules(),
         });
         let deliberation = DeliberationTask::new(deliberation::engine::Deps {
@@ -468,7 +469,7 @@ fn session_manager(
             permits: Arc::new(tokio::sync::Semaphore::new(
                 deliberation::MAX_CONCURRENT_AGENTS,
             )),
-            jobs: parts.jobs.clone(),
+            jobs,
             running: parts.running.clone(),
             hook_rules: config.mcp.http_rules(),
         });
@@ -503,7 +504,10 @@ fn session_manager(
                 .with_signals(ground.bus.clone()),
             None => manager,
         }
-    })
+    });
+    // `Arc::new_cyclic` calls its closure once, before it returns.
+    let jobs = made.ok_or_else(|| StartError::Assembly("the job queue was not made".into()))?;
+    Ok((sessions, jobs))
 }
 
 /// Closes the turns the last stop cut off and removes the sandboxes it

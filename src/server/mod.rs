@@ -43,6 +43,9 @@ pub enum StartError {
     Sandbox(String),
     #[error("agent profile: {0}")]
     Agents(String),
+    /// A step of the server's assembly did not give what the next needs.
+    #[error("assembling the server: {0}")]
+    Assembly(String),
 }
 
 /// What runs the agent's tool calls.

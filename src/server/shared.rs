@@ -11,7 +11,7 @@ use super::StartError;
 use crate::agent::ToolRouter;
 use crate::bus::{BusError, EmbeddedBus, Kv, NatsBus};
 use crate::config::Config;
-use crate::jobs::{self, Handlers, Jobs, nats::QueueConfig};
+use crate::jobs::{self, Handlers, nats::QueueConfig};
 use crate::model::ModelRegistry;
 use crate::pipeline::definition::Definition;
 use crate::session::child::{CHILD_TURN, ChildTurns};
@@ -152,18 +152,45 @@ pub(super) async fn connect_bus(
     })
 }
 
-/// The jobs any replica may do (deliberation agents' model calls and
-/// tool-using turns, pipeline nodes): on NATS's work queue among replicas, in process on
-/// one server.
-pub(super) async fn start_jobs(
+/// The kinds of job any replica may do: deliberation agents' tool-using
+/// turns and model calls, pipeline nodes in test mode.
+const JOB_KINDS: [&str; 3] = [
+    CHILD_TURN,
+    deliberation::agents::MODEL_CALL,
+    pipeline::agents::MOCK_NODE,
+];
+
+/// The queue of the jobs any replica may do: NATS's work queue among
+/// replicas, in process on one server.
+pub(super) async fn open_jobs(
     config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<crate::jobs::Queue, StartError> {
+    let queue = QueueConfig {
+        ack_wait: Duration::from_secs(config.cluster.job_ack_wait_s),
+        max_running: config.cluster.max_jobs,
+    };
+    jobs::open(
+        config.bus.url.as_deref(),
+        &JOB_KINDS,
+        queue,
+        metrics.clone(),
+    )
+    .await
+    .map_err(|e| StartError::Bus {
+        url: config.bus.url.clone().unwrap_or_default(),
+        message: e.to_string(),
+    })
+}
+
+/// The handlers of the [`JOB_KINDS`] this replica does.
+pub(super) fn job_handlers(
     models: &Arc<ModelRegistry>,
     definitions: &Arc<std::collections::BTreeMap<String, Arc<Definition>>>,
-    metrics: &Arc<Metrics>,
     child_turns: Arc<ChildTurns>,
     usage: &Arc<crate::usage::Recorder>,
-) -> Result<Arc<dyn Jobs>, StartError> {
-    let handlers = Handlers::default()
+) -> Handlers {
+    Handlers::default()
         .with(CHILD_TURN, child_turns)
         .with(
             deliberation::agents::MODEL_CALL,
@@ -177,17 +204,7 @@ pub(super) async fn start_jobs(
             Arc::new(pipeline::agents::MockNodes {
                 definitions: definitions.clone(),
             }),
-        );
-    let queue = QueueConfig {
-        ack_wait: Duration::from_secs(config.cluster.job_ack_wait_s),
-        max_running: config.cluster.max_jobs,
-    };
-    jobs::start(config.bus.url.as_deref(), handlers, queue, metrics.clone())
-        .await
-        .map_err(|e| StartError::Bus {
-            url: config.bus.url.clone().unwrap_or_default(),
-            message: e.to_string(),
-        })
+        )
 }
 
 /// The sandbox tools of this replica: among replicas, a call runs on the

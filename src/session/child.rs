@@ -11,7 +11,7 @@
 //! forwarding stops exactly there, even when a first attempt died and a
 //! second replica ran the turn again.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -123,22 +123,17 @@ pub async fn run_turn(
     }
 }
 
-/// Runs child turns, whichever replica asked. The manager is set once it
-/// exists (it needs the jobs before).
-#[derive(Default)]
+/// Runs child turns, whichever replica asked, on the manager it is made
+/// with (while that is being made: [`std::sync::Arc::new_cyclic`]).
 pub struct ChildTurns {
-    pub sessions: OnceLock<Weak<SessionManager>>,
+    pub sessions: Weak<SessionManager>,
 }
 
 #[async_trait]
 impl Handler for ChildTurns {
     async fn run(&self, job: Bytes) -> Result<Bytes, String> {
         let job: ChildTurn = jobs::read(&job)?;
-        let manager = self
-            .sessions
-            .get()
-            .and_then(Weak::upgrade)
-            .ok_or("the server is stopping")?;
+        let manager = self.sessions.upgrade().ok_or("the server is stopping")?;
         let child = manager
             .get(job.child, None)
             .await
