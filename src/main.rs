@@ -61,8 +61,9 @@ enum Command {
     /// the key in CONCLAVE_API_KEY: its tools, run_agent and the key's
     /// sessions as resources. The server is --server, else the
     /// `conclave serve` running as this user on the given data directory,
-    /// else (none given) the one on ./data here, else the only one running;
-    /// several running and none of those is an error that lists them.
+    /// else (none given) the one on ./data here, else the one on the default
+    /// address (http://127.0.0.1:8080), else the only one running; several
+    /// running and none of those is an error that lists them.
     /// Without one it serves the sandbox tools itself, on the store of the
     /// given data directory or config (else ~/.local/share/conclave).
     Mcp {
@@ -405,9 +406,24 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     conclave::shutdown::on_signal(drain.clone(), root.clone());
     let server = Server::build(config, Tools::Sandboxed, root).await?;
     let addr = listener.local_addr()?;
-    // One plain line on stdout, for people and for scripts that
-    // started the server on port 0.
-    println!("conclave listening on http://{addr}");
+    // A plain first line on stdout, for people and for scripts that
+    // started the server on port 0; then where a person goes next. One
+    // write, whose failure is not the server's: a script that read the
+    // first line and closed the pipe must not stop it.
+    let reach = conclave::locate::ServerRecord::reached_at(addr);
+    let key = if server.state.keys.enabled() {
+        " -H 'Authorization: Bearer <your key>'"
+    } else {
+        ""
+    };
+    let _ = std::io::Write::write_all(
+        &mut std::io::stdout().lock(),
+        format!(
+            "conclave listening on http://{addr}\n  dashboard  {reach}/\n  \
+             try        curl -N {reach}/agent/run{key} --json '{{\"prompt\": \"hello\"}}'\n"
+        )
+        .as_bytes(),
+    );
     let recorded = match conclave::locate::record(addr, &server.state.config.data_dir) {
         Ok((record, path)) => {
             tracing::debug!(path = %path.display(), "recorded for conclave mcp");

@@ -62,7 +62,7 @@ async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
     assert_eq!(seen["no_key_call"], 401);
     assert_eq!(
         seen["bad"],
-        json!({"no_version": -32009, "unknown": -32601, "not_json": -32700})
+        json!({"no_version": -32009, "unknown": -32601, "not_json": -32700, "extended_card": -32004})
     );
 
     let send = &seen["send"];

@@ -73,6 +73,13 @@ async fn every_event_passes_the_python_sdk_in_each_case() {
         "{seen}"
     );
     assert_eq!(seen["plain"]["finished"]["outcome"]["type"], "success");
+    // Token usage is a list of one entry: the Python SDK (ag-ui-protocol)
+    // types RUN_FINISHED.usage as a list and refuses an object.
+    let usage = &seen["plain"]["finished"]["usage"][0];
+    assert!(
+        usage["inputTokens"].is_u64() && usage["totalTokens"].is_u64(),
+        "{seen}"
+    );
 
     // A second run on the thread opens with the thread's messages.
     let again = of(&seen, "reconnect");

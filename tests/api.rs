@@ -593,7 +593,7 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
                 .await,
             413,
             "body_too_large",
-            "max_body_bytes",
+            "max_body_bytes is 4096 bytes",
         ),
         (
             server

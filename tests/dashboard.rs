@@ -74,14 +74,41 @@ async fn the_page_is_served_from_the_binary_with_etags_compression_and_a_strict_
     ] {
         assert_eq!(server.get(path).await.status(), status, "{path}");
     }
-    let me: Value = server
-        .send_as(KEY_A, reqwest::Method::GET, "/auth/me", None)
+    assert_eq!(
+        me(&server, KEY_A).await,
+        json!({"auth": true, "admin": false})
+    );
+    server.stop().await;
+}
+
+/// A server without keys tells a caller that sent one that it was
+/// ignored, and says nothing to one that sent none.
+#[tokio::test]
+async fn a_keyless_server_says_a_key_sent_to_it_is_ignored() {
+    let server = TestServer::start().await;
+    let plain: Value = server.get("/auth/me").await.json().await.unwrap();
+    assert_eq!(plain, json!({"auth": false, "admin": true}));
+    let told = me(&server, KEY_A).await;
+    assert_eq!(
+        (&told["auth"], &told["admin"]),
+        (&json!(false), &json!(true))
+    );
+    let note = told["note"].as_str().unwrap();
+    assert!(
+        note.contains("no API keys") && note.contains("ignored"),
+        "{note}"
+    );
+    server.stop().await;
+}
+
+/// `GET /auth/me` as `key` sees it.
+async fn me(server: &TestServer, key: &str) -> Value {
+    server
+        .send_as(key, reqwest::Method::GET, "/auth/me", None)
         .await
         .json()
         .await
-        .unwrap();
-    assert_eq!(me, json!({"auth": true, "admin": false}));
-    server.stop().await;
+        .unwrap()
 }
 
 async fn ticket(server: &TestServer, key: &str) -> reqwest::Response {

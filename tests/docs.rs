@@ -305,3 +305,46 @@ async fn forward<R: tokio::io::AsyncRead + Unpin>(
         }
     }
 }
+
+/// The README's install block, from the checkout as a user runs it: it
+/// builds, installs `conclave` into `$PREFIX/bin` and the next line finds
+/// it on `PATH`. A debug build (`PROFILE=debug`) into a temporary prefix,
+/// so that the suite neither builds a release nor writes /usr/local.
+#[tokio::test]
+async fn the_install_block_puts_conclave_on_path() {
+    let block = blocks()
+        .into_iter()
+        .find(|b| b.file == "README.md" && b.text.starts_with("scripts/install.sh"))
+        .expect("README.md has a block that starts with scripts/install.sh");
+    let prefix = tempfile::tempdir().unwrap();
+    let bin = prefix.path().join("bin");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let ran = Command::new("bash")
+        .args(["-c", &format!("set -euo pipefail\n{}", block.text)])
+        .current_dir(repo())
+        .env("PREFIX", prefix.path())
+        .env("PROFILE", "debug")
+        .env("PATH", &path)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr),
+    );
+    assert!(
+        ran.status.success(),
+        "{}: {stdout}\n{stderr}",
+        block.place()
+    );
+    let installed = bin.join("conclave");
+    assert!(
+        stderr.contains(&format!("installed {}", installed.display())),
+        "{stderr}"
+    );
+    assert!(
+        stdout.starts_with(&format!("conclave {}", env!("CARGO_PKG_VERSION"))),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("is not on PATH"), "{stderr}");
+}

@@ -198,6 +198,58 @@ async fn stop(child: &mut tokio::process::Child) {
     assert!(exit.success(), "{exit}");
 }
 
+/// After the URL the server prints where a person goes next: the
+/// dashboard and a curl that runs as printed.
+#[tokio::test]
+async fn the_start_lines_say_where_to_go_and_the_curl_runs() {
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .current_dir(cwd.path())
+        .args(["serve", "--listen", "127.0.0.1:0", "--sandbox", "local"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the conclave binary starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next = async || lines.next_line().await.expect("read").expect("a line");
+    let first = next().await;
+    let url = first
+        .strip_prefix("conclave listening on ")
+        .expect("the URL first")
+        .to_string();
+    assert_eq!(next().await, format!("  dashboard  {url}/"));
+    let try_line = next().await;
+    let command = try_line.strip_prefix("  try        ").expect("a try line");
+    assert!(
+        command.starts_with(&format!("curl -N {url}/agent/run ")),
+        "{command}"
+    );
+
+    let page = reqwest::get(format!("{url}/")).await.expect("dashboard");
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.expect("html").contains("<html"));
+    let ran = Command::new("sh")
+        .args(["-c", command])
+        .output()
+        .await
+        .expect("sh and curl");
+    let out = String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        ran.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let last: Value = serde_json::from_str(out.lines().last().expect("events")).expect("NDJSON");
+    assert_eq!(
+        (&last["type"], &last["status"]),
+        (&json!("result"), &json!("success")),
+        "{out}"
+    );
+    stop(&mut child).await;
+}
+
 #[tokio::test]
 async fn local_flag_with_the_default_data_dir() {
     serve_and_run_a_tool(Backend::LocalFlag, DataDir::Default, "data").await;

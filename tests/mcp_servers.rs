@@ -58,16 +58,21 @@ impl User {
     /// What `conclave mcp ARGS`, started in `cwd`, offers an MCP client,
     /// and its log.
     async fn offers(&self, cwd: &Path, args: &[&str]) -> (Value, String) {
+        let args: Vec<&str> = ["mcp", "--sandbox", "local"]
+            .iter()
+            .chain(args)
+            .copied()
+            .collect();
+        self.offers_of(cwd, &args).await
+    }
+
+    /// What `conclave ARGS` (exactly those), started in `cwd`, offers an
+    /// MCP client, and its log.
+    async fn offers_of(&self, cwd: &Path, args: &[&str]) -> (Value, String) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/offers.py");
         let mut command = Command::new(common::python("the mcp package"));
         self.env(&mut command, cwd)
-            .args([
-                script,
-                env!("CARGO_BIN_EXE_conclave"),
-                "mcp",
-                "--sandbox",
-                "local",
-            ])
+            .args([script, env!("CARGO_BIN_EXE_conclave")])
             .args(args);
         let output = command.output().await.unwrap();
         let log = String::from_utf8_lossy(&output.stderr).to_string();
@@ -143,7 +148,8 @@ async fn conclave_mcp_relays_to_the_server_of_its_data_dir_among_several() {
     let here = elsewhere.path().join("data");
     assert!(
         stderr.contains(&format!(
-            "2 conclave servers run as this user and none of them on {}",
+            "2 conclave servers run as this user, none of them on {} or on \
+             http://127.0.0.1:8080; pick one with --server URL",
             here.display()
         )),
         "{stderr}"
@@ -151,12 +157,15 @@ async fn conclave_mcp_relays_to_the_server_of_its_data_dir_among_several() {
     for (child, url, dir) in [(&a, &a_url, &a_dir), (&b, &b_url, &b_dir)] {
         let data_dir = std::fs::canonicalize(dir.path().join("data")).unwrap();
         let line = format!(
-            "  {url}  data dir {}  pid {}",
+            "  conclave mcp --server {url}    (data dir {}, pid {})",
             data_dir.display(),
             child.id().unwrap()
         );
         assert!(stderr.contains(&line), "{line:?} in {stderr}");
     }
+    // The line it prints is a command that works.
+    let (seen, log) = user.offers(elsewhere.path(), &["--server", &b_url]).await;
+    assert_eq!(seen["resources"], resources_of(&b_session), "{log}");
 
     // The second server stopping leaves the first one's record.
     stop(&mut b).await;
@@ -179,6 +188,49 @@ async fn conclave_mcp_relays_to_the_server_of_its_data_dir_among_several() {
     );
     assert!(log.contains("the per-user default"), "{log}");
     assert_eq!(user.records(), Vec::<PathBuf>::new());
+}
+
+/// The IDE config of docs/sandboxes.md as written (`conclave mcp`, no
+/// flags) on a machine where three servers run as the user, none of them
+/// on the directory the IDE starts it in: it relays to the one on the
+/// default address, the one a browser and the docs go to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_ide_config_relays_to_the_server_on_the_default_address() {
+    if let Err(e) = std::net::TcpListener::bind("127.0.0.1:8080") {
+        panic!("this test runs a server on 127.0.0.1:8080, which is taken: {e}");
+    }
+    let user = User::new();
+    let dirs: Vec<TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (mut a, a_url) = user.serve(dirs[0].path(), &[]).await;
+    let (mut b, b_url) = user.serve(dirs[1].path(), &[]).await;
+    // `conclave serve` with its default flags, as the README starts it.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_conclave"));
+    user.env(&mut command, dirs[2].path())
+        .args(["serve", "--sandbox", "local"])
+        .env("RUST_LOG", "warn");
+    let (mut c, c_url) = spawn_server(&mut command).await;
+    assert_eq!(c_url, "http://127.0.0.1:8080");
+    let sessions = [
+        create_session(&a_url).await,
+        create_session(&b_url).await,
+        create_session(&c_url).await,
+    ];
+    assert_eq!(user.records().len(), 3);
+
+    let ide = dirs[3].path();
+    let (seen, log) = user.offers_of(ide, &["mcp"]).await;
+    assert_eq!(seen["resources"], resources_of(&sessions[2]), "{log}");
+    assert!(lists(&seen, "run_agent"), "{seen}");
+    assert!(
+        log.contains("on the default address http://127.0.0.1:8080"),
+        "{log}"
+    );
+    // The data directory still decides first.
+    let (seen, log) = user.offers(dirs[0].path(), &[]).await;
+    assert_eq!(seen["resources"], resources_of(&sessions[0]), "{log}");
+    for child in [&mut a, &mut b, &mut c] {
+        stop(child).await;
+    }
 }
 
 /// `conclave mcp` serving the tools itself builds them as `conclave serve`

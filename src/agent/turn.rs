@@ -311,6 +311,9 @@ async fn agent_loop(
             continue;
         }
         if reply.calls.is_empty() {
+            if let Some(message) = harness.strict_answer_hint(&reply.text, &plan.tools) {
+                session.emit(EventKind::Status { message })?;
+            }
             return Ok(Outcome::new(ResultStatus::Success, Some(reply.text)));
         }
         if let Some(budget) = options.max_budget_usd

@@ -249,7 +249,7 @@ impl Config {
         }
         let mut config: Config = figment.extract().map_err(describe)?;
         config.resolve_declared_paths(&figment)?;
-        config.apply_provider_env(|name| std::env::var(name).ok());
+        config.apply_provider_env(|name| std::env::var(name).ok())?;
         config.telemetry.apply_env(|name| std::env::var(name).ok());
         if let Some(listen) = overrides.listen {
             config.listen = listen;
@@ -326,10 +326,14 @@ impl Config {
     /// Applies the providers' conventional variables: they make a
     /// provider the config does not name, and override the fields of one it
     /// does (the environment wins over the file, as everywhere else).
-    fn apply_provider_env(&mut self, var: impl Fn(&str) -> Option<String>) {
+    fn apply_provider_env(
+        &mut self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
         let openai_url = var("OPENAI_BASE_URL");
         let openai_key = var("OPENAI_API_KEY");
         let openai_model = var("OPENAI_MODEL");
+        let openai_harness = var("OPENAI_HARNESS");
         match &mut self.openai {
             Some(openai) => {
                 if let Some(url) = openai_url {
@@ -341,6 +345,9 @@ impl Config {
                 if openai_model.is_some() {
                     openai.default_model = openai_model;
                 }
+                if let Some(harness) = openai_harness {
+                    openai.harness = Some(parse_harness(&harness)?);
+                }
             }
             None if openai_url.is_some() || openai_key.is_some() => {
                 self.openai = Some(ProviderConfig {
@@ -349,6 +356,15 @@ impl Config {
                     default_model: openai_model,
                     max_retries: default_retries(),
                     timeout_s: default_timeout_s(),
+                    harness: openai_harness.as_deref().map(parse_harness).transpose()?,
+                });
+            }
+            None if openai_harness.is_some() => {
+                return Err(ConfigError::Field {
+                    field: "OPENAI_HARNESS".into(),
+                    message: "is set but no OpenAI-compatible provider is (set OPENAI_BASE_URL \
+                              or OPENAI_API_KEY, or [openai] in the config)"
+                        .into(),
                 });
             }
             None => {}
@@ -370,10 +386,24 @@ impl Config {
                     default_model: None,
                     max_retries: default_retries(),
                     timeout_s: default_timeout_s(),
+                    harness: None,
                 });
             }
             (None, None) => {}
         }
+        Ok(())
+    }
+}
+
+/// `OPENAI_HARNESS`'s value.
+fn parse_harness(value: &str) -> Result<HarnessKind, ConfigError> {
+    match value.trim() {
+        "strict" => Ok(HarnessKind::Strict),
+        "small" => Ok(HarnessKind::Small),
+        other => Err(ConfigError::Field {
+            field: "OPENAI_HARNESS".into(),
+            message: format!("must be \"strict\" or \"small\", not {other:?}"),
+        }),
     }
 }
 

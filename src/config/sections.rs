@@ -214,6 +214,11 @@ pub struct ProviderConfig {
     pub max_retries: u32,
     #[serde(default = "default_timeout_s")]
     pub timeout_s: u64,
+    /// The harness of the models this provider serves that no
+    /// `[models.NAME]` gives one (`OPENAI_HARNESS` for `[openai]`): `small`
+    /// for a small local model behind `OPENAI_BASE_URL`. Unset: `strict`.
+    #[serde(default)]
+    pub harness: Option<HarnessKind>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -265,9 +270,15 @@ impl ModelAlias {
     /// The harness this alias runs under: `harness`, else `small` when a
     /// deprecated small-model key asks for one of its aids.
     pub fn harness(&self) -> HarnessKind {
+        self.harness_or(HarnessKind::Strict)
+    }
+
+    /// As [`ModelAlias::harness`], with `provider`'s (its `harness`) where
+    /// the alias sets neither.
+    pub fn harness_or(&self, provider: HarnessKind) -> HarnessKind {
         self.harness
             .unwrap_or(if self.deprecated_keys().is_empty() {
-                HarnessKind::Strict
+                provider
             } else {
                 HarnessKind::Small
             })

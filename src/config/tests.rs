@@ -104,13 +104,16 @@ fn provider_env_overrides_the_file() {
             default_model: Some("gpt-4o-mini".into()),
             max_retries: 3,
             timeout_s: 600,
+            harness: None,
         }),
         ..Config::default()
     };
-    config.apply_provider_env(|name| match name {
-        "OPENAI_MODEL" => Some("qwen2.5-coder".into()),
-        _ => None,
-    });
+    config
+        .apply_provider_env(|name| match name {
+            "OPENAI_MODEL" => Some("qwen2.5-coder".into()),
+            _ => None,
+        })
+        .unwrap();
     let openai = config.openai.expect("openai");
     assert_eq!(openai.default_model.as_deref(), Some("qwen2.5-coder"));
     assert_eq!(
@@ -122,15 +125,42 @@ fn provider_env_overrides_the_file() {
 #[test]
 fn provider_env_fills_openai() {
     let mut config = Config::default();
-    config.apply_provider_env(|name| match name {
-        "OPENAI_BASE_URL" => Some("http://127.0.0.1:9/v1".into()),
-        _ => None,
-    });
+    config
+        .apply_provider_env(|name| match name {
+            "OPENAI_BASE_URL" => Some("http://127.0.0.1:9/v1".into()),
+            _ => None,
+        })
+        .unwrap();
     assert_eq!(
         config.openai.as_ref().map(|p| p.base_url.as_str()),
         Some("http://127.0.0.1:9/v1")
     );
+    assert_eq!(config.openai.as_ref().and_then(|p| p.harness), None);
     assert!(config.anthropic.is_none());
+}
+
+#[test]
+fn openai_harness_sets_the_providers_harness_and_refuses_nonsense() {
+    let with = |harness: &'static str, url: bool| {
+        let mut config = Config::default();
+        config
+            .apply_provider_env(move |name| match name {
+                "OPENAI_BASE_URL" if url => Some("http://127.0.0.1:9/v1".into()),
+                "OPENAI_HARNESS" => Some(harness.into()),
+                _ => None,
+            })
+            .map(|()| config.openai.and_then(|p| p.harness))
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(with("small", true), Ok(Some(HarnessKind::Small)));
+    assert_eq!(with("strict", true), Ok(Some(HarnessKind::Strict)));
+    let err = with("tiny", true).unwrap_err();
+    assert!(
+        err.contains("OPENAI_HARNESS") && err.contains("\"small\""),
+        "{err}"
+    );
+    let err = with("small", false).unwrap_err();
+    assert!(err.contains("OPENAI_BASE_URL"), "{err}");
 }
 
 #[test]

@@ -5,10 +5,12 @@
 //! server records itself while it runs ([`records`]: one file per server),
 //! and `conclave mcp` picks among the live ones by data directory: the one
 //! on the data directory it was given, else the one on the data directory a
-//! `conclave serve` started here would use (`./data`), else the only one
-//! running. With several running and none of them on either directory it
-//! refuses, listing them, rather than guess. With none running it serves
-//! the tools itself.
+//! `conclave serve` started here would use (`./data`), else the one on the
+//! default address (`http://127.0.0.1:8080`, where a browser and every doc
+//! go), else the only one running. With several running and none of them
+//! on either directory or the default address it refuses, listing each
+//! with the `--server` that picks it, rather than guess. With none running
+//! it serves the tools itself.
 //!
 //! Layout:
 //!
@@ -102,15 +104,15 @@ impl fmt::Display for Ambiguous {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} conclave servers run as this user and none of them on {}; name one with \
-             --data-dir (its data directory) or --server (its address):",
+            "{} conclave servers run as this user, none of them on {} or on {DEFAULT_URL}; \
+             pick one with --server URL (or CONCLAVE_SERVER=URL), or --data-dir DIR:",
             self.servers.len(),
             self.wanted.display()
         )?;
         for server in &self.servers {
             write!(
                 f,
-                "\n  {}  data dir {}  pid {}",
+                "\n  conclave mcp --server {}    (data dir {}, pid {})",
                 server.url,
                 server.data_dir.display(),
                 server.pid
@@ -120,10 +122,13 @@ impl fmt::Display for Ambiguous {
     }
 }
 
+/// Where `conclave serve` listens by default, as its record names it.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
+
 /// Picks among the running `servers`: the one on `given` (the data
 /// directory from --data-dir, CONCLAVE_DATA_DIR or the config file); with
 /// none given, the one on `here` (the current directory's `./data`), else
-/// the only one. A given directory no server runs on is served in process,
+/// the one on [`DEFAULT_URL`], else the only one. A given directory no server runs on is served in process,
 /// as is the per-user one when no server runs at all.
 pub fn choose(
     servers: Vec<ServerRecord>,
@@ -149,6 +154,13 @@ pub fn choose(
             server.pid
         );
         return Ok(relay(server, why));
+    }
+    if let Some(server) = servers.iter().find(|s| s.url == DEFAULT_URL) {
+        let why = format!(
+            "the server running as pid {} on the default address {DEFAULT_URL}",
+            server.pid
+        );
+        return Ok(relay(server.clone(), why));
     }
     let mut servers = servers;
     match servers.len() {
@@ -216,10 +228,24 @@ mod tests {
         );
         assert_eq!(
             refused.to_string(),
-            "2 conclave servers run as this user and none of them on /q/data; name one with \
-             --data-dir (its data directory) or --server (its address):\n  \
-             http://127.0.0.1:1  data dir /p/a/data  pid 1\n  \
-             http://127.0.0.1:2  data dir /p/b/data  pid 2"
+            "2 conclave servers run as this user, none of them on /q/data or on \
+             http://127.0.0.1:8080; pick one with --server URL (or CONCLAVE_SERVER=URL), \
+             or --data-dir DIR:\n  \
+             conclave mcp --server http://127.0.0.1:1    (data dir /p/a/data, pid 1)\n  \
+             conclave mcp --server http://127.0.0.1:2    (data dir /p/b/data, pid 2)"
         );
+    }
+
+    #[test]
+    fn the_default_address_comes_before_refusing() {
+        let mut on_default = server(3, "/p/c/data");
+        on_default.url = DEFAULT_URL.into();
+        let three = vec![server(1, "/p/a/data"), on_default, server(2, "/p/b/data")];
+        // The data directory still decides first.
+        let here = Path::new("/p/b/data");
+        assert_eq!(relayed_to(choose(three.clone(), None, here)), Some(2));
+        // Then the one a browser would reach.
+        let elsewhere = Path::new("/q/data");
+        assert_eq!(relayed_to(choose(three, None, elsewhere)), Some(3));
     }
 }

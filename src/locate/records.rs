@@ -45,17 +45,23 @@ impl ServerRecord {
         let pid = std::process::id();
         let started = process_started(pid)
             .ok_or_else(|| std::io::Error::other("cannot read this process's start time"))?;
+        Ok(ServerRecord {
+            pid,
+            started,
+            data_dir: canonical(data_dir),
+            url: ServerRecord::reached_at(listen),
+        })
+    }
+
+    /// `http://<ip>:<port>` of a server listening on `listen`: on loopback
+    /// when it listens on every address.
+    pub fn reached_at(listen: SocketAddr) -> String {
         let ip = match listen.ip() {
             IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
             ip => ip,
         };
-        Ok(ServerRecord {
-            pid,
-            started,
-            data_dir: canonical(data_dir),
-            url: format!("http://{}", SocketAddr::new(ip, listen.port())),
-        })
+        format!("http://{}", SocketAddr::new(ip, listen.port()))
     }
 
     fn file_name(&self) -> String {

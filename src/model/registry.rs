@@ -134,6 +134,8 @@ impl Tariff {
 struct Served {
     provider: Arc<dyn ModelProvider>,
     tariff: Tariff,
+    /// The provider's `harness`, for its models no alias gives one.
+    harness: HarnessKind,
 }
 
 /// The model a session uses when it names none.
@@ -202,6 +204,7 @@ impl ModelRegistry {
                 config.demo.chunk_delay_ms,
             ))),
             tariff: Tariff::Demo,
+            harness: HarnessKind::Strict,
         };
 
         let mut registry = ModelRegistry {
@@ -276,7 +279,7 @@ impl ModelRegistry {
                 price,
                 tool_call_mode: spec.map_or(ToolCallMode::Native, |s| s.tool_call_mode),
                 default_tools: spec.and_then(|s| s.tools.clone()),
-                harness: spec.map_or(HarnessKind::Strict, ModelAlias::harness),
+                harness: spec.map_or(served.harness, |s| s.harness_or(served.harness)),
                 configured_window: spec.and_then(|s| s.context_window),
                 builtin_window: tariff.window(model),
             },
@@ -298,6 +301,7 @@ impl ModelRegistry {
             ProviderKind::Demo => self.aliases.get("demo").map(|m| Served {
                 provider: m.provider.clone(),
                 tariff: Tariff::Demo,
+                harness: HarnessKind::Strict,
             }),
         }
     }
@@ -355,6 +359,11 @@ impl ModelRegistry {
                 builtin_window: None,
             });
         }
+        // `sonnet`, `opus`, `haiku` are Anthropic's names here, never an
+        // OpenAI-compatible server's (a config alias of that name wins).
+        if BUILTIN_ALIASES.iter().any(|(alias, _, _)| *alias == name) {
+            return Err(self.unknown(name));
+        }
         let provider = if name.starts_with("claude") && self.anthropic.is_some() {
             self.anthropic.clone()
         } else {
@@ -368,7 +377,7 @@ impl ModelRegistry {
             price: self.price(served.tariff, name),
             tool_call_mode: ToolCallMode::Native,
             default_tools: None,
-            harness: HarnessKind::Strict,
+            harness: served.harness,
             configured_window: None,
             builtin_window: served.tariff.window(name),
         })
@@ -420,7 +429,11 @@ impl ModelRegistry {
         known.sort();
         known.dedup();
         let mut known = known.join(", ");
-        if name.starts_with("claude") && self.anthropic.is_none() {
+        if let Some((alias, _, model)) = BUILTIN_ALIASES.iter().find(|(a, ..)| *a == name) {
+            known.push_str(&format!(
+                " ({alias} is Anthropic's {model}: set ANTHROPIC_API_KEY or [anthropic] to use it)"
+            ));
+        } else if name.starts_with("claude") && self.anthropic.is_none() {
             known.push_str(
                 " (claude-* names go to Anthropic: set ANTHROPIC_API_KEY or [anthropic] to use \
                  them)",
@@ -459,6 +472,7 @@ fn merged(base: Option<&ProviderConfig>, spec: &ModelAlias) -> ProviderConfig {
         default_model: None,
         max_retries: base.map_or(3, |b| b.max_retries),
         timeout_s: base.map_or(600, |b| b.timeout_s),
+        harness: base.and_then(|b| b.harness),
     }
 }
 
@@ -471,6 +485,7 @@ fn openai_provider(p: &ProviderConfig) -> Result<Served, ModelError> {
             Duration::from_secs(p.timeout_s),
         )?),
         tariff: Tariff::of(ProviderKind::Openai, &p.base_url),
+        harness: p.harness.unwrap_or_default(),
     })
 }
 
@@ -483,87 +498,10 @@ fn anthropic_provider(p: &ProviderConfig) -> Result<Served, ModelError> {
             Duration::from_secs(p.timeout_s),
         )?),
         tariff: Tariff::of(ProviderKind::Anthropic, &p.base_url),
+        harness: p.harness.unwrap_or_default(),
     })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn openai_at(base_url: &str) -> Config {
-        Config {
-            openai: Some(ProviderConfig {
-                base_url: base_url.into(),
-                api_key: None,
-                default_model: None,
-                max_retries: 0,
-                timeout_s: 5,
-            }),
-            ..Config::default()
-        }
-    }
-
-    fn price_of(config: &Config, model: &str) -> Option<Price> {
-        ModelRegistry::from_config(config)
-            .unwrap()
-            .resolve(model)
-            .unwrap()
-            .price
-    }
-
-    #[test]
-    fn a_provider_s_prices_hold_only_at_its_own_api() {
-        let official = Price {
-            cache_read_per_mtok: Some(0.075),
-            ..Price::new(0.15, 0.6)
-        };
-        let openai = openai_at("https://api.openai.com/v1");
-        assert_eq!(price_of(&openai, "gpt-4o-mini"), Some(official));
-        let local = openai_at("http://127.0.0.1:8081/v1");
-        assert_eq!(price_of(&local, "gpt-4o-mini"), None);
-        assert_eq!(price_of(&local, "claude-sonnet-4-5"), None);
-
-        let mut anthropic = Config {
-            anthropic: local.openai.clone(),
-            ..Config::default()
-        };
-        assert_eq!(
-            price_of(&anthropic, "sonnet"),
-            None,
-            "an Anthropic-speaking server"
-        );
-        anthropic.anthropic.as_mut().unwrap().base_url = "https://api.anthropic.com".into();
-        assert_eq!(
-            price_of(&anthropic, "sonnet").map(|p| p.input_per_mtok),
-            Some(3.0)
-        );
-    }
-
-    #[test]
-    fn config_prices_hold_for_any_provider() {
-        let own = Price::new(1.0, 2.0);
-        let mut local = openai_at("http://127.0.0.1:8081/v1");
-        local.prices.insert("qwen".into(), own);
-        local.prices.insert("gpt-4o-mini".into(), own);
-        assert_eq!(price_of(&local, "qwen"), Some(own));
-        assert_eq!(price_of(&local, "gpt-4o-mini"), Some(own));
-        assert_eq!(price_of(&local, "other"), None);
-    }
-
-    #[test]
-    fn the_default_model_is_listed_only_at_a_server_elsewhere() {
-        let default = |config: &Config| {
-            ModelRegistry::from_config(config)
-                .unwrap()
-                .default_model()
-                .map(str::to_owned)
-        };
-        assert_eq!(default(&Config::default()).as_deref(), Some("demo"));
-        let openai = openai_at("https://api.openai.com/v1");
-        assert_eq!(default(&openai).as_deref(), Some(OPENAI_DEFAULT));
-        let mut local = openai_at("http://127.0.0.1:8081/v1");
-        assert_eq!(default(&local), None, "read from the server's listing");
-        local.openai.as_mut().unwrap().default_model = Some("qwen".into());
-        assert_eq!(default(&local).as_deref(), Some("qwen"));
-    }
-}
+#[path = "registry_tests.rs"]
+mod tests;

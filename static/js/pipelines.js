@@ -31,9 +31,14 @@ function mountList(main, ctx) {
     h('option', { value: '' }, 'server default'), ['auto', 'ask', 'ask_writes', 'plan'].map((m) => h('option', { value: m }, m)));
   const delay = h('input', { type: 'number', min: 0, max: 60000, value: 300, 'aria-label': 'Mock delay per node in milliseconds', testid: 'mock-delay' });
   const mockOn = h('input', { type: 'checkbox', 'aria-label': 'Mock agents', testid: 'mock-on' });
+  const delayField = field('Mock delay per node (ms)', delay);
   const mockBox = h('div', null,
     h('label', { class: 'check' }, mockOn, ' Mock agents: no model is called, each node answers its happy-path decision'),
-    field('Mock delay per node (ms)', delay));
+    delayField);
+  // The delay means something only for mocked nodes.
+  const showDelay = () => { delayField.hidden = !mockOn.checked; };
+  mockOn.addEventListener('change', showDelay);
+  showDelay();
   const connectorFields = h('div', { class: 'form-grid' }, field('Connector name', name), field('Connector type', type));
   const requestField = field('Request', request);
   const genericField = field('Input state (JSON)', inputJson, 'Initial values of state fields');
@@ -63,7 +68,7 @@ function mountList(main, ctx) {
   }).catch((e) => err.replaceChildren(errorBox(e)));
   api.get('/orchestrator/health').then((hl) => {
     // In test mode every run is mocked: the box is ticked for good.
-    if (hl?.test_mode) { mockOn.checked = true; mockOn.disabled = true; }
+    if (hl?.test_mode) { mockOn.checked = true; mockOn.disabled = true; showDelay(); }
     form.dataset.testMode = String(!!hl?.test_mode);
   }).catch(() => { form.dataset.testMode = 'unknown'; });
 

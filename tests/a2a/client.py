@@ -113,9 +113,14 @@ async def main():
         not_json = (await h.post(f"{url}/a2a/agent", content=b"{",
                                  headers={"A2A-Version": "1.0",
                                           "Content-Type": "application/json"})).json()
+        # The card says extendedAgentCard: false (spec 3.3.4).
+        extended = (await h.post(f"{url}/a2a/agent", json={**rpc, "method": "GetExtendedAgentCard",
+                                                          "params": {}},
+                                 headers={"A2A-Version": "1.0"})).json()
         out["bad"] = {"no_version": no_version["error"]["code"],
                       "unknown": unknown["error"]["code"],
-                      "not_json": not_json["error"]["code"]}
+                      "not_json": not_json["error"]["code"],
+                      "extended_card": extended["error"]["code"]}
     async with httpx.AsyncClient() as anonymous:
         # The card is public; a call is not.
         out["no_key_card"] = (await anonymous.get(

@@ -147,6 +147,30 @@ impl Harness {
         }
     }
 
+    /// Under the strict harness (no aids), an answer that is itself
+    /// nothing but calls of offered tools written as text: what to tell the
+    /// user, since the calls do not run. A capable model's answer is text
+    /// and gets nothing; a small model that writes its calls as text gets
+    /// this hint once per turn end.
+    pub fn strict_answer_hint(&self, text: &str, tools: &[ToolSpec]) -> Option<String> {
+        if !self.aids.is_empty() || tools.is_empty() {
+            return None;
+        }
+        let recovered = crate::model::lenient::recover_tool_calls(text, tools)?;
+        let leftover = recovered.text.trim();
+        if recovered.calls.is_empty() || !(leftover.is_empty() || leftover == "```") {
+            return None;
+        }
+        let names: Vec<&str> = recovered.calls.iter().map(|c| c.name.as_str()).collect();
+        Some(format!(
+            "the answer is a call of {} written as text, which the strict harness does not \
+             run (it runs only calls sent through the provider's tool-call channel); a small \
+             model that writes its calls as text needs the small harness: OPENAI_HARNESS=small, \
+             or harness = \"small\" in [openai] or [models.NAME] (docs/models.md)",
+            names.join(", ")
+        ))
+    }
+
     pub fn before_call(&mut self, next: &mut NextCall<'_>, say: &mut Interventions) {
         for aid in &mut self.aids {
             aid.before_call(next, say);
@@ -251,4 +275,48 @@ pub(crate) fn emit_interventions(
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools() -> Vec<ToolSpec> {
+        ["Bash", "Read"]
+            .iter()
+            .map(|name| ToolSpec {
+                name: name.to_string(),
+                description: String::new(),
+                input_schema: Arc::new(serde_json::json!({"type": "object"})),
+                read_only: false,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_strict_answer_that_is_only_a_call_as_text_gets_a_hint() {
+        let strict = Harness::new(HarnessKind::Strict, ToolCallMode::Native);
+        let hint = |text: &str| strict.strict_answer_hint(text, &tools());
+        let call = r#"{"name": "Bash", "arguments": {"command": "ls"}}"#;
+        let said = hint(call).expect("a hint");
+        assert!(
+            said.contains("call of Bash") && said.contains("OPENAI_HARNESS=small"),
+            "{said}"
+        );
+        assert!(hint(&format!("```json\n{call}\n```")).is_some());
+        assert!(hint(&format!("<tool_call>{call}</tool_call>")).is_some());
+        // Prose, prose around a call, a tool not offered, no tools: none.
+        assert_eq!(hint("The files are a and b."), None);
+        assert_eq!(
+            hint(&format!(
+                "To list them I would run {call}, which shows a and b."
+            )),
+            None
+        );
+        assert_eq!(hint(r#"{"name": "Delete", "arguments": {}}"#), None);
+        assert_eq!(strict.strict_answer_hint(call, &[]), None);
+        // The small harness runs such calls itself: no hint.
+        let small = Harness::new(HarnessKind::Small, ToolCallMode::Native);
+        assert_eq!(small.strict_answer_hint(call, &tools()), None);
+    }
 }

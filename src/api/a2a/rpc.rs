@@ -29,7 +29,6 @@ pub const TASK_NOT_FOUND: i64 = -32001;
 pub const TASK_NOT_CANCELABLE: i64 = -32002;
 pub const UNSUPPORTED: i64 = -32004;
 pub const CONTENT_TYPE: i64 = -32005;
-pub const NO_EXTENDED_CARD: i64 = -32007;
 pub const VERSION_NOT_SUPPORTED: i64 = -32009;
 pub const INVALID_REQUEST: i64 = -32600;
 pub const METHOD_NOT_FOUND: i64 = -32601;
@@ -182,9 +181,12 @@ async fn dispatch(
         "GetTaskPushNotificationConfig" => one(push::get(call, &params).await?),
         "ListTaskPushNotificationConfigs" => one(push::list(call, &params).await?),
         "DeleteTaskPushNotificationConfig" => one(push::delete(call, &params).await?),
+        // The card says `extendedAgentCard: false`: the operation is not
+        // supported (A2A §3.3.4), rather than a card that is not set up.
         "GetExtendedAgentCard" => Err(RpcError::new(
-            NO_EXTENDED_CARD,
-            "this agent has no extended card: its public card is all there is",
+            UNSUPPORTED,
+            "this agent has no extended card (capabilities.extendedAgentCard is false): its \
+             public card is all there is",
         )),
         other => Err(RpcError::new(
             METHOD_NOT_FOUND,

@@ -48,7 +48,7 @@ pub async fn read_whole(limits: BodyLimits, request: Request) -> Result<Request,
             let too_large = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             return Err(if too_large {
-                ApiError::body_too_large()
+                ApiError::body_too_large(Some(limits.max_bytes))
             } else {
                 ApiError::bad_request(format!("cannot read the request body: {e}"))
             }

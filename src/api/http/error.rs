@@ -80,12 +80,16 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
-    pub fn body_too_large() -> ApiError {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "the request body is larger than the server accepts (max_body_bytes)",
-        )
+    /// A body past `max_body_bytes` (`limit`, where the caller knows it).
+    pub fn body_too_large(limit: Option<usize>) -> ApiError {
+        let message = match limit {
+            Some(limit) => format!(
+                "the request body is larger than the server accepts: max_body_bytes is \
+                 {limit} bytes"
+            ),
+            None => "the request body is larger than the server accepts (max_body_bytes)".into(),
+        };
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
     }
 
     pub fn unauthorized(message: impl Into<String>) -> ApiError {

@@ -20,10 +20,12 @@ pub struct RawJsonObject(pub Object);
 
 /// The whole body; a body over the limit is 413.
 async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    // The Content-Type was checked before routing (`browser::check`).
+    // The Content-Type was checked before routing (`browser::check`), and
+    // the body read whole within max_body_bytes (`body::read_whole`, which
+    // names the limit): a rejection here is axum's own limit.
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::body_too_large()
+            ApiError::body_too_large(None)
         } else {
             ApiError::bad_request(format!("cannot read the request body: {rejection}"))
         }

@@ -95,14 +95,24 @@ fn file(path: &str, headers: &HeaderMap) -> Response {
 
 /// `GET /auth/me`: whether the server wants keys, and whether the caller's
 /// is an admin's. Without a valid key on a keyed server the auth layer
-/// answers `401` first.
+/// answers `401` first. A key sent to a server without keys is ignored,
+/// and `note` says so: the caller is not who it may think it is.
 #[utoipa::path(get, path = "/auth/me",
-    responses((status = 200, description = "{auth, admin}"), (status = 401, body = crate::api::http::error::ErrorBody)))]
+    responses((status = 200, description = "{auth, admin, note?}"), (status = 401, body = crate::api::http::error::ErrorBody)))]
 pub async fn me(
     axum::extract::State(state): axum::extract::State<AppState>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
 ) -> Json<Value> {
-    Json(json!({"auth": state.keys.enabled(), "admin": caller.admin}))
+    let auth = state.keys.enabled();
+    let mut me = json!({"auth": auth, "admin": caller.admin});
+    if !auth && headers.contains_key(header::AUTHORIZATION) {
+        me["note"] = json!(
+            "this server has no API keys (api_keys unset): the key sent was ignored, and every \
+             caller shares the same sessions"
+        );
+    }
+    Json(me)
 }
 
 /// `POST /auth/ticket`: a single-use ticket for one WebSocket

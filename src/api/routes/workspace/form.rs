@@ -139,7 +139,7 @@ impl Form {
         let mut bytes = Vec::new();
         while let Some(chunk) = field.chunk().await.map_err(form_error)? {
             if bytes.len() + chunk.len() > state.config.max_body_bytes {
-                return Err(ApiError::body_too_large());
+                return Err(ApiError::body_too_large(Some(state.config.max_body_bytes)));
             }
             bytes.extend_from_slice(&chunk);
         }
