@@ -42,8 +42,8 @@
 //!
 //! [`config`], [`protocol`] and [`telemetry`] are the ground floor:
 //! features import them, and they import no feature, only each other and
-//! leaf modules that import nothing ([`sync`], [`yaml`], [`egress`],
-//! [`permission`]). [`store`] holds the durable state the features share.
+//! leaf modules that import nothing ([`sync`], [`yaml`], [`words`],
+//! [`egress`], [`permission`]). [`store`] holds the durable state the features share.
 //! Features (sessions, agents, the gateway, the bus, sandboxes and the
 //! rest) sit above them; [`api`] and [`mcp`] are the surfaces over the
 //! features, and [`server`] assembles everything. `tests/structure.rs` fails on any import loop
@@ -74,6 +74,8 @@
 //! - [`sync`]: poison-tolerant lock helpers, and `KeyedSlots` (places
 //!   taken overall and per key).
 //! - [`yaml`]: bounds on YAML's size and nesting, checked before parsing.
+//! - [`words`]: the name a typo meant, and serde's Rust type names in
+//!   words, for the configuration's and the requests' errors.
 //! - [`prefix`]: a prompt as a chain of block hashes, for the sim's prefix
 //!   cache and the gateway's `prefix_cache` strategy.
 //! - [`shutdown`]: the root cancellation token and signal handling.
@@ -171,4 +173,5 @@ pub mod telemetry;
 pub mod tools;
 pub mod upstream;
 pub mod usage;
+pub mod words;
 pub mod yaml;

@@ -549,7 +549,8 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
                 .await,
             422,
             "invalid_request",
-            "options.max_turns",
+            // Its type in words, not Rust's `u32`.
+            "options.max_turns: invalid type: string \"ten\", expected a whole number from 0 to",
         ),
         (
             server

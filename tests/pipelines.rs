@@ -653,6 +653,12 @@ async fn a_users_pipeline_from_a_directory_runs_and_validate_checks_one() {
         message.starts_with("request:24: edges[2].to: unknown node"),
         "{message}"
     );
+    let typo = THREE.replace("prompt: read the ticket", "promt: read the ticket");
+    let message = invalid(&server, &typo).await;
+    assert!(
+        message.contains("unknown field `promt`") && message.ends_with("did you mean `prompt`?"),
+        "{message}"
+    );
     server.stop().await;
 
     // A broken file stops the start, naming the file and the line.

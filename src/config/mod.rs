@@ -421,10 +421,19 @@ fn describe(errors: figment::Error) -> ConfigError {
                     None => format!(" (from {})", m.name),
                 })
                 .unwrap_or_default();
+            let kind = match &e.kind {
+                figment::error::Kind::UnknownField(name, known) => {
+                    match crate::words::closest(name, known.iter().copied()) {
+                        Some(near) => format!("unknown field `{name}`; did you mean `{near}`?"),
+                        None => e.kind.to_string(),
+                    }
+                }
+                kind => crate::words::plain_types(&kind.to_string()),
+            };
             if field.is_empty() {
-                format!("{}{origin}", e.kind)
+                format!("{kind}{origin}")
             } else {
-                format!("{field}: {}{origin}", e.kind)
+                format!("{field}: {kind}{origin}")
             }
         })
         .collect();

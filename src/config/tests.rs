@@ -345,3 +345,28 @@ fn named_keys_and_the_default_quota_load_and_are_checked_naming_the_field() {
     // Never the secret in an error.
     assert!(!err.contains("alice-secret-1"), "{err}");
 }
+
+/// A misspelt key is named with the key it most likely meant, and a wrong
+/// type in words rather than Rust's.
+#[test]
+fn config_errors_say_what_a_typo_meant_and_types_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let load = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        Config::load(Some(&path), &Overrides::default())
+            .unwrap_err()
+            .to_string()
+    };
+    let typo = load("[agent]\nmax_turnz = 3\n");
+    assert!(
+        typo.contains("unknown field `max_turnz`; did you mean `max_turns`?"),
+        "{typo}"
+    );
+    let wrong = load("[agent]\nmax_turns = \"three\"\n");
+    assert!(
+        wrong.contains("expected a whole number from 0 to 4294967295"),
+        "{wrong}"
+    );
+    assert!(!wrong.contains("u32"), "{wrong}");
+}

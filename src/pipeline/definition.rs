@@ -131,7 +131,7 @@ impl Definition {
             file: file.to_owned(),
             line: e.location().map_or(0, |l| l.line()),
             place: "document".into(),
-            message: e.to_string(),
+            message: crate::words::suggested(&crate::words::plain_types(&e.to_string())),
         })?;
         definition
             .check()

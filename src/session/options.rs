@@ -57,9 +57,10 @@ pub fn from_body<T: DeserializeOwned>(
     }
     serde_path_to_error::deserialize(Value::Object(merged)).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner().to_string();
+        let inner = crate::words::plain_types(&e.into_inner().to_string());
         // serde names an unknown field in its message; keep the path
-        // pointing at the object that held it.
+        // pointing at the object that held it. Flat or nested, an option
+        // is named `options.NAME`, as the kinds' own checks name it.
         let field = if path == "." {
             "options".to_string()
         } else {
@@ -98,7 +99,7 @@ fn unknown<'a>(
     key: &str,
     known: impl Iterator<Item = &'a str> + Clone,
 ) -> OptionError {
-    let message = match closest(key, known.clone()) {
+    let message = match crate::words::closest(key, known.clone()) {
         Some(name) => format!("unknown field; did you mean {name}?"),
         None => {
             let mut names: Vec<&str> = known.collect();
@@ -107,18 +108,6 @@ fn unknown<'a>(
         }
     };
     OptionError::new(field, message)
-}
-
-/// The known name a typo most likely meant: the nearest by edits, when it
-/// is at most two edits (one for short names) away.
-fn closest<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    let key = key.to_ascii_lowercase();
-    let limit = if key.chars().count() <= 4 { 1 } else { 2 };
-    known
-        .map(|name| (strsim::levenshtein(&key, name), name))
-        .filter(|(distance, _)| *distance <= limit)
-        .min()
-        .map(|(_, name)| name)
 }
 
 /// The field names of `T` when it deserializes as a struct (as serde's
@@ -200,6 +189,25 @@ mod tests {
         );
         let reserved = refused(json!({"options": {"prompt": "hi"}}));
         assert_eq!(reserved.field, "options.prompt", "not an option");
+    }
+
+    #[test]
+    fn a_wrong_type_is_named_with_its_type_in_words() {
+        let flat = refused(json!({"prompt": "hi", "max_turns": "x"}));
+        assert_eq!(
+            (flat.field.as_str(), flat.message.as_str()),
+            (
+                "options.max_turns",
+                "invalid type: string \"x\", expected a whole number from 0 to 4294967295"
+            )
+        );
+        let nested = refused(json!({"options": {"max_turns": -1}}));
+        assert_eq!(nested.field, "options.max_turns");
+        assert!(
+            nested
+                .message
+                .ends_with("expected a whole number from 0 to 4294967295")
+        );
     }
 
     #[test]

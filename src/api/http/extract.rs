@@ -113,7 +113,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
             .map(Body)
             .map_err(|e| {
                 let field = e.path().to_string();
-                ApiError::invalid(&field, e.into_inner())
+                let message = crate::words::plain_types(&e.into_inner().to_string());
+                ApiError::invalid(&field, message)
             })
     }
 }
