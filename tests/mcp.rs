@@ -462,6 +462,38 @@ async fn mcp_refuses_a_host_outside_allowed_hosts() {
     server.stop_and_remove_sandboxes().await;
 }
 
+/// A body that is not one JSON-RPC message is answered with a JSON-RPC
+/// error and `400`: not JSON `-32700`, a batch or another value `-32600`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_mcp_body_gets_a_jsonrpc_error() {
+    let server = TestServer::start_sandboxed(|_| {}).await;
+    for (body, code) in [
+        ("{", -32700),
+        (r#"[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]"#, -32600),
+        (r#"{"id": 1, "method": "ping"}"#, -32600),
+        (r#"{"jsonrpc": "2.0", "id": 1}"#, -32600),
+        ("42", -32600),
+    ] {
+        let answer = server
+            .http
+            .post(server.url("/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body)
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(answer.status(), 400, "{body}");
+        let error: Value = answer.json().await.expect("a JSON-RPC error");
+        assert_eq!(
+            (&error["jsonrpc"], &error["id"], &error["error"]["code"]),
+            (&json!("2.0"), &Value::Null, &json!(code)),
+            "{body}: {error}"
+        );
+    }
+    server.stop_and_remove_sandboxes().await;
+}
+
 /// As an IDE starts it: `conclave mcp` without `--data-dir`, from another
 /// directory, relays to the `conclave serve` running as the same user (the
 /// README's default flags), says so in its log, and makes no `./data` where

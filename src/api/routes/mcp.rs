@@ -40,8 +40,64 @@ pub fn routes(state: &AppState) -> Option<Router<AppState>> {
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(Owners::default()),
                 bind_owner,
-            )),
+            ))
+            .layer(axum::middleware::from_fn(jsonrpc_errors)),
     )
+}
+
+/// A POST whose body is not one JSON-RPC message gets a JSON-RPC error
+/// (`-32700` not JSON, `-32600` a batch or not a JSON-RPC 2.0 message)
+/// with `400`, as the transport asks, instead of rmcp's plain-text `415`.
+/// The body was read whole before routing (`body::read_whole`), so this
+/// reads memory.
+async fn jsonrpc_errors(request: Request, next: Next) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return refuse(-32700, "Parse error: the body could not be read");
+    };
+    let problem = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Err(e) => Some((-32700, format!("Parse error: {e}"))),
+        Ok(serde_json::Value::Array(_)) => Some((
+            -32600,
+            "Invalid Request: JSON-RPC batches are not supported (MCP has none since \
+             2025-06-18): send one message per request"
+                .to_string(),
+        )),
+        Ok(serde_json::Value::Object(message)) => {
+            let versioned = message.get("jsonrpc").and_then(|v| v.as_str()) == Some("2.0");
+            let shaped = message.get("method").is_some_and(|m| m.is_string())
+                || message.contains_key("result")
+                || message.contains_key("error");
+            (!versioned || !shaped).then(|| {
+                (
+                    -32600,
+                    "Invalid Request: not a JSON-RPC 2.0 message (`jsonrpc: \"2.0\"` and a \
+                     `method`, or a `result` or `error`)"
+                        .to_string(),
+                )
+            })
+        }
+        Ok(_) => Some((
+            -32600,
+            "Invalid Request: a JSON-RPC message is a JSON object".to_string(),
+        )),
+    };
+    match problem {
+        Some((code, message)) => refuse(code, &message),
+        None => {
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+    }
+}
+
+fn refuse(code: i64, message: &str) -> Response {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": null,
+        "error": {"code": code, "message": message}});
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
 async fn bind_owner(State(owners): State<Arc<Owners>>, request: Request, next: Next) -> Response {
