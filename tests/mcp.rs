@@ -205,6 +205,9 @@ fn check(seen: &Value, served: bool) {
         error("bad_language")
     );
     assert!(!error("unknown_tool").is_empty());
+    // No prompts are declared, and prompts/list says so: method not found.
+    assert_eq!(seen["declares_prompts"], json!(false));
+    assert_eq!(seen["list_prompts"], json!(-32601));
     assert_eq!(
         seen["failures_as_results"],
         json!([

@@ -62,3 +62,9 @@ pub fn http_service(
         config,
     )
 }
+
+/// `prompts/list` on a server that declares no prompts: an unknown method,
+/// as MCP answers any request of a capability not declared.
+fn no_prompts() -> rmcp::ErrorData {
+    rmcp::ErrorData::method_not_found::<rmcp::model::ListPromptsRequestMethod>()
+}

@@ -242,6 +242,15 @@ impl ServerHandler for Proxy {
         self.info.clone()
     }
 
+    /// As the server relayed to: no prompts.
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        Err(super::no_prompts())
+    }
+
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,

@@ -363,6 +363,16 @@ impl ServerHandler for SandboxServer {
         super::resources::list(&self.host, &self.caller, &ctx).await
     }
 
+    /// No prompts are declared, so `prompts/list` is an unknown method
+    /// (rmcp's default answers an empty list to a capability never offered).
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        Err(super::no_prompts())
+    }
+
     async fn list_resource_templates(
         &self,
         _request: Option<PaginatedRequestParams>,

@@ -41,7 +41,8 @@ async def error_of(session, name, arguments):
 async def exercise(read, write, session_id):
     seen = {}
     async with ClientSession(read, write) as session:
-        await session.initialize()
+        init = await session.initialize()
+        seen["declares_prompts"] = init.capabilities.prompts is not None
         tools = await session.list_tools()
         seen["tools"] = sorted(t.name for t in tools.tools)
         seen["execute_code_schema"] = next(
@@ -196,6 +197,12 @@ async def exercise(read, write, session_id):
             session, "execute_code", {"code": "1", "language": "cobol", "session_id": session_id}
         )
         seen["unknown_tool"] = await error_of(session, "no_such_tool", {})
+        # No prompts are declared, so prompts/list is an unknown method.
+        try:
+            await session.list_prompts()
+            seen["list_prompts"] = "answered"
+        except Exception as e:  # McpError carries the JSON-RPC error
+            seen["list_prompts"] = getattr(getattr(e, "error", None), "code", str(e))
         # A tool's own failure is a result the model can read, not a
         # JSON-RPC error (which call_tool would raise).
         failures = []
