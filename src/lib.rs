@@ -32,7 +32,7 @@
 //!   as tools ([`a2a_client`]).
 //! - AG-UI: `POST /ag-ui/{agent}`, a run answered as AG-UI events over
 //!   SSE ([`api::agui`]).
-//! - The LangGraph Agent Protocol under `/langgraph`, as the official
+//! - The LangGraph Platform API under `/langgraph`, as the official
 //!   `langgraph-sdk` client uses it ([`api::langgraph`]).
 //! - OpenTelemetry: traces of turns and gateway calls exported over
 //!   OTLP/HTTP when `[telemetry]` sets an endpoint ([`telemetry::otel`]).

@@ -244,7 +244,32 @@ async fn rolled_back(url: &str, seen: &Value) {
     assert_eq!(seen["rollback_history"], json!([after, kept]));
 
     let thread = seen["rollback_thread"].as_str().unwrap();
-    let response = reqwest::Client::new()
+    // The history read with a GET is the SDK's POST form's.
+    let http = reqwest::Client::new();
+    let history = format!("{url}/langgraph/threads/{thread}/history");
+    let got =
+        common::binary::json_of(http.get(format!("{history}?limit=1")).bearer_auth(KEY_A)).await;
+    let texts: Vec<&Value> = got[0]["values"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["content"])
+        .collect();
+    assert_eq!(
+        (got.as_array().unwrap().len(), json!(texts)),
+        (1, after.clone()),
+        "{got}"
+    );
+    let other = http.get(&history).bearer_auth(KEY_B).send().await.unwrap();
+    assert_eq!(other.status(), 404, "another key's thread");
+    let typo = http
+        .get(format!("{history}?limt=1"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(typo.status(), 400);
+    let response = http
         .get(format!("{url}/agent/session/{thread}/events"))
         .bearer_auth(KEY_A)
         .send()

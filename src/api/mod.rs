@@ -6,7 +6,7 @@
 //! - [`routes`]: the resource routes, one file per resource.
 //! - [`grpc`]: the gRPC services (the bus, deliberations).
 //! - Protocol adapters: [`a2a`] (A2A JSON-RPC), [`agui`] (AG-UI,
-//!   `POST /ag-ui/{agent}`), [`langgraph`] (the LangGraph Agent Protocol
+//!   `POST /ag-ui/{agent}`), [`langgraph`] (the LangGraph Platform API
 //!   under `/langgraph`).
 
 pub mod a2a;

@@ -1,4 +1,4 @@
-//! The LangGraph Agent Protocol under `/langgraph`: the part of the
+//! The LangGraph Platform API under `/langgraph`: the part of the
 //! LangGraph Platform API that the official `langgraph-sdk` client uses,
 //! mapped onto Conclave's own machinery (docs/langgraph.md has the table).
 //!
@@ -32,7 +32,10 @@ pub fn router() -> Router<AppState> {
         .route("/threads/search", post(threads::search))
         .route("/threads/{id}", get(threads::get).delete(threads::delete))
         .route("/threads/{id}/state", get(threads::state))
-        .route("/threads/{id}/history", post(threads::history))
+        .route(
+            "/threads/{id}/history",
+            get(threads::history_get).post(threads::history),
+        )
         .route("/threads/{id}/runs", post(runs::create))
         .route("/threads/{id}/runs/stream", post(runs::stream))
         .route("/threads/{id}/runs/wait", post(runs::wait))

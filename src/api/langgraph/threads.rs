@@ -12,7 +12,7 @@ use super::{PIPELINE, assistant, assistant_json, current_values, thread_id, valu
 use crate::agent::profiles::{self, Agent};
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
-use crate::api::http::extract::JsonObject;
+use crate::api::http::extract::{ApiQuery, JsonObject};
 use crate::api::http::state::AppState;
 use crate::api::routes::agents::{Opening, open_session};
 use crate::protocol::{EventKind, SessionKind, SessionStatus};
@@ -223,9 +223,37 @@ pub async fn history(
     mut body: JsonObject,
 ) -> Result<Json<Vec<Value>>, ApiError> {
     let limit = body.take::<usize>("limit")?.unwrap_or(SEARCH_DEFAULT);
-    let session = state.sessions.get(thread_id(&id)?, caller.owner()).await?;
+    states(&state, &caller, &id, limit).await.map(Json)
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /threads/{id}/history?limit=`: the same states, for the clients
+/// that read a thread's history with a GET.
+pub async fn history_get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<HistoryQuery>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let limit = query.limit.unwrap_or(SEARCH_DEFAULT);
+    states(&state, &caller, &id, limit).await.map(Json)
+}
+
+/// The thread's states, newest first, at most `limit` of them.
+async fn states(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    limit: usize,
+) -> Result<Vec<Value>, ApiError> {
+    let session = state.sessions.get(thread_id(id)?, caller.owner()).await?;
     if session.kind.as_str() == PIPELINE {
-        return pipeline_history(&state, &session, limit).await.map(Json);
+        return pipeline_history(state, &session, limit).await;
     }
     let history = state.sessions.history(&session).await?;
     let mut ends: Vec<(u64, DateTime<Utc>, usize)> = Vec::new();
@@ -250,7 +278,7 @@ pub async fn history(
             state_json(session.id, values(kept), *seq, Some(*ts))
         })
         .collect();
-    Ok(Json(states))
+    Ok(states)
 }
 
 /// A pipeline thread's history: its run's checkpoints, newest first, each
