@@ -1,7 +1,8 @@
 //! End to end with real local models on `llama-server`, spoken to through
 //! the `openai` provider (and its Messages API through the `anthropic`
 //! one): SmolLM2 streams text and reports prompt-cache reuse,
-//! Qwen2.5-Coder-0.5B calls tools in a real sandbox.
+//! Qwen2.5-Coder-0.5B calls tools in a real sandbox, and the README's
+//! local-model line runs as written on the real binary.
 //!
 //! Needs `CONCLAVE_TEST_LLAMA_SERVER` (the llama-server binary),
 //! `CONCLAVE_TEST_GGUF` (SmolLM2) and `CONCLAVE_TEST_QWEN_GGUF` (Qwen);
@@ -368,4 +369,92 @@ async fn a_small_real_model_computes_with_python_in_a_sandbox() {
         "{result}"
     );
     server.stop_and_remove_sandboxes().await;
+}
+
+/// The README's line for a local model server, as written: the real
+/// binary in a fresh directory, no config file, `OPENAI_BASE_URL` at a
+/// llama-server of Qwen2.5-Coder-0.5B and the first model it lists. With
+/// `OPENAI_HARNESS=small` the model's call written as text runs and the
+/// turn answers with what it printed; without it (strict) nothing runs,
+/// and an answer that is only such a call gets a `status` hint naming the
+/// variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_local_model_line_runs_calls_with_openai_harness_small() {
+    use common::binary::{serve_command, spawn_server, stop};
+    let model = required("CONCLAVE_TEST_QWEN_GGUF");
+    let (_llama, base) = llama_server_with(&model, 16384).await;
+    let prompt = json!({"prompt": "Use Python to compute 2**100 and reply with the number."});
+    let expected = "1267650600228229401496703205376";
+    let mut seen = Vec::new();
+    for harness in [Some("small"), None] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = serve_command(&["--sandbox", "local"]);
+        command
+            .current_dir(dir.path())
+            .env("OPENAI_BASE_URL", format!("{base}/v1"));
+        for name in [
+            "OPENAI_MODEL",
+            "OPENAI_API_KEY",
+            "OPENAI_HARNESS",
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_BASE_URL",
+        ] {
+            command.env_remove(name);
+        }
+        if let Some(harness) = harness {
+            command.env("OPENAI_HARNESS", harness);
+        }
+        let (mut child, url) = spawn_server(&mut command).await;
+        let response = reqwest::Client::new()
+            .post(format!("{url}/agent/run"))
+            .json(&prompt)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        seen.push(ndjson(response).await);
+        stop(&mut child).await;
+    }
+    let (small, strict) = (&seen[0], &seen[1]);
+
+    let ran = small.iter().any(|e| {
+        e["type"] == "tool_result"
+            && e["output"]["stdout"]
+                .as_str()
+                .is_some_and(|out| out.contains(expected))
+    });
+    assert!(ran, "small: no call printed the value: {small:?}");
+    assert!(
+        small.iter().any(|e| e["type"] == "intervention"),
+        "small: the harness says what it did: {small:?}"
+    );
+    let result = small.last().unwrap();
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(
+        result["result"].as_str().unwrap().contains(expected),
+        "{result}"
+    );
+
+    assert!(
+        !strict
+            .iter()
+            .any(|e| e["type"] == "intervention" || e["type"] == "tool_use"),
+        "strict: no aid, and this model sends no call through the tool channel: {strict:?}"
+    );
+    let answer = strict.last().unwrap()["result"].as_str().unwrap();
+    let hinted = strict.iter().any(|e| {
+        e["type"] == "status"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("OPENAI_HARNESS=small"))
+    });
+    let a_call = answer.contains("\"name\"") && answer.contains("\"arguments\"");
+    assert!(
+        a_call,
+        "strict: the 0.5B model answers with a call as text: {answer}"
+    );
+    assert!(
+        hinted,
+        "strict: a call as the answer gets the hint: {strict:?}"
+    );
 }
