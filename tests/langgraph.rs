@@ -229,8 +229,48 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     assert_eq!(seen["store_b_get"], 404);
     assert_eq!(seen["store_deleted"], 404);
     assert_eq!(seen["deleted_get"], 404);
+    store_item_by_labels(&url).await;
 
     stop(&mut child).await;
+}
+
+/// A store item is read with its namespace dotted or one `namespace=` per
+/// label; another key reads nothing, an unknown parameter is a 400.
+async fn store_item_by_labels(url: &str) {
+    let http = reqwest::Client::new();
+    let items = format!("{url}/langgraph/store/items");
+    let put = http
+        .put(&items)
+        .bearer_auth(KEY_A)
+        .json(&json!({"namespace": ["docs", "v2"], "key": "k", "value": {"n": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 204);
+    for query in [
+        "namespace=docs&namespace=v2&key=k",
+        "namespace=docs.v2&key=k",
+    ] {
+        let get = || http.get(format!("{items}?{query}"));
+        let item = common::binary::json_of(get().bearer_auth(KEY_A)).await;
+        assert_eq!(item["value"], json!({"n": 1}), "{query}: {item}");
+        assert_eq!(item["namespace"], json!(["docs", "v2"]), "{query}: {item}");
+        let other = get().bearer_auth(KEY_B).send().await.unwrap();
+        assert_eq!(other.status(), 404, "{query}: another key's item");
+    }
+    for (query, status) in [
+        ("namespace=docs&namespace=v2", 400),
+        ("namespace=docs&key=k&nope=1", 400),
+        ("namespace=docs&key=k", 404),
+    ] {
+        let answer = http
+            .get(format!("{items}?{query}"))
+            .bearer_auth(KEY_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), status, "{query}");
+    }
 }
 
 /// rollback stopped the slow run and left nothing of it in the thread:

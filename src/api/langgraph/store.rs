@@ -2,17 +2,16 @@
 //! item `key` of namespace `["a", "b"]` is KV key `langgraph/store/a.b/key`,
 //! its value `{"value", "created_at"}`.
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use bytes::Bytes;
 use chrono::Utc;
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
-use crate::api::http::extract::{ApiQuery, JsonObject};
+use crate::api::http::extract::JsonObject;
 use crate::api::http::state::AppState;
 use crate::api::routes::bus::namespace as kv_namespace;
 use crate::store::{Expect, KvEntry};
@@ -96,32 +95,54 @@ pub async fn put_item(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
-pub struct ItemQuery {
-    namespace: Option<String>,
-    key: String,
-    #[allow(dead_code)]
-    refresh_ttl: Option<bool>,
-}
-
-/// `GET /store/items?namespace=a.b&key=k`.
+/// `GET /store/items?namespace=a.b&key=k`, or with one `namespace=` per
+/// label (`namespace=a&namespace=b&key=k`), the form other clients of the
+/// API send. `refresh_ttl` is accepted and has no effect (items keep no
+/// time to live here).
 pub async fn get_item(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiQuery(query): ApiQuery<ItemQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
-    let labels: Vec<String> = match query.namespace.as_deref() {
-        None | Some("") => Vec::new(),
-        Some(ns) => ns.split('.').map(str::to_owned).collect(),
-    };
+    let (labels, key) = item_query(raw.as_deref().unwrap_or(""))?;
     check_labels(&labels, "namespace")?;
-    let missing = || ApiError::not_found(format!("no item {:?} in {labels:?}", query.key));
+    let missing = || ApiError::not_found(format!("no item {key:?} in {labels:?}"));
     let entry = state
         .kv
-        .get(kv_namespace(&caller), &kv_key(&labels, &query.key))
+        .get(kv_namespace(&caller), &kv_key(&labels, &key))
         .await?
         .ok_or_else(missing)?;
     item_json(&entry).map(Json).ok_or_else(missing)
+}
+
+/// The namespace's labels and the key of an item query: one `namespace`
+/// is split at its dots, several are a label each.
+fn item_query(raw: &str) -> Result<(Vec<String>, String), ApiError> {
+    let mut namespaces = Vec::new();
+    let mut key = None;
+    for (name, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+        match &*name {
+            "namespace" => namespaces.push(value.into_owned()),
+            "key" if key.is_some() => {
+                return Err(ApiError::bad_request("`key` is given more than once"));
+            }
+            "key" => key = Some(value.into_owned()),
+            "refresh_ttl" => {}
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter `{other}`, expected one of `namespace`, `key`, `refresh_ttl`"
+                )));
+            }
+        }
+    }
+    let key = key.ok_or_else(|| ApiError::bad_request("missing query parameter `key`"))?;
+    let labels = match namespaces.as_slice() {
+        [] => Vec::new(),
+        [one] if one.is_empty() => Vec::new(),
+        [one] => one.split('.').map(str::to_owned).collect(),
+        _ => namespaces,
+    };
+    Ok((labels, key))
 }
 
 /// `DELETE /store/items`.
