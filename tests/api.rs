@@ -1026,7 +1026,7 @@ async fn a_turn_past_its_wall_clock_limit_ends_timed_out() {
 }
 
 /// `GET /agent/sessions` pages with `limit` and `before` (the `next_before`
-/// of the page before), filters by `status` and `kind`, and refuses values
+/// of the page before), filters by `status`, `kind` and `ephemeral`, and refuses values
 /// it cannot read with a 422 naming the parameter.
 #[tokio::test]
 async fn session_list_pages_and_filters() {
@@ -1065,6 +1065,35 @@ async fn session_list_pages_and_filters() {
         .map(|s| s["session_id"].as_str().unwrap())
         .collect();
     assert_eq!(closed, vec![run_id]);
+    // The one-shot runs alone, or none of them.
+    let shared = &server;
+    let listed = |query: &'static str| async move {
+        let page: Value = shared
+            .get(&format!("/agent/sessions?{query}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let sessions = page["sessions"].as_array().unwrap().clone();
+        let flags: Vec<bool> = sessions
+            .iter()
+            .map(|s| s["ephemeral"].as_bool().unwrap())
+            .collect();
+        let ids: Vec<String> = sessions
+            .iter()
+            .map(|s| s["session_id"].as_str().unwrap().to_string())
+            .collect();
+        (ids, flags)
+    };
+    assert_eq!(
+        listed("ephemeral=true").await,
+        (vec![run_id.to_string()], vec![true])
+    );
+    assert_eq!(
+        listed("ephemeral=false").await,
+        (newest_first.clone(), vec![false; 5])
+    );
+    assert_eq!(listed("").await.0.len(), 6);
     // Filtering by kind: tests/session_kinds.rs, with a second kind.
     for (query, field, code) in [
         ("status=done", "status", 422),
@@ -1073,6 +1102,7 @@ async fn session_list_pages_and_filters() {
         ("before=00000000-0000-0000-0000-000000000000", "before", 422),
         ("limit=0", "limit", 422),
         ("colour=red", "colour", 400),
+        ("ephemeral=maybe", "ephemeral", 400),
     ] {
         let response = server.get(&format!("/agent/sessions?{query}")).await;
         assert_eq!(response.status(), code, "{query}");

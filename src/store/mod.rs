@@ -51,6 +51,9 @@ pub struct SessionFilter {
     pub owner: Option<String>,
     pub status: Option<SessionStatus>,
     pub kind: Option<SessionKind>,
+    /// Only the one-shot runs of `/agent/run` (`true`) or none of them
+    /// (`false`).
+    pub ephemeral: Option<bool>,
     /// Only sessions older than this one (the cursor of the next page).
     pub before: Option<Uuid>,
     pub limit: Option<usize>,

@@ -27,6 +27,8 @@ function mountList(main, ctx) {
     h('option', { value: '' }, 'Any status'), ['idle', 'running', 'interrupted', 'closed'].map((s) => h('option', { value: s }, s)));
   const kind = h('select', { 'aria-label': 'Filter by kind' },
     h('option', { value: '' }, 'Any kind'), ['agent', 'deliberation', 'pipeline'].map((k) => h('option', { value: k }, k)));
+  const runs = h('select', { 'aria-label': 'Filter one-shot runs' },
+    h('option', { value: '' }, 'Sessions and runs'), h('option', { value: 'false' }, 'No one-shot runs'), h('option', { value: 'true' }, 'One-shot runs only'));
   const body = h('div');
   const form = newSessionForm(ctx);
   form.hidden = true;
@@ -40,7 +42,7 @@ function mountList(main, ctx) {
   put(main,
     h('div', { class: 'page-head' },
       h('div', { class: 'grow' }, h('h1', null, 'Sessions'), h('p', { class: 'sub' }, 'Agent, deliberation and pipeline sessions of this key, newest first. Live.')),
-      h('div', { class: 'filters' }, status, kind), newBtn),
+      h('div', { class: 'filters' }, status, kind, runs), newBtn),
     form,
     h('div', { class: 'card' }, body));
 
@@ -49,7 +51,7 @@ function mountList(main, ctx) {
     if (!loaded) { put(body, loading('Loading sessions…')); return; }
     const all = [...sessions, ...more];
     if (all.length === 0) {
-      const filtered = status.value || kind.value;
+      const filtered = status.value || kind.value || runs.value;
       put(body, empty(filtered ? 'No sessions match these filters' : 'No sessions yet',
         filtered ? 'Clear the filters to see every session.' : 'Create one with “New session”, then talk to the agent: it runs tools in a sandbox and streams everything here.',
         filtered ? null : h('button', { type: 'button', class: 'primary', onClick: () => newBtn.click() }, icon('plus', 16), 'New session')));
@@ -71,7 +73,7 @@ function mountList(main, ctx) {
     tbody);
   const more$ = h('div', { class: 'card-body', style: { textAlign: 'center' }, hidden: true }, h('button', { type: 'button', onClick: () => loadMore() }, 'Load more'));
 
-  const query = () => api.qs({ limit: 100, status: status.value, kind: kind.value });
+  const query = (before) => api.qs({ limit: 100, status: status.value, kind: kind.value, ephemeral: runs.value, before });
   async function refresh() {
     try {
       const answer = await api.get(`/agent/sessions${query()}`);
@@ -89,7 +91,7 @@ function mountList(main, ctx) {
     const before = nextBefore;
     if (!before) return;
     try {
-      const answer = await api.get(`/agent/sessions${api.qs({ limit: 100, status: status.value, kind: kind.value, before })}`);
+      const answer = await api.get(`/agent/sessions${query(before)}`);
       more = more.concat(answer.sessions || []);
       nextBefore = answer.next_before || null;
       draw();
@@ -98,6 +100,7 @@ function mountList(main, ctx) {
   const onFilter = () => { more = []; loaded = false; draw(); refresh(); };
   status.addEventListener('change', onFilter);
   kind.addEventListener('change', onFilter);
+  runs.addEventListener('change', onFilter);
   draw();
   const stop = api.poll(refresh, 3000);
   return () => stop();

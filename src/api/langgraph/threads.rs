@@ -165,6 +165,9 @@ pub async fn search(
         owner: caller.owner().map(str::to_owned),
         status: None,
         kind,
+        // Not a stateless run's: the store leaves them out before the
+        // page is cut.
+        ephemeral: Some(false),
         before: None,
         limit: Some(offset + limit),
     };
@@ -173,7 +176,6 @@ pub async fn search(
         .list(&filter)
         .await?
         .into_iter()
-        .filter(|r| !r.ephemeral)
         .map(|r| thread_json(r.id, &r.kind, r.status, r.created_at, r.updated_at))
         .filter(|t| status.as_deref().is_none_or(|s| t["status"] == s))
         .skip(offset)

@@ -97,6 +97,8 @@ pub struct SessionSummary {
     pub kind: SessionKind,
     pub status: SessionStatus,
     pub usage: Usage,
+    /// A one-shot run of `/agent/run`, closed after its turn.
+    pub ephemeral: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// What the kind adds (an agent: its `model`; a pipeline: its
@@ -492,6 +494,8 @@ pub struct ListQuery {
     status: Option<String>,
     /// Only sessions of this kind (one this server runs, e.g. `agent`).
     kind: Option<String>,
+    /// `false`: no one-shot runs of `/agent/run`; `true`: only those.
+    ephemeral: Option<bool>,
 }
 
 /// The caller's sessions, newest first, a page at a time.
@@ -541,6 +545,7 @@ pub async fn list(
         owner: caller.owner().map(str::to_owned),
         status,
         kind,
+        ephemeral: query.ephemeral,
         before,
         limit: Some(limit),
     };
@@ -578,6 +583,7 @@ fn summary(
         kind: record.kind,
         status: record.status,
         usage: record.usage,
+        ephemeral: record.ephemeral,
         created_at: record.created_at,
         updated_at: record.updated_at,
         details,

@@ -84,7 +84,10 @@ pub(crate) async fn list_sessions_filters_by_owner_newest_first(fixture: &dyn Fi
     let store = fixture.open().await;
     let now = Utc::now();
     let oldest = session(Some("alice"), now - TimeDelta::hours(2));
-    let middle = session(Some("bob"), now - TimeDelta::hours(1));
+    let middle = SessionRecord {
+        ephemeral: true,
+        ..session(Some("bob"), now - TimeDelta::hours(1))
+    };
     let newest = session(Some("alice"), now);
     let anonymous = session(None, now - TimeDelta::hours(3));
     for record in [&middle, &newest, &anonymous, &oldest] {
@@ -171,6 +174,20 @@ pub(crate) async fn list_sessions_filters_by_owner_newest_first(fixture: &dyn Fi
         .await
         .unwrap();
     assert_eq!(pipelines, vec![]);
+    // One-shot runs alone, or none of them.
+    let ephemeral = |ephemeral| SessionFilter {
+        ephemeral: Some(ephemeral),
+        ..SessionFilter::default()
+    };
+    let ids = |records: Vec<SessionRecord>| records.iter().map(|s| s.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.list_sessions(&ephemeral(true)).await.unwrap()),
+        vec![middle.id]
+    );
+    assert_eq!(
+        ids(store.list_sessions(&ephemeral(false)).await.unwrap()),
+        vec![newest.id, oldest.id, anonymous.id]
+    );
 }
 
 pub(crate) async fn expired_ephemeral_sessions_are_found_oldest_first(fixture: &dyn Fixture) {

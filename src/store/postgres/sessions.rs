@@ -55,6 +55,10 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<String>) {
     if let Some(kind) = &filter.kind {
         condition("kind", kind.as_str().to_owned());
     }
+    if let Some(ephemeral) = filter.ephemeral {
+        params.push(ephemeral.to_string());
+        conditions.push(format!("ephemeral = ${}::boolean", params.len()));
+    }
     if let Some(before) = filter.before {
         params.push(before.to_string());
         conditions.push(format!(
@@ -237,16 +241,19 @@ mod tests {
             owner: Some("o".into()),
             status: None,
             kind: Some(SessionKind::AGENT),
+            ephemeral: Some(false),
             before: Some(Uuid::nil()),
             limit: Some(5),
         });
         assert!(
-            sql.contains("owner = $1 AND kind = $2 AND (created_at, ord) <"),
+            sql.contains(
+                "owner = $1 AND kind = $2 AND ephemeral = $3::boolean AND (created_at, ord) <"
+            ),
             "{sql}"
         );
-        assert!(sql.contains("WHERE id = $3::uuid"), "{sql}");
-        assert!(sql.ends_with("LIMIT $4"), "{sql}");
-        assert_eq!(params, ["o", "agent", &Uuid::nil().to_string()]);
+        assert!(sql.contains("WHERE id = $4::uuid"), "{sql}");
+        assert!(sql.ends_with("LIMIT $5"), "{sql}");
+        assert_eq!(params, ["o", "agent", "false", &Uuid::nil().to_string()]);
         let (sql, params) = list_query(&SessionFilter::default());
         assert!(!sql.contains("WHERE"), "{sql}");
         assert!(params.is_empty());

@@ -26,6 +26,10 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<SqlValue>) {
         params.push(SqlValue::Text(kind.as_str().into()));
         conditions.push(format!("kind = ?{}", params.len()));
     }
+    if let Some(ephemeral) = filter.ephemeral {
+        params.push(SqlValue::Integer(i64::from(ephemeral)));
+        conditions.push(format!("ephemeral = ?{}", params.len()));
+    }
     if let Some(before) = filter.before {
         params.push(SqlValue::Text(before.to_string()));
         let n = params.len();
@@ -92,16 +96,17 @@ mod tests {
             owner: Some("o".into()),
             status: None,
             kind: Some(SessionKind::AGENT),
+            ephemeral: Some(false),
             before: Some(uuid::Uuid::nil()),
             limit: Some(5),
         });
         assert!(
-            sql.contains("owner = ?1 AND kind = ?2 AND (created_at, rowid) <"),
+            sql.contains("owner = ?1 AND kind = ?2 AND ephemeral = ?3 AND (created_at, rowid) <"),
             "{sql}"
         );
-        assert!(sql.contains("WHERE id = ?3"), "{sql}");
-        assert!(sql.ends_with("LIMIT ?4"), "{sql}");
-        assert_eq!(params.len(), 4);
+        assert!(sql.contains("WHERE id = ?4"), "{sql}");
+        assert!(sql.ends_with("LIMIT ?5"), "{sql}");
+        assert_eq!(params.len(), 5);
         let (sql, params) = list_query(&SessionFilter::default());
         assert!(!sql.contains("WHERE"), "{sql}");
         assert!(params.is_empty());
