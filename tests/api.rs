@@ -862,6 +862,52 @@ async fn health_metrics_and_openapi() {
             "{path} missing from {paths:?}"
         );
     }
+    // Every operation lists the statuses any route may answer: 401 unless
+    // public, 400 with a body or a query, 413 with a body.
+    let statuses = |path: &str, method: &str| -> Vec<String> {
+        doc["paths"][path][method]["responses"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{path} {method}"))
+            .keys()
+            .cloned()
+            .collect()
+    };
+    for (path, method, has, lacks) in [
+        ("/agent/session", "post", vec!["400", "401", "413"], vec![]),
+        ("/agent/sessions", "get", vec!["400", "401"], vec!["413"]),
+        ("/health", "get", vec![], vec!["400", "401", "413"]),
+    ] {
+        let listed = statuses(path, method);
+        for status in has {
+            assert!(
+                listed.iter().any(|s| s == status),
+                "{path} {method} lacks {status}: {listed:?}"
+            );
+        }
+        for status in lacks {
+            assert!(
+                !listed.iter().any(|s| s == status),
+                "{path} {method} lists {status}: {listed:?}"
+            );
+        }
+    }
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            // A path parameter is one the path names; the rest are queries.
+            for parameter in operation["parameters"].as_array().into_iter().flatten() {
+                let name = parameter["name"].as_str().unwrap();
+                let in_path = path.contains(&format!("{{{name}}}"));
+                let place = if in_path { "path" } else { "query" };
+                assert_eq!(parameter["in"], place, "{path} {method} {name}");
+            }
+            let public = path == "/health" || path == "/ready";
+            assert_eq!(
+                operation["responses"].get("401").is_some(),
+                !public,
+                "{path} {method}"
+            );
+        }
+    }
     // The request bodies are the types the routes parse: what the document
     // says a body holds is what the server reads.
     let schemas = &doc["components"]["schemas"];

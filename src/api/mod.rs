@@ -55,7 +55,7 @@ use state::AppState;
         workspace::changes::changes
     ),
     components(schemas(crate::protocol::Event, crate::protocol::EventKind)),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &CommonStatuses)
 )]
 pub struct ApiDoc;
 
@@ -75,6 +75,69 @@ impl utoipa::Modify for BearerAuth {
             "bearer",
             Vec::<String>::new(),
         )]);
+    }
+}
+
+/// The statuses every route may answer besides its own: 401 on a server
+/// with keys (all but `/health` and `/ready`); 400 where the route reads a
+/// body or query parameters (not JSON, a field it cannot read, an unknown
+/// parameter); 413 where it reads a body (past `max_body_bytes`).
+struct CommonStatuses;
+
+impl utoipa::Modify for CommonStatuses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::ParameterIn;
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let error = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build()
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let public = path == "/health" || path == "/ready";
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                let body = operation.request_body.is_some();
+                let query = operation
+                    .parameters
+                    .iter()
+                    .flatten()
+                    .any(|p| matches!(p.parameter_in, ParameterIn::Query));
+                let responses = &mut operation.responses.responses;
+                let mut add = |status: &str, description: &str| {
+                    responses
+                        .entry(status.to_owned())
+                        .or_insert_with(|| error(description).into());
+                };
+                if body || query {
+                    add(
+                        "400",
+                        "a body that is not JSON, or a field or query parameter that cannot be read",
+                    );
+                }
+                if body {
+                    add("413", "a body past max_body_bytes");
+                }
+                if !public {
+                    add(
+                        "401",
+                        "the server has API keys and the request carries none of them",
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -166,6 +166,7 @@ pub struct DeletedBody {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Only events with a greater `seq` (default 0: all).
     pub since: Option<u64>,
@@ -483,6 +484,7 @@ pub async fn delete(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Sessions at most, newest first: 1 to 10000 (default 1000).

@@ -33,6 +33,7 @@ const READ_BUFFER: usize = 4 * 1024;
 const MAX_MESSAGE: usize = 1024 * 1024;
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WsQuery {
     pub session_id: Option<String>,
     /// Replay events after this `seq` first; without it only new events come.

@@ -67,6 +67,7 @@ pub async fn publish(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct SubscribeQuery {
     /// Subject patterns separated by commas (`a.*,sync/>`).
@@ -173,6 +174,7 @@ fn change_json(change: &KvChange) -> Bytes {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct GetQuery {
     /// Seconds to wait until the key exists (or, with `after`, until it
@@ -222,6 +224,7 @@ pub async fn get(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct WriteQuery {
     /// Only if the key is at this revision (`0`: only if it does not exist).
@@ -282,6 +285,7 @@ pub async fn delete(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only keys starting with this.

@@ -29,6 +29,7 @@ const READ_BUFFER: usize = 4 * 1024;
 const WRITE_BATCH: usize = 64;
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct BusWsQuery {
     /// Subject patterns separated by commas; none for a socket that only

@@ -63,6 +63,7 @@ pub async fn result(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// At most this many (500 at most; 100 by default).
     limit: Option<usize>,

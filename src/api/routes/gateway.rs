@@ -345,6 +345,7 @@ pub async fn replica_action(
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct TraceQuery {
     session_id: Option<String>,

@@ -27,6 +27,7 @@ const BEGIN_MAX_S: u64 = 3600;
 pub const WEIGHTS_READY: &str = "sync/weights_ready";
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct BeginQuery {
     /// Seconds to wait for the calls in flight (default 300, at most 3600).

@@ -132,6 +132,7 @@ pub async fn active(
 }
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RunsQuery {
     /// How many (1 to 500; default 50).

@@ -47,6 +47,7 @@ pub struct SandboxList {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxQuery {
     /// Every sandbox of this server (admin keys only).

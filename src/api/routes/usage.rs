@@ -19,6 +19,7 @@ const MAX_DAYS: i64 = 366;
 /// Read as text and checked here, so that a bad value is a 422 naming
 /// its field.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct UsageQuery {
     /// The first day (UTC), as a date (`2026-11-27`) or an RFC 3339 time
     /// (its UTC day); default today.

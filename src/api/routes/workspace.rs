@@ -62,6 +62,7 @@ pub const MAX_SPOOLING: usize = 4;
 const READ_PIECE: usize = 256 * 1024;
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UploadQuery {
     /// The directory to unpack into; relative paths are under
@@ -82,6 +83,7 @@ pub struct Uploaded {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct DownloadQuery {
     /// The directory to download, inside `/workspace` (default the whole).
@@ -93,6 +95,7 @@ pub struct DownloadQuery {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct FileQuery {
     /// A turn end whose snapshot to read, instead of the live sandbox.

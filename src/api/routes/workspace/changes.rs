@@ -21,6 +21,7 @@ use crate::sandbox::changes::{self, FileChange};
 use crate::sandbox::snapshots::{AtTurn, Snapshots};
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ChangesQuery {
     /// The earlier turn end (default: the one before `to_seq`, or the
