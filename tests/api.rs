@@ -840,6 +840,40 @@ async fn health_metrics_and_openapi() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // OpenMetrics by default; Prometheus' older text format when only
+    // text/plain is accepted.
+    let scrape = |accept: &'static str| {
+        let request = server
+            .http
+            .get(server.url("/metrics"))
+            .header("accept", accept);
+        async move {
+            let response = request.send().await.unwrap();
+            let kind = response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            (kind, response.text().await.unwrap())
+        }
+    };
+    let (kind, open) =
+        scrape("application/openmetrics-text; version=1.0.0, text/plain; q=0.5").await;
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+    assert!(
+        open.ends_with("# EOF\n") && open.contains("# TYPE conclave_turns counter"),
+        "{open}"
+    );
+    let (kind, text) = scrape("text/plain").await;
+    assert_eq!(kind, "text/plain; version=0.0.4; charset=utf-8");
+    assert!(!text.contains("# EOF"), "{text}");
+    assert!(
+        text.contains("# TYPE conclave_turns_total counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("conclave_turns_total{status=\"success\"} 1"),
+        "{text}"
+    );
 
     let doc: Value = server.get("/openapi.json").await.json().await.unwrap();
     let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();

@@ -110,12 +110,17 @@ pub async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Readiness
     (status, Json(readiness))
 }
 
-/// Prometheus text exposition; a key that does not administer sees only
-/// its own series of those labelled by key.
-#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+/// The metrics in OpenMetrics text, or in Prometheus' older text format
+/// (0.0.4) for a client that asks for `text/plain` and not OpenMetrics; a
+/// key that does not administer sees only its own series of those
+/// labelled by key.
+#[utoipa::path(get, path = "/metrics", responses((status = 200,
+    description = "OpenMetrics text (application/openmetrics-text; version=1.0.0), or with Accept: text/plain alone the Prometheus text format 0.0.4",
+    content((String = "application/openmetrics-text"), (String = "text/plain")))))]
 pub async fn metrics(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
 ) -> impl IntoResponse {
     if let Some(sandboxes) = &state.sandboxes {
         state
@@ -131,6 +136,19 @@ pub async fn metrics(
         let name = state.quotas.table().name(caller.owner());
         own_series(&text, &name)
     };
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("text/plain") && !accept.contains("application/openmetrics-text") {
+        return (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text_format(&text),
+        );
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -138,6 +156,33 @@ pub async fn metrics(
         )],
         text,
     )
+}
+
+/// OpenMetrics text as Prometheus' text format 0.0.4: a counter's family
+/// is named as its samples (`_total`), and the `# UNIT` and `# EOF` lines,
+/// which that format has not, are left out.
+fn text_format(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut text = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let described = ["# HELP ", "# TYPE "].into_iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        text.push_str(described.as_deref().unwrap_or(line));
+        text.push('\n');
+    }
+    text
 }
 
 /// `text` (Prometheus exposition) without the samples labelled with a key
@@ -173,4 +218,20 @@ fn escape_label(value: &str) -> String {
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "OpenAPI 3.1 document")))]
 pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text_format;
+
+    #[test]
+    fn openmetrics_becomes_the_older_text_format() {
+        let openmetrics = "# HELP turns Turns run.\n# TYPE turns counter\n# UNIT turns turns\nturns_total{kind=\"agent\"} 3\n\
+                           # HELP live Live.\n# TYPE live gauge\nlive 1\n# EOF\n";
+        assert_eq!(
+            text_format(openmetrics),
+            "# HELP turns_total Turns run.\n# TYPE turns_total counter\nturns_total{kind=\"agent\"} 3\n\
+             # HELP live Live.\n# TYPE live gauge\nlive 1\n"
+        );
+    }
 }
