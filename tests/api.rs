@@ -925,6 +925,22 @@ async fn health_metrics_and_openapi() {
             );
         }
     }
+    // A range the route enforces is in the schema, so that a client (or
+    // schemathesis) knows what it refuses.
+    let limit = doc["paths"]["/agent/sessions"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "limit")
+        .unwrap();
+    assert_eq!(
+        (
+            limit["schema"]["minimum"].as_f64(),
+            limit["schema"]["maximum"].as_f64()
+        ),
+        (Some(1.0), Some(10000.0)),
+        "{limit}"
+    );
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
             // A path parameter is one the path names; the rest are queries.
@@ -1174,6 +1190,11 @@ async fn session_list_pages_and_filters() {
         (newest_first.clone(), vec![false; 5])
     );
     assert_eq!(listed("").await.0.len(), 6);
+    assert_eq!(
+        listed("status=&kind=&before=").await.0.len(),
+        6,
+        "empty is no filter"
+    );
     // Filtering by kind: tests/session_kinds.rs, with a second kind.
     for (query, field, code) in [
         ("status=done", "status", 422),

@@ -488,6 +488,7 @@ pub async fn delete(
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Sessions at most, newest first: 1 to 10000 (default 1000).
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
     /// Only sessions created before this one: the `next_before` of the
     /// previous page.
@@ -512,22 +513,23 @@ pub async fn list(
         Some(n @ 1..=10_000) => n as usize,
         Some(_) => return Err(ApiError::invalid("limit", "must be 1 to 10000")),
     };
-    let status = query
-        .status
+    // An empty value (a form's unset field) is no filter.
+    let given = |value: Option<String>| value.filter(|v| !v.is_empty());
+    let status = given(query.status)
         .map(|s| {
             SessionStatus::parse(&s).ok_or_else(|| {
                 ApiError::invalid("status", "must be idle, running, interrupted or closed")
             })
         })
         .transpose()?;
-    let kind = match query.kind {
+    let kind = match given(query.kind) {
         None => None,
         Some(kind) => {
             state.sessions.tasks().require(&kind, "kind")?;
             Some(SessionKind::new(kind))
         }
     };
-    let before = match query.before {
+    let before = match given(query.before) {
         None => None,
         Some(text) => {
             let id = Uuid::parse_str(&text)

@@ -136,6 +136,7 @@ pub async fn active(
 #[serde(deny_unknown_fields)]
 pub struct RunsQuery {
     /// How many (1 to 500; default 50).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<u32>,
 }
 
