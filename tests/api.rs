@@ -897,7 +897,7 @@ async fn health_metrics_and_openapi() {
         );
     }
     // Every operation lists the statuses any route may answer: 401 unless
-    // public, 400 with a body or a query, 413 with a body.
+    // public, 400 with a body or a query, 413, 415 and 422 with a body.
     let statuses = |path: &str, method: &str| -> Vec<String> {
         doc["paths"][path][method]["responses"]
             .as_object()
@@ -907,8 +907,18 @@ async fn health_metrics_and_openapi() {
             .collect()
     };
     for (path, method, has, lacks) in [
-        ("/agent/session", "post", vec!["400", "401", "413"], vec![]),
-        ("/agent/sessions", "get", vec!["400", "401"], vec!["413"]),
+        (
+            "/agent/session",
+            "post",
+            vec!["400", "401", "413", "415", "422"],
+            vec![],
+        ),
+        (
+            "/agent/sessions",
+            "get",
+            vec!["400", "401"],
+            vec!["413", "415"],
+        ),
         ("/health", "get", vec![], vec!["400", "401", "413"]),
     ] {
         let listed = statuses(path, method);

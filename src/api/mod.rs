@@ -81,7 +81,8 @@ impl utoipa::Modify for BearerAuth {
 /// The statuses every route may answer besides its own: 401 on a server
 /// with keys (all but `/health` and `/ready`); 400 where the route reads a
 /// body or query parameters (not JSON, a field it cannot read, an unknown
-/// parameter); 413 where it reads a body (past `max_body_bytes`).
+/// parameter); where it reads a body, 413 (past `max_body_bytes`), 415 (not
+/// sent as its content type) and 422 (a field it cannot accept).
 struct CommonStatuses;
 
 impl utoipa::Modify for CommonStatuses {
@@ -129,6 +130,14 @@ impl utoipa::Modify for CommonStatuses {
                 }
                 if body {
                     add("413", "a body past max_body_bytes");
+                    add(
+                        "415",
+                        "a body not sent as the content type the operation reads",
+                    );
+                    add(
+                        "422",
+                        "a field of the body that cannot be accepted, named in the message",
+                    );
                 }
                 if !public {
                     add(

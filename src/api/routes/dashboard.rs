@@ -118,6 +118,7 @@ pub async fn me(
 /// `POST /auth/ticket`: a single-use ticket for one WebSocket
 /// (`?ticket=`), valid for 30 seconds, standing for the caller's key.
 #[utoipa::path(post, path = "/auth/ticket",
+    request_body(content = Object, description = "an empty object: {}"),
     responses((status = 200, description = "{ticket, expires_in_s}"), (status = 429, body = crate::api::http::error::ErrorBody)))]
 pub async fn ticket(
     axum::extract::State(state): axum::extract::State<AppState>,
