@@ -52,20 +52,26 @@ log "installing test packages from PyPI"
 "$VENV/bin/pip" install -q --disable-pip-version-check 'a2a-sdk[http-server]==1.3.0' \
     || die "pip could not install a2a-sdk"
 export CONCLAVE_TEST_PYTHON=$VENV/bin/python
+# A tool with many dependencies gets a venv of its own, so that they do not
+# move the test venv's pinned packages: VENV PACKAGE VERSION BINARY.
+own_venv() {
+    local venv=$1 package=$2 version=$3 binary=$4 installed
+    installed=$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('$package'))" 2>/dev/null || true)
+    if [ ! -x "$venv/bin/$binary" ] || [ "$installed" != "$version" ]; then
+        log "installing $package $version from PyPI"
+        [ -x "$venv/bin/pip" ] || python3 -m venv "$venv" || die "python3 -m venv failed for $venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check "$package==$version" \
+            || die "pip could not install $package"
+    fi
+}
 # tests/telemetry.rs reads the server's OpenTelemetry spans back from Arize
-# Phoenix, a real OTLP collector. It has a venv of its own: its many
-# dependencies must not move the test venv's pinned packages.
-PHOENIX_VENV=$PWD/target/phoenix-venv
-PHOENIX_VERSION=20.26.1
-if [ ! -x "$PHOENIX_VENV/bin/phoenix" ] \
-    || [ "$("$PHOENIX_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("arize-phoenix"))' 2>/dev/null)" != "$PHOENIX_VERSION" ]; then
-    log "installing arize-phoenix $PHOENIX_VERSION from PyPI"
-    [ -x "$PHOENIX_VENV/bin/pip" ] || python3 -m venv "$PHOENIX_VENV" \
-        || die "python3 -m venv failed for $PHOENIX_VENV"
-    "$PHOENIX_VENV/bin/pip" install -q --disable-pip-version-check "arize-phoenix==$PHOENIX_VERSION" \
-        || die "pip could not install arize-phoenix"
-fi
-export CONCLAVE_TEST_PHOENIX=$PHOENIX_VENV/bin/phoenix
+# Phoenix, a real OTLP collector.
+own_venv "$PWD/target/phoenix-venv" arize-phoenix 20.26.1 phoenix
+export CONCLAVE_TEST_PHOENIX=$PWD/target/phoenix-venv/bin/phoenix
+# tests/openapi_conformance.rs checks the server's answers against its own
+# /openapi.json with schemathesis.
+own_venv "$PWD/target/schemathesis-venv" schemathesis 4.32.5 schemathesis
+export CONCLAVE_TEST_SCHEMATHESIS=$PWD/target/schemathesis-venv/bin/schemathesis
 # The MCP Inspector's CLI (npm) checks what /mcp lists.
 command -v npm >/dev/null || apt_install nodejs npm
 INSPECTOR_DIR=$PWD/target/npm

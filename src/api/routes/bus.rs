@@ -197,7 +197,7 @@ fn wait_time(wait: f64) -> Result<Duration, ApiError> {
 /// A key's value and revision; `?wait=SECONDS` waits for it to exist or
 /// change instead of polling.
 #[utoipa::path(get, path = "/kv/{key}", params(("key" = String, Path, description = "The key"), GetQuery),
-    responses((status = 200, description = "{key, value, revision, updated_at}"), (status = 404, body = ErrorBody), (status = 400, body = ErrorBody)))]
+    responses((status = 200, description = "{key, value, revision, updated_at}"), (status = 404, body = ErrorBody), (status = 400, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

@@ -1,7 +1,7 @@
 //! `POST /deliberations`, `GET /deliberations/{task_id}`, `GET
 //! /deliberations`: submit a deliberation, poll its result, list them.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::api::http::auth::Caller;
 use crate::api::http::error::{ApiError, ErrorBody};
-use crate::api::http::extract::JsonObject;
+use crate::api::http::extract::{ApiQuery, JsonObject};
 use crate::api::http::state::AppState;
 use crate::protocol::deliberation::DeliberationResult;
 
@@ -64,6 +64,7 @@ pub async fn result(
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// At most this many (500 at most; 100 by default).
     limit: Option<usize>,
@@ -71,11 +72,11 @@ pub struct ListQuery {
 
 /// The caller's deliberations, newest first, without the proposals.
 #[utoipa::path(get, path = "/deliberations", params(ListQuery),
-    responses((status = 200, description = "{deliberations: [...]}")))]
+    responses((status = 200, description = "{deliberations: [...]}"), (status = 400, body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Query(query): Query<ListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let listed = state
         .deliberations

@@ -298,7 +298,7 @@ pub async fn add_replica(
     Ok((StatusCode::CREATED, Json(json!(view))).into_response())
 }
 
-#[utoipa::path(delete, path = "/gateway/replicas/{id}", params(("id" = String, Path)), responses((status = 200, description = "Removed"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(delete, path = "/gateway/replicas/{id}", params(("id" = String, Path)), responses((status = 200, description = "Removed"), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn remove_replica(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -323,7 +323,7 @@ pub async fn remove_pool(
 
 /// `drain` (no new calls, removed once idle), `pause`, `resume`.
 #[utoipa::path(post, path = "/gateway/replicas/{id}/{action}", params(("id" = String, Path), ("action" = String, Path, description = "drain, pause or resume")),
-    responses((status = 200, description = "The replica's new state"), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "The replica's new state"), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn replica_action(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
