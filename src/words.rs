@@ -36,10 +36,9 @@ pub fn plain_types(message: &str) -> String {
     WORDS
         .iter()
         .find(|(rust, _)| {
-            message.ends_with(rust)
-                || message.find(rust).is_some_and(|at| {
-                    !message[at + rust.len()..].starts_with(char::is_alphanumeric)
-                })
+            message
+                .find(rust)
+                .is_some_and(|at| !message[at + rust.len()..].starts_with(char::is_alphanumeric))
         })
         .map_or_else(
             || message.to_string(),

@@ -58,39 +58,81 @@ async fn jsonrpc_errors(request: Request, next: Next) -> Response {
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
         return refuse(-32700, "Parse error: the body could not be read");
     };
-    let problem = match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Err(e) => Some((-32700, format!("Parse error: {e}"))),
-        Ok(serde_json::Value::Array(_)) => Some((
-            -32600,
-            "Invalid Request: JSON-RPC batches are not supported (MCP has none since \
-             2025-06-18): send one message per request"
-                .to_string(),
-        )),
-        Ok(serde_json::Value::Object(message)) => {
-            let versioned = message.get("jsonrpc").and_then(|v| v.as_str()) == Some("2.0");
-            let shaped = message.get("method").is_some_and(|m| m.is_string())
-                || message.contains_key("result")
-                || message.contains_key("error");
-            (!versioned || !shaped).then(|| {
-                (
-                    -32600,
-                    "Invalid Request: not a JSON-RPC 2.0 message (`jsonrpc: \"2.0\"` and a \
-                     `method`, or a `result` or `error`)"
-                        .to_string(),
-                )
-            })
-        }
-        Ok(_) => Some((
-            -32600,
-            "Invalid Request: a JSON-RPC message is a JSON object".to_string(),
-        )),
-    };
-    match problem {
+    match shape_problem(&bytes) {
         Some((code, message)) => refuse(code, &message),
         None => {
             next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
                 .await
         }
+    }
+}
+
+/// What makes `bytes` no JSON-RPC 2.0 message, if anything. Only the
+/// envelope is read: the params or result are skipped, never built (rmcp
+/// parses the message again).
+fn shape_problem(bytes: &[u8]) -> Option<(i64, String)> {
+    use serde_json::error::Category;
+    let parse = |e: serde_json::Error| Some((-32700, format!("Parse error: {e}")));
+    if bytes.trim_ascii_start().starts_with(b"[") {
+        return match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Err(e) => parse(e),
+            Ok(_) => Some((
+                -32600,
+                "Invalid Request: JSON-RPC batches are not supported (MCP has none since \
+                 2025-06-18): send one message per request"
+                    .to_string(),
+            )),
+        };
+    }
+    let not_a_message = || {
+        Some((
+            -32600,
+            "Invalid Request: not a JSON-RPC 2.0 message (`jsonrpc: \"2.0\"` and a \
+             `method`, or a `result` or `error`)"
+                .to_string(),
+        ))
+    };
+    match serde_json::from_slice::<Envelope<'_>>(bytes) {
+        Ok(m)
+            if m.jsonrpc.as_deref() == Some("2.0")
+                && (m.method.is_some() || m.result.0 || m.error.0) =>
+        {
+            None
+        }
+        Ok(_) => not_a_message(),
+        Err(e) if e.classify() == Category::Data => {
+            match serde_json::from_slice::<serde_json::Value>(bytes) {
+                Ok(serde_json::Value::Object(_)) => not_a_message(),
+                _ => Some((
+                    -32600,
+                    "Invalid Request: a JSON-RPC message is a JSON object".to_string(),
+                )),
+            }
+        }
+        Err(e) => parse(e),
+    }
+}
+
+/// The members of a JSON-RPC message the check reads.
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    result: Present,
+    #[serde(default)]
+    error: Present,
+}
+
+/// Whether a member is there, whatever its value (`null` included).
+#[derive(Default)]
+struct Present(bool);
+
+impl<'de> serde::Deserialize<'de> for Present {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Present, D::Error> {
+        serde::de::IgnoredAny::deserialize(deserializer).map(|_| Present(true))
     }
 }
 
@@ -144,4 +186,43 @@ async fn bind_owner(State(owners): State<Arc<Owners>>, request: Request, next: N
         }
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shape_problem;
+
+    fn code(body: &str) -> Option<i64> {
+        shape_problem(body.as_bytes()).map(|(code, _)| code)
+    }
+
+    #[test]
+    fn only_the_envelope_decides() {
+        assert_eq!(
+            code(
+                r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"a": [1, {"b": null}]}}"#
+            ),
+            None
+        );
+        assert_eq!(code(r#"{"jsonrpc": "2.0", "id": 1, "result": null}"#), None);
+        assert_eq!(
+            code(r#"{"jsonrpc": "2.0", "id": 1, "error": {"code": 1, "message": "x"}}"#),
+            None
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc": "2.0", "id": 1, "method": 5}"#),
+            Some(-32600)
+        );
+        assert_eq!(code(r#"{"jsonrpc": 2, "method": "ping"}"#), Some(-32600));
+        assert_eq!(
+            code(r#" [{"jsonrpc": "2.0", "method": "ping"}]"#),
+            Some(-32600)
+        );
+        assert_eq!(code("[{"), Some(-32700));
+        assert_eq!(
+            code(r#"{"jsonrpc": "2.0", "method": "ping"} x"#),
+            Some(-32700)
+        );
+        assert_eq!(code("\"text\""), Some(-32600));
+    }
 }
