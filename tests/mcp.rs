@@ -7,6 +7,10 @@
 #[path = "mcp/approvals.rs"]
 mod approvals;
 mod common;
+#[path = "mcp/conformance.rs"]
+mod conformance;
+#[path = "mcp/revisions.rs"]
+mod revisions;
 
 use std::process::Command;
 

@@ -5,7 +5,10 @@
 //! call decided meanwhile elsewhere (the dashboard, HTTP) is "not pending"
 //! and the answer is ignored, and a call decided elsewhere first has its
 //! request withdrawn with `notifications/cancelled`. A client without the
-//! capability is told in a progress line how to decide over HTTP.
+//! capability is told in a progress line how to decide over HTTP. Under
+//! 2026-07-28, which sends no requests to the client, the same form is an
+//! `input_required` result ([`input_required`]) and the retry's answer is
+//! decided the same way ([`decide_answer`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,16 +21,17 @@ use futures::stream::FuturesUnordered;
 use rmcp::RoleServer;
 use rmcp::model::{
     CancelledNotificationParam, ClientResult, ElicitRequest, ElicitRequestParams, ElicitResult,
-    ElicitationAction, ElicitationSchema, ProgressNotificationParam, ProgressToken, ServerRequest,
+    ElicitationAction, ElicitationSchema, InputRequest, InputRequiredResult,
+    ProgressNotificationParam, ProgressToken, ServerRequest,
 };
-use rmcp::service::{Peer, PeerRequestOptions};
+use rmcp::service::{Peer, PeerRequestOptions, RequestContext};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::agent::decide::{Decider, Refused};
-use crate::protocol::{Approval, EventKind};
+use crate::protocol::{Approval, Event, EventKind};
 use crate::session::Session;
 use crate::session::approvals::{Decision, Remember};
 
@@ -35,10 +39,14 @@ use crate::session::approvals::{Decision, Remember};
 const INPUT_CHARS: usize = 2000;
 
 /// Whether the client can be asked with a form (the capability with no
-/// mode named means form, as the protocol's first version had it).
-pub fn elicits(peer: &Peer<RoleServer>) -> bool {
-    peer.peer_info()
-        .and_then(|info| info.capabilities.elicitation.clone())
+/// mode named means form, as the protocol's first version had it): as the
+/// request's `_meta` declares it (2026-07-28), else as the connection's
+/// `initialize` did.
+pub fn elicits(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.meta
+        .client_capabilities()
+        .or_else(|| ctx.peer.peer_info().map(|info| info.capabilities.clone()))
+        .and_then(|capabilities| capabilities.elicitation)
         .is_some_and(|e| e.form.is_some() || e.url.is_none())
 }
 
@@ -201,6 +209,55 @@ fn decision_of(result: ElicitResult) -> Result<Decision, String> {
         rule: None,
         agent_id: None,
     })
+}
+
+/// The `input_required` result (2026-07-28) of an `approval_requested`
+/// event: the form, keyed by the call's id; the caller adds the state.
+pub fn input_required(event: &Event) -> Option<InputRequiredResult> {
+    let asked = Asked::of(event.session_id, &event.kind)?;
+    let params = ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message: message_of(&asked),
+        requested_schema: requested_schema().ok()?,
+    };
+    let request = InputRequest::Elicitation(ElicitRequest::new(params));
+    Some(InputRequiredResult::from_input_requests(
+        [(asked.call_id, request)].into_iter().collect(),
+    ))
+}
+
+/// Decides `call_id` with the client's answer to its `input_required`
+/// form (an `ElicitResult`, as JSON), as an elicitation's answer is
+/// decided; the line to tell the client when the answer was not taken.
+pub async fn decide_answer(
+    decider: &Decider,
+    session: &Session,
+    call_id: &str,
+    answer: Value,
+) -> Option<String> {
+    let decision = serde_json::from_value::<ElicitResult>(answer)
+        .map_err(|e| format!("the answer is not an elicitation's result: {e}"))
+        .and_then(|result| {
+            decision_of(result).map_err(|e| format!("the answer does not fit the form: {e}"))
+        });
+    let decision = match decision {
+        Ok(decision) => decision,
+        Err(why) => return Some(format!("call {call_id}: {why}; it still waits")),
+    };
+    match decider.decide(session, call_id, decision, "user").await {
+        Ok(()) => None,
+        Err(Refused::NotPending(_)) => Some(format!(
+            "call {call_id}: your answer came after the call was decided (or it is no call \
+             that waits); it was ignored"
+        )),
+        Err(e) => {
+            tracing::warn!(error = %e, call = %call_id,
+                "an MCP client's decision could not be applied");
+            Some(format!(
+                "call {call_id}: your answer could not be applied: {e}"
+            ))
+        }
+    }
 }
 
 /// Where the asking sends what the client should know.

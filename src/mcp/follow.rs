@@ -57,7 +57,24 @@ pub async fn follow<F>(
     ctx: &RequestContext<RoleServer>,
     total: Option<f64>,
     on_cancel: F,
+    note: impl FnMut(&Event) -> Option<(f64, String)>,
+) -> Option<Arc<Event>>
+where
+    F: Future<Output = ()>,
+{
+    follow_until(session, since, ctx, total, on_cancel, note, |_| false).await
+}
+
+/// [`follow`], returning also at the first event `stop` picks (the turn
+/// goes on).
+pub async fn follow_until<F>(
+    session: &Session,
+    since: u64,
+    ctx: &RequestContext<RoleServer>,
+    total: Option<f64>,
+    on_cancel: F,
     mut note: impl FnMut(&Event) -> Option<(f64, String)>,
+    stop: impl Fn(&Event) -> bool,
 ) -> Option<Arc<Event>>
 where
     F: Future<Output = ()>,
@@ -76,7 +93,7 @@ where
             }
         };
         let event = event?;
-        if event.ends_turn() {
+        if event.ends_turn() || stop(&event) {
             return Some(event);
         }
         if let (Some((progress, message)), Some(token)) = (note(&event), &token) {

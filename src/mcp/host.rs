@@ -11,6 +11,7 @@ use rmcp::service::RequestContext;
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::scratch::Found;
 use crate::agent::AgentOptions;
 use crate::protocol::SessionStatus;
 use crate::store::Store;
@@ -40,6 +41,8 @@ pub struct McpHost {
     /// The server's sessions; `None` for the stdio server of `conclave
     /// mcp`, which runs none.
     pub live: Option<Live>,
+    /// The scratch sandboxes handed to stateless (2026-07-28) calls.
+    pub scratch: super::scratch::ScratchHandles,
 }
 
 /// The parts of a running server the session-starting tools use.
@@ -70,7 +73,8 @@ impl McpHost {
 
     /// Which sandbox a call acts in: the named session's (checked against
     /// the caller; one read of its record, none while its turn runs on
-    /// this replica), or the connection's scratch one when it names none.
+    /// this replica), the scratch sandbox of a handle the caller was
+    /// given, or the connection's scratch one when it names none.
     pub async fn place(
         &self,
         caller: &Caller,
@@ -88,6 +92,17 @@ impl McpHost {
         let id = Uuid::parse_str(text)
             .map_err(|_| invalid(format!("session_id '{text}' is not a UUID")))?;
         let owner = super::follow::http_owner(caller, ctx);
+        match self.scratch.find(id, owner.as_ref(), sandboxes.holds(id)) {
+            Found::Live => return Ok(Place::scratch(sandboxes, id, owner.flatten())),
+            Found::Expired => {
+                return Err(invalid(format!(
+                    "scratch sandbox '{text}' was removed after {} s unused: call without \
+                     session_id for a new one",
+                    sandboxes.config().idle_ttl_s
+                )));
+            }
+            Found::NotOne => {}
+        }
         let unknown = || invalid(format!("unknown session '{text}'"));
         let place = self.session_place(id, owner, unknown).await?;
         self.held_here(caller, id).await?;

@@ -16,6 +16,8 @@
 //!   notifications.
 //! - [`approval`]: a `run_agent` call that waits for approval, put to
 //!   the client as an elicitation, or explained as the HTTP decision.
+//! - [`scratch`]: the scratch sandboxes stateless (2026-07-28) calls are
+//!   handed, by id.
 //! - [`resources`]: the caller's sessions as resources, with update
 //!   notifications to subscribers.
 //! - [`proxy`]: `conclave mcp` relaying stdio to a running server's `/mcp`
@@ -32,6 +34,7 @@ pub mod proxy;
 pub mod resources;
 pub mod run_agent;
 pub mod schema;
+pub mod scratch;
 pub mod server;
 pub mod transfer;
 

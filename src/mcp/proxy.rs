@@ -18,8 +18,8 @@ use rmcp::model::{
     ListResourceTemplatesRequest, ListResourceTemplatesResult, ListResourcesRequest,
     ListResourcesResult, ListToolsRequest, ListToolsResult, PaginatedRequestParams,
     ProgressNotification, ProgressToken, ReadResourceRequest, ReadResourceRequestParams,
-    ReadResourceResponse, ResourceUpdatedNotificationParam, ServerConfig, ServerNotification,
-    ServerResult, SubscribeRequestParams, UnsubscribeRequestParams,
+    ReadResourceResponse, ResourceUpdatedNotificationParam, ResultType, ServerConfig,
+    ServerNotification, ServerResult, SubscribeRequestParams, UnsubscribeRequestParams,
 };
 // IDEs speak the 2025 protocol, whose subscriptions these are.
 #[allow(deprecated)]
@@ -206,6 +206,13 @@ fn unexpected() -> ErrorData {
     )
 }
 
+/// Marks a result relayed from the server (whose session with the proxy
+/// is of the 2025 revisions, without the field) as complete, as a stdio
+/// client of 2026-07-28 requires; rmcp leaves it out for older clients.
+fn complete(result_type: &mut Option<ResultType>) {
+    result_type.get_or_insert(ResultType::COMPLETE);
+}
+
 impl Proxy {
     /// Sends one request upstream and waits for its answer, relaying its
     /// progress and cancelling it upstream if the stdio client cancels.
@@ -258,7 +265,10 @@ impl ServerHandler for Proxy {
     ) -> Result<ListToolsResult, ErrorData> {
         let request = ListToolsRequest::with_param(request.unwrap_or_default());
         match self.forward(request.into(), &ctx).await? {
-            ServerResult::ListToolsResult(result) => Ok(result),
+            ServerResult::ListToolsResult(mut result) => {
+                complete(&mut result.result_type);
+                Ok(result)
+            }
             _ => Err(unexpected()),
         }
     }
@@ -272,7 +282,10 @@ impl ServerHandler for Proxy {
             .forward(CallToolRequest::new(request).into(), &ctx)
             .await?
         {
-            ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+            ServerResult::CallToolResult(mut result) => {
+                complete(&mut result.result_type);
+                Ok(CallToolResponse::Complete(result))
+            }
             _ => Err(unexpected()),
         }
     }
@@ -284,7 +297,10 @@ impl ServerHandler for Proxy {
     ) -> Result<ListResourcesResult, ErrorData> {
         let request = ListResourcesRequest::with_param(request.unwrap_or_default());
         match self.forward(request.into(), &ctx).await? {
-            ServerResult::ListResourcesResult(result) => Ok(result),
+            ServerResult::ListResourcesResult(mut result) => {
+                complete(&mut result.result_type);
+                Ok(result)
+            }
             _ => Err(unexpected()),
         }
     }
@@ -296,7 +312,10 @@ impl ServerHandler for Proxy {
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         let request = ListResourceTemplatesRequest::with_param(request.unwrap_or_default());
         match self.forward(request.into(), &ctx).await? {
-            ServerResult::ListResourceTemplatesResult(result) => Ok(result),
+            ServerResult::ListResourceTemplatesResult(mut result) => {
+                complete(&mut result.result_type);
+                Ok(result)
+            }
             _ => Err(unexpected()),
         }
     }
@@ -310,7 +329,10 @@ impl ServerHandler for Proxy {
             .forward(ReadResourceRequest::new(request).into(), &ctx)
             .await?
         {
-            ServerResult::ReadResourceResult(result) => Ok(ReadResourceResponse::Complete(result)),
+            ServerResult::ReadResourceResult(mut result) => {
+                complete(&mut result.result_type);
+                Ok(ReadResourceResponse::Complete(result))
+            }
             _ => Err(unexpected()),
         }
     }

@@ -2,7 +2,9 @@
 //! status, history and usage, as JSON), `conclave://sessions/{id}/events`
 //! (the event log, as NDJSON) and `conclave://sessions/{id}/files/{path}`
 //! (a file of its workspace, text or base64). A subscriber hears
-//! `notifications/resources/updated` while a turn writes events. Another
+//! `notifications/resources/updated` while a turn writes events (through
+//! `resources/subscribe` under the 2025 revisions, on a
+//! `subscriptions/listen` stream under 2026-07-28). Another
 //! key's session is "not found" for reading and subscribing alike.
 
 use std::collections::HashMap;
@@ -13,9 +15,10 @@ use futures::{FutureExt, StreamExt};
 use rmcp::RoleServer;
 use rmcp::model::{
     ErrorData, ListResourceTemplatesResult, ListResourcesResult, ReadResourceResult, Resource,
-    ResourceContents, ResourceTemplate, ResourceUpdatedNotificationParam,
+    ResourceContents, ResourceTemplate, ResourceUpdatedNotification,
+    ResourceUpdatedNotificationParam, ServerNotification, SubscriptionFilter,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use serde::Deserialize as _;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -302,29 +305,95 @@ pub async fn subscribe(
         earlier.cancel();
     }
     let (peer, uri) = (ctx.peer.clone(), uri.to_string());
-    tokio::spawn(async move {
-        let mut events = session.subscribe(session.last_seq(), false);
-        loop {
-            tokio::select! {
-                event = events.next() => if event.is_none() { return },
-                _ = stop.cancelled() => return,
-            }
-            let update = ResourceUpdatedNotificationParam::new(uri.clone());
-            if peer.notify_resource_updated(update).await.is_err() {
+    tokio::spawn(watch(session, stop, move || {
+        let (peer, update) = (
+            peer.clone(),
+            ResourceUpdatedNotificationParam::new(uri.clone()),
+        );
+        async move { peer.notify_resource_updated(update).await.is_ok() }
+    }));
+    Ok(())
+}
+
+/// Runs `update` while the session's log grows (at most one per
+/// [`UPDATE_EVERY`]), until `stop`, the session's end or an update that
+/// could not be sent.
+async fn watch<F, U>(session: Arc<Session>, stop: CancellationToken, mut update: U)
+where
+    U: FnMut() -> F,
+    F: std::future::Future<Output = bool>,
+{
+    let mut events = session.subscribe(session.last_seq(), false);
+    loop {
+        tokio::select! {
+            event = events.next() => if event.is_none() { return },
+            _ = stop.cancelled() => return,
+        }
+        if !update().await {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(UPDATE_EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+        // What came meanwhile is told by the next update.
+        while let Some(event) = events.next().now_or_never() {
+            if event.is_none() {
                 return;
             }
-            tokio::select! {
-                _ = tokio::time::sleep(UPDATE_EVERY) => {}
-                _ = stop.cancelled() => return,
-            }
-            // What came meanwhile is told by the next update.
-            while let Some(event) = events.next().now_or_never() {
-                if event.is_none() {
-                    return;
-                }
-            }
         }
-    });
+    }
+}
+
+/// What a `subscriptions/listen` (2026-07-28) is given of what it asks:
+/// updates of resources this server has (which session they name, and
+/// whether it is the caller's, is decided by [`listen`]).
+pub fn listenable(requested: &SubscriptionFilter) -> SubscriptionFilter {
+    let uris = requested
+        .resource_subscriptions
+        .iter()
+        .flatten()
+        .filter(|uri| ResourceUri::parse(uri).is_some())
+        .cloned()
+        .collect();
+    let mut accepted = SubscriptionFilter::new();
+    accepted.resource_subscriptions = Some(uris);
+    accepted
+}
+
+/// A `subscriptions/listen` stream: `notifications/resources/updated`
+/// for each accepted resource of the caller's while its session's log
+/// grows, until the client ends the request. A resource of another key's
+/// (or none) is never updated, so that the stream says nothing about it.
+pub async fn listen(
+    host: &McpHost,
+    caller: &Caller,
+    subscription: SubscriptionContext,
+) -> Result<(), ErrorData> {
+    let ctx = subscription.request_context();
+    let stop = ctx.ct.child_token();
+    let _stop_on_end = stop.clone().drop_guard();
+    let uris = subscription
+        .accepted()
+        .resource_subscriptions
+        .clone()
+        .unwrap_or_default();
+    for uri in uris {
+        let Ok((_, session)) = find(host, caller, &uri, ctx).await else {
+            continue;
+        };
+        let sink = subscription.sink().clone();
+        tokio::spawn(watch(session, stop.clone(), move || {
+            let (sink, uri) = (sink.clone(), uri.clone());
+            async move {
+                let update =
+                    ResourceUpdatedNotification::new(ResourceUpdatedNotificationParam::new(uri));
+                let update = ServerNotification::ResourceUpdatedNotification(update);
+                sink.send(update).await.is_ok()
+            }
+        }));
+    }
+    subscription.cancelled().await;
     Ok(())
 }
 

@@ -8,14 +8,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ContentBlock, ErrorData};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ContentBlock, ErrorData, InputResponses,
+    ProgressNotificationParam,
+};
 use rmcp::service::RequestContext;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::approval::{self, Asker};
-use super::follow::{follow, http_owner};
+use super::follow::{follow_until, http_owner};
 use super::host::{Caller, McpHost};
 use super::schema::RunAgent;
 use crate::protocol::{Event, EventKind, ResultStatus, SessionKind};
@@ -90,8 +93,9 @@ pub async fn run(
     host: &Arc<McpHost>,
     caller: &Caller,
     args: RunAgent,
+    retry: Retry,
     ctx: RequestContext<RoleServer>,
-) -> Result<CallToolResult, ErrorData> {
+) -> Result<CallToolResponse, ErrorData> {
     let Some(sessions) = host.sessions() else {
         return Err(ErrorData::invalid_request(
             "run_agent runs in the server: connect to its /mcp",
@@ -99,11 +103,123 @@ pub async fn run(
         ));
     };
     let owner = http_owner(caller, &ctx).flatten();
+    let lines = AtomicU32::new(0);
+    let (session, since) = match retry.state {
+        // The client answered the approvals of an `input_required` result:
+        // the turn it started goes on.
+        Some(state) => {
+            let Some((id, since)) = resumed(&state) else {
+                return Ok(failure(
+                    "requestState is not one this server gave: call run_agent again without it"
+                        .into(),
+                )
+                .into());
+            };
+            let session = match existing(sessions, &id.to_string(), owner.as_deref()).await {
+                Ok(session) => session,
+                Err(SessionError::NotFound(_)) => {
+                    return Ok(failure(format!("session '{id}' not found")).into());
+                }
+                Err(e) => return refusal(e).map(Into::into),
+            };
+            if let Some(live) = &host.live {
+                for (call_id, answer) in retry.responses.unwrap_or_default() {
+                    let told =
+                        approval::decide_answer(&live.decider, &session, &call_id, answer).await;
+                    if let Some(line) = told {
+                        note(&ctx, &lines, line).await;
+                    }
+                }
+            }
+            (session, since)
+        }
+        None => match started(sessions, args, owner, &ctx).await {
+            Ok(turn) => (turn.session, turn.since),
+            Err(refused) => return refused.map(Into::into),
+        },
+    };
+    let elicits = approval::elicits(&ctx);
+    // Under 2026-07-28 the client cannot be sent a request: a call that
+    // waits for approval ends the tool call with an `input_required`
+    // result, and the client's retry carries the answer.
+    let in_results = elicits && super::scratch::stateless(&ctx);
+    let done = CancellationToken::new();
+    let followed = async {
+        let ended = follow_until(
+            &session,
+            since,
+            &ctx,
+            None,
+            async {
+                session.interrupt();
+            },
+            |event| {
+                let line = progress_line(event, elicits)?;
+                let line_number = lines.fetch_add(1, Ordering::Relaxed) + 1;
+                Some((f64::from(line_number), line))
+            },
+            |event| in_results && matches!(event.kind, EventKind::ApprovalRequested { .. }),
+        )
+        .await;
+        done.cancel();
+        ended
+    };
+    // The client is asked from this task, so that its requests go out on
+    // this call's stream.
+    let asking = async {
+        let decider = host.live.as_ref().map(|live| &live.decider);
+        if let (true, false, Some(decider)) = (elicits, in_results, decider) {
+            let asker = Asker {
+                peer: &ctx.peer,
+                decider,
+                session: &session,
+                token: ctx.meta.get_progress_token(),
+                lines: &lines,
+            };
+            asker.run(since, done.clone()).await;
+        }
+    };
+    let (ended, ()) = tokio::join!(followed, asking);
+    if let Some(event) = &ended
+        && let Some(mut asked) = approval::input_required(event)
+    {
+        asked.request_state = Some(format!("{STATE_PREFIX}{}:{}", session.id, event.seq));
+        return Ok(CallToolResponse::InputRequired(asked));
+    }
+    Ok(answer(&session, ended.as_deref()).into())
+}
+
+/// What a retry of an `input_required` result carries.
+#[derive(Default)]
+pub struct Retry {
+    /// The `requestState` the result gave.
+    pub state: Option<String>,
+    /// The answers, by the key of each input request (the call's id).
+    pub responses: Option<InputResponses>,
+}
+
+/// How this server's `requestState` starts: the session and the `seq`
+/// of the approval request follow. The client only echoes it, and the
+/// session is checked against the caller as any `session_id` is.
+const STATE_PREFIX: &str = "conclave-approval:";
+
+fn resumed(state: &str) -> Option<(Uuid, u64)> {
+    let (id, seq) = state.strip_prefix(STATE_PREFIX)?.split_once(':')?;
+    Some((Uuid::parse_str(id).ok()?, seq.parse().ok()?))
+}
+
+/// The session a call runs its turn in, and the turn started.
+async fn started(
+    sessions: &SessionManager,
+    args: RunAgent,
+    owner: Option<String>,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<crate::session::StartedTurn, Result<CallToolResult, ErrorData>> {
     let session = match (&args.session_id, args.options) {
         (Some(_), Some(_)) => {
-            return Ok(failure(
+            return Err(Ok(failure(
                 "options are those of a new session: give them without session_id".into(),
-            ));
+            )));
         }
         (Some(text), None) => existing(sessions, text, owner.as_deref()).await,
         (None, options) => {
@@ -120,52 +236,26 @@ pub async fn run(
         // Named as the caller wrote it, which may not be a UUID.
         Err(SessionError::NotFound(_)) => {
             let text = args.session_id.unwrap_or_default();
-            return Ok(failure(format!("session '{text}' not found")));
+            return Err(Ok(failure(format!("session '{text}' not found"))));
         }
-        Err(e) => return refusal(e),
+        Err(e) => return Err(refusal(e)),
     };
-    let turn = match sessions.start_turn(session, args.prompt, false).await {
-        Ok(turn) => turn,
-        Err(e) => return refusal(e),
+    sessions
+        .start_turn(session, args.prompt, false)
+        .await
+        .map_err(refusal)
+}
+
+/// A progress line outside the turn's events, when the client asked for
+/// progress.
+async fn note(ctx: &RequestContext<RoleServer>, lines: &AtomicU32, line: String) {
+    let Some(token) = ctx.meta.get_progress_token() else {
+        return;
     };
-    let lines = AtomicU32::new(0);
-    let elicits = approval::elicits(&ctx.peer);
-    let done = CancellationToken::new();
-    let followed = async {
-        let ended = follow(
-            &turn.session,
-            turn.since,
-            &ctx,
-            None,
-            async {
-                turn.session.interrupt();
-            },
-            |event| {
-                let line = progress_line(event, elicits)?;
-                let line_number = lines.fetch_add(1, Ordering::Relaxed) + 1;
-                Some((f64::from(line_number), line))
-            },
-        )
-        .await;
-        done.cancel();
-        ended
-    };
-    // The client is asked from this task, so that its requests go out on
-    // this call's stream.
-    let asking = async {
-        if let (true, Some(decider)) = (elicits, host.live.as_ref().map(|live| &live.decider)) {
-            let asker = Asker {
-                peer: &ctx.peer,
-                decider,
-                session: &turn.session,
-                token: ctx.meta.get_progress_token(),
-                lines: &lines,
-            };
-            asker.run(turn.since, done.clone()).await;
-        }
-    };
-    let (ended, ()) = tokio::join!(followed, asking);
-    Ok(answer(&turn.session, ended.as_deref()))
+    let progress = lines.fetch_add(1, Ordering::Relaxed) + 1;
+    let param = ProgressNotificationParam::new(token, f64::from(progress)).with_message(line);
+    // A client that went away just misses the note.
+    let _ = ctx.peer.notify_progress(param).await;
 }
 
 /// The turn's answer as the tool's content, with the session, status and

@@ -7,13 +7,15 @@
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::{InputResponses, RequestState, ToolCallContext};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    ErrorData, Implementation, ListResourceTemplatesResult, ListResourcesResult,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
-    ServerConfig, SubscribeRequestParams, UnsubscribeRequestParams,
+    CallToolRequestParams, CallToolResponse, ErrorData, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use tracing::Instrument;
 use uuid::Uuid;
@@ -236,10 +238,13 @@ impl SandboxServer {
     async fn run_agent(
         &self,
         Parameters(args): Parameters<RunAgent>,
+        RequestState(state): RequestState,
+        InputResponses(responses): InputResponses,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
         let span = super::follow::call_span("run_agent", &ctx);
-        super::run_agent::run(&self.host, &self.caller, args, ctx)
+        let retry = super::run_agent::Retry { state, responses };
+        super::run_agent::run(&self.host, &self.caller, args, retry, ctx)
             .instrument(span)
             .await
     }
@@ -322,8 +327,68 @@ impl SandboxServer {
     }
 }
 
+impl SandboxServer {
+    /// A stateless call of a sandbox tool that names no session: a new
+    /// scratch handle, written into its arguments as its `session_id`.
+    fn hand_out_scratch(
+        &self,
+        request: &mut CallToolRequestParams,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Option<Uuid> {
+        let named = request
+            .arguments
+            .as_ref()
+            .is_some_and(|args| args.get("session_id").is_some_and(|v| !v.is_null()));
+        if named
+            || !super::scratch::SANDBOX_TOOLS.contains(&request.name.as_ref())
+            || !super::scratch::stateless(ctx)
+        {
+            return None;
+        }
+        let owner = super::follow::http_owner(&self.caller, ctx).flatten();
+        let (id, evicted) = self.host.scratch.hand_out(owner);
+        if let Some(old) = evicted {
+            let host = self.host.clone();
+            tokio::spawn(async move { host.tools.sandboxes.release(old).await });
+        }
+        request
+            .arguments
+            .get_or_insert_with(Default::default)
+            .insert("session_id".into(), id.to_string().into());
+        Some(id)
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
+    /// Each tool of the router; a stateless call given a scratch sandbox
+    /// has its result name it, and a failed one leaves none.
+    async fn call_tool(
+        &self,
+        mut request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let handed = self.hand_out_scratch(&mut request, &ctx);
+        let call = ToolCallContext::new(self, request, ctx);
+        let response = self.tool_router.call(call).await;
+        let Some(id) = handed else { return response };
+        let sandboxes = &self.host.tools.sandboxes;
+        match response {
+            // Its sandbox was made, whatever the command did in it.
+            Ok(CallToolResponse::Complete(mut result)) if sandboxes.holds(id) => {
+                self.host.scratch.used(id);
+                let ttl = sandboxes.config().idle_ttl_s;
+                super::scratch::annotate(&mut result, id, ttl);
+                Ok(CallToolResponse::Complete(result))
+            }
+            other => {
+                self.host.scratch.forget(id);
+                sandboxes.release(id).await;
+                other
+            }
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
         let mut capabilities = ServerCapabilities::builder()
             .enable_tools()
@@ -338,7 +403,9 @@ impl ServerHandler for SandboxServer {
         let mut instructions = String::from(
             "Tools that run code, shell commands and file operations in a sandbox. \
              Give session_id to act in an agent session's sandbox; without it each \
-             connection gets a scratch sandbox of its own.",
+             connection gets a scratch sandbox of its own. Under 2026-07-28, which has \
+             no connections, a call without session_id gets a new scratch sandbox and \
+             its result names it: pass that id as session_id to act in it again.",
         );
         if self.host.live.is_none() {
             instructions.push_str(
@@ -409,6 +476,22 @@ impl ServerHandler for SandboxServer {
             &ctx,
         )
         .await
+    }
+
+    /// 2026-07-28's subscriptions: updates of the caller's session
+    /// resources on the `subscriptions/listen` request's stream.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        self.host
+            .live
+            .as_ref()
+            .map(|_| super::resources::listenable(requested))
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        super::resources::listen(&self.host, &self.caller, subscription).await
     }
 
     #[allow(deprecated)]

@@ -46,8 +46,7 @@ struct Slot {
     /// Signalled whenever a lease ends.
     released: Notify,
     last_used: Mutex<Instant>,
-    /// When the session took the slot: its sandbox's wall time is counted
-    /// from here.
+    /// When the session took the slot, whence its sandbox's wall time counts.
     born: Instant,
     /// The latest resource sample, so a status call never waits on the
     /// backend's stats (docker's take tens of milliseconds).
@@ -458,6 +457,11 @@ impl SandboxManager {
                 self.release(session).await;
             }
         }
+    }
+
+    /// Whether a sandbox slot for `session` is held (not released or reaped).
+    pub fn holds(&self, session: Uuid) -> bool {
+        lock(&self.slots).contains_key(&session)
     }
 
     /// The sessions this manager holds a sandbox slot for.

@@ -229,6 +229,7 @@ fn mcp_host(
         tools: toolbox,
         store: ground.store.clone(),
         max_forks: config.agent.max_forks,
+        scratch: Default::default(),
         live: Some(Live {
             sessions: sessions.clone(),
             deliberations: deliberations.clone(),

@@ -117,6 +117,7 @@ pub async fn serve_mcp_stdio(config: Config) -> anyhow::Result<()> {
         tools,
         store: store.clone(),
         max_forks: config.agent.max_forks,
+        scratch: Default::default(),
         live: None,
     };
     let server = SandboxServer::new(Arc::new(host), Caller::Trusted);

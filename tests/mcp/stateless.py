@@ -1,0 +1,120 @@
+"""The 2026-07-28 revision of MCP (no sessions: `server/discover`, the
+protocol version and capabilities in each request's `_meta`) against
+/mcp, with the official Python SDK, beside the 2025-11-25 handshake that
+today's IDEs speak. Prints what it saw as one JSON object;
+tests/mcp_revisions.rs asserts on it.
+
+usage: stateless.py MCP_URL API_KEY OTHER_KEY
+"""
+
+import json
+import sys
+
+import anyio
+import httpx2
+from mcp import types
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+SCRATCH_KEY = "dev.conclave/scratch_id"
+PROMPT = "Run it.\n```python\nprint('approved', 6 * 7)\n```\n"
+COUNT = "for i in 1 2 3 4; do echo line$i; sleep 0.6; done; echo kept > /workspace/kept.txt"
+
+
+def client(url, key, **kwargs):
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=300)
+    )
+    return Client(streamable_http_client(url, http_client=http), **kwargs)
+
+
+def shell(result):
+    return {
+        "is_error": result.is_error,
+        "stdout": (result.structured_content or {}).get("stdout"),
+        "handle": (result.meta or {}).get(SCRATCH_KEY),
+        "texts": [getattr(c, "text", "") for c in result.content],
+    }
+
+
+async def main():
+    url, key, other_key = sys.argv[1:4]
+    seen = {"progress": [], "elicitations": []}
+
+    async def on_progress(value, total, message):
+        seen["progress"].append(message)
+
+    async def on_elicit(context, params):
+        seen["elicitations"].append(params.message)
+        return types.ElicitResult(
+            action="accept", content={"decision": "allow", "message": "go ahead"}
+        )
+
+    async with client(url, key, elicitation_callback=on_elicit) as modern:
+        seen["version"] = modern.protocol_version
+        seen["server"] = modern.server_info.name
+        # A call naming no session is handed a scratch sandbox, by id.
+        first = await modern.call_tool(
+            "execute_shell", {"command": COUNT}, progress_callback=on_progress
+        )
+        seen["first"] = shell(first)
+        handle = seen["first"]["handle"]
+        again = await modern.call_tool(
+            "execute_shell", {"command": "cat /workspace/kept.txt", "session_id": handle}
+        )
+        seen["again"] = shell(again)
+        fresh = await modern.call_tool(
+            "execute_shell", {"command": "cat /workspace/kept.txt || echo none"}
+        )
+        seen["fresh"] = shell(fresh)
+        # Another key cannot use the handle.
+        async with client(url, other_key) as intruder:
+            stolen = await intruder.call_tool(
+                "execute_shell", {"command": "cat /workspace/kept.txt", "session_id": handle}
+            )
+            seen["stolen"] = shell(stolen)
+        # A key holds at most 8: the ninth takes the place of the least
+        # recently used (the first), whose sandbox goes with it.
+        for _ in range(7):
+            await modern.call_tool("list_files", {})
+        evicted = await modern.call_tool(
+            "execute_shell", {"command": "true", "session_id": handle}
+        )
+        seen["evicted"] = shell(evicted)
+        # An approval is an input_required result; the SDK answers it with
+        # the elicitation callback and retries.
+        ran = await modern.call_tool(
+            "run_agent",
+            {"prompt": PROMPT, "options": {"permissions": {"mode": "ask"}}},
+            progress_callback=on_progress,
+        )
+        seen["run_agent"] = {"is_error": ran.is_error, "structured": ran.structured_content}
+        session = ran.structured_content["session_id"]
+        # Updates of the session's events on a subscriptions/listen stream
+        # while its next turn runs.
+        events_uri = f"conclave://sessions/{session}/events"
+        async with modern.listen(resource_subscriptions=[events_uri]) as subscription:
+            seen["honored"] = list(subscription.honored.resource_subscriptions or [])
+
+            async def second_turn():
+                await modern.call_tool(
+                    "run_agent", {"prompt": "say hello", "session_id": session}
+                )
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(second_turn)
+                with anyio.fail_after(60):
+                    async for event in subscription:
+                        seen["updated"] = event.uri
+                        break
+
+    # Today's IDEs: the handshake, and one scratch sandbox per connection.
+    async with client(url, key, mode="legacy") as legacy:
+        seen["legacy_version"] = legacy.protocol_version
+        await legacy.call_tool("execute_shell", {"command": "echo mine > /workspace/l.txt"})
+        kept = await legacy.call_tool("execute_shell", {"command": "cat /workspace/l.txt"})
+        seen["legacy"] = shell(kept)
+    print(json.dumps(seen))
+
+
+anyio.run(main)
