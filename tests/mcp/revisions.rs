@@ -75,6 +75,13 @@ async fn the_2026_07_28_revision_beside_2025_11_25() {
             .contains("The agent wants to run mcp__sandbox__execute_code")
     );
     let ran = &seen["run_agent"];
+    let session = ran["structured"]["session_id"].as_str().unwrap();
+    // Another key's retry naming the session was refused, and its deny
+    // decided nothing.
+    assert_eq!(
+        seen["forged_retry"],
+        json!({"is_error": true, "text": format!("session '{session}' not found")})
+    );
     assert_eq!(ran["is_error"], false, "{ran}");
     assert_eq!(ran["structured"]["status"], "success");
     assert!(
@@ -90,7 +97,6 @@ async fn the_2026_07_28_revision_beside_2025_11_25() {
     );
     // The listen stream was acknowledged for the events and told of the
     // next turn.
-    let session = ran["structured"]["session_id"].as_str().unwrap();
     let events = format!("conclave://sessions/{session}/events");
     assert_eq!(seen["honored"], json!([events.clone()]));
     assert_eq!(seen["updated"], events);

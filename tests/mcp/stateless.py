@@ -8,6 +8,7 @@ usage: stateless.py MCP_URL API_KEY OTHER_KEY
 """
 
 import json
+import re
 import sys
 
 import anyio
@@ -37,6 +38,33 @@ def shell(result):
     }
 
 
+async def forged_retry(url, key, session, call):
+    """A raw 2026-07-28 retry of run_agent with a requestState naming
+    `session` and an answer denying `call`; the result's text."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+    }
+    body = {
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {
+            "name": "run_agent", "arguments": {"prompt": "x"}, "_meta": meta,
+            "requestState": f"conclave-approval:{session}:0",
+            "inputResponses": {call: {"action": "accept", "content": {"decision": "deny"}}},
+        },
+    }
+    headers = {
+        "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "run_agent",
+    }
+    async with httpx2.AsyncClient(timeout=30) as http:
+        response = await http.post(url, json=body, headers=headers)
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    message = json.loads(data[-1] if data else response.text)
+    result = message["result"]
+    return {"is_error": result.get("isError"), "text": result["content"][0]["text"]}
+
+
 async def main():
     url, key, other_key = sys.argv[1:4]
     seen = {"progress": [], "elicitations": []}
@@ -46,6 +74,10 @@ async def main():
 
     async def on_elicit(context, params):
         seen["elicitations"].append(params.message)
+        # While the call waits, another key retries it with a state naming
+        # the session and a deny: refused, and the call stays the owner's.
+        sid, call = re.search(r"call (\S+) of session ([0-9a-f-]+)", params.message).group(2, 1)
+        seen["forged_retry"] = await forged_retry(url, other_key, sid, call)
         return types.ElicitResult(
             action="accept", content={"decision": "allow", "message": "go ahead"}
         )
