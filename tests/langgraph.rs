@@ -194,7 +194,16 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     // The other key sees none of it.
     assert_eq!(seen["search_a"], true);
     assert_eq!(seen["search_b"], false);
-    for call in ["b_get", "b_state", "b_run", "b_delete"] {
+    // A copy has the thread's conversation, and its next run is its own.
+    assert_eq!(seen["copy_differs"], true);
+    assert_eq!(seen["copy_len"], seen["state_len"]);
+    assert_eq!(
+        seen["copy_after"].as_u64().unwrap(),
+        seen["state_len"].as_u64().unwrap() + 2,
+        "{seen}"
+    );
+    assert_eq!(seen["source_after"], seen["state_len"]);
+    for call in ["b_get", "b_state", "b_run", "b_delete", "b_copy"] {
         assert_eq!(seen[call], 404, "{call}");
     }
 

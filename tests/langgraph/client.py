@@ -111,6 +111,15 @@ out["b_get"] = status_of(lambda: b.threads.get(tid))
 out["b_state"] = status_of(lambda: b.threads.get_state(tid))
 out["b_run"] = status_of(lambda: b.runs.wait(tid, "agent", input=msg("intrude")))
 out["b_delete"] = status_of(lambda: b.threads.delete(tid))
+out["b_copy"] = status_of(lambda: b.threads.copy(tid))
+
+# A copy: a new thread with the conversation so far, which goes its own way.
+copy = a.threads.copy(tid)
+out["copy_differs"] = copy["thread_id"] != tid
+out["copy_len"] = len(copy["values"]["messages"])
+a.runs.wait(copy["thread_id"], "agent", input=msg("only in the copy"))
+out["copy_after"] = len(a.threads.get_state(copy["thread_id"])["values"]["messages"])
+out["source_after"] = len(a.threads.get_state(tid)["values"]["messages"])
 
 # A pipeline assistant: its thread's state is the run's state, its
 # history the run's checkpoints.

@@ -32,6 +32,7 @@ pub fn router() -> Router<AppState> {
         .route("/threads/search", post(threads::search))
         .route("/threads/{id}", get(threads::get).delete(threads::delete))
         .route("/threads/{id}/state", get(threads::state))
+        .route("/threads/{id}/copy", post(threads::copy))
         .route(
             "/threads/{id}/history",
             get(threads::history_get).post(threads::history),

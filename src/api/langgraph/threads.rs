@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 use std::sync::Arc;
 
 use super::{PIPELINE, assistant, assistant_json, current_values, thread_id, values};
+use crate::agent::fork::ForkRequest;
 use crate::agent::profiles::{self, Agent};
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
@@ -142,6 +143,32 @@ pub async fn delete(
         .delete(thread_id(&id)?, caller.owner())
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /threads/{id}/copy`: a new thread of the caller's with the
+/// thread's history and workspace as they were at its last turn end (a
+/// fork of its session: a turn running now is not copied).
+pub async fn copy(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let source = thread_id(&id)?;
+    let forked = crate::api::routes::fork::forks(&state)
+        .fork(
+            source,
+            (caller.owner(), caller.owner.as_deref()),
+            ForkRequest::default(),
+        )
+        .await?;
+    let copy = forked
+        .sessions
+        .first()
+        .ok_or_else(|| ApiError::internal("the fork made no session"))?;
+    let session = state.sessions.get(copy.session_id, caller.owner()).await?;
+    let mut thread = session_json(&session);
+    thread["values"] = current_values(&state, &session).await?;
+    Ok(Json(thread))
 }
 
 /// `POST /threads/search`: the caller's sessions, newest first. `limit`,

@@ -43,7 +43,7 @@ impl From<ForkError> for ApiError {
     }
 }
 
-fn forks(state: &AppState) -> Forks {
+pub(crate) fn forks(state: &AppState) -> Forks {
     Forks {
         sessions: state.sessions.clone(),
         store: state.store.clone(),
