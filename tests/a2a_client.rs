@@ -250,7 +250,7 @@ async fn an_agent_where_no_connection_is_allowed_is_refused() {
         (
             422,
             json!(
-                "options.a2a_agents.metadata: 169.254.169.254 resolves to 169.254.169.254, a link-local address, which the allow list does not include (mcp.allowed_http_servers)"
+                "a2a_agents.metadata: 169.254.169.254 resolves to 169.254.169.254, a link-local address, which the allow list does not include (mcp.allowed_http_servers)"
             )
         )
     );
@@ -259,7 +259,7 @@ async fn an_agent_where_no_connection_is_allowed_is_refused() {
         (
             422,
             json!(
-                "options.a2a_agents.a: \"ftp://127.0.0.1/\" is not an http or https URL with a host (mcp.allowed_http_servers)"
+                "a2a_agents.a: \"ftp://127.0.0.1/\" is not an http or https URL with a host (mcp.allowed_http_servers)"
             )
         )
     );
@@ -269,7 +269,7 @@ async fn an_agent_where_no_connection_is_allowed_is_refused() {
         (
             422,
             json!(
-                "options.a2a_agents.two words: an agent's name is 1 to 48 letters, digits, `_` or `-` (it names the tool a2a__NAME)"
+                "a2a_agents.two words: an agent's name is 1 to 48 letters, digits, `_` or `-` (it names the tool a2a__NAME)"
             )
         )
     );

@@ -550,7 +550,7 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
             422,
             "invalid_request",
             // Its type in words, not Rust's `u32`.
-            "options.max_turns: invalid type: string \"ten\", expected a whole number from 0 to",
+            "max_turns: invalid type: string \"ten\", expected a whole number from 0 to",
         ),
         (
             server
@@ -580,7 +580,7 @@ async fn bad_requests_get_json_errors_with_the_right_status() {
                 .await,
             422,
             "invalid_request",
-            "options.model",
+            "model",
         ),
         (
             server.post("/agent/run", json!({})).await,

@@ -281,7 +281,7 @@ async fn the_largest_accepted_deliberation_keeps_the_servers_memory_bounded() {
     let body: Value = refused.json().await.unwrap();
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
-        message.starts_with("options.num_agents: ") && message.contains("at most 2048"),
+        message.starts_with("num_agents: ") && message.contains("at most 2048"),
         "{message}"
     );
     let huge_task = "x".repeat(200 * 1024);
@@ -513,7 +513,7 @@ async fn a_stdio_mcp_server_gets_only_its_command_line_and_a_clean_environment()
         let body: Value = response.json().await.unwrap();
         let message = body["error"]["message"].as_str().unwrap();
         assert!(
-            message.starts_with(&format!("options.mcp_servers.envy.{field}: ")),
+            message.starts_with(&format!("mcp_servers.envy.{field}: ")),
             "{message}"
         );
     }

@@ -205,7 +205,7 @@ async fn a_sessions_mcp_server_cannot_take_the_sandboxs_name_nor_lend_its_hint()
             let body: Value = response.json().await.unwrap();
             let message = body["error"]["message"].as_str().unwrap();
             assert!(
-                message.starts_with(&format!("options.mcp_servers.{name}: ")),
+                message.starts_with(&format!("mcp_servers.{name}: ")),
                 "{message}"
             );
             assert!(message.contains("built-in"), "{message}");
@@ -616,7 +616,7 @@ async fn a_runs_hook_outside_the_egress_rules_is_refused_at_submit() {
         let body: Value = response.json().await.unwrap();
         let message = body["error"]["message"].as_str().unwrap();
         assert!(
-            message.starts_with("options.permissions.hook_url: "),
+            message.starts_with("permissions.hook_url: "),
             "{path}: {message}"
         );
     }

@@ -74,7 +74,7 @@ async fn a_node_waiting_for_approval_shows_in_the_status_and_a_decision_lets_it_
                 json!({"pipeline": "gated", "permissions": {"deny": ["Bash("]}}),
             )
             .await,
-        "options.permissions.deny[0]",
+        "permissions.deny[0]",
     )
     .await;
 

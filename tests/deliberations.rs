@@ -530,19 +530,19 @@ async fn bad_input_is_refused_with_the_field_named() {
         (json!({"task_description": ""}), "task_description"),
         (
             json!({"task_description": "t", "num_agents": 0}),
-            "options.num_agents",
+            "num_agents",
         ),
         (
             json!({"task_description": "t", "models": ["nope"]}),
-            "options.models[0]",
+            "models[0]",
         ),
         (
             json!({"task_description": "t", "judge_model": "nope"}),
-            "options.judge_model",
+            "judge_model",
         ),
         (
             json!({"task_description": "t", "aggregate": "coin"}),
-            "options.aggregate",
+            "aggregate",
         ),
         (
             json!({"task_description": "t", "what": 1}),

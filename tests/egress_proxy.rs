@@ -171,14 +171,11 @@ async fn only_the_allowed_names_are_reached(backend: &[&str]) {
     for (allow, field) in [
         (
             json!(["pypi.test", "github.com"]),
-            "options.sandbox.network.allow[1]",
+            "sandbox.network.allow[1]",
         ),
-        (json!(["*.test"]), "options.sandbox.network.allow[0]"),
-        (json!(["10.0.0.0/8"]), "options.sandbox.network.allow[0]"),
-        (
-            json!(["http://pypi.test/"]),
-            "options.sandbox.network.allow[0]",
-        ),
+        (json!(["*.test"]), "sandbox.network.allow[0]"),
+        (json!(["10.0.0.0/8"]), "sandbox.network.allow[0]"),
+        (json!(["http://pypi.test/"]), "sandbox.network.allow[0]"),
     ] {
         let (status, body) = send(
             KEY,

@@ -125,7 +125,7 @@ async fn a_sessions_stdio_mcp_server_is_offered_and_called() {
     let body: Value = refused.json().await.expect("json");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        message.starts_with("options.mcp_servers.rogue.command: ")
+        message.starts_with("mcp_servers.rogue.command: ")
             && message.contains("mcp.stdio_commands"),
         "{message}"
     );

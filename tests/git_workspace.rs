@@ -251,19 +251,19 @@ base_url = "{}/v1"
     for (git, field) in [
         (
             json!({"url": "http://10.255.255.1/repo.git"}),
-            "options.workspace.git.url",
+            "workspace.git.url",
         ),
         (
             json!({"url": format!("http://user:pw@{}/repo.git", &git_url[7..])}),
-            "options.workspace.git.url",
+            "workspace.git.url",
         ),
         (
             json!({"url": repo, "credential": "nope"}),
-            "options.workspace.git.credential",
+            "workspace.git.credential",
         ),
         (
             json!({"url": repo, "ref": "--upload-pack=x"}),
-            "options.workspace.git.ref",
+            "workspace.git.ref",
         ),
     ] {
         let (status, body) = create(git.clone()).await;

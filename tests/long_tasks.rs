@@ -612,7 +612,7 @@ async fn openai_reasoning_content_arrives_as_thinking_and_effort_is_sent() {
     assert_eq!(refused.status(), 422);
     let body: Value = refused.json().await.unwrap();
     assert!(
-        body.to_string().contains("options.reasoning.budget_tokens"),
+        body.to_string().contains("reasoning.budget_tokens"),
         "{body}"
     );
 

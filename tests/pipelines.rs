@@ -547,11 +547,11 @@ async fn a_run_with_mock_agents_completes_on_a_server_outside_test_mode() {
 async fn bad_input_is_refused_with_the_field_named() {
     let server = TestServer::start().await;
     for (body, field) in [
-        (json!({"pipeline": "nope"}), "options.pipeline"),
-        (json!({"input": {"secret": 1}}), "options.input.secret"),
+        (json!({"pipeline": "nope"}), "pipeline"),
+        (json!({"input": {"secret": 1}}), "input.secret"),
         (
             json!({"connector_name": "crm", "mock": {"delay_ms": 3_600_000}}),
-            "options.mock.delay_ms",
+            "mock.delay_ms",
         ),
         (json!({"what": 1}), "what: unknown field"),
         (

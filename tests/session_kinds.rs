@@ -189,10 +189,7 @@ async fn kinds_and_their_options_are_checked_before_a_session_exists() {
             json!({"kind": "oracle"}),
             "kind: unknown session kind \"oracle\"",
         ),
-        (
-            json!({"kind": "echo", "times": 9}),
-            "options.times: must be 1 to 5",
-        ),
+        (json!({"kind": "echo", "times": 9}), "times: must be 1 to 5"),
         (
             json!({"kind": "echo", "model": "demo"}),
             "model: unknown field; known fields: options, session_name, times",

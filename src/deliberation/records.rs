@@ -315,7 +315,8 @@ impl Deliberations {
             Some(_) => return Err(OptionError::new("task_description", "must be a string").into()),
         };
         let task = self.sessions.tasks().require(KIND.as_str(), "kind")?;
-        let options_json = task.options(body, &["task_description"]).await?;
+        let options_json =
+            crate::session::options::as_written(task.as_ref(), body, &["task_description"]).await?;
         let options: DeliberationOptions = serde_json::from_value(options_json.clone())
             .map_err(|e| SessionError::Internal(format!("reading stored options: {e}")))?;
         options.check_prompt_bytes("task_description", task_description.len())?;

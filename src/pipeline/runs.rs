@@ -264,7 +264,7 @@ impl Runs {
         body: &Map<String, Value>,
     ) -> Result<Started, RunError> {
         let task = self.sessions.tasks().require(KIND.as_str(), "kind")?;
-        let options_json = task.options(body, &[]).await?;
+        let options_json = crate::session::options::as_written(task.as_ref(), body, &[]).await?;
         let options: PipelineOptions = serde_json::from_value(options_json.clone())
             .map_err(|e| SessionError::Internal(format!("reading stored options: {e}")))?;
         let session = self

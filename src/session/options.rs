@@ -70,6 +70,36 @@ pub fn from_body<T: DeserializeOwned>(
     })
 }
 
+/// A kind's options from a request body, as [`super::SessionTask::options`]
+/// builds and checks them, each error named where the request wrote the
+/// option: one given only flat (`{"max_turns": "x"}`) is `max_turns`, one
+/// under `options` stays `options.max_turns`.
+pub async fn as_written(
+    task: &dyn super::SessionTask,
+    body: &Map<String, Value>,
+    fields: &[&str],
+) -> Result<Value, super::SessionError> {
+    task.options(body, fields).await.map_err(|e| match e {
+        super::SessionError::Option(error) => super::SessionError::Option(written(body, error)),
+        other => other,
+    })
+}
+
+fn written(body: &Map<String, Value>, error: OptionError) -> OptionError {
+    let Some(path) = error.field.strip_prefix("options.") else {
+        return error;
+    };
+    let name = path.split(['.', '[']).next().unwrap_or(path);
+    let nested = body
+        .get("options")
+        .and_then(Value::as_object)
+        .is_some_and(|options| options.contains_key(name));
+    if body.contains_key(name) && !nested {
+        return OptionError::new(path, error.message);
+    }
+    error
+}
+
 /// Refuses the first key that names nothing, at the top level or under
 /// `options` (serde would name it in its message only, and as an option
 /// even when it was a typo of one of the route's own fields).
@@ -189,6 +219,35 @@ mod tests {
         );
         let reserved = refused(json!({"options": {"prompt": "hi"}}));
         assert_eq!(reserved.field, "options.prompt", "not an option");
+    }
+
+    #[test]
+    fn an_error_is_named_where_the_option_was_written() {
+        let named = |body: Value, field: &str| {
+            let Value::Object(body) = body else {
+                unreachable!()
+            };
+            written(&body, OptionError::new(field, "bad")).field
+        };
+        assert_eq!(
+            named(json!({"max_turns": "x"}), "options.max_turns"),
+            "max_turns"
+        );
+        assert_eq!(
+            named(json!({"sandbox": {"cpus": 99}}), "options.sandbox.cpus"),
+            "sandbox.cpus"
+        );
+        assert_eq!(
+            named(json!({"models": ["x"]}), "options.models[0]"),
+            "models[0]"
+        );
+        assert_eq!(
+            named(json!({"options": {"max_turns": "x"}}), "options.max_turns"),
+            "options.max_turns"
+        );
+        // Not written at all (a default the kind checks): as the kind names it.
+        assert_eq!(named(json!({}), "options.models"), "options.models");
+        assert_eq!(named(json!({"kind": "x"}), "kind"), "kind");
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::api::http::state::AppState;
 use crate::api::http::stream::{cancel_on_hangup, events_response};
 use crate::model::Message;
 use crate::protocol::{ContextUse, SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::session::options::as_written;
 use crate::session::{NewSession, SessionError, TurnOptions};
 use crate::store::SessionFilter;
 
@@ -203,12 +204,12 @@ pub(crate) async fn prepare_run(
     caller: &Caller,
     body: RunRequest,
 ) -> Result<(NewSession, String), ApiError> {
-    let options = state
+    let task = state
         .sessions
         .tasks()
-        .require(SessionKind::AGENT.as_str(), "kind")?
-        .options(&options_body(body.options, body.flat), RUN_FIELDS)
-        .await?;
+        .require(SessionKind::AGENT.as_str(), "kind")?;
+    let body_options = options_body(body.options, body.flat);
+    let options = as_written(task.as_ref(), &body_options, RUN_FIELDS).await?;
     // An ephemeral run restores the snapshot at its first call; its one
     // turn needs no pin to keep it.
     crate::api::routes::fork::checked_sandbox(state, caller, &options).await?;
@@ -273,12 +274,9 @@ pub(crate) async fn create_session_from(
     let kind = body
         .kind
         .unwrap_or_else(|| SessionKind::AGENT.as_str().to_owned());
-    let options = state
-        .sessions
-        .tasks()
-        .require(&kind, "kind")?
-        .options(&options_body(body.options, body.flat), &["session_name"])
-        .await?;
+    let task = state.sessions.tasks().require(&kind, "kind")?;
+    let body_options = options_body(body.options, body.flat);
+    let options = as_written(task.as_ref(), &body_options, &["session_name"]).await?;
     let seed = crate::api::routes::fork::checked_sandbox(state, caller, &options).await?;
     let name = body.session_name;
     let kind = SessionKind::new(kind);
