@@ -5,9 +5,11 @@
 //! `_meta["dev.conclave/scratch_id"]`): later calls that pass that id as
 //! `session_id` act in the same sandbox. A handle lives as long as its
 //! sandbox (`sandbox.idle_ttl_s` unused, then destroyed), belongs to the
-//! key that got it, and each key holds at most [`PER_KEY`]: the next one
-//! takes the place of its least recently used, whose sandbox goes at once.
-//! A call that fails before its result is written hands nothing out and
+//! key that got it, and each key holds at most [`PER_KEY`]: a ninth whose
+//! call completes takes the place of the least recently used, whose
+//! sandbox goes at once.
+//! A call that fails before its sandbox exists, or that its client
+//! cancelled (so that no one reads the handle), hands nothing out and
 //! leaves no sandbox.
 
 use std::collections::HashMap;
@@ -81,31 +83,17 @@ pub enum Found {
 pub struct ScratchHandles(Mutex<HashMap<Uuid, Handle>>);
 
 impl ScratchHandles {
-    /// A new handle of `owner`'s, and the handle it took the place of
-    /// (whose sandbox the caller destroys), if `owner` held [`PER_KEY`].
-    pub fn hand_out(&self, owner: Option<String>) -> (Uuid, Option<Uuid>) {
-        let mut handles = lock(&self.0);
-        let mine: Vec<(Uuid, Instant)> = handles
-            .iter()
-            .filter(|(_, h)| h.owner == owner)
-            .map(|(id, h)| (*id, h.last))
-            .collect();
-        let evicted = (mine.len() >= PER_KEY)
-            .then(|| mine.iter().min_by_key(|(_, last)| *last).map(|(id, _)| *id))
-            .flatten();
-        if let Some(old) = evicted {
-            handles.remove(&old);
-        }
+    /// A new handle of `owner`'s, for a call that has not made its
+    /// sandbox yet.
+    pub fn hand_out(&self, owner: Option<String>) -> Uuid {
         let id = Uuid::new_v4();
-        handles.insert(
-            id,
-            Handle {
-                owner,
-                used: false,
-                last: Instant::now(),
-            },
-        );
-        (id, evicted)
+        let handle = Handle {
+            owner,
+            used: false,
+            last: Instant::now(),
+        };
+        lock(&self.0).insert(id, handle);
+        id
     }
 
     /// What `id` is to a caller acting for `owner` (`None`: a trusted
@@ -127,11 +115,31 @@ impl ScratchHandles {
         Found::Live
     }
 
-    /// A call in `id` completed: its sandbox exists from now on.
-    pub fn used(&self, id: Uuid) {
-        if let Some(handle) = lock(&self.0).get_mut(&id) {
+    /// A call in `id` completed and the client reads the handle: its
+    /// sandbox exists from now on. Returns the handle it takes the place
+    /// of (whose sandbox the caller destroys) when its key held
+    /// [`PER_KEY`] already: the least recently used.
+    pub fn used(&self, id: Uuid) -> Option<Uuid> {
+        let mut handles = lock(&self.0);
+        let owner = {
+            let handle = handles.get_mut(&id)?;
             handle.used = true;
+            handle.owner.clone()
+        };
+        let mine: Vec<(Uuid, Instant)> = handles
+            .iter()
+            .filter(|(_, h)| h.used && h.owner == owner)
+            .map(|(id, h)| (*id, h.last))
+            .collect();
+        if mine.len() <= PER_KEY {
+            return None;
         }
+        let (oldest, _) = mine
+            .iter()
+            .filter(|(other, _)| *other != id)
+            .min_by_key(|(_, last)| *last)?;
+        handles.remove(oldest);
+        Some(*oldest)
     }
 
     /// Forgets a handle whose first call failed.
@@ -159,8 +167,7 @@ mod tests {
     fn a_handle_is_its_owners_and_expires_with_its_sandbox() {
         let handles = ScratchHandles::default();
         let mine = Some("key-a".to_string());
-        let (id, evicted) = handles.hand_out(mine.clone());
-        assert_eq!(evicted, None);
+        let id = handles.hand_out(mine.clone());
         // Before its first call completes, no sandbox is no expiry.
         assert_eq!(handles.find(id, Some(&mine), false), Found::Live);
         assert_eq!(
@@ -168,7 +175,7 @@ mod tests {
             Found::NotOne
         );
         assert_eq!(handles.find(id, None, true), Found::Live);
-        handles.used(id);
+        assert_eq!(handles.used(id), None);
         assert_eq!(handles.find(id, Some(&mine), true), Found::Live);
         assert_eq!(handles.find(id, Some(&mine), false), Found::Expired);
         assert_eq!(handles.find(id, Some(&mine), true), Found::NotOne);
@@ -178,15 +185,23 @@ mod tests {
     fn a_key_holds_at_most_per_key_handles() {
         let handles = ScratchHandles::default();
         let owner = Some("key-a".to_string());
-        let first = handles.hand_out(owner.clone()).0;
-        let others: Vec<Uuid> = (1..PER_KEY)
-            .map(|_| handles.hand_out(owner.clone()).0)
+        let made: Vec<Uuid> = (0..PER_KEY)
+            .map(|_| {
+                let id = handles.hand_out(owner.clone());
+                assert_eq!(handles.used(id), None);
+                id
+            })
             .collect();
         // The first is used again, so the second is the least recent.
-        assert_eq!(handles.find(first, Some(&owner), true), Found::Live);
-        let (_, evicted) = handles.hand_out(owner.clone());
-        assert_eq!(evicted, Some(others[0]));
+        assert_eq!(handles.find(made[0], Some(&owner), true), Found::Live);
+        // A handle whose call has not completed takes no one's place.
+        let pending = handles.hand_out(owner.clone());
+        assert_eq!(handles.find(made[1], Some(&owner), true), Found::Live);
+        handles.forget(pending);
+        let ninth = handles.hand_out(owner.clone());
+        assert_eq!(handles.used(ninth), Some(made[2]));
         // Another key's count is its own.
-        assert_eq!(handles.hand_out(None).1, None);
+        let other = handles.hand_out(None);
+        assert_eq!(handles.used(other), None);
     }
 }

@@ -346,11 +346,7 @@ impl SandboxServer {
             return None;
         }
         let owner = super::follow::http_owner(&self.caller, ctx).flatten();
-        let (id, evicted) = self.host.scratch.hand_out(owner);
-        if let Some(old) = evicted {
-            let host = self.host.clone();
-            tokio::spawn(async move { host.tools.sandboxes.release(old).await });
-        }
+        let id = self.host.scratch.hand_out(owner);
         request
             .arguments
             .get_or_insert_with(Default::default)
@@ -362,21 +358,28 @@ impl SandboxServer {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
     /// Each tool of the router; a stateless call given a scratch sandbox
-    /// has its result name it, and a failed one leaves none.
+    /// has its result name it, and one that failed or was cancelled (whose
+    /// client never reads the handle) leaves none.
     async fn call_tool(
         &self,
         mut request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let handed = self.hand_out_scratch(&mut request, &ctx);
+        let cancelled = ctx.ct.clone();
         let call = ToolCallContext::new(self, request, ctx);
         let response = self.tool_router.call(call).await;
         let Some(id) = handed else { return response };
         let sandboxes = &self.host.tools.sandboxes;
         match response {
-            // Its sandbox was made, whatever the command did in it.
-            Ok(CallToolResponse::Complete(mut result)) if sandboxes.holds(id) => {
-                self.host.scratch.used(id);
+            // Its sandbox was made, whatever the command did in it, and
+            // the client is there to read its handle.
+            Ok(CallToolResponse::Complete(mut result))
+                if sandboxes.holds(id) && !cancelled.is_cancelled() =>
+            {
+                if let Some(old) = self.host.scratch.used(id) {
+                    sandboxes.release(old).await;
+                }
                 let ttl = sandboxes.config().idle_ttl_s;
                 super::scratch::annotate(&mut result, id, ttl);
                 Ok(CallToolResponse::Complete(result))

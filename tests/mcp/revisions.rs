@@ -15,12 +15,13 @@ use super::common::{self, TestServer};
 async fn the_2026_07_28_revision_beside_2025_11_25() {
     let server = TestServer::start_sandboxed(|config| {
         config.api_keys = vec!["ide-key-1".into(), "other-key-2".into()];
+        config.admin_keys = vec!["admin-key-3".into()];
     })
     .await;
     let url = server.url("/mcp");
     let seen = common::python_json(
         "tests/mcp/stateless.py",
-        &[&url, "ide-key-1", "other-key-2"],
+        &[&url, "ide-key-1", "other-key-2", "admin-key-3"],
         "the mcp package",
     )
     .await;
@@ -64,6 +65,14 @@ async fn the_2026_07_28_revision_beside_2025_11_25() {
         seen["evicted"]["texts"][0],
         format!("unknown session '{handle}'")
     );
+    // The call the client gave up on left no scratch sandbox and took no
+    // handle's place: the eight handles' sandboxes, before and after.
+    assert_eq!(
+        seen["scratch_before"].as_array().unwrap().len(),
+        8,
+        "{seen}"
+    );
+    assert_eq!(seen["scratch_after_cancel"], seen["scratch_before"]);
     // The approval came as the form of an input_required result, and the
     // turn went on with the answer.
     let elicitations = seen["elicitations"].as_array().unwrap();

@@ -4,7 +4,7 @@ protocol version and capabilities in each request's `_meta`) against
 today's IDEs speak. Prints what it saw as one JSON object;
 tests/mcp_revisions.rs asserts on it.
 
-usage: stateless.py MCP_URL API_KEY OTHER_KEY
+usage: stateless.py MCP_URL API_KEY OTHER_KEY ADMIN_KEY
 """
 
 import json
@@ -65,8 +65,27 @@ async def forged_retry(url, key, session, call):
     return {"is_error": result.get("isError"), "text": result["content"][0]["text"]}
 
 
+async def scratch_sandboxes(url, admin_key):
+    """The ids of the server's scratch sandboxes, as an admin lists them."""
+    base = url.rsplit("/mcp", 1)[0]
+    async with httpx2.AsyncClient(timeout=30) as http:
+        response = await http.get(
+            f"{base}/sandboxes?all=true", headers={"Authorization": f"Bearer {admin_key}"}
+        )
+    return sorted(s["id"] for s in response.json()["sandboxes"] if s["kind"] == "scratch")
+
+
+async def settled(url, admin_key, expected):
+    """The scratch sandboxes once they are `expected` again (the cancelled
+    call's end is the server's), or after 60 s, what they are."""
+    with anyio.move_on_after(60):
+        while await scratch_sandboxes(url, admin_key) != expected:
+            await anyio.sleep(0.2)
+    return await scratch_sandboxes(url, admin_key)
+
+
 async def main():
-    url, key, other_key = sys.argv[1:4]
+    url, key, other_key, admin_key = sys.argv[1:5]
     seen = {"progress": [], "elicitations": []}
 
     async def on_progress(value, total, message):
@@ -113,6 +132,13 @@ async def main():
             "execute_shell", {"command": "true", "session_id": handle}
         )
         seen["evicted"] = shell(evicted)
+        # A call the client gives up on hands out nothing: its scratch
+        # sandbox goes when the call ends.
+        before = await scratch_sandboxes(url, admin_key)
+        with anyio.move_on_after(3):
+            await modern.call_tool("execute_shell", {"command": "sleep 60"})
+        seen["scratch_before"] = before
+        seen["scratch_after_cancel"] = await settled(url, admin_key, before)
         # An approval is an input_required result; the SDK answers it with
         # the elicitation callback and retries.
         ran = await modern.call_tool(
