@@ -240,24 +240,65 @@ pub async fn decide_answer(
         .and_then(|result| {
             decision_of(result).map_err(|e| format!("the answer does not fit the form: {e}"))
         });
-    let decision = match decision {
-        Ok(decision) => decision,
-        Err(why) => return Some(format!("call {call_id}: {why}; it still waits")),
-    };
+    match decision {
+        Ok(decision) => decide(decider, session, call_id, decision)
+            .await
+            .err()
+            .map(|not| format!("call {call_id}: {}", not.why())),
+        Err(why) => Some(format!("call {call_id}: {why}; it still waits")),
+    }
+}
+
+/// Why a client's answer was not taken.
+#[derive(Clone, Copy)]
+enum NotTaken {
+    /// The call was decided first (or is no call that waits).
+    Late,
+    /// The store failed; the call still waits.
+    Failed,
+}
+
+impl NotTaken {
+    fn why(self) -> &'static str {
+        match self {
+            NotTaken::Late => "your answer came after the call was decided; it was ignored",
+            NotTaken::Failed => "your answer could not be applied",
+        }
+    }
+}
+
+/// Decides `call_id` with a client's answer.
+async fn decide(
+    decider: &Decider,
+    session: &Session,
+    call_id: &str,
+    decision: Decision,
+) -> Result<(), NotTaken> {
     match decider.decide(session, call_id, decision, "user").await {
-        Ok(()) => None,
-        Err(Refused::NotPending(_)) => Some(format!(
-            "call {call_id}: your answer came after the call was decided (or it is no call \
-             that waits); it was ignored"
-        )),
+        Ok(()) => Ok(()),
+        Err(Refused::NotPending(_)) => Err(NotTaken::Late),
         Err(e) => {
             tracing::warn!(error = %e, call = %call_id,
                 "an MCP client's decision could not be applied");
-            Some(format!(
-                "call {call_id}: your answer could not be applied: {e}"
-            ))
+            Err(NotTaken::Failed)
         }
     }
+}
+
+/// Sends `line` as the next progress notification of a call whose
+/// client gave `token` (nothing without one); `lines` counts the call's.
+pub async fn send_line(
+    peer: &Peer<RoleServer>,
+    token: Option<&ProgressToken>,
+    lines: &AtomicU32,
+    line: String,
+) {
+    let Some(token) = token else { return };
+    let progress = lines.fetch_add(1, Ordering::Relaxed) + 1;
+    let param =
+        ProgressNotificationParam::new(token.clone(), f64::from(progress)).with_message(line);
+    // A client that went away just misses the note.
+    let _ = peer.notify_progress(param).await;
 }
 
 /// Where the asking sends what the client should know.
@@ -316,21 +357,10 @@ impl Asker<'_> {
         let line = match outcome {
             Ok(None) => None,
             Ok(Some(decision)) => {
-                let decided = self
-                    .decider
-                    .decide(self.session, &asked.call_id, decision, "user")
-                    .await;
-                match decided {
+                match decide(self.decider, self.session, &asked.call_id, decision).await {
                     Ok(()) => None,
-                    Err(Refused::NotPending(_)) => Some(format!(
-                        "call {}: your answer came after the call was decided; it was ignored",
-                        asked.call_id
-                    )),
-                    Err(e) => {
-                        tracing::warn!(error = %e, call = %asked.call_id,
-                            "an MCP client's decision could not be applied");
-                        Some(self.fallback(&asked, "your answer could not be applied"))
-                    }
+                    Err(not @ NotTaken::Failed) => Some(self.fallback(&asked, not.why())),
+                    Err(not) => Some(format!("call {}: {}", asked.call_id, not.why())),
                 }
             }
             Err(why) => Some(self.fallback(&asked, &why)),
@@ -393,12 +423,7 @@ impl Asker<'_> {
     }
 
     async fn send(&self, line: String) {
-        let Some(token) = &self.token else { return };
-        let progress = self.lines.fetch_add(1, Ordering::Relaxed) + 1;
-        let param =
-            ProgressNotificationParam::new(token.clone(), f64::from(progress)).with_message(line);
-        // A client that went away just misses the note.
-        let _ = self.peer.notify_progress(param).await;
+        send_line(self.peer, self.token.as_ref(), self.lines, line).await;
     }
 }
 

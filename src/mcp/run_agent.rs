@@ -8,10 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rmcp::RoleServer;
-use rmcp::model::{
-    CallToolResponse, CallToolResult, ContentBlock, ErrorData, InputResponses,
-    ProgressNotificationParam,
-};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ErrorData, InputResponses};
 use rmcp::service::RequestContext;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
@@ -127,7 +124,8 @@ pub async fn run(
                     let told =
                         approval::decide_answer(&live.decider, &session, &call_id, answer).await;
                     if let Some(line) = told {
-                        note(&ctx, &lines, line).await;
+                        let token = ctx.meta.get_progress_token();
+                        approval::send_line(&ctx.peer, token.as_ref(), &lines, line).await;
                     }
                 }
             }
@@ -244,18 +242,6 @@ async fn started(
         .start_turn(session, args.prompt, false)
         .await
         .map_err(refusal)
-}
-
-/// A progress line outside the turn's events, when the client asked for
-/// progress.
-async fn note(ctx: &RequestContext<RoleServer>, lines: &AtomicU32, line: String) {
-    let Some(token) = ctx.meta.get_progress_token() else {
-        return;
-    };
-    let progress = lines.fetch_add(1, Ordering::Relaxed) + 1;
-    let param = ProgressNotificationParam::new(token, f64::from(progress)).with_message(line);
-    // A client that went away just misses the note.
-    let _ = ctx.peer.notify_progress(param).await;
 }
 
 /// The turn's answer as the tool's content, with the session, status and

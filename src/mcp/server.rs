@@ -48,6 +48,11 @@ struct Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        // Most never made one: a stateless (2026-07-28) request's server
+        // lives for that request, and its calls are handed scratch ids.
+        if !self.host.tools.sandboxes.holds(self.id) {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (host, id) = (self.host.clone(), self.id);
             runtime.spawn(async move { host.tools.sandboxes.release(id).await });

@@ -145,6 +145,35 @@ async fn the_stdio_relay_serves_2026_07_28() {
             .contains(&json!("run_agent"))
     );
     assert_eq!(seen["kept"], "relayed\n");
+    assert_eq!(seen["handle"], false);
     assert_eq!(seen["templates"], 3);
     server.stop_and_remove_sandboxes().await;
+}
+
+/// `conclave mcp` serving the sandbox tools itself (no server, a data
+/// directory of its own) to a 2026-07-28 client: its results hand out
+/// scratch handles as `/mcp`'s do, and a handle reaches the same sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_without_a_server_hands_out_scratch_handles() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().display().to_string();
+    let seen = common::python_json(
+        "tests/mcp/stateless_stdio.py",
+        &[
+            "unused-key",
+            env!("CARGO_BIN_EXE_conclave"),
+            "mcp",
+            "--sandbox",
+            "docker",
+            "--data-dir",
+            &data_dir,
+        ],
+        "the mcp package",
+    )
+    .await;
+    assert_eq!(seen["version"], "2026-07-28", "{seen}");
+    assert_eq!(seen["handle"], true, "{seen}");
+    assert_eq!(seen["kept"], "relayed\n");
+    // No server: no session resources.
+    assert_eq!(seen["templates"], 0);
 }
