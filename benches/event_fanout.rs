@@ -51,6 +51,8 @@ async fn new_session(store: &Arc<dyn Store>) -> Uuid {
             status: SessionStatus::Idle,
             usage: Usage::default(),
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
             created_at: now,
             updated_at: now,
         })

@@ -263,6 +263,8 @@ async fn round_through_session_logs(store: &Arc<dyn Store>) -> anyhow::Result<f6
                     owner: None,
                     options: serde_json::json!({}),
                     ephemeral: false,
+                    origin: None,
+                    metadata: Default::default(),
                 })
                 .await?,
         );
@@ -303,6 +305,8 @@ fn session() -> SessionRecord {
         status: SessionStatus::Running,
         usage: Usage::default(),
         ephemeral: false,
+        origin: None,
+        metadata: Default::default(),
         created_at: now,
         updated_at: now,
     }

@@ -99,8 +99,9 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     );
     assert_eq!(
         seen["triage_thread"],
-        json!({"graph_id": "pipeline", "values": {}})
+        json!({"graph_id": "pipeline:triage", "values": {}})
     );
+    assert_eq!(seen["triage_search"], true, "searched by its graph id");
     assert_eq!(seen["unknown_assistant"], 404);
     assert_eq!(seen["unknown_run_assistant"], 404);
     assert_eq!(seen["no_key"], 401);
@@ -203,9 +204,12 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
         "{seen}"
     );
     assert_eq!(seen["source_after"], seen["state_len"]);
-    for call in ["b_get", "b_state", "b_run", "b_delete", "b_copy"] {
+    for call in [
+        "b_get", "b_state", "b_run", "b_delete", "b_copy", "b_update",
+    ] {
         assert_eq!(seen[call], 404, "{call}");
     }
+    thread_metadata(&url, &seen).await;
 
     let pipeline = &seen["pipeline"];
     assert_eq!(pipeline["final_is_state"], true, "{pipeline}");
@@ -241,6 +245,77 @@ async fn the_langgraph_sdk_drives_threads_runs_and_the_store() {
     store_item_by_labels(&url).await;
 
     stop(&mut child).await;
+}
+
+/// A thread's metadata as made, merged, searched and copied; the sessions
+/// list tells the threads LangGraph made from the caller's own.
+async fn thread_metadata(url: &str, seen: &Value) {
+    let made = json!({"project": "alpha", "n": 1, "graph_id": "agent"});
+    assert_eq!(seen["metadata_made"], made);
+    let merged = json!({"project": "alpha", "n": 2, "owner": "me", "graph_id": "agent"});
+    assert_eq!(seen["metadata_updated"], merged);
+    assert_eq!(seen["metadata_get"], merged);
+    assert_eq!(seen["metadata_search"], json!([true]));
+    assert_eq!(seen["metadata_search_stale"], 0);
+    assert_eq!(seen["b_search"], 0);
+    assert_eq!(seen["metadata_after_b"], 2);
+    assert_eq!(seen["metadata_copy"], merged);
+
+    let http = reqwest::Client::new();
+    let lid = seen["labelled"].as_str().unwrap();
+    let listed = |origin: &'static str| {
+        let request = http
+            .get(format!("{url}/agent/sessions?origin={origin}"))
+            .bearer_auth(KEY_A);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, threads) = listed("langgraph").await;
+    assert_eq!(status, 200, "{threads}");
+    let sessions = threads["sessions"].as_array().unwrap();
+    let thread = sessions.iter().find(|s| s["session_id"] == lid);
+    let thread = thread.unwrap_or_else(|| panic!("{lid} not in {threads}"));
+    assert_eq!(thread["origin"], "langgraph");
+    assert_eq!(
+        thread["metadata"],
+        json!({"project": "alpha", "n": 2, "owner": "me"})
+    );
+    assert!(
+        sessions.iter().all(|s| s["origin"] == "langgraph"),
+        "{threads}"
+    );
+    let (_, own) = listed("conclave").await;
+    assert!(
+        own["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s.get("origin").is_none()),
+        "{own}"
+    );
+    let (status, refused) = listed("openai").await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("origin: must be conclave or one of a2a, agui, langgraph"),
+        "{refused}"
+    );
+    // An update needs its metadata, as an object.
+    let patch = |body: Value| {
+        http.patch(format!("{url}/langgraph/threads/{lid}"))
+            .bearer_auth(KEY_A)
+            .json(&body)
+            .send()
+    };
+    let response = patch(json!({})).await.unwrap();
+    assert_eq!(response.status().as_u16(), 422);
+    let response = patch(json!({"metadata": [1]})).await.unwrap();
+    assert_eq!(response.status().as_u16(), 422);
 }
 
 /// A store item is read with its namespace dotted or one `namespace=` per

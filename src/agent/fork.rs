@@ -166,6 +166,9 @@ impl Forks {
             .options(&body, &[])
             .await?;
         let used = seed_of(&options);
+        // A fork is a copy of the session: the adapter that made it and
+        // its labels come with it.
+        let metadata = self.sessions.metadata(source, viewer).await?;
         let mut made = Vec::new();
         for i in 0..count {
             let name = request.session_name.clone().map(|name| {
@@ -183,6 +186,8 @@ impl Forks {
                     owner: owner.map(str::to_owned),
                     options: options.clone(),
                     ephemeral: false,
+                    origin: session.origin.clone(),
+                    metadata: metadata.clone(),
                 })
                 .await?;
             if let (Some(snapshot), Some(snapshots)) = (&used, self.snapshots()) {

@@ -18,8 +18,9 @@ pub mod routes;
 
 use http::{body, browser, error, guard, state, traced};
 use routes::{
-    agent, agent_ws, agents, approvals, bus, bus_ws, dashboard, deliberations, fork, gateway,
-    gateway_weights, health, mcp, orchestrator, rollouts, sandboxes, usage, workspace,
+    agent, agent_sessions, agent_ws, agents, approvals, bus, bus_ws, dashboard, deliberations,
+    fork, gateway, gateway_weights, health, mcp, orchestrator, rollouts, sandboxes, usage,
+    workspace,
 };
 
 use std::sync::Arc;
@@ -38,7 +39,7 @@ use state::AppState;
     info(title = "Conclave", description = "Streaming agent server with sandbox isolation"),
     paths(
         agent::run, agent::create_session, agent::message, agent::interrupt, agent::compact, agent::status,
-        agent::events, agent::delete, agent::list, fork::fork, fork::session_snapshots, fork::name,
+        agent::events, agent::delete, agent_sessions::list, fork::fork, fork::session_snapshots, fork::name,
         fork::named, fork::delete, approvals::post, approvals::list, agent_ws::upgrade, health::health, health::ready, health::metrics, health::openapi,
         gateway::chat, gateway::completions, gateway::models, gateway::meta_chat, gateway::meta_completions,
         gateway::meta_models, gateway::responses, gateway::embeddings, gateway::tokenize,
@@ -189,7 +190,7 @@ pub fn router(state: AppState) -> Router {
             "/agent/session/{id}/files/{*path}",
             get(workspace::get_file).put(workspace::put_file),
         )
-        .route("/agent/sessions", get(agent::list))
+        .route("/agent/sessions", get(agent_sessions::list))
         .route("/agents", get(agents::list))
         .route("/agents/{name}", get(agents::get))
         .route("/ag-ui/{agent}", post(agui::run))

@@ -340,6 +340,8 @@ impl Run<'_> {
                 owner: self.session.owner.clone(),
                 options,
                 ephemeral: false,
+                origin: None,
+                metadata: Default::default(),
             })
             .await
             .map_err(|e| e.to_string())?;

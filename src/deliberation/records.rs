@@ -341,6 +341,8 @@ impl Deliberations {
                 owner: owner.clone(),
                 options: options_json,
                 ephemeral: true,
+                origin: None,
+                metadata: Default::default(),
             })
             .await?;
         let stored = Stored::pending(

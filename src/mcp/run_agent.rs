@@ -82,6 +82,8 @@ async fn created(
             owner,
             options,
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
         })
         .await
 }

@@ -493,6 +493,8 @@ async fn worker_of(
                     owner: session.owner.clone(),
                     options: agent,
                     ephemeral: false,
+                    origin: None,
+                    metadata: Default::default(),
                 })
                 .await
                 .map_err(|e| e.to_string())?;

@@ -87,6 +87,9 @@ impl Runs {
 
         let options: PipelineOptions = serde_json::from_value((*session.options).clone())
             .map_err(|e| StoreError::Corrupt(format!("pipeline options: {e}")))?;
+        // A fork is a copy of the session: the adapter that made it and
+        // its labels come with it.
+        let metadata = self.sessions.metadata(session.id, None).await?;
         let fork = self
             .sessions
             .create(NewSession {
@@ -95,6 +98,8 @@ impl Runs {
                 owner,
                 options: (*session.options).clone(),
                 ephemeral: false,
+                origin: session.origin.clone(),
+                metadata,
             })
             .await?;
         let started = self

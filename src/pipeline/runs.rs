@@ -275,6 +275,8 @@ impl Runs {
                 owner: owner.clone(),
                 options: options_json,
                 ephemeral: false,
+                origin: None,
+                metadata: Default::default(),
             })
             .await?;
         let record = record_of(self.store.as_ref(), &session, &options).await?;

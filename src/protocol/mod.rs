@@ -19,4 +19,4 @@ pub use events::{
     Usage,
 };
 pub use message::{Message, ToolCall};
-pub use session::{SessionKind, SessionRecord, SessionStatus};
+pub use session::{ORIGINS, OWN_ORIGIN, SessionKind, SessionRecord, SessionStatus};

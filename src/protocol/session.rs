@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -85,6 +85,19 @@ pub struct SessionRecord {
     pub usage: Usage,
     /// Ephemeral sessions come from `/agent/run` and close after one turn.
     pub ephemeral: bool,
+    /// The protocol adapter that made it ([`ORIGINS`]); `None` for
+    /// Conclave's own API, the dashboard and MCP.
+    pub origin: Option<String>,
+    /// A client's own labels (a LangGraph thread's metadata), merged by
+    /// `PATCH /langgraph/threads/{id}`; Conclave reads none of them.
+    pub metadata: Map<String, Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
+
+/// The protocol adapters that make sessions of their own, by the name a
+/// session's `origin` and the sessions list's `origin` filter use.
+pub const ORIGINS: [&str; 3] = ["a2a", "agui", "langgraph"];
+
+/// The `origin` filter's name for the sessions no adapter made.
+pub const OWN_ORIGIN: &str = "conclave";

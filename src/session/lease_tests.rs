@@ -54,6 +54,8 @@ async fn create_of(manager: &SessionManager, kind: &'static str) -> Arc<Session>
             owner: None,
             options: json!({}),
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
         })
         .await
         .unwrap()

@@ -24,6 +24,8 @@ pub struct Session {
     /// Hash of the creating API key; `None` when auth is off.
     pub owner: Option<String>,
     pub ephemeral: bool,
+    /// The protocol adapter that made it, if one did.
+    pub origin: Option<String>,
     pub created_at: DateTime<Utc>,
     /// The options as its kind's task validated and stored them.
     pub options: Arc<serde_json::Value>,
@@ -83,6 +85,7 @@ impl Session {
             kind: record.kind,
             owner: record.owner,
             ephemeral: record.ephemeral,
+            origin: record.origin,
             created_at: record.created_at,
             options: Arc::new(record.options),
             state: Mutex::new(SessionState {

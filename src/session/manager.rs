@@ -28,6 +28,7 @@ use crate::telemetry::Metrics;
 mod between;
 mod context;
 mod create;
+mod metadata;
 mod replicas;
 mod rewind;
 mod runner;
@@ -52,6 +53,10 @@ pub struct NewSession {
     /// As the kind's task returned them from [`SessionTask::options`].
     pub options: Value,
     pub ephemeral: bool,
+    /// The protocol adapter making it, if one is.
+    pub origin: Option<String>,
+    /// The client's labels on it.
+    pub metadata: serde_json::Map<String, Value>,
 }
 
 /// The limits of the machinery, the same for every kind.

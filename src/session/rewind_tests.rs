@@ -113,6 +113,8 @@ async fn a_rewind_cuts_the_history_back_to_the_turn_end_before_and_says_so() {
             owner: None,
             options: json!({}),
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
         })
         .await
         .unwrap();

@@ -68,6 +68,8 @@ async fn new_session(manager: &SessionManager) -> Arc<Session> {
             owner: None,
             options: json!({}),
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
         })
         .await
         .unwrap()
@@ -84,6 +86,8 @@ async fn a_kind_the_server_does_not_run_is_refused_naming_kind() {
             owner: None,
             options: json!({}),
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
         })
         .await;
     match refused {

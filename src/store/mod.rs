@@ -34,7 +34,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::model::Message;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::protocol::{Event, SessionKind, SessionRecord, SessionStatus, Usage};
 
@@ -54,6 +54,12 @@ pub struct SessionFilter {
     /// Only the one-shot runs of `/agent/run` (`true`) or none of them
     /// (`false`).
     pub ephemeral: Option<bool>,
+    /// Only the sessions made by this protocol adapter (`Some(Some(name))`,
+    /// a [`crate::protocol::ORIGINS`] name) or by none (`Some(None)`).
+    pub origin: Option<Option<String>>,
+    /// Only the sessions whose metadata has each of these keys with an
+    /// equal value; empty: no condition.
+    pub metadata: Map<String, Value>,
     /// Only sessions older than this one (the cursor of the next page).
     pub before: Option<Uuid>,
     pub limit: Option<usize>,
@@ -197,6 +203,15 @@ pub trait SessionStore: Send + Sync {
         &self,
         status: SessionStatus,
     ) -> Result<Vec<SessionRecord>, StoreError>;
+
+    /// Sets each key of `patch` in the session's metadata (keys not in it
+    /// are kept) in one write, and answers the metadata now; `None` for an
+    /// unknown session.
+    async fn merge_metadata(
+        &self,
+        id: Uuid,
+        patch: &Map<String, Value>,
+    ) -> Result<Option<Map<String, Value>>, StoreError>;
 
     /// Removes the session with everything it owns (messages, events,
     /// checkpoints); false if unknown.

@@ -359,6 +359,13 @@ const MIGRATIONS: &[(&str, &str)] = &[
                   FROM events GROUP BY session_id) e
             WHERE s.id = e.session_id;",
     ),
+    (
+        "origin and metadata of sessions",
+        // The protocol adapter that made a session (NULL: none) and a
+        // client's own labels on it.
+        "ALTER TABLE sessions ADD COLUMN origin TEXT;
+        ALTER TABLE sessions ADD COLUMN metadata JSON NOT NULL DEFAULT '{}';",
+    ),
 ];
 
 fn migrator() -> Migrator {

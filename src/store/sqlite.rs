@@ -190,13 +190,20 @@ const MIGRATION_STEPS: &[M<'static>] = &[
     UPDATE sessions SET event_bytes =
         (SELECT coalesce(sum(length(body)), 0) FROM events WHERE session_id = sessions.id);",
     ),
+    // The protocol adapter that made a session (NULL: none) and a
+    // client's own labels on it.
+    M::up(
+        "ALTER TABLE sessions ADD COLUMN origin TEXT;
+    ALTER TABLE sessions ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';",
+    ),
 ];
 const MIGRATIONS: Migrations<'static> = Migrations::from_slice(MIGRATION_STEPS);
 
 /// The columns of `sessions` in the order [`SessionRow::read`] expects.
 macro_rules! session_columns {
     () => {
-        "id, name, kind, owner, options, status, usage, ephemeral, created_at, updated_at"
+        "id, name, kind, owner, options, status, usage, ephemeral, created_at, updated_at, origin, \
+         metadata"
     };
 }
 

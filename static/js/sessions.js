@@ -29,6 +29,9 @@ function mountList(main, ctx) {
     h('option', { value: '' }, 'Any kind'), ['agent', 'deliberation', 'pipeline'].map((k) => h('option', { value: k }, k)));
   const runs = h('select', { 'aria-label': 'Filter one-shot runs' },
     h('option', { value: '' }, 'Sessions and runs'), h('option', { value: 'false' }, 'No one-shot runs'), h('option', { value: 'true' }, 'One-shot runs only'));
+  const origin = h('select', { 'aria-label': 'Filter by origin', testid: 'origin-filter' },
+    h('option', { value: '' }, 'Any origin'), h('option', { value: 'conclave' }, 'Made here (no protocol threads)'),
+    [['langgraph', 'LangGraph threads'], ['a2a', 'A2A tasks'], ['agui', 'AG-UI threads']].map(([v, t]) => h('option', { value: v }, t)));
   const body = h('div');
   const form = newSessionForm(ctx);
   form.hidden = true;
@@ -42,7 +45,7 @@ function mountList(main, ctx) {
   put(main,
     h('div', { class: 'page-head' },
       h('div', { class: 'grow' }, h('h1', null, 'Sessions'), h('p', { class: 'sub' }, 'Agent, deliberation and pipeline sessions of this key, newest first. Live.')),
-      h('div', { class: 'filters' }, status, kind, runs), newBtn),
+      h('div', { class: 'filters' }, status, kind, runs, origin), newBtn),
     form,
     h('div', { class: 'card' }, body));
 
@@ -51,7 +54,7 @@ function mountList(main, ctx) {
     if (!loaded) { put(body, loading('Loading sessions…')); return; }
     const all = [...sessions, ...more];
     if (all.length === 0) {
-      const filtered = status.value || kind.value || runs.value;
+      const filtered = status.value || kind.value || runs.value || origin.value;
       put(body, empty(filtered ? 'No sessions match these filters' : 'No sessions yet',
         filtered ? 'Clear the filters to see every session.' : 'Create one with “New session”, then talk to the agent: it runs tools in a sandbox and streams everything here.',
         filtered ? null : h('button', { type: 'button', class: 'primary', onClick: () => newBtn.click() }, icon('plus', 16), 'New session')));
@@ -73,7 +76,7 @@ function mountList(main, ctx) {
     tbody);
   const more$ = h('div', { class: 'card-body', style: { textAlign: 'center' }, hidden: true }, h('button', { type: 'button', onClick: () => loadMore() }, 'Load more'));
 
-  const query = (before) => api.qs({ limit: 100, status: status.value, kind: kind.value, ephemeral: runs.value, before });
+  const query = (before) => api.qs({ limit: 100, status: status.value, kind: kind.value, ephemeral: runs.value, origin: origin.value, before });
   async function refresh() {
     try {
       const answer = await api.get(`/agent/sessions${query()}`);
@@ -101,6 +104,7 @@ function mountList(main, ctx) {
   status.addEventListener('change', onFilter);
   kind.addEventListener('change', onFilter);
   runs.addEventListener('change', onFilter);
+  origin.addEventListener('change', onFilter);
   draw();
   const stop = api.poll(refresh, 3000);
   return () => stop();
@@ -113,7 +117,7 @@ function row(s, ctx) {
   const tr = h('tr', { class: 'clickable', testid: 'session-row', dataset: { sessionId: s.session_id, status: s.status } },
     h('td', { class: 'title-cell' }, h('a', { href }, s.session_name || `Session ${shortId(s.session_id)}`), s.session_name ? h('div', { class: 'id' }, shortId(s.session_id)) : null),
     h('td', null, pill(s.status)),
-    h('td', { class: 'hide-sm' }, h('span', { class: 'tag' }, s.kind)),
+    h('td', { class: 'hide-sm' }, h('span', { class: 'tag' }, s.kind), s.origin ? h('span', { class: 'tag', title: `Made through ${s.origin}` }, s.origin) : null),
     h('td', { class: 'hide-sm mono small' }, model || h('span', { class: 'muted' }, '—')),
     h('td', { class: 'num hide-sm' }, fmtInt(u.turns)),
     h('td', { class: 'num', title: `${fmtInt(u.input_tokens)} in, ${fmtInt(u.output_tokens)} out` }, `${fmtTokens(u.input_tokens)} / ${fmtTokens(u.output_tokens)}`),

@@ -46,6 +46,9 @@ out["triage"] = {"graph_id": triage["graph_id"], "description": triage["descript
 made = a.threads.create(graph_id="pipeline:triage")
 out["triage_thread"] = {"graph_id": made["metadata"]["graph_id"],
                         "values": a.threads.get_state(made["thread_id"])["values"]}
+out["triage_search"] = [
+    t["thread_id"] for t in a.threads.search(metadata={"graph_id": "pipeline:triage"})
+] == [made["thread_id"]]
 out["no_key"] = status_of(lambda: get_sync_client(url=url, api_key=None).threads.create())
 
 thread = a.threads.create()
@@ -120,6 +123,23 @@ out["copy_len"] = len(copy["values"]["messages"])
 a.runs.wait(copy["thread_id"], "agent", input=msg("only in the copy"))
 out["copy_after"] = len(a.threads.get_state(copy["thread_id"])["values"]["messages"])
 out["source_after"] = len(a.threads.get_state(tid)["values"]["messages"])
+
+# Metadata: set at creation, merged by update, searched by, kept by a
+# copy; another key can neither change nor find it.
+labelled = a.threads.create(metadata={"project": "alpha", "n": 1})
+lid = labelled["thread_id"]
+out["labelled"] = lid
+out["metadata_made"] = labelled["metadata"]
+out["metadata_updated"] = a.threads.update(lid, metadata={"n": 2, "owner": "me"})["metadata"]
+out["metadata_get"] = a.threads.get(lid)["metadata"]
+out["metadata_search"] = [
+    t["thread_id"] == lid for t in a.threads.search(metadata={"project": "alpha", "n": 2})
+]
+out["metadata_search_stale"] = len(a.threads.search(metadata={"project": "alpha", "n": 1}))
+out["b_update"] = status_of(lambda: b.threads.update(lid, metadata={"n": 3}))
+out["b_search"] = len(b.threads.search(metadata={"project": "alpha"}))
+out["metadata_after_b"] = a.threads.get(lid)["metadata"]["n"]
+out["metadata_copy"] = a.threads.copy(lid)["metadata"]
 
 # A pipeline assistant: its thread's state is the run's state, its
 # history the run's checkpoints.

@@ -302,6 +302,8 @@ async fn context(
         id,
         overrides,
         ephemeral: false,
+        origin: "a2a",
+        metadata: Default::default(),
         field: "agent",
     };
     let opened = open_session(call.state, call.caller, call.agent, opening).await;

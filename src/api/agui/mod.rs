@@ -286,6 +286,8 @@ async fn create(
         id: Some(thread),
         overrides,
         ephemeral: false,
+        origin: "agui",
+        metadata: Default::default(),
         field: "kind",
     };
     Ok(crate::api::routes::agents::open_session(state, caller, profile, opening).await?)

@@ -30,7 +30,12 @@ pub fn router() -> Router<AppState> {
         .route("/assistants/{id}", get(threads::get_assistant))
         .route("/threads", post(threads::create))
         .route("/threads/search", post(threads::search))
-        .route("/threads/{id}", get(threads::get).delete(threads::delete))
+        .route(
+            "/threads/{id}",
+            get(threads::get)
+                .patch(threads::patch)
+                .delete(threads::delete),
+        )
         .route("/threads/{id}/state", get(threads::state))
         .route("/threads/{id}/copy", post(threads::copy))
         .route(

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::{Stream, StreamExt, stream};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::threads::new_session;
@@ -200,7 +200,7 @@ async fn stateless_run(
 ) -> Result<(RunRequest, StartedTurn), ApiError> {
     let run = run_request(body)?;
     let agent = assistant(state, &run.assistant_id)?;
-    let session = new_session(state, caller, &agent, true).await?;
+    let session = new_session(state, caller, &agent, true, Map::new()).await?;
     let turn = start(state, session, &run).await?;
     Ok((run, turn))
 }

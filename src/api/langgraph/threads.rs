@@ -48,11 +48,14 @@ pub(super) async fn new_session(
     caller: &Caller,
     agent: &Agent,
     ephemeral: bool,
+    metadata: Map<String, Value>,
 ) -> Result<Arc<Session>, ApiError> {
     let opening = Opening {
         id: None,
         overrides: None,
         ephemeral,
+        origin: "langgraph",
+        metadata,
         field: "assistant",
     };
     open_session(state, caller, agent, opening).await
@@ -66,32 +69,41 @@ fn status_name(status: SessionStatus) -> &'static str {
     }
 }
 
+/// A thread: its metadata is the session's, with `graph_id` (its kind)
+/// where the client set none.
 fn thread_json(
     id: uuid::Uuid,
     kind: &SessionKind,
     status: SessionStatus,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
+    (created_at, updated_at): (DateTime<Utc>, DateTime<Utc>),
+    mut metadata: Map<String, Value>,
 ) -> Value {
+    metadata
+        .entry("graph_id")
+        .or_insert_with(|| kind.as_str().into());
     json!({
         "thread_id": id,
         "created_at": created_at,
         "updated_at": updated_at,
-        "metadata": {"graph_id": kind.as_str()},
+        "metadata": metadata,
         "status": status_name(status),
         "values": {},
         "interrupts": {},
     })
 }
 
-fn session_json(session: &Session) -> Value {
-    thread_json(
+/// The session as a thread, with its values now.
+async fn session_json(state: &AppState, session: &Session) -> Result<Value, ApiError> {
+    let metadata = state.sessions.metadata(session.id, None).await?;
+    let mut thread = thread_json(
         session.id,
         &session.kind,
         session.status(),
-        session.created_at,
-        session.updated_at(),
-    )
+        (session.created_at, session.updated_at()),
+        metadata,
+    );
+    thread["values"] = current_values(state, session).await?;
+    Ok(thread)
 }
 
 /// `POST /threads`: a new persistent session. `metadata.graph_id` (or
@@ -116,8 +128,8 @@ pub async fn create(
         .find_map(|field| metadata.get(*field).and_then(Value::as_str))
         .unwrap_or(default.as_str());
     let agent = assistant(&state, name)?;
-    let session = new_session(&state, &caller, &agent, false).await?;
-    Ok(Json(session_json(&session)))
+    let session = new_session(&state, &caller, &agent, false, metadata).await?;
+    Ok(Json(session_json(&state, &session).await?))
 }
 
 /// `GET /threads/{id}`, with its values.
@@ -127,9 +139,30 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let session = state.sessions.get(thread_id(&id)?, caller.owner()).await?;
-    let mut thread = session_json(&session);
-    thread["values"] = current_values(&state, &session).await?;
-    Ok(Json(thread))
+    Ok(Json(session_json(&state, &session).await?))
+}
+
+/// `PATCH /threads/{id}`: sets each key of `metadata` in the thread's
+/// metadata, keeping the others.
+pub async fn patch(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    mut body: JsonObject,
+) -> Result<Json<Value>, ApiError> {
+    let id = thread_id(&id)?;
+    let Some(metadata) = body.take::<Map<String, Value>>("metadata")? else {
+        return Err(ApiError::invalid(
+            "metadata",
+            "is required: an object of the keys to set",
+        ));
+    };
+    state
+        .sessions
+        .merge_metadata(id, caller.owner(), &metadata)
+        .await?;
+    let session = state.sessions.get(id, caller.owner()).await?;
+    Ok(Json(session_json(&state, &session).await?))
 }
 
 /// `DELETE /threads/{id}`: deletes the session.
@@ -166,13 +199,13 @@ pub async fn copy(
         .first()
         .ok_or_else(|| ApiError::internal("the fork made no session"))?;
     let session = state.sessions.get(copy.session_id, caller.owner()).await?;
-    let mut thread = session_json(&session);
-    thread["values"] = current_values(&state, &session).await?;
-    Ok(Json(thread))
+    Ok(Json(session_json(&state, &session).await?))
 }
 
-/// `POST /threads/search`: the caller's sessions, newest first. `limit`,
-/// `offset` and `status` filter; metadata filters only by `graph_id`.
+/// `POST /threads/search`: the caller's threads, newest first. `limit`,
+/// `offset` and `status` filter; each `metadata` key must have an equal
+/// value in a thread's metadata, except a `graph_id` naming a session
+/// kind, which is the thread's kind.
 pub async fn search(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -184,26 +217,38 @@ pub async fn search(
     }
     let offset = body.take::<usize>("offset")?.unwrap_or(0);
     let status = body.take::<String>("status")?;
-    let kind = body
+    let mut metadata = body
         .take::<Map<String, Value>>("metadata")?
-        .and_then(|m| m.get("graph_id").and_then(Value::as_str).map(str::to_owned))
-        .map(SessionKind::new);
+        .unwrap_or_default();
+    // A kind's name is the thread's kind; another graph id (an assistant
+    // of a kind) is matched in the metadata the thread was made with.
+    let kind = match metadata.get("graph_id") {
+        Some(Value::String(id)) if state.sessions.tasks().get(id).is_some() => {
+            let kind = SessionKind::new(id.clone());
+            metadata.remove("graph_id");
+            Some(kind)
+        }
+        _ => None,
+    };
     let filter = SessionFilter {
         owner: caller.owner().map(str::to_owned),
-        status: None,
         kind,
         // Not a stateless run's: the store leaves them out before the
         // page is cut.
         ephemeral: Some(false),
-        before: None,
+        metadata,
         limit: Some(offset + limit),
+        ..SessionFilter::default()
     };
     let threads = state
         .sessions
         .list(&filter)
         .await?
         .into_iter()
-        .map(|r| thread_json(r.id, &r.kind, r.status, r.created_at, r.updated_at))
+        .map(|r| {
+            let times = (r.created_at, r.updated_at);
+            thread_json(r.id, &r.kind, r.status, times, r.metadata)
+        })
         .filter(|t| status.as_deref().is_none_or(|s| t["status"] == s))
         .skip(offset)
         .take(limit)

@@ -5,7 +5,7 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -19,10 +19,9 @@ use crate::api::http::extract::{ApiQuery, Body, deny_rest, required_text};
 use crate::api::http::state::AppState;
 use crate::api::http::stream::{cancel_on_hangup, events_response};
 use crate::model::Message;
-use crate::protocol::{ContextUse, SessionKind, SessionRecord, SessionStatus, Usage};
+use crate::protocol::{ContextUse, SessionKind, SessionStatus, Usage};
 use crate::session::options::as_written;
 use crate::session::{NewSession, SessionError, TurnOptions};
-use crate::store::SessionFilter;
 
 /// `POST /agent/run`'s body: one task in a new ephemeral session.
 #[derive(Deserialize, ToSchema)]
@@ -91,32 +90,6 @@ pub struct CreatedSession {
     pub uploaded: Vec<crate::api::routes::workspace::Uploaded>,
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct SessionSummary {
-    pub session_id: Uuid,
-    pub session_name: Option<String>,
-    pub kind: SessionKind,
-    pub status: SessionStatus,
-    pub usage: Usage,
-    /// A one-shot run of `/agent/run`, closed after its turn.
-    pub ephemeral: bool,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    /// What the kind adds (an agent: its `model`; a pipeline: its
-    /// `pipeline`).
-    #[serde(flatten)]
-    #[schema(value_type = Object)]
-    pub details: serde_json::Map<String, serde_json::Value>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct SessionList {
-    pub sessions: Vec<SessionSummary>,
-    /// Set when the page is full: pass it as `before` for the next page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_before: Option<Uuid>,
-}
-
 /// Gateway calls listed in a session's status.
 const STATUS_GATEWAY_CALLS: usize = 50;
 
@@ -128,6 +101,9 @@ pub struct SessionStatusBody {
     pub status: SessionStatus,
     pub running: bool,
     pub ephemeral: bool,
+    /// The protocol adapter that made it (`a2a`, `agui`, `langgraph`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     /// The options as the session's kind stored them.
     #[schema(value_type = Object)]
     pub options: serde_json::Value,
@@ -222,6 +198,8 @@ pub(crate) async fn prepare_run(
         owner: caller.owner.clone(),
         options,
         ephemeral: true,
+        origin: None,
+        metadata: Default::default(),
     };
     Ok((new, prompt))
 }
@@ -288,6 +266,8 @@ pub(crate) async fn create_session_from(
             owner: caller.owner.clone(),
             options,
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
         })
         .await?;
     if let Some(snapshot) = seed {
@@ -412,6 +392,7 @@ pub async fn status(
         status: session.status(),
         running: session.is_running(),
         ephemeral: session.ephemeral,
+        origin: session.origin.clone(),
         options: (*session.options).clone(),
         details,
         history,
@@ -479,115 +460,4 @@ pub async fn delete(
         session_id: id,
         status: "deleted".into(),
     }))
-}
-
-#[derive(Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    /// Sessions at most, newest first: 1 to 10000 (default 1000).
-    #[param(minimum = 1, maximum = 10000)]
-    limit: Option<i64>,
-    /// Only sessions created before this one: the `next_before` of the
-    /// previous page.
-    before: Option<String>,
-    /// Only sessions in this status: `idle`, `running`, `interrupted`, `closed`.
-    status: Option<String>,
-    /// Only sessions of this kind (one this server runs, e.g. `agent`).
-    kind: Option<String>,
-    /// `false`: no one-shot runs of `/agent/run`; `true`: only those.
-    ephemeral: Option<bool>,
-}
-
-/// The caller's sessions, newest first, a page at a time.
-#[utoipa::path(get, path = "/agent/sessions", params(ListQuery), responses((status = 200, body = SessionList), (status = 422, body = ErrorBody)))]
-pub async fn list(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    ApiQuery(query): ApiQuery<ListQuery>,
-) -> Result<impl IntoResponse, ApiError> {
-    let limit = match query.limit {
-        None => 1000,
-        Some(n @ 1..=10_000) => n as usize,
-        Some(_) => return Err(ApiError::invalid("limit", "must be 1 to 10000")),
-    };
-    // An empty value (a form's unset field) is no filter.
-    let given = |value: Option<String>| value.filter(|v| !v.is_empty());
-    let status = given(query.status)
-        .map(|s| {
-            SessionStatus::parse(&s).ok_or_else(|| {
-                ApiError::invalid("status", "must be idle, running, interrupted or closed")
-            })
-        })
-        .transpose()?;
-    let kind = match given(query.kind) {
-        None => None,
-        Some(kind) => {
-            state.sessions.tasks().require(&kind, "kind")?;
-            Some(SessionKind::new(kind))
-        }
-    };
-    let before = match given(query.before) {
-        None => None,
-        Some(text) => {
-            let id = Uuid::parse_str(&text)
-                .map_err(|_| ApiError::invalid("before", "must be a session id"))?;
-            // A cursor must be a session the caller may see: another
-            // owner's would tell when that session was made.
-            match state.sessions.get(id, caller.owner()).await {
-                Ok(_) => Some(id),
-                Err(SessionError::NotFound(_)) => {
-                    return Err(ApiError::invalid("before", "no session with this id"));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    };
-    let filter = SessionFilter {
-        owner: caller.owner().map(str::to_owned),
-        status,
-        kind,
-        ephemeral: query.ephemeral,
-        before,
-        limit: Some(limit),
-    };
-    let sessions: Vec<SessionSummary> = state
-        .sessions
-        .list(&filter)
-        .await?
-        .into_iter()
-        .map(|record| {
-            let details = state
-                .sessions
-                .tasks()
-                .get(record.kind.as_str())
-                .map(|task| task.describe(&record.options))
-                .unwrap_or_default();
-            summary(record, details)
-        })
-        .collect();
-    let next_before = (sessions.len() == limit)
-        .then(|| sessions.last().map(|s| s.session_id))
-        .flatten();
-    Ok(Json(SessionList {
-        sessions,
-        next_before,
-    }))
-}
-
-fn summary(
-    record: SessionRecord,
-    details: serde_json::Map<String, serde_json::Value>,
-) -> SessionSummary {
-    SessionSummary {
-        session_id: record.id,
-        session_name: record.name,
-        kind: record.kind,
-        status: record.status,
-        usage: record.usage,
-        ephemeral: record.ephemeral,
-        created_at: record.created_at,
-        updated_at: record.updated_at,
-        details,
-    }
 }

@@ -56,6 +56,10 @@ pub struct Opening<'a> {
     /// The caller's options on top of the agent's (a JSON merge patch).
     pub overrides: Option<&'a Map<String, Value>>,
     pub ephemeral: bool,
+    /// The adapter opening it: one of [`crate::protocol::ORIGINS`].
+    pub origin: &'static str,
+    /// The client's labels on it.
+    pub metadata: Map<String, Value>,
     /// The field a wrong kind is reported under.
     pub field: &'a str,
 }
@@ -83,6 +87,8 @@ pub async fn open_session(
         owner: caller.owner.clone(),
         options,
         ephemeral: opening.ephemeral,
+        origin: Some(opening.origin.to_owned()),
+        metadata: opening.metadata,
     };
     Ok(match opening.id {
         Some(id) => state.sessions.create_with_id(id, new).await?,

@@ -22,6 +22,7 @@
 //! - [`health`] serves `/health`, `/ready`, `/metrics`, `/openapi.json`.
 
 pub mod agent;
+pub mod agent_sessions;
 pub mod agent_ws;
 pub mod agents;
 pub mod approvals;

@@ -56,6 +56,8 @@ async fn new_session(store: &Arc<dyn Store>) -> Uuid {
             status: SessionStatus::Idle,
             usage: Usage::default(),
             ephemeral: false,
+            origin: None,
+            metadata: Default::default(),
             created_at: now,
             updated_at: now,
         })
@@ -339,6 +341,8 @@ fn made_here(id: Uuid) -> (SessionRecord, crate::store::Release) {
         status: SessionStatus::Running,
         usage: Usage::default(),
         ephemeral: true,
+        origin: None,
+        metadata: Default::default(),
         created_at: now,
         updated_at: now,
     };

@@ -133,6 +133,8 @@ impl SessionManager {
             },
             usage: Usage::default(),
             ephemeral: new.ephemeral,
+            origin: new.origin,
+            metadata: new.metadata,
             created_at: now,
             updated_at: now,
         };

@@ -390,7 +390,14 @@ pub(crate) async fn a_batch_that_makes_its_session_stores_it_with_its_lease_or_n
     fixture: &dyn Fixture,
 ) {
     let store = fixture.open().await;
-    let made = session(None, Utc::now());
+    let made = SessionRecord {
+        origin: Some("langgraph".into()),
+        metadata: serde_json::json!({"project": "x"})
+            .as_object()
+            .unwrap()
+            .clone(),
+        ..session(None, Utc::now())
+    };
     let id = made.id;
     let said = conversation();
     let running = SessionState {

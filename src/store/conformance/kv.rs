@@ -150,6 +150,8 @@ pub(crate) async fn checkpoints_are_kept_per_step_never_overwritten_and_go_with_
         status: SessionStatus::Idle,
         usage: Usage::default(),
         ephemeral: false,
+        origin: None,
+        metadata: Default::default(),
         created_at: now,
         updated_at: now,
     };

@@ -149,6 +149,7 @@ macro_rules! suite {
 
 suite!(
     sessions::created_session_reads_back_whole,
+    sessions::origin_and_metadata_read_back_filter_and_merge,
     sessions::creating_a_session_twice_fails,
     sessions::update_saves_status_usage_and_updated_at,
     sessions::updating_an_unknown_session_changes_nothing,
@@ -222,6 +223,8 @@ pub(crate) fn session(owner: Option<&str>, created_at: DateTime<Utc>) -> Session
         status: SessionStatus::Idle,
         usage: Usage::default(),
         ephemeral: false,
+        origin: None,
+        metadata: Default::default(),
         created_at,
         updated_at: created_at,
     }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use chrono::{TimeDelta, Utc};
+use serde_json::json;
 use uuid::Uuid;
 
 use super::{Fixture, conversation, event, session};
@@ -18,6 +19,95 @@ pub(crate) async fn created_session_reads_back_whole(fixture: &dyn Fixture) {
 
     assert_eq!(store.get_session(created.id).await.unwrap(), Some(created));
     assert_eq!(store.get_session(Uuid::new_v4()).await.unwrap(), None);
+}
+
+pub(crate) async fn origin_and_metadata_read_back_filter_and_merge(fixture: &dyn Fixture) {
+    let store = fixture.open().await;
+    let now = Utc::now();
+    let labels = |value: serde_json::Value| value.as_object().unwrap().clone();
+    let own = session(Some("k"), now - TimeDelta::minutes(3));
+    let thread = SessionRecord {
+        origin: Some("langgraph".into()),
+        metadata: labels(json!({"project": "x", "n": 1, "on": true, "deep": {"a": [1, 2]}})),
+        ..session(Some("k"), now - TimeDelta::minutes(2))
+    };
+    let task = SessionRecord {
+        origin: Some("a2a".into()),
+        metadata: labels(json!({"project": "y", "n": "1"})),
+        ..session(Some("k"), now - TimeDelta::minutes(1))
+    };
+    for record in [&own, &thread, &task] {
+        store.create_session(record).await.unwrap();
+    }
+    assert_eq!(
+        store.get_session(thread.id).await.unwrap().as_ref(),
+        Some(&thread)
+    );
+
+    let listed = |origin: Option<Option<&str>>, metadata: serde_json::Value| {
+        let filter = SessionFilter {
+            origin: origin.map(|o| o.map(str::to_owned)),
+            metadata: labels(metadata),
+            ..SessionFilter::default()
+        };
+        let store = store.clone();
+        async move {
+            let found = store.list_sessions(&filter).await.unwrap();
+            found.into_iter().map(|r| r.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(Some(None), json!({})).await, [own.id]);
+    assert_eq!(
+        listed(Some(Some("langgraph")), json!({})).await,
+        [thread.id]
+    );
+    assert_eq!(
+        listed(Some(Some("agui")), json!({})).await,
+        Vec::<Uuid>::new()
+    );
+    assert_eq!(listed(None, json!({"project": "x"})).await, [thread.id]);
+    // Values compare with their type: 1 is not "1", true is not 1.
+    assert_eq!(listed(None, json!({"n": 1})).await, [thread.id]);
+    assert_eq!(listed(None, json!({"n": "1"})).await, [task.id]);
+    assert_eq!(listed(None, json!({"on": true})).await, [thread.id]);
+    assert_eq!(listed(None, json!({"on": 1})).await, Vec::<Uuid>::new());
+    assert_eq!(
+        listed(None, json!({"deep": {"a": [1, 2]}})).await,
+        [thread.id]
+    );
+    assert_eq!(
+        listed(None, json!({"deep": {"a": [2]}})).await,
+        Vec::<Uuid>::new()
+    );
+    assert_eq!(
+        listed(None, json!({"project": "x", "n": 2})).await,
+        Vec::<Uuid>::new()
+    );
+    assert_eq!(
+        listed(None, json!({"absent": null})).await,
+        Vec::<Uuid>::new()
+    );
+
+    // A merge sets its keys and keeps the others.
+    let merged = store
+        .merge_metadata(thread.id, &labels(json!({"project": "z", "new": [1]})))
+        .await
+        .unwrap()
+        .unwrap();
+    let expected = labels(json!({"project": "z", "n": 1, "on": true,
+        "deep": {"a": [1, 2]}, "new": [1]}));
+    assert_eq!(merged, expected);
+    let stored = store.get_session(thread.id).await.unwrap().unwrap();
+    assert_eq!(stored.metadata, expected);
+    assert_eq!(stored.origin, thread.origin);
+    assert_eq!(listed(None, json!({"project": "z"})).await, [thread.id]);
+    assert_eq!(
+        store
+            .merge_metadata(Uuid::new_v4(), &labels(json!({"a": 1})))
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 pub(crate) async fn creating_a_session_twice_fails(fixture: &dyn Fixture) {

@@ -72,15 +72,16 @@ const BATCH: &str = batch!(
 );
 
 /// The batch that makes its session: the row inserted from `$23`–`$31`
+/// and `$33`–`$34`
 /// (status, usage and `updated_at` from `$8`–`$10` when not null), and
 /// the lease `$11` taken for `$12` for `$32` microseconds when `$11` is
 /// not null. A session with the same id (or a lease of the same name)
 /// fails the statement.
 const CREATE_BATCH: &str = batch!(
     "INSERT INTO sessions (id, name, kind, owner, options, status, usage, ephemeral,
-         created_at, updated_at, next_message, last_seq, event_bytes)
+         created_at, updated_at, origin, metadata, next_message, last_seq, event_bytes)
      VALUES ($6, $23, $24, $25, $26::json, COALESCE($8, $27), COALESCE($9, $28)::json, $29,
-         $30, COALESCE($10, $31), cardinality($7::text[]),
+         $30, COALESCE($10, $31), $33, $34::json, cardinality($7::text[]),
          (SELECT COALESCE(MAX(seq), 0) FROM UNNEST($2::bigint[]) AS seq),
          (SELECT COALESCE(sum(octet_length(b)), 0) FROM UNNEST($5::text[]) AS b))
      RETURNING 0::bigint AS first",
@@ -393,7 +394,7 @@ fn bind_usage<'q, O>(
         .bind(real(|r| r.counts.sandbox_wall_s))
 }
 
-/// Binds a created session's record and its lease's length, `$23`–`$32`.
+/// Binds a created session's record and its lease's length, `$23`–`$34`.
 fn bind_creation<'q>(
     query: QueryScalar<'q, Postgres, i64, PgArguments>,
     create: Creation<'_>,
@@ -412,7 +413,9 @@ fn bind_creation<'q>(
         .bind(record.ephemeral)
         .bind(encode_time(record.created_at))
         .bind(encode_time(record.updated_at))
-        .bind(ttl))
+        .bind(ttl)
+        .bind(record.origin.clone())
+        .bind(encode("session metadata", &record.metadata)?))
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
@@ -14,7 +15,7 @@ use crate::store::{SessionEnd, SessionFilter, SessionStore, StoreError};
 
 /// The columns of `sessions` in the order [`session`] reads them.
 pub(super) const COLUMNS: &str = "id, name, kind, owner, options::text, status, usage::text, ephemeral, \
-                       created_at, updated_at";
+                       created_at, updated_at, origin, metadata::text";
 /// Newest first; `ord` breaks ties between sessions created at one time.
 const NEWEST_FIRST: &str = " ORDER BY created_at DESC, ord DESC";
 
@@ -34,6 +35,8 @@ fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
         ephemeral: row.try_get(7)?,
         created_at: decode_time(&what("created_at"), row.try_get(8)?)?,
         updated_at: decode_time(&what("updated_at"), row.try_get(9)?)?,
+        origin: row.try_get(10)?,
+        metadata: decode(&what("metadata"), row.try_get(11)?)?,
     })
 }
 
@@ -58,6 +61,23 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<String>) {
     if let Some(ephemeral) = filter.ephemeral {
         params.push(ephemeral.to_string());
         conditions.push(format!("ephemeral = ${}::boolean", params.len()));
+    }
+    match &filter.origin {
+        None => {}
+        Some(None) => conditions.push("origin IS NULL".to_owned()),
+        Some(Some(origin)) => {
+            params.push(origin.clone());
+            conditions.push(format!("origin = ${}", params.len()));
+        }
+    }
+    for (key, value) in &filter.metadata {
+        params.push(key.clone());
+        params.push(value.to_string());
+        let n = params.len();
+        conditions.push(format!(
+            "(metadata::jsonb -> ${}::text) = ${n}::jsonb",
+            n - 1
+        ));
     }
     if let Some(before) = filter.before {
         params.push(before.to_string());
@@ -99,9 +119,9 @@ pub(super) const AT_END: &str = "last_seq, next_message, history_cuts";
 pub(super) fn session_end(row: &PgRow) -> Result<SessionEnd, StoreError> {
     Ok(SessionEnd {
         record: session(row)?,
-        last_seq: unsigned("last seq", row.try_get(10)?)?,
-        messages: Some(unsigned("next message", row.try_get(11)?)?),
-        cuts: Some(unsigned("history cuts", row.try_get(12)?)?),
+        last_seq: unsigned("last seq", row.try_get(12)?)?,
+        messages: Some(unsigned("next message", row.try_get(13)?)?),
+        cuts: Some(unsigned("history cuts", row.try_get(14)?)?),
     })
 }
 
@@ -110,8 +130,8 @@ impl SessionStore for PostgresStore {
     async fn create_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO sessions (id, name, kind, owner, options, status, usage, ephemeral,
-                 created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5::json, $6, $7::json, $8, $9, $10)",
+                 created_at, updated_at, origin, metadata)
+             VALUES ($1, $2, $3, $4, $5::json, $6, $7::json, $8, $9, $10, $11, $12::json)",
         )
         .bind(session.id)
         .bind(&session.name)
@@ -123,6 +143,8 @@ impl SessionStore for PostgresStore {
         .bind(session.ephemeral)
         .bind(encode_time(session.created_at))
         .bind(encode_time(session.updated_at))
+        .bind(&session.origin)
+        .bind(encode("session metadata", &session.metadata)?)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -186,6 +208,25 @@ impl SessionStore for PostgresStore {
         rows.iter().map(session).collect()
     }
 
+    async fn merge_metadata(
+        &self,
+        id: Uuid,
+        patch: &Map<String, Value>,
+    ) -> Result<Option<Map<String, Value>>, StoreError> {
+        // `||` of two objects is the keys of both, the right one's value
+        // where both have a key: the merge, under the row's lock.
+        let row = sqlx::query(
+            "UPDATE sessions SET metadata = (metadata::jsonb || $2::jsonb)::json
+             WHERE id = $1 RETURNING metadata::text",
+        )
+        .bind(id)
+        .bind(encode("session metadata", patch)?)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| decode(&format!("session {id}: metadata"), row.try_get(0)?))
+            .transpose()
+    }
+
     async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
         let deleted = sqlx::query("DELETE FROM sessions WHERE id = $1")
             .bind(id)
@@ -244,6 +285,7 @@ mod tests {
             ephemeral: Some(false),
             before: Some(Uuid::nil()),
             limit: Some(5),
+            ..SessionFilter::default()
         });
         assert!(
             sql.contains(

@@ -58,7 +58,7 @@ static GROUP: LazyLock<String> = LazyLock::new(|| {
 
 /// The column after [`COLUMNS`] and [`AT_END`]: whether the lease was
 /// taken.
-const TAKEN: usize = 13;
+const TAKEN: usize = 15;
 
 /// A turn's lease to take for a session.
 pub(super) struct Take {

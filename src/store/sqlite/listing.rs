@@ -30,6 +30,27 @@ fn list_query(filter: &SessionFilter) -> (String, Vec<SqlValue>) {
         params.push(SqlValue::Integer(i64::from(ephemeral)));
         conditions.push(format!("ephemeral = ?{}", params.len()));
     }
+    match &filter.origin {
+        None => {}
+        Some(None) => conditions.push("origin IS NULL".to_owned()),
+        Some(Some(origin)) => {
+            params.push(SqlValue::Text(origin.clone()));
+            conditions.push(format!("origin = ?{}", params.len()));
+        }
+    }
+    // Values compare with their JSON type (`true` is no `1`): scalars as
+    // SQL values, objects and arrays as their JSON text.
+    for (key, value) in &filter.metadata {
+        params.push(SqlValue::Text(key.clone()));
+        params.push(SqlValue::Text(value.to_string()));
+        let n = params.len();
+        conditions.push(format!(
+            "EXISTS (SELECT 1 FROM json_each(sessions.metadata) AS m \
+             WHERE m.key = ?{} AND m.type = json_type(?{n}) \
+             AND m.value IS json_extract(?{n}, '$'))",
+            n - 1
+        ));
+    }
     if let Some(before) = filter.before {
         params.push(SqlValue::Text(before.to_string()));
         let n = params.len();
@@ -99,6 +120,7 @@ mod tests {
             ephemeral: Some(false),
             before: Some(uuid::Uuid::nil()),
             limit: Some(5),
+            ..SessionFilter::default()
         });
         assert!(
             sql.contains("owner = ?1 AND kind = ?2 AND ephemeral = ?3 AND (created_at, rowid) <"),

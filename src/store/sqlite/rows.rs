@@ -20,6 +20,8 @@ pub(super) struct SessionRow {
     pub(super) ephemeral: bool,
     pub(super) created_at: String,
     pub(super) updated_at: String,
+    pub(super) origin: Option<String>,
+    pub(super) metadata: String,
 }
 
 impl SessionRow {
@@ -35,6 +37,8 @@ impl SessionRow {
             ephemeral: session.ephemeral,
             created_at: encode_time(session.created_at),
             updated_at: encode_time(session.updated_at),
+            origin: session.origin.clone(),
+            metadata: encode("session metadata", &session.metadata)?,
         })
     }
 
@@ -50,6 +54,8 @@ impl SessionRow {
             ephemeral: row.get(7)?,
             created_at: row.get(8)?,
             updated_at: row.get(9)?,
+            origin: row.get(10)?,
+            metadata: row.get(11)?,
         })
     }
 
@@ -70,6 +76,8 @@ impl SessionRow {
             ephemeral: self.ephemeral,
             created_at: decode_time(&what("created_at"), &self.created_at)?,
             updated_at: decode_time(&what("updated_at"), &self.updated_at)?,
+            origin: self.origin,
+            metadata: decode(&what("metadata"), &self.metadata)?,
         })
     }
 }

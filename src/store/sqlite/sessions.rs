@@ -3,9 +3,10 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, params};
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use super::rows::{SessionRow, decode, decode_sessions, select_sessions};
+use super::rows::{SessionRow, decode, decode_sessions, encode, select_sessions};
 use super::{SqliteStore, listing};
 use crate::model::Message;
 use crate::protocol::{SessionRecord, SessionStatus};
@@ -16,7 +17,7 @@ pub(super) fn insert_session(conn: &Connection, row: &SessionRow) -> Result<(), 
     conn.prepare_cached(concat!(
         "INSERT INTO sessions (",
         session_columns!(),
-        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
     ))?
     .execute(params![
         row.id,
@@ -29,6 +30,8 @@ pub(super) fn insert_session(conn: &Connection, row: &SessionRow) -> Result<(), 
         row.ephemeral,
         row.created_at,
         row.updated_at,
+        row.origin,
+        row.metadata,
     ])?;
     Ok(())
 }
@@ -101,6 +104,33 @@ impl SessionStore for SqliteStore {
             })
             .await?;
         decode_sessions(rows)
+    }
+
+    async fn merge_metadata(
+        &self,
+        id: Uuid,
+        patch: &Map<String, Value>,
+    ) -> Result<Option<Map<String, Value>>, StoreError> {
+        let id = id.to_string();
+        let patch = patch.clone();
+        // One closure on the one writer: no other write comes between the
+        // read and the write.
+        self.call(move |conn| {
+            let mut read = conn.prepare_cached("SELECT metadata FROM sessions WHERE id = ?1")?;
+            let Some(text) = read
+                .query_map([&id], |row| row.get::<_, String>(0))?
+                .next()
+                .transpose()?
+            else {
+                return Ok(None);
+            };
+            let mut metadata: Map<String, Value> = decode("session metadata", &text)?;
+            metadata.extend(patch);
+            conn.prepare_cached("UPDATE sessions SET metadata = ?2 WHERE id = ?1")?
+                .execute(params![id, encode("session metadata", &metadata)?])?;
+            Ok(Some(metadata))
+        })
+        .await
     }
 
     async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
