@@ -8,6 +8,7 @@
 //!   after, so nothing is kept beside the session's event log.
 //! - store: the caller's KV namespace, under one key prefix.
 
+mod protocol;
 mod runs;
 mod store;
 mod threads;
@@ -26,6 +27,15 @@ use crate::session::Session;
 /// The routes, nested under `/langgraph` by [`super::router`].
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/agents/search", post(protocol::search_agents))
+        .route("/agents/{id}", get(protocol::get_agent))
+        .route("/agents/{id}/schemas", get(protocol::agent_schemas))
+        .route("/runs", post(protocol::create))
+        .route("/runs/search", post(protocol::search))
+        .route("/runs/{run}", get(protocol::get).delete(protocol::delete))
+        .route("/runs/{run}/wait", get(protocol::join))
+        .route("/runs/{run}/stream", get(protocol::join_stream))
+        .route("/runs/{run}/cancel", post(protocol::cancel))
         .route("/assistants/search", post(threads::search_assistants))
         .route("/assistants/{id}", get(threads::get_assistant))
         .route("/threads", post(threads::create))
@@ -48,8 +58,8 @@ pub fn router() -> Router<AppState> {
         .route("/threads/{id}/runs/{run}", get(runs::get))
         .route("/threads/{id}/runs/{run}/join", get(runs::join))
         .route("/threads/{id}/runs/{run}/cancel", post(runs::cancel))
-        .route("/runs/stream", post(runs::stream_stateless))
-        .route("/runs/wait", post(runs::wait_stateless))
+        .route("/runs/stream", post(protocol::stream))
+        .route("/runs/wait", post(protocol::wait))
         .route(
             "/store/items",
             get(store::get_item)

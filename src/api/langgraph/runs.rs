@@ -27,7 +27,7 @@ use crate::protocol::{Event, EventKind, ResultStatus};
 use crate::session::{Session, SessionError, StartedTurn, TurnOptions};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     Values,
     Updates,
     MessagesTuple,
@@ -36,7 +36,7 @@ enum Mode {
 }
 
 impl Mode {
-    fn parse(name: &str) -> Result<Mode, ApiError> {
+    pub(super) fn parse(name: &str) -> Result<Mode, ApiError> {
         Ok(match name {
             "values" => Mode::Values,
             "updates" => Mode::Updates,
@@ -56,7 +56,7 @@ impl Mode {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Strategy {
+pub(super) enum Strategy {
     Reject,
     Enqueue,
     Interrupt,
@@ -64,16 +64,25 @@ enum Strategy {
 }
 
 /// A run as the request asks for it.
-struct RunRequest {
-    prompt: String,
-    assistant_id: String,
-    modes: Vec<Mode>,
-    strategy: Strategy,
+pub(super) struct RunRequest {
+    pub(super) prompt: String,
+    pub(super) assistant_id: String,
+    pub(super) modes: Vec<Mode>,
+    pub(super) strategy: Strategy,
 }
 
 fn run_request(body: &mut JsonObject) -> Result<RunRequest, ApiError> {
     let assistant_id = body.take_text("assistant_id")?;
     let prompt = prompt_of(body.0.get("input"))?;
+    run_options(body, assistant_id, prompt)
+}
+
+/// The rest of a run's request: its stream modes and multitask strategy.
+pub(super) fn run_options(
+    body: &mut JsonObject,
+    assistant_id: String,
+    prompt: String,
+) -> Result<RunRequest, ApiError> {
     if body.0.get("command").is_some_and(|c| !c.is_null()) {
         return Err(ApiError::invalid(
             "command",
@@ -146,7 +155,7 @@ fn run_since(id: &str) -> Result<u64, ApiError> {
 /// turn and then queues behind it, `rollback` does the same and then
 /// rewinds the session to the turn end before the stopped turn, so that
 /// nothing of it is left in the thread.
-async fn start(
+pub(super) async fn start(
     state: &AppState,
     session: Arc<Session>,
     run: &RunRequest,
@@ -223,7 +232,7 @@ async fn run_of(
 
 /// The thread's session, checked against the run's assistant: a thread
 /// runs the session kind it was made with.
-async fn thread(
+pub(super) async fn thread(
     state: &AppState,
     caller: &Caller,
     id: &str,
@@ -318,7 +327,11 @@ pub async fn stream_stateless(
 
 /// Waits for the turn after `since` to end; its thread's values then, with
 /// `__error__` when it failed (the SDK raises it).
-async fn finish(state: &AppState, session: &Session, since: u64) -> Result<Value, ApiError> {
+pub(super) async fn finish(
+    state: &AppState,
+    session: &Session,
+    since: u64,
+) -> Result<Value, ApiError> {
     let mut events = session.subscribe(since, true);
     let mut failed = None;
     while let Some(event) = events.next().await {
@@ -356,6 +369,22 @@ pub async fn wait_stateless(
     Ok(Json(finish(&state, &turn.session, turn.since).await?))
 }
 
+/// How the run after `since` ended, `None` while it has not.
+pub(super) async fn ended(session: &Session, since: u64) -> Option<&'static str> {
+    let mut events = session.replay(since);
+    while let Some(event) = events.next().await {
+        if let EventKind::Result { status, .. } = &event.kind {
+            return Some(match status {
+                ResultStatus::Success => "success",
+                ResultStatus::Interrupted => "interrupted",
+                ResultStatus::TimedOut => "timeout",
+                _ => "error",
+            });
+        }
+    }
+    None
+}
+
 /// `GET /threads/{id}/runs/{run}`: the run and how it ended, if it has.
 pub async fn get(
     State(state): State<AppState>,
@@ -363,23 +392,11 @@ pub async fn get(
     Path((id, run)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let (session, since) = run_of(&state, &caller, &id, &run).await?;
-    let mut status = if session.is_running() {
-        "running"
-    } else {
-        "pending"
+    let status = match ended(&session, since).await {
+        Some(status) => status,
+        None if session.is_running() => "running",
+        None => "pending",
     };
-    let mut events = session.replay(since);
-    while let Some(event) = events.next().await {
-        if let EventKind::Result { status: ended, .. } = &event.kind {
-            status = match ended {
-                ResultStatus::Success => "success",
-                ResultStatus::Interrupted => "interrupted",
-                ResultStatus::TimedOut => "timeout",
-                _ => "error",
-            };
-            break;
-        }
-    }
     Ok(Json(run_json(
         &session,
         since,
@@ -431,12 +448,30 @@ fn sse(
     modes: Vec<Mode>,
     events: impl Stream<Item = Arc<Event>> + Send + 'static,
 ) -> Response {
-    let session = turn.session.clone();
-    let meta = json!({"run_id": run_id(turn.since), "thread_id": session.id});
+    let named = (run_id(turn.since), location(&turn.session, turn.since));
+    sse_of(
+        state,
+        (turn.session.clone(), turn.since),
+        named,
+        modes,
+        events,
+    )
+}
+
+/// [`sse`] of the run after `since` on `session`, named `run` and found at
+/// `location`.
+pub(super) fn sse_of(
+    state: &AppState,
+    (session, since): (Arc<Session>, u64),
+    (run, location): (Uuid, HeaderValue),
+    modes: Vec<Mode>,
+    events: impl Stream<Item = Arc<Event>> + Send + 'static,
+) -> Response {
+    let meta = json!({"run_id": run, "thread_id": session.id});
     let first = stream::iter([frame("metadata", &meta)]);
     let state = state.clone();
     let texts = Arc::new(Texts {
-        run: turn.since,
+        run: since,
         streamed: AtomicBool::new(false),
         done: AtomicU64::new(0),
     });
@@ -450,10 +485,9 @@ fn sse(
     let mut response = Sse::new(first.chain(mapped))
         .keep_alive(KeepAlive::default())
         .into_response();
-    response.headers_mut().insert(
-        header::CONTENT_LOCATION,
-        location(&turn.session, turn.since),
-    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_LOCATION, location);
     response
 }
 
@@ -556,19 +590,5 @@ async fn frames(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn run_ids_round_trip_and_others_are_not_found() {
-        for since in [0, 1, 41, (1 << 56) - 1] {
-            let id = run_id(since);
-            assert_eq!(id.get_version_num(), 8);
-            assert!(!id.is_nil());
-            assert_eq!(run_since(&id.to_string()).ok(), Some(since));
-        }
-        assert!(run_since(&Uuid::nil().to_string()).is_err());
-        assert!(run_since(&Uuid::new_v4().to_string()).is_err());
-        assert!(run_since("not-a-uuid").is_err());
-    }
-}
+#[path = "runs_tests.rs"]
+mod tests;
