@@ -197,6 +197,13 @@ function mountRun(main, threadId, ctx) {
   };
   const drawGraph = () => { if (graph) graph.update(marks()); };
 
+  // The steps' own times, as their checkpoints record them; the run's
+  // wall time runs on while it does (it includes the waits between steps,
+  // approvals and a stop before a resume).
+  const stepTime = () => history.reduce((sum, x) => sum + (x.duration_ms || 0), 0);
+  const wallTime = (st) => (st === 'running' || st === 'queued')
+    ? Math.max(0, Date.now() - Date.parse(status.started_at))
+    : status.duration_ms;
   const drawStatus = () => {
     if (!status) return;
     const st = status.status;
@@ -207,7 +214,8 @@ function mountRun(main, threadId, ctx) {
     resume.disabled = !(st === 'interrupted' || st === 'cancelled' || (st === 'failed' && history.some((x) => x.node === '(end)')));
     put(meta,
       h('span', null, status.pipeline), h('span', null, `· ${status.steps} step${status.steps === 1 ? '' : 's'}`),
-      h('span', null, `· ${fmtMs(status.duration_ms)}`), h('span', null, '· started ', ago(status.started_at)),
+      h('span', { testid: 'run-times', title: 'Time the steps took (each checkpoint records its own), then the time since the run started' }, `· ${fmtMs(stepTime())} in steps · ${fmtMs(wallTime(st))} ${st === 'running' || st === 'queued' ? 'so far' : 'in all'}`),
+      h('span', null, '· started ', ago(status.started_at)),
       status.session_id ? h('a', { href: `/ui/sessions/${status.session_id}` }, '· event log →') : null);
     const last = history[history.length - 1];
     const resumable = last && last.node === '(end)' && last.next;

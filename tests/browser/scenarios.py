@@ -318,6 +318,12 @@ def scenario_pipelines(b, args):
     b.click(third)
     b.wait(lambda: "Step 3" in b.tid("step-state").text and "tests" in b.tid("step-state").text, 10, "the state of step 3")
     state_text = " ".join(b.tid("step-state").text.split())
+    # The header: the steps' own times, then the run's, finished.
+    run_times = " ".join(b.tid("run-times").text.split())
+    if not re.fullmatch(r"· .+ in steps · .+ in all", run_times):
+        raise Failure(f"the run's times read {run_times!r}")
+    if mock and run_times.startswith("· 0 ms"):
+        raise Failure(f"six steps of 300 ms each took no time: {run_times!r}")
     b.shot("pipeline")
     return {
         "thread_id": thread,
@@ -326,6 +332,7 @@ def scenario_pipelines(b, args):
         "steps": steps,
         "saw_current": saw_current,
         "step3_state": state_text[:200],
+        "run_times": run_times,
         "completed_s": done_s,
     }
 
