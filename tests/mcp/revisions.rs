@@ -109,6 +109,10 @@ async fn the_2026_07_28_revision_beside_2025_11_25() {
     let events = format!("conclave://sessions/{session}/events");
     assert_eq!(seen["honored"], json!([events.clone()]));
     assert_eq!(seen["updated"], events);
+    // Another key's listen for the session was acknowledged and told of
+    // nothing.
+    assert_eq!(seen["spy_honored"], json!([events.clone()]));
+    assert_eq!(seen["spied"], json!([]), "{seen}");
     // Today's handshake: one scratch sandbox for the connection.
     assert_eq!(seen["legacy"]["stdout"], "mine\n");
     assert_eq!(seen["legacy"]["handle"], json!(null));

@@ -151,20 +151,41 @@ async def main():
         # Updates of the session's events on a subscriptions/listen stream
         # while its next turn runs.
         events_uri = f"conclave://sessions/{session}/events"
-        async with modern.listen(resource_subscriptions=[events_uri]) as subscription:
+        # Another key listening for the same session is answered as any
+        # listener is, and told nothing of it.
+        async with client(url, other_key) as intruder, intruder.listen(
+            resource_subscriptions=[events_uri]
+        ) as spying, modern.listen(resource_subscriptions=[events_uri]) as subscription:
             seen["honored"] = list(subscription.honored.resource_subscriptions or [])
+            seen["spy_honored"] = list(spying.honored.resource_subscriptions or [])
+            seen["spied"] = []
+
+            async def spy():
+                async for event in spying:
+                    seen["spied"].append(event.uri)
+
+            turn_done = anyio.Event()
 
             async def second_turn():
                 await modern.call_tool(
                     "run_agent", {"prompt": "say hello", "session_id": session}
                 )
+                turn_done.set()
 
             async with anyio.create_task_group() as group:
+                group.start_soon(spy)
                 group.start_soon(second_turn)
                 with anyio.fail_after(60):
                     async for event in subscription:
                         seen["updated"] = event.uri
                         break
+                with anyio.fail_after(120):
+                    await turn_done.wait()
+                # Every update of the turn has been sent: one for the other
+                # key would have gone out with the owner's. A moment for it
+                # to arrive, then the spy stops.
+                await anyio.sleep(1)
+                group.cancel_scope.cancel()
 
     # Today's IDEs: the handshake, and one scratch sandbox per connection.
     async with client(url, key, mode="legacy") as legacy:
