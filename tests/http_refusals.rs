@@ -114,6 +114,16 @@ async fn raw_non_ascii_and_punctuation_in_a_target_reach_the_routes() {
     .await;
     assert_eq!(answer.status, 404, "{answer:?}");
     assert_eq!(answer.error().0, "not_found");
+    // A method no route takes, with a body of any type: the router's 405,
+    // not a refusal of the body's type.
+    let answer = exchange(
+        &server,
+        b"TRACE /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\n\
+          Content-Length: 3\r\nConnection: close\r\n\r\n[0]",
+    )
+    .await;
+    assert_eq!(answer.status, 405, "{answer:?}");
+    assert_eq!(answer.error().0, "method_not_allowed");
     server.stop().await;
 }
 

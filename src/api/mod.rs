@@ -11,6 +11,7 @@
 
 pub mod a2a;
 pub mod agui;
+mod constraints;
 pub mod grpc;
 pub mod http;
 pub mod langgraph;

@@ -67,6 +67,7 @@ pub struct Pending {
 /// A decision as a client gives it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ApprovalDecision)]
 pub struct Decision {
     /// `allow` or `deny`.
     pub decision: Approval,

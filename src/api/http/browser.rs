@@ -114,7 +114,13 @@ pub fn refusal(policy: &BrowserPolicy, request: &Request) -> Option<ApiError> {
             ));
         }
     }
-    if !safe {
+    // The methods routes take bodies with: any other (TRACE, CONNECT, one
+    // of a client's own) is no route's, and the router's 405 says so.
+    let with_body = matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    if with_body {
         let has_body = headers.contains_key(header::TRANSFER_ENCODING)
             || headers
                 .get(header::CONTENT_LENGTH)

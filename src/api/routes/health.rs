@@ -216,8 +216,14 @@ fn escape_label(value: &str) -> String {
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "OpenAPI 3.1 document")))]
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+pub async fn openapi(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let kinds = state.sessions.tasks().kinds();
+    let max_forks = state.config.agent.max_forks;
+    Json(crate::api::constraints::document(
+        ApiDoc::openapi(),
+        &kinds,
+        max_forks,
+    ))
 }
 
 #[cfg(test)]

@@ -48,8 +48,8 @@ pub struct Changes {
 /// listed; binary files are named, not inlined.
 #[utoipa::path(get, path = "/agent/session/{session_id}/changes",
     params(("session_id" = Uuid, Path), ChangesQuery),
-    responses((status = 200, body = Changes,
-            description = "JSON, or text/x-diff with format=patch"),
+    responses((status = 200, description = "JSON, or text/x-diff with format=patch",
+            content((Changes = "application/json"), (String = "text/x-diff"))),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
         (status = 422, body = ErrorBody)))]
 pub async fn changes(
