@@ -418,6 +418,36 @@ async fn rolled_back(url: &str, seen: &Value) {
         rewound[0]["seq"].as_u64().unwrap() < results[2]["seq"].as_u64().unwrap(),
         "{log}"
     );
+    // A fork at a point of the undone turn is answered by the rewound
+    // history: the turn end the rollback went back to.
+    for inside in [
+        results[1]["seq"].as_u64().unwrap(),
+        results[0]["seq"].as_u64().unwrap() + 1,
+    ] {
+        let fork = http
+            .post(format!("{url}/agent/session/{thread}/fork"))
+            .bearer_auth(KEY_A)
+            .json(&json!({"at_seq": inside}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(fork.status(), 201, "at_seq {inside}");
+        let fork: Value = fork.json().await.unwrap();
+        assert_eq!(fork["at_seq"], results[0]["seq"], "{fork}");
+        let id = fork["sessions"][0]["session_id"].as_str().unwrap();
+        let status = common::binary::json_of(
+            http.get(format!("{url}/agent/session/{id}/status"))
+                .bearer_auth(KEY_A),
+        )
+        .await;
+        let texts: Vec<&Value> = status["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| &m["content"])
+            .collect();
+        assert_eq!(json!(texts), kept, "{status}");
+    }
 }
 
 #[tokio::test]

@@ -223,9 +223,12 @@ impl Forks {
     }
 
     /// The last turn end at or before `at_seq` (default: the last event),
-    /// refused when `at_seq` falls inside a turn.
+    /// refused when `at_seq` falls inside a turn that no rewind undid.
     async fn turn_end(&self, source: Uuid, at_seq: Option<u64>) -> Result<Point, ForkError> {
         let mut ends: Vec<(u64, Option<u64>)> = Vec::new();
+        // The spans a rewind undid: from the end it went back to until
+        // the rewind itself.
+        let mut undone: Vec<(u64, u64)> = Vec::new();
         // The history's length at the latest end (none: a new session).
         let mut history = Some(0);
         // The seq of the latest event that belongs to a turn.
@@ -255,6 +258,7 @@ impl Forks {
                     } => {
                         ends.retain(|(seq, _)| seq <= to_seq);
                         ends.push((event.seq, Some(*history_len)));
+                        undone.push((*to_seq, event.seq));
                         history = Some(*history_len);
                         last_turn_event = event.seq;
                     }
@@ -277,8 +281,12 @@ impl Forks {
         let before: Vec<&(u64, Option<u64>)> = ends.iter().filter(|(seq, _)| *seq <= at).collect();
         let end = before.last().map_or(0, |(seq, _)| *seq);
         // Anything of a turn between that end and `at` means `at` is
-        // inside the next turn.
-        let inside = if at_seq.is_none() {
+        // inside the next turn, unless a rewind undid that turn: the
+        // rewound history answers for every point it undid (the end it
+        // went back to, as `ends` keeps it).
+        let inside = if undone.iter().any(|(to, rewound)| *to < at && at < *rewound) {
+            false
+        } else if at_seq.is_none() {
             last_turn_event > end
         } else {
             self.turn_event_between(source, end, at).await?
