@@ -142,6 +142,21 @@ async fn the_a2a_sdk_sends_follows_and_cancels_tasks() {
         seen["named"],
         json!({"echoed": ["shared-name", "shared-name"], "mine": true, "theirs": true})
     );
+    // The contexts' sessions are the adapter's: listed under its origin,
+    // and not among the key's own.
+    let listed = |origin: &str| {
+        common::binary::json_of(
+            reqwest::Client::new()
+                .get(format!("{url}/agent/sessions?origin={origin}"))
+                .bearer_auth(KEY_A),
+        )
+    };
+    let made = listed("a2a").await;
+    let made = made["sessions"].as_array().unwrap();
+    assert!(!made.is_empty(), "no A2A session listed");
+    assert!(made.iter().all(|s| s["origin"] == "a2a"), "{made:?}");
+    let own = listed("conclave").await;
+    assert_eq!(own["sessions"], json!([]), "{own}");
 
     stop(&mut child).await;
 }

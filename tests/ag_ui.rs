@@ -201,6 +201,8 @@ async fn every_event_passes_the_python_sdk_in_each_case() {
         .map(|m| &m["content"])
         .collect();
     assert_eq!(prompts, [&json!("hello there"), &json!("and again")]);
+    // Made by the adapter: the sessions list can tell it from the key's own.
+    assert_eq!(status["origin"], "agui", "{status}");
     server.stop().await;
 }
 
