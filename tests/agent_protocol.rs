@@ -238,6 +238,43 @@ async fn the_agent_protocols_runs_are_found_by_their_own_ids() {
         .await;
     assert_eq!(status, 404, "{body}");
 
+    // A thread of the client's own id: made once, then 409 unless
+    // if_exists is do_nothing; another key cannot take the id.
+    let chosen = uuid::Uuid::new_v4().to_string();
+    let made = c
+        .post(
+            "/threads",
+            json!({"thread_id": chosen, "metadata": {"mine": 1}}),
+        )
+        .await;
+    assert_eq!(made["thread_id"], chosen.as_str(), "{made}");
+    let again = json!({"thread_id": chosen});
+    let (status, body) = c.call(Method::POST, KEY_A, "/threads", Some(again)).await;
+    assert_eq!(status, 409, "{body}");
+    let kept = c
+        .post(
+            "/threads",
+            json!({"thread_id": chosen, "if_exists": "do_nothing"}),
+        )
+        .await;
+    assert_eq!(kept["metadata"]["mine"], 1, "{kept}");
+    for (key, body, code) in [
+        (
+            KEY_B,
+            json!({"thread_id": chosen, "if_exists": "do_nothing"}),
+            409,
+        ),
+        (KEY_A, json!({"thread_id": "not-a-uuid"}), 422),
+        (KEY_A, json!({"if_exists": "replace"}), 422),
+    ] {
+        let (status, text) = c.call(Method::POST, key, "/threads", Some(body)).await;
+        assert_eq!(status, code, "{text}");
+    }
+    let (status, _) = c
+        .call(Method::GET, KEY_B, &format!("/threads/{chosen}"), None)
+        .await;
+    assert_eq!(status, 404);
+
     // A thread made on demand; a webhook and bad input are refused.
     let fresh = uuid::Uuid::new_v4().to_string();
     let made = c

@@ -116,20 +116,76 @@ pub async fn create(
     let metadata = body
         .take::<Map<String, Value>>("metadata")?
         .unwrap_or_default();
-    if body.take::<String>("thread_id")?.is_some() {
-        return Err(ApiError::invalid(
-            "thread_id",
-            "is chosen by the server: Conclave makes a thread's id",
-        ));
-    }
+    let id = match body.take::<String>("thread_id")? {
+        None => None,
+        Some(id) => Some(
+            uuid::Uuid::parse_str(&id)
+                .map_err(|_| ApiError::invalid("thread_id", "must be a UUID"))?,
+        ),
+    };
+    let keep = match body.take::<String>("if_exists")?.as_deref() {
+        None | Some("raise") => false,
+        Some("do_nothing") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "if_exists",
+                format!("{other:?}: must be raise or do_nothing"),
+            ));
+        }
+    };
     let default = SessionKind::AGENT;
     let name = ["assistant_id", "graph_id"]
         .iter()
         .find_map(|field| metadata.get(*field).and_then(Value::as_str))
         .unwrap_or(default.as_str());
     let agent = assistant(&state, name)?;
-    let session = new_session(&state, &caller, &agent, false, metadata).await?;
+    let session = match id {
+        None => new_session(&state, &caller, &agent, false, metadata).await?,
+        Some(id) => with_id(&state, &caller, &agent, (id, keep), metadata).await?,
+    };
     Ok(Json(session_json(&state, &session).await?))
+}
+
+/// A thread of the id the client chose: the caller's own when it exists
+/// and `if_exists` is `do_nothing`; `409` when it exists otherwise (or is
+/// another key's: an id names one session).
+async fn with_id(
+    state: &AppState,
+    caller: &Caller,
+    agent: &Agent,
+    (id, keep): (uuid::Uuid, bool),
+    metadata: Map<String, Value>,
+) -> Result<Arc<Session>, ApiError> {
+    let taken = || {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "thread_exists",
+            format!("thread {id} exists; if_exists: do_nothing answers it instead"),
+        )
+    };
+    match state.sessions.get(id, caller.owner()).await {
+        Ok(session) if keep => return Ok(session),
+        Ok(_) => return Err(taken()),
+        Err(crate::session::SessionError::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let opening = Opening {
+        id: Some(id),
+        overrides: None,
+        ephemeral: false,
+        origin: "langgraph",
+        metadata,
+        field: "assistant",
+    };
+    match open_session(state, caller, agent, opening).await {
+        Ok(session) => Ok(session),
+        // Made meanwhile, or another key's: the id is taken.
+        Err(e) if matches!(state.store.get_session(id).await, Ok(Some(_))) => {
+            tracing::debug!(%id, error = %e.message, "thread id taken");
+            Err(taken())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `GET /threads/{id}`, with its values.
