@@ -213,6 +213,29 @@ async fn the_agent_protocols_runs_are_found_by_their_own_ids() {
         .await;
     assert_eq!(status, 404);
 
+    // A deleted thread's runs are gone with it.
+    let doomed = c.post("/threads", json!({})).await;
+    let did = doomed["thread_id"].as_str().unwrap().to_owned();
+    let done = c
+        .post(
+            "/runs/wait",
+            json!({"thread_id": did, "messages": said("soon gone")}),
+        )
+        .await;
+    let done_id = done["run"]["run_id"].as_str().unwrap().to_owned();
+    let (status, _) = c
+        .call(Method::DELETE, KEY_A, &format!("/threads/{did}"), None)
+        .await;
+    assert_eq!(status, 204);
+    for _ in 0..2 {
+        let (status, body) = c
+            .call(Method::GET, KEY_A, &format!("/runs/{done_id}"), None)
+            .await;
+        assert_eq!(status, 404, "{body}");
+    }
+    let gone = c.post("/runs/search", json!({"thread_id": did})).await;
+    assert_eq!(gone, json!([]));
+
     // Another key finds, waits for, cancels and deletes none of them.
     for (method, path) in [
         (Method::GET, format!("/runs/{rid}")),
@@ -274,6 +297,10 @@ async fn the_agent_protocols_runs_are_found_by_their_own_ids() {
         .call(Method::GET, KEY_B, &format!("/threads/{chosen}"), None)
         .await;
     assert_eq!(status, 404);
+    // Nor run on it by making it on demand.
+    let intrude = json!({"thread_id": chosen, "if_not_exists": "create", "messages": said("x")});
+    let (status, text) = c.call(Method::POST, KEY_B, "/runs", Some(intrude)).await;
+    assert_eq!(status, 409, "{text}");
 
     // A thread made on demand; a webhook and bad input are refused.
     let fresh = uuid::Uuid::new_v4().to_string();

@@ -26,7 +26,6 @@ use crate::api::http::error::ApiError;
 use crate::api::http::extract::{ApiQuery, JsonObject};
 use crate::api::http::state::AppState;
 use crate::api::http::stream::cancel_on_hangup;
-use crate::api::routes::agents::{Opening, open_session};
 use crate::api::routes::bus::namespace as kv_namespace;
 use crate::session::{Session, SessionError};
 use crate::store::Expect;
@@ -163,17 +162,11 @@ async fn thread_for(
     (run, create): (&RunRequest, bool),
 ) -> Result<Arc<Session>, ApiError> {
     match runs::thread(state, caller, id, run).await {
+        // Made here, unless another key's thread has the id (a 409).
         Err(e) if create && e.status == StatusCode::NOT_FOUND => {
             let agent = assistant(state, &run.assistant_id)?;
-            let opening = Opening {
-                id: Some(thread_id(id)?),
-                overrides: None,
-                ephemeral: false,
-                origin: "langgraph",
-                metadata: Map::new(),
-                field: "agent_id",
-            };
-            open_session(state, caller, &agent, opening).await
+            let id = (thread_id(id)?, true);
+            super::threads::with_id(state, caller, &agent, id, Map::new()).await
         }
         other => other,
     }
@@ -262,9 +255,17 @@ async fn find(
     let record: RunRecord = serde_json::from_slice(&entry.value).map_err(|_| missing())?;
     match state.sessions.get(record.session, caller.owner()).await {
         Ok(session) => Ok((id, record, session)),
-        Err(SessionError::NotFound(_)) => Err(ApiError::not_found(format!(
-            "run {run}: its thread was deleted"
-        ))),
+        Err(SessionError::NotFound(_)) => {
+            // Its thread was deleted (or its stateless session expired):
+            // the record names nothing any more.
+            state
+                .kv
+                .delete(kv_namespace(caller), &format!("{RUNS}{id}"), Expect::Any)
+                .await?;
+            Err(ApiError::not_found(format!(
+                "run {run}: its thread was deleted"
+            )))
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -149,7 +149,7 @@ pub async fn create(
 /// A thread of the id the client chose: the caller's own when it exists
 /// and `if_exists` is `do_nothing`; `409` when it exists otherwise (or is
 /// another key's: an id names one session).
-async fn with_id(
+pub(super) async fn with_id(
     state: &AppState,
     caller: &Caller,
     agent: &Agent,
