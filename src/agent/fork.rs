@@ -168,7 +168,7 @@ impl Forks {
         let used = seed_of(&options);
         // A fork is a copy of the session: the adapter that made it and
         // its labels come with it.
-        let metadata = self.sessions.metadata(source, viewer).await?;
+        let metadata = self.sessions.metadata(source).await?;
         let mut made = Vec::new();
         for i in 0..count {
             let name = request.session_name.clone().map(|name| {

@@ -89,7 +89,7 @@ impl Runs {
             .map_err(|e| StoreError::Corrupt(format!("pipeline options: {e}")))?;
         // A fork is a copy of the session: the adapter that made it and
         // its labels come with it.
-        let metadata = self.sessions.metadata(session.id, None).await?;
+        let metadata = self.sessions.metadata(session.id).await?;
         let fork = self
             .sessions
             .create(NewSession {

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -62,7 +63,7 @@ fn agent_json(agent: &Agent) -> Value {
 }
 
 /// `limit` (1 to 1000, default 10) and `offset` of a search body.
-fn page(body: &mut JsonObject) -> Result<(usize, usize), ApiError> {
+pub(super) fn page(body: &mut JsonObject) -> Result<(usize, usize), ApiError> {
     let limit = body.take::<usize>("limit")?.unwrap_or(PAGE_DEFAULT);
     if !(1..=PAGE_MAX).contains(&limit) {
         return Err(ApiError::invalid("limit", "must be 1 to 1000"));
@@ -368,14 +369,18 @@ pub async fn stream(
     let keep = body.take::<String>("on_disconnect")?.as_deref() == Some("continue");
     let (id, record, turn) = begin(&state, &caller, &mut body).await?;
     let modes = modes(&record)?;
-    let events = turn.session.subscribe(turn.since, true);
+    let mut events = turn.session.subscribe(turn.since, true);
+    if record.stateless && !keep {
+        events = cancel_on_hangup(events, turn.cancel.clone()).boxed();
+    }
     let target = (turn.session.clone(), turn.since);
-    Ok(if record.stateless && !keep {
-        let events = cancel_on_hangup(events, turn.cancel.clone());
-        runs::sse_of(&state, target, (id, location(id)), modes, events)
-    } else {
-        runs::sse_of(&state, target, (id, location(id)), modes, events)
-    })
+    Ok(runs::sse_of(
+        &state,
+        target,
+        (id, location(id)),
+        modes,
+        events,
+    ))
 }
 
 fn modes(record: &RunRecord) -> Result<Vec<Mode>, ApiError> {

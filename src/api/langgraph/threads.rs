@@ -20,9 +20,8 @@ use crate::protocol::{EventKind, SessionKind, SessionStatus};
 use crate::session::Session;
 use crate::store::SessionFilter;
 
-/// Threads a search returns by default and at most.
+/// History states returned by default.
 const SEARCH_DEFAULT: usize = 10;
-const SEARCH_MAX: usize = 1000;
 
 /// `POST /assistants/search`: every agent (profiles, then session kinds).
 pub async fn search_assistants(State(state): State<AppState>) -> Json<Vec<Value>> {
@@ -94,7 +93,7 @@ fn thread_json(
 
 /// The session as a thread, with its values now.
 async fn session_json(state: &AppState, session: &Session) -> Result<Value, ApiError> {
-    let metadata = state.sessions.metadata(session.id, None).await?;
+    let metadata = state.sessions.metadata(session.id).await?;
     let mut thread = thread_json(
         session.id,
         &session.kind,
@@ -267,11 +266,7 @@ pub async fn search(
     Extension(caller): Extension<Caller>,
     mut body: JsonObject,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let limit = body.take::<usize>("limit")?.unwrap_or(SEARCH_DEFAULT);
-    if !(1..=SEARCH_MAX).contains(&limit) {
-        return Err(ApiError::invalid("limit", "must be 1 to 1000"));
-    }
-    let offset = body.take::<usize>("offset")?.unwrap_or(0);
+    let (limit, offset) = super::protocol::page(&mut body)?;
     let status = body.take::<String>("status")?;
     let mut metadata = body
         .take::<Map<String, Value>>("metadata")?

@@ -7,13 +7,10 @@ use super::SessionManager;
 use crate::session::SessionError;
 
 impl SessionManager {
-    /// The metadata of a session the caller may see.
-    pub async fn metadata(
-        &self,
-        id: Uuid,
-        owner: Option<&str>,
-    ) -> Result<Map<String, Value>, SessionError> {
-        self.find(id, owner, true).await?;
+    /// The metadata of a session the caller has found (and so may see):
+    /// it is not kept on the live session, since another replica may
+    /// change it.
+    pub async fn metadata(&self, id: Uuid) -> Result<Map<String, Value>, SessionError> {
         match self.store.get_session(id).await? {
             Some(record) => Ok(record.metadata),
             None => Err(SessionError::NotFound(id)),
