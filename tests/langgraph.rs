@@ -52,11 +52,17 @@ edges:
 
 /// The binary serving CONFIG from a fresh directory.
 async fn serve() -> (tempfile::TempDir, tokio::process::Child, String) {
+    serve_on("local").await
+}
+
+/// The binary serving CONFIG from a fresh directory, its sandboxes on
+/// `backend`.
+async fn serve_on(backend: &str) -> (tempfile::TempDir, tokio::process::Child, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("conclave.toml"), CONFIG).unwrap();
     std::fs::create_dir(dir.path().join("pipelines")).unwrap();
     std::fs::write(dir.path().join("pipelines/triage.yaml"), TRIAGE).unwrap();
-    let mut command = serve_command(&["--sandbox", "local", "--config", "conclave.toml"]);
+    let mut command = serve_command(&["--sandbox", backend, "--config", "conclave.toml"]);
     command.current_dir(dir.path());
     let (child, url) = spawn_server(&mut command).await;
     (dir, child, url)
@@ -408,7 +414,8 @@ async fn rolled_back(url: &str, seen: &Value) {
     assert_eq!(rewound.len(), 1, "{log}");
     assert_eq!(rewound[0]["to_seq"], results[0]["seq"], "{log}");
     assert_eq!(rewound[0]["history_len"], 2);
-    assert_eq!(rewound[0]["workspace"], "kept");
+    // It never had a sandbox: its workspace is as empty as it was.
+    assert_eq!(rewound[0]["workspace"], "restored");
     // Between the stopped turn's result and the new turn.
     assert!(
         rewound[0]["seq"].as_u64().unwrap() > results[1]["seq"].as_u64().unwrap(),
@@ -527,4 +534,120 @@ async fn bad_runs_get_json_errors_and_streams_say_their_run() {
     assert_eq!(elsewhere.status(), 401);
 
     stop(&mut child).await;
+}
+
+/// A rollback takes the undone run's files out of the workspace too: the
+/// session's next sandbox starts from the snapshot of the turn end it went
+/// back to (`workspace: "restored"`). The undone run wrote `undone.txt`
+/// and was stopped while it slept; the run that replaced it lists the
+/// workspace and sees only what the first run left and the file a client
+/// put in between the runs.
+#[tokio::test]
+async fn a_rollback_takes_the_undone_runs_files_out_of_the_workspace() {
+    rollback_restores("local").await;
+}
+
+/// As above, on docker (its sandboxes removed afterwards).
+#[tokio::test]
+async fn a_rollback_takes_the_undone_runs_files_out_of_a_docker_workspace() {
+    rollback_restores("docker").await;
+}
+
+async fn rollback_restores(backend: &str) {
+    let (dir, mut child, url) = serve_on(backend).await;
+    let http = reqwest::Client::new();
+    // A run of `prompt`, `then` the thread's running run.
+    let run = |prompt: &str, then: &str| {
+        json!({
+            "assistant_id": "agent",
+            "input": {"messages": [{"role": "user", "content": prompt}]},
+            "multitask_strategy": then,
+        })
+    };
+    let post = |path: String, body: Value| {
+        let sent = http
+            .post(format!("{url}/langgraph{path}"))
+            .header("x-api-key", KEY_A)
+            .json(&body)
+            .send();
+        async move {
+            let answer = sent.await.unwrap();
+            assert_eq!(answer.status(), 200, "{path}");
+            answer.json::<Value>().await.unwrap()
+        }
+    };
+    let thread = post("/threads".into(), json!({})).await;
+    let id = thread["thread_id"].as_str().unwrap().to_owned();
+    let first = run("$ echo kept > kept.txt", "reject");
+    post(format!("/threads/{id}/runs/wait"), first).await;
+
+    let follow = http
+        .get(format!(
+            "{url}/agent/session/{id}/events?since=0&follow=true"
+        ))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(follow.status(), 200);
+    let mut events = common::Lines::new(follow);
+    events.until("result").await;
+    // Put in between the runs: not the undone run's, so it stays.
+    let put = http
+        .put(format!("{url}/agent/session/{id}/files/put.txt"))
+        .bearer_auth(KEY_A)
+        .header("content-type", "application/octet-stream")
+        .body("put\n")
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+    let undone = run("$ echo undone | tee undone.txt && sleep 300", "reject");
+    post(format!("/threads/{id}/runs"), undone).await;
+    // The file is written once its line is out.
+    let seen = events.until("tool_output").await;
+    assert!(
+        seen.last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .contains("undone"),
+        "{seen:?}"
+    );
+
+    // The rollback's own run lists the workspace.
+    let after = post(format!("/threads/{id}/runs/wait"), run("$ ls", "rollback")).await;
+    let said = after["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        said.contains("kept.txt") && said.contains("put.txt"),
+        "{after}"
+    );
+    assert!(!said.contains("undone"), "{after}");
+
+    let file = |name: &str| {
+        http.get(format!("{url}/agent/session/{id}/files/{name}"))
+            .bearer_auth(KEY_A)
+            .send()
+    };
+    let kept = file("kept.txt").await.unwrap();
+    assert_eq!(kept.status(), 200);
+    assert_eq!(kept.text().await.unwrap(), "kept\n");
+    assert_eq!(file("undone.txt").await.unwrap().status(), 404);
+    assert_eq!(
+        file("put.txt").await.unwrap().text().await.unwrap(),
+        "put\n"
+    );
+
+    let rewound = events.until("rewound").await;
+    assert_eq!(
+        rewound.last().unwrap()["workspace"],
+        "restored",
+        "{rewound:?}"
+    );
+    stop(&mut child).await;
+    if backend == "docker" {
+        common::remove_sandboxes_of(&dir.path().join("data")).await;
+    }
 }

@@ -124,6 +124,10 @@ impl SessionTask for AgentTask {
             .await;
     }
 
+    async fn rewind_workspace(&self, session: &Arc<Session>, seq: u64) -> bool {
+        self.deps.tools.rewind_workspace(session.id, seq).await
+    }
+
     async fn release(&self, session: Uuid) {
         self.deps.tools.release(session).await;
     }

@@ -154,6 +154,15 @@ pub trait ToolRouter: Send + Sync {
     /// the sandbox is (readers wait for it); the work runs on its own.
     async fn turn_ended(&self, _session_id: Uuid, _owner: Option<&str>, _seq: u64) {}
 
+    /// The session is being rewound to the turn end `seq`: its next
+    /// sandbox starts from the workspace it had there, and the one it has
+    /// now goes. True when the files go back (`restored`), false when they
+    /// stay as the last turn left them (`kept`: that turn end's workspace
+    /// is no longer kept, or these tools keep none).
+    async fn rewind_workspace(&self, _session_id: Uuid, _seq: u64) -> bool {
+        false
+    }
+
     /// Waits until the snapshots of the session's turn ends under way are
     /// recorded, wherever its sandbox is, so a fork or a download right
     /// after a turn finds its turn end.

@@ -281,18 +281,9 @@ impl SandboxManager {
             }
         };
         let hold = Hold::new(slot.clone());
-        let owner = match &slot.whose {
-            SandboxFor::Session { owner } => owner.as_deref(),
-            SandboxFor::Scratch { .. } => None,
-        };
-        let seed = seed.map(|snapshot| super::snapshots::Seed {
-            snapshot,
-            session,
-            owner,
-        });
         let made = slot
             .sandbox
-            .get_or_try_init(|| self.provision(session, &slot.spec, seed))
+            .get_or_try_init(|| self.provision(session, &slot.spec, &slot.whose, seed))
             .await;
         match made {
             Ok(sandbox) => {
@@ -329,21 +320,22 @@ impl SandboxManager {
         &self,
         session: Uuid,
         spec: &SandboxSpec,
-        seed: Option<super::snapshots::Seed<'_>>,
+        whose: &SandboxFor,
+        seed: Option<&str>,
     ) -> Result<Arc<dyn Sandbox>> {
         let previous = lock(&self.found).remove(&session);
         if let Some(id) = previous
             && let Some(sandbox) = self.backend.attach(&id).await?
         {
             tracing::info!(%session, sandbox = %id, "took over the sandbox of a previous run");
-            return Ok(sandbox);
+            return Ok(self.kept_over(session, sandbox).await);
         }
         // Another process on this data directory (`conclave mcp` beside the
         // server, or the server beside it) may have made the session's
         // sandbox: share it rather than make a second one.
         if let Some(sandbox) = self.existing(session).await? {
             tracing::info!(%session, sandbox = sandbox.id(), "using the session's sandbox made by another process");
-            return Ok(sandbox);
+            return Ok(self.kept_over(session, sandbox).await);
         }
         if *spec == self.default_spec() {
             let pooled = {
@@ -365,7 +357,7 @@ impl SandboxManager {
                         tracing::warn!(%session, error = %e, "a claimed pool sandbox could not be relabelled; a restart will not find it");
                     }
                 });
-                return self.seeded(session, sandbox, seed).await;
+                return self.seeded(session, sandbox, whose, seed).await;
             } else {
                 self.drawn.notify_one();
             }
@@ -379,7 +371,7 @@ impl SandboxManager {
             marks.set(session);
         }
         tracing::info!(%session, sandbox = sandbox.id(), backend = self.backend.name(), "sandbox created");
-        self.seeded(session, sandbox, seed).await
+        self.seeded(session, sandbox, whose, seed).await
     }
 
     /// Waits until nothing uses the session's sandbox (an interrupted

@@ -44,7 +44,10 @@ use crate::store::{Expect, SharedFiles, Store, StoreError, kv_json};
 use crate::sync::lock;
 
 mod files;
+mod rewind;
 mod tar;
+
+pub use rewind::Restore;
 
 /// The KV namespace of the snapshot records.
 pub const NAMESPACE: &str = "_snapshots";
@@ -432,6 +435,7 @@ impl Snapshots {
             .kv_delete(NAMESPACE, &first_key(session), Expect::Any)
             .await
             .map_err(store)?;
+        self.forget_restore(session).await?;
         let blobs = self
             .store
             .kv_list(NAMESPACE, "blob/", usize::MAX)

@@ -136,6 +136,76 @@ async fn turn_ends_share_drop_and_replace_their_snapshots() {
     assert!(!snapshots.has_any(session).await.unwrap());
 }
 
+/// A rewind records what the session's next sandbox starts from and holds
+/// that snapshot until then: past `keep_last` it pushes the turn end's
+/// entry out, and the snapshot stays until the restore is done; a second
+/// rewind replaces the first and moves the hold; a turn end no longer
+/// kept is refused; before the first snapshot the restore names none.
+#[tokio::test]
+async fn a_rewind_holds_its_snapshot_until_the_next_sandbox_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("db")).unwrap());
+    let snapshots = snapshots(store, &dir, 2);
+    let session = Uuid::new_v4();
+    take(&snapshots, session, 10, true).await;
+    take(&snapshots, session, 20, true).await;
+    let ten = snapshots.of_session(session).await.unwrap()[0].clone();
+    assert_eq!(snapshots.pending(session).await.unwrap(), None);
+
+    assert!(snapshots.rewind(session, 10).await.unwrap());
+    let restore = snapshots.pending(session).await.unwrap().unwrap();
+    assert_eq!(
+        (restore.seq, restore.snapshot.as_deref(), restore.held),
+        (10, Some(ten.snapshot_id.as_str()), true)
+    );
+    // Turn ends past `keep_last` drop 10's entry; the hold keeps its file.
+    take(&snapshots, session, 30, true).await;
+    take(&snapshots, session, 40, true).await;
+    assert_eq!(kept(&snapshots, session).await, [vec![30], vec![40]]);
+    assert_eq!(files(&dir), 3);
+    let held = snapshots.get(&ten.snapshot_id).await.unwrap().unwrap();
+    assert_eq!(held.used_by, [session]);
+
+    // Rewound again to a kept turn end: the hold moves, and 10 goes.
+    assert!(snapshots.rewind(session, 30).await.unwrap());
+    assert_eq!(snapshots.get(&ten.snapshot_id).await.unwrap(), None);
+    assert_eq!(files(&dir), 2);
+    let restore = snapshots.pending(session).await.unwrap().unwrap();
+    assert_eq!(restore.seq, 30);
+    // The same turn end again keeps the hold it has.
+    assert!(snapshots.rewind(session, 30).await.unwrap());
+    assert_eq!(
+        snapshots.pending(session).await.unwrap(),
+        Some(restore.clone())
+    );
+    snapshots.restored(session, &restore).await.unwrap();
+    assert_eq!(snapshots.pending(session).await.unwrap(), None);
+    let thirty = snapshots.of_session(session).await.unwrap()[0].clone();
+    assert!(thirty.used_by.is_empty(), "{thirty:?}");
+
+    // 10 and 20 are no longer kept: the files stay, nothing is recorded.
+    assert!(!snapshots.rewind(session, 20).await.unwrap());
+    assert_eq!(snapshots.pending(session).await.unwrap(), None);
+    // Before the first turn end: no snapshot, the first sandbox's start.
+    assert!(snapshots.rewind(session, 5).await.unwrap());
+    let before = snapshots.pending(session).await.unwrap().unwrap();
+    assert_eq!((before.snapshot, before.held), (None, false));
+    // Deleting the session forgets it.
+    snapshots.forget_session(session).await.unwrap();
+    assert_eq!(snapshots.pending(session).await.unwrap(), None);
+    assert_eq!(files(&dir), 0);
+
+    // With snapshots off nothing is kept to go back to.
+    let off = super::Snapshots::new(
+        Arc::new(SqliteStore::open(&dir.path().join("db2")).unwrap()),
+        dir.path().join("off"),
+        0,
+        "instance".into(),
+        Duration::from_secs(10),
+    );
+    assert!(!off.rewind(session, 5).await.unwrap());
+}
+
 /// The statements on the store's KV each turn end costs on PostgreSQL,
 /// as `pg_stat_statements` counts them: one listing of the session's
 /// turn ends, the new record or the shared one's change, the turn end's

@@ -476,7 +476,7 @@ impl SessionManager {
             return Err(SessionError::Closed(session.id));
         }
         if let Some(at_seq) = options.rewind_to
-            && let Err(e) = self.rewind(&session, at_seq).await
+            && let Err(e) = self.rewind(task.as_ref(), &session, at_seq).await
         {
             if let Some(held) = held {
                 held.release().await;

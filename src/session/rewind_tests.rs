@@ -17,9 +17,11 @@ use crate::store::{SqliteStore, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// Stores the prompt and an answer; `wait…` stores only the prompt and
-/// waits for its cancel.
+/// waits for its cancel. Its workspace goes back at every rewind, to the
+/// turn ends it notes.
 struct Chat {
     store: Arc<dyn Store>,
+    files_at: std::sync::Mutex<Vec<u64>>,
 }
 
 #[async_trait]
@@ -58,6 +60,11 @@ impl SessionTask for Chat {
         }
         Ok(Outcome::new(ResultStatus::Success, Some(input)))
     }
+
+    async fn rewind_workspace(&self, _session: &Arc<Session>, seq: u64) -> bool {
+        self.files_at.lock().unwrap().push(seq);
+        true
+    }
 }
 
 fn texts(messages: &[Message]) -> Vec<String> {
@@ -94,11 +101,13 @@ async fn turn(
 async fn a_rewind_cuts_the_history_back_to_the_turn_end_before_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("c.db")).unwrap());
+    let chat = Arc::new(Chat {
+        store: store.clone(),
+        files_at: Default::default(),
+    });
     let manager = SessionManager::new(
         store.clone(),
-        Tasks::new().with(Arc::new(Chat {
-            store: store.clone(),
-        })),
+        Tasks::new().with(chat.clone()),
         Limits {
             turn_timeout: Duration::from_secs(60),
             ephemeral_retention: Duration::ZERO,
@@ -148,7 +157,7 @@ async fn a_rewind_cuts_the_history_back_to_the_turn_end_before_and_says_so() {
     assert_eq!(rewound.len(), 1, "{log:?}");
     assert!(matches!(
         &rewound[0].kind,
-        EventKind::Rewound { to_seq, history_len: 2, workspace } if *to_seq == first_end && workspace == "kept"
+        EventKind::Rewound { to_seq, history_len: 2, workspace } if *to_seq == first_end && workspace == "restored"
     ));
     // After the interrupted turn's result, before the new turn's events.
     let stopped: Vec<Arc<Event>> = session.subscribe(waiting.since, true).collect().await;
@@ -178,4 +187,40 @@ async fn a_rewind_cuts_the_history_back_to_the_turn_end_before_and_says_so() {
             ..
         }
     ));
+
+    // A rewind back to an earlier rewind (its turn was stopped too) takes
+    // the files of the turn end that one went back to.
+    let fourth_end = fourth.last().unwrap().seq;
+    manager
+        .start_turn(session.clone(), "wait five".into(), false)
+        .await
+        .unwrap();
+    let during_five = session.last_seq();
+    assert!(session.interrupt());
+    let options = TurnOptions {
+        rewind_to: Some(during_five),
+        ..TurnOptions::default()
+    };
+    manager
+        .start_turn_with(session.clone(), "wait six".into(), true, options)
+        .await
+        .unwrap();
+    let during_six = session.last_seq();
+    assert!(session.interrupt());
+    turn(&manager, &session, "seven", Some(during_six)).await;
+    let log: Vec<Arc<Event>> = session.replay(0).collect().await;
+    let rewound: Vec<(u64, u64)> = log
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Rewound { to_seq, .. } => Some((e.seq, to_seq)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rewound.len(), 3, "{log:?}");
+    assert_eq!(rewound[1].1, fourth_end);
+    assert_eq!(rewound[2].1, rewound[1].0, "back to the second rewind");
+    assert_eq!(
+        *chat.files_at.lock().unwrap(),
+        [first_end, fourth_end, fourth_end]
+    );
 }

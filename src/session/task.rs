@@ -78,6 +78,13 @@ pub trait SessionTask: Send + Sync + 'static {
     /// length must not hold the caller.
     async fn turn_ended(&self, _session: &Arc<Session>, _seq: u64) {}
 
+    /// The session is being rewound to the turn end `seq` (the caller
+    /// holds its turn): true when its workspace goes back to what it was
+    /// there (`restored`), false when it stays as it is (`kept`).
+    async fn rewind_workspace(&self, _session: &Arc<Session>, _seq: u64) -> bool {
+        false
+    }
+
     /// Frees what an ephemeral session held once its one turn is over.
     async fn release(&self, _session: Uuid) {}
 

@@ -459,6 +459,11 @@ impl ToolRouter for AgentTools {
         self.tools.sandboxes.snapshot_settled(session_id).await;
     }
 
+    async fn rewind_workspace(&self, session_id: Uuid, seq: u64) -> bool {
+        self.tools.baselines.forget(session_id);
+        self.tools.sandboxes.rewind_workspace(session_id, seq).await
+    }
+
     async fn release(&self, session_id: Uuid) {
         self.tools.baselines.forget(session_id);
         self.agents.release(session_id);

@@ -547,6 +547,17 @@ impl ToolRouter for ClusterTools {
         self.settle_snapshots(session_id).await;
     }
 
+    /// Recorded in the store every replica reads; the sandbox goes
+    /// wherever it is.
+    async fn rewind_workspace(&self, session_id: Uuid, seq: u64) -> bool {
+        self.settle_snapshots(session_id).await;
+        if !self.local.rewind_workspace(session_id, seq).await {
+            return false;
+        }
+        self.settle(session_id, "release").await;
+        true
+    }
+
     async fn hold_workspace(&self, session_id: Uuid) -> Result<(), NotHeldHere> {
         self.hold(session_id).await
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use uuid::Uuid;
 
-use super::{Hold, SandboxManager, lock};
+use super::{Hold, SandboxFor, SandboxManager, lock};
 use crate::sandbox::snapshots::{Seed, Snapshots, TurnEnd};
 use crate::sandbox::{Result, Sandbox};
 
@@ -112,24 +112,69 @@ impl SandboxManager {
         self.snapshotting.reopen();
     }
 
-    /// Fills a sandbox just made for `session` from the snapshot `seed`,
-    /// unless the session already had a sandbox of its own at a turn end
-    /// (then a new sandbox is a fresh one, as for any session whose
-    /// sandbox went idle). A sandbox that cannot be filled is destroyed.
+    /// Makes the session's next sandbox start from its workspace at the
+    /// turn end `seq` (a rewind) and destroys the one it has here: true
+    /// once that is done; false, with the files left as they are, when
+    /// that workspace is no longer kept, snapshots are off here, or the
+    /// record could not be written.
+    pub async fn rewind_workspace(&self, session: Uuid, seq: u64) -> bool {
+        let Some(snapshots) = &self.snapshots else {
+            return false;
+        };
+        // The last turn end's snapshot reads the sandbox about to go.
+        self.snapshot_settled(session).await;
+        match snapshots.rewind(session, seq).await {
+            Ok(true) => {
+                self.release_shared(session).await;
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(%session, seq, error = %e, "the rewound session keeps its workspace");
+                false
+            }
+        }
+    }
+
+    /// Fills a sandbox just made for `session`: from the turn end a rewind
+    /// went back to, or else from the snapshot `seed` unless the session
+    /// already had a sandbox of its own at a turn end (then a new sandbox
+    /// is a fresh one, as for any session whose sandbox went idle). A
+    /// sandbox that cannot be filled is destroyed.
     pub(super) async fn seeded(
         &self,
         session: Uuid,
         sandbox: Arc<dyn Sandbox>,
-        seed: Option<Seed<'_>>,
+        whose: &SandboxFor,
+        seed: Option<&str>,
     ) -> Result<Arc<dyn Sandbox>> {
-        let (Some(seed), Some(snapshots)) = (seed, self.snapshots.as_ref()) else {
+        let (SandboxFor::Session { owner }, Some(snapshots)) = (whose, self.snapshots.as_ref())
+        else {
             return Ok(sandbox);
         };
         let filled = async {
-            if snapshots.has_any(session).await? {
-                return Ok(());
+            // Only a server that takes turn-end snapshots records rewinds.
+            let rewound = match snapshots.keep_last() {
+                0 => None,
+                _ => snapshots.pending(session).await?,
+            };
+            let from = match &rewound {
+                Some(restore) => restore.snapshot.as_deref().or(seed),
+                None if seed.is_some() && !snapshots.has_any(session).await? => seed,
+                None => None,
+            };
+            if let Some(snapshot) = from {
+                let seed = Seed {
+                    snapshot,
+                    session,
+                    owner: owner.as_deref(),
+                };
+                snapshots.restore(seed, sandbox.as_ref()).await?;
             }
-            snapshots.restore(seed, sandbox.as_ref()).await
+            match rewound {
+                Some(restore) => snapshots.restored(session, &restore).await,
+                None => Ok(()),
+            }
         };
         match filled.await {
             Ok(()) => Ok(sandbox),
@@ -140,5 +185,26 @@ impl SandboxManager {
                 Err(e)
             }
         }
+    }
+
+    /// A sandbox the session had before, taken over: a rewind recorded
+    /// while it lived (one a crash cut short before the sandbox went) no
+    /// longer applies to it.
+    pub(super) async fn kept_over(
+        &self,
+        session: Uuid,
+        sandbox: Arc<dyn Sandbox>,
+    ) -> Arc<dyn Sandbox> {
+        if let Some(snapshots) = self.snapshots.as_ref().filter(|s| s.keep_last() > 0) {
+            let dropped = match snapshots.pending(session).await {
+                Ok(Some(restore)) => snapshots.restored(session, &restore).await,
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = dropped {
+                tracing::warn!(%session, error = %e, "a rewound workspace's record stays");
+            }
+        }
+        sandbox
     }
 }

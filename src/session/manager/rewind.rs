@@ -2,17 +2,22 @@
 //! after it had not happened. The history is cut back to what it held at
 //! that end; the event log stays append-only and says so with `rewound`.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use super::SessionManager;
 use crate::protocol::EventKind;
 use crate::session::live::Session;
-use crate::session::{OptionError, SessionError};
+use crate::session::{OptionError, SessionError, SessionTask};
 
 /// Events read per page while looking for the turn end.
 const PAGE: usize = 4096;
 
-/// Where the history stood at a point of the log: its seq and how many
-/// messages it held (`None`: not known, a turn closed by a restart).
-type End = (u64, Option<u64>);
+/// Where the history stood at a point of the log: its seq, how many
+/// messages it held (`None`: not known, a turn closed by a restart), and
+/// the turn end whose workspace it had (a rewind's is the one it went
+/// back to).
+type End = (u64, Option<u64>, u64);
 
 impl SessionManager {
     /// Rewinds the session to its last turn end at or before `at_seq`:
@@ -22,10 +27,11 @@ impl SessionManager {
     /// session's turn, so no turn runs meanwhile.
     pub(in crate::session) async fn rewind(
         &self,
-        session: &Session,
+        task: &dyn SessionTask,
+        session: &Arc<Session>,
         at_seq: u64,
     ) -> Result<(), SessionError> {
-        let (to_seq, history_len) = self.end_before(session, at_seq).await?;
+        let (to_seq, history_len, files_at) = self.end_before(session, at_seq).await?;
         if to_seq >= session.last_seq() {
             return Ok(());
         }
@@ -37,15 +43,16 @@ impl SessionManager {
                 ),
             )));
         };
+        // The files first: a rewind that fails after them has cut no
+        // history, and the restore waits for the next sandbox to be made.
+        let restored = task.rewind_workspace(session, files_at).await;
         session
             .rewind_history(usize::try_from(history_len).unwrap_or(usize::MAX))
             .await?;
-        // The workspace stays as the last turn left it: restoring the
-        // sandbox from the snapshot of that turn end is not done yet.
         session.emit(EventKind::Rewound {
             to_seq,
             history_len,
-            workspace: "kept".into(),
+            workspace: if restored { "restored" } else { "kept" }.into(),
         })?;
         session.flush().await?;
         Ok(())
@@ -53,9 +60,11 @@ impl SessionManager {
 
     /// The last point at or before `at_seq` where the history is known
     /// whole: a turn's `result`, an earlier rewind, or the fork the
-    /// session started as; `(0, Some(0))` before all of them.
+    /// session started as; `(0, Some(0), 0)` before all of them.
     async fn end_before(&self, session: &Session, at_seq: u64) -> Result<End, SessionError> {
-        let mut end: End = (0, Some(0));
+        let mut end: End = (0, Some(0), 0);
+        // Each earlier rewind's seq and the turn end whose files it has.
+        let mut rewinds: HashMap<u64, u64> = HashMap::new();
         let mut since = 0;
         loop {
             let page = self.store.events_since(session.id, since, PAGE).await?;
@@ -63,11 +72,24 @@ impl SessionManager {
             since = last.seq;
             for event in page.iter().take_while(|e| e.seq <= at_seq) {
                 match &event.kind {
-                    EventKind::Result { history_len, .. } => end = (event.seq, *history_len),
-                    EventKind::Rewound { history_len, .. } => {
-                        end = (event.seq, Some(*history_len));
+                    EventKind::Result { history_len, .. } => {
+                        end = (event.seq, *history_len, event.seq);
                     }
-                    EventKind::Forked { history_len, .. } => end = (event.seq, *history_len),
+                    EventKind::Rewound {
+                        history_len,
+                        to_seq,
+                        ..
+                    } => {
+                        let files_at = rewinds.get(to_seq).copied().unwrap_or(*to_seq);
+                        rewinds.insert(event.seq, files_at);
+                        end = (event.seq, Some(*history_len), files_at);
+                    }
+                    EventKind::Forked { history_len, .. } => {
+                        end = (event.seq, *history_len, event.seq);
+                    }
+                    // Files put in between turns stay: the workspace is
+                    // the upload's (it has a snapshot of its own).
+                    EventKind::WorkspaceUploaded { .. } => end.2 = event.seq,
                     _ => {}
                 }
             }
