@@ -363,6 +363,18 @@ async fn store_item_by_labels(url: &str) {
     }
 }
 
+/// Forks KEY_A's session `id` at `at_seq`: the status and the answer.
+async fn fork_at(url: &str, id: &str, at_seq: Value) -> (u16, Value) {
+    let fork = reqwest::Client::new()
+        .post(format!("{url}/agent/session/{id}/fork"))
+        .bearer_auth(KEY_A)
+        .json(&json!({ "at_seq": at_seq }))
+        .send()
+        .await
+        .unwrap();
+    (fork.status().as_u16(), fork.json().await.unwrap())
+}
+
 /// rollback stopped the slow run and left nothing of it in the thread:
 /// its values and history hold the turn before it and the new run only,
 /// and the session's log says it was rewound to the turn end before it.
@@ -431,15 +443,8 @@ async fn rolled_back(url: &str, seen: &Value) {
         results[1]["seq"].as_u64().unwrap(),
         results[0]["seq"].as_u64().unwrap() + 1,
     ] {
-        let fork = http
-            .post(format!("{url}/agent/session/{thread}/fork"))
-            .bearer_auth(KEY_A)
-            .json(&json!({"at_seq": inside}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(fork.status(), 201, "at_seq {inside}");
-        let fork: Value = fork.json().await.unwrap();
+        let (status, fork) = fork_at(url, thread, json!(inside)).await;
+        assert_eq!(status, 201, "at_seq {inside}: {fork}");
         assert_eq!(fork["at_seq"], results[0]["seq"], "{fork}");
         let id = fork["sessions"][0]["session_id"].as_str().unwrap();
         let status = common::binary::json_of(
@@ -646,6 +651,21 @@ async fn rollback_restores(backend: &str) {
         "restored",
         "{rewound:?}"
     );
+    // A fork at the rewind has the files it went back to.
+    let at_seq = rewound.last().unwrap()["seq"].clone();
+    let (status, fork) = fork_at(&url, &id, at_seq.clone()).await;
+    assert_eq!(status, 201, "{fork}");
+    assert_eq!(fork["at_seq"], at_seq, "{fork}");
+    let forked = fork["sessions"][0]["session_id"].as_str().unwrap();
+    for (name, status) in [("kept.txt", 200), ("put.txt", 200), ("undone.txt", 404)] {
+        let got = http
+            .get(format!("{url}/agent/session/{forked}/files/{name}"))
+            .bearer_auth(KEY_A)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.status(), status, "{name} in the fork");
+    }
     stop(&mut child).await;
     if backend == "docker" {
         common::remove_sandboxes_of(&dir.path().join("data")).await;

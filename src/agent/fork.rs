@@ -107,6 +107,9 @@ pub struct Forks {
 struct Point {
     seq: u64,
     history_len: Option<u64>,
+    /// The turn end (or upload) whose workspace snapshot it has: its own,
+    /// or for a rewind's, the one the rewind's files went back to.
+    files_at: u64,
     /// Whether it is the source's last turn end.
     last: bool,
 }
@@ -148,7 +151,7 @@ impl Forks {
             None => return Err(ForkError::HistoryUnknown(point.seq)),
         };
         let history = &history[..keep.min(history.len())];
-        let seed = self.workspace_at(source, point.seq).await?;
+        let seed = self.workspace_at(source, point.files_at).await?;
         let mut options = Value::clone(&session.options);
         if let Some(overlay) = request.options {
             merge_patch(&mut options, Value::Object(overlay));
@@ -225,7 +228,8 @@ impl Forks {
     /// The last turn end at or before `at_seq` (default: the last event),
     /// refused when `at_seq` falls inside a turn that no rewind undid.
     async fn turn_end(&self, source: Uuid, at_seq: Option<u64>) -> Result<Point, ForkError> {
-        let mut ends: Vec<(u64, Option<u64>)> = Vec::new();
+        // Each end: its seq, the history's length, whose files it has.
+        let mut ends: Vec<(u64, Option<u64>, u64)> = Vec::new();
         // The spans a rewind undid: from the end it went back to until
         // the rewind itself.
         let mut undone: Vec<(u64, u64)> = Vec::new();
@@ -245,7 +249,7 @@ impl Forks {
             for event in &page {
                 match &event.kind {
                     EventKind::Result { history_len, .. } => {
-                        ends.push((event.seq, *history_len));
+                        ends.push((event.seq, *history_len, event.seq));
                         history = *history_len;
                         last_turn_event = event.seq;
                     }
@@ -254,10 +258,17 @@ impl Forks {
                     EventKind::Rewound {
                         to_seq,
                         history_len,
-                        ..
+                        workspace,
                     } => {
-                        ends.retain(|(seq, _)| seq <= to_seq);
-                        ends.push((event.seq, Some(*history_len)));
+                        // Restored: the files the end it went back to
+                        // had; kept: those of the last end before it.
+                        let files_at = match workspace.as_str() {
+                            "restored" => ends.iter().find(|e| e.0 == *to_seq).map(|e| e.2),
+                            _ => ends.last().map(|e| e.2),
+                        };
+                        ends.retain(|(seq, ..)| seq <= to_seq);
+                        let files_at = files_at.unwrap_or(*to_seq);
+                        ends.push((event.seq, Some(*history_len), files_at));
                         undone.push((*to_seq, event.seq));
                         history = Some(*history_len);
                         last_turn_event = event.seq;
@@ -267,7 +278,7 @@ impl Forks {
                     // the history of the end before it and the workspace
                     // as the upload left it (its snapshot is taken then).
                     EventKind::WorkspaceUploaded { .. } => {
-                        ends.push((event.seq, history));
+                        ends.push((event.seq, history, event.seq));
                         last_turn_event = event.seq;
                     }
                     _ => last_turn_event = event.seq,
@@ -278,8 +289,9 @@ impl Forks {
             }
         }
         let at = at_seq.unwrap_or(last_turn_event.max(since));
-        let before: Vec<&(u64, Option<u64>)> = ends.iter().filter(|(seq, _)| *seq <= at).collect();
-        let end = before.last().map_or(0, |(seq, _)| *seq);
+        let before: Vec<&(u64, Option<u64>, u64)> =
+            ends.iter().filter(|(seq, ..)| *seq <= at).collect();
+        let end = before.last().map_or(0, |(seq, ..)| *seq);
         // Anything of a turn between that end and `at` means `at` is
         // inside the next turn, unless a rewind undid that turn: the
         // rewound history answers for every point it undid (the end it
@@ -294,13 +306,14 @@ impl Forks {
         if inside {
             return Err(ForkError::MidTurn {
                 at_seq: at,
-                ends: ends.iter().map(|(seq, _)| *seq).collect(),
+                ends: ends.iter().map(|(seq, ..)| *seq).collect(),
             });
         }
         Ok(Point {
             seq: end,
-            history_len: before.last().and_then(|(_, n)| *n),
-            last: ends.last().is_none_or(|(seq, _)| *seq == end),
+            history_len: before.last().and_then(|(_, n, _)| *n),
+            files_at: before.last().map_or(0, |(.., files)| *files),
+            last: ends.last().is_none_or(|(seq, ..)| *seq == end),
         })
     }
 

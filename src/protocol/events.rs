@@ -276,7 +276,8 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         history_len: Option<u64>,
     },
-    /// The session was rewound to the turn end `to_seq`: its history is
+    /// The session was rewound to the turn end `to_seq` (or an upload
+    /// between turns after it, a point of its own): its history is
     /// cut back to the `history_len` messages it had there, and the turns
     /// after it are left out of what the next turn sees (the log keeps
     /// them). `workspace` says whether the sandbox's files went back too

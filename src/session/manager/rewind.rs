@@ -59,8 +59,8 @@ impl SessionManager {
     }
 
     /// The last point at or before `at_seq` where the history is known
-    /// whole: a turn's `result`, an earlier rewind, or the fork the
-    /// session started as; `(0, Some(0), 0)` before all of them.
+    /// whole: a turn's `result`, an earlier rewind, the fork the session
+    /// started as, or files put in between turns; `(0, Some(0), 0)` before all of them.
     async fn end_before(&self, session: &Session, at_seq: u64) -> Result<End, SessionError> {
         let mut end: End = (0, Some(0), 0);
         // Each earlier rewind's seq and the turn end whose files it has.
@@ -87,9 +87,10 @@ impl SessionManager {
                     EventKind::Forked { history_len, .. } => {
                         end = (event.seq, *history_len, event.seq);
                     }
-                    // Files put in between turns stay: the workspace is
-                    // the upload's (it has a snapshot of its own).
-                    EventKind::WorkspaceUploaded { .. } => end.2 = event.seq,
+                    // Files put in between turns stay: a point of its
+                    // own (as for forks), the history as it was, the
+                    // workspace the upload's (it has its own snapshot).
+                    EventKind::WorkspaceUploaded { .. } => end = (event.seq, end.1, event.seq),
                     _ => {}
                 }
             }
