@@ -4,9 +4,10 @@
 //! object store, so a fork, a download at a turn end and `changes` work
 //! on a replica that does not hold the session's sandbox; a turn that ran
 //! on such a replica still gets its snapshot, taken where the sandbox is;
-//! an upload makes the replica it reached the sandbox's, and a request
-//! for the live workspace of a sandbox held elsewhere is passed on to the
-//! replica holding it.
+//! an upload makes the replica it reached the sandbox's, a request for
+//! the live workspace of a sandbox held elsewhere is passed on to the
+//! replica holding it, and a LangGraph rollback on a replica that does
+//! not hold the sandbox restores the files there.
 //!
 //! Needs `CONCLAVE_TEST_POSTGRES` and `CONCLAVE_TEST_NATS_SERVER`, which
 //! scripts/test.sh sets.
@@ -358,4 +359,57 @@ async fn an_upload_makes_its_replica_the_sandboxs_and_turns_anywhere_reach_it() 
         result["output"].to_string().contains("given-on-b"),
         "{result}"
     );
+}
+
+/// A LangGraph rollback on a replica that does not hold the session's
+/// sandbox: the sandbox goes on the replica holding it, and the rollback's
+/// run, on the other, starts a sandbox there from the turn end's snapshot
+/// (read from NATS): the undone run's file is gone, the first run's is
+/// there.
+#[tokio::test]
+async fn a_rollback_on_another_replica_restores_the_files_there() {
+    let trio = Trio::start().await;
+    let run = common::langgraph_run;
+    let post = |on: usize, path: String, body: Value| {
+        let request = trio.http.post(trio.at(on, &format!("/langgraph{path}")));
+        common::binary::json_ok(request.json(&body))
+    };
+    let thread = post(0, "/threads".into(), json!({})).await;
+    let id = thread["thread_id"].as_str().unwrap().to_owned();
+    // A's run makes the sandbox there.
+    let first = run("$ echo kept > kept.txt", "reject");
+    post(0, format!("/threads/{id}/runs/wait"), first).await;
+    let follow = trio
+        .get(
+            1,
+            &format!("/agent/session/{id}/events?since=0&follow=true"),
+        )
+        .await;
+    let mut events = Lines::new(follow);
+    events.until("result").await;
+    // B's run calls into A's sandbox.
+    let undone = run("$ echo undone | tee undone.txt && sleep 300", "reject");
+    post(1, format!("/threads/{id}/runs"), undone).await;
+    events.until("tool_output").await;
+
+    let after = post(
+        1,
+        format!("/threads/{id}/runs/wait"),
+        run("$ ls", "rollback"),
+    )
+    .await;
+    let said = after["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(said.contains("kept.txt"), "{after}");
+    assert!(!said.contains("undone"), "{after}");
+    let rewound = events.until("rewound").await;
+    assert_eq!(rewound.last().unwrap()["workspace"], "restored");
+    for on in [0, 1] {
+        let gone = trio
+            .get(on, &format!("/agent/session/{id}/files/undone.txt"))
+            .await;
+        assert_eq!(gone.status(), 404, "replica {on}");
+    }
 }

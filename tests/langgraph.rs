@@ -561,25 +561,10 @@ async fn a_rollback_takes_the_undone_runs_files_out_of_a_docker_workspace() {
 async fn rollback_restores(backend: &str) {
     let (dir, mut child, url) = serve_on(backend).await;
     let http = reqwest::Client::new();
-    // A run of `prompt`, `then` the thread's running run.
-    let run = |prompt: &str, then: &str| {
-        json!({
-            "assistant_id": "agent",
-            "input": {"messages": [{"role": "user", "content": prompt}]},
-            "multitask_strategy": then,
-        })
-    };
+    let run = common::langgraph_run;
     let post = |path: String, body: Value| {
-        let sent = http
-            .post(format!("{url}/langgraph{path}"))
-            .header("x-api-key", KEY_A)
-            .json(&body)
-            .send();
-        async move {
-            let answer = sent.await.unwrap();
-            assert_eq!(answer.status(), 200, "{path}");
-            answer.json::<Value>().await.unwrap()
-        }
+        let request = http.post(format!("{url}/langgraph{path}"));
+        common::binary::json_ok(request.header("x-api-key", KEY_A).json(&body))
     };
     let thread = post("/threads".into(), json!({})).await;
     let id = thread["thread_id"].as_str().unwrap().to_owned();

@@ -81,6 +81,15 @@ pub async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
         .expect("a JSON body")
 }
 
+/// The JSON body of the answer to `request`, which must be a 200.
+pub async fn json_ok(request: reqwest::RequestBuilder) -> serde_json::Value {
+    let answer = request.send().await.expect("the server answers");
+    let status = answer.status();
+    let body: serde_json::Value = answer.json().await.expect("a JSON body");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
 /// A request with `key` as its bearer token: the answer's status and
 /// body.
 pub async fn send_keyed(

@@ -498,3 +498,13 @@ pub async fn mcp_tool_call(
     assert_eq!(answered.status(), 200);
     answered.text().await.unwrap()
 }
+
+/// A LangGraph run body: the `agent` assistant on one user message, with
+/// what to do with a run the thread has going (`multitask_strategy`).
+pub fn langgraph_run(prompt: &str, then: &str) -> Value {
+    serde_json::json!({
+        "assistant_id": "agent",
+        "input": {"messages": [{"role": "user", "content": prompt}]},
+        "multitask_strategy": then,
+    })
+}
