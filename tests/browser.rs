@@ -91,6 +91,23 @@ async fn in_chromium_a_turn_is_forked_into_a_session_that_runs_on() {
     server.stop_and_remove_sandboxes().await;
 }
 
+/// A thread a LangGraph client rolled back: the chat marks the undone
+/// turn, shows the rewind, and keeps each prompt with its own turn.
+#[tokio::test]
+async fn in_chromium_a_rolled_back_turn_shows_as_undone() {
+    let server = TestServer::start_with(|c| c.demo.chunk_delay_ms = 30).await;
+    let facts = browser("rollback", &server, &[]).await;
+    // The server agrees: one rewind, to the first turn's end.
+    let thread = facts["thread"].as_str().unwrap();
+    let events = common::ndjson(server.get(&format!("/agent/session/{thread}/events")).await).await;
+    let first_end = events.iter().find(|e| e["type"] == "result").unwrap()["seq"].clone();
+    let rewound: Vec<&Value> = events.iter().filter(|e| e["type"] == "rewound").collect();
+    assert_eq!(rewound.len(), 1, "{events:?}");
+    assert_eq!(rewound[0]["to_seq"], first_end, "{events:?}");
+    assert_eq!(facts["prompts"], json!(["one", "three"]));
+    server.stop().await;
+}
+
 /// On a session's page a picked file goes into the workspace, a turn's
 /// result says what it changed and shows the diff, and Download saves the
 /// workspace.

@@ -296,7 +296,7 @@ export function mountChat(main, id, ctx) {
         inherited = (status.history || []).slice(0, carried).filter((m) => m.role === 'user').length;
         log.setInherited(prompts.slice(0, inherited));
       } else if (inherited === null && !status.running && !running && log.lastSeq >= (status.last_seq || 0)) {
-        inherited = Math.max(0, prompts.length - log.turns.length);
+        inherited = Math.max(0, prompts.length - log.liveTurns().length);
         log.setInherited(prompts.slice(0, inherited));
       }
       log.setPrompts(inherited === null ? [] : prompts.slice(inherited));

@@ -66,6 +66,13 @@ class TurnBlock extends Block {
     this.show();
   }
 
+  /** A rewind took this turn back: its prompt left the history. */
+  undo() {
+    this.undone = true;
+    this.prompt = undefined;
+    if (this.el) this.show();
+  }
+
   setPrompt(text) {
     if (text === this.prompt) return;
     this.prompt = text;
@@ -73,7 +80,11 @@ class TurnBlock extends Block {
   }
 
   show() {
-    if (this.prompt === undefined || this.prompt === null) {
+    this.el.classList.toggle('undone', !!this.undone);
+    if (this.undone) {
+      this.label.textContent = 'Undone by a rewind';
+      this.bubble.hidden = true;
+    } else if (this.prompt === undefined || this.prompt === null) {
       this.bubble.hidden = this.log.kind !== 'agent';
       this.bubble.textContent = '…';
       this.bubble.classList.add('muted');
@@ -440,6 +451,11 @@ class NoteBlock extends Block {
     if (ev.type === 'deliberation_started') {
       this.el.append(evEl('div', ev, { class: 'mini' }, h('strong', null, 'Deliberation'), `${ev.num_agents} × ${ev.role}`,
         h('span', { class: 'muted' }, `· ${ev.rounds} critique round${ev.rounds === 1 ? '' : 's'} · aggregate ${ev.aggregate}`)));
+    } else if (ev.type === 'rewound') {
+      const files = ev.workspace === 'restored' ? 'its files went back too' : 'its files stayed as they were';
+      this.el.append(evEl('div', ev, { class: 'mini' }, h('strong', null, 'Rewound'),
+        `to the turn end at seq ${ev.to_seq}: the turns after it are undone, ${files}`,
+        h('span', { class: 'muted' }, `· history ${ev.history_len} message${ev.history_len === 1 ? '' : 's'}`)));
     } else if (ev.type === 'workspace_uploaded') {
       this.el.append(evEl('div', ev, { class: 'mini', testid: 'uploaded' }, h('strong', null, ev.source ? 'Cloned' : 'Uploaded'),
         `${ev.files} file${ev.files === 1 ? '' : 's'} · ${fmtBytes(ev.bytes)} into ${ev.path}`,
@@ -502,9 +518,14 @@ export class EventLog {
     return b;
   }
 
+  /** The turns a rewind has not undone: each has one prompt of the history. */
+  liveTurns() {
+    return this.turns.filter((t) => !t.undone);
+  }
+
   setPrompts(prompts) {
     this.prompts = prompts;
-    this.turns.forEach((t, i) => { if (prompts[i] !== undefined) t.setPrompt(prompts[i]); });
+    this.liveTurns().forEach((t, i) => { if (prompts[i] !== undefined) t.setPrompt(prompts[i]); });
   }
 
   /** Adds one event; false when it was seen already (or is not a log event). */
@@ -525,10 +546,20 @@ export class EventLog {
       this.block(new NoteBlock(this, ev.type)).push(ev);
       return true;
     }
+    // A rewind, before the turn it starts: the turns that ended after
+    // the point it went back to are undone, and their prompts left the
+    // history, so the history's prompts belong to the turns left.
+    if (ev.type === 'rewound' && !this.inTurn) {
+      for (const t of this.turns) if (t.endSeq > ev.to_seq) t.undo();
+      this.setPrompts(this.prompts);
+      this.block(new NoteBlock(this, ev.type)).push(ev);
+      return true;
+    }
     if (!this.inTurn) {
       this.inTurn = true;
       const t = this.block(new TurnBlock(this, this.turns.length));
-      if (this.prompts[this.turns.length] !== undefined) t.prompt = this.prompts[this.turns.length];
+      const live = this.liveTurns().length;
+      if (this.prompts[live] !== undefined) t.prompt = this.prompts[live];
       this.turns.push(t);
       this.onTurn?.(true, this.turns.length - 1);
     }
@@ -590,6 +621,8 @@ export class EventLog {
       this.rounds.clear();
       this.node = null;
       this.block(new ResultBlock(this)).push(ev);
+      const turn = this.turns[this.turns.length - 1];
+      if (turn) turn.endSeq = ev.seq;
       this.inTurn = false;
       this.onTurn?.(false, this.turns.length - 1);
     } else {

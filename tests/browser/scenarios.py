@@ -18,7 +18,7 @@ class Failure(Exception):
     """A scenario's expectation that did not hold."""
 
 
-NAMES = ["sessions", "deliberations", "pipelines", "pipeline_approvals", "gateway", "views", "auth", "bigsession", "interventions", "approvals", "fork", "usage", "workspace"]
+NAMES = ["sessions", "deliberations", "pipelines", "pipeline_approvals", "gateway", "views", "auth", "bigsession", "interventions", "approvals", "fork", "usage", "workspace", "rollback"]
 
 CODE_PROMPT = "```python\nprint('hello from the sandbox', 6 * 7)\n```"
 LONG_PROMPT = " ".join(f"word{i}" for i in range(1, 401))
@@ -591,5 +591,6 @@ def scenario_interventions(b, args):
 # helpers it uses are defined.
 from approvals import scenario_approvals, scenario_pipeline_approvals  # noqa: E402,F401
 from fork import scenario_fork  # noqa: E402,F401
+from rollback import scenario_rollback  # noqa: E402,F401
 from usage import scenario_usage  # noqa: E402,F401
 from workspace import scenario_workspace  # noqa: E402,F401
