@@ -26,6 +26,8 @@ struct Memory {
     exec_started: tokio::sync::Notify,
     /// Listings asked for.
     listed: AtomicUsize,
+    /// Execs run.
+    execs: AtomicUsize,
 }
 
 struct Fake {
@@ -94,6 +96,7 @@ impl Sandbox for Fake {
         _output: mpsc::Sender<ExecChunk>,
         _cancel: CancellationToken,
     ) -> Result<ExecStatus> {
+        self.backend.execs.fetch_add(1, Ordering::SeqCst);
         self.backend.exec_started.notify_one();
         let gate = lock(&self.backend.exec_gate).clone();
         if let Some(gate) = gate {
@@ -425,16 +428,13 @@ async fn a_sessions_sandbox_counts_under_the_key_the_lease_names() {
     drop(lease.await.unwrap());
 }
 
-/// A turn that leased no sandbox ends while the snapshot of the turn
-/// before it is still being taken: its turn end is recorded after that
-/// one and shares it, rather than the older snapshot the store held when
-/// it ended; the snapshots settle together.
-#[tokio::test]
-async fn a_turn_end_waits_for_the_snapshot_before_it() {
+/// A manager without a pool that keeps the last 3 turn ends' snapshots
+/// in `dir`, and a session whose turn 1 used its sandbox (its snapshot
+/// recorded).
+async fn after_one_turn(dir: &tempfile::TempDir) -> (Arc<Memory>, SandboxManager, Uuid) {
     use crate::sandbox::snapshots::Snapshots;
     use crate::store::SqliteStore;
 
-    let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn crate::store::Store> =
         Arc::new(SqliteStore::open(&dir.path().join("conclave.db")).unwrap());
     let snapshots = Snapshots::new(
@@ -455,6 +455,17 @@ async fn a_turn_end_waits_for_the_snapshot_before_it() {
     lease_once(&manager, session).await;
     manager.snapshot_turn(session, None, 1);
     manager.snapshot_settled(session).await;
+    (memory, manager, session)
+}
+
+/// A turn that leased no sandbox ends while the snapshot of the turn
+/// before it is still being taken: its turn end is recorded after that
+/// one and shares it, rather than the older snapshot the store held when
+/// it ended; the snapshots settle together.
+#[tokio::test]
+async fn a_turn_end_waits_for_the_snapshot_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (memory, manager, session) = after_one_turn(&dir).await;
 
     // Turn 2 calls a tool; the tar of its turn end hangs while turn 3,
     // which calls none, ends.
@@ -480,6 +491,32 @@ async fn a_turn_end_waits_for_the_snapshot_before_it() {
         .unwrap();
     let turns: Vec<Vec<u64>> = kept.into_iter().map(|s| s.turns).collect();
     assert_eq!(turns, [vec![1], vec![2, 3]]);
+}
+
+/// A rewind drops the session's sandbox and its next one is filled from
+/// the turn end's snapshot (one exec: the unpack) before the lease
+/// returns, once: the sandbox after it is made as any other.
+#[tokio::test]
+async fn a_rewound_sessions_next_sandbox_is_filled_from_the_turn_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (memory, manager, session) = after_one_turn(&dir).await;
+    let snapshots = manager.snapshots().unwrap().clone();
+    assert_eq!(memory.execs.load(Ordering::SeqCst), 1, "the turn end's tar");
+
+    assert!(manager.rewind_workspace(session, 1).await);
+    assert!(lock(&memory.live).is_empty(), "the sandbox went");
+    assert!(snapshots.pending(session).await.unwrap().is_some());
+    lease_once(&manager, session).await;
+    assert_eq!(memory.execs.load(Ordering::SeqCst), 2, "filled from it");
+    assert_eq!(snapshots.pending(session).await.unwrap(), None);
+
+    // Released (gone idle): the next one is a fresh one, as before.
+    manager.release(session).await;
+    lease_once(&manager, session).await;
+    assert_eq!(memory.execs.load(Ordering::SeqCst), 2);
+    // A turn end no longer kept leaves the sandbox as it is.
+    assert!(!manager.rewind_workspace(session, 7).await);
+    assert_eq!(lock(&memory.live).len(), 1);
 }
 
 /// Two processes on one data directory: the second finds the session
