@@ -25,7 +25,7 @@ pub fn init_logging() {
 }
 
 /// Logs to stderr as [`init_logging`] does and, when `telemetry` names an
-/// OTLP endpoint, exports this crate's spans there. The exporter returned
+/// OTLP endpoint, exports the spans of turns and gateway calls there. The exporter returned
 /// must be shut down at exit to send the spans still buffered.
 pub fn init(telemetry: &crate::config::TelemetryConfig) -> Result<Option<otel::Exporter>, String> {
     use tracing_subscriber::filter::{FilterExt, filter_fn};
@@ -36,33 +36,14 @@ pub fn init(telemetry: &crate::config::TelemetryConfig) -> Result<Option<otel::E
     let filter = EnvFilter::try_from_default_env()
         // rmcp logs every MCP handshake's whole parameters at INFO.
         .unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
-    // The log keeps its lines as they were: spans are for the traces.
+    // The log is events; spans go to the traces (`otel`).
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter.and(filter_fn(|meta| !meta.is_span())));
-    let (exporter, tracer) = match otel::exporter(telemetry)? {
-        Some((exporter, tracer)) => (Some(exporter), Some(tracer)),
-        None => (None, None),
-    };
-    let traces = tracer.map(|tracer| {
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_location(false)
-            .with_threads(false)
-            .with_tracked_inactivity(false)
-            // Nothing here reads the active OpenTelemetry context (spans
-            // are read through `tracing`), and activating it costs each
-            // poll of each traced future.
-            .with_context_activation(false)
-            .with_target(false)
-            .with_filter(filter_fn(otel::takes))
-    });
+    let exporter = otel::exporter(telemetry)?;
     // A second call (tests) keeps the first subscriber.
-    let _ = tracing_subscriber::registry()
-        .with(traces)
-        .with(log)
-        .try_init();
+    let _ = tracing_subscriber::registry().with(log).try_init();
     Ok(exporter)
 }
 

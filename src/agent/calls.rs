@@ -8,7 +8,6 @@ use std::sync::Arc;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::approve::{self, Gate, Gated};
 use super::coerce::coerce;
@@ -177,8 +176,8 @@ pub(super) async fn run_tools(
             match plan {
                 Plan::Run(call, _) => Box::pin(async move {
                     let span = spans::tool(&call.name, &call.id, &call.arguments);
-                    let output = run_prepared(deps, session, ctx, call, cancel)
-                        .instrument(span.clone())
+                    let output = span
+                        .within(run_prepared(deps, session, ctx, call, cancel))
                         .await
                         .map(|mut output| {
                             approve::hide_denied(gate, call, &mut output);
@@ -187,7 +186,7 @@ pub(super) async fn run_tools(
                     if let Ok(output) = &output {
                         spans::tool_result(&span, &output.output);
                         if output.is_error {
-                            crate::telemetry::otel::fail(&span, "tool_error");
+                            span.fail("tool_error");
                         }
                     }
                     Some(output)

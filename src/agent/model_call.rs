@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::deps::{LoopError, TurnDeps};
 use super::harness::{Harness, Interventions, ModelReply, emit_interventions};
@@ -30,15 +29,16 @@ pub(super) async fn traced_call(
         model.provider.provider_name(),
         &model.upstream_model,
         Some(&session.id.to_string()),
+        &spans::Parent::Current,
     );
     spans::chat_input(&span, request.system.as_deref(), &*request.messages);
-    let reply = call_model(deps, session, model, request, turn, watch)
-        .instrument(span.clone())
+    let reply = span
+        .within(call_model(deps, session, model, request, turn, watch))
         .await;
     match &reply {
         Ok(reply) => spans::chat_output(&span, &reply.text, &reply.calls),
-        Err(LoopError::Model(e)) => crate::telemetry::otel::fail(&span, e.code()),
-        Err(LoopError::Store(_)) => crate::telemetry::otel::fail(&span, "store"),
+        Err(LoopError::Model(e)) => span.fail(e.code()),
+        Err(LoopError::Store(_)) => span.fail("store"),
     }
     reply
 }
@@ -137,7 +137,7 @@ async fn call_model(
             model: model.name.clone(),
         })
         .observe(started.elapsed().as_secs_f64());
-    spans::usage(&tracing::Span::current(), tokens.input, tokens.output);
+    spans::usage(&spans::Span::current(), tokens.input, tokens.output);
     turn.usage.turns += 1;
     reply.input_tokens = tokens.input;
     turn.usage.count(&tokens);

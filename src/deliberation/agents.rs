@@ -14,7 +14,6 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::prompts::Prompt;
 use crate::jobs::{self, Handler, Jobs};
@@ -142,9 +141,9 @@ impl Worker {
     /// Runs the call within its time limit and the budget.
     pub async fn answer(&self, call: AgentWork) -> AgentAnswer {
         let span = spans::agent(&call.agent_id, &call.parent.id.to_string());
-        let answer = self.answer_in_span(call).instrument(span.clone()).await;
+        let answer = span.within(self.answer_in_span(call)).await;
         if let Err(error) = &answer.result {
-            otel::fail(&span, error_type(error));
+            span.fail(error_type(error));
         }
         answer
     }
@@ -291,18 +290,17 @@ impl Handler for ModelCalls {
             model.provider.provider_name(),
             &model.upstream_model,
             request.session_id.as_deref(),
+            &call
+                .trace
+                .as_ref()
+                .map_or(spans::Parent::Current, spans::Parent::Json),
         );
-        if let Some(trace) = &call.trace {
-            otel::continue_from_json(&span, trace);
-        }
         spans::chat_input(&span, request.system.as_deref(), &*request.messages);
-        let response = model
-            .provider
-            .complete(request)
-            .instrument(span.clone())
+        let response = span
+            .within(model.provider.complete(request))
             .await
             .map_err(|e| {
-                otel::fail(&span, e.code());
+                span.fail(e.code());
                 e.to_string()
             })?;
         let tokens = response.tokens;

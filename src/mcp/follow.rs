@@ -33,7 +33,7 @@ pub fn http_owner(caller: &Caller, ctx: &RequestContext<RoleServer>) -> Option<O
 
 /// The span of a tool call that starts work, a child of the MCP client's
 /// trace (its `_meta`, or the HTTP request's `traceparent`).
-pub fn call_span(tool: &str, ctx: &RequestContext<RoleServer>) -> tracing::Span {
+pub fn call_span(tool: &str, ctx: &RequestContext<RoleServer>) -> crate::telemetry::spans::Span {
     let parts = ctx.extensions.get::<http::request::Parts>();
     crate::telemetry::spans::mcp_call(tool, &ctx.meta, parts.map(|p| &p.headers))
 }

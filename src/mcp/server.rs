@@ -17,7 +17,6 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
-use tracing::Instrument;
 use uuid::Uuid;
 
 use super::host::{Caller, McpHost};
@@ -218,8 +217,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         let span = super::follow::call_span("deliberate", &ctx);
-        super::deliberate::run(&self.host, &self.caller, args, ctx)
-            .instrument(span)
+        span.within(super::deliberate::run(&self.host, &self.caller, args, ctx))
             .await
     }
 
@@ -232,8 +230,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         let span = super::follow::call_span("start_pipeline", &ctx);
-        super::pipeline::run(&self.host, &self.caller, args, ctx)
-            .instrument(span)
+        span.within(super::pipeline::run(&self.host, &self.caller, args, ctx))
             .await
     }
 
@@ -249,9 +246,14 @@ impl SandboxServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let span = super::follow::call_span("run_agent", &ctx);
         let retry = super::run_agent::Retry { state, responses };
-        super::run_agent::run(&self.host, &self.caller, args, retry, ctx)
-            .instrument(span)
-            .await
+        span.within(super::run_agent::run(
+            &self.host,
+            &self.caller,
+            args,
+            retry,
+            ctx,
+        ))
+        .await
     }
 
     #[tool(

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use tracing::Instrument;
 use uuid::Uuid;
 
 use super::agents::{self, NodeAnswer};
@@ -23,7 +22,7 @@ use crate::protocol::{EventKind, ResultStatus, SessionKind};
 use crate::session::{NewSession, Outcome, Session, SessionManager, Turn};
 use crate::store::{Checkpoint, Store, StoreError};
 use crate::sync::{KeyedSlots, SlotsFull, lock};
-use crate::telemetry::{otel, spans};
+use crate::telemetry::spans;
 
 /// What every run uses.
 pub struct Deps {
@@ -157,21 +156,21 @@ pub async fn run(deps: &Deps, turn: &mut Turn, input: String) -> Result<Outcome,
             let visit = visits.get(&node).copied().unwrap_or(0);
             // Each node a child span of the run's turn.
             let span = spans::agent(&node, &session.id.to_string());
-            let answer = answer(
-                deps,
-                &session,
-                &definition,
-                &options,
-                &node,
-                &mut state,
-                visit,
-                &mut worker,
-                turn,
-            )
-            .instrument(span.clone())
-            .await?;
+            let answer = span
+                .within(answer(
+                    deps,
+                    &session,
+                    &definition,
+                    &options,
+                    &node,
+                    &mut state,
+                    visit,
+                    &mut worker,
+                    turn,
+                ))
+                .await?;
             if answer.is_err() {
-                otel::fail(&span, "node_failed");
+                span.fail("node_failed");
             }
             let Ok(answer) = answer else {
                 if cancel.is_cancelled() {

@@ -10,7 +10,6 @@ use chrono::Utc;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::Instrument;
 use uuid::Uuid;
 
 use super::SessionError;
@@ -498,23 +497,20 @@ impl SessionManager {
         // The turn's span: a child of the request that started it (if any
         // is being traced), a trace of its own otherwise.
         let span = runner::turn_span(&session);
-        self.turns.spawn(
-            async move {
-                let mut runner = runner;
-                runner.run(&turn_session, input, options, turn_cancel).await;
-                // An ephemeral run's session counts in its key's
-                // `max_concurrent_sessions` until its run is over.
-                if let Some(admitted) = admitted {
-                    admitted.release().await;
-                }
-                *lock(&turn_session.running) = None;
-                if let Some(held) = runner.lease.take() {
-                    held.release().await;
-                }
-                drop(guard);
+        self.turns.spawn(span.within(async move {
+            let mut runner = runner;
+            runner.run(&turn_session, input, options, turn_cancel).await;
+            // An ephemeral run's session counts in its key's
+            // `max_concurrent_sessions` until its run is over.
+            if let Some(admitted) = admitted {
+                admitted.release().await;
             }
-            .instrument(span),
-        );
+            *lock(&turn_session.running) = None;
+            if let Some(held) = runner.lease.take() {
+                held.release().await;
+            }
+            drop(guard);
+        }));
         Ok(StartedTurn {
             session,
             since,

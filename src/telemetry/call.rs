@@ -65,7 +65,7 @@ impl CallSpan {
             return CallSpan(None);
         };
         let (kind, parent_cx) = match parent {
-            Parent::Current => (SpanKind::Internal, otel::current_context()),
+            Parent::Current => (SpanKind::Internal, Context::current()),
             Parent::Request(cx) => (SpanKind::Server, cx.clone().unwrap_or_default()),
         };
         let mut attributes = Vec::with_capacity(8);

@@ -7,28 +7,27 @@
 //! (`execute_tool {name}`) → the sandbox exec. Attributes follow the
 //! OpenTelemetry GenAI semantic conventions.
 //!
-//! The spans are `tracing` spans of target `conclave…`, turned into
-//! OpenTelemetry spans by `tracing-opentelemetry` only while export is on;
-//! off, the layer's filter refuses them, so each costs one filter call.
+//! The spans are made with the OpenTelemetry SDK directly
+//! ([`super::spans`], [`super::call`]), only while export is on; off, each
+//! costs one load of a flag. They are not `tracing` spans: the log is for
+//! events, the traces for spans.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing::Span;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::config::TelemetryConfig;
 
 /// Set once export starts: spans and propagation do nothing before.
 static EXPORTING: AtomicBool = AtomicBool::new(false);
-/// The tracer of the export, for the spans made without `tracing` (the
-/// gateway's calls).
+/// The tracer of the export.
 static TRACER: OnceLock<opentelemetry_sdk::trace::Tracer> = OnceLock::new();
 /// `telemetry.capture_content`.
 static CAPTURE_CONTENT: AtomicBool = AtomicBool::new(false);
@@ -59,10 +58,8 @@ impl Exporter {
     }
 }
 
-/// Builds the OTLP/HTTP exporter of `config`, or `None` when export is off.
-pub(super) fn exporter(
-    config: &TelemetryConfig,
-) -> Result<Option<(Exporter, opentelemetry_sdk::trace::Tracer)>, String> {
+/// Starts the OTLP/HTTP export of `config`, or `None` when export is off.
+pub(super) fn exporter(config: &TelemetryConfig) -> Result<Option<Exporter>, String> {
     let Some(url) = config.traces_url() else {
         return Ok(None);
     };
@@ -89,10 +86,10 @@ pub(super) fn exporter(
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     // A second export in one process (tests) keeps the first, as the
     // subscriber does.
-    let _ = TRACER.set(tracer.clone());
+    let _ = TRACER.set(tracer);
     CAPTURE_CONTENT.store(config.capture_content, Ordering::Relaxed);
     EXPORTING.store(true, Ordering::Relaxed);
-    Ok(Some((Exporter { provider }, tracer)))
+    Ok(Some(Exporter { provider }))
 }
 
 /// The tracer of a running export.
@@ -103,10 +100,10 @@ pub(super) fn tracer() -> Option<&'static opentelemetry_sdk::trace::Tracer> {
     TRACER.get()
 }
 
-/// Where a span made without `tracing` hangs.
+/// Where a gateway call's span hangs.
 #[derive(Clone, Debug)]
 pub enum Parent {
-    /// Under the current `tracing` span (work done in-process).
+    /// Under the current span (work done in-process).
     Current,
     /// At the root of an HTTP request: the client's trace when it sent a
     /// `traceparent`, else a trace of its own.
@@ -125,20 +122,9 @@ impl Parent {
     }
 }
 
-/// The OpenTelemetry context of the current `tracing` span.
-pub(super) fn current_context() -> opentelemetry::Context {
-    Span::current().context()
-}
-
 /// Adds the trace context `cx` to outgoing headers.
 pub fn inject_context(cx: &opentelemetry::Context, headers: &mut http::HeaderMap) {
     TraceContextPropagator::new().inject_context(cx, &mut HeadersMut(headers));
-}
-
-/// Whether the OpenTelemetry layer takes this callsite: the spans of this
-/// crate, while exporting (events stay in the log).
-pub(super) fn takes(meta: &tracing::Metadata<'_>) -> bool {
-    meta.is_span() && meta.target().starts_with("conclave") && exporting()
 }
 
 /// `http::HeaderMap` as a carrier of the W3C trace context.
@@ -187,23 +173,24 @@ impl Injector for JsonMut<'_> {
     }
 }
 
-/// Makes `span` continue the trace of the `traceparent` (and
-/// `tracestate`) in `headers`, when there is one.
-pub fn continue_from_headers(span: &Span, headers: &http::HeaderMap) {
+/// The trace context of the `traceparent` (and `tracestate`) in
+/// `headers`, when export is on and there is one.
+pub(super) fn extract_headers(headers: &http::HeaderMap) -> Option<Context> {
     if !exporting() || !headers.contains_key("traceparent") {
-        return;
+        return None;
     }
-    let parent = TraceContextPropagator::new().extract(&Headers(headers));
-    let _ = span.set_parent(parent);
+    Some(TraceContextPropagator::new().extract(&Headers(headers)))
 }
 
-/// Makes `span` continue the trace carried in a JSON object.
-pub fn continue_from_json(span: &Span, carrier: &serde_json::Map<String, serde_json::Value>) {
+/// The trace context carried in a JSON object, when export is on and it
+/// carries one.
+pub(super) fn extract_json(
+    carrier: &serde_json::Map<String, serde_json::Value>,
+) -> Option<Context> {
     if !exporting() || !carrier.contains_key("traceparent") {
-        return;
+        return None;
     }
-    let parent = TraceContextPropagator::new().extract(&Json(carrier));
-    let _ = span.set_parent(parent);
+    Some(TraceContextPropagator::new().extract(&Json(carrier)))
 }
 
 /// Adds the current span's `traceparent` (and `tracestate`) to outgoing
@@ -212,8 +199,7 @@ pub fn inject_headers(headers: &mut http::HeaderMap) {
     if !exporting() {
         return;
     }
-    let context = Span::current().context();
-    TraceContextPropagator::new().inject_context(&context, &mut HeadersMut(headers));
+    TraceContextPropagator::new().inject_context(&Context::current(), &mut HeadersMut(headers));
 }
 
 /// Adds the current span's trace context to a JSON object.
@@ -221,8 +207,7 @@ pub fn inject_json(carrier: &mut serde_json::Map<String, serde_json::Value>) {
     if !exporting() {
         return;
     }
-    let context = Span::current().context();
-    TraceContextPropagator::new().inject_context(&context, &mut JsonMut(carrier));
+    TraceContextPropagator::new().inject_context(&Context::current(), &mut JsonMut(carrier));
 }
 
 /// The current trace context as a JSON object, for work handed to another
@@ -247,10 +232,4 @@ pub fn copy_json_to_headers(
     let propagator = TraceContextPropagator::new();
     let context = propagator.extract(&Json(carrier));
     propagator.inject_context(&context, &mut HeadersMut(headers));
-}
-
-/// Marks `span` failed with an `error.type`.
-pub fn fail(span: &Span, error_type: &str) {
-    span.record("error.type", error_type);
-    span.record("otel.status_code", "error");
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::background::{RunList, RunView};
 use super::output::{Progress, Reporter};
@@ -16,7 +15,7 @@ use crate::agent::tools::STATUS_STREAM;
 use crate::sandbox::proxy::Follow;
 use crate::sandbox::secrets::Scrubber;
 use crate::sandbox::{ExecRequest, WORKSPACE, exec_collect};
-use crate::telemetry::{otel, spans};
+use crate::telemetry::spans;
 
 /// Runs Python from stdin as a notebook cell (the last expression's value
 /// is printed); with `--repair`, after the repairs it names.
@@ -163,23 +162,24 @@ async fn run(
         tools.sandboxes.backend_name(),
         lease.sandbox.id(),
         session.as_deref(),
+        &call
+            .trace
+            .as_ref()
+            .map_or(spans::Parent::Current, spans::Parent::Json),
     );
-    if let Some(carrier) = &call.trace {
-        otel::continue_from_json(&span, carrier);
-    }
-    let collected = exec_collect(
-        lease.sandbox.as_ref(),
-        request,
-        tools.max_output_bytes,
-        call.cancel.clone(),
-        |chunk| {
-            if let Some(reporter) = &reporter {
-                reporter.take(chunk);
-            }
-        },
-    )
-    .instrument(span.clone())
-    .await;
+    let collected = span
+        .within(exec_collect(
+            lease.sandbox.as_ref(),
+            request,
+            tools.max_output_bytes,
+            call.cancel.clone(),
+            |chunk| {
+                if let Some(reporter) = &reporter {
+                    reporter.take(chunk);
+                }
+            },
+        ))
+        .await;
     let ended = collected.as_ref().ok();
     spans::exec_ended(&span, ended.map(|(s, _)| (s.exit_code, s.timed_out)));
     if let Some(reporter) = reporter {

@@ -3,13 +3,11 @@
 //! a child of the client's own trace when it sends a `traceparent`.
 //! Reads (polls, event streams, probes) make no trace.
 
+use crate::telemetry::{otel, spans};
 use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use tracing::Instrument;
-
-use crate::telemetry::{otel, spans};
 
 pub async fn run(request: Request, next: Next) -> Response {
     if !otel::exporting()
@@ -25,11 +23,11 @@ pub async fn run(request: Request, next: Next) -> Response {
         None => request.uri().path().to_owned(),
     };
     let span = spans::request(request.method().as_str(), &route, request.headers());
-    let response = next.run(request).instrument(span.clone()).await;
+    let response = span.within(next.run(request)).await;
     let status = response.status().as_u16();
-    span.record("http.response.status_code", status);
+    span.set("http.response.status_code", i64::from(status));
     if status >= 500 {
-        otel::fail(&span, &status.to_string());
+        span.fail(&status.to_string());
     }
     response
 }

@@ -16,7 +16,7 @@ use crate::telemetry::{Metrics, StatusLabel};
 
 /// The span of a turn of `session` (`invoke_agent {name}`), its parent the
 /// current span.
-pub(super) fn turn_span(session: &Session) -> tracing::Span {
+pub(super) fn turn_span(session: &Session) -> crate::telemetry::spans::Span {
     let kind = session.kind.to_string();
     let agent = session.name.as_deref().unwrap_or(&kind);
     crate::telemetry::spans::turn(&session.id.to_string(), agent, &kind)
@@ -178,10 +178,10 @@ impl Runner {
             lease.released_with_result();
         }
         let status = outcome.status.as_str();
-        let span = tracing::Span::current();
-        span.record("conclave.result.status", status);
+        let span = crate::telemetry::spans::Span::current();
+        span.set("conclave.result.status", status);
         if outcome.status == ResultStatus::Error {
-            crate::telemetry::otel::fail(&span, status);
+            span.fail(status);
         }
         tracing::info!(
             session = %session.id,
