@@ -30,8 +30,10 @@
 //!    are set, as scripts/test.sh sets them; said and skipped otherwise.
 //!
 //! The servers run on a tokio runtime of their own (two workers); the
-//! client on another thread. Target (reported, not asserted): the approval
-//! path adds ≤ 2 ms at p99. Run: `cargo bench --bench approvals`.
+//! client on another thread. Targets (reported, not asserted): the
+//! approval path adds ≤ 2 ms at p99 on one server (issues 37 and 71) and
+//! ≤ 10 ms on two replicas (issue 71). Run: `cargo bench --bench
+//! approvals`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -66,7 +68,10 @@ const WARMUP: usize = 50;
 const ROUNDS: usize = 2_000;
 const CLUSTER_ROUNDS: usize = 1_000;
 const PROMPT: &str = "$ echo bench";
-const TARGET_MS: f64 = 2.0;
+/// What deciding may add to the tool's first output at p99: on one
+/// server (issues 37 and 71), and on two replicas (issue 71).
+const TARGET_ONE_MS: f64 = 2.0;
+const TARGET_REPLICAS_MS: f64 = 10.0;
 
 /// `Bash`, answering at once.
 struct Echo;
@@ -315,6 +320,7 @@ async fn deployment(
     url: &str,
     deciders: &[(&str, &str)],
     rounds: usize,
+    target_ms: f64,
 ) -> Result<(), String> {
     let http = reqwest::Client::new();
     let deciding = reqwest::Client::new();
@@ -365,9 +371,9 @@ async fn deployment(
             percentile(&arm.answers, 99.0)
         );
         let added = arm.at(99.0) - base.at(99.0);
-        let met = if added <= TARGET_MS { "met" } else { "NOT met" };
+        let met = if added <= target_ms { "met" } else { "NOT met" };
         println!(
-            "target (approval path adds ≤ {TARGET_MS} ms at p99), {}: +{added:.3} ms, {met}",
+            "target (approval path adds ≤ {target_ms} ms at p99), {}: +{added:.3} ms, {met}",
             arm.name
         );
     }
@@ -383,6 +389,7 @@ async fn bench(servers: Handle) -> Result<(), String> {
         &one,
         &[("the same server", &one)],
         ROUNDS,
+        TARGET_ONE_MS,
     )
     .await?;
 
@@ -406,6 +413,7 @@ async fn bench(servers: Handle) -> Result<(), String> {
         &a,
         &[("A", &a), ("B (over the bus)", &b)],
         CLUSTER_ROUNDS,
+        TARGET_REPLICAS_MS,
     )
     .await;
     root.cancel();
