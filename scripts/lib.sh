@@ -195,6 +195,38 @@ ensure_nats() {
     die "nats-server did not listen on 127.0.0.1:$port within 10 s: see $NATS_DIR/server.log"
 }
 
+# Unmounts everything mounted under DIR, deepest first.
+unmount_under() {
+    local dir=$1
+    findmnt -rn -o TARGET | awk -v d="$dir/" 'index($0, d) == 1' | sort -r \
+        | while read -r target; do umount -l "$target" 2>/dev/null || true; done
+}
+
+# What a test run may leave on the host: the cgroups of local sandboxes
+# and stopped docker sandbox containers. leftovers_mark FILE records those
+# there before the run; leftovers_clear FILE removes the ones made since.
+# A cgroup with a process in it is not removed (rmdir refuses), nor is a
+# running container: only what no process uses any more.
+leftovers_now() {
+    find /sys/fs/cgroup -maxdepth 3 -type d -path '*/conclave/local-*' 2>/dev/null
+    if command -v docker >/dev/null; then
+        docker ps -aq --no-trunc --filter label=conclave.managed --filter status=exited 2>/dev/null
+        docker ps -aq --no-trunc --filter label=conclave.managed --filter status=created 2>/dev/null
+    fi
+}
+leftovers_mark() {
+    leftovers_now | sort > "$1"
+}
+leftovers_clear() {
+    local item
+    leftovers_now | sort | comm -13 "$1" - | while read -r item; do
+        case $item in
+            /sys/fs/cgroup/*) rmdir "$item" 2>/dev/null || true ;;
+            *) docker rm -f "$item" >/dev/null 2>&1 || true ;;
+        esac
+    done
+}
+
 # Commands run when the sourcing script exits (servers started above).
 CLEANUP=()
 run_cleanup() {

@@ -209,5 +209,16 @@ ensure_server_image
 # The scale-out tests run on a real PostgreSQL and a real nats-server.
 ensure_postgres
 ensure_nats
+# The tests' temporary directories go in one of their own, removed at the
+# end with whatever is still mounted in it: a local sandbox's tmpfs mounts
+# outlive a test server that is killed or dropped without shutting down.
+# Left on the host they pile up run after run (1,568 after a few), and
+# every local exec copies the host's mount table: with them a local warm
+# lease and exec took 16.2 ms at p50, without them 12.7 ms. So do the
+# cgroups of local sandboxes and the stopped containers of docker ones
+# (about 700 of each), which are removed too.
+TEST_TMP=$(mktemp -d /tmp/conclave-tests.XXXXXX)
+leftovers_mark "$TEST_TMP.before"
+CLEANUP+=("unmount_under $TEST_TMP; rm -rf $TEST_TMP; leftovers_clear $TEST_TMP.before; rm -f $TEST_TMP.before")
 log "cargo test"
-cargo test --locked --lib --bins --tests
+TMPDIR=$TEST_TMP cargo test --locked --lib --bins --tests
