@@ -218,6 +218,8 @@ ensure_nats
 # cgroups of local sandboxes and the stopped containers of docker ones
 # (about 700 of each), which are removed too.
 TEST_TMP=$(mktemp -d /tmp/conclave-tests.XXXXXX)
+# As /tmp is: tests hand directories made in it to other users (postgres).
+chmod 1777 "$TEST_TMP"
 leftovers_mark "$TEST_TMP.before"
 CLEANUP+=("unmount_under $TEST_TMP; rm -rf $TEST_TMP; leftovers_clear $TEST_TMP.before; rm -f $TEST_TMP.before")
 log "cargo test"
