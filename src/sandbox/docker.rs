@@ -51,7 +51,6 @@ use super::{
 mod agent;
 mod bulk;
 mod egress;
-mod replies;
 mod sandbox;
 
 /// Name prefix of the containers of sessions; the rest is the session id,

@@ -20,6 +20,7 @@ pub mod changes;
 pub mod docker;
 pub mod files;
 pub mod firewall;
+mod helper;
 pub mod kubernetes;
 pub mod local;
 pub mod manager;

@@ -11,17 +11,17 @@ use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::ContainerStatsResponse;
 use bollard::query_parameters::{RenameContainerOptions, RestartContainerOptions, StatsOptions};
-use bytes::Bytes;
+
 use futures::StreamExt;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::agent::{Agent, Boot};
+use super::agent::{Boot, connect};
 use super::bulk::{self, Channel, Received};
 use super::egress::Egress;
-use super::replies::HelperReply;
 use super::{SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container};
+use crate::sandbox::helper::{self, Agent};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use bollard::errors::Error as DockerError;
 
@@ -113,7 +113,7 @@ impl DockerSandbox {
         let AgentState::Pending(boot) = *state else {
             return None;
         };
-        match Agent::connect(&self.docker, &self.id, boot).await {
+        match connect(&self.docker, &self.id, boot).await {
             Ok(agent) => {
                 let agent = Arc::new(agent);
                 *state = AgentState::Ready(agent.clone());
@@ -349,53 +349,16 @@ impl DockerSandbox {
         output: mpsc::Sender<ExecChunk>,
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
-        let started = Instant::now();
-        let mut run = agent.start(&request).await.map_err(SandboxError::Backend)?;
-        let id = run.id;
-        let replies = async {
-            loop {
-                match run.replies.recv().await {
-                    Some(HelperReply::Stdout(data)) => {
-                        let _ = output.send(ExecChunk::Stdout(data)).await;
-                    }
-                    Some(HelperReply::Stderr(data)) => {
-                        let _ = output.send(ExecChunk::Stderr(data)).await;
-                    }
-                    Some(HelperReply::Exit(code)) => return Ok(code),
-                    // Like a shell that cannot find the command.
-                    Some(HelperReply::Failed(message)) => {
-                        let line = Bytes::from(format!("{message}\n"));
-                        let _ = output.send(ExecChunk::Stderr(line)).await;
-                        return Ok(127);
-                    }
-                    Some(HelperReply::Hello { .. }) => {}
-                    None => return Err(SandboxError::Gone(self.id.clone())),
-                }
-            }
-        };
-        let done = supervise(replies, request.timeout, &cancel, KILL_GRACE, || {
-            let agent = agent.clone();
-            Box::pin(async move {
-                self.thaw_for_kill().await;
-                let _ = agent.kill(id).await;
-            })
-        })
-        .await;
-        let killed = done.killed();
-        let exit_code = match done.ended {
-            Some(code) => Some(code?).filter(|_| !killed).map(i64::from),
-            None => {
-                tracing::warn!(sandbox = %self.id, "a killed run did not end; restarting the container");
-                self.restart().await;
-                None
-            }
-        };
-        Ok(ExecStatus {
-            exit_code,
-            timed_out: done.timed_out,
-            cancelled: done.cancelled,
-            duration: started.elapsed(),
-        })
+        let thaw = || -> futures::future::BoxFuture<'_, ()> { Box::pin(self.thaw_for_kill()) };
+        let ran = helper::exec(&agent, request, output, &cancel, thaw).await?;
+        if ran.closed {
+            return Err(SandboxError::Gone(self.id.clone()));
+        }
+        if ran.stuck {
+            tracing::warn!(sandbox = %self.id, "a killed run did not end; restarting the container");
+            self.restart().await;
+        }
+        Ok(ran.status)
     }
 
     /// Kills every process of the exec marked `marker`, restarting the
@@ -453,9 +416,9 @@ impl Sandbox for DockerSandbox {
         output: mpsc::Sender<ExecChunk>,
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
-        // The helper's channel carries stdin as bytes in its request line.
-        let bytes_only = request.stdin.as_ref().is_none_or(|s| s.bytes().is_some());
-        if bytes_only && let Some(agent) = self.agent().await {
+        if helper::takes(&request)
+            && let Some(agent) = self.agent().await
+        {
             return self.exec_with_agent(agent, request, output, cancel).await;
         }
         self.exec_direct(request, output, cancel).await

@@ -1,76 +1,42 @@
-//! The server's side of `conclave-exec`, the helper that runs as a docker
-//! sandbox's main process (its protocol is documented in
-//! `src/bin/conclave-exec.rs`).
-//!
-//! A container starts with [`BOOT_SCRIPT`], which waits on stdin for the
-//! helper. [`Agent::connect`] attaches to the container, sends the helper
-//! when it is not running yet, and checks that it answers. From then on an
-//! exec is a line written on that open connection, and its output comes
-//! back as lines on the same one, told apart by the run's id (read by
-//! [`read_replies`], which holds the container's stream to bounded memory
-//! and CPU). Where the helper reports no Landlock, runs are not sealed off
-//! from that connection; the server logs a warning and carries on.
+//! [`Agent`]: an open channel to one sandbox's `conclave-exec`, and
+//! [`exec`], one run through it from request to status.
 
 use std::fmt::Write as _;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use base64::Engine as _;
-use bollard::Docker;
-use bollard::query_parameters::AttachContainerOptions;
+use bytes::Bytes;
+use futures::Stream;
+use futures::future::BoxFuture;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::replies::{HelperReply, Routes, read_replies};
-use crate::sandbox::ExecRequest;
+use super::replies::{HelperReply, Output, Pacing, Routes, read_replies};
+use crate::sandbox::supervise::{KILL_GRACE, supervise};
+use crate::sandbox::{ExecChunk, ExecRequest, ExecStatus, SandboxError};
 use crate::sync::lock;
 
-/// The helper, compiled by `build.rs` as a static binary.
-static HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/conclave-exec"));
-
-/// The container's command (run by `/bin/sh -c`): wait for the line
-/// `conclave-exec SIZE`, then take SIZE bytes of base64 as the helper and
-/// run it on the same stdin. When the helper cannot be made or run (no
-/// `head` or `base64` in the image), or ends, the container stays up and
-/// execs go through `docker exec`.
-pub(super) const BOOT_SCRIPT: &str = r#"while read -r tag size; do [ "$tag" = conclave-exec ] && break; done
-head -c "$size" | base64 -d > /tmp/.conclave-exec && chmod 0500 /tmp/.conclave-exec && /tmp/.conclave-exec
-exec sleep infinity"#;
-
-/// How long a helper that was just sent may take to answer.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an already running helper may take to answer the probe of a
-/// container this server did not start (adopted after a restart).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Replies queued per run before the connection waits for its reader.
+/// Replies queued per run before the channel waits for its reader.
 const RUN_QUEUE: usize = 256;
 
-/// What the container is known to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Boot {
-    /// Just (re)started: the boot script waits for the helper.
-    Fresh,
-    /// Either the helper or the boot script: probe first.
-    Unknown,
-}
-
-/// An open connection to one container's helper.
-pub(super) struct Agent {
+/// An open channel to one sandbox's helper.
+pub struct Agent {
     input: tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>,
     routes: Routes,
     next_id: AtomicU64,
-    /// Cancelled when the connection ends (the container stopped).
+    /// Cancelled when the channel ends (the sandbox stopped).
     closed: CancellationToken,
     _reader: AbortOnDropHandle<()>,
 }
 
 /// A run in flight: its replies, and its route removed when dropped.
-pub(super) struct RunHandle {
+pub struct RunHandle {
     pub id: u64,
-    pub replies: mpsc::Receiver<HelperReply>,
+    replies: mpsc::Receiver<HelperReply>,
     routes: Routes,
 }
 
@@ -81,78 +47,49 @@ impl Drop for RunHandle {
 }
 
 impl Agent {
-    /// Attaches to the container and makes sure its helper answers, sending
-    /// it first when the container is fresh, or when a probe of an unknown
-    /// one goes unanswered. Errors are messages: the caller falls back to
-    /// `docker exec`.
-    pub async fn connect(docker: &Docker, container: &str, boot: Boot) -> Result<Agent, String> {
-        let options = AttachContainerOptions {
-            stdin: true,
-            stdout: true,
-            stderr: true,
-            stream: true,
-            logs: false,
-            detach_keys: None,
-        };
-        let attached = docker
-            .attach_container(container, Some(options))
-            .await
-            .map_err(|e| format!("attach: {e}"))?;
+    /// Talks to a helper through `input` (its stdin) and `output` (what
+    /// its stdout and stderr carry), read with `pacing`; `sandbox` names it
+    /// in the log. Nothing is sent yet: [`Agent::hello`] checks it is up.
+    pub fn new(
+        input: Pin<Box<dyn AsyncWrite + Send>>,
+        output: impl Stream<Item = Output> + Send + Unpin + 'static,
+        sandbox: String,
+        pacing: Pacing,
+    ) -> Agent {
         let routes = Routes::default();
         let closed = CancellationToken::new();
         let reader = tokio::spawn(read_replies(
-            attached.output,
+            output,
             routes.clone(),
             closed.clone(),
-            container.to_string(),
+            sandbox,
+            pacing,
         ));
-        let agent = Agent {
-            input: tokio::sync::Mutex::new(attached.input),
+        Agent {
+            input: tokio::sync::Mutex::new(input),
             routes,
             // Ids never repeat within one helper's life, across servers too.
             next_id: AtomicU64::new(u64::from(rand_u32()) << 32),
             closed,
             _reader: AbortOnDropHandle::new(reader),
-        };
-        // A server that died mid-line left half a request: end that line.
-        let probed = match boot {
-            Boot::Unknown => agent.hello(b"\n", PROBE_TIMEOUT).await.ok(),
-            Boot::Fresh => None,
-        };
-        let landlock = match probed {
-            Some(landlock) => landlock,
-            None => {
-                let encoded = base64::engine::general_purpose::STANDARD.encode(HELPER);
-                let mut payload = format!("conclave-exec {}\n", encoded.len()).into_bytes();
-                payload.extend_from_slice(encoded.as_bytes());
-                agent.hello(&payload, BOOT_TIMEOUT).await?
-            }
-        };
-        if landlock == 0 {
-            tracing::warn!(
-                %container,
-                "no Landlock for the exec helper's runs: processes in this sandbox can \
-                 write to its channel (forge command output) and read the server's requests"
-            );
         }
-        Ok(agent)
     }
 
     /// Writes `before`, then a hello, and waits for its answer: the
     /// Landlock ABI version the helper seals runs with, 0 for none.
-    async fn hello(&self, before: &[u8], timeout: Duration) -> Result<u32, String> {
+    pub async fn hello(&self, before: &[u8], timeout: Duration) -> Result<u32, String> {
         let mut run = self.route();
         let mut message = before.to_vec();
         message.extend_from_slice(format!("\nh {}\n", run.id).as_bytes());
-        // The write is timed too: a container that stopped reading its
-        // stdin (the boot script gave up) never takes all of a helper.
+        // The write is timed too: a sandbox that stopped reading its stdin
+        // (a boot script that gave up) never takes all of a helper.
         let answered = tokio::time::timeout(timeout, async {
             self.write(&message).await?;
             Ok::<_, String>(run.replies.recv().await)
         });
         match answered.await {
             Ok(Ok(Some(HelperReply::Hello { landlock }))) => Ok(landlock),
-            Ok(Ok(_)) => Err("the connection closed before the helper answered".into()),
+            Ok(Ok(_)) => Err("the channel closed before the helper answered".into()),
             Ok(Err(message)) => Err(message),
             Err(_) => Err(format!(
                 "the helper did not answer within {} ms",
@@ -186,7 +123,7 @@ impl Agent {
     }
 
     /// Starts a run; its output, exit or failure come on the handle.
-    pub async fn start(&self, request: &ExecRequest) -> Result<RunHandle, String> {
+    async fn start(&self, request: &ExecRequest) -> Result<RunHandle, String> {
         let run = self.route();
         let mut line = format!("r {} {} ", run.id, hex::encode(&request.workdir));
         match &request.stdin {
@@ -210,33 +147,122 @@ impl Agent {
     }
 
     /// Asks the helper to kill a run's processes; its exit follows.
-    pub async fn kill(&self, id: u64) -> Result<(), String> {
+    async fn kill(&self, id: u64) -> Result<(), String> {
         self.write(format!("k {id}\n").as_bytes()).await
     }
+}
+
+/// Whether [`exec`] can take a request: the channel carries stdin as
+/// bytes in the request line, never a file.
+pub fn takes(request: &ExecRequest) -> bool {
+    request.stdin.as_ref().is_none_or(|s| s.bytes().is_some())
+}
+
+/// How a run through the helper went.
+pub struct Ran {
+    pub status: ExecStatus,
+    /// The run was killed and did not end within the grace: the helper
+    /// does not answer, and the caller starts the sandbox's helper anew.
+    pub stuck: bool,
+    /// The channel closed before the run ended (the helper was killed,
+    /// or the sandbox ended): `status` has no exit code.
+    pub closed: bool,
+}
+
+/// Kills the run when the exec's future is dropped before it ended.
+struct KillOnDrop {
+    agent: Arc<Agent>,
+    id: u64,
+    ended: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let (agent, id) = (self.agent.clone(), self.id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = agent.kill(id).await;
+            });
+        }
+    }
+}
+
+/// Runs `request` through `agent` (see [`takes`]), streaming its output to
+/// `output` until it exits, or `request.timeout` or `cancel` kill it;
+/// `thaw` runs before the kill (a paused sandbox acts on it only once
+/// thawed). A run whose future is dropped is killed too.
+pub async fn exec<'k>(
+    agent: &Arc<Agent>,
+    request: ExecRequest,
+    output: mpsc::Sender<ExecChunk>,
+    cancel: &CancellationToken,
+    thaw: impl Fn() -> BoxFuture<'k, ()>,
+) -> Result<Ran, SandboxError> {
+    let started = Instant::now();
+    let mut run = agent.start(&request).await.map_err(SandboxError::Backend)?;
+    let mut guard = KillOnDrop {
+        agent: agent.clone(),
+        id: run.id,
+        ended: false,
+    };
+    let replies = async {
+        loop {
+            match run.replies.recv().await {
+                Some(HelperReply::Stdout(data)) => {
+                    let _ = output.send(ExecChunk::Stdout(data)).await;
+                }
+                Some(HelperReply::Stderr(data)) => {
+                    let _ = output.send(ExecChunk::Stderr(data)).await;
+                }
+                Some(HelperReply::Exit(code)) => return Some(code),
+                // Like a shell that cannot find the command.
+                Some(HelperReply::Failed(message)) => {
+                    let line = Bytes::from(format!("{message}\n"));
+                    let _ = output.send(ExecChunk::Stderr(line)).await;
+                    return Some(127);
+                }
+                Some(HelperReply::Hello { .. }) => {}
+                None => return None,
+            }
+        }
+    };
+    let id = guard.id;
+    let done = supervise(replies, request.timeout, cancel, KILL_GRACE, || {
+        let (agent, thawed) = (agent.clone(), thaw());
+        Box::pin(async move {
+            thawed.await;
+            let _ = agent.kill(id).await;
+        })
+    })
+    .await;
+    let killed = done.killed();
+    let (exit_code, stuck, closed) = match done.ended {
+        Some(code) => {
+            guard.ended = true;
+            (
+                code.filter(|_| !killed).map(i64::from),
+                false,
+                code.is_none(),
+            )
+        }
+        None => (None, true, false),
+    };
+    Ok(Ran {
+        status: ExecStatus {
+            exit_code,
+            timed_out: done.timed_out,
+            cancelled: done.cancelled,
+            duration: started.elapsed(),
+        },
+        stuck,
+        closed,
+    })
 }
 
 /// A random number without a dependency: the low bits of a v4 uuid.
 fn rand_u32() -> u32 {
     uuid::Uuid::new_v4().as_u128() as u32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_helper_is_embedded_and_static() {
-        // A 64-bit ELF executable with no program interpreter (PT_INTERP),
-        // so any image can run it whatever its C library.
-        assert_eq!(&HELPER[..5], b"\x7fELF\x02");
-        let u16_at = |at: usize| usize::from(u16::from_le_bytes([HELPER[at], HELPER[at + 1]]));
-        let offset = u64::from_le_bytes(HELPER[0x20..0x28].try_into().unwrap()) as usize;
-        let (size, count) = (u16_at(0x36), u16_at(0x38));
-        assert!(count > 0);
-        for header in 0..count {
-            let at = offset + header * size;
-            let kind = u32::from_le_bytes(HELPER[at..at + 4].try_into().unwrap());
-            assert_ne!(kind, 3, "the helper asks for a dynamic loader");
-        }
-    }
 }

@@ -1,13 +1,16 @@
-//! Reading the helper's replies off the container's stdout.
+//! Reading the helper's replies off its channel (a docker container's
+//! attached stdout, a local sandbox's pipe).
 //!
-//! The stream is the container's, so the reader trusts none of it: lines
+//! The stream is the sandbox's, so the reader trusts none of it: lines
 //! are cut from each chunk as it comes, with no rescan of what came
 //! before, and held to [`MAX_LINE`] bytes (the helper's replies are under
 //! `PIPE_BUF`), a longer line being dropped whole. The whole stream is
 //! read at [`CHANNEL_RATE`] at most, after a burst of [`CHANNEL_BURST`]
 //! (more than the largest file read), so a command that writes without
 //! end (`yes`) backs up in its own pipe instead of costing the server a
-//! core per sandbox. Whatever is not a reply
+//! core per sandbox (where the channel is docker's attach stream, which
+//! the server decodes frame by frame; a local sandbox's pipe is read as
+//! fast as it comes, as its execs' own pipes were). Whatever is not a reply
 //! of the helper (a line that does not parse, an overlong one, anything on
 //! stderr) is the sandbox's own output: counted, logged at most once every
 //! [`LOG_EVERY`] with its counts, and let through at [`FOREIGN_RATE`] only:
@@ -23,7 +26,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::container::LogOutput;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -70,28 +72,52 @@ pub(super) enum HelperReply {
 
 pub(super) type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<HelperReply>>>>;
 
+/// A piece of what the sandbox's end of the channel wrote.
+#[derive(Debug)]
+pub enum Output {
+    /// On the helper's stdout, where its replies are.
+    Replies(Bytes),
+    /// On its stderr: never the helper's (the boot script's, or a
+    /// process's that reached the channel).
+    Foreign(Bytes),
+}
+
+/// How fast the reader takes the replies' stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    /// [`CHANNEL_RATE`] after [`CHANNEL_BURST`]: docker's attach stream.
+    Paced,
+    /// As fast as it comes: a pipe of the server's own.
+    Unpaced,
+}
+
 /// Routes each reply on `output` to its run until the stream ends, then
 /// cancels `closed`.
 pub(super) async fn read_replies(
-    mut output: impl Stream<Item = Result<LogOutput, bollard::errors::Error>> + Unpin,
+    mut output: impl Stream<Item = Output> + Unpin,
     routes: Routes,
     closed: CancellationToken,
     container: String,
+    pacing: Pacing,
 ) {
     let _closed = closed.drop_guard();
     let mut lines = Lines::default();
-    let mut channel = Pace::new(CHANNEL_RATE, CHANNEL_BURST);
+    let mut channel = match pacing {
+        Pacing::Paced => Some(Pace::new(CHANNEL_RATE, CHANNEL_BURST)),
+        Pacing::Unpaced => None,
+    };
     let mut foreign = Foreign::new(container);
-    while let Some(Ok(chunk)) = output.next().await {
+    while let Some(chunk) = output.next().await {
         let data = match chunk {
-            LogOutput::StdOut { message } | LogOutput::Console { message } => message,
-            LogOutput::StdErr { message } => {
-                foreign.pace(&message).await;
+            Output::Replies(data) => data,
+            Output::Foreign(data) => {
+                foreign.pace(&data).await;
                 continue;
             }
-            LogOutput::StdIn { .. } => continue,
         };
-        channel.take(data.len()).await;
+        if let Some(channel) = &mut channel {
+            channel.take(data.len()).await;
+        }
         lines.push(data);
         while let Some(line) = lines.next_line() {
             match line {
@@ -381,7 +407,7 @@ mod tests {
         let garbage = Bytes::from(vec![b'z'; 64 << 10]);
         let flood = std::iter::repeat_n(garbage.clone(), FLOOD / garbage.len())
             .chain([Bytes::from_static(b"\no 5 6869\nx 5 0\n")])
-            .map(|message| Ok(LogOutput::StdOut { message }));
+            .map(Output::Replies);
         let routes = Routes::default();
         let (tx, mut replies) = mpsc::channel(8);
         lock(&routes).insert(5, tx);
@@ -391,6 +417,7 @@ mod tests {
             routes,
             CancellationToken::new(),
             "flooded".into(),
+            Pacing::Paced,
         )
         .await;
         assert!(matches!(replies.recv().await, Some(HelperReply::Stdout(d)) if &d[..] == b"hi"));
@@ -408,8 +435,7 @@ mod tests {
     async fn replies_are_read_at_the_channel_rate() {
         let line = Bytes::from(format!("o 5 {}\n", "79".repeat(1024)));
         let count = (48 << 20) / line.len();
-        let replies = std::iter::repeat_n(line.clone(), count)
-            .map(|message| Ok(LogOutput::StdOut { message }));
+        let replies = std::iter::repeat_n(line.clone(), count).map(Output::Replies);
         let routes = Routes::default();
         let (tx, mut received) = mpsc::channel(8);
         lock(&routes).insert(5, tx);
@@ -419,6 +445,7 @@ mod tests {
             routes,
             CancellationToken::new(),
             "chatty".into(),
+            Pacing::Paced,
         ));
         for _ in 0..count {
             let reply = received.recv().await;

@@ -62,6 +62,13 @@ const ETC_SHARED: [&str; 7] = [
 /// exec`: signals it sends itself take effect, and orphans are reaped.
 const GATE: &str = r#"read -r _ || exit 125; "$@""#;
 
+/// Where a sandbox sees the directory holding the exec helper
+/// ([`Layout::helper_dir`]), read-only.
+pub(super) const HELPER_DIR: &str = "/.conclave";
+
+/// The exec helper's file name in that directory.
+pub(super) const HELPER_FILE: &str = "conclave-exec";
+
 /// Docker's `/dev/shm` size.
 const SHM_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -120,6 +127,12 @@ impl Layout {
 
     pub(super) fn meta(&self) -> PathBuf {
         self.dir.join("meta.json")
+    }
+
+    /// The directory beside the sandboxes that holds the exec helper
+    /// (`<root>/.exec/`), shared by all of them; see `resident`.
+    pub(super) fn helper_dir(&self) -> PathBuf {
+        self.dir.with_file_name(".exec")
     }
 
     /// Creates the directories and the generated `/etc` files. The
@@ -277,6 +290,7 @@ impl Jail {
         }
         let workspace = layout.workspace();
         c.bindmount_rw(&workspace.to_string_lossy(), WORKSPACE);
+        c.bindmount_ro(&layout.helper_dir().to_string_lossy(), HELPER_DIR);
         // The sandbox's own cgroups, read-only, where a container has them:
         // programs size themselves from the limits there.
         for (target, dir) in cgroup_views {
@@ -302,7 +316,7 @@ impl Jail {
         }
 
         if landlock {
-            c.landlock_ruleset(policy::landlock_rules(&readable));
+            c.landlock_ruleset(policy::landlock_rules(&readable, HELPER_DIR));
         }
         c.seccomp_filter(policy::seccomp_filter());
 
@@ -346,6 +360,13 @@ impl Jail {
         self.veth
     }
 
+    /// Whether each exec must run in a container of its own: the CPU limit
+    /// is an rlimit set per exec (no cpu cgroup), which a resident helper
+    /// would spend across all of them.
+    pub(super) fn per_exec_limits(&self) -> bool {
+        self.cpu_rlimit_cpus.is_some()
+    }
+
     /// The allow-list of the egress proxy each exec reaches.
     pub(super) fn egress(&self) -> Option<&crate::config::AllowList> {
         self.egress.as_ref()
@@ -362,6 +383,23 @@ impl Jail {
         let mut command = self.launcher(root, request.timeout, "/bin/sh", argv, &env)?;
         command
             .current_dir(Path::new(WORKSPACE).join(&request.workdir))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        Ok(command)
+    }
+
+    /// The container the sandbox's resident exec helper runs in: the gate
+    /// shell stays its pid namespace's init (reaping what runs leave
+    /// behind) and runs the helper, which talks over the three pipes.
+    pub(super) fn resident_command(&self, root: &Path) -> Result<Command, String> {
+        let helper = format!("{HELPER_DIR}/{HELPER_FILE}");
+        let argv: Vec<String> = ["sh", "-c", GATE, "sh", helper.as_str()]
+            .map(String::from)
+            .into();
+        let mut command = self.launcher(root, Duration::ZERO, "/bin/sh", argv, &self.env)?;
+        command
+            .current_dir(Path::new(WORKSPACE))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -11,7 +11,9 @@
 //! - `jail`: the container every exec runs in: file system view, identity,
 //!   namespaces, rlimits, and the last steps its init takes itself.
 //! - `policy`: the landlock and seccomp rules.
-//! - `run`: one exec: the thread that starts it, stdin, streaming, kills.
+//! - `resident`: the sandbox's long-lived container and its exec helper.
+//! - `run`: one container: the thread that starts it, stdin, streaming,
+//!   kills.
 //! - `net`: the veth pair that links an exec's network namespace to the
 //!   host, for sandboxes given network.
 //! - `cgroup`: cgroup v1 limits and accounting.
@@ -21,11 +23,15 @@
 //! `/workspace`), `tmp/` (its `/tmp`), `meta.json` (spec and labels, so
 //! that a restarted server lists, re-attaches or reaps it), `etc/` (its
 //! generated `passwd`, `group` and `hosts`) and `run/` (each running exec's
-//! root directory, empty but for mount points). No process lives between
-//! execs: each exec is a fresh process tree in new mount, pid, ipc, uts and
-//! (unless `spec.network`) network namespaces; when the command exits, so
-//! does the namespace's init and the kernel ends whatever the command left
-//! running, as a timeout or cancel does at once.
+//! root directory, empty but for mount points). A container has new
+//! mount, pid, ipc, uts and (unless `spec.network`) network namespaces;
+//! when its init exits, the kernel ends whatever else runs in it. Each
+//! sandbox keeps one container while it lives, its resident (`resident`),
+//! which runs the exec helper docker sandboxes run: an exec is then a line
+//! on a pipe, and the helper kills what a command leaves behind when it
+//! ends. Uploads, bulk output and hosts whose CPU limit is a per-exec
+//! rlimit run each exec in a container of its own instead, whose whole
+//! tree ends with the command, as a timeout or cancel ends it at once.
 //!
 //! Running as root, each sandbox gets a host uid of its own
 //! ([`LocalConfig::uid_base`]), cgroup v1 directories for memory, pids and
@@ -56,6 +62,7 @@ mod jail;
 mod meta;
 mod net;
 mod policy;
+mod resident;
 mod run;
 mod sandbox;
 mod sys;
@@ -86,6 +93,7 @@ use crate::sync::lock;
 
 pub use self::config::LocalConfig;
 pub use self::sandbox::LocalSandbox;
+use self::sandbox::ResidentState;
 
 /// Where cgroup v1 controllers are mounted.
 const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
@@ -201,6 +209,12 @@ impl LocalBackend {
             creating: tokio::sync::Mutex::new(()),
             proxy: std::sync::OnceLock::new(),
         };
+        resident::install(&host.layout(".probe")).map_err(|e| {
+            SandboxError::Unavailable(format!(
+                "cannot write the exec helper into {}: {e}",
+                host.root.display()
+            ))
+        })?;
         host.probe()?;
         Ok(LocalBackend {
             host: Arc::new(host),
@@ -350,7 +364,11 @@ impl Host {
         drop(creating);
         let id = meta.id.clone();
         match self.open(meta, true).await {
-            Ok(sandbox) => Ok(sandbox),
+            Ok(sandbox) => {
+                // Warm from the start: the first exec is a line on a pipe.
+                sandbox.resident().await;
+                Ok(sandbox)
+            }
             Err(e) => {
                 let _ = self.purge(&id).await;
                 Err(e)
@@ -405,11 +423,12 @@ impl Host {
             id: meta.id.clone(),
             layout,
             host: self.clone(),
-            jail,
             cgroup,
             execs: Mutex::default(),
             tracker: TaskTracker::new(),
             cpu_sample: Mutex::new((baseline, 0)),
+            resident: tokio::sync::Mutex::new(ResidentState::for_jail(&jail)),
+            jail,
         });
         lock(&self.open).insert(meta.id, Arc::downgrade(&sandbox));
         Ok(sandbox)

@@ -7,15 +7,15 @@ use hakoniwa::seccomp::{Action, Arch, ArgCmp, ArgCmpOp, Filter};
 use crate::sandbox::WORKSPACE;
 
 /// Landlock: read everything that is mounted (the mount namespace already
-/// hides the rest of the host), execute only system and sandbox files,
-/// write only the workspace, `/tmp`, `/dev/shm`, the usual devices and
-/// `/proc`.
-pub(super) fn landlock_rules(system_dirs: &[&str]) -> Ruleset {
+/// hides the rest of the host), execute only system and sandbox files and
+/// the exec helper, write only the workspace, `/tmp`, `/dev/shm`, the usual
+/// devices and `/proc`.
+pub(super) fn landlock_rules(system_dirs: &[&str], helper_dir: &str) -> Ruleset {
     let (r, w, x) = (FsAccess::R, FsAccess::W, FsAccess::X);
     let mut rules = Ruleset::default();
     rules.restrict(Resource::FS, CompatMode::Enforce);
     rules.allow_path("/", r);
-    for dir in system_dirs {
+    for dir in system_dirs.iter().chain([&helper_dir]) {
         rules.allow_path(dir, r | x);
     }
     // The devices themselves, not `/dev`: without root the sandbox's uid

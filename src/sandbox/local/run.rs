@@ -94,7 +94,12 @@ pub(super) struct Egress {
     pub(super) key: String,
 }
 
-struct Pipes {
+/// Where a started container's pipes come.
+pub(super) type Started = oneshot::Receiver<Result<Pipes, SandboxError>>;
+/// Where how it ended comes.
+pub(super) type Finished = oneshot::Receiver<Result<hakoniwa::ExitStatus, SandboxError>>;
+
+pub(super) struct Pipes {
     stdin: PipeWriter,
     stdout: PipeReader,
     stderr: PipeReader,
@@ -113,20 +118,10 @@ pub(super) async fn execute(
     let switch = launch.switch.clone();
     let cgroup = launch.cgroup.clone();
     let io_switch = launch.switch.clone();
-    let (started_tx, started_rx) = oneshot::channel();
-    let (finished_tx, finished_rx) = oneshot::channel();
-    // A thread of its own rather than the blocking pool: hakoniwa's monitor
-    // dies with the thread that forked it (PR_SET_PDEATHSIG), and pool
-    // threads exit when idle.
-    thread::Builder::new()
-        .name("sandbox-exec".into())
-        .spawn(move || run(launch, started_tx, finished_tx))
-        .map_err(|e| SandboxError::Backend(format!("cannot start an exec thread: {e}")))?;
+    let (started_rx, finished_rx) = spawn(launch)?;
 
     let io = async {
-        let pipes = started_rx.await.map_err(|_| thread_died())??;
-        let (stdin_pipe, stdout, stderr) =
-            async_pipes(pipes).map_err(|e| SandboxError::Backend(format!("exec pipes: {e}")))?;
+        let (stdin_pipe, stdout, stderr) = started(started_rx).await?;
         tokio::join!(
             feed(stdin_pipe, stdin),
             pump(stdout, ExecChunk::Stdout, &output),
@@ -191,6 +186,30 @@ fn exit_code(status: &hakoniwa::ExitStatus) -> Result<i64, SandboxError> {
         ))),
         None => Ok(status.code.into()),
     }
+}
+
+/// Starts `launch` on a thread of its own; the first receiver gets its
+/// pipes once it is confined, the second how it ended.
+pub(super) fn spawn(launch: Launch) -> Result<(Started, Finished), SandboxError> {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finished_tx, finished_rx) = oneshot::channel();
+    // A thread of its own rather than the blocking pool: hakoniwa's monitor
+    // dies with the thread that forked it (PR_SET_PDEATHSIG), and pool
+    // threads exit when idle.
+    thread::Builder::new()
+        .name("sandbox-exec".into())
+        .spawn(move || run(launch, started_tx, finished_tx))
+        .map_err(|e| SandboxError::Backend(format!("cannot start an exec thread: {e}")))?;
+    Ok((started_rx, finished_rx))
+}
+
+/// The pipes of a container [`spawn`] started, once it is confined: its
+/// stdin, stdout and stderr.
+pub(super) async fn started(
+    started: Started,
+) -> Result<(pipe::Sender, pipe::Receiver, pipe::Receiver), SandboxError> {
+    let pipes = started.await.map_err(|_| thread_died())??;
+    async_pipes(pipes).map_err(|e| SandboxError::Backend(format!("exec pipes: {e}")))
 }
 
 fn thread_died() -> SandboxError {

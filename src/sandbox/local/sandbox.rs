@@ -12,8 +12,10 @@ use tokio_util::task::TaskTracker;
 use super::cgroup::SandboxCgroup;
 use super::jail::{Jail, Layout};
 use super::meta::{read_meta, write_meta};
+use super::resident::{self, IDLE_TASKS, Resident};
 use super::run::{self, KillSwitch, Launch};
 use super::{Host, lock};
+use crate::sandbox::helper;
 use crate::sandbox::{
     ExecChunk, ExecRequest, ExecStatus, LABEL_POOL, LABEL_SESSION, Result, Sandbox, SandboxError,
     SandboxStats,
@@ -32,7 +34,36 @@ pub struct LocalSandbox {
     pub(super) tracker: TaskTracker,
     /// When the CPU usage was last sampled, and what it was.
     pub(super) cpu_sample: Mutex<(Instant, u64)>,
+    /// The resident exec helper (see `resident`).
+    pub(super) resident: tokio::sync::Mutex<ResidentState>,
 }
+
+/// Where a sandbox's resident exec helper stands.
+#[derive(Debug)]
+pub(super) enum ResidentState {
+    /// None running: start one at the next exec. Counts the starts that
+    /// failed in a row.
+    Pending(u8),
+    Ready(Resident),
+    /// Each exec runs in a container of its own: the sandbox's limits are
+    /// per exec, its helper would not start, or it is being destroyed.
+    Off,
+}
+
+impl ResidentState {
+    pub(super) fn for_jail(jail: &Jail) -> ResidentState {
+        if jail.per_exec_limits() {
+            ResidentState::Off
+        } else {
+            ResidentState::Pending(0)
+        }
+    }
+}
+
+/// Starts of a resident that may fail in a row (a sandbox whose memory is
+/// full of files gets its new container killed) before the sandbox's execs
+/// run each in a container of its own for good.
+const RESIDENT_TRIES: u8 = 3;
 
 #[derive(Debug, Default)]
 pub(super) struct Execs {
@@ -58,6 +89,186 @@ impl Drop for ExecGuard<'_> {
 }
 
 impl LocalSandbox {
+    /// The egress proxy's listener an exec's (or the resident's) network
+    /// namespace needs, for a sandbox with an allow-list.
+    fn egress(&self) -> Result<Option<run::Egress>> {
+        match (self.jail.egress(), self.host.proxy.get()) {
+            (None, _) => Ok(None),
+            (Some(allow), Some(proxy)) => Ok(Some(run::Egress {
+                proxy: proxy.clone(),
+                allow: allow.clone(),
+                key: self.id.clone(),
+            })),
+            (Some(_), None) => Err(SandboxError::Unavailable(
+                "this sandbox has an allow-list, and the backend no egress proxy".into(),
+            )),
+        }
+    }
+
+    /// The channel to the resident helper, started when none runs;
+    /// `None` when execs run in containers of their own.
+    pub(super) async fn resident(&self) -> Option<Arc<helper::Agent>> {
+        let mut state = self.resident.lock().await;
+        if let ResidentState::Ready(resident) = &*state {
+            if !resident.agent.is_closed() {
+                return Some(resident.agent.clone());
+            }
+            *state = ResidentState::Pending(0);
+        }
+        let ResidentState::Pending(failed) = *state else {
+            return None;
+        };
+        let token = {
+            let execs = lock(&self.execs);
+            if execs.destroyed {
+                return None;
+            }
+            self.tracker.token()
+        };
+        let started = match self.egress() {
+            Ok(egress) => resident::start(self, egress, token).await,
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(resident) => {
+                let agent = resident.agent.clone();
+                *state = ResidentState::Ready(resident);
+                Some(agent)
+            }
+            Err(e) if failed + 1 < RESIDENT_TRIES => {
+                tracing::info!(sandbox = %self.id, error = %e,
+                    "the resident exec helper did not start; this exec runs in a container of its own");
+                *state = ResidentState::Pending(failed + 1);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %self.id, error = %e,
+                    "no resident exec helper: each exec runs in a container of its own");
+                *state = ResidentState::Off;
+                None
+            }
+        }
+    }
+
+    /// Runs an exec through the resident helper.
+    async fn exec_resident(
+        &self,
+        agent: Arc<helper::Agent>,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        if lock(&self.execs).destroyed {
+            return Err(SandboxError::Gone(self.id.clone()));
+        }
+        let cgroup = self.cgroup.clone();
+        // A run of a paused sandbox (its timeout passed meanwhile) acts on
+        // the kill only once thawed; the sandbox runs on from then.
+        let thaw = move || -> futures::future::BoxFuture<'static, ()> {
+            if let Err(e) = cgroup.thaw() {
+                tracing::warn!(error = %e, "cannot thaw a sandbox to kill a run");
+            }
+            Box::pin(async {})
+        };
+        let note = output.clone();
+        let ran = helper::exec(&agent, request, output, &cancel, thaw).await?;
+        let mut status = ran.status;
+        if ran.closed {
+            // The resident container ended under the run: removed (by this
+            // process, or by another behind its back), or its init or the
+            // helper killed, which in a sandbox is the OOM killer. Either way
+            // the run's processes were killed, as an exec's own container's
+            // were with it; the next exec starts a new resident.
+            let destroyed = lock(&self.execs).destroyed;
+            if !destroyed && !self.layout.meta().exists() {
+                return Err(SandboxError::Gone(self.id.clone()));
+            }
+            if !status.timed_out && !status.cancelled {
+                status.exit_code = Some(137);
+            }
+        }
+        if ran.stuck {
+            tracing::warn!(sandbox = %self.id, "a killed run did not end; ending the sandbox's resident container");
+            let mut state = self.resident.lock().await;
+            if let ResidentState::Ready(resident) = &*state {
+                resident.kill();
+                *state = ResidentState::Pending(0);
+            }
+        }
+        if status.exit_code == Some(137) && !status.timed_out && !status.cancelled {
+            self.explain_memory_kill(&note).await;
+        }
+        Ok(status)
+    }
+
+    /// Runs an exec in a container of its own, the whole tree of which
+    /// ends with it.
+    async fn exec_alone(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        let deadline = Instant::now() + request.timeout;
+        let switch = Arc::new(KillSwitch::default());
+        let (key, token) = {
+            let mut execs = lock(&self.execs);
+            if execs.destroyed {
+                return Err(SandboxError::Gone(self.id.clone()));
+            }
+            execs.next += 1;
+            let key = execs.next;
+            execs.running.insert(key, switch.clone());
+            (key, self.tracker.token())
+        };
+        let _guard = ExecGuard {
+            sandbox: self,
+            key,
+            switch: switch.clone(),
+        };
+        let egress = self.egress()?;
+        let root = self.layout.exec_root();
+        let launch = Launch {
+            command: self
+                .jail
+                .command(&request, &root)
+                .map_err(SandboxError::Backend)?,
+            root,
+            cgroup: self.cgroup.clone(),
+            veth: self.jail.veth(),
+            egress,
+            switch,
+            token,
+        };
+        let note = output.clone();
+        let status = run::execute(launch, request.stdin, output, deadline, cancel).await?;
+        if status.exit_code == Some(137) && !status.timed_out && !status.cancelled {
+            self.explain_memory_kill(&note).await;
+        }
+        Ok(status)
+    }
+
+    /// Checks made before any exec.
+    fn can_exec(&self, request: &ExecRequest) -> Result<()> {
+        if request.command.is_empty() {
+            return Err(SandboxError::Backend("an exec needs a command".into()));
+        }
+        // Removed behind this process's back (by another server on the same
+        // root, or by hand): say so rather than fail making the exec's root.
+        if !self.layout.meta().exists() {
+            return Err(SandboxError::Gone(self.id.clone()));
+        }
+        // Paused by the server that owns it (this is `conclave mcp` sharing
+        // the session's sandbox): the exec would freeze as it joined.
+        if self.cgroup.frozen() {
+            return Err(SandboxError::Backend(format!(
+                "sandbox {} is paused (idle); the session's next tool call through                  the server resumes it",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+
     /// After a command was killed with SIGKILL: when files take most of
     /// the sandbox's memory, says so on its stderr. Files in tmpfs stay
     /// charged to the sandbox, so later commands are mostly killed too
@@ -105,78 +316,34 @@ impl Sandbox for LocalSandbox {
         .map_err(|e| SandboxError::Backend(format!("assigning a sandbox: {e}")))
     }
 
+    /// Through the resident helper when the request's stdin is bytes;
+    /// otherwise (stdin from a file) in a container of its own.
     async fn exec(
         &self,
         request: ExecRequest,
         output: mpsc::Sender<ExecChunk>,
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
-        if request.command.is_empty() {
-            return Err(SandboxError::Backend("an exec needs a command".into()));
+        self.can_exec(&request)?;
+        if helper::takes(&request)
+            && let Some(agent) = self.resident().await
+        {
+            return self.exec_resident(agent, request, output, cancel).await;
         }
-        // Removed behind this process's back (by another server on the same
-        // root, or by hand): say so rather than fail making the exec's root.
-        if !self.layout.meta().exists() {
-            return Err(SandboxError::Gone(self.id.clone()));
-        }
-        // Paused by the server that owns it (this is `conclave mcp` sharing
-        // the session's sandbox): the exec would freeze as it joined.
-        if self.cgroup.frozen() {
-            return Err(SandboxError::Backend(format!(
-                "sandbox {} is paused (idle); the session's next tool call through \
-                 the server resumes it",
-                self.id
-            )));
-        }
-        let deadline = Instant::now() + request.timeout;
-        let switch = Arc::new(KillSwitch::default());
-        let (key, token) = {
-            let mut execs = lock(&self.execs);
-            if execs.destroyed {
-                return Err(SandboxError::Gone(self.id.clone()));
-            }
-            execs.next += 1;
-            let key = execs.next;
-            execs.running.insert(key, switch.clone());
-            (key, self.tracker.token())
-        };
-        let _guard = ExecGuard {
-            sandbox: self,
-            key,
-            switch: switch.clone(),
-        };
-        let egress = match (self.jail.egress(), self.host.proxy.get()) {
-            (None, _) => None,
-            (Some(allow), Some(proxy)) => Some(run::Egress {
-                proxy: proxy.clone(),
-                allow: allow.clone(),
-                key: self.id.clone(),
-            }),
-            (Some(_), None) => {
-                return Err(SandboxError::Unavailable(
-                    "this sandbox has an allow-list, and the backend no egress proxy".into(),
-                ));
-            }
-        };
-        let root = self.layout.exec_root();
-        let launch = Launch {
-            command: self
-                .jail
-                .command(&request, &root)
-                .map_err(SandboxError::Backend)?,
-            root,
-            cgroup: self.cgroup.clone(),
-            veth: self.jail.veth(),
-            egress,
-            switch,
-            token,
-        };
-        let note = output.clone();
-        let status = run::execute(launch, request.stdin, output, deadline, cancel).await?;
-        if status.exit_code == Some(137) && !status.timed_out && !status.cancelled {
-            self.explain_memory_kill(&note).await;
-        }
-        Ok(status)
+        self.exec_alone(request, output, cancel).await
+    }
+
+    /// In a container of its own, whose pipes the server reads at full
+    /// speed: the helper's channel carries output hex-encoded, twice the
+    /// bytes, which a workspace's tar need not pay.
+    async fn exec_bulk(
+        &self,
+        request: ExecRequest,
+        output: mpsc::Sender<ExecChunk>,
+        cancel: CancellationToken,
+    ) -> Result<ExecStatus> {
+        self.can_exec(&request)?;
+        self.exec_alone(request, output, cancel).await
     }
 
     /// The sandbox's cgroup's CPU accounting.
@@ -193,10 +360,16 @@ impl Sandbox for LocalSandbox {
             *last = (now, usage);
             used / elapsed * 100.0
         });
+        // The resident container's own tasks (the gate shell and the
+        // helper) are left out: the figure counts what commands run.
+        let resident = match &*self.resident.lock().await {
+            ResidentState::Ready(_) => IDLE_TASKS,
+            _ => 0,
+        };
         Ok(SandboxStats {
             cpu_percent,
             memory_bytes: self.cgroup.memory_bytes(),
-            pids: self.cgroup.pids(),
+            pids: self.cgroup.pids().map(|pids| pids.saturating_sub(resident)),
         })
     }
 
@@ -235,6 +408,8 @@ impl Sandbox for LocalSandbox {
         for switch in running {
             switch.kill();
         }
+        // Dropping it kills it.
+        *self.resident.lock().await = ResidentState::Off;
         // A paused sandbox's processes act on the kill once thawed.
         if let Err(e) = self.cgroup.thaw() {
             tracing::warn!(sandbox = %self.id, error = %e, "cannot thaw a sandbox to destroy it");

@@ -140,6 +140,53 @@ async fn echo_streams_stdout_and_exits_zero() {
 }
 
 #[tokio::test]
+async fn a_warm_sandbox_runs_execs_through_its_resident_helper_and_restarts_it() {
+    let f = fixture();
+    let sandbox = f.backend.host.create(&spec()).await.expect("create");
+    // The helper marks each run's processes; the namespace's init is the
+    // gate shell running the helper, not the command.
+    let (status, first, _) = sh(
+        &*sandbox,
+        "echo $CONCLAVE_EXEC; tr '\\0' ' ' < /proc/1/cmdline",
+        SHORT,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0));
+    let (marker, init) = first.split_once('\n').expect("two lines");
+    assert!(!marker.is_empty(), "{first}");
+    assert!(init.contains("/.conclave/conclave-exec"), "{first}");
+
+    // The resident ends under a run (as when the OOM killer takes it): the
+    // run reports a kill, and the next exec gets a new resident.
+    let (tx, mut rx) = mpsc::channel(16);
+    let exec = sandbox.exec(
+        ExecRequest::shell("echo started; sleep 1006", SHORT),
+        tx,
+        CancellationToken::new(),
+    );
+    let end_it = async {
+        assert_eq!(
+            rx.recv().await,
+            Some(ExecChunk::Stdout(Bytes::from("started\n")))
+        );
+        match &*sandbox.resident.lock().await {
+            ResidentState::Ready(resident) => resident.kill(),
+            other => panic!("no resident: {other:?}"),
+        }
+    };
+    let (status, ()) = tokio::join!(exec, end_it);
+    assert_eq!(status.expect("exec").exit_code, Some(137));
+    assert_eq!(processes_running(&["sleep", "1006"]), Vec::<u32>::new());
+    let (status, again, _) = sh(&*sandbox, "echo $CONCLAVE_EXEC", SHORT).await;
+    assert_eq!(status.exit_code, Some(0));
+    assert!(
+        !again.trim().is_empty() && again.trim() != marker,
+        "{again}"
+    );
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
 async fn stderr_and_exit_code_come_back() {
     let f = fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
@@ -717,7 +764,18 @@ async fn sandboxes_of_a_previous_run_are_found_again() {
     restarted.remove(&half_made).await.expect("remove");
     restarted.remove(&id).await.expect("remove");
     assert_eq!(restarted.list_managed().await.expect("list"), vec![]);
-    assert_eq!(fs::read_dir(&f.root).expect("root").count(), 0);
+    // Nothing is left but the exec helper the backend keeps beside the
+    // sandboxes, alone in its directory (no temporary copy).
+    let left: Vec<_> = fs::read_dir(&f.root)
+        .expect("root")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, [".exec"]);
+    let helpers: Vec<_> = fs::read_dir(f.root.join(".exec"))
+        .expect("helper directory")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    assert_eq!(helpers, ["conclave-exec"]);
 }
 
 #[test]
