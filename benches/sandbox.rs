@@ -4,7 +4,9 @@
 //!   (target p50 ≤ 30 ms on docker, ≤ 15 ms local).
 //! - A cold create+start (ready to exec) against `docker run -d` of the same
 //!   image with the same limits (target ≤ 1.0×).
-//! - An exec round trip (`true`) against `docker exec` on the same container.
+//! - An exec round trip (`true`) against `docker exec` on the same container;
+//!   on local, through the resident helper against a container per exec
+//!   (the bulk path, as every exec ran before the helper).
 //!
 //! Run: `cargo bench --bench sandbox` (needs dockerd and the sandbox images;
 //! `CONCLAVE_BENCH_ROUNDS` sets the rounds, default 30).
@@ -53,6 +55,22 @@ async fn exec_true(sandbox: &dyn conclave::sandbox::Sandbox) {
         .await
         .expect("exec");
     assert_eq!(status.exit_code, Some(0));
+}
+
+/// `true` on the bulk path: on local, in a container of its own, as every
+/// exec ran before the resident helper.
+async fn exec_true_alone(sandbox: &dyn conclave::sandbox::Sandbox) {
+    let request = ExecRequest {
+        command: vec!["true".into()],
+        ..ExecRequest::shell("", Duration::from_secs(30))
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let drain = async { while rx.recv().await.is_some() {} };
+    let (status, ()) = tokio::join!(
+        sandbox.exec_bulk(request, tx, CancellationToken::new()),
+        drain
+    );
+    assert_eq!(status.expect("exec").exit_code, Some(0));
 }
 
 /// A new session's lease plus its first exec, with a ready pool each time.
@@ -214,12 +232,17 @@ async fn main() {
     let mut warm = warm_first_exec(local.clone(), rounds).await;
     report("warm pool: lease + first exec", &mut warm);
     let sandbox = local.create(&spec()).await.expect("create");
-    let mut ours = Vec::new();
+    let (mut ours, mut alone) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let started = Instant::now();
         exec_true(sandbox.as_ref()).await;
         ours.push(started.elapsed());
+        let started = Instant::now();
+        exec_true_alone(sandbox.as_ref()).await;
+        alone.push(started.elapsed());
     }
-    report("exec round trip", &mut ours);
+    let ours_p50 = report("exec round trip (resident helper)", &mut ours);
+    let alone_p50 = report("exec round trip (a container per exec)", &mut alone);
+    println!("{:<44} {:.2}×", "ratio", ours_p50 / alone_p50);
     sandbox.destroy().await.expect("destroy");
 }
