@@ -49,7 +49,6 @@ use super::{
 };
 
 mod agent;
-mod bulk;
 mod egress;
 mod sandbox;
 

@@ -16,6 +16,7 @@
 //!   and orphan reaping.
 
 pub mod archive;
+mod bulk;
 pub mod changes;
 pub mod docker;
 pub mod files;

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::agent::{Boot, connect};
-use super::bulk::{self, Channel, Received};
 use super::egress::Egress;
 use super::{SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container};
+use crate::sandbox::bulk::{self, Channel, Over};
 use crate::sandbox::helper::{self, Agent};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
 use bollard::errors::Error as DockerError;
@@ -176,62 +176,6 @@ impl DockerSandbox {
                 self.no_bulk_socket.store(true, Ordering::Relaxed);
                 None
             }
-        }
-    }
-
-    /// Runs `request` with its stdout on `channel`. `None` when the
-    /// command never reached the channel (the wrapper could not connect,
-    /// or there is no bash): nothing of it ran, and the caller runs it the
-    /// attach stream's way.
-    async fn exec_over(
-        &self,
-        channel: Channel,
-        request: &ExecRequest,
-        output: &mpsc::Sender<ExecChunk>,
-        cancel: &CancellationToken,
-    ) -> Option<Result<ExecStatus>> {
-        let wrapped = channel.wrap(request);
-        let (ended, reached) = (CancellationToken::new(), CancellationToken::new());
-        let (own_tx, own) = mpsc::channel(16);
-        let run = async {
-            let status = self.exec(wrapped, own_tx, cancel.clone()).await;
-            ended.cancel();
-            status
-        };
-        let (status, received, held) = tokio::join!(
-            run,
-            channel.receive(output, &ended, &reached),
-            bulk::forward_own(own, output, &reached)
-        );
-        let fallback = matches!(received, Received::Nothing)
-            && matches!(&status, Ok(s) if matches!(s.exit_code, Some(bulk::UNREACHABLE | 127)));
-        if !fallback {
-            for chunk in held {
-                let _ = output.send(chunk).await;
-            }
-        }
-        match (received, status) {
-            (Received::Nothing, Ok(status))
-                if matches!(status.exit_code, Some(bulk::UNREACHABLE | 127)) =>
-            {
-                if status.exit_code == Some(127) {
-                    tracing::info!(sandbox = %self.id,
-                        "no bash in the sandbox's image: bulk output goes through docker exec");
-                    self.no_bulk_socket.store(true, Ordering::Relaxed);
-                }
-                None
-            }
-            (Received::Nothing, Ok(status)) if status.exit_code == Some(0) => {
-                Some(Err(SandboxError::Backend(format!(
-                    "sandbox {}'s bulk output never reached the server",
-                    self.id
-                ))))
-            }
-            (Received::Cut(why), Ok(_)) => Some(Err(SandboxError::Backend(format!(
-                "sandbox {}'s bulk output was cut: {why}",
-                self.id
-            )))),
-            (_, status) => Some(status),
         }
     }
 
@@ -440,9 +384,15 @@ impl Sandbox for DockerSandbox {
         if request.stdin.is_none()
             && let Some(channel) = self.bulk_channel().await
         {
-            match self.exec_over(channel, &request, &output, &cancel).await {
-                Some(done) => return done,
-                None => {
+            let exec = |wrapped, tx| self.exec(wrapped, tx, cancel.clone());
+            match bulk::exec_over(channel, &request, &output, &self.id, exec).await {
+                Over::Done(done) => return done,
+                Over::Fallback { no_bash } => {
+                    if no_bash {
+                        tracing::info!(sandbox = %self.id,
+                            "no bash in the sandbox's image: bulk output goes through docker exec");
+                        self.no_bulk_socket.store(true, Ordering::Relaxed);
+                    }
                     *lock(&self.pid) = None;
                 }
             }

@@ -74,6 +74,12 @@ impl Resident {
     pub(super) fn kill(&self) {
         self.switch.kill();
     }
+
+    /// The container's init, in whose network namespace the bulk path's
+    /// listener is bound.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.switch.pid()
+    }
 }
 
 impl Drop for Resident {

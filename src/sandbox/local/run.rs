@@ -48,25 +48,36 @@ pub(super) struct KillSwitch {
 #[derive(Debug, Default)]
 struct KillState {
     killed: bool,
-    /// The pid namespace's init, once known.
-    init: Option<PidFd>,
+    /// The pid namespace's init and its pid (in the server's namespace),
+    /// once known.
+    init: Option<(PidFd, u32)>,
 }
 
 impl KillSwitch {
     pub(super) fn kill(&self) {
         let mut state = lock(&self.state);
         state.killed = true;
-        if let Some(init) = &state.init {
+        if let Some((init, _)) = &state.init {
             init.kill();
         }
     }
 
-    fn arm(&self, init: PidFd) {
+    fn arm(&self, init: PidFd, pid: u32) {
         let mut state = lock(&self.state);
         if state.killed {
             init.kill();
         }
-        state.init = Some(init);
+        state.init = Some((init, pid));
+    }
+
+    /// The init's pid, once armed and unless killed.
+    pub(super) fn pid(&self) -> Option<u32> {
+        let state = lock(&self.state);
+        state
+            .init
+            .as_ref()
+            .filter(|_| !state.killed)
+            .map(|(_, pid)| *pid)
     }
 }
 
@@ -348,7 +359,7 @@ fn confine(
     if !sys::children(monitor).map_err(failed)?.contains(&pid) {
         return Ok(None);
     }
-    switch.arm(init);
+    switch.arm(init, pid);
     cgroup.add(pid).map_err(failed)?;
     if veth {
         net::attach(pid)

@@ -15,6 +15,7 @@ use super::meta::{read_meta, write_meta};
 use super::resident::{self, IDLE_TASKS, Resident};
 use super::run::{self, KillSwitch, Launch};
 use super::{Host, lock};
+use crate::sandbox::bulk::{self, Channel, Over};
 use crate::sandbox::helper;
 use crate::sandbox::{
     ExecChunk, ExecRequest, ExecStatus, LABEL_POOL, LABEL_SESSION, Result, Sandbox, SandboxError,
@@ -145,6 +146,26 @@ impl LocalSandbox {
                 tracing::warn!(sandbox = %self.id, error = %e,
                     "no resident exec helper: each exec runs in a container of its own");
                 *state = ResidentState::Off;
+                None
+            }
+        }
+    }
+
+    /// The resident helper and a listener in its network namespace for
+    /// one bulk exec; `None` where there is no resident or its namespace
+    /// cannot be entered (the server is not root).
+    async fn bulk_channel(&self) -> Option<(Arc<helper::Agent>, Channel)> {
+        self.resident().await?;
+        // The channel and the pid of one and the same resident.
+        let (agent, pid) = match &*self.resident.lock().await {
+            ResidentState::Ready(resident) => (resident.agent.clone(), resident.pid()?),
+            _ => return None,
+        };
+        match Channel::open(pid) {
+            Ok(channel) => Some((agent, channel)),
+            Err(e) => {
+                tracing::debug!(sandbox = %self.id, error = %e,
+                    "cannot enter the resident's network namespace: bulk output through a container of its own");
                 None
             }
         }
@@ -333,9 +354,12 @@ impl Sandbox for LocalSandbox {
         self.exec_alone(request, output, cancel).await
     }
 
-    /// In a container of its own, whose pipes the server reads at full
-    /// speed: the helper's channel carries output hex-encoded, twice the
-    /// bytes, which a workspace's tar need not pay.
+    /// Through the resident helper with stdout on a socket of the
+    /// server's in the resident's network namespace (`sandbox::bulk`),
+    /// since the helper's channel carries output hex-encoded, twice the
+    /// bytes; otherwise (stdin, no resident, no right to enter the
+    /// namespace) in a container of its own, whose pipes the server reads
+    /// at full speed.
     async fn exec_bulk(
         &self,
         request: ExecRequest,
@@ -343,6 +367,15 @@ impl Sandbox for LocalSandbox {
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
         self.can_exec(&request)?;
+        if request.stdin.is_none()
+            && let Some((agent, channel)) = self.bulk_channel().await
+        {
+            let exec = |wrapped, tx| self.exec_resident(agent, wrapped, tx, cancel.clone());
+            match bulk::exec_over(channel, &request, &output, &self.id, exec).await {
+                Over::Done(done) => return done,
+                Over::Fallback { .. } => {}
+            }
+        }
         self.exec_alone(request, output, cancel).await
     }
 

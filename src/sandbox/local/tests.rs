@@ -186,6 +186,55 @@ async fn a_warm_sandbox_runs_execs_through_its_resident_helper_and_restarts_it()
     sandbox.destroy().await.expect("destroy");
 }
 
+/// Runs `script` on the bulk path and returns its stdout.
+async fn bulk(sandbox: &dyn Sandbox, script: &str) -> (ExecStatus, Vec<u8>) {
+    let (tx, mut rx) = mpsc::channel(16);
+    let collect = async {
+        let mut stdout = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            if let ExecChunk::Stdout(data) = chunk {
+                stdout.extend_from_slice(&data);
+            }
+        }
+        stdout
+    };
+    let (status, stdout) = tokio::join!(
+        sandbox.exec_bulk(
+            ExecRequest::shell(script, SHORT),
+            tx,
+            CancellationToken::new()
+        ),
+        collect
+    );
+    (status.expect("bulk exec"), stdout)
+}
+
+#[tokio::test]
+async fn bulk_output_goes_through_the_resident_on_a_socket_whole() {
+    let f = fixture();
+    let sandbox = f.backend.create(&spec()).await.expect("create");
+    let (status, stdout) = bulk(
+        &*sandbox,
+        "readlink /proc/self/fd/1; echo marked=${CONCLAVE_EXEC:+yes}",
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0));
+    let stdout = String::from_utf8_lossy(&stdout).into_owned();
+    if f.backend.host.is_root {
+        // As root the server binds in the resident's namespace.
+        assert!(stdout.starts_with("socket:["), "{stdout}");
+        assert!(stdout.ends_with("marked=yes\n"), "{stdout}");
+    } else {
+        assert!(stdout.starts_with("pipe:["), "{stdout}");
+    }
+    // Many megabytes come through whole, and the exit status with them.
+    let (status, stdout) = bulk(&*sandbox, "echo start; head -c 5000000 /dev/zero; exit 3").await;
+    assert_eq!(status.exit_code, Some(3));
+    assert!(stdout.starts_with(b"start\n"));
+    assert_eq!(stdout.len(), "start\n".len() + 5_000_000);
+    sandbox.destroy().await.expect("destroy");
+}
+
 #[tokio::test]
 async fn stderr_and_exit_code_come_back() {
     let f = fixture();

@@ -1,12 +1,13 @@
-//! A docker sandbox's bulk output over a socket of its own: the tar of a
+//! A sandbox's bulk output over a socket of its own: the tar of a
 //! workspace (a download, a turn end's snapshot) written by the sandbox's
 //! process straight to a TCP listener the server binds on `127.0.0.1` of
-//! the container's network namespace, instead of through the exec's
-//! attach stream. That stream goes through the container's shim, a FIFO,
-//! dockerd and its multiplexed framing: three processes and five copies
-//! of every byte, which made a 100 MB download about as slow as `docker
-//! exec tar` from the CLI. Over the socket the bytes cross the kernel
-//! once on the way to the server.
+//! the sandbox's network namespace, instead of through the exec helper's
+//! channel. On docker that channel is the attach stream, which goes
+//! through the container's shim, a FIFO, dockerd and its multiplexed
+//! framing: three processes and five copies of every byte, which made a
+//! 100 MB download about as slow as `docker exec tar` from the CLI. On
+//! local it is a pipe, but the helper hex-encodes what it carries. Over
+//! the socket the bytes cross the kernel once on the way to the server.
 //!
 //! The command still runs as an exec (through the helper where it runs),
 //! as the sandbox's own user, confined as every exec is: only its stdout
@@ -15,9 +16,10 @@
 //! another process of the sandbox is dropped. The listener exists for
 //! one exec and is reachable only inside the sandbox's namespace.
 //!
-//! It needs the server on the docker host with the right to enter the
-//! container's network namespace (root), and `bash` in the image: where
-//! either is missing the exec goes the attach stream's way, as before.
+//! It needs the server on the sandbox's host with the right to enter its
+//! network namespace (root), and `bash` in the image: where either is
+//! missing the exec goes another way (docker: `docker exec`; local: a
+//! container of its own).
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -31,10 +33,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::sandbox::{ExecChunk, ExecRequest};
+use crate::sandbox::{ExecChunk, ExecRequest, ExecStatus, SandboxError};
 
 /// The wrapper's exit status when it cannot reach the listener.
-pub(super) const UNREACHABLE: i64 = 93;
+const UNREACHABLE: i64 = 93;
 /// The size of the pieces the output is read and passed on in.
 const PIECE: usize = 256 * 1024;
 /// How long a connection may take to send its token.
@@ -198,7 +200,7 @@ impl Channel {
 /// command reached the channel (`reached`); what came before is held and
 /// returned, since it may be the wrapper's own complaint (no bash) that
 /// the attach stream's run of the command must not repeat.
-pub(super) async fn forward_own(
+async fn forward_own(
     mut own: mpsc::Receiver<ExecChunk>,
     output: &mpsc::Sender<ExecChunk>,
     reached: &CancellationToken,
@@ -214,6 +216,66 @@ pub(super) async fn forward_own(
         }
     }
     held
+}
+
+/// What [`exec_over`] came to.
+pub(super) enum Over {
+    /// The command ran with its stdout on the channel (or failed).
+    Done(Result<ExecStatus, SandboxError>),
+    /// The command never reached the channel: nothing of it ran, and the
+    /// caller runs it another way. `no_bash` when the image has no bash,
+    /// which will not change.
+    Fallback { no_bash: bool },
+}
+
+/// Runs `request` through `exec` with its stdout on `channel`; `sandbox`
+/// names the sandbox in errors.
+pub(super) async fn exec_over<F>(
+    channel: Channel,
+    request: &ExecRequest,
+    output: &mpsc::Sender<ExecChunk>,
+    sandbox: &str,
+    exec: impl FnOnce(ExecRequest, mpsc::Sender<ExecChunk>) -> F,
+) -> Over
+where
+    F: Future<Output = Result<ExecStatus, SandboxError>>,
+{
+    let wrapped = channel.wrap(request);
+    let (ended, reached) = (CancellationToken::new(), CancellationToken::new());
+    let (own_tx, own) = mpsc::channel(16);
+    let run = async {
+        let status = exec(wrapped, own_tx).await;
+        ended.cancel();
+        status
+    };
+    let (status, received, held) = tokio::join!(
+        run,
+        channel.receive(output, &ended, &reached),
+        forward_own(own, output, &reached)
+    );
+    let unreached = |status: &Result<ExecStatus, SandboxError>| matches!(status, Ok(s) if matches!(s.exit_code, Some(UNREACHABLE | 127)));
+    let fallback = matches!(received, Received::Nothing) && unreached(&status);
+    if !fallback {
+        for chunk in held {
+            let _ = output.send(chunk).await;
+        }
+    }
+    match (received, status) {
+        (Received::Nothing, Ok(status)) if matches!(status.exit_code, Some(UNREACHABLE | 127)) => {
+            Over::Fallback {
+                no_bash: status.exit_code == Some(127),
+            }
+        }
+        (Received::Nothing, Ok(status)) if status.exit_code == Some(0) => {
+            Over::Done(Err(SandboxError::Backend(format!(
+                "sandbox {sandbox}'s bulk output never reached the server"
+            ))))
+        }
+        (Received::Cut(why), Ok(_)) => Over::Done(Err(SandboxError::Backend(format!(
+            "sandbox {sandbox}'s bulk output was cut: {why}"
+        )))),
+        (_, status) => Over::Done(status),
+    }
 }
 
 /// Reads until `piece` is full or the stream ends (empty at its end).
