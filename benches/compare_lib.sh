@@ -183,7 +183,7 @@ parse_sandbox() {
     awk 'function after(word,   i) { for (i = 1; i < NF; i++) if ($i == word) return $(i + 1); return "" }
          /^== / { backend = $2; next }
          /^warm pool: lease \+ first exec/ { print "warm_" backend, after("p50") }
-         /^exec round trip \(bollard\)/ || /^exec round trip +p50/ { print "exec_" backend, after("p50") }' "$1"
+         /^exec round trip \(bollard\)/ || /^exec round trip \(resident helper\)/ || /^exec round trip +p50/ { print "exec_" backend, after("p50") }' "$1"
 }
 
 # cargo bench --bench fork: per backend, the p50 of "fork: new sandbox

@@ -169,6 +169,8 @@ fn sandbox_dirs(state: &std::path::Path) -> Vec<String> {
     let mut dirs: Vec<String> = std::fs::read_dir(state.join("sandboxes"))
         .expect("sandboxes")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        // The exec helper's directory beside the sandboxes is not one.
+        .filter(|name| name != ".exec")
         .collect();
     dirs.sort();
     dirs

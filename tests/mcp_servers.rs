@@ -285,8 +285,14 @@ async fn conclave_mcp_serving_the_tools_itself_uses_the_configured_postgres_stor
     // in the store.
     let sandboxes = data_dir.join("sandboxes");
     let left = || -> Vec<_> {
+        // The exec helper's directory beside the sandboxes is not one.
         std::fs::read_dir(&sandboxes)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name())
+                    .filter(|name| name != ".exec")
+                    .collect()
+            })
             .unwrap_or_default()
     };
     assert_eq!(left().len(), 1, "{:?}", left());
