@@ -217,8 +217,11 @@ impl SandboxCgroup {
         Some((limit, shmem))
     }
 
-    pub(super) fn pids(&self) -> Option<u64> {
-        read(self.dir_of(Controller::Pids)?, "pids.current")
+    /// The processes in the sandbox's cgroup (not their threads, which
+    /// `pids.current` counts too), where it has a pids controller.
+    pub(super) fn processes(&self) -> Option<u64> {
+        let procs = fs::read_to_string(self.dir_of(Controller::Pids)?.join("cgroup.procs")).ok()?;
+        Some(procs.lines().count() as u64)
     }
 
     /// CPU time used by all its processes since the cgroup was made, in ns.

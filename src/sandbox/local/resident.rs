@@ -35,9 +35,8 @@ use crate::sandbox::helper::{Agent, HELPER, Output, Pacing, warn_unsealed};
 /// How long a new helper may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Tasks the resident container keeps while no run is in flight: the gate
-/// shell and the helper.
-pub(super) const IDLE_TASKS: u64 = 2;
+/// The resident container's own processes: the gate shell and the helper.
+pub(super) const RESIDENT_PROCESSES: u64 = 2;
 
 /// Writes the helper into `layout`'s helper directory (made 0755), under a
 /// temporary name renamed into place, so a helper another server on the

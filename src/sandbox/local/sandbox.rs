@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use super::cgroup::SandboxCgroup;
 use super::jail::{Jail, Layout};
 use super::meta::{read_meta, write_meta};
-use super::resident::{self, IDLE_TASKS, Resident};
+use super::resident::{self, RESIDENT_PROCESSES, Resident};
 use super::run::{self, KillSwitch, Launch};
 use super::{Host, lock};
 use crate::sandbox::bulk::{self, Channel, Over};
@@ -393,16 +393,17 @@ impl Sandbox for LocalSandbox {
             *last = (now, usage);
             used / elapsed * 100.0
         });
-        // The resident container's own tasks (the gate shell and the
-        // helper) are left out: the figure counts what commands run.
+        // The resident container's own processes (the gate shell and the
+        // helper, whatever threads it runs) are left out: the figure counts
+        // what commands run.
         let resident = match &*self.resident.lock().await {
-            ResidentState::Ready(_) => IDLE_TASKS,
+            ResidentState::Ready(_) => RESIDENT_PROCESSES,
             _ => 0,
         };
         Ok(SandboxStats {
             cpu_percent,
             memory_bytes: self.cgroup.memory_bytes(),
-            pids: self.cgroup.pids().map(|pids| pids.saturating_sub(resident)),
+            pids: self.cgroup.processes().map(|n| n.saturating_sub(resident)),
         })
     }
 
