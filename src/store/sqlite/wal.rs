@@ -81,7 +81,7 @@ impl Checkpointer {
 /// frames committed since the one before (or [`MAX_PASSES`] were made):
 /// the writer copies what came in during the last pass itself, and while
 /// it does no commit can end. A single pass over ten seconds' writes left
-/// the writer about 3,000 frames, 15-20 ms of copying under the first
+/// the writer about 3,000 frames, 14-20 ms of copying under the first
 /// event benchmark's load with every caller of the store waiting; each
 /// further pass copies what came in during the one before, so they shrink
 /// fast. Whether there was anything to copy.
