@@ -23,6 +23,7 @@ pub mod files;
 pub mod firewall;
 mod helper;
 pub mod kubernetes;
+pub mod layers;
 pub mod local;
 pub mod manager;
 pub mod proxy;
@@ -480,6 +481,23 @@ pub trait Sandbox: Send + Sync {
 
     /// Destroys the sandbox and everything in it, paused or not.
     async fn destroy(&self) -> Result<()>;
+
+    /// Copy-on-write workspaces ([`layers`]): turns the workspace's
+    /// changes since the last freeze into a new layer of `store` and goes
+    /// on with a fresh upper layer above it. The workspace's layers now,
+    /// top first; `None` where this sandbox's workspace is not layered
+    /// (the caller takes a tar instead). The caller makes sure no exec
+    /// runs meanwhile.
+    async fn freeze(&self, _store: &std::path::Path) -> Result<Option<Vec<std::path::PathBuf>>> {
+        Ok(None)
+    }
+
+    /// Puts the layers `chain` (top first) under a fresh sandbox's
+    /// workspace in place of what it holds. `Ok(false)` where this
+    /// sandbox's workspace is not layered (the caller unpacks a tar).
+    async fn seed(&self, _chain: &[std::path::PathBuf]) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// The collected result of an exec, for callers that do not stream.

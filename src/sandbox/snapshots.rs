@@ -44,6 +44,7 @@ use crate::store::{Expect, SharedFiles, Store, StoreError, kv_json};
 use crate::sync::lock;
 
 mod files;
+mod layered;
 mod rewind;
 mod tar;
 
@@ -85,6 +86,12 @@ pub struct Snapshot {
     /// The server instance whose data directory holds its file.
     #[schema(ignore)]
     pub instance: String,
+    /// Copy-on-write: the layers (ids, top first) of the layer store
+    /// under the data directory that make up the workspace, in place of a
+    /// tar file (which is made from them when one is asked for).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(ignore)]
+    pub layers: Vec<String>,
 }
 
 impl Snapshot {
@@ -101,6 +108,8 @@ impl Snapshot {
 }
 
 /// What the workspace of a session was at a turn end.
+// One per request, never stored in bulk: not worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum AtTurn {
     /// This snapshot.
@@ -263,23 +272,21 @@ impl Snapshots {
         Ok(())
     }
 
-    /// Tars the workspace into a new file and stores its record.
+    /// Freezes the workspace's layers, or tars it into a new file, and
+    /// stores its record.
     async fn write(&self, end: &TurnEnd<'_>, sandbox: &dyn Sandbox) -> Result<Snapshot> {
         let id = Uuid::new_v4().simple().to_string();
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(|e| SandboxError::File(format!("snapshot directory: {e}")))?;
-        let path = self.file(&id);
-        let packed = match tar::pack(sandbox, &path, self.timeout).await {
-            Ok(size) => self.share(&id, &path).await.map(|()| size),
-            Err(e) => Err(e),
+        // Replicas that share files read tars: layers stay on this host.
+        let frozen = match self.shared {
+            None => sandbox.freeze(&self.layers_dir()).await?,
+            Some(_) => None,
         };
-        let size = match packed {
-            Ok(size) => size,
-            Err(e) => {
-                let _ = tokio::fs::remove_file(&path).await;
-                return Err(e);
-            }
+        let (size, layers) = match frozen {
+            Some(chain) => self.chain_record(chain).await?,
+            None => (self.pack(&id, sandbox).await?, Vec::new()),
         };
         let snapshot = Snapshot {
             snapshot_id: id.clone(),
@@ -294,10 +301,24 @@ impl Snapshots {
             image: end.image.to_owned(),
             owner: end.owner.map(str::to_owned),
             instance: self.instance.clone(),
+            layers,
         };
         let _edit = self.edit.lock().await;
         self.put(&blob_key(&id), &snapshot).await?;
         Ok(snapshot)
+    }
+
+    /// Tars the workspace into the new file of snapshot `id`; its size.
+    async fn pack(&self, id: &str, sandbox: &dyn Sandbox) -> Result<u64> {
+        let path = self.file(id);
+        let packed = match tar::pack(sandbox, &path, self.timeout).await {
+            Ok(size) => self.share(id, &path).await.map(|()| size),
+            Err(e) => Err(e),
+        };
+        if packed.is_err() {
+            let _ = tokio::fs::remove_file(&path).await;
+        }
+        packed
     }
 
     /// Unpacks a snapshot into a fresh sandbox's workspace, for a session
@@ -316,6 +337,11 @@ impl Snapshots {
             .ok_or_else(|| {
                 SandboxError::File(format!("snapshot {id} is gone (deleted, or never made)"))
             })?;
+        if let Some(chain) = self.chain(&snapshot).await
+            && sandbox.seed(&chain).await?
+        {
+            return Ok(());
+        }
         let data = self.read_file(&snapshot).await?;
         tar::unpack(sandbox, data, self.timeout).await
     }
@@ -480,6 +506,11 @@ impl Snapshots {
                 Err(e) => {
                     tracing::warn!(snapshot = id, error = %e, "a snapshot's file stays on disk")
                 }
+            }
+            if !snapshot.layers.is_empty()
+                && let Err(e) = self.drop_layers(&snapshot.layers).await
+            {
+                tracing::warn!(snapshot = id, error = %e, "a snapshot's layers stay on disk");
             }
             if let Some(shared) = &self.shared
                 && let Err(e) = shared.delete(id).await

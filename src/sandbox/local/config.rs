@@ -36,3 +36,42 @@ impl LocalConfig {
         Ok(())
     }
 }
+
+/// What the local backend needs, matched to what failed in the start-up
+/// test (hakoniwa names the failing call and its arguments): only a refused
+/// namespace call is reported as missing namespaces.
+pub(super) fn probe_hint(failure: &str, is_root: bool) -> String {
+    let namespaces = if is_root {
+        "mount, pid, ipc, uts and network namespaces"
+    } else {
+        "a user namespace holding mount, pid, ipc, uts and network namespaces \
+         (unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1 \
+         and user.max_user_namespaces > 0, or run as root)"
+    };
+    if [
+        "unshare(",
+        "clone(",
+        "setns(",
+        "UID/GID mapping",
+        "uid_map",
+        "setgroups",
+    ]
+    .iter()
+    .any(|call| failure.contains(call))
+    {
+        format!("this host refused to make new namespaces, and local sandboxes need {namespaces}")
+    } else if failure.contains("seccomp") {
+        "local sandboxes need seccomp filters (a kernel with CONFIG_SECCOMP_FILTER)".into()
+    } else if failure.contains("pivot_root") {
+        "local sandboxes need pivot_root, which an initramfs root (ramfs) refuses: \
+         run the server on a disk-backed root file system"
+            .into()
+    } else if failure.contains("must be absolute") {
+        "mount paths must be absolute: give an absolute data_dir or sandbox.local.root".into()
+    } else {
+        format!(
+            "local sandboxes need {namespaces}, seccomp and pivot_root, and \
+             bind-mount the host's system directories read-only"
+        )
+    }
+}

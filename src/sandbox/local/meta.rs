@@ -22,6 +22,15 @@ pub(super) struct Meta {
     /// Creation time, Unix ms: the start of the first CPU figure.
     pub(super) created_ms: u64,
     pub(super) spec: SpecRecord,
+    /// Its workspace is an overlay of layers (`cow`), not a tmpfs.
+    #[serde(default)]
+    pub(super) layered: bool,
+    /// The workspace's layers, top first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) layers: Vec<std::path::PathBuf>,
+    /// Which upper layer is the workspace's now (each freeze makes the next).
+    #[serde(default)]
+    pub(super) generation: u64,
 }
 
 /// [`SandboxSpec`] as stored.

@@ -58,6 +58,7 @@
 
 mod cgroup;
 mod config;
+mod cow;
 mod jail;
 mod meta;
 mod net;
@@ -67,6 +68,8 @@ mod run;
 mod sandbox;
 mod sys;
 
+#[cfg(test)]
+mod cow_tests;
 #[cfg(test)]
 mod tests;
 
@@ -92,6 +95,7 @@ use super::{
 use crate::sync::lock;
 
 pub use self::config::LocalConfig;
+use self::config::probe_hint;
 pub use self::sandbox::LocalSandbox;
 use self::sandbox::ResidentState;
 
@@ -106,6 +110,8 @@ struct Host {
     /// Root: per-sandbox host uids, and tmpfs mounts of the disk limit for
     /// each sandbox's `/workspace` and `/tmp`.
     is_root: bool,
+    /// Workspaces are overlays of layers (`cow`): root, with overlayfs.
+    layered: bool,
     landlock: bool,
     cgroups: Hierarchy,
     fallbacks: Fallbacks,
@@ -202,6 +208,7 @@ impl LocalBackend {
             root,
             config,
             is_root,
+            layered: is_root && crate::sandbox::layers::supported(),
             landlock,
             cgroups,
             fallbacks,
@@ -264,6 +271,9 @@ impl Host {
             uid: self.config.uid_base,
             created_ms: 0,
             spec: SpecRecord::default(),
+            layered: false,
+            layers: Vec::new(),
+            generation: 0,
         };
         let result = (|| {
             layout
@@ -342,6 +352,9 @@ impl Host {
                 .unwrap_or_default()
                 .as_millis() as u64,
             spec: spec.into(),
+            layered: self.layered,
+            layers: Vec::new(),
+            generation: 0,
         };
         let creating = self.creating.lock().await;
         let meta = tokio::task::spawn_blocking(move || {
@@ -391,19 +404,21 @@ impl Host {
             made.create(&meta.spec.clone().into())
                 .map_err(backend("creating the sandbox's cgroups"))?;
             let layout = host.layout(&meta.id);
-            if host.is_root {
-                // As docker's tmpfs mounts do, these hold the disk limit:
-                // the workspace as a whole, not only each file in it.
-                let size = match meta.spec.disk_mb {
-                    0 => String::new(),
-                    mb => format!(",size={mb}m"),
-                };
+            // As docker's tmpfs mounts do, these hold the disk limit: the
+            // workspace as a whole (its upper layer, when layered), not
+            // only each file in it.
+            let size = tmpfs_size(&meta);
+            if meta.layered {
+                cow::mount(&layout, &meta).map_err(backend("mounting the sandbox's /workspace"))?;
+            } else if host.is_root {
                 let uid = meta.uid;
                 sys::mount_tmpfs(
                     &layout.workspace(),
                     &format!("mode=0755,uid={uid},gid={uid}{size}"),
                 )
                 .map_err(backend("mounting the sandbox's /workspace"))?;
+            }
+            if host.is_root {
                 sys::mount_tmpfs(&layout.tmp(), &format!("mode=1777{size}"))
                     .map_err(backend("mounting the sandbox's /tmp"))?;
             }
@@ -428,6 +443,7 @@ impl Host {
             tracker: TaskTracker::new(),
             cpu_sample: Mutex::new((baseline, 0)),
             resident: tokio::sync::Mutex::new(ResidentState::for_jail(&jail)),
+            layered: meta.layered,
             jail,
         });
         lock(&self.open).insert(meta.id, Arc::downgrade(&sandbox));
@@ -449,8 +465,9 @@ impl Host {
         tokio::task::spawn_blocking(move || {
             cgroup.remove();
             if mounted {
-                sys::unmount(&layout.workspace())?;
-                sys::unmount(&layout.tmp())?;
+                // Every mount under it first: a removal must not reach
+                // into a layer through an id-mapped view.
+                crate::sandbox::layers::detach_under(&layout.dir)?;
             }
             match fs::remove_dir_all(&layout.dir) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -537,45 +554,14 @@ impl SandboxBackend for LocalBackend {
     }
 }
 
-fn backend(what: &'static str) -> impl Fn(io::Error) -> SandboxError {
-    move |e| SandboxError::Backend(format!("{what}: {e}"))
+/// The tmpfs option that holds a sandbox's disk limit.
+fn tmpfs_size(meta: &Meta) -> String {
+    match meta.spec.disk_mb {
+        0 => String::new(),
+        mb => format!(",size={mb}m"),
+    }
 }
 
-/// What the local backend needs, matched to what failed in the start-up
-/// test (hakoniwa names the failing call and its arguments): only a refused
-/// namespace call is reported as missing namespaces.
-fn probe_hint(failure: &str, is_root: bool) -> String {
-    let namespaces = if is_root {
-        "mount, pid, ipc, uts and network namespaces"
-    } else {
-        "a user namespace holding mount, pid, ipc, uts and network namespaces \
-         (unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1 \
-         and user.max_user_namespaces > 0, or run as root)"
-    };
-    if [
-        "unshare(",
-        "clone(",
-        "setns(",
-        "UID/GID mapping",
-        "uid_map",
-        "setgroups",
-    ]
-    .iter()
-    .any(|call| failure.contains(call))
-    {
-        format!("this host refused to make new namespaces, and local sandboxes need {namespaces}")
-    } else if failure.contains("seccomp") {
-        "local sandboxes need seccomp filters (a kernel with CONFIG_SECCOMP_FILTER)".into()
-    } else if failure.contains("pivot_root") {
-        "local sandboxes need pivot_root, which an initramfs root (ramfs) refuses: \
-         run the server on a disk-backed root file system"
-            .into()
-    } else if failure.contains("must be absolute") {
-        "mount paths must be absolute: give an absolute data_dir or sandbox.local.root".into()
-    } else {
-        format!(
-            "local sandboxes need {namespaces}, seccomp and pivot_root, and \
-             bind-mount the host's system directories read-only"
-        )
-    }
+fn backend(what: &'static str) -> impl Fn(io::Error) -> SandboxError {
+    move |e| SandboxError::Backend(format!("{what}: {e}"))
 }

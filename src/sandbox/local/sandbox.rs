@@ -9,7 +9,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use std::path::{Path, PathBuf};
+
 use super::cgroup::SandboxCgroup;
+use super::cow;
 use super::jail::{Jail, Layout};
 use super::meta::{read_meta, write_meta};
 use super::resident::{self, RESIDENT_PROCESSES, Resident};
@@ -37,6 +40,8 @@ pub struct LocalSandbox {
     pub(super) cpu_sample: Mutex<(Instant, u64)>,
     /// The resident exec helper (see `resident`).
     pub(super) resident: tokio::sync::Mutex<ResidentState>,
+    /// Its workspace is an overlay of layers (see `cow`).
+    pub(super) layered: bool,
 }
 
 /// Where a sandbox's resident exec helper stands.
@@ -49,6 +54,23 @@ pub(super) enum ResidentState {
     /// Each exec runs in a container of its own: the sandbox's limits are
     /// per exec, its helper would not start, or it is being destroyed.
     Off,
+}
+
+/// Ends a running resident: its container's view of the workspace is
+/// the one it started with, and the next one mounts the workspace anew.
+fn stop_resident(state: &mut ResidentState) {
+    if matches!(state, ResidentState::Ready(_)) {
+        *state = ResidentState::Pending(0);
+    }
+}
+
+/// Runs blocking file system work off the runtime's threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(std::io::Error::other)?
 }
 
 impl ResidentState {
@@ -90,6 +112,11 @@ impl Drop for ExecGuard<'_> {
 }
 
 impl LocalSandbox {
+    /// How a step on the sandbox's files failed, for its error.
+    fn failed(&self, what: &'static str) -> impl Fn(std::io::Error) -> SandboxError + '_ {
+        move |e| SandboxError::Backend(format!("{what} of sandbox {}: {e}", self.id))
+    }
+
     /// The egress proxy's listener an exec's (or the resident's) network
     /// namespace needs, for a sandbox with an allow-list.
     fn egress(&self) -> Result<Option<run::Egress>> {
@@ -290,6 +317,24 @@ impl LocalSandbox {
         Ok(())
     }
 
+    /// After a command failed: when the workspace's upper layer is full,
+    /// says so on its stderr (the command's own error is only "No space
+    /// left on device").
+    async fn explain_full_disk(&self, stderr: &mpsc::Sender<ExecChunk>) {
+        let layout = self.layout.clone();
+        let Ok(Ok(Some(limit))) = tokio::task::spawn_blocking(move || cow::full(&layout)).await
+        else {
+            return;
+        };
+        let note = format!(
+            "\nconclave: /workspace is full: its files take the sandbox's disk limit of {limit} MB \
+             (sandbox.disk_mb); remove files, or start a sandbox with a larger disk_mb\n"
+        );
+        let _ = stderr
+            .send(ExecChunk::Stderr(bytes::Bytes::from(note)))
+            .await;
+    }
+
     /// After a command was killed with SIGKILL: when files take most of
     /// the sandbox's memory, says so on its stderr. Files in tmpfs stay
     /// charged to the sandbox, so later commands are mostly killed too
@@ -346,12 +391,18 @@ impl Sandbox for LocalSandbox {
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
         self.can_exec(&request)?;
-        if helper::takes(&request)
+        let note = output.clone();
+        let status = if helper::takes(&request)
             && let Some(agent) = self.resident().await
         {
-            return self.exec_resident(agent, request, output, cancel).await;
+            self.exec_resident(agent, request, output, cancel).await?
+        } else {
+            self.exec_alone(request, output, cancel).await?
+        };
+        if self.layered && status.exit_code.is_some_and(|code| code != 0) {
+            self.explain_full_disk(&note).await;
         }
-        self.exec_alone(request, output, cancel).await
+        Ok(status)
     }
 
     /// Through the resident helper with stdout on a socket of the
@@ -431,6 +482,45 @@ impl Sandbox for LocalSandbox {
         self.cgroup
             .thaw()
             .map_err(|e| SandboxError::Backend(format!("resuming sandbox {}: {e}", self.id)))
+    }
+
+    async fn freeze(&self, store: &Path) -> Result<Option<Vec<PathBuf>>> {
+        if !self.layered {
+            return Ok(None);
+        }
+        // No resident starts meanwhile.
+        let mut state = self.resident.lock().await;
+        let layout = self.layout.clone();
+        if let Some(chain) = blocking(move || cow::unchanged(&layout))
+            .await
+            .map_err(self.failed("freezing the workspace"))?
+        {
+            return Ok(Some(chain));
+        }
+        stop_resident(&mut state);
+        let (layout, store) = (self.layout.clone(), store.to_owned());
+        let chain = blocking(move || cow::freeze(&layout, &store))
+            .await
+            .map_err(self.failed("freezing the workspace"))?;
+        drop(state);
+        // Warm again for the next turn.
+        self.resident().await;
+        Ok(Some(chain))
+    }
+
+    async fn seed(&self, chain: &[PathBuf]) -> Result<bool> {
+        if !self.layered {
+            return Ok(false);
+        }
+        let mut state = self.resident.lock().await;
+        stop_resident(&mut state);
+        let (layout, chain) = (self.layout.clone(), chain.to_vec());
+        blocking(move || cow::seed(&layout, &chain))
+            .await
+            .map_err(self.failed("seeding the workspace"))?;
+        drop(state);
+        self.resident().await;
+        Ok(true)
     }
 
     async fn destroy(&self) -> Result<()> {

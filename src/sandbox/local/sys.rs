@@ -135,21 +135,39 @@ pub(super) fn mount_tmpfs(dir: &Path, options: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Detaches whatever is mounted on `dir`; nothing mounted is fine.
-pub(super) fn unmount(dir: &Path) -> io::Result<()> {
+/// Whether the kernel has landlock (the ABI version is at least 1).
+/// Bytes free on the file system holding `path`.
+pub(super) fn free_bytes(path: &Path) -> io::Result<u64> {
+    let path = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs to fill.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Sets the size of the tmpfs mounted at `dir` (a remount).
+pub(super) fn resize_tmpfs(dir: &Path, bytes: u64) -> io::Result<()> {
     let target = CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: the target is a NUL-terminated string alive for the call.
-    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::EINVAL | libc::ENOENT) => Ok(()),
-            _ => Err(err),
-        };
+    let options = CString::new(format!("size={bytes}"))?;
+    // SAFETY: every pointer is a NUL-terminated string alive for the call.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+            options.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
 
-/// Whether the kernel has landlock (the ABI version is at least 1).
 pub(super) fn landlock_supported() -> bool {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with a null attribute pointer, size 0 and this flag the call

@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::sandbox::{Collected, ExecChunk, ExecRequest, ExecStatus, LABEL_SESSION, exec_collect};
 
-struct Fixture {
-    backend: LocalBackend,
+pub(super) struct Fixture {
+    pub(super) backend: LocalBackend,
     config: LocalConfig,
-    root: PathBuf,
+    pub(super) root: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -27,15 +27,14 @@ impl Drop for Fixture {
             let id = entry.file_name().to_string_lossy().into_owned();
             self.backend.host.cgroups.sandbox(&id).remove();
             let layout = self.backend.host.layout(&id);
-            let _ = sys::unmount(&layout.workspace());
-            let _ = sys::unmount(&layout.tmp());
+            let _ = crate::sandbox::layers::detach_under(&layout.dir);
         }
     }
 }
 
 /// A backend of its own, with a uid range of its own, so that sandboxes of
 /// tests running side by side never share a uid.
-fn fixture() -> Fixture {
+pub(super) fn fixture() -> Fixture {
     static NEXT_RANGE: AtomicU32 = AtomicU32::new(0);
     let config = LocalConfig {
         uid_base: 1_500_000_000 + NEXT_RANGE.fetch_add(1, Ordering::Relaxed) * 100,
@@ -53,7 +52,7 @@ fn fixture() -> Fixture {
     }
 }
 
-fn spec() -> SandboxSpec {
+pub(super) fn spec() -> SandboxSpec {
     SandboxSpec {
         image: "host".into(),
         cpus: 1.0,
@@ -67,7 +66,7 @@ fn spec() -> SandboxSpec {
     }
 }
 
-async fn sh(
+pub(super) async fn sh(
     sandbox: &dyn Sandbox,
     script: &str,
     timeout: Duration,
@@ -88,7 +87,7 @@ async fn sh(
     )
 }
 
-const SHORT: Duration = Duration::from_secs(30);
+pub(super) const SHORT: Duration = Duration::from_secs(30);
 
 /// Host processes whose argv is `argv`: with an unusual argument, the
 /// ones a test started, whoever runs them.
@@ -109,7 +108,7 @@ fn processes_running(argv: &[&str]) -> Vec<u32> {
     pids
 }
 
-async fn uid_of(sandbox: &dyn Sandbox) -> u32 {
+pub(super) async fn uid_of(sandbox: &dyn Sandbox) -> u32 {
     let (_, stdout, _) = sh(sandbox, "id -u", SHORT).await;
     stdout.trim().parse().expect("uid")
 }

@@ -34,6 +34,9 @@ impl Snapshots {
         let path = self.file(&snapshot.snapshot_id);
         match tokio::fs::metadata(&path).await {
             Ok(_) => Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !snapshot.layers.is_empty() => {
+                self.tar_from_layers(snapshot, &path).await.map(|()| path)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.shared.is_some() => {
                 self.fetch(snapshot, &path).await.map(|()| path)
             }
@@ -137,7 +140,7 @@ impl Snapshots {
                 removed += 1;
             }
         }
-        Ok(removed)
+        Ok(removed + self.sweep_layers(older_than).await?)
     }
 
     pub(super) async fn read_file(&self, snapshot: &Snapshot) -> Result<Bytes> {

@@ -1,0 +1,188 @@
+//! Layered workspaces (`cow`): a freeze makes a layer and a fresh upper
+//! layer, a seeded sandbox of another uid changes files of layers it
+//! shares without touching them, links stay links, the disk limit holds
+//! over the layers, and removing a sandbox leaves its layers. As root with
+//! overlayfs (as CI runs); elsewhere a workspace is a tmpfs or directory
+//! and these return at once.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::tests::{Fixture, SHORT, fixture, sh, spec, uid_of};
+use crate::sandbox::{Sandbox, SandboxBackend, SandboxSpec, layers};
+
+fn store(f: &Fixture) -> PathBuf {
+    f.root.with_file_name("layers")
+}
+
+fn layered(f: &Fixture) -> bool {
+    f.backend.host.layered
+}
+
+async fn freeze(sandbox: &dyn Sandbox, store: &Path) -> Vec<PathBuf> {
+    sandbox
+        .freeze(store)
+        .await
+        .expect("freeze")
+        .expect("a layered workspace")
+}
+
+#[tokio::test]
+async fn a_freeze_makes_a_layer_that_a_fork_of_another_uid_changes_apart() {
+    let f = fixture();
+    if !layered(&f) {
+        return;
+    }
+    let source = f.backend.create(&spec()).await.expect("create");
+    let (status, _, err) = sh(
+        &*source,
+        "mkdir d && echo one > d/f && echo keep > k && chmod 600 k",
+        SHORT,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    let chain = freeze(&*source, &store(&f)).await;
+    assert_eq!(chain.len(), 1);
+    assert_eq!(
+        fs::read_to_string(chain[0].join("d/f")).unwrap(),
+        "one\n",
+        "the layer holds the turn's files"
+    );
+    // Nothing changed since: the same chain, no new layer.
+    assert_eq!(freeze(&*source, &store(&f)).await, chain);
+    // The source goes on above its layer.
+    let (_, out, _) = sh(&*source, "echo two > d/f && cat d/f k", SHORT).await;
+    assert_eq!(out, "two\nkeep\n");
+
+    let fork = f.backend.create(&spec()).await.expect("create");
+    assert_ne!(uid_of(&*fork).await, uid_of(&*source).await);
+    assert!(fork.seed(&chain).await.expect("seed"));
+    let (status, out, err) = sh(
+        &*fork,
+        "cat d/f k && echo mine > d/f && rm k && echo new > n && ls -a . d && stat -c %U d/f",
+        SHORT,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    assert!(out.starts_with("one\nkeep\n"), "{out}");
+    assert!(!out.contains("\nk\n"), "{out}");
+    assert!(out.trim_end().ends_with("sandbox"), "its own files: {out}");
+    // The source and the layer saw none of it.
+    let (_, out, _) = sh(&*source, "cat d/f k; ls", SHORT).await;
+    assert_eq!(out, "two\nkeep\nd\nk\n");
+    assert_eq!(fs::read_to_string(chain[0].join("d/f")).unwrap(), "one\n");
+    assert!(chain[0].join("k").exists());
+
+    // The fork's own freeze tops the shared layer with its changes,
+    // the deletion included.
+    let forked = freeze(&*fork, &store(&f)).await;
+    assert_eq!(forked.len(), 2);
+    assert_eq!(forked[1], chain[0]);
+    let sibling = f.backend.create(&spec()).await.expect("create");
+    assert!(sibling.seed(&forked).await.expect("seed"));
+    let (_, out, _) = sh(&*sibling, "cat d/f n; ls", SHORT).await;
+    assert_eq!(out, "mine\nnew\nd\nn\n");
+
+    for sandbox in [fork, sibling, source] {
+        sandbox.destroy().await.expect("destroy");
+    }
+    // Removing the sandboxes never reached into the layers.
+    assert_eq!(fs::read_to_string(chain[0].join("d/f")).unwrap(), "one\n");
+    assert!(forked[0].join("n").exists());
+}
+
+#[tokio::test]
+async fn a_link_to_a_host_path_stays_a_link_in_layers_and_tars() {
+    let f = fixture();
+    if !layered(&f) {
+        return;
+    }
+    let sandbox = f.backend.create(&spec()).await.expect("create");
+    let (status, _, err) = sh(
+        &*sandbox,
+        "ln -s /etc/hostname host && ln -s / root && mkdir sub && ln -s ../../.. sub/up",
+        SHORT,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    let chain = freeze(&*sandbox, &store(&f)).await;
+    for link in ["host", "root", "sub/up"] {
+        let meta = fs::symlink_metadata(chain[0].join(link)).unwrap();
+        assert!(meta.file_type().is_symlink(), "{link} was copied as a link");
+    }
+    let tar = f.root.with_file_name("chain.tar");
+    layers::tar_chain(&chain, &tar).expect("tar");
+    let listing = std::process::Command::new("tar")
+        .arg("-tvf")
+        .arg(&tar)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    assert!(listing.contains("./host -> /etc/hostname"), "{listing}");
+    assert!(listing.contains("./root -> /"), "{listing}");
+    assert!(
+        !listing.contains("./root/"),
+        "nothing through the link: {listing}"
+    );
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn the_disk_limit_holds_over_the_layers() {
+    let f = fixture();
+    if !layered(&f) {
+        return;
+    }
+    let sandbox = f
+        .backend
+        .create(&SandboxSpec {
+            disk_mb: 8,
+            ..spec()
+        })
+        .await
+        .expect("create");
+    let (status, _, err) = sh(&*sandbox, "head -c 5M /dev/zero > a", SHORT).await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    freeze(&*sandbox, &store(&f)).await;
+    // 5 MB below, 3 MB left above.
+    let (status, _, err) = sh(&*sandbox, "head -c 5M /dev/zero > b", SHORT).await;
+    assert_ne!(status.exit_code, Some(0));
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(
+        err.contains("conclave: /workspace is full") && err.contains("8 MB"),
+        "{err}"
+    );
+    // Room comes back with the files that take it.
+    let (status, _, err) = sh(&*sandbox, "rm b && head -c 2M /dev/zero > c", SHORT).await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn a_chain_past_its_bound_is_merged() {
+    let f = fixture();
+    if !layered(&f) {
+        return;
+    }
+    let sandbox = f.backend.create(&spec()).await.expect("create");
+    let mut chain = Vec::new();
+    for turn in 0..=layers::MAX_LAYERS {
+        let gone = if turn > 0 { "rm -f t0" } else { "true" };
+        sh(
+            &*sandbox,
+            &format!("echo {turn} > t{turn} && {gone}"),
+            SHORT,
+        )
+        .await;
+        chain = freeze(&*sandbox, &store(&f)).await;
+    }
+    assert_eq!(chain.len(), 1, "merged into one layer");
+    let names: Vec<String> = fs::read_dir(&chain[0])
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), layers::MAX_LAYERS, "t1..t16, no t0: {names:?}");
+    let (_, out, _) = sh(&*sandbox, "cat t16; ls | wc -l", SHORT).await;
+    assert_eq!(out, format!("16\n{}\n", layers::MAX_LAYERS));
+    sandbox.destroy().await.expect("destroy");
+}
