@@ -7,8 +7,16 @@
 CLK_TCK=$(getconf CLK_TCK)
 
 # User plus system CPU ticks of PID, its exited threads included (fields
-# 14 and 15 of /proc/PID/stat, as benches/routers.sh reads them).
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# 14 and 15 of /proc/PID/stat, as benches/routers.sh reads them); with
+# CPU_WITH_CHILDREN=1 also those of the children it has reaped (16 and
+# 17: the host tools and sandbox containers it started).
+cpu_ticks() {
+    if [ "${CPU_WITH_CHILDREN:-0}" = 1 ]; then
+        awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat"
+    else
+        awk '{print $14 + $15}' "/proc/$1/stat"
+    fi
+}
 
 # Waits (at most 15 s) until PID has spent at most one tick in a second:
 # the background work of what came before (a warm pool refilling, a
@@ -139,9 +147,12 @@ turn_cpu() {
 
 # turn_figures BASE PID PLAIN TOOLS SESSION_TOOLS PREFIX: turn_cpu's
 # measurements on a running server; deletes the sessions it made.
+# TURN_TOOL_BODY replaces the tool-calling body, TURN_SESSION_FIRST_BODY
+# the first (unmeasured) turn of each session.
 turn_figures() {
     local base=$1 pid=$2 plain=$3 tools=$4 session_tools=$5 prefix=$6 per=50 ids=() urls=() id i ok=0 figures=()
-    local plain_body='{"prompt": "hello"}' tool_body='{"prompt": "$ true"}'
+    local plain_body='{"prompt": "hello"}' tool_body=${TURN_TOOL_BODY:-'{"prompt": "$ true"}'}
+    local first_body=${TURN_SESSION_FIRST_BODY:-$tool_body}
     agent_runs "$base/agent/run" "$plain_body" 20 "$prefix-warm.ndjson" \
         && agent_runs "$base/agent/run" "$tool_body" 4 "$prefix-warm-tool.ndjson" tool \
         && figures+=("$(runs_cpu "$pid" "$plain" "$plain_body" "$prefix-plain" plain "$base/agent/run")") \
@@ -153,7 +164,7 @@ turn_figures() {
             || { log "cannot create a session on $base"; ok=1; break; }
         ids+=("$id")
         urls+=("$base/agent/session/$id/message")
-        agent_runs "$base/agent/session/$id/message" "$tool_body" 1 "$prefix-session-warm.ndjson" tool \
+        agent_runs "$base/agent/session/$id/message" "$first_body" 1 "$prefix-session-warm.ndjson" tool \
             || { ok=1; break; }
     done
     [ "$ok" != 0 ] || figures+=("$(runs_cpu "$pid" "$session_tools" "$tool_body" "$prefix-session" tool "${urls[@]}")") || ok=1

@@ -17,7 +17,8 @@
 //!
 //! Run: `cargo bench --bench fork` (needs dockerd and the sandbox images;
 //! `CONCLAVE_BENCH_ROUNDS` sets the rounds, default 10;
-//! `CONCLAVE_BENCH_FORKS` the forks at once, default 64).
+//! `CONCLAVE_BENCH_FORKS` the forks at once, default 64;
+//! `CONCLAVE_BENCH_BACKENDS` which backends, default `docker,local`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -145,13 +146,23 @@ fn manager(backend: Arc<dyn SandboxBackend>, data: &Path, forks: usize) -> Sandb
     .with_snapshots(snapshots)
 }
 
+/// Bytes of the regular files under `dir` (tars, or layers), following
+/// no link.
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {
             entries
                 .flatten()
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
+                .filter_map(|e| Some((e.path(), e.metadata().ok()?)))
+                .map(|(path, m)| {
+                    if m.is_dir() {
+                        dir_bytes(&path)
+                    } else if m.is_file() {
+                        m.len()
+                    } else {
+                        0
+                    }
+                })
                 .sum()
         })
         .unwrap_or(0)
@@ -423,9 +434,13 @@ async fn main() {
             &local_peer,
         ),
     ];
+    // CONCLAVE_BENCH_BACKENDS: which of them (default both).
+    let wanted = std::env::var("CONCLAVE_BENCH_BACKENDS").unwrap_or_else(|_| "docker,local".into());
     let mut all = Vec::new();
     for (name, backend, peer) in backends {
-        all.push((name, measure(backend, rounds, forks, peer).await));
+        if wanted.split(',').any(|w| w.trim() == name) {
+            all.push((name, measure(backend, rounds, forks, peer).await));
+        }
     }
     remove(&docker, &source).await;
 

@@ -13,6 +13,14 @@
 #   SNAPSHOT_BACKENDS="local docker"   which sandbox backends
 #   SNAPSHOT_ROUNDS=3                  rounds of on and off per backend
 #   SNAPSHOT_TURNS=400                 turns per reading
+#   SNAPSHOT_COMMAND=true              each turn's command (`date +%N > t`
+#                                      writes a file: a freeze copies it)
+#   SNAPSHOT_PREFILL_KB=0              a first turn per session writes 1,000
+#                                      files of this many KiB (100: a 100 MB
+#                                      workspace), unmeasured
+#   SNAPSHOT_CHILDREN=1                count the CPU of the processes the
+#                                      server started and reaped (cp, tar,
+#                                      sandbox containers) too
 #   CONCLAVE_BENCH_BIN                 a release binary (else built)
 #
 # Run: `bash benches/snapshot_cost.sh` as root (sandboxes), with dockerd
@@ -26,6 +34,15 @@ source benches/compare_lib.sh
 BACKENDS=${SNAPSHOT_BACKENDS:-local docker}
 ROUNDS=${SNAPSHOT_ROUNDS:-3}
 TURNS=${SNAPSHOT_TURNS:-400}
+COMMAND=${SNAPSHOT_COMMAND:-true}
+PREFILL_KB=${SNAPSHOT_PREFILL_KB:-0}
+export CPU_WITH_CHILDREN=${SNAPSHOT_CHILDREN:-1}
+export TURN_TOOL_BODY
+TURN_TOOL_BODY=$(python3 -c 'import json, sys; print(json.dumps({"prompt": "$ " + sys.argv[1]}))' "$COMMAND")
+if [ "$PREFILL_KB" != 0 ]; then
+    export TURN_SESSION_FIRST_BODY
+    TURN_SESSION_FIRST_BODY=$(python3 -c 'import json, sys; print(json.dumps({"prompt": "$ mkdir -p fill && for i in $(seq 1000); do head -c %sK /dev/urandom > fill/f$i; done" % sys.argv[1]}))' "$PREFILL_KB")
+fi
 
 # figure BACKEND KEEP TAG: the server's CPU µs per turn in a session.
 figure() {
@@ -44,6 +61,7 @@ figure() {
     echo "${figures##* }"
 }
 
+echo "command \`$COMMAND\`, prefill ${PREFILL_KB} KiB x 1,000 files, children counted: $CPU_WITH_CHILDREN"
 echo "| backend | round | snapshots on, µs a turn | off, µs a turn | snapshot's share |"
 echo "| --- | ---: | ---: | ---: | ---: |"
 for backend in $BACKENDS; do

@@ -2,24 +2,25 @@
 //!
 //! A layered workspace is an overlay: its lower layers are immutable
 //! directories of a layer store (the snapshot directory's `layers/`), its
-//! upper layer the sandbox's own writes since the last freeze, on a tmpfs
-//! of the sandbox's disk limit (so a write past the limit fails with
-//! ENOSPC, as on today's tmpfs workspace). A turn-end snapshot *freezes*
-//! the upper layer: its contents (the turn's changes, whiteouts and
-//! opaque directories included) become a new layer, and the sandbox goes
-//! on with a fresh upper above it; a fork mounts the same layers under an
-//! upper of its own. So a snapshot costs what the turn changed and a fork
-//! costs a few mounts, whatever the workspace's size.
+//! upper layer the sandbox's own writes since it was mounted, on a tmpfs
+//! of what the sandbox's disk limit leaves above the layers (so a write
+//! past the limit fails with ENOSPC, as on a tmpfs workspace). A turn-end
+//! snapshot *freezes* the turn's changes: what the upper layer changed
+//! since the last freeze (`increment`) becomes a new layer on top of the
+//! workspace's chain, while the sandbox goes on with the same mount; a
+//! fork mounts the chain under an upper layer of its own. So a snapshot
+//! costs what the turn changed and a fork costs a few mounts, whatever
+//! the workspace's size.
 //!
 //! The layers of one chain are listed top first. A chain longer than
-//! [`MAX_LAYERS`] is merged: the freeze copies the whole merged view into
-//! one layer instead (once every [`MAX_LAYERS`] turns).
+//! [`MAX_LAYERS`] is merged into one layer by hard links at the next
+//! freeze.
 //!
-//! The server never follows a link of the sandbox's: a freeze copies the
-//! upper layer with `cp -a` (links are copied as links, never resolved),
-//! into a directory it has just made; a layer's tar (downloads, replicas)
-//! is written by `tar -c`, which stores links as links. Layers are
-//! mounted only read-only and under overlays, never written again.
+//! The server never follows a link of the sandbox's: a freeze walks the
+//! upper layer with `lstat` and copies links as links, into a directory
+//! it has just made; a layer's tar (downloads, replicas) is written by
+//! `tar -c`, which stores links as links. Layers are mounted only
+//! read-only and under overlays, never written again.
 //!
 //! A layer is deleted when no snapshot record names it and no mount of
 //! this host's names it (its id is in `/proc/self/mountinfo`, as a lower
@@ -34,6 +35,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod increment;
 
 /// The longest chain of lower layers a freeze leaves; past it, the freeze
 /// merges the chain into one layer.
@@ -61,11 +64,43 @@ pub fn supported() -> bool {
         .unwrap_or(false)
 }
 
-/// Copies `from` (an upper layer, or a merged view) into a new layer of
-/// `store`, through a directory of its own renamed into place; the new
-/// layer's path. `cp -a` keeps owners, modes, times, extended attributes
-/// (overlayfs' opaque marks), whiteouts and links as links.
-pub fn copy_into(from: &Path, store: &Path) -> io::Result<PathBuf> {
+/// Freezes what the upper layer `upper` changed since the freeze that
+/// wrote the index at `index` (none: since it was mounted) into a new
+/// layer of `store`, and writes the new index; the layer, or `None` when
+/// nothing changed (unless `always`).
+pub fn freeze_upper(
+    upper: &Path,
+    index: &Path,
+    store: &Path,
+    always: bool,
+) -> io::Result<Option<PathBuf>> {
+    let tree = increment::walk(upper)?;
+    let before = increment::read_index(index)?;
+    let mut changed = false;
+    let layer = new_layer(store, |part| {
+        changed = increment::increment(upper, &tree, &before, part)?;
+        Ok(changed || always)
+    })?;
+    if layer.is_some() {
+        increment::write_index(index, &tree)?;
+    }
+    Ok(layer)
+}
+
+/// Folds `chain` (top first) into one new layer of `store` by hard links.
+pub fn merge(chain: &[PathBuf], store: &Path) -> io::Result<PathBuf> {
+    new_layer(store, |part| increment::merge(chain, part).map(|()| true))?
+        .ok_or_else(|| io::Error::other("the merge made no layer"))
+}
+
+/// Makes a new layer of `store` through a directory of its own that
+/// `fill` fills and that is renamed into place (or removed, when `fill`
+/// says it is not wanted), with its size counted while it is small to
+/// walk: a chain's size is the sum of its layers'.
+fn new_layer(
+    store: &Path,
+    fill: impl FnOnce(&Path) -> io::Result<bool>,
+) -> io::Result<Option<PathBuf>> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -73,27 +108,20 @@ pub fn copy_into(from: &Path, store: &Path) -> io::Result<PathBuf> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let part = store.join(format!("{id}.part"));
     let layer = store.join(&id);
-    let mut source = from.as_os_str().to_owned();
-    source.push("/.");
-    let copied = run(Command::new("cp")
-        .arg("-a")
-        .arg("--no-target-directory")
-        .arg(&source)
-        .arg(&part))
-    .and_then(|()| fs::rename(&part, &layer));
-    match copied {
-        Ok(()) => {
-            // Counted now, while the layer is small to walk; a chain's
-            // size is the sum of its layers'.
-            let bytes = walk_bytes(&layer)?;
-            fs::write(size_file(&layer), bytes.to_string())?;
-            Ok(layer)
+    fs::DirBuilder::new().mode(0o700).create(&part)?;
+    let made = fill(&part).and_then(|wanted| {
+        if !wanted {
+            return Ok(None);
         }
-        Err(e) => {
-            let _ = fs::remove_dir_all(&part);
-            Err(e)
-        }
+        fs::rename(&part, &layer)?;
+        let bytes = walk_bytes(&layer)?;
+        fs::write(size_file(&layer), bytes.to_string())?;
+        Ok(Some(layer))
+    });
+    if !matches!(made, Ok(Some(_))) {
+        let _ = fs::remove_dir_all(&part);
     }
+    made
 }
 
 /// Bytes of the files in a layer, as counted when it was made.

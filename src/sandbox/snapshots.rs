@@ -45,6 +45,7 @@ use crate::sync::lock;
 
 mod files;
 mod layered;
+mod named;
 mod rewind;
 mod tar;
 
@@ -220,8 +221,21 @@ impl Snapshots {
                 None => released.push((id.clone(), vec![*seq])),
             }
         }
+        // A layered workspace freezes first: one that gives the chain of
+        // the previous snapshot changed nothing, whatever ran in it.
+        let frozen = match (&self.shared, end.dirty) {
+            (None, true) => sandbox.freeze(&self.layers_dir()).await?,
+            _ => None,
+        };
+        let unchanged = match (&frozen, &previous) {
+            (Some(chain), Some(id)) => self
+                .get(id)
+                .await?
+                .is_some_and(|s| !s.layers.is_empty() && self.same_chain(&s.layers, chain)),
+            _ => false,
+        };
         let shared = match previous {
-            Some(id) if !end.dirty => {
+            Some(id) if !end.dirty || unchanged => {
                 let gone = released
                     .iter()
                     .position(|(of, _)| *of == id)
@@ -239,7 +253,7 @@ impl Snapshots {
         };
         let snapshot = match shared {
             Some(snapshot) => snapshot,
-            None => self.write(&end, sandbox).await?,
+            None => self.write(&end, sandbox, frozen).await?,
         };
         let _edit = self.edit.lock().await;
         if !had_any {
@@ -274,15 +288,21 @@ impl Snapshots {
 
     /// Freezes the workspace's layers, or tars it into a new file, and
     /// stores its record.
-    async fn write(&self, end: &TurnEnd<'_>, sandbox: &dyn Sandbox) -> Result<Snapshot> {
+    async fn write(
+        &self,
+        end: &TurnEnd<'_>,
+        sandbox: &dyn Sandbox,
+        frozen: Option<Vec<PathBuf>>,
+    ) -> Result<Snapshot> {
         let id = Uuid::new_v4().simple().to_string();
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(|e| SandboxError::File(format!("snapshot directory: {e}")))?;
         // Replicas that share files read tars: layers stay on this host.
-        let frozen = match self.shared {
-            None => sandbox.freeze(&self.layers_dir()).await?,
-            Some(_) => None,
+        let frozen = match (frozen, &self.shared) {
+            (Some(chain), _) => Some(chain),
+            (None, None) if !end.dirty => sandbox.freeze(&self.layers_dir()).await?,
+            _ => None,
         };
         let (size, layers) = match frozen {
             Some(chain) => self.chain_record(chain).await?,
@@ -372,26 +392,6 @@ impl Snapshots {
         Ok(kept)
     }
 
-    /// The named snapshots `owner` may see (`None`: all).
-    pub async fn named(&self, owner: Option<&str>) -> Result<Vec<Snapshot>> {
-        let blobs = self
-            .store
-            .kv_list(NAMESPACE, "blob/", usize::MAX)
-            .await
-            .map_err(store)?;
-        Ok(blobs
-            .iter()
-            .filter_map(|entry| serde_json::from_slice::<Snapshot>(&entry.value).ok())
-            .filter(|s| s.named && s.visible_to(owner))
-            .collect())
-    }
-
-    /// The named snapshots of `owner` and their bytes on disk.
-    pub async fn named_bytes(&self, owner: &str) -> Result<(usize, u64)> {
-        let named = self.named(Some(owner)).await?;
-        Ok((named.len(), named.iter().map(|s| s.size_bytes).sum()))
-    }
-
     /// What the session's workspace was at the turn end `seq`.
     pub async fn at_turn(&self, session: Uuid, seq: u64) -> Result<AtTurn> {
         let entries = self.turn_entries(session).await?;
@@ -425,13 +425,6 @@ impl Snapshots {
             .await
             .map_err(store)?
             .is_some())
-    }
-
-    /// Marks a snapshot as named (`true`) or not; an unnamed one nothing
-    /// else refers to is deleted. `None` when there is no such snapshot.
-    pub async fn set_named(&self, id: &str, named: bool) -> Result<Option<Snapshot>> {
-        let _edit = self.edit.lock().await;
-        self.change(id, |s| s.named = named).await
     }
 
     /// Records that `session` starts from the snapshot, which it keeps.
@@ -575,14 +568,3 @@ fn store(e: StoreError) -> SandboxError {
 #[cfg(test)]
 #[path = "snapshots_tests.rs"]
 mod tests;
-
-/// A key's named snapshots count in its `storage_mb`.
-#[async_trait::async_trait]
-impl crate::store::KeptBytes for Snapshots {
-    async fn kept_bytes(&self, owner: &str) -> std::result::Result<u64, StoreError> {
-        self.named_bytes(owner)
-            .await
-            .map(|(_, bytes)| bytes)
-            .map_err(|e| StoreError::Io(e.to_string()))
-    }
-}

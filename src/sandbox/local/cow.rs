@@ -10,9 +10,15 @@
 //! - `lower/{layer id}`: a read-only, id-mapped view of a layer another
 //!   sandbox's uid made (a fork's), in which its files are this sandbox's.
 //!
-//! Every exec's container bind-mounts `workspace/` when it starts, so a
-//! new overlay (a freeze, a seed) reaches only containers started after
-//! it: the resident is ended first and started again after it.
+//! The overlay is mounted once (at the sandbox's start, or when a fork
+//! seeds it) and stays: a freeze copies what the upper layer changed since
+//! the last one into a new layer ([`layers::freeze_upper`], the index of
+//! the upper layer at that freeze in `index`), so the running sandbox sees
+//! nothing change. `meta.mounted` are the lowers of the mount, and
+//! `meta.layers` the chain of the workspace as of the last freeze. Every
+//! exec's container bind-mounts `workspace/` when it starts, so a seed
+//! (a new mount) reaches only containers started after it: the resident
+//! is started again.
 
 use std::fs;
 use std::io;
@@ -44,23 +50,30 @@ impl Layout {
     fn base(&self) -> PathBuf {
         self.dir.join("base")
     }
+
+    /// The upper layer's entries at the last freeze.
+    fn index(&self) -> PathBuf {
+        self.dir.join("index")
+    }
 }
 
 /// Mounts the layered workspace where it is not mounted: a new sandbox,
 /// or one whose mounts went with a reboot (its upper layer too, as a
-/// tmpfs workspace's files do; its layers stay).
-pub(super) fn mount(layout: &Layout, meta: &Meta) -> io::Result<()> {
-    let size = super::tmpfs_size(meta);
+/// tmpfs workspace's files do; the workspace is then its last freeze).
+pub(super) fn mount(layout: &Layout, meta: &mut Meta) -> io::Result<()> {
     make_dir(&layout.cow(), 0o700, None)?;
-    sys::mount_tmpfs(&layout.cow(), &format!("mode=0700{size}"))?;
+    sys::mount_tmpfs(&layout.cow(), "mode=0700")?;
     if mounted(&layout.workspace())? {
         return Ok(());
     }
+    meta.mounted = meta.layers.clone();
+    remove_index(layout)?;
     mount_chain(layout, meta, 0o755)?;
+    write_meta(layout, meta)?;
     resize(layout, meta)
 }
 
-/// Mounts the overlay of `meta`'s layers and upper layer at the
+/// Mounts the overlay of `meta.mounted` and the upper layer at the
 /// workspace, making the upper layer (its top directory `mode`) and the
 /// id-mapped views it needs.
 fn mount_chain(layout: &Layout, meta: &Meta, mode: u32) -> io::Result<()> {
@@ -70,8 +83,8 @@ fn mount_chain(layout: &Layout, meta: &Meta, mode: u32) -> io::Result<()> {
     }
     make_dir(&work, 0o700, None)?;
     make_dir(&layout.base(), 0o755, None)?;
-    let mut lowers = Vec::with_capacity(meta.layers.len() + 1);
-    for layer in &meta.layers {
+    let mut lowers = Vec::with_capacity(meta.mounted.len() + 1);
+    for layer in &meta.mounted {
         let owner = layers::owner(layer)?;
         if owner == meta.uid {
             lowers.push(layer.clone());
@@ -95,29 +108,26 @@ fn mount_chain(layout: &Layout, meta: &Meta, mode: u32) -> io::Result<()> {
     layers::mount_overlay(&layout.workspace(), &lowers, Some((&upper, &work)))
 }
 
-/// The workspace's layers when nothing changed since its last freeze;
-/// `None` when something did (or it was never frozen).
-pub(super) fn unchanged(layout: &Layout) -> io::Result<Option<Vec<PathBuf>>> {
-    let meta = read_meta(layout)?;
-    let same = !meta.layers.is_empty() && layers::is_empty(&layout.upper(meta.generation))?;
-    Ok(same.then_some(meta.layers))
-}
-
-/// Freezes the upper layer into a new layer of `store` (or, past
-/// [`MAX_LAYERS`], the whole workspace into one) and mounts the chain it
-/// tops under a fresh upper layer; the chain. Nothing may run in the
-/// sandbox meanwhile.
+/// Freezes what the workspace changed since the last freeze into a new
+/// layer of `store` on top of its chain (merged into one past
+/// [`MAX_LAYERS`]); the chain. Nothing changed (and a chain to show for
+/// it): the chain as it was. Nothing may run in the sandbox meanwhile.
 pub(super) fn freeze(layout: &Layout, store: &Path) -> io::Result<Vec<PathBuf>> {
     let mut meta = read_meta(layout)?;
-    let chain = if meta.layers.len() >= MAX_LAYERS || crowded(&meta) {
-        vec![layers::copy_into(&layout.workspace(), store)?]
-    } else {
-        let top = layers::copy_into(&layout.upper(meta.generation), store)?;
-        std::iter::once(top)
-            .chain(meta.layers.iter().cloned())
-            .collect()
+    let upper = layout.upper(meta.generation);
+    // A workspace's first snapshot is a layer even when empty: a chain.
+    let always = meta.layers.is_empty();
+    let Some(top) = layers::freeze_upper(&upper, &layout.index(), store, always)? else {
+        return Ok(meta.layers);
     };
-    remount(layout, &mut meta, chain)?;
+    let mut chain: Vec<PathBuf> = std::iter::once(top)
+        .chain(meta.layers.iter().cloned())
+        .collect();
+    if chain.len() > MAX_LAYERS {
+        chain = vec![layers::merge(&chain, store)?];
+    }
+    meta.layers = chain;
+    write_meta(layout, &meta)?;
     Ok(meta.layers)
 }
 
@@ -136,18 +146,21 @@ fn remount(layout: &Layout, meta: &mut Meta, chain: Vec<PathBuf>) -> io::Result<
     let mode = fs::metadata(layout.upper(old))
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o755);
-    let before = std::mem::replace(&mut meta.layers, chain);
+    let (before, before_layers) = (
+        std::mem::replace(&mut meta.mounted, chain.clone()),
+        std::mem::replace(&mut meta.layers, chain),
+    );
     meta.generation = old + 1;
     unmount(layout)?;
     if let Err(e) = mount_chain(layout, meta, mode) {
         let _ = unmount(layout);
         let _ = fs::remove_dir_all(layout.upper(meta.generation));
         let _ = fs::remove_dir_all(layout.work(meta.generation));
-        meta.layers = before;
-        meta.generation = old;
+        (meta.mounted, meta.layers, meta.generation) = (before, before_layers, old);
         mount_chain(layout, meta, mode)?;
         return Err(e);
     }
+    remove_index(layout)?;
     write_meta(layout, meta)?;
     let _ = fs::remove_dir_all(layout.upper(old));
     let _ = fs::remove_dir_all(layout.work(old));
@@ -155,6 +168,13 @@ fn remount(layout: &Layout, meta: &mut Meta, chain: Vec<PathBuf>) -> io::Result<
         tracing::warn!(sandbox = %meta.id, error = %e, "the workspace's upper layer keeps its size");
     }
     Ok(())
+}
+
+fn remove_index(layout: &Layout) -> io::Result<()> {
+    match fs::remove_file(layout.index()) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Detaches the overlay and the id-mapped views (their directories go).
@@ -179,26 +199,17 @@ pub(super) fn full(layout: &Layout) -> io::Result<Option<u64>> {
 }
 
 /// Sizes the upper layer's tmpfs to what the disk limit leaves above the
-/// layers: the workspace as a whole stays within the limit, as a tmpfs
-/// workspace does.
+/// mounted layers: the workspace as a whole stays within the limit, as a
+/// tmpfs workspace does.
 fn resize(layout: &Layout, meta: &Meta) -> io::Result<()> {
-    if meta.spec.disk_mb == 0 {
-        return Ok(());
-    }
-    let limit = meta.spec.disk_mb * 1024 * 1024;
-    let below: u64 = meta.layers.iter().map(|l| layers::layer_bytes(l)).sum();
+    let limit = match meta.spec.disk_mb {
+        0 => return Ok(()),
+        mb => mb * 1024 * 1024,
+    };
+    let below: u64 = meta.mounted.iter().map(|l| layers::layer_bytes(l)).sum();
     // Never below a page: even a full workspace can take whiteouts (rm).
     let room = limit.saturating_sub(below).max(4096);
     sys::resize_tmpfs(&layout.cow(), room)
-}
-
-/// Whether the layers' bytes leave the upper layer less than a quarter of
-/// the disk limit: a merge then counts each file once (and deleted files
-/// not at all).
-fn crowded(meta: &Meta) -> bool {
-    let limit = meta.spec.disk_mb * 1024 * 1024;
-    let below: u64 = meta.layers.iter().map(|l| layers::layer_bytes(l)).sum();
-    limit > 0 && below > limit / 4 * 3
 }
 
 /// Whether something is mounted at `path`.

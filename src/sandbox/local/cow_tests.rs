@@ -6,6 +6,7 @@
 //! and these return at once.
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::tests::{Fixture, SHORT, fixture, sh, spec, uid_of};
@@ -144,7 +145,7 @@ async fn the_disk_limit_holds_over_the_layers() {
     let (status, _, err) = sh(&*sandbox, "head -c 5M /dev/zero > a", SHORT).await;
     assert_eq!(status.exit_code, Some(0), "{err}");
     freeze(&*sandbox, &store(&f)).await;
-    // 5 MB below, 3 MB left above.
+    // The same mount goes on: 3 MB of the limit left.
     let (status, _, err) = sh(&*sandbox, "head -c 5M /dev/zero > b", SHORT).await;
     assert_ne!(status.exit_code, Some(0));
     assert!(err.contains("No space left on device"), "{err}");
@@ -177,12 +178,73 @@ async fn a_chain_past_its_bound_is_merged() {
         chain = freeze(&*sandbox, &store(&f)).await;
     }
     assert_eq!(chain.len(), 1, "merged into one layer");
-    let names: Vec<String> = fs::read_dir(&chain[0])
+    // By hard links: t1 is the file of the first layer that held it;
+    // t0 is a whiteout (it hides what a lower layer might hold).
+    let files: Vec<String> = fs::read_dir(&chain[0])
         .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names.len(), layers::MAX_LAYERS, "t1..t16, no t0: {names:?}");
+    assert_eq!(files.len(), layers::MAX_LAYERS, "t1..t16, no t0: {files:?}");
+    assert!(!files.contains(&"t0".to_string()));
+    assert!(
+        fs::metadata(chain[0].join("t1")).unwrap().nlink() > 1,
+        "a hard link"
+    );
     let (_, out, _) = sh(&*sandbox, "cat t16; ls | wc -l", SHORT).await;
     assert_eq!(out, format!("16\n{}\n", layers::MAX_LAYERS));
     sandbox.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn a_freeze_keeps_renames_replacements_and_deletions() {
+    let f = fixture();
+    if !layered(&f) {
+        return;
+    }
+    let source = f.backend.create(&spec()).await.expect("create");
+    let (status, _, err) = sh(
+        &*source,
+        "mkdir -p a/b && echo 1 > a/b/f && mkdir c && echo 2 > c/g && echo 3 > h && echo 4 > gone",
+        SHORT,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    let first = freeze(&*source, &store(&f)).await;
+    let (status, _, err) = sh(
+        &*source,
+        "mv a z && rm -rf c && mkdir c && echo 5 > c/new && rm h && mkdir h && echo 6 > h/in \
+         && rm gone && chmod 700 z",
+        SHORT,
+    )
+    .await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    let second = freeze(&*source, &store(&f)).await;
+    assert_eq!(second.len(), 2);
+    let listing = "find . | sort && cat z/b/f c/new h/in && stat -c %a z";
+    let (_, live, _) = sh(&*source, listing, SHORT).await;
+    for (chain, expected) in [
+        (&second, live.as_str()),
+        (
+            &first,
+            ".\n./a\n./a/b\n./a/b/f\n./c\n./c/g\n./gone\n./h\n1\n",
+        ),
+    ] {
+        let fork = f.backend.create(&spec()).await.expect("create");
+        assert!(fork.seed(chain).await.expect("seed"));
+        let script = if chain.len() == 1 {
+            "find . | sort && cat a/b/f"
+        } else {
+            listing
+        };
+        let (_, out, err) = sh(&*fork, script, SHORT).await;
+        assert_eq!(out, expected, "{err}");
+        fork.destroy().await.expect("destroy");
+    }
+    assert_eq!(
+        live,
+        ".\n./c\n./c/new\n./h\n./h/in\n./z\n./z/b\n./z/b/f\n1\n5\n6\n700\n"
+    );
+    source.destroy().await.expect("destroy");
 }

@@ -273,6 +273,7 @@ impl Host {
             spec: SpecRecord::default(),
             layered: false,
             layers: Vec::new(),
+            mounted: Vec::new(),
             generation: 0,
         };
         let result = (|| {
@@ -354,6 +355,7 @@ impl Host {
             spec: spec.into(),
             layered: self.layered,
             layers: Vec::new(),
+            mounted: Vec::new(),
             generation: 0,
         };
         let creating = self.creating.lock().await;
@@ -401,6 +403,7 @@ impl Host {
         let host = self.clone();
         let made = cgroup.clone();
         let (meta, layout, jail) = tokio::task::spawn_blocking(move || {
+            let mut meta = meta;
             made.create(&meta.spec.clone().into())
                 .map_err(backend("creating the sandbox's cgroups"))?;
             let layout = host.layout(&meta.id);
@@ -409,7 +412,8 @@ impl Host {
             // only each file in it.
             let size = tmpfs_size(&meta);
             if meta.layered {
-                cow::mount(&layout, &meta).map_err(backend("mounting the sandbox's /workspace"))?;
+                cow::mount(&layout, &mut meta)
+                    .map_err(backend("mounting the sandbox's /workspace"))?;
             } else if host.is_root {
                 let uid = meta.uid;
                 sys::mount_tmpfs(

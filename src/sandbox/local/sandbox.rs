@@ -56,8 +56,7 @@ pub(super) enum ResidentState {
     Off,
 }
 
-/// Ends a running resident: its container's view of the workspace is
-/// the one it started with, and the next one mounts the workspace anew.
+/// Ends a running resident: the next one mounts the workspace anew.
 fn stop_resident(state: &mut ResidentState) {
     if matches!(state, ResidentState::Ready(_)) {
         *state = ResidentState::Pending(0);
@@ -488,30 +487,19 @@ impl Sandbox for LocalSandbox {
         if !self.layered {
             return Ok(None);
         }
-        // No resident starts meanwhile.
-        let mut state = self.resident.lock().await;
-        let layout = self.layout.clone();
-        if let Some(chain) = blocking(move || cow::unchanged(&layout))
-            .await
-            .map_err(self.failed("freezing the workspace"))?
-        {
-            return Ok(Some(chain));
-        }
-        stop_resident(&mut state);
         let (layout, store) = (self.layout.clone(), store.to_owned());
-        let chain = blocking(move || cow::freeze(&layout, &store))
+        blocking(move || cow::freeze(&layout, &store))
             .await
-            .map_err(self.failed("freezing the workspace"))?;
-        drop(state);
-        // Warm again for the next turn.
-        self.resident().await;
-        Ok(Some(chain))
+            .map(Some)
+            .map_err(self.failed("freezing the workspace"))
     }
 
     async fn seed(&self, chain: &[PathBuf]) -> Result<bool> {
         if !self.layered {
             return Ok(false);
         }
+        // The resident's container keeps the mount it started with: it
+        // goes, and no other starts meanwhile.
         let mut state = self.resident.lock().await;
         stop_resident(&mut state);
         let (layout, chain) = (self.layout.clone(), chain.to_vec());
@@ -519,6 +507,7 @@ impl Sandbox for LocalSandbox {
             .await
             .map_err(self.failed("seeding the workspace"))?;
         drop(state);
+        // Warm again for the session's first call.
         self.resident().await;
         Ok(true)
     }

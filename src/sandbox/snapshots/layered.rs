@@ -40,6 +40,15 @@ impl Snapshots {
         Ok((size, ids))
     }
 
+    /// Whether the layer ids `ids` name the chain `chain`.
+    pub(super) fn same_chain(&self, ids: &[String], chain: &[PathBuf]) -> bool {
+        ids.len() == chain.len()
+            && ids
+                .iter()
+                .zip(chain)
+                .all(|(id, layer)| layers::layer_id(layer) == Some(id.as_str()))
+    }
+
     /// The paths of a layered snapshot's chain, where every layer is on
     /// this host.
     pub(super) async fn chain(&self, snapshot: &Snapshot) -> Option<Vec<PathBuf>> {
