@@ -65,26 +65,25 @@ pub fn supported() -> bool {
 }
 
 /// Freezes what the upper layer `upper` changed since the freeze that
-/// wrote the index at `index` (none: since it was mounted) into a new
-/// layer of `store`, and writes the new index; the layer, or `None` when
-/// nothing changed (unless `always`).
+/// wrote the index at `index` (none, or unreadable: since it was mounted)
+/// into a new layer of `store`; the layer, or `None` when nothing changed
+/// (unless `always`), and the call that writes the new index, to be made
+/// once the layer is recorded (an index ahead of the recorded chain would
+/// lose changes; one behind only copies some again).
 pub fn freeze_upper(
     upper: &Path,
     index: &Path,
     store: &Path,
     always: bool,
-) -> io::Result<Option<PathBuf>> {
+) -> io::Result<(Option<PathBuf>, impl FnOnce() -> io::Result<()> + use<>)> {
     let tree = increment::walk(upper)?;
-    let before = increment::read_index(index)?;
-    let mut changed = false;
+    let before = increment::read_index(index).unwrap_or_default();
     let layer = new_layer(store, |part| {
-        changed = increment::increment(upper, &tree, &before, part)?;
+        let changed = increment::increment(upper, &tree, &before, part)?;
         Ok(changed || always)
     })?;
-    if layer.is_some() {
-        increment::write_index(index, &tree)?;
-    }
-    Ok(layer)
+    let index = index.to_owned();
+    Ok((layer, move || increment::write_index(&index, &tree)))
 }
 
 /// Folds `chain` (top first) into one new layer of `store` by hard links.

@@ -155,6 +155,9 @@ pub struct Snapshots {
     read: Mutex<Option<(String, Bytes)>>,
     /// Where every replica finds the files, among replicas.
     shared: Option<Arc<dyn SharedFiles>>,
+    /// The layers of the snapshot a turn end is recording, which the
+    /// records it releases meanwhile cannot free.
+    keep_layers: Mutex<Vec<String>>,
 }
 
 impl Snapshots {
@@ -174,6 +177,7 @@ impl Snapshots {
             edit: tokio::sync::Mutex::new(()),
             read: Mutex::new(None),
             shared: None,
+            keep_layers: Mutex::new(Vec::new()),
         }
     }
 
@@ -277,13 +281,21 @@ impl Snapshots {
                 .await
                 .map_err(store)?;
         }
+        *lock(&self.keep_layers) = snapshot.layers.clone();
+        let mut changed = Ok(());
         for (id, seqs) in released {
             if id != snapshot.snapshot_id {
-                self.change(&id, |s| s.turns.retain(|t| !seqs.contains(t)))
-                    .await?;
+                changed = self
+                    .change(&id, |s| s.turns.retain(|t| !seqs.contains(t)))
+                    .await
+                    .map(drop);
+                if changed.is_err() {
+                    break;
+                }
             }
         }
-        Ok(())
+        lock(&self.keep_layers).clear();
+        changed
     }
 
     /// Freezes the workspace's layers, or tars it into a new file, and

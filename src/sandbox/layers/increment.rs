@@ -170,7 +170,9 @@ pub(super) fn write_index(path: &Path, tree: &Tree) -> io::Result<()> {
         out.write_all(name.as_os_str().as_bytes())?;
         out.write_all(&[0])?;
     }
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    // Not synced: one lost in a crash makes the next freeze copy more.
+    out.flush()?;
+    drop(out);
     fs::rename(&partial, path)
 }
 

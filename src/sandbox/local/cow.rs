@@ -117,7 +117,8 @@ pub(super) fn freeze(layout: &Layout, store: &Path) -> io::Result<Vec<PathBuf>> 
     let upper = layout.upper(meta.generation);
     // A workspace's first snapshot is a layer even when empty: a chain.
     let always = meta.layers.is_empty();
-    let Some(top) = layers::freeze_upper(&upper, &layout.index(), store, always)? else {
+    let (top, write_index) = layers::freeze_upper(&upper, &layout.index(), store, always)?;
+    let Some(top) = top else {
         return Ok(meta.layers);
     };
     let mut chain: Vec<PathBuf> = std::iter::once(top)
@@ -128,6 +129,7 @@ pub(super) fn freeze(layout: &Layout, store: &Path) -> io::Result<Vec<PathBuf>> 
     }
     meta.layers = chain;
     write_meta(layout, &meta)?;
+    write_index()?;
     Ok(meta.layers)
 }
 

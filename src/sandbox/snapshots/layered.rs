@@ -100,10 +100,20 @@ impl Snapshots {
     /// layer a live sandbox still mounts stays for [`Snapshots::sweep`].
     /// The caller holds `edit`.
     pub(super) async fn drop_layers(&self, ids: &[String]) -> Result<()> {
+        // Those of the snapshot being recorded stay, without a look at
+        // every record (a turn end drops its session's oldest, whose
+        // layers the new chain mostly holds).
+        let ids: Vec<&String> = {
+            let keep = crate::sync::lock(&self.keep_layers);
+            ids.iter().filter(|id| !keep.contains(*id)).collect()
+        };
+        if ids.is_empty() {
+            return Ok(());
+        }
         let named = self.named_layers().await?;
         let unused: Vec<PathBuf> = ids
             .iter()
-            .filter(|id| !named.contains(*id) && layers::valid_id(id))
+            .filter(|id| !named.contains(**id) && layers::valid_id(id))
             .map(|id| self.layers_dir().join(id))
             .collect();
         tokio::task::spawn_blocking(move || {
