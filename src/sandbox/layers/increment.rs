@@ -260,7 +260,19 @@ fn copy_entry(from: &Path, to: &Path, kind: Kind) -> io::Result<()> {
             copy_attrs_dir(from, to)
         }
         Kind::File => {
-            fs::copy(from, to)?;
+            use std::os::unix::fs::OpenOptionsExt;
+            // Never through a link, should one have taken the file's place.
+            let mut source = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(from)?;
+            let mut target = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(to)?;
+            io::copy(&mut source, &mut target)?;
+            drop(target);
             copy_owner_and_xattrs(from, to)?;
             copy_times(from, to)
         }

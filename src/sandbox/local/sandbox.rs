@@ -487,9 +487,23 @@ impl Sandbox for LocalSandbox {
         if !self.layered {
             return Ok(None);
         }
+        // The server walks and copies what the sandbox wrote: nothing of
+        // the sandbox's may run meanwhile (a process left behind could
+        // swap a file for a link between a look and a copy), so its
+        // cgroup is frozen where the host has a freezer.
+        let hold = self.cgroup.can_freeze() && !self.cgroup.frozen();
+        if hold {
+            self.cgroup
+                .freeze()
+                .await
+                .map_err(self.failed("holding the sandbox for a freeze"))?;
+        }
         let (layout, store) = (self.layout.clone(), store.to_owned());
-        blocking(move || cow::freeze(&layout, &store))
-            .await
+        let frozen = blocking(move || cow::freeze(&layout, &store)).await;
+        if hold && let Err(e) = self.cgroup.thaw() {
+            tracing::warn!(sandbox = %self.id, error = %e, "a sandbox stays frozen after its workspace's freeze");
+        }
+        frozen
             .map(Some)
             .map_err(self.failed("freezing the workspace"))
     }
