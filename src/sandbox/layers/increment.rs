@@ -419,12 +419,17 @@ fn cstring(path: &Path) -> io::Result<CString> {
 
 /// Folds `chain` (top first) into the new directory `into`, by hard
 /// links, as overlayfs would show it over whatever lies below the chain
-/// (whiteouts and opaque directories are kept for that).
+/// (whiteouts and opaque directories are kept for that). A layer is
+/// mounted for another sandbox through a view that maps its one owner
+/// (its top directory's) to that sandbox's uid: what a layer of another
+/// owner brings (a fork's chain holds its source's layers) is copied and
+/// given the top layer's owner instead of linked.
 pub(super) fn merge(chain: &[PathBuf], into: &Path) -> io::Result<()> {
     let top = chain
         .first()
         .ok_or_else(|| io::Error::other("no layer to merge"))?;
     copy_attrs_dir(top, into)?;
+    let owner = fs::symlink_metadata(top)?.uid();
     for layer in chain.iter().rev() {
         for (path, stamp) in walk(layer)? {
             let (from, to) = (layer.join(&path), into.join(&path));
@@ -436,6 +441,8 @@ pub(super) fn merge(chain: &[PathBuf], into: &Path) -> io::Result<()> {
                 )));
             }
             let existing = fs::symlink_metadata(&to).ok();
+            let foreign =
+                stamp.kind != Kind::Whiteout && fs::symlink_metadata(&from)?.uid() != owner;
             match stamp.kind {
                 Kind::Dir => {
                     let keep = existing.as_ref().is_some_and(|m| m.is_dir()) && !is_opaque(&from)?;
@@ -446,7 +453,7 @@ pub(super) fn merge(chain: &[PathBuf], into: &Path) -> io::Result<()> {
                         copy_entry(&from, &to, Kind::Dir)?;
                     }
                 }
-                Kind::File => {
+                Kind::File if !foreign => {
                     remove(&to, existing.as_ref())?;
                     fs::hard_link(&from, &to)?;
                 }
@@ -454,6 +461,9 @@ pub(super) fn merge(chain: &[PathBuf], into: &Path) -> io::Result<()> {
                     remove(&to, existing.as_ref())?;
                     copy_entry(&from, &to, kind)?;
                 }
+            }
+            if foreign {
+                std::os::unix::fs::lchown(&to, Some(owner), Some(owner))?;
             }
         }
     }

@@ -248,3 +248,37 @@ async fn a_freeze_keeps_renames_replacements_and_deletions() {
     );
     source.destroy().await.expect("destroy");
 }
+
+#[tokio::test]
+async fn a_merged_chain_of_a_forks_is_its_own() {
+    let f = fixture();
+    if !layered(&f) {
+        return;
+    }
+    let source = f.backend.create(&spec()).await.expect("create");
+    sh(&*source, "echo from-source > orig", SHORT).await;
+    let first = freeze(&*source, &store(&f)).await;
+    let fork = f.backend.create(&spec()).await.expect("create");
+    assert!(fork.seed(&first).await.expect("seed"));
+    let mut chain = first.clone();
+    for turn in 0..layers::MAX_LAYERS {
+        sh(&*fork, &format!("echo {turn} > n{turn}"), SHORT).await;
+        chain = freeze(&*fork, &store(&f)).await;
+    }
+    assert_eq!(chain.len(), 1, "merged, the source's layer with it");
+    // A third uid changes the file the source made, through the merged
+    // layer's one owner.
+    let third = f.backend.create(&spec()).await.expect("create");
+    assert!(third.seed(&chain).await.expect("seed"));
+    let (status, out, err) = sh(&*third, "echo more >> orig && cat orig n15", SHORT).await;
+    assert_eq!(status.exit_code, Some(0), "{err}");
+    assert_eq!(out, "from-source\nmore\n15\n");
+    // The source's layer is as it was.
+    assert_eq!(
+        fs::read_to_string(first[0].join("orig")).unwrap(),
+        "from-source\n"
+    );
+    for sandbox in [third, fork, source] {
+        sandbox.destroy().await.expect("destroy");
+    }
+}
