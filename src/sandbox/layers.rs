@@ -153,11 +153,6 @@ fn walk_bytes(dir: &Path) -> io::Result<u64> {
     Ok(total)
 }
 
-/// Whether `dir` holds nothing.
-pub fn is_empty(dir: &Path) -> io::Result<bool> {
-    Ok(fs::read_dir(dir)?.next().is_none())
-}
-
 /// The ids of layers this host's mounts use now.
 pub fn mounted_ids() -> io::Result<std::collections::HashSet<String>> {
     let table = fs::read_to_string("/proc/self/mountinfo")?;

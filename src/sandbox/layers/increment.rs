@@ -85,37 +85,28 @@ pub(super) struct Stamp {
 /// A tree's entries by path (relative), in walk order (parents first).
 pub(super) type Tree = Vec<(PathBuf, Stamp)>;
 
-/// Walks `root` depth first, following no link.
+/// Every entry under `root`, following no link, sorted by path
+/// component by component (so each directory precedes its entries).
 pub(super) fn walk(root: &Path) -> io::Result<Tree> {
     let mut tree = Vec::new();
     let mut pending = vec![PathBuf::new()];
     while let Some(dir) = pending.pop() {
-        let mut names: Vec<_> = fs::read_dir(root.join(&dir))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<io::Result<_>>()?;
-        names.sort();
-        let mut subdirs = Vec::new();
-        for name in names {
-            let path = dir.join(name);
-            let meta = fs::symlink_metadata(root.join(&path))?;
+        for entry in fs::read_dir(root.join(&dir))? {
+            let entry = entry?;
+            let path = dir.join(entry.file_name());
+            // A directory entry's metadata is the entry's own (lstat).
+            let meta = entry.metadata()?;
             let stamp = Stamp {
                 ino: meta.ino(),
                 ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
                 kind: Kind::of(&meta),
             };
             if stamp.kind == Kind::Dir {
-                subdirs.push(path.clone());
+                pending.push(path.clone());
             }
             tree.push((path, stamp));
         }
-        // Depth first, in name order: a directory's entries come right
-        // after it.
-        for sub in subdirs.into_iter().rev() {
-            pending.push(sub);
-        }
     }
-    // The walk above visits directories last-in-first-out; order by the
-    // path's components so that each parent precedes its children.
     tree.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(tree)
 }
