@@ -36,6 +36,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod cow;
 mod increment;
 
 /// The longest chain of lower layers a freeze leaves; past it, the freeze
@@ -373,7 +374,7 @@ pub fn mount_points_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
         .collect())
 }
 
-fn unescape(field: &str) -> std::ffi::OsString {
+pub(crate) fn unescape(field: &str) -> std::ffi::OsString {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut at = 0;

@@ -31,6 +31,7 @@ pub mod secrets;
 pub mod snapshots;
 mod stdin;
 pub mod supervise;
+pub(crate) mod tmpfs;
 pub mod workspace;
 
 use std::collections::BTreeMap;

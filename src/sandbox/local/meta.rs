@@ -25,15 +25,9 @@ pub(super) struct Meta {
     /// Its workspace is an overlay of layers (`cow`), not a tmpfs.
     #[serde(default)]
     pub(super) layered: bool,
-    /// The workspace's layers as of its last freeze, top first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(super) layers: Vec<std::path::PathBuf>,
-    /// The layers its overlay is mounted on, top first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(super) mounted: Vec<std::path::PathBuf>,
-    /// Which upper layer is the workspace's now (each freeze makes the next).
-    #[serde(default)]
-    pub(super) generation: u64,
+    /// Its layered workspace's chain (`layered`).
+    #[serde(flatten)]
+    pub(super) chain: crate::sandbox::layers::cow::Chain,
 }
 
 /// [`SandboxSpec`] as stored.

@@ -272,9 +272,7 @@ impl Host {
             created_ms: 0,
             spec: SpecRecord::default(),
             layered: false,
-            layers: Vec::new(),
-            mounted: Vec::new(),
-            generation: 0,
+            chain: Default::default(),
         };
         let result = (|| {
             layout
@@ -354,9 +352,7 @@ impl Host {
                 .as_millis() as u64,
             spec: spec.into(),
             layered: self.layered,
-            layers: Vec::new(),
-            mounted: Vec::new(),
-            generation: 0,
+            chain: Default::default(),
         };
         let creating = self.creating.lock().await;
         let meta = tokio::task::spawn_blocking(move || {
@@ -416,14 +412,14 @@ impl Host {
                     .map_err(backend("mounting the sandbox's /workspace"))?;
             } else if host.is_root {
                 let uid = meta.uid;
-                sys::mount_tmpfs(
+                crate::sandbox::tmpfs::mount_tmpfs(
                     &layout.workspace(),
                     &format!("mode=0755,uid={uid},gid={uid}{size}"),
                 )
                 .map_err(backend("mounting the sandbox's /workspace"))?;
             }
             if host.is_root {
-                sys::mount_tmpfs(&layout.tmp(), &format!("mode=1777{size}"))
+                crate::sandbox::tmpfs::mount_tmpfs(&layout.tmp(), &format!("mode=1777{size}"))
                     .map_err(backend("mounting the sandbox's /tmp"))?;
             }
             let jail = host.jail(&meta, &layout);

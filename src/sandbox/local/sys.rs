@@ -1,15 +1,10 @@
 //! The few system calls the local backend makes itself rather than through
 //! hakoniwa: pidfds, so that a kill can never reach a recycled pid; loopback
-//! up, as `--network none` gives a container; the tmpfs behind each
-//! sandbox's `/tmp`; and the landlock and euid checks made at start-up.
+//! up, as `--network none` gives a container; and the landlock and euid checks made at start-up.
 
-use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -109,65 +104,7 @@ pub(super) fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// Mounts a tmpfs on `dir` with `options` (`mode=…,size=…` as mount(8)
-/// takes them), unless one is there already (a sandbox reopened after a
-/// server restart keeps its files).
-pub(super) fn mount_tmpfs(dir: &Path, options: &str) -> io::Result<()> {
-    let parent = dir.parent().unwrap_or(dir);
-    if fs::metadata(dir)?.dev() != fs::metadata(parent)?.dev() {
-        return Ok(());
-    }
-    let target = CString::new(dir.as_os_str().as_bytes())?;
-    let options = CString::new(options)?;
-    // SAFETY: every pointer is a NUL-terminated string alive for the call.
-    let rc = unsafe {
-        libc::mount(
-            c"tmpfs".as_ptr(),
-            target.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            options.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Whether the kernel has landlock (the ABI version is at least 1).
-/// Bytes free on the file system holding `path`.
-pub(super) fn free_bytes(path: &Path) -> io::Result<u64> {
-    let path = CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: a zeroed statvfs is a valid out-parameter.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statvfs to fill.
-    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
-}
-
-/// Sets the size of the tmpfs mounted at `dir` (a remount).
-pub(super) fn resize_tmpfs(dir: &Path, bytes: u64) -> io::Result<()> {
-    let target = CString::new(dir.as_os_str().as_bytes())?;
-    let options = CString::new(format!("size={bytes}"))?;
-    // SAFETY: every pointer is a NUL-terminated string alive for the call.
-    let rc = unsafe {
-        libc::mount(
-            std::ptr::null(),
-            target.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
-            options.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 pub(super) fn landlock_supported() -> bool {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with a null attribute pointer, size 0 and this flag the call
