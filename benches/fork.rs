@@ -419,7 +419,15 @@ async fn main() {
     let backends: [(&str, Arc<dyn SandboxBackend>, &Peer); 2] = [
         (
             "docker",
-            Arc::new(DockerBackend::connect().await.expect("dockerd answers")),
+            // Layered workspaces where the host allows them (as the server
+            // makes its docker backend).
+            Arc::new(
+                DockerBackend::connect()
+                    .await
+                    .expect("dockerd answers")
+                    .with_layers(tempfile::tempdir().expect("tempdir").keep())
+                    .await,
+            ),
             &docker_peer,
         ),
         (

@@ -42,6 +42,21 @@ async fn docker() -> Arc<dyn SandboxBackend> {
     )
 }
 
+/// Docker with layered workspaces (the server's default as root on the
+/// daemon's host), kept in a directory of each test's own: a backend
+/// deletes the workspaces of gone containers from its directory as it
+/// starts, which would take those other tests are making.
+async fn docker_layered() -> Arc<dyn SandboxBackend> {
+    let root = tempfile::tempdir().expect("tempdir").keep();
+    Arc::new(
+        DockerBackend::connect()
+            .await
+            .expect("dockerd must answer (scripts/test.sh starts it)")
+            .with_layers(root.join("docker-workspaces"))
+            .await,
+    )
+}
+
 fn spec() -> SandboxSpec {
     SandboxSpec {
         image: IMAGE.into(),
@@ -570,7 +585,10 @@ async fn an_abandoned_create_leaves_nothing(backend: Arc<dyn SandboxBackend>) {
 }
 
 macro_rules! suite {
-    ($backend:ident: $($test:ident),* $(,)?) => {
+    ($($backend:ident),+: $tests:tt) => {
+        $(suite!(@one $backend $tests);)+
+    };
+    (@one $backend:ident [$($test:ident),* $(,)?]) => {
         mod $backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -582,7 +600,7 @@ macro_rules! suite {
     };
 }
 
-suite!(docker:
+suite!(docker, docker_layered: [
     exec_streams_output_and_exit_code,
     timeout_kills_the_process_tree,
     fork_bomb_is_contained,
@@ -595,9 +613,9 @@ suite!(docker:
     files_round_trip_and_stay_confined,
     orphans_are_reaped_and_live_sessions_kept,
     an_abandoned_create_leaves_nothing,
-);
+]);
 
-suite!(local:
+suite!(local: [
     exec_streams_output_and_exit_code,
     timeout_kills_the_process_tree,
     fork_bomb_is_contained,
@@ -609,7 +627,7 @@ suite!(local:
     host_files_are_out_of_reach,
     files_round_trip_and_stay_confined,
     orphans_are_reaped_and_live_sessions_kept,
-);
+]);
 
 /// The docker backend's exec helper: what only docker has.
 mod docker_helper {

@@ -5,8 +5,9 @@
 //! [`agent`]): the server keeps the container attached and runs each command
 //! by writing one line to the helper, which costs a few milliseconds where a
 //! `docker exec` costs tens. The container has no network unless asked, a
-//! read-only root filesystem, tmpfs `/workspace` (sized to the disk limit)
-//! and `/tmp`, user 1000, every capability dropped, `no-new-privileges`,
+//! read-only root filesystem, a `/workspace` held to the disk limit (a
+//! layered one the server mounts on the host, see [`layered`], or else a
+//! tmpfs), tmpfs `/tmp`, user 1000, every capability dropped, `no-new-privileges`,
 //! pid, memory and CPU limits, and no log (its stdout is the helper's
 //! replies). Each run's command enters a Landlock domain, so no process a
 //! run starts can reach the helper's channel through `/proc` to forge
@@ -26,14 +27,15 @@
 //! does not end a run (a fork bomb holds every pid the limit allows), the
 //! container is restarted, which kills everything in it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
+use bollard::models::{ContainerCreateBody, ContainerSummary, HostConfig, HostConfigLogConfig};
 use bollard::query_parameters::{
     CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
 };
@@ -42,6 +44,7 @@ use uuid::Uuid;
 use crate::config::AllowList;
 
 use self::agent::{BOOT_SCRIPT, Boot};
+use self::layered::{LABEL_DISK, LABEL_WORKSPACE, Layered, Root};
 use self::sandbox::DockerSandbox;
 use super::{
     LABEL_MANAGED, LABEL_SESSION, ManagedSandbox, Result, Sandbox, SandboxBackend, SandboxError,
@@ -50,6 +53,7 @@ use super::{
 
 mod agent;
 mod egress;
+mod layered;
 mod sandbox;
 
 /// Name prefix of the containers of sessions; the rest is the session id,
@@ -63,6 +67,8 @@ pub struct DockerBackend {
     docker: Docker,
     /// Serves sandboxes made with an allow-list (`SandboxSpec::egress`).
     proxy: Option<Arc<super::proxy::EgressProxy>>,
+    /// Where layered workspaces are kept; `None`: tmpfs workspaces.
+    layers: Option<Root>,
 }
 
 impl DockerBackend {
@@ -84,7 +90,61 @@ impl DockerBackend {
         Ok(DockerBackend {
             docker,
             proxy: None,
+            layers: None,
         })
+    }
+
+    /// Gives sandboxes layered workspaces kept in `dir` where this host
+    /// can ([`Root::open`]), and deletes those of containers that are gone.
+    pub async fn with_layers(mut self, dir: PathBuf) -> DockerBackend {
+        self.layers = Root::open(dir);
+        if let Some(root) = &self.layers {
+            match self.workspaces().await {
+                Ok(live) => {
+                    let root = root.clone();
+                    let _ = tokio::task::spawn_blocking(move || root.sweep(&live)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list containers to sweep gone workspaces");
+                }
+            }
+        }
+        self
+    }
+
+    /// The workspace names of every container that has one.
+    async fn workspaces(&self) -> Result<HashSet<String>> {
+        Ok(self
+            .labelled(LABEL_WORKSPACE.to_string())
+            .await?
+            .into_iter()
+            .filter_map(|c| c.labels?.get(LABEL_WORKSPACE).cloned())
+            .collect())
+    }
+
+    /// Every container, running or not, that carries `label` (`key` or
+    /// `key=value`).
+    async fn labelled(&self, label: String) -> Result<Vec<ContainerSummary>> {
+        let filters = HashMap::from([("label".to_string(), vec![label])]);
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        self.docker
+            .list_containers(Some(options))
+            .await
+            .map_err(backend_error)
+    }
+
+    /// The layered workspace a container's labels name.
+    fn layered_of(&self, labels: &HashMap<String, String>) -> Option<Arc<Layered>> {
+        let name = labels.get(LABEL_WORKSPACE)?;
+        let disk_mb = labels
+            .get(LABEL_DISK)
+            .and_then(|mb| mb.parse().ok())
+            .unwrap_or(0);
+        self.layers.as_ref()?.layered(name, disk_mb).map(Arc::new)
     }
 
     /// Serves sandboxes made with an allow-list through `proxy`.
@@ -143,6 +203,44 @@ impl DockerBackend {
         if let Some(allow) = &spec.egress {
             labels.insert(egress::LABEL_EGRESS.into(), egress::Egress::label(allow));
         }
+        let workspace = match &self.layers {
+            Some(root) => {
+                let root = root.clone();
+                let name = tokio::task::spawn_blocking(move || root.prepare())
+                    .await
+                    .map_err(|e| SandboxError::Backend(format!("preparing a workspace: {e}")))?
+                    .map_err(|e| {
+                        SandboxError::Backend(format!("preparing a layered workspace: {e}"))
+                    })?;
+                labels.insert(LABEL_WORKSPACE.into(), name.clone());
+                labels.insert(LABEL_DISK.into(), spec.disk_mb.to_string());
+                self.layered_of(&labels)
+            }
+            None => None,
+        };
+        let made = self
+            .make_container(spec, name, labels, workspace.clone())
+            .await;
+        if made.is_err()
+            && let Some(workspace) = workspace
+        {
+            let _ = tokio::task::spawn_blocking(move || workspace.remove()).await;
+        }
+        made
+    }
+
+    /// [`DockerBackend::make`] once the workspace is ready.
+    async fn make_container(
+        &self,
+        spec: &SandboxSpec,
+        name: String,
+        labels: HashMap<String, String>,
+        workspace: Option<Arc<Layered>>,
+    ) -> Result<Arc<dyn Sandbox>> {
+        let mut host = host_config(spec, workspace.is_none());
+        if let (Some(root), Some(name)) = (&self.layers, labels.get(LABEL_WORKSPACE)) {
+            host.mounts = Some(vec![root.mount(name)]);
+        }
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: Some(vec!["/bin/sh".into(), "-c".into(), BOOT_SCRIPT.into()]),
@@ -156,7 +254,7 @@ impl DockerBackend {
             env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
             labels: Some(labels),
             network_disabled: Some(!spec.network),
-            host_config: Some(host_config(spec)),
+            host_config: Some(host),
             ..Default::default()
         };
         let options = CreateContainerOptions {
@@ -177,7 +275,22 @@ impl DockerBackend {
             let _ = remove_container(&self.docker, &created.id).await;
             return Err(backend_error(e));
         }
-        let sandbox = self.sandbox(created.id, Boot::Fresh, spec.egress.clone())?;
+        // On the bind the running container has: it reaches the container.
+        if let Some(workspace) = workspace.clone() {
+            let mounted = tokio::task::spawn_blocking(move || workspace.mount())
+                .await
+                .map_err(|e| SandboxError::Backend(format!("mounting a workspace: {e}")))
+                .and_then(|done| {
+                    done.map_err(|e| {
+                        SandboxError::Backend(format!("mounting the layered workspace: {e}"))
+                    })
+                });
+            if let Err(e) = mounted {
+                let _ = remove_container(&self.docker, &created.id).await;
+                return Err(e);
+            }
+        }
+        let sandbox = self.sandbox(created.id, Boot::Fresh, spec.egress.clone(), workspace)?;
         if let Err(e) = sandbox.listen().await {
             let _ = remove_container(&self.docker, sandbox.id()).await;
             return Err(e);
@@ -189,7 +302,13 @@ impl DockerBackend {
     }
 
     /// A sandbox's handle; one with an allow-list needs the proxy.
-    fn sandbox(&self, id: String, boot: Boot, allow: Option<AllowList>) -> Result<DockerSandbox> {
+    fn sandbox(
+        &self,
+        id: String,
+        boot: Boot,
+        allow: Option<AllowList>,
+        workspace: Option<Arc<Layered>>,
+    ) -> Result<DockerSandbox> {
         let egress = match (allow, &self.proxy) {
             (None, _) => None,
             (Some(allow), Some(proxy)) => Some(egress::Egress::new(proxy.clone(), allow)),
@@ -199,7 +318,13 @@ impl DockerBackend {
                 ));
             }
         };
-        Ok(DockerSandbox::new(self.docker.clone(), id, boot, egress))
+        Ok(DockerSandbox::new(
+            self.docker.clone(),
+            id,
+            boot,
+            egress,
+            workspace,
+        ))
     }
 }
 
@@ -231,21 +356,23 @@ fn is_paused(e: &DockerError) -> bool {
     )
 }
 
-fn host_config(spec: &SandboxSpec) -> HostConfig {
+/// The container's limits and mounts: `/tmp`, and `/workspace` too when
+/// `tmpfs_workspace` (a layered one is a bind, [`layered`]).
+fn host_config(spec: &SandboxSpec, tmpfs_workspace: bool) -> HostConfig {
     let memory = i64::try_from(spec.memory_mb.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
-    let tmpfs = HashMap::from([
-        (
+    let mut tmpfs = HashMap::from([(
+        "/tmp".to_string(),
+        "rw,exec,nosuid,nodev,size=64m,mode=1777".to_string(),
+    )]);
+    if tmpfs_workspace {
+        tmpfs.insert(
             WORKSPACE.to_string(),
             format!(
                 "rw,exec,nosuid,nodev,size={}m,uid=1000,gid=1000,mode=0755",
                 spec.disk_mb
             ),
-        ),
-        (
-            "/tmp".to_string(),
-            "rw,exec,nosuid,nodev,size=64m,mode=1777".to_string(),
-        ),
-    ]);
+        );
+    }
     HostConfig {
         // A sandbox given network sits on a bridge of its own, whose
         // traffic the firewall holds to the internet.
@@ -307,12 +434,12 @@ impl SandboxBackend for DockerBackend {
                     return Ok(None);
                 }
                 let id = info.id.unwrap_or_else(|| id.to_string());
-                let allow = info
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|labels| labels.get(egress::LABEL_EGRESS).cloned())
-                    .map(|label| egress::Egress::from_label(&label).unwrap_or_default());
-                let sandbox = self.sandbox(id, Boot::Unknown, allow)?;
+                let labels = info.config.and_then(|c| c.labels).unwrap_or_default();
+                let allow = labels
+                    .get(egress::LABEL_EGRESS)
+                    .map(|label| egress::Egress::from_label(label).unwrap_or_default());
+                let workspace = self.layered_of(&labels);
+                let sandbox = self.sandbox(id, Boot::Unknown, allow, workspace)?;
                 // A sandbox is attached to be used: one the server paused
                 // while idle is resumed, as the server's own next call would.
                 if state.paused.unwrap_or(false) {
@@ -331,17 +458,7 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn list_managed(&self) -> Result<Vec<ManagedSandbox>> {
-        let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])]);
-        let options = ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        };
-        let containers = self
-            .docker
-            .list_containers(Some(options))
-            .await
-            .map_err(backend_error)?;
+        let containers = self.labelled(format!("{LABEL_MANAGED}=true")).await?;
         Ok(containers
             .into_iter()
             .filter_map(|c| {
@@ -369,8 +486,29 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn remove(&self, id: &str) -> Result<()> {
-        remove_container(&self.docker, id).await
+        let workspace = match &self.layers {
+            Some(_) => match self.docker.inspect_container(id, None).await {
+                Ok(info) => {
+                    self.layered_of(&info.config.and_then(|c| c.labels).unwrap_or_default())
+                }
+                Err(_) => None,
+            },
+            None => None,
+        };
+        remove_container(&self.docker, id).await?;
+        if let Some(workspace) = workspace {
+            remove_workspace(workspace).await?;
+        }
+        Ok(())
     }
+}
+
+/// Deletes a gone container's layered workspace.
+async fn remove_workspace(workspace: Arc<Layered>) -> Result<()> {
+    tokio::task::spawn_blocking(move || workspace.remove())
+        .await
+        .map_err(|e| SandboxError::Backend(format!("removing a workspace: {e}")))?
+        .map_err(|e| SandboxError::Backend(format!("removing a layered workspace: {e}")))
 }
 
 /// Force-removes a container and its anonymous volumes; one already gone,

@@ -262,6 +262,8 @@ pub async fn connect(
             local::LocalBackend::new(config.local.clone(), root)?.with_proxy(proxy.clone()),
         ))
     };
+    // Docker sandboxes' layered workspaces.
+    let docker_layers = data_dir.join("docker-workspaces");
     // The docker backend, kept concrete for the network guard.
     let mut docker = None;
     let backend: Arc<dyn SandboxBackend> = match config.backend {
@@ -269,7 +271,9 @@ pub async fn connect(
             let backend = Arc::new(
                 docker::DockerBackend::connect()
                     .await?
-                    .with_proxy(proxy.clone()),
+                    .with_proxy(proxy.clone())
+                    .with_layers(docker_layers.clone())
+                    .await,
             );
             docker = Some(backend.clone());
             backend
@@ -281,7 +285,12 @@ pub async fn connect(
         Kind::Auto => match docker::DockerBackend::connect().await {
             Ok(backend) => {
                 tracing::info!("sandbox backend: docker (its socket answers)");
-                let backend = Arc::new(backend.with_proxy(proxy.clone()));
+                let backend = Arc::new(
+                    backend
+                        .with_proxy(proxy.clone())
+                        .with_layers(docker_layers.clone())
+                        .await,
+                );
                 docker = Some(backend.clone());
                 backend
             }
@@ -484,8 +493,8 @@ pub trait Sandbox: Send + Sync {
     async fn destroy(&self) -> Result<()>;
 
     /// Copy-on-write workspaces ([`layers`]): turns the workspace's
-    /// changes since the last freeze into a new layer of `store` and goes
-    /// on with a fresh upper layer above it. The workspace's layers now,
+    /// changes since the last freeze into a new layer of `store`, on top
+    /// of its chain; the sandbox goes on with the same mount. The workspace's layers now,
     /// top first; `None` where this sandbox's workspace is not layered
     /// (the caller takes a tar instead). The caller makes sure no exec
     /// runs meanwhile.

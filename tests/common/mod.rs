@@ -232,8 +232,9 @@ impl TestServer {
     pub async fn stop_and_remove_sandboxes(self) {
         // Read first: the data directory goes with the server.
         let instance = instance_of(&self.data_dir);
+        let data_dir = self.data_dir.clone();
         self.stop().await;
-        remove_sandboxes_of_instance(&instance).await;
+        remove_sandboxes_of_instance(&instance, &data_dir).await;
     }
 
     /// Signals shutdown and waits until the server has stopped.
@@ -281,11 +282,16 @@ async fn docker_sandboxes_of_instance(instance: &str) -> Vec<ManagedSandbox> {
 
 /// Removes the docker sandboxes of the instance owning `data_dir`.
 pub async fn remove_sandboxes_of(data_dir: &std::path::Path) {
-    remove_sandboxes_of_instance(&instance_of(data_dir)).await;
+    remove_sandboxes_of_instance(&instance_of(data_dir), data_dir).await;
 }
 
-async fn remove_sandboxes_of_instance(instance: &str) {
-    let docker = DockerBackend::connect().await.expect("dockerd answers");
+/// As the server would: their layered workspaces (in `data_dir`) go too.
+async fn remove_sandboxes_of_instance(instance: &str, data_dir: &std::path::Path) {
+    let docker = DockerBackend::connect()
+        .await
+        .expect("dockerd answers")
+        .with_layers(data_dir.join("docker-workspaces"))
+        .await;
     for sandbox in docker_sandboxes_of_instance(instance).await {
         docker.remove(&sandbox.id).await.expect("remove");
     }

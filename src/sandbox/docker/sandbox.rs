@@ -1,6 +1,7 @@
 //! [`DockerSandbox`]: one container, its execs through the resident helper
 //! (or `docker exec` where the image cannot boot it), stats and removal.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -19,7 +20,10 @@ use uuid::Uuid;
 
 use super::agent::{Boot, connect};
 use super::egress::Egress;
-use super::{SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container};
+use super::layered::Layered;
+use super::{
+    SESSION_PREFIX, backend_error, is_not_found, is_paused, remove_container, remove_workspace,
+};
 use crate::sandbox::bulk::{self, Channel, Over};
 use crate::sandbox::helper::{self, Agent};
 use crate::sandbox::supervise::{KILL_GRACE, supervise};
@@ -50,6 +54,8 @@ pub(super) struct DockerSandbox {
     /// to enter the namespace, no bash in the image): the attach stream
     /// carries bulk output from then on.
     no_bulk_socket: AtomicBool,
+    /// Its layered workspace; `None`: a tmpfs.
+    workspace: Option<Arc<Layered>>,
 }
 
 /// Where a sandbox's exec helper stands.
@@ -67,6 +73,7 @@ impl DockerSandbox {
         id: String,
         boot: Boot,
         egress: Option<Egress>,
+        workspace: Option<Arc<Layered>>,
     ) -> DockerSandbox {
         DockerSandbox {
             docker,
@@ -77,6 +84,7 @@ impl DockerSandbox {
             egress,
             pid: std::sync::Mutex::new(None),
             no_bulk_socket: AtomicBool::new(false),
+            workspace,
         }
     }
 
@@ -91,7 +99,8 @@ impl DockerSandbox {
 
     /// Unpauses the container before a kill: the helper and the run's
     /// processes are frozen while it is paused, and a kill that cannot end
-    /// the run would restart the container, losing its workspace.
+    /// the run would restart the container, losing its workspace (a tmpfs
+    /// one).
     async fn thaw_for_kill(&self) {
         if self.paused.load(Ordering::Acquire)
             && let Err(e) = self.resume().await
@@ -134,8 +143,22 @@ impl DockerSandbox {
             t: Some(0),
             ..Default::default()
         };
+        // The restarted container binds what is on top of the workspace
+        // then: the shared mount, on which the overlay goes back.
+        if let Some(workspace) = &self.workspace {
+            let workspace = workspace.clone();
+            if let Err(e) = blocking(move || workspace.detach_overlay()).await {
+                tracing::error!(sandbox = %self.id, error = %e, "cannot take the workspace off for a restart");
+            }
+        }
         if let Err(e) = self.docker.restart_container(&self.id, Some(options)).await {
             tracing::error!(sandbox = %self.id, error = %e, "restart failed");
+        }
+        if let Some(workspace) = &self.workspace {
+            let workspace = workspace.clone();
+            if let Err(e) = blocking(move || workspace.mount()).await {
+                tracing::error!(sandbox = %self.id, error = %e, "cannot mount the workspace after a restart");
+            }
         }
         let mut state = self.agent.lock().await;
         if !matches!(*state, AgentState::Unusable) {
@@ -360,12 +383,20 @@ impl Sandbox for DockerSandbox {
         output: mpsc::Sender<ExecChunk>,
         cancel: CancellationToken,
     ) -> Result<ExecStatus> {
-        if helper::takes(&request)
+        let note = self.workspace.as_ref().map(|_| output.clone());
+        let status = if helper::takes(&request)
             && let Some(agent) = self.agent().await
         {
-            return self.exec_with_agent(agent, request, output, cancel).await;
+            self.exec_with_agent(agent, request, output, cancel).await?
+        } else {
+            self.exec_direct(request, output, cancel).await?
+        };
+        if let (Some(workspace), Some(note)) = (&self.workspace, note)
+            && status.exit_code.is_some_and(|code| code != 0)
+        {
+            explain_full_disk(workspace.clone(), &note).await;
         }
-        self.exec_direct(request, output, cancel).await
+        Ok(status)
     }
 
     /// Through `docker exec` rather than the helper, whose channel carries
@@ -484,8 +515,71 @@ impl Sandbox for DockerSandbox {
         // Force removal kills a paused container too, but the attach stream
         // of its helper is then left open, and a run waiting on it with it.
         self.thaw_for_kill().await;
-        remove_container(&self.docker, &self.id).await
+        remove_container(&self.docker, &self.id).await?;
+        match &self.workspace {
+            Some(workspace) => remove_workspace(workspace.clone()).await,
+            None => Ok(()),
+        }
     }
+
+    async fn freeze(&self, store: &Path) -> Result<Option<Vec<PathBuf>>> {
+        let Some(workspace) = self.workspace.clone() else {
+            return Ok(None);
+        };
+        // The server walks and copies what the sandbox wrote: nothing of
+        // the sandbox's may run meanwhile (a process left behind could
+        // swap a file for a link between a look and a copy).
+        let hold = !self.paused.load(Ordering::Acquire);
+        if hold {
+            self.docker
+                .pause_container(&self.id)
+                .await
+                .map_err(backend_error)?;
+        }
+        let store = store.to_owned();
+        let frozen = blocking(move || workspace.freeze(&store)).await;
+        if hold && let Err(e) = self.docker.unpause_container(&self.id).await {
+            tracing::warn!(sandbox = %self.id, error = %e, "a sandbox stays paused after its workspace's freeze");
+        }
+        frozen.map(Some).map_err(|e| {
+            SandboxError::Backend(format!("freezing the workspace of {}: {e}", self.id))
+        })
+    }
+
+    async fn seed(&self, chain: &[PathBuf]) -> Result<bool> {
+        let Some(workspace) = self.workspace.clone() else {
+            return Ok(false);
+        };
+        // The new overlay reaches the running container (`layered`).
+        let chain = chain.to_vec();
+        blocking(move || workspace.seed(&chain))
+            .await
+            .map_err(|e| {
+                SandboxError::Backend(format!("seeding the workspace of {}: {e}", self.id))
+            })?;
+        Ok(true)
+    }
+}
+
+/// After a command failed: when the workspace's upper layer is full, says
+/// so on its stderr.
+async fn explain_full_disk(workspace: Arc<Layered>, stderr: &mpsc::Sender<ExecChunk>) {
+    let Ok(Some(limit)) = blocking(move || workspace.full()).await else {
+        return;
+    };
+    let note = crate::sandbox::layers::cow::full_note(limit);
+    let _ = stderr
+        .send(ExecChunk::Stderr(bytes::Bytes::from(note)))
+        .await;
+}
+
+/// Runs file system work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
 }
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

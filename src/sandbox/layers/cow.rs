@@ -87,17 +87,23 @@ impl Cow {
     }
 
     /// Mounts the layered workspace where it is not mounted: a new
-    /// sandbox, or one whose mounts went with a reboot (its upper layer
-    /// too, as a tmpfs workspace's files do; the workspace is then its
-    /// last freeze).
+    /// sandbox, one whose overlay was taken off, or one whose mounts went
+    /// with a reboot (its upper layer too, as a tmpfs workspace's files
+    /// do; the workspace is then its last freeze).
     pub fn mount(&self, chain: &mut Chain, save: Save) -> io::Result<()> {
         make_dir(&self.cow(), 0o700, None)?;
         tmpfs::mount_tmpfs(&self.cow(), "mode=0700")?;
         if overlay_at(&self.workspace)? {
             return Ok(());
         }
-        chain.mounted = chain.layers.clone();
-        self.remove_index()?;
+        if !self.upper(chain.generation).exists() {
+            // The upper layer went with its tmpfs (a reboot): the
+            // workspace is its last freeze. One that stayed (the overlay
+            // was taken off for a container's restart) goes back on the
+            // same lowers.
+            chain.mounted = chain.layers.clone();
+            self.remove_index()?;
+        }
         self.mount_chain(chain, 0o755)?;
         save(chain)?;
         self.resize(chain)
@@ -238,6 +244,15 @@ impl Cow {
         let room = limit.saturating_sub(below).max(4096);
         tmpfs::resize_tmpfs(&self.cow(), room)
     }
+}
+
+/// What a command that failed in a full workspace gets on its stderr
+/// (its own error is only "No space left on device").
+pub fn full_note(limit_mb: u64) -> String {
+    format!(
+        "\nconclave: /workspace is full: its files take the sandbox's disk limit of {limit_mb} MB \
+         (sandbox.disk_mb); remove files, or start a sandbox with a larger disk_mb\n"
+    )
 }
 
 /// Whether an overlay is mounted at `path` (the top mount there, or one

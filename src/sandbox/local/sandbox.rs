@@ -309,7 +309,7 @@ impl LocalSandbox {
         // the session's sandbox): the exec would freeze as it joined.
         if self.cgroup.frozen() {
             return Err(SandboxError::Backend(format!(
-                "sandbox {} is paused (idle); the session's next tool call through                  the server resumes it",
+                "sandbox {} is paused (idle); the session's next tool call through the server resumes it",
                 self.id
             )));
         }
@@ -325,10 +325,7 @@ impl LocalSandbox {
         else {
             return;
         };
-        let note = format!(
-            "\nconclave: /workspace is full: its files take the sandbox's disk limit of {limit} MB \
-             (sandbox.disk_mb); remove files, or start a sandbox with a larger disk_mb\n"
-        );
+        let note = crate::sandbox::layers::cow::full_note(limit);
         let _ = stderr
             .send(ExecChunk::Stderr(bytes::Bytes::from(note)))
             .await;

@@ -1,5 +1,5 @@
 //! Snapshots kept as copy-on-write layers ([`crate::sandbox::layers`]):
-//! where a sandbox's workspace is layered (local sandboxes as root), a
+//! where a sandbox's workspace is layered (local and docker sandboxes, the server root), a
 //! turn end records the chain its freeze left, a fork or restore mounts
 //! that chain, and a tar is made from it only when one is asked for (a
 //! download; a sandbox whose workspace is not layered).
