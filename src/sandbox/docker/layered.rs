@@ -33,6 +33,8 @@ use crate::sandbox::layers::{self, cow};
 pub(super) const LABEL_WORKSPACE: &str = "conclave.workspace";
 /// The label holding a container's disk limit in MB.
 pub(super) const LABEL_DISK: &str = "conclave.disk_mb";
+/// How long a directory no container names is left alone.
+const SWEEP_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
 /// The uid (and gid) a docker sandbox runs as.
 const SANDBOX_UID: u32 = 1000;
 
@@ -155,14 +157,20 @@ impl Root {
     }
 
     /// Deletes the directories of sandboxes that are gone: every one but
-    /// those named in `live`.
+    /// those named in `live`, and those changed in the last ten minutes
+    /// (a server on the same data directory may be making its container:
+    /// `conclave sandboxes list` starts a backend too).
     pub(super) fn sweep(&self, live: &HashSet<String>) {
         let Ok(entries) = fs::read_dir(&self.0) else {
             return;
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if live.contains(&name) {
+            let recent = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age < SWEEP_AFTER));
+            if live.contains(&name) || recent {
                 continue;
             }
             if let Err(e) = self.remove(&name) {
@@ -280,5 +288,54 @@ impl Layered {
             cow::detach(&self.cow.workspace)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sets a directory's modification time `secs` seconds back.
+    fn age(dir: &Path, secs: i64) {
+        let path = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let then = libc::timespec {
+            tv_sec: now - secs,
+            tv_nsec: 0,
+        };
+        // SAFETY: a NUL-terminated path and two timespecs.
+        let rc =
+            unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), [then, then].as_ptr(), 0) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+    }
+
+    #[test]
+    fn a_sweep_deletes_only_old_directories_no_container_names() {
+        assert!(
+            layers::supported(),
+            "layered workspaces need root and overlayfs; the tests run as root"
+        );
+        let temp = tempfile::tempdir().unwrap();
+        let root = Root(temp.path().to_path_buf());
+        let [live, gone, old_live, fresh] = std::array::from_fn(|_| root.prepare().unwrap());
+        for name in [&gone, &old_live] {
+            age(&temp.path().join(name), 3600);
+        }
+        root.sweep(&HashSet::from([live.clone(), old_live.clone()]));
+        let left = |name: &str| temp.path().join(name).exists();
+        assert!(left(&live) && left(&old_live) && left(&fresh));
+        assert!(!left(&gone), "an old directory no container names goes");
+        assert!(
+            layers::mount_points_under(&temp.path().join(&gone))
+                .unwrap()
+                .is_empty()
+        );
+        for name in [live, old_live, fresh] {
+            root.remove(&name).unwrap();
+        }
+        assert!(layers::mount_points_under(temp.path()).unwrap().is_empty());
     }
 }
