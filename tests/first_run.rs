@@ -1,7 +1,9 @@
 //! The real binary as a new user starts it: from a fresh working directory,
 //! with the default data directory (`./data`) or a relative one, on the
 //! local sandbox backend named on the command line and on `auto` where
-//! docker does not answer. Each server runs a tool call in a sandbox.
+//! docker does not answer, and on docker (whose workspaces the server
+//! keeps in the data directory). Each server runs a tool call in a
+//! sandbox.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,6 +22,19 @@ enum Backend {
     LocalFlag,
     /// No flag: `auto`, with `DOCKER_HOST` naming a socket nobody serves.
     AutoWithoutDocker,
+    /// `--sandbox docker`: the daemon the test command starts.
+    DockerFlag,
+}
+
+impl Backend {
+    /// The backend the session's status names, and the directory of the
+    /// data directory its sandboxes' files are in.
+    fn expected(&self) -> (&'static str, &'static str) {
+        match self {
+            Backend::LocalFlag | Backend::AutoWithoutDocker => ("local", "sandboxes"),
+            Backend::DockerFlag => ("docker", "docker-workspaces"),
+        }
+    }
 }
 
 /// Where the data directory is given, always relative.
@@ -31,7 +46,8 @@ enum DataDir {
 
 /// Starts `conclave serve` in a fresh working directory with `data_dir`,
 /// runs `$ …` through the demo model's `Bash` tool, and checks that the
-/// answer came from a local sandbox and that the state lies under `expected`.
+/// answer came from a sandbox of `backend` and that the state lies under
+/// `expected`.
 async fn serve_and_run_a_tool(backend: Backend, data_dir: DataDir, expected: &str) {
     let cwd = tempfile::tempdir().expect("tempdir");
     let mut command = Command::new(env!("CARGO_BIN_EXE_conclave"));
@@ -48,6 +64,9 @@ async fn serve_and_run_a_tool(backend: Backend, data_dir: DataDir, expected: &st
         Backend::AutoWithoutDocker => {
             let socket = cwd.path().join("no-docker.sock");
             command.env("DOCKER_HOST", format!("unix://{}", socket.display()));
+        }
+        Backend::DockerFlag => {
+            command.args(["--sandbox", "docker"]);
         }
     }
     match data_dir {
@@ -82,10 +101,11 @@ async fn serve_and_run_a_tool(backend: Backend, data_dir: DataDir, expected: &st
         .json()
         .await
         .expect("json");
-    assert_eq!(status["sandbox"]["backend"], "local", "{status}");
+    let (name, sandboxes) = backend.expected();
+    assert_eq!(status["sandbox"]["backend"], name, "{status}");
 
     let state = cwd.path().join(expected);
-    for file in ["conclave.db", "instance-id", "sandboxes"] {
+    for file in ["conclave.db", "instance-id", sandboxes] {
         assert!(
             state.join(file).exists(),
             "{} is missing",
@@ -95,7 +115,7 @@ async fn serve_and_run_a_tool(backend: Backend, data_dir: DataDir, expected: &st
     // Deleted, the session takes its sandbox (and its cgroups) with it.
     delete_session(&http, &url, &id).await;
     stop(&mut child).await;
-    assert_eq!(sandbox_dirs(&state), Vec::<String>::new());
+    assert_eq!(sandbox_dirs(&state.join(sandboxes)), Vec::<String>::new());
 }
 
 /// Spawns the server and reads where it listens; a start that fails says
@@ -164,9 +184,9 @@ async fn tool_result(http: &reqwest::Client, url: &str, id: &str, prompt: &str) 
         .expect("a tool_result event")
 }
 
-/// The sandbox directories under a data directory.
-fn sandbox_dirs(state: &std::path::Path) -> Vec<String> {
-    let mut dirs: Vec<String> = std::fs::read_dir(state.join("sandboxes"))
+/// The sandbox directories in `dir` (a data directory's `sandboxes`).
+fn sandbox_dirs(dir: &std::path::Path) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(dir)
         .expect("sandboxes")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         // The exec helper's directory beside the sandboxes is not one.
@@ -278,6 +298,11 @@ async fn auto_without_docker_with_a_relative_data_dir() {
 }
 
 #[tokio::test]
+async fn docker_flag_with_the_default_data_dir() {
+    serve_and_run_a_tool(Backend::DockerFlag, DataDir::Default, "data").await;
+}
+
+#[tokio::test]
 async fn local_flag_with_a_relative_data_dir_from_the_environment() {
     serve_and_run_a_tool(Backend::LocalFlag, DataDir::Env("from-env"), "from-env").await;
 }
@@ -339,7 +364,7 @@ async fn a_normal_stop_keeps_only_live_sessions_sandboxes() {
     .await
     .expect("text");
     assert!(called.contains("scratch"), "{called}");
-    let state = cwd.path().join("data");
+    let state = cwd.path().join("data/sandboxes");
     assert_eq!(sandbox_dirs(&state).len(), 2);
 
     stop(&mut child).await;

@@ -59,15 +59,20 @@ impl Root {
             );
             return None;
         }
-        if let Err(e) = fs::DirBuilder::new()
+        // Absolute and without links: the daemon takes a bind's source
+        // as one, and the mount table names mounts so.
+        let made = fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
-        {
-            tracing::warn!(dir = %dir.display(), error = %e, "docker sandboxes' workspaces are tmpfs mounts");
-            return None;
+            .and_then(|()| fs::canonicalize(&dir));
+        match made {
+            Ok(dir) => Some(Root(dir)),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "docker sandboxes' workspaces are tmpfs mounts");
+                None
+            }
         }
-        Some(Root(dir))
     }
 
     /// A new sandbox's directory, its workspace bound onto itself as a
