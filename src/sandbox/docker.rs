@@ -7,9 +7,9 @@
 //! `docker exec` costs tens. The container has no network unless asked, a
 //! read-only root filesystem, a `/workspace` held to the disk limit (a
 //! layered one the server mounts on the host, see [`layered`], or else a
-//! tmpfs), tmpfs `/tmp`, user 1000, every capability dropped, `no-new-privileges`,
-//! pid, memory and CPU limits, and no log (its stdout is the helper's
-//! replies). Each run's command enters a Landlock domain, so no process a
+//! tmpfs), tmpfs `/tmp`, user 1000, every capability dropped,
+//! `no-new-privileges`, pid, memory and CPU limits, and no log (its stdout
+//! is the helper's replies). Each run's command enters a Landlock domain, so no process a
 //! run starts can reach the helper's channel through `/proc` to forge
 //! replies or read requests; what reaches the channel that is not a reply
 //! is dropped at a bounded rate (see [`agent`]).
