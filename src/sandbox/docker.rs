@@ -97,6 +97,26 @@ impl DockerBackend {
     /// Gives sandboxes layered workspaces kept in `dir` where this host
     /// can ([`Root::open`]), and deletes those of containers that are gone.
     pub async fn with_layers(mut self, dir: PathBuf) -> DockerBackend {
+        // With user namespaces remapped, the container's uid 1000 is
+        // another uid on the host, which would not own the upper layer.
+        let remapped = match self.docker.info().await {
+            Ok(info) => info
+                .security_options
+                .unwrap_or_default()
+                .iter()
+                .any(|option| option.split(',').any(|part| part == "name=userns")),
+            Err(e) => {
+                tracing::warn!(error = %e, "docker info failed: workspaces stay tmpfs mounts");
+                true
+            }
+        };
+        if remapped {
+            tracing::info!(
+                "docker remaps user namespaces: sandboxes' workspaces are tmpfs mounts \
+                 (no copy-on-write layers)"
+            );
+            return self;
+        }
         self.layers = Root::open(dir);
         if let Some(root) = &self.layers {
             match self.workspaces().await {

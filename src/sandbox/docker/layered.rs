@@ -1,7 +1,8 @@
 //! A docker sandbox's layered workspace ([`crate::sandbox::layers::cow`]),
 //! where the server runs as root on the docker daemon's host with
-//! overlayfs: `/workspace` is a directory the server prepares on the host
-//! in place of a tmpfs.
+//! overlayfs (and the daemon does not remap user namespaces, see
+//! `DockerBackend::with_layers`): `/workspace` is a directory the server
+//! prepares on the host in place of a tmpfs.
 //!
 //! Each sandbox has a directory `{root}/{name}` (`root` is the data
 //! directory's `sandboxes/docker/`, `name` the container's
