@@ -290,10 +290,7 @@ impl Layered {
     /// which binds what is on top then); [`Layered::mount`] puts it back.
     pub(super) fn detach_overlay(&self) -> io::Result<()> {
         let _held = self.chain.lock().unwrap_or_else(|e| e.into_inner());
-        while cow::overlay_at(&self.cow.workspace)? {
-            cow::detach(&self.cow.workspace)?;
-        }
-        Ok(())
+        self.cow.detach_overlay()
     }
 }
 

@@ -208,12 +208,18 @@ impl Cow {
         }
     }
 
-    /// Detaches the overlay (only it: what it was mounted on stays) and
-    /// the id-mapped views (their directories go).
-    fn unmount(&self) -> io::Result<()> {
+    /// Takes the overlay off the workspace; only it: what it was mounted
+    /// on (a docker workspace's shared bind) stays.
+    pub fn detach_overlay(&self) -> io::Result<()> {
         while overlay_at(&self.workspace)? {
             detach(&self.workspace)?;
         }
+        Ok(())
+    }
+
+    /// Detaches the overlay and the id-mapped views (their directories go).
+    fn unmount(&self) -> io::Result<()> {
+        self.detach_overlay()?;
         super::detach_under(&self.views())?;
         match fs::remove_dir_all(self.views()) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -257,7 +263,7 @@ pub fn full_note(limit_mb: u64) -> String {
 
 /// Whether an overlay is mounted at `path` (the top mount there, or one
 /// under it).
-pub fn overlay_at(path: &Path) -> io::Result<bool> {
+fn overlay_at(path: &Path) -> io::Result<bool> {
     let table = fs::read_to_string("/proc/self/mountinfo")?;
     Ok(table.lines().any(|line| {
         let point = line.split(' ').nth(4).map(super::unescape);
@@ -270,7 +276,7 @@ pub fn overlay_at(path: &Path) -> io::Result<bool> {
 }
 
 /// Detaches the top mount at `path`.
-pub fn detach(path: &Path) -> io::Result<()> {
+fn detach(path: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let target = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: a NUL-terminated path.

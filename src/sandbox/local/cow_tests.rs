@@ -1,9 +1,8 @@
 //! Layered workspaces (`cow`): a freeze makes a layer and a fresh upper
 //! layer, a seeded sandbox of another uid changes files of layers it
 //! shares without touching them, links stay links, the disk limit holds
-//! over the layers, and removing a sandbox leaves its layers. As root with
-//! overlayfs (as CI runs); elsewhere a workspace is a tmpfs or directory
-//! and these return at once.
+//! over the layers, and removing a sandbox leaves its layers. They need
+//! root and overlayfs (as CI runs them) and fail without.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -16,8 +15,15 @@ fn store(f: &Fixture) -> PathBuf {
     f.root.with_file_name("layers")
 }
 
-fn layered(f: &Fixture) -> bool {
-    f.backend.host.layered
+/// A fixture whose sandboxes are layered: these tests fail, not pass
+/// empty, where they cannot be.
+fn layered_fixture() -> Fixture {
+    let f = fixture();
+    assert!(
+        f.backend.host.layered,
+        "layered workspaces need root and overlayfs; the tests run as root"
+    );
+    f
 }
 
 async fn freeze(sandbox: &dyn Sandbox, store: &Path) -> Vec<PathBuf> {
@@ -30,10 +36,7 @@ async fn freeze(sandbox: &dyn Sandbox, store: &Path) -> Vec<PathBuf> {
 
 #[tokio::test]
 async fn a_freeze_makes_a_layer_that_a_fork_of_another_uid_changes_apart() {
-    let f = fixture();
-    if !layered(&f) {
-        return;
-    }
+    let f = layered_fixture();
     let source = f.backend.create(&spec()).await.expect("create");
     let (status, _, err) = sh(
         &*source,
@@ -94,10 +97,7 @@ async fn a_freeze_makes_a_layer_that_a_fork_of_another_uid_changes_apart() {
 
 #[tokio::test]
 async fn a_link_to_a_host_path_stays_a_link_in_layers_and_tars() {
-    let f = fixture();
-    if !layered(&f) {
-        return;
-    }
+    let f = layered_fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
     let (status, _, err) = sh(
         &*sandbox,
@@ -130,10 +130,7 @@ async fn a_link_to_a_host_path_stays_a_link_in_layers_and_tars() {
 
 #[tokio::test]
 async fn the_disk_limit_holds_over_the_layers() {
-    let f = fixture();
-    if !layered(&f) {
-        return;
-    }
+    let f = layered_fixture();
     let sandbox = f
         .backend
         .create(&SandboxSpec {
@@ -161,10 +158,7 @@ async fn the_disk_limit_holds_over_the_layers() {
 
 #[tokio::test]
 async fn a_chain_past_its_bound_is_merged() {
-    let f = fixture();
-    if !layered(&f) {
-        return;
-    }
+    let f = layered_fixture();
     let sandbox = f.backend.create(&spec()).await.expect("create");
     let mut chain = Vec::new();
     for turn in 0..=layers::MAX_LAYERS {
@@ -199,10 +193,7 @@ async fn a_chain_past_its_bound_is_merged() {
 
 #[tokio::test]
 async fn a_freeze_keeps_renames_replacements_and_deletions() {
-    let f = fixture();
-    if !layered(&f) {
-        return;
-    }
+    let f = layered_fixture();
     let source = f.backend.create(&spec()).await.expect("create");
     let (status, _, err) = sh(
         &*source,
@@ -251,10 +242,7 @@ async fn a_freeze_keeps_renames_replacements_and_deletions() {
 
 #[tokio::test]
 async fn a_merged_chain_of_a_forks_is_its_own() {
-    let f = fixture();
-    if !layered(&f) {
-        return;
-    }
+    let f = layered_fixture();
     let source = f.backend.create(&spec()).await.expect("create");
     sh(&*source, "echo from-source > orig", SHORT).await;
     let first = freeze(&*source, &store(&f)).await;
